@@ -1,0 +1,60 @@
+// Store: a small key-value byte store with timeouts, the rendezvous medium for
+// everything distributed (membership, Gloo/NCCL bootstrap, heartbeats). Modelled on
+// PyTorch's c10d Store; the operation set is TCPStore's.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace weft::comm {
+
+using Bytes = std::vector<uint8_t>;
+using Millis = std::chrono::milliseconds;
+
+// Contract (every implementation):
+// - Methods are thread-safe; a client may be shared by threads, calls may overlap.
+// - Blocking calls (get, wait) block until the key exists or `timeout` passes, then throw
+//   weft::TimeoutError naming the keys. A store that cannot be reached throws CommError.
+// - Values are opaque bytes; keys are UTF-8 strings.
+// - A key with a TTL disappears `ttl` after its last set (heartbeats); without one it
+//   stays until erased.
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  virtual void set(const std::string& key, const Bytes& value, std::optional<Millis> ttl = {}) = 0;
+  // Blocks until `key` exists, then returns its value.
+  virtual Bytes get(const std::string& key) = 0;
+  // Atomically adds `delta` to the integer stored at `key` (absent = 0), returns the result.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Sets `key` to `desired` when its current value equals `expected` (an empty `expected`
+  // matches an absent key). Returns the value after the call.
+  virtual Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) = 0;
+  // Blocks until every key exists or `timeout` passes (TimeoutError).
+  virtual void wait(const std::vector<std::string>& keys, Millis timeout) = 0;
+  // True when every key exists now (never blocks).
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+  // Removes `key`; returns whether it existed.
+  virtual bool erase(const std::string& key) = 0;
+  virtual int64_t num_keys() = 0;
+  // Appends bytes to the value at `key` (creating it).
+  virtual void append(const std::string& key, const Bytes& value) = 0;
+  virtual std::vector<Bytes> multi_get(const std::vector<std::string>& keys) = 0;
+  virtual void multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) = 0;
+
+  // Timeout used by get() and by wait() callers that pass none.
+  virtual Millis timeout() const = 0;
+  virtual void set_timeout(Millis timeout) = 0;
+
+  // Convenience for string values.
+  void set_string(const std::string& key, const std::string& v) { set(key, Bytes(v.begin(), v.end())); }
+  std::string get_string(const std::string& key) {
+    Bytes b = get(key);
+    return std::string(b.begin(), b.end());
+  }
+};
+
+}  // namespace weft::comm

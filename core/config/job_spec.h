@@ -1,0 +1,116 @@
+// JobSpec: the validated, typed form of a job's YAML file (ARCHITECTURE.md, "YAML").
+// Every other module reads its settings from here, never from YAML directly.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace weft::core {
+
+struct MoeSpec {
+  int64_t experts = 0;  // 0: not an MoE model
+  int64_t top_k = 2;
+  int64_t every = 1;               // layer i is MoE when i % every == every - 1
+  double capacity_factor = 0.0;    // 0: no dropping
+  std::string balance = "aux_loss";  // aux_loss | aux_loss_global | loss_free
+  double aux_coef = 0.01;
+};
+
+struct ModelSpec {
+  std::string arch = "gpt";  // gpt | moe-gpt
+  int64_t layers = 2, dim = 64, heads = 4, vocab = 256, seq_len = 32, mlp_ratio = 4;
+  MoeSpec moe;
+  bool is_moe_layer(int64_t i) const {
+    return arch == "moe-gpt" && moe.experts > 0 && i % moe.every == moe.every - 1;
+  }
+};
+
+struct DataSpec {
+  std::string path;      // resolved against the config file's folder
+  std::string val_path;  // empty: hold out the tail of `path` (val_fraction)
+  std::string order = "shuffled";  // shuffled | sequential
+  double val_fraction = 0.05;
+};
+
+struct TrainSpec {
+  int64_t steps = 100, global_batch = 8, micro_batch = 8;
+  double lr = 3e-4, min_lr = 3e-5;
+  int64_t warmup_steps = 0;
+  std::string schedule = "cosine";  // cosine | constant
+  double weight_decay = 0.1;
+  std::array<double, 2> betas{0.9, 0.95};
+  double eps = 1e-8, grad_clip = 1.0;
+  uint64_t seed = 1234;
+  std::string dtype = "f32";  // f32 | bf16
+  int64_t threads = 0;        // 0: OpenMP default
+  int64_t eval_every = 0;     // 0: never
+  int64_t eval_batches = 4;
+  int64_t log_every = 1;
+  std::string out_dir = "runs/latest";  // run folder: metrics, loss curve, summary
+};
+
+// A parallel degree: a number, or auto (0 here) to be filled in by the planner.
+struct PipelineSpec {
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  int64_t micro_batches = 0;      // 0: derived from global_batch / (micro_batch * dp)
+  int64_t virtual_stages = 1;
+  std::vector<std::vector<int64_t>> layout;  // per stage, the layer indices; empty: even split
+};
+
+struct ParallelSpec {
+  int64_t dp = 0, tp = 1, pp = 1, ep = 1;  // 0 = auto
+  int64_t zero = 0;
+  std::string order = "tp-ep-dp-pp";
+  PipelineSpec pipeline;
+  std::string recompute = "none";  // none | selective | full
+  std::string plan = "manual";     // manual | search
+};
+
+struct MemorySpec {
+  std::string allocator = "caching";  // caching | planned
+};
+
+struct CheckpointSpec {
+  std::string dir;
+  int64_t every = 0, keep = 3;
+  bool async = true;
+};
+
+struct SnapshotSpec {
+  int64_t every = 0;
+  std::string redundancy = "none";  // none | replica | ec
+  int64_t ec_k = 2, ec_m = 1;
+};
+
+struct ElasticSpec {
+  int64_t min_nodes = 1, max_nodes = 1;
+  std::string on_change = "reshard";  // reshard | restart
+};
+
+struct JobSpec {
+  ModelSpec model;
+  DataSpec data;
+  TrainSpec train;
+  ParallelSpec parallel;
+  std::string device = "cpu";  // cpu | cuda
+  MemorySpec memory;
+  CheckpointSpec checkpoint;
+  SnapshotSpec snapshot;
+  ElasticSpec elastic;
+  std::string source_path;  // the YAML file it came from (empty when built in code)
+};
+
+// Loads and validates a YAML job file. `overrides` are "a.b=value" strings (--set),
+// applied before validation. Throws ConfigError naming the key path and the fix for
+// unknown keys, wrong types, out-of-range values and inconsistent settings.
+JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from YAML text; relative paths resolve against `base_dir`.
+JobSpec parse_job_spec(const std::string& yaml_text, const std::string& base_dir,
+                       const std::vector<std::string>& overrides = {});
+// Checks cross-field consistency (heads divide dim, micro_batch divides global_batch...).
+void validate_job_spec(const JobSpec& spec);
+
+}  // namespace weft::core

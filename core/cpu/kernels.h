@@ -1,0 +1,123 @@
+// CPU reference kernels: the readable, fast-enough path every other device is
+// checked against. Raw-pointer API over contiguous row-major buffers, templated on
+// the element type (float for training, double for gradient checks).
+//
+// Shapes are named once (llm.c style): B batch, T sequence, C channels, H heads,
+// hs = C/H head size, V vocabulary, N = B*T rows, and comments use them.
+//
+// Convention for gradient outputs: `accumulate == false` overwrites the output,
+// `true` adds into it (GEMM beta = 1). Parameter gradients always accumulate, so
+// micro-batches and tied weights sum for free; autodiff chooses the flag for
+// activation gradients (the first contribution overwrites).
+//
+// Threads: every kernel parallelises with OpenMP over rows/batches with a static
+// partition, so results are bitwise reproducible for a fixed thread count.
+#pragma once
+
+#include <cstdint>
+
+namespace weft::core::cpu {
+
+// ---- GEMM (OpenBLAS) -------------------------------------------------------
+// C(M,N) = alpha * op(A) * op(B) + beta * C, row-major; op(X) = X or X^T.
+// A is (M,K) (or (K,M) when trans_a), B is (K,N) (or (N,K) when trans_b).
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+          int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+// `batch` independent GEMMs with element strides between consecutive matrices.
+template <typename T>
+void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha,
+                  const T* A, int64_t lda, int64_t stride_a, const T* B, int64_t ldb,
+                  int64_t stride_b, T beta, T* C, int64_t ldc, int64_t stride_c, int64_t batch);
+
+// ---- Linear: y(N,out) = x(N,in) @ w(out,in)^T + b(out) --------------------
+template <typename T>
+void linear_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t in, int64_t out);
+// dx(N,in) = dy @ w (skipped when dx is null); dw(out,in) += dy^T @ x; db(out) += sum_rows(dy)
+// (db skipped when null). dw and db always accumulate.
+template <typename T>
+void linear_backward(const T* dy, const T* x, const T* w, T* dx, bool accumulate_dx, T* dw, T* db,
+                     int64_t N, int64_t in, int64_t out);
+
+// ---- LayerNorm over the last dim C, eps inside the sqrt ---------------------
+// Saves mean(N) and rstd(N) for the backward pass.
+template <typename T>
+void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t N,
+                       int64_t C, T eps);
+template <typename T>
+void layernorm_backward(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
+                        bool accumulate_dx, T* dw, T* db, int64_t N, int64_t C);
+
+// ---- GELU, tanh approximation ----------------------------------------------
+template <typename T>
+void gelu_forward(const T* x, T* y, int64_t n);
+template <typename T>
+void gelu_backward(const T* dy, const T* x, T* dx, bool accumulate_dx, int64_t n);
+
+// ---- Softmax over the last dim ---------------------------------------------
+template <typename T>
+void softmax_forward(const T* x, T* y, int64_t rows, int64_t cols);
+// dx = y * (dy - sum(dy * y))
+template <typename T>
+void softmax_backward(const T* dy, const T* y, T* dx, bool accumulate_dx, int64_t rows,
+                      int64_t cols);
+
+// ---- Causal self-attention ---------------------------------------------------
+// qkv (B,T,3C): q, k, v stacked in that order, heads contiguous inside each.
+// out (B,T,C); att (B,H,T,T) keeps the softmax probabilities for the backward pass
+// (entries above the diagonal are zero). Scale 1/sqrt(hs).
+template <typename T>
+void attention_forward(const T* qkv, T* out, T* att, int64_t B, int64_t Tn, int64_t C, int64_t H);
+template <typename T>
+void attention_backward(const T* dout, const T* qkv, const T* att, T* dqkv, bool accumulate_dqkv,
+                        int64_t B, int64_t Tn, int64_t C, int64_t H);
+
+// ---- Embedding: out(B,T,C) = wte[tokens] + wpe[t] ------------------------------
+// Token ids outside [0, V) throw InternalError (validated earlier with a clear message).
+template <typename T>
+void embedding_forward(const int32_t* tokens, const T* wte, const T* wpe, T* out, int64_t B,
+                       int64_t Tn, int64_t C, int64_t V);
+// dwte += scatter(dout), dwpe += sum over batch (dwpe skipped when null).
+template <typename T>
+void embedding_backward(const T* dout, const int32_t* tokens, T* dwte, T* dwpe, int64_t B,
+                        int64_t Tn, int64_t C);
+
+// ---- Cross-entropy with logits ----------------------------------------------
+// losses(N) = logsumexp(logits[n]) - logits[n][target]; returns the mean over N.
+// probs(N,V), when not null, receives softmax(logits) for the backward pass.
+template <typename T>
+double cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, T* probs,
+                             int64_t N, int64_t V);
+// dlogits = (softmax(logits) - onehot(target)) * dloss (dloss: gradient of each row's loss).
+template <typename T>
+void cross_entropy_backward(const T* probs, const int32_t* targets, T dloss, T* dlogits,
+                            bool accumulate, int64_t N, int64_t V);
+
+// ---- Element-wise --------------------------------------------------------------
+template <typename T>
+void add(const T* a, const T* b, T* y, int64_t n);  // y = a + b
+template <typename T>
+void axpy(T alpha, const T* x, T* y, int64_t n);  // y += alpha * x
+template <typename T>
+void scale(T alpha, T* y, int64_t n);  // y *= alpha
+// Sum of squares in double, reduced in fixed-size blocks so the result is bitwise
+// independent of the thread count.
+template <typename T>
+double sum_squares(const T* x, int64_t n);
+
+// ---- AdamW (decoupled weight decay, bias-corrected) ----------------------------
+// g is multiplied by grad_scale first (clipping). step counts from 1.
+struct AdamWParams {
+  float lr, beta1, beta2, eps, weight_decay;
+  int64_t step;
+  float grad_scale;
+};
+template <typename T>
+void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamWParams& hp, bool decay);
+
+// ---- Threads ---------------------------------------------------------------------
+// Sets OpenMP and OpenBLAS thread counts (train.threads); 0 keeps the default.
+void set_num_threads(int n);
+int num_threads();
+
+}  // namespace weft::core::cpu

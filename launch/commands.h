@@ -1,0 +1,14 @@
+// The subcommands of the `weft` binary. Each takes its arguments (after the
+// command name) and returns an exit code; errors propagate as exceptions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace weft::launch {
+
+int cmd_train(const std::vector<std::string>& args);
+int cmd_data(const std::vector<std::string>& args);
+int cmd_bench(const std::vector<std::string>& args);
+
+}  // namespace weft::launch

@@ -1,0 +1,60 @@
+// The `weft` binary: dispatches subcommands and maps errors to exit codes
+// (0 success, 2 bad input, 1 failure at run time). Only launch/ may exit().
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/config.h"
+#include "base/error.h"
+#include "launch/commands.h"
+
+namespace {
+
+struct Command {
+  int (*run)(const std::vector<std::string>& args);
+  const char* help;
+};
+
+const std::map<std::string, Command>& command_table() {
+  static const std::map<std::string, Command> table = {
+      {"train", {weft::launch::cmd_train, "train a model from a YAML config (one worker)"}},
+      {"data", {weft::launch::cmd_data, "data tools: `weft data prepare IN.txt OUT.bin`"}},
+      {"bench", {weft::launch::cmd_bench, "benchmarks: `weft bench train`"}},
+  };
+  return table;
+}
+
+void usage(FILE* out) {
+  std::fprintf(out, "weft %s: distributed training with elastic parallelism\n\nusage: weft <command> [args]\n\n",
+               WEFT_VERSION);
+  for (const auto& [name, c] : command_table()) std::fprintf(out, "  %-8s %s\n", name.c_str(), c.help);
+  std::fprintf(out, "\nRun `weft <command> --help` for a command's options.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  auto it = command_table().find(argv[1]);
+  if (it == command_table().end()) {
+    std::fprintf(stderr, "weft: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+  }
+  std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    return it->second.run(args);
+  } catch (const weft::ConfigError& e) {
+    std::fprintf(stderr, "weft %s: error: %s\n", argv[1], e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft %s: failed: %s\n", argv[1], e.what());
+    return 1;
+  }
+}
