@@ -17,7 +17,7 @@ if(WEFT_SANITIZE)
   add_link_options(-fsanitize=${WEFT_SANITIZE})
 endif()
 
-add_compile_options(-Wall -Wextra -Wno-unused-parameter)
+add_compile_options(-Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
 if(CMAKE_BUILD_TYPE STREQUAL "Release")
   add_compile_options(-O3 -march=native)
 endif()

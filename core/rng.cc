@@ -20,7 +20,7 @@ PhiloxCounter philox4x32(PhiloxCounter c, PhiloxKey k) {
 }
 
 uint64_t stable_hash(std::string_view s) {
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64-bit offset basis (14695981039346656037)
   for (unsigned char ch : s) {
     h ^= ch;
     h *= 1099511628211ull;

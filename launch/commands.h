@@ -10,5 +10,7 @@ namespace weft::launch {
 int cmd_train(const std::vector<std::string>& args);
 int cmd_data(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
+int cmd_store(const std::vector<std::string>& args);
+int cmd_plan(const std::vector<std::string>& args);
 
 }  // namespace weft::launch

@@ -23,6 +23,8 @@ const std::map<std::string, Command>& command_table() {
       {"train", {weft::launch::cmd_train, "train a model from a YAML config (one worker)"}},
       {"data", {weft::launch::cmd_data, "data tools: `weft data prepare IN.txt OUT.bin`"}},
       {"bench", {weft::launch::cmd_bench, "benchmarks: `weft bench train`"}},
+      {"store", {weft::launch::cmd_store, "the rendezvous store alone: `weft store --port P [--host H]`"}},
+      {"plan", {weft::launch::cmd_plan, "plan, validate and simulate a parallel layout: `weft plan --config X.yaml --world N`"}},
   };
   return table;
 }

@@ -8,19 +8,6 @@
 
 namespace weft::memory {
 
-const char* tag_name(Tag t) {
-  switch (t) {
-    case Tag::kActivation: return "activation";
-    case Tag::kParameter: return "parameter";
-    case Tag::kGradient: return "gradient";
-    case Tag::kOptimizer: return "optimizer";
-    case Tag::kWorkspace: return "workspace";
-    case Tag::kComm: return "comm";
-    case Tag::kOther: return "other";
-  }
-  return "?";
-}
-
 void* HostAllocator::allocate(size_t bytes, Tag) {
   size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded == 0) rounded = kAlignment;

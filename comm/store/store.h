@@ -14,47 +14,67 @@ namespace weft::comm {
 using Bytes = std::vector<uint8_t>;
 using Millis = std::chrono::milliseconds;
 
-// Contract (every implementation):
-// - Methods are thread-safe; a client may be shared by threads, calls may overlap.
-// - Blocking calls (get, wait) block until the key exists or `timeout` passes, then throw
-//   weft::TimeoutError naming the keys. A store that cannot be reached throws CommError.
-// - Values are opaque bytes; keys are UTF-8 strings.
-// - A key with a TTL disappears `ttl` after its last set (heartbeats); without one it
-//   stays until erased.
+// Contract (every implementation: TCPStore, InMemoryStore, PrefixStore):
+// - Methods are thread-safe; a client may be shared by threads, calls may overlap, and a
+//   call blocked in get/wait does not hold up other threads' calls.
+// - Blocking calls (get, multi_get, wait) block until the keys exist or the timeout passes,
+//   then throw weft::TimeoutError naming the keys. A store that cannot be reached, or whose
+//   connection broke, throws CommError; so does an operation the store refuses (a value
+//   over its size limit, add on a non-integer), with the reason in the message.
+// - Values are opaque bytes; keys are UTF-8 strings. An empty value is a value: the key
+//   exists.
+// - A key with a TTL disappears `ttl` after the set() that gave it (heartbeats: set again
+//   to extend); set() without a ttl makes it permanent; add, append and compare_set keep
+//   whatever expiry the key has. An expired key is absent for every operation.
+// - Writes (set, add, compare_set that writes, append, multi_set) wake blocked readers.
 class Store {
  public:
   virtual ~Store() = default;
 
   virtual void set(const std::string& key, const Bytes& value, std::optional<Millis> ttl = {}) = 0;
-  // Blocks until `key` exists, then returns its value.
+  // Blocks until `key` exists (at most timeout()), then returns its value.
   virtual Bytes get(const std::string& key) = 0;
   // Atomically adds `delta` to the integer stored at `key` (absent = 0), returns the result.
+  // The value is kept as decimal text, so get() of a counter reads e.g. "3".
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
   // Sets `key` to `desired` when its current value equals `expected` (an empty `expected`
-  // matches an absent key). Returns the value after the call.
-  virtual Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) = 0;
+  // matches an absent key). Returns the value after the call: `desired` when it wrote, the
+  // current value when it did not, empty when the key is absent.
+  virtual Bytes compare_set(const std::string& key, const Bytes& expected,
+                            const Bytes& desired) = 0;
   // Blocks until every key exists or `timeout` passes (TimeoutError).
   virtual void wait(const std::vector<std::string>& keys, Millis timeout) = 0;
   // True when every key exists now (never blocks).
   virtual bool check(const std::vector<std::string>& keys) = 0;
   // Removes `key`; returns whether it existed.
   virtual bool erase(const std::string& key) = 0;
+  // Every key in the store (a PrefixStore counts only its own namespace).
   virtual int64_t num_keys() = 0;
+  // Keys that start with `prefix`, "" counting all. PrefixStore::num_keys() uses it.
+  virtual int64_t num_keys_with_prefix(const std::string& prefix) = 0;
   // Appends bytes to the value at `key` (creating it).
   virtual void append(const std::string& key, const Bytes& value) = 0;
+  // Blocks until every key exists (at most timeout()), then returns their values in order.
   virtual std::vector<Bytes> multi_get(const std::vector<std::string>& keys) = 0;
-  virtual void multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) = 0;
+  // Sets each key to its value as one atomic step; keys.size() must equal values.size().
+  virtual void multi_set(const std::vector<std::string>& keys,
+                         const std::vector<Bytes>& values) = 0;
 
   // Timeout used by get() and by wait() callers that pass none.
   virtual Millis timeout() const = 0;
   virtual void set_timeout(Millis timeout) = 0;
 
   // Convenience for string values.
-  void set_string(const std::string& key, const std::string& v) { set(key, Bytes(v.begin(), v.end())); }
+  void set_string(const std::string& key, const std::string& v) {
+    set(key, Bytes(v.begin(), v.end()));
+  }
   std::string get_string(const std::string& key) {
     Bytes b = get(key);
     return std::string(b.begin(), b.end());
   }
 };
+
+inline Bytes to_bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
+inline std::string to_string(const Bytes& b) { return std::string(b.begin(), b.end()); }
 
 }  // namespace weft::comm

@@ -13,8 +13,8 @@ namespace weft::core {
 struct MoeSpec {
   int64_t experts = 0;  // 0: not an MoE model
   int64_t top_k = 2;
-  int64_t every = 1;               // layer i is MoE when i % every == every - 1
-  double capacity_factor = 0.0;    // 0: no dropping
+  int64_t every = 1;                 // layer i is MoE when i % every == every - 1
+  double capacity_factor = 0.0;      // 0: no dropping
   std::string balance = "aux_loss";  // aux_loss | aux_loss_global | loss_free
   double aux_coef = 0.01;
 };
@@ -29,9 +29,11 @@ struct ModelSpec {
 };
 
 struct DataSpec {
-  std::string path;      // resolved against the config file's folder
-  std::string val_path;  // empty: hold out the tail of `path` (val_fraction)
+  std::string path;                // resolved against the config file's folder
+  std::string val_path;            // empty: hold out the tail of `path` (val_fraction)
   std::string order = "shuffled";  // shuffled | sequential
+  // Share of `path` held out for validation when val_path is empty and train.eval_every > 0
+  // (without evaluation every token trains, so a run matches shared/reference/ exactly).
   double val_fraction = 0.05;
 };
 
@@ -49,7 +51,10 @@ struct TrainSpec {
   int64_t eval_every = 0;     // 0: never
   int64_t eval_batches = 4;
   int64_t log_every = 1;
-  std::string out_dir = "runs/latest";  // run folder: metrics, loss curve, summary
+  // Run folder: metrics, loss curve, summary. When the YAML file does not set it,
+  // load_job_spec uses runs/<config file stem> (relative to the working directory;
+  // a file named config.yaml is named by its folder).
+  std::string out_dir = "runs/latest";
 };
 
 // A parallel degree: a number, or auto (0 here) to be filled in by the planner.
@@ -110,7 +115,18 @@ JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& o
 // Same, from YAML text; relative paths resolve against `base_dir`.
 JobSpec parse_job_spec(const std::string& yaml_text, const std::string& base_dir,
                        const std::vector<std::string>& overrides = {});
-// Checks cross-field consistency (heads divide dim, micro_batch divides global_batch...).
+// Checks every value's range and cross-field consistency (heads divide dim, micro_batch
+// divides global_batch, top_k <= experts...); throws ConfigError naming the field.
+// Whether data files exist is checked when they are read (core/data/).
 void validate_job_spec(const JobSpec& spec);
+
+// The spec as YAML (every key, degrees 0 written as `auto`); parse_job_spec of the result
+// gives back an equal spec. Written into the run folder so a run can be repeated.
+std::string job_spec_to_yaml(const JobSpec& spec);
+
+// A hash of the model fields that fix parameter names and shapes (arch, layers, dim,
+// heads, vocab, seq_len, mlp_ratio, experts, every): a checkpoint or weights file records
+// it so that loading one written for another model fails with a clear message.
+uint64_t model_config_hash(const ModelSpec& model);
 
 }  // namespace weft::core

@@ -11,10 +11,16 @@
 // activation gradients (the first contribution overwrites).
 //
 // Threads: every kernel parallelises with OpenMP over rows/batches with a static
-// partition, so results are bitwise reproducible for a fixed thread count.
+// partition, so results are bitwise reproducible for a fixed thread count. Reductions
+// over rows (bias, LayerNorm and embedding gradients, sum_squares, the mean loss) give
+// the same bits for every thread count.
+//
+// Optional pointers (documented "may be null") are typed std::type_identity_t<T>* so
+// that a plain `nullptr` argument does not take part in deducing T.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 namespace weft::core::cpu {
 
@@ -26,27 +32,34 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
           int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
 // `batch` independent GEMMs with element strides between consecutive matrices.
 template <typename T>
-void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha,
-                  const T* A, int64_t lda, int64_t stride_a, const T* B, int64_t ldb,
-                  int64_t stride_b, T beta, T* C, int64_t ldc, int64_t stride_c, int64_t batch);
+void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                  int64_t lda, int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta,
+                  T* C, int64_t ldc, int64_t stride_c, int64_t batch);
 
 // ---- Linear: y(N,out) = x(N,in) @ w(out,in)^T + b(out) --------------------
+// b may be null (no bias).
 template <typename T>
-void linear_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t in, int64_t out);
+void linear_forward(const T* x, const T* w, const std::type_identity_t<T>* b, T* y, int64_t N,
+                    int64_t in, int64_t out);
 // dx(N,in) = dy @ w (skipped when dx is null); dw(out,in) += dy^T @ x; db(out) += sum_rows(dy)
-// (db skipped when null). dw and db always accumulate.
+// (dw, db skipped when null). dw and db always accumulate.
 template <typename T>
-void linear_backward(const T* dy, const T* x, const T* w, T* dx, bool accumulate_dx, T* dw, T* db,
+void linear_backward(const T* dy, const T* x, const T* w, std::type_identity_t<T>* dx,
+                     bool accumulate_dx, std::type_identity_t<T>* dw, std::type_identity_t<T>* db,
                      int64_t N, int64_t in, int64_t out);
 
 // ---- LayerNorm over the last dim C, eps inside the sqrt ---------------------
-// Saves mean(N) and rstd(N) for the backward pass.
+// x, y (N,C); w, b (C). Saves mean(N) and rstd(N) for the backward pass.
+// Backward: dx skipped when null; dw(C) += sum_n dy*xhat, db(C) += sum_n dy, each
+// skipped when null.
 template <typename T>
 void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t N,
                        int64_t C, T eps);
 template <typename T>
-void layernorm_backward(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
-                        bool accumulate_dx, T* dw, T* db, int64_t N, int64_t C);
+void layernorm_backward(const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
+                        std::type_identity_t<T>* dx, bool accumulate_dx,
+                        std::type_identity_t<T>* dw, std::type_identity_t<T>* db, int64_t N,
+                        int64_t C);
 
 // ---- GELU, tanh approximation ----------------------------------------------
 template <typename T>
@@ -77,16 +90,20 @@ void attention_backward(const T* dout, const T* qkv, const T* att, T* dqkv, bool
 template <typename T>
 void embedding_forward(const int32_t* tokens, const T* wte, const T* wpe, T* out, int64_t B,
                        int64_t Tn, int64_t C, int64_t V);
-// dwte += scatter(dout), dwpe += sum over batch (dwpe skipped when null).
+// dwte += scatter(dout), dwpe += sum over batch (each skipped when null).
+// The ids were range-checked by the forward pass (V is not known here); negative ids
+// still throw InternalError.
 template <typename T>
-void embedding_backward(const T* dout, const int32_t* tokens, T* dwte, T* dwpe, int64_t B,
-                        int64_t Tn, int64_t C);
+void embedding_backward(const T* dout, const int32_t* tokens, std::type_identity_t<T>* dwte,
+                        std::type_identity_t<T>* dwpe, int64_t B, int64_t Tn, int64_t C);
 
 // ---- Cross-entropy with logits ----------------------------------------------
 // losses(N) = logsumexp(logits[n]) - logits[n][target]; returns the mean over N.
-// probs(N,V), when not null, receives softmax(logits) for the backward pass.
+// probs(N,V), when not null, receives softmax(logits) for the backward pass; losses may
+// be null too. Targets outside [0, V) throw InternalError (forward and backward).
 template <typename T>
-double cross_entropy_forward(const T* logits, const int32_t* targets, T* losses, T* probs,
+double cross_entropy_forward(const T* logits, const int32_t* targets,
+                             std::type_identity_t<T>* losses, std::type_identity_t<T>* probs,
                              int64_t N, int64_t V);
 // dlogits = (softmax(logits) - onehot(target)) * dloss (dloss: gradient of each row's loss).
 template <typename T>
@@ -108,9 +125,9 @@ double sum_squares(const T* x, int64_t n);
 // ---- AdamW (decoupled weight decay, bias-corrected) ----------------------------
 // g is multiplied by grad_scale first (clipping). step counts from 1.
 struct AdamWParams {
-  float lr, beta1, beta2, eps, weight_decay;
+  double lr, beta1, beta2, eps, weight_decay;  // double: exact for the f64 instantiation too
   int64_t step;
-  float grad_scale;
+  double grad_scale;
 };
 template <typename T>
 void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamWParams& hp, bool decay);

@@ -1,0 +1,132 @@
+// KvTable: key-value semantics shared by the TCP server and the in-memory fake.
+#include "comm/store/kv_table.h"
+
+#include <charconv>
+#include <string_view>
+
+#include "base/error.h"
+#include "comm/store/store_util.h"
+
+namespace weft::comm {
+
+void KvTable::check_size(const std::string& key, size_t n) const {
+  if (n > max_value_bytes_)
+    throw CommError("store: value for '" + key + "' has " + std::to_string(n) +
+                    " bytes, more than the store's max_value_bytes " +
+                    std::to_string(max_value_bytes_));
+}
+
+void KvTable::clear_deadline(const std::string& key, Entry& e) {
+  if (e.deadline) deadlines_.erase({*e.deadline, key});
+  e.deadline.reset();
+}
+
+void KvTable::set(const std::string& key, Bytes value, std::optional<Millis> ttl) {
+  check_size(key, value.size());
+  expire();
+  Entry& e = entries_[key];
+  clear_deadline(key, e);
+  e.value = std::move(value);
+  if (ttl) {
+    // At least 1 ms: a TTL of 0 would make set() a no-op that still wakes waiters.
+    e.deadline = Clock::now() + std::max(clamp_timeout(*ttl), Millis(1));
+    deadlines_.insert({*e.deadline, key});
+  }
+}
+
+void KvTable::multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) {
+  for (size_t i = 0; i < keys.size(); ++i) check_size(keys[i], values[i].size());
+  for (size_t i = 0; i < keys.size(); ++i) set(keys[i], values[i], std::nullopt);
+}
+
+const Bytes* KvTable::find(const std::string& key) {
+  expire();
+  auto it = entries_.find(key);
+  return it == entries_.end() ? nullptr : &it->second.value;
+}
+
+bool KvTable::contains_all(const std::vector<std::string>& keys) {
+  expire();
+  for (const auto& k : keys)
+    if (!entries_.count(k)) return false;
+  return true;
+}
+
+int64_t KvTable::add(const std::string& key, int64_t delta) {
+  expire();
+  auto it = entries_.find(key);
+  int64_t current = 0;
+  if (it != entries_.end()) {
+    std::string_view text(reinterpret_cast<const char*>(it->second.value.data()),
+                          it->second.value.size());
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), current);
+    if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+      throw CommError("store: add on '" + key + "' whose value is not a decimal integer");
+  }
+  int64_t result = 0;
+  if (__builtin_add_overflow(current, delta, &result))
+    throw CommError("store: add on '" + key + "' overflows int64");
+  std::string text = std::to_string(result);
+  Entry& e = entries_[key];
+  e.value.assign(text.begin(), text.end());
+  return result;
+}
+
+Bytes KvTable::compare_set(const std::string& key, const Bytes& expected, Bytes desired,
+                           bool* wrote) {
+  check_size(key, desired.size());
+  expire();
+  *wrote = false;
+  auto it = entries_.find(key);
+  if (it == entries_.end()) {
+    if (!expected.empty()) return {};
+    *wrote = true;
+    entries_[key].value = desired;
+    return desired;
+  }
+  if (it->second.value == expected) {
+    *wrote = true;
+    it->second.value = std::move(desired);
+  }
+  return it->second.value;
+}
+
+bool KvTable::erase(const std::string& key) {
+  expire();
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return false;
+  clear_deadline(key, it->second);
+  entries_.erase(it);
+  return true;
+}
+
+void KvTable::append(const std::string& key, const Bytes& value) {
+  expire();
+  auto it = entries_.find(key);
+  size_t have = it == entries_.end() ? 0 : it->second.value.size();
+  check_size(key, have + value.size());
+  Bytes& v = entries_[key].value;
+  v.insert(v.end(), value.begin(), value.end());
+}
+
+int64_t KvTable::count(const std::string& prefix) {
+  expire();
+  if (prefix.empty()) return static_cast<int64_t>(entries_.size());
+  int64_t n = 0;
+  for (auto it = entries_.lower_bound(prefix);
+       it != entries_.end() && it->first.starts_with(prefix); ++it)
+    ++n;
+  return n;
+}
+
+std::optional<KvTable::Clock::time_point> KvTable::expire() {
+  auto now = Clock::now();
+  while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+    auto node = deadlines_.extract(deadlines_.begin());
+    entries_.erase(node.value().second);
+  }
+  if (deadlines_.empty()) return std::nullopt;
+  return deadlines_.begin()->first;
+}
+
+}  // namespace weft::comm

@@ -1,0 +1,65 @@
+// The store's data and the semantics of its operations (TTL, add, compare_set), without
+// waiting or locking: TCPStoreServer drives one from its single thread, InMemoryStore
+// under a mutex, so the two cannot drift apart.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/store/store.h"
+
+namespace weft::comm {
+
+// Not thread-safe; the owner serialises calls. Every method first drops keys whose TTL has
+// passed, so an expired key is never observed even if no sweep ran yet.
+class KvTable {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Values longer than max_value_bytes are refused with CommError (set, append, ...).
+  explicit KvTable(size_t max_value_bytes) : max_value_bytes_(max_value_bytes) {}
+
+  // A ttl (re)arms the key's expiry at now + ttl; no ttl makes the key permanent.
+  void set(const std::string& key, Bytes value, std::optional<Millis> ttl);
+  // Sets every key (no TTL) or, when any value is too long, none (CommError).
+  void multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values);
+  // The value, or nullptr when absent. The pointer is valid until the next call.
+  const Bytes* find(const std::string& key);
+  bool contains_all(const std::vector<std::string>& keys);
+  // The value is decimal text (as in c10d), absent counts as 0. Throws CommError when the
+  // current value is not an integer or the sum overflows. Keeps the key's TTL.
+  int64_t add(const std::string& key, int64_t delta);
+  // Writes `desired` when the current value equals `expected` (an empty `expected` also
+  // matches an absent key). Returns the value after the call, empty when absent; unlike
+  // c10d, an absent key with a non-empty `expected` returns empty, so a CAS loop that
+  // retries with the returned value converges. Keeps the key's TTL. Sets *wrote.
+  Bytes compare_set(const std::string& key, const Bytes& expected, Bytes desired, bool* wrote);
+  bool erase(const std::string& key);
+  // Creates the key when absent; keeps its TTL otherwise.
+  void append(const std::string& key, const Bytes& value);
+  // Keys that start with `prefix` ("" counts every key).
+  int64_t count(const std::string& prefix);
+  // Drops expired keys now; returns the earliest deadline still pending, if any.
+  std::optional<Clock::time_point> expire();
+  size_t max_value_bytes() const { return max_value_bytes_; }
+
+ private:
+  struct Entry {
+    Bytes value;
+    std::optional<Clock::time_point> deadline;
+  };
+  void check_size(const std::string& key, size_t n) const;
+  void clear_deadline(const std::string& key, Entry& e);
+
+  size_t max_value_bytes_;
+  std::map<std::string, Entry> entries_;  // ordered, so prefix counts are a range scan
+  std::set<std::pair<Clock::time_point, std::string>> deadlines_;
+};
+
+}  // namespace weft::comm

@@ -1,0 +1,52 @@
+// PrefixStore: key rewriting in front of another Store.
+#include "comm/store/prefix_store.h"
+
+#include "base/error.h"
+
+namespace weft::comm {
+
+PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> base)
+    : prefix_(std::move(prefix)), base_(std::move(base)) {
+  if (prefix_.empty()) throw CommError("PrefixStore: empty prefix");
+  if (!base_) throw CommError("PrefixStore: no base store");
+}
+
+std::vector<std::string> PrefixStore::full(const std::vector<std::string>& keys) const {
+  std::vector<std::string> out;
+  out.reserve(keys.size());
+  for (const auto& k : keys) out.push_back(full(k));
+  return out;
+}
+
+void PrefixStore::set(const std::string& key, const Bytes& value, std::optional<Millis> ttl) {
+  base_->set(full(key), value, ttl);
+}
+Bytes PrefixStore::get(const std::string& key) { return base_->get(full(key)); }
+int64_t PrefixStore::add(const std::string& key, int64_t delta) {
+  return base_->add(full(key), delta);
+}
+Bytes PrefixStore::compare_set(const std::string& key, const Bytes& expected,
+                               const Bytes& desired) {
+  return base_->compare_set(full(key), expected, desired);
+}
+void PrefixStore::wait(const std::vector<std::string>& keys, Millis timeout) {
+  base_->wait(full(keys), timeout);
+}
+bool PrefixStore::check(const std::vector<std::string>& keys) { return base_->check(full(keys)); }
+bool PrefixStore::erase(const std::string& key) { return base_->erase(full(key)); }
+int64_t PrefixStore::num_keys() { return base_->num_keys_with_prefix(prefix_ + "/"); }
+int64_t PrefixStore::num_keys_with_prefix(const std::string& prefix) {
+  return base_->num_keys_with_prefix(full(prefix));
+}
+void PrefixStore::append(const std::string& key, const Bytes& value) {
+  base_->append(full(key), value);
+}
+std::vector<Bytes> PrefixStore::multi_get(const std::vector<std::string>& keys) {
+  return base_->multi_get(full(keys));
+}
+void PrefixStore::multi_set(const std::vector<std::string>& keys,
+                            const std::vector<Bytes>& values) {
+  base_->multi_set(full(keys), values);
+}
+
+}  // namespace weft::comm

@@ -1,0 +1,68 @@
+// TCPStore: the Store client of TCPStoreServer. One connection per client carries every
+// thread's requests at once; a background thread matches replies to callers by request id.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "comm/store/store.h"
+
+namespace weft::comm {
+
+// Long enough for a slow rendezvous, short enough that a lost peer fails a job in minutes.
+inline constexpr Millis kDefaultStoreTimeout{60'000};
+
+struct TCPStoreOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  // get()/multi_get() wait this long for their keys; every other request waits this long
+  // for its reply; the constructor retries connecting for this long.
+  Millis timeout = kDefaultStoreTimeout;
+};
+
+// Thread-safe (see Store). The constructor connects, retrying while the server is not up
+// yet (a rank may start before the store), then pings it; it throws TimeoutError when no
+// connection succeeds within options.timeout and CommError when the host does not resolve
+// or the peer is not a store. A broken connection (server gone) fails every call in flight
+// and every later call with CommError; the client does not reconnect. Blocking operations
+// are timed by the server, so a timed-out wait costs no extra round trip; the client gives
+// up by itself only if the server's answer is overdue (a hung or partitioned server).
+// Destroy it only when no call is in flight.
+class TCPStore : public Store {
+ public:
+  explicit TCPStore(TCPStoreOptions options);
+  TCPStore(const std::string& host, uint16_t port, Millis timeout = kDefaultStoreTimeout);
+  ~TCPStore() override;
+  TCPStore(const TCPStore&) = delete;
+  TCPStore& operator=(const TCPStore&) = delete;
+
+  void set(const std::string& key, const Bytes& value, std::optional<Millis> ttl = {}) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
+  void wait(const std::vector<std::string>& keys, Millis timeout) override;
+  bool check(const std::vector<std::string>& keys) override;
+  bool erase(const std::string& key) override;
+  int64_t num_keys() override;
+  int64_t num_keys_with_prefix(const std::string& prefix) override;
+  void append(const std::string& key, const Bytes& value) override;
+  std::vector<Bytes> multi_get(const std::vector<std::string>& keys) override;
+  void multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) override;
+  Millis timeout() const override { return Millis(timeout_ms_.load()); }
+  void set_timeout(Millis timeout) override { timeout_ms_ = timeout.count(); }
+
+  // Round trip with no effect; throws like any call when the server is unreachable.
+  void ping();
+  const std::string& host() const { return options_.host; }
+  uint16_t port() const { return options_.port; }
+
+ private:
+  class Connection;
+  TCPStoreOptions options_;
+  std::atomic<int64_t> timeout_ms_;
+  std::unique_ptr<Connection> conn_;
+};
+
+}  // namespace weft::comm

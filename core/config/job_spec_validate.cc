@@ -1,0 +1,217 @@
+// validate_job_spec: every value's range and the consistency between fields, each
+// failure a ConfigError that names the key path and says how to fix it.
+#include <algorithm>
+#include <initializer_list>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "base/error.h"
+#include "core/config/job_spec.h"
+
+namespace weft::core {
+namespace {
+
+template <typename T>
+std::string num(T v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+void one_of(const std::string& field, const std::string& value,
+            std::initializer_list<const char*> allowed) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (value == a) return;
+    if (!list.empty()) list += "|";
+    list += a;
+  }
+  throw ConfigError(field, "expected one of " + list + ", got '" + value + "'");
+}
+
+void at_least(const std::string& field, int64_t v, int64_t lo) {
+  if (v < lo) throw ConfigError(field, "expected an integer >= " + num(lo) + ", got " + num(v));
+}
+
+void in_range(const std::string& field, double v, double lo, bool lo_open, double hi,
+              bool hi_open) {
+  bool ok = (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+  if (!ok)
+    throw ConfigError(field, "expected a number in " + std::string(lo_open ? "(" : "[") + num(lo) +
+                                 ", " + num(hi) + (hi_open ? ")" : "]") + ", got " + num(v));
+}
+constexpr double kInf = 1e300;
+
+void validate_model(const ModelSpec& m) {
+  one_of("model.arch", m.arch, {"gpt", "moe-gpt"});
+  at_least("model.layers", m.layers, 1);
+  at_least("model.dim", m.dim, 1);
+  at_least("model.heads", m.heads, 1);
+  at_least("model.vocab", m.vocab, 2);
+  at_least("model.seq_len", m.seq_len, 1);
+  at_least("model.mlp_ratio", m.mlp_ratio, 1);
+  if (m.dim % m.heads != 0)
+    throw ConfigError("model.heads", "model.heads (" + num(m.heads) + ") must divide model.dim (" +
+                                         num(m.dim) + ")");
+  const MoeSpec& e = m.moe;
+  if (m.arch == "gpt") {
+    if (e.experts > 0)
+      throw ConfigError("model.arch",
+                        "model.moe.experts is " + num(e.experts) +
+                            " but model.arch is gpt; use arch: moe-gpt or drop model.moe");
+    return;
+  }
+  if (e.experts < 1)
+    throw ConfigError("model.moe.experts",
+                      "arch moe-gpt needs model.moe.experts >= 1, got " + num(e.experts));
+  at_least("model.moe.top_k", e.top_k, 1);
+  if (e.top_k > e.experts)
+    throw ConfigError("model.moe.top_k",
+                      "top_k (" + num(e.top_k) + ") must be <= experts (" + num(e.experts) + ")");
+  at_least("model.moe.every", e.every, 1);
+  if (e.every > m.layers)
+    throw ConfigError("model.moe.every", "every " + num(e.every) + " > layers " + num(m.layers) +
+                                             ": no layer would be an MoE layer");
+  in_range("model.moe.capacity_factor", e.capacity_factor, 0, false, kInf, false);
+  one_of("model.moe.balance", e.balance, {"aux_loss", "aux_loss_global", "loss_free"});
+  in_range("model.moe.aux_coef", e.aux_coef, 0, false, kInf, false);
+}
+
+void validate_train(const TrainSpec& t) {
+  at_least("train.steps", t.steps, 1);
+  at_least("train.global_batch", t.global_batch, 1);
+  at_least("train.micro_batch", t.micro_batch, 1);
+  if (t.global_batch % t.micro_batch != 0)
+    throw ConfigError("train.micro_batch", "micro_batch (" + num(t.micro_batch) +
+                                               ") must divide global_batch (" +
+                                               num(t.global_batch) + ")");
+  in_range("train.lr", t.lr, 0, true, kInf, false);
+  in_range("train.min_lr", t.min_lr, 0, false, kInf, false);
+  if (t.min_lr > t.lr)
+    throw ConfigError("train.min_lr",
+                      "min_lr (" + num(t.min_lr) + ") must not exceed lr (" + num(t.lr) + ")");
+  at_least("train.warmup_steps", t.warmup_steps, 0);
+  if (t.warmup_steps > t.steps)
+    throw ConfigError("train.warmup_steps", "warmup_steps (" + num(t.warmup_steps) +
+                                                ") exceeds steps (" + num(t.steps) + ")");
+  one_of("train.schedule", t.schedule, {"cosine", "constant"});
+  in_range("train.weight_decay", t.weight_decay, 0, false, kInf, false);
+  in_range("train.betas", t.betas[0], 0, false, 1, true);
+  in_range("train.betas", t.betas[1], 0, false, 1, true);
+  in_range("train.eps", t.eps, 0, true, kInf, false);
+  in_range("train.grad_clip", t.grad_clip, 0, false, kInf, false);
+  one_of("train.dtype", t.dtype, {"f32", "bf16"});
+  at_least("train.threads", t.threads, 0);
+  at_least("train.eval_every", t.eval_every, 0);
+  at_least("train.eval_batches", t.eval_batches, 1);
+  at_least("train.log_every", t.log_every, 1);
+  if (t.out_dir.empty()) throw ConfigError("train.out_dir", "must name a folder for the run");
+}
+
+void validate_parallel(const ParallelSpec& p, const JobSpec& s) {
+  at_least("parallel.dp", p.dp, 0);
+  at_least("parallel.tp", p.tp, 0);
+  at_least("parallel.pp", p.pp, 0);
+  at_least("parallel.ep", p.ep, 0);
+  if (p.zero < 0 || p.zero > 3)
+    throw ConfigError("parallel.zero", "expected 0, 1, 2 or 3, got " + num(p.zero));
+  // order: each of tp, ep, dp, pp exactly once, '-' separated, first varies fastest.
+  std::multiset<std::string> axes;
+  std::stringstream ss(p.order);
+  for (std::string a; std::getline(ss, a, '-');) axes.insert(a);
+  if (axes != std::multiset<std::string>{"dp", "ep", "pp", "tp"})
+    throw ConfigError("parallel.order",
+                      "expected tp, ep, dp and pp each once, joined by '-' "
+                      "(e.g. tp-ep-dp-pp), got '" +
+                          p.order + "'");
+  one_of("parallel.recompute", p.recompute, {"none", "selective", "full"});
+  one_of("parallel.plan", p.plan, {"manual", "search"});
+
+  const ModelSpec& m = s.model;
+  if (p.tp > 1 && m.heads % p.tp != 0)
+    throw ConfigError("parallel.tp",
+                      "tp (" + num(p.tp) + ") must divide model.heads (" + num(m.heads) + ")");
+  if (p.ep > 1 && m.arch != "moe-gpt")
+    throw ConfigError("parallel.ep", "expert parallelism (ep " + num(p.ep) +
+                                         ") needs model.arch: moe-gpt; set ep: 1");
+  if (p.ep > 1 && m.moe.experts % p.ep != 0)
+    throw ConfigError("parallel.ep", "ep (" + num(p.ep) + ") must divide model.moe.experts (" +
+                                         num(m.moe.experts) + ")");
+  if (p.pp > m.layers)
+    throw ConfigError("parallel.pp", "pp (" + num(p.pp) + ") exceeds model.layers (" +
+                                         num(m.layers) + "): a stage would have no layer");
+  const TrainSpec& t = s.train;
+  if (p.dp > 0 && t.global_batch % (t.micro_batch * p.dp) != 0)
+    throw ConfigError("parallel.dp", "global_batch (" + num(t.global_batch) +
+                                         ") must be a multiple of micro_batch x dp (" +
+                                         num(t.micro_batch) + " x " + num(p.dp) + ")");
+
+  const PipelineSpec& pl = p.pipeline;
+  one_of("parallel.pipeline.schedule", pl.schedule, {"gpipe", "1f1b", "interleaved"});
+  at_least("parallel.pipeline.micro_batches", pl.micro_batches, 0);
+  at_least("parallel.pipeline.virtual_stages", pl.virtual_stages, 1);
+  if (pl.virtual_stages > 1 && pl.schedule != "interleaved")
+    throw ConfigError("parallel.pipeline.virtual_stages",
+                      "virtual_stages > 1 needs parallel.pipeline.schedule: interleaved");
+  if (!pl.layout.empty()) {
+    // Stages in order, together holding every layer once, in ascending order.
+    int64_t next = 0;
+    for (const auto& stage : pl.layout) {
+      if (stage.empty()) throw ConfigError("parallel.pipeline.layout", "a stage has no layer");
+      for (int64_t layer : stage) {
+        if (layer != next)
+          throw ConfigError("parallel.pipeline.layout",
+                            "expected the layers 0.." + num(m.layers - 1) +
+                                " in order, each once; found " + num(layer) + " where " +
+                                num(next) + " belongs");
+        ++next;
+      }
+    }
+    if (next != m.layers)
+      throw ConfigError("parallel.pipeline.layout",
+                        "covers " + num(next) + " layers, model has " + num(m.layers));
+    int64_t stages = int64_t(pl.layout.size());
+    if (p.pp > 0 && stages != p.pp * pl.virtual_stages)
+      throw ConfigError("parallel.pipeline.layout", "has " + num(stages) +
+                                                        " stages, expected pp x virtual_stages = " +
+                                                        num(p.pp * pl.virtual_stages));
+  }
+}
+
+}  // namespace
+
+void validate_job_spec(const JobSpec& s) {
+  validate_model(s.model);
+  if (s.data.path.empty())
+    throw ConfigError("data.path",
+                      "required: a token file (.bin), a text file or a folder of "
+                      "text files");
+  one_of("data.order", s.data.order, {"shuffled", "sequential"});
+  in_range("data.val_fraction", s.data.val_fraction, 0, false, 1, true);
+  validate_train(s.train);
+  if (s.train.eval_every > 0 && s.data.val_path.empty() && s.data.val_fraction <= 0)
+    throw ConfigError("train.eval_every",
+                      "evaluation needs validation data: set data.val_path "
+                      "or data.val_fraction > 0 (or eval_every: 0)");
+  validate_parallel(s.parallel, s);
+  one_of("device", s.device, {"cpu", "cuda"});
+  one_of("memory.allocator", s.memory.allocator, {"caching", "planned"});
+  at_least("checkpoint.every", s.checkpoint.every, 0);
+  at_least("checkpoint.keep", s.checkpoint.keep, 1);
+  if (s.checkpoint.every > 0 && s.checkpoint.dir.empty())
+    throw ConfigError("checkpoint.dir", "checkpoint.every is " + num(s.checkpoint.every) +
+                                            ": name a folder for the checkpoints");
+  at_least("snapshot.every", s.snapshot.every, 0);
+  one_of("snapshot.redundancy", s.snapshot.redundancy, {"none", "replica", "ec"});
+  at_least("snapshot.ec.k", s.snapshot.ec_k, 1);
+  at_least("snapshot.ec.m", s.snapshot.ec_m, 1);
+  at_least("elastic.min_nodes", s.elastic.min_nodes, 1);
+  if (s.elastic.max_nodes < s.elastic.min_nodes)
+    throw ConfigError("elastic.max_nodes", "max_nodes (" + num(s.elastic.max_nodes) +
+                                               ") is below min_nodes (" + num(s.elastic.min_nodes) +
+                                               ")");
+  one_of("elastic.on_change", s.elastic.on_change, {"reshard", "restart"});
+}
+
+}  // namespace weft::core

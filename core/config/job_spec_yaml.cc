@@ -1,0 +1,195 @@
+// YAML -> JobSpec: the key schema, the conversion of each section, --set overrides and
+// path resolution. Range and consistency checks live in job_spec_validate.cc.
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "base/error.h"
+#include "core/config/job_spec.h"
+#include "core/config/job_spec_schema.h"
+#include "core/config/yaml_fields.h"
+
+namespace weft::core {
+namespace fs = std::filesystem;
+
+const YamlSchema& job_spec_schema() {
+  static const YamlSchema schema = {
+      {"",
+       {"model", "data", "train", "parallel", "device", "memory", "checkpoint", "snapshot",
+        "elastic"}},
+      {"model", {"arch", "layers", "dim", "heads", "vocab", "seq_len", "mlp_ratio", "moe"}},
+      {"model.moe", {"experts", "top_k", "every", "capacity_factor", "balance", "aux_coef"}},
+      {"data", {"path", "val_path", "order", "val_fraction"}},
+      {"train",
+       {"steps", "global_batch", "micro_batch", "lr", "min_lr", "warmup_steps", "schedule",
+        "weight_decay", "betas", "eps", "grad_clip", "seed", "dtype", "threads", "eval_every",
+        "eval_batches", "log_every", "out_dir"}},
+      {"parallel", {"dp", "tp", "pp", "ep", "zero", "order", "pipeline", "recompute", "plan"}},
+      {"parallel.pipeline", {"schedule", "micro_batches", "virtual_stages", "layout"}},
+      {"memory", {"allocator"}},
+      {"checkpoint", {"dir", "every", "keep", "async"}},
+      {"snapshot", {"every", "redundancy", "ec"}},
+      {"snapshot.ec", {"k", "m"}},
+      {"elastic", {"min_nodes", "max_nodes", "on_change"}},
+  };
+  return schema;
+}
+
+namespace {
+
+void read_model(const YamlSection& y, ModelSpec& m) {
+  y.read("arch", m.arch);
+  y.read("layers", m.layers);
+  y.read("dim", m.dim);
+  y.read("heads", m.heads);
+  y.read("vocab", m.vocab);
+  y.read("seq_len", m.seq_len);
+  y.read("mlp_ratio", m.mlp_ratio);
+  YamlSection moe = y.section("moe");
+  moe.read("experts", m.moe.experts);
+  moe.read("top_k", m.moe.top_k);
+  moe.read("every", m.moe.every);
+  moe.read("capacity_factor", m.moe.capacity_factor);
+  moe.read("balance", m.moe.balance);
+  moe.read("aux_coef", m.moe.aux_coef);
+}
+
+void read_train(const YamlSection& y, TrainSpec& t) {
+  y.read("steps", t.steps);
+  y.read("global_batch", t.global_batch);
+  y.read("micro_batch", t.micro_batch);
+  y.read("lr", t.lr);
+  y.read("min_lr", t.min_lr);
+  y.read("warmup_steps", t.warmup_steps);
+  y.read("schedule", t.schedule);
+  y.read("weight_decay", t.weight_decay);
+  y.read("betas", t.betas);
+  y.read("eps", t.eps);
+  y.read("grad_clip", t.grad_clip);
+  y.read("seed", t.seed);
+  y.read("dtype", t.dtype);
+  y.read("threads", t.threads);
+  y.read("eval_every", t.eval_every);
+  y.read("eval_batches", t.eval_batches);
+  y.read("log_every", t.log_every);
+  y.read("out_dir", t.out_dir);
+}
+
+void read_parallel(const YamlSection& y, ParallelSpec& p) {
+  y.read_degree("dp", p.dp);
+  y.read_degree("tp", p.tp);
+  y.read_degree("pp", p.pp);
+  y.read_degree("ep", p.ep);
+  y.read("zero", p.zero);
+  y.read("order", p.order);
+  y.read("recompute", p.recompute);
+  y.read("plan", p.plan);
+  YamlSection pipe = y.section("pipeline");
+  pipe.read("schedule", p.pipeline.schedule);
+  pipe.read_degree("micro_batches", p.pipeline.micro_batches);
+  pipe.read("virtual_stages", p.pipeline.virtual_stages);
+  pipe.read("layout", p.pipeline.layout);
+}
+
+// A path the YAML file wrote relative to itself; paths given with --set are relative
+// to the working directory like any other command-line path, so they stay as they are.
+std::string resolve(const std::string& path, const std::string& base_dir) {
+  if (path.empty() || base_dir.empty() || fs::path(path).is_absolute()) return path;
+  return (fs::path(base_dir) / path).lexically_normal().string();
+}
+
+JobSpec spec_from_tree(YAML::Node& root, const std::string& base_dir,
+                       const std::vector<std::string>& overrides) {
+  const YamlSchema& schema = job_spec_schema();
+  std::set<std::string> overridden = apply_overrides(root, schema, overrides);
+  YamlSection top(root, "", schema);
+  JobSpec s;
+  read_model(top.section("model"), s.model);
+
+  YamlSection data = top.section("data");
+  data.read("path", s.data.path);
+  data.read("val_path", s.data.val_path);
+  data.read("order", s.data.order);
+  data.read("val_fraction", s.data.val_fraction);
+
+  YamlSection train = top.section("train");
+  read_train(train, s.train);
+  read_parallel(top.section("parallel"), s.parallel);
+  top.read("device", s.device);
+  top.section("memory").read("allocator", s.memory.allocator);
+
+  YamlSection ckpt = top.section("checkpoint");
+  ckpt.read("dir", s.checkpoint.dir);
+  ckpt.read("every", s.checkpoint.every);
+  ckpt.read("keep", s.checkpoint.keep);
+  ckpt.read("async", s.checkpoint.async);
+
+  YamlSection snap = top.section("snapshot");
+  snap.read("every", s.snapshot.every);
+  snap.read("redundancy", s.snapshot.redundancy);
+  snap.section("ec").read("k", s.snapshot.ec_k);
+  snap.section("ec").read("m", s.snapshot.ec_m);
+
+  YamlSection el = top.section("elastic");
+  el.read("min_nodes", s.elastic.min_nodes);
+  el.read("max_nodes", s.elastic.max_nodes);
+  el.read("on_change", s.elastic.on_change);
+
+  auto from_file = [&](const std::string& key) { return !overridden.count(key); };
+  if (from_file("data.path")) s.data.path = resolve(s.data.path, base_dir);
+  if (from_file("data.val_path")) s.data.val_path = resolve(s.data.val_path, base_dir);
+  if (from_file("checkpoint.dir")) s.checkpoint.dir = resolve(s.checkpoint.dir, base_dir);
+  if (train.has("out_dir") && from_file("train.out_dir"))
+    s.train.out_dir = resolve(s.train.out_dir, base_dir);
+  return s;
+}
+
+YAML::Node load_yaml_text(const std::string& text, const std::string& source) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    std::ostringstream os;
+    os << (source.empty() ? "YAML" : source) << ":" << e.mark.line + 1 << ":" << e.mark.column + 1
+       << ": not valid YAML: " << e.msg;
+    throw ConfigError("--config", os.str());
+  }
+}
+
+}  // namespace
+
+JobSpec parse_job_spec(const std::string& yaml_text, const std::string& base_dir,
+                       const std::vector<std::string>& overrides) {
+  YAML::Node root = load_yaml_text(yaml_text, "");
+  JobSpec s = spec_from_tree(root, base_dir, overrides);
+  validate_job_spec(s);
+  return s;
+}
+
+JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in || fs::is_directory(path))
+    throw ConfigError("--config", "cannot read config file '" + path +
+                                      "': no such file (give the path of a .yaml job file)");
+  std::stringstream text;
+  text << in.rdbuf();
+  fs::path abs = fs::absolute(path);
+  YAML::Node root = load_yaml_text(text.str(), path);
+  JobSpec s = spec_from_tree(root, abs.parent_path().string(), overrides);
+  // Name the run after its config unless the file or --set chose a folder.
+  const YAML::Node& r = root;
+  bool out_dir_given = r.IsMap() && r["train"].IsDefined() && r["train"].IsMap() &&
+                       r["train"]["out_dir"].IsDefined();
+  // A file named config.yaml is named by its folder (reference/gpt-tiny/config.yaml).
+  std::string run_name = abs.stem() == "config" && abs.has_parent_path()
+                             ? abs.parent_path().filename().string()
+                             : abs.stem().string();
+  if (!out_dir_given) s.train.out_dir = (fs::path("runs") / run_name).string();
+  s.source_path = abs.lexically_normal().string();
+  validate_job_spec(s);
+  return s;
+}
+
+}  // namespace weft::core

@@ -1,0 +1,124 @@
+// GraphExecutor: allocation on first write, release after last use.
+#include "core/exec/executor.h"
+
+#include <chrono>
+#include <functional>
+
+#include "base/check.h"
+
+namespace weft::core {
+namespace {
+
+memory::Tag tag_for(const Value& v) {
+  switch (v.role) {
+    case Role::kParameter: return memory::Tag::kParameter;
+    case Role::kGradient: return memory::Tag::kGradient;
+    case Role::kOptimizerState: return memory::Tag::kOptimizer;
+    default: return memory::Tag::kActivation;
+  }
+}
+
+// For each program position, the transient values whose last use is there.
+std::vector<std::vector<int>> last_uses(const Graph& g, const std::vector<int>& program,
+                                        const std::function<bool(int)>& transient) {
+  std::vector<int> last(g.values().size(), -1);
+  for (size_t i = 0; i < program.size(); ++i) {
+    const Op& op = g.op(program[i]);
+    for (int v : op.inputs) last[v] = int(i);
+    for (int v : op.outputs) last[v] = int(i);
+  }
+  std::vector<std::vector<int>> frees(program.size());
+  for (size_t v = 0; v < last.size(); ++v)
+    if (last[v] >= 0 && transient(int(v))) frees[last[v]].push_back(int(v));
+  return frees;
+}
+
+}  // namespace
+
+GraphExecutor::GraphExecutor(const Graph& g, memory::Allocator* activations,
+                             memory::Allocator* state)
+    : g_(g),
+      act_(activations ? activations : &memory::default_host_allocator()),
+      state_(state ? state : &memory::default_host_allocator()) {
+  for (const Value& v : g_.values())
+    if (v.persistent) live_[v.id] = Tensor::zeros(v.shape, v.dtype, state_, tag_for(v));
+  fwd_ = g_.ops_in_phase(Phase::kForward);
+  fwd_bwd_ = fwd_;
+  for (int id : g_.ops_in_phase(Phase::kBackward)) fwd_bwd_.push_back(id);
+  opt_ = g_.ops_in_phase(Phase::kOptimizer);
+  auto transient = [this](int v) { return is_transient(v); };
+  free_after_fwd_bwd_ = last_uses(g_, fwd_bwd_, transient);
+  free_after_fwd_ = last_uses(g_, fwd_, transient);
+}
+
+bool GraphExecutor::is_transient(int v) const {
+  const Value& val = g_.value(v);
+  return !val.persistent && val.role != Role::kInput && val.role != Role::kScalar;
+}
+
+Tensor& GraphExecutor::tensor(int value_id) {
+  auto it = live_.find(value_id);
+  WEFT_CHECK(it != live_.end(), "value '", g_.value(value_id).name, "' is not live");
+  return it->second;
+}
+
+void GraphExecutor::set_input(int value_id, Tensor t) {
+  const Value& v = g_.value(value_id);
+  WEFT_CHECK(v.role == Role::kInput, "'", v.name, "' is not an input");
+  WEFT_CHECK(t.shape() == v.shape && t.dtype() == v.dtype, "input '", v.name, "' expects ",
+             shape_str(v.shape), " ", dtype_name(v.dtype), ", got ", shape_str(t.shape()), " ",
+             dtype_name(t.dtype()));
+  live_[value_id] = std::move(t);
+}
+
+void GraphExecutor::zero_grads() {
+  for (const Value& v : g_.values())
+    if (v.persistent && v.role == Role::kGradient) live_.at(v.id).zero_();
+}
+
+void GraphExecutor::run_ops(const std::vector<int>& program,
+                            const std::vector<std::vector<int>>* frees, const StepScalars& s) {
+  for (size_t i = 0; i < program.size(); ++i) {
+    const Op& op = g_.op(program[i]);
+    OpContext ctx{op, {}, {}, s, act_};
+    for (int v : op.inputs) ctx.in.push_back(&tensor(v));
+    for (size_t k = 0; k < op.outputs.size(); ++k) {
+      int v = op.outputs[k];
+      if (!live_.count(v)) {
+        WEFT_CHECK(!op.accumulate[k], op.type, " accumulates into '", g_.value(v).name,
+                   "' before anything wrote it");
+        const Value& val = g_.value(v);
+        live_[v] = Tensor::empty(val.shape, val.dtype, act_, tag_for(val));
+      }
+      ctx.out.push_back(&live_.at(v));
+    }
+    if (profiling_) {
+      auto t0 = std::chrono::steady_clock::now();
+      op_def(op.type).run_cpu(ctx);
+      profile_[op.type] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else {
+      op_def(op.type).run_cpu(ctx);
+    }
+    if (frees)
+      for (int v : (*frees)[i]) live_.erase(v);
+  }
+}
+
+void GraphExecutor::release_transients() {
+  for (auto it = live_.begin(); it != live_.end();)
+    it = is_transient(it->first) ? live_.erase(it) : std::next(it);
+}
+
+void GraphExecutor::run_forward_backward(const StepScalars& s) {
+  run_ops(fwd_bwd_, &free_after_fwd_bwd_, s);
+  release_transients();
+}
+
+void GraphExecutor::run_forward(const StepScalars& s) {
+  run_ops(fwd_, &free_after_fwd_, s);
+  release_transients();
+}
+
+void GraphExecutor::run_optimizer(const StepScalars& s) { run_ops(opt_, nullptr, s); }
+
+}  // namespace weft::core

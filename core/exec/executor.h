@@ -1,0 +1,64 @@
+// Single-device graph executor: runs a graph's forward and backward ops for one
+// micro-batch and its optimizer ops once per step, through the CPU kernels. Memory:
+// persistent values (parameters, gradients, optimizer state) live for the executor's
+// lifetime; every other value is allocated when first written and freed right after its
+// last use in the micro-batch program (forward then backward order).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "core/graph/graph.h"
+#include "core/graph/op_table.h"
+#include "memory/allocator.h"
+
+namespace weft::core {
+
+class GraphExecutor {
+ public:
+  // `activations` serves transient values and op workspaces, `state` the persistent ones;
+  // both default to the host allocator and must outlive the executor.
+  explicit GraphExecutor(const Graph& g, memory::Allocator* activations = nullptr,
+                         memory::Allocator* state = nullptr);
+
+  const Graph& graph() const { return g_; }
+  // The tensor of a persistent value, an input, or a value live right now.
+  Tensor& tensor(int value_id);
+  bool has_tensor(int value_id) const { return live_.count(value_id) > 0; }
+  // Feeds an input value (token ids, targets); shape and dtype must match the graph.
+  void set_input(int value_id, Tensor t);
+
+  void zero_grads();
+  // Forward and backward ops of one micro-batch; parameter gradients accumulate.
+  void run_forward_backward(const StepScalars& s);
+  // Forward ops only (evaluation); transients are released at the end.
+  void run_forward(const StepScalars& s);
+  // The optimizer ops (global norm, AdamW): once per step, after all micro-batches.
+  void run_optimizer(const StepScalars& s);
+
+  memory::Allocator& activation_allocator() { return *act_; }
+
+  // Per op type, the seconds spent in its kernels since profiling was enabled (the
+  // benchmark's "where the time goes").
+  void set_profiling(bool on) { profiling_ = on; }
+  const std::map<std::string, double>& profile() const { return profile_; }
+
+ private:
+  void run_ops(const std::vector<int>& program, const std::vector<std::vector<int>>* frees,
+               const StepScalars& s);
+  void release_transients();
+  bool is_transient(int v) const;
+
+  const Graph& g_;
+  memory::Allocator* act_;
+  memory::Allocator* state_;
+  std::map<int, Tensor> live_;
+  bool profiling_ = false;
+  std::map<std::string, double> profile_;
+  std::vector<int> fwd_bwd_, fwd_, opt_;       // op programs
+  // Per program position: the transient values to free right after that op.
+  std::vector<std::vector<int>> free_after_fwd_bwd_, free_after_fwd_;
+};
+
+}  // namespace weft::core

@@ -1,0 +1,79 @@
+// Trainer: gradient accumulation over micro-batches, clipping and AdamW.
+#include "core/exec/trainer.h"
+
+#include <cmath>
+
+#include "base/check.h"
+
+namespace weft::core {
+
+double learning_rate(const TrainSpec& t, int64_t s) {
+  if (s < t.warmup_steps) return t.lr * double(s + 1) / double(t.warmup_steps);
+  if (t.schedule == "constant") return t.lr;
+  double progress = double(s - t.warmup_steps) / double(std::max<int64_t>(1, t.steps - t.warmup_steps));
+  return t.min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (t.lr - t.min_lr);
+}
+
+Trainer::Trainer(const JobSpec& spec, DType dtype, memory::Allocator* activations)
+    : spec_(spec) {
+  if (spec_.model.arch == "moe-gpt" && spec_.model.moe.balance != "aux_loss")
+    throw ConfigError("model.moe.balance",
+                      "'" + spec_.model.moe.balance +
+                          "' is not yet supported by the single-process trainer; use aux_loss");
+  mg_ = build_model(spec_.model, spec_.train.micro_batch, dtype);
+  add_training_ops(mg_, spec_.train);
+  ex_ = std::make_unique<GraphExecutor>(mg_.graph, activations);
+  init_parameters(mg_, *ex_, spec_.train.seed);
+}
+
+int64_t Trainer::num_parameters() const {
+  int64_t n = 0;
+  for (int p : mg_.graph.parameters()) n += shape_numel(mg_.graph.value(p).shape);
+  return n;
+}
+
+void Trainer::feed(const BatchFn& batch, int64_t step, int64_t first) {
+  const int64_t mb = spec_.train.micro_batch, T = spec_.model.seq_len;
+  Tensor x = Tensor::empty({mb, T}, DType::kI32, &ex_->activation_allocator(), memory::Tag::kActivation);
+  Tensor y = Tensor::empty({mb, T}, DType::kI32, &ex_->activation_allocator(), memory::Tag::kActivation);
+  batch(step, first, mb, x.data<int32_t>(), y.data<int32_t>());
+  ex_->set_input(mg_.tokens, std::move(x));
+  ex_->set_input(mg_.targets, std::move(y));
+}
+
+StepStats Trainer::step(const BatchFn& batch) {
+  const int64_t mb = spec_.train.micro_batch, accum = spec_.train.global_batch / mb;
+  StepStats st;
+  st.step = step_;
+  st.lr = learning_rate(spec_.train, step_);
+  StepScalars s;
+  s.loss_scale = 1.0 / double(accum);
+  s.lr = st.lr;
+  s.step = step_;
+  ex_->zero_grads();
+  for (int64_t j = 0; j < accum; ++j) {
+    feed(batch, step_, j * mb);
+    ex_->run_forward_backward(s);
+    st.loss += ex_->tensor(mg_.loss).item() / double(accum);
+    for (int a : mg_.aux_losses) st.aux_loss += ex_->tensor(a).item() / double(accum);
+  }
+  ex_->run_optimizer(s);
+  st.grad_norm = ex_->tensor(mg_.graph.find_value("grad_norm")).item();
+  st.tokens = spec_.train.global_batch * spec_.model.seq_len;
+  ++step_;
+  return st;
+}
+
+double Trainer::evaluate(const BatchFn& batch, int64_t batches) {
+  const int64_t mb = spec_.train.micro_batch;
+  StepScalars s;
+  double total = 0;
+  for (int64_t j = 0; j < batches; ++j) {
+    feed(batch, 0, j * mb);
+    ex_->run_forward(s);
+    total += ex_->tensor(mg_.loss).item();
+  }
+  return total / double(std::max<int64_t>(1, batches));
+}
+
+}  // namespace weft::core

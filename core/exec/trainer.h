@@ -1,0 +1,68 @@
+// The single-process trainer: one optimizer step = the global batch in micro-batches
+// (gradient accumulation), then clipping and AdamW. It owns the model graph and its
+// executor; data comes through a BatchFn so the caller decides where tokens come from.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "core/config/job_spec.h"
+#include "core/exec/executor.h"
+#include "core/models/gpt.h"
+#include "core/models/weights.h"
+
+namespace weft::core {
+
+// The learning rate of optimizer step `step` (from 0): linear warm-up, then cosine down
+// to min_lr over the remaining steps, or constant.
+double learning_rate(const TrainSpec& t, int64_t step);
+
+// Fills x and y, each (count, T) int32, with sequences [first, first + count) of the
+// global batch of optimizer step `step`.
+using BatchFn =
+    std::function<void(int64_t step, int64_t first, int64_t count, int32_t* x, int32_t* y)>;
+
+struct StepStats {
+  int64_t step = 0;
+  double loss = 0;      // mean cross-entropy of the global batch, before the update
+  double aux_loss = 0;  // mean over micro-batches of the summed balance losses
+  double grad_norm = 0; // before clipping
+  double lr = 0;
+  int64_t tokens = 0;
+};
+
+class Trainer {
+ public:
+  // Builds the training graph for `spec` and initialises the parameters from the seed.
+  // `activations` (default: host) serves the per-micro-batch memory.
+  explicit Trainer(const JobSpec& spec, DType dtype = DType::kF32,
+                   memory::Allocator* activations = nullptr);
+
+  // One optimizer step on the global batch of step current_step(); advances the step.
+  StepStats step(const BatchFn& batch);
+  // Mean cross-entropy over `batches` micro-batches drawn from `batch` (forward only).
+  double evaluate(const BatchFn& batch, int64_t batches);
+
+  int64_t current_step() const { return step_; }
+  void set_current_step(int64_t s) { step_ = s; }
+  const JobSpec& spec() const { return spec_; }
+  ModelGraph& model() { return mg_; }
+  GraphExecutor& executor() { return *ex_; }
+  NamedTensors weights() { return export_weights(mg_, *ex_); }
+  NamedTensors gradients() { return export_weights(mg_, *ex_, true); }
+  void load_weights(const NamedTensors& w, const std::string& field) {
+    import_weights(mg_, *ex_, w, field);
+  }
+  int64_t num_parameters() const;
+
+ private:
+  void feed(const BatchFn& batch, int64_t step, int64_t first);
+
+  JobSpec spec_;
+  ModelGraph mg_;
+  std::unique_ptr<GraphExecutor> ex_;
+  int64_t step_ = 0;
+};
+
+}  // namespace weft::core

@@ -1,0 +1,123 @@
+// `weft bench train` driver: child processes, PyTorch side, FMA peak and the table.
+#include "launch/bench_util.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "core/io/json.h"
+
+namespace weft::launch {
+namespace {
+
+// Runs a command, returns the last line of its stdout that parses as a JSON object.
+core::io::JsonValue run_json(const std::string& cmd) {
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) throw IoError("cannot run: " + cmd);
+  std::string line, last;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) {
+    line = buf;
+    if (!line.empty() && line[0] == '{') last = line;
+  }
+  int rc = ::pclose(p);
+  if (rc != 0 || last.empty()) throw IoError("benchmark process failed (" + std::to_string(rc) + "): " + cmd);
+  return core::io::parse_json(last, cmd);
+}
+
+double num(const core::io::JsonValue& v, const char* key) {
+  const core::io::JsonValue* m = v.find(key);
+  return m ? m->number : 0.0;
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+double fma_peak_gflops(int threads) {
+  // 8 independent accumulator chains of 16 floats: enough to hide FMA latency; -O3
+  // -march=native vectorises them to the widest FMA units the CPU has.
+  constexpr int kChains = 8, kWidth = 16;
+  const int64_t iters = 20'000'000;
+  double total_flops = 0;
+  auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : total_flops)
+  {
+    float acc[kChains][kWidth], mul[kWidth], add[kWidth];
+    for (int w = 0; w < kWidth; ++w) {
+      mul[w] = 0.999999f;
+      add[w] = 1e-7f * float(w + omp_get_thread_num());
+      for (int c = 0; c < kChains; ++c) acc[c][w] = float(c + w);
+    }
+    for (int64_t i = 0; i < iters / (kChains * kWidth); ++i)
+      for (int c = 0; c < kChains; ++c)
+#pragma omp simd
+        for (int w = 0; w < kWidth; ++w) acc[c][w] = acc[c][w] * mul[w] + add[w];
+    float sink = 0;
+    for (int c = 0; c < kChains; ++c)
+      for (int w = 0; w < kWidth; ++w) sink += acc[c][w];
+    if (sink == 42.0f) std::printf(" ");  // keep the loop alive
+    total_flops += 2.0 * double(iters / (kChains * kWidth)) * kChains * kWidth;
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return total_flops / secs / 1e9;
+}
+
+int run_train_comparison(const Args& a) {
+  std::vector<std::string> configs = split_list(a.get_or("--configs", "S,M"));
+  std::vector<std::string> threads = split_list(a.get_or("--threads", "1,2"));
+  std::string steps = std::to_string(a.get_int("--steps", 5));
+  std::string python = a.get_or("--python", "/usr/bin/python3");
+  std::string script = a.get_or("--torch-script", std::string(WEFT_SOURCE_DIR) +
+                                                      "/bench/train_throughput/torch_gpt.py");
+  bool torch = !a.flag("--no-torch") &&
+               std::system((python + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  std::printf("weft bench train: %s steps after 1 warm-up, OPENBLAS_CORETYPE=%s on both sides\n",
+              steps.c_str(), coretype ? coretype : "(unset)");
+  if (!torch) std::printf("(PyTorch not found at %s: install Debian's python3-torch for the comparison)\n", python.c_str());
+
+  std::printf("\n%-3s %3s | %11s %11s %6s | %8s %6s | %9s %9s | %5s %5s %5s\n", "cfg", "thr",
+              "weft tok/s", "torch tok/s", "ratio", "GFLOP/s", "%peak", "weft MiB", "torch MiB",
+              "gemm", "attn", "rest");
+  for (const std::string& cfg : configs) {
+    for (const std::string& thr : threads) {
+      std::string self = "/proc/self/exe";
+      core::io::JsonValue w = run_json(self + " bench train-worker --config " + cfg + " --threads " +
+                                       thr + " --steps " + steps);
+      double peak = fma_peak_gflops(std::stoi(thr));
+      double ttps = 0, trss = 0;
+      if (torch) {
+        bool m = cfg == "M";
+        std::string shape = m ? "--layers 12 --dim 768 --heads 12 --vocab 50304 --seq 256 --batch 4"
+                              : "--layers 4 --dim 256 --heads 4 --vocab 256 --seq 256 --batch 8";
+        core::io::JsonValue t = run_json("OMP_NUM_THREADS=" + thr + " " + python + " " + script +
+                                         " " + shape + " --threads " + thr + " --steps " + steps);
+        ttps = num(t, "tokens_per_s");
+        trss = num(t, "peak_rss_mib");
+      }
+      double wtps = num(w, "tokens_per_s");
+      std::printf("%-3s %3s | %11.0f %11.0f %6.2f | %8.1f %5.1f%% | %9.0f %9.0f | %4.0f%% %4.0f%% %4.0f%%\n",
+                  cfg.c_str(), thr.c_str(), wtps, ttps, ttps > 0 ? wtps / ttps : 0.0,
+                  num(w, "gflops"), 100.0 * num(w, "gflops") / peak, num(w, "peak_rss_mib"), trss,
+                  100 * num(w, "gemm"), 100 * num(w, "attention"), 100 * num(w, "rest"));
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\nratio = weft / torch tokens/s; %%peak = model GFLOP/s over this CPU's FMA peak at "
+              "that thread count; gemm/attn/rest = share of Weft's kernel time.\n");
+  return 0;
+}
+
+}  // namespace weft::launch

@@ -1,0 +1,129 @@
+// `weft plan`: build, validate and simulate the plan of a job for a world size; print which
+// layers, experts and shards live on which rank, per-rank communication, step time, peak
+// memory and bubble (or the plan as JSON), and optionally draw the timeline.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "base/error.h"
+#include "core/config/job_spec.h"
+#include "launch/args.h"
+#include "launch/commands.h"
+#include "planner/plan_json.h"
+#include "planner/planner.h"
+#include "planner/report.h"
+#include "planner/simulate.h"
+#include "planner/validate.h"
+
+namespace weft::launch {
+namespace {
+
+constexpr const char* kHelp = R"(usage: weft plan --config FILE.yaml --world N [options]
+
+  --config FILE         the job's YAML file (required)
+  --world N             number of ranks to plan for (required)
+  --set a.b=value       override a key (repeatable), e.g. --set parallel.tp=4
+  --json                print the plan as JSON instead of the report
+  --out PLAN.json       also write the plan as JSON to this file
+  --timeline OUT.svg    draw every rank's schedule
+  --per-rank            one report line per rank even for large worlds
+cost model (defaults: a rough H100 node):
+  --flops F             sustained FLOP/s per device (4e14)
+  --bw-intra B          bytes/s per rank inside a node (1.5e11)   --alpha-intra S (1e-6)
+  --bw-inter B          bytes/s per rank across nodes (2.5e10)    --alpha-inter S (1e-5)
+  --launch S            fixed cost of every collective (1e-5)
+  --ranks-per-node N    (8)
+  --memory-gib G        memory budget per rank (80); a plan over it exits with code 2
+)";
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+double number(const Args& a, const std::string& opt, double fallback) {
+  if (!a.has(opt)) return fallback;
+  try {
+    return std::stod(a.get(opt));
+  } catch (const std::exception&) {
+    throw ConfigError(opt, "expected a number, got '" + a.get(opt) + "'");
+  }
+}
+
+}  // namespace
+
+int cmd_plan(const std::vector<std::string>& argv) {
+  Args a(argv,
+         {"--config", "--world", "--set", "--out", "--timeline", "--flops", "--bw-intra", "--bw-inter",
+          "--alpha-intra", "--alpha-inter", "--launch", "--ranks-per-node", "--memory-gib"},
+         {"--json", "--per-rank", "--help"});
+  if (a.flag("--help")) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  core::JobSpec spec = core::load_job_spec(a.required("--config"), a.all("--set"));
+  int64_t world = a.get_int("--world", -1);
+  if (!a.has("--world") || world < 1) throw ConfigError("--world", "give the number of ranks, e.g. --world 8");
+
+  planner::PlanOptions opt;
+  planner::CostModel& cm = opt.cost;
+  cm.flops = number(a, "--flops", cm.flops);
+  cm.bw_intra = number(a, "--bw-intra", cm.bw_intra);
+  cm.bw_inter = number(a, "--bw-inter", cm.bw_inter);
+  cm.alpha_intra = number(a, "--alpha-intra", cm.alpha_intra);
+  cm.alpha_inter = number(a, "--alpha-inter", cm.alpha_inter);
+  cm.launch = number(a, "--launch", cm.launch);
+  cm.ranks_per_node = int(number(a, "--ranks-per-node", cm.ranks_per_node));
+  cm.device_memory = int64_t(number(a, "--memory-gib", double(cm.device_memory) / double(1 << 30)) * double(1 << 30));
+  opt.simulate = false;
+
+  auto t0 = std::chrono::steady_clock::now();
+  core::ModelGraph mg = planner::build_planning_graph(spec);
+  planner::Plan plan = planner::make_plan(spec, mg.graph, int(world), opt);
+  double t_plan = seconds_since(t0);
+
+  auto t1 = std::chrono::steady_clock::now();
+  planner::ValidationReport v = planner::validate_plan(plan, mg.graph);
+  double t_validate = seconds_since(t1);
+  if (!v.ok) {
+    std::string msg = "the plan fails validation:";
+    for (const std::string& e : v.errors) msg += "\n  " + e;
+    throw InternalError(msg);
+  }
+
+  auto t2 = std::chrono::steady_clock::now();
+  std::vector<std::vector<planner::Span>> timeline;
+  plan.costs = planner::simulate_plan(plan, mg.graph, cm, a.has("--timeline") ? &timeline : nullptr);
+  plan.costs.planning_s = t_plan;
+  double t_sim = seconds_since(t2);
+
+  if (a.has("--out")) planner::write_plan_file(plan, a.get("--out"));
+  if (a.has("--timeline")) {
+    std::ofstream f(a.get("--timeline"));
+    if (!f) throw IoError("cannot write " + a.get("--timeline"));
+    f << planner::timeline_svg(plan, timeline);
+  }
+  size_t instrs = 0;
+  for (const planner::Role& r : plan.roles) instrs += r.program.size();
+  if (a.flag("--json")) {
+    std::fputs(planner::plan_to_json(plan).c_str(), stdout);
+    std::fputc('\n', stdout);
+  } else {
+    planner::ReportOptions ro;
+    ro.per_rank = a.flag("--per-rank");
+    std::fputs(planner::plan_report(plan, mg.graph, ro).c_str(), stdout);
+    std::printf("planned in %.3f s (%zu roles, %zu instructions), validated in %.3f s, simulated in %.3f s\n",
+                t_plan, plan.roles.size(), instrs, t_validate, t_sim);
+  }
+  int64_t peak = 0;
+  int worst = 0;
+  for (size_t r = 0; r < plan.costs.ranks.size(); ++r)
+    if (plan.costs.ranks[r].peak_bytes > peak) peak = plan.costs.ranks[r].peak_bytes, worst = int(r);
+  if (peak > cm.device_memory)
+    throw ConfigError("parallel", "rank " + std::to_string(worst) + " needs " +
+                                      std::to_string(double(peak) / double(1 << 30)) + " GiB, over the " +
+                                      std::to_string(double(cm.device_memory) / double(1 << 30)) +
+                                      " GiB budget; try recompute: full, zero: 3, a larger tp or pp, or a smaller micro_batch");
+  return 0;
+}
+
+}  // namespace weft::launch

@@ -1,0 +1,56 @@
+// Sub-tensors: a piece of a global value is a box (an index set per dim) plus a value split
+// (the i-th of n partial-sum addends). Replicas are equal pieces on different devices.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace weft::planner {
+
+// The index set of one dim: `count` chunks of `size` elements, chunk i starting at
+// start + i*stride. count == 1 is a plain range; count > 1 arises when a grouped dim such
+// as attention's (3 h d) is split by h: every rank holds 3 strided chunks. Normalised so
+// that count == 1 implies stride == 0 and adjacent chunks (size == stride) are merged.
+struct DimSlice {
+  int64_t start = 0, size = 0, count = 1, stride = 0;
+
+  static DimSlice range(int64_t begin, int64_t end) { return {begin, end - begin, 1, 0}; }
+  int64_t numel() const { return size * count; }
+  DimSlice normalised() const;
+  bool operator==(const DimSlice& o) const = default;
+  // True when every index of `inner` is an index of this slice.
+  bool contains(const DimSlice& inner) const;
+  // The k-th of n equal parts, splitting each of `groups` equal groups of this slice
+  // (groups 1: a contiguous split of the slice's elements in order). nullopt when the
+  // parts are not representable or not equal.
+  std::optional<DimSlice> part(int64_t k, int64_t n, int64_t groups = 1) const;
+  // This slice followed by `next` within every chunk; nullopt unless adjacent.
+  std::optional<DimSlice> merged(const DimSlice& next) const;
+};
+
+using Box = std::vector<DimSlice>;
+
+Box full_box(const core::Shape& shape);
+int64_t box_numel(const Box& b);
+core::Shape box_shape(const Box& b);  // per dim count*size: the dense local tensor
+bool box_contains(const Box& outer, const Box& inner);
+std::string box_str(const Box& b);
+
+// A sub-tensor of a global value: `box` holds the partial-sum addend `part` of `parts`
+// (parts 1: the value itself).
+struct Piece {
+  Box box;
+  int32_t part = 0, parts = 1;
+  bool operator==(const Piece& o) const = default;
+  int64_t numel() const { return box_numel(box); }
+  bool partial() const { return parts > 1; }
+};
+// True when `need` can be cut out of `have` locally: the same addend, a sub-box.
+bool piece_extractable(const Piece& have, const Piece& need);
+std::string piece_str(const Piece& p);
+
+}  // namespace weft::planner

@@ -1,0 +1,105 @@
+// Alpha-beta collectives and per-op FLOP counts.
+#include "planner/cost.h"
+
+#include <algorithm>
+
+namespace weft::planner {
+namespace {
+
+double numel(const core::Shape& s) {
+  double n = 1;
+  for (int64_t d : s) n *= double(d);
+  return n;
+}
+double last(const core::Shape& s) { return s.empty() ? 1.0 : double(s.back()); }
+double total(const std::vector<core::Shape>& v) {
+  double n = 0;
+  for (const auto& s : v) n += numel(s);
+  return n;
+}
+
+}  // namespace
+
+const char* coll_name(CollKind k) {
+  switch (k) {
+    case CollKind::kAllReduce: return "all_reduce";
+    case CollKind::kAllGather: return "all_gather";
+    case CollKind::kReduceScatter: return "reduce_scatter";
+    case CollKind::kAllToAll: return "all_to_all";
+    case CollKind::kAllToAllV: return "all_to_all_v";
+  }
+  return "?";
+}
+
+double CostModel::collective(CollKind k, int n, int64_t bytes, bool cross_node) const {
+  if (n <= 1) return 0;
+  double a = cross_node ? alpha_inter : alpha_intra, bw = cross_node ? bw_inter : bw_intra;
+  double steps = k == CollKind::kAllReduce ? 2.0 * (n - 1) : double(n - 1);
+  return launch + steps * a + double(wire_bytes(k, n, bytes)) / bw;
+}
+
+double CostModel::p2p(int64_t bytes, bool cross_node) const {
+  return (cross_node ? alpha_inter : alpha_intra) + double(bytes) / (cross_node ? bw_inter : bw_intra);
+}
+
+double CostModel::compute(double flop, double bytes) const {
+  return std::max(flop / flops, bytes / mem_bw);
+}
+
+int64_t wire_bytes(CollKind k, int n, int64_t bytes) {
+  if (n <= 1) return 0;
+  int64_t share = bytes / n * (n - 1);
+  return k == CollKind::kAllReduce ? 2 * share : share;
+}
+
+OpWork op_work(const core::Op& op, const std::string& part, const std::vector<core::Shape>& ins,
+               const std::vector<core::Shape>& outs, size_t elem_bytes) {
+  const std::string& t = op.type;
+  OpWork w;
+  w.bytes = (total(ins) + total(outs)) * double(elem_bytes);
+  auto in = [&](size_t i) { return i < ins.size() ? ins[i] : core::Shape{}; };
+  auto out = [&](size_t i) { return i < outs.size() ? outs[i] : core::Shape{}; };
+  if (t == "linear" || t == "matmul") {
+    w.flop = 2 * numel(out(0)) * last(in(0));
+  } else if (t == "linear.bwd" || t == "matmul.bwd") {
+    w.flop = 4 * numel(in(0)) * last(in(1));
+  } else if (t == "attention" || t == "attention.bwd") {
+    // probs (B, h, T, T); head size d from the (h d) output or gradient.
+    const core::Shape probs = t == "attention" ? out(1) : in(2);
+    const core::Shape y = t == "attention" ? out(0) : in(0);
+    double h = probs.size() > 1 ? double(probs[1]) : 1, d = h > 0 ? last(y) / h : 1;
+    w.flop = 4 * numel(probs) * d + 5 * numel(probs);
+    if (t == "attention.bwd") w.flop *= 2;
+  } else if (t == "layernorm" || t == "layernorm.bwd") {
+    w.flop = (t == "layernorm" ? 8 : 16) * numel(in(0));
+  } else if (t == "gelu" || t == "gelu.bwd") {
+    w.flop = 10 * numel(in(0));
+  } else if (t == "add" || t == "add.bwd") {
+    w.flop = numel(in(0));
+  } else if (t == "cross_entropy" || t == "cross_entropy.bwd") {
+    w.flop = (t == "cross_entropy" ? 6 : 3) * numel(in(0));
+  } else if (t == "moe" || t == "moe.bwd") {
+    // y (B,T,C) or dout; fc weight (E,F,C); assignments A = N*top_k of this slice.
+    bool bwd = t == "moe.bwd";
+    core::Shape y = in(0), fc = in(bwd ? 3 : 2), router = in(bwd ? 2 : 1);
+    double C = last(y), N = numel(y) / std::max(1.0, C);
+    double F = fc.size() > 1 ? double(fc[1]) : 0, E = router.empty() ? 1 : double(router[0]);
+    double A = N * double(op.attrs.i_or("top_k", 1));
+    double route = 2 * N * C * E, experts = 4 * A * C * F, combine = 2 * A * C;
+    if (part == "moe.route") w.flop = route;
+    else if (part == "moe.experts") w.flop = experts;
+    else if (part == "moe.combine") w.flop = combine;
+    else w.flop = route + experts + combine;
+    if (bwd) w.flop *= 2;
+  } else if (t == "global_norm") {
+    w.flop = 2 * total(ins);
+  } else if (t == "adamw") {
+    w.flop = 15 * numel(in(0));
+    w.bytes = 7 * numel(in(0)) * double(elem_bytes);
+  } else {
+    w.flop = total(ins);
+  }
+  return w;
+}
+
+}  // namespace weft::planner

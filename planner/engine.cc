@@ -1,0 +1,373 @@
+// The multi-rank symbolic executor.
+#include "planner/engine.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <sstream>
+
+#include "base/check.h"
+
+namespace weft::planner {
+
+std::vector<core::Shape> operand_shapes(const std::vector<TensorDesc>& tensors,
+                                        const std::vector<Operand>& ops) {
+  std::vector<core::Shape> s;
+  for (const Operand& o : ops) s.push_back(box_shape(tensors.at(size_t(o.tensor)).piece.box));
+  return s;
+}
+
+namespace {
+
+struct RoleInfo {
+  std::vector<int> root;        // tensor -> storage root
+  std::vector<double> compute;  // instruction -> duration of compute/local work
+  int64_t persistent = 0;
+};
+
+struct Message {
+  int64_t bytes;
+  double time;
+};
+
+struct Arrival {
+  std::string signature;
+  int first_rank = -1, count = 0;
+  double ready = 0;
+  std::vector<int> ranks;
+};
+
+class Engine {
+ public:
+  Engine(const Plan& p, const core::Graph& g, const EngineOptions& o) : plan_(p), g_(g), opt_(o) {}
+
+  EngineResult run() {
+    prepare();
+    std::deque<int> ready;
+    for (int r = 0; r < plan_.world(); ++r) ready.push_back(r);
+    while (!ready.empty() && int(res_.errors.size()) < opt_.max_errors) {
+      int r = ready.front();
+      ready.pop_front();
+      advance(r, ready);
+    }
+    finish();
+    return std::move(res_);
+  }
+
+ private:
+  struct Rank {
+    const Role* role = nullptr;
+    const RoleInfo* info = nullptr;
+    int dp = 0;
+    size_t pc = 0;
+    double clock = 0, busy = 0, fb_end = 0;
+    std::vector<char> produced, alive;
+    int64_t live = 0;
+    std::map<int, int> coll_seq;  // group -> collectives issued
+    bool blocked = false, done = false;
+    std::string waiting;
+  };
+
+  void error(const std::string& e) {
+    if (int(res_.errors.size()) < opt_.max_errors) res_.errors.push_back(e);
+  }
+
+  std::string where(int r, size_t i) const {
+    const Instr& in = ranks_[size_t(r)].role->program[i];
+    std::ostringstream os;
+    os << "rank " << r << " instruction " << i << " (" << instr_kind_name(in.kind);
+    if (in.op >= 0) os << " " << g_.op(in.op).type << " %" << in.op;
+    if (!in.part.empty()) os << " " << in.part;
+    if (in.mb >= 0) os << " mb " << in.mb;
+    os << ")";
+    return os.str();
+  }
+
+  std::string tensor_name(int r, int t) const {
+    const TensorDesc& d = ranks_[size_t(r)].role->tensors[size_t(t)];
+    return "tensor " + std::to_string(t) + " (" + (d.value >= 0 ? g_.value(d.value).name : d.name) + ")";
+  }
+
+  void prepare() {
+    infos_.resize(plan_.roles.size());
+    for (size_t k = 0; k < plan_.roles.size(); ++k) {
+      const Role& role = plan_.roles[k];
+      RoleInfo& info = infos_[k];
+      for (size_t t = 0; t < role.tensors.size(); ++t) {
+        int x = int(t);
+        while (role.tensors[size_t(x)].alias_of >= 0) x = role.tensors[size_t(x)].alias_of;
+        info.root.push_back(x);
+        if (role.tensors[t].persistent && role.tensors[t].alias_of < 0) info.persistent += role.tensors[t].bytes;
+      }
+      info.compute.assign(role.program.size(), 0);
+      if (!opt_.cost) continue;
+      for (size_t i = 0; i < role.program.size(); ++i) {
+        const Instr& in = role.program[i];
+        if (in.kind == InstrKind::kCompute) {
+          size_t elem = 4;
+          if (!in.out.empty()) elem = core::dtype_size(role.tensors[size_t(in.out[0].tensor)].dtype);
+          else if (!in.in.empty()) elem = core::dtype_size(role.tensors[size_t(in.in[0].tensor)].dtype);
+          OpWork w = op_work(g_.op(in.op), in.part, operand_shapes(role.tensors, in.in),
+                             operand_shapes(role.tensors, in.out), elem);
+          info.compute[i] = opt_.cost->compute(w.flop, w.bytes);
+        } else if (in.kind == InstrKind::kLocal) {
+          info.compute[i] = opt_.cost->local_copy(role.tensors[size_t(in.out[0].tensor)].bytes);
+        }
+      }
+    }
+    const int rpn = opt_.cost ? opt_.cost->ranks_per_node : 1 << 30;
+    group_cross_.assign(plan_.groups.size(), 0);
+    for (const ProcessGroup& gr : plan_.groups)
+      for (int r : gr.ranks)
+        if (r / rpn != gr.ranks[0] / rpn) group_cross_[size_t(gr.id)] = 1;
+    ranks_.resize(size_t(plan_.world()));
+    res_.ranks.resize(size_t(plan_.world()));
+    if (opt_.timeline) res_.timeline.resize(size_t(plan_.world()));
+    for (int r = 0; r < plan_.world(); ++r) {
+      Rank& R = ranks_[size_t(r)];
+      int k = plan_.role_index(r);
+      R.role = &plan_.roles[size_t(k)];
+      R.info = &infos_[size_t(k)];
+      R.dp = plan_.mesh.coord(r).dp;
+      size_t n = R.role->tensors.size();
+      R.produced.assign(n, 0);
+      R.alive.assign(n, 0);
+      for (size_t t = 0; t < n; ++t) {
+        const TensorDesc& d = R.role->tensors[t];
+        if (!d.persistent) continue;
+        R.produced[t] = 1;
+        R.alive[size_t(R.info->root[t])] = 1;
+      }
+      R.live = R.info->persistent;
+      res_.ranks[size_t(r)].persistent_bytes = R.live;
+      res_.ranks[size_t(r)].peak_bytes = R.live;
+    }
+  }
+
+  bool readable(int r, size_t i, int t) {
+    Rank& R = ranks_[size_t(r)];
+    int root = R.info->root[size_t(t)];
+    if (!R.produced[size_t(t)]) {
+      error(where(r, i) + " reads " + tensor_name(r, t) + " before it is produced");
+      return false;
+    }
+    if (!R.alive[size_t(root)]) {
+      error(where(r, i) + " reads " + tensor_name(r, t) + " after it was freed");
+      return false;
+    }
+    return true;
+  }
+
+  void write(int r, size_t i, const Operand& o) {
+    Rank& R = ranks_[size_t(r)];
+    if (o.accumulate) {
+      readable(r, i, o.tensor);
+      return;
+    }
+    int root = R.info->root[size_t(o.tensor)];
+    if (!R.alive[size_t(root)]) {
+      R.alive[size_t(root)] = 1;
+      R.live += R.role->tensors[size_t(root)].bytes;
+      RankCost& c = res_.ranks[size_t(r)];
+      c.peak_bytes = std::max(c.peak_bytes, R.live);
+    }
+    R.produced[size_t(o.tensor)] = 1;
+  }
+
+  void span(int r, double start, double end, const Instr& in) {
+    if (!opt_.timeline || end <= start) return;
+    res_.timeline[size_t(r)].push_back({start, end, in.kind, in.stage, in.mb, in.chunk, in.recompute});
+  }
+
+  void retire(int r, const Instr& in, double start, double work) {
+    Rank& R = ranks_[size_t(r)];
+    span(r, start, R.clock, in);
+    if (in.stage != Stage::kStep) {
+      R.busy += work;
+      R.fb_end = std::max(R.fb_end, R.clock);
+    }
+    ++R.pc;
+  }
+
+  void advance(int r, std::deque<int>& ready) {
+    Rank& R = ranks_[size_t(r)];
+    if (R.done || R.blocked) return;
+    const std::vector<Instr>& prog = R.role->program;
+    RankCost& cost = res_.ranks[size_t(r)];
+    while (R.pc < prog.size()) {
+      const size_t i = R.pc;
+      const Instr& in = prog[i];
+      const double start = R.clock;
+      switch (in.kind) {
+        case InstrKind::kLoad:
+        case InstrKind::kCompute:
+        case InstrKind::kLocal: {
+          for (const Operand& o : in.in) readable(r, i, o.tensor);
+          for (const Operand& o : in.out) write(r, i, o);
+          double d = R.info->compute[i];
+          R.clock += d;
+          cost.compute_s += d;
+          retire(r, in, start, d);
+          break;
+        }
+        case InstrKind::kFree: {
+          for (const Operand& o : in.in) {
+            int root = R.info->root[size_t(o.tensor)];
+            if (!R.alive[size_t(root)]) {
+              error(where(r, i) + " frees " + tensor_name(r, o.tensor) + " which is not allocated");
+              continue;
+            }
+            R.alive[size_t(root)] = 0;
+            R.live -= R.role->tensors[size_t(root)].bytes;
+          }
+          ++R.pc;
+          break;
+        }
+        case InstrKind::kSend: {
+          readable(r, i, in.in[0].tensor);
+          int peer = plan_.peer_rank(r, in.peer);
+          mail_[{r, peer, in.tag}].push_back({in.bytes, R.clock});
+          cost.p2p_bytes += in.bytes;
+          ++R.pc;
+          auto w = recv_wait_.find({r, peer, in.tag});
+          if (w != recv_wait_.end()) {
+            int q = w->second;
+            recv_wait_.erase(w);
+            ranks_[size_t(q)].blocked = false;
+            ready.push_back(q);
+          }
+          break;
+        }
+        case InstrKind::kRecv: {
+          int peer = plan_.peer_rank(r, in.peer);
+          auto it = mail_.find({peer, r, in.tag});
+          if (it == mail_.end() || it->second.empty()) {
+            R.blocked = true;
+            recv_wait_[{peer, r, in.tag}] = r;
+            R.waiting = where(r, i) + " waits for a message from rank " + std::to_string(peer) + " tag " +
+                        std::to_string(in.tag);
+            return;
+          }
+          Message m = it->second.front();
+          it->second.pop_front();
+          if (it->second.empty()) mail_.erase(it);
+          if (m.bytes != in.bytes)
+            error(where(r, i) + " receives " + std::to_string(in.bytes) + " bytes but rank " +
+                  std::to_string(peer) + " sent " + std::to_string(m.bytes));
+          double t = m.time;
+          if (opt_.cost) {
+            bool cross = r / opt_.cost->ranks_per_node != peer / opt_.cost->ranks_per_node;
+            t += opt_.cost->p2p(in.bytes, cross);
+          }
+          R.clock = std::max(R.clock, t);
+          cost.comm_s += R.clock - start;
+          write(r, i, in.out[0]);
+          retire(r, in, start, 0);
+          break;
+        }
+        case InstrKind::kCollective: {
+          if (!arrive(r, i, ready)) return;
+          break;
+        }
+      }
+    }
+    R.done = true;
+  }
+
+  // Registers rank r at its collective; completes the collective when it is the last
+  // member. Returns false when r must wait.
+  bool arrive(int r, size_t i, std::deque<int>& ready) {
+    Rank& R = ranks_[size_t(r)];
+    const Instr& in = R.role->program[i];
+    readable(r, i, in.in[0].tensor);
+    int gid = plan_.group_id(in.group, R.dp);
+    const ProcessGroup& grp = plan_.groups.at(size_t(gid));
+    if (std::find(grp.ranks.begin(), grp.ranks.end(), r) == grp.ranks.end()) {
+      error(where(r, i) + " uses group " + std::to_string(gid) + " which does not contain it");
+      ++R.pc;
+      return true;
+    }
+    int seq = R.coll_seq[gid]++;
+    std::ostringstream sig;
+    sig << coll_name(in.coll) << (in.reduce == ReduceOp::kMax ? "(max)" : "") << " of " << in.bytes << " bytes";
+    Arrival& a = pending_[{gid, seq}];
+    if (a.count == 0) a.signature = sig.str(), a.first_rank = r;
+    else if (a.signature != sig.str())
+      error("group " + std::to_string(gid) + ": collective #" + std::to_string(seq) + " is " + a.signature +
+            " on rank " + std::to_string(a.first_rank) + " but " + sig.str() + " on " + where(r, i) +
+            " (members issue collectives in different orders)");
+    a.count++;
+    a.ready = std::max(a.ready, R.clock);
+    a.ranks.push_back(r);
+    if (a.count < int(grp.ranks.size())) {
+      R.blocked = true;
+      R.waiting = where(r, i) + " waits in collective #" + std::to_string(seq) + " on group " +
+                  std::to_string(gid) + " (" + std::to_string(a.count) + " of " +
+                  std::to_string(grp.ranks.size()) + " members arrived)";
+      return false;
+    }
+    double d = opt_.cost ? opt_.cost->collective(in.coll, int(grp.ranks.size()), in.bytes,
+                                                 group_cross_[size_t(gid)])
+                         : 0;
+    double end = a.ready + d;
+    std::vector<int> members = a.ranks;
+    pending_.erase({gid, seq});
+    for (int q : members) {
+      Rank& Q = ranks_[size_t(q)];
+      const Instr& qi = Q.role->program[Q.pc];
+      double start = Q.clock;
+      Q.clock = end;
+      RankCost& c = res_.ranks[size_t(q)];
+      c.comm_s += end - start;
+      c.comm_bytes[int(qi.coll)] += wire_bytes(qi.coll, int(grp.ranks.size()), qi.bytes);
+      write(q, Q.pc, qi.out[0]);
+      retire(q, qi, start, d);
+      if (q != r) {
+        Q.blocked = false;
+        ready.push_back(q);
+      }
+    }
+    return true;
+  }
+
+  void finish() {
+    int reported = 0;
+    for (int r = 0; r < plan_.world(); ++r) {
+      Rank& R = ranks_[size_t(r)];
+      RankCost& c = res_.ranks[size_t(r)];
+      c.step_s = R.clock;
+      res_.fb_end = std::max(res_.fb_end, R.fb_end);
+      if (!R.done && reported++ < 8) error("deadlock: " + R.waiting);
+      if (opt_.memory_budget > 0 && c.peak_bytes > opt_.memory_budget)
+        error("rank " + std::to_string(r) + " peaks at " + std::to_string(c.peak_bytes) +
+              " bytes, over its memory budget of " + std::to_string(opt_.memory_budget) + " bytes");
+    }
+    for (auto& [key, q] : mail_)
+      if (!q.empty())
+        error("rank " + std::to_string(std::get<0>(key)) + " sends tag " + std::to_string(std::get<2>(key)) +
+              " to rank " + std::to_string(std::get<1>(key)) + " but it never receives it");
+    for (int r = 0; r < plan_.world(); ++r) {
+      RankCost& c = res_.ranks[size_t(r)];
+      c.bubble = res_.fb_end > 0 ? std::max(0.0, 1.0 - ranks_[size_t(r)].busy / res_.fb_end) : 0;
+    }
+  }
+
+  const Plan& plan_;
+  const core::Graph& g_;
+  EngineOptions opt_;
+  EngineResult res_;
+  std::vector<RoleInfo> infos_;
+  std::vector<Rank> ranks_;
+  std::vector<char> group_cross_;
+  std::map<std::tuple<int, int, int64_t>, std::deque<Message>> mail_;
+  std::map<std::tuple<int, int, int64_t>, int> recv_wait_;
+  std::map<std::pair<int, int>, Arrival> pending_;
+};
+
+}  // namespace
+
+EngineResult run_programs(const Plan& plan, const core::Graph& g, const EngineOptions& opt) {
+  return Engine(plan, g, opt).run();
+}
+
+}  // namespace weft::planner

@@ -1,0 +1,181 @@
+// Custom lowering rules: vocab-parallel cross-entropy (max and sum-exp all-reduced over the
+// tensor-parallel lanes, Megatron-style) and expert-parallel MoE (tokens dispatched to the
+// lanes holding their experts with all_to_all_v and returned the same way).
+//
+// Parts the executor runs (operands by op slot; scratch operands by name):
+//   ce.max     logits -> ce.max (b,t) local max over the vocabulary slice
+//   ce.sumexp  logits, targets, ce.max -> ce.sums (2,b,t): sum of exp(logit - max) over the
+//              slice, and the target's logit when the target falls in the slice (else 0)
+//   ce.finish  logits, targets, ce.max, ce.sums -> loss (whole), probs (slice)
+//   moe.route    y, router -> aux, probs, route, xe (this slice's assignments, grouped by
+//                the lane of their expert: the all_to_all_v send buffer)
+//   moe.experts  moe.xe_local, expert weights -> moe.he_local, moe.ye_local
+//   moe.combine  ye, route, probs -> out
+// and, mirrored, the backward parts of moe.bwd under the same names.
+#include "base/check.h"
+#include "planner/lower_stage.h"
+
+namespace weft::planner {
+namespace {
+
+std::vector<int> tp_team(const Mesh& m, int lane) {
+  std::vector<int> t;
+  for (int i = 0; i < int(m.degrees().tp); ++i) t.push_back(i + int(m.degrees().tp) * m.lane_ep(lane));
+  return t;
+}
+std::vector<int> ep_team(const Mesh& m, int lane) {
+  std::vector<int> t;
+  for (int e = 0; e < int(m.degrees().ep); ++e) t.push_back(m.lane_tp(lane) + int(m.degrees().tp) * e);
+  return t;
+}
+
+Instr compute(int op, const std::string& part, std::vector<Operand> in, std::vector<Operand> out) {
+  Instr c;
+  c.kind = InstrKind::kCompute;
+  c.op = op;
+  c.part = part;
+  c.in = std::move(in);
+  c.out = std::move(out);
+  return c;
+}
+
+}  // namespace
+
+void StageBuilder::emit_ce(int op, const std::vector<SubOp>& subs, const Ctx& ctx) {
+  std::vector<int> logits = inputs(op, subs, 0, ctx), targets = inputs(op, subs, 1, ctx);
+  std::vector<std::vector<bool>> acc(2);
+  std::vector<int> loss = outputs(op, subs, 0, ctx, &acc[0]), probs = outputs(op, subs, 1, ctx, &acc[1]);
+  int tv = g_.op(op).inputs[1];
+  for (int l = 0; l < lanes_; ++l) {
+    const TensorDesc tgt = role(l).tensors[size_t(targets[size_t(l)])];
+    int fam = team_family(tp_team(plan_.mesh, l));
+    auto scratch = [&](const std::string& name, bool pair) {
+      Piece p = tgt.piece;
+      if (pair) p.box.insert(p.box.begin(), DimSlice{0, 2, 1, 0});
+      TensorDesc t = scratch_tensor(name, p, core::DType::kF32);
+      t.shift_dim = pair ? 1 : 0;
+      t.shift = slice_shift(tv, 0);
+      return add_tensor(l, t);
+    };
+    int mx = scratch("ce.max", false), mx_all = scratch("ce.max", false);
+    emit(l, compute(op, "ce.max", {{0, logits[size_t(l)]}}, {{-1, mx}}), ctx);
+    Instr a = collective(CollKind::kAllReduce, fam, mx, mx_all, role(l).tensors[size_t(mx)].bytes, ctx, op,
+                         "ce.max", l);
+    a.reduce = ReduceOp::kMax;
+    emit(l, a, ctx);
+    int sums = scratch("ce.sums", true), sums_all = scratch("ce.sums", true);
+    emit(l, compute(op, "ce.sumexp", {{0, logits[size_t(l)]}, {1, targets[size_t(l)]}, {-1, mx_all}},
+                    {{-1, sums}}),
+         ctx);
+    emit(l, collective(CollKind::kAllReduce, fam, sums, sums_all, role(l).tensors[size_t(sums)].bytes, ctx,
+                       op, "ce.sums", l),
+         ctx);
+    emit(l, compute(op, "ce.finish",
+                    {{0, logits[size_t(l)]}, {1, targets[size_t(l)]}, {-1, mx_all}, {-1, sums_all}},
+                    {{0, loss[size_t(l)]}, {1, probs[size_t(l)]}}),
+         ctx);
+  }
+}
+
+void StageBuilder::emit_moe(int op, const std::vector<SubOp>& subs, const Ctx& ctx) {
+  const core::Op& o = g_.op(op);
+  std::vector<std::vector<int>> in;
+  for (int s = 0; s < 6; ++s) in.push_back(inputs(op, subs, s, ctx));
+  std::vector<std::vector<bool>> acc(7);
+  std::vector<std::vector<int>> out(7);
+  for (int s : {0, 1, 2, 3, 4, 6}) out[size_t(s)] = outputs(op, subs, s, ctx, &acc[size_t(s)]);
+  const core::DType dt = g_.value(o.outputs[4]).dtype;
+  for (int l = 0; l < lanes_; ++l) {
+    int fam = team_family(ep_team(plan_.mesh, l));
+    auto at = [&](int s) { return in[size_t(s)][size_t(l)]; };
+    emit(l, compute(op, "moe.route", {{0, at(0)}, {1, at(1)}},
+                    {{1, out[1][size_t(l)]}, {2, out[2][size_t(l)]}, {3, out[3][size_t(l)]}, {4, out[4][size_t(l)]}}),
+         ctx);
+    // Expert side: under uniform routing a lane receives as many rows as it sends.
+    const TensorDesc& xe = role(l).tensors[size_t(out[4][size_t(l)])];
+    int64_t rows = xe.piece.box[0].numel(), C = xe.piece.box[1].numel();
+    int64_t F = subs[size_t(l)].ins[2].piece.box[1].numel();
+    auto local = [&](const std::string& name, int64_t cols, const Piece* like) {
+      Piece p{Box{DimSlice{0, rows, 1, 0}, DimSlice{0, cols, 1, 0}}};
+      if (like) p.part = like->part, p.parts = like->parts;
+      TensorDesc t = scratch_tensor(name, p, dt);
+      t.data_dependent = true;
+      return add_tensor(l, t);
+    };
+    int xe_local = local("moe.xe_local", C, nullptr);
+    Instr d = collective(CollKind::kAllToAllV, fam, out[4][size_t(l)], xe_local, xe.bytes, ctx, op,
+                         "moe.dispatch", l);
+    d.data_dependent = true;
+    d.dim = 0;
+    emit(l, d, ctx);
+    const Piece& ye_piece = role(l).tensors[size_t(out[6][size_t(l)])].piece;
+    int he_local = local("moe.he_local", F, nullptr), ye_local = local("moe.ye_local", C, &ye_piece);
+    std::vector<Operand> w = {{-1, xe_local}, {2, at(2)}, {3, at(3)}, {4, at(4)}};
+    if (at(5) >= 0) w.push_back({5, at(5)});
+    emit(l, compute(op, "moe.experts", w, {{-1, he_local}, {-1, ye_local}}), ctx);
+    Instr r = collective(CollKind::kAllToAllV, fam, ye_local, out[6][size_t(l)],
+                         role(l).tensors[size_t(ye_local)].bytes, ctx, op, "moe.return", l);
+    r.data_dependent = true;
+    r.dim = 0;
+    emit(l, r, ctx);
+    emit(l, compute(op, "moe.combine", {{6, out[6][size_t(l)]}, {3, out[3][size_t(l)]}, {2, out[2][size_t(l)]}},
+                    {{0, out[0][size_t(l)]}}),
+         ctx);
+    lane_[size_t(l)].moe_saved[{op, ctx.mb}] = {xe_local, he_local};
+  }
+}
+
+void StageBuilder::emit_moe_bwd(int op, const std::vector<SubOp>& subs, const Ctx& ctx) {
+  const core::Op& o = g_.op(op);
+  WEFT_CHECK(o.outputs.size() == 6, "moe.bwd under expert parallelism needs all six gradients");
+  std::vector<std::vector<int>> in(12);
+  for (int s : {0, 1, 2, 3, 4, 5, 6, 7, 8, 11}) in[size_t(s)] = inputs(op, subs, s, ctx);
+  std::vector<std::vector<bool>> acc(6);
+  std::vector<std::vector<int>> out(6);
+  for (int s = 0; s < 6; ++s) out[size_t(s)] = outputs(op, subs, s, ctx, &acc[size_t(s)]);
+  const core::DType dt = g_.value(o.outputs[0]).dtype;
+  for (int l = 0; l < lanes_; ++l) {
+    auto it = lane_[size_t(l)].moe_saved.find({o.mirror, ctx.mb});
+    WEFT_CHECK(it != lane_[size_t(l)].moe_saved.end(), "moe.bwd before its forward's expert state");
+    int xe_local = it->second[0], he_local = it->second[1];
+    int fam = team_family(ep_team(plan_.mesh, l));
+    auto at = [&](int s) { return in[size_t(s)][size_t(l)]; };
+    auto like = [&](const std::string& name, int tensor, bool data_dep) {
+      TensorDesc t = role(l).tensors[size_t(tensor)];
+      t = scratch_tensor(name, t.piece, dt);
+      const TensorDesc& src = role(l).tensors[size_t(tensor)];
+      t.shift_dim = src.shift_dim, t.shift = src.shift, t.data_dependent = data_dep;
+      return add_tensor(l, t);
+    };
+    // d(ye) = dout x routing weight is whole; the probability gradient (and later the
+    // dispatched input gradient) inherit the expert outputs' partial sums under a tp split.
+    int dye = like("moe.dye", at(11), false), dprobs = like("moe.dprobs", at(7), false);
+    role(l).tensors[size_t(dye)].piece.part = 0, role(l).tensors[size_t(dye)].piece.parts = 1;
+    role(l).tensors[size_t(dprobs)].piece.part = role(l).tensors[size_t(at(11))].piece.part;
+    role(l).tensors[size_t(dprobs)].piece.parts = role(l).tensors[size_t(at(11))].piece.parts;
+    emit(l, compute(op, "moe.combine", {{0, at(0)}, {11, at(11)}, {8, at(8)}, {7, at(7)}}, {{-1, dye}, {-1, dprobs}}),
+         ctx);
+    int dye_local = like("moe.dye_local", xe_local, true);
+    Instr d = collective(CollKind::kAllToAllV, fam, dye, dye_local, role(l).tensors[size_t(dye)].bytes, ctx, op,
+                         "moe.dispatch", l);
+    d.data_dependent = true;
+    d.dim = 0;
+    emit(l, d, ctx);
+    int dxe_local = like("moe.dxe_local", xe_local, true);
+    std::vector<Operand> ops_in = {{-1, dye_local}, {-1, xe_local}, {-1, he_local}, {3, at(3)}, {5, at(5)}};
+    std::vector<Operand> ops_out = {{-1, dxe_local}};
+    for (int s = 2; s < 6; ++s) ops_out.push_back({s, out[size_t(s)][size_t(l)], acc[size_t(s)][size_t(l)]});
+    emit(l, compute(op, "moe.experts", ops_in, ops_out), ctx);
+    int dxe = like("moe.dxe", at(11), false);
+    Instr r = collective(CollKind::kAllToAllV, fam, dxe_local, dxe, role(l).tensors[size_t(dxe_local)].bytes, ctx,
+                         op, "moe.return", l);
+    r.data_dependent = true;
+    r.dim = 0;
+    emit(l, r, ctx);
+    emit(l, compute(op, "moe.route", {{-1, dxe}, {-1, dprobs}, {1, at(1)}, {2, at(2)}, {7, at(7)}, {8, at(8)}},
+                    {{0, out[0][size_t(l)], acc[0][size_t(l)]}, {1, out[1][size_t(l)], acc[1][size_t(l)]}}),
+         ctx);
+  }
+}
+
+}  // namespace weft::planner

@@ -1,0 +1,449 @@
+// Stage lowering: sub-ops per lane, operand provision (loads, local cuts, RVD conversions),
+// units in schedule order with their pipeline transfers and recomputation.
+#include "planner/lower_stage.h"
+
+#include <algorithm>
+
+#include "base/check.h"
+#include "base/error.h"
+
+namespace weft::planner {
+
+StageBuilder::StageBuilder(const GraphInfo& gi, Plan& plan, const CostModel& cost, int stage)
+    : gi_(gi),
+      g_(gi.g),
+      plan_(plan),
+      cost_(cost),
+      stage_(stage),
+      lanes_(plan.mesh.lanes()),
+      tp_(int(plan.mesh.degrees().tp)),
+      ep_(int(plan.mesh.degrees().ep)),
+      m_(gi.pc.micro_batches),
+      K_(gi.pc.data_shards() * gi.pc.micro_batches) {
+  int node = plan.mesh.rank_of(stage, 0, 0) / cost.ranks_per_node;
+  for (int l = 1; l < lanes_; ++l)
+    if (plan.mesh.rank_of(stage, l, 0) / cost.ranks_per_node != node) cross_node_ = true;
+  const ParallelConfig& pc = gi.pc;
+  units_ = stage_schedule(pc.schedule, int(pc.deg.pp), int(pc.virtual_stages), int(pc.micro_batches),
+                          stage);
+}
+
+Role& StageBuilder::role(int lane) { return plan_.roles.at(size_t(stage_ * lanes_ + lane)); }
+
+int StageBuilder::add_tensor(int lane, TensorDesc t) {
+  Role& r = role(lane);
+  r.tensors.push_back(std::move(t));
+  return int(r.tensors.size()) - 1;
+}
+
+void StageBuilder::emit(int lane, Instr in, const Ctx& ctx) {
+  in.stage = ctx.stage;
+  in.mb = ctx.mb;
+  in.chunk = ctx.chunk;
+  in.recompute = in.recompute || ctx.recompute;
+  role(lane).program.push_back(std::move(in));
+}
+
+TensorDesc StageBuilder::value_tensor(int value, const Piece& p) const {
+  const core::Value& v = g_.value(value);
+  TensorDesc t;
+  t.value = value;
+  t.piece = p;
+  t.dtype = v.dtype;
+  t.bytes = p.numel() * int64_t(core::dtype_size(v.dtype));
+  t.persistent = v.persistent;
+  return t;
+}
+
+TensorDesc StageBuilder::scratch_tensor(const std::string& name, const Piece& p, core::DType dt) const {
+  TensorDesc t;
+  t.name = name;
+  t.piece = p;
+  t.dtype = dt;
+  t.bytes = p.numel() * int64_t(core::dtype_size(dt));
+  return t;
+}
+
+int64_t StageBuilder::slice_shift(int value, int dim) const {
+  return int64_t(ep_) * m_ * (g_.value(value).shape.at(size_t(dim)) / K_);
+}
+
+void StageBuilder::shift_like(TensorDesc& t, int value, const SubTensor* st) const {
+  if (st && st->batch_dim >= 0) {
+    t.shift_dim = st->batch_dim;
+    t.shift = slice_shift(value, st->batch_dim);
+  } else if (st && g_.value(value).role == core::Role::kInput) {
+    t.shift_dim = 0;
+    t.shift = slice_shift(value, 0);
+  } else if (st && !g_.value(value).persistent && t.piece.parts % K_ == 0 && K_ > 1) {
+    t.shift_part = int32_t(int64_t(ep_) * m_ * (t.piece.parts / K_));  // a partial sum over the batch
+  }
+}
+
+SubOp StageBuilder::sub_op(int op, int mb, int lane) const {
+  SubOp s = whole_op(g_, op);
+  int d = gi_.decision[size_t(op)];
+  if (d < 0) return s;
+  int tp_i = plan_.mesh.lane_tp(lane), ep_i = plan_.mesh.lane_ep(lane);
+  for (const AxisSplit& sp : plan_.decisions[size_t(d)].splits) {
+    int64_t index = sp.axis == Axis::kDp ? int64_t(ep_i) * m_ + mb : sp.axis == Axis::kEp ? ep_i : tp_i;
+    s = partition_one(g_, s, sp.symbol, sp.n, index, sp.groups);
+  }
+  return s;
+}
+
+std::vector<SubOp> StageBuilder::sub_ops(int op, int mb) const {
+  std::vector<SubOp> subs;
+  for (int l = 0; l < lanes_; ++l) subs.push_back(sub_op(op, mb, l));
+  return subs;
+}
+
+int StageBuilder::value_mb(int value, int mb) const { return g_.value(value).persistent ? -1 : mb; }
+
+std::vector<int>* StageBuilder::env_find(int lane, int value, int mb) {
+  auto& env = lane_[size_t(lane)].env;
+  auto it = env.find(env_key(value, mb));
+  return it == env.end() || it->second.empty() ? nullptr : &it->second;
+}
+
+void StageBuilder::env_add(int lane, int value, int mb, int tensor) {
+  lane_[size_t(lane)].env[env_key(value, mb)].push_back(tensor);
+}
+
+int StageBuilder::team_family(const std::vector<int>& lanes) {
+  GroupFamily f;
+  for (int l : lanes) f.members.push_back({stage_, l});
+  return add_family(plan_, f);
+}
+
+Instr StageBuilder::collective(CollKind k, int family, int in, int out, int64_t bytes, const Ctx&,
+                               int op, const std::string& part, int) {
+  Instr c;
+  c.kind = InstrKind::kCollective;
+  c.coll = k;
+  c.group = family;
+  c.op = op;
+  c.part = part;
+  c.bytes = bytes;
+  c.in = {{-1, in}};
+  c.out = {{-1, out}};
+  return c;
+}
+
+int StageBuilder::cut(int lane, int from, const Piece& need, const Ctx& ctx, int op) {
+  TensorDesc src = role(lane).tensors.at(size_t(from));
+  TensorDesc t = src;
+  t.piece = need;
+  t.bytes = need.numel() * int64_t(core::dtype_size(src.dtype));
+  t.persistent = false;
+  t.alias_of = -1;
+  t.keep = false;
+  if (src.persistent && src.shift_dim >= 0 && t.piece.box.size() > size_t(src.shift_dim) &&
+      !(src.piece.box[size_t(src.shift_dim)] == need.box[size_t(src.shift_dim)]))
+    t.shift_dim = -1, t.shift = 0;  // a ZeRO shard is shifted; a cut of it is taken per rank
+  int id = add_tensor(lane, t);
+  Instr c;
+  c.kind = InstrKind::kLocal;
+  c.op = op;
+  c.part = "chunk";
+  c.in = {{-1, from}};
+  c.out = {{-1, id}};
+  emit(lane, c, ctx);
+  if (src.value >= 0 && !g_.value(src.value).persistent) env_add(lane, src.value, ctx.mb, id);
+  return id;
+}
+
+std::vector<int> StageBuilder::convert(int value, int mb, const std::vector<int>& lanes,
+                                       const std::vector<std::optional<Piece>>& need, const Ctx& ctx,
+                                       int op) {
+  std::vector<int> cur;
+  GroupLayout from;
+  for (int l : lanes) {
+    std::vector<int>* have = env_find(l, value, mb);
+    if (!have)
+      throw NotSupported("value " + g_.value(value).name + " is needed on lane " + std::to_string(l) +
+                         " of stage " + std::to_string(stage_) + " but produced on no lane there");
+    cur.push_back(have->front());
+    from.push_back(role(l).tensors[size_t(have->front())].piece);
+  }
+  // The conversion happens within the slice the pieces cover.
+  Box whole = from[0].box;
+  auto widen = [&](const Box& b) {
+    for (size_t d = 0; d < whole.size(); ++d) {
+      int64_t lo = std::min(whole[d].start, b[d].start);
+      int64_t hi = std::max(whole[d].start + whole[d].stride * (whole[d].count - 1) + whole[d].size,
+                            b[d].start + b[d].stride * (b[d].count - 1) + b[d].size);
+      whole[d] = DimSlice::range(lo, hi);
+    }
+  };
+  for (const Piece& p : from) widen(p.box);
+  for (const auto& p : need)
+    if (p) widen(p->box);
+  const core::Value& val = g_.value(value);
+  RvdPath path = rvd_search(from, need, whole, int64_t(core::dtype_size(val.dtype)), cost_, cross_node_);
+  // Collectives are attributed to the op whose output they re-lay (its layer, its unit).
+  if (!gi_.writers[size_t(value)].empty()) op = gi_.writers[size_t(value)][0];
+  for (const Move& mv : path.moves) {
+    if (mv.kind == MoveKind::kChunk) {
+      for (size_t i = 0; i < lanes.size(); ++i)
+        if (!(role(lanes[i]).tensors[size_t(cur[i])].piece == mv.after[i]))
+          cur[i] = cut(lanes[i], cur[i], mv.after[i], ctx, op);
+      continue;
+    }
+    std::vector<int> next = cur;
+    for (const auto& team : mv.teams) {
+      std::vector<int> team_lanes;
+      for (int i : team) team_lanes.push_back(lanes[size_t(i)]);
+      int fam = team_family(team_lanes);
+      for (int i : team) {
+        int l = lanes[size_t(i)];
+        TensorDesc src = role(l).tensors[size_t(cur[size_t(i)])];
+        TensorDesc t = value_tensor(value, mv.after[size_t(i)]);
+        t.shift_dim = src.shift_dim, t.shift = src.shift, t.shift_part = src.shift_part;
+        if (t.piece.parts < src.piece.parts) t.shift_part = 0;
+        int out = add_tensor(l, t);
+        CollKind k = move_collective(mv.kind);
+        int64_t bytes = k == CollKind::kAllGather ? t.bytes : src.bytes;
+        Instr c = collective(k, fam, cur[size_t(i)], out, bytes, ctx, op, "", l);
+        c.dim = mv.dim;
+        c.dim2 = mv.dim2;
+        c.groups = mv.groups;
+        emit(l, c, ctx);
+        env_add(l, value, mb, out);
+        next[size_t(i)] = out;
+      }
+    }
+    cur = next;
+  }
+  for (size_t i = 0; i < lanes.size(); ++i)
+    if (need[i] && !(role(lanes[i]).tensors[size_t(cur[i])].piece == *need[i]))
+      cur[i] = cut(lanes[i], cur[i], *need[i], ctx, op);
+  return cur;
+}
+
+std::vector<int> StageBuilder::provide(int value, int mb, const std::vector<std::optional<Piece>>& need,
+                                       const Ctx& ctx, int op) {
+  const core::Value& val = g_.value(value);
+  if (val.role == core::Role::kParameter) return provide_param(value, need, ctx, op);
+  int key_mb = value_mb(value, mb);
+  std::vector<int> result(size_t(lanes_), -1);
+  std::vector<char> pending(size_t(ep_), 0);
+  for (int l = 0; l < lanes_; ++l) {
+    if (!need[size_t(l)]) continue;
+    const Piece& want = *need[size_t(l)];
+    if (std::vector<int>* have = env_find(l, value, key_mb)) {
+      for (int t : *have)
+        if (role(l).tensors[size_t(t)].piece == want) result[size_t(l)] = t;
+      if (result[size_t(l)] < 0)
+        for (int t : *have)
+          if (result[size_t(l)] < 0 && piece_extractable(role(l).tensors[size_t(t)].piece, want))
+            result[size_t(l)] = cut(l, t, want, ctx, op);
+    } else if (val.role == core::Role::kInput) {
+      TensorDesc t = value_tensor(value, want);
+      SubTensor st;
+      shift_like(t, value, &st);
+      int id = add_tensor(l, t);
+      Instr ld;
+      ld.kind = InstrKind::kLoad;
+      ld.op = op;
+      ld.out = {{-1, id}};
+      emit(l, ld, ctx);
+      env_add(l, value, key_mb, id);
+      result[size_t(l)] = id;
+    }
+    if (result[size_t(l)] < 0) pending[size_t(plan_.mesh.lane_ep(l))] = 1;
+  }
+  for (int e = 0; e < ep_; ++e) {
+    if (!pending[size_t(e)]) continue;
+    std::vector<int> team;
+    std::vector<std::optional<Piece>> team_need;
+    for (int t = 0; t < tp_; ++t) {
+      team.push_back(t + tp_ * e);
+      team_need.push_back(need[size_t(t + tp_ * e)]);
+    }
+    std::vector<int> got = convert(value, key_mb, team, team_need, ctx, op);
+    for (size_t i = 0; i < team.size(); ++i)
+      if (need[size_t(team[i])]) result[size_t(team[i])] = got[i];
+  }
+  return result;
+}
+
+std::vector<int> StageBuilder::inputs(int op, const std::vector<SubOp>& subs, int slot, const Ctx& ctx) {
+  std::vector<std::optional<Piece>> need(static_cast<size_t>(lanes_));
+  for (int l = 0; l < lanes_; ++l) {
+    const SubTensor& st = subs[size_t(l)].ins[size_t(slot)];
+    if (!st.dropped) need[size_t(l)] = st.piece;
+    else if (g_.value(st.value).role == core::Role::kParameter)
+      param_storage(l, st.value, st.piece);  // held (and updated) even where not added
+  }
+  return provide(g_.op(op).inputs[size_t(slot)], ctx.mb, need, ctx, op);
+}
+
+std::vector<int> StageBuilder::outputs(int op, const std::vector<SubOp>& subs, int slot, const Ctx& ctx,
+                                       std::vector<bool>* accumulate) {
+  const core::Op& o = g_.op(op);
+  int value = o.outputs[size_t(slot)];
+  std::vector<int> ids(size_t(lanes_), -1);
+  accumulate->assign(size_t(lanes_), false);
+  int param = gi_.param_of_grad(value);
+  for (int l = 0; l < lanes_; ++l) {
+    const SubTensor& st = subs[size_t(l)].outs[size_t(slot)];
+    if (param >= 0) {
+      bool acc = false;
+      ids[size_t(l)] = grad_tensor(l, param, st.piece, ctx, &acc);
+      (*accumulate)[size_t(l)] = acc;
+      continue;
+    }
+    int key_mb = value_mb(value, ctx.mb);
+    std::vector<int>* have = env_find(l, value, key_mb);
+    if (o.accumulate[size_t(slot)] && have && !ctx.recompute) {
+      int primary = have->front();
+      if (!(role(l).tensors[size_t(primary)].piece == st.piece))
+        throw NotSupported("op %" + std::to_string(op) + " " + o.type + " adds into " +
+                           g_.value(value).name + " laid out as " +
+                           piece_str(role(l).tensors[size_t(primary)].piece) + " a contribution laid out as " +
+                           piece_str(st.piece));
+      ids[size_t(l)] = primary;
+      (*accumulate)[size_t(l)] = true;
+      continue;
+    }
+    TensorDesc t = value_tensor(value, st.piece);
+    shift_like(t, value, &st);
+    t.keep = gi_.keep[size_t(value)];
+    int id = add_tensor(l, t);
+    lane_[size_t(l)].env[env_key(value, key_mb)] = {id};
+    ids[size_t(l)] = id;
+  }
+  return ids;
+}
+
+void StageBuilder::emit_generic(int op, const std::vector<SubOp>& subs, const Ctx& ctx) {
+  const core::Op& o = g_.op(op);
+  std::vector<std::vector<int>> ins, outs;
+  std::vector<std::vector<bool>> acc(o.outputs.size());
+  for (size_t s = 0; s < o.inputs.size(); ++s) ins.push_back(inputs(op, subs, int(s), ctx));
+  for (size_t s = 0; s < o.outputs.size(); ++s) outs.push_back(outputs(op, subs, int(s), ctx, &acc[s]));
+  for (int l = 0; l < lanes_; ++l) {
+    Instr c;
+    c.kind = InstrKind::kCompute;
+    c.op = op;
+    for (size_t s = 0; s < ins.size(); ++s)
+      if (ins[s][size_t(l)] >= 0) c.in.push_back({int(s), ins[s][size_t(l)]});
+    for (size_t s = 0; s < outs.size(); ++s) c.out.push_back({int(s), outs[s][size_t(l)], acc[s][size_t(l)]});
+    emit(l, c, ctx);
+  }
+}
+
+void StageBuilder::emit_op(int op, const Ctx& ctx) {
+  std::vector<SubOp> subs = sub_ops(op, ctx.mb);
+  const std::string& t = g_.op(op).type;
+  if (subs[0].vocab_parallel && t == "cross_entropy") emit_ce(op, subs, ctx);
+  else if (subs[0].expert_parallel && t == "moe") emit_moe(op, subs, ctx);
+  else if (subs[0].expert_parallel && t == "moe.bwd") emit_moe_bwd(op, subs, ctx);
+  else emit_generic(op, subs, ctx);
+}
+
+void StageBuilder::ensure_value(int value, const Ctx& ctx) {
+  const core::Value& val = g_.value(value);
+  if (val.persistent || val.role == core::Role::kInput || gi_.writers[size_t(value)].empty()) return;
+  int w = gi_.writers[size_t(value)][0];
+  if (g_.op(w).phase != core::Phase::kForward || !gi_.recompute[size_t(w)] ||
+      gi_.op_chunk[size_t(w)] != ctx.chunk || env_find(0, value, ctx.mb))
+    return;
+  for (int in : g_.op(w).inputs) ensure_value(in, ctx);
+  Ctx rc = ctx;
+  rc.recompute = true;
+  emit_op(w, rc);
+}
+
+void StageBuilder::emit_unit(const Unit& u) {
+  Ctx ctx;
+  ctx.stage = u.dir == Dir::kForward ? Stage::kForward : Stage::kBackward;
+  ctx.mb = u.mb;
+  ctx.chunk = u.chunk;
+  ctx.unit = unit_counter_++;
+  const int d = u.dir == Dir::kForward ? 0 : 1;
+  auto tag = [&](const Transfer& t) {
+    return (int64_t(t.value) << 24) | (int64_t(t.dst_chunk) << 16) | int64_t(u.mb);
+  };
+  for (const Transfer& t : gi_.transfers) {
+    if (t.dst_chunk != u.chunk || t.dst_dir != u.dir) continue;
+    int w = gi_.writers[size_t(t.value)][0];
+    int slot = int(std::find(g_.op(w).outputs.begin(), g_.op(w).outputs.end(), t.value) -
+                   g_.op(w).outputs.begin());
+    for (int l = 0; l < lanes_; ++l) {
+      SubOp src = sub_op(w, u.mb, l);
+      TensorDesc td = value_tensor(t.value, src.outs[size_t(slot)].piece);
+      shift_like(td, t.value, &src.outs[size_t(slot)]);
+      int id = add_tensor(l, td);
+      Instr r;
+      r.kind = InstrKind::kRecv;
+      r.out = {{-1, id}};
+      r.peer = gi_.pc.chunk_stage(t.src_chunk);
+      r.tag = tag(t);
+      r.bytes = td.bytes;
+      emit(l, r, ctx);
+      env_add(l, t.value, u.mb, id);
+    }
+  }
+  if (u.dir == Dir::kBackward) {
+    grad_left_unit_.clear();
+    for (int op : gi_.chunk_ops[1][size_t(u.chunk)])
+      for (int v : g_.op(op).outputs)
+        if (int p = gi_.param_of_grad(v); p >= 0) ++grad_left_unit_[p];
+  }
+  for (int op : gi_.chunk_ops[d][size_t(u.chunk)]) {
+    if (u.dir == Dir::kBackward)
+      for (int v : g_.op(op).inputs) ensure_value(v, ctx);
+    emit_op(op, ctx);
+    if (u.dir == Dir::kBackward) after_grad_write(op, ctx);
+  }
+  for (const Transfer& t : gi_.transfers) {
+    if (t.src_chunk != u.chunk || t.src_dir != u.dir) continue;
+    for (int l = 0; l < lanes_; ++l) {
+      std::vector<int>* have = env_find(l, t.value, u.mb);
+      WEFT_CHECK(have, "transfer of ", g_.value(t.value).name, " before it was produced");
+      Instr s;
+      s.kind = InstrKind::kSend;
+      s.in = {{-1, have->front()}};
+      s.peer = gi_.pc.chunk_stage(t.dst_chunk);
+      s.tag = tag(t);
+      s.bytes = role(l).tensors[size_t(have->front())].bytes;
+      emit(l, s, ctx);
+    }
+  }
+  if (u.dir == Dir::kForward) {
+    // Outputs of recomputed ops are not kept: the backward unit makes them again.
+    for (int op : gi_.chunk_ops[0][size_t(u.chunk)]) {
+      if (!gi_.recompute[size_t(op)]) continue;
+      for (int l = 0; l < lanes_; ++l) {
+        for (int v : g_.op(op).outputs) lane_[size_t(l)].env.erase(env_key(v, u.mb));
+        lane_[size_t(l)].moe_saved.erase({op, u.mb});
+      }
+    }
+  }
+}
+
+void StageBuilder::build() {
+  lane_.assign(size_t(lanes_), Lane{});
+  for (const Unit& u : units_) {
+    if (u.dir != Dir::kBackward) continue;
+    for (int op : gi_.chunk_ops[1][size_t(u.chunk)])
+      for (int v : g_.op(op).outputs)
+        if (int p = gi_.param_of_grad(v); p >= 0) ++grad_left_[p];
+  }
+  for (const Unit& u : units_) emit_unit(u);
+  step_phase();
+  for (int l = 0; l < lanes_; ++l) add_frees(l);
+}
+
+void lower_plan(const GraphInfo& gi, Plan& plan, const CostModel& cost) {
+  const int pp = int(plan.mesh.degrees().pp), lanes = plan.mesh.lanes();
+  plan.roles.assign(size_t(pp * lanes), Role{});
+  for (int s = 0; s < pp; ++s)
+    for (int l = 0; l < lanes; ++l) plan.roles[size_t(s * lanes + l)].stage = s,
+                                    plan.roles[size_t(s * lanes + l)].lane = l;
+  for (int s = 0; s < pp; ++s) StageBuilder(gi, plan, cost, s).build();
+}
+
+}  // namespace weft::planner

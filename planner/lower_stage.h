@@ -1,0 +1,115 @@
+// Internal to lowering: builds the programs of all lanes of one pipeline stage at once, so
+// that collectives among lanes are emitted at the same point of every member's program.
+// Split over lower_stage.cc (operands, units, transfers, recompute), lower_custom.cc
+// (vocab-parallel cross-entropy, expert-parallel MoE) and lower_step.cc (gradient sync,
+// ZeRO, optimizer, frees).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "planner/lower.h"
+#include "planner/partition.h"
+#include "planner/rvd.h"
+
+namespace weft::planner {
+
+class StageBuilder {
+ public:
+  StageBuilder(const GraphInfo& gi, Plan& plan, const CostModel& cost, int stage);
+  void build();
+
+ private:
+  // Where an instruction sits: its unit (or the step) and whether it re-runs forward work.
+  struct Ctx {
+    Stage stage = Stage::kForward;
+    int mb = -1, chunk = -1;
+    bool recompute = false;
+    int unit = -1;  // unit instance, for per-unit caches (ZeRO-3 gathered parameters)
+  };
+  // Per-lane state while building.
+  struct Lane {
+    std::unordered_map<int64_t, std::vector<int>> env;  // (value, mb) -> tensors, primary first
+    std::map<int, int> param;        // parameter -> its persistent tensor (ZeRO-3: the shard)
+    std::map<int, Piece> param_box;  // parameter -> the piece this lane computes with
+    std::map<int, std::pair<int, int>> gathered;  // ZeRO-3: parameter -> (unit, tensor)
+    std::map<int, int> grad;         // parameter -> gradient accumulator (ZeRO-2/3: the shard)
+    std::map<int, int> synced;       // parameter -> fully reduced gradient (full or shard)
+    std::map<std::pair<int, int>, std::vector<int>> moe_saved;  // (op, mb) -> expert-side tensors
+  };
+
+  // tensors and instructions
+  Role& role(int lane);
+  int add_tensor(int lane, TensorDesc t);
+  void emit(int lane, Instr in, const Ctx& ctx);
+  TensorDesc value_tensor(int value, const Piece& p) const;
+  TensorDesc scratch_tensor(const std::string& name, const Piece& p, core::DType dt) const;
+  void shift_like(TensorDesc& t, int value, const SubTensor* st) const;
+  int64_t slice_shift(int value, int dim) const;
+
+  // sub-ops, environment
+  SubOp sub_op(int op, int mb, int lane) const;
+  std::vector<SubOp> sub_ops(int op, int mb) const;
+  static int64_t env_key(int value, int mb) { return (int64_t(value) << 20) | int64_t(mb + 1); }
+  std::vector<int>* env_find(int lane, int value, int mb);
+  void env_add(int lane, int value, int mb, int tensor);
+  int value_mb(int value, int mb) const;  // -1 for persistent values
+
+  // operands
+  std::vector<int> provide(int value, int mb, const std::vector<std::optional<Piece>>& need,
+                           const Ctx& ctx, int op);
+  std::vector<int> provide_param(int value, const std::vector<std::optional<Piece>>& need,
+                                 const Ctx& ctx, int op);
+  int cut(int lane, int from, const Piece& need, const Ctx& ctx, int op);
+  std::vector<int> convert(int value, int mb, const std::vector<int>& lanes,
+                           const std::vector<std::optional<Piece>>& need, const Ctx& ctx, int op);
+  int team_family(const std::vector<int>& lanes);
+  Instr collective(CollKind k, int family, int in, int out, int64_t bytes, const Ctx& ctx,
+                   int op, const std::string& part, int lane);
+  std::vector<int> inputs(int op, const std::vector<SubOp>& subs, int slot, const Ctx& ctx);
+  std::vector<int> outputs(int op, const std::vector<SubOp>& subs, int slot, const Ctx& ctx,
+                           std::vector<bool>* accumulate);
+
+  // emission
+  void emit_unit(const Unit& u);
+  void emit_op(int op, const Ctx& ctx);
+  void emit_generic(int op, const std::vector<SubOp>& subs, const Ctx& ctx);
+  void emit_ce(int op, const std::vector<SubOp>& subs, const Ctx& ctx);
+  void emit_moe(int op, const std::vector<SubOp>& subs, const Ctx& ctx);
+  void emit_moe_bwd(int op, const std::vector<SubOp>& subs, const Ctx& ctx);
+  void ensure_value(int value, const Ctx& ctx);
+  void after_grad_write(int op, const Ctx& ctx);
+
+  // gradients, optimizer, memory (lower_step.cc)
+  struct Holders {
+    int family = -1, count = 1, index = 0, shift = 0;  // data-parallel holders of a gradient
+  };
+  Holders holders(int param, int lane);
+  int param_storage(int lane, int value, const Piece& piece);
+  int zero_dim(int param, int lane);
+  Piece zero_shard(int param, int lane);
+  int grad_tensor(int lane, int param, const Piece& produced, const Ctx& ctx, bool* accumulate);
+  void sync_grad(int param, const Ctx& ctx);
+  void reduce_partial_tp(int param, const Ctx& ctx, std::vector<int>& cur);
+  void scatter_grad_mb(int param, const Ctx& ctx);
+  void step_phase();
+  void add_frees(int lane);
+
+  const GraphInfo& gi_;
+  const core::Graph& g_;
+  Plan& plan_;
+  const CostModel& cost_;
+  const int stage_, lanes_, tp_, ep_;
+  const int64_t m_, K_;  // micro-batches, batch parts (data shards x m)
+  bool cross_node_ = false;
+  int unit_counter_ = 0;
+  std::vector<Lane> lane_;
+  std::vector<Unit> units_;
+  std::map<int, int> grad_left_;          // ZeRO-0/1: parameter -> gradient writes left on this stage
+  std::map<int, int> grad_left_unit_;     // ZeRO-2/3: parameter -> writes left in this unit
+  std::map<int, int> tp_partial_;         // parameter -> partial factor over tp lanes (router under tp)
+};
+
+}  // namespace weft::planner

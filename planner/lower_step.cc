@@ -1,0 +1,394 @@
+// Gradients and the optimizer step: accumulators, data-parallel reduction (all-reduce, or
+// ZeRO's reduce-scatter), tied-weight reduction across stages, the global gradient norm,
+// AdamW per parameter shard, ZeRO's parameter all-gathers, and the frees.
+//
+// Gradient holders: a dense parameter's gradient is summed over every rank of the stage
+// with the same tp index (dp x ep ranks, dp-major); an expert's over the dp ranks only.
+// ZeRO shards a parameter's local piece over those holders along the first dim that
+// divides; a parameter with no such dim stays whole (and is reduced by all-reduce).
+#include <algorithm>
+
+#include "base/check.h"
+#include "planner/lower_stage.h"
+
+namespace weft::planner {
+
+StageBuilder::Holders StageBuilder::holders(int param, int lane) {
+  Holders h;
+  const int dp = int(plan_.mesh.degrees().dp);
+  GroupFamily f;
+  f.all_dp = true;
+  if (gi_.expert_param[size_t(param)]) {
+    f.members = {{stage_, lane}};
+    h.count = dp, h.index = 0, h.shift = 1;
+  } else {
+    for (int e = 0; e < ep_; ++e) f.members.push_back({stage_, plan_.mesh.lane_tp(lane) + tp_ * e});
+    h.count = ep_ * dp, h.index = plan_.mesh.lane_ep(lane), h.shift = ep_;
+  }
+  if (h.count > 1) h.family = add_family(plan_, f);
+  return h;
+}
+
+int StageBuilder::zero_dim(int param, int lane) {
+  if (gi_.pc.zero == 0) return -1;
+  Holders h = holders(param, lane);
+  auto it = lane_[size_t(lane)].param_box.find(param);
+  if (h.count <= 1 || it == lane_[size_t(lane)].param_box.end()) return -1;
+  const Box& b = it->second.box;
+  for (size_t d = 0; d < b.size(); ++d)
+    if (b[d].part(0, h.count, b[d].count).has_value()) return int(d);
+  return -1;
+}
+
+Piece StageBuilder::zero_shard(int param, int lane) {
+  Holders h = holders(param, lane);
+  int d = zero_dim(param, lane);
+  Piece p = lane_[size_t(lane)].param_box.at(param);
+  p.part = 0, p.parts = 1;
+  p.box[size_t(d)] = *p.box[size_t(d)].part(h.index, h.count, p.box[size_t(d)].count);
+  return p;
+}
+
+int StageBuilder::grad_tensor(int lane, int param, const Piece& produced, const Ctx& ctx, bool* acc) {
+  Lane& L = lane_[size_t(lane)];
+  const int grad_value = gi_.grad_value[size_t(param)];
+  const int q = K_ > 0 && produced.parts % K_ == 0 ? int(produced.parts / K_) : 1;
+  tp_partial_[param] = q;
+  const int r = produced.part % q;
+  Holders h = holders(param, lane);
+  TensorDesc t = value_tensor(grad_value, produced);
+  t.piece.part = r + q * h.index;
+  t.piece.parts = q * h.count;
+  t.shift_part = q * h.shift;
+  if (gi_.pc.zero >= 2 && zero_dim(param, lane) >= 0) {
+    // ZeRO-2/3: this micro-batch's full gradient is transient; reduce-scattered into the
+    // shard accumulator after its last contribution.
+    if (std::vector<int>* have = env_find(lane, grad_value, ctx.mb)) {
+      *acc = true;
+      return have->front();
+    }
+    t.persistent = false;
+    int id = add_tensor(lane, t);
+    env_add(lane, grad_value, ctx.mb, id);
+    *acc = false;
+    return id;
+  }
+  *acc = true;  // accumulators are zeroed at the start of a step
+  auto it = L.grad.find(param);
+  if (it != L.grad.end()) {
+    WEFT_CHECK(role(lane).tensors[size_t(it->second)].piece.box == produced.box,
+               "two contributions to ", g_.value(grad_value).name, " with different boxes");
+    return it->second;
+  }
+  t.persistent = true;
+  int id = add_tensor(lane, t);
+  L.grad[param] = id;
+  return id;
+}
+
+int StageBuilder::param_storage(int lane, int value, const Piece& piece) {
+  Lane& L = lane_[size_t(lane)];
+  L.param_box.emplace(value, piece);
+  auto it = L.param.find(value);
+  if (it != L.param.end()) return it->second;
+  int zd = gi_.pc.zero >= 3 ? zero_dim(value, lane) : -1;
+  TensorDesc t = value_tensor(value, zd >= 0 ? zero_shard(value, lane) : L.param_box.at(value));
+  t.persistent = true;
+  if (zd >= 0) t.shift_dim = zd, t.shift = t.piece.box[size_t(zd)].size * holders(value, lane).shift;
+  int id = add_tensor(lane, t);
+  L.param[value] = id;
+  return id;
+}
+
+std::vector<int> StageBuilder::provide_param(int value, const std::vector<std::optional<Piece>>& need,
+                                             const Ctx& ctx, int op) {
+  std::vector<int> result(size_t(lanes_), -1);
+  for (int l = 0; l < lanes_; ++l) {
+    if (!need[size_t(l)]) continue;
+    Lane& L = lane_[size_t(l)];
+    int have = param_storage(l, value, *need[size_t(l)]);
+    int zd = gi_.pc.zero >= 3 ? zero_dim(value, l) : -1;
+    if (zd >= 0) {
+      // ZeRO-3: gather the whole piece for this unit's uses; freed after the last one.
+      auto it = L.gathered.find(value);
+      if (it == L.gathered.end() || it->second.first != ctx.unit) {
+        TensorDesc t = value_tensor(value, L.param_box.at(value));
+        t.persistent = false;
+        int out = add_tensor(l, t);
+        Instr c = collective(CollKind::kAllGather, holders(value, l).family, have, out, t.bytes, ctx, op,
+                             "zero3.gather", l);
+        c.dim = zd;
+        c.groups = t.piece.box[size_t(zd)].count;
+        emit(l, c, ctx);
+        L.gathered[value] = {ctx.unit, out};
+      }
+      have = L.gathered[value].second;
+    }
+    const Piece& got = role(l).tensors[size_t(have)].piece;
+    if (got == *need[size_t(l)]) result[size_t(l)] = have;
+    else if (piece_extractable(got, *need[size_t(l)])) result[size_t(l)] = cut(l, have, *need[size_t(l)], ctx, op);
+    else
+      throw NotSupported("parameter " + g_.value(value).name + " is held as " + piece_str(got) +
+                         " but an op needs " + piece_str(*need[size_t(l)]));
+  }
+  return result;
+}
+
+void StageBuilder::reduce_partial_tp(int param, const Ctx& ctx, std::vector<int>& cur) {
+  int q = tp_partial_.count(param) ? tp_partial_[param] : 1;
+  if (q <= 1) return;
+  for (int l = 0; l < lanes_; ++l) {
+    std::vector<int> team;
+    for (int i = 0; i < tp_; ++i) team.push_back(i + tp_ * plan_.mesh.lane_ep(l));
+    TensorDesc src = role(l).tensors[size_t(cur[size_t(l)])];
+    TensorDesc t = src;
+    t.piece.part = src.piece.part / q;
+    t.piece.parts = src.piece.parts / q;
+    t.shift_part = src.shift_part / q;
+    t.alias_of = cur[size_t(l)];
+    t.persistent = false;
+    int out = add_tensor(l, t);
+    emit(l, collective(CollKind::kAllReduce, team_family(team), cur[size_t(l)], out, src.bytes, ctx,
+                       gi_.adamw_of[size_t(param)], "grad.tp", l),
+         ctx);
+    cur[size_t(l)] = out;
+  }
+}
+
+void StageBuilder::sync_grad(int param, const Ctx& ctx) {
+  std::vector<int> cur(static_cast<size_t>(lanes_));
+  for (int l = 0; l < lanes_; ++l) cur[size_t(l)] = lane_[size_t(l)].grad.at(param);
+  reduce_partial_tp(param, ctx, cur);
+  for (int l = 0; l < lanes_; ++l) {
+    Holders h = holders(param, l);
+    TensorDesc src = role(l).tensors[size_t(cur[size_t(l)])];
+    if (h.count > 1) {
+      int zd = zero_dim(param, l);
+      TensorDesc t = src;
+      t.piece.part = 0, t.piece.parts = 1, t.shift_part = 0;
+      Instr c;
+      if (zd >= 0) {
+        // ZeRO-1: each holder keeps the fully reduced gradient of its shard.
+        t.piece = zero_shard(param, l);
+        t.bytes = t.piece.numel() * int64_t(core::dtype_size(t.dtype));
+        t.persistent = false, t.alias_of = -1;
+        t.shift_dim = zd, t.shift = t.piece.box[size_t(zd)].size * h.shift;
+        int out = add_tensor(l, t);
+        c = collective(CollKind::kReduceScatter, h.family, cur[size_t(l)], out, src.bytes, ctx,
+                       gi_.adamw_of[size_t(param)], "grad.sync", l);
+        c.dim = zd;
+        c.groups = src.piece.box[size_t(zd)].count;
+        cur[size_t(l)] = out;
+      } else {
+        t.alias_of = cur[size_t(l)], t.persistent = false;
+        int out = add_tensor(l, t);
+        c = collective(CollKind::kAllReduce, h.family, cur[size_t(l)], out, src.bytes, ctx,
+                       gi_.adamw_of[size_t(param)], "grad.sync", l);
+        cur[size_t(l)] = out;
+      }
+      emit(l, c, ctx);
+    }
+    lane_[size_t(l)].synced[param] = cur[size_t(l)];
+  }
+}
+
+void StageBuilder::scatter_grad_mb(int param, const Ctx& ctx) {
+  const int grad_value = gi_.grad_value[size_t(param)];
+  std::vector<int> cur(static_cast<size_t>(lanes_));
+  for (int l = 0; l < lanes_; ++l) cur[size_t(l)] = env_find(l, grad_value, ctx.mb)->front();
+  reduce_partial_tp(param, ctx, cur);
+  for (int l = 0; l < lanes_; ++l) {
+    Lane& L = lane_[size_t(l)];
+    Holders h = holders(param, l);
+    int zd = zero_dim(param, l);
+    if (!L.grad.count(param)) {
+      TensorDesc t = value_tensor(grad_value, zero_shard(param, l));
+      t.persistent = true;
+      t.shift_dim = zd, t.shift = t.piece.box[size_t(zd)].size * h.shift;
+      L.grad[param] = add_tensor(l, t);
+    }
+    const TensorDesc& src = role(l).tensors[size_t(cur[size_t(l)])];
+    Instr c = collective(CollKind::kReduceScatter, h.family, cur[size_t(l)], L.grad[param], src.bytes, ctx,
+                         gi_.adamw_of[size_t(param)], "grad.sync", l);
+    c.out[0].accumulate = true;
+    c.dim = zd;
+    c.groups = src.piece.box[size_t(zd)].count;
+    emit(l, c, ctx);
+    L.synced[param] = L.grad[param];
+  }
+}
+
+void StageBuilder::after_grad_write(int op, const Ctx& ctx) {
+  if (ctx.recompute) return;
+  for (int v : g_.op(op).outputs) {
+    int p = gi_.param_of_grad(v);
+    if (p < 0) continue;
+    bool per_mb = gi_.pc.zero >= 2 && zero_dim(p, 0) >= 0;
+    if (per_mb && --grad_left_unit_[p] == 0) scatter_grad_mb(p, ctx);
+    if (--grad_left_[p] == 0 && !per_mb) sync_grad(p, ctx);
+  }
+}
+
+void StageBuilder::step_phase() {
+  Ctx ctx;
+  ctx.stage = Stage::kStep;
+  ctx.unit = unit_counter_++;
+  std::vector<int> params;
+  for (int p : g_.parameters())
+    if (std::count(gi_.param_stages[size_t(p)].begin(), gi_.param_stages[size_t(p)].end(), stage_))
+      params.push_back(p);
+  const int zero = gi_.pc.zero;
+
+  // Tied parameters (the embedding and the head share wte) live on two stages: their
+  // reduced gradients are summed across those stages.
+  for (int p : params) {
+    const auto& st = gi_.param_stages[size_t(p)];
+    if (st.size() < 2) continue;
+    for (int l = 0; l < lanes_; ++l) {
+      GroupFamily f;
+      for (int s : st) f.members.push_back({s, l});
+      int in = lane_[size_t(l)].synced.at(p);
+      TensorDesc t = role(l).tensors[size_t(in)];
+      t.alias_of = in, t.persistent = false;
+      int out = add_tensor(l, t);
+      emit(l, collective(CollKind::kAllReduce, add_family(plan_, f), in, out, t.bytes, ctx,
+                         gi_.adamw_of[size_t(p)], "grad.tied", l),
+           ctx);
+      lane_[size_t(l)].synced[p] = out;
+    }
+  }
+
+  // Global gradient norm: each gradient element counted once. Sharded gradients are
+  // distinct on every rank (sum over the world); whole ones are replicated over the data-
+  // parallel holders (sum within one data-parallel replica, counting one tp/ep/stage copy).
+  const core::Op& gn = g_.op(gi_.global_norm);
+  GroupFamily everyone;
+  for (int s = 0; s < int(plan_.mesh.degrees().pp); ++s)
+    for (int l = 0; l < lanes_; ++l) everyone.members.push_back({s, l});
+  int fam_rep = add_family(plan_, everyone);
+  everyone.all_dp = true;
+  int fam_all = add_family(plan_, everyone);
+  int norm_value = gn.outputs[0];
+  for (int l = 0; l < lanes_; ++l) {
+    Lane& L = lane_[size_t(l)];
+    std::vector<Operand> sharded, whole;
+    for (int p : params) {
+      bool owner = gi_.param_stages[size_t(p)][0] == stage_;
+      const Piece& mine = L.param_box.at(p);
+      for (int t = 0; t < plan_.mesh.lane_tp(l); ++t)
+        if (lane_[size_t(t + tp_ * plan_.mesh.lane_ep(l))].param_box.at(p) == mine) owner = false;
+      bool is_sharded = zero_dim(p, l) >= 0;
+      if (!is_sharded && !gi_.expert_param[size_t(p)] && plan_.mesh.lane_ep(l) != 0) owner = false;
+      if (!owner) continue;
+      int slot = int(std::find(gn.inputs.begin(), gn.inputs.end(), gi_.grad_value[size_t(p)]) -
+                     gn.inputs.begin());
+      (is_sharded ? sharded : whole).push_back({slot, L.synced.at(p)});
+    }
+    Piece one{Box{DimSlice{0, 1, 1, 0}}};
+    std::vector<Operand> partial_sums;
+    auto reduce = [&](const std::vector<Operand>& grads, int fam) {
+      int s = add_tensor(l, scratch_tensor("norm.sumsq", one, core::DType::kF64));
+      Instr c;
+      c.kind = InstrKind::kCompute;
+      c.op = gi_.global_norm;
+      c.part = "norm.sumsq";
+      c.in = grads;
+      c.out = {{-1, s}};
+      emit(l, c, ctx);
+      int r = add_tensor(l, scratch_tensor("norm.sumsq", one, core::DType::kF64));
+      emit(l, collective(CollKind::kAllReduce, fam, s, r, 8, ctx, gi_.global_norm, "norm", l), ctx);
+      partial_sums.push_back({-1, r});
+    };
+    if (zero >= 1) reduce(sharded, fam_all);
+    reduce(whole, fam_rep);
+    TensorDesc nt = value_tensor(norm_value, Piece{full_box(g_.value(norm_value).shape)});
+    nt.persistent = true;
+    int norm = add_tensor(l, nt);
+    Instr fin;
+    fin.kind = InstrKind::kCompute;
+    fin.op = gi_.global_norm;
+    fin.part = "norm.finish";
+    fin.in = partial_sums;
+    fin.out = {{0, norm}};
+    emit(l, fin, ctx);
+
+    // AdamW on this rank's piece (its ZeRO shard when sharded), then ZeRO-1/2 gather the
+    // updated shards back into the whole parameter.
+    std::vector<std::pair<int, int>> gathers;  // (param, shard view)
+    for (int p : params) {
+      const core::Op& up = g_.op(gi_.adamw_of[size_t(p)]);
+      int zd = zero_dim(p, l);
+      int pt = L.param.at(p);
+      Piece piece = role(l).tensors[size_t(pt)].piece;
+      TensorDesc shard_like = role(l).tensors[size_t(pt)];
+      if (zd >= 0 && zero < 3) {
+        TensorDesc view = shard_like;
+        view.piece = zero_shard(p, l);
+        view.bytes = view.piece.numel() * int64_t(core::dtype_size(view.dtype));
+        view.alias_of = pt;
+        view.persistent = true;
+        view.shift_dim = zd, view.shift = view.piece.box[size_t(zd)].size * holders(p, l).shift;
+        shard_like = view;
+        pt = add_tensor(l, view);
+        gathers.push_back({p, pt});
+        piece = view.piece;
+      }
+      auto state = [&](int value) {
+        TensorDesc s = value_tensor(value, piece);
+        s.persistent = true;
+        s.shift_dim = shard_like.shift_dim, s.shift = shard_like.shift;
+        return add_tensor(l, s);
+      };
+      Instr c;
+      c.kind = InstrKind::kCompute;
+      c.op = up.id;
+      c.in = {{0, pt}, {1, L.synced.at(p)}, {2, state(up.inputs[2])}, {3, state(up.inputs[3])}, {4, norm}};
+      emit(l, c, ctx);
+    }
+    for (auto [p, view] : gathers) {
+      Holders h = holders(p, l);
+      const TensorDesc& full = role(l).tensors[size_t(L.param.at(p))];
+      Instr c = collective(CollKind::kAllGather, h.family, view, L.param.at(p), full.bytes, ctx,
+                           gi_.adamw_of[size_t(p)], "param.gather", l);
+      c.dim = zero_dim(p, l);
+      c.groups = full.piece.box[size_t(c.dim)].count;
+      emit(l, c, ctx);
+    }
+  }
+}
+
+void StageBuilder::add_frees(int lane) {
+  Role& r = role(lane);
+  const size_t n = r.tensors.size();
+  auto root = [&](int t) {
+    while (r.tensors[size_t(t)].alias_of >= 0) t = r.tensors[size_t(t)].alias_of;
+    return t;
+  };
+  std::vector<int> last(n, -1);
+  for (size_t i = 0; i < r.program.size(); ++i) {
+    for (const Operand& o : r.program[i].in) last[size_t(root(o.tensor))] = int(i);
+    for (const Operand& o : r.program[i].out) last[size_t(root(o.tensor))] = int(i);
+  }
+  std::vector<std::vector<int>> free_after(r.program.size());
+  for (size_t t = 0; t < n; ++t) {
+    const TensorDesc& d = r.tensors[t];
+    if (d.alias_of >= 0 || d.persistent || d.keep || last[t] < 0) continue;
+    free_after[size_t(last[t])].push_back(int(t));
+  }
+  std::vector<Instr> out;
+  out.reserve(r.program.size() * 2);
+  for (size_t i = 0; i < r.program.size(); ++i) {
+    out.push_back(std::move(r.program[i]));
+    if (free_after[i].empty()) continue;
+    Instr f;
+    f.kind = InstrKind::kFree;
+    f.stage = out.back().stage;
+    f.mb = out.back().mb;
+    f.chunk = out.back().chunk;
+    for (int t : free_after[i]) f.in.push_back({-1, t});
+    out.push_back(std::move(f));
+  }
+  r.program = std::move(out);
+}
+
+}  // namespace weft::planner

@@ -1,0 +1,36 @@
+// The planner's entry point: JobSpec + world size -> Plan, through the three phases
+// (transformation, space-time scheduling, dependency preservation), then grouped, hashed,
+// optionally validated and simulated.
+#pragma once
+
+#include <cstdint>
+
+#include "core/config/job_spec.h"
+#include "core/models/gpt.h"
+#include "planner/plan.h"
+
+namespace weft::planner {
+
+struct PlanOptions {
+  CostModel cost;
+  bool simulate = true;  // fill Plan::costs
+};
+
+// The training graph as the planner sees it: batch dim = the global batch, so that data
+// parallelism and micro-batching are partitions of it. Value and op ids are the same as
+// in the per-micro-batch graph an executor builds with build_model(spec, micro_batch).
+core::ModelGraph build_planning_graph(const core::JobSpec& spec);
+
+// Throws ConfigError for parallel settings that do not fit the world or the model.
+Plan make_plan(const core::JobSpec& spec, const core::Graph& g, int world,
+               const PlanOptions& opt = {});
+Plan make_plan(const core::JobSpec& spec, int world, const PlanOptions& opt = {});
+
+// Hash of every value's name, shape and dtype and every op's type and operands, with the
+// batch sizes; a plan records it.
+uint64_t shape_hash(const core::Graph& g, const ParallelConfig& pc);
+
+// Refuses a plan written for another model or other shapes (ConfigError on "plan").
+void check_plan_matches(const Plan& plan, const core::JobSpec& spec, const core::Graph& g);
+
+}  // namespace weft::planner

@@ -1,0 +1,306 @@
+// Degree resolution, validation with named-field errors, and tensor-parallel propagation.
+#include "planner/policy.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+
+#include "base/check.h"
+#include "base/error.h"
+
+namespace weft::planner {
+namespace {
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+// "try tp=2 or tp=4" from the candidates that pass `ok` (at most four, largest kept).
+std::string suggest(const std::string& key, int64_t limit, const std::function<bool(int64_t)>& ok) {
+  std::vector<int64_t> good;
+  for (int64_t d = 1; d <= limit; ++d)
+    if (limit % d == 0 && ok(d)) good.push_back(d);
+  if (good.size() > 4) good.erase(good.begin(), good.end() - 4);
+  if (good.empty()) return "no value of " + key + " fits; change the world size or the model";
+  std::string s = "try ";
+  for (size_t i = 0; i < good.size(); ++i)
+    s += (i ? " or " : "") + key + "=" + num(good[i]);
+  return s;
+}
+
+bool tp_fits(const core::ModelSpec& m, int64_t tp) {
+  if (tp == 1) return true;
+  return m.heads % tp == 0 && m.dim % tp == 0 && (m.mlp_ratio * m.dim) % tp == 0 &&
+         m.vocab % tp == 0;
+}
+
+std::string tp_reason(const core::ModelSpec& m, int64_t tp) {
+  if (m.heads % tp) return "model.heads (" + num(m.heads) + ")";
+  if (m.dim % tp) return "model.dim (" + num(m.dim) + ")";
+  if ((m.mlp_ratio * m.dim) % tp) return "the MLP width (" + num(m.mlp_ratio * m.dim) + ")";
+  return "model.vocab (" + num(m.vocab) + "; pad it to a multiple of " + num(tp * 64) + ")";
+}
+
+void resolve_degrees(const core::JobSpec& s, int world, Degrees& d) {
+  const core::ParallelSpec& p = s.parallel;
+  if (world < 1) throw ConfigError("--world", "expected a world size >= 1, got " + num(world));
+  int64_t fixed = 1;
+  std::vector<int64_t*> autos;
+  int64_t* slots[4] = {&d.dp, &d.tp, &d.pp, &d.ep};
+  int64_t given[4] = {p.dp, p.tp, p.pp, p.ep};
+  for (int i = 0; i < 4; ++i) {
+    *slots[i] = given[i];
+    if (given[i] == 0) autos.push_back(slots[i]);
+    else fixed *= given[i];
+  }
+  if (world % fixed != 0) {
+    int64_t mp = (p.tp ? p.tp : 1) * (p.pp ? p.pp : 1) * (p.ep ? p.ep : 1);
+    if (p.dp > 0 && world % mp == 0)
+      throw ConfigError("parallel.dp", "dp x tp x pp x ep = " + num(fixed) + " but the world has " +
+                                           num(world) + " ranks; try dp=" + num(world / mp) +
+                                           " or dp: auto");
+    std::string field = p.tp > 1 ? "tp" : p.pp > 1 ? "pp" : "ep";
+    int64_t rest = fixed / (field == "tp" ? p.tp : field == "pp" ? p.pp : p.ep);
+    int64_t limit = world % rest == 0 ? world / rest : world;
+    throw ConfigError("parallel." + field,
+                      "the degrees multiply to " + num(fixed) + ", which does not divide the world (" +
+                          num(world) + " ranks); " +
+                          suggest(field, limit, [&](int64_t v) {
+                            return field != "tp" || tp_fits(s.model, v);
+                          }));
+  }
+  int64_t left = world / fixed;
+  for (size_t i = 0; i < autos.size(); ++i) *autos[i] = i == 0 ? left : 1;
+  if (autos.empty() && left != 1)
+    throw ConfigError("parallel.dp", "dp x tp x pp x ep = " + num(fixed) + " but the world has " +
+                                         num(world) + " ranks; try dp=" + num(d.dp * left) +
+                                         " or dp: auto");
+}
+
+void validate_model_fit(const core::JobSpec& s, int world, const Degrees& d) {
+  const core::ModelSpec& m = s.model;
+  const core::ParallelSpec& p = s.parallel;
+  int64_t tp_room = world / (d.pp * d.ep * (p.dp ? d.dp : 1));
+  if (!tp_fits(m, d.tp))
+    throw ConfigError("parallel.tp", "tp=" + num(d.tp) + " must divide " + tp_reason(m, d.tp) + "; " +
+                                         suggest("tp", tp_room, [&](int64_t v) { return tp_fits(m, v); }));
+  if (d.ep > 1 && (m.arch != "moe-gpt" || m.moe.experts < 1))
+    throw ConfigError("parallel.ep", "expert parallelism needs model.arch: moe-gpt; try ep=1");
+  if (d.ep > 1 && m.moe.experts % d.ep != 0) {
+    int64_t room = world / (d.pp * d.tp * (p.dp ? d.dp : 1));
+    throw ConfigError("parallel.ep", "ep=" + num(d.ep) + " must divide model.moe.experts (" +
+                                         num(m.moe.experts) + "); " +
+                                         suggest("ep", room, [&](int64_t v) {
+                                           return m.moe.experts % v == 0;
+                                         }));
+  }
+  if (d.pp > m.layers)
+    throw ConfigError("parallel.pp", "pp=" + num(d.pp) + " exceeds model.layers (" + num(m.layers) +
+                                         "): a stage would hold no layer; " +
+                                         suggest("pp", world / (d.tp * d.ep), [&](int64_t v) {
+                                           return v <= m.layers;
+                                         }));
+}
+
+void resolve_layout(const core::JobSpec& s, ParallelConfig& pc) {
+  const core::PipelineSpec& pl = s.parallel.pipeline;
+  const int64_t L = s.model.layers, pp = pc.deg.pp, v = pc.virtual_stages, n = pp * v;
+  if (v > 1 && pp == 1)
+    throw ConfigError("parallel.pipeline.virtual_stages",
+                      "virtual stages need pp > 1; try virtual_stages=1 or raise parallel.pp");
+  if (!pl.layout.empty()) {
+    pc.layout_given = true;
+    if (int64_t(pl.layout.size()) != n)
+      throw ConfigError("parallel.pipeline.layout",
+                        "has " + num(int64_t(pl.layout.size())) + " stages, expected pp x virtual_stages = " +
+                            num(pp) + " x " + num(v) + " = " + num(n));
+    std::vector<int> seen(size_t(L), 0);
+    int64_t next = 0;
+    for (size_t c = 0; c < pl.layout.size(); ++c) {
+      if (pl.layout[c].empty())
+        throw ConfigError("parallel.pipeline.layout", "stage " + num(int64_t(c)) + " has no layer");
+      for (int64_t layer : pl.layout[c]) {
+        if (layer < 0 || layer >= L)
+          throw ConfigError("parallel.pipeline.layout", "layer " + num(layer) + " does not exist (model.layers = " + num(L) + ")");
+        if (seen[size_t(layer)]++)
+          throw ConfigError("parallel.pipeline.layout", "layer " + num(layer) + " appears twice");
+        if (layer != next)
+          throw ConfigError("parallel.pipeline.layout", "expected layer " + num(next) + " next, found " +
+                                                            num(layer) + ": stages hold consecutive layers in order");
+        ++next;
+      }
+    }
+    if (next != L)
+      throw ConfigError("parallel.pipeline.layout", "covers " + num(next) + " of " + num(L) +
+                                                        " layers; every layer must be placed once");
+    pc.chunks = pl.layout;
+    return;
+  }
+  if (n > L)
+    throw ConfigError(v > 1 ? "parallel.pipeline.virtual_stages" : "parallel.pp",
+                      "pp x virtual_stages = " + num(n) + " chunks but only " + num(L) + " layers");
+  if (v > 1 && L % n != 0)
+    throw ConfigError("parallel.pipeline.virtual_stages",
+                      "model.layers (" + num(L) + ") must divide into pp x virtual_stages = " + num(n) +
+                          " equal chunks; " + suggest("virtual_stages", L / pp, [&](int64_t x) {
+                            return x > 1 && L % (pp * x) == 0;
+                          }) + ", or give parallel.pipeline.layout");
+  // Even split; a remainder goes to the middle stages first (the first and last also
+  // hold the embedding and the head), and the printed layout shows it.
+  std::vector<int64_t> count(size_t(n), L / n);
+  int64_t rem = L % n;
+  for (int64_t c = 1; c + 1 < n && rem > 0; ++c, --rem) ++count[size_t(c)];
+  for (int64_t c : {int64_t(0), n - 1})
+    if (rem > 0) ++count[size_t(c)], --rem;
+  int64_t layer = 0;
+  for (int64_t c = 0; c < n; ++c) {
+    std::vector<int64_t> ls;
+    for (int64_t i = 0; i < count[size_t(c)]; ++i) ls.push_back(layer++);
+    pc.chunks.push_back(ls);
+  }
+}
+
+void resolve_batch(const core::JobSpec& s, ParallelConfig& pc) {
+  const core::PipelineSpec& pl = s.parallel.pipeline;
+  int64_t G = s.train.global_batch, mb = s.train.micro_batch, shards = pc.data_shards();
+  int64_t unit = mb * shards;
+  if (G % unit != 0) {
+    int64_t up = (G / unit + 1) * unit;
+    throw ConfigError("train.global_batch",
+                      "global_batch (" + num(G) + ") must be a multiple of micro_batch x dp x ep = " +
+                          num(mb) + " x " + num(pc.deg.dp) + " x " + num(pc.deg.ep) + " = " + num(unit) +
+                          "; try global_batch=" + num(up) + (G >= unit ? " or " + num(G / unit * unit) : ""));
+  }
+  pc.micro_batches = G / unit;
+  if (pl.micro_batches > 0 && pl.micro_batches != pc.micro_batches)
+    throw ConfigError("parallel.pipeline.micro_batches",
+                      num(pl.micro_batches) + " micro-batches do not give global_batch " + num(G) +
+                          " = micro_batch x micro_batches x dp x ep; try micro_batches=" +
+                          num(pc.micro_batches) + " or 0 (derived)");
+  if (pc.schedule == "interleaved" && pc.virtual_stages > 1 && pc.micro_batches % pc.deg.pp != 0)
+    throw ConfigError("parallel.pipeline.micro_batches",
+                      "the interleaved schedule needs micro-batches (" + num(pc.micro_batches) +
+                          ") divisible by pp (" + num(pc.deg.pp) + "); try global_batch=" +
+                          num(unit * ((pc.micro_batches / pc.deg.pp + 1) * pc.deg.pp)));
+}
+
+}  // namespace
+
+ParallelConfig resolve_parallel(const core::JobSpec& s, int world) {
+  const core::ParallelSpec& p = s.parallel;
+  ParallelConfig pc;
+  pc.order = parse_order(p.order);
+  resolve_degrees(s, world, pc.deg);
+  validate_model_fit(s, world, pc.deg);
+  if (p.zero < 0 || p.zero > 3)
+    throw ConfigError("parallel.zero", "expected 0, 1, 2 or 3, got " + num(p.zero));
+  pc.zero = int(p.zero);
+  if (p.recompute != "none" && p.recompute != "selective" && p.recompute != "full")
+    throw ConfigError("parallel.recompute", "expected none|selective|full, got '" + p.recompute + "'");
+  pc.recompute = p.recompute;
+  const std::string& sched = p.pipeline.schedule;
+  if (sched != "gpipe" && sched != "1f1b" && sched != "interleaved")
+    throw ConfigError("parallel.pipeline.schedule", "expected gpipe|1f1b|interleaved, got '" + sched + "'");
+  pc.schedule = sched;
+  pc.virtual_stages = p.pipeline.virtual_stages < 1 ? 1 : p.pipeline.virtual_stages;
+  if (pc.virtual_stages > 1 && sched != "interleaved")
+    throw ConfigError("parallel.pipeline.virtual_stages",
+                      "virtual stages need parallel.pipeline.schedule: interleaved; try virtual_stages=1");
+  pc.global_batch = s.train.global_batch;
+  pc.micro_batch = s.train.micro_batch;
+  resolve_layout(s, pc);
+  resolve_batch(s, pc);
+  return pc;
+}
+
+// ---- tensor-parallel propagation ---------------------------------------------------
+
+namespace {
+
+// How one value is laid over the tp lanes while deciding: replicated, partial, or split
+// on a dim (with strided groups).
+struct TpLayout {
+  char kind = 'R';
+  int dim = -1;
+  int64_t groups = 1;
+};
+
+}  // namespace
+
+std::vector<OpDecision> decide_partitions(const core::Graph& g, const ParallelConfig& pc) {
+  const int64_t tp = pc.deg.tp, ep = pc.deg.ep;
+  const int64_t batch_parts = pc.data_shards() * pc.micro_batches;
+  std::vector<int> fwd = g.ops_in_phase(core::Phase::kForward);
+  std::map<int, std::vector<int>> consumers;
+  for (int id : fwd)
+    for (int v : g.op(id).inputs) consumers[v].push_back(id);
+  std::map<int, TpLayout> lay;
+  auto L = [&](int v) { return lay.count(v) ? lay[v] : TpLayout{}; };
+
+  // A column split of a linear needs every consumer to accept its output split on the
+  // last dim; attention takes it as (3 h d) by heads, i.e. in 3 strided groups.
+  auto column_groups = [&](int out) -> int64_t {
+    int64_t groups = 0;
+    for (int c : consumers[out]) {
+      const std::string& t = g.op(c).type;
+      int64_t want = t == "attention" ? 3 : (t == "gelu" || t == "cross_entropy") ? 1 : 0;
+      if (want == 0 || (groups && groups != want)) return 0;
+      groups = want;
+    }
+    return groups;
+  };
+
+  std::vector<OpDecision> out;
+  for (int id : fwd) {
+    const core::Op& op = g.op(id);
+    OpDecision d;
+    d.op = id;
+    d.splits.push_back({Axis::kDp, "b", batch_parts, 1});
+    const std::string& t = op.type;
+    auto add_tp = [&](const std::string& sym, int64_t groups) {
+      d.splits.push_back({Axis::kTp, sym, tp, groups});
+    };
+    if (t == "moe") {
+      if (ep > 1) d.splits.push_back({Axis::kEp, "e", ep, 1});
+      if (tp > 1) add_tp("f", 1);
+      lay[op.outputs[0]] = TpLayout{tp > 1 ? 'V' : 'R'};
+    } else if (tp > 1 && t == "embedding") {
+      add_tp("v", 1);
+      lay[op.outputs[0]] = TpLayout{'V'};
+    } else if (tp > 1 && (t == "linear" || t == "matmul")) {
+      TpLayout x = L(op.inputs[0]);
+      int last = int(g.value(op.inputs[0]).shape.size()) - 1;
+      if (x.kind == 'D' && x.dim == last && x.groups == 1) {
+        add_tp("k", 1);
+        lay[op.outputs[0]] = TpLayout{'V'};
+      } else if (int64_t gr = x.kind == 'R' ? column_groups(op.outputs[0]) : 0) {
+        add_tp("n", gr);
+        lay[op.outputs[0]] = TpLayout{'D', last, gr};
+      }
+    } else if (tp > 1 && t == "attention") {
+      TpLayout x = L(op.inputs[0]);
+      if (x.kind == 'D' && x.groups == 3) {
+        add_tp("h", 1);
+        lay[op.outputs[0]] = TpLayout{'D', 2, 1};
+        lay[op.outputs[1]] = TpLayout{'D', 1, 1};
+      }
+    } else if (tp > 1 && (t == "gelu" || t == "add")) {
+      TpLayout x = L(op.inputs[0]);
+      bool same = x.kind == 'D' && x.groups == 1;
+      for (int v : op.inputs) {
+        TpLayout y = L(v);
+        same = same && y.kind == 'D' && y.dim == x.dim && y.groups == 1;
+      }
+      if (same) {
+        const char* syms[] = {"b", "t", t == "gelu" ? "n" : "c"};
+        add_tp(syms[x.dim], 1);
+        lay[op.outputs[0]] = x;
+      }
+    } else if (tp > 1 && t == "cross_entropy") {
+      TpLayout x = L(op.inputs[0]);
+      if (x.kind == 'D' && x.dim == 2) add_tp("v", 1);
+    }
+    out.push_back(d);
+  }
+  return out;
+}
+
+}  // namespace weft::planner

@@ -1,0 +1,59 @@
+// Policies: the parallel section resolved against the world size and the model (auto
+// degrees filled, every choice validated with a ConfigError that names the field and a
+// valid alternative), and the transformation decisions for each forward op (which dim
+// symbol tensor parallelism splits: Megatron's column/row pairs fall out of propagating
+// layouts through the graph).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/config/job_spec.h"
+#include "core/graph/graph.h"
+#include "planner/mesh.h"
+
+namespace weft::planner {
+
+struct ParallelConfig {
+  Degrees deg;
+  std::vector<Axis> order;
+  int64_t global_batch = 0, micro_batch = 0;
+  int64_t micro_batches = 1;  // per data-parallel rank and step (gradient accumulation)
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  int64_t virtual_stages = 1;
+  std::vector<std::vector<int64_t>> chunks;  // model chunk -> its layers; pp * virtual_stages
+  bool layout_given = false;
+  std::string recompute = "none";
+  int zero = 0;
+  // Batch shards: the batch splits over dp x ep ranks (expert parallelism is carved out of
+  // data parallelism for the dense layers, as in Megatron).
+  int64_t data_shards() const { return deg.dp * deg.ep; }
+  int chunk_count() const { return int(chunks.size()); }
+  int chunk_stage(int chunk) const { return chunk % int(deg.pp); }
+};
+
+// Fills `auto` degrees (dp first: it takes what the world leaves; other autos become 1
+// unless dp is fixed, then the first of tp, pp, ep takes it) and validates everything the
+// plan depends on. Throws ConfigError naming the field ("parallel.tp") with a valid
+// alternative ("... try tp=2 or tp=4").
+ParallelConfig resolve_parallel(const core::JobSpec& spec, int world);
+
+// One split of an op: along `symbol` into n parts over a mesh axis (kDp stands for the
+// batch split over data shards x micro-batches).
+struct AxisSplit {
+  Axis axis = Axis::kTp;
+  std::string symbol;
+  int64_t n = 1, groups = 1;
+  bool operator==(const AxisSplit& o) const = default;
+};
+struct OpDecision {
+  int op = -1;
+  std::vector<AxisSplit> splits;  // in application order: batch, experts, tensor
+  bool operator==(const OpDecision& o) const = default;
+};
+
+// Decisions for every forward op (backward ops take their mirror's). Ops that read no
+// batch (none in GPT) are not batch-split.
+std::vector<OpDecision> decide_partitions(const core::Graph& g, const ParallelConfig& pc);
+
+}  // namespace weft::planner

@@ -1,0 +1,416 @@
+// Dijkstra over explicit layouts with the RVD primitive moves.
+#include "planner/rvd.h"
+
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+#include <map>
+#include <mutex>
+#include <queue>
+#include <sstream>
+#include <unordered_map>
+
+#include "base/check.h"
+
+namespace weft::planner {
+namespace {
+
+void put(std::string& k, int64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); }
+
+std::string piece_key(const Piece& p) {
+  std::string k;
+  put(k, p.part);
+  put(k, p.parts);
+  for (const DimSlice& s : p.box) {
+    put(k, s.start);
+    put(k, s.size);
+    put(k, s.count);
+    put(k, s.stride);
+  }
+  return k;
+}
+
+std::string layout_key(const GroupLayout& l) {
+  std::string k;
+  for (const Piece& p : l) k += piece_key(p);
+  return k;
+}
+
+// Chunk index and split factor of a slice within a dim of extent W (relative coordinates).
+bool chunk_pos(const DimSlice& s, int64_t W, int64_t* c, int64_t* D) {
+  if (s.size <= 0) return false;
+  if (s.count == 1) {
+    if (W % s.size || s.start % s.size) return false;
+    *D = W / s.size;
+    *c = s.start / s.size;
+    return true;
+  }
+  if (s.stride * s.count != W || s.stride % s.size || s.start % s.size || s.start + s.size > s.stride)
+    return false;
+  *D = s.stride / s.size;
+  *c = s.start / s.size;
+  return true;
+}
+
+std::vector<int> replica_index(const GroupLayout& l) {
+  std::map<std::string, int> seen;
+  std::vector<int> rho(l.size());
+  for (size_t m = 0; m < l.size(); ++m) rho[m] = seen[piece_key(l[m])]++;
+  return rho;
+}
+
+struct Search {
+  const Box& whole;  // relative: starts at 0
+  const std::vector<std::optional<Piece>>& need;
+  int64_t elem;
+  const CostModel& cm;
+  bool cross;
+  int n;
+
+  int64_t bytes(const Piece& p) const { return p.numel() * elem; }
+  int64_t max_bytes(const GroupLayout& l) const {
+    int64_t b = 0;
+    for (const Piece& p : l) b = std::max(b, bytes(p));
+    return b;
+  }
+
+  bool satisfied(const GroupLayout& l, double* extra) const {
+    int64_t copy = 0;
+    for (int m = 0; m < n; ++m) {
+      if (!need[size_t(m)]) continue;
+      if (!piece_extractable(l[size_t(m)], *need[size_t(m)])) return false;
+      if (!(l[size_t(m)] == *need[size_t(m)])) copy = std::max(copy, bytes(*need[size_t(m)]));
+    }
+    *extra = copy ? cm.local_copy(copy) : 0;
+    return true;
+  }
+
+  // Teams of f members that share everything but a component indexed by u (0..f-1);
+  // `key` returns the grouping key and u, or false when the member cannot join.
+  template <typename KeyFn>
+  bool teams(const GroupLayout& l, int f, KeyFn key, std::vector<std::vector<int>>& out) const {
+    std::vector<int> rho = replica_index(l);
+    std::map<std::string, std::vector<std::pair<int64_t, int>>> by;
+    for (int m = 0; m < n; ++m) {
+      std::string k;
+      int64_t u;
+      if (!key(m, k, u)) return false;
+      put(k, rho[size_t(m)]);
+      by[k].push_back({u, m});
+    }
+    out.clear();
+    for (auto& [k, v] : by) {
+      if (int(v.size()) != f) return false;
+      std::sort(v.begin(), v.end());
+      std::vector<int> team;
+      for (int i = 0; i < f; ++i) {
+        if (v[size_t(i)].first != i) return false;
+        team.push_back(v[size_t(i)].second);
+      }
+      out.push_back(team);
+    }
+    return true;
+  }
+
+  bool value_teams(const GroupLayout& l, int f, std::vector<std::vector<int>>& t) const {
+    return teams(l, f, [&](int m, std::string& k, int64_t& u) {
+      const Piece& p = l[size_t(m)];
+      if (p.parts % f) return false;
+      Piece q = p;
+      q.part = p.part / f;
+      k = piece_key(q);
+      u = p.part % f;
+      return true;
+    }, t);
+  }
+
+  bool dim_teams(const GroupLayout& l, int f, int d, std::vector<std::vector<int>>& t) const {
+    return teams(l, f, [&](int m, std::string& k, int64_t& u) {
+      const Piece& p = l[size_t(m)];
+      int64_t c, D;
+      if (!chunk_pos(p.box[size_t(d)], whole[size_t(d)].size, &c, &D) || D % f) return false;
+      Piece q = p;
+      q.box[size_t(d)].start = (c / f) * f * p.box[size_t(d)].size;
+      k = piece_key(q);
+      u = c % f;
+      return true;
+    }, t);
+  }
+
+  std::optional<DimSlice> merge(const GroupLayout& l, const std::vector<int>& team, int d) const {
+    std::optional<DimSlice> s = l[size_t(team[0])].box[size_t(d)];
+    for (size_t i = 1; i < team.size() && s; ++i) s = s->merged(l[size_t(team[i])].box[size_t(d)]);
+    return s;
+  }
+
+  void expand(const GroupLayout& l, std::vector<Move>& out) const {
+    std::vector<int> factors;
+    for (int f = 2; f <= n; ++f)
+      if (n % f == 0) factors.push_back(f);
+    int dims = int(whole.size());
+    std::vector<std::vector<int64_t>> group_opts(size_t(dims), std::vector<int64_t>{1});
+    for (int d = 0; d < dims; ++d) {
+      auto add = [&](int64_t g) {
+        auto& o = group_opts[size_t(d)];
+        if (g > 1 && std::find(o.begin(), o.end(), g) == o.end()) o.push_back(g);
+      };
+      for (const Piece& p : l) add(p.box[size_t(d)].count);
+      for (const auto& q : need)
+        if (q) add(q->box[size_t(d)].count);
+    }
+    for (int f : factors) {
+      std::vector<std::vector<int>> t;
+      if (value_teams(l, f, t)) {
+        Move mv{MoveKind::kAllReduce, -1, -1, 1, f, t, l};
+        for (Piece& p : mv.after) p.part /= f, p.parts /= f;
+        mv.cost = cm.collective(CollKind::kAllReduce, f, max_bytes(l), cross);
+        out.push_back(mv);
+        for (int d = 0; d < dims; ++d)
+          for (int64_t g : group_opts[size_t(d)])
+            for (int aligned = 0; aligned < 2; ++aligned) reduce_scatter(l, t, f, d, g, aligned, out);
+      }
+      for (int d = 0; d < dims; ++d) {
+        if (dim_teams(l, f, d, t)) {
+          Move mv{MoveKind::kAllGather, d, -1, l[0].box[size_t(d)].count, f, t, l};
+          bool ok = true;
+          for (const auto& team : t) {
+            auto s = merge(l, team, d);
+            if (!s) ok = false;
+            else
+              for (int m : team) mv.after[size_t(m)].box[size_t(d)] = *s;
+          }
+          if (ok) {
+            mv.cost = cm.collective(CollKind::kAllGather, f, max_bytes(mv.after), cross);
+            out.push_back(mv);
+          }
+          for (int d2 = 0; d2 < dims; ++d2)
+            if (d2 != d)
+              for (int64_t g : group_opts[size_t(d2)]) all_to_all(l, t, f, d, d2, g, out);
+        }
+        for (int64_t g : group_opts[size_t(d)]) chunk(l, f, d, g, out);
+      }
+    }
+  }
+
+  void reduce_scatter(const GroupLayout& l, const std::vector<std::vector<int>>& t, int f, int d,
+                      int64_t g, bool aligned, std::vector<Move>& out) const {
+    Move mv{MoveKind::kReduceScatter, d, -1, g, f, {}, l};
+    for (const auto& team : t) {
+      std::vector<int> order(size_t(f), -1);  // chunk x -> member
+      for (int u = 0; u < f; ++u) {
+        int m = team[size_t(u)];
+        int64_t x = u;
+        if (aligned) {
+          if (!need[size_t(m)]) return;
+          x = -1;
+          for (int64_t c = 0; c < f && x < 0; ++c) {
+            auto s = l[size_t(m)].box[size_t(d)].part(c, f, g);
+            if (s && s->contains(need[size_t(m)]->box[size_t(d)])) x = c;
+          }
+          if (x < 0 || order[size_t(x)] >= 0) return;
+        }
+        auto s = l[size_t(m)].box[size_t(d)].part(x, f, g);
+        if (!s) return;
+        order[size_t(x)] = m;
+        Piece& p = mv.after[size_t(m)];
+        p.box[size_t(d)] = *s;
+        p.part /= f;
+        p.parts /= f;
+      }
+      mv.teams.push_back(order);
+    }
+    mv.cost = cm.collective(CollKind::kReduceScatter, f, max_bytes(l), cross);
+    out.push_back(mv);
+  }
+
+  void all_to_all(const GroupLayout& l, const std::vector<std::vector<int>>& t, int f, int d, int d2,
+                  int64_t g, std::vector<Move>& out) const {
+    Move mv{MoveKind::kAllToAll, d, d2, g, f, t, l};
+    for (const auto& team : t) {
+      auto merged = merge(l, team, d);
+      if (!merged) return;
+      for (int u = 0; u < f; ++u) {
+        int m = team[size_t(u)];
+        auto s = l[size_t(m)].box[size_t(d2)].part(u, f, g);
+        if (!s) return;
+        mv.after[size_t(m)].box[size_t(d)] = *merged;
+        mv.after[size_t(m)].box[size_t(d2)] = *s;
+      }
+    }
+    mv.cost = cm.collective(CollKind::kAllToAll, f, max_bytes(l), cross);
+    out.push_back(mv);
+  }
+
+  void chunk(const GroupLayout& l, int f, int d, int64_t g, std::vector<Move>& out) const {
+    std::map<std::string, std::vector<int>> sets;
+    for (int m = 0; m < n; ++m) sets[piece_key(l[size_t(m)])].push_back(m);
+    Move mv{MoveKind::kChunk, d, -1, g, f, {}, l};
+    for (auto& [k, members] : sets) {
+      if (members.size() % size_t(f)) return;
+      for (size_t r = 0; r < members.size(); ++r) {
+        auto s = l[size_t(members[r])].box[size_t(d)].part(int64_t(r % size_t(f)), f, g);
+        if (!s) return;
+        mv.after[size_t(members[r])].box[size_t(d)] = *s;
+      }
+    }
+    mv.cost = cm.local_copy(max_bytes(mv.after));
+    out.push_back(mv);
+  }
+};
+
+Piece shift(Piece p, const Box& whole, int sign) {
+  for (size_t d = 0; d < p.box.size(); ++d) p.box[d].start += sign * whole[d].start;
+  return p;
+}
+
+std::mutex cache_mu;
+std::unordered_map<std::string, RvdPath>& cache() {
+  static std::unordered_map<std::string, RvdPath> c;
+  return c;
+}
+
+RvdPath search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
+               const Box& whole, int64_t elem, const CostModel& cm, bool cross) {
+  Search s{whole, need, elem, cm, cross, int(from.size())};
+  std::vector<GroupLayout> states{from};
+  std::vector<std::pair<int, Move>> parent{{-1, Move{}}};
+  std::vector<double> best{0};
+  std::unordered_map<std::string, int> ids{{layout_key(from), 0}};
+  using Item = std::tuple<double, int, bool>;  // cost, state, goal
+  std::priority_queue<Item, std::vector<Item>, std::greater<Item>> pq;
+  pq.push({0, 0, false});
+  std::vector<char> done(1, 0);
+  int pops = 0;
+  while (!pq.empty()) {
+    auto [c, id, goal] = pq.top();
+    pq.pop();
+    if (goal) {
+      RvdPath path;
+      path.cost = c;
+      for (int at = id; parent[size_t(at)].first >= 0; at = parent[size_t(at)].first)
+        path.moves.push_back(parent[size_t(at)].second);
+      std::reverse(path.moves.begin(), path.moves.end());
+      return path;
+    }
+    if (done[size_t(id)]) continue;
+    done[size_t(id)] = 1;
+    if (++pops > 4000) break;
+    double extra;
+    if (s.satisfied(states[size_t(id)], &extra)) pq.push({c + extra, id, true});
+    std::vector<Move> moves;
+    s.expand(states[size_t(id)], moves);
+    for (Move& mv : moves) {
+      double nc = c + mv.cost + 1e-9;  // a tie-break toward fewer moves
+      std::string k = layout_key(mv.after);
+      auto it = ids.find(k);
+      int nid;
+      if (it == ids.end()) {
+        nid = int(states.size());
+        ids.emplace(k, nid);
+        states.push_back(mv.after);
+        parent.push_back({id, mv});
+        best.push_back(nc);
+        done.push_back(0);
+      } else {
+        nid = it->second;
+        if (done[size_t(nid)] || nc >= best[size_t(nid)]) continue;
+        best[size_t(nid)] = nc;
+        parent[size_t(nid)] = {id, mv};
+      }
+      pq.push({nc, nid, false});
+    }
+  }
+  std::ostringstream os;
+  os << "no layout conversion found from";
+  for (const Piece& p : from) os << " " << piece_str(p);
+  os << " to";
+  for (const auto& p : need) os << " " << (p ? piece_str(*p) : "-");
+  throw NotSupported(os.str());
+}
+
+}  // namespace
+
+std::string Rvd::str() const {
+  std::ostringstream os;
+  os << "R" << r << " V" << v << " D(";
+  for (size_t i = 0; i < d.size(); ++i) os << (i ? "," : "") << d[i];
+  os << ")";
+  return os.str();
+}
+
+std::optional<Rvd> rvd_of(const GroupLayout& l, const Box& whole) {
+  if (l.empty()) return std::nullopt;
+  Rvd r;
+  r.v = l[0].parts;
+  for (size_t d = 0; d < whole.size(); ++d) {
+    int64_t c, D;
+    DimSlice s = l[0].box[d];
+    s.start -= whole[d].start;
+    if (!chunk_pos(s, whole[d].size, &c, &D)) return std::nullopt;
+    r.d.push_back(D);
+  }
+  int64_t distinct = r.v;
+  for (int64_t D : r.d) distinct *= D;
+  if (int64_t(l.size()) % distinct) return std::nullopt;
+  r.r = int64_t(l.size()) / distinct;
+  return r;
+}
+
+const char* move_name(MoveKind k) {
+  switch (k) {
+    case MoveKind::kAllReduce: return "all_reduce";
+    case MoveKind::kAllGather: return "all_gather";
+    case MoveKind::kReduceScatter: return "reduce_scatter";
+    case MoveKind::kAllToAll: return "all_to_all";
+    case MoveKind::kChunk: return "chunk";
+  }
+  return "?";
+}
+
+CollKind move_collective(MoveKind k) {
+  switch (k) {
+    case MoveKind::kAllGather: return CollKind::kAllGather;
+    case MoveKind::kReduceScatter: return CollKind::kReduceScatter;
+    case MoveKind::kAllToAll: return CollKind::kAllToAll;
+    default: return CollKind::kAllReduce;
+  }
+}
+
+RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
+                   const Box& whole, int64_t elem_bytes, const CostModel& cm, bool cross_node) {
+  WEFT_CHECK(from.size() == need.size() && !from.empty(), "rvd_search: one need per member");
+  for (const DimSlice& d : whole) WEFT_CHECK(d.count == 1, "rvd_search: whole must be a plain box");
+  Box rel_whole = whole;
+  for (DimSlice& d : rel_whole) d.start = 0;
+  GroupLayout rel_from;
+  std::vector<std::optional<Piece>> rel_need;
+  for (const Piece& p : from) rel_from.push_back(shift(p, whole, -1));
+  for (const auto& p : need) rel_need.push_back(p ? std::optional<Piece>(shift(*p, whole, -1)) : std::nullopt);
+  std::string key = layout_key(rel_from) + "|";
+  for (const auto& p : rel_need) key += p ? piece_key(*p) : std::string("-");
+  for (const DimSlice& d : rel_whole) put(key, d.size);
+  put(key, elem_bytes);
+  put(key, cross_node);
+  for (double x : {cm.launch, cm.alpha_intra, cm.alpha_inter, cm.bw_intra, cm.bw_inter, cm.mem_bw}) {
+    int64_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    put(key, bits);
+  }
+  RvdPath path;
+  bool hit = false;
+  {
+    std::lock_guard<std::mutex> lock(cache_mu);
+    auto it = cache().find(key);
+    if (it != cache().end()) path = it->second, hit = true;
+  }
+  if (!hit) {
+    path = search(rel_from, rel_need, rel_whole, elem_bytes, cm, cross_node);
+    std::lock_guard<std::mutex> lock(cache_mu);
+    cache().emplace(key, path);
+  }
+  for (Move& mv : path.moves)
+    for (Piece& p : mv.after) p = shift(p, whole, +1);
+  return path;
+}
+
+}  // namespace weft::planner

@@ -1,0 +1,58 @@
+// Phase 3's search: converting a value's layout over an ordered device group into the
+// layout its consumers need. A layout is the piece each member holds; in RVD terms it is
+// R replicas x V partial-sum addends x D_k chunks per dim. A shortest-path search over
+// layouts (alpha-beta cost) uses the primitive moves, each a real collective within
+// sub-groups of the members:
+//   V -> R  all_reduce          V -> D_k  reduce_scatter      D_k -> R  all_gather
+//   D_i -> D_j  all_to_all      R -> D_k  local chunk (no communication)
+// and ends where every member can cut its needed piece out of what it holds.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "planner/box.h"
+#include "planner/cost.h"
+
+namespace weft::planner {
+
+using GroupLayout = std::vector<Piece>;  // member -> its piece
+
+// R, V and the D factor of each dim, when the layout is uniform over `whole`.
+struct Rvd {
+  int64_t r = 1, v = 1;
+  std::vector<int64_t> d;
+  std::string str() const;  // "R2 V1 D(1,1,4)"
+};
+std::optional<Rvd> rvd_of(const GroupLayout& layout, const Box& whole);
+
+enum class MoveKind : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kChunk };
+const char* move_name(MoveKind k);
+
+struct Move {
+  MoveKind kind = MoveKind::kChunk;
+  int dim = -1, dim2 = -1;  // gather/scatter dim; all_to_all: dim split away (dim) and into (dim2)
+  int64_t groups = 1;       // strided groups along the split dim
+  int factor = 1;           // members per collective
+  // Every collective's members, in group order = the order of their chunks along the dim.
+  std::vector<std::vector<int>> teams;
+  GroupLayout after;
+  double cost = 0;
+};
+
+struct RvdPath {
+  std::vector<Move> moves;
+  double cost = 0;  // including the final local cuts
+};
+
+// The cheapest moves from `from` to a layout from which every member i with need[i] can cut
+// need[i] locally (the caller emits those cuts). Boxes are global coordinates inside
+// `whole`. Results are cached by the layouts relative to `whole`. Throws NotSupported when
+// no path exists within the search bound.
+RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
+                   const Box& whole, int64_t elem_bytes, const CostModel& cost, bool cross_node);
+
+CollKind move_collective(MoveKind k);
+
+}  // namespace weft::planner

@@ -1,0 +1,112 @@
+// Pipeline orderings and their unit-level timing.
+#include "planner/schedule.h"
+
+#include <algorithm>
+#include <map>
+
+#include "base/check.h"
+
+namespace weft::planner {
+namespace {
+
+// Megatron's interleaved order: micro-batches in groups of pp, each group through every
+// chunk of the stage before the next group (backwards visit the chunks in reverse).
+Unit interleaved_unit(int k, int pp, int v, int stage, Dir dir) {
+  int in_group = k % (pp * v);
+  int vchunk = in_group / pp;
+  if (dir == Dir::kBackward) vchunk = v - 1 - vchunk;
+  int mb = (k / (pp * v)) * pp + k % pp;
+  return Unit{mb, vchunk * pp + stage, dir};
+}
+
+}  // namespace
+
+int warmup_forwards(const std::string& schedule, int pp, int v, int m, int stage) {
+  int total = m * v;
+  int w = schedule == "gpipe" ? total
+          : (schedule == "interleaved" && v > 1) ? 2 * (pp - 1 - stage) + (v - 1) * pp
+                                                  : pp - 1 - stage;
+  return std::min(w, total);
+}
+
+std::vector<Unit> stage_schedule(const std::string& schedule, int pp, int v, int m, int stage) {
+  WEFT_CHECK(stage >= 0 && stage < pp && v >= 1 && m >= 1, "bad schedule arguments");
+  std::vector<Unit> fwd, bwd;
+  if (v > 1) {
+    WEFT_CHECK(m % pp == 0, "interleaved schedule needs micro-batches divisible by pp");
+    for (int k = 0; k < m * v; ++k) {
+      fwd.push_back(interleaved_unit(k, pp, v, stage, Dir::kForward));
+      bwd.push_back(interleaved_unit(k, pp, v, stage, Dir::kBackward));
+    }
+  } else {
+    for (int j = 0; j < m; ++j) {
+      fwd.push_back(Unit{j, stage, Dir::kForward});
+      bwd.push_back(Unit{j, stage, Dir::kBackward});
+    }
+  }
+  int warm = warmup_forwards(schedule, pp, v, m, stage);
+  std::vector<Unit> units;
+  size_t f = 0, b = 0;
+  for (; f < size_t(warm); ++f) units.push_back(fwd[f]);
+  while (f < fwd.size()) {
+    units.push_back(fwd[f++]);
+    units.push_back(bwd[b++]);
+  }
+  while (b < bwd.size()) units.push_back(bwd[b++]);
+  return units;
+}
+
+int max_in_flight(const std::vector<Unit>& units) {
+  std::map<int, int> open;  // micro-batch -> forwards minus backwards (chunks)
+  int best = 0;
+  for (const Unit& u : units) {
+    open[u.mb] += u.dir == Dir::kForward ? 1 : -1;
+    if (open[u.mb] == 0) open.erase(u.mb);
+    best = std::max(best, int(open.size()));
+  }
+  return best;
+}
+
+ScheduleTiming time_schedule(const std::string& schedule, int pp, int v, int m,
+                             const std::vector<double>& fwd, const std::vector<double>& bwd) {
+  int chunks = pp * v;
+  WEFT_CHECK(int(fwd.size()) == chunks && int(bwd.size()) == chunks, "one time per chunk");
+  std::vector<std::vector<Unit>> order(static_cast<size_t>(pp));
+  for (int s = 0; s < pp; ++s) order[size_t(s)] = stage_schedule(schedule, pp, v, m, s);
+  // done[dir][chunk][mb]: finish time, < 0 until run.
+  std::vector<std::vector<std::vector<double>>> done(
+      2, std::vector<std::vector<double>>(size_t(chunks), std::vector<double>(size_t(m), -1)));
+  std::vector<size_t> pc(static_cast<size_t>(pp), 0);
+  std::vector<double> clock(static_cast<size_t>(pp), 0);
+  ScheduleTiming t;
+  t.busy.assign(size_t(pp), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < pp; ++s) {
+      while (pc[size_t(s)] < order[size_t(s)].size()) {
+        const Unit& u = order[size_t(s)][pc[size_t(s)]];
+        double ready;
+        if (u.dir == Dir::kForward)
+          ready = u.chunk == 0 ? 0 : done[0][size_t(u.chunk - 1)][size_t(u.mb)];
+        else
+          ready = u.chunk == chunks - 1 ? done[0][size_t(u.chunk)][size_t(u.mb)]
+                                        : done[1][size_t(u.chunk + 1)][size_t(u.mb)];
+        if (ready < 0) break;
+        double cost = u.dir == Dir::kForward ? fwd[size_t(u.chunk)] : bwd[size_t(u.chunk)];
+        double start = std::max(clock[size_t(s)], ready);
+        clock[size_t(s)] = start + cost;
+        t.busy[size_t(s)] += cost;
+        done[u.dir == Dir::kForward ? 0 : 1][size_t(u.chunk)][size_t(u.mb)] = clock[size_t(s)];
+        ++pc[size_t(s)];
+        progress = true;
+      }
+    }
+  }
+  for (int s = 0; s < pp; ++s)
+    WEFT_CHECK(pc[size_t(s)] == order[size_t(s)].size(), "schedule deadlocks at stage ", s);
+  t.makespan = *std::max_element(clock.begin(), clock.end());
+  for (double b : t.busy) t.bubble.push_back(t.makespan > 0 ? 1.0 - b / t.makespan : 0.0);
+  return t;
+}
+
+}  // namespace weft::planner

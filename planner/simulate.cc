@@ -1,0 +1,80 @@
+// Simulation: the engine with timing, summarised.
+#include "planner/simulate.h"
+
+#include <algorithm>
+
+namespace weft::planner {
+namespace {
+
+double instr_time(const Plan& plan, const core::Graph& g, const Role& role, const Instr& in,
+                  const CostModel& cost) {
+  const int self = plan.mesh.rank_of(role.stage, role.lane, 0);
+  switch (in.kind) {
+    case InstrKind::kCompute: {
+      size_t elem = 4;
+      if (!in.out.empty()) elem = core::dtype_size(role.tensors[size_t(in.out[0].tensor)].dtype);
+      OpWork w = op_work(g.op(in.op), in.part, operand_shapes(role.tensors, in.in),
+                         operand_shapes(role.tensors, in.out), elem);
+      return cost.compute(w.flop, w.bytes);
+    }
+    case InstrKind::kLocal: return cost.local_copy(role.tensors[size_t(in.out[0].tensor)].bytes);
+    case InstrKind::kCollective: {
+      const ProcessGroup& grp = plan.groups.at(size_t(plan.group_id(in.group, 0)));
+      bool cross = false;
+      for (int r : grp.ranks) cross = cross || r / cost.ranks_per_node != grp.ranks[0] / cost.ranks_per_node;
+      return cost.collective(in.coll, int(grp.ranks.size()), in.bytes, cross);
+    }
+    case InstrKind::kRecv: {
+      int peer = plan.peer_rank(self, in.peer);
+      return cost.p2p(in.bytes, peer / cost.ranks_per_node != self / cost.ranks_per_node);
+    }
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+double pipeline_estimate(const Plan& plan, const core::Graph& g, const CostModel& cost) {
+  const int pp = int(plan.mesh.degrees().pp), lanes = plan.mesh.lanes();
+  std::vector<double> stage(size_t(pp), 0);
+  double step = 0;
+  for (int s = 0; s < pp; ++s)
+    for (int l = 0; l < lanes; ++l) {
+      const Role& role = plan.roles[size_t(s * lanes + l)];
+      double unit = 0, opt = 0;
+      for (const Instr& in : role.program) {
+        double t = instr_time(plan, g, role, in, cost);
+        // Gradient synchronisation happens once per step, whichever unit it sits in.
+        if (in.stage == Stage::kStep || in.part.rfind("grad.", 0) == 0) opt += t;
+        else if (in.mb == 0) unit += t;
+      }
+      stage[size_t(s)] = std::max(stage[size_t(s)], unit);
+      step = std::max(step, opt);
+    }
+  double sum = 0, slowest = 0;
+  for (double t : stage) sum += t, slowest = std::max(slowest, t);
+  return sum + double(plan.config.micro_batches - 1) * slowest + step;
+}
+
+CostAnnotations simulate_plan(const Plan& plan, const core::Graph& g, const CostModel& cost,
+                              std::vector<std::vector<Span>>* timeline) {
+  EngineOptions opt;
+  opt.cost = &cost;
+  opt.timeline = timeline != nullptr;
+  EngineResult r = run_programs(plan, g, opt);
+  CostAnnotations c;
+  c.valid = r.errors.empty();
+  c.model = cost;
+  c.ranks = std::move(r.ranks);
+  double bubble = 0;
+  for (const RankCost& rc : c.ranks) {
+    c.step_s = std::max(c.step_s, rc.step_s);
+    bubble += rc.bubble;
+  }
+  c.bubble = c.ranks.empty() ? 0 : bubble / double(c.ranks.size());
+  c.pipeline_estimate_s = pipeline_estimate(plan, g, cost);
+  if (timeline) *timeline = std::move(r.timeline);
+  return c;
+}
+
+}  // namespace weft::planner

@@ -1,0 +1,373 @@
+// The job spec parser: one test per class of bad input (each checks ConfigError::field()),
+// --set overrides, path resolution, the YAML dump round trip, and every shipped config.
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "base/error.h"
+#include "core/config/job_spec.h"
+#include "core/config/job_spec_schema.h"
+
+namespace weft::core {
+namespace {
+namespace fs = std::filesystem;
+
+const char* kMinimal = "data: {path: tokens.bin}\n";
+
+// Runs `fn`, expects a ConfigError, returns it for field and message checks.
+ConfigError expect_config_error(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected a ConfigError";
+  return ConfigError("", "");
+}
+
+ConfigError parse_error(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  return expect_config_error([&] { parse_job_spec(yaml, "/base", sets); });
+}
+
+std::string msg(const ConfigError& e) { return e.what(); }
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() /
+            ("weft_config_test_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path_ / name) << text;
+    return (path_ / name).string();
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+TEST(JobSpec, MinimalFileGetsDefaultsAndResolvedPath) {
+  JobSpec s = parse_job_spec(kMinimal, "/base");
+  EXPECT_EQ(s.data.path, "/base/tokens.bin");
+  EXPECT_EQ(s.model.arch, "gpt");
+  EXPECT_EQ(s.train.global_batch, 8);
+  EXPECT_EQ(s.parallel.dp, 0);  // auto
+  EXPECT_EQ(s.data.order, "shuffled");
+  EXPECT_EQ(parse_job_spec("data: {path: /abs/t.bin}", "/base").data.path, "/abs/t.bin");
+  EXPECT_EQ(parse_job_spec("data: {path: ../d/t.bin}", "/base/cfg").data.path, "/base/d/t.bin");
+}
+
+TEST(JobSpec, ReadsEveryKindOfValue) {
+  JobSpec s = parse_job_spec(R"(
+model: {arch: moe-gpt, layers: 4, dim: 128, heads: 8, moe: {experts: 8, top_k: 2, every: 2,
+        capacity_factor: 1.25, balance: loss_free}}
+data: {path: t.bin, val_path: v.bin, order: sequential}
+train: {steps: 1e3, lr: 1e-3, betas: [0.8, 0.99], seed: 42, dtype: bf16, eval_every: 10}
+parallel: {dp: auto, tp: 2, pp: 2, ep: 4, zero: 2, pipeline: {schedule: interleaved,
+           virtual_stages: 2, layout: [[0], [1], [2], [3]]}}
+checkpoint: {dir: ckpt, every: 100, async: no}
+snapshot: {every: 10, redundancy: ec, ec: {k: 4, m: 2}}
+elastic: {min_nodes: 1, max_nodes: 4}
+device: cuda
+)",
+                             "/b");
+  EXPECT_EQ(s.model.moe.experts, 8);
+  EXPECT_DOUBLE_EQ(s.model.moe.capacity_factor, 1.25);
+  EXPECT_EQ(s.model.moe.balance, "loss_free");  // accepted here; the trainer decides support
+  EXPECT_TRUE(s.model.is_moe_layer(1));
+  EXPECT_FALSE(s.model.is_moe_layer(0));
+  EXPECT_EQ(s.train.steps, 1000);
+  EXPECT_DOUBLE_EQ(s.train.betas[1], 0.99);
+  EXPECT_EQ(s.train.seed, 42u);
+  EXPECT_EQ(s.data.val_path, "/b/v.bin");
+  EXPECT_EQ(s.parallel.dp, 0);
+  EXPECT_EQ(s.parallel.tp, 2);
+  EXPECT_EQ(s.parallel.pipeline.layout.size(), 4u);
+  EXPECT_EQ(s.checkpoint.dir, "/b/ckpt");
+  EXPECT_FALSE(s.checkpoint.async);
+  EXPECT_EQ(s.snapshot.ec_m, 2);
+  EXPECT_EQ(s.device, "cuda");
+}
+
+TEST(JobSpecBadInput, UnknownKeyNamesPathAllowedKeysAndSuggestion) {
+  ConfigError e = parse_error("data: {path: t.bin}\ntrain: {lrr: 0.1}\n");
+  EXPECT_EQ(e.field(), "train.lrr");
+  EXPECT_NE(msg(e).find("did you mean 'train.lr'?"), std::string::npos) << msg(e);
+  EXPECT_NE(msg(e).find("allowed keys: steps, global_batch"), std::string::npos) << msg(e);
+
+  e = parse_error("modle: {dim: 64}\ndata: {path: t.bin}\n");
+  EXPECT_EQ(e.field(), "modle");
+  EXPECT_NE(msg(e).find("did you mean 'model'?"), std::string::npos) << msg(e);
+
+  e = parse_error("data: {path: t.bin}\nmodel: {moe: {expert: 4}}\n");
+  EXPECT_EQ(e.field(), "model.moe.expert");
+  EXPECT_NE(msg(e).find("'model.moe.experts'"), std::string::npos) << msg(e);
+
+  // Far from every key: no suggestion, but the list is still there.
+  e = parse_error("data: {path: t.bin, zzzzzzzz: 1}\n");
+  EXPECT_EQ(e.field(), "data.zzzzzzzz");
+  EXPECT_EQ(msg(e).find("did you mean"), std::string::npos) << msg(e);
+  EXPECT_NE(msg(e).find("val_fraction"), std::string::npos) << msg(e);
+}
+
+TEST(JobSpecBadInput, WrongTypeSaysWhatWasExpected) {
+  ConfigError e = parse_error("data: {path: t.bin}\ntrain: {lr: abc}\n");
+  EXPECT_EQ(e.field(), "train.lr");
+  EXPECT_NE(msg(e).find("expected a number, got 'abc'"), std::string::npos) << msg(e);
+
+  e = parse_error("data: {path: t.bin}\ntrain: {steps: 2.5}\n");
+  EXPECT_EQ(e.field(), "train.steps");
+  EXPECT_NE(msg(e).find("expected an integer"), std::string::npos);
+
+  EXPECT_EQ(parse_error("data: {path: t.bin}\ntrain: {betas: [0.9]}\n").field(), "train.betas");
+  EXPECT_EQ(parse_error("data: {path: t.bin}\ntrain: {betas: 0.9}\n").field(), "train.betas");
+  EXPECT_EQ(parse_error("data: {path: t.bin}\ncheckpoint: {async: maybe}\n").field(),
+            "checkpoint.async");
+  EXPECT_EQ(parse_error("data: {path: t.bin}\nmodel: 3\n").field(), "model");
+  EXPECT_EQ(parse_error("data: {path: [a, b]}\n").field(), "data.path");
+  EXPECT_EQ(parse_error("data: {path: t.bin}\ntrain: {lr: }\n").field(), "train.lr");
+  EXPECT_EQ(parse_error("data: {path: t.bin}\nparallel: {tp: two}\n").field(), "parallel.tp");
+  EXPECT_EQ(parse_error("data: {path: t.bin}\nparallel: {dp: 0}\n").field(), "parallel.dp");
+  EXPECT_EQ(parse_error("data: {path: t.bin}\ntrain: {seed: -1}\n").field(), "train.seed");
+}
+
+TEST(JobSpecBadInput, OutOfRangeValues) {
+  struct Case {
+    const char* yaml;
+    const char* field;
+  };
+  const Case cases[] = {
+      {"train: {lr: 0}", "train.lr"},
+      {"train: {lr: -0.1}", "train.lr"},
+      {"train: {betas: [0.9, 1.0]}", "train.betas"},
+      {"train: {betas: [-0.1, 0.9]}", "train.betas"},
+      {"train: {dtype: f16}", "train.dtype"},
+      {"train: {schedule: linear}", "train.schedule"},
+      {"train: {eps: 0}", "train.eps"},
+      {"train: {steps: 0}", "train.steps"},
+      {"train: {grad_clip: -1}", "train.grad_clip"},
+      {"model: {arch: rnn}", "model.arch"},
+      {"model: {layers: 0}", "model.layers"},
+      {"model: {arch: moe-gpt, moe: {experts: 4, capacity_factor: -1}}",
+       "model.moe.capacity_factor"},
+      {"model: {arch: moe-gpt, moe: {experts: 4, balance: magic}}", "model.moe.balance"},
+      {"model: {arch: moe-gpt}", "model.moe.experts"},
+      {"data: {order: random}", "data.order"},
+      {"data: {val_fraction: 1.0}", "data.val_fraction"},
+      {"parallel: {zero: 4}", "parallel.zero"},
+      {"parallel: {order: tp-dp-pp}", "parallel.order"},
+      {"parallel: {recompute: some}", "parallel.recompute"},
+      {"device: tpu", "device"},
+      {"memory: {allocator: slab}", "memory.allocator"},
+      {"snapshot: {redundancy: raid}", "snapshot.redundancy"},
+      {"elastic: {on_change: panic}", "elastic.on_change"},
+  };
+  for (const Case& c : cases) {
+    std::string yaml = std::string(c.yaml) + "\n";
+    if (yaml.find("data:") == std::string::npos)
+      yaml += "data: {path: t.bin}\n";
+    else
+      yaml = "data: {path: t.bin, " + yaml.substr(7);
+    EXPECT_EQ(parse_error(yaml).field(), c.field) << yaml;
+  }
+  EXPECT_EQ(parse_error("data: {}\n").field(), "data.path");
+}
+
+TEST(JobSpecBadInput, InconsistentValues) {
+  struct Case {
+    const char* yaml;
+    const char* field;
+  };
+  const Case cases[] = {
+      {"model: {dim: 64, heads: 3}", "model.heads"},
+      {"train: {global_batch: 8, micro_batch: 3}", "train.micro_batch"},
+      {"model: {arch: moe-gpt, moe: {experts: 4, top_k: 5}}", "model.moe.top_k"},
+      {"model: {arch: moe-gpt, layers: 2, moe: {experts: 4, every: 3}}", "model.moe.every"},
+      {"model: {arch: gpt, moe: {experts: 4}}", "model.arch"},
+      {"train: {lr: 0.001, min_lr: 0.01}", "train.min_lr"},
+      {"train: {steps: 10, warmup_steps: 20}", "train.warmup_steps"},
+      {"parallel: {tp: 3}", "parallel.tp"},  // 4 heads
+      {"parallel: {ep: 2}", "parallel.ep"},  // not an MoE model
+      {"model: {arch: moe-gpt, moe: {experts: 4}}\nparallel: {ep: 3}", "parallel.ep"},
+      {"parallel: {pp: 3}", "parallel.pp"},  // 2 layers
+      {"train: {global_batch: 8, micro_batch: 4}\nparallel: {dp: 3}", "parallel.dp"},
+      {"parallel: {pipeline: {virtual_stages: 2}}", "parallel.pipeline.virtual_stages"},
+      {"parallel: {pp: 2, pipeline: {layout: [[0], [0, 1]]}}", "parallel.pipeline.layout"},
+      {"parallel: {pp: 1, pipeline: {layout: [[0], [1]]}}", "parallel.pipeline.layout"},
+      {"checkpoint: {every: 10}", "checkpoint.dir"},
+      {"elastic: {min_nodes: 3, max_nodes: 2}", "elastic.max_nodes"},
+      {"train: {eval_every: 5}\ndata: {path: t.bin, val_fraction: 0}", "train.eval_every"},
+  };
+  for (const Case& c : cases) {
+    std::string yaml = std::string(c.yaml) + "\n";
+    if (yaml.find("data:") == std::string::npos) yaml += "data: {path: t.bin}\n";
+    EXPECT_EQ(parse_error(yaml).field(), c.field) << yaml;
+  }
+  // The consistent neighbours of those cases pass.
+  EXPECT_NO_THROW(
+      parse_job_spec("data: {path: t}\nparallel: {tp: 2, pp: 2, dp: 2}\n"
+                     "train: {global_batch: 8, micro_batch: 4}\n",
+                     "/"));
+  EXPECT_NO_THROW(
+      parse_job_spec("data: {path: t}\nparallel: {pp: 2, pipeline: {layout: [[0], [1]]}}", "/"));
+}
+
+TEST(JobSpecOverrides, SetAppliesScalarsListsAndAuto) {
+  JobSpec s = parse_job_spec("data: {path: t.bin}\ntrain: {steps: 100}\nparallel: {dp: 2}\n", "/b",
+                             {"train.steps=20", "train.betas=[0.8, 0.9]", "parallel.dp=auto",
+                              "snapshot.ec.k=3", "model.moe.top_k=1", "data.path=rel/x.bin"});
+  EXPECT_EQ(s.train.steps, 20);
+  EXPECT_DOUBLE_EQ(s.train.betas[0], 0.8);
+  EXPECT_EQ(s.parallel.dp, 0);
+  EXPECT_EQ(s.snapshot.ec_k, 3);  // sections absent from the file are created
+  EXPECT_EQ(s.model.moe.top_k, 1);
+  EXPECT_EQ(s.data.path, "rel/x.bin");  // command-line paths stay relative to the cwd
+  // The last --set of a key wins.
+  EXPECT_EQ(parse_job_spec(kMinimal, "/", {"train.steps=5", "train.steps=6"}).train.steps, 6);
+}
+
+TEST(JobSpecBadInput, BadSetOverrides) {
+  ConfigError e = parse_error(kMinimal, {"train.steps"});
+  EXPECT_EQ(e.field(), "--set");
+  EXPECT_NE(msg(e).find("KEY=VALUE"), std::string::npos) << msg(e);
+  EXPECT_EQ(parse_error(kMinimal, {"=3"}).field(), "--set");
+  EXPECT_EQ(parse_error(kMinimal, {"train..steps=3"}).field(), "--set");
+
+  e = parse_error(kMinimal, {"train.stepz=3"});
+  EXPECT_EQ(e.field(), "train.stepz");
+  EXPECT_NE(msg(e).find("did you mean 'train.steps'?"), std::string::npos) << msg(e);
+
+  EXPECT_EQ(parse_error(kMinimal, {"train.lr=abc"}).field(), "train.lr");
+  EXPECT_EQ(parse_error(kMinimal, {"train.betas=[0.9,"}).field(), "train.betas");
+  e = parse_error(kMinimal, {"device.kind=gpu"});
+  EXPECT_EQ(e.field(), "device.kind");
+  EXPECT_NE(msg(e).find("not a section"), std::string::npos) << msg(e);
+}
+
+TEST(JobSpecFile, LoadResolvesAgainstFileFolderAndNamesRun) {
+  TempDir dir;
+  std::string cfg = dir.write("my-job.yaml", "data: {path: data/t.bin, val_path: /abs/v.bin}\n");
+  JobSpec s = load_job_spec(cfg);
+  EXPECT_EQ(s.data.path, (dir.path() / "data/t.bin").string());
+  EXPECT_EQ(s.data.val_path, "/abs/v.bin");
+  EXPECT_EQ(s.train.out_dir, "runs/my-job");
+  EXPECT_EQ(s.source_path, fs::absolute(cfg).lexically_normal().string());
+  std::string cfg2 = dir.write("b.yaml", "data: {path: t.bin}\ntrain: {out_dir: out}\n");
+  EXPECT_EQ(load_job_spec(cfg2).train.out_dir, (dir.path() / "out").string());
+  EXPECT_EQ(load_job_spec(cfg2, {"train.out_dir=o2"}).train.out_dir, "o2");
+}
+
+TEST(JobSpecFile, MissingFileAndSyntaxErrorNameConfig) {
+  TempDir dir;
+  ConfigError e = expect_config_error([&] { load_job_spec((dir.path() / "nope.yaml").string()); });
+  EXPECT_EQ(e.field(), "--config");
+  EXPECT_NE(msg(e).find("nope.yaml"), std::string::npos);
+  std::string bad = dir.write("bad.yaml", "data:\n  path: [unclosed\n");
+  e = expect_config_error([&] { load_job_spec(bad); });
+  EXPECT_EQ(e.field(), "--config");
+  EXPECT_NE(msg(e).find("bad.yaml:"), std::string::npos) << msg(e);
+}
+
+TEST(JobSpecDump, YamlRoundTripsEveryField) {
+  JobSpec s = parse_job_spec(R"(
+model: {arch: moe-gpt, layers: 4, dim: 96, heads: 6, moe: {experts: 6, top_k: 3, every: 2,
+        capacity_factor: 1.5, balance: aux_loss_global, aux_coef: 0.003}}
+data: {path: /d/t.bin, order: sequential, val_fraction: 0.1}
+train: {lr: 0.0003, min_lr: 3.0e-5, eps: 1.0e-8, betas: [0.9, 0.999], seed: 18446744073709551615,
+        out_dir: /runs/x, eval_every: 3}
+parallel: {tp: 3, pp: 2, pipeline: {layout: [[0, 1], [2, 3]]}}
+checkpoint: {dir: /ck, every: 5, keep: 2}
+)",
+                             "/");
+  std::string yaml = job_spec_to_yaml(s);
+  JobSpec back = parse_job_spec(yaml, "/elsewhere");
+  EXPECT_EQ(job_spec_to_yaml(back), yaml);
+  EXPECT_EQ(back.train.lr, s.train.lr);  // bitwise: shortest round-trip formatting
+  EXPECT_EQ(back.train.min_lr, s.train.min_lr);
+  EXPECT_EQ(back.train.seed, s.train.seed);
+  EXPECT_EQ(back.model.moe.aux_coef, s.model.moe.aux_coef);
+  EXPECT_EQ(back.parallel.pipeline.layout, s.parallel.pipeline.layout);
+  EXPECT_EQ(back.parallel.dp, 0);
+  EXPECT_NE(yaml.find("dp: auto"), std::string::npos) << yaml;
+
+  // Every key the schema allows appears in the dump, so nothing is silently dropped.
+  YAML::Node root = YAML::Load(yaml);
+  for (const auto& [section, keys] : job_spec_schema()) {
+    YAML::Node node = root;
+    std::string rest = section;
+    while (!rest.empty()) {
+      size_t dot = rest.find('.');
+      node.reset(node[rest.substr(0, dot)]);
+      rest = dot == std::string::npos ? "" : rest.substr(dot + 1);
+    }
+    for (const std::string& k : keys) EXPECT_TRUE(node[k].IsDefined()) << section << "." << k;
+  }
+}
+
+TEST(JobSpecDump, ModelHashCoversShapesOnly) {
+  ModelSpec a;
+  ModelSpec b = a;
+  EXPECT_EQ(model_config_hash(a), model_config_hash(b));
+  b.dim = 128;
+  EXPECT_NE(model_config_hash(a), model_config_hash(b));
+  b = a;
+  b.heads = 8;
+  EXPECT_NE(model_config_hash(a), model_config_hash(b));
+  ModelSpec m = a;
+  m.arch = "moe-gpt";
+  m.moe.experts = 4;
+  ModelSpec m2 = m;
+  m2.moe.experts = 8;
+  EXPECT_NE(model_config_hash(m), model_config_hash(m2));
+  m2 = m;
+  m2.moe.aux_coef = 0.5;  // a training knob, not a shape
+  m2.moe.top_k = 1;
+  EXPECT_EQ(model_config_hash(m), model_config_hash(m2));
+}
+
+TEST(JobSpecFile, EveryShippedConfigParses) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(WEFT_SOURCE_DIR) / "configs")) {
+    if (e.path().extension() != ".yaml") continue;
+    SCOPED_TRACE(e.path().string());
+    JobSpec s = load_job_spec(e.path().string());
+    EXPECT_FALSE(s.data.path.empty());
+    ++n;
+  }
+  EXPECT_GE(n, 3);
+  JobSpec small = load_job_spec(std::string(WEFT_SOURCE_DIR) + "/configs/gpt-small.yaml");
+  EXPECT_EQ(small.model.layers, 4);
+  EXPECT_EQ(small.model.dim, 128);
+  EXPECT_EQ(small.train.steps, 200);
+  EXPECT_EQ(small.train.eval_every, 25);
+  EXPECT_EQ(small.data.path, "/usr/share/games/fortunes");
+}
+
+TEST(JobSpecFile, ReferenceConfigsParse) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(WEFT_REFERENCE_DIR)) {
+    fs::path cfg = e.path() / "config.yaml";
+    if (!fs::exists(cfg)) continue;
+    SCOPED_TRACE(cfg.string());
+    JobSpec s = load_job_spec(cfg.string());
+    EXPECT_EQ(s.data.path, (fs::absolute(e.path()) / "tokens.bin").lexically_normal().string());
+    EXPECT_TRUE(fs::exists(s.data.path));
+    EXPECT_EQ(s.data.order, "sequential");
+    EXPECT_EQ(s.train.steps, 20);
+    EXPECT_EQ(s.train.out_dir, "runs/" + e.path().filename().string());
+    ++n;
+  }
+  EXPECT_GE(n, 2);
+}
+
+}  // namespace
+}  // namespace weft::core

@@ -1,0 +1,59 @@
+
+// Shared helpers for the planner tests: small job specs built in code and plan queries.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "core/config/job_spec.h"
+#include "planner/planner.h"
+
+namespace weft::planner::test_util {
+
+inline core::JobSpec gpt_spec(int64_t layers = 2, int64_t dim = 64, int64_t heads = 4, int64_t vocab = 256,
+                              int64_t seq = 16) {
+  core::JobSpec s;
+  s.model.arch = "gpt";
+  s.model.layers = layers;
+  s.model.dim = dim;
+  s.model.heads = heads;
+  s.model.vocab = vocab;
+  s.model.seq_len = seq;
+  s.data.path = "/usr/share/games/fortunes";
+  s.train.global_batch = 8;
+  s.train.micro_batch = 2;
+  s.parallel.dp = 0;
+  return s;
+}
+
+inline core::JobSpec moe_spec(int64_t experts = 4, int64_t top_k = 2) {
+  core::JobSpec s = gpt_spec();
+  s.model.arch = "moe-gpt";
+  s.model.moe.experts = experts;
+  s.model.moe.top_k = top_k;
+  return s;
+}
+
+// Collective instructions of one role matching `pred`.
+inline std::vector<const Instr*> collectives(const Role& r, const std::function<bool(const Instr&)>& pred) {
+  std::vector<const Instr*> out;
+  for (const Instr& in : r.program)
+    if (in.kind == InstrKind::kCollective && pred(in)) out.push_back(&in);
+  return out;
+}
+
+inline ConfigError config_error(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected a ConfigError";
+  return ConfigError("", "");
+}
+
+}  // namespace weft::planner::test_util
