@@ -18,7 +18,6 @@
 #include "launch/args.h"
 #include "launch/commands.h"
 #include "launch/train_report.h"
-#include "memory/host_allocator.h"
 
 namespace weft::launch {
 namespace {
@@ -55,8 +54,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   core::cpu::set_num_threads(int(spec.train.threads));
 
   core::data::TokenDataset data = core::data::TokenDataset::load(spec);
-  memory::HostAllocator activations;
-  core::Trainer trainer(spec, core::DType::kF32, &activations);
+  core::Trainer trainer(spec);  // activation arena: memory.allocator (caching | planned)
   if (args.has("--init-weights"))
     trainer.load_weights(core::io::load_safetensors(args.get("--init-weights"), "--init-weights"),
                          "--init-weights");
@@ -91,14 +89,14 @@ int cmd_train(const std::vector<std::string>& argv) {
     m.grad_norm = st.grad_norm;
     m.tokens_per_s = double(st.tokens) / secs;
     m.epoch = data.sampler().epoch(st.step);
-    m.extra = {{"step_ms", secs * 1e3}, {"mem_peak_mib", mib(activations.stats().bytes_live_peak)}};
+    m.extra = {{"step_ms", secs * 1e3}, {"mem_peak_mib", mib(trainer.activation_stats().bytes_live_peak)}};
     if (spec.model.arch == "moe-gpt") m.extra.insert(m.extra.begin(), {"aux_loss", st.aux_loss});
     metrics.write_step(m);
     report.add_step(m);
     if (spec.train.log_every > 0 && (st.step % spec.train.log_every == 0 || st.step + 1 == spec.train.steps))
       std::printf("step %5lld/%lld | loss %.4f | lr %.2e | grad %.3f | %8.0f tok/s | mem %.1f MiB | %.0f ms\n",
                   (long long)st.step, (long long)spec.train.steps, st.loss, st.lr, st.grad_norm,
-                  m.tokens_per_s, mib(activations.stats().bytes_live_peak), secs * 1e3);
+                  m.tokens_per_s, mib(trainer.activation_stats().bytes_live_peak), secs * 1e3);
     bool last = trainer.current_step() == spec.train.steps;
     if (data.has_val() && spec.train.eval_every > 0 &&
         (trainer.current_step() % spec.train.eval_every == 0 || last)) {
@@ -118,7 +116,7 @@ int cmd_train(const std::vector<std::string>& argv) {
 
   if (args.has("--save-weights")) core::io::save_safetensors(args.get("--save-weights"), trainer.weights());
   core::io::write_loss_curve_svg((out / "loss_curve.svg").string(), core::io::read_metrics(metrics_path));
-  std::string summary = report.summary(total, activations.stats());
+  std::string summary = report.summary(total, trainer.activation_stats(), spec.memory.allocator);
   std::ofstream(out / "summary.txt") << summary;
   std::fputs(summary.c_str(), stdout);
   std::printf("run folder: %s (metrics.jsonl, loss_curve.svg, summary.txt)\n", out.string().c_str());

@@ -17,7 +17,8 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {
 
 }  // namespace
 
-std::string TrainReport::summary(double seconds, const memory::AllocatorStats& act) const {
+std::string TrainReport::summary(double seconds, const memory::AllocatorStats& act,
+                                 const std::string& allocator) const {
   std::string s = "\n== loss curve ==\n";
   if (steps_.empty()) return s + "(no steps)\n";
   std::map<int64_t, double> val(vals_.begin(), vals_.end());
@@ -43,7 +44,8 @@ std::string TrainReport::summary(double seconds, const memory::AllocatorStats& a
   s += fmt("loss %.4f -> %.4f", steps_.front().loss, steps_.back().loss);
   if (!vals_.empty()) s += fmt(", val_loss %.4f", vals_.back().second);
   s += "\n";
-  s += fmt("activation memory: peak live %.1f MiB, peak reserved %.1f MiB, fragmentation %.1f%%\n",
+  s += "activation memory (" + allocator + " allocator): ";
+  s += fmt("peak live %.1f MiB, peak reserved %.1f MiB, fragmentation %.1f%%\n",
            double(act.bytes_live_peak) / 1048576.0, double(act.bytes_reserved_peak) / 1048576.0,
            100.0 * act.fragmentation());
   return s;

@@ -16,7 +16,8 @@ class TrainReport {
   explicit TrainReport(const core::JobSpec& spec) : spec_(spec) {}
   void add_step(const core::io::StepMetrics& m) { steps_.push_back(m); }
   void add_validation(int64_t step, double val) { vals_.push_back({step, val}); }
-  std::string summary(double seconds, const memory::AllocatorStats& activations) const;
+  std::string summary(double seconds, const memory::AllocatorStats& activations,
+                      const std::string& allocator) const;
 
  private:
   core::JobSpec spec_;

@@ -279,7 +279,7 @@ class Engine {
   bool arrive(int r, size_t i, std::deque<int>& ready) {
     Rank& R = ranks_[size_t(r)];
     const Instr& in = R.role->program[i];
-    readable(r, i, in.in[0].tensor);
+    for (const Operand& o : in.in) readable(r, i, o.tensor);
     int gid = plan_.group_id(in.group, R.dp);
     const ProcessGroup& grp = plan_.groups.at(size_t(gid));
     if (std::find(grp.ranks.begin(), grp.ranks.end(), r) == grp.ranks.end()) {
@@ -320,7 +320,7 @@ class Engine {
       RankCost& c = res_.ranks[size_t(q)];
       c.comm_s += end - start;
       c.comm_bytes[int(qi.coll)] += wire_bytes(qi.coll, int(grp.ranks.size()), qi.bytes);
-      write(q, Q.pc, qi.out[0]);
+      for (const Operand& o : qi.out) write(q, Q.pc, o);
       retire(q, qi, start, d);
       if (q != r) {
         Q.blocked = false;

@@ -412,6 +412,7 @@ void StageBuilder::emit_unit(const Unit& u) {
       emit(l, s, ctx);
     }
   }
+  flush_buckets(ctx);
   if (u.dir == Dir::kForward) {
     // Outputs of recomputed ops are not kept: the backward unit makes them again.
     for (int op : gi_.chunk_ops[0][size_t(u.chunk)]) {

@@ -96,6 +96,20 @@ class StageBuilder {
   void scatter_grad_mb(int param, const Ctx& ctx);
   void step_phase();
   void add_frees(int lane);
+  // Gradient and parameter collectives wait in buckets and go out as one grouped call per
+  // bucket (as DDP and Megatron do): fewer launches, same bytes.
+  struct Bucket {
+    CollKind kind = CollKind::kAllReduce;
+    std::string part;
+    std::vector<int> family;                  // per lane
+    std::vector<std::vector<Operand>> in, out;  // per lane
+    int64_t bytes = 0;
+    int op = -1;
+  };
+  void bucket_add(CollKind kind, const std::string& part, const std::vector<int>& family,
+                  const std::vector<Operand>& in, const std::vector<Operand>& out, int64_t bytes,
+                  int op, const Ctx& ctx);
+  void flush_buckets(const Ctx& ctx);
 
   const GraphInfo& gi_;
   const core::Graph& g_;
@@ -110,6 +124,7 @@ class StageBuilder {
   std::map<int, int> grad_left_;          // ZeRO-0/1: parameter -> gradient writes left on this stage
   std::map<int, int> grad_left_unit_;     // ZeRO-2/3: parameter -> writes left in this unit
   std::map<int, int> tp_partial_;         // parameter -> partial factor over tp lanes (router under tp)
+  std::vector<Bucket> buckets_;
 };
 
 }  // namespace weft::planner

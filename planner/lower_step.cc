@@ -159,6 +159,10 @@ void StageBuilder::sync_grad(int param, const Ctx& ctx) {
   std::vector<int> cur(static_cast<size_t>(lanes_));
   for (int l = 0; l < lanes_; ++l) cur[size_t(l)] = lane_[size_t(l)].grad.at(param);
   reduce_partial_tp(param, ctx, cur);
+  std::vector<int> fams;
+  std::vector<Operand> ins, outs;
+  CollKind kind = CollKind::kAllReduce;
+  int64_t bytes = 0;
   for (int l = 0; l < lanes_; ++l) {
     Holders h = holders(param, l);
     TensorDesc src = role(l).tensors[size_t(cur[size_t(l)])];
@@ -166,30 +170,26 @@ void StageBuilder::sync_grad(int param, const Ctx& ctx) {
       int zd = zero_dim(param, l);
       TensorDesc t = src;
       t.piece.part = 0, t.piece.parts = 1, t.shift_part = 0;
-      Instr c;
       if (zd >= 0) {
         // ZeRO-1: each holder keeps the fully reduced gradient of its shard.
+        kind = CollKind::kReduceScatter;
         t.piece = zero_shard(param, l);
         t.bytes = t.piece.numel() * int64_t(core::dtype_size(t.dtype));
         t.persistent = false, t.alias_of = -1;
         t.shift_dim = zd, t.shift = t.piece.box[size_t(zd)].size * h.shift;
-        int out = add_tensor(l, t);
-        c = collective(CollKind::kReduceScatter, h.family, cur[size_t(l)], out, src.bytes, ctx,
-                       gi_.adamw_of[size_t(param)], "grad.sync", l);
-        c.dim = zd;
-        c.groups = src.piece.box[size_t(zd)].count;
-        cur[size_t(l)] = out;
       } else {
-        t.alias_of = cur[size_t(l)], t.persistent = false;
-        int out = add_tensor(l, t);
-        c = collective(CollKind::kAllReduce, h.family, cur[size_t(l)], out, src.bytes, ctx,
-                       gi_.adamw_of[size_t(param)], "grad.sync", l);
-        cur[size_t(l)] = out;
+        t.alias_of = cur[size_t(l)], t.persistent = false;  // in place
       }
-      emit(l, c, ctx);
+      int out = add_tensor(l, t);
+      fams.push_back(h.family);
+      ins.push_back({-1, cur[size_t(l)]});
+      outs.push_back({-1, out});
+      bytes = src.bytes;
+      cur[size_t(l)] = out;
     }
     lane_[size_t(l)].synced[param] = cur[size_t(l)];
   }
+  if (!fams.empty()) bucket_add(kind, "grad.sync", fams, ins, outs, bytes, gi_.adamw_of[size_t(param)], ctx);
 }
 
 void StageBuilder::scatter_grad_mb(int param, const Ctx& ctx) {
@@ -197,6 +197,9 @@ void StageBuilder::scatter_grad_mb(int param, const Ctx& ctx) {
   std::vector<int> cur(static_cast<size_t>(lanes_));
   for (int l = 0; l < lanes_; ++l) cur[size_t(l)] = env_find(l, grad_value, ctx.mb)->front();
   reduce_partial_tp(param, ctx, cur);
+  std::vector<int> fams;
+  std::vector<Operand> ins, outs;
+  int64_t bytes = 0;
   for (int l = 0; l < lanes_; ++l) {
     Lane& L = lane_[size_t(l)];
     Holders h = holders(param, l);
@@ -207,15 +210,64 @@ void StageBuilder::scatter_grad_mb(int param, const Ctx& ctx) {
       t.shift_dim = zd, t.shift = t.piece.box[size_t(zd)].size * h.shift;
       L.grad[param] = add_tensor(l, t);
     }
-    const TensorDesc& src = role(l).tensors[size_t(cur[size_t(l)])];
-    Instr c = collective(CollKind::kReduceScatter, h.family, cur[size_t(l)], L.grad[param], src.bytes, ctx,
-                         gi_.adamw_of[size_t(param)], "grad.sync", l);
-    c.out[0].accumulate = true;
-    c.dim = zd;
-    c.groups = src.piece.box[size_t(zd)].count;
-    emit(l, c, ctx);
+    bytes = role(l).tensors[size_t(cur[size_t(l)])].bytes;
+    fams.push_back(h.family);
+    ins.push_back({-1, cur[size_t(l)]});
+    outs.push_back({-1, L.grad[param], true});  // accumulates over micro-batches
     L.synced[param] = L.grad[param];
   }
+  bucket_add(CollKind::kReduceScatter, "grad.sync", fams, ins, outs, bytes, gi_.adamw_of[size_t(param)], ctx);
+}
+
+void StageBuilder::bucket_add(CollKind kind, const std::string& part, const std::vector<int>& family,
+                              const std::vector<Operand>& in, const std::vector<Operand>& out, int64_t bytes,
+                              int op, const Ctx& ctx) {
+  Bucket* b = nullptr;
+  for (Bucket& x : buckets_)
+    if (x.kind == kind && x.part == part && x.family == family) b = &x;
+  if (!b) {
+    buckets_.push_back(Bucket{kind, part, family, std::vector<std::vector<Operand>>(size_t(lanes_)),
+                              std::vector<std::vector<Operand>>(size_t(lanes_)), 0, op});
+    b = &buckets_.back();
+  }
+  for (int l = 0; l < lanes_; ++l) {
+    b->in[size_t(l)].push_back(in[size_t(l)]);
+    b->out[size_t(l)].push_back(out[size_t(l)]);
+  }
+  b->bytes += bytes;
+  if (b->bytes >= gi_.pc.bucket_bytes) {
+    Bucket full = std::move(*b);
+    buckets_.erase(buckets_.begin() + (b - buckets_.data()));
+    std::vector<Bucket> rest = std::move(buckets_);
+    buckets_ = {std::move(full)};
+    flush_buckets(ctx);
+    buckets_ = std::move(rest);
+  }
+}
+
+void StageBuilder::flush_buckets(const Ctx& ctx) {
+  for (Bucket& b : buckets_)
+    for (int l = 0; l < lanes_; ++l) {
+      Instr c;
+      c.kind = InstrKind::kCollective;
+      c.coll = b.kind;
+      c.group = b.family[size_t(l)];
+      c.op = b.op;
+      c.part = b.part;
+      c.bytes = b.bytes;
+      c.in = b.in[size_t(l)];
+      c.out = b.out[size_t(l)];
+      if (c.in.size() == 1) {
+        // One pair: name the dim it gathers or scatters along (grouped calls derive each
+        // pair's dim from where its in and out boxes differ).
+        const Box& a = role(l).tensors[size_t(c.in[0].tensor)].piece.box;
+        const Box& z = role(l).tensors[size_t(c.out[0].tensor)].piece.box;
+        for (size_t d = 0; d < a.size() && d < z.size(); ++d)
+          if (!(a[d] == z[d])) c.dim = int(d), c.groups = std::max(a[d].count, z[d].count);
+      }
+      emit(l, c, ctx);
+    }
+  buckets_.clear();
 }
 
 void StageBuilder::after_grad_write(int op, const Ctx& ctx) {
@@ -238,6 +290,7 @@ void StageBuilder::step_phase() {
     if (std::count(gi_.param_stages[size_t(p)].begin(), gi_.param_stages[size_t(p)].end(), stage_))
       params.push_back(p);
   const int zero = gi_.pc.zero;
+  flush_buckets(ctx);
 
   // Tied parameters (the embedding and the head share wte) live on two stages: their
   // reduced gradients are summed across those stages.
@@ -269,6 +322,7 @@ void StageBuilder::step_phase() {
   everyone.all_dp = true;
   int fam_all = add_family(plan_, everyone);
   int norm_value = gn.outputs[0];
+  std::vector<std::vector<std::pair<int, int>>> lane_gathers(static_cast<size_t>(lanes_));
   for (int l = 0; l < lanes_; ++l) {
     Lane& L = lane_[size_t(l)];
     std::vector<Operand> sharded, whole;
@@ -345,16 +399,22 @@ void StageBuilder::step_phase() {
       c.in = {{0, pt}, {1, L.synced.at(p)}, {2, state(up.inputs[2])}, {3, state(up.inputs[3])}, {4, norm}};
       emit(l, c, ctx);
     }
-    for (auto [p, view] : gathers) {
-      Holders h = holders(p, l);
-      const TensorDesc& full = role(l).tensors[size_t(L.param.at(p))];
-      Instr c = collective(CollKind::kAllGather, h.family, view, L.param.at(p), full.bytes, ctx,
-                           gi_.adamw_of[size_t(p)], "param.gather", l);
-      c.dim = zero_dim(p, l);
-      c.groups = full.piece.box[size_t(c.dim)].count;
-      emit(l, c, ctx);
-    }
+    for (auto [p, view] : gathers) lane_gathers[size_t(l)].push_back({p, view});
   }
+  // ZeRO-1/2: the updated shards are gathered back into the whole parameters, bucketed.
+  for (size_t i = 0; i < lane_gathers[0].size(); ++i) {
+    int p = lane_gathers[0][i].first;
+    std::vector<int> fams;
+    std::vector<Operand> ins, outs;
+    for (int l = 0; l < lanes_; ++l) {
+      fams.push_back(holders(p, l).family);
+      ins.push_back({-1, lane_gathers[size_t(l)][i].second});
+      outs.push_back({-1, lane_[size_t(l)].param.at(p)});
+    }
+    bucket_add(CollKind::kAllGather, "param.gather", fams, ins, outs,
+               role(0).tensors[size_t(lane_[0].param.at(p))].bytes, gi_.adamw_of[size_t(p)], ctx);
+  }
+  flush_buckets(ctx);
 }
 
 void StageBuilder::add_frees(int lane) {

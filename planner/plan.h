@@ -34,7 +34,9 @@ enum class InstrKind : uint8_t {
   kLocal,       // no communication: out[0] := a sub-box of in[0] (chunk), or out += in
   kSend,        // in[0] to rank `peer`, message `tag`
   kRecv,        // out[0] from rank `peer`, message `tag`
-  kCollective,  // `coll` over process group `group`: in[0] -> out[0]
+  kCollective,  // `coll` over process group `group`: in[k] -> out[k] for every pair, as one
+                // grouped call (gradient buckets have several pairs; each pair's dim is
+                // Instr::dim for a single pair, else where its in and out boxes differ)
   kFree,        // release every tensor in `in`
 };
 const char* instr_kind_name(InstrKind k);

@@ -246,6 +246,7 @@ std::string plan_to_json(const Plan& p) {
   w.i("global_batch", c.global_batch), w.i("micro_batch", c.micro_batch), w.i("micro_batches", c.micro_batches);
   w.str("schedule", c.schedule), w.i("virtual_stages", c.virtual_stages);
   w.str("recompute", c.recompute), w.i("zero", c.zero), w.b("layout_given", c.layout_given);
+  w.i("bucket_bytes", c.bucket_bytes);
   w.key("layout");
   w.raw("[");
   for (size_t k = 0; k < c.chunks.size(); ++k) {
@@ -338,6 +339,7 @@ Plan plan_from_json(const std::string& text) {
   c.recompute = at(d, "recompute").text;
   c.zero = int(num(at(d, "zero")));
   c.layout_given = flag(d, "layout_given");
+  c.bucket_bytes = num(at(d, "bucket_bytes"));
   for (const JsonValue& k : at(d, "layout").items) {
     std::vector<int64_t> layers;
     for (const JsonValue& l : k.items) layers.push_back(num(l));

@@ -25,6 +25,8 @@ struct ParallelConfig {
   bool layout_given = false;
   std::string recompute = "none";
   int zero = 0;
+  // Gradient (and ZeRO parameter) collectives are grouped into calls of about this size.
+  int64_t bucket_bytes = int64_t(25) << 20;
   // Batch shards: the batch splits over dp x ep ranks (expert parallelism is carved out of
   // data parallelism for the dense layers, as in Megatron).
   int64_t data_shards() const { return deg.dp * deg.ep; }

@@ -78,8 +78,16 @@ void GraphExecutor::zero_grads() {
 
 void GraphExecutor::run_ops(const std::vector<int>& program,
                             const std::vector<std::vector<int>>* frees, const StepScalars& s) {
+  int phase = -1;
   for (size_t i = 0; i < program.size(); ++i) {
     const Op& op = g_.op(program[i]);
+    if (int(op.phase) != phase) {  // tell a tracing or planned allocator where the step is
+      phase = int(op.phase);
+      act_->set_phase(op.phase == Phase::kForward    ? memory::Phase::kForward
+                      : op.phase == Phase::kBackward ? memory::Phase::kBackward
+                                                     : memory::Phase::kOptimizer,
+                      s.micro_batch);
+    }
     OpContext ctx{op, {}, {}, s, act_};
     for (int v : op.inputs) ctx.in.push_back(&tensor(v));
     for (size_t k = 0; k < op.outputs.size(); ++k) {

@@ -38,6 +38,9 @@ class GraphExecutor {
   void run_optimizer(const StepScalars& s);
 
   memory::Allocator& activation_allocator() { return *act_; }
+  // Serves later transients from `a` (blocks already handed out return to their own
+  // allocator, which must outlive them). Used when a memory plan replaces the tracer.
+  void set_activation_allocator(memory::Allocator* a) { act_ = a; }
 
   // Per op type, the seconds spent in its kernels since profiling was enabled (the
   // benchmark's "where the time goes").

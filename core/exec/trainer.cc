@@ -20,10 +20,23 @@ Trainer::Trainer(const JobSpec& spec, DType dtype, memory::Allocator* activation
     throw ConfigError("model.moe.balance",
                       "'" + spec_.model.moe.balance +
                           "' is not yet supported by the single-process trainer; use aux_loss");
+  if (spec_.train.dtype != "f32")
+    throw ConfigError("train.dtype", "'" + spec_.train.dtype +
+                                         "' needs device: cuda (mixed precision); the CPU trainer "
+                                         "computes in f32, set train.dtype: f32");
   mg_ = build_model(spec_.model, spec_.train.micro_batch, dtype);
   add_training_ops(mg_, spec_.train);
+  external_ = activations;
+  if (!activations) {
+    memory_ = std::make_unique<ActivationMemory>(spec_.memory.allocator);
+    activations = &memory_->current();
+  }
   ex_ = std::make_unique<GraphExecutor>(mg_.graph, activations);
   init_parameters(mg_, *ex_, spec_.train.seed);
+}
+
+memory::AllocatorStats Trainer::activation_stats() const {
+  return memory_ ? memory_->stats() : external_->stats();
 }
 
 int64_t Trainer::num_parameters() const {
@@ -50,8 +63,13 @@ StepStats Trainer::step(const BatchFn& batch) {
   s.loss_scale = 1.0 / double(accum);
   s.lr = st.lr;
   s.step = step_;
+  if (memory_) {
+    memory_->begin_step(step_);
+    ex_->set_activation_allocator(&memory_->current());
+  }
   ex_->zero_grads();
   for (int64_t j = 0; j < accum; ++j) {
+    s.micro_batch = int(j);
     feed(batch, step_, j * mb);
     ex_->run_forward_backward(s);
     st.loss += ex_->tensor(mg_.loss).item() / double(accum);

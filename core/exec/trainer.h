@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "core/config/job_spec.h"
+#include "core/exec/activation_memory.h"
 #include "core/exec/executor.h"
 #include "core/models/gpt.h"
 #include "core/models/weights.h"
@@ -35,7 +36,8 @@ struct StepStats {
 class Trainer {
  public:
   // Builds the training graph for `spec` and initialises the parameters from the seed.
-  // `activations` (default: host) serves the per-micro-batch memory.
+  // `activations` serves the per-micro-batch memory; by default the trainer owns an
+  // arena of the kind `memory.allocator` names (caching or planned).
   explicit Trainer(const JobSpec& spec, DType dtype = DType::kF32,
                    memory::Allocator* activations = nullptr);
 
@@ -55,11 +57,16 @@ class Trainer {
     import_weights(mg_, *ex_, w, field);
   }
   int64_t num_parameters() const;
+  // Statistics of the activation arena (the caller's allocator when one was given).
+  memory::AllocatorStats activation_stats() const;
+  const ActivationMemory* activation_memory() const { return memory_.get(); }
 
  private:
   void feed(const BatchFn& batch, int64_t step, int64_t first);
 
   JobSpec spec_;
+  std::unique_ptr<ActivationMemory> memory_;  // when the trainer owns its arena
+  memory::Allocator* external_ = nullptr;
   ModelGraph mg_;
   std::unique_ptr<GraphExecutor> ex_;
   int64_t step_ = 0;

@@ -16,6 +16,7 @@ struct StepScalars {
   double loss_scale = 1.0;  // d(objective)/d(micro-batch loss): 1/accumulation steps (x dp share)
   double lr = 0.0;
   int64_t step = 0;  // optimizer step, from 0
+  int micro_batch = -1;  // index of the micro-batch being run (memory-trace spans)
   // MoE: layer index -> extra per-expert routing bias (loss_free balancing), unused otherwise.
 };
 

@@ -15,7 +15,7 @@
 namespace weft::core {
 namespace {
 
-ModelSpec tiny_spec(bool moe) {
+ModelSpec tiny_spec(bool moe, double capacity_factor = 0.0) {
   ModelSpec m;
   m.arch = moe ? "moe-gpt" : "gpt";
   m.layers = 2;
@@ -28,6 +28,7 @@ ModelSpec tiny_spec(bool moe) {
     m.moe.experts = 3;
     m.moe.top_k = 2;
     m.moe.aux_coef = 0.1;  // large enough that the balance-loss gradient shows
+    m.moe.capacity_factor = capacity_factor;
   }
   return m;
 }
@@ -69,8 +70,8 @@ struct Fixture {
   }
 };
 
-void check_gradients(bool moe) {
-  Fixture f(tiny_spec(moe));
+void check_gradients(bool moe, double capacity_factor = 0.0) {
+  Fixture f(tiny_spec(moe, capacity_factor));
   StepScalars s;
   f.ex->zero_grads();
   f.ex->run_forward_backward(s);
@@ -99,6 +100,52 @@ void check_gradients(bool moe) {
 
 TEST(Autodiff, GptGradientsMatchFiniteDifferences) { check_gradients(false); }
 TEST(Autodiff, MoeGptGradientsMatchFiniteDifferences) { check_gradients(true); }
+// With a capacity, dropped assignments contribute nothing and receive no gradient.
+TEST(Autodiff, MoeWithCapacityDropGradientsMatchFiniteDifferences) { check_gradients(true, 0.5); }
+
+TEST(Moe, CapacityDropsTokensDeterministicallyInTokenOrder) {
+  // 10 tokens x top-2 = 20 assignments over 3 experts; factor 0.5 -> capacity ceil(10/3) = 4.
+  // The executor frees the saved routing state after backward, so run the moe op directly.
+  Fixture f(tiny_spec(true, 0.5));
+  const Graph& g = f.mg.graph;
+  const Op* moe = nullptr;
+  for (const Op& op : g.ops())
+    if (op.type == "moe" && op.layer == 0) moe = &op;
+  ASSERT_TRUE(moe);
+  memory::HostAllocator ws;
+  Tensor y = Tensor::empty(g.value(moe->inputs[0]).shape, DType::kF64);
+  CounterRng rng(3, 4);
+  for (int64_t i = 0; i < y.numel(); ++i) y.data<double>()[i] = rng.normal(uint64_t(i));
+  std::vector<Tensor> outs;
+  for (int v : moe->outputs) outs.push_back(Tensor::empty(g.value(v).shape, g.value(v).dtype));
+  auto run_once = [&]() {
+    StepScalars s;
+    OpContext ctx{*moe, {&y}, {}, s, &ws};
+    for (size_t k = 1; k < moe->inputs.size(); ++k) ctx.in.push_back(&f.ex->tensor(moe->inputs[k]));
+    for (Tensor& t : outs) ctx.out.push_back(&t);
+    op_def("moe").run_cpu(ctx);
+    return outs[3].to_vector<int32_t>();
+  };
+  std::vector<int32_t> r1 = run_once(), r2 = run_once();
+  EXPECT_EQ(r1, r2);  // deterministic
+  const int64_t k = 2, E = 3, cap = 4;
+  std::vector<int> per_expert(E, 0);
+  int kept = 0;
+  int last_expert = -1, last_token = -1;
+  for (size_t a = 0; a + 1 < r1.size(); a += 2) {
+    if (r1[a] < 0) break;
+    int token = int(r1[a] / k), e = r1[a + 1];
+    per_expert[e]++;
+    ++kept;
+    // Sorted by expert, then by token: the earliest tokens keep their place.
+    if (e == last_expert) EXPECT_GT(token, last_token);
+    else EXPECT_GT(e, last_expert);
+    last_expert = e;
+    last_token = token;
+  }
+  for (int e = 0; e < E; ++e) EXPECT_LE(per_expert[e], cap);
+  EXPECT_LT(kept, 20);  // something was dropped at this capacity
+}
 
 TEST(Autodiff, BackwardOpsMirrorForwardOpsAndEveryParameterHasAGradient) {
   ModelGraph mg = build_model(tiny_spec(true), 2, DType::kF32);

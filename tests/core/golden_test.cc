@@ -121,3 +121,37 @@ TEST(BadInput, WeightsForAnotherModelNameTheFlag) {
 
 }  // namespace
 }  // namespace weft::core
+
+namespace weft::core {
+namespace {
+
+// Memory planning changes where tensors live, never what is computed.
+TEST(MemoryPlanning, PlannedAllocatorGivesBitwiseTheSameLossesAsCaching) {
+  for (const std::string name : {"gpt-tiny", "moe-tiny"}) {
+    const std::string dir = kRef + "/" + name;
+    if (!std::filesystem::exists(dir)) GTEST_SKIP() << "reference folder missing: " << dir;
+    std::vector<double> losses[2];
+    for (int planned = 0; planned < 2; ++planned) {
+      JobSpec spec = load_job_spec(dir + "/config.yaml",
+                                   {"train.steps=4", std::string("memory.allocator=") +
+                                                         (planned ? "planned" : "caching")});
+      data::TokenDataset data = data::TokenDataset::load(spec);
+      Trainer t(spec);
+      for (int i = 0; i < 4; ++i)
+        losses[planned].push_back(
+            t.step([&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
+               data.fill_train(s, b0, n, x, y);
+             }).loss);
+      ASSERT_TRUE(t.activation_memory());
+      EXPECT_EQ(t.activation_memory()->kind(), planned ? "planned" : "caching");
+      if (planned) {
+        EXPECT_GT(t.activation_memory()->plan_arena_bytes(), 0u) << name;
+        EXPECT_GE(t.activation_memory()->plan_arena_bytes(), t.activation_memory()->plan_lower_bound());
+      }
+    }
+    EXPECT_EQ(losses[0], losses[1]) << name;  // bitwise
+  }
+}
+
+}  // namespace
+}  // namespace weft::core

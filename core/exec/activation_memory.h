@@ -1,0 +1,42 @@
+// The activation arena of a trainer, chosen by `memory.allocator`:
+//   caching  the baseline: a PyTorch-style caching allocator;
+//   planned  STWeaver-style: step 0 runs on the caching allocator while a TraceRecorder
+//            records every allocation; from step 1 on a PlannedAllocator serves the step
+//            from the offline plan of that trace (online best-fit for what it did not
+//            foresee, e.g. MoE routing changes).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "memory/caching_allocator.h"
+#include "memory/planned_allocator.h"
+#include "memory/trace.h"
+
+namespace weft::core {
+
+class ActivationMemory {
+ public:
+  // `kind` is "caching" or "planned" (validated by the config).
+  explicit ActivationMemory(const std::string& kind);
+  // The allocator for the current step. Changes only inside begin_step().
+  memory::Allocator& current() { return *current_; }
+  // Called before every step: switches to the plan after the traced step 0.
+  void begin_step(int64_t step);
+  // Statistics of the allocator now serving (the plan's once it exists).
+  memory::AllocatorStats stats() const { return current_->stats(); }
+  const std::string& kind() const { return kind_; }
+  // The offline plan's arena and lower bound (0 before the plan exists).
+  size_t plan_arena_bytes() const;
+  size_t plan_lower_bound() const;
+
+ private:
+  std::string kind_;
+  // Declared first so they outlive blocks that later allocators' owners still hold.
+  std::unique_ptr<memory::CachingAllocator> caching_;
+  std::unique_ptr<memory::TraceRecorder> recorder_;
+  std::unique_ptr<memory::PlannedAllocator> planned_;
+  memory::Allocator* current_ = nullptr;
+};
+
+}  // namespace weft::core
