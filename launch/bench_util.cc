@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -93,7 +94,8 @@ int run_train_comparison(const Args& a) {
               "gemm", "attn", "rest");
   for (const std::string& cfg : configs) {
     for (const std::string& thr : threads) {
-      std::string self = "/proc/self/exe";
+      // popen runs /bin/sh, so resolve our own binary first.
+      std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
       core::io::JsonValue w = run_json(self + " bench train-worker --config " + cfg + " --threads " +
                                        thr + " --steps " + steps);
       double peak = fma_peak_gflops(std::stoi(thr));

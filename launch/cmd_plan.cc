@@ -118,11 +118,14 @@ int cmd_plan(const std::vector<std::string>& argv) {
   int worst = 0;
   for (size_t r = 0; r < plan.costs.ranks.size(); ++r)
     if (plan.costs.ranks[r].peak_bytes > peak) peak = plan.costs.ranks[r].peak_bytes, worst = int(r);
-  if (peak > cm.device_memory)
-    throw ConfigError("parallel", "rank " + std::to_string(worst) + " needs " +
-                                      std::to_string(double(peak) / double(1 << 30)) + " GiB, over the " +
-                                      std::to_string(double(cm.device_memory) / double(1 << 30)) +
-                                      " GiB budget; try recompute: full, zero: 3, a larger tp or pp, or a smaller micro_batch");
+  if (peak > cm.device_memory) {
+    char msg[256];
+    std::snprintf(msg, sizeof msg,
+                  "rank %d needs %.2f GiB, over the %.2f GiB budget; try recompute: full, zero: 3, a larger tp "
+                  "or pp, or a smaller micro_batch",
+                  worst, double(peak) / double(1 << 30), double(cm.device_memory) / double(1 << 30));
+    throw ConfigError("parallel", msg);
+  }
   return 0;
 }
 

@@ -254,13 +254,15 @@ class Engine {
           if (m.bytes != in.bytes)
             error(where(r, i) + " receives " + std::to_string(in.bytes) + " bytes but rank " +
                   std::to_string(peer) + " sent " + std::to_string(m.bytes));
-          double t = m.time;
+          double t = m.time, transfer = 0;
           if (opt_.cost) {
             bool cross = r / opt_.cost->ranks_per_node != peer / opt_.cost->ranks_per_node;
-            t += opt_.cost->p2p(in.bytes, cross);
+            transfer = opt_.cost->p2p(in.bytes, cross);
           }
-          R.clock = std::max(R.clock, t);
-          cost.comm_s += R.clock - start;
+          R.clock = std::max(R.clock, t + transfer);
+          double moving = std::min(transfer, R.clock - start);
+          cost.comm_s += moving;
+          cost.wait_s += R.clock - start - moving;
           write(r, i, in.out[0]);
           retire(r, in, start, 0);
           break;
@@ -318,7 +320,8 @@ class Engine {
       double start = Q.clock;
       Q.clock = end;
       RankCost& c = res_.ranks[size_t(q)];
-      c.comm_s += end - start;
+      c.comm_s += d;
+      c.wait_s += end - start - d;
       c.comm_bytes[int(qi.coll)] += wire_bytes(qi.coll, int(grp.ranks.size()), qi.bytes);
       for (const Operand& o : qi.out) write(q, Q.pc, o);
       retire(q, qi, start, d);

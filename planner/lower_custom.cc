@@ -11,7 +11,10 @@
 //                the lane of their expert: the all_to_all_v send buffer)
 //   moe.experts  moe.xe_local, expert weights -> moe.he_local, moe.ye_local
 //   moe.combine  ye, route, probs -> out
-// and, mirrored, the backward parts of moe.bwd under the same names.
+// and, mirrored, the backward parts of moe.bwd under the same names. Under a split of the
+// experts' hidden units (tp) the expert outputs, the probability gradient and the input and
+// router gradients are partial sums over the tp lanes; the balance-loss term joins on part 0
+// only (the part index of the ye operand), like the output bias in the forward.
 #include "base/check.h"
 #include "planner/lower_stage.h"
 

@@ -81,14 +81,30 @@ void StageBuilder::shift_like(TensorDesc& t, int value, const SubTensor* st) con
 }
 
 SubOp StageBuilder::sub_op(int op, int mb, int lane) const {
-  SubOp s = whole_op(g_, op);
-  int d = gi_.decision[size_t(op)];
-  if (d < 0) return s;
-  int tp_i = plan_.mesh.lane_tp(lane), ep_i = plan_.mesh.lane_ep(lane);
-  for (const AxisSplit& sp : plan_.decisions[size_t(d)].splits) {
-    int64_t index = sp.axis == Axis::kDp ? int64_t(ep_i) * m_ + mb : sp.axis == Axis::kEp ? ep_i : tp_i;
-    s = partition_one(g_, s, sp.symbol, sp.n, index, sp.groups);
+  // Micro-batches differ only in their batch rows (or, for a loss, the addend index), so
+  // the partition runs once per (op, lane) and is shifted per micro-batch.
+  int64_t key = int64_t(op) * lanes_ + lane;
+  auto it = sub_cache_.find(key);
+  if (it == sub_cache_.end()) {
+    SubOp s = whole_op(g_, op);
+    int d = gi_.decision[size_t(op)];
+    if (d >= 0) {
+      int tp_i = plan_.mesh.lane_tp(lane), ep_i = plan_.mesh.lane_ep(lane);
+      for (const AxisSplit& sp : plan_.decisions[size_t(d)].splits) {
+        int64_t index = sp.axis == Axis::kDp ? int64_t(ep_i) * m_ : sp.axis == Axis::kEp ? ep_i : tp_i;
+        s = partition_one(g_, s, sp.symbol, sp.n, index, sp.groups);
+      }
+    }
+    it = sub_cache_.emplace(key, std::move(s)).first;
   }
+  SubOp s = it->second;
+  if (mb == 0) return s;
+  auto shift = [&](SubTensor& t) {
+    if (t.batch_dim >= 0) t.piece.box[size_t(t.batch_dim)].start += mb * t.piece.box[size_t(t.batch_dim)].size;
+    else if (t.batch_partial) t.piece.part += int32_t(mb * (t.piece.parts / K_));
+  };
+  for (SubTensor& t : s.ins) shift(t);
+  for (SubTensor& t : s.outs) shift(t);
   return s;
 }
 
@@ -138,9 +154,6 @@ int StageBuilder::cut(int lane, int from, const Piece& need, const Ctx& ctx, int
   t.persistent = false;
   t.alias_of = -1;
   t.keep = false;
-  if (src.persistent && src.shift_dim >= 0 && t.piece.box.size() > size_t(src.shift_dim) &&
-      !(src.piece.box[size_t(src.shift_dim)] == need.box[size_t(src.shift_dim)]))
-    t.shift_dim = -1, t.shift = 0;  // a ZeRO shard is shifted; a cut of it is taken per rank
   int id = add_tensor(lane, t);
   Instr c;
   c.kind = InstrKind::kLocal;

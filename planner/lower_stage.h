@@ -125,6 +125,7 @@ class StageBuilder {
   std::map<int, int> grad_left_unit_;     // ZeRO-2/3: parameter -> writes left in this unit
   std::map<int, int> tp_partial_;         // parameter -> partial factor over tp lanes (router under tp)
   std::vector<Bucket> buckets_;
+  mutable std::unordered_map<int64_t, SubOp> sub_cache_;  // (op, lane) -> its sub-op at micro-batch 0
 };
 
 }  // namespace weft::planner

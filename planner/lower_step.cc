@@ -34,9 +34,12 @@ int StageBuilder::zero_dim(int param, int lane) {
   Holders h = holders(param, lane);
   auto it = lane_[size_t(lane)].param_box.find(param);
   if (h.count <= 1 || it == lane_[size_t(lane)].param_box.end()) return -1;
+  // Prefer a plain dim (dim 0 first: a contiguous shard of the local tensor), then a
+  // strided one (the qkv rows: the shard takes 1/count of every chunk).
   const Box& b = it->second.box;
-  for (size_t d = 0; d < b.size(); ++d)
-    if (b[d].part(0, h.count, b[d].count).has_value()) return int(d);
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t d = 0; d < b.size(); ++d)
+      if ((b[d].count == 1) == (pass == 0) && b[d].part(0, h.count, b[d].count).has_value()) return int(d);
   return -1;
 }
 

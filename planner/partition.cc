@@ -95,8 +95,10 @@ void generic_split(const Graph& g, const Op& op, const DimAnnotation& a, const s
   for (size_t j = 0; j < s.outs.size(); ++j) {
     int ai = annotation_output(op, int(j));
     if (ai >= int(a.outputs().size()) ||
-        !split_operand(g, op, a.outputs()[ai], syms, n, k, groups, s.outs[j]))
+        !split_operand(g, op, a.outputs()[ai], syms, n, k, groups, s.outs[j])) {
       make_partial(s.outs[j], n, k);
+      if (symbol == "b") s.outs[j].batch_partial = true;
+    }
   }
 }
 

@@ -24,6 +24,9 @@ struct SubTensor {
   bool dropped = false;
   // The dim that the batch split cut (-1: none); plans shift it per data-parallel rank.
   int batch_dim = -1;
+  // A partial sum over the batch split (a micro-batch's loss): its addend index moves with
+  // the micro-batch instead of a box.
+  bool batch_partial = false;
 };
 
 struct Split {

@@ -13,7 +13,11 @@
 // before the first instruction (zeroed gradients at the start of a step) and persist.
 // Sends complete asynchronously (the buffer stays valid until the matching receive);
 // receives and collectives block. Collective members are listed in group order, which is
-// also the order of their chunks along Instr::dim.
+// also the order of their chunks along Instr::dim. Compute operands are local tensors:
+// each is its piece of the global value (a box, possibly strided chunks, and whether it is
+// a partial sum); kernel attributes that depend on shapes (attention's heads, the vocabulary
+// or expert offset) follow from those boxes. An alias (a ZeRO shard view, an in-place
+// result) shares its root's storage; a view need not be contiguous there.
 #pragma once
 
 #include <cstdint>
@@ -121,7 +125,8 @@ struct RankProgram {
 // Simulator output, kept apart from the decisions (a plan read back with other costs
 // is the same plan).
 struct RankCost {
-  double step_s = 0, compute_s = 0, comm_s = 0, bubble = 0;
+  // comm_s: time moving data; wait_s: time blocked on peers (pipeline bubbles, stragglers).
+  double step_s = 0, compute_s = 0, comm_s = 0, wait_s = 0, bubble = 0;
   int64_t peak_bytes = 0, persistent_bytes = 0;
   int64_t comm_bytes[kCollKinds] = {0, 0, 0, 0, 0};  // wire bytes sent, by collective kind
   int64_t p2p_bytes = 0;
@@ -132,6 +137,7 @@ struct CostAnnotations {
   std::vector<RankCost> ranks;
   double step_s = 0, bubble = 0;
   double pipeline_estimate_s = 0;  // sum of stage times + (m-1) x the slowest stage
+  std::vector<double> stage_s;     // per stage: one micro-batch's forward + backward
   double planning_s = 0;
 };
 

@@ -121,12 +121,17 @@ void write_costs(W& w, const CostAnnotations& c) {
   w.raw("}");
   w.d("step_s", c.step_s), w.d("bubble", c.bubble), w.d("pipeline_estimate_s", c.pipeline_estimate_s);
   w.d("planning_s", c.planning_s);
+  w.key("stage_s");
+  w.raw("[");
+  for (size_t i = 0; i < c.stage_s.size(); ++i) w.raw((i ? "," : "") + json_number(c.stage_s[i]));
+  w.raw("]");
   w.key("ranks");
   w.raw("[");
   for (const RankCost& r : c.ranks) {
     w.sep();
     w.raw("{");
-    w.d("step_s", r.step_s), w.d("compute_s", r.compute_s), w.d("comm_s", r.comm_s), w.d("bubble", r.bubble);
+    w.d("step_s", r.step_s), w.d("compute_s", r.compute_s), w.d("comm_s", r.comm_s), w.d("wait_s", r.wait_s);
+    w.d("bubble", r.bubble);
     w.i("peak_bytes", r.peak_bytes), w.i("persistent_bytes", r.persistent_bytes), w.i("p2p_bytes", r.p2p_bytes);
     w.key("comm_bytes");
     w.raw("[");
@@ -388,9 +393,11 @@ Plan plan_from_json(const std::string& text) {
     k.model.device_memory = num(at(cm, "device_memory"));
     k.step_s = dbl(*co, "step_s"), k.bubble = dbl(*co, "bubble");
     k.pipeline_estimate_s = dbl(*co, "pipeline_estimate_s"), k.planning_s = dbl(*co, "planning_s");
+    for (const JsonValue& x : at(*co, "stage_s").items) k.stage_s.push_back(x.number);
     for (const JsonValue& r : at(*co, "ranks").items) {
       RankCost rc;
       rc.step_s = dbl(r, "step_s"), rc.compute_s = dbl(r, "compute_s"), rc.comm_s = dbl(r, "comm_s");
+      rc.wait_s = dbl(r, "wait_s");
       rc.bubble = dbl(r, "bubble");
       rc.peak_bytes = num(at(r, "peak_bytes")), rc.persistent_bytes = num(at(r, "persistent_bytes"));
       rc.p2p_bytes = num(at(r, "p2p_bytes"));

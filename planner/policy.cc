@@ -196,6 +196,8 @@ ParallelConfig resolve_parallel(const core::JobSpec& s, int world) {
   if (p.recompute != "none" && p.recompute != "selective" && p.recompute != "full")
     throw ConfigError("parallel.recompute", "expected none|selective|full, got '" + p.recompute + "'");
   pc.recompute = p.recompute;
+  if (p.plan != "manual")
+    throw ConfigError("parallel.plan", "'" + p.plan + "' is not available yet; use manual (degrees may be auto)");
   const std::string& sched = p.pipeline.schedule;
   if (sched != "gpipe" && sched != "1f1b" && sched != "interleaved")
     throw ConfigError("parallel.pipeline.schedule", "expected gpipe|1f1b|interleaved, got '" + sched + "'");

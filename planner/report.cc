@@ -47,10 +47,11 @@ std::vector<int> role_ranks(const Plan& p, const Role& r) {
   return out;
 }
 
-// What a role holds: parameter elements (resident), experts, and how parameters are cut.
-std::string holdings(const Plan& p, const core::Graph& g, const Role& r) {
+// What a role holds: parameter elements (resident), how each parameter tensor is cut
+// (whole, or the fraction this rank keeps), experts, optimizer state.
+std::string holdings(const core::Graph& g, const Role& r) {
   int64_t params = 0, optim = 0;
-  std::set<std::string> cuts;
+  std::map<int64_t, int> cut;  // kept fraction 1/n -> tensors
   int64_t e_lo = -1, e_hi = -1, e_all = 0;
   for (const TensorDesc& t : r.tensors) {
     if (!t.persistent || t.alias_of >= 0 || t.value < 0) continue;
@@ -58,13 +59,7 @@ std::string holdings(const Plan& p, const core::Graph& g, const Role& r) {
     if (v.role == core::Role::kOptimizerState) optim += t.bytes;
     if (v.role != core::Role::kParameter) continue;
     params += t.piece.numel();
-    for (size_t d = 0; d < t.piece.box.size(); ++d) {
-      const DimSlice& s = t.piece.box[d];
-      if (s.numel() != v.shape[d]) {
-        int64_t n = v.shape[d] / std::max<int64_t>(1, s.numel());
-        cuts.insert("1/" + std::to_string(n) + " of dim " + std::to_string(d));
-      }
-    }
+    ++cut[core::shape_numel(v.shape) / std::max<int64_t>(1, t.piece.numel())];
     if (v.name.find(".experts.") != std::string::npos && !t.piece.box.empty()) {
       e_all = v.shape[0];
       e_lo = t.piece.box[0].start;
@@ -72,16 +67,15 @@ std::string holdings(const Plan& p, const core::Graph& g, const Role& r) {
     }
   }
   std::ostringstream os;
-  os << fmt("%.1fM", double(params) / 1e6) << " parameter elements";
-  if (!cuts.empty()) {
-    os << " (shards:";
-    for (const std::string& c : cuts) os << " " << c << ";";
-    os.seekp(-1, std::ios_base::end);
-    os << ")";
+  os << fmt("%.1fM", double(params) / 1e6) << " parameter elements (tensors:";
+  bool first = true;
+  for (auto [n, count] : cut) {
+    os << (first ? " " : ", ") << count << (n == 1 ? " whole" : " at 1/" + std::to_string(n));
+    first = false;
   }
-  if (e_all > 0) os << ", experts " << e_lo << "-" << e_hi << " of " << e_all;
-  os << ", optimizer state " << bytes_h(optim) << "B";
-  (void)p;
+  os << ")";
+  if (e_all > 0) os << "; experts " << e_lo << "-" << e_hi << " of " << e_all;
+  os << "; optimizer state " << bytes_h(optim) << "B";
   return os.str();
 }
 
@@ -135,16 +129,17 @@ std::string plan_report(const Plan& p, const core::Graph& g, const ReportOptions
   os << "roles (one program per stage x lane, shared by its data-parallel ranks):\n";
   for (const Role& r : p.roles) {
     os << "  stage " << r.stage << " tp " << p.mesh.lane_tp(r.lane) << " ep " << p.mesh.lane_ep(r.lane)
-       << ": ranks " << rank_list(role_ranks(p, r)) << "\n      " << holdings(p, g, r) << "; "
+       << ": ranks " << rank_list(role_ranks(p, r)) << "\n      " << holdings(g, r) << "; "
        << r.program.size() << " instructions\n";
   }
 
   const CostAnnotations& k = p.costs;
   if (!k.ranks.empty()) {
     bool per_rank = opt.per_rank || p.world() <= 64;
-    os << (per_rank ? "per rank" : "per role (min-max over its ranks)")
-       << " (times in ms, memory in GiB, volumes = bytes sent):\n";
-    os << "  rank(s)           step   compute  comm    bubble  peak   persist all_reduce all_gather red_scat  a2a(v)  p2p\n";
+    os << (per_rank ? "per rank" : "per role, the slowest of its ranks")
+       << ": times in ms, memory and volumes in bytes (volumes: sent per step)\n";
+    os << "  rank(s)            step  compute     comm     wait bubble   peak persist all_reduce all_gather"
+          "  red_scat  a2a(v)    p2p\n";
     auto line = [&](const std::string& who, const std::vector<int>& ranks) {
       RankCost lo = k.ranks[size_t(ranks[0])], hi = lo;
       for (int q : ranks) {
@@ -154,9 +149,9 @@ std::string plan_report(const Plan& p, const core::Graph& g, const ReportOptions
       }
       const RankCost& x = k.ranks[size_t(ranks[0])];
       char buf[320];
-      std::snprintf(buf, sizeof buf, "  %-16s %7s %8s %7s %6.3f %6s %6s %10s %10s %9s %7s %5s\n", who.c_str(),
-                    ms(hi.step_s).c_str(), ms(x.compute_s).c_str(), ms(x.comm_s).c_str(), x.bubble,
-                    gib(hi.peak_bytes).c_str(), gib(x.persistent_bytes).c_str(), bytes_h(x.comm_bytes[0]).c_str(),
+      std::snprintf(buf, sizeof buf, "  %-16s %8s %8s %8s %8s %6.3f %6s %7s %10s %10s %9s %7s %6s\n", who.c_str(),
+                    ms(hi.step_s).c_str(), ms(x.compute_s).c_str(), ms(x.comm_s).c_str(), ms(x.wait_s).c_str(), x.bubble,
+                    bytes_h(hi.peak_bytes).c_str(), bytes_h(x.persistent_bytes).c_str(), bytes_h(x.comm_bytes[0]).c_str(),
                     bytes_h(x.comm_bytes[1]).c_str(), bytes_h(x.comm_bytes[2]).c_str(),
                     bytes_h(x.comm_bytes[3] + x.comm_bytes[4]).c_str(), bytes_h(x.p2p_bytes).c_str());
       os << buf;
@@ -168,13 +163,21 @@ std::string plan_report(const Plan& p, const core::Graph& g, const ReportOptions
         line("s" + std::to_string(r.stage) + " l" + std::to_string(r.lane) + " x" + std::to_string(d.dp),
              role_ranks(p, r));
     }
+    if (k.stage_s.size() > 1) {
+      os << "stage time per micro-batch (forward + backward):";
+      for (size_t st = 0; st < k.stage_s.size(); ++st) os << " s" << st << " " << ms(k.stage_s[st]) << " ms";
+      os << "\n";
+    }
     int64_t peak = 0;
     for (const RankCost& x : k.ranks) peak = std::max(peak, x.peak_bytes);
     os << "predicted step " << ms(k.step_s) << " ms (pipeline estimate: sum of stages + (m-1) x slowest = "
        << ms(k.pipeline_estimate_s) << " ms), bubble " << fmt("%.3f", k.bubble);
-    if (d.pp > 1)
-      os << " (1F1B ideal (pp-1)/(m+pp-1) = "
-         << fmt("%.3f", double(d.pp - 1) / double(c.micro_batches + d.pp - 1)) << ")";
+    if (d.pp > 1) {
+      // Uniform stages: (pp-1)/(m+pp-1); interleaving v chunks shrinks the warm-up v-fold.
+      double v = double(c.virtual_stages), m = double(c.micro_batches), pp = double(d.pp);
+      os << " (uniform-stage ideal " << (c.virtual_stages > 1 ? "(pp-1)/(v*m+pp-1)" : "(pp-1)/(m+pp-1)") << " = "
+         << fmt("%.3f", (pp - 1) / (v * m + pp - 1)) << ")";
+    }
     os << "\npeak memory " << gib(peak) << " GiB of " << gib(k.model.device_memory) << " GiB per device"
        << (peak > k.model.device_memory ? "  -- DOES NOT FIT" : "") << "\n";
   }

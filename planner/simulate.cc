@@ -34,7 +34,8 @@ double instr_time(const Plan& plan, const core::Graph& g, const Role& role, cons
 
 }  // namespace
 
-double pipeline_estimate(const Plan& plan, const core::Graph& g, const CostModel& cost) {
+double pipeline_estimate(const Plan& plan, const core::Graph& g, const CostModel& cost,
+                         std::vector<double>* stage_s) {
   const int pp = int(plan.mesh.degrees().pp), lanes = plan.mesh.lanes();
   std::vector<double> stage(size_t(pp), 0);
   double step = 0;
@@ -53,6 +54,7 @@ double pipeline_estimate(const Plan& plan, const core::Graph& g, const CostModel
     }
   double sum = 0, slowest = 0;
   for (double t : stage) sum += t, slowest = std::max(slowest, t);
+  if (stage_s) *stage_s = stage;
   return sum + double(plan.config.micro_batches - 1) * slowest + step;
 }
 
@@ -72,7 +74,7 @@ CostAnnotations simulate_plan(const Plan& plan, const core::Graph& g, const Cost
     bubble += rc.bubble;
   }
   c.bubble = c.ranks.empty() ? 0 : bubble / double(c.ranks.size());
-  c.pipeline_estimate_s = pipeline_estimate(plan, g, cost);
+  c.pipeline_estimate_s = pipeline_estimate(plan, g, cost, &c.stage_s);
   if (timeline) *timeline = std::move(r.timeline);
   return c;
 }

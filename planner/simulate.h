@@ -19,6 +19,8 @@ CostAnnotations simulate_plan(const Plan& plan, const core::Graph& g, const Cost
 // Sum over stages of one micro-batch's forward+backward time, plus (m-1) x the slowest
 // stage, plus the optimizer step: the classic pipeline estimate (exact for GPipe and 1F1B
 // when stages are compute-bound and communication is free).
-double pipeline_estimate(const Plan& plan, const core::Graph& g, const CostModel& cost);
+// `stage_s` (optional) receives each stage's per-micro-batch time.
+double pipeline_estimate(const Plan& plan, const core::Graph& g, const CostModel& cost,
+                         std::vector<double>* stage_s = nullptr);
 
 }  // namespace weft::planner

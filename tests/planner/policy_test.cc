@@ -147,14 +147,19 @@ TEST(Policy, MegatronPairsFallOutOfPropagation) {
     AxisSplit a = tp_split(o.id);
     std::string name = mg.graph.value(o.outputs[0]).name;
     SCOPED_TRACE(name);
-    if (name.find("attn.qkv") != std::string::npos) EXPECT_EQ(a, (AxisSplit{Axis::kTp, "n", 2, 3}));
-    else if (name.find("attn.proj") != std::string::npos || name.find("mlp.proj") != std::string::npos)
+    if (name.find("attn.qkv") != std::string::npos) {
+      EXPECT_EQ(a, (AxisSplit{Axis::kTp, "n", 2, 3}));
+    } else if (name.find("attn.proj") != std::string::npos || name.find("mlp.proj") != std::string::npos) {
       EXPECT_EQ(a.symbol, "k");
-    else if (name.find("mlp.fc") != std::string::npos || name.find("gelu") != std::string::npos)
+    } else if (name.find("mlp.fc") != std::string::npos || name.find("gelu") != std::string::npos) {
       EXPECT_EQ(a.symbol, "n");
-    else if (o.type == "attention") EXPECT_EQ(a.symbol, "h");
-    else if (o.type == "embedding" || o.type == "cross_entropy") EXPECT_EQ(a.symbol, "v");
-    else if (o.type == "layernorm" || o.type == "add") EXPECT_EQ(a.symbol, "");
+    } else if (o.type == "attention") {
+      EXPECT_EQ(a.symbol, "h");
+    } else if (o.type == "embedding" || o.type == "cross_entropy") {
+      EXPECT_EQ(a.symbol, "v");
+    } else if (o.type == "layernorm" || o.type == "add") {
+      EXPECT_EQ(a.symbol, "");
+    }
   }
   // Stage placement: embedding on the first chunk, the head on the last.
   s.parallel.pp = 2;
@@ -162,9 +167,15 @@ TEST(Policy, MegatronPairsFallOutOfPropagation) {
   pc = resolve_parallel(s, 2);
   GraphInfo gi(mg.graph, pc, decide_partitions(mg.graph, pc));
   for (const core::Op& o : mg.graph.ops()) {
-    if (o.type == "embedding") EXPECT_EQ(gi.op_chunk[size_t(o.id)], 0);
-    if (o.type == "cross_entropy" || o.scope == "ln_f") EXPECT_EQ(gi.op_chunk[size_t(o.id)], 1);
-    if (o.phase == core::Phase::kBackward) EXPECT_EQ(gi.op_chunk[size_t(o.id)], gi.op_chunk[size_t(o.mirror)]);
+    if (o.type == "embedding") {
+      EXPECT_EQ(gi.op_chunk[size_t(o.id)], 0);
+    }
+    if (o.type == "cross_entropy" || o.scope == "ln_f") {
+      EXPECT_EQ(gi.op_chunk[size_t(o.id)], 1);
+    }
+    if (o.phase == core::Phase::kBackward) {
+      EXPECT_EQ(gi.op_chunk[size_t(o.id)], gi.op_chunk[size_t(o.mirror)]);
+    }
   }
 }
 

@@ -2,6 +2,7 @@
 // counts and bubbles match the closed forms.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <set>
 
 #include "planner/schedule.h"
@@ -46,10 +47,36 @@ TEST(Schedule, InterleavedVisitsEveryUnitOnceAndShrinksTheBubble) {
     }
     EXPECT_EQ(seen.size(), size_t(2 * m * v));
   }
-  std::vector<double> f(size_t(pp * v), 0.5), b(size_t(pp * v), 1.0);
-  ScheduleTiming t = time_schedule("interleaved", pp, v, m, f, b);
-  double plain = double(pp - 1) / double(m + pp - 1);
-  for (double x : t.bubble) EXPECT_LT(x, plain);
+  // Megatron's closed form: the warm-up shrinks v-fold, bubble (pp-1)/(v*m + pp-1).
+  for (auto [P, V, M] : std::vector<std::array<int, 3>>{{4, 2, 8}, {4, 2, 16}, {2, 3, 4}, {8, 2, 16}}) {
+    std::vector<double> f(size_t(P * V), 0.5), b(size_t(P * V), 1.0);
+    ScheduleTiming t = time_schedule("interleaved", P, V, M, f, b);
+    for (double x : t.bubble) EXPECT_NEAR(x, double(P - 1) / double(V * M + P - 1), 1e-12);
+    EXPECT_LT(t.bubble[0], double(P - 1) / double(M + P - 1));
+  }
+}
+
+TEST(Schedule, RoleProgramsRunTheirStageSchedule) {
+  for (const char* sched : {"gpipe", "1f1b", "interleaved"}) {
+    core::JobSpec s = test_util::gpt_spec(8);
+    s.train.global_batch = 16;
+    s.parallel.pp = 4;
+    s.parallel.pipeline.schedule = sched;
+    s.parallel.pipeline.virtual_stages = std::string(sched) == "interleaved" ? 2 : 1;
+    core::ModelGraph mg = build_planning_graph(s);
+    Plan p = make_plan(s, mg.graph, 4);
+    for (const Role& r : p.roles) {
+      std::vector<Unit> seen;
+      for (const Instr& in : r.program) {
+        if (in.stage == Stage::kStep || in.kind != InstrKind::kCompute) continue;
+        Unit u{in.mb, in.chunk, in.stage == Stage::kForward ? Dir::kForward : Dir::kBackward};
+        if (seen.empty() || !(seen.back() == u)) seen.push_back(u);
+      }
+      EXPECT_EQ(seen, stage_schedule(sched, 4, int(p.config.virtual_stages), int(p.config.micro_batches), r.stage))
+          << sched << " stage " << r.stage;
+      if (std::string(sched) == "1f1b") EXPECT_EQ(max_in_flight(seen), 4 - r.stage);
+    }
+  }
 }
 
 TEST(Schedule, PlannedPipelineBubbleMatchesTheClosedForm) {

@@ -133,7 +133,10 @@ TEST(Validator, EveryLayoutValidates) {
     std::string sched, recompute;
     int64_t v;
   };
-  for (const Case& c : std::vector<Case>{{4, 2, 2, 1, 0, "gpipe", "none", 1},
+  for (const Case& c : std::vector<Case>{{1, 1, 1, 1, 0, "1f1b", "none", 1},
+                                         {2, 2, 1, 1, 0, "1f1b", "none", 1},
+                                         {2, 1, 2, 1, 0, "1f1b", "none", 1},
+                                         {4, 2, 2, 1, 0, "gpipe", "none", 1},
                                          {8, 2, 2, 1, 2, "1f1b", "full", 1},
                                          {4, 1, 2, 1, 1, "interleaved", "selective", 2},
                                          {8, 1, 2, 2, 3, "1f1b", "full", 1},

@@ -1,0 +1,91 @@
+// `weft plan` end to end: the shipped planning configs plan, validate and print at several
+// world sizes; bad input exits 2 naming the field; --json and --timeline write their files.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "planner/plan_json.h"
+
+namespace weft::planner {
+namespace {
+
+struct CmdResult {
+  int code = -1;
+  std::string out;
+};
+
+CmdResult run(const std::string& args) {
+  CmdResult r;
+  std::string cmd = std::string(WEFT_BINARY) + " plan " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
+  int status = pclose(f);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string config(const std::string& name) { return std::string(WEFT_SOURCE_DIR) + "/configs/" + name; }
+
+class CmdPlan : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(WEFT_BINARY)) GTEST_SKIP() << "weft binary not built";
+  }
+};
+
+TEST_F(CmdPlan, PrintsLayoutPlacementAndCosts) {
+  for (int world : {8, 64}) {
+    CmdResult r = run("--config " + config("gpt2-124m-plan.yaml") + " --world " + std::to_string(world));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("stage 0: embedding, layers 0-5"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("stage 1: layers 6-11, final norm + head"), std::string::npos);
+    EXPECT_NE(r.out.find("predicted step"), std::string::npos);
+    EXPECT_NE(r.out.find("planned in"), std::string::npos);
+  }
+}
+
+TEST_F(CmdPlan, SevenBillionAtFiveHundredTwelveRanks) {
+  CmdResult r = run("--config " + config("llama-7b-like.yaml") + " --world 512");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("world 512 = dp 64 x tp 4 x pp 2 x ep 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ranks 0,4,8,...,252 (64 ranks)"), std::string::npos) << r.out;
+}
+
+TEST_F(CmdPlan, BadParallelValuesExitTwoNamingTheField) {
+  CmdResult r = run("--config " + config("gpt2-124m-plan.yaml") + " --world 8 --set parallel.tp=5");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("parallel.tp"), std::string::npos) << r.out;
+  r = run("--config " + config("llama-7b-like.yaml") + " --world 6");
+  EXPECT_EQ(r.code, 2);
+  r = run("--config " + config("gpt2-124m-plan.yaml"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--world"), std::string::npos);
+}
+
+TEST_F(CmdPlan, WritesJsonAndTimeline) {
+  std::string dir = ::testing::TempDir();
+  std::string json = dir + "/weft_cmd_plan.json", svg = dir + "/weft_cmd_plan.svg";
+  CmdResult r = run("--config " + config("gpt2-124m-plan.yaml") + " --world 8 --set train.global_batch=64 --out " +
+              json + " --timeline " + svg);
+  ASSERT_EQ(r.code, 0) << r.out;
+  Plan p = read_plan_file(json);
+  EXPECT_EQ(p.world(), 8);
+  EXPECT_TRUE(p.costs.valid);
+  std::ifstream f(svg);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_NE(ss.str().find("<svg"), std::string::npos);
+  EXPECT_NE(ss.str().find("rank 7"), std::string::npos);
+  std::remove(json.c_str());
+  std::remove(svg.c_str());
+}
+
+}  // namespace
+}  // namespace weft::planner
