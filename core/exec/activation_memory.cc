@@ -1,23 +1,31 @@
 // ActivationMemory: caching, or trace-then-plan.
 #include "core/exec/activation_memory.h"
 
+#include "base/env.h"
 #include "base/log.h"
 
 namespace weft::core {
 
 ActivationMemory::ActivationMemory(const std::string& kind) : kind_(kind) {
   caching_ = std::make_unique<memory::CachingAllocator>();
-  if (kind_ == "planned") {
-    recorder_ = std::make_unique<memory::TraceRecorder>(*caching_);
-    current_ = recorder_.get();
-  } else {
-    current_ = caching_.get();
-  }
+  // Step 0 always runs through the recorder (a map insert per allocation).
+  recorder_ = std::make_unique<memory::TraceRecorder>(*caching_);
+  current_ = recorder_.get();
 }
 
 void ActivationMemory::begin_step(int64_t step) {
-  if (recorder_ && !planned_ && step >= 1) {
+  if (step >= 1 && current_ == recorder_.get()) {
     memory::Trace trace = recorder_->trace();
+    std::string path = env_string("WEFT_MEMORY_TRACE", "");
+    if (!path.empty()) {
+      memory::save_trace(trace, path);
+      WEFT_INFO("memory", "step-0 allocation trace (", trace.records.size(), " allocations) saved to ", path);
+    }
+    if (kind_ != "planned") {
+      current_ = caching_.get();  // blocks from step 0 still return through the recorder
+      current_->begin_step();
+      return;
+    }
     planned_ = std::make_unique<memory::PlannedAllocator>(trace);
     current_ = planned_.get();
     WEFT_INFO("memory", "planned ", trace.records.size(), " allocations of step 0 into an arena of ",

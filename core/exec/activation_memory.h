@@ -4,6 +4,8 @@
 //            records every allocation; from step 1 on a PlannedAllocator serves the step
 //            from the offline plan of that trace (online best-fit for what it did not
 //            foresee, e.g. MoE routing changes).
+// Either way step 0 is traced; WEFT_MEMORY_TRACE=FILE saves that trace (the format of
+// memory/trace.h) so `bench_memory --trace FILE` can replay a real training step.
 #pragma once
 
 #include <memory>
