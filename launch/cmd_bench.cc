@@ -16,6 +16,7 @@
 #include "core/exec/trainer.h"
 #include "core/rng.h"
 #include "launch/args.h"
+#include "launch/bench_memory_traces.h"
 #include "launch/bench_util.h"
 #include "launch/commands.h"
 #include "memory/host_allocator.h"
@@ -95,9 +96,14 @@ int cmd_bench(const std::vector<std::string>& argv) {
     std::printf(
         "usage: weft bench train [--configs S,M] [--threads 1,2] [--steps N] [--no-torch]\n"
         "  Weft vs PyTorch tokens/s on config S (4x256, seq 256, batch 8, vocab 256) and\n"
-        "  M (GPT-2-124M-like: 12x768, seq 256, batch 4, vocab 50304).\n");
+        "  M (GPT-2-124M-like: 12x768, seq 256, batch 4, vocab 50304).\n"
+        "usage: weft bench memory [--steps N] [--csv] [--no-model]\n"
+        "  caching allocator vs offline plan on traces of real training steps.\n");
     return argv.empty() ? 2 : 0;
   }
+  if (argv[0] == "memory")
+    return run_memory_comparison(Args(std::vector<std::string>(argv.begin() + 1, argv.end()),
+                                      {"--steps"}, {"--csv", "--no-model"}));
   if (argv[0] != "train" && argv[0] != "train-worker")
     throw ConfigError("bench", "unknown benchmark '" + argv[0] + "'; expected: train");
   Args a(std::vector<std::string>(argv.begin() + 1, argv.end()),
