@@ -36,15 +36,26 @@ static std::vector<int64_t> contiguous_strides(const Shape& shape) {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, memory::Allocator* alloc, memory::Tag tag) {
+  return empty_on(Device::cpu(), shape, dtype, alloc ? *alloc : memory::default_host_allocator(),
+                  tag);
+}
+
+Tensor Tensor::empty_on(Device device, const Shape& shape, DType dtype, memory::Allocator& alloc,
+                        memory::Tag tag) {
   for (int64_t d : shape) WEFT_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
   Tensor t;
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;
-  memory::Allocator& a = alloc ? *alloc : memory::default_host_allocator();
-  t.storage_ = std::make_shared<Storage>(size_t(shape_numel(shape)) * dtype_size(dtype),
-                                         Device::cpu(), a, tag);
+  t.storage_ = std::make_shared<Storage>(size_t(shape_numel(shape)) * dtype_size(dtype), device,
+                                         alloc, tag);
   return t;
+}
+
+// Host-only operations dereference the storage; on a device tensor that would crash.
+static void check_host(const Tensor& t, const char* what) {
+  WEFT_CHECK(t.device().is_cpu(), what, " on a tensor on ", t.device().to_string(),
+             " (host-only; copy it to the host first)");
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, memory::Allocator* alloc, memory::Tag tag) {
@@ -135,6 +146,8 @@ void store_from_double(void* base, DType t, int64_t i, double v) {
 }  // namespace
 
 void Tensor::copy_from(const Tensor& src) {
+  check_host(*this, "copy_from");
+  check_host(src, "copy_from");
   WEFT_CHECK(src.shape_ == shape_, "copy_from: shape ", shape_str(src.shape_), " into ",
              shape_str(shape_));
   if (src.dtype_ == dtype_ && src.is_contiguous() && is_contiguous()) {
@@ -166,6 +179,7 @@ Tensor Tensor::to(DType dtype) const {
 }
 
 void Tensor::zero_() {
+  check_host(*this, "zero_");
   if (is_contiguous()) {
     std::memset(raw_data(), 0, nbytes());
   } else {
@@ -174,6 +188,7 @@ void Tensor::zero_() {
 }
 
 void Tensor::fill_(double value) {
+  check_host(*this, "fill_");
   void* b = raw_data();
   for_each_offset(shape_, strides_,
                   [&](int64_t, int64_t off) { store_from_double(b, dtype_, off, value); });
@@ -182,6 +197,7 @@ void Tensor::fill_(double value) {
 double Tensor::item_at(int64_t flat_index) const {
   WEFT_CHECK(is_contiguous() && flat_index >= 0 && flat_index < numel(), "item_at(", flat_index,
              ") of ", shape_str(shape_));
+  check_host(*this, "item_at");
   return load_as_double(raw_data(), dtype_, flat_index);
 }
 

@@ -46,6 +46,12 @@ class Tensor {
                       memory::Tag tag = memory::Tag::kOther);
   static Tensor zeros(const Shape& shape, DType dtype, memory::Allocator* alloc = nullptr,
                       memory::Tag tag = memory::Tag::kOther);
+  // New contiguous tensor on `device`, uninitialised, its bytes from `alloc` (which must
+  // serve memory of that device: core/cuda/ gives a device arena's allocator). Element
+  // access, copies and fills below are host-only and refuse non-CPU tensors; device code
+  // (core/cuda/) reads raw_data() and moves bytes itself.
+  static Tensor empty_on(Device device, const Shape& shape, DType dtype, memory::Allocator& alloc,
+                         memory::Tag tag = memory::Tag::kOther);
   template <typename T>
   static Tensor from_vector(const Shape& shape, const std::vector<T>& values);
 

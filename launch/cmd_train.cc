@@ -1,14 +1,22 @@
 // `weft train`: one worker's training loop: config, data, trainer, a progress line per
-// step, validation, metrics JSONL, a loss curve and a summary in the run folder.
+// step, validation, metrics JSONL, a loss curve and a summary in the run folder. Launched
+// on several processes (weft run, mpirun) it runs the planned multi-rank trainer instead.
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
+#include "base/env.h"
+#include "base/config.h"
 #include "base/error.h"
+#include "checkpoint/trainer_state.h"
 #include "base/log.h"
 #include "core/config/job_spec.h"
+#if WEFT_HAVE_CUDA
+#include "core/cuda/runtime.h"
+#endif
 #include "core/cpu/kernels.h"
 #include "core/data/dataset.h"
 #include "core/exec/trainer.h"
@@ -18,6 +26,9 @@
 #include "launch/args.h"
 #include "launch/commands.h"
 #include "launch/train_report.h"
+#include "parallel/launch_env.h"
+#include "parallel/trainer.h"
+#include "planner/policy.h"
 
 namespace weft::launch {
 namespace {
@@ -30,27 +41,129 @@ constexpr const char* kHelp = R"(usage: weft train --config FILE.yaml [options]
   --config FILE           the job's YAML file (required)
   --set a.b=value         override a key (repeatable), e.g. --set train.steps=20
   --init-weights W        start from these safetensors weights instead of the seeded init
+  --resume DIR            continue from the newest checkpoint under DIR (or that step folder)
   --save-weights W        write the final weights as safetensors
   --metrics M.jsonl       metrics file (default: <train.out_dir>/metrics.jsonl)
 
 Writes into train.out_dir: metrics.jsonl, loss_curve.svg, config.yaml, summary.txt.
 Ctrl-C stops cleanly after the current step.
+
+Several processes: `weft run --standalone --nproc-per-node N -- weft train ...` or
+`mpirun -np N weft train ...` train the plan of the parallel: section on N ranks (rank 0
+prints and writes; WEFT_COMM_TIMEOUT_MS bounds every wait on a peer, default 60000;
+WEFT_MEMORY_GIB refuses a layout whose per-rank peak exceeds it).
 )";
 
 double mib(size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 
+// The multi-rank loop: every rank trains its part of the plan; rank 0 prints the progress
+// line, writes the metrics, the weights and the run folder. Numbers equal the single
+// process's (tests/parallel). Validation runs in the single-process trainer only, for now.
+int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::LaunchEnv& env) {
+  log_set_rank(env.rank);
+  const bool lead = env.rank == 0;
+  planner::resolve_parallel(spec, env.world);  // bad degrees fail here, before any rank connects
+  core::cpu::set_num_threads(int(spec.train.threads));
+  core::data::TokenDataset data = core::data::TokenDataset::load(spec);
+  parallel::WorkerWorld world(env, comm::Millis(env_int("WEFT_COMM_TIMEOUT_MS", 60'000)));
+  parallel::ParallelTrainer trainer(spec, world.comm());
+  if (args.has("--init-weights"))
+    trainer.load_weights(core::io::load_safetensors(args.get("--init-weights"), "--init-weights"),
+                         "--init-weights");
+
+  namespace fs = std::filesystem;
+  fs::path out = spec.train.out_dir;
+  std::string metrics_path =
+      args.has("--metrics") ? args.get("--metrics") : (out / "metrics.jsonl").string();
+  std::unique_ptr<core::io::MetricsWriter> metrics;
+  const planner::Degrees& d = trainer.plan().config.deg;
+  if (lead) {
+    fs::create_directories(out);
+    std::ofstream(out / "config.yaml") << core::job_spec_to_yaml(spec);
+    metrics = std::make_unique<core::io::MetricsWriter>(metrics_path);
+    std::printf(
+        "weft train: %s, %lld layers, dim %lld, %.2fM parameters, %lld tokens (train); world %d = "
+        "dp %lld x "
+        "tp %lld x pp %lld x ep %lld (%s), zero %d, launched by %s\n",
+        spec.model.arch.c_str(), (long long)spec.model.layers, (long long)spec.model.dim,
+        double(trainer.num_parameters()) / 1e6, (long long)data.train_tokens().size(), env.world,
+        (long long)d.dp, (long long)d.tp, (long long)d.pp, (long long)d.ep,
+        trainer.plan().config.schedule.c_str(), trainer.plan().config.zero, env.launcher.c_str());
+    if (spec.train.eval_every > 0)
+      std::printf(
+          "note: validation (train.eval_every) runs in the single-process trainer only for now\n");
+    std::fflush(stdout);
+  }
+  auto train_batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
+    data.fill_train(s, b0, n, x, y);
+  };
+  std::signal(SIGINT, on_sigint);
+  TrainReport report(spec);
+  auto t_start = std::chrono::steady_clock::now();
+  bool stop = false;
+  while (trainer.current_step() < spec.train.steps && !stop) {
+    auto t0 = std::chrono::steady_clock::now();
+    core::StepStats st = trainer.step(train_batch);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (lead) {
+      core::io::StepMetrics m;
+      m.step = st.step;
+      m.loss = st.loss;
+      m.lr = st.lr;
+      m.grad_norm = st.grad_norm;
+      m.tokens_per_s = double(st.tokens) / secs;
+      m.world = env.world;
+      m.epoch = data.sampler().epoch(st.step);
+      m.extra = {{"step_ms", secs * 1e3}};
+      if (spec.model.arch == "moe-gpt") m.extra.insert(m.extra.begin(), {"aux_loss", st.aux_loss});
+      metrics->write_step(m);
+      report.add_step(m);
+      if (spec.train.log_every > 0 &&
+          (st.step % spec.train.log_every == 0 || st.step + 1 == spec.train.steps))
+        std::printf("step %5lld/%lld | loss %.4f | lr %.2e | grad %.3f | %8.0f tok/s | %.0f ms\n",
+                    (long long)st.step, (long long)spec.train.steps, st.loss, st.lr, st.grad_norm,
+                    m.tokens_per_s, secs * 1e3);
+      std::fflush(stdout);
+    }
+    stop = parallel::agree_stop(world.comm(), g_stop != 0);  // every rank stops at the same step
+  }
+  double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  core::NamedTensors w;
+  if (args.has("--save-weights")) w = trainer.gather_weights();  // collective
+  if (!lead) return stop ? 130 : 0;
+  if (stop)
+    std::printf("interrupted: stopped cleanly after step %lld\n",
+                (long long)trainer.current_step() - 1);
+  if (args.has("--save-weights")) core::io::save_safetensors(args.get("--save-weights"), w);
+  metrics.reset();
+  core::io::write_loss_curve_svg((out / "loss_curve.svg").string(),
+                                 core::io::read_metrics(metrics_path));
+  std::string summary = report.summary(total, memory::AllocatorStats{}, spec.memory.allocator);
+  std::ofstream(out / "summary.txt") << summary;
+  std::fputs(summary.c_str(), stdout);
+  std::printf("run folder: %s (metrics.jsonl, loss_curve.svg, summary.txt)\n",
+              out.string().c_str());
+  return stop ? 130 : 0;
+}
+
 }  // namespace
 
 int cmd_train(const std::vector<std::string>& argv) {
-  Args args(argv, {"--config", "--set", "--init-weights", "--save-weights", "--metrics"}, {"--help"});
+  Args args(argv, {"--config", "--set", "--init-weights", "--save-weights", "--metrics", "--resume"}, {"--help"});
   if (args.flag("--help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
   std::string config = args.required("--config");
   core::JobSpec spec = core::load_job_spec(config, args.all("--set"));
+#if WEFT_HAVE_CUDA
+  if (spec.device == "cuda") core::cuda::require_device("device");  // no GPU: exit 2, names `device`
+#endif
   if (spec.device != "cpu")
     throw ConfigError("device", "'" + spec.device + "' is not available in this build's trainer yet; use cpu");
+  parallel::LaunchEnv env = parallel::detect_launch_env();
+  if (env.world > 1 && args.has("--resume")) throw NotSupported("--resume with several ranks: not yet (the elastic issue)");
+  if (env.world > 1) return train_ranks(args, spec, env);
   core::cpu::set_num_threads(int(spec.train.threads));
 
   core::data::TokenDataset data = core::data::TokenDataset::load(spec);
@@ -58,6 +171,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   if (args.has("--init-weights"))
     trainer.load_weights(core::io::load_safetensors(args.get("--init-weights"), "--init-weights"),
                          "--init-weights");
+  checkpoint::TrainerCheckpoints ckpt(spec, trainer, args.has("--resume") ? args.get("--resume") : "");
 
   namespace fs = std::filesystem;
   fs::path out = spec.train.out_dir;
@@ -81,6 +195,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   while (trainer.current_step() < spec.train.steps && !g_stop) {
     auto t0 = std::chrono::steady_clock::now();
     core::StepStats st = trainer.step(train_batch);
+    ckpt.after_step();  // checkpoint.every: a durable checkpoint, in the background when async
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     core::io::StepMetrics m;
     m.step = st.step;
@@ -114,6 +229,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   if (g_stop) std::printf("interrupted: stopped cleanly after step %lld\n", (long long)trainer.current_step() - 1);
 
+  ckpt.finish();
   if (args.has("--save-weights")) core::io::save_safetensors(args.get("--save-weights"), trainer.weights());
   core::io::write_loss_curve_svg((out / "loss_curve.svg").string(), core::io::read_metrics(metrics_path));
   std::string summary = report.summary(total, trainer.activation_stats(), spec.memory.allocator);

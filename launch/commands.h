@@ -12,5 +12,7 @@ int cmd_data(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_store(const std::vector<std::string>& args);
 int cmd_plan(const std::vector<std::string>& args);
+int cmd_ckpt(const std::vector<std::string>& args);
+int cmd_run(const std::vector<std::string>& args);
 
 }  // namespace weft::launch

@@ -24,6 +24,8 @@ const std::map<std::string, Command>& command_table() {
       {"data", {weft::launch::cmd_data, "data tools: `weft data prepare IN.txt OUT.bin`"}},
       {"bench", {weft::launch::cmd_bench, "benchmarks: `weft bench train`"}},
       {"store", {weft::launch::cmd_store, "the rendezvous store alone: `weft store --port P [--host H]`"}},
+      {"run", {weft::launch::cmd_run, "start workers on this machine: `weft run --standalone --nproc-per-node N -- weft train ...`"}},
+      {"ckpt", {weft::launch::cmd_ckpt, "checkpoints: `weft ckpt export DIR out.safetensors`, `import`, `verify`"}},
       {"plan", {weft::launch::cmd_plan, "plan, validate and simulate a parallel layout: `weft plan --config X.yaml --world N`"}},
   };
   return table;

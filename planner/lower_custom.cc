@@ -49,13 +49,16 @@ void StageBuilder::emit_ce(int op, const std::vector<SubOp>& subs, const Ctx& ct
   std::vector<std::vector<bool>> acc(2);
   std::vector<int> loss = outputs(op, subs, 0, ctx, &acc[0]), probs = outputs(op, subs, 1, ctx, &acc[1]);
   int tv = g_.op(op).inputs[1];
+  // The max and the sums in f64 for an f64 model (gradient checks), else f32.
+  const core::DType sdt =
+      g_.value(g_.op(op).inputs[0]).dtype == core::DType::kF64 ? core::DType::kF64 : core::DType::kF32;
   for (int l = 0; l < lanes_; ++l) {
     const TensorDesc tgt = role(l).tensors[size_t(targets[size_t(l)])];
     int fam = team_family(tp_team(plan_.mesh, l));
     auto scratch = [&](const std::string& name, bool pair) {
       Piece p = tgt.piece;
       if (pair) p.box.insert(p.box.begin(), DimSlice{0, 2, 1, 0});
-      TensorDesc t = scratch_tensor(name, p, core::DType::kF32);
+      TensorDesc t = scratch_tensor(name, p, sdt);
       t.shift_dim = pair ? 1 : 0;
       t.shift = slice_shift(tv, 0);
       return add_tensor(l, t);

@@ -12,7 +12,7 @@
 
 #include "base/check.h"
 #include "comm/backend.h"
-#include "comm/checks.h"
+#include "base/foreign_checks.h"
 #include "comm/store/store.h"
 
 namespace weft::comm {

@@ -110,6 +110,38 @@ template <typename T>
 void cross_entropy_backward(const T* probs, const int32_t* targets, T dloss, T* dlogits,
                             bool accumulate, int64_t N, int64_t V);
 
+// ---- Vocabulary slices (vocabulary-parallel layouts) ----------------------------
+// The table or the logits hold vocabulary entries [offset, offset+V) of the whole; ids are
+// checked non-negative here and against the whole vocabulary by the caller.
+// Embedding: tokens outside the slice contribute zero; wpe may be null (one slice adds it).
+template <typename T>
+void embedding_slice_forward(const int32_t* tokens, const T* wte, const std::type_identity_t<T>* wpe,
+                             T* out, int64_t B, int64_t Tn, int64_t C, int64_t V, int64_t offset);
+// dwte (V,C) += dout rows whose token falls in the slice; dwpe += sum over b (each may be null).
+template <typename T>
+void embedding_slice_backward(const T* dout, const int32_t* tokens, std::type_identity_t<T>* dwte,
+                              std::type_identity_t<T>* dwpe, int64_t B, int64_t Tn, int64_t C, int64_t V,
+                              int64_t offset);
+// Cross-entropy over slices, in three passes with reductions across the slices between
+// them: row_max (N) of the slice (then max); sum_exp (N) of exp(logit - row_max) and
+// target_logit (N), the target's logit where it falls in the slice, else 0 (then sum);
+// finally probs (N,V) = exp(logit - row_max) / sum_exp (may be null) and the returned mean
+// loss row_max + log(sum_exp) - target_logit.
+template <typename T>
+void cross_entropy_slice_max(const T* logits, double* row_max, int64_t N, int64_t V);
+template <typename T>
+void cross_entropy_slice_sumexp(const T* logits, const int32_t* targets, const double* row_max,
+                                double* sum_exp, double* target_logit, int64_t N, int64_t V, int64_t offset);
+template <typename T>
+double cross_entropy_slice_finish(const T* logits, const double* row_max, const double* sum_exp,
+                                  const double* target_logit, std::type_identity_t<T>* probs, int64_t N,
+                                  int64_t V);
+// dlogits = (probs - onehot(target - offset)) * dloss; the one-hot only where the target
+// falls in the slice.
+template <typename T>
+void cross_entropy_slice_backward(const T* probs, const int32_t* targets, T dloss, T* dlogits,
+                                  bool accumulate, int64_t N, int64_t V, int64_t offset);
+
 // ---- Element-wise --------------------------------------------------------------
 template <typename T>
 void add(const T* a, const T* b, T* y, int64_t n);  // y = a + b

@@ -1,0 +1,64 @@
+// Checkpoints of the single-process trainer (`weft train --resume DIR`, checkpoint.every)
+// and the consolidated safetensors export and import (`weft ckpt`). The trainer's state is
+// the VPS's whole layout: every state tensor on rank 0, viewed in place in the executor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "core/exec/trainer.h"
+
+namespace weft::checkpoint {
+
+// The trainer's state tensors in whole_layout(space) order (views of the executor's
+// tensors; the scalars are fresh i64 tensors holding step, seed and data cursor).
+std::vector<core::Tensor> trainer_tensors(core::Trainer& trainer,
+                                          const parallel::StateSpace& space);
+
+// The hooks cmd_train calls: construct after the trainer (resumes when `resume` is not
+// empty), call after_step() after every optimizer step, finish() at the end.
+class TrainerCheckpoints {
+ public:
+  // Resuming: loads the newest checkpoint under `resume` (or that step folder) into the
+  // trainer and sets its step. ConfigError("--resume") for a missing folder, another
+  // model, another train.seed or train.global_batch (the data cursor would mean other
+  // data), or a corrupted shard; the trainer is untouched then.
+  TrainerCheckpoints(const core::JobSpec& spec, core::Trainer& trainer,
+                     const std::string& resume = {});
+  ~TrainerCheckpoints();
+
+  // Saves when checkpoint.every > 0 and divides the steps done (in the background when
+  // checkpoint.async). Rethrows the previous background save's failure.
+  void after_step();
+  // Saves now, synchronously unless checkpoint.async; returns the step folder (empty
+  // while an asynchronous save is still writing).
+  std::string save(bool wait_for_it = false);
+  // Waits for a background save and rethrows its failure.
+  void finish();
+
+  const parallel::StateSpace& space() const { return space_; }
+
+ private:
+  const core::JobSpec& spec_;
+  core::Trainer& trainer_;
+  parallel::StateSpace space_;
+  parallel::Layout layout_;
+  AsyncSaver saver_;
+};
+
+// `weft ckpt export`: the parameters of a checkpoint as one safetensors file named as
+// core/models/weights.h names them (experts one tensor each), f32. Returns the tensors
+// written. ConfigError(field) for a missing or corrupted checkpoint.
+int64_t export_safetensors(const std::string& ckpt, const std::string& out,
+                           const std::string& field = "DIR");
+
+// `weft ckpt import`: a step-0 checkpoint under `root` holding the weights of `in` for the
+// job `spec` (optimizer moments zero); returns the step folder. ConfigError naming `field`
+// for weights of another model.
+std::string import_safetensors(const std::string& in, const std::string& root,
+                               const core::JobSpec& spec,
+                               const std::string& field = "in.safetensors");
+
+}  // namespace weft::checkpoint

@@ -1,0 +1,203 @@
+// RankExecutor: the instruction interpreter.
+#include "parallel/executor.h"
+
+#include <algorithm>
+#include <set>
+
+#include "base/check.h"
+#include "base/error.h"
+#include "core/graph/op_parts.h"
+#include "parallel/compute.h"
+#include "parallel/regions.h"
+#include "planner/validate.h"
+
+namespace weft::parallel {
+
+using planner::Instr;
+using planner::InstrKind;
+
+RankExecutor::RankExecutor(const planner::Plan& plan, const core::Graph& g, int rank,
+                           comm::Communicator& world, const ProcessGroups& groups)
+    : plan_(plan), g_(g), prog_(plan.program(rank)), world_(world), groups_(groups) {
+  planner::require_valid(plan_, g_);
+  table_ = std::make_unique<TensorTable>(prog_, g_);
+  std::map<int, std::set<int64_t>> sent, received;
+  for (const Instr& in : prog_.program) {
+    if (in.kind == InstrKind::kSend) sent[in.peer].insert(in.tag);
+    if (in.kind == InstrKind::kRecv) received[in.peer].insert(in.tag);
+  }
+  auto index = [](const std::map<int, std::set<int64_t>>& by_peer,
+                  std::map<std::pair<int, int64_t>, int>& out) {
+    for (const auto& [peer, tags] : by_peer) {
+      int i = 0;
+      for (int64_t t : tags) out[{peer, t}] = i++ % (comm::kMaxTag + 1);
+    }
+  };
+  index(sent, send_tag_);
+  index(received, recv_tag_);
+}
+
+RankExecutor::~RankExecutor() {
+  // Sends still in flight own their buffers (Work keeps the storage); nothing to release.
+}
+
+void RankExecutor::init_parameters(uint64_t seed) {
+  for (size_t i = 0; i < table_->size(); ++i) {
+    const planner::TensorDesc& d = table_->desc(int(i));
+    if (!d.persistent || d.alias_of >= 0 || d.value < 0) continue;
+    const core::Value& v = g_.value(d.value);
+    if (v.role != core::Role::kParameter) continue;
+    init_parameter_piece(table_->read(int(i)), d.piece.box, v, seed);
+  }
+}
+
+int RankExecutor::small_tag(bool send, int peer, int64_t tag) const {
+  const auto& m = send ? send_tag_ : recv_tag_;
+  auto it = m.find({peer, tag});
+  WEFT_CHECK(it != m.end(), "no tag for peer ", peer, " tag ", tag);
+  return it->second;
+}
+
+void RankExecutor::send(const Instr& in) {
+  int id = in.in.at(0).tensor;
+  // A tensor that outlives this instruction's neighbourhood (persistent, kept) may be written
+  // again while the send is in flight: send a copy of it.
+  const planner::TensorDesc& d = table_->desc(id);
+  core::Tensor buf =
+      d.persistent || d.keep ? table_->read(id).clone() : table_->read(id).contiguous();
+  comm::SendOptions o;
+  o.tag = small_tag(true, in.peer, in.tag);
+  sends_[id].push_back(world_.send(buf, in.peer, o));
+}
+
+void RankExecutor::recv(const Instr& in) {
+  int id = in.out.at(0).tensor;
+  core::Tensor& out = table_->write(id, false);
+  comm::RecvOptions o;
+  o.tag = small_tag(false, in.peer, in.tag);
+  if (out.is_contiguous()) {
+    world_.recv(out, in.peer, o).wait();
+    return;
+  }
+  core::Tensor tmp = core::Tensor::empty(out.shape(), out.dtype());
+  world_.recv(tmp, in.peer, o).wait();
+  out.copy_from(tmp);
+}
+
+void RankExecutor::wait_all_sends() {
+  for (auto& [id, works] : sends_)
+    for (const comm::Work& w : works) w.wait();
+  sends_.clear();
+}
+
+void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load) {
+  table_->zero_gradients();
+  moe_ = MoeState();
+  core::StepScalars s = scalars;
+  const std::vector<int64_t> no_rows;
+  for (const Instr& in : prog_.program) {
+    if (!pending_.empty()) settle(roots(in));
+    switch (in.kind) {
+      case InstrKind::kLoad: {
+        const planner::Operand& o = in.out.at(0);
+        const planner::TensorDesc& d = table_->desc(o.tensor);
+        load(d.value, d.piece.box, table_->write(o.tensor, false));
+        break;
+      }
+      case InstrKind::kCompute: {
+        s.micro_batch = in.mb;
+        const std::vector<int64_t>* rows = &no_rows;
+        std::vector<int64_t> er;
+        if (in.part == "moe.experts") {
+          const core::Op& op = g_.op(in.op);
+          auto it = moe_.all.find({op.type == "moe.bwd" ? op.mirror : in.op, in.mb});
+          WEFT_CHECK(it != moe_.all.end(), "moe.experts before its dispatch");
+          er = it->second.expert_rows();
+          rows = &er;
+        }
+        run_compute_instr(in, *table_, s, nullptr, *rows);
+        if (in.part == "moe.route" && g_.op(in.op).type == "moe") {
+          for (const planner::Operand& o : in.out)
+            if (o.slot == 3) {
+              int64_t experts = g_.value(g_.op(in.op).inputs[1]).shape[0];
+              moe_.own[{in.op, in.mb}] = core::moe_expert_counts(table_->read(o.tensor), experts);
+            }
+        }
+        break;
+      }
+      case InstrKind::kLocal: {
+        const planner::Operand &src = in.in.at(0), &dst = in.out.at(0);
+        const planner::Box& ob = table_->desc(dst.tensor).piece.box;
+        TensorTable::Located from = table_->locate(src.tensor, false, false);
+        TensorTable::Located to = table_->locate(dst.tensor, true, dst.accumulate);
+        copy_region(*to.tensor, *to.box, *from.tensor, *from.box, ob, dst.accumulate);
+        break;
+      }
+      case InstrKind::kSend:
+        send(in);
+        break;
+      case InstrKind::kRecv:
+        recv(in);
+        break;
+      case InstrKind::kCollective: {
+        PendingCollective p = start_collective(in, *table_, groups_.group(in.group), moe_);
+        // Gradient buckets overlap with the backward compute that follows; everything else
+        // completes here (receives and collectives block).
+        if (in.part == "grad.sync")
+          pending_.push_back({&in, std::move(p), roots(in)});
+        else
+          complete(in, p);
+        break;
+      }
+      case InstrKind::kFree:
+        // A send in flight keeps its buffer alive through its Work, so the slot can go now.
+        // Waiting here instead would deadlock 1F1B: a send completes only when the peer
+        // posts the receive, which it does after its own send to us.
+        for (const planner::Operand& o : in.in) table_->release(o.tensor);
+        break;
+    }
+  }
+  while (!pending_.empty()) {
+    complete(*pending_.front().instr, pending_.front().op);
+    pending_.pop_front();
+  }
+  wait_all_sends();
+}
+
+std::vector<int> RankExecutor::roots(const Instr& in) const {
+  std::vector<int> out;
+  auto add = [&](int id) {
+    while (table_->desc(id).alias_of >= 0) id = table_->desc(id).alias_of;
+    out.push_back(id);
+  };
+  for (const planner::Operand& o : in.in) add(o.tensor);
+  for (const planner::Operand& o : in.out) add(o.tensor);
+  return out;
+}
+
+void RankExecutor::settle(const std::vector<int>& touched) {
+  // Complete in issue order up to the last in-flight bucket that shares storage with
+  // `touched`: the outputs must be in place before anything reads or writes them.
+  size_t last = 0;
+  for (size_t i = 0; i < pending_.size(); ++i)
+    for (int r : pending_[i].roots)
+      if (std::find(touched.begin(), touched.end(), r) != touched.end()) last = i + 1;
+  for (size_t i = 0; i < last; ++i) {
+    complete(*pending_.front().instr, pending_.front().op);
+    pending_.pop_front();
+  }
+}
+
+void RankExecutor::complete(const Instr& in, PendingCollective& p) {
+  try {
+    p.complete();
+  } catch (const PeerLostError& e) {
+    // The group's communicator names its own rank; say which process was lost.
+    const std::vector<int>& ranks = plan_.groups.at(size_t(in.group)).ranks;
+    int lost = e.peer() >= 0 && size_t(e.peer()) < ranks.size() ? ranks[size_t(e.peer())] : -1;
+    throw PeerLostError(lost, "lost rank " + std::to_string(lost) + " (process group " +
+                                  std::to_string(in.group) + "): " + e.what());
+  }
+}
+
+}  // namespace weft::parallel

@@ -1,0 +1,88 @@
+// The plan executor: runs one rank's RankProgram (planner/plan.h, docs/planner.md "Executor
+// contract") for one optimizer step: loads, compute on local pieces, collectives on the
+// plan's process groups, point-to-point transfers between pipeline stages, frees.
+//
+// Threads: one thread drives an executor. Sends are asynchronous (their Work owns the
+// buffer until the matching receive completed, so a free does not wait; the end of the step
+// does). Gradient-bucket collectives (grad.sync) run while later backward compute goes on:
+// an instruction touching a bucket's tensors, or the end of the step, completes it first;
+// buckets complete in issue order, which each communicator keeps. Other receives and
+// collectives block. Any communication failure propagates as the
+// communicator's exception (PeerLostError names the lost peer, TimeoutError after the
+// communicator's timeout); the executor is then unusable.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/graph/graph.h"
+#include "core/graph/op_table.h"
+#include "parallel/collectives.h"
+#include "parallel/process_groups.h"
+#include "parallel/tensor_table.h"
+#include "planner/plan.h"
+
+namespace weft::parallel {
+
+// Fills the local tensor `out` holding `box` of input value `value` (token ids or targets)
+// for the current step.
+using LoadFn = std::function<void(int value, const planner::Box& box, core::Tensor& out)>;
+
+class RankExecutor {
+ public:
+  // Refuses (InternalError from planner::require_valid) a plan that fails validation.
+  // `plan`, `g`, `world` and `groups` must outlive the executor; `g` is the planning graph
+  // (planner::build_planning_graph) the plan was made from.
+  RankExecutor(const planner::Plan& plan, const core::Graph& g, int rank, comm::Communicator& world,
+               const ProcessGroups& groups);
+  ~RankExecutor();
+
+  // Seeds every local parameter piece from its global element indices (same numbers as
+  // core::init_parameters on the whole model).
+  void init_parameters(uint64_t seed);
+
+  // One optimizer step: zeroes the gradient accumulators and runs the program. `s.step` and
+  // `s.lr` are the step's; `s.loss_scale` must be 1 / (batch parts of the step).
+  void run_step(const core::StepScalars& s, const LoadFn& load);
+
+  const planner::RankProgram& program() const { return prog_; }
+  TensorTable& tensors() { return *table_; }
+  int rank() const { return prog_.rank; }
+
+ private:
+  void send(const planner::Instr& in);
+  void recv(const planner::Instr& in);
+  void wait_all_sends();
+  int small_tag(bool send, int peer, int64_t tag) const;
+  // Root tensors (aliases resolved) an instruction reads or writes.
+  std::vector<int> roots(const planner::Instr& in) const;
+  // Completes the in-flight buckets that `touched` depends on (and those issued before them).
+  void settle(const std::vector<int>& touched);
+  void complete(const planner::Instr& in, PendingCollective& p);
+
+  struct InFlight {
+    const planner::Instr* instr;
+    PendingCollective op;
+    std::vector<int> roots;
+  };
+
+  const planner::Plan& plan_;
+  const core::Graph& g_;
+  planner::RankProgram prog_;
+  comm::Communicator& world_;
+  const ProcessGroups& groups_;
+  std::unique_ptr<TensorTable> table_;
+  MoeState moe_;
+  // The plan's message tags are 64-bit; the transports carry [0, kMaxTag]. Per peer and
+  // direction the plan's tags, sorted, map to their index: both ends compute the same map.
+  std::map<std::pair<int, int64_t>, int> send_tag_, recv_tag_;
+  std::map<int, std::vector<comm::Work>> sends_;  // tensor -> sends in flight this step
+  std::deque<InFlight> pending_;                  // gradient buckets in flight, issue order
+};
+
+}  // namespace weft::parallel

@@ -1,0 +1,113 @@
+// The state router: moves training state from layout A to layout B. transition() is a pure
+// function of (A, B, options), so every rank computes the same transfer plan without
+// exchanging it; run_transition() executes one rank's part over a communicator.
+//
+// Memory model (per rank, budget equal on all ranks). States are processed in waves: a
+// wave's destination tensors are allocated when it starts (at most budget/2 bytes per rank,
+// unless one state alone is larger: then it is a wave of its own) and its source tensors
+// are released when it ends, before the next wave allocates. Within a wave, rounds move
+// messages; in one round a rank sends at most one message and receives at most one, each
+// at most budget/4 bytes (so staging stays under budget/2). Peak on a rank is therefore
+// the state not yet moved + the state already moved + at most one budget.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "parallel/vps.h"
+
+namespace weft::parallel {
+
+// One piece moving from a source box (rank `src` of A) to a destination box (rank `dst`
+// of B); `start`/`extent` are global coordinates inside both boxes.
+struct Transfer {
+  StateId state = -1;
+  std::vector<int64_t> start, extent;
+  int src = -1, src_box = -1;  // rank in A, index into A.ranks[src].boxes
+  int dst = -1, dst_box = -1;  // rank in B, index into B.ranks[dst].boxes
+  int64_t bytes = 0;
+  bool local() const { return src == dst; }
+};
+
+// Transfers from one rank to another, sent as one buffer (packed in `transfers` order).
+struct Message {
+  int src = -1, dst = -1;
+  std::vector<int> transfers;  // indices into TransferPlan::transfers
+  int64_t bytes = 0;
+};
+
+// Every rank appears at most once as a sender and once as a receiver.
+struct Round {
+  std::vector<Message> messages;
+};
+
+struct Wave {
+  std::vector<StateId> states;
+  std::vector<int> local_copies;  // transfers with src == dst, done at the wave's start
+  std::vector<Round> rounds;
+};
+
+struct RouterOptions {
+  int64_t budget_bytes = int64_t(256) << 20;  // must be the same on every rank
+};
+
+struct TransferPlan {
+  std::vector<Transfer> transfers;
+  std::vector<Wave> waves;
+  int64_t budget_bytes = 0;
+  int64_t bytes_remote() const;  // moved between ranks (local copies excluded)
+  int rounds() const;
+};
+
+// The transfers that fill rank `dst`'s boxes of B from the boxes of A: every destination
+// element exactly once, from a local box when one holds it, else a rank on the same host,
+// else the least-loaded replica (`load[q]`: bytes already assigned to source q, updated;
+// ties: the lower rank). Throws InternalError naming the box when A does not hold it.
+std::vector<Transfer> cover_rank(const StateSpace& space, const Layout& a, const Layout& b, int dst,
+                                 std::vector<int64_t>& load);
+
+// The whole plan: cover every rank of B (in rank order, so that the load balance is the
+// same everywhere), split transfers to fit messages, group states into waves and messages
+// into rounds. A and B must have the same world (see remap_ranks). Throws InternalError
+// for a budget below 64 bytes or layouts of different worlds.
+TransferPlan transition(const StateSpace& space, const Layout& a, const Layout& b,
+                        const RouterOptions& opt = {});
+
+// One rank's part, in issue order: what run_transition does and what the symbolic replay
+// checks. In a round a rank that both sends and receives posts its receive first when its
+// send goes to a lower rank: with blocking semantics the highest rank of any cycle of
+// sends then receives first, so no cycle of waits forms.
+struct RankOp {
+  enum Kind : uint8_t { kAlloc, kCopy, kRecv, kSend, kWait, kRelease } kind;
+  int wave = 0, round = -1;
+  int peer = -1;  // kSend / kRecv
+  int index =
+      -1;  // kAlloc: B local; kRelease: A local; kCopy: transfer; kSend/kRecv: message in round
+  int64_t bytes = 0;  // kAlloc / kRelease: tensor bytes; kSend / kRecv: message bytes
+};
+std::vector<RankOp> rank_ops(const TransferPlan& plan, const Layout& a, const Layout& b, int rank);
+
+// Executes rank `rank`'s part over `comm` (whose ranks are the layouts' ranks). `src` holds
+// this rank's A local tensors (A.ranks[rank].locals order, host memory); they are released
+// (reset) at the end of their wave. Returns this rank's B local tensors. Collective over the
+// ranks that appear in the plan; point-to-point only. Throws CommError from the transport
+// and InternalError for a src tensor of the wrong shape or dtype.
+std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout& a, const Layout& b,
+                                         int rank, std::vector<core::Tensor>& src,
+                                         comm::Communicator& comm);
+
+// Copies the box `extent` at `src_start` of a dense row-major `src_shape` tensor into
+// `dst_start` of a dense `dst_shape` tensor, `elem` bytes per element.
+void copy_box(void* dst, const std::vector<int64_t>& dst_shape,
+              const std::vector<int64_t>& dst_start, const void* src,
+              const std::vector<int64_t>& src_shape, const std::vector<int64_t>& src_start,
+              const std::vector<int64_t>& extent, size_t elem);
+
+// Box arithmetic on plain boxes.
+bool box_intersect(const std::vector<int64_t>& as, const std::vector<int64_t>& ae,
+                   const std::vector<int64_t>& bs, const std::vector<int64_t>& be,
+                   std::vector<int64_t>& start, std::vector<int64_t>& extent);
+
+}  // namespace weft::parallel

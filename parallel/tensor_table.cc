@@ -1,0 +1,128 @@
+// TensorTable: allocation on first write, alias views, gradient zeroing.
+#include "parallel/tensor_table.h"
+
+#include "base/check.h"
+#include "parallel/regions.h"
+
+namespace weft::parallel {
+
+namespace {
+memory::Tag tag_of(const core::Graph& g, const planner::TensorDesc& d) {
+  if (d.value < 0) return memory::Tag::kWorkspace;
+  switch (g.value(d.value).role) {
+    case core::Role::kParameter:
+      return memory::Tag::kParameter;
+    case core::Role::kGradient:
+      return memory::Tag::kGradient;
+    case core::Role::kOptimizerState:
+      return memory::Tag::kOptimizer;
+    default:
+      return memory::Tag::kActivation;
+  }
+}
+}  // namespace
+
+TensorTable::TensorTable(const planner::RankProgram& prog, const core::Graph& g,
+                         memory::Allocator* transient, memory::Allocator* state)
+    : prog_(prog),
+      g_(g),
+      transient_(transient ? transient : &memory::default_host_allocator()),
+      state_(state ? state : &memory::default_host_allocator()),
+      t_(prog.tensors.size()),
+      aliases_(prog.tensors.size()) {
+  viewable_.assign(t_.size(), 1);
+  for (size_t i = 0; i < t_.size(); ++i) {
+    const planner::TensorDesc& d = prog_.tensors[i];
+    if (d.alias_of < 0) continue;
+    aliases_.at(size_t(d.alias_of)).push_back(int(i));
+    // A view exists when every dim is the root's or one range inside a one-chunk root dim.
+    const planner::Box& rb = prog_.tensors[size_t(d.alias_of)].piece.box;
+    for (size_t k = 0; k < rb.size(); ++k) {
+      const planner::DimSlice &r = rb[k], &a = d.piece.box.at(k);
+      if (!(r == a) && (r.count != 1 || a.count != 1)) viewable_[i] = 0;
+    }
+    if (!viewable_[size_t(d.alias_of)]) viewable_[i] = 0;
+  }
+  for (size_t i = 0; i < t_.size(); ++i)
+    if (prog_.tensors[i].persistent && prog_.tensors[i].alias_of < 0)
+      t_[i] = allocate(int(i), true);
+}
+
+std::string TensorTable::name(int id) const {
+  const planner::TensorDesc& d = desc(id);
+  std::string n = d.value >= 0 ? g_.value(d.value).name : d.name;
+  return "t" + std::to_string(id) + " (" + n + " " + planner::piece_str(d.piece) + ")";
+}
+
+core::Tensor TensorTable::allocate(int id, bool zero) {
+  const planner::TensorDesc& d = desc(id);
+  memory::Allocator* a = d.persistent ? state_ : transient_;
+  core::Shape s = planner::box_shape(d.piece.box);
+  return zero ? core::Tensor::zeros(s, d.dtype, a, tag_of(g_, d))
+              : core::Tensor::empty(s, d.dtype, a, tag_of(g_, d));
+}
+
+bool TensorTable::live(int id) const {
+  if (t_.at(size_t(id)).defined()) return true;
+  const planner::TensorDesc& d = desc(id);
+  return d.alias_of >= 0 && live(d.alias_of);
+}
+
+bool TensorTable::viewable(int id) const { return viewable_.at(size_t(id)) != 0; }
+
+TensorTable::Located TensorTable::locate(int id, bool write_it, bool accumulate) {
+  if (viewable(id)) return {write_it ? &write(id, accumulate) : &read(id), &desc(id).piece.box};
+  int root = desc(id).alias_of;
+  while (!viewable(root)) root = desc(root).alias_of;
+  return {write_it ? &write(root, accumulate) : &read(root), &desc(root).piece.box};
+}
+
+core::Tensor& TensorTable::read(int id) {
+  core::Tensor& t = t_.at(size_t(id));
+  if (t.defined()) return t;
+  const planner::TensorDesc& d = desc(id);
+  WEFT_CHECK(d.alias_of >= 0, "read of ", name(id), " before anything wrote it");
+  WEFT_CHECK(viewable(id), name(id), " is not a strided view of its root; use locate()");
+  core::Tensor& root = read(d.alias_of);
+  t = sub_view(root, desc(d.alias_of).piece.box, d.piece.box);
+  return t;
+}
+
+core::Tensor& TensorTable::write(int id, bool accumulate) {
+  core::Tensor& t = t_.at(size_t(id));
+  if (t.defined()) return t;
+  const planner::TensorDesc& d = desc(id);
+  if (d.alias_of >= 0) {
+    WEFT_CHECK(viewable(id), name(id), " is not a strided view of its root; use locate()");
+    core::Tensor& root = write(d.alias_of, accumulate);
+    t = sub_view(root, desc(d.alias_of).piece.box, d.piece.box);
+    return t;
+  }
+  t = allocate(id, accumulate);
+  return t;
+}
+
+core::Tensor& TensorTable::emplace(int id, const core::Shape& shape) {
+  const planner::TensorDesc& d = desc(id);
+  core::Tensor& t = t_.at(size_t(id));
+  t = core::Tensor::empty(shape, d.dtype, transient_, tag_of(g_, d));
+  return t;
+}
+
+void TensorTable::release(int id) {
+  const planner::TensorDesc& d = desc(id);
+  if (d.persistent || d.keep) return;
+  t_.at(size_t(id)) = core::Tensor();
+  // Views of a released root would keep its storage alive under another name.
+  for (int a : aliases_[size_t(id)]) release(a);
+}
+
+void TensorTable::zero_gradients() {
+  for (size_t i = 0; i < t_.size(); ++i) {
+    const planner::TensorDesc& d = prog_.tensors[i];
+    if (!d.persistent || d.alias_of >= 0 || d.value < 0) continue;
+    if (g_.value(d.value).role == core::Role::kGradient) t_[i].zero_();
+  }
+}
+
+}  // namespace weft::parallel

@@ -1,0 +1,67 @@
+// The local tensors of one rank's program: persistent ones (parameters, gradient
+// accumulators, optimizer state) allocated once, transient ones allocated when first written
+// and released by kFree, aliases as views of their root's storage.
+#pragma once
+
+#include <vector>
+
+#include "core/graph/graph.h"
+#include "core/tensor.h"
+#include "memory/allocator.h"
+#include "planner/plan.h"
+
+namespace weft::parallel {
+
+class TensorTable {
+ public:
+  // Allocates every persistent root tensor (zeroed). `state` serves them, `transient` the
+  // others; both default to the host allocator and must outlive the table.
+  TensorTable(const planner::RankProgram& prog, const core::Graph& g,
+              memory::Allocator* transient = nullptr, memory::Allocator* state = nullptr);
+
+  const planner::TensorDesc& desc(int id) const { return prog_.tensors.at(size_t(id)); }
+  size_t size() const { return prog_.tensors.size(); }
+  bool live(int id) const;
+  // Where a tensor's elements live: `tensor` holds `box` of the global value and the
+  // tensor's own box lies inside it. For most tensors that is the tensor itself (or a view of
+  // its root); for an alias a strided view cannot express (1/n of each of the three qkv
+  // chunks under tp x ZeRO) it is the root, and callers copy the region in and out.
+  struct Located {
+    core::Tensor* tensor;
+    const planner::Box* box;
+  };
+  Located locate(int id, bool write, bool accumulate);
+  // False for the aliases above: read()/write() refuse them, locate() serves them.
+  bool viewable(int id) const;
+
+  // A tensor that must hold data already (read before write: InternalError naming it).
+  core::Tensor& read(int id);
+  // A tensor about to be written: allocated when absent (zeroed when `accumulate`, since the
+  // instruction then adds into it), an alias view of its root otherwise.
+  core::Tensor& write(int id, bool accumulate);
+  // Drops a transient tensor (persistent ones and kept results stay).
+  void release(int id);
+  // Zeroes the persistent gradient accumulators (start of a step).
+  void zero_gradients();
+  // Allocates a transient tensor of an explicit shape (data-dependent sizes).
+  core::Tensor& emplace(int id, const core::Shape& shape);
+  std::string name(int id) const;
+  // The slot itself, possibly undefined: for outputs whose size only the kernel knows
+  // (data-dependent MoE rows), which the kernel allocates.
+  core::Tensor& slot(int id) { return t_.at(size_t(id)); }
+
+  const core::Graph& graph() const { return g_; }
+
+ private:
+  core::Tensor allocate(int id, bool zero);
+
+  const planner::RankProgram& prog_;
+  const core::Graph& g_;
+  memory::Allocator* transient_;
+  memory::Allocator* state_;
+  std::vector<core::Tensor> t_;
+  std::vector<std::vector<int>> aliases_;  // root -> tensors that view it
+  std::vector<char> viewable_;
+};
+
+}  // namespace weft::parallel

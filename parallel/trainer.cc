@@ -1,0 +1,215 @@
+// ParallelTrainer: planning, the step loop's scalars, statistics and weights across ranks.
+#include "parallel/trainer.h"
+
+#include <map>
+#include <sstream>
+
+#include "base/check.h"
+#include "base/env.h"
+#include "base/error.h"
+#include "core/exec/executor.h"
+#include "parallel/regions.h"
+#include "planner/planner.h"
+#include "planner/validate.h"
+
+namespace weft::parallel {
+
+namespace {
+
+bool is_param_root(const core::Graph& g, const planner::TensorDesc& d) {
+  return d.persistent && d.alias_of < 0 && d.value >= 0 &&
+         g.value(d.value).role == core::Role::kParameter;
+}
+
+// Every rank's contribution concatenated on every rank (sizes differ per rank).
+std::vector<double> all_gather_doubles(comm::Communicator& c, const std::vector<double>& mine,
+                                       std::vector<int64_t>* counts_out = nullptr) {
+  core::Tensor n = core::Tensor::from_vector<int64_t>({1}, {int64_t(mine.size())});
+  core::Tensor all_n = core::Tensor::empty({c.size()}, core::DType::kI64);
+  c.all_gather(all_n, n).wait();
+  std::vector<int64_t> counts = all_n.to_vector<int64_t>();
+  int64_t total = 0;
+  for (int64_t k : counts) total += k;
+  core::Tensor in =
+      core::Tensor::empty({std::max<int64_t>(1, int64_t(mine.size()))}, core::DType::kF64);
+  std::copy(mine.begin(), mine.end(), in.data<double>());
+  core::Tensor out = core::Tensor::empty({std::max<int64_t>(1, total)}, core::DType::kF64);
+  comm::AllGatherOptions o;
+  o.counts = counts;
+  c.all_gather(out.slice(0, 0, total), in.slice(0, 0, int64_t(mine.size())), o).wait();
+  if (counts_out) *counts_out = counts;
+  std::vector<double> v = out.to_vector<double>();
+  v.resize(size_t(total));
+  return v;
+}
+
+}  // namespace
+
+ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& world)
+    : spec_(spec), world_(world) {
+  if (spec_.model.arch == "moe-gpt" && spec_.model.moe.balance != "aux_loss")
+    throw ConfigError("model.moe.balance",
+                      "'" + spec_.model.moe.balance +
+                          "' is not yet supported by the multi-rank trainer; use aux_loss");
+  if (spec_.train.dtype != "f32")
+    throw ConfigError("train.dtype", "'" + spec_.train.dtype +
+                                         "' needs device: cuda; the CPU trainer computes in f32");
+  planner::PlanOptions opt;
+  opt.simulate = false;
+  mg_ = planner::build_planning_graph(spec_);
+  plan_ = std::make_unique<planner::Plan>(planner::make_plan(spec_, mg_.graph, world_.size(), opt));
+  planner::check_plan_matches(*plan_, spec_, mg_.graph);
+  check_memory_budget();
+  groups_ = std::make_unique<ProcessGroups>(world_, *plan_);
+  exec_ = std::make_unique<RankExecutor>(*plan_, mg_.graph, world_.rank(), world_, *groups_);
+  exec_->init_parameters(spec_.train.seed);
+}
+
+ParallelTrainer::~ParallelTrainer() = default;
+
+void ParallelTrainer::check_memory_budget() const {
+  std::string text = env_string("WEFT_MEMORY_GIB", "");
+  if (text.empty()) return;
+  double gib = 0;
+  try {
+    gib = std::stod(text);
+  } catch (const std::exception&) {
+    throw ConfigError("WEFT_MEMORY_GIB", "expected a number of GiB per rank, got '" + text + "'");
+  }
+  if (gib <= 0) return;
+  const double unit = double(int64_t(1) << 30);
+  planner::ValidationReport rep = planner::validate_plan(*plan_, mg_.graph, int64_t(gib * unit));
+  for (size_t r = 0; r < rep.peak_bytes.size(); ++r)
+    if (double(rep.peak_bytes[r]) > gib * unit) {
+      const planner::Degrees& d = plan_->config.deg;
+      std::ostringstream os;
+      os.precision(3);
+      os << "the layout dp " << d.dp << " x tp " << d.tp << " x pp " << d.pp << " x ep " << d.ep
+         << ", zero " << plan_->config.zero << " needs " << double(rep.peak_bytes[r]) / unit
+         << " GiB on rank " << r << ", over the budget of " << gib
+         << " GiB per rank: shard more (parallel.zero, parallel.tp, parallel.pp), recompute "
+            "(parallel.recompute) or use more ranks";
+      throw ConfigError("parallel", os.str());
+    }
+}
+
+int64_t ParallelTrainer::num_parameters() const {
+  int64_t n = 0;
+  for (int p : mg_.graph.parameters()) n += core::shape_numel(mg_.graph.value(p).shape);
+  return n;
+}
+
+core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
+  const int64_t T = spec_.model.seq_len, B = spec_.train.global_batch,
+                mb = plan_->config.micro_batch;
+  core::StepStats st;
+  st.step = step_;
+  st.lr = core::learning_rate(spec_.train, step_);
+  core::StepScalars s;
+  s.loss_scale = double(mb) / double(B);  // d(global mean)/d(a micro-batch's mean)
+  s.lr = st.lr;
+  s.step = step_;
+  LoadFn load = [&](int value, const planner::Box& box, core::Tensor& out) {
+    WEFT_CHECK(value == mg_.tokens || value == mg_.targets, "load of a value that is not an input");
+    WEFT_CHECK(box.size() == 2 && box[0].count == 1, "load box ", planner::box_str(box));
+    const int64_t b0 = box[0].start, n = box[0].size;
+    core::Tensor x = core::Tensor::empty({n, T}, core::DType::kI32),
+                 y = core::Tensor::empty({n, T}, core::DType::kI32);
+    batch(step_, b0, n, x.data<int32_t>(), y.data<int32_t>());
+    planner::Box rows{planner::DimSlice{b0, n, 1, 0}, planner::DimSlice{0, T, 1, 0}};
+    copy_region(out, box, value == mg_.tokens ? x : y, rows, box);
+  };
+  exec_->run_step(s, load);
+
+  // Every rank reports what it holds: (kind, addend, addends, value); kind -1 the loss, -2
+  // the gradient norm, k >= 0 the balance loss of MoE layer k. Replicas (tp lanes) repeat an
+  // addend; it counts once.
+  std::vector<double> mine;
+  TensorTable& t = exec_->tensors();
+  const int norm = mg_.graph.find_value("grad_norm");
+  for (size_t i = 0; i < t.size(); ++i) {
+    const planner::TensorDesc& d = t.desc(int(i));
+    if (d.value < 0 || !t.live(int(i)) || d.alias_of >= 0) continue;
+    int kind = d.value == mg_.loss ? -1 : d.value == norm ? -2 : -3;
+    for (size_t k = 0; k < mg_.aux_losses.size(); ++k)
+      if (d.value == mg_.aux_losses[k]) kind = int(k);
+    if (kind == -3) continue;
+    mine.insert(mine.end(),
+                {double(kind), double(d.piece.part), double(d.piece.parts), t.read(int(i)).item()});
+  }
+  std::vector<double> all = all_gather_doubles(world_, mine);
+  std::map<std::pair<int, int>, std::pair<double, double>>
+      seen;  // (kind, addend) -> (value, addends)
+  for (size_t i = 0; i + 3 < all.size(); i += 4)
+    seen[{int(all[i]), int(all[i + 1])}] = {all[i + 3], all[i + 2]};
+  for (const auto& [key, vp] : seen) {
+    if (key.first == -1)
+      st.loss += vp.first / vp.second;
+    else if (key.first == -2)
+      st.grad_norm = vp.first;
+    else
+      st.aux_loss += vp.first / vp.second;
+  }
+  st.tokens = B * T;
+  ++step_;
+  return st;
+}
+
+std::vector<core::Tensor> ParallelTrainer::gather_parameters() {
+  const core::Graph& g = mg_.graph;
+  std::vector<double> mine;
+  TensorTable& t = exec_->tensors();
+  for (size_t i = 0; i < t.size(); ++i)
+    if (is_param_root(g, t.desc(int(i)))) {
+      std::vector<float> v = t.read(int(i)).to_vector<float>();
+      mine.insert(mine.end(), v.begin(), v.end());
+    }
+  std::vector<int64_t> counts;
+  std::vector<double> all = all_gather_doubles(world_, mine, &counts);
+  std::vector<core::Tensor> full(g.values().size());
+  for (int p : g.parameters())
+    full[size_t(p)] = core::Tensor::zeros(g.value(p).shape, core::DType::kF32);
+  int64_t off = 0;
+  for (int r = 0; r < world_.size(); ++r) {
+    planner::RankProgram prog = plan_->program(r);
+    for (const planner::TensorDesc& d : prog.tensors) {
+      if (!is_param_root(g, d)) continue;
+      int64_t n = planner::box_numel(d.piece.box);
+      std::vector<float> v(all.begin() + off, all.begin() + off + n);
+      core::Shape shape = planner::box_shape(d.piece.box);
+      core::Tensor piece = core::Tensor::from_vector<float>(shape, v);
+      core::Tensor& f = full[size_t(d.value)];
+      copy_region(f, planner::full_box(f.shape()), piece, d.piece.box, d.piece.box);
+      off += n;
+    }
+  }
+  WEFT_CHECK(off == int64_t(all.size()), "gathered ", all.size(),
+             " parameter elements, the plan accounts for ", off);
+  return full;
+}
+
+core::NamedTensors ParallelTrainer::gather_weights() {
+  std::vector<core::Tensor> full = gather_parameters();
+  core::ModelGraph fwd = core::build_model(spec_.model, 1);
+  core::GraphExecutor ex(fwd.graph);
+  for (int p : fwd.graph.parameters()) {
+    int id = mg_.graph.find_value(fwd.graph.value(p).name);
+    ex.tensor(p).copy_from(full.at(size_t(id)));
+  }
+  return core::export_weights(fwd, ex);
+}
+
+void ParallelTrainer::load_weights(const core::NamedTensors& w, const std::string& field) {
+  core::ModelGraph fwd = core::build_model(spec_.model, 1);
+  core::GraphExecutor ex(fwd.graph);
+  core::import_weights(fwd, ex, w, field);  // checks names and shapes first
+  TensorTable& t = exec_->tensors();
+  for (size_t i = 0; i < t.size(); ++i) {
+    const planner::TensorDesc& d = t.desc(int(i));
+    if (!is_param_root(mg_.graph, d)) continue;
+    core::Tensor& f = ex.tensor(fwd.graph.find_value(mg_.graph.value(d.value).name));
+    copy_region(t.read(int(i)), d.piece.box, f, planner::full_box(f.shape()), d.piece.box);
+  }
+}
+
+}  // namespace weft::parallel

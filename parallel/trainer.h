@@ -1,0 +1,61 @@
+// The multi-rank trainer: plans the job for the world, builds the process groups and the
+// rank's executor, and runs optimizer steps whose numbers equal the single-process
+// core::Trainer's (the objective is the mean over the global batch; clipping by the global
+// norm over all shards; AdamW; learning_rate()).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "comm/communicator.h"
+#include "core/config/job_spec.h"
+#include "core/exec/trainer.h"
+#include "core/models/weights.h"
+#include "parallel/executor.h"
+#include "parallel/process_groups.h"
+#include "planner/plan.h"
+
+namespace weft::parallel {
+
+class ParallelTrainer {
+ public:
+  // Collective over `world` (every rank, same spec). Plans (ConfigError naming the field for
+  // degrees that do not fit the world or the model, and for a layout whose peak memory on
+  // some rank exceeds WEFT_MEMORY_GIB when set; all before any communication), refuses a
+  // plan that fails validation, splits the process groups and seeds the parameters.
+  // `world` must outlive the trainer.
+  ParallelTrainer(const core::JobSpec& spec, comm::Communicator& world);
+  ~ParallelTrainer();
+
+  // One optimizer step on the global batch of current_step(); advances the step. Collective.
+  // The returned statistics are those of the whole global batch, on every rank.
+  core::StepStats step(const core::BatchFn& batch);
+
+  // The full parameters under their reference names (core/models/weights.h), assembled from
+  // every rank's pieces. Collective; the result is on every rank.
+  core::NamedTensors gather_weights();
+  // Replaces the parameters by `w` (every rank passes the same tensors). ConfigError naming
+  // `field` when they do not fit the model; nothing changes then.
+  void load_weights(const core::NamedTensors& w, const std::string& field);
+
+  int64_t current_step() const { return step_; }
+  int64_t num_parameters() const;
+  const planner::Plan& plan() const { return *plan_; }
+  RankExecutor& executor() { return *exec_; }
+  int rank() const { return world_.rank(); }
+
+ private:
+  void check_memory_budget() const;
+  // The full value of every parameter, from every rank's pieces.
+  std::vector<core::Tensor> gather_parameters();
+
+  core::JobSpec spec_;
+  comm::Communicator& world_;
+  core::ModelGraph mg_;  // the planning graph (batch = the global batch)
+  std::unique_ptr<planner::Plan> plan_;
+  std::unique_ptr<ProcessGroups> groups_;
+  std::unique_ptr<RankExecutor> exec_;
+  int64_t step_ = 0;
+};
+
+}  // namespace weft::parallel
