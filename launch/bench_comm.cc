@@ -42,7 +42,7 @@ std::vector<std::string> mpi_env(const std::string& single_copy) {
 }
 
 // Mirrors kBcubeMaxBytes in comm/gloo/gloo_communicator.cc, for the closing note only.
-constexpr int64_t kGlooBcubeMaxBytes = int64_t(1) << 20;
+constexpr int64_t kGlooBcubeMaxBytes = int64_t(512) << 10;
 
 std::vector<int64_t> int_list(const std::string& s) {
   std::vector<int64_t> out;

@@ -57,8 +57,8 @@ WEFT_MEMORY_GIB refuses a layout whose per-rank peak exceeds it).
 double mib(size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 
 // The multi-rank loop: every rank trains its part of the plan; rank 0 prints the progress
-// line, writes the metrics, the weights and the run folder. Numbers equal the single
-// process's (tests/parallel). Validation runs in the single-process trainer only, for now.
+// line, writes the metrics, the weights and the run folder, and validates. Numbers equal the
+// single process's (tests/parallel).
 int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::LaunchEnv& env) {
   log_set_rank(env.rank);
   const bool lead = env.rank == 0;
@@ -89,9 +89,6 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
         double(trainer.num_parameters()) / 1e6, (long long)data.train_tokens().size(), env.world,
         (long long)d.dp, (long long)d.tp, (long long)d.pp, (long long)d.ep,
         trainer.plan().config.schedule.c_str(), trainer.plan().config.zero, env.launcher.c_str());
-    if (spec.train.eval_every > 0)
-      std::printf(
-          "note: validation (train.eval_every) runs in the single-process trainer only for now\n");
     std::fflush(stdout);
   }
   auto train_batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
@@ -99,6 +96,7 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
   };
   std::signal(SIGINT, on_sigint);
   TrainReport report(spec);
+  std::unique_ptr<core::Trainer> evaluator;  // rank 0, for validation
   auto t_start = std::chrono::steady_clock::now();
   bool stop = false;
   while (trainer.current_step() < spec.train.steps && !stop) {
@@ -124,6 +122,32 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
                     (long long)st.step, (long long)spec.train.steps, st.loss, st.lr, st.grad_norm,
                     m.tokens_per_s, secs * 1e3);
       std::fflush(stdout);
+    }
+    bool last = trainer.current_step() == spec.train.steps;
+    if (data.has_val() && spec.train.eval_every > 0 &&
+        (trainer.current_step() % spec.train.eval_every == 0 || last)) {
+      // Validation runs on rank 0 from the gathered weights through the single-process
+      // evaluator (the same numbers as `weft train` on one process); the plan has no
+      // forward-only program yet.
+      core::NamedTensors now = trainer.gather_weights();  // collective
+      if (lead) {
+        if (!evaluator) {
+          core::JobSpec one = spec;
+          one.parallel = core::ParallelSpec();
+          evaluator = std::make_unique<core::Trainer>(one);
+        }
+        evaluator->load_weights(now, "weights");
+        auto val_batch = [&](int64_t, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
+          data.fill_val((b0 / spec.train.global_batch), b0 % spec.train.global_batch, n, x, y);
+        };
+        int64_t mbs = data.num_val_batches() * (spec.train.global_batch / spec.train.micro_batch);
+        double val = evaluator->evaluate(val_batch, mbs);
+        metrics->write_validation(st.step, val);
+        report.add_validation(st.step, val);
+        std::printf("step %5lld/%lld | val_loss %.4f\n", (long long)st.step,
+                    (long long)spec.train.steps, val);
+        std::fflush(stdout);
+      }
     }
     stop = parallel::agree_stop(world.comm(), g_stop != 0);  // every rank stops at the same step
   }

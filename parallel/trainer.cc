@@ -21,24 +21,24 @@ bool is_param_root(const core::Graph& g, const planner::TensorDesc& d) {
          g.value(d.value).role == core::Role::kParameter;
 }
 
-// Every rank's contribution concatenated on every rank (sizes differ per rank).
-std::vector<double> all_gather_doubles(comm::Communicator& c, const std::vector<double>& mine,
-                                       std::vector<int64_t>* counts_out = nullptr) {
+// Every rank's contribution concatenated on every rank (sizes differ per rank): f64 for the
+// statistics, f32 (the parameters' own type) for the weights.
+template <typename T>
+std::vector<T> all_gather_values(comm::Communicator& c, const std::vector<T>& mine) {
   core::Tensor n = core::Tensor::from_vector<int64_t>({1}, {int64_t(mine.size())});
   core::Tensor all_n = core::Tensor::empty({c.size()}, core::DType::kI64);
   c.all_gather(all_n, n).wait();
   std::vector<int64_t> counts = all_n.to_vector<int64_t>();
   int64_t total = 0;
   for (int64_t k : counts) total += k;
-  core::Tensor in =
-      core::Tensor::empty({std::max<int64_t>(1, int64_t(mine.size()))}, core::DType::kF64);
-  std::copy(mine.begin(), mine.end(), in.data<double>());
-  core::Tensor out = core::Tensor::empty({std::max<int64_t>(1, total)}, core::DType::kF64);
+  const core::DType dt = core::dtype_of<T>();
+  core::Tensor in = core::Tensor::empty({std::max<int64_t>(1, int64_t(mine.size()))}, dt);
+  std::copy(mine.begin(), mine.end(), in.data<T>());
+  core::Tensor out = core::Tensor::empty({std::max<int64_t>(1, total)}, dt);
   comm::AllGatherOptions o;
   o.counts = counts;
   c.all_gather(out.slice(0, 0, total), in.slice(0, 0, int64_t(mine.size())), o).wait();
-  if (counts_out) *counts_out = counts;
-  std::vector<double> v = out.to_vector<double>();
+  std::vector<T> v = out.to_vector<T>();
   v.resize(size_t(total));
   return v;
 }
@@ -137,7 +137,7 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
     mine.insert(mine.end(),
                 {double(kind), double(d.piece.part), double(d.piece.parts), t.read(int(i)).item()});
   }
-  std::vector<double> all = all_gather_doubles(world_, mine);
+  std::vector<double> all = all_gather_values(world_, mine);
   std::map<std::pair<int, int>, std::pair<double, double>>
       seen;  // (kind, addend) -> (value, addends)
   for (size_t i = 0; i + 3 < all.size(); i += 4)
@@ -157,15 +157,14 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
 
 std::vector<core::Tensor> ParallelTrainer::gather_parameters() {
   const core::Graph& g = mg_.graph;
-  std::vector<double> mine;
+  std::vector<float> mine;
   TensorTable& t = exec_->tensors();
   for (size_t i = 0; i < t.size(); ++i)
     if (is_param_root(g, t.desc(int(i)))) {
       std::vector<float> v = t.read(int(i)).to_vector<float>();
       mine.insert(mine.end(), v.begin(), v.end());
     }
-  std::vector<int64_t> counts;
-  std::vector<double> all = all_gather_doubles(world_, mine, &counts);
+  std::vector<float> all = all_gather_values(world_, mine);
   std::vector<core::Tensor> full(g.values().size());
   for (int p : g.parameters())
     full[size_t(p)] = core::Tensor::zeros(g.value(p).shape, core::DType::kF32);

@@ -42,11 +42,11 @@ constexpr uint8_t kP2pSlotPrefix = 0xA7;
 constexpr const char* kTeardownMarker = "weft: communicator torn down";
 // Below this many bytes Gloo's bcube all-reduce (log steps) beats the ring (2(n-1) steps);
 // above, the ring's pipelining wins. Measured with `weft bench comm` (its Gloo probe drives
-// both on one transport; 2-core host, 127.0.0.1, f32, median of the slowest rank, five runs):
-// at 4 ranks bcube won every size from 16 KiB through 2 MiB, by 1.1-2x (4 steps to the ring's
-// 6, each a thread wake-up), and the ring caught up between 4 and 8 MiB; at 2 ranks they tied
-// or bcube won. So 1 MiB, not the former 64 KiB: a margin below the crossover.
-constexpr size_t kBcubeMaxBytes = 1024 * 1024;
+// both on one transport; 2-core host, 127.0.0.1, f32, median of the slowest rank, seven runs):
+// at 4 ranks bcube won every size from 16 KiB through 512 KiB in every run, by 1.1-2x (4 steps
+// to the ring's 6, each a thread wake-up), and the ring caught up between 1 and 8 MiB, lower
+// the quieter the machine; at 2 ranks the two were within noise. So 512 KiB, not 64 KiB.
+constexpr size_t kBcubeMaxBytes = 512 * 1024;
 
 // Gloo writes to its sockets with writev(2): when a peer has died, that raises SIGPIPE, whose
 // default action kills this process instead of letting the write fail with EPIPE (which Gloo

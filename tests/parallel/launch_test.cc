@@ -54,18 +54,18 @@ fs::path temp_dir(const std::string& name) {
   return d;
 }
 
-std::vector<double> losses(const fs::path& metrics) {
+std::vector<double> losses(const fs::path& metrics, bool validation = false) {
   std::vector<double> out;
   for (const auto& row : core::io::read_metrics(metrics.string()))
-    if (!row.is_validation()) out.push_back(row.at("loss"));
+    if (row.is_validation() == validation) out.push_back(row.at(validation ? "val_loss" : "loss"));
   return out;
 }
 
 TEST(WeftRun, TwoWorkersMatchOneProcess) {
   fs::path d = temp_dir("run");
-  const std::string common =
-      " train --config " + kConfig +
-      " --set train.steps=4 --set train.warmup_steps=1 --set train.log_every=1";
+  const std::string common = " train --config " + kConfig +
+                             " --set train.steps=4 --set train.warmup_steps=1 --set "
+                             "train.log_every=1 --set train.eval_every=2";
   Result one = run(kWeft + common + " --set train.out_dir=" + (d / "one").string());
   ASSERT_EQ(one.code, 0) << one.out;
   Result two = run(kWeft + " run --standalone --nproc-per-node 2 -- weft" + common +
@@ -81,6 +81,13 @@ TEST(WeftRun, TwoWorkersMatchOneProcess) {
   ASSERT_EQ(b.size(), 4u);
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_NEAR(b[i], a[i], 1e-5 * std::fabs(a[i])) << "step " << i;
+  // Validation (rank 0, from the gathered weights) gives the single process's numbers too.
+  std::vector<double> va = losses(d / "one" / "metrics.jsonl", true),
+                      vb = losses(d / "two" / "metrics.jsonl", true);
+  ASSERT_EQ(va.size(), 2u);
+  ASSERT_EQ(vb.size(), 2u);
+  for (size_t i = 0; i < va.size(); ++i)
+    EXPECT_NEAR(vb[i], va[i], 1e-5 * std::fabs(va[i])) << "validation " << i;
   auto rows = core::io::read_metrics((d / "two" / "metrics.jsonl").string());
   EXPECT_EQ(rows.at(0).at("world"), 2);
   EXPECT_TRUE(fs::exists(d / "w.safetensors"));
