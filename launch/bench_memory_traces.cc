@@ -90,6 +90,13 @@ int run_memory_comparison(const Args& a) {
       rows.push_back(memory::compare_allocators(name, t));
     }
   }
+  // Traces recorded by `WEFT_MEMORY_TRACE=FILE weft train ...` (e.g. one rank of a pipeline
+  // with recompute, or of a ZeRO-3 run): step 0 replayed as every step.
+  for (const std::string& f : a.all("--trace")) {
+    memory::Trace t = memory::load_trace(f);
+    rows.push_back(memory::compare_allocators(f.substr(f.find_last_of('/') + 1),
+                                              std::vector<memory::Trace>(size_t(steps), t)));
+  }
   std::printf("\n");
   memory::print_comparison(rows, csv);
   if (!csv) memory::print_serving_details(rows);

@@ -98,7 +98,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
         "usage: weft bench train [--configs S,M] [--threads 1,2] [--steps N] [--no-torch]\n"
         "  Weft vs PyTorch tokens/s on config S (4x256, seq 256, batch 8, vocab 256) and\n"
         "  M (GPT-2-124M-like: 12x768, seq 256, batch 4, vocab 50304).\n"
-        "usage: weft bench memory [--steps N] [--csv] [--no-model]\n"
+        "usage: weft bench memory [--steps N] [--trace FILE]... [--csv] [--no-model]\n"
         "  caching allocator vs offline plan on traces of real training steps.\n"
         "usage: weft bench comm [--quick] [--ranks 2,4] [--backends gloo,mpi] [--sizes B,...]\n"
         "  Gloo/MPI all-reduce and all-gather bus bandwidth vs memcpy; store latency.\n");
@@ -106,7 +106,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   }
   if (argv[0] == "memory")
     return run_memory_comparison(Args(std::vector<std::string>(argv.begin() + 1, argv.end()),
-                                      {"--steps"}, {"--csv", "--no-model"}));
+                                      {"--steps", "--trace"}, {"--csv", "--no-model"}));
   if (argv[0].rfind("comm", 0) == 0) return cmd_bench_comm(argv);
   if (argv[0] != "train" && argv[0] != "train-worker")
     throw ConfigError("bench",

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <type_traits>
 
 #include "base/env.h"
 #include "base/config.h"
@@ -16,6 +17,7 @@
 #include "core/config/job_spec.h"
 #if WEFT_HAVE_CUDA
 #include "core/cuda/runtime.h"
+#include "core/cuda/trainer.h"
 #endif
 #include "core/cpu/kernels.h"
 #include "core/data/dataset.h"
@@ -162,7 +164,7 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
   metrics.reset();
   core::io::write_loss_curve_svg((out / "loss_curve.svg").string(),
                                  core::io::read_metrics(metrics_path));
-  std::string summary = report.summary(total, memory::AllocatorStats{}, spec.memory.allocator);
+  std::string summary = report.summary(total, trainer.activation_stats(), spec.memory.allocator);
   std::ofstream(out / "summary.txt") << summary;
   std::fputs(summary.c_str(), stdout);
   std::printf("run folder: %s (metrics.jsonl, loss_curve.svg, summary.txt)\n",
@@ -170,32 +172,18 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
   return stop ? 130 : 0;
 }
 
-}  // namespace
-
-int cmd_train(const std::vector<std::string>& argv) {
-  Args args(argv, {"--config", "--set", "--init-weights", "--save-weights", "--metrics", "--resume"}, {"--help"});
-  if (args.flag("--help")) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
-  std::string config = args.required("--config");
-  core::JobSpec spec = core::load_job_spec(config, args.all("--set"));
-#if WEFT_HAVE_CUDA
-  if (spec.device == "cuda") core::cuda::require_device("device");  // no GPU: exit 2, names `device`
-#endif
-  if (spec.device != "cpu")
-    throw ConfigError("device", "'" + spec.device + "' is not available in this build's trainer yet; use cpu");
-  parallel::LaunchEnv env = parallel::detect_launch_env();
-  if (env.world > 1 && args.has("--resume")) throw NotSupported("--resume with several ranks: not yet (the elastic issue)");
-  if (env.world > 1) return train_ranks(args, spec, env);
-  core::cpu::set_num_threads(int(spec.train.threads));
-
+// The single-process loop, for the CPU trainer and (device: cuda) the CUDA trainer: a
+// progress line per step, validation, metrics, checkpoints (CPU), the run folder.
+template <typename TrainerT>
+int train_single(const Args& args, const core::JobSpec& spec, TrainerT& trainer) {
   core::data::TokenDataset data = core::data::TokenDataset::load(spec);
-  core::Trainer trainer(spec);  // activation arena: memory.allocator (caching | planned)
   if (args.has("--init-weights"))
     trainer.load_weights(core::io::load_safetensors(args.get("--init-weights"), "--init-weights"),
                          "--init-weights");
-  checkpoint::TrainerCheckpoints ckpt(spec, trainer, args.has("--resume") ? args.get("--resume") : "");
+  std::unique_ptr<checkpoint::TrainerCheckpoints> ckpt;
+  if constexpr (std::is_same_v<TrainerT, core::Trainer>)
+    ckpt = std::make_unique<checkpoint::TrainerCheckpoints>(
+        spec, trainer, args.has("--resume") ? args.get("--resume") : "");
 
   namespace fs = std::filesystem;
   fs::path out = spec.train.out_dir;
@@ -204,8 +192,8 @@ int cmd_train(const std::vector<std::string>& argv) {
   std::string metrics_path = args.has("--metrics") ? args.get("--metrics") : (out / "metrics.jsonl").string();
   core::io::MetricsWriter metrics(metrics_path);
 
-  std::printf("weft train: %s, %lld layers, dim %lld, %.2fM parameters, %lld tokens (train) %lld (val)\n",
-              spec.model.arch.c_str(), (long long)spec.model.layers, (long long)spec.model.dim,
+  std::printf("weft train (%s): %s, %lld layers, dim %lld, %.2fM parameters, %lld tokens (train) %lld (val)\n",
+              spec.device.c_str(), spec.model.arch.c_str(), (long long)spec.model.layers, (long long)spec.model.dim,
               double(trainer.num_parameters()) / 1e6, (long long)data.train_tokens().size(),
               (long long)data.val_tokens().size());
   std::fflush(stdout);
@@ -219,7 +207,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   while (trainer.current_step() < spec.train.steps && !g_stop) {
     auto t0 = std::chrono::steady_clock::now();
     core::StepStats st = trainer.step(train_batch);
-    ckpt.after_step();  // checkpoint.every: a durable checkpoint, in the background when async
+    if (ckpt) ckpt->after_step();  // checkpoint.every: a durable checkpoint, in the background when async
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     core::io::StepMetrics m;
     m.step = st.step;
@@ -253,7 +241,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   if (g_stop) std::printf("interrupted: stopped cleanly after step %lld\n", (long long)trainer.current_step() - 1);
 
-  ckpt.finish();
+  if (ckpt) ckpt->finish();
   if (args.has("--save-weights")) core::io::save_safetensors(args.get("--save-weights"), trainer.weights());
   core::io::write_loss_curve_svg((out / "loss_curve.svg").string(), core::io::read_metrics(metrics_path));
   std::string summary = report.summary(total, trainer.activation_stats(), spec.memory.allocator);
@@ -262,5 +250,36 @@ int cmd_train(const std::vector<std::string>& argv) {
   std::printf("run folder: %s (metrics.jsonl, loss_curve.svg, summary.txt)\n", out.string().c_str());
   return g_stop ? 130 : 0;
 }
+
+}  // namespace
+
+int cmd_train(const std::vector<std::string>& argv) {
+  Args args(argv, {"--config", "--set", "--init-weights", "--save-weights", "--metrics", "--resume"}, {"--help"});
+  if (args.flag("--help")) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  std::string config = args.required("--config");
+  core::JobSpec spec = core::load_job_spec(config, args.all("--set"));
+  parallel::LaunchEnv env = parallel::detect_launch_env();
+  if (spec.device == "cuda") {
+#if WEFT_HAVE_CUDA
+    core::cuda::require_device("device");  // no GPU: exit 2, names `device`
+    if (env.world > 1)
+      throw NotSupported("device: cuda on several ranks: the multi-rank executor runs on CPU so far");
+    if (args.has("--resume")) throw NotSupported("--resume with device: cuda: not yet");
+    core::cuda::CudaTrainer trainer(spec);
+    return train_single(args, spec, trainer);
+#else
+    throw ConfigError("device", "this build has no CUDA (configure found none); use cpu");
+#endif
+  }
+  if (env.world > 1 && args.has("--resume")) throw NotSupported("--resume with several ranks: not yet (the elastic issue)");
+  if (env.world > 1) return train_ranks(args, spec, env);
+  core::cpu::set_num_threads(int(spec.train.threads));
+  core::Trainer trainer(spec);  // activation arena: memory.allocator (caching | planned)
+  return train_single(args, spec, trainer);
+}
+
 
 }  // namespace weft::launch

@@ -103,9 +103,13 @@ class Placer {
   std::vector<std::pair<uint64_t, uint64_t>> ranges_;
 };
 
-enum class Order { kSize, kLifetime, kArea };
+// kTime places in allocation order: what an online best-fit would do, but knowing every
+// block's free event; on stack-like pipeline traces (interleaved 1F1B) it packs tighter
+// than the size-first orders (measured on a real pp2 interleaved trace: 1.00 x LB against
+// 1.15 x LB for the best of the other three).
+enum class Order { kSize, kLifetime, kArea, kTime };
 const char* order_name(Order o) {
-  return o == Order::kSize ? "size" : o == Order::kLifetime ? "lifetime" : "area";
+  return o == Order::kSize ? "size" : o == Order::kLifetime ? "lifetime" : o == Order::kArea ? "area" : "time";
 }
 
 std::vector<size_t> ordered(const std::vector<Unit>& units, Order order) {
@@ -123,6 +127,9 @@ std::vector<size_t> ordered(const std::vector<Unit>& units, Order order) {
       case Order::kLifetime:
         if (lx != ly) return lx > ly;
         if (x.h != y.h) return x.h > y.h;
+        break;
+      case Order::kTime:
+        if (x.s != y.s) return x.s < y.s;
         break;
       case Order::kArea: {
         // size x lifetime can pass 2^64 for big blocks in long traces
@@ -252,7 +259,7 @@ Plan plan_offline(const Trace& trace, const PlannerOptions& opt) {
   std::vector<uint64_t> bases, best_bases;
   uint64_t best = UINT64_MAX;
   for (const auto& [prefix, units] : unit_sets) {
-    for (Order order : {Order::kSize, Order::kLifetime, Order::kArea}) {
+    for (Order order : {Order::kSize, Order::kLifetime, Order::kArea, Order::kTime}) {
       bases.assign(units->size(), 0);
       uint64_t arena = place(*units, items, trace.num_events, order, &bases);
       plan.candidates.push_back({prefix + order_name(order), arena});

@@ -52,6 +52,7 @@ class RankExecutor {
 
   const planner::RankProgram& program() const { return prog_; }
   TensorTable& tensors() { return *table_; }
+  void set_transient_allocator(memory::Allocator* a) { table_->set_transient_allocator(a); }
   int rank() const { return prog_.rank; }
 
  private:

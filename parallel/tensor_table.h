@@ -19,6 +19,10 @@ class TensorTable {
   TensorTable(const planner::RankProgram& prog, const core::Graph& g,
               memory::Allocator* transient = nullptr, memory::Allocator* state = nullptr);
 
+  // Serves transient tensors allocated from now on from `a` (a memory plan replacing the
+  // step-0 tracer); blocks already handed out go back to their own allocator.
+  void set_transient_allocator(memory::Allocator* a) { transient_ = a; }
+
   const planner::TensorDesc& desc(int id) const { return prog_.tensors.at(size_t(id)); }
   size_t size() const { return prog_.tensors.size(); }
   bool live(int id) const;

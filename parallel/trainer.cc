@@ -63,6 +63,7 @@ ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& 
   groups_ = std::make_unique<ProcessGroups>(world_, *plan_);
   exec_ = std::make_unique<RankExecutor>(*plan_, mg_.graph, world_.rank(), world_, *groups_);
   exec_->init_parameters(spec_.train.seed);
+  memory_ = std::make_unique<core::ActivationMemory>(spec_.memory.allocator);
 }
 
 ParallelTrainer::~ParallelTrainer() = default;
@@ -119,6 +120,8 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
     planner::Box rows{planner::DimSlice{b0, n, 1, 0}, planner::DimSlice{0, T, 1, 0}};
     copy_region(out, box, value == mg_.tokens ? x : y, rows, box);
   };
+  memory_->begin_step(step_);
+  exec_->set_transient_allocator(&memory_->current());
   exec_->run_step(s, load);
 
   // Every rank reports what it holds: (kind, addend, addends, value); kind -1 the loss, -2

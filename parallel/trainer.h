@@ -4,6 +4,8 @@
 // norm over all shards; AdamW; learning_rate()).
 #pragma once
 
+#include "core/exec/activation_memory.h"
+
 #include <cstdint>
 #include <memory>
 
@@ -39,6 +41,8 @@ class ParallelTrainer {
   void load_weights(const core::NamedTensors& w, const std::string& field);
 
   int64_t current_step() const { return step_; }
+  // This rank's transient-arena statistics (peak live, peak reserved).
+  memory::AllocatorStats activation_stats() const { return memory_->stats(); }
   int64_t num_parameters() const;
   const planner::Plan& plan() const { return *plan_; }
   RankExecutor& executor() { return *exec_; }
@@ -54,6 +58,9 @@ class ParallelTrainer {
   core::ModelGraph mg_;  // the planning graph (batch = the global batch)
   std::unique_ptr<planner::Plan> plan_;
   std::unique_ptr<ProcessGroups> groups_;
+  // The transient arena of memory.allocator (caching | planned), as in core::Trainer;
+  // declared before the executor so that it outlives the tensors it serves.
+  std::unique_ptr<core::ActivationMemory> memory_;
   std::unique_ptr<RankExecutor> exec_;
   int64_t step_ = 0;
 };

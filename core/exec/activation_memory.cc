@@ -17,6 +17,9 @@ void ActivationMemory::begin_step(int64_t step) {
   if (step >= 1 && current_ == recorder_.get()) {
     memory::Trace trace = recorder_->trace();
     std::string path = env_string("WEFT_MEMORY_TRACE", "");
+    // Several ranks: "{rank}" in the path becomes the rank (WEFT_RANK, or Open MPI's).
+    if (size_t at = path.find("{rank}"); at != std::string::npos)
+      path.replace(at, 6, env_string("WEFT_RANK", env_string("OMPI_COMM_WORLD_RANK", "0")));
     if (!path.empty()) {
       memory::save_trace(trace, path);
       WEFT_INFO("memory", "step-0 allocation trace (", trace.records.size(), " allocations) saved to ", path);

@@ -5,7 +5,8 @@
 //            from the offline plan of that trace (online best-fit for what it did not
 //            foresee, e.g. MoE routing changes).
 // Either way step 0 is traced; WEFT_MEMORY_TRACE=FILE saves that trace (the format of
-// memory/trace.h) so `bench_memory --trace FILE` can replay a real training step.
+// memory/trace.h) so `weft bench memory --trace FILE` can replay a real training step;
+// "{rank}" in FILE is replaced by the rank when several processes train.
 #pragma once
 
 #include <memory>
