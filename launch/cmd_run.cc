@@ -84,6 +84,12 @@ pid_t spawn(const std::vector<std::string>& cmd, int rank, int world, const std:
   ::setenv("WEFT_LOCAL_RANK", std::to_string(rank).c_str(), 1);
   ::setenv("WEFT_WORLD_SIZE", std::to_string(world).c_str(), 1);
   ::setenv("WEFT_STORE_ADDR", store.c_str(), 1);
+  // Share the cores among the workers unless the user chose (torchrun sets 1): N workers
+  // each running the OpenMP default of all cores oversubscribe them several times over.
+  if (!std::getenv("OMP_NUM_THREADS")) {
+    long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+    ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / world)).c_str(), 1);
+  }
   std::vector<std::string> args = cmd;
   if (args[0] == "weft") args[0] = self_exe();
   std::vector<char*> argv;
