@@ -16,7 +16,9 @@
 #include "core/exec/trainer.h"
 #include "core/rng.h"
 #include "launch/args.h"
+#include "launch/bench_checkpoint.h"
 #include "launch/bench_comm.h"
+#include "launch/bench_scaling.h"
 #include "launch/bench_memory_traces.h"
 #include "launch/bench_util.h"
 #include "launch/commands.h"
@@ -101,13 +103,19 @@ int cmd_bench(const std::vector<std::string>& argv) {
         "usage: weft bench memory [--steps N] [--trace FILE]... [--csv] [--no-model]\n"
         "  caching allocator vs offline plan on traces of real training steps.\n"
         "usage: weft bench comm [--quick] [--ranks 2,4] [--backends gloo,mpi] [--sizes B,...]\n"
-        "  Gloo/MPI all-reduce and all-gather bus bandwidth vs memcpy; store latency.\n");
+        "  Gloo/MPI all-reduce and all-gather bus bandwidth vs memcpy; store latency.\n"
+        "usage: weft bench checkpoint [--quick] [--dir DIR] [--threads N] [--steps N]\n"
+        "  save/load vs raw disk, async vs sync save step time, dp4 -> tp2 x dp2 reshard.\n"
+        "usage: weft bench scaling [--quick] [--steps N]\n"
+        "  config S world 1 vs dp2 tokens/s; each layout's measured vs predicted step time.\n");
     return argv.empty() ? 2 : 0;
   }
   if (argv[0] == "memory")
     return run_memory_comparison(Args(std::vector<std::string>(argv.begin() + 1, argv.end()),
                                       {"--steps", "--trace"}, {"--csv", "--no-model"}));
   if (argv[0].rfind("comm", 0) == 0) return cmd_bench_comm(argv);
+  if (argv[0] == "checkpoint") return run_checkpoint_bench({argv.begin() + 1, argv.end()});
+  if (argv[0] == "scaling") return run_scaling(argv);
   if (argv[0] != "train" && argv[0] != "train-worker")
     throw ConfigError("bench",
                       "unknown benchmark '" + argv[0] + "'; expected: train, memory, comm");

@@ -1,0 +1,108 @@
+// `weft bench checkpoint --quick` end to end: small sizes, every row of the three tables
+// present with positive numbers, scratch files removed. Behaviour, not timing.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kWeft = WEFT_BINARY;
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  std::string cmd = kWeft + " " + args + " 2>&1";
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+// The lines of the section whose "== title" line starts with `title`, up to the next blank line.
+std::vector<std::string> section(const std::string& text, const std::string& title) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  bool in = false;
+  for (std::string l; std::getline(ss, l);) {
+    if (l.rfind("== " + title, 0) == 0)
+      in = true;
+    else if (in && (l.empty() || l.rfind("== ", 0) == 0))
+      break;
+    else if (in)
+      out.push_back(l);
+  }
+  return out;
+}
+
+// The numbers after the row label; "-" (no reference) is skipped. Empty when absent.
+std::vector<double> row(const std::vector<std::string>& sec, const std::string& label) {
+  for (const std::string& l : sec) {
+    if (l.rfind(label, 0) != 0) continue;
+    std::stringstream ss(l.substr(label.size()));
+    std::vector<double> nums;
+    for (std::string tok; ss >> tok;)
+      if (tok != "-") nums.push_back(std::stod(tok));
+    return nums;
+  }
+  return {};
+}
+
+void expect_positive(const std::vector<std::string>& sec, const std::string& label,
+                     size_t count, const std::string& out) {
+  std::vector<double> nums = row(sec, label);
+  ASSERT_EQ(nums.size(), count) << label << "\n" << out;
+  for (double v : nums) EXPECT_GT(v, 0.0) << label << "\n" << out;
+}
+
+TEST(BenchCheckpoint, QuickRunPrintsEveryRowWithPositiveNumbers) {
+  // A scratch root of our own: the bench must leave nothing behind in it.
+  fs::path tmp = fs::temp_directory_path() / ("weft-ckbench-test-" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
+  Result r = run("bench checkpoint --quick --dir " + tmp.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+
+  std::vector<std::string> disk = section(r.out, "disk:");
+  expect_positive(disk, "raw sequential write (fsync)", 3, r.out);
+  expect_positive(disk, "raw sequential read (cold)", 3, r.out);
+  expect_positive(disk, "checkpoint save (sync, fsync)", 4, r.out);
+  expect_positive(disk, "checkpoint load (cold)", 4, r.out);
+
+  std::vector<std::string> steps = section(r.out, "step time:");
+  for (const char* mode : {"save none", "save sync", "save async"}) {
+    std::vector<double> nums = row(steps, mode);
+    ASSERT_EQ(nums.size(), 4u) << mode << "\n" << r.out;
+    EXPECT_GT(nums[0], 0.0) << mode << ": median step ms\n" << r.out;
+    if (std::string(mode) != "save none")
+      EXPECT_GT(nums[1], 0.0) << mode << ": time inside the save hook\n" << r.out;
+  }
+
+  std::vector<std::string> reshard = section(r.out, "reshard:");
+  expect_positive(reshard, "memcpy (1 thread, 256 MiB)", 3, r.out);
+  expect_positive(reshard, "reshard: bytes between ranks", 4, r.out);
+  expect_positive(reshard, "reshard: all bytes (+ local copies)", 4, r.out);
+  expect_positive(reshard, "memcpy bound (all bytes, 1 copy)", 4, r.out);
+
+  EXPECT_TRUE(fs::is_empty(tmp)) << "scratch files left under " << tmp;
+  fs::remove_all(tmp);
+}
+
+TEST(BenchCheckpoint, ZeroStepsIsAConfigError) {
+  Result r = run("bench checkpoint --quick --steps 0");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--steps"), std::string::npos) << r.out;
+}
+
+}  // namespace

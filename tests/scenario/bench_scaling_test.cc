@@ -1,0 +1,65 @@
+// `weft bench scaling --quick` end to end: it runs config S on real ranks at world 1 and dp2
+// and prints both table rows and the tokens/s lines with positive numbers. Behaviour, not timing.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+const std::string kWeft = WEFT_BINARY;
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  std::string cmd = kWeft + " " + args + " 2>&1";
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+// The numeric cells of the table row labelled `label` ("S dp2 | 2 | 10.0 | 9.0 | -10.0%").
+std::vector<double> row(const std::string& out, const std::string& label) {
+  std::stringstream ss(out);
+  for (std::string l; std::getline(ss, l);) {
+    if (l.rfind(label, 0) != 0 || l.find('|') == std::string::npos) continue;
+    if (l.substr(label.size()).find_first_not_of(' ') != l.substr(label.size()).find('|')) continue;
+    std::vector<double> nums;
+    std::stringstream cells(l.substr(l.find('|') + 1));
+    for (std::string c; std::getline(cells, c, '|');) nums.push_back(std::stod(c));
+    return nums;
+  }
+  return {};
+}
+
+double after(const std::string& out, const std::string& key) {
+  size_t at = out.find(key);
+  return at == std::string::npos ? -1 : std::stod(out.substr(at + key.size()));
+}
+
+TEST(BenchScaling, QuickPrintsWorldOneAndDp2) {
+  Result r = run("bench scaling --quick");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* label : {"S world 1", "S dp2"}) {
+    std::vector<double> v = row(r.out, label);
+    ASSERT_EQ(v.size(), 4u) << label << "\n" << r.out;  // world, measured, predicted, error
+    EXPECT_GT(v[1], 0) << label;
+    EXPECT_GT(v[2], 0) << label;
+  }
+  EXPECT_EQ(row(r.out, "S world 1")[0], 1);
+  EXPECT_EQ(row(r.out, "S dp2")[0], 2);
+  EXPECT_GT(after(r.out, "world 1: "), 0) << r.out;
+  EXPECT_GT(after(r.out, "dp2:     "), 0) << r.out;
+  EXPECT_GT(after(r.out, "efficiency tps(dp2) / (2 tps(1)): "), 0) << r.out;
+}
+
+}  // namespace
