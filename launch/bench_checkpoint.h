@@ -7,8 +7,9 @@
 
 namespace weft::launch {
 
-// argv excludes "checkpoint": [--quick] [--dir DIR] [--threads N] [--steps N]. Returns the
-// exit code; throws ConfigError for bad arguments, IoError when the scratch folder fails.
+// argv excludes "checkpoint": [--quick] [--dir DIR] [--threads N] [--steps N]
+// [--parts reshard,disk,steps]. Returns the exit code; throws ConfigError for bad
+// arguments, IoError when the scratch folder fails.
 int run_checkpoint_bench(const std::vector<std::string>& argv);
 
 }  // namespace weft::launch

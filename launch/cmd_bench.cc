@@ -104,7 +104,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
         "  caching allocator vs offline plan on traces of real training steps.\n"
         "usage: weft bench comm [--quick] [--ranks 2,4] [--backends gloo,mpi] [--sizes B,...]\n"
         "  Gloo/MPI all-reduce and all-gather bus bandwidth vs memcpy; store latency.\n"
-        "usage: weft bench checkpoint [--quick] [--dir DIR] [--threads N] [--steps N]\n"
+        "usage: weft bench checkpoint [--quick] [--dir DIR] [--threads N] [--steps N] [--parts P]\n"
         "  save/load vs raw disk, async vs sync save step time, dp4 -> tp2 x dp2 reshard.\n"
         "usage: weft bench scaling [--quick] [--steps N]\n"
         "  config S world 1 vs dp2 tokens/s; each layout's measured vs predicted step time.\n");

@@ -13,6 +13,15 @@ ActivationMemory::ActivationMemory(const std::string& kind) : kind_(kind) {
   current_ = recorder_.get();
 }
 
+ActivationMemory::~ActivationMemory() {
+  size_t live = caching_->stats().bytes_live + (planned_ ? planned_->stats().bytes_live : 0);
+  if (live == 0) return;
+  WEFT_DEBUG("memory", live, " bytes still live at shutdown: keeping the arena");
+  (void)caching_.release();
+  (void)recorder_.release();
+  (void)planned_.release();
+}
+
 void ActivationMemory::begin_step(int64_t step) {
   if (step >= 1 && current_ == recorder_.get()) {
     memory::Trace trace = recorder_->trace();

@@ -22,6 +22,12 @@ class ActivationMemory {
  public:
   // `kind` is "caching" or "planned" (validated by the config).
   explicit ActivationMemory(const std::string& kind);
+  // Blocks may still be live at destruction (a send in flight holds its buffer until the
+  // communicator drops it, and communicators can outlive the trainer): the allocators are
+  // then left alive (leaked) instead of freed under those blocks.
+  ~ActivationMemory();
+  ActivationMemory(const ActivationMemory&) = delete;
+  ActivationMemory& operator=(const ActivationMemory&) = delete;
   // The allocator for the current step. Changes only inside begin_step().
   memory::Allocator& current() { return *current_; }
   // Called before every step: switches to the plan after the traced step 0.

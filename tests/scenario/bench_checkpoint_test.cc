@@ -60,8 +60,8 @@ std::vector<double> row(const std::vector<std::string>& sec, const std::string& 
   return {};
 }
 
-void expect_positive(const std::vector<std::string>& sec, const std::string& label,
-                     size_t count, const std::string& out) {
+void expect_positive(const std::vector<std::string>& sec, const std::string& label, size_t count,
+                     const std::string& out) {
   std::vector<double> nums = row(sec, label);
   ASSERT_EQ(nums.size(), count) << label << "\n" << out;
   for (double v : nums) EXPECT_GT(v, 0.0) << label << "\n" << out;
@@ -85,8 +85,9 @@ TEST(BenchCheckpoint, QuickRunPrintsEveryRowWithPositiveNumbers) {
     std::vector<double> nums = row(steps, mode);
     ASSERT_EQ(nums.size(), 4u) << mode << "\n" << r.out;
     EXPECT_GT(nums[0], 0.0) << mode << ": median step ms\n" << r.out;
-    if (std::string(mode) != "save none")
+    if (std::string(mode) != "save none") {
       EXPECT_GT(nums[1], 0.0) << mode << ": time inside the save hook\n" << r.out;
+    }
   }
 
   std::vector<std::string> reshard = section(r.out, "reshard:");
