@@ -12,6 +12,7 @@
 #include "base/env.h"
 #include "base/config.h"
 #include "base/error.h"
+#include "checkpoint/parallel_state.h"
 #include "checkpoint/trainer_state.h"
 #include "base/log.h"
 #include "core/config/job_spec.h"
@@ -72,6 +73,8 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
   if (args.has("--init-weights"))
     trainer.load_weights(core::io::load_safetensors(args.get("--init-weights"), "--init-weights"),
                          "--init-weights");
+  // checkpoint.every and --resume: each rank saves and loads its own VPS boxes (collective).
+  checkpoint::ParallelCheckpoints ckpt(spec, trainer, args.has("--resume") ? args.get("--resume") : "");
 
   namespace fs = std::filesystem;
   fs::path out = spec.train.out_dir;
@@ -104,6 +107,7 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
   while (trainer.current_step() < spec.train.steps && !stop) {
     auto t0 = std::chrono::steady_clock::now();
     core::StepStats st = trainer.step(train_batch);
+    ckpt.after_step();  // checkpoint.every: every rank writes its shard, rank 0 commits
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (lead) {
       core::io::StepMetrics m;
@@ -274,7 +278,6 @@ int cmd_train(const std::vector<std::string>& argv) {
     throw ConfigError("device", "this build has no CUDA (configure found none); use cpu");
 #endif
   }
-  if (env.world > 1 && args.has("--resume")) throw NotSupported("--resume with several ranks: not yet (the elastic issue)");
   if (env.world > 1) return train_ranks(args, spec, env);
   core::cpu::set_num_threads(int(spec.train.threads));
   core::Trainer trainer(spec);  // activation arena: memory.allocator (caching | planned)

@@ -120,7 +120,7 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
     planner::Box rows{planner::DimSlice{b0, n, 1, 0}, planner::DimSlice{0, T, 1, 0}};
     copy_region(out, box, value == mg_.tokens ? x : y, rows, box);
   };
-  memory_->begin_step(step_);
+  memory_->begin_step(steps_run_++);  // a resumed run starts at step_ > 0 yet traces first
   exec_->set_transient_allocator(&memory_->current());
   exec_->run_step(s, load);
 
@@ -199,6 +199,26 @@ core::NamedTensors ParallelTrainer::gather_weights() {
     ex.tensor(p).copy_from(full.at(size_t(id)));
   }
   return core::export_weights(fwd, ex);
+}
+
+std::vector<core::Tensor> ParallelTrainer::state_tensors(const StateSpace& space,
+                                                         const RankLayout& layout) {
+  std::vector<core::Tensor> out;
+  TensorTable& t = exec_->tensors();
+  for (const LocalTensor& l : layout.locals) {
+    const StateTensor& st = space.at(l.state);
+    if (st.kind != StateKind::kScalar) {
+      WEFT_CHECK(l.plan_tensor >= 0, "state ", st.name, " has no plan tensor on rank ", rank());
+      core::Tensor& x = t.read(l.plan_tensor);
+      WEFT_CHECK(x.shape() == l.shape, "state ", st.name, ": the executor holds ",
+                 core::shape_str(x.shape()), ", the layout ", core::shape_str(l.shape));
+      out.push_back(x);
+      continue;
+    }
+    int64_t v = st.name == kSeedState ? int64_t(spec_.train.seed) : step_;
+    out.push_back(core::Tensor::from_vector<int64_t>({1}, {v}));
+  }
+  return out;
 }
 
 void ParallelTrainer::load_weights(const core::NamedTensors& w, const std::string& field) {

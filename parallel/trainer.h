@@ -15,6 +15,7 @@
 #include "core/models/weights.h"
 #include "parallel/executor.h"
 #include "parallel/process_groups.h"
+#include "parallel/vps.h"
 #include "planner/plan.h"
 
 namespace weft::parallel {
@@ -41,6 +42,17 @@ class ParallelTrainer {
   void load_weights(const core::NamedTensors& w, const std::string& field);
 
   int64_t current_step() const { return step_; }
+  // Resuming: the next step() runs step `s` (learning rate, Adam bias correction, data).
+  void set_current_step(int64_t s) { step_ = s; }
+  // This rank's state in the order of `layout.locals` (layout_of(space, plan(), rank()),
+  // space from graph()): views of the executor's persistent tensors, so a caller may read
+  // them for a save or copy into them for a load; the scalars (step, seed, data cursor) are
+  // fresh i64 tensors. The same table the executor allocates from, never a re-derivation.
+  std::vector<core::Tensor> state_tensors(const StateSpace& space, const RankLayout& layout);
+  // The planning graph the plan and the executor are built on (StateSpace::from_graph).
+  const core::Graph& graph() const { return mg_.graph; }
+  const core::JobSpec& spec() const { return spec_; }
+  comm::Communicator& world() { return world_; }
   // This rank's transient-arena statistics (peak live, peak reserved).
   memory::AllocatorStats activation_stats() const { return memory_->stats(); }
   int64_t num_parameters() const;
@@ -63,6 +75,7 @@ class ParallelTrainer {
   std::unique_ptr<core::ActivationMemory> memory_;
   std::unique_ptr<RankExecutor> exec_;
   int64_t step_ = 0;
+  int64_t steps_run_ = 0;  // by this process: the activation arena traces its first step
 };
 
 }  // namespace weft::parallel
