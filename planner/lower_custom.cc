@@ -98,7 +98,8 @@ void StageBuilder::emit_moe(int op, const std::vector<SubOp>& subs, const Ctx& c
                     {{1, out[1][size_t(l)]}, {2, out[2][size_t(l)]}, {3, out[3][size_t(l)]}, {4, out[4][size_t(l)]}}),
          ctx);
     // Expert side: under uniform routing a lane receives as many rows as it sends.
-    const TensorDesc& xe = role(l).tensors[size_t(out[4][size_t(l)])];
+    // Copies, not references: add_tensor below grows role(l).tensors.
+    const TensorDesc xe = role(l).tensors[size_t(out[4][size_t(l)])];
     int64_t rows = xe.piece.box[0].numel(), C = xe.piece.box[1].numel();
     int64_t F = subs[size_t(l)].ins[2].piece.box[1].numel();
     auto local = [&](const std::string& name, int64_t cols, const Piece* like) {
@@ -114,7 +115,7 @@ void StageBuilder::emit_moe(int op, const std::vector<SubOp>& subs, const Ctx& c
     d.data_dependent = true;
     d.dim = 0;
     emit(l, d, ctx);
-    const Piece& ye_piece = role(l).tensors[size_t(out[6][size_t(l)])].piece;
+    const Piece ye_piece = role(l).tensors[size_t(out[6][size_t(l)])].piece;
     int he_local = local("moe.he_local", F, nullptr), ye_local = local("moe.ye_local", C, &ye_piece);
     std::vector<Operand> w = {{-1, xe_local}, {2, at(2)}, {3, at(3)}, {4, at(4)}};
     if (at(5) >= 0) w.push_back({5, at(5)});
