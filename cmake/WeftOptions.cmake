@@ -13,13 +13,14 @@ if(WEFT_SANITIZE)
   if(NOT WEFT_SANITIZE MATCHES "^(address|undefined|thread)$")
     message(FATAL_ERROR "WEFT_SANITIZE=${WEFT_SANITIZE}: expected address, undefined or thread")
   endif()
-  add_compile_options(-fsanitize=${WEFT_SANITIZE} -fno-omit-frame-pointer -g)
+  # Host code only: nvcc does not take -fsanitize (device code is checked by compute-sanitizer).
+  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=${WEFT_SANITIZE};-fno-omit-frame-pointer;-g>")
   add_link_options(-fsanitize=${WEFT_SANITIZE})
 endif()
 
-add_compile_options(-Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
+add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-Wall;-Wextra;-Wno-unused-parameter;-Wno-missing-field-initializers>")
 if(CMAKE_BUILD_TYPE STREQUAL "Release")
-  add_compile_options(-O3 -march=native)
+  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-O3;-march=native>")
 endif()
 
 find_package(OpenMP REQUIRED COMPONENTS CXX)
