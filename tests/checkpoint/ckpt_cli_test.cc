@@ -9,29 +9,15 @@
 #include "core/io/metrics.h"
 #include "core/io/safetensors.h"
 #include "tests/checkpoint/ckpt_util.h"
+#include "tests/support/run_weft.h"
 
 namespace weft::checkpoint {
 namespace {
 
 using test_util::TempDir;
 
-struct CmdResult {
-  int code = -1;
-  std::string out;
-};
-
-CmdResult weft(const std::string& args) {
-  CmdResult r;
-  std::string cmd = std::string(WEFT_BINARY) + " " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
-  int status = pclose(f);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using CmdResult = ::weft::test::CommandResult;
+CmdResult weft(const std::string& args) { return ::weft::test::run_weft(args); }
 
 std::string train_cmd(const TempDir& d, const std::string& name, const std::string& extra) {
   return "train --config " + std::string(WEFT_SOURCE_DIR) +

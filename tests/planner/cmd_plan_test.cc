@@ -9,27 +9,13 @@
 #include <sstream>
 
 #include "planner/plan_json.h"
+#include "tests/support/run_weft.h"
 
 namespace weft::planner {
 namespace {
 
-struct CmdResult {
-  int code = -1;
-  std::string out;
-};
-
-CmdResult run(const std::string& args) {
-  CmdResult r;
-  std::string cmd = std::string(WEFT_BINARY) + " plan " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
-  int status = pclose(f);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using CmdResult = test::CommandResult;
+CmdResult run(const std::string& args) { return test::run_weft("plan " + args); }
 
 std::string config(const std::string& name) { return std::string(WEFT_SOURCE_DIR) + "/configs/" + name; }
 

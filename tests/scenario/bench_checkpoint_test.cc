@@ -1,6 +1,8 @@
 // `weft bench checkpoint --quick` end to end: small sizes, every row of the three tables
 // present with positive numbers, scratch files removed. Behaviour, not timing.
 #include <gtest/gtest.h>
+
+#include "tests/support/run_weft.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,22 +16,9 @@
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kWeft = WEFT_BINARY;
 
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result run(const std::string& args) {
-  std::string cmd = kWeft + " " + args + " 2>&1";
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
+using Result = weft::test::CommandResult;
+Result run(const std::string& args) { return weft::test::run_weft(args); }
 
 // The lines of the section whose "== title" line starts with `title`, up to the next blank line.
 std::vector<std::string> section(const std::string& text, const std::string& title) {

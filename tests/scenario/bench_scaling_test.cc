@@ -1,6 +1,8 @@
 // `weft bench scaling --quick` end to end: it runs config S on real ranks at world 1 and dp2
 // and prints both table rows and the tokens/s lines with positive numbers. Behaviour, not timing.
 #include <gtest/gtest.h>
+
+#include "tests/support/run_weft.h"
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -10,22 +12,9 @@
 
 namespace {
 
-const std::string kWeft = WEFT_BINARY;
 
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result run(const std::string& args) {
-  std::string cmd = kWeft + " " + args + " 2>&1";
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
+using Result = weft::test::CommandResult;
+Result run(const std::string& args) { return weft::test::run_weft(args); }
 
 // The numeric cells of the table row labelled `label` ("S dp2 | 2 | 10.0 | 9.0 | -10.0%").
 std::vector<double> row(const std::string& out, const std::string& label) {

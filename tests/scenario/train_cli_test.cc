@@ -1,6 +1,8 @@
 // `weft train` end to end: the progress lines, the run folder, exit codes for bad input,
 // and a clean stop on Ctrl-C.
 #include <gtest/gtest.h>
+
+#include "tests/support/run_weft.h"
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,20 +20,8 @@ namespace fs = std::filesystem;
 const std::string kWeft = WEFT_BINARY;
 const std::string kConfig = std::string(WEFT_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
 
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result run(const std::string& args) {
-  std::string cmd = kWeft + " " + args + " 2>&1";
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
+using Result = weft::test::CommandResult;
+Result run(const std::string& args) { return weft::test::run_weft(args); }
 
 fs::path temp_dir(const std::string& name) {
   fs::path d = fs::temp_directory_path() / ("weft_cli_" + name + "_" + std::to_string(::getpid()));
