@@ -19,7 +19,7 @@ inline constexpr const char* kMetadataFile = "metadata.json";
 inline constexpr int64_t kBlockBytes = int64_t(1) << 20;
 
 struct StateRecord {
-  std::string name, kind;  // kind: parameter | adam_m | adam_v | master
+  std::string name, kind;  // kind: parameter | adam_m | adam_v | master | buffer
   core::DType dtype = core::DType::kF32;
   core::Shape shape;  // global
 };

@@ -28,7 +28,7 @@ ParallelCheckpoints::ParallelCheckpoints(const core::JobSpec& spec,
                                          const std::string& resume)
     : spec_(spec),
       trainer_(trainer),
-      space_(parallel::StateSpace::from_graph(trainer.graph())),
+      space_(parallel::StateSpace::from_graph(trainer.graph(), trainer.moe_balance())),
       layout_(parallel::layout_of(space_, trainer.plan())) {
   if (resume.empty()) return;
   const std::string field = "--resume";

@@ -18,6 +18,10 @@ std::vector<core::Tensor> trainer_tensors(core::Trainer& trainer,
                                           const parallel::StateSpace& space) {
   std::vector<core::Tensor> out;
   for (const parallel::StateTensor& t : space.tensors()) {
+    if (t.kind == parallel::StateKind::kBuffer) {
+      out.push_back(parallel::buffer_tensor(trainer.moe_balance(), t));
+      continue;
+    }
     if (t.kind != parallel::StateKind::kScalar) {
       out.push_back(trainer.executor().tensor(t.value));
       continue;
@@ -33,7 +37,7 @@ TrainerCheckpoints::TrainerCheckpoints(const core::JobSpec& spec, core::Trainer&
                                        const std::string& resume)
     : spec_(spec),
       trainer_(trainer),
-      space_(parallel::StateSpace::from_graph(trainer.model().graph)),
+      space_(parallel::StateSpace::from_graph(trainer.model().graph, trainer.moe_balance())),
       layout_(parallel::whole_layout(space_)) {
   if (resume.empty()) return;
   const std::string field = "--resume";
@@ -91,7 +95,8 @@ int64_t export_safetensors(const std::string& ckpt, const std::string& out,
   core::JobSpec spec = core::parse_job_spec(m.job_yaml, dir);
   check_model(m, spec, field);
   // The forward graph alone: its executor holds just the parameters, which export_weights
-  // names exactly as --save-weights does.
+  // names exactly as --save-weights does. No balance: the checkpoint's buffers (loss_free's
+  // routing bias) are not weights, and the load skips states this space lacks.
   core::ModelGraph mg = core::build_model(spec.model, 1);
   core::GraphExecutor ex(mg.graph);
   parallel::StateSpace space = parallel::StateSpace::from_graph(mg.graph);
@@ -113,7 +118,10 @@ std::string import_safetensors(const std::string& in, const std::string& root,
                                const core::JobSpec& spec, const std::string& field) {
   core::Trainer trainer(spec);
   trainer.load_weights(core::io::load_safetensors(in, field), field);
-  parallel::StateSpace space = parallel::StateSpace::from_graph(trainer.model().graph);
+  // With the trainer's balance: a loss_free job's step-0 checkpoint holds its (zero) routing
+  // bias, so that resuming from it finds every state it needs.
+  parallel::StateSpace space =
+      parallel::StateSpace::from_graph(trainer.model().graph, trainer.moe_balance());
   parallel::Layout layout = parallel::whole_layout(space);
   CheckpointInfo info{&spec, 0, "imported from " + fs::path(in).filename().string()};
   return save_checkpoint(root, info, space, layout,

@@ -13,7 +13,9 @@
 namespace weft::checkpoint {
 
 // The trainer's state tensors in whole_layout(space) order (views of the executor's
-// tensors; the scalars are fresh i64 tensors holding step, seed and data cursor).
+// tensors and, for the buffers, of the trainer's MoeBalance routing biases; the scalars are
+// fresh i64 tensors holding step, seed and data cursor). `space` is
+// StateSpace::from_graph(trainer.model().graph, trainer.moe_balance()).
 std::vector<core::Tensor> trainer_tensors(core::Trainer& trainer,
                                           const parallel::StateSpace& space);
 

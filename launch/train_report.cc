@@ -36,8 +36,8 @@ std::string TrainReport::summary(double seconds, const memory::AllocatorStats& a
     s += v != val.end() ? fmt("%10.4f | ", v->second) : std::string("           | ");
     s += std::string(size_t(std::max(1, bar)), '#') + "\n";
   }
-  double tokens = 0;
-  for (const auto& m : steps_) tokens += double(spec_.train.global_batch * spec_.model.seq_len);
+  const double tokens =
+      double(steps_.size()) * double(spec_.train.global_batch * spec_.model.seq_len);
   s += "\n== summary ==\n";
   s += fmt("steps %.0f, %.1f s, %.0f tokens/s on average\n", double(steps_.size()), seconds,
            tokens / std::max(seconds, 1e-9));

@@ -6,6 +6,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "core/graph/moe_balance.h"
 #include "core/graph/op_parts.h"
 #include "parallel/compute.h"
 #include "parallel/regions.h"
@@ -90,12 +91,34 @@ void RankExecutor::wait_all_sends() {
   sends_.clear();
 }
 
+namespace {
+
+// The step's expert counts summed over every rank (each rank adds the routings it ran).
+void reduce_balance(core::MoeBalance& b, comm::Communicator& world) {
+  std::vector<double> mine = b.pack();
+  core::Tensor t = core::Tensor::from_vector<double>({int64_t(mine.size())}, mine);
+  world.all_reduce(t).wait();
+  b.absorb(t.to_vector<double>());
+}
+
+}  // namespace
+
 void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load) {
   table_->zero_gradients();
   moe_ = MoeState();
   core::StepScalars s = scalars;
   const std::vector<int64_t> no_rows;
+  core::MoeBalance* balance = s.moe_balance;
+  if (balance) balance->begin_step();
+  // aux_loss_global: the shares are reduced once every forward of the step ran here, before
+  // the first backward (the plan orders every forward first; resolve_parallel checks it).
+  bool shares_pending = balance && balance->mode() == core::MoeBalance::Mode::kGlobalAux;
   for (const Instr& in : prog_.program) {
+    if (shares_pending && in.stage != planner::Stage::kForward) {
+      reduce_balance(*balance, world_);
+      balance->freeze_shares();
+      shares_pending = false;
+    }
     if (!pending_.empty()) settle(roots(in));
     switch (in.kind) {
       case InstrKind::kLoad: {
@@ -106,6 +129,7 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
       }
       case InstrKind::kCompute: {
         s.micro_batch = in.mb;
+        s.record_routing = !in.recompute;
         const std::vector<int64_t>* rows = &no_rows;
         std::vector<int64_t> er;
         if (in.part == "moe.experts") {
@@ -162,6 +186,15 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
     pending_.pop_front();
   }
   wait_all_sends();
+  if (shares_pending) {  // a program without backward work still agrees with its peers
+    reduce_balance(*balance, world_);
+    balance->freeze_shares();
+  }
+  if (balance && balance->mode() == core::MoeBalance::Mode::kLossFree) {
+    // The bias moves after the step, from the load of the whole global batch.
+    reduce_balance(*balance, world_);
+    balance->update_bias();
+  }
 }
 
 std::vector<int> RankExecutor::roots(const Instr& in) const {

@@ -48,6 +48,8 @@ class RankExecutor {
 
   // One optimizer step: zeroes the gradient accumulators and runs the program. `s.step` and
   // `s.lr` are the step's; `s.loss_scale` must be 1 / (batch parts of the step).
+  // `s.moe_balance` (aux_loss_global, loss_free) is summed over `world` mid-step (global
+  // shares, before the first backward) or at its end (the loss-free bias update).
   void run_step(const core::StepScalars& s, const LoadFn& load);
 
   const planner::RankProgram& program() const { return prog_; }

@@ -47,10 +47,6 @@ std::vector<T> all_gather_values(comm::Communicator& c, const std::vector<T>& mi
 
 ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& world)
     : spec_(spec), world_(world) {
-  if (spec_.model.arch == "moe-gpt" && spec_.model.moe.balance != "aux_loss")
-    throw ConfigError("model.moe.balance",
-                      "'" + spec_.model.moe.balance +
-                          "' is not yet supported by the multi-rank trainer; use aux_loss");
   if (spec_.train.dtype != "f32")
     throw ConfigError("train.dtype", "'" + spec_.train.dtype +
                                          "' needs device: cuda; the CPU trainer computes in f32");
@@ -64,6 +60,7 @@ ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& 
   exec_ = std::make_unique<RankExecutor>(*plan_, mg_.graph, world_.rank(), world_, *groups_);
   exec_->init_parameters(spec_.train.seed);
   memory_ = std::make_unique<core::ActivationMemory>(spec_.memory.allocator);
+  balance_ = core::MoeBalance::for_model(spec_.model);
 }
 
 ParallelTrainer::~ParallelTrainer() = default;
@@ -110,6 +107,7 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
   s.loss_scale = double(mb) / double(B);  // d(global mean)/d(a micro-batch's mean)
   s.lr = st.lr;
   s.step = step_;
+  s.moe_balance = balance_.get();
   LoadFn load = [&](int value, const planner::Box& box, core::Tensor& out) {
     WEFT_CHECK(value == mg_.tokens || value == mg_.targets, "load of a value that is not an input");
     WEFT_CHECK(box.size() == 2 && box[0].count == 1, "load box ", planner::box_str(box));
@@ -153,6 +151,8 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
     else
       st.aux_loss += vp.first / vp.second;
   }
+  if (balance_ && balance_->mode() == core::MoeBalance::Mode::kGlobalAux)
+    st.aux_loss = balance_->global_aux_loss();  // the per-micro-batch outputs are local
   st.tokens = B * T;
   ++step_;
   return st;
@@ -207,6 +207,13 @@ std::vector<core::Tensor> ParallelTrainer::state_tensors(const StateSpace& space
   TensorTable& t = exec_->tensors();
   for (const LocalTensor& l : layout.locals) {
     const StateTensor& st = space.at(l.state);
+    if (st.kind == StateKind::kBuffer) {  // whole on every rank, outside the executor
+      core::Tensor b = buffer_tensor(balance_.get(), st);
+      WEFT_CHECK(b.shape() == l.shape, "state ", st.name, ": the trainer holds ",
+                 core::shape_str(b.shape()), ", the layout ", core::shape_str(l.shape));
+      out.push_back(b);
+      continue;
+    }
     if (st.kind != StateKind::kScalar) {
       WEFT_CHECK(l.plan_tensor >= 0, "state ", st.name, " has no plan tensor on rank ", rank());
       core::Tensor& x = t.read(l.plan_tensor);

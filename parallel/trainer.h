@@ -12,6 +12,7 @@
 #include "comm/communicator.h"
 #include "core/config/job_spec.h"
 #include "core/exec/trainer.h"
+#include "core/graph/moe_balance.h"
 #include "core/models/weights.h"
 #include "parallel/executor.h"
 #include "parallel/process_groups.h"
@@ -58,6 +59,9 @@ class ParallelTrainer {
   int64_t num_parameters() const;
   const planner::Plan& plan() const { return *plan_; }
   RankExecutor& executor() { return *exec_; }
+  // The global-batch expert balancing state (aux_loss_global, loss_free); null otherwise.
+  // The same on every rank after each step.
+  core::MoeBalance* moe_balance() { return balance_.get(); }
   int rank() const { return world_.rank(); }
 
  private:
@@ -74,6 +78,7 @@ class ParallelTrainer {
   // declared before the executor so that it outlives the tensors it serves.
   std::unique_ptr<core::ActivationMemory> memory_;
   std::unique_ptr<RankExecutor> exec_;
+  std::unique_ptr<core::MoeBalance> balance_;
   int64_t step_ = 0;
   int64_t steps_run_ = 0;  // by this process: the activation arena traces its first step
 };

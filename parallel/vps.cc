@@ -8,6 +8,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "core/graph/moe_balance.h"
 
 namespace weft::parallel {
 
@@ -23,11 +24,13 @@ const char* state_kind_name(StateKind k) {
       return "master";
     case StateKind::kScalar:
       return "scalar";
+    case StateKind::kBuffer:
+      return "buffer";
   }
   return "?";
 }
 
-StateSpace StateSpace::from_graph(const core::Graph& g) {
+StateSpace StateSpace::from_graph(const core::Graph& g, const core::MoeBalance* balance) {
   StateSpace s;
   auto add = [&](StateTensor t) {
     t.id = StateId(s.tensors_.size());
@@ -52,6 +55,10 @@ StateSpace StateSpace::from_graph(const core::Graph& g) {
       continue;
     add(StateTensor{-1, v.name, kind, v.shape, v.dtype, v.id});
   }
+  if (balance && balance->mode() == core::MoeBalance::Mode::kLossFree)
+    for (int layer : balance->layers())
+      add(StateTensor{-1, core::MoeBalance::bias_name(layer), StateKind::kBuffer,
+                      {balance->experts()}, core::DType::kF32, -1});
   for (const char* n : {kStepState, kSeedState, kDataCursorState})
     add(StateTensor{-1, n, StateKind::kScalar, {1}, core::DType::kI64, -1});
   return s;
@@ -92,12 +99,14 @@ std::vector<PlainPart> plain_parts(const planner::Box& box) {
 
 namespace {
 
-void add_scalars(const StateSpace& space, RankLayout& r) {
+// The state every rank holds whole: buffers and scalars, in StateId order.
+void add_whole_on_every_rank(const StateSpace& space, RankLayout& r) {
   for (const StateTensor& t : space.tensors()) {
-    if (t.kind != StateKind::kScalar) continue;
+    if (t.kind != StateKind::kScalar && t.kind != StateKind::kBuffer) continue;
     int local = int(r.locals.size());
     r.locals.push_back(LocalTensor{t.id, t.shape, t.dtype, -1});
-    r.boxes.push_back(StateBox{t.id, {0}, {1}, local, {0}});
+    r.boxes.push_back(StateBox{t.id, std::vector<int64_t>(t.shape.size(), 0), t.shape, local,
+                               std::vector<int64_t>(t.shape.size(), 0)});
   }
 }
 
@@ -127,7 +136,7 @@ RankLayout layout_of(const StateSpace& space, const planner::Plan& plan, int ran
       r.boxes.push_back(
           StateBox{id, std::move(p.start), std::move(p.extent), local, std::move(p.local_start)});
   }
-  add_scalars(space, r);
+  add_whole_on_every_rank(space, r);
   return r;
 }
 
@@ -273,6 +282,24 @@ Layout remap_ranks(const Layout& layout, const std::vector<int>& to, int world) 
     if (out.hosts[size_t(r)] < 0)
       out.hosts[size_t(r)] = world + r;  // a rank outside the layout: its own host
   return out;
+}
+
+core::Tensor buffer_tensor(core::MoeBalance* balance, const StateTensor& t) {
+  if (t.kind != StateKind::kBuffer)
+    throw InternalError("buffer_tensor: state " + t.name + " is a " + state_kind_name(t.kind));
+  if (!balance || balance->mode() != core::MoeBalance::Mode::kLossFree)
+    throw InternalError("state " + t.name +
+                        " is a loss_free routing bias, but the trainer has no loss_free balancing");
+  for (int layer : balance->layers())
+    if (core::MoeBalance::bias_name(layer) == t.name) {
+      core::Tensor& b = balance->bias_tensor(layer);
+      if (b.shape() != t.shape || b.dtype() != t.dtype)
+        throw InternalError("state " + t.name + " is " + core::dtype_name(t.dtype) +
+                            core::shape_str(t.shape) + ", the trainer's bias is " +
+                            core::dtype_name(b.dtype()) + core::shape_str(b.shape()));
+      return b;
+    }
+  throw InternalError("state " + t.name + " names no MoE block of the trainer's balancing");
 }
 
 std::vector<core::Tensor> allocate_locals(const RankLayout& r) {

@@ -14,6 +14,10 @@
 #include "core/tensor.h"
 #include "planner/plan.h"
 
+namespace weft::core {
+class MoeBalance;
+}
+
 namespace weft::parallel {
 
 using StateId = int;
@@ -24,6 +28,8 @@ enum class StateKind : uint8_t {
   kAdamV,      // "adam_v:<param>"
   kMaster,     // "master:<param>": f32 master weights, present only when they differ
   kScalar,     // step, seed, data cursor: one i64, held by every rank
+  kBuffer,     // training state outside the graph, held whole and identical by every rank
+               // (loss_free's routing bias "moe.bias:h.<layer>"): stored as tensor data
 };
 const char* state_kind_name(StateKind k);
 
@@ -34,7 +40,7 @@ struct StateTensor {
   StateKind kind = StateKind::kParameter;
   core::Shape shape;  // global
   core::DType dtype = core::DType::kF32;
-  int value = -1;  // graph value id; -1 for scalars
+  int value = -1;  // graph value id; -1 for scalars and buffers
 };
 
 // The scalars every layout carries (StateId order after the tensors). The data cursor is
@@ -44,12 +50,15 @@ inline constexpr const char* kSeedState = "seed";
 inline constexpr const char* kDataCursorState = "data.cursor";
 
 // The coordinate system: parameters, optimizer moments and master weights of a training
-// graph in value order, then the scalars. Gradients and the global norm are not state:
-// they are zeroed or recomputed every step, so nothing needs to move them.
+// graph in value order, then the buffers (training state the graph does not hold: one
+// routing bias per MoE block, MoeBalance::bias_name(layer), when `balance` is loss_free),
+// then the scalars. Gradients and the global norm are not state: they are zeroed or
+// recomputed every step, so nothing needs to move them. Without buffers the StateIds are
+// those of a space built without a balance.
 class StateSpace {
  public:
   StateSpace() = default;
-  static StateSpace from_graph(const core::Graph& g);
+  static StateSpace from_graph(const core::Graph& g, const core::MoeBalance* balance = nullptr);
 
   const std::vector<StateTensor>& tensors() const { return tensors_; }
   const StateTensor& at(StateId id) const { return tensors_.at(size_t(id)); }
@@ -80,7 +89,8 @@ struct StateBox {
 };
 
 // One tensor a rank allocates for its state. `plan_tensor` is its index in
-// Plan::program(rank).tensors (-1 for the scalars and for layouts not built from a plan).
+// Plan::program(rank).tensors (-1 for the scalars, the buffers and for layouts not built
+// from a plan).
 struct LocalTensor {
   StateId state = -1;
   core::Shape shape;  // dense local shape
@@ -106,7 +116,7 @@ struct Layout {
 
 // THE layout function: the persistent, non-alias state tensors of Plan::program(rank)
 // (parameters, optimizer moments, master weights; ZeRO shards and strided chunks
-// decomposed into plain boxes) plus the scalars. Replica fields are left 0/1; layout_of
+// decomposed into plain boxes) plus the buffers and the scalars, whole on every rank. Replica fields are left 0/1; layout_of
 // over all ranks fills them. Throws InternalError for a plan tensor that is a partial sum
 // or names a value the space lacks (a plan for another graph).
 RankLayout layout_of(const StateSpace& space, const planner::Plan& plan, int rank);
@@ -141,6 +151,11 @@ std::string box_str(const StateSpace& space, const StateBox& b);
 // Rank ids renamed: rank r of `layout` becomes to[r] in a world of `world` ranks (a live
 // resize runs the old and the new layout over one union communicator).
 Layout remap_ranks(const Layout& layout, const std::vector<int>& to, int world);
+
+// The live tensor of buffer state `t` (kBuffer): a view of balance->bias_tensor(layer) for
+// "moe.bias:h.<layer>". InternalError when `balance` is null, not loss_free, or has no such
+// block (a space built for another job).
+core::Tensor buffer_tensor(core::MoeBalance* balance, const StateTensor& t);
 
 // Host tensors for a rank's local tensors (zeroed), in `locals` order.
 std::vector<core::Tensor> allocate_locals(const RankLayout& r);

@@ -182,6 +182,23 @@ void resolve_batch(const core::JobSpec& s, ParallelConfig& pc) {
                           num(unit * ((pc.micro_batches / pc.deg.pp + 1) * pc.deg.pp)));
 }
 
+// aux_loss_global needs the expert shares of the whole global batch before the first
+// backward, so every stage runs all its forwards first. One stage: that is only an order
+// (more activations live at once), chosen here. Several stages: it is GPipe, asked for by name.
+void resolve_balance_order(const core::JobSpec& s, ParallelConfig& pc) {
+  if (s.model.arch != "moe-gpt" || s.model.moe.balance != "aux_loss_global") return;
+  if (pc.deg.pp == 1) {
+    pc.schedule = "gpipe";
+    return;
+  }
+  if (pc.schedule != "gpipe" && pc.micro_batches * pc.virtual_stages > 1)
+    throw ConfigError("parallel.pipeline.schedule",
+                      "model.moe.balance: aux_loss_global needs every micro-batch's forward before "
+                      "the first backward (the expert shares of the whole global batch), which " +
+                          pc.schedule + " does not do with pp " + num(pc.deg.pp) +
+                          "; use schedule: gpipe, or balance: aux_loss | loss_free");
+}
+
 }  // namespace
 
 ParallelConfig resolve_parallel(const core::JobSpec& s, int world) {
@@ -210,6 +227,7 @@ ParallelConfig resolve_parallel(const core::JobSpec& s, int world) {
   pc.micro_batch = s.train.micro_batch;
   resolve_layout(s, pc);
   resolve_batch(s, pc);
+  resolve_balance_order(s, pc);
   return pc;
 }
 

@@ -17,6 +17,8 @@ struct MoeSpec {
   double capacity_factor = 0.0;      // 0: no dropping
   std::string balance = "aux_loss";  // aux_loss | aux_loss_global | loss_free
   double aux_coef = 0.01;
+  // loss_free: the routing bias step per optimizer step (DeepSeek-V3's update speed).
+  double bias_update_rate = 0.001;
 };
 
 struct ModelSpec {

@@ -56,6 +56,7 @@ std::string job_spec_to_yaml(const JobSpec& s) {
     kv(e, "capacity_factor", m.moe.capacity_factor);
     kv(e, "balance", m.moe.balance);
     kv(e, "aux_coef", m.moe.aux_coef);
+    kv(e, "bias_update_rate", m.moe.bias_update_rate);
     e << YAML::EndMap;
   }
   e << YAML::EndMap;

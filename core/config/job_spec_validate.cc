@@ -76,6 +76,7 @@ void validate_model(const ModelSpec& m) {
   in_range("model.moe.capacity_factor", e.capacity_factor, 0, false, kInf, false);
   one_of("model.moe.balance", e.balance, {"aux_loss", "aux_loss_global", "loss_free"});
   in_range("model.moe.aux_coef", e.aux_coef, 0, false, kInf, false);
+  in_range("model.moe.bias_update_rate", e.bias_update_rate, 0, false, kInf, false);
 }
 
 void validate_train(const TrainSpec& t) {

@@ -21,7 +21,7 @@ const YamlSchema& job_spec_schema() {
        {"model", "data", "train", "parallel", "device", "memory", "checkpoint", "snapshot",
         "elastic"}},
       {"model", {"arch", "layers", "dim", "heads", "vocab", "seq_len", "mlp_ratio", "moe"}},
-      {"model.moe", {"experts", "top_k", "every", "capacity_factor", "balance", "aux_coef"}},
+      {"model.moe", {"experts", "top_k", "every", "capacity_factor", "balance", "aux_coef", "bias_update_rate"}},
       {"data", {"path", "val_path", "order", "val_fraction"}},
       {"train",
        {"steps", "global_batch", "micro_batch", "lr", "min_lr", "warmup_steps", "schedule",
@@ -55,6 +55,7 @@ void read_model(const YamlSection& y, ModelSpec& m) {
   moe.read("capacity_factor", m.moe.capacity_factor);
   moe.read("balance", m.moe.balance);
   moe.read("aux_coef", m.moe.aux_coef);
+  moe.read("bias_update_rate", m.moe.bias_update_rate);
 }
 
 void read_train(const YamlSection& y, TrainSpec& t) {

@@ -25,7 +25,7 @@ std::vector<int64_t> route_positions(const int32_t* route, int64_t A) {
 }  // namespace
 
 template <typename T>
-MoeTopK moe_top_k(const T* probs, int64_t N, int64_t E, int64_t k) {
+MoeTopK moe_top_k(const T* probs, int64_t N, int64_t E, int64_t k, const float* bias) {
   WEFT_CHECK(k >= 1 && k <= E, "moe top_k ", k, " with ", E, " experts");
   MoeTopK r{N, E, k, std::vector<int32_t>(size_t(N * k)), std::vector<double>(size_t(N * k)),
             std::vector<double>(size_t(N))};
@@ -34,8 +34,16 @@ MoeTopK moe_top_k(const T* probs, int64_t N, int64_t E, int64_t k) {
     const T* p = probs + n * E;
     std::vector<int32_t> idx(static_cast<size_t>(E));
     std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                      [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    if (bias) {
+      std::vector<double> score(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) score[size_t(e)] = double(p[e]) + double(bias[e]);
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+        return score[size_t(a)] > score[size_t(b)] || (score[size_t(a)] == score[size_t(b)] && a < b);
+      });
+    } else {
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                        [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    }
     double s = 0;
     for (int64_t j = 0; j < k; ++j) s += double(p[idx[size_t(j)]]);
     r.sum[size_t(n)] = s;
@@ -59,10 +67,11 @@ int64_t moe_route_kept(const int32_t* route, int64_t A) {
 
 template <typename T>
 double moe_route_forward(const T* y, const T* router, T* logits, T* probs, int32_t* route, T* xe,
-                         int64_t N, int64_t C, int64_t E, int64_t k, double capacity_factor) {
+                         int64_t N, int64_t C, int64_t E, int64_t k, double capacity_factor,
+                         const float* bias, double* counts, double* prob_sums) {
   linear_forward<T>(y, router, nullptr, logits, N, C, E);
   softmax_forward<T>(logits, probs, N, E);
-  MoeTopK r = moe_top_k(probs, N, E, k);
+  MoeTopK r = moe_top_k(probs, N, E, k, bias);
 
   // Balance loss E * sum_e f_e P_e over these tokens (f counted before dropping).
   std::vector<double> f(size_t(E), 0.0), P(size_t(E), 0.0);
@@ -71,6 +80,15 @@ double moe_route_forward(const T* y, const T* router, T* logits, T* probs, int32
     for (int64_t e = 0; e < E; ++e) P[size_t(e)] += double(probs[n * E + e]) / double(N);
   double aux = 0;
   for (int64_t e = 0; e < E; ++e) aux += f[size_t(e)] * P[size_t(e)];
+  if (counts) {
+    std::fill(counts, counts + E, 0.0);
+    for (int64_t a = 0; a < N * k; ++a) counts[r.expert[size_t(a)]] += 1.0;
+  }
+  if (prob_sums) {
+    std::fill(prob_sums, prob_sums + E, 0.0);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t e = 0; e < E; ++e) prob_sums[e] += double(probs[n * E + e]);
+  }
 
   // Dispatch: by expert, then token order; the first `cap` assignments of an expert stay.
   const int64_t cap = moe_capacity(capacity_factor, N, k, E);
@@ -111,8 +129,8 @@ void moe_experts_forward(const T* xe, const T* fc_w, const std::type_identity_t<
 
 template <typename T>
 void moe_combine_forward(const T* ye, const int32_t* route, const T* probs, T* out, int64_t N,
-                         int64_t C, int64_t E, int64_t k) {
-  MoeTopK r = moe_top_k(probs, N, E, k);
+                         int64_t C, int64_t E, int64_t k, const float* bias) {
+  MoeTopK r = moe_top_k(probs, N, E, k, bias);
   std::vector<int64_t> pos = route_positions(route, N * k);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -130,8 +148,8 @@ void moe_combine_forward(const T* ye, const int32_t* route, const T* probs, T* o
 template <typename T>
 void moe_combine_backward(const T* dout, const T* ye, const int32_t* route, const T* probs, T* dye,
                           T* dprobs, double balance_scale, int64_t N, int64_t C, int64_t E,
-                          int64_t k) {
-  MoeTopK r = moe_top_k(probs, N, E, k);
+                          int64_t k, const float* bias, const double* shares) {
+  MoeTopK r = moe_top_k(probs, N, E, k, bias);
   const int64_t A = N * k, kept = moe_route_kept(route, A);
   std::vector<double> dw(size_t(A), 0.0);
   // d(expert output) = w * dout; d(weight) = dout . ye.
@@ -150,7 +168,10 @@ void moe_combine_backward(const T* dout, const T* ye, const int32_t* route, cons
   // Through the renormalisation w_j = p_j / S, and the balance loss
   // d(aux)/d(p[n,e]) = E f_e / N scaled by aux_coef and the loss scale.
   std::vector<double> f(size_t(E), 0.0);
-  for (int64_t q = 0; q < A; ++q) f[size_t(r.expert[size_t(q)])] += 1.0 / double(A);
+  if (shares)
+    std::copy(shares, shares + E, f.begin());
+  else
+    for (int64_t q = 0; q < A; ++q) f[size_t(r.expert[size_t(q)])] += 1.0 / double(A);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t e = 0; e < E; ++e)
@@ -204,16 +225,17 @@ void moe_route_backward(const T* dxe, const T* dprobs, const T* y, const T* rout
 }
 
 #define WEFT_MOE_INSTANTIATE(T)                                                                    \
-  template MoeTopK moe_top_k<T>(const T*, int64_t, int64_t, int64_t);                              \
+  template MoeTopK moe_top_k<T>(const T*, int64_t, int64_t, int64_t, const float*);                \
   template double moe_route_forward<T>(const T*, const T*, T*, T*, int32_t*, T*, int64_t, int64_t, \
-                                       int64_t, int64_t, double);                                  \
+                                       int64_t, int64_t, double, const float*, double*, double*);  \
   template void moe_experts_forward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*,   \
                                        T*, const int64_t*, const int64_t*, int64_t, int64_t,       \
                                        int64_t);                                                   \
   template void moe_combine_forward<T>(const T*, const int32_t*, const T*, T*, int64_t, int64_t,   \
-                                       int64_t, int64_t);                                          \
+                                       int64_t, int64_t, const float*);                            \
   template void moe_combine_backward<T>(const T*, const T*, const int32_t*, const T*, T*, T*,      \
-                                        double, int64_t, int64_t, int64_t, int64_t);               \
+                                        double, int64_t, int64_t, int64_t, int64_t, const float*,  \
+                                        const double*);                                            \
   template void moe_experts_backward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*,  \
                                         T*, T*, T*, T*, T*, T*, const int64_t*, const int64_t*,    \
                                         int64_t, int64_t, int64_t);                                \

@@ -77,11 +77,13 @@ void GraphExecutor::zero_grads() {
 }
 
 void GraphExecutor::run_ops(const std::vector<int>& program,
-                            const std::vector<std::vector<int>>* frees, const StepScalars& s) {
+                            const std::vector<std::vector<int>>* frees, const StepScalars& s,
+                            const std::function<void()>& before_backward) {
   int phase = -1;
   for (size_t i = 0; i < program.size(); ++i) {
     const Op& op = g_.op(program[i]);
     if (int(op.phase) != phase) {  // tell a tracing or planned allocator where the step is
+      if (op.phase == Phase::kBackward && before_backward) before_backward();
       phase = int(op.phase);
       act_->set_phase(op.phase == Phase::kForward    ? memory::Phase::kForward
                       : op.phase == Phase::kBackward ? memory::Phase::kBackward
@@ -117,8 +119,9 @@ void GraphExecutor::release_transients() {
     it = is_transient(it->first) ? live_.erase(it) : std::next(it);
 }
 
-void GraphExecutor::run_forward_backward(const StepScalars& s) {
-  run_ops(fwd_bwd_, &free_after_fwd_bwd_, s);
+void GraphExecutor::run_forward_backward(const StepScalars& s,
+                                         const std::function<void()>& before_backward) {
+  run_ops(fwd_bwd_, &free_after_fwd_bwd_, s, before_backward);
   release_transients();
 }
 

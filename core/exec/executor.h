@@ -5,6 +5,7 @@
 // last use in the micro-batch program (forward then backward order).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -31,7 +32,9 @@ class GraphExecutor {
 
   void zero_grads();
   // Forward and backward ops of one micro-batch; parameter gradients accumulate.
-  void run_forward_backward(const StepScalars& s);
+  // `before_backward` (optional) runs between the last forward op and the first backward
+  // op (aux_loss_global freezes the step's expert shares there).
+  void run_forward_backward(const StepScalars& s, const std::function<void()>& before_backward = {});
   // Forward ops only (evaluation); transients are released at the end.
   void run_forward(const StepScalars& s);
   // The optimizer ops (global norm, AdamW): once per step, after all micro-batches.
@@ -49,7 +52,7 @@ class GraphExecutor {
 
  private:
   void run_ops(const std::vector<int>& program, const std::vector<std::vector<int>>* frees,
-               const StepScalars& s);
+               const StepScalars& s, const std::function<void()>& before_backward = {});
   void release_transients();
   bool is_transient(int v) const;
 

@@ -16,10 +16,6 @@ double learning_rate(const TrainSpec& t, int64_t s) {
 
 Trainer::Trainer(const JobSpec& spec, DType dtype, memory::Allocator* activations)
     : spec_(spec) {
-  if (spec_.model.arch == "moe-gpt" && spec_.model.moe.balance != "aux_loss")
-    throw ConfigError("model.moe.balance",
-                      "'" + spec_.model.moe.balance +
-                          "' is not yet supported by the single-process trainer; use aux_loss");
   if (spec_.train.dtype != "f32")
     throw ConfigError("train.dtype", "'" + spec_.train.dtype +
                                          "' needs device: cuda (mixed precision); the CPU trainer "
@@ -33,6 +29,7 @@ Trainer::Trainer(const JobSpec& spec, DType dtype, memory::Allocator* activation
   }
   ex_ = std::make_unique<GraphExecutor>(mg_.graph, activations);
   init_parameters(mg_, *ex_, spec_.train.seed);
+  balance_ = MoeBalance::for_model(spec_.model);
 }
 
 memory::AllocatorStats Trainer::activation_stats() const {
@@ -67,14 +64,34 @@ StepStats Trainer::step(const BatchFn& batch) {
     memory_->begin_step(step_);
     ex_->set_activation_allocator(&memory_->current());
   }
+  s.moe_balance = balance_.get();
+  const bool global = balance_ && balance_->mode() == MoeBalance::Mode::kGlobalAux;
+  std::function<void()> freeze;
+  if (balance_) balance_->begin_step();
+  if (global && accum > 1) {
+    // aux_loss_global's shares count every micro-batch's routing, and one process runs the
+    // micro-batches one after another: route them all first (one more forward per step),
+    // then train with the shares fixed and the routing not counted twice.
+    for (int64_t j = 0; j < accum; ++j) {
+      s.micro_batch = int(j);
+      feed(batch, step_, j * mb);
+      ex_->run_forward(s);
+    }
+    balance_->freeze_shares();
+    s.record_routing = false;
+  } else if (global) {
+    freeze = [this] { balance_->freeze_shares(); };
+  }
   ex_->zero_grads();
   for (int64_t j = 0; j < accum; ++j) {
     s.micro_batch = int(j);
     feed(batch, step_, j * mb);
-    ex_->run_forward_backward(s);
+    ex_->run_forward_backward(s, freeze);
     st.loss += ex_->tensor(mg_.loss).item() / double(accum);
     for (int a : mg_.aux_losses) st.aux_loss += ex_->tensor(a).item() / double(accum);
   }
+  if (global) st.aux_loss = balance_->global_aux_loss();
+  if (balance_ && balance_->mode() == MoeBalance::Mode::kLossFree) balance_->update_bias();
   ex_->run_optimizer(s);
   st.grad_norm = ex_->tensor(mg_.graph.find_value("grad_norm")).item();
   st.tokens = spec_.train.global_batch * spec_.model.seq_len;
@@ -85,6 +102,8 @@ StepStats Trainer::step(const BatchFn& batch) {
 double Trainer::evaluate(const BatchFn& batch, int64_t batches) {
   const int64_t mb = spec_.train.micro_batch;
   StepScalars s;
+  s.moe_balance = balance_.get();  // loss_free routes with its bias
+  s.record_routing = false;
   double total = 0;
   for (int64_t j = 0; j < batches; ++j) {
     feed(batch, 0, j * mb);

@@ -10,6 +10,7 @@
 #include "core/config/job_spec.h"
 #include "core/exec/activation_memory.h"
 #include "core/exec/executor.h"
+#include "core/graph/moe_balance.h"
 #include "core/models/gpt.h"
 #include "core/models/weights.h"
 
@@ -27,7 +28,9 @@ using BatchFn =
 struct StepStats {
   int64_t step = 0;
   double loss = 0;      // mean cross-entropy of the global batch, before the update
-  double aux_loss = 0;  // mean over micro-batches of the summed balance losses
+  // The summed balance losses: mean over micro-batches (aux_loss), of the global batch
+  // (aux_loss_global), 0 under loss_free.
+  double aux_loss = 0;
   double grad_norm = 0; // before clipping
   double lr = 0;
   int64_t tokens = 0;
@@ -60,6 +63,8 @@ class Trainer {
   // Statistics of the activation arena (the caller's allocator when one was given).
   memory::AllocatorStats activation_stats() const;
   const ActivationMemory* activation_memory() const { return memory_.get(); }
+  // The global-batch expert balancing state (aux_loss_global, loss_free); null otherwise.
+  MoeBalance* moe_balance() { return balance_.get(); }
 
  private:
   void feed(const BatchFn& batch, int64_t step, int64_t first);
@@ -69,6 +74,7 @@ class Trainer {
   memory::Allocator* external_ = nullptr;
   ModelGraph mg_;
   std::unique_ptr<GraphExecutor> ex_;
+  std::unique_ptr<MoeBalance> balance_;
   int64_t step_ = 0;
 };
 

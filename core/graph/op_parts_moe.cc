@@ -8,6 +8,7 @@
 #include "base/check.h"
 #include "base/error.h"
 #include "core/cpu/moe.h"
+#include "core/graph/moe_balance.h"
 #include "core/graph/op_parts.h"
 
 namespace weft::core::parts_detail {
@@ -66,10 +67,16 @@ void zero_rows(Tensor& t, int64_t from) {
 
 // The balance-loss gradient joins on the part whose expert outputs are addend 0, so that
 // the partial sums over a hidden-unit split count it once.
-double balance_scale(const PartContext& ctx, const Operands& ops) {
+// Under loss_free there is no balance loss.
+double balance_scale(const PartContext& ctx, const Operands& ops, const MoeRoutingInputs& bal) {
   const LocalOperand* ye = ops.in_desc(11);
   WEFT_CHECK(ye, "moe.bwd: input slot 11 (ye) is missing");
-  return ye->split_index == 0 ? ctx.op.attrs.f("aux_coef") * ctx.scalars.loss_scale : 0.0;
+  return ye->split_index == 0 && bal.balance_loss ? ctx.op.attrs.f("aux_coef") * ctx.scalars.loss_scale
+                                                  : 0.0;
+}
+
+MoeRoutingInputs balance_inputs(const PartContext& ctx) {
+  return moe_routing_inputs(ctx.scalars.moe_balance, ctx.op.layer, ctx.op.type == "moe.bwd");
 }
 
 // ---- forward ---------------------------------------------------------------------------
@@ -81,11 +88,15 @@ void route_fwd(PartContext& ctx, Operands& ops) {
   const int64_t C = y.size(-1), N = y.numel() / C, E = router.size(0), k = op.attrs.i("top_k"), A = N * k;
   Tensor logits = ws(ctx, {N, E}, y.dtype());
   Tensor &probs = ops.out(2, {N, E}), &route = ops.out(3, {A, 2}), &xe = ops.out(4, {A, C});
+  const MoeRoutingInputs bal = balance_inputs(ctx);
+  std::vector<double> counts(static_cast<size_t>(E)), sums(static_cast<size_t>(E));
   double aux = cpu::moe_route_forward<F>(y.data<F>(), router.data<F>(), logits.data<F>(), probs.data<F>(),
                                          route.data<int32_t>(), xe.data<F>(), N, C, E, k,
-                                         op.attrs.f("capacity_factor"));
+                                         op.attrs.f("capacity_factor"), bal.bias, counts.data(), sums.data());
+  if (ctx.scalars.moe_balance && ctx.scalars.record_routing)
+    ctx.scalars.moe_balance->record(op.layer, counts.data(), sums.data(), double(N));
   zero_rows<F>(xe, cpu::moe_route_kept(route.data<int32_t>(), A));
-  ops.out(1, {1}).fill_(aux);
+  ops.out(1, {1}).fill_(bal.balance_loss ? aux : 0.0);
 }
 
 template <typename F>
@@ -110,7 +121,8 @@ void combine_fwd(PartContext& ctx, Operands& ops, const Tensor& ye, const Tensor
   WEFT_CHECK(ye.size(0) == N * k && route.size(0) == N * k, "moe combine: ", ye.size(0), " rows for ", N,
              " tokens x top_k ", k);
   Tensor& out = ops.out(0, {N, C});
-  cpu::moe_combine_forward<F>(ye.data<F>(), route.data<int32_t>(), probs.data<F>(), out.data<F>(), N, C, E, k);
+  cpu::moe_combine_forward<F>(ye.data<F>(), route.data<int32_t>(), probs.data<F>(), out.data<F>(), N, C, E, k,
+                              balance_inputs(ctx).bias);
 }
 
 template <typename F>
@@ -153,8 +165,9 @@ void combine_bwd(PartContext& ctx, Operands& ops, Tensor& dye, Tensor& dprobs) {
   const int64_t N = probs.size(0), E = probs.size(1), C = dout.size(-1), k = op.attrs.i("top_k");
   WEFT_CHECK(dout.numel() == N * C && ye.size(0) == N * k, "moe.bwd combine: shapes ", shape_str(dout.shape()),
              " ", shape_str(ye.shape()), " for ", N, " tokens");
+  const MoeRoutingInputs bal = balance_inputs(ctx);
   cpu::moe_combine_backward<F>(dout.data<F>(), ye.data<F>(), route.data<int32_t>(), probs.data<F>(), dye.data<F>(),
-                               dprobs.data<F>(), balance_scale(ctx, ops), N, C, E, k);
+                               dprobs.data<F>(), balance_scale(ctx, ops, bal), N, C, E, k, bal.bias, bal.shares);
 }
 
 template <typename F>

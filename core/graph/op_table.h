@@ -11,13 +11,21 @@
 
 namespace weft::core {
 
+class MoeBalance;
+
 // Runtime scalars an op may read: set by the trainer for each micro-batch or step.
 struct StepScalars {
   double loss_scale = 1.0;  // d(objective)/d(micro-batch loss): 1/accumulation steps (x dp share)
   double lr = 0.0;
   int64_t step = 0;  // optimizer step, from 0
   int micro_batch = -1;  // index of the micro-batch being run (memory-trace spans)
-  // MoE: layer index -> extra per-expert routing bias (loss_free balancing), unused otherwise.
+  // MoE balancing over the global batch (aux_loss_global, loss_free; core/graph/
+  // moe_balance.h): routings read the bias and the frozen shares from it and record their
+  // counts. Null for plain aux_loss.
+  MoeBalance* moe_balance = nullptr;
+  // Whether routings add their counts to moe_balance: not for forward work repeated for a
+  // backward (recompute, a routing pre-pass) nor for evaluation.
+  bool record_routing = true;
 };
 
 // What a kernel binding sees when it runs one op.

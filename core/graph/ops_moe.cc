@@ -12,6 +12,7 @@
 
 #include "base/check.h"
 #include "core/cpu/moe.h"
+#include "core/graph/moe_balance.h"
 #include "core/graph/op_impls.h"
 
 namespace weft::core::ops {
@@ -38,17 +39,22 @@ void moe_forward(OpContext& c) {
   int64_t k = c.op.attrs.i("top_k"), A = N * k;
   int32_t* route = c.out[3]->data<int32_t>();
   Tensor logits = scratch(c, N, E), ge = scratch(c, A, Fd);
+  const MoeRoutingInputs bal = moe_routing_inputs(c.scalars.moe_balance, c.op.layer, false);
+  std::vector<double> counts(static_cast<size_t>(E)), sums(static_cast<size_t>(E));
   double aux = cpu::moe_route_forward<F>(y.data<F>(), c.in[1]->data<F>(), logits.data<F>(),
                                          c.out[2]->data<F>(), route, c.out[4]->data<F>(), N, C, E, k,
-                                         c.op.attrs.f("capacity_factor"));
-  c.out[1]->fill_(aux);
+                                         c.op.attrs.f("capacity_factor"), bal.bias, counts.data(),
+                                         sums.data());
+  if (c.scalars.moe_balance && c.scalars.record_routing)
+    c.scalars.moe_balance->record(c.op.layer, counts.data(), sums.data(), double(N));
+  c.out[1]->fill_(bal.balance_loss ? aux : 0.0);
   std::vector<int64_t> seg_e, seg_r;
   expert_segments(route, A, E, &seg_e, &seg_r);
   cpu::moe_experts_forward<F>(c.out[4]->data<F>(), c.in[2]->data<F>(), c.in[3]->data<F>(),
                               c.in[4]->data<F>(), c.in[5]->data<F>(), c.out[5]->data<F>(), ge.data<F>(),
                               c.out[6]->data<F>(), seg_e.data(), seg_r.data(), E, C, Fd);
   cpu::moe_combine_forward<F>(c.out[6]->data<F>(), route, c.out[2]->data<F>(), c.out[0]->data<F>(), N, C,
-                              E, k);
+                              E, k, bal.bias);
 }
 
 template <typename F>
@@ -61,9 +67,10 @@ void moe_backward(OpContext& c) {
   const int32_t* route = c.in[8]->data<int32_t>();
   Tensor dye = scratch(c, A, C), dprobs = scratch(c, N, E), dxe = scratch(c, A, C);
   Tensor ge = scratch(c, A, Fd), dge = scratch(c, A, Fd), dhe = scratch(c, A, Fd);
+  const MoeRoutingInputs bal = moe_routing_inputs(c.scalars.moe_balance, c.op.layer, true);
+  const double balance_scale = bal.balance_loss ? c.op.attrs.f("aux_coef") * c.scalars.loss_scale : 0.0;
   cpu::moe_combine_backward<F>(dout.data<F>(), c.in[11]->data<F>(), route, probs, dye.data<F>(),
-                               dprobs.data<F>(), c.op.attrs.f("aux_coef") * c.scalars.loss_scale, N, C,
-                               E, k);
+                               dprobs.data<F>(), balance_scale, N, C, E, k, bal.bias, bal.shares);
   std::vector<int64_t> seg_e, seg_r;
   expert_segments(route, A, E, &seg_e, &seg_r);
   cpu::moe_experts_backward<F>(dye.data<F>(), c.in[9]->data<F>(), c.in[10]->data<F>(), c.in[3]->data<F>(),

@@ -80,6 +80,33 @@ TEST(LayoutMatrix, MoeEp4) {
 TEST(LayoutMatrix, MoeEp2Dp2) {
   check({kMoe, 4, {"parallel.dp=2", "parallel.ep=2"}, kSteps, kRegroup});
 }
+// Balancing over the global batch (the CI set is moe_balance_layout_test.cc).
+const char* kGlobal = "model.moe.balance=aux_loss_global";
+const char* kFree = "model.moe.balance=loss_free";
+TEST(LayoutMatrix, MoeGlobalSharesEp2Dp2) {
+  check({kMoe, 4, {kGlobal, "parallel.dp=2", "parallel.ep=2"}, kSteps, kRegroup});
+}
+TEST(LayoutMatrix, MoeGlobalSharesDp2Tp2) {
+  check({kMoe, 4, {kGlobal, "parallel.dp=2", "parallel.tp=2"}, kSteps, kSplit});
+}
+TEST(LayoutMatrix, MoeGlobalSharesDp2Pp2GpipeZero1) {
+  check({kMoe, 4, {kGlobal, "parallel.dp=2", "parallel.pp=2", "parallel.zero=1",
+                   "parallel.pipeline.schedule=gpipe"}, kSteps, kRegroup});
+}
+TEST(LayoutMatrix, MoeLossFreeEp4) {
+  check({kMoe, 4, {kFree, "parallel.dp=1", "parallel.ep=4"}, kSteps, kRegroup});
+}
+TEST(LayoutMatrix, MoeLossFreePp2OneFOneB) {
+  check({kMoe, 2, {kFree, "parallel.dp=1", "parallel.pp=2", "parallel.pipeline.schedule=1f1b"}, kSteps,
+         kRegroup});
+}
+TEST(LayoutMatrix, MoeLossFreePp4Interleaved) {
+  check({kMoe, 4, {kFree, "parallel.dp=1", "parallel.pp=4", "parallel.pipeline.schedule=interleaved",
+                   "parallel.pipeline.virtual_stages=2"}, kSteps, kRegroup});
+}
+TEST(LayoutMatrix, MoeLossFreeEp2Dp2) {
+  check({kMoe, 4, {kFree, "parallel.dp=2", "parallel.ep=2"}, kSteps, kRegroup});
+}
 
 }  // namespace
 }  // namespace weft::test
