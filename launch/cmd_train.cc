@@ -118,7 +118,9 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
       m.tokens_per_s = double(st.tokens) / secs;
       m.world = env.world;
       m.epoch = data.sampler().epoch(st.step);
-      m.extra = {{"step_ms", secs * 1e3}};
+      // Rank 0's share of the step in kernels and in waiting for communication.
+      const parallel::StepTimes& tt = trainer.executor().last_step_times();
+      m.extra = {{"step_ms", secs * 1e3}, {"compute_ms", tt.compute * 1e3}, {"comm_ms", tt.comm * 1e3}};
       if (spec.model.arch == "moe-gpt") m.extra.insert(m.extra.begin(), {"aux_loss", st.aux_loss});
       metrics->write_step(m);
       report.add_step(m);
@@ -278,7 +280,9 @@ int cmd_train(const std::vector<std::string>& argv) {
     throw ConfigError("device", "this build has no CUDA (configure found none); use cpu");
 #endif
   }
-  if (env.world > 1) return train_ranks(args, spec, env);
+  // WEFT_PLAN_EXECUTOR=1 runs even one rank through the plan executor (the multi-rank code
+  // path), so that `weft bench scaling` calibrates on the executor its layouts run on.
+  if (env.world > 1 || env_int("WEFT_PLAN_EXECUTOR", 0) == 1) return train_ranks(args, spec, env);
   core::cpu::set_num_threads(int(spec.train.threads));
   core::Trainer trainer(spec);  // activation arena: memory.allocator (caching | planned)
   return train_single(args, spec, trainer);

@@ -2,6 +2,7 @@
 #include "parallel/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 
 #include "base/check.h"
@@ -93,6 +94,10 @@ void RankExecutor::wait_all_sends() {
 
 namespace {
 
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 // The step's expert counts summed over every rank (each rank adds the routings it ran).
 void reduce_balance(core::MoeBalance& b, comm::Communicator& world) {
   std::vector<double> mine = b.pack();
@@ -113,13 +118,22 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
   // aux_loss_global: the shares are reduced once every forward of the step ran here, before
   // the first backward (the plan orders every forward first; resolve_parallel checks it).
   bool shares_pending = balance && balance->mode() == core::MoeBalance::Mode::kGlobalAux;
+  times_ = StepTimes();
+  using Clock = std::chrono::steady_clock;
   for (const Instr& in : prog_.program) {
+    auto t0 = Clock::now();
     if (shares_pending && in.stage != planner::Stage::kForward) {
       reduce_balance(*balance, world_);
       balance->freeze_shares();
       shares_pending = false;
     }
     if (!pending_.empty()) settle(roots(in));
+    times_.comm += seconds_since(t0);
+    t0 = Clock::now();
+    double* bucket = in.kind == InstrKind::kCompute ? &times_.compute
+                     : in.kind == InstrKind::kRecv || (in.kind == InstrKind::kCollective && in.part != "grad.sync")
+                         ? &times_.comm
+                         : &times_.other;
     switch (in.kind) {
       case InstrKind::kLoad: {
         const planner::Operand& o = in.out.at(0);
@@ -180,12 +194,15 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
         for (const planner::Operand& o : in.in) table_->release(o.tensor);
         break;
     }
+    *bucket += seconds_since(t0);
   }
+  auto t_end = Clock::now();
   while (!pending_.empty()) {
     complete(*pending_.front().instr, pending_.front().op);
     pending_.pop_front();
   }
   wait_all_sends();
+  times_.comm += seconds_since(t_end);
   if (shares_pending) {  // a program without backward work still agrees with its peers
     reduce_balance(*balance, world_);
     balance->freeze_shares();

@@ -33,6 +33,13 @@ namespace weft::parallel {
 // for the current step.
 using LoadFn = std::function<void(int value, const planner::Box& box, core::Tensor& out)>;
 
+// Where one step's wall time went on this rank, in seconds: compute kernels; waiting for
+// communication (receives, blocking collectives, completing gradient buckets, the end of the
+// step's sends); everything else (loads, copies, issuing sends and buckets, frees).
+struct StepTimes {
+  double compute = 0, comm = 0, other = 0;
+};
+
 class RankExecutor {
  public:
   // Refuses (InternalError from planner::require_valid) a plan that fails validation.
@@ -53,6 +60,7 @@ class RankExecutor {
   void run_step(const core::StepScalars& s, const LoadFn& load);
 
   const planner::RankProgram& program() const { return prog_; }
+  const StepTimes& last_step_times() const { return times_; }
   TensorTable& tensors() { return *table_; }
   void set_transient_allocator(memory::Allocator* a) { table_->set_transient_allocator(a); }
   int rank() const { return prog_.rank; }
@@ -86,6 +94,7 @@ class RankExecutor {
   std::map<std::pair<int, int64_t>, int> send_tag_, recv_tag_;
   std::map<int, std::vector<comm::Work>> sends_;  // tensor -> sends in flight this step
   std::deque<InFlight> pending_;                  // gradient buckets in flight, issue order
+  StepTimes times_;
 };
 
 }  // namespace weft::parallel

@@ -38,12 +38,25 @@ void copy_typed(char* dst, const std::vector<std::vector<int64_t>>& doff, const 
   std::vector<size_t> it(nd, 0);
   const std::vector<int64_t>& dl = doff[nd - 1];
   const std::vector<int64_t>& sl = soff[nd - 1];
+  // Gradient buckets and shards copy whole rows: the last dim is then a run of consecutive
+  // elements on both sides, copied as a block.
+  bool contiguous = !dl.empty();
+  for (size_t i = 1; contiguous && i < dl.size(); ++i)
+    contiguous = dl[i] == dl[0] + int64_t(i) && sl[i] == sl[0] + int64_t(i);
   for (;;) {
     int64_t db = 0, sb = 0;
     for (size_t d = 0; d + 1 < nd; ++d) db += doff[d][it[d]], sb += soff[d][it[d]];
     T* dp = reinterpret_cast<T*>(dst) + db;
     const T* sp = reinterpret_cast<const T*>(src) + sb;
-    if (accumulate)
+    if (contiguous) {  // one run of the last dim on both sides: no index lookups
+      T* d = dp + dl[0];
+      const T* q = sp + sl[0];
+      const size_t n = dl.size();
+      if (accumulate)
+        for (size_t i = 0; i < n; ++i) d[i] += q[i];
+      else
+        std::memmove(d, q, n * sizeof(T));
+    } else if (accumulate)
       for (size_t i = 0; i < dl.size(); ++i) dp[dl[i]] += sp[sl[i]];
     else
       for (size_t i = 0; i < dl.size(); ++i) dp[dl[i]] = sp[sl[i]];

@@ -31,19 +31,29 @@ const char* coll_name(CollKind k) {
   return "?";
 }
 
-double CostModel::collective(CollKind k, int n, int64_t bytes, bool cross_node) const {
+double CostModel::sharing(int world) const {
+  if (cores <= 0 || world <= 0) return 1;
+  const int on_node = std::min(world, std::max(1, ranks_per_node));
+  return std::max(1.0, double(on_node) / double(cores));
+}
+
+double CostModel::collective(CollKind k, int n, int64_t bytes, bool cross_node, int world) const {
   if (n <= 1) return 0;
   double a = cross_node ? alpha_inter : alpha_intra, bw = cross_node ? bw_inter : bw_intra;
   double steps = k == CollKind::kAllReduce ? 2.0 * (n - 1) : double(n - 1);
-  return launch + steps * a + double(wire_bytes(k, n, bytes)) / bw;
+  // The reductions and copies of the bytes are the rank's own work: time-shared too.
+  return launch + (oversubscribed(world) ? launch_oversub : 0) + steps * a +
+         double(wire_bytes(k, n, bytes)) / bw * sharing(world);
 }
 
-double CostModel::p2p(int64_t bytes, bool cross_node) const {
-  return (cross_node ? alpha_inter : alpha_intra) + double(bytes) / (cross_node ? bw_inter : bw_intra);
+double CostModel::p2p(int64_t bytes, bool cross_node, int world) const {
+  double a = cross_node ? alpha_inter : alpha_intra;
+  if (oversubscribed(world)) a += launch_oversub;
+  return a + double(bytes) / (cross_node ? bw_inter : bw_intra) * sharing(world);
 }
 
-double CostModel::compute(double flop, double bytes) const {
-  return std::max(flop / flops, bytes / mem_bw);
+double CostModel::compute(double flop, double bytes, int world) const {
+  return (op_overhead + std::max(flop / flops, bytes / mem_bw)) * sharing(world);
 }
 
 int64_t wire_bytes(CollKind k, int n, int64_t bytes) {

@@ -27,14 +27,35 @@ struct CostModel {
   int ranks_per_node = 8;
   int64_t device_memory = int64_t(80) << 30;  // default memory budget per rank
 
+  // CPU hosts (weft bench scaling calibrates these; the defaults keep the GPU model above).
+  // cores: 0 means one device per rank. When > 0, the ranks of a node time-share this many
+  // cores: with more ranks on a node than cores, compute runs ranks/cores times slower.
+  int cores = 0;
+  // Fixed seconds of every compute and local instruction (dispatch, operand lookup,
+  // allocation). 0 on GPUs, where launches are asynchronous and hide behind the kernels; on
+  // a CPU it bounds tiny models, whose ops take microseconds.
+  double op_overhead = 0;
+  // Extra seconds per collective call or point-to-point message when a node runs more ranks
+  // than cores: a process woken by its peers' message waits for a time slice of a core the
+  // others are computing on (once all are running, the steps proceed at alpha). 0: never
+  // oversubscribed, as on GPUs.
+  double launch_oversub = 0;
+
   // Ring algorithms: launch + all_reduce 2(n-1) steps moving 2(n-1)/n of `bytes`;
   // all_gather and reduce_scatter (n-1) steps moving (n-1)/n of the full buffer `bytes`;
   // all_to_all(v) likewise. n = 1 costs nothing. The launch term is why one collective
   // over a group beats the same data moved by several smaller ones.
-  double collective(CollKind k, int n, int64_t bytes, bool cross_node) const;
-  double p2p(int64_t bytes, bool cross_node) const;
-  double local_copy(int64_t bytes) const { return double(bytes) / mem_bw; }
-  double compute(double flop, double bytes) const;
+  // `world`: ranks of the job (0: unknown), which says how many share a node's cores.
+  double collective(CollKind k, int n, int64_t bytes, bool cross_node, int world = 0) const;
+  double p2p(int64_t bytes, bool cross_node, int world = 0) const;
+  double local_copy(int64_t bytes, int world = 0) const {
+    return (op_overhead + double(bytes) / mem_bw) * sharing(world);
+  }
+  double compute(double flop, double bytes, int world = 0) const;
+  // How many times slower a rank computes when `world` ranks share the node's cores: 1 with
+  // cores = 0 or no more ranks on a node than cores.
+  double sharing(int world) const;
+  bool oversubscribed(int world) const { return sharing(world) > 1; }
   bool operator==(const CostModel& o) const = default;
 };
 

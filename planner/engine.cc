@@ -109,9 +109,10 @@ class Engine {
           else if (!in.in.empty()) elem = core::dtype_size(role.tensors[size_t(in.in[0].tensor)].dtype);
           OpWork w = op_work(g_.op(in.op), in.part, operand_shapes(role.tensors, in.in),
                              operand_shapes(role.tensors, in.out), elem);
-          info.compute[i] = opt_.cost->compute(w.flop, w.bytes);
+          info.compute[i] = opt_.cost->compute(w.flop, w.bytes, plan_.world());
         } else if (in.kind == InstrKind::kLocal) {
-          info.compute[i] = opt_.cost->local_copy(role.tensors[size_t(in.out[0].tensor)].bytes);
+          info.compute[i] =
+              opt_.cost->local_copy(role.tensors[size_t(in.out[0].tensor)].bytes, plan_.world());
         }
       }
     }
@@ -257,7 +258,7 @@ class Engine {
           double t = m.time, transfer = 0;
           if (opt_.cost) {
             bool cross = r / opt_.cost->ranks_per_node != peer / opt_.cost->ranks_per_node;
-            transfer = opt_.cost->p2p(in.bytes, cross);
+            transfer = opt_.cost->p2p(in.bytes, cross, plan_.world());
           }
           R.clock = std::max(R.clock, t + transfer);
           double moving = std::min(transfer, R.clock - start);
@@ -274,6 +275,23 @@ class Engine {
       }
     }
     R.done = true;
+  }
+
+  double collective_time(const Instr& in, int n, bool cross) const {
+    double d = opt_.cost->collective(in.coll, n, in.bytes, cross, plan_.world());
+    // The executor learns a MoE layer's row counts with an all_gather of one int64 per
+    // expert and member before the forward dispatch of each micro-batch
+    // (parallel/collectives.cc): one more small collective on the same group.
+    if (in.coll == CollKind::kAllToAllV && in.part == "moe.dispatch" && in.stage == Stage::kForward &&
+        !in.recompute)
+      d += opt_.cost->collective(CollKind::kAllGather, n, moe_count_bytes(in, n), cross, plan_.world());
+    return d;
+  }
+
+  int64_t moe_count_bytes(const Instr& in, int n) const {
+    const core::Op& op = g_.op(in.op);
+    int64_t experts = op.inputs.size() > 1 ? g_.value(op.inputs[1]).shape.at(0) : 1;
+    return 8 * experts * n;
   }
 
   // Registers rank r at its collective; completes the collective when it is the last
@@ -308,9 +326,7 @@ class Engine {
                   std::to_string(grp.ranks.size()) + " members arrived)";
       return false;
     }
-    double d = opt_.cost ? opt_.cost->collective(in.coll, int(grp.ranks.size()), in.bytes,
-                                                 group_cross_[size_t(gid)])
-                         : 0;
+    double d = opt_.cost ? collective_time(in, int(grp.ranks.size()), group_cross_[size_t(gid)]) : 0;
     double end = a.ready + d;
     std::vector<int> members = a.ranks;
     pending_.erase({gid, seq});

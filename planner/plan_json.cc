@@ -118,6 +118,8 @@ void write_costs(W& w, const CostAnnotations& c) {
   w.d("alpha_intra", c.model.alpha_intra);
   w.d("bw_intra", c.model.bw_intra), w.d("alpha_inter", c.model.alpha_inter), w.d("bw_inter", c.model.bw_inter);
   w.i("ranks_per_node", c.model.ranks_per_node), w.i("device_memory", c.model.device_memory);
+  w.i("cores", c.model.cores), w.d("op_overhead", c.model.op_overhead);
+  w.d("launch_oversub", c.model.launch_oversub);
   w.raw("}");
   w.d("step_s", c.step_s), w.d("bubble", c.bubble), w.d("pipeline_estimate_s", c.pipeline_estimate_s);
   w.d("planning_s", c.planning_s);
@@ -391,6 +393,10 @@ Plan plan_from_json(const std::string& text) {
     k.model.alpha_inter = dbl(cm, "alpha_inter"), k.model.bw_inter = dbl(cm, "bw_inter");
     k.model.ranks_per_node = int(num(at(cm, "ranks_per_node")));
     k.model.device_memory = num(at(cm, "device_memory"));
+    // Absent in plans written before the CPU-host fields: their defaults.
+    if (const JsonValue* v = cm.find("cores")) k.model.cores = int(v->number);
+    if (const JsonValue* v = cm.find("op_overhead")) k.model.op_overhead = v->number;
+    if (const JsonValue* v = cm.find("launch_oversub")) k.model.launch_oversub = v->number;
     k.step_s = dbl(*co, "step_s"), k.bubble = dbl(*co, "bubble");
     k.pipeline_estimate_s = dbl(*co, "pipeline_estimate_s"), k.planning_s = dbl(*co, "planning_s");
     for (const JsonValue& x : at(*co, "stage_s").items) k.stage_s.push_back(x.number);

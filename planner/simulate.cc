@@ -15,18 +15,20 @@ double instr_time(const Plan& plan, const core::Graph& g, const Role& role, cons
       if (!in.out.empty()) elem = core::dtype_size(role.tensors[size_t(in.out[0].tensor)].dtype);
       OpWork w = op_work(g.op(in.op), in.part, operand_shapes(role.tensors, in.in),
                          operand_shapes(role.tensors, in.out), elem);
-      return cost.compute(w.flop, w.bytes);
+      return cost.compute(w.flop, w.bytes, plan.world());
     }
-    case InstrKind::kLocal: return cost.local_copy(role.tensors[size_t(in.out[0].tensor)].bytes);
+    case InstrKind::kLocal:
+      return cost.local_copy(role.tensors[size_t(in.out[0].tensor)].bytes, plan.world());
     case InstrKind::kCollective: {
       const ProcessGroup& grp = plan.groups.at(size_t(plan.group_id(in.group, 0)));
       bool cross = false;
       for (int r : grp.ranks) cross = cross || r / cost.ranks_per_node != grp.ranks[0] / cost.ranks_per_node;
-      return cost.collective(in.coll, int(grp.ranks.size()), in.bytes, cross);
+      return cost.collective(in.coll, int(grp.ranks.size()), in.bytes, cross, plan.world());
     }
     case InstrKind::kRecv: {
       int peer = plan.peer_rank(self, in.peer);
-      return cost.p2p(in.bytes, peer / cost.ranks_per_node != self / cost.ranks_per_node);
+      return cost.p2p(in.bytes, peer / cost.ranks_per_node != self / cost.ranks_per_node,
+                      plan.world());
     }
     default: return 0;
   }
