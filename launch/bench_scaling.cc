@@ -538,7 +538,7 @@ int run_scaling(const std::vector<std::string>& argv) {
   if (!quick)
     std::printf(
         "note: worlds over this machine's %u cores time-share them (one thread per rank); the "
-        "model slows their compute by world/cores and adds launch_oversub per call\n",
+        "model slows their compute by (ranks computing at once)/cores and adds launch_oversub per call\n",
         cores);
   const Row &s1 = rows[0], &s2 = rows[1];
   std::printf("\n== config S tokens/s\n");

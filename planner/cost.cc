@@ -33,8 +33,13 @@ const char* coll_name(CollKind k) {
 
 double CostModel::sharing(int world) const {
   if (cores <= 0 || world <= 0) return 1;
-  const int on_node = std::min(world, std::max(1, ranks_per_node));
-  return std::max(1.0, double(on_node) / double(cores));
+  const double on_node = ranks_on_node(world);
+  const double busy = active_ranks > 0 ? std::min(active_ranks, on_node) : on_node;
+  return std::max(1.0, busy / double(cores));
+}
+
+double CostModel::oversub_weight(int world) const {
+  return cores > 0 && world > 0 && ranks_on_node(world) > cores ? 1.0 : 0.0;
 }
 
 double CostModel::collective(CollKind k, int n, int64_t bytes, bool cross_node, int world) const {
@@ -42,13 +47,13 @@ double CostModel::collective(CollKind k, int n, int64_t bytes, bool cross_node, 
   double a = cross_node ? alpha_inter : alpha_intra, bw = cross_node ? bw_inter : bw_intra;
   double steps = k == CollKind::kAllReduce ? 2.0 * (n - 1) : double(n - 1);
   // The reductions and copies of the bytes are the rank's own work: time-shared too.
-  return launch + (oversubscribed(world) ? launch_oversub : 0) + steps * a +
+  return launch + launch_oversub * oversub_weight(world) + steps * a +
          double(wire_bytes(k, n, bytes)) / bw * sharing(world);
 }
 
 double CostModel::p2p(int64_t bytes, bool cross_node, int world) const {
   double a = cross_node ? alpha_inter : alpha_intra;
-  if (oversubscribed(world)) a += launch_oversub;
+  a += launch_oversub * oversub_weight(world);
   return a + double(bytes) / (cross_node ? bw_inter : bw_intra) * sharing(world);
 }
 

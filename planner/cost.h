@@ -4,6 +4,7 @@
 // rough H100 node; every number can be set (weft plan --flops, --bw-intra, ...).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -40,6 +41,11 @@ struct CostModel {
   // others are computing on (once all are running, the steps proceed at alpha). 0: never
   // oversubscribed, as on GPUs.
   double launch_oversub = 0;
+  // Ranks of a node computing at the same moment, on average (0: all of them). Not a
+  // setting: simulate_plan finds it (processor sharing: a rank waiting for a message or
+  // in a pipeline bubble leaves its core to the others), so predictions see the sharing
+  // the schedule allows rather than world / cores.
+  double active_ranks = 0;
 
   // Ring algorithms: launch + all_reduce 2(n-1) steps moving 2(n-1)/n of `bytes`;
   // all_gather and reduce_scatter (n-1) steps moving (n-1)/n of the full buffer `bytes`;
@@ -56,6 +62,10 @@ struct CostModel {
   // cores = 0 or no more ranks on a node than cores.
   double sharing(int world) const;
   bool oversubscribed(int world) const { return sharing(world) > 1; }
+  // Share of launch_oversub a message pays: 1 with more ranks on the node than cores, even
+  // when few compute (a wake-up chain through the group still queues behind time slices).
+  double oversub_weight(int world) const;
+  int ranks_on_node(int world) const { return std::min(world, std::max(1, ranks_per_node)); }
   bool operator==(const CostModel& o) const = default;
 };
 

@@ -2,6 +2,7 @@
 #include "planner/simulate.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace weft::planner {
 namespace {
@@ -63,9 +64,28 @@ double pipeline_estimate(const Plan& plan, const core::Graph& g, const CostModel
 CostAnnotations simulate_plan(const Plan& plan, const core::Graph& g, const CostModel& cost,
                               std::vector<std::vector<Span>>* timeline) {
   EngineOptions opt;
-  opt.cost = &cost;
+  CostModel shared = cost;
+  opt.cost = &shared;
   opt.timeline = timeline != nullptr;
   EngineResult r = run_programs(plan, g, opt);
+  // Processor sharing, mean-field: with more ranks than cores on a node, compute slows by
+  // (ranks computing at once) / cores, and how many compute at once depends on the slowdown
+  // (bubbles and waits leave cores idle). Iterate to the fixed point, damped.
+  const int on_node = cost.ranks_on_node(plan.world());
+  if (cost.cores > 0 && cost.active_ranks <= 0 && on_node > cost.cores && r.errors.empty()) {
+    const double nodes = std::ceil(double(plan.world()) / double(on_node));
+    double active = on_node;
+    for (int it = 0; it < 12; ++it) {
+      double step = 0, computing = 0;
+      for (const RankCost& rc : r.ranks) step = std::max(step, rc.step_s);
+      for (const RankCost& rc : r.ranks) computing += step > 0 ? rc.compute_s / step : 0;
+      const double next = std::clamp(computing / nodes, double(cost.cores), double(on_node));
+      if (std::fabs(next - active) < 1e-3 * active) break;
+      active = 0.5 * (active + next);
+      shared.active_ranks = active;
+      r = run_programs(plan, g, opt);
+    }
+  }
   CostAnnotations c;
   c.valid = r.errors.empty();
   c.model = cost;

@@ -19,7 +19,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <list>
+#include <vector>
 #include <thread>
 
 #include "base/check.h"
@@ -109,10 +109,6 @@ class GlooCommunicator final : public Backend {
     std::function<void(uint32_t tag)> run;
     uint32_t tag = 0;
   };
-  struct Waiter {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> finished;
-  };
 
   // Queues `run` behind earlier collectives; the tag is taken now, in issue order, so it is
   // the same on every rank.
@@ -126,6 +122,9 @@ class GlooCommunicator final : public Backend {
   ForeignFailure classify(const std::string& message) const;
   Work watch_p2p(std::unique_ptr<gloo::transport::UnboundBuffer> buf, const core::Tensor& tensor,
                  bool is_send, Millis timeout, std::string what);
+  // Runs `wait` on a waiter thread: an idle one, or a new one when every thread is blocked.
+  void submit_wait(std::function<void()> wait);
+  void waiter_loop();
   bool alone() const { return size() == 1; }
 
   CommOptions opts_;
@@ -143,8 +142,17 @@ class GlooCommunicator final : public Backend {
   bool stopping_ = false;
   std::thread worker_;
 
+  // Waiter threads for point-to-point transfers. A wait blocks until the peer matches the
+  // transfer, so each transfer in flight needs a thread of its own (sharing one could wait on
+  // a send while the receive the caller needs has long arrived); threads are kept for the next
+  // transfer because creating one costs more than moving a small message (pipeline sends).
   std::mutex waiters_mu_;
-  std::list<Waiter> waiters_;
+  std::condition_variable waiters_cv_;
+  std::deque<std::function<void()>> waits_;  // submitted, not yet taken by a thread
+  int idle_waiters_ = 0;                     // threads blocked in waiters_cv_
+  int waits_in_flight_ = 0;                  // submitted and not finished
+  bool waiters_stop_ = false;
+  std::vector<std::thread> waiter_threads_;
 };
 
 GlooCommunicator::GlooCommunicator(const CommOptions& opts)
@@ -177,7 +185,7 @@ GlooCommunicator::~GlooCommunicator() {
   }
   {
     std::lock_guard<std::mutex> lock(waiters_mu_);
-    for (auto& w : waiters_) busy = busy || !w.finished->load();
+    busy = busy || waits_in_flight_ > 0;
   }
   // Pending operations fail (contract); tearing the pairs down releases the worker and the
   // waiters now instead of at their timeouts.
@@ -188,7 +196,12 @@ GlooCommunicator::~GlooCommunicator() {
   }
   cv_.notify_all();
   worker_.join();
-  for (auto& w : waiters_) w.thread.join();
+  {
+    std::lock_guard<std::mutex> lock(waiters_mu_);
+    waiters_stop_ = true;  // threads leave once the queue is empty (teardown failed its waits)
+  }
+  waiters_cv_.notify_all();
+  for (std::thread& t : waiter_threads_) t.join();
   mailbox_.fail_pending(std::make_exception_ptr(
       CommError(describe("communicator") + " destroyed with a recv from self pending")));
   links_.reset();
@@ -383,19 +396,9 @@ Work GlooCommunicator::watch_p2p(std::unique_ptr<gloo::transport::UnboundBuffer>
                                  const core::Tensor& tensor, bool is_send, Millis timeout,
                                  std::string what) {
   auto completion = std::make_shared<Completion>(std::move(what));
-  auto finished = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<gloo::transport::UnboundBuffer> shared(std::move(buf));
-  std::lock_guard<std::mutex> lock(waiters_mu_);
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    if (it->finished->load()) {
-      it->thread.join();
-      it = waiters_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  // The thread holds the tensor so its storage outlives the transfer whatever the caller does.
-  std::thread thread([this, shared, tensor, is_send, timeout, completion, finished] {
+  // The wait holds the tensor so its storage outlives the transfer whatever the caller does.
+  submit_wait([this, shared, tensor, is_send, timeout, completion] {
     try {
       bool ok = false;
       auto classifier = [this](const std::string& m) { return classify(m); };
@@ -409,10 +412,36 @@ Work GlooCommunicator::watch_p2p(std::unique_ptr<gloo::transport::UnboundBuffer>
     } catch (...) {
       completion->fail(fail_with(std::current_exception()));
     }
-    finished->store(true);
   });
-  waiters_.push_back({std::move(thread), finished});
   return Work(completion);
+}
+
+void GlooCommunicator::submit_wait(std::function<void()> wait) {
+  std::lock_guard<std::mutex> lock(waiters_mu_);
+  waits_.push_back(std::move(wait));
+  ++waits_in_flight_;
+  // Every queued wait needs a thread that is free to take it: idle threads count once each.
+  if (idle_waiters_ < int(waits_.size()))
+    waiter_threads_.emplace_back(&GlooCommunicator::waiter_loop, this);
+  else
+    waiters_cv_.notify_one();
+}
+
+void GlooCommunicator::waiter_loop() {
+  std::unique_lock<std::mutex> lock(waiters_mu_);
+  for (;;) {
+    ++idle_waiters_;
+    waiters_cv_.wait(lock, [&] { return !waits_.empty() || waiters_stop_; });
+    --idle_waiters_;
+    if (waits_.empty()) return;  // stopping
+    std::function<void()> wait = std::move(waits_.front());
+    waits_.pop_front();
+    lock.unlock();
+    wait();
+    wait = nullptr;  // release the transfer's buffers before counting it finished
+    lock.lock();
+    --waits_in_flight_;
+  }
 }
 
 Work GlooCommunicator::do_send(const core::Tensor& tensor, int peer, int tag, Millis timeout) {

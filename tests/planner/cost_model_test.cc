@@ -78,5 +78,26 @@ TEST(PlannerCostModel, SimulationSlowsWhenRanksShareCores) {
   EXPECT_GT(step_s(s, 4, over), base + 1e-3);
 }
 
+TEST(PlannerCostModel, PipelineBubblesLeaveCoresToTheOtherStages) {
+  // pp4 on 2 cores: a stage waiting in a bubble does not compete for a core, so the
+  // processor-sharing fixed point is below the 2x of every rank computing at once.
+  core::JobSpec s = gpt_spec(4, 32, 4, 256, 16);
+  s.train.global_batch = 8;
+  s.train.micro_batch = 2;
+  s.parallel.dp = 1;
+  s.parallel.pp = 4;
+  s.parallel.pipeline.schedule = "gpipe";
+  CostModel gpu;
+  gpu.flops = 1e9;
+  gpu.mem_bw = 1e9;
+  CostModel shared = gpu, all_busy = gpu;
+  shared.cores = all_busy.cores = 2;
+  all_busy.active_ranks = 4;  // pinned: no fixed point, every rank shares all the time
+  const double base = step_s(s, 4, gpu), fixed = step_s(s, 4, shared), worst = step_s(s, 4, all_busy);
+  EXPECT_GE(fixed, base) << "sharing never speeds up";
+  EXPECT_LT(fixed, 0.8 * worst) << "bubbles leave cores idle: well under the full 2x";
+  EXPECT_GT(worst, 1.9 * base);
+}
+
 }  // namespace
 }  // namespace weft::planner
