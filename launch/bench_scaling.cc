@@ -64,6 +64,10 @@ struct Row {
   std::vector<std::string> sets;
   bool fit = false;  // the calibration point of its family: error 0 by construction
   double measured_ms = std::nan(""), predicted_ms = std::nan(""), tokens_per_s = std::nan("");
+  // Rank 0's compute and communication wait (metrics compute_ms / comm_ms; the simulated
+  // rank 0's compute_s and comm_s + wait_s): where a step's error sits.
+  double compute_ms = std::nan(""), comm_ms = std::nan(""), pred_compute_ms = std::nan(""),
+         pred_comm_ms = std::nan("");
   std::string error;
   std::string warning;  // the run exited badly after writing every step: timings kept
 };
@@ -106,7 +110,7 @@ void measure(Row& r, const Family& f, int steps) {
                              std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) +
                              "); log kept in " + dir + "/log";
   try {
-    std::vector<double> ms, tps;
+    std::vector<double> ms, tps, cms, wms;
     int64_t last = -1;
     if (std::filesystem::exists(dir + "/run/metrics.jsonl"))
       for (const core::io::MetricsRow& m : core::io::read_metrics(dir + "/run/metrics.jsonl")) {
@@ -115,6 +119,8 @@ void measure(Row& r, const Family& f, int steps) {
         if (m.at("step") < 1) continue;
         ms.push_back(m.at("step_ms"));
         tps.push_back(m.at("tokens_per_s"));
+        if (m.has("compute_ms")) cms.push_back(m.at("compute_ms"));
+        if (m.has("comm_ms")) wms.push_back(m.at("comm_ms"));
       }
     // A rank that crashes while shutting down, after every step was written, does not make
     // the timings wrong: keep them and say so (the log stays for whoever fixes the crash).
@@ -122,6 +128,8 @@ void measure(Row& r, const Family& f, int steps) {
     if (ms.empty()) throw IoError("no step after the first in " + dir + "/run/metrics.jsonl");
     r.measured_ms = median(ms);
     r.tokens_per_s = median(tps);
+    r.compute_ms = median(cms);
+    r.comm_ms = median(wms);
     if (ok)
       std::filesystem::remove_all(dir);
     else
@@ -131,14 +139,19 @@ void measure(Row& r, const Family& f, int steps) {
   }
 }
 
-double predict_ms(const Row& r, const Family& f, const planner::CostModel& cm) {
+// The predicted step; `split` (optional) receives rank 0's compute and comm + wait, ms.
+double predict_ms(const Row& r, const Family& f, const planner::CostModel& cm,
+                  std::pair<double, double>* split = nullptr) {
   core::JobSpec spec = core::load_job_spec(f.config, all_sets(f, r, 2, "/tmp/weft-scaling-plan"));
   planner::PlanOptions opt;
   opt.cost = cm;
   opt.simulate = false;
   core::ModelGraph mg = planner::build_planning_graph(spec);
   planner::Plan plan = planner::make_plan(spec, mg.graph, r.world, opt);
-  double ms = planner::simulate_plan(plan, mg.graph, cm).step_s * 1e3;
+  planner::CostAnnotations c = planner::simulate_plan(plan, mg.graph, cm);
+  double ms = c.step_s * 1e3;
+  if (split && !c.ranks.empty())
+    *split = {c.ranks[0].compute_s * 1e3, (c.ranks[0].comm_s + c.ranks[0].wait_s) * 1e3};
   // step_ms also covers what the multi-rank trainer does after the plan's program: the loss
   // and gradient norm gathered from every rank (parallel/trainer.cc all_gather_values: one
   // all_gather of the counts, one of the values).
@@ -511,7 +524,10 @@ int run_scaling(const std::vector<std::string>& argv) {
   }
   for (Row& r : rows) {
     try {
-      r.predicted_ms = predict_ms(r, fam[size_t(r.family)], models[size_t(r.family)]);
+      std::pair<double, double> split;
+      r.predicted_ms = predict_ms(r, fam[size_t(r.family)], models[size_t(r.family)], &split);
+      r.pred_compute_ms = split.first;
+      r.pred_comm_ms = split.second;
     } catch (const std::exception& e) {
       if (r.error.empty()) r.error = std::string("plan: ") + e.what();
     }
@@ -521,8 +537,8 @@ int run_scaling(const std::vector<std::string>& argv) {
       "\n== layouts (median step over steps 1..%d; S: 4x256 seq 256 batch 8; others: "
       "configs/*-layout.yaml)\n",
       steps - 1);
-  std::printf("%-20s | %5s | %11s | %12s | %8s\n", "layout", "world", "measured ms", "predicted ms",
-              "error");
+  std::printf("%-20s | %5s | %11s | %12s | %8s | %19s | %19s\n", "layout", "world", "measured ms",
+              "predicted ms", "error", "r0 compute meas/pred", "r0 comm meas/pred");
   for (const Row& r : rows) {
     if (!r.error.empty() && !std::isfinite(r.measured_ms)) {
       std::printf("%-20s | %5d | %11s | %12.2f | %8s  (%s)\n", r.name.c_str(), r.world, "failed",
@@ -530,8 +546,9 @@ int run_scaling(const std::vector<std::string>& argv) {
       continue;
     }
     double err = (r.predicted_ms - r.measured_ms) / r.measured_ms * 100;
-    std::printf("%-20s | %5d | %11.2f | %12.2f | %+7.1f%%%s%s%s\n", r.name.c_str(), r.world,
-                r.measured_ms, r.predicted_ms, err, r.fit ? "  (calibration point)" : "",
+    std::printf("%-20s | %5d | %11.2f | %12.2f | %+7.1f%% | %8.2f / %8.2f | %8.2f / %8.2f%s%s%s\n",
+                r.name.c_str(), r.world, r.measured_ms, r.predicted_ms, err, r.compute_ms,
+                r.pred_compute_ms, r.comm_ms, r.pred_comm_ms, r.fit ? "  (calibration point)" : "",
                 unsigned(r.world) > cores ? "  (oversubscribed)" : "",
                 r.warning.empty() ? "" : ("  (warning: " + r.warning + ")").c_str());
   }
