@@ -1,5 +1,6 @@
 // `weft bench scaling --quick` end to end: it runs config S on real ranks at world 1 and dp2
 // and prints both table rows and the tokens/s lines with positive numbers. Behaviour, not timing.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include "tests/support/run_weft.h"
@@ -16,14 +17,17 @@ namespace {
 using Result = weft::test::CommandResult;
 Result run(const std::string& args) { return weft::test::run_weft(args); }
 
-// The numeric cells of the table row labelled `label` ("S dp2 | 2 | 10.0 | 9.0 | -10.0%").
+// The numeric cells of the table row labelled `label`
+// ("S dp2 | 2 | 10.0 | 9.0 | -10.0% | 8.0 / 7.9 | 1.5 / 1.0").
 std::vector<double> row(const std::string& out, const std::string& label) {
   std::stringstream ss(out);
   for (std::string l; std::getline(ss, l);) {
     if (l.rfind(label, 0) != 0 || l.find('|') == std::string::npos) continue;
     if (l.substr(label.size()).find_first_not_of(' ') != l.substr(label.size()).find('|')) continue;
     std::vector<double> nums;
-    std::stringstream cells(l.substr(l.find('|') + 1));
+    std::string rest = l.substr(l.find('|') + 1);
+    std::replace(rest.begin(), rest.end(), '/', '|');  // "measured / predicted" pairs
+    std::stringstream cells(rest);
     for (std::string c; std::getline(cells, c, '|');) nums.push_back(std::stod(c));
     return nums;
   }
@@ -40,9 +44,13 @@ TEST(BenchScaling, QuickPrintsWorldOneAndDp2) {
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* label : {"S world 1", "S dp2"}) {
     std::vector<double> v = row(r.out, label);
-    ASSERT_EQ(v.size(), 4u) << label << "\n" << r.out;  // world, measured, predicted, error
+    // world, measured, predicted, error, rank 0's compute measured / predicted and
+    // communication wait measured / predicted
+    ASSERT_EQ(v.size(), 8u) << label << "\n" << r.out;
     EXPECT_GT(v[1], 0) << label;
     EXPECT_GT(v[2], 0) << label;
+    EXPECT_GT(v[4], 0) << label;  // the executor reports its compute time
+    EXPECT_GT(v[5], 0) << label;
   }
   EXPECT_EQ(row(r.out, "S world 1")[0], 1);
   EXPECT_EQ(row(r.out, "S dp2")[0], 2);
