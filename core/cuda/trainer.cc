@@ -51,6 +51,11 @@ Tensor initial_parameter(const Value& v, uint64_t seed) {
 }
 
 CudaTrainer::CudaTrainer(const JobSpec& spec, ExecutorOptions options) : spec_(spec) {
+  // The global-batch balancing state (core/graph/moe_balance.h) is not threaded through the
+  // CUDA executor yet; routing without it would silently train plain aux_loss.
+  if (spec_.model.arch == "moe-gpt" && spec_.model.moe.balance != "aux_loss")
+    throw ConfigError("model.moe.balance", "'" + spec_.model.moe.balance +
+                                               "' runs on device: cpu only so far; use aux_loss on cuda");
   WEFT_ENSURE(device_count() > 0, Error, "CUDA trainer: ", no_device_reason());
   options.allocator = spec_.memory.allocator;
   mg_ = build_model(spec_.model, spec_.train.micro_batch, DType::kF32);

@@ -16,7 +16,9 @@
 #include "core/cuda/gemm.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/ops_cuda.h"
+#include "core/config/job_spec.h"
 #include "core/cuda/runtime.h"
+#include "core/cuda/trainer.h"
 #include "core/graph/op_table.h"
 #include "core/models/gpt.h"
 
@@ -261,6 +263,18 @@ TEST(CudaDevice, WeftTrainWithoutGpuExitsTwo) {
   EXPECT_EQ(WEXITSTATUS(status), 2) << out;
   EXPECT_NE(out.find("device"), std::string::npos) << out;
   EXPECT_NE(out.find("GPU"), std::string::npos) << out;
+}
+
+// Runs without a GPU: the refusal comes before the device is touched.
+TEST(CudaTrainerConfig, GlobalBalancingIsRefusedNamingTheField) {
+  JobSpec s = load_job_spec(std::string(WEFT_SOURCE_DIR) + "/configs/moe-layout.yaml",
+                            {"model.moe.balance=loss_free", "device=cuda"});
+  try {
+    CudaTrainer t(s);
+    FAIL() << "loss_free was accepted on cuda";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "model.moe.balance");
+  }
 }
 
 }  // namespace
