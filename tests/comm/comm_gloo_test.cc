@@ -6,6 +6,7 @@
 #include <atomic>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "base/config.h"
 #include "comm/registry.h"
@@ -81,6 +82,38 @@ TEST(Gloo, LargeAllReduceAndAllGather) {
 
 // Colours by parity, keys reversing the order; each sub-group runs collectives from one
 // thread while another thread of the same rank runs collectives on the parent.
+// Point-to-point waits run on kept threads, one per transfer in flight: many sends posted
+// before any receive and received in the reverse order all complete with their own data,
+// and a second round runs on the threads the first one left.
+TEST(Gloo, ManyTransfersInFlightCompleteInAnyOrder) {
+  test::RunResult result = test::run_ranks(2, [](test::RankContext& ctx) {
+    auto store = ctx.store();
+    auto comm = make_gloo(ctx, *store, "inflight");
+    constexpr int kMessages = 48;
+    for (int round = 0; round < 2; ++round) {
+      std::vector<Tensor> bufs;
+      std::vector<Work> works;
+      if (ctx.rank() == 0) {
+        for (int m = 0; m < kMessages; ++m) {
+          bufs.push_back(Tensor::empty({16}, DType::kF32));
+          bufs.back().fill_(double(round * 1000 + m));
+          works.push_back(comm->send(bufs.back(), 1, {.tag = m}));
+        }
+        // The receiver takes them last first: the early sends stay in flight meanwhile.
+        for (int m = kMessages - 1; m >= 0; --m) works[size_t(m)].wait();
+      } else {
+        for (int m = kMessages - 1; m >= 0; --m) {
+          Tensor t = Tensor::zeros({16}, DType::kF32);
+          comm->recv(t, 0, {.tag = m}).wait();
+          ASSERT_EQ(t.item_at(15), double(round * 1000 + m)) << "message " << m;
+        }
+      }
+      comm->barrier().wait();
+    }
+  });
+  EXPECT_TRUE(result.ok()) << result.summary();
+}
+
 TEST(Gloo, SplitSubGroupsRunConcurrentlyWithTheParent) {
   test::RunResult result = test::run_ranks(4, [](test::RankContext& ctx) {
     auto store = ctx.store();
