@@ -27,9 +27,11 @@ namespace {
 
 constexpr size_t kSeg = memory::SegmentSource::kSegmentAlignment;
 
-// A host range standing in for one cudaMalloc.
+// A host range standing in for one cudaMalloc. aligned_alloc wants a size that is a
+// multiple of the alignment; the range itself may end anywhere.
 struct HostRange {
-  explicit HostRange(size_t bytes) : p(std::aligned_alloc(kSeg, bytes)), bytes(bytes) {}
+  explicit HostRange(size_t bytes)
+      : p(std::aligned_alloc(kSeg, (bytes + kSeg - 1) / kSeg * kSeg)), bytes(bytes) {}
   ~HostRange() { std::free(p); }
   void* p;
   size_t bytes;
