@@ -145,6 +145,10 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
           evaluator = std::make_unique<core::Trainer>(one);
         }
         evaluator->load_weights(now, "weights");
+        // loss_free: the routing bias is state beside the weights (the same on every rank).
+        if (trainer.moe_balance() && evaluator->moe_balance() &&
+            trainer.moe_balance()->mode() == core::MoeBalance::Mode::kLossFree)
+          evaluator->moe_balance()->copy_bias_from(*trainer.moe_balance());
         auto val_batch = [&](int64_t, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
           data.fill_val((b0 / spec.train.global_batch), b0 % spec.train.global_batch, n, x, y);
         };

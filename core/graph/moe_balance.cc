@@ -101,6 +101,13 @@ const float* MoeBalance::bias(int layer) const {
   return mode_ == Mode::kLossFree ? bias_[slot(layer)].data<float>() : nullptr;
 }
 
+void MoeBalance::copy_bias_from(const MoeBalance& other) {
+  WEFT_CHECK(mode_ == Mode::kLossFree && other.mode_ == Mode::kLossFree && layers_ == other.layers_ &&
+                 experts_ == other.experts_,
+             "copy_bias_from: the two balancings differ");
+  for (size_t s = 0; s < layers_.size(); ++s) bias_[s].copy_from(other.bias_[s]);
+}
+
 Tensor& MoeBalance::bias_tensor(int layer) {
   WEFT_CHECK(mode_ == Mode::kLossFree, "only loss_free balancing has a routing bias");
   return bias_[slot(layer)];

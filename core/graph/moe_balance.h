@@ -65,6 +65,9 @@ class MoeBalance {
   // update from the (reduced) counts of the step.
   const float* bias(int layer) const;
   void update_bias();
+  // Takes another run's biases (same layers and experts): an evaluator built from gathered
+  // weights routes like the trainer.
+  void copy_bias_from(const MoeBalance& other);
   // The bias tensors by block, for checkpoints: "moe.bias:h.<layer>".
   Tensor& bias_tensor(int layer);
   static std::string bias_name(int layer) { return "moe.bias:h." + std::to_string(layer); }

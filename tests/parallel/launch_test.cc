@@ -94,6 +94,28 @@ TEST(WeftRun, TwoWorkersMatchOneProcess) {
   fs::remove_all(d);
 }
 
+// loss_free: validation on rank 0 rebuilds the model from gathered weights and must route
+// with the trained bias too, or its loss drifts from the single process's.
+TEST(WeftRun, LossFreeValidationRoutesWithTheTrainedBias) {
+  fs::path d = temp_dir("lossfree");
+  const std::string common = " train --config " + std::string(WEFT_SOURCE_DIR) +
+                             "/configs/moe-layout.yaml --set train.steps=6 --set train.warmup_steps=1"
+                             " --set train.eval_every=3 --set model.moe.balance=loss_free"
+                             " --set model.moe.bias_update_rate=0.05";
+  Result one = run(kWeft + common + " --set train.out_dir=" + (d / "one").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  Result two = run(kWeft + " run --standalone --nproc-per-node 2 -- weft" + common +
+                   " --set parallel.dp=2 --set train.out_dir=" + (d / "two").string());
+  ASSERT_EQ(two.code, 0) << two.out;
+  std::vector<double> va = losses(d / "one" / "metrics.jsonl", true),
+                      vb = losses(d / "two" / "metrics.jsonl", true);
+  ASSERT_EQ(va.size(), 2u);
+  ASSERT_EQ(vb.size(), 2u);
+  for (size_t i = 0; i < va.size(); ++i)
+    EXPECT_NEAR(vb[i], va[i], 1e-5 * std::fabs(va[i])) << "validation " << i;
+  fs::remove_all(d);
+}
+
 // Open MPI's launcher: ranks from OMPI_COMM_WORLD_*, rank 0 serves the store.
 TEST(Mpirun, TwoRanksMatchOneProcess) {
   if (std::system("command -v mpirun > /dev/null 2>&1") != 0)
