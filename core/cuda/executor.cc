@@ -15,40 +15,6 @@
 namespace weft::core::cuda {
 namespace {
 
-memory::Tag tag_for(const Value& v) {
-  switch (v.role) {
-    case Role::kParameter:
-      return memory::Tag::kParameter;
-    case Role::kGradient:
-      return memory::Tag::kGradient;
-    case Role::kOptimizerState:
-      return memory::Tag::kOptimizer;
-    default:
-      return memory::Tag::kActivation;
-  }
-}
-
-// As core/exec/executor.cc: for each program position, the transients last used there.
-std::vector<std::vector<int>> last_uses(const Graph& g, const std::vector<int>& program,
-                                        const std::function<bool(int)>& transient) {
-  std::vector<int> last(g.values().size(), -1);
-  for (size_t i = 0; i < program.size(); ++i) {
-    const Op& op = g.op(program[i]);
-    for (int v : op.inputs) last[v] = int(i);
-    for (int v : op.outputs) last[v] = int(i);
-  }
-  std::vector<std::vector<int>> frees(program.size());
-  for (size_t v = 0; v < last.size(); ++v)
-    if (last[v] >= 0 && transient(int(v))) frees[last[v]].push_back(int(v));
-  return frees;
-}
-
-memory::Phase memory_phase(Phase p) {
-  return p == Phase::kForward    ? memory::Phase::kForward
-         : p == Phase::kBackward ? memory::Phase::kBackward
-                                 : memory::Phase::kOptimizer;
-}
-
 size_t arena_size(const ExecutorOptions& o) {
   if (o.arena_bytes) return o.arena_bytes;
   size_t free_bytes = 0, total = 0;
@@ -71,23 +37,17 @@ CudaGraphExecutor::CudaGraphExecutor(const Graph& g, ExecutorOptions options)
   env_ = CudaEnv{device(), stream_.get(), blas_.get(), options_.attention};
   for (const Value& v : g_.values()) {
     if (!v.persistent) continue;
-    live_[v.id] = Tensor::empty_on(device(), v.shape, v.dtype, alloc_->state(), tag_for(v));
+    live_[v.id] = Tensor::empty_on(device(), v.shape, v.dtype, alloc_->state(), memory_tag(v));
     zero_device(live_[v.id], stream());
     if (v.role == Role::kParameter) {
       compute_copy_[v.id] =
-          Tensor::empty_on(device(), v.shape, DType::kBF16, alloc_->state(), tag_for(v));
+          Tensor::empty_on(device(), v.shape, DType::kBF16, alloc_->state(), memory_tag(v));
       zero_device(compute_copy_[v.id], stream());
     }
   }
-  fwd_ = g_.ops_in_phase(Phase::kForward);
-  fwd_bwd_ = fwd_;
-  for (int id : g_.ops_in_phase(Phase::kBackward)) fwd_bwd_.push_back(id);
-  opt_ = g_.ops_in_phase(Phase::kOptimizer);
-  auto transient = [this](int v) { return is_transient(v); };
-  free_after_fwd_bwd_ = last_uses(g_, fwd_bwd_, transient);
-  free_after_fwd_ = last_uses(g_, fwd_, transient);
-  for (int id : fwd_bwd_) cuda_op_def(g_.op(id).type);  // every op has a binding, or fail now
-  for (int id : opt_) cuda_op_def(g_.op(id).type);
+  progs_ = op_programs(g_);
+  for (int id : progs_.fwd_bwd) cuda_op_def(g_.op(id).type);  // every op has a binding, or fail now
+  for (int id : progs_.opt) cuda_op_def(g_.op(id).type);
   synchronize();
 }
 
@@ -96,11 +56,6 @@ CudaGraphExecutor::~CudaGraphExecutor() {
   cudaStreamSynchronize(stream_.get());
   live_.clear();
   compute_copy_.clear();
-}
-
-bool CudaGraphExecutor::is_transient(int v) const {
-  const Value& val = g_.value(v);
-  return !val.persistent && val.role != Role::kInput && val.role != Role::kScalar;
 }
 
 Tensor& CudaGraphExecutor::tensor(int value_id) {
@@ -134,7 +89,7 @@ void CudaGraphExecutor::set_input(int value_id, const Tensor& host) {
   if (it == live_.end())
     it = live_
              .emplace(value_id, Tensor::empty_on(device(), v.shape, v.dtype, alloc_->activations(),
-                                                 tag_for(v)))
+                                                 memory_tag(v)))
              .first;
   cuda::upload(host, it->second, stream());
 }
@@ -187,7 +142,7 @@ void CudaGraphExecutor::run_ops(const std::vector<int>& program,
         WEFT_CHECK(!op.accumulate[k], op.type, " accumulates into '", g_.value(v).name,
                    "' before anything wrote it");
         DeviceLayout l = device_layout(g_, op, k, options_.attention);
-        live_[v] = Tensor::empty_on(device(), l.shape, l.dtype, act, tag_for(g_.value(v)));
+        live_[v] = Tensor::empty_on(device(), l.shape, l.dtype, act, memory_tag(g_.value(v)));
       }
       ctx->out.push_back(&live_.at(v));
     }
@@ -207,20 +162,20 @@ void CudaGraphExecutor::run_ops(const std::vector<int>& program,
 
 void CudaGraphExecutor::release_transients() {
   for (auto it = live_.begin(); it != live_.end();)
-    it = is_transient(it->first) ? live_.erase(it) : std::next(it);
+    it = is_transient(g_.value(it->first)) ? live_.erase(it) : std::next(it);
 }
 
 void CudaGraphExecutor::run_forward_backward(const StepScalars& s) {
-  run_ops(fwd_bwd_, &free_after_fwd_bwd_, s);
+  run_ops(progs_.fwd_bwd, &progs_.free_after_fwd_bwd, s);
   release_transients();
 }
 
 void CudaGraphExecutor::run_forward(const StepScalars& s) {
-  run_ops(fwd_, &free_after_fwd_, s);
+  run_ops(progs_.fwd, &progs_.free_after_fwd, s);
   release_transients();
 }
 
-void CudaGraphExecutor::run_optimizer(const StepScalars& s) { run_ops(opt_, nullptr, s); }
+void CudaGraphExecutor::run_optimizer(const StepScalars& s) { run_ops(progs_.opt, nullptr, s); }
 
 Tensor CudaGraphExecutor::download(int value_id) {
   const Tensor& t = tensor(value_id);

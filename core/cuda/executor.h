@@ -15,6 +15,7 @@
 #include "core/cuda/gemm.h"
 #include "core/cuda/ops_cuda.h"
 #include "core/cuda/runtime.h"
+#include "core/exec/op_programs.h"
 #include "core/graph/graph.h"
 
 namespace weft::core::cuda {
@@ -71,7 +72,6 @@ class CudaGraphExecutor {
  private:
   void run_ops(const std::vector<int>& program, const std::vector<std::vector<int>>* frees,
                const StepScalars& s);
-  bool is_transient(int v) const;
   void release_transients();
   Tensor* input_for(const Op& op, int v);
 
@@ -84,8 +84,7 @@ class CudaGraphExecutor {
   CudaEnv env_;
   std::map<int, Tensor> live_;
   std::map<int, Tensor> compute_copy_;  // parameter id -> bf16 copy
-  std::vector<int> fwd_bwd_, fwd_, opt_;
-  std::vector<std::vector<int>> free_after_fwd_bwd_, free_after_fwd_;
+  OpPrograms progs_;
 };
 
 }  // namespace weft::core::cuda

@@ -7,33 +7,6 @@
 #include "base/check.h"
 
 namespace weft::core {
-namespace {
-
-memory::Tag tag_for(const Value& v) {
-  switch (v.role) {
-    case Role::kParameter: return memory::Tag::kParameter;
-    case Role::kGradient: return memory::Tag::kGradient;
-    case Role::kOptimizerState: return memory::Tag::kOptimizer;
-    default: return memory::Tag::kActivation;
-  }
-}
-
-// For each program position, the transient values whose last use is there.
-std::vector<std::vector<int>> last_uses(const Graph& g, const std::vector<int>& program,
-                                        const std::function<bool(int)>& transient) {
-  std::vector<int> last(g.values().size(), -1);
-  for (size_t i = 0; i < program.size(); ++i) {
-    const Op& op = g.op(program[i]);
-    for (int v : op.inputs) last[v] = int(i);
-    for (int v : op.outputs) last[v] = int(i);
-  }
-  std::vector<std::vector<int>> frees(program.size());
-  for (size_t v = 0; v < last.size(); ++v)
-    if (last[v] >= 0 && transient(int(v))) frees[last[v]].push_back(int(v));
-  return frees;
-}
-
-}  // namespace
 
 GraphExecutor::GraphExecutor(const Graph& g, memory::Allocator* activations,
                              memory::Allocator* state)
@@ -41,19 +14,8 @@ GraphExecutor::GraphExecutor(const Graph& g, memory::Allocator* activations,
       act_(activations ? activations : &memory::default_host_allocator()),
       state_(state ? state : &memory::default_host_allocator()) {
   for (const Value& v : g_.values())
-    if (v.persistent) live_[v.id] = Tensor::zeros(v.shape, v.dtype, state_, tag_for(v));
-  fwd_ = g_.ops_in_phase(Phase::kForward);
-  fwd_bwd_ = fwd_;
-  for (int id : g_.ops_in_phase(Phase::kBackward)) fwd_bwd_.push_back(id);
-  opt_ = g_.ops_in_phase(Phase::kOptimizer);
-  auto transient = [this](int v) { return is_transient(v); };
-  free_after_fwd_bwd_ = last_uses(g_, fwd_bwd_, transient);
-  free_after_fwd_ = last_uses(g_, fwd_, transient);
-}
-
-bool GraphExecutor::is_transient(int v) const {
-  const Value& val = g_.value(v);
-  return !val.persistent && val.role != Role::kInput && val.role != Role::kScalar;
+    if (v.persistent) live_[v.id] = Tensor::zeros(v.shape, v.dtype, state_, memory_tag(v));
+  progs_ = op_programs(g_);
 }
 
 Tensor& GraphExecutor::tensor(int value_id) {
@@ -85,10 +47,7 @@ void GraphExecutor::run_ops(const std::vector<int>& program,
     if (int(op.phase) != phase) {  // tell a tracing or planned allocator where the step is
       if (op.phase == Phase::kBackward && before_backward) before_backward();
       phase = int(op.phase);
-      act_->set_phase(op.phase == Phase::kForward    ? memory::Phase::kForward
-                      : op.phase == Phase::kBackward ? memory::Phase::kBackward
-                                                     : memory::Phase::kOptimizer,
-                      s.micro_batch);
+      act_->set_phase(memory_phase(op.phase), s.micro_batch);
     }
     OpContext ctx{op, {}, {}, s, act_};
     for (int v : op.inputs) ctx.in.push_back(&tensor(v));
@@ -98,7 +57,7 @@ void GraphExecutor::run_ops(const std::vector<int>& program,
         WEFT_CHECK(!op.accumulate[k], op.type, " accumulates into '", g_.value(v).name,
                    "' before anything wrote it");
         const Value& val = g_.value(v);
-        live_[v] = Tensor::empty(val.shape, val.dtype, act_, tag_for(val));
+        live_[v] = Tensor::empty(val.shape, val.dtype, act_, memory_tag(val));
       }
       ctx.out.push_back(&live_.at(v));
     }
@@ -116,20 +75,20 @@ void GraphExecutor::run_ops(const std::vector<int>& program,
 
 void GraphExecutor::release_transients() {
   for (auto it = live_.begin(); it != live_.end();)
-    it = is_transient(it->first) ? live_.erase(it) : std::next(it);
+    it = is_transient(g_.value(it->first)) ? live_.erase(it) : std::next(it);
 }
 
 void GraphExecutor::run_forward_backward(const StepScalars& s,
                                          const std::function<void()>& before_backward) {
-  run_ops(fwd_bwd_, &free_after_fwd_bwd_, s, before_backward);
+  run_ops(progs_.fwd_bwd, &progs_.free_after_fwd_bwd, s, before_backward);
   release_transients();
 }
 
 void GraphExecutor::run_forward(const StepScalars& s) {
-  run_ops(fwd_, &free_after_fwd_, s);
+  run_ops(progs_.fwd, &progs_.free_after_fwd, s);
   release_transients();
 }
 
-void GraphExecutor::run_optimizer(const StepScalars& s) { run_ops(opt_, nullptr, s); }
+void GraphExecutor::run_optimizer(const StepScalars& s) { run_ops(progs_.opt, nullptr, s); }
 
 }  // namespace weft::core

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/exec/op_programs.h"
 #include "core/graph/graph.h"
 #include "core/graph/op_table.h"
 #include "memory/allocator.h"
@@ -54,7 +55,6 @@ class GraphExecutor {
   void run_ops(const std::vector<int>& program, const std::vector<std::vector<int>>* frees,
                const StepScalars& s, const std::function<void()>& before_backward = {});
   void release_transients();
-  bool is_transient(int v) const;
 
   const Graph& g_;
   memory::Allocator* act_;
@@ -62,9 +62,7 @@ class GraphExecutor {
   std::map<int, Tensor> live_;
   bool profiling_ = false;
   std::map<std::string, double> profile_;
-  std::vector<int> fwd_bwd_, fwd_, opt_;       // op programs
-  // Per program position: the transient values to free right after that op.
-  std::vector<std::vector<int>> free_after_fwd_bwd_, free_after_fwd_;
+  OpPrograms progs_;
 };
 
 }  // namespace weft::core
