@@ -36,6 +36,15 @@
 namespace weft::launch {
 namespace {
 
+// The progress line's balance cell: MoE models with a balance loss show it (loss_free has
+// none to show).
+std::string aux_cell(const core::JobSpec& spec, double aux) {
+  if (spec.model.arch != "moe-gpt" || spec.model.moe.balance == "loss_free") return {};
+  char buf[32];
+  std::snprintf(buf, sizeof buf, " | aux %.4f", aux);
+  return buf;
+}
+
 volatile std::sig_atomic_t g_stop = 0;
 void on_sigint(int) { g_stop = 1; }
 
@@ -126,9 +135,9 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
       report.add_step(m);
       if (spec.train.log_every > 0 &&
           (st.step % spec.train.log_every == 0 || st.step + 1 == spec.train.steps))
-        std::printf("step %5lld/%lld | loss %.4f | lr %.2e | grad %.3f | %8.0f tok/s | %.0f ms\n",
-                    (long long)st.step, (long long)spec.train.steps, st.loss, st.lr, st.grad_norm,
-                    m.tokens_per_s, secs * 1e3);
+        std::printf("step %5lld/%lld | loss %.4f%s | lr %.2e | grad %.3f | %8.0f tok/s | %.0f ms\n",
+                    (long long)st.step, (long long)spec.train.steps, st.loss,
+                    aux_cell(spec, st.aux_loss).c_str(), st.lr, st.grad_norm, m.tokens_per_s, secs * 1e3);
       std::fflush(stdout);
     }
     bool last = trainer.current_step() == spec.train.steps;
@@ -231,9 +240,10 @@ int train_single(const Args& args, const core::JobSpec& spec, TrainerT& trainer)
     metrics.write_step(m);
     report.add_step(m);
     if (spec.train.log_every > 0 && (st.step % spec.train.log_every == 0 || st.step + 1 == spec.train.steps))
-      std::printf("step %5lld/%lld | loss %.4f | lr %.2e | grad %.3f | %8.0f tok/s | mem %.1f MiB | %.0f ms\n",
-                  (long long)st.step, (long long)spec.train.steps, st.loss, st.lr, st.grad_norm,
-                  m.tokens_per_s, mib(trainer.activation_stats().bytes_live_peak), secs * 1e3);
+      std::printf("step %5lld/%lld | loss %.4f%s | lr %.2e | grad %.3f | %8.0f tok/s | mem %.1f MiB | %.0f ms\n",
+                  (long long)st.step, (long long)spec.train.steps, st.loss,
+                  aux_cell(spec, st.aux_loss).c_str(), st.lr, st.grad_norm, m.tokens_per_s,
+                  mib(trainer.activation_stats().bytes_live_peak), secs * 1e3);
     bool last = trainer.current_step() == spec.train.steps;
     if (data.has_val() && spec.train.eval_every > 0 &&
         (trainer.current_step() % spec.train.eval_every == 0 || last)) {
