@@ -18,7 +18,7 @@ using Result = weft::test::CommandResult;
 Result run(const std::string& args) { return weft::test::run_weft(args); }
 
 // The numeric cells of the table row labelled `label`
-// ("S dp2 | 2 | 10.0 | 9.0 | -10.0% | 8.0 / 7.9 | 1.5 / 1.0").
+// ("S dp2 | 2 | 10.0 / 10.4 | 9.0 | -10.0% | 8.0 / 7.9 | 1.5 / 1.0").
 std::vector<double> row(const std::string& out, const std::string& label) {
   std::stringstream ss(out);
   for (std::string l; std::getline(ss, l);) {
@@ -44,13 +44,14 @@ TEST(BenchScaling, QuickPrintsWorldOneAndDp2) {
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* label : {"S world 1", "S dp2"}) {
     std::vector<double> v = row(r.out, label);
-    // world, measured, predicted, error, rank 0's compute measured / predicted and
-    // communication wait measured / predicted
-    ASSERT_EQ(v.size(), 8u) << label << "\n" << r.out;
+    // world, step lower quartile / median, predicted, error, rank 0's compute measured /
+    // predicted and communication wait measured / predicted
+    ASSERT_EQ(v.size(), 9u) << label << "\n" << r.out;
     EXPECT_GT(v[1], 0) << label;
-    EXPECT_GT(v[2], 0) << label;
-    EXPECT_GT(v[4], 0) << label;  // the executor reports its compute time
-    EXPECT_GT(v[5], 0) << label;
+    EXPECT_GE(v[2], v[1]) << label;  // the median is no faster than the lower quartile
+    EXPECT_GT(v[3], 0) << label;
+    EXPECT_GT(v[5], 0) << label;  // the executor reports its compute time
+    EXPECT_GT(v[6], 0) << label;
   }
   EXPECT_EQ(row(r.out, "S world 1")[0], 1);
   EXPECT_EQ(row(r.out, "S dp2")[0], 2);
