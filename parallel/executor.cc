@@ -37,6 +37,8 @@ RankExecutor::RankExecutor(const planner::Plan& plan, const core::Graph& g, int 
   };
   index(sent, send_tag_);
   index(received, recv_tag_);
+  for (size_t i = 0; i < prog_.program.size(); ++i)
+    if (prog_.program[i].kind == InstrKind::kRecv) recv_positions_.push_back(i);
 }
 
 RankExecutor::~RankExecutor() {
@@ -72,18 +74,35 @@ void RankExecutor::send(const Instr& in) {
   sends_[id].push_back(world_.send(buf, in.peer, o));
 }
 
-void RankExecutor::recv(const Instr& in) {
-  int id = in.out.at(0).tensor;
-  core::Tensor& out = table_->write(id, false);
-  comm::RecvOptions o;
-  o.tag = small_tag(false, in.peer, in.tag);
-  if (out.is_contiguous()) {
-    world_.recv(out, in.peer, o).wait();
-    return;
+namespace {
+constexpr size_t kRecvAhead = 2;
+}
+
+void RankExecutor::post_receives_ahead(size_t from) {
+  while (next_recv_ < recv_positions_.size() && recv_positions_[next_recv_] < from)
+    ++next_recv_;  // already run (or posted)
+  while (next_recv_ < recv_positions_.size() && posted_.size() < kRecvAhead) {
+    const size_t at = recv_positions_[next_recv_++];
+    const Instr& in = prog_.program[at];
+    const planner::TensorDesc& d = table_->desc(in.out.at(0).tensor);
+    comm::RecvOptions o;
+    o.tag = small_tag(false, in.peer, in.tag);
+    PostedRecv p{core::Tensor::empty(planner::box_shape(d.piece.box), d.dtype), {}};
+    p.work = world_.recv(p.buffer, in.peer, o);
+    posted_.emplace(at, std::move(p));
   }
-  core::Tensor tmp = core::Tensor::empty(out.shape(), out.dtype());
-  world_.recv(tmp, in.peer, o).wait();
-  out.copy_from(tmp);
+}
+
+void RankExecutor::recv(const Instr& in) {
+  const size_t at = size_t(&in - prog_.program.data());
+  post_receives_ahead(at);
+  auto it = posted_.find(at);
+  WEFT_CHECK(it != posted_.end(), "receive at program position ", at, " was not posted");
+  PostedRecv p = std::move(it->second);
+  posted_.erase(it);
+  post_receives_ahead(at + 1);  // keep the next ones in flight while this one arrives
+  p.work.wait();
+  table_->write(in.out.at(0).tensor, false).copy_from(p.buffer);
 }
 
 void RankExecutor::wait_all_sends() {
@@ -119,6 +138,9 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
   // the first backward (the plan orders every forward first; resolve_parallel checks it).
   bool shares_pending = balance && balance->mode() == core::MoeBalance::Mode::kGlobalAux;
   times_ = StepTimes();
+  next_recv_ = 0;
+  posted_.clear();
+  post_receives_ahead(0);
   using Clock = std::chrono::steady_clock;
   for (const Instr& in : prog_.program) {
     auto t0 = Clock::now();

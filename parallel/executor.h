@@ -68,6 +68,9 @@ class RankExecutor {
  private:
   void send(const planner::Instr& in);
   void recv(const planner::Instr& in);
+  // Posts the receives of the next kRecvAhead receive instructions from program position
+  // `from` into buffers of their own.
+  void post_receives_ahead(size_t from);
   void wait_all_sends();
   int small_tag(bool send, int peer, int64_t tag) const;
   // Root tensors (aliases resolved) an instruction reads or writes.
@@ -93,6 +96,17 @@ class RankExecutor {
   // direction the plan's tags, sorted, map to their index: both ends compute the same map.
   std::map<std::pair<int, int64_t>, int> send_tag_, recv_tag_;
   std::map<int, std::vector<comm::Work>> sends_;  // tensor -> sends in flight this step
+  // Receives posted before their instruction runs (program position -> buffer and Work).
+  // A receive posted early makes the sender's transport see a ready receiver, so the
+  // sender writes the message from its own thread at send time; posted late, the message
+  // waits for the sender's transport thread, which on a busy core waits for a time slice.
+  struct PostedRecv {
+    core::Tensor buffer;
+    comm::Work work;
+  };
+  std::map<size_t, PostedRecv> posted_;
+  std::vector<size_t> recv_positions_;  // program positions of the receives, in order
+  size_t next_recv_ = 0;                // index into recv_positions_ of the next to post
   std::deque<InFlight> pending_;                  // gradient buckets in flight, issue order
   StepTimes times_;
 };
