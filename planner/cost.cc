@@ -52,8 +52,9 @@ double CostModel::collective(CollKind k, int n, int64_t bytes, bool cross_node, 
 }
 
 double CostModel::p2p(int64_t bytes, bool cross_node, int world) const {
-  double a = cross_node ? alpha_inter : alpha_intra;
-  a += launch_oversub * oversub_weight(world);
+  // No launch_oversub: the executor posts receives ahead, so a message leaves at send time
+  // from the sender's own thread instead of waiting for its transport thread's time slice.
+  const double a = cross_node ? alpha_inter : alpha_intra;
   return a + double(bytes) / (cross_node ? bw_inter : bw_intra) * sharing(world);
 }
 

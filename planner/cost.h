@@ -36,10 +36,11 @@ struct CostModel {
   // allocation). 0 on GPUs, where launches are asynchronous and hide behind the kernels; on
   // a CPU it bounds tiny models, whose ops take microseconds.
   double op_overhead = 0;
-  // Extra seconds per collective call or point-to-point message when a node runs more ranks
-  // than cores: a process woken by its peers' message waits for a time slice of a core the
-  // others are computing on (once all are running, the steps proceed at alpha). 0: never
-  // oversubscribed, as on GPUs.
+  // Extra seconds per collective call when a node runs more ranks than cores: a process woken
+  // by its peers' message waits for a time slice of a core the others are computing on (once
+  // all are running, the steps proceed at alpha). Not per point-to-point message: the
+  // executor posts receives ahead, so a message leaves at send time. 0: never oversubscribed,
+  // as on GPUs.
   double launch_oversub = 0;
   // Ranks of a node computing at the same moment, on average (0: all of them). Not a
   // setting: simulate_plan finds it (processor sharing: a rank waiting for a message or

@@ -56,7 +56,8 @@ TEST(PlannerCostModel, OpOverheadAndOversubscribedLaunch) {
   const double two = cm.collective(CollKind::kAllReduce, 2, 4, false, 2);
   const double four = cm.collective(CollKind::kAllReduce, 2, 4, false, 4);
   EXPECT_NEAR(four - two, 1e-3, 1e-9) << "same group, more processes than cores: one wait";
-  EXPECT_NEAR(cm.p2p(4, false, 4) - cm.p2p(4, false, 2), 1e-3, 1e-9);
+  // Receives are posted ahead (parallel/executor.h): a message pays no wake-up wait.
+  EXPECT_NEAR(cm.p2p(4, false, 4) - cm.p2p(4, false, 2), 0, 1e-9);
 }
 
 TEST(PlannerCostModel, SimulationSlowsWhenRanksShareCores) {
