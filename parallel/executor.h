@@ -6,8 +6,9 @@
 // buffer until the matching receive completed, so a free does not wait; the end of the step
 // does). Gradient-bucket collectives (grad.sync) run while later backward compute goes on:
 // an instruction touching a bucket's tensors, or the end of the step, completes it first;
-// buckets complete in issue order, which each communicator keeps. Other receives and
-// collectives block. Any communication failure propagates as the
+// buckets complete in issue order, which each communicator keeps. Receives are posted up
+// to two receive instructions ahead, into buffers of their own, and waited for (then copied)
+// at their instruction. Other collectives block. Any communication failure propagates as the
 // communicator's exception (PeerLostError names the lost peer, TimeoutError after the
 // communicator's timeout); the executor is then unusable.
 #pragma once
