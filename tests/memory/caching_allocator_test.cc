@@ -240,29 +240,7 @@ TEST(CachingAllocator, RandomSequencesNeverOverlapAndCoalesceFully) {
 TEST(CachingAllocator, ConcurrentThreadsGetDisjointBlocks) {
   CachingAllocator a;
   testing::LiveRangeChecker checker;
-  auto work = [&](uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    std::vector<std::pair<void*, size_t>> mine;
-    for (int i = 0; i < 3000; ++i) {
-      if (mine.empty() || rng() % 2) {
-        size_t n = 1 + rng() % (256 * KiB);
-        void* p = a.allocate(n);
-        checker.add(p, n);
-        mine.emplace_back(p, n);
-      } else {
-        checker.remove(mine.back().first);
-        a.free(mine.back().first);
-        mine.pop_back();
-      }
-    }
-    for (auto [p, n] : mine) {
-      checker.remove(p);
-      a.free(p);
-    }
-  };
-  std::vector<std::thread> threads;
-  for (uint64_t t = 0; t < 4; ++t) threads.emplace_back(work, t + 10);
-  for (auto& t : threads) t.join();
+  testing::hammer_from_threads(a, checker, 3000, 256 * KiB, Tag::kOther, 10);
   EXPECT_EQ(a.stats().bytes_live, 0u);
   EXPECT_EQ(checker.live(), 0u);
 }

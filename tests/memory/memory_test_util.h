@@ -9,6 +9,9 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "memory/synthetic_trace.h"
 #include "memory/trace.h"
@@ -85,6 +88,36 @@ inline void replay_checked(const Trace& t, Allocator& alloc, LiveRangeChecker& c
     checker.remove(p);
   };
   replay_trace(t, alloc, opt);
+}
+
+// Four threads (seeds first_seed..first_seed+3) each allocate and free `ops` random blocks
+// of 1..max_bytes in stack order, every block checked against every other live one; at the
+// end nothing is live.
+inline void hammer_from_threads(Allocator& a, LiveRangeChecker& checker, int ops, size_t max_bytes,
+                                Tag tag, uint64_t first_seed) {
+  auto work = [&](uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<std::pair<void*, size_t>> mine;
+    for (int i = 0; i < ops; ++i) {
+      if (mine.empty() || rng() % 2) {
+        size_t n = 1 + rng() % max_bytes;
+        void* p = a.allocate(n, tag);
+        checker.add(p, n);
+        mine.emplace_back(p, n);
+      } else {
+        checker.remove(mine.back().first);
+        a.free(mine.back().first);
+        mine.pop_back();
+      }
+    }
+    for (auto [p, n] : mine) {
+      checker.remove(p);
+      a.free(p);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (uint64_t t = 0; t < 4; ++t) threads.emplace_back(work, first_seed + t);
+  for (auto& t : threads) t.join();
 }
 
 // A random step: `n` allocations of log-uniform sizes (a few of 0 bytes), frees of random

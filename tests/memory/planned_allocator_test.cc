@@ -313,29 +313,7 @@ TEST(PlannedAllocator, ConcurrentThreadsGetDisjointBlocks) {
   Trace t = synthesize_step(testing::small_model(Schedule::k1F1B));
   PlannedAllocator a(t);
   LiveRangeChecker checker;
-  auto work = [&](uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    std::vector<std::pair<void*, size_t>> mine;
-    for (int i = 0; i < 2000; ++i) {
-      if (mine.empty() || rng() % 2) {
-        size_t n = 1 + rng() % (64 << 10);
-        void* p = a.allocate(n, Tag::kActivation);
-        checker.add(p, n);
-        mine.emplace_back(p, n);
-      } else {
-        checker.remove(mine.back().first);
-        a.free(mine.back().first);
-        mine.pop_back();
-      }
-    }
-    for (auto [p, n] : mine) {
-      checker.remove(p);
-      a.free(p);
-    }
-  };
-  std::vector<std::thread> threads;
-  for (uint64_t s = 0; s < 4; ++s) threads.emplace_back(work, s + 1);
-  for (auto& th : threads) th.join();
+  testing::hammer_from_threads(a, checker, 2000, 64 << 10, Tag::kActivation, 1);
   EXPECT_EQ(a.stats().bytes_live, 0u);
 }
 
