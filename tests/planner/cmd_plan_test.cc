@@ -22,7 +22,7 @@ std::string config(const std::string& name) { return std::string(WEFT_SOURCE_DIR
 class CmdPlan : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::filesystem::exists(WEFT_BINARY)) GTEST_SKIP() << "weft binary not built";
+    ASSERT_TRUE(std::filesystem::exists(WEFT_BINARY)) << WEFT_BINARY << " is built with every test";
   }
 };
 
