@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <type_traits>
 
 #include "base/env.h"
@@ -28,6 +29,7 @@
 #include "core/io/safetensors.h"
 #include "launch/args.h"
 #include "launch/commands.h"
+#include "launch/run_folder.h"
 #include "launch/train_report.h"
 #include "parallel/launch_env.h"
 #include "parallel/trainer.h"
@@ -72,7 +74,8 @@ double mib(size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 // line, writes the metrics, the weights and the run folder, and validates. Numbers equal the
 // single process's (tests/parallel).
 int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::LaunchEnv& env) {
-  log_set_rank(env.rank);
+  // `weft run` prefixes every line of its workers with [rank r]; mpirun and srun do not.
+  if (env.launcher != "weft run") log_set_rank(env.rank);
   const bool lead = env.rank == 0;
   planner::resolve_parallel(spec, env.world);  // bad degrees fail here, before any rank connects
   core::cpu::set_num_threads(int(spec.train.threads));
@@ -86,15 +89,18 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
   checkpoint::ParallelCheckpoints ckpt(spec, trainer, args.has("--resume") ? args.get("--resume") : "");
 
   namespace fs = std::filesystem;
-  fs::path out = spec.train.out_dir;
-  std::string metrics_path =
-      args.has("--metrics") ? args.get("--metrics") : (out / "metrics.jsonl").string();
+  std::optional<int64_t> resumed;
+  if (args.has("--resume")) resumed = trainer.current_step();
+  RunFolder folder = choose_run_folder(spec.train.out_dir, args.get_or("--metrics", ""), resumed);
+  fs::path out = folder.out;
+  const std::string& metrics_path = folder.metrics_path;
   std::unique_ptr<core::io::MetricsWriter> metrics;
   const planner::Degrees& d = trainer.plan().config.deg;
   if (lead) {
+    if (!folder.note.empty()) std::printf("%s\n", folder.note.c_str());
     fs::create_directories(out);
     std::ofstream(out / "config.yaml") << core::job_spec_to_yaml(spec);
-    metrics = std::make_unique<core::io::MetricsWriter>(metrics_path);
+    metrics = open_metrics(folder, resumed);
     std::printf(
         "weft train: %s, %lld layers, dim %lld, %.2fM parameters, %lld tokens (train); world %d = "
         "dp %lld x "
@@ -205,11 +211,16 @@ int train_single(const Args& args, const core::JobSpec& spec, TrainerT& trainer)
         spec, trainer, args.has("--resume") ? args.get("--resume") : "");
 
   namespace fs = std::filesystem;
-  fs::path out = spec.train.out_dir;
+  std::optional<int64_t> resumed;
+  if (args.has("--resume")) resumed = trainer.current_step();
+  RunFolder folder = choose_run_folder(spec.train.out_dir, args.get_or("--metrics", ""), resumed);
+  if (!folder.note.empty()) std::printf("%s\n", folder.note.c_str());
+  fs::path out = folder.out;
+  const std::string& metrics_path = folder.metrics_path;
   fs::create_directories(out);
   std::ofstream(out / "config.yaml") << core::job_spec_to_yaml(spec);
-  std::string metrics_path = args.has("--metrics") ? args.get("--metrics") : (out / "metrics.jsonl").string();
-  core::io::MetricsWriter metrics(metrics_path);
+  std::unique_ptr<core::io::MetricsWriter> metrics_file = open_metrics(folder, resumed);
+  core::io::MetricsWriter& metrics = *metrics_file;
 
   std::printf("weft train (%s): %s, %lld layers, dim %lld, %.2fM parameters, %lld tokens (train) %lld (val)\n",
               spec.device.c_str(), spec.model.arch.c_str(), (long long)spec.model.layers, (long long)spec.model.dim,
@@ -282,6 +293,13 @@ int cmd_train(const std::vector<std::string>& argv) {
   std::string config = args.required("--config");
   core::JobSpec spec = core::load_job_spec(config, args.all("--set"));
   parallel::LaunchEnv env = parallel::detect_launch_env();
+  // Every world size goes through the planner's validation, one process too: a layout that
+  // needs more ranks is refused naming the launcher, never silently trained as one process.
+  planner::ParallelConfig layout = planner::resolve_parallel(spec, env.world);
+  if (layout.zero > 0 && layout.deg.dp == 1 && env.rank == 0)
+    std::printf("note: parallel.zero=%d shards over the data-parallel ranks and there is one "
+                "(dp=1): the optimizer state stays whole\n",
+                layout.zero);
   if (spec.device == "cuda") {
 #if WEFT_HAVE_CUDA
     core::cuda::require_device("device");  // no GPU: exit 2, names `device`

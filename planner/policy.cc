@@ -51,6 +51,18 @@ void resolve_degrees(const core::JobSpec& s, int world, Degrees& d) {
     if (given[i] == 0) autos.push_back(slots[i]);
     else fixed *= given[i];
   }
+  if (world < fixed) {
+    // Most often a single process given a multi-rank layout: name the launcher.
+    const char* names[4] = {"dp", "tp", "pp", "ep"};
+    int i = given[1] > 1 ? 1 : given[2] > 1 ? 2 : given[3] > 1 ? 3 : 0;
+    std::string field = names[i];
+    throw ConfigError("parallel." + field,
+                      field + "=" + num(given[i]) + " needs at least " + num(fixed) +
+                          " ranks (dp x tp x pp x ep = " + num(fixed) + ") but the world has " +
+                          num(world) + ": launch with weft run --nproc-per-node " + num(fixed) +
+                          " (or mpirun -np " + num(fixed) + "), or set " + field +
+                          (i == 0 ? ": auto" : "=1"));
+  }
   if (world % fixed != 0) {
     int64_t mp = (p.tp ? p.tp : 1) * (p.pp ? p.pp : 1) * (p.ep ? p.ep : 1);
     if (p.dp > 0 && world % mp == 0)

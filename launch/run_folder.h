@@ -1,0 +1,39 @@
+// The run folder's history: a resumed run continues its own metrics.jsonl (lines before the
+// resume step kept, later ones replaced), and a new run never writes over another run's.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/io/metrics.h"
+
+namespace weft::launch {
+
+struct RunFolder {
+  std::string out;           // the folder this run writes (config.yaml, loss_curve.svg, ...)
+  std::string metrics_path;  // its metrics.jsonl, or --metrics
+  std::string note;          // one line for the user when the folder or the file changed; or ""
+};
+
+// Chooses the folder and the metrics file of a run. `out_dir` is train.out_dir,
+// `metrics_flag` the --metrics path ("" when not given), `resume_step` the step a resumed
+// run continues from (nullopt for a new run).
+// - Resumed: the same folder; the metrics file keeps the lines of steps before
+//   `resume_step` (what the checkpoint's run had done) and drops the rest, which the
+//   resumed run writes again.
+// - New, and the default metrics file already holds lines of another run: the run goes to
+//   the first free sibling `<out_dir>-2`, `<out_dir>-3`, ... (never over the earlier run).
+// - New with an explicit --metrics file that holds lines: the user named it; it is
+//   replaced, and the note says so.
+// Creates nothing; throws IoError when an existing metrics file cannot be read.
+RunFolder choose_run_folder(const std::string& out_dir, const std::string& metrics_flag,
+                            std::optional<int64_t> resume_step);
+
+// Opens the metrics writer for `folder`: truncated for a new run; for a resumed run the
+// kept lines are written back first (atomically: a temporary file renamed over the old).
+std::unique_ptr<core::io::MetricsWriter> open_metrics(const RunFolder& folder,
+                                                      std::optional<int64_t> resume_step);
+
+}  // namespace weft::launch
