@@ -11,6 +11,7 @@
 #include "core/exec/trainer.h"
 #include "core/io/metrics.h"
 #include "core/io/safetensors.h"
+#include "tests/support/reference.h"
 
 namespace weft::core {
 namespace {
@@ -41,7 +42,7 @@ void expect_tensors_near(const NamedTensors& got, const std::map<std::string, Te
 
 void run_golden(const std::string& name, double loss_rel, DType dtype = DType::kF32) {
   const std::string dir = kRef + "/" + name;
-  if (!std::filesystem::exists(dir)) GTEST_SKIP() << "reference folder missing: " << dir;
+  WEFT_REQUIRE_REFERENCE(dir);
   JobSpec spec = load_job_spec(dir + "/config.yaml");
   data::TokenDataset data = data::TokenDataset::load(spec);
   Trainer trainer(spec, dtype);
@@ -82,7 +83,7 @@ TEST(Golden, MoeTinyInDoubleMatchesReferenceClosely) { run_golden("moe-tiny", 1e
 
 TEST(Determinism, SameSeedGivesBitwiseIdenticalLosses) {
   const std::string dir = kRef + "/moe-tiny";
-  if (!std::filesystem::exists(dir)) GTEST_SKIP() << "reference folder missing: " << dir;
+  WEFT_REQUIRE_REFERENCE(dir);
   JobSpec spec = load_job_spec(dir + "/config.yaml", {"train.steps=4"});
   data::TokenDataset data = data::TokenDataset::load(spec);
   auto batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
@@ -103,7 +104,7 @@ TEST(Determinism, SameSeedGivesBitwiseIdenticalLosses) {
 
 TEST(BadInput, WeightsForAnotherModelNameTheFlag) {
   const std::string dir = kRef + "/gpt-tiny";
-  if (!std::filesystem::exists(dir)) GTEST_SKIP() << "reference folder missing: " << dir;
+  WEFT_REQUIRE_REFERENCE(dir);
   JobSpec spec = load_job_spec(dir + "/config.yaml");
   Trainer trainer(spec);
   NamedTensors before = trainer.weights();
@@ -129,7 +130,7 @@ namespace {
 TEST(MemoryPlanning, PlannedAllocatorGivesBitwiseTheSameLossesAsCaching) {
   for (const std::string name : {"gpt-tiny", "moe-tiny"}) {
     const std::string dir = kRef + "/" + name;
-    if (!std::filesystem::exists(dir)) GTEST_SKIP() << "reference folder missing: " << dir;
+    WEFT_REQUIRE_REFERENCE(dir);
     std::vector<double> losses[2];
     for (int planned = 0; planned < 2; ++planned) {
       JobSpec spec = load_job_spec(dir + "/config.yaml",

@@ -156,10 +156,10 @@ void expect_invariant(const LayoutCase& c, const LayoutOutcome& o) {
       "weights %.3g\n",
       c.config.c_str(), c.world, sets.c_str(), c.steps, o.max_loss_rel, o.max_norm_rel,
       o.max_aux_rel, o.max_weight_rel);
-  EXPECT_LE(o.max_loss_rel, c.tolerance);
-  EXPECT_LE(o.max_norm_rel, c.tolerance);
-  EXPECT_LE(o.max_aux_rel, c.tolerance);
-  EXPECT_LE(o.max_weight_rel, c.tolerance);
+  EXPECT_LE(o.max_loss_rel, c.tolerance.scalars);
+  EXPECT_LE(o.max_norm_rel, c.tolerance.scalars);
+  EXPECT_LE(o.max_aux_rel, c.tolerance.scalars);
+  EXPECT_LE(o.max_weight_rel, c.tolerance.weights);
   // The run must be a real training run, not a constant: the loss moves.
   ASSERT_GE(o.losses.size(), 2u);
   EXPECT_NE(o.losses.front(), o.losses.back());
