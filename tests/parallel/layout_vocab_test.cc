@@ -1,8 +1,11 @@
 // Vocabularies that tp does not divide (issue 12): the embedding, the tied head and the
 // cross-entropy split into balanced slices (256 over 3 = 86, 85, 85), and every layout still
 // matches one process; checkpoints hold exactly `vocab` rows, so they move between tp=3 and tp=1.
+#include <set>
+
 #include "tests/parallel/layout_harness.h"
 #include "tests/parallel/resume_util.h"
+#include "tests/parallel/vps_util.h"
 
 namespace weft::test {
 namespace {
@@ -59,6 +62,37 @@ TEST(VocabLayout, Tp2Vocab50257) {  // 0, 9.5e-9, 4.8e-7 over 3 steps
          {"model.layers=1", "model.vocab=50257", "train.warmup_steps=1", "parallel.dp=1",
           "parallel.tp=2"},
          3, 2e-6});
+}
+
+// The VPS reads the uneven slices off the plans (wte 257 rows: 86, 86, 85 under tp=3; 129,
+// 128 under tp=2), both layouts cover the state, and a live reshard between them moves
+// every element exactly once.
+TEST(VocabVps, UnevenSlicesCoverTheStateAndReshardTp3ToDp2Tp2Zero1) {
+  using namespace parallel;
+  using namespace parallel::test_util;
+  core::JobSpec spec = tiny_spec();
+  spec.model.heads = 6, spec.model.dim = 96, spec.model.vocab = 257;
+  StateSpace space = space_for(spec);
+  Layout a = layout_of(space, plan_for(spec, {1, 3, 1, 1, 0}));
+  Layout b = layout_of(space, plan_for(spec, {2, 2, 1, 1, 1}));
+  check_covers(space, a);
+  check_covers(space, b);
+  const StateId wte = space.find("wte.weight");
+  ASSERT_GE(wte, 0);
+  EXPECT_EQ(space.at(wte).shape, (core::Shape{257, 96}));
+  std::set<std::pair<int64_t, int64_t>> rows;
+  for (const RankLayout& r : a.ranks)
+    for (const StateBox& box : r.boxes)
+      if (box.state == wte) rows.insert({box.start[0], box.extent[0]});
+  EXPECT_EQ(rows, (std::set<std::pair<int64_t, int64_t>>{{0, 86}, {86, 86}, {172, 85}}));
+  const int world = 4;
+  std::vector<int> ia = {0, 1, 2}, ib = {0, 1, 2, 3};
+  a = remap_ranks(a, ia, world);
+  b = remap_ranks(b, ib, world);
+  a.hosts = b.hosts = {0, 0, 1, 1};
+  RouterOptions opt;
+  opt.budget_bytes = int64_t(64) << 10;
+  check_plan(space, a, b, transition(space, a, b, opt), "tp3 -> dp2 tp2 zero1, vocab 257");
 }
 
 // A checkpoint written under tp=3 holds exactly 256 rows of wte: the single process resumes
