@@ -30,8 +30,7 @@ bool tp_fits(const core::ModelSpec& m, int64_t tp) {
   if (tp == 1) return true;
   // The vocabulary need not divide: it splits into balanced slices (partition.cc), each
   // lane needing at least one row.
-  return m.heads % tp == 0 && m.dim % tp == 0 && (m.mlp_ratio * m.dim) % tp == 0 &&
-         m.vocab >= tp;
+  return m.heads % tp == 0 && m.dim % tp == 0 && (m.mlp_ratio * m.dim) % tp == 0 && m.vocab >= tp;
 }
 
 std::string tp_reason(const core::ModelSpec& m, int64_t tp) {

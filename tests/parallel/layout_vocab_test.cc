@@ -52,16 +52,18 @@ TEST(VocabLayout, Dp2Tp2Zero3Vocab257) {  // 2.2e-8, 1.6e-8, 1.8e-6
 
 // The tied head on the last stage: both stages hold the same uneven slices of wte.
 TEST(VocabLayout, Tp2Pp2Vocab257) {  // 2.2e-8, 2.7e-8, 1.8e-6
-  check({"gpt-layout.yaml", 4,
-         with(kVocab257, {"parallel.dp=1", "parallel.tp=2", "parallel.pp=2"}), 6, 5e-6});
+  check({"gpt-layout.yaml", 4, with(kVocab257, {"parallel.dp=1", "parallel.tp=2", "parallel.pp=2"}),
+         6, 5e-6});
 }
 
 // GPT-2's vocabulary over two lanes (25129 + 25128 rows), a few steps.
 TEST(VocabLayout, Tp2Vocab50257) {  // 0, 9.5e-9, 4.8e-7 over 3 steps
-  check({"gpt-layout.yaml", 2,
+  check({"gpt-layout.yaml",
+         2,
          {"model.layers=1", "model.vocab=50257", "train.warmup_steps=1", "parallel.dp=1",
           "parallel.tp=2"},
-         3, 2e-6});
+         3,
+         2e-6});
 }
 
 // The VPS reads the uneven slices off the plans (wte 257 rows: 86, 86, 85 under tp=3; 129,

@@ -34,7 +34,7 @@ TEST(VocabSplit, BalancedPartsTileTheRangeAndDifferByAtMostOne) {
   EXPECT_EQ(*DimSlice::range(0, 256).balanced_part(0, 3), (DimSlice{0, 86, 1, 0}));
   EXPECT_EQ(*DimSlice::range(0, 256).balanced_part(2, 3), (DimSlice{171, 85, 1, 0}));
   EXPECT_EQ(*DimSlice::range(0, 50257).balanced_part(1, 2), (DimSlice{25129, 25128, 1, 0}));
-  EXPECT_FALSE(DimSlice::range(0, 2).balanced_part(0, 3).has_value());  // an empty part
+  EXPECT_FALSE(DimSlice::range(0, 2).balanced_part(0, 3).has_value());     // an empty part
   EXPECT_FALSE((DimSlice{0, 16, 3, 64}).balanced_part(0, 2).has_value());  // strided
 }
 
@@ -88,7 +88,8 @@ void expect_exact_cover(const Plan& plan, const core::Graph& g, const std::strin
       for (int64_t i = 0; i < b[0].size; ++i)
         for (int64_t c1 = 0; c1 < b[1].count; ++c1)
           for (int64_t j = 0; j < b[1].size; ++j) {
-            int64_t row = b[0].start + c0 * b[0].stride + i, col = b[1].start + c1 * b[1].stride + j;
+            int64_t row = b[0].start + c0 * b[0].stride + i,
+                    col = b[1].start + c1 * b[1].stride + j;
             ASSERT_LT(row, shape[0]) << name << " " << key;
             ASSERT_LT(col, shape[1]) << name << " " << key;
             ++hits[size_t(row * shape[1] + col)];
