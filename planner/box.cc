@@ -1,6 +1,7 @@
 // Index-set arithmetic for boxes with strided chunks.
 #include "planner/box.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace weft::planner {
@@ -49,6 +50,12 @@ std::optional<DimSlice> DimSlice::part(int64_t k, int64_t n, int64_t groups) con
   int64_t g = size / groups;
   if (g % n) return std::nullopt;
   return DimSlice{start + k * (g / n), g / n, groups, g}.normalised();
+}
+
+std::optional<DimSlice> DimSlice::balanced_part(int64_t k, int64_t n) const {
+  if (n <= 0 || k < 0 || k >= n || count != 1 || size < n) return std::nullopt;
+  const int64_t q = size / n, r = size % n;
+  return DimSlice{start + k * q + std::min(k, r), q + (k < r ? 1 : 0), 1, 0};
 }
 
 std::optional<DimSlice> DimSlice::merged(const DimSlice& next) const {

@@ -28,6 +28,11 @@ struct DimSlice {
   // (groups 1: a contiguous split of the slice's elements in order). nullopt when the
   // parts are not representable or not equal.
   std::optional<DimSlice> part(int64_t k, int64_t n, int64_t groups = 1) const;
+  // The k-th of n contiguous parts of a plain range whose sizes differ by at most one: the
+  // first size % n parts hold one element more (256 over 3 = 86, 85, 85). Equals part(k, n)
+  // when n divides the size. For the vocabulary, which tp need not divide; nullopt for a
+  // strided slice or a part that would be empty.
+  std::optional<DimSlice> balanced_part(int64_t k, int64_t n) const;
   // This slice followed by `next` within every chunk; nullopt unless adjacent.
   std::optional<DimSlice> merged(const DimSlice& next) const;
 };

@@ -38,6 +38,15 @@ std::vector<std::string> split_symbols(const std::string& type, const std::strin
   return {symbol};
 }
 
+// The vocabulary dims: the embedding's v and the tied LM head's n (matmul is only the head,
+// core/graph/op_table.cc). tp need not divide the vocabulary, so these split into balanced
+// parts (256 over 3 = 86, 85, 85); every op cuts the same rows, so the embedding, the head
+// and the cross-entropy of one lane agree and no layout conversion is needed between them.
+bool vocab_symbol(const std::string& type, const std::string& symbol) {
+  return ((type == "embedding" || type == "embedding.bwd") && symbol == "v") ||
+         ((type == "matmul" || type == "matmul.bwd") && symbol == "n");
+}
+
 int find_dim(const AnnotatedTensor& t, const std::vector<std::string>& syms, int* pos) {
   for (size_t d = 0; d < t.size(); ++d)
     for (size_t p = 0; p < t[d].size(); ++p)
@@ -59,7 +68,9 @@ bool split_operand(const Graph& g, const Op& op, const AnnotatedTensor& at,
   if (d < 0 || d >= int(st.piece.box.size())) return false;
   DimSlice& slice = st.piece.box[d];
   std::optional<DimSlice> cut;
-  if (at[d].size() == 1) {
+  if (at[d].size() == 1 && groups == 1 && vocab_symbol(op.type, syms[0])) {
+    cut = slice.balanced_part(k, n);
+  } else if (at[d].size() == 1) {
     cut = slice.part(k, n, groups);
   } else {
     // A grouped dim (3 h d): chunks of the split symbol inside every outer group.
@@ -109,8 +120,10 @@ void keep_whole(const Op& op, const SubOp& base, SubOp& s, std::initializer_list
       if (annotation_output(op, int(j)) == ai) s.outs[j].piece = base.outs[j].piece;
 }
 
-void split_dim(SubTensor& st, int d, int64_t n, int64_t k) {
-  auto cut = st.piece.box.at(d).part(k, n, 1);
+// `balanced`: the vocabulary, which may split unevenly (see vocab_symbol).
+void split_dim(SubTensor& st, int d, int64_t n, int64_t k, bool balanced = false) {
+  const DimSlice& whole = st.piece.box.at(d);
+  auto cut = balanced ? whole.balanced_part(k, n) : whole.part(k, n, 1);
   WEFT_CHECK(cut.has_value(), "dim ", d, " of ", box_str(st.piece.box), " does not split into ", n);
   st.piece.box[d] = *cut;
 }
@@ -198,12 +211,13 @@ SubOp partition_one(const Graph& g, const SubOp& base, const std::string& symbol
   if ((t == "cross_entropy" || t == "cross_entropy.bwd") && symbol == "v") {
     // Vocabulary-parallel: each part holds a slice of the logits (or probs); the max and
     // the sum of exponentials are all-reduced during lowering, so the loss is whole.
-    split_dim(s.ins[0], 2, n, k);
+    // Balanced slices, the same rows as the head's and the embedding's (vocab_symbol).
+    split_dim(s.ins[0], 2, n, k, true);
     if (t == "cross_entropy") {
       for (size_t j = 0; j < s.outs.size(); ++j)
-        if (annotation_output(op, int(j)) == 1) split_dim(s.outs[j], 2, n, k);
+        if (annotation_output(op, int(j)) == 1) split_dim(s.outs[j], 2, n, k, true);
     } else {
-      split_dim(s.outs.at(0), 2, n, k);
+      split_dim(s.outs.at(0), 2, n, k, true);
     }
     s.vocab_parallel = true;
     return s;

@@ -54,7 +54,9 @@ struct SubOp {
 SubOp whole_op(const core::Graph& g, int op);
 
 // Part k of splitting `base` along `symbol` into n. Throws NotSupported when the symbol
-// is frozen or absent for this op type, InternalError when a dim does not divide.
+// is frozen or absent for this op type, InternalError when a dim does not divide. The
+// vocabulary (embedding v, head n, cross-entropy v) need not divide: its parts are
+// DimSlice::balanced_part, sizes differing by at most one.
 SubOp partition_one(const core::Graph& g, const SubOp& base, const std::string& symbol, int64_t n,
                     int64_t k, int64_t groups = 1);
 // All n parts.

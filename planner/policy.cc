@@ -28,15 +28,17 @@ std::string suggest(const std::string& key, int64_t limit, const std::function<b
 
 bool tp_fits(const core::ModelSpec& m, int64_t tp) {
   if (tp == 1) return true;
-  return m.heads % tp == 0 && m.dim % tp == 0 && (m.mlp_ratio * m.dim) % tp == 0 &&
-         m.vocab % tp == 0;
+  // The vocabulary need not divide: it splits into balanced slices (partition.cc), each
+  // lane needing at least one row.
+  return m.heads % tp == 0 && m.dim % tp == 0 && (m.mlp_ratio * m.dim) % tp == 0 && m.vocab >= tp;
 }
 
 std::string tp_reason(const core::ModelSpec& m, int64_t tp) {
   if (m.heads % tp) return "model.heads (" + num(m.heads) + ")";
   if (m.dim % tp) return "model.dim (" + num(m.dim) + ")";
   if ((m.mlp_ratio * m.dim) % tp) return "the MLP width (" + num(m.mlp_ratio * m.dim) + ")";
-  return "model.vocab (" + num(m.vocab) + "; pad it to a multiple of " + num(tp * 64) + ")";
+  // Reads "tp=4 must divide model.vocab (3) into slices of at least one row".
+  return "model.vocab (" + num(m.vocab) + ") into slices of at least one row";
 }
 
 void resolve_degrees(const core::JobSpec& s, int world, Degrees& d) {

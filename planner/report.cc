@@ -53,13 +53,23 @@ std::string holdings(const core::Graph& g, const Role& r) {
   int64_t params = 0, optim = 0;
   std::map<int64_t, int> cut;  // kept fraction 1/n -> tensors
   int64_t e_lo = -1, e_hi = -1, e_all = 0;
+  std::vector<std::string> uneven;
   for (const TensorDesc& t : r.tensors) {
     if (!t.persistent || t.alias_of >= 0 || t.value < 0) continue;
     const core::Value& v = g.value(t.value);
     if (v.role == core::Role::kOptimizerState) optim += t.bytes;
     if (v.role != core::Role::kParameter) continue;
     params += t.piece.numel();
-    ++cut[core::shape_numel(v.shape) / std::max<int64_t>(1, t.piece.numel())];
+    const int64_t whole = core::shape_numel(v.shape), kept = std::max<int64_t>(1, t.piece.numel());
+    if (whole % kept && !t.piece.box.empty()) {
+      // An uneven cut (the vocabulary over tp: 86, 85, 85 rows of 256): name its rows.
+      const DimSlice& rows = t.piece.box[0];
+      uneven.push_back(v.name + " rows " + std::to_string(rows.start) + "-" +
+                       std::to_string(rows.start + rows.size - 1) + " of " +
+                       std::to_string(v.shape[0]));
+      continue;
+    }
+    ++cut[whole / kept];
     if (v.name.find(".experts.") != std::string::npos && !t.piece.box.empty()) {
       e_all = v.shape[0];
       e_lo = t.piece.box[0].start;
@@ -73,6 +83,7 @@ std::string holdings(const core::Graph& g, const Role& r) {
     os << (first ? " " : ", ") << count << (n == 1 ? " whole" : " at 1/" + std::to_string(n));
     first = false;
   }
+  for (const std::string& u : uneven) os << (first ? " " : ", ") << u, first = false;
   os << ")";
   if (e_all > 0) os << "; experts " << e_lo << "-" << e_hi << " of " << e_all;
   os << "; optimizer state " << bytes_h(optim) << "B";

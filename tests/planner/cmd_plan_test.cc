@@ -55,6 +55,15 @@ TEST_F(CmdPlan, BadParallelValuesExitTwoNamingTheField) {
   EXPECT_NE(r.out.find("--world"), std::string::npos);
 }
 
+// GPT-2's unpadded vocabulary under tp=2: balanced slices of 25129 and 25128 rows.
+TEST_F(CmdPlan, UnpaddedGpt2VocabularySplitsUnevenly) {
+  CmdResult r =
+      run("--config " + config("gpt2-124m-plan.yaml") + " --world 8 --set model.vocab=50257");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("wte.weight rows 0-25128 of 50257"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("wte.weight rows 25129-50256 of 50257"), std::string::npos) << r.out;
+}
+
 TEST_F(CmdPlan, WritesJsonAndTimeline) {
   std::string dir = ::testing::TempDir();
   std::string json = dir + "/weft_cmd_plan.json", svg = dir + "/weft_cmd_plan.svg";

@@ -273,11 +273,13 @@ struct Case {
   int64_t tp, pp, ep, dp;
   int zero;
   std::string recompute = "none", schedule = "1f1b";
+  int64_t vocab = 32, heads = 4, dim = 16;  // GPT only
 };
 
 void check_plan_step(const Case& c) {
   SCOPED_TRACE(c.name);
-  core::JobSpec s = c.moe ? test_util::moe_spec(4, 2) : test_util::gpt_spec(2, 16, 4, 32, 8);
+  core::JobSpec s =
+      c.moe ? test_util::moe_spec(4, 2) : test_util::gpt_spec(2, c.dim, c.heads, c.vocab, 8);
   if (c.moe) s.model.dim = 16, s.model.vocab = 32, s.model.seq_len = 8, s.model.moe.aux_coef = 0.3;
   s.train.global_batch = 8, s.train.micro_batch = 2;
   s.train.lr = 1.0, s.train.eps = 10.0, s.train.grad_clip = 0.05, s.train.weight_decay = 0.1;
@@ -373,6 +375,14 @@ TEST(PartsPlan, Zero2And3WithRecompute) {
   check_plan_step({"gpt tp2 dp2 zero2 full", false, 4, 2, 1, 1, 2, 2, "full"});
   check_plan_step({"gpt tp2 dp2 zero3 selective", false, 4, 2, 1, 1, 2, 3, "selective"});
   check_plan_step({"gpt pp2 dp2 zero3 gpipe", false, 4, 1, 2, 1, 2, 3, "none", "gpipe"});
+}
+// Vocabularies that tp does not divide: balanced slices (32 over 3 = 11, 11, 10; 31 over 2).
+TEST(PartsPlan, UnevenVocabularySlices) {
+  check_plan_step({"gpt tp3 vocab 32", false, 3, 3, 1, 1, 1, 0, "none", "1f1b", 32, 6, 24});
+  check_plan_step(
+      {"gpt tp2 pp2 vocab 31 (tied head)", false, 4, 2, 2, 1, 1, 0, "none", "1f1b", 31});
+  check_plan_step({"gpt tp2 dp2 zero1 vocab 31", false, 4, 2, 1, 1, 2, 1, "none", "1f1b", 31});
+  check_plan_step({"gpt tp2 dp2 zero3 vocab 31", false, 4, 2, 1, 1, 2, 3, "none", "1f1b", 31});
 }
 TEST(PartsPlan, ExpertParallelMoe) { check_plan_step({"moe ep2", true, 2, 1, 1, 2, 1, 0}); }
 TEST(PartsPlan, ExpertAndTensorParallelMoe) {

@@ -49,10 +49,15 @@ TEST(Policy, SplitDimsMustDivide) {
   EXPECT_EQ(e.field(), "parallel.tp");
   EXPECT_NE(msg(e).find("model.heads (6)"), std::string::npos) << msg(e);
   EXPECT_NE(msg(e).find("try tp=1 or tp=2"), std::string::npos) << msg(e);
+  // The vocabulary need not divide (balanced slices), but every lane needs a row.
   s = gpt_spec(2, 64, 4, 250);
   s.parallel.tp = 4;
+  EXPECT_EQ(resolve_parallel(s, 4).deg.tp, 4);
+  s.model.vocab = 3;
   e = config_error([&] { resolve_parallel(s, 4); });
-  EXPECT_NE(msg(e).find("model.vocab"), std::string::npos) << msg(e);
+  EXPECT_EQ(e.field(), "parallel.tp");
+  EXPECT_NE(msg(e).find("model.vocab (3)"), std::string::npos) << msg(e);
+  EXPECT_NE(msg(e).find("try tp=1 or tp=2"), std::string::npos) << msg(e);
 
   core::JobSpec m = test_util::moe_spec(6, 2);
   m.parallel.ep = 4;
@@ -62,6 +67,22 @@ TEST(Policy, SplitDimsMustDivide) {
   core::JobSpec d = gpt_spec();
   d.parallel.ep = 2;
   EXPECT_EQ(config_error([&] { resolve_parallel(d, 2); }).field(), "parallel.ep");
+}
+
+// Issue 12: tp=3 with vocab 256 and tp=2 with GPT-2's 50257 were refused ("pad it").
+TEST(Policy, AnyTpThatDividesHeadsAndWidthsTakesAnyVocabulary) {
+  core::JobSpec s = gpt_spec(2, 96, 6, 256);
+  s.parallel.tp = 3;
+  EXPECT_EQ(resolve_parallel(s, 3).deg.tp, 3);
+  s = gpt_spec(2, 64, 4, 50257);
+  s.parallel.tp = 2;
+  EXPECT_EQ(resolve_parallel(s, 4).deg.tp, 2);
+  // A tp that does not divide the heads still names the heads.
+  s = gpt_spec(2, 96, 6, 257);
+  s.parallel.tp = 4;
+  ConfigError e = config_error([&] { resolve_parallel(s, 4); });
+  EXPECT_EQ(e.field(), "parallel.tp");
+  EXPECT_NE(msg(e).find("model.heads (6)"), std::string::npos) << msg(e);
 }
 
 TEST(Policy, GlobalBatchSplitsIntoMicroBatchesAndReplicas) {
