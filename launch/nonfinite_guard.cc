@@ -1,12 +1,14 @@
 // NonfiniteGuard: the stop/skip decision and its messages.
 #include "launch/nonfinite_guard.h"
 
+#include <cmath>
 #include <cstdio>
 
 namespace weft::launch {
 namespace {
 
 std::string value_str(double v) {
+  if (std::isnan(v)) return "nan";  // printf may write "-nan"
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", v);
   return buf;

@@ -137,7 +137,7 @@ void poison_safetensors(const fs::path& file, const std::string& name, float val
 TEST(TrainNonfinite, InitWeightsWithNaNOrInfAreRefusedNamingTheTensor) {
   TempDir d("init");
   fs::path w = d.path / "w.safetensors";
-  std::string base = "--config " + kTiny + " --set train.steps=1 --set train.eval_every=0 " +
+  std::string base = "--config " + kTiny + " --set train.steps=1 --set train.warmup_steps=0 --set train.eval_every=0 " +
                      "--set train.out_dir=" + (d.path / "run").string();
   ASSERT_EQ(weft("train " + base + " --save-weights " + w.string()).code, 0);
   ASSERT_EQ(weft("train " + base + " --init-weights " + w.string()).code, 0);  // the file is fine
