@@ -29,6 +29,7 @@
 #include "core/io/safetensors.h"
 #include "launch/args.h"
 #include "launch/commands.h"
+#include "launch/nonfinite_guard.h"
 #include "launch/run_folder.h"
 #include "launch/train_report.h"
 #include "parallel/launch_env.h"
@@ -50,6 +51,18 @@ std::string aux_cell(const core::JobSpec& spec, double aux) {
 volatile std::sig_atomic_t g_stop = 0;
 void on_sigint(int) { g_stop = 1; }
 
+// Ctrl-C and SIGTERM (what schedulers send before they kill) both stop after the current
+// step, with a final checkpoint.
+void catch_stop_signals() {
+  std::signal(SIGINT, on_sigint);
+  std::signal(SIGTERM, on_sigint);
+}
+
+// Whether checkpoint.every saved at `done` steps (TrainerCheckpoints::after_step's rule).
+bool saved_by_every(const core::JobSpec& spec, int64_t done) {
+  return spec.checkpoint.every > 0 && done > 0 && done % spec.checkpoint.every == 0;
+}
+
 constexpr const char* kHelp = R"(usage: weft train --config FILE.yaml [options]
 
   --config FILE           the job's YAML file (required)
@@ -60,7 +73,10 @@ constexpr const char* kHelp = R"(usage: weft train --config FILE.yaml [options]
   --metrics M.jsonl       metrics file (default: <train.out_dir>/metrics.jsonl)
 
 Writes into train.out_dir: metrics.jsonl, loss_curve.svg, config.yaml, summary.txt.
-Ctrl-C stops cleanly after the current step.
+Ctrl-C (or SIGTERM) stops cleanly after the current step, saving a final checkpoint when
+checkpoint.dir is set. A step whose loss or gradient norm is not finite is never applied:
+train.on_nonfinite: stop (default) ends the run with exit 1 naming it, skip drops it and
+goes on, up to train.max_skipped in a row.
 
 Several processes: `weft run --standalone --nproc-per-node N -- weft train ...` or
 `mpirun -np N weft train ...` train the plan of the parallel: section on N ranks (rank 0
@@ -114,15 +130,24 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
   auto train_batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
     data.fill_train(s, b0, n, x, y);
   };
-  std::signal(SIGINT, on_sigint);
+  catch_stop_signals();
   TrainReport report(spec);
+  NonfiniteGuard guard(spec.train);
   std::unique_ptr<core::Trainer> evaluator;  // rank 0, for validation
   auto t_start = std::chrono::steady_clock::now();
   bool stop = false;
+  int64_t saved_at = trainer.current_step();  // a resumed run starts from a checkpoint
   while (trainer.current_step() < spec.train.steps && !stop) {
     auto t0 = std::chrono::steady_clock::now();
     core::StepStats st = trainer.step(train_batch);
-    ckpt.after_step();  // checkpoint.every: every rank writes its shard, rank 0 commits
+    // Every rank has the same statistics, so every rank reaches the same verdict.
+    NonfiniteGuard::Verdict verdict = guard.observe(st);
+    std::string first_bad;
+    if (verdict == NonfiniteGuard::Verdict::kStop)
+      first_bad = trainer.first_nonfinite_gradient();  // collective, on the failure path only
+    else
+      ckpt.after_step();  // checkpoint.every: every rank writes its shard, rank 0 commits
+    if (saved_by_every(spec, trainer.current_step())) saved_at = trainer.current_step();
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (lead) {
       core::io::StepMetrics m;
@@ -135,17 +160,26 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
       m.epoch = data.sampler().epoch(st.step);
       // Rank 0's share of the step in kernels and in waiting for communication.
       const parallel::StepTimes& tt = trainer.executor().last_step_times();
-      m.extra = {{"step_ms", secs * 1e3}, {"compute_ms", tt.compute * 1e3}, {"comm_ms", tt.comm * 1e3}};
+      const double mem = mib(trainer.activation_stats().bytes_live_peak);  // rank 0's
+      m.extra = {{"step_ms", secs * 1e3}, {"compute_ms", tt.compute * 1e3},
+                 {"comm_ms", tt.comm * 1e3}, {"mem_peak_mib", mem}};
       if (spec.model.arch == "moe-gpt") m.extra.insert(m.extra.begin(), {"aux_loss", st.aux_loss});
+      if (!st.applied) m.extra.push_back({"skipped", 1});
       metrics->write_step(m);
       report.add_step(m);
-      if (spec.train.log_every > 0 &&
-          (st.step % spec.train.log_every == 0 || st.step + 1 == spec.train.steps))
-        std::printf("step %5lld/%lld | loss %.4f%s | lr %.2e | grad %.3f | %8.0f tok/s | %.0f ms\n",
-                    (long long)st.step, (long long)spec.train.steps, st.loss,
-                    aux_cell(spec, st.aux_loss).c_str(), st.lr, st.grad_norm, m.tokens_per_s, secs * 1e3);
+      if (verdict == NonfiniteGuard::Verdict::kSkipped)
+        std::printf("%s\n", guard.skipped_line(st).c_str());
+      else if (verdict == NonfiniteGuard::Verdict::kApplied && spec.train.log_every > 0 &&
+               (st.step % spec.train.log_every == 0 || st.step + 1 == spec.train.steps))
+        std::printf(
+            "step %5lld/%lld | loss %.4f%s | lr %.2e | grad %.3f | %8.0f tok/s | mem %.1f MiB | "
+            "%.0f ms\n",
+            (long long)st.step, (long long)spec.train.steps, st.loss,
+            aux_cell(spec, st.aux_loss).c_str(), st.lr, st.grad_norm, m.tokens_per_s, mem,
+            secs * 1e3);
       std::fflush(stdout);
     }
+    if (verdict == NonfiniteGuard::Verdict::kStop) throw Error(guard.stop_message(st, first_bad));
     bool last = trainer.current_step() == spec.train.steps;
     if (data.has_val() && spec.train.eval_every > 0 &&
         (trainer.current_step() % spec.train.eval_every == 0 || last)) {
@@ -179,12 +213,16 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
     stop = parallel::agree_stop(world.comm(), g_stop != 0);  // every rank stops at the same step
   }
   double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  std::string final_save;
+  if (stop && !spec.checkpoint.dir.empty() && saved_at != trainer.current_step())
+    final_save = ckpt.save();  // collective: every rank agreed to stop at this step
   core::NamedTensors w;
   if (args.has("--save-weights")) w = trainer.gather_weights();  // collective
   if (!lead) return stop ? 130 : 0;
   if (stop)
     std::printf("interrupted: stopped cleanly after step %lld\n",
                 (long long)trainer.current_step() - 1);
+  if (!final_save.empty()) std::printf("interrupted: saved checkpoint %s\n", final_save.c_str());
   if (args.has("--save-weights")) core::io::save_safetensors(args.get("--save-weights"), w);
   metrics.reset();
   core::io::write_loss_curve_svg((out / "loss_curve.svg").string(),
@@ -231,13 +269,20 @@ int train_single(const Args& args, const core::JobSpec& spec, TrainerT& trainer)
   auto train_batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
     data.fill_train(s, b0, n, x, y);
   };
-  std::signal(SIGINT, on_sigint);
+  catch_stop_signals();
   TrainReport report(spec);
+  NonfiniteGuard guard(spec.train);
   auto t_start = std::chrono::steady_clock::now();
+  int64_t saved_at = trainer.current_step();  // a resumed run starts from a checkpoint
   while (trainer.current_step() < spec.train.steps && !g_stop) {
     auto t0 = std::chrono::steady_clock::now();
     core::StepStats st = trainer.step(train_batch);
-    if (ckpt) ckpt->after_step();  // checkpoint.every: a durable checkpoint, in the background when async
+    NonfiniteGuard::Verdict verdict = guard.observe(st);
+    // A stopped step never reaches the checkpoint hooks (its state is the last applied
+    // step's, but the run is ending as failed).
+    if (ckpt && verdict != NonfiniteGuard::Verdict::kStop)
+      ckpt->after_step();  // checkpoint.every: a durable checkpoint, in the background when async
+    if (saved_by_every(spec, trainer.current_step())) saved_at = trainer.current_step();
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     core::io::StepMetrics m;
     m.step = st.step;
@@ -248,9 +293,16 @@ int train_single(const Args& args, const core::JobSpec& spec, TrainerT& trainer)
     m.epoch = data.sampler().epoch(st.step);
     m.extra = {{"step_ms", secs * 1e3}, {"mem_peak_mib", mib(trainer.activation_stats().bytes_live_peak)}};
     if (spec.model.arch == "moe-gpt") m.extra.insert(m.extra.begin(), {"aux_loss", st.aux_loss});
+    if (!st.applied) m.extra.push_back({"skipped", 1});
     metrics.write_step(m);
     report.add_step(m);
-    if (spec.train.log_every > 0 && (st.step % spec.train.log_every == 0 || st.step + 1 == spec.train.steps))
+    if (verdict == NonfiniteGuard::Verdict::kStop) {
+      std::fflush(stdout);
+      throw Error(guard.stop_message(st, trainer.first_nonfinite_gradient()));
+    }
+    if (verdict == NonfiniteGuard::Verdict::kSkipped)
+      std::printf("%s\n", guard.skipped_line(st).c_str());
+    else if (spec.train.log_every > 0 && (st.step % spec.train.log_every == 0 || st.step + 1 == spec.train.steps))
       std::printf("step %5lld/%lld | loss %.4f%s | lr %.2e | grad %.3f | %8.0f tok/s | mem %.1f MiB | %.0f ms\n",
                   (long long)st.step, (long long)spec.train.steps, st.loss,
                   aux_cell(spec, st.aux_loss).c_str(), st.lr, st.grad_norm, m.tokens_per_s,
@@ -271,6 +323,8 @@ int train_single(const Args& args, const core::JobSpec& spec, TrainerT& trainer)
   }
   double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   if (g_stop) std::printf("interrupted: stopped cleanly after step %lld\n", (long long)trainer.current_step() - 1);
+  if (g_stop && ckpt && !spec.checkpoint.dir.empty() && saved_at != trainer.current_step())
+    std::printf("interrupted: saved checkpoint %s\n", ckpt->save(true).c_str());
 
   if (ckpt) ckpt->finish();
   if (args.has("--save-weights")) core::io::save_safetensors(args.get("--save-weights"), trainer.weights());

@@ -3,10 +3,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <set>
 
 #include "base/check.h"
 #include "base/error.h"
+#include "core/exec/nonfinite.h"
 #include "core/graph/moe_balance.h"
 #include "core/graph/op_parts.h"
 #include "parallel/compute.h"
@@ -39,6 +42,37 @@ RankExecutor::RankExecutor(const planner::Plan& plan, const core::Graph& g, int 
   index(received, recv_tag_);
   for (size_t i = 0; i < prog_.program.size(); ++i)
     if (prog_.program[i].kind == InstrKind::kRecv) recv_positions_.push_back(i);
+  norm_value_ = g_.find_value("grad_norm");
+}
+
+void RankExecutor::set_loss_values(const std::vector<int>& values) {
+  loss_tensors_.clear();
+  for (size_t i = 0; i < table_->size(); ++i) {
+    const planner::TensorDesc& d = table_->desc(int(i));
+    if (d.alias_of < 0 && std::find(values.begin(), values.end(), d.value) != values.end())
+      loss_tensors_.push_back(int(i));
+  }
+}
+
+bool RankExecutor::local_loss_nonfinite() {
+  for (int id : loss_tensors_)
+    if (table_->live(id) && !core::all_finite(table_->read(id))) return true;
+  return false;
+}
+
+void RankExecutor::poison_first_input(const Instr& in) {
+  for (const planner::Operand& o : in.in) {
+    if (!table_->viewable(o.tensor) || !table_->live(o.tensor)) continue;
+    core::Tensor& x = table_->read(o.tensor);
+    if (x.numel() == 0) continue;
+    if (x.dtype() == core::DType::kF32)
+      *static_cast<float*>(x.raw_data()) = std::numeric_limits<float>::quiet_NaN();
+    else if (x.dtype() == core::DType::kF64)
+      *static_cast<double*>(x.raw_data()) = std::numeric_limits<double>::quiet_NaN();
+    else
+      continue;
+    return;
+  }
 }
 
 RankExecutor::~RankExecutor() {
@@ -138,6 +172,14 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
   // the first backward (the plan orders every forward first; resolve_parallel checks it).
   bool shares_pending = balance && balance->mode() == core::MoeBalance::Mode::kGlobalAux;
   times_ = StepTimes();
+  // Every local loss piece exists before this rank's first gradient bucket and its norm
+  // partial sums (each stage runs a micro-batch's forward before its backward), so one check
+  // there decides the fold.
+  bool loss_checked = false, loss_bad = false, poisoned = false;
+  auto loss_nonfinite = [&] {
+    if (!loss_checked) loss_bad = local_loss_nonfinite(), loss_checked = true;
+    return loss_bad;
+  };
   next_recv_ = 0;
   posted_.clear();
   post_receives_ahead(0);
@@ -176,6 +218,9 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
           rows = &er;
         }
         run_compute_instr(in, *table_, s, nullptr, *rows);
+        if (in.part == "norm.sumsq" && loss_nonfinite())
+          for (const planner::Operand& o : in.out)
+            table_->read(o.tensor).fill_(std::numeric_limits<double>::quiet_NaN());
         if (in.part == "moe.route" && g_.op(in.op).type == "moe") {
           for (const planner::Operand& o : in.out)
             if (o.slot == 3) {
@@ -200,6 +245,13 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
         recv(in);
         break;
       case InstrKind::kCollective: {
+        // A data-parallel replica whose loss is not finite (its gradients may still be) makes
+        // the synced gradients, hence every replica's norm, non-finite (gradients are
+        // replicated there and the norm is reduced within one replica).
+        if (in.part == "grad.sync" && !poisoned && loss_nonfinite()) {
+          poison_first_input(in);
+          poisoned = true;
+        }
         PendingCollective p = start_collective(in, *table_, groups_.group(in.group), moe_);
         // Gradient buckets overlap with the backward compute that follows; everything else
         // completes here (receives and collectives block).
@@ -229,10 +281,17 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
     reduce_balance(*balance, world_);
     balance->freeze_shares();
   }
+  last_norm_ = std::numeric_limits<double>::quiet_NaN();
+  for (size_t i = 0; i < table_->size(); ++i) {
+    const planner::TensorDesc& d = table_->desc(int(i));
+    if (d.value == norm_value_ && d.alias_of < 0 && table_->live(int(i)))
+      last_norm_ = table_->read(int(i)).item();
+  }
   if (balance && balance->mode() == core::MoeBalance::Mode::kLossFree) {
-    // The bias moves after the step, from the load of the whole global batch.
+    // The bias moves after the step, from the load of the whole global batch; not on a
+    // dropped step (the norm is the same on every rank, so all agree).
     reduce_balance(*balance, world_);
-    balance->update_bias();
+    if (std::isfinite(last_norm_)) balance->update_bias();
   }
 }
 

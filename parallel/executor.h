@@ -60,6 +60,16 @@ class RankExecutor {
   // shares, before the first backward) or at its end (the loss-free bias update).
   void run_step(const core::StepScalars& s, const LoadFn& load);
 
+  // The values (the loss, the balance losses) whose non-finite local pieces make the step's
+  // gradient norm non-finite, so that adamw drops the step on every rank with no extra
+  // collective: the rank folds a NaN into its norm.sumsq partial sums (reduced over the
+  // stages and lanes, and over data-parallel replicas for sharded gradients) and into the
+  // first gradient bucket it all-reduces or reduce-scatters over data-parallel replicas.
+  void set_loss_values(const std::vector<int>& values);
+  // The global gradient norm of the last step as this rank computed it (NaN when the step
+  // was dropped); every rank sees the same value.
+  double last_grad_norm() const { return last_norm_; }
+
   const planner::RankProgram& program() const { return prog_; }
   const StepTimes& last_step_times() const { return times_; }
   TensorTable& tensors() { return *table_; }
@@ -79,6 +89,10 @@ class RankExecutor {
   // Completes the in-flight buckets that `touched` depends on (and those issued before them).
   void settle(const std::vector<int>& touched);
   void complete(const planner::Instr& in, PendingCollective& p);
+  // Whether a local piece of a set_loss_values() value is not finite.
+  bool local_loss_nonfinite();
+  // Writes a NaN into the first float input of `in` (a gradient bucket) that is a view.
+  void poison_first_input(const planner::Instr& in);
 
   struct InFlight {
     const planner::Instr* instr;
@@ -110,6 +124,9 @@ class RankExecutor {
   size_t next_recv_ = 0;                // index into recv_positions_ of the next to post
   std::deque<InFlight> pending_;                  // gradient buckets in flight, issue order
   StepTimes times_;
+  std::vector<int> loss_tensors_;  // table ids holding pieces of set_loss_values() values
+  int norm_value_ = -1;            // the grad_norm value
+  double last_norm_ = 0;
 };
 
 }  // namespace weft::parallel

@@ -1,6 +1,8 @@
 // ParallelTrainer: planning, the step loop's scalars, statistics and weights across ranks.
 #include "parallel/trainer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <sstream>
 
@@ -8,6 +10,7 @@
 #include "base/env.h"
 #include "base/error.h"
 #include "core/exec/executor.h"
+#include "core/exec/nonfinite.h"
 #include "parallel/regions.h"
 #include "planner/planner.h"
 #include "planner/validate.h"
@@ -59,6 +62,9 @@ ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& 
   groups_ = std::make_unique<ProcessGroups>(world_, *plan_);
   exec_ = std::make_unique<RankExecutor>(*plan_, mg_.graph, world_.rank(), world_, *groups_);
   exec_->init_parameters(spec_.train.seed);
+  std::vector<int> losses = mg_.aux_losses;
+  losses.push_back(mg_.loss);
+  exec_->set_loss_values(losses);
   memory_ = std::make_unique<core::ActivationMemory>(spec_.memory.allocator);
   balance_ = core::MoeBalance::for_model(spec_.model);
 }
@@ -154,8 +160,34 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
   if (balance_ && balance_->mode() == core::MoeBalance::Mode::kGlobalAux)
     st.aux_loss = balance_->global_aux_loss();  // the per-micro-batch outputs are local
   st.tokens = B * T;
+  // adamw ran on every rank with the same global norm: finite means applied everywhere.
+  st.applied = std::isfinite(st.grad_norm);
+  if (!st.applied) st.nonfinite = std::isfinite(st.loss) ? "gradient norm" : "loss";
+  if (st.applied && !(std::isfinite(st.loss) && std::isfinite(st.aux_loss)))
+    throw InternalError("step " + std::to_string(step_) +
+                        ": the loss is not finite but the gradient norm is: the update was "
+                        "applied (the executor's non-finite fold missed it)");
   ++step_;
   return st;
+}
+
+std::string ParallelTrainer::first_nonfinite_gradient() {
+  const core::Graph& g = mg_.graph;
+  std::vector<int> params = g.parameters();
+  std::map<int, int> order;  // gradient value -> index of its parameter
+  for (size_t k = 0; k < params.size(); ++k)
+    order[g.find_value("grad:" + g.value(params[k]).name)] = int(k);
+  double first = double(params.size());
+  TensorTable& t = exec_->tensors();
+  for (size_t i = 0; i < t.size(); ++i) {
+    const planner::TensorDesc& d = t.desc(int(i));
+    auto it = order.find(d.value);
+    if (it == order.end() || d.alias_of >= 0 || !t.live(int(i))) continue;
+    if (it->second < first && !core::all_finite(t.read(int(i)))) first = it->second;
+  }
+  std::vector<double> all = all_gather_values(world_, std::vector<double>{first});
+  for (double f : all) first = std::min(first, f);
+  return first < double(params.size()) ? g.value(params[size_t(first)]).name : std::string();
 }
 
 std::vector<core::Tensor> ParallelTrainer::gather_parameters() {

@@ -33,7 +33,13 @@ class ParallelTrainer {
 
   // One optimizer step on the global batch of current_step(); advances the step. Collective.
   // The returned statistics are those of the whole global batch, on every rank.
+  // A non-finite loss or gradient norm on any rank drops the update on every rank
+  // (StepStats::applied false; RankExecutor::set_loss_values says how, with no extra
+  // collective).
   core::StepStats step(const core::BatchFn& batch);
+  // The first parameter (graph order) whose gradient of the last step holds a NaN or an Inf
+  // in some rank's local pieces; empty when none does. Collective; the same on every rank.
+  std::string first_nonfinite_gradient();
 
   // The full parameters under their reference names (core/models/weights.h), assembled from
   // every rank's pieces. Collective; the result is on every rank.

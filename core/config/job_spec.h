@@ -53,6 +53,10 @@ struct TrainSpec {
   int64_t eval_every = 0;     // 0: never
   int64_t eval_batches = 4;
   int64_t log_every = 1;
+  // A step whose loss or gradient norm is not finite is never applied: `stop` ends the run
+  // (exit 1), `skip` drops it and goes on, ending after max_skipped dropped in a row.
+  std::string on_nonfinite = "stop";  // stop | skip
+  int64_t max_skipped = 5;
   // Run folder: metrics, loss curve, summary. When the YAML file does not set it,
   // load_job_spec uses runs/<config file stem> (relative to the working directory;
   // a file named config.yaml is named by its folder).

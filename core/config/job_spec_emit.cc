@@ -88,6 +88,8 @@ std::string job_spec_to_yaml(const JobSpec& s) {
   kv(e, "eval_every", t.eval_every);
   kv(e, "eval_batches", t.eval_batches);
   kv(e, "log_every", t.log_every);
+  kv(e, "on_nonfinite", t.on_nonfinite);
+  kv(e, "max_skipped", t.max_skipped);
   kv(e, "out_dir", t.out_dir);
   e << YAML::EndMap;
 

@@ -107,6 +107,8 @@ void validate_train(const TrainSpec& t) {
   at_least("train.eval_every", t.eval_every, 0);
   at_least("train.eval_batches", t.eval_batches, 1);
   at_least("train.log_every", t.log_every, 1);
+  one_of("train.on_nonfinite", t.on_nonfinite, {"stop", "skip"});
+  at_least("train.max_skipped", t.max_skipped, 1);
   if (t.out_dir.empty()) throw ConfigError("train.out_dir", "must name a folder for the run");
 }
 

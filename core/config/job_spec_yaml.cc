@@ -26,7 +26,7 @@ const YamlSchema& job_spec_schema() {
       {"train",
        {"steps", "global_batch", "micro_batch", "lr", "min_lr", "warmup_steps", "schedule",
         "weight_decay", "betas", "eps", "grad_clip", "seed", "dtype", "threads", "eval_every",
-        "eval_batches", "log_every", "out_dir"}},
+        "eval_batches", "log_every", "out_dir", "on_nonfinite", "max_skipped"}},
       {"parallel", {"dp", "tp", "pp", "ep", "zero", "order", "pipeline", "recompute", "plan"}},
       {"parallel.pipeline", {"schedule", "micro_batches", "virtual_stages", "layout"}},
       {"memory", {"allocator"}},
@@ -76,6 +76,8 @@ void read_train(const YamlSection& y, TrainSpec& t) {
   y.read("eval_every", t.eval_every);
   y.read("eval_batches", t.eval_batches);
   y.read("log_every", t.log_every);
+  y.read("on_nonfinite", t.on_nonfinite);
+  y.read("max_skipped", t.max_skipped);
   y.read("out_dir", t.out_dir);
 }
 

@@ -83,6 +83,8 @@ __global__ void k_adamw(AdamBatch a, float lr, float b1, float b2, float eps, fl
                         float inv_bc2, double grad_clip, const double* norm) {
   int t;
   int64_t chunk;
+  // A non-finite global norm drops the step (as the CPU's run_adamw): p, m, v untouched.
+  if (!isfinite(norm[0])) return;
   locate(a, blockIdx.x, &t, &chunk);
   // Clipping as the reference: scale = min(1, clip / (norm + 1e-6)), in double.
   const float gs = grad_clip > 0 ? float(fmin(1.0, grad_clip / (norm[0] + 1e-6))) : 1.0f;

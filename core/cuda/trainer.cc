@@ -1,13 +1,16 @@
 // CudaTrainer: the CPU trainer's step on the CUDA executor; inputs staged through pinned
-// buffers, the losses of all micro-batches read back with one synchronisation.
+// buffers, the losses of all micro-batches read back before the optimizer (which a
+// non-finite one skips), the gradient norm after it.
 #include "core/cuda/trainer.h"
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <functional>
 
 #include "base/check.h"
 #include "base/foreign_checks.h"
+#include "core/exec/nonfinite.h"
 #include "core/graph/autodiff.h"
 #include "core/rng.h"
 
@@ -110,16 +113,29 @@ StepStats CudaTrainer::step(const BatchFn& batch) {
                                              cudaMemcpyDeviceToHost, ex_->stream()));
     }
   }
-  ex_->run_optimizer(s);
-  WEFT_CUDA_DEVICE_CHECK(cudaMemcpyAsync(norm_.data(),
-                                         ex_->tensor(mg_.graph.find_value("grad_norm")).raw_data(),
-                                         sizeof(double), cudaMemcpyDeviceToHost, ex_->stream()));
+  // The losses decide whether the optimizer runs (a non-finite loss drops the step even
+  // when every gradient is finite): one more synchronisation per step, before the optimizer.
   ex_->synchronize();
   const size_t per = 1 + mg_.aux_losses.size();
   for (int64_t j = 0; j < accum; ++j)
     for (size_t k = 0; k < per; ++k)
       (k == 0 ? st.loss : st.aux_loss) += double(losses_.as<float>()[j * per + k]) / double(accum);
-  st.grad_norm = norm_.as<double>()[0];
+  if (std::isfinite(st.loss) && std::isfinite(st.aux_loss)) {
+    ex_->run_optimizer(s);  // k_adamw leaves p, m, v as they were when the norm is not finite
+    WEFT_CUDA_DEVICE_CHECK(cudaMemcpyAsync(
+        norm_.data(), ex_->tensor(mg_.graph.find_value("grad_norm")).raw_data(), sizeof(double),
+        cudaMemcpyDeviceToHost, ex_->stream()));
+    ex_->synchronize();
+    st.grad_norm = norm_.as<double>()[0];
+    st.applied = std::isfinite(st.grad_norm);
+    if (!st.applied) st.nonfinite = "gradient norm";
+  } else {
+    double total = 0;  // the failure path: the norm from host copies of the gradients
+    for (const auto& [n, g] : gradients()) total += core::sum_squares(g);
+    st.grad_norm = std::sqrt(total);
+    st.applied = false;
+    st.nonfinite = "loss";
+  }
   st.tokens = spec_.train.global_batch * spec_.model.seq_len;
   ++step_;
   return st;
@@ -158,6 +174,14 @@ NamedTensors CudaTrainer::gradients() {
   return out;
 }
 
+std::string CudaTrainer::first_nonfinite_gradient() {
+  for (int p : mg_.graph.parameters()) {
+    const std::string& name = mg_.graph.value(p).name;
+    if (!core::all_finite(ex_->download(mg_.graph.find_value("grad:" + name)))) return name;
+  }
+  return {};
+}
+
 void CudaTrainer::load_weights(const NamedTensors& named, const std::string& field) {
   const ModelSpec& m = mg_.spec;
   std::string arch = m.arch + " with " + std::to_string(m.layers) + " layers, dim " +
@@ -176,6 +200,10 @@ void CudaTrainer::load_weights(const NamedTensors& named, const std::string& fie
     if (it->second.shape() != want)
       throw ConfigError(field, "tensor '" + n + "' has shape " + shape_str(it->second.shape()) +
                                    ", the model (" + arch + ") needs " + shape_str(want));
+    if (!core::all_finite(it->second))
+      throw ConfigError(field, "tensor '" + n + "' holds NaN or Inf values: give weights with "
+                                   "finite values only (e.g. a checkpoint from before the run "
+                                   "diverged)");
   });
   if (named.size() != expected)
     throw ConfigError(field, "the weights hold tensors that this model (" + arch +

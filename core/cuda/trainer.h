@@ -23,7 +23,11 @@ class CudaTrainer {
 
   // One optimizer step on the global batch of step current_step(); advances the step.
   // Synchronises once, at the end (to read the loss and the gradient norm).
+  // A non-finite loss or gradient norm drops the update (StepStats::applied false).
   StepStats step(const BatchFn& batch);
+  // The first parameter (graph order) whose gradient of the last step holds a NaN or an
+  // Inf; empty when none does.
+  std::string first_nonfinite_gradient();
   // Mean cross-entropy over `batches` micro-batches (forward only).
   double evaluate(const BatchFn& batch, int64_t batches);
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "base/check.h"
+#include "core/exec/nonfinite.h"
 
 namespace weft::core {
 
@@ -91,12 +92,37 @@ StepStats Trainer::step(const BatchFn& batch) {
     for (int a : mg_.aux_losses) st.aux_loss += ex_->tensor(a).item() / double(accum);
   }
   if (global) st.aux_loss = balance_->global_aux_loss();
-  if (balance_ && balance_->mode() == MoeBalance::Mode::kLossFree) balance_->update_bias();
-  ex_->run_optimizer(s);
-  st.grad_norm = ex_->tensor(mg_.graph.find_value("grad_norm")).item();
+  const int norm = mg_.graph.find_value("grad_norm");
+  if (std::isfinite(st.loss) && std::isfinite(st.aux_loss)) {
+    ex_->run_optimizer(s);  // adamw leaves everything as it was when the norm is not finite
+    st.grad_norm = ex_->tensor(norm).item();
+    st.applied = std::isfinite(st.grad_norm);
+    if (!st.applied) st.nonfinite = "gradient norm";
+  } else {
+    // A non-finite loss drops the step even if every gradient is finite (an overflow in the
+    // loss alone); the norm is still reported.
+    double total = 0;
+    for (int p : mg_.graph.parameters())
+      total += sum_squares(ex_->tensor(mg_.graph.find_value("grad:" + mg_.graph.value(p).name)));
+    st.grad_norm = std::sqrt(total);
+    st.applied = false;
+    st.nonfinite = "loss";
+  }
+  // The loss-free routing bias moves only with an applied step (the optimizer does not read
+  // it, so updating it after the optimizer changes no number).
+  if (st.applied && balance_ && balance_->mode() == MoeBalance::Mode::kLossFree)
+    balance_->update_bias();
   st.tokens = spec_.train.global_batch * spec_.model.seq_len;
   ++step_;
   return st;
+}
+
+std::string Trainer::first_nonfinite_gradient() {
+  for (int p : mg_.graph.parameters()) {
+    const std::string& name = mg_.graph.value(p).name;
+    if (!all_finite(ex_->tensor(mg_.graph.find_value("grad:" + name)))) return name;
+  }
+  return {};
 }
 
 double Trainer::evaluate(const BatchFn& batch, int64_t batches) {

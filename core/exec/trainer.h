@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "core/config/job_spec.h"
 #include "core/exec/activation_memory.h"
@@ -34,6 +35,11 @@ struct StepStats {
   double grad_norm = 0; // before clipping
   double lr = 0;
   int64_t tokens = 0;
+  // False when the loss or the gradient norm was not finite: the optimizer left the
+  // parameters, the moments and the MoE routing bias as they were (the step still counts:
+  // the step index, hence the data, the learning rate and Adam's bias correction, moves on).
+  bool applied = true;
+  std::string nonfinite;  // when !applied: "loss" or "gradient norm"
 };
 
 class Trainer {
@@ -44,8 +50,12 @@ class Trainer {
   explicit Trainer(const JobSpec& spec, DType dtype = DType::kF32,
                    memory::Allocator* activations = nullptr);
 
-  // One optimizer step on the global batch of step current_step(); advances the step.
+  // One optimizer step on the global batch of step current_step(); advances the step. A
+  // non-finite loss or gradient norm drops the update (StepStats::applied false).
   StepStats step(const BatchFn& batch);
+  // The first parameter (graph order) whose gradient of the last step holds a NaN or an
+  // Inf; empty when none does.
+  std::string first_nonfinite_gradient();
   // Mean cross-entropy over `batches` micro-batches drawn from `batch` (forward only).
   double evaluate(const BatchFn& batch, int64_t batches);
 

@@ -27,6 +27,10 @@ static double clip_scale(double norm, double grad_clip) {
 void run_adamw(OpContext& c) {
   Tensor &p = *c.in[0], &g = *c.in[1], &m = *c.in[2], &v = *c.in[3];
   double norm = c.in[4]->data<double>()[0];
+  // A non-finite global norm (a NaN/Inf gradient anywhere, or a non-finite loss folded into
+  // it) drops the step: p, m and v stay as they were. The norm is global (all-reduced in
+  // multi-rank plans), so every rank and shard drops the same step with no extra collective.
+  if (!std::isfinite(norm)) return;
   const Attrs& a = c.op.attrs;
   cpu::AdamWParams hp{c.scalars.lr, a.f("beta1"), a.f("beta2"), a.f("eps"), a.f("weight_decay"),
                       c.scalars.step + 1, clip_scale(norm, a.f("grad_clip"))};

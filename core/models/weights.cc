@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "base/error.h"
+#include "core/exec/nonfinite.h"
 
 namespace weft::core {
 namespace {
@@ -53,6 +54,11 @@ void import_weights(const ModelGraph& mg, GraphExecutor& ex, const NamedTensors&
     if (it->second.shape() != t.shape())
       throw ConfigError(field, "tensor '" + n + "' has shape " + shape_str(it->second.shape()) +
                                    ", the model (" + arch + ") needs " + shape_str(t.shape()));
+    // Training from NaN or Inf only produces NaN (and would reach checkpoints): refuse it.
+    if (!all_finite(it->second))
+      throw ConfigError(field, "tensor '" + n + "' holds NaN or Inf values: give weights with "
+                                   "finite values only (e.g. a checkpoint from before the run "
+                                   "diverged)");
   });
   if (named.size() != expected) {
     for (const auto& [n, t] : named) {
