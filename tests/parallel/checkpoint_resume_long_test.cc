@@ -146,6 +146,10 @@ TEST(ParallelResumeLong, WeftRunSavesOnFourRanksAndResumesOnTwo) {
       (d / "ck").string() + " --set train.out_dir=" + (d / "a").string());
   ASSERT_EQ(code_a, 0) << out_a;
   ASSERT_TRUE(fs::exists(d / "ck" / "step-00000010" / "metadata.json")) << out_a;
+  // Rank 0 alone prints the save line, with the size of the committed folder.
+  const std::string line = "checkpoint: step 10 saved to " + (d / "ck" / "step-00000010").string();
+  EXPECT_NE(out_a.find(line), std::string::npos) << out_a;
+  EXPECT_EQ(out_a.find(line), out_a.rfind(line)) << "printed once\n" << out_a;
   auto [code_b, out_b] = run(weft + " run --standalone --nproc-per-node 2 -- weft" + common +
                              " --set parallel.pp=2 --resume " + (d / "ck").string() +
                              " --set train.out_dir=" + (d / "b").string());
