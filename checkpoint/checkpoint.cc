@@ -1,6 +1,6 @@
-// Saving: shard files with per-block checksums, metadata, the atomic commit (temporary
-// folder, fsync, rename, fsync of the parent), pruning to the newest N, and the background
-// saver.
+// Saving: shard files with per-block checksums (and the non-finite scan), metadata, the
+// atomic commit (temporary folder, fsync, rename, fsync of the parent), retention, and the
+// background saver.
 #include "checkpoint/checkpoint.h"
 
 #include <fcntl.h>
@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +18,9 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "checkpoint/crc32c.h"
+#include "checkpoint/job_id.h"
+#include "checkpoint/retention.h"
+#include "parallel/launch_env.h"
 #include "parallel/router.h"
 
 namespace weft::checkpoint {
@@ -24,12 +28,6 @@ namespace weft::checkpoint {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string step_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step-%08lld", (long long)step);
-  return buf;
-}
 
 [[noreturn]] void io_fail(const std::string& what, const std::string& path) {
   throw IoError("checkpoint: " + what + " " + path + ": " + std::strerror(errno));
@@ -95,24 +93,6 @@ void write_text(const std::string& path, const std::string& text) {
   w.finish(ignored);
 }
 
-void prune(const std::string& root, int64_t keep, int64_t committed) {
-  std::vector<std::string> all = list_checkpoints(root);
-  for (size_t i = 0; i + size_t(std::max<int64_t>(keep, 1)) < all.size(); ++i) {
-    std::error_code ec;
-    fs::remove_all(all[i], ec);
-    if (ec) WEFT_WARN("checkpoint", "cannot remove old checkpoint ", all[i], ": ", ec.message());
-  }
-  // Temporary folders of saves that never committed (a crash) at or before this step.
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    std::string n = e.path().filename().string();
-    long long s = -1;
-    if (n.rfind(".tmp-step-", 0) == 0 && std::sscanf(n.c_str(), ".tmp-step-%lld", &s) == 1 &&
-        s <= committed && n.find("-" + std::to_string(::getpid())) == std::string::npos)
-      fs::remove_all(e.path(), ec);
-  }
-}
-
 }  // namespace
 
 std::vector<std::string> list_checkpoints(const std::string& root) {
@@ -153,6 +133,7 @@ Metadata base_metadata(const CheckpointInfo& info, const parallel::StateSpace& s
   m.global_batch = spec.train.global_batch;
   m.data_sequence = info.step * spec.train.global_batch;
   m.layout = info.layout;
+  m.job_id = info.job_id.empty() ? new_job_id() : info.job_id;
   record_of.assign(size_t(space.size()), -1);
   for (const parallel::StateTensor& t : space.tensors()) {
     if (t.kind == parallel::StateKind::kScalar) continue;
@@ -167,10 +148,10 @@ Metadata base_metadata(const CheckpointInfo& info, const parallel::StateSpace& s
 bool writes(const parallel::StateBox& b) { return b.replica == b.state % std::max(1, b.replicas); }
 
 // Writes rank `rank`'s shard into `dir`; the record has no boxes when it writes none (and
-// the file is removed).
+// the file is removed). Each box is scanned for non-finite values right after it is gathered.
 ShardRecord write_shard(const std::string& dir, const parallel::Layout& layout, int rank,
-                        const std::vector<core::Tensor>& locals,
-                        const std::vector<int>& record_of) {
+                        const std::vector<core::Tensor>& locals, const std::vector<int>& record_of,
+                        const Metadata& m) {
   const parallel::RankLayout& rl = layout.ranks.at(size_t(rank));
   ShardRecord rec;
   char name[32];
@@ -188,6 +169,12 @@ ShardRecord write_shard(const std::string& dir, const parallel::Layout& layout, 
     buf.resize(size_t(b.numel()) * elem);
     parallel::copy_box(buf.data(), b.extent, std::vector<int64_t>(b.extent.size(), 0), c.raw_data(),
                        c.shape(), b.local_start, b.extent, elem);
+    if (int64_t bad = count_non_finite(buf.data(), b.numel(), x.dtype()))
+      throw NonFiniteStateError(
+          "checkpoint: refusing to save step " + std::to_string(m.step) + ": state " +
+          m.states[size_t(record_of[size_t(b.state)])].name + " holds " + std::to_string(bad) +
+          " non-finite value(s) (NaN or infinity); nothing was committed, the previous "
+          "checkpoints stay");
     rec.boxes.push_back(
         BoxRecord{record_of[size_t(b.state)], b.start, b.extent, offset, int64_t(buf.size())});
     offset += int64_t(buf.size());
@@ -199,15 +186,18 @@ ShardRecord write_shard(const std::string& dir, const parallel::Layout& layout, 
   return rec;
 }
 
-std::string tmp_dir(const std::string& root, int64_t step, const std::string& tag) {
-  return (fs::path(root) / (".tmp-" + step_name(step) + "-" + tag)).string();
-}
-
+// A new, empty temporary folder of this job with its owner file.
 void fresh_dir(const std::string& dir) {
   std::error_code ec;
   fs::remove_all(dir, ec);
   if (!fs::create_directory(dir, ec))
     throw IoError("checkpoint: cannot create " + dir + ": " + ec.message());
+  write_owner(dir);
+}
+
+void remove_quietly(const std::string& dir) {
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }
 
 // Checks that the shards hold every element of every state once, writes the metadata and
@@ -227,23 +217,29 @@ std::string commit(const std::string& root, const std::string& tmp, const Metada
                           " of " + std::to_string(core::shape_numel(m.states[i].shape)) +
                           " elements of " + m.states[i].name);
   write_text((fs::path(tmp) / kMetadataFile).string(), metadata_to_json(m));
+  remove_owner(tmp);
   fsync_path(tmp, true);
   // A rename cannot replace a non-empty folder: an existing folder of the same step (a run
-  // resumed before it) moves aside first, and goes once the new one is in place.
+  // resumed before it, or another job saving the same step) moves aside first, and goes
+  // once the new one is in place. Another job may commit in between: then try again, so
+  // that the folder always ends up whole, one job's or the other's, never a mix.
   const std::string final_dir = (fs::path(root) / step_name(m.step)).string();
-  std::error_code ec;
-  std::string aside;
-  if (fs::exists(final_dir)) {
-    aside = tmp + ".old";
-    fs::remove_all(aside, ec);
-    fs::rename(final_dir, aside, ec);
-    if (ec) throw IoError("checkpoint: cannot move aside " + final_dir + ": " + ec.message());
+  const std::string aside = tmp + ".old";
+  bool moved_aside = false;
+  for (int attempt = 0;; ++attempt) {
+    std::error_code ec;
+    if (fs::exists(final_dir)) {
+      fs::remove_all(aside, ec);
+      fs::rename(final_dir, aside, ec);
+      if (!ec) moved_aside = true;
+    }
+    if (::rename(tmp.c_str(), final_dir.c_str()) == 0) break;
+    if ((errno != ENOTEMPTY && errno != EEXIST) || attempt == 8)
+      io_fail("cannot rename " + tmp + " to", final_dir);
   }
-  if (::rename(tmp.c_str(), final_dir.c_str()) != 0)
-    io_fail("cannot rename " + tmp + " to", final_dir);
   fsync_path(root, true);
-  if (!aside.empty()) fs::remove_all(aside, ec);
-  prune(root, keep, m.step);
+  if (moved_aside) remove_quietly(aside);
+  prune(root, keep, m.step, m.job_id);
   return final_dir;
 }
 
@@ -255,37 +251,69 @@ std::string save_checkpoint(const std::string& root, const CheckpointInfo& info,
   std::vector<int> record_of;
   Metadata m = base_metadata(info, space, record_of);
   fs::create_directories(root);
-  const std::string tmp = tmp_dir(root, info.step, std::to_string(::getpid()));
-  fresh_dir(tmp);
-  for (size_t h = 0; h < held.ranks.size(); ++h) {
-    ShardRecord rec = write_shard(tmp, layout, held.ranks[h], held.tensors.at(h), record_of);
-    if (!rec.boxes.empty()) m.shards.push_back(std::move(rec));
+  const std::string tmp = tmp_folder(root, info.step, m.job_id);
+  try {
+    fresh_dir(tmp);
+    for (size_t h = 0; h < held.ranks.size(); ++h) {
+      ShardRecord rec = write_shard(tmp, layout, held.ranks[h], held.tensors.at(h), record_of, m);
+      if (!rec.boxes.empty()) m.shards.push_back(std::move(rec));
+    }
+    return commit(root, tmp, m, keep);
+  } catch (...) {
+    remove_quietly(tmp);
+    throw;
   }
-  return commit(root, tmp, m, keep);
 }
+
+namespace {
+
+// One phase of a save by several ranks: runs `fn`, then all ranks agree whether any failed
+// (collective, so none waits for a rank that has given up). A failing rank rethrows its own
+// error, the others throw an IoError; rank 0 removes the temporary folder first.
+template <typename Fn>
+void phase(comm::Communicator& comm, int rank, const std::string& tmp, int64_t step, Fn&& fn) {
+  std::exception_ptr failure;
+  try {
+    fn();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (!parallel::agree_stop(comm, failure != nullptr)) return;
+  if (rank == 0) remove_quietly(tmp);
+  if (failure) std::rethrow_exception(failure);
+  throw IoError("checkpoint: another rank failed to save step " + std::to_string(step) +
+                " (its error names the cause); nothing was committed");
+}
+
+}  // namespace
 
 std::string save_checkpoint_ranks(const std::string& root, const CheckpointInfo& info,
                                   const parallel::StateSpace& space, const parallel::Layout& layout,
                                   int rank, const std::vector<core::Tensor>& locals, int64_t keep,
                                   comm::Communicator& comm) {
+  CheckpointInfo agreed = info;
+  if (agreed.job_id.empty()) agreed.job_id = agree_job_id(comm);
   std::vector<int> record_of;
-  Metadata m = base_metadata(info, space, record_of);
-  const std::string tmp = tmp_dir(root, info.step, "ranks");
-  if (rank == 0) {
+  Metadata m = base_metadata(agreed, space, record_of);
+  const std::string tmp = tmp_folder(root, info.step, m.job_id);
+  phase(comm, rank, tmp, info.step, [&] {
+    if (rank != 0) return;
     fs::create_directories(root);
     fresh_dir(tmp);
-  }
-  comm.barrier().wait();
+  });
   // Each rank's shard record travels to rank 0 as a small metadata file of its own.
-  Metadata mine = m;
-  ShardRecord rec = write_shard(tmp, layout, rank, locals, record_of);
-  if (!rec.boxes.empty()) mine.shards.push_back(std::move(rec));
-  char side[40];
-  std::snprintf(side, sizeof side, "shard-%05d.json", rank);
-  write_text((fs::path(tmp) / side).string(), metadata_to_json(mine));
-  comm.barrier().wait();
+  phase(comm, rank, tmp, info.step, [&] {
+    Metadata mine = m;
+    ShardRecord rec = write_shard(tmp, layout, rank, locals, record_of, m);
+    if (!rec.boxes.empty()) mine.shards.push_back(std::move(rec));
+    char side[40];
+    std::snprintf(side, sizeof side, "shard-%05d.json", rank);
+    write_text((fs::path(tmp) / side).string(), metadata_to_json(mine));
+  });
   std::string final_dir = (fs::path(root) / step_name(info.step)).string();
-  if (rank == 0) {
+  phase(comm, rank, tmp, info.step, [&] {
+    if (rank != 0) return;
+    char side[40];
     for (int r = 0; r < comm.size(); ++r) {
       std::snprintf(side, sizeof side, "shard-%05d.json", r);
       const fs::path p = fs::path(tmp) / side;
@@ -296,8 +324,7 @@ std::string save_checkpoint_ranks(const std::string& root, const CheckpointInfo&
       fs::remove(p);
     }
     final_dir = commit(root, tmp, m, keep);
-  }
-  comm.barrier().wait();
+  });
   return final_dir;
 }
 
@@ -311,8 +338,10 @@ AsyncSaver::~AsyncSaver() {
 
 void AsyncSaver::save(const std::string& root, const CheckpointInfo& info,
                       const parallel::StateSpace& space, const parallel::Layout& layout,
-                      const HeldState& held, int64_t keep) {
+                      const HeldState& held, int64_t keep,
+                      std::function<void(const std::string&, double)> on_commit) {
   wait();
+  const auto t0 = std::chrono::steady_clock::now();  // this save's time, not the previous one's
   // Host copies now, so the caller may overwrite its tensors as soon as we return.
   HeldState copy;
   copy.ranks = held.ranks;
@@ -323,9 +352,13 @@ void AsyncSaver::save(const std::string& root, const CheckpointInfo& info,
   spec_copy_ = std::make_unique<core::JobSpec>(*info.spec);
   CheckpointInfo mine = info;
   mine.spec = spec_copy_.get();
-  worker_ = std::thread([this, root, mine, space, layout, copy = std::move(copy), keep] {
+  worker_ = std::thread([this, root, mine, space, layout, copy = std::move(copy), keep,
+                         on_commit = std::move(on_commit), t0] {
     try {
       last_folder_ = save_checkpoint(root, mine, space, layout, copy, keep);
+      if (on_commit)
+        on_commit(last_folder_,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     } catch (...) {
       error_ = std::current_exception();
     }

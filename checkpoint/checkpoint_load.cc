@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/crc32c.h"
+#include "checkpoint/retention.h"
 #include "parallel/router.h"
 
 namespace weft::checkpoint {
@@ -117,11 +118,22 @@ Metadata read_metadata(const std::string& step_dir, const std::string& field) {
   if (!in) throw ConfigError(field, "cannot read " + p);
   std::stringstream ss;
   ss << in.rdbuf();
+  Metadata m;
   try {
-    return metadata_from_json(ss.str(), p);
+    m = metadata_from_json(ss.str(), p);
   } catch (const IoError& e) {
-    throw ConfigError(field, std::string("unreadable checkpoint metadata: ") + e.what());
+    throw ConfigError(field, std::string("checkpoint metadata refused: ") + e.what());
   }
+  // The folder's name is part of what a checkpoint claims: a copied or renamed step folder
+  // would otherwise be taken for a newer checkpoint than it is.
+  const int64_t folder_step = step_of_folder(step_dir);
+  if (folder_step >= 0 && folder_step != m.step)
+    throw ConfigError(field, "checkpoint metadata refused: " + p + " says step " +
+                                 std::to_string(m.step) + " but its folder is " +
+                                 step_name(folder_step) +
+                                 ": a renamed or copied folder; give it back its name " +
+                                 step_name(m.step) + " or remove it");
+  return m;
 }
 
 void check_model(const Metadata& m, const core::JobSpec& spec, const std::string& field) {

@@ -1,11 +1,13 @@
 // metadata.json: written with the in-tree JSON helpers, read with core/io/json.h. Integers
-// that may exceed 2^53 (hashes, checksums) are hex strings.
+// that may exceed 2^53 (hashes, checksums) are hex strings. The reader rebuilds the
+// canonical text from what it parsed and checks it against metadata_crc32c.
 #include "checkpoint/format.h"
 
 #include <cstdio>
 #include <sstream>
 
 #include "base/error.h"
+#include "checkpoint/crc32c.h"
 #include "core/io/json.h"
 
 namespace weft::checkpoint {
@@ -85,15 +87,33 @@ struct Reader {
   }
 };
 
+constexpr const char* kGenerator = "philox4x32-10";
+// The text both forms end with; metadata_to_json inserts the checksum member before it.
+constexpr const char* kClose = "\n}\n";
+
+uint32_t canonical_crc(const Metadata& m) {
+  const std::string c = metadata_canonical_json(m);
+  return crc32c(c.data(), c.size());
+}
+
 }  // namespace
 
 std::string metadata_to_json(const Metadata& m) {
+  std::string c = metadata_canonical_json(m);
+  const uint32_t crc = crc32c(c.data(), c.size());
+  c.resize(c.size() - std::string(kClose).size());
+  return c + ",\n  \"metadata_crc32c\": \"" + hex(crc).substr(8) + "\"" + kClose;
+}
+
+std::string metadata_canonical_json(const Metadata& m) {
   std::ostringstream o;
   o << "{\n  \"format\": " << json_quote(m.format) << ",\n";
+  o << "  \"job_id\": " << json_quote(m.job_id) << ",\n";
   o << "  \"model_hash\": \"" << hex(m.model_hash) << "\",\n";
   o << "  \"model\": " << json_quote(m.model) << ",\n";
   o << "  \"step\": " << m.step << ",\n";
-  o << "  \"rng\": {\"seed\": \"" << hex(m.seed) << "\", \"generator\": \"philox4x32-10\"},\n";
+  o << "  \"rng\": {\"seed\": \"" << hex(m.seed) << "\", \"generator\": \"" << kGenerator
+    << "\"},\n";
   o << "  \"data_cursor\": {\"step\": " << m.step << ", \"global_batch\": " << m.global_batch
     << ", \"sequence\": " << m.data_sequence << "},\n";
   o << "  \"layout\": " << json_quote(m.layout) << ",\n";
@@ -123,7 +143,7 @@ std::string metadata_to_json(const Metadata& m) {
     }
     o << "]}";
   }
-  o << "],\n  \"job\": " << json_quote(m.job_yaml) << "\n}\n";
+  o << "],\n  \"job\": " << json_quote(m.job_yaml) << kClose;
   return o.str();
 }
 
@@ -132,12 +152,22 @@ Metadata metadata_from_json(const std::string& text, const std::string& source) 
   Reader r{source};
   Metadata m;
   m.format = r.str(root, "format");
+  if (m.format == "weft-checkpoint/1")
+    r.fail(std::string("format weft-checkpoint/1 predates metadata checksums; this weft reads ") +
+           kFormat +
+           " only: export the weights with the weft that wrote it (weft ckpt export) "
+           "and weft ckpt import them, or train again");
   if (m.format != kFormat) r.fail("format \"" + m.format + "\" is not " + kFormat);
+  m.job_id = r.str(root, "job_id");
+  const uint32_t stored = uint32_t(r.hex64(r.str(root, "metadata_crc32c"), "metadata_crc32c"));
   m.model_hash = r.hex64(r.str(root, "model_hash"), "model_hash");
   m.model = r.str(root, "model");
   m.step = r.i64(root, "step");
   m.seed = r.hex64(r.str(r.at(root, "rng"), "seed"), "rng.seed");
+  if (r.str(r.at(root, "rng"), "generator") != kGenerator)
+    r.fail(std::string("rng.generator is not ") + kGenerator);
   const core::io::JsonValue& cursor = r.at(root, "data_cursor");
+  if (r.i64(cursor, "step") != m.step) r.fail("data_cursor.step differs from step");
   m.global_batch = r.i64(cursor, "global_batch");
   m.data_sequence = r.i64(cursor, "sequence");
   m.layout = r.str(root, "layout");
@@ -193,6 +223,12 @@ Metadata metadata_from_json(const std::string& text, const std::string& source) 
     }
     m.shards.push_back(std::move(sh));
   }
+  // Last, so that a structurally broken file is named for what is broken; an edited value
+  // that still parses (a box offset, the step) ends here.
+  const uint32_t actual = canonical_crc(m);
+  if (actual != stored)
+    r.fail("metadata_crc32c is " + hex(stored).substr(8) + " but the metadata hashes to " +
+           hex(actual).substr(8) + ": the file was edited or damaged after it was written");
   return m;
 }
 

@@ -12,7 +12,9 @@
 
 namespace weft::checkpoint {
 
-inline constexpr const char* kFormat = "weft-checkpoint/1";
+// Version 2 added job_id and metadata_crc32c (a checksum of the metadata itself); version 1
+// folders are refused with a message saying so.
+inline constexpr const char* kFormat = "weft-checkpoint/2";
 inline constexpr const char* kMetadataFile = "metadata.json";
 // Shards are checksummed per block of this many bytes (plus once whole), so a load that
 // reads a few rows verifies what it read without reading the whole shard.
@@ -42,6 +44,7 @@ struct ShardRecord {
 
 struct Metadata {
   std::string format = kFormat;
+  std::string job_id;         // 16 hex digits, chosen once per job (checkpoint/job_id.h)
   uint64_t model_hash = 0;    // core::model_config_hash of the model section
   std::string model;          // human-readable: "gpt, 2 layers, dim 64, ..."
   std::string job_yaml;       // the job spec it was trained with (export rebuilds the model)
@@ -57,8 +60,13 @@ struct Metadata {
   int find_state(const std::string& name) const;  // -1 when absent
 };
 
+// The JSON text, ending with "metadata_crc32c": the crc32c of metadata_canonical_json(m),
+// which is exactly this text without that member.
 std::string metadata_to_json(const Metadata& m);
-// Throws IoError("<source>: ...") for malformed or incomplete metadata or another format.
+// The canonical form the metadata checksum covers: every field, no metadata_crc32c.
+std::string metadata_canonical_json(const Metadata& m);
+// Throws IoError("<source>: ...") for malformed or incomplete metadata, another format, or
+// a metadata_crc32c that does not match the canonical form of what was read (an edit).
 Metadata metadata_from_json(const std::string& text, const std::string& source);
 
 }  // namespace weft::checkpoint

@@ -2,11 +2,15 @@
 // the VPS's whole layout so that they read and write the same format as any parallel run.
 #include "checkpoint/trainer_state.h"
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 
 #include "base/error.h"
 #include "base/log.h"
+#include "checkpoint/job_id.h"
+#include "checkpoint/save_line.h"
+#include "checkpoint/select.h"
 #include "core/io/safetensors.h"
 #include "core/models/weights.h"
 
@@ -38,24 +42,13 @@ TrainerCheckpoints::TrainerCheckpoints(const core::JobSpec& spec, core::Trainer&
     : spec_(spec),
       trainer_(trainer),
       space_(parallel::StateSpace::from_graph(trainer.model().graph, trainer.moe_balance())),
-      layout_(parallel::whole_layout(space_)) {
+      layout_(parallel::whole_layout(space_)),
+      job_id_(new_job_id()) {
   if (resume.empty()) return;
   const std::string field = "--resume";
-  std::string dir = resolve_checkpoint(resume, field);
-  Metadata m = read_metadata(dir, field);
-  check_model(m, spec, field);
-  if (m.seed != spec.train.seed)
-    throw ConfigError(
-        field, "the checkpoint was trained with train.seed " + std::to_string(m.seed) +
-                   ", this job has " + std::to_string(spec.train.seed) +
-                   ": data order would change; add --set train.seed=" + std::to_string(m.seed));
-  if (m.global_batch != spec.train.global_batch)
-    throw ConfigError(field,
-                      "the checkpoint was trained with train.global_batch " +
-                          std::to_string(m.global_batch) + ", this job has " +
-                          std::to_string(spec.train.global_batch) +
-                          ": its data cursor would point elsewhere; add --set train.global_batch=" +
-                          std::to_string(m.global_batch));
+  Selection sel = select_checkpoint(resume, field, same_job_as(spec, field));
+  const std::string& dir = sel.dir;
+  const Metadata& m = sel.meta;
   // Load into fresh buffers first, so that a corrupted shard leaves the trainer untouched.
   std::vector<core::Tensor> fresh = parallel::allocate_locals(layout_.ranks[0]);
   load_checkpoint(dir, m, space_, layout_, 0, fresh, field);
@@ -63,7 +56,7 @@ TrainerCheckpoints::TrainerCheckpoints(const core::JobSpec& spec, core::Trainer&
   for (const parallel::StateTensor& t : space_.tensors())
     if (t.kind != parallel::StateKind::kScalar) live[size_t(t.id)].copy_from(fresh[size_t(t.id)]);
   trainer_.set_current_step(fresh[size_t(space_.find(parallel::kStepState))].data<int64_t>()[0]);
-  WEFT_INFO("checkpoint", "resumed from ", dir, " at step ", trainer_.current_step());
+  print_resume(sel.skipped, dir, trainer_.current_step());
 }
 
 TrainerCheckpoints::~TrainerCheckpoints() = default;  // the saver waits for its thread
@@ -71,14 +64,23 @@ TrainerCheckpoints::~TrainerCheckpoints() = default;  // the saver waits for its
 std::string TrainerCheckpoints::save(bool wait_for_it) {
   if (spec_.checkpoint.dir.empty())
     throw ConfigError("checkpoint.dir", "no folder to save checkpoints to; set checkpoint.dir");
-  CheckpointInfo info{&spec_, trainer_.current_step(), "single process (whole tensors on rank 0)"};
+  CheckpointInfo info{&spec_, trainer_.current_step(), "single process (whole tensors on rank 0)",
+                      job_id_};
   HeldState held{{0}, {trainer_tensors(trainer_, space_)}};
   if (spec_.checkpoint.async && !wait_for_it) {
-    saver_.save(spec_.checkpoint.dir, info, space_, layout_, held, spec_.checkpoint.keep);
+    const int64_t step = info.step;
+    saver_.save(
+        spec_.checkpoint.dir, info, space_, layout_, held, spec_.checkpoint.keep,
+        [step](const std::string& dir, double secs) { print_saved(step, dir, secs, true); });
     return {};
   }
   saver_.wait();
-  return save_checkpoint(spec_.checkpoint.dir, info, space_, layout_, held, spec_.checkpoint.keep);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string dir =
+      save_checkpoint(spec_.checkpoint.dir, info, space_, layout_, held, spec_.checkpoint.keep);
+  print_saved(info.step, dir,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), false);
+  return dir;
 }
 
 void TrainerCheckpoints::after_step() {
@@ -90,8 +92,9 @@ void TrainerCheckpoints::finish() { saver_.wait(); }
 
 int64_t export_safetensors(const std::string& ckpt, const std::string& out,
                            const std::string& field) {
-  std::string dir = resolve_checkpoint(ckpt, field);
-  Metadata m = read_metadata(dir, field);
+  Selection sel = select_checkpoint(ckpt, field);
+  const std::string& dir = sel.dir;
+  const Metadata& m = sel.meta;
   core::JobSpec spec = core::parse_job_spec(m.job_yaml, dir);
   check_model(m, spec, field);
   // The forward graph alone: its executor holds just the parameters, which export_weights
@@ -115,7 +118,22 @@ int64_t export_safetensors(const std::string& ckpt, const std::string& out,
 }
 
 std::string import_safetensors(const std::string& in, const std::string& root,
-                               const core::JobSpec& spec, const std::string& field) {
+                               const core::JobSpec& spec, const std::string& field, bool force) {
+  // Refused before anything is read or written: in a folder with other checkpoints, --resume
+  // would take a newer one and retention would never remove theirs.
+  std::error_code ec;
+  if (fs::exists(root) && !fs::is_empty(root, ec) && !force) {
+    std::vector<std::string> there = list_checkpoints(root);
+    throw ConfigError("DIR", root + " is not empty (" +
+                                 (there.empty() ? std::string("it holds other files")
+                                                : "it holds " + std::to_string(there.size()) +
+                                                      " checkpoint(s), newest " +
+                                                      fs::path(there.back()).filename().string()) +
+                                 "): --resume " + root +
+                                 " would take the newest of them, not the import; import into a "
+                                 "new or empty folder, or pass --force to write step-00000000 "
+                                 "next to them");
+  }
   core::Trainer trainer(spec);
   trainer.load_weights(core::io::load_safetensors(in, field), field);
   // With the trainer's balance: a loss_free job's step-0 checkpoint holds its (zero) routing
@@ -124,9 +142,14 @@ std::string import_safetensors(const std::string& in, const std::string& root,
       parallel::StateSpace::from_graph(trainer.model().graph, trainer.moe_balance());
   parallel::Layout layout = parallel::whole_layout(space);
   CheckpointInfo info{&spec, 0, "imported from " + fs::path(in).filename().string()};
-  return save_checkpoint(root, info, space, layout,
-                         HeldState{{0}, {trainer_tensors(trainer, space)}},
-                         std::max<int64_t>(spec.checkpoint.keep, 1));
+  try {
+    return save_checkpoint(root, info, space, layout,
+                           HeldState{{0}, {trainer_tensors(trainer, space)}},
+                           std::max<int64_t>(spec.checkpoint.keep, 1));
+  } catch (const NonFiniteStateError& e) {
+    throw ConfigError(field, std::string(e.what()) + "; the weights of " + in +
+                                 " are not finite: fix or re-export them");
+  }
 }
 
 }  // namespace weft::checkpoint

@@ -23,10 +23,12 @@ std::vector<core::Tensor> trainer_tensors(core::Trainer& trainer,
 // empty), call after_step() after every optimizer step, finish() at the end.
 class TrainerCheckpoints {
  public:
-  // Resuming: loads the newest checkpoint under `resume` (or that step folder) into the
-  // trainer and sets its step. ConfigError("--resume") for a missing folder, another
-  // model, another train.seed or train.global_batch (the data cursor would mean other
-  // data), or a corrupted shard; the trainer is untouched then.
+  // Draws this job's id (job_id.h). Resuming: loads the newest checkpoint under `resume`
+  // that passes every check (select.h; each newer one skipped is printed with its reason),
+  // or that step folder, into the trainer and sets its step. ConfigError("--resume") when
+  // none passes or the named folder does not: a missing folder, edited metadata, a
+  // corrupted shard, another model, another train.seed or train.global_batch (the data
+  // cursor would mean other data); the trainer is untouched then.
   TrainerCheckpoints(const core::JobSpec& spec, core::Trainer& trainer,
                      const std::string& resume = {});
   ~TrainerCheckpoints();
@@ -35,18 +37,21 @@ class TrainerCheckpoints {
   // checkpoint.async). Rethrows the previous background save's failure.
   void after_step();
   // Saves now, synchronously unless checkpoint.async; returns the step folder (empty
-  // while an asynchronous save is still writing).
+  // while an asynchronous save is still writing). Prints the save line (save_line.h) once
+  // committed. Throws NonFiniteStateError for a NaN or infinity in the state.
   std::string save(bool wait_for_it = false);
   // Waits for a background save and rethrows its failure.
   void finish();
 
   const parallel::StateSpace& space() const { return space_; }
+  const std::string& job_id() const { return job_id_; }
 
  private:
   const core::JobSpec& spec_;
   core::Trainer& trainer_;
   parallel::StateSpace space_;
   parallel::Layout layout_;
+  std::string job_id_;
   AsyncSaver saver_;
 };
 
@@ -58,9 +63,10 @@ int64_t export_safetensors(const std::string& ckpt, const std::string& out,
 
 // `weft ckpt import`: a step-0 checkpoint under `root` holding the weights of `in` for the
 // job `spec` (optimizer moments zero); returns the step folder. ConfigError naming `field`
-// for weights of another model.
+// for weights of another model or holding a NaN or infinity, and ConfigError("DIR") when
+// `root` is not empty and not `force` (--resume DIR would take a newer step folder there).
 std::string import_safetensors(const std::string& in, const std::string& root,
                                const core::JobSpec& spec,
-                               const std::string& field = "in.safetensors");
+                               const std::string& field = "in.safetensors", bool force = false);
 
 }  // namespace weft::checkpoint

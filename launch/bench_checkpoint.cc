@@ -22,6 +22,7 @@
 
 #include "base/error.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/job_id.h"
 #include "checkpoint/trainer_state.h"
 #include "comm/registry.h"
 #include "comm/store/in_memory_store.h"
@@ -240,12 +241,13 @@ void bench_disk(const std::string& dir, const core::JobSpec& spec, int reps) {
   double cached = -1;
   int64_t saved = 0, loaded = 0;
   const std::string root = dir + "/ckpt";
+  const std::string job = checkpoint::new_job_id();  // one job: keep 1 removes the last rep's
   for (int i = 0; i < reps; ++i) {
     RawDisk r = raw_disk(dir, bytes);
     rw.push_back(r.write_s), rr.push_back(r.read_s), cached = r.cached_after_drop;
     if (raw_disk_direct(dir, bytes, r)) dw.push_back(r.write_s), dr.push_back(r.read_s);
 
-    checkpoint::CheckpointInfo info{&spec, i + 1, "bench (whole state on rank 0)"};
+    checkpoint::CheckpointInfo info{&spec, i + 1, "bench (whole state on rank 0)", job};
     auto t0 = Clock::now();
     std::string step = checkpoint::save_checkpoint(root, info, space, layout,
                                                    checkpoint::HeldState{{0}, {held}}, 1);

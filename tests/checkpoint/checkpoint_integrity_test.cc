@@ -101,10 +101,17 @@ TEST(CheckpointAtomicity, AnUncommittedTemporaryFolderIsIgnoredAndCleanedUp) {
   core::JobSpec spec = tiny_job();
   core::Trainer t(spec);
   std::string step0 = saved(spec, dir, t);
-  // What a crash between writing and renaming leaves: a temporary folder of a later step.
-  fs::path tmp = dir.path / ".tmp-step-00000020-1";
+  // What a crash between writing and renaming leaves: a temporary folder of a later step,
+  // whose owner file names a process that is gone.
+  fs::path tmp = dir.path / ".tmp-step-00000020-00000000000000aa";
   fs::copy(step0, tmp);
   fs::resize_file(tmp / "shard-00000.bin", 100);
+  pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ::waitpid(gone, nullptr, 0);
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::ofstream(tmp / "owner") << host << " " << gone << "\n";
   EXPECT_EQ(resolve_checkpoint(dir.str(), "--resume"), step0);
   core::Trainer u(spec);
   TrainerCheckpoints ok(spec, u, dir.str());
@@ -155,7 +162,7 @@ TEST(CheckpointAsync, WritesTheSameBytesAsSyncTakenWhenSaveReturned) {
   core::Trainer t(spec);
   parallel::StateSpace space = parallel::StateSpace::from_graph(t.model().graph);
   parallel::Layout layout = parallel::whole_layout(space);
-  CheckpointInfo info{&spec, 3, "single process"};
+  CheckpointInfo info{&spec, 3, "single process", "00000000000000aa"};  // same job: same bytes
   HeldState held{{0}, {trainer_tensors(t, space)}};
   std::string a = save_checkpoint(sync_dir.str(), info, space, layout, held, 3);
   AsyncSaver saver;

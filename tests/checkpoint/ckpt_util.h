@@ -94,6 +94,14 @@ inline bool same_bytes(const core::Tensor& a, const core::Tensor& b) {
          std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
 }
 
+// The bytes of the files directly in `dir`.
+inline int64_t folder_bytes(const std::string& dir) {
+  int64_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.is_regular_file()) n += int64_t(e.file_size());
+  return n;
+}
+
 inline std::string read_file(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});

@@ -1,11 +1,10 @@
 // Multi-rank checkpoints, the slower cases: dp2 x tp2 saved at step 10 resumed under one
 // process and under dp4 with zero1; MoE saved under ep2 resumed under ep4 and one process;
 // a resume with another seed or a corrupted shard refused on every rank.
-#include "tests/parallel/resume_util.h"
-
 #include <sys/wait.h>
 
 #include "core/io/metrics.h"
+#include "tests/parallel/resume_util.h"
 
 namespace weft::test::resume {
 namespace {
@@ -51,28 +50,6 @@ TEST(ParallelResumeLong, Ep2ResumesUnderEp2BitForBit) {
   expect_resumed(c, run_resume(c));
 }
 
-// A dp2 checkpoint at step 2 under `root`.
-void save_dp2(const std::string& root) {
-  ResumeCase c;
-  c.config = "gpt-layout.yaml";
-  core::JobSpec spec = spec_with(c, {"parallel.dp=2"}, root, 2);  // 13 steps planned, 2 run
-  core::cpu::set_num_threads(1);
-  core::data::TokenDataset data = core::data::TokenDataset::load(spec);
-  RunResult r = run_ranks(2, [&](RankContext& ctx) {
-    std::unique_ptr<comm::Store> store;
-    auto world = world_of(ctx, store, "save");
-    parallel::ParallelTrainer pt(spec, *world);
-    checkpoint::ParallelCheckpoints ck(spec, pt);
-    for (int s = 0; s < 2; ++s) {
-      pt.step([&](int64_t st, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
-        data.fill_train(st, b0, n, x, y);
-      });
-      ck.after_step();
-    }
-  });
-  ASSERT_TRUE(r.ok()) << r.summary();
-}
-
 // Every rank of a pp2 resume must fail with ConfigError("--resume", ...) naming `what`
 // (its own reason or another rank's), none hang, and the trainer stays at step 0.
 // `rank1_root`, when set, is what rank 1 resumes from instead (a folder it cannot see).
@@ -86,13 +63,14 @@ void expect_refused(const std::string& root, const std::vector<std::string>& set
     auto world = world_of(ctx, store, "resume");
     parallel::ParallelTrainer pt(spec, *world);
     try {
-      checkpoint::ParallelCheckpoints ck(spec, pt,
-                                         ctx.rank() == 1 && !rank1_root.empty() ? rank1_root : root);
+      checkpoint::ParallelCheckpoints ck(
+          spec, pt, ctx.rank() == 1 && !rank1_root.empty() ? rank1_root : root);
       ADD_FAILURE() << "rank " << ctx.rank() << " resumed";
     } catch (const ConfigError& e) {
       EXPECT_EQ(e.field(), "--resume");
       const std::string msg = e.what();
-      EXPECT_TRUE(msg.find(what) != std::string::npos || msg.find("another rank") != std::string::npos)
+      EXPECT_TRUE(msg.find(what) != std::string::npos ||
+                  msg.find("another rank") != std::string::npos)
           << msg;
       std::printf("[resume] rank %d refused: %s\n", ctx.rank(), msg.c_str());
     }
@@ -106,7 +84,7 @@ void expect_refused(const std::string& root, const std::vector<std::string>& set
 TEST(ParallelResumeLong, AnotherSeedIsRefusedOnEveryRank) {
   fs::path root = fs::temp_directory_path() / ("weft_resume_seed_" + std::to_string(::getpid()));
   fs::remove_all(root);
-  save_dp2(root.string());
+  save_dp2(root.string(), 2, 2);
   expect_refused(root.string(), {"parallel.pp=2", "train.seed=99"}, "train.seed");
   fs::remove_all(root);
 }
@@ -114,7 +92,7 @@ TEST(ParallelResumeLong, AnotherSeedIsRefusedOnEveryRank) {
 TEST(ParallelResumeLong, ACorruptedShardFailsEveryRankAndLoadsNothing) {
   fs::path root = fs::temp_directory_path() / ("weft_resume_bad_" + std::to_string(::getpid()));
   fs::remove_all(root);
-  save_dp2(root.string());
+  save_dp2(root.string(), 2, 2);
   fs::path shard = fs::path(checkpoint::resolve_checkpoint(root.string(), "x")) / "shard-00000.bin";
   ASSERT_TRUE(fs::exists(shard));
   {
@@ -133,7 +111,7 @@ TEST(ParallelResumeLong, ACorruptedShardFailsEveryRankAndLoadsNothing) {
 TEST(ParallelResumeLong, AFolderOneRankCannotSeeFailsEveryRank) {
   fs::path root = fs::temp_directory_path() / ("weft_resume_miss_" + std::to_string(::getpid()));
   fs::remove_all(root);
-  save_dp2(root.string());
+  save_dp2(root.string(), 2, 2);
   expect_refused(root.string(), {"parallel.pp=2"}, "missing", (root / "missing").string());
   fs::remove_all(root);
 }
@@ -159,14 +137,19 @@ TEST(ParallelResumeLong, WeftRunSavesOnFourRanksAndResumesOnTwo) {
     return out;
   };
   const std::string weft = WEFT_BINARY;
-  const std::string common = " train --config " + std::string(WEFT_SOURCE_DIR) +
-                             "/configs/gpt-layout.yaml --set train.steps=12 --set train.log_every=1";
-  auto [code_a, out_a] =
-      run(weft + " run --standalone --nproc-per-node 4 -- weft" + common +
-          " --set parallel.dp=2 --set parallel.tp=2 --set checkpoint.every=10 --set checkpoint.dir=" +
-          (d / "ck").string() + " --set train.out_dir=" + (d / "a").string());
+  const std::string common =
+      " train --config " + std::string(WEFT_SOURCE_DIR) +
+      "/configs/gpt-layout.yaml --set train.steps=12 --set train.log_every=1";
+  auto [code_a, out_a] = run(
+      weft + " run --standalone --nproc-per-node 4 -- weft" + common +
+      " --set parallel.dp=2 --set parallel.tp=2 --set checkpoint.every=10 --set checkpoint.dir=" +
+      (d / "ck").string() + " --set train.out_dir=" + (d / "a").string());
   ASSERT_EQ(code_a, 0) << out_a;
   ASSERT_TRUE(fs::exists(d / "ck" / "step-00000010" / "metadata.json")) << out_a;
+  // Rank 0 alone prints the save line, with the size of the committed folder.
+  const std::string line = "checkpoint: step 10 saved to " + (d / "ck" / "step-00000010").string();
+  EXPECT_NE(out_a.find(line), std::string::npos) << out_a;
+  EXPECT_EQ(out_a.find(line), out_a.rfind(line)) << "printed once\n" << out_a;
   auto [code_b, out_b] = run(weft + " run --standalone --nproc-per-node 2 -- weft" + common +
                              " --set parallel.pp=2 --resume " + (d / "ck").string() +
                              " --set train.out_dir=" + (d / "b").string());

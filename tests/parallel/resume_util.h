@@ -31,14 +31,14 @@ namespace weft::test::resume {
 namespace fs = std::filesystem;
 
 struct ResumeCase {
-  std::string config;                        // under configs/
-  int save_world = 4;                        // ranks of the saving run
-  std::vector<std::string> save_sets;        // its parallel overrides
-  int resume_world = 2;                      // 1: the single-process core::Trainer
+  std::string config;                  // under configs/
+  int save_world = 4;                  // ranks of the saving run
+  std::vector<std::string> save_sets;  // its parallel overrides
+  int resume_world = 2;                // 1: the single-process core::Trainer
   std::vector<std::string> resume_sets;
   int save_at = 10, steps = 13;
-  double tolerance = 1e-6;                   // relative, per step's loss, against one process
-  bool bitwise = false;                      // same layout: the losses equal the saving run's
+  double tolerance = 1e-6;  // relative, per step's loss, against one process
+  bool bitwise = false;     // same layout: the losses equal the saving run's
 };
 
 struct ResumeOutcome {
@@ -47,8 +47,8 @@ struct ResumeOutcome {
   std::vector<double> saved;      // the saving run, uninterrupted, steps 0..steps-1
   std::vector<double> resumed;    // the resumed run, steps save_at..steps-1
   int64_t resumed_at = -1;
-  double max_rel = 0;             // worst |resumed - reference| / |reference|
-  bool bitwise_equal = false;     // resumed == saved from save_at on, bit for bit
+  double max_rel = 0;          // worst |resumed - reference| / |reference|
+  bool bitwise_equal = false;  // resumed == saved from save_at on, bit for bit
 };
 
 inline core::JobSpec spec_with(const ResumeCase& c, const std::vector<std::string>& sets,
@@ -176,6 +176,29 @@ inline ResumeOutcome run_resume(const ResumeCase& c) {
   return out;
 }
 
+// A gpt-layout run on two ranks (dp2) for `steps` steps, saving every `every` steps under
+// `root` (checkpoint.keep 2).
+inline void save_dp2(const std::string& root, int steps, int every) {
+  ResumeCase c;
+  c.config = "gpt-layout.yaml";
+  core::JobSpec spec = spec_with(c, {"parallel.dp=2"}, root, every);  // 13 steps planned
+  core::cpu::set_num_threads(1);
+  core::data::TokenDataset data = core::data::TokenDataset::load(spec);
+  RunResult r = run_ranks(2, [&](RankContext& ctx) {
+    std::unique_ptr<comm::Store> store;
+    auto world = world_of(ctx, store, "save");
+    parallel::ParallelTrainer pt(spec, *world);
+    checkpoint::ParallelCheckpoints ck(spec, pt);
+    for (int s = 0; s < steps; ++s) {
+      pt.step([&](int64_t st, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
+        data.fill_train(st, b0, n, x, y);
+      });
+      ck.after_step();
+    }
+  });
+  ASSERT_TRUE(r.ok()) << r.summary();
+}
+
 inline std::string sets_str(const std::vector<std::string>& v) {
   std::string s;
   for (const std::string& x : v) s += (s.empty() ? "" : " ") + x;
@@ -185,11 +208,12 @@ inline std::string sets_str(const std::vector<std::string>& v) {
 // GoogleTest checks, printing the measured deviation (the test log is the table).
 inline void expect_resumed(const ResumeCase& c, const ResumeOutcome& o) {
   ASSERT_TRUE(o.failure.empty()) << o.failure;
-  std::printf("[resume] %-15s save %d ranks (%s) at step %d -> resume %d ranks (%s): "
-              "steps %d..%d, max rel loss dev %.3g vs one process, bitwise vs the saving run %s\n",
-              c.config.c_str(), c.save_world, sets_str(c.save_sets).c_str(), c.save_at,
-              c.resume_world, sets_str(c.resume_sets).c_str(), c.save_at, c.steps - 1, o.max_rel,
-              o.bitwise_equal ? "yes" : "no");
+  std::printf(
+      "[resume] %-15s save %d ranks (%s) at step %d -> resume %d ranks (%s): "
+      "steps %d..%d, max rel loss dev %.3g vs one process, bitwise vs the saving run %s\n",
+      c.config.c_str(), c.save_world, sets_str(c.save_sets).c_str(), c.save_at, c.resume_world,
+      sets_str(c.resume_sets).c_str(), c.save_at, c.steps - 1, o.max_rel,
+      o.bitwise_equal ? "yes" : "no");
   EXPECT_EQ(o.resumed_at, c.save_at);
   EXPECT_LE(o.max_rel, c.tolerance);
   if (c.bitwise) {
