@@ -103,11 +103,14 @@ void read_memory(const YamlSection& y, MemorySpec& m) {
   }
   if (!y.has("limit_gib")) return;
   y.read("limit_gib", m.limit_gib);
-  if (m.limit_gib <= 0)
+  if (m.limit_gib <= 0) {
+    std::ostringstream got;
+    got << m.limit_gib;
     throw ConfigError("memory.limit_gib",
                       "expected GiB per rank > 0 (e.g. 24), or auto (MemAvailable divided by the "
                       "ranks on this node), got " +
-                          std::to_string(m.limit_gib));
+                          got.str());
+  }
 }
 
 // The first smoke test (`--set train.steps=5` on a config with a longer warm-up) runs: the
