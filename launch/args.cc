@@ -6,7 +6,7 @@
 namespace weft::launch {
 
 Args::Args(const std::vector<std::string>& argv, const std::set<std::string>& options,
-           const std::set<std::string>& flags) {
+           const std::set<std::string>& flags, size_t max_positional) {
   for (size_t i = 0; i < argv.size(); ++i) {
     std::string a = argv[i];
     if (a == "--") {
@@ -39,6 +39,16 @@ Args::Args(const std::vector<std::string>& argv, const std::set<std::string>& op
       value = argv[++i];
     }
     values_[name].push_back(value);
+  }
+  if (positional_.size() > max_positional && !flags_.count("--help")) {
+    const std::string& extra = positional_[max_positional];
+    std::string msg = "unexpected argument: ";
+    msg += max_positional == 0
+               ? "this command takes only --options"
+               : "this command takes at most " + std::to_string(max_positional) + " arguments";
+    if (options.count("--config") && (extra.ends_with(".yaml") || extra.ends_with(".yml")))
+      msg += "; did you mean --config " + extra + "?";
+    throw ConfigError(extra, msg + " (see --help)");
   }
 }
 

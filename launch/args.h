@@ -1,6 +1,7 @@
 // A small command-line parser for the subcommands: `--name value` and `--name=value`
-// options (repeatable), boolean flags, and positional arguments. Unknown options and
-// missing values are ConfigErrors naming the option.
+// options (repeatable), boolean flags, and positional arguments. Unknown options, missing
+// values and positional arguments beyond what the command takes are ConfigErrors naming
+// the option or argument.
 #pragma once
 
 #include <map>
@@ -12,9 +13,11 @@ namespace weft::launch {
 
 class Args {
  public:
-  // `options` take a value; `flags` do not.
+  // `options` take a value; `flags` do not. More than `max_positional` positional arguments
+  // (those after `--` included) are refused, naming the first extra one, unless --help is
+  // among the flags given: a stray word is a mistake, never silently ignored.
   Args(const std::vector<std::string>& argv, const std::set<std::string>& options,
-       const std::set<std::string>& flags = {});
+       const std::set<std::string>& flags = {}, size_t max_positional = 0);
 
   bool has(const std::string& opt) const { return values_.count(opt) > 0; }
   bool flag(const std::string& f) const { return flags_.count(f) > 0; }

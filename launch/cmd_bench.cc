@@ -92,38 +92,88 @@ int run_worker(const Args& a) {
   return 0;
 }
 
+// Every benchmark a user can name, with its help. comm and scaling print their own longer
+// help (bench_comm.cc, bench_scaling.cc); the others' is here.
+struct Bench {
+  const char* name;
+  const char* help;  // nullptr: the benchmark prints its own on --help
+};
+const Bench kBenches[] = {
+    {"train",
+     "usage: weft bench train [--configs S,M] [--threads 1,2] [--steps N] [--no-torch]\n"
+     "                        [--python PATH] [--torch-script PATH]\n"
+     "  Weft vs PyTorch tokens/s on config S (4x256, seq 256, batch 8, vocab 256) and\n"
+     "  M (GPT-2-124M-like: 12x768, seq 256, batch 4, vocab 50304), each run in its own\n"
+     "  process; GFLOP/s against this CPU's FMA peak, peak RSS, where the time goes.\n"
+     "  --no-torch   Weft only (also when python3 cannot import torch)\n"},
+    {"memory",
+     "usage: weft bench memory [--steps N] [--trace FILE]... [--csv] [--no-model]\n"
+     "  caching allocator vs offline plan + planned allocator on traces of real training\n"
+     "  steps (gpt-S, moe-S) and of modelled pipeline steps.\n"
+     "  --steps N     steps per trace (default 4; step 0 is planned, all are replayed)\n"
+     "  --trace FILE  also a trace saved by `WEFT_MEMORY_TRACE=FILE weft train ...`\n"
+     "  --no-model    skip the modelled pipeline traces\n"
+     "  --csv         the table as CSV\n"},
+    {"comm", nullptr},
+    {"checkpoint",
+     "usage: weft bench checkpoint [--quick] [--dir DIR] [--threads N] [--steps N]\n"
+     "                             [--parts reshard,disk,steps]\n"
+     "  save/load against raw disk, async vs sync save step time, and a dp4 -> tp2 x dp2\n"
+     "  reshard against the bytes it moves and memcpy.\n"
+     "  --quick   small models, a few seconds     --dir DIR  scratch folder (default $TMPDIR)\n"},
+    {"scaling", nullptr},
+};
+
+std::string bench_names() {
+  std::string names;
+  for (const Bench& b : kBenches) names += std::string(names.empty() ? "" : ", ") + b.name;
+  return names;
+}
+
+bool wants_help(const std::vector<std::string>& argv) {
+  for (const std::string& s : argv)
+    if (s == "--help" || s == "-h") return true;
+  return false;
+}
+
 }  // namespace
 
 int cmd_bench(const std::vector<std::string>& argv) {
-  if (argv.empty() || argv[0] == "--help") {
-    std::printf(
-        "usage: weft bench train [--configs S,M] [--threads 1,2] [--steps N] [--no-torch]\n"
-        "  Weft vs PyTorch tokens/s on config S (4x256, seq 256, batch 8, vocab 256) and\n"
-        "  M (GPT-2-124M-like: 12x768, seq 256, batch 4, vocab 50304).\n"
-        "usage: weft bench memory [--steps N] [--trace FILE]... [--csv] [--no-model]\n"
-        "  caching allocator vs offline plan on traces of real training steps.\n"
+  if (argv.empty() || argv[0] == "--help" || argv[0] == "-h") {
+    std::FILE* out = argv.empty() ? stderr : stdout;
+    for (const Bench& b : kBenches)
+      if (b.help) std::fputs(b.help, out);
+    std::fputs(
         "usage: weft bench comm [--quick] [--ranks 2,4] [--backends gloo,mpi] [--sizes B,...]\n"
         "  Gloo/MPI all-reduce and all-gather bus bandwidth vs memcpy; store latency.\n"
-        "usage: weft bench checkpoint [--quick] [--dir DIR] [--threads N] [--steps N] [--parts P]\n"
-        "  save/load vs raw disk, async vs sync save step time, dp4 -> tp2 x dp2 reshard.\n"
         "usage: weft bench scaling [--quick] [--steps N]\n"
-        "  config S world 1 vs dp2 tokens/s; each layout's measured vs predicted step time.\n");
+        "  config S world 1 vs dp2 tokens/s; each layout's measured vs predicted step time.\n"
+        "Run `weft bench NAME --help` for one benchmark's options.\n",
+        out);
     return argv.empty() ? 2 : 0;
   }
-  if (argv[0] == "memory")
-    return run_memory_comparison(Args(std::vector<std::string>(argv.begin() + 1, argv.end()),
-                                      {"--steps", "--trace"}, {"--csv", "--no-model"}));
-  if (argv[0].rfind("comm", 0) == 0) return cmd_bench_comm(argv);
-  if (argv[0] == "checkpoint") return run_checkpoint_bench({argv.begin() + 1, argv.end()});
-  if (argv[0] == "scaling") return run_scaling(argv);
-  if (argv[0] != "train" && argv[0] != "train-worker")
-    throw ConfigError("bench",
-                      "unknown benchmark '" + argv[0] + "'; expected: train, memory, comm");
-  Args a(std::vector<std::string>(argv.begin() + 1, argv.end()),
-         {"--configs", "--threads", "--steps", "--config", "--torch-script", "--python"},
-         {"--no-torch"});
-  if (argv[0] == "train-worker") return run_worker(a);
-  return run_train_comparison(a);
+  const std::string& name = argv[0];
+  std::vector<std::string> rest(argv.begin() + 1, argv.end());
+  // Internal workers the drivers start in child processes.
+  if (name == "train-worker") return run_worker(Args(rest, {"--config", "--threads", "--steps"}));
+  if (name == "comm-worker" || name == "comm-mpi-worker") return cmd_bench_comm(argv);
+  const Bench* bench = nullptr;
+  for (const Bench& b : kBenches)
+    if (name == b.name) bench = &b;
+  if (!bench)
+    throw ConfigError("bench", "unknown benchmark '" + name + "'; expected one of: " +
+                                   bench_names() + " (`weft bench --help` describes them)");
+  if (bench->help && wants_help(rest)) {
+    std::fputs(bench->help, stdout);
+    return 0;
+  }
+  if (name == "memory")
+    return run_memory_comparison(Args(rest, {"--steps", "--trace"}, {"--csv", "--no-model"}));
+  if (name == "comm") return cmd_bench_comm(argv);
+  if (name == "checkpoint") return run_checkpoint_bench(rest);
+  if (name == "scaling") return run_scaling(argv);
+  return run_train_comparison(Args(
+      rest, {"--configs", "--threads", "--steps", "--torch-script", "--python"}, {"--no-torch"}));
 }
 
 }  // namespace weft::launch

@@ -34,7 +34,7 @@ docs/checkpoint-format.md describes the folder layout.
 }  // namespace
 
 int cmd_ckpt(const std::vector<std::string>& argv) {
-  Args args(argv, {"--config", "--set"}, {"--help", "--force"});
+  Args args(argv, {"--config", "--set"}, {"--help", "--force"}, 3);  // ACTION and its two paths
   const std::vector<std::string>& pos = args.positional();
   if (args.flag("--help") || pos.empty()) {
     std::fputs(kHelp, pos.empty() && !args.flag("--help") ? stderr : stdout);

@@ -34,6 +34,7 @@
 #include "launch/train_report.h"
 #include "parallel/launch_env.h"
 #include "parallel/trainer.h"
+#include "planner/memory_estimate.h"
 #include "planner/policy.h"
 
 namespace weft::launch {
@@ -84,6 +85,11 @@ prints and writes; WEFT_COMM_TIMEOUT_MS bounds every wait on a peer, default 600
 WEFT_MEMORY_GIB refuses a layout whose per-rank peak exceeds it).
 )";
 
+// weft run starts every rank on this node (standalone); mpirun says how many it placed here.
+int ranks_on_node(const parallel::LaunchEnv& env) {
+  return int(env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env.world));
+}
+
 double mib(size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 
 // The multi-rank loop: every rank trains its part of the plan; rank 0 prints the progress
@@ -94,6 +100,8 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
   if (env.launcher != "weft run") log_set_rank(env.rank);
   const bool lead = env.rank == 0;
   planner::resolve_parallel(spec, env.world);  // bad degrees fail here, before any rank connects
+  // A job that cannot fit fails here on every rank alike, before anything is allocated.
+  planner::check_fits_memory(spec, env.world, ranks_on_node(env));
   core::cpu::set_num_threads(int(spec.train.threads));
   core::data::TokenDataset data = core::data::TokenDataset::load(spec);
   parallel::WorkerWorld world(env, comm::Millis(env_int("WEFT_COMM_TIMEOUT_MS", 60'000)));
@@ -347,6 +355,8 @@ int cmd_train(const std::vector<std::string>& argv) {
   std::string config = args.required("--config");
   core::JobSpec spec = core::load_job_spec(config, args.all("--set"));
   parallel::LaunchEnv env = parallel::detect_launch_env();
+  if (env.rank == 0)
+    for (const std::string& note : spec.notes) std::printf("note: %s\n", note.c_str());
   // Every world size goes through the planner's validation, one process too: a layout that
   // needs more ranks is refused naming the launcher, never silently trained as one process.
   planner::ParallelConfig layout = planner::resolve_parallel(spec, env.world);
@@ -370,6 +380,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   // path), so that `weft bench scaling` calibrates on the executor its layouts run on.
   if (env.world > 1 || env_int("WEFT_PLAN_EXECUTOR", 0) == 1) return train_ranks(args, spec, env);
   core::cpu::set_num_threads(int(spec.train.threads));
+  planner::check_fits_memory(spec, 1, 1);  // before anything is allocated
   core::Trainer trainer(spec);  // activation arena: memory.allocator (caching | planned)
   return train_single(args, spec, trainer);
 }

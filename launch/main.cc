@@ -4,6 +4,7 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,7 @@ const std::map<std::string, Command>& command_table() {
   static const std::map<std::string, Command> table = {
       {"train", {weft::launch::cmd_train, "train a model from a YAML config (one process, or one rank of weft run / mpirun)"}},
       {"data", {weft::launch::cmd_data, "data tools: `weft data prepare IN.txt OUT.bin`"}},
-      {"bench", {weft::launch::cmd_bench, "benchmarks: `weft bench train|memory|comm|checkpoint|scaling`"}},
+      {"bench", {weft::launch::cmd_bench, "benchmarks: `weft bench train|memory|comm|checkpoint|scaling` (`weft bench NAME --help`)"}},
       {"store", {weft::launch::cmd_store, "the rendezvous store alone: `weft store --port P [--host H]`"}},
       {"run", {weft::launch::cmd_run, "start workers on this machine: `weft run --standalone --nproc-per-node N -- weft train ...`"}},
       {"ckpt", {weft::launch::cmd_ckpt, "checkpoints: `weft ckpt export DIR out.safetensors`, `import`, `verify`"}},
@@ -57,6 +58,14 @@ int main(int argc, char** argv) {
   } catch (const weft::ConfigError& e) {
     std::fprintf(stderr, "weft %s: error: %s\n", argv[1], e.what());
     return 2;
+  } catch (const std::bad_alloc& e) {
+    // Whatever the allocation was, the fix is the same: a smaller job or more memory.
+    std::fprintf(stderr,
+                 "weft %s: failed: out of memory (%s): the job asked for more memory than this "
+                 "machine gave it; shrink model.layers/model.dim or train.micro_batch, shard more "
+                 "(parallel.*), or free memory on this machine\n",
+                 argv[1], e.what());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weft %s: failed: %s\n", argv[1], e.what());
     return 1;

@@ -82,6 +82,9 @@ struct ParallelSpec {
 
 struct MemorySpec {
   std::string allocator = "caching";  // caching | planned
+  // GiB per rank the job may use; 0 (`auto` in YAML): MemAvailable of /proc/meminfo divided
+  // by the ranks on this node. weft train refuses a job whose estimate exceeds it.
+  double limit_gib = 0;
 };
 
 struct CheckpointSpec {
@@ -112,11 +115,16 @@ struct JobSpec {
   SnapshotSpec snapshot;
   ElasticSpec elastic;
   std::string source_path;  // the YAML file it came from (empty when built in code)
+  // What the loader adjusted, one line each (a warm-up longer than the run is clipped to
+  // it); the launcher prints them once, on rank 0.
+  std::vector<std::string> notes;
 };
 
 // Loads and validates a YAML job file. `overrides` are "a.b=value" strings (--set),
 // applied before validation. Throws ConfigError naming the key path and the fix for
-// unknown keys, wrong types, out-of-range values and inconsistent settings.
+// unknown keys, a key or section written twice in the file (both lines named), wrong
+// types, out-of-range values (every integer has an upper bound, core/config/limits.h) and
+// inconsistent settings.
 JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides = {});
 // Same, from YAML text; relative paths resolve against `base_dir`.
 JobSpec parse_job_spec(const std::string& yaml_text, const std::string& base_dir,

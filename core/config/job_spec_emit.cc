@@ -119,6 +119,11 @@ std::string job_spec_to_yaml(const JobSpec& s) {
   kv(e, "device", s.device);
   begin(e, "memory");
   kv(e, "allocator", s.memory.allocator);
+  if (s.memory.limit_gib > 0) {
+    kv(e, "limit_gib", s.memory.limit_gib);
+  } else {
+    kv(e, "limit_gib", "auto");
+  }
   e << YAML::EndMap;
 
   begin(e, "checkpoint");

@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "core/config/job_spec.h"
+#include "core/config/limits.h"
 
 namespace weft::core {
 namespace {
@@ -34,6 +35,34 @@ void at_least(const std::string& field, int64_t v, int64_t lo) {
   if (v < lo) throw ConfigError(field, "expected an integer >= " + num(lo) + ", got " + num(v));
 }
 
+// Every integer field has an upper bound (core/config/limits.h): values beyond it are typos
+// or tests of the machine, and would overflow the size arithmetic downstream.
+void between(const std::string& field, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi)
+    throw ConfigError(field,
+                      "expected an integer in [" + num(lo) + ", " + num(hi) + "], got " + num(v));
+}
+
+// Products of sizes must stay exact in int64 (and double): each factor is a named field;
+// the product is refused above limits::kMaxProduct, naming every factor.
+struct Factor {
+  const char* field;
+  int64_t value;
+};
+void bounded_product(const std::string& field, std::initializer_list<Factor> factors,
+                     const std::string& what) {
+  int64_t p = 1;
+  bool over = false;
+  std::string names;
+  for (const Factor& f : factors) {
+    names += std::string(names.empty() ? "" : " x ") + f.field + " (" + num(f.value) + ")";
+    if (!over && (__builtin_mul_overflow(p, f.value, &p) || p > limits::kMaxProduct)) over = true;
+  }
+  if (over)
+    throw ConfigError(field, names + " exceeds 2^53 " + what +
+                                 ": no machine holds that; make one of them smaller");
+}
+
 void in_range(const std::string& field, double v, double lo, bool lo_open, double hi,
               bool hi_open) {
   bool ok = (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
@@ -45,12 +74,12 @@ constexpr double kInf = 1e300;
 
 void validate_model(const ModelSpec& m) {
   one_of("model.arch", m.arch, {"gpt", "moe-gpt"});
-  at_least("model.layers", m.layers, 1);
-  at_least("model.dim", m.dim, 1);
-  at_least("model.heads", m.heads, 1);
-  at_least("model.vocab", m.vocab, 2);
-  at_least("model.seq_len", m.seq_len, 1);
-  at_least("model.mlp_ratio", m.mlp_ratio, 1);
+  between("model.layers", m.layers, 1, limits::kMaxLayers);
+  between("model.dim", m.dim, 1, limits::kMaxDim);
+  between("model.heads", m.heads, 1, limits::kMaxHeads);
+  between("model.vocab", m.vocab, 2, limits::kMaxVocab);
+  between("model.seq_len", m.seq_len, 1, limits::kMaxSeqLen);
+  between("model.mlp_ratio", m.mlp_ratio, 1, limits::kMaxMlpRatio);
   if (m.dim % m.heads != 0)
     throw ConfigError("model.heads", "model.heads (" + num(m.heads) + ") must divide model.dim (" +
                                          num(m.dim) + ")");
@@ -65,11 +94,12 @@ void validate_model(const ModelSpec& m) {
   if (e.experts < 1)
     throw ConfigError("model.moe.experts",
                       "arch moe-gpt needs model.moe.experts >= 1, got " + num(e.experts));
+  between("model.moe.experts", e.experts, 1, limits::kMaxExperts);
   at_least("model.moe.top_k", e.top_k, 1);
   if (e.top_k > e.experts)
     throw ConfigError("model.moe.top_k",
                       "top_k (" + num(e.top_k) + ") must be <= experts (" + num(e.experts) + ")");
-  at_least("model.moe.every", e.every, 1);
+  between("model.moe.every", e.every, 1, limits::kMaxLayers);
   if (e.every > m.layers)
     throw ConfigError("model.moe.every", "every " + num(e.every) + " > layers " + num(m.layers) +
                                              ": no layer would be an MoE layer");
@@ -80,9 +110,9 @@ void validate_model(const ModelSpec& m) {
 }
 
 void validate_train(const TrainSpec& t) {
-  at_least("train.steps", t.steps, 1);
-  at_least("train.global_batch", t.global_batch, 1);
-  at_least("train.micro_batch", t.micro_batch, 1);
+  between("train.steps", t.steps, 1, limits::kMaxSteps);
+  between("train.global_batch", t.global_batch, 1, limits::kMaxBatch);
+  between("train.micro_batch", t.micro_batch, 1, limits::kMaxBatch);
   if (t.global_batch % t.micro_batch != 0)
     throw ConfigError("train.micro_batch", "micro_batch (" + num(t.micro_batch) +
                                                ") must divide global_batch (" +
@@ -92,10 +122,8 @@ void validate_train(const TrainSpec& t) {
   if (t.min_lr > t.lr)
     throw ConfigError("train.min_lr",
                       "min_lr (" + num(t.min_lr) + ") must not exceed lr (" + num(t.lr) + ")");
-  at_least("train.warmup_steps", t.warmup_steps, 0);
-  if (t.warmup_steps > t.steps)
-    throw ConfigError("train.warmup_steps", "warmup_steps (" + num(t.warmup_steps) +
-                                                ") exceeds steps (" + num(t.steps) + ")");
+  // A warm-up longer than the run is clipped to it by the loader (clip_warmup_to_steps).
+  between("train.warmup_steps", t.warmup_steps, 0, t.steps);
   one_of("train.schedule", t.schedule, {"cosine", "constant"});
   in_range("train.weight_decay", t.weight_decay, 0, false, kInf, false);
   in_range("train.betas", t.betas[0], 0, false, 1, true);
@@ -103,20 +131,62 @@ void validate_train(const TrainSpec& t) {
   in_range("train.eps", t.eps, 0, true, kInf, false);
   in_range("train.grad_clip", t.grad_clip, 0, false, kInf, false);
   one_of("train.dtype", t.dtype, {"f32", "bf16"});
-  at_least("train.threads", t.threads, 0);
-  at_least("train.eval_every", t.eval_every, 0);
-  at_least("train.eval_batches", t.eval_batches, 1);
-  at_least("train.log_every", t.log_every, 1);
+  between("train.threads", t.threads, 0, limits::kMaxThreads);
+  between("train.eval_every", t.eval_every, 0, limits::kMaxSteps);
+  between("train.eval_batches", t.eval_batches, 1, limits::kMaxEvalBatches);
+  between("train.log_every", t.log_every, 1, limits::kMaxSteps);
   one_of("train.on_nonfinite", t.on_nonfinite, {"stop", "skip"});
-  at_least("train.max_skipped", t.max_skipped, 1);
+  between("train.max_skipped", t.max_skipped, 1, limits::kMaxSteps);
   if (t.out_dir.empty()) throw ConfigError("train.out_dir", "must name a folder for the run");
 }
 
+// The products of sizes that the model builders, the planner, the memory estimate and the
+// data sampler compute in int64; each stays exact (<= 2^53) once the fields are in range.
+void validate_size_products(const JobSpec& s) {
+  const ModelSpec& m = s.model;
+  const TrainSpec& t = s.train;
+  const int64_t experts = m.arch == "moe-gpt" ? std::max<int64_t>(m.moe.experts, 1) : 1;
+  bounded_product("model",
+                  {{"model.layers", m.layers},
+                   {"model.dim", m.dim},
+                   {"model.dim", m.dim},
+                   {"model.mlp_ratio", m.mlp_ratio},
+                   {"model.moe.experts", experts}},
+                  "parameters");
+  bounded_product("train.micro_batch",
+                  {{"train.micro_batch", t.micro_batch},
+                   {"model.seq_len", m.seq_len},
+                   {"model.dim", m.dim},
+                   {"model.mlp_ratio", m.mlp_ratio}},
+                  "activation values");
+  bounded_product("train.micro_batch",
+                  {{"train.micro_batch", t.micro_batch},
+                   {"model.seq_len", m.seq_len},
+                   {"model.vocab", m.vocab}},
+                  "logits");
+  bounded_product("train.micro_batch",
+                  {{"train.micro_batch", t.micro_batch},
+                   {"model.heads", m.heads},
+                   {"model.seq_len", m.seq_len},
+                   {"model.seq_len", m.seq_len}},
+                  "attention scores");
+  bounded_product("train.steps",
+                  {{"train.steps", t.steps},
+                   {"train.global_batch", t.global_batch},
+                   {"model.seq_len", m.seq_len}},
+                  "token positions");
+  bounded_product("train.eval_batches",
+                  {{"train.eval_batches", t.eval_batches},
+                   {"train.global_batch", t.global_batch},
+                   {"model.seq_len", m.seq_len}},
+                  "token positions");
+}
+
 void validate_parallel(const ParallelSpec& p, const JobSpec& s) {
-  at_least("parallel.dp", p.dp, 0);
-  at_least("parallel.tp", p.tp, 0);
-  at_least("parallel.pp", p.pp, 0);
-  at_least("parallel.ep", p.ep, 0);
+  between("parallel.dp", p.dp, 0, limits::kMaxDegree);
+  between("parallel.tp", p.tp, 0, limits::kMaxDegree);
+  between("parallel.pp", p.pp, 0, limits::kMaxDegree);
+  between("parallel.ep", p.ep, 0, limits::kMaxDegree);
   if (p.zero < 0 || p.zero > 3)
     throw ConfigError("parallel.zero", "expected 0, 1, 2 or 3, got " + num(p.zero));
   // order: each of tp, ep, dp, pp exactly once, '-' separated, first varies fastest.
@@ -152,8 +222,8 @@ void validate_parallel(const ParallelSpec& p, const JobSpec& s) {
 
   const PipelineSpec& pl = p.pipeline;
   one_of("parallel.pipeline.schedule", pl.schedule, {"gpipe", "1f1b", "interleaved"});
-  at_least("parallel.pipeline.micro_batches", pl.micro_batches, 0);
-  at_least("parallel.pipeline.virtual_stages", pl.virtual_stages, 1);
+  between("parallel.pipeline.micro_batches", pl.micro_batches, 0, limits::kMaxDegree);
+  between("parallel.pipeline.virtual_stages", pl.virtual_stages, 1, limits::kMaxDegree);
   if (pl.virtual_stages > 1 && pl.schedule != "interleaved")
     throw ConfigError("parallel.pipeline.virtual_stages",
                       "virtual_stages > 1 needs parallel.pipeline.schedule: interleaved");
@@ -193,6 +263,7 @@ void validate_job_spec(const JobSpec& s) {
   one_of("data.order", s.data.order, {"shuffled", "sequential"});
   in_range("data.val_fraction", s.data.val_fraction, 0, false, 1, true);
   validate_train(s.train);
+  validate_size_products(s);
   if (s.train.eval_every > 0 && s.data.val_path.empty() && s.data.val_fraction <= 0)
     throw ConfigError("train.eval_every",
                       "evaluation needs validation data: set data.val_path "
@@ -200,16 +271,18 @@ void validate_job_spec(const JobSpec& s) {
   validate_parallel(s.parallel, s);
   one_of("device", s.device, {"cpu", "cuda"});
   one_of("memory.allocator", s.memory.allocator, {"caching", "planned"});
-  at_least("checkpoint.every", s.checkpoint.every, 0);
-  at_least("checkpoint.keep", s.checkpoint.keep, 1);
+  in_range("memory.limit_gib", s.memory.limit_gib, 0, false, kInf, false);  // 0: auto
+  between("checkpoint.every", s.checkpoint.every, 0, limits::kMaxSteps);
+  between("checkpoint.keep", s.checkpoint.keep, 1, limits::kMaxKeep);
   if (s.checkpoint.every > 0 && s.checkpoint.dir.empty())
     throw ConfigError("checkpoint.dir", "checkpoint.every is " + num(s.checkpoint.every) +
                                             ": name a folder for the checkpoints");
-  at_least("snapshot.every", s.snapshot.every, 0);
+  between("snapshot.every", s.snapshot.every, 0, limits::kMaxSteps);
   one_of("snapshot.redundancy", s.snapshot.redundancy, {"none", "replica", "ec"});
-  at_least("snapshot.ec.k", s.snapshot.ec_k, 1);
-  at_least("snapshot.ec.m", s.snapshot.ec_m, 1);
-  at_least("elastic.min_nodes", s.elastic.min_nodes, 1);
+  between("snapshot.ec.k", s.snapshot.ec_k, 1, limits::kMaxEcBlocks - 1);
+  between("snapshot.ec.m", s.snapshot.ec_m, 1, limits::kMaxEcBlocks - s.snapshot.ec_k);
+  between("elastic.min_nodes", s.elastic.min_nodes, 1, limits::kMaxNodes);
+  between("elastic.max_nodes", s.elastic.max_nodes, 1, limits::kMaxNodes);
   if (s.elastic.max_nodes < s.elastic.min_nodes)
     throw ConfigError("elastic.max_nodes", "max_nodes (" + num(s.elastic.max_nodes) +
                                                ") is below min_nodes (" + num(s.elastic.min_nodes) +

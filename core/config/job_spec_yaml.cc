@@ -29,7 +29,7 @@ const YamlSchema& job_spec_schema() {
         "eval_batches", "log_every", "out_dir", "on_nonfinite", "max_skipped"}},
       {"parallel", {"dp", "tp", "pp", "ep", "zero", "order", "pipeline", "recompute", "plan"}},
       {"parallel.pipeline", {"schedule", "micro_batches", "virtual_stages", "layout"}},
-      {"memory", {"allocator"}},
+      {"memory", {"allocator", "limit_gib"}},
       {"checkpoint", {"dir", "every", "keep", "async"}},
       {"snapshot", {"every", "redundancy", "ec"}},
       {"snapshot.ec", {"k", "m"}},
@@ -97,6 +97,35 @@ void read_parallel(const YamlSection& y, ParallelSpec& p) {
   pipe.read("layout", p.pipeline.layout);
 }
 
+void read_memory(const YamlSection& y, MemorySpec& m) {
+  y.read("allocator", m.allocator);
+  if (y.is_auto("limit_gib")) {
+    m.limit_gib = 0;
+    return;
+  }
+  if (!y.has("limit_gib")) return;
+  y.read("limit_gib", m.limit_gib);
+  if (m.limit_gib <= 0) {
+    std::ostringstream got;
+    got << m.limit_gib;
+    throw ConfigError("memory.limit_gib",
+                      "expected GiB per rank > 0 (e.g. 24), or auto (MemAvailable divided by the "
+                      "ranks on this node), got " +
+                          got.str());
+  }
+}
+
+// The first smoke test (`--set train.steps=5` on a config with a longer warm-up) runs: the
+// warm-up is clipped to the run, and the spec says so in a note.
+void clip_warmup_to_steps(JobSpec& s) {
+  TrainSpec& t = s.train;
+  if (t.steps < 1 || t.warmup_steps <= t.steps) return;
+  s.notes.push_back("train.warmup_steps " + std::to_string(t.warmup_steps) + " > train.steps " +
+                    std::to_string(t.steps) + ": warming up over " +
+                    (t.steps == 1 ? "the only step" : "all " + std::to_string(t.steps) + " steps"));
+  t.warmup_steps = t.steps;
+}
+
 // A path the YAML file wrote relative to itself; paths given with --set are relative
 // to the working directory like any other command-line path, so they stay as they are.
 std::string resolve(const std::string& path, const std::string& base_dir) {
@@ -122,7 +151,7 @@ JobSpec spec_from_tree(YAML::Node& root, const std::string& base_dir,
   read_train(train, s.train);
   read_parallel(top.section("parallel"), s.parallel);
   top.read("device", s.device);
-  top.section("memory").read("allocator", s.memory.allocator);
+  read_memory(top.section("memory"), s.memory);
 
   YamlSection ckpt = top.section("checkpoint");
   ckpt.read("dir", s.checkpoint.dir);
@@ -147,12 +176,15 @@ JobSpec spec_from_tree(YAML::Node& root, const std::string& base_dir,
   if (from_file("checkpoint.dir")) s.checkpoint.dir = resolve(s.checkpoint.dir, base_dir);
   if (train.has("out_dir") && from_file("train.out_dir"))
     s.train.out_dir = resolve(s.train.out_dir, base_dir);
+  clip_warmup_to_steps(s);
   return s;
 }
 
 YAML::Node load_yaml_text(const std::string& text, const std::string& source) {
   try {
-    return YAML::Load(text);
+    YAML::Node root = YAML::Load(text);
+    check_unique_keys(root, source);
+    return root;
   } catch (const YAML::Exception& e) {
     std::ostringstream os;
     os << (source.empty() ? "YAML" : source) << ":" << e.mark.line + 1 << ":" << e.mark.column + 1

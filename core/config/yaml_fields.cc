@@ -160,6 +160,31 @@ std::set<std::string> apply_overrides(YAML::Node& root, const YamlSchema& schema
   return done;
 }
 
+void check_unique_keys(const YAML::Node& node, const std::string& source, const std::string& path) {
+  if (node.IsSequence()) {
+    for (const YAML::Node& item : node) check_unique_keys(item, source, path);
+    return;
+  }
+  if (!node.IsMap()) return;
+  std::map<std::string, int> first_line;  // key -> 1-based line of its first occurrence
+  for (const auto& kv : node) {
+    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "";
+    const int line = kv.first.Mark().line + 1;
+    const std::string here = join_key(path, key);
+    if (!key.empty()) {
+      auto [it, fresh] = first_line.emplace(key, line);
+      if (!fresh)
+        throw ConfigError(
+            here, "'" + key + "' is written twice" +
+                      (path.empty() ? std::string(" at the top level") : " in '" + path + "'") +
+                      ", at lines " + std::to_string(it->second) + " and " + std::to_string(line) +
+                      " of " + (source.empty() ? std::string("the YAML") : source) +
+                      " (YAML would keep only the first); merge them into one");
+    }
+    check_unique_keys(kv.second, source, here);
+  }
+}
+
 // An absent key's node is "invalid" in yaml-cpp (any use but IsDefined() throws), and a
 // present `key:` with no value is null: both read as an empty section.
 static YAML::Node section_node(const YAML::Node& node) {
@@ -233,6 +258,11 @@ void YamlSection::read(const std::string& key, std::string& out) const {
   } else {
     throw ConfigError(key_path(key), "expected a string, got " + describe(n[key]));
   }
+}
+
+bool YamlSection::is_auto(const std::string& key) const {
+  const YAML::Node& n = node_;
+  return has(key) && n[key].IsScalar() && lower(n[key].Scalar()) == "auto";
 }
 
 void YamlSection::read_degree(const std::string& key, int64_t& out) const {

@@ -39,6 +39,12 @@ void check_key_path(const YamlSchema& schema, const std::string& key_path);
 std::set<std::string> apply_overrides(YAML::Node& root, const YamlSchema& schema,
                                       const std::vector<std::string>& overrides);
 
+// Refuses a key written twice in one mapping of `node` (yaml-cpp keeps the first and drops
+// the second silently): ConfigError on the key's path, naming both lines of `source`.
+// --set overrides replace values and are not duplicates.
+void check_unique_keys(const YAML::Node& node, const std::string& source,
+                       const std::string& path = "");
+
 // One mapping of the tree. Construction rejects keys the schema does not allow for this
 // section; read() leaves `out` untouched when the key is absent, so defaults come from
 // the JobSpec structs.
@@ -55,6 +61,8 @@ class YamlSection {
   void read(const std::string& key, double& out) const;
   void read(const std::string& key, bool& out) const;
   void read(const std::string& key, std::string& out) const;  // null reads as ""
+  // Whether `key` holds the scalar `auto` (any case).
+  bool is_auto(const std::string& key) const;
   // A parallel degree: a non-negative integer or `auto` (stored as 0).
   void read_degree(const std::string& key, int64_t& out) const;
   void read(const std::string& key, std::array<double, 2>& out) const;              // [a, b]

@@ -30,6 +30,21 @@ std::string read_all(const std::string& path, const std::string& field) {
   return bytes;
 }
 
+const char* kind_of(const fs::file_status& st) {
+  switch (st.type()) {
+    case fs::file_type::fifo:
+      return "a FIFO (named pipe)";
+    case fs::file_type::socket:
+      return "a socket";
+    case fs::file_type::block:
+      return "a block device";
+    case fs::file_type::character:
+      return "a character device";
+    default:
+      return "a special file";
+  }
+}
+
 bool is_token_file_name(const std::string& path) { return fs::path(path).extension() == ".bin"; }
 
 std::vector<int32_t> parse_token_file(const std::string& path, const std::string& field) {
@@ -71,6 +86,12 @@ std::vector<std::string> token_source_files(const std::string& path, const std::
   std::error_code ec;
   fs::file_status st = fs::status(path, ec);
   if (ec || !fs::exists(st)) fail(field, path, "no such file or folder");
+  // A FIFO, socket or device would block or never end: only files and folders are data.
+  if (!fs::is_directory(st) && !fs::is_regular_file(st))
+    fail(field, path,
+         std::string("is ") + kind_of(st) +
+             ", not a regular file or folder; give a token file (.bin), a text file or a "
+             "folder of text files");
   if (!fs::is_directory(st)) return {path};
   std::vector<std::string> files;
   for (const fs::directory_entry& e : fs::directory_iterator(path)) {

@@ -21,9 +21,9 @@ constexpr int64_t kByteVocab = 256;  // vocabulary of text read as bytes
 //     *.dat files skipped: the fortunes corpus pairs each text with a binary index);
 //   - a *.bin file: an llm.c token file;
 //   - any other file: its bytes (vocabulary 256).
-// Errors (missing path, bad magic or version, truncated file, empty text) name the path
-// and what was wrong. They are ConfigError(field, ...) when `field` names the setting the
-// path came from ("data.path"), IoError otherwise.
+// Errors (missing path, a FIFO, socket or device, bad magic or version, truncated file,
+// empty text) name the path and what was wrong. They are ConfigError(field, ...) when `field` names
+// the setting the path came from ("data.path"), IoError otherwise.
 std::vector<int32_t> read_token_file(const std::string& path, const std::string& field = {});
 
 // The files read_token_file would concatenate for `path` (one entry for a file).

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "base/error.h"
 #include "core/io/json.h"
@@ -26,8 +28,17 @@ constexpr uint64_t kMaxHeaderBytes = 100u << 20;
   throw ConfigError(field, "'" + path + "': " + msg);
 }
 
+// The dtypes a weights file may hold (safetensors.h); the others are refused, not converted.
+constexpr DType kWeightDtypes[] = {DType::kF32, DType::kBF16, DType::kF64};
+constexpr const char* kWeightDtypeList = "F32, BF16, F64";
+
+bool is_weight_dtype(DType t) {
+  return std::find(std::begin(kWeightDtypes), std::end(kWeightDtypes), t) !=
+         std::end(kWeightDtypes);
+}
+
 bool parse_dtype_name(const std::string& s, DType& out) {
-  for (DType t : {DType::kF32, DType::kF64, DType::kBF16, DType::kI32, DType::kI64, DType::kU8})
+  for (DType t : kWeightDtypes)
     if (s == safetensors_dtype_name(t)) {
       out = t;
       return true;
@@ -44,7 +55,8 @@ SafetensorsEntry parse_entry(const std::string& name, const JsonValue& v, const 
   const JsonValue* dtype = v.find("dtype");
   if (!dtype || dtype->kind != JsonValue::Kind::kString) bad("missing string 'dtype'");
   if (!parse_dtype_name(dtype->text, e.dtype))
-    bad("dtype " + dtype->text + " is not supported (Weft reads F32, F64, BF16, I32, I64, U8)");
+    bad("dtype " + dtype->text + " is not supported: weights files hold " + kWeightDtypeList +
+        "; convert the tensor to float32 (tensor.float() in PyTorch)");
   const JsonValue* shape = v.find("shape");
   if (!shape || shape->kind != JsonValue::Kind::kArray) bad("missing array 'shape'");
   uint64_t numel = 1;
@@ -67,6 +79,34 @@ SafetensorsEntry parse_entry(const std::string& name, const JsonValue& v, const 
         std::to_string(e.end - e.begin) + " bytes, but shape " + shape_str(e.shape) + " of " +
         dtype->text + " needs " + std::to_string(numel * dtype_size(e.dtype)));
   return e;
+}
+
+// Index of the first NaN or infinity in `t` (contiguous, a weight dtype), or -1.
+int64_t first_non_finite(const Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    double v = t.dtype() == DType::kF32   ? double(t.data<float>()[i])
+               : t.dtype() == DType::kF64 ? t.data<double>()[i]
+                                          : double(bf16_to_float(t.data<bf16>()[i]));
+    if (!std::isfinite(v)) return i;
+  }
+  return -1;
+}
+
+// Everything save_safetensors refuses, checked for every tensor before the file is opened.
+void check_writable(const std::string& path, const std::string& name, const Tensor& t) {
+  if (name == "__metadata__") throw IoError("'" + path + "': '__metadata__' is reserved");
+  if (!t.defined()) throw IoError("'" + path + "': tensor '" + name + "' is undefined");
+  if (!t.device().is_cpu())
+    throw NotSupported("save_safetensors('" + path + "'): tensor '" + name +
+                       "' is not in host memory; copy it to the host first");
+  if (!is_weight_dtype(t.dtype()))
+    throw IoError("'" + path + "': tensor '" + name + "' is " + dtype_name(t.dtype()) +
+                  "; weights files hold " + kWeightDtypeList);
+  if (int64_t i = first_non_finite(t.contiguous()); i >= 0)
+    throw IoError("'" + path + "': tensor '" + name + "' holds a NaN or infinity (element " +
+                  std::to_string(i) +
+                  "): the weights diverged; nothing was written. Lower train.lr or set "
+                  "train.grad_clip, and train from an earlier checkpoint");
 }
 
 }  // namespace
@@ -109,9 +149,20 @@ SafetensorsHeader read_safetensors_header(const std::string& path, const std::st
   std::string json(n, '\0');
   in.read(json.data(), std::streamsize(n));
   if (!in) fail(field, path, "read error in the header");
-  JsonValue root = parse_json(json, "'" + path + "' header");
-  if (root.kind != JsonValue::Kind::kObject)
-    fail(field, path, "header is not a JSON object of tensors");
+  // One object from the first byte, then nothing but the writer's padding spaces.
+  const size_t end = json.find_last_not_of(' ') + 1;  // npos + 1 == 0: all spaces
+  JsonValue root;
+  try {
+    root = parse_json(std::string_view(json).substr(0, end), "header");
+  } catch (const IoError& e) {
+    fail(field, path,
+         std::string(e.what()) + " (is the header length of " + std::to_string(n) +
+             " bytes right?)");
+  }
+  if (root.kind != JsonValue::Kind::kObject || json[0] != '{' || json[end - 1] != '}')
+    fail(field, path,
+         "header is not a JSON object of tensors filling its " + std::to_string(n) +
+             " bytes but for trailing padding spaces");
   h.data_start = 8 + n;
   const uint64_t data_bytes = h.file_size - h.data_start;
   for (const auto& [name, v] : root.members) {
@@ -132,14 +183,32 @@ SafetensorsHeader read_safetensors_header(const std::string& path, const std::st
                " data bytes (truncated?)");
     h.tensors.push_back(std::move(e));
   }
+  // The byte ranges must tile [0, data_bytes): a header length off by the padding would
+  // otherwise read every tensor shifted by a few bytes.
   std::vector<const SafetensorsEntry*> by_offset;
   for (const auto& e : h.tensors) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](auto* a, auto* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < by_offset.size(); ++i)
-    if (by_offset[i]->begin < by_offset[i - 1]->end)
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  uint64_t covered = 0;
+  const SafetensorsEntry* prev = nullptr;
+  for (const SafetensorsEntry* e : by_offset) {
+    if (e->begin < covered)
+      fail(field, path, "tensors '" + prev->name + "' and '" + e->name + "' overlap");
+    if (e->begin > covered)
       fail(field, path,
-           "tensors '" + by_offset[i - 1]->name + "' and '" + by_offset[i]->name + "' overlap");
+           "no tensor holds data bytes [" + std::to_string(covered) + ", " +
+               std::to_string(e->begin) + ") before tensor '" + e->name +
+               "': the data offsets must cover the data section without gaps");
+    covered = e->end;
+    prev = e;
+  }
+  if (covered != data_bytes)
+    fail(field, path,
+         "the tensors hold " + std::to_string(covered) + " data bytes but the file has " +
+             std::to_string(data_bytes) + " after the " + std::to_string(n) +
+             "-byte header: the header length is wrong (padding left out of it?) or the file "
+             "has trailing bytes");
   return h;
 }
 
@@ -172,13 +241,9 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
     }
     header += "}";
   }
+  for (const auto& [name, t] : tensors) check_writable(path, name, t);
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    if (name == "__metadata__") throw IoError("'" + path + "': '__metadata__' is reserved");
-    if (!t.defined()) throw IoError("'" + path + "': tensor '" + name + "' is undefined");
-    if (!t.device().is_cpu())
-      throw NotSupported("save_safetensors('" + path + "'): tensor '" + name +
-                         "' is not in host memory; copy it to the host first");
     std::string shape;
     for (int64_t d : t.shape()) shape += std::string(shape.empty() ? "" : ",") + std::to_string(d);
     header += std::string(header.size() > 1 ? "," : "") + json_quote(name) + ":{\"dtype\":\"" +

@@ -194,7 +194,6 @@ TEST(JobSpecBadInput, InconsistentValues) {
       {"model: {arch: moe-gpt, layers: 2, moe: {experts: 4, every: 3}}", "model.moe.every"},
       {"model: {arch: gpt, moe: {experts: 4}}", "model.arch"},
       {"train: {lr: 0.001, min_lr: 0.01}", "train.min_lr"},
-      {"train: {steps: 10, warmup_steps: 20}", "train.warmup_steps"},
       {"parallel: {tp: 3}", "parallel.tp"},  // 4 heads
       {"parallel: {ep: 2}", "parallel.ep"},  // not an MoE model
       {"model: {arch: moe-gpt, moe: {experts: 4}}\nparallel: {ep: 3}", "parallel.ep"},
@@ -219,6 +218,131 @@ TEST(JobSpecBadInput, InconsistentValues) {
                      "/"));
   EXPECT_NO_THROW(
       parse_job_spec("data: {path: t}\nparallel: {pp: 2, pipeline: {layout: [[0], [1]]}}", "/"));
+}
+
+TEST(JobSpecBadInput, EveryIntegerHasAnUpperBound) {
+  struct Case {
+    const char* yaml;
+    const char* field;
+  };
+  // One past each documented bound (core/config/limits.h), and the values from issue 12.
+  const Case cases[] = {
+      {"train: {threads: 100000}", "train.threads"},
+      {"train: {threads: 1025}", "train.threads"},
+      {"train: {eval_batches: 1099511627776}", "train.eval_batches"},  // 2^40
+      {"train: {steps: 1099511627777}", "train.steps"},
+      {"train: {global_batch: 1073741824, micro_batch: 1}", "train.global_batch"},  // 2^30
+      {"train: {log_every: 1099511627777}", "train.log_every"},
+      {"train: {eval_every: 1099511627777}", "train.eval_every"},
+      {"parallel: {pipeline: {micro_batches: 1073741824}}", "parallel.pipeline.micro_batches"},
+      {"parallel: {pipeline: {virtual_stages: 65537}}", "parallel.pipeline.virtual_stages"},
+      {"parallel: {tp: 65537}", "parallel.tp"},
+      {"parallel: {dp: 65537}", "parallel.dp"},
+      {"model: {layers: 1048577}", "model.layers"},
+      {"model: {dim: 1048577, heads: 1}", "model.dim"},
+      {"model: {heads: 65537}", "model.heads"},
+      {"model: {vocab: 16777217}", "model.vocab"},
+      {"model: {seq_len: 1048577}", "model.seq_len"},
+      {"model: {mlp_ratio: 65}", "model.mlp_ratio"},
+      {"model: {arch: moe-gpt, moe: {experts: 65537}}", "model.moe.experts"},
+      {"checkpoint: {dir: c, every: 1099511627777}", "checkpoint.every"},
+      {"checkpoint: {keep: 1000001}", "checkpoint.keep"},
+      {"snapshot: {every: 1099511627777}", "snapshot.every"},
+      {"snapshot: {ec: {k: 200, m: 56}}", "snapshot.ec.m"},
+      {"elastic: {min_nodes: 1, max_nodes: 65537}", "elastic.max_nodes"},
+  };
+  for (const Case& c : cases) {
+    std::string yaml = std::string(c.yaml) + "\ndata: {path: t.bin}\n";
+    ConfigError e = parse_error(yaml);
+    EXPECT_EQ(e.field(), c.field) << yaml;
+    EXPECT_NE(msg(e).find("expected an integer in ["), std::string::npos) << msg(e);
+  }
+  // The bounds themselves pass.
+  EXPECT_NO_THROW(
+      parse_job_spec("data: {path: t}\ntrain: {threads: 1024, eval_batches: 1048576}", "/"));
+}
+
+TEST(JobSpecBadInput, SizeProductsNeverOverflow) {
+  // Each factor is in range; their product is not, and would overflow int64 or exceed any
+  // machine: refused naming every factor.
+  struct Case {
+    const char* yaml;
+    const char* field;
+    const char* named;
+  };
+  const Case cases[] = {
+      {"model: {layers: 1048576, dim: 1048576, heads: 1, mlp_ratio: 64}", "model", "model.dim"},
+      {"model: {vocab: 16777216, seq_len: 1048576}\ntrain: {global_batch: 1048576, "
+       "micro_batch: 1048576}",
+       "train.micro_batch", "model.vocab"},
+      {"model: {seq_len: 1048576, heads: 65536, dim: 65536}\ntrain: {global_batch: 1024, "
+       "micro_batch: 1024}",
+       "train.micro_batch", "model.seq_len"},
+      {"train: {steps: 1099511627776, global_batch: 1048576, micro_batch: 1}", "train.steps",
+       "train.global_batch"},
+  };
+  for (const Case& c : cases) {
+    std::string yaml = std::string(c.yaml) + "\ndata: {path: t.bin}\n";
+    ConfigError e = parse_error(yaml);
+    EXPECT_EQ(e.field(), c.field) << yaml;
+    EXPECT_NE(msg(e).find(c.named), std::string::npos) << msg(e);
+    EXPECT_NE(msg(e).find("exceeds 2^53"), std::string::npos) << msg(e);
+  }
+  // Large but meaningful sizes pass (what does not fit memory is the memory check's call).
+  EXPECT_NO_THROW(parse_job_spec("data: {path: t}\nmodel: {layers: 100000}", "/"));
+  EXPECT_NO_THROW(parse_job_spec("data: {path: t}\nmodel: {dim: 1000000, heads: 1}", "/"));
+}
+
+TEST(JobSpecBadInput, DuplicateKeysNameTheKeyAndBothLines) {
+  ConfigError e = parse_error("model: {layers: 2}\ndata: {path: t}\nmodel: {layers: 4}\n");
+  EXPECT_EQ(e.field(), "model");
+  EXPECT_NE(msg(e).find("lines 1 and 3"), std::string::npos) << msg(e);
+  e = parse_error("data: {path: t}\ntrain:\n  steps: 5\n  lr: 0.1\n  steps: 7\n");
+  EXPECT_EQ(e.field(), "train.steps");
+  EXPECT_NE(msg(e).find("lines 3 and 5"), std::string::npos) << msg(e);
+  // Inside a flow mapping, and in a nested section.
+  EXPECT_EQ(parse_error("data: {path: t, path: u}").field(), "data.path");
+  EXPECT_EQ(parse_error("data: {path: t}\nsnapshot: {ec: {k: 2, k: 3}}").field(), "snapshot.ec.k");
+  // The file names itself in the message.
+  TempDir dir;
+  std::string cfg = dir.write("dup.yaml", "data: {path: t}\ndata: {path: u}\n");
+  e = expect_config_error([&] { load_job_spec(cfg); });
+  EXPECT_EQ(e.field(), "data");
+  EXPECT_NE(msg(e).find("lines 1 and 2 of " + cfg), std::string::npos) << msg(e);
+  // --set over a key the file has is an override, not a duplicate.
+  EXPECT_EQ(
+      parse_job_spec("data: {path: t}\ntrain: {steps: 5}", "/", {"train.steps=9"}).train.steps, 9);
+}
+
+TEST(JobSpec, WarmupLongerThanTheRunIsClippedWithANote) {
+  JobSpec s = parse_job_spec("data: {path: t}\ntrain: {steps: 100, warmup_steps: 10}", "/",
+                             {"train.steps=5"});
+  EXPECT_EQ(s.train.steps, 5);
+  EXPECT_EQ(s.train.warmup_steps, 5);
+  ASSERT_EQ(s.notes.size(), 1u);
+  EXPECT_EQ(s.notes[0], "train.warmup_steps 10 > train.steps 5: warming up over all 5 steps");
+  // A warm-up that fits leaves no note; a negative one is still refused.
+  EXPECT_TRUE(
+      parse_job_spec("data: {path: t}\ntrain: {steps: 5, warmup_steps: 5}", "/").notes.empty());
+  EXPECT_EQ(parse_error("data: {path: t}\ntrain: {warmup_steps: -1}").field(),
+            "train.warmup_steps");
+  // Built in code and not clipped: validation still names the field.
+  JobSpec bad = parse_job_spec(kMinimal, "/");
+  bad.train.warmup_steps = bad.train.steps + 1;
+  EXPECT_EQ(expect_config_error([&] { validate_job_spec(bad); }).field(), "train.warmup_steps");
+}
+
+TEST(JobSpec, MemoryLimitIsAutoOrPositiveGib) {
+  EXPECT_EQ(parse_job_spec(kMinimal, "/").memory.limit_gib, 0);  // auto
+  EXPECT_EQ(parse_job_spec("data: {path: t}\nmemory: {limit_gib: auto}", "/").memory.limit_gib, 0);
+  EXPECT_EQ(parse_job_spec(kMinimal, "/", {"memory.limit_gib=2.5"}).memory.limit_gib, 2.5);
+  for (const char* bad : {"0", "-1", "lots"}) {
+    ConfigError e = parse_error(kMinimal, {std::string("memory.limit_gib=") + bad});
+    EXPECT_EQ(e.field(), "memory.limit_gib") << bad;
+  }
+  // The dump keeps it.
+  JobSpec s = parse_job_spec(kMinimal, "/", {"memory.limit_gib=3"});
+  EXPECT_EQ(parse_job_spec(job_spec_to_yaml(s), "/").memory.limit_gib, 3);
 }
 
 TEST(JobSpecOverrides, SetAppliesScalarsListsAndAuto) {

@@ -2,6 +2,7 @@
 // reference's sequential formula, shuffled permutations independent of who asks and
 // how), the train/validation split and the vocabulary check.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -114,6 +115,29 @@ TEST_F(DataFiles, MissingFileNamesField) {
     EXPECT_NE(std::string(e.what()).find("none.bin"), std::string::npos);
   }
   EXPECT_THROW(read_token_file(path("none.txt")), IoError);
+}
+
+// A FIFO or device would block the reader forever (or never end): refused by kind, naming
+// the field, before anything opens it.
+TEST_F(DataFiles, FifosAndDevicesAreRefused) {
+  ASSERT_EQ(::mkfifo(path("pipe").c_str(), 0600), 0);
+  for (const auto& [p, kind] : {std::pair{path("pipe"), "a FIFO"},
+                                std::pair{std::string("/dev/zero"), "a character device"}}) {
+    for (const char* field : {"data.path", "data.val_path"}) {
+      try {
+        read_token_file(p, field);
+        FAIL() << p;
+      } catch (const ConfigError& e) {
+        EXPECT_EQ(e.field(), field);
+        std::string m = e.what();
+        EXPECT_NE(m.find(std::string("is ") + kind), std::string::npos) << m;
+        EXPECT_NE(m.find("not a regular file or folder"), std::string::npos) << m;
+      }
+    }
+  }
+  // In a folder, such entries are skipped like symlinks: the text beside them is read.
+  write_text("a.txt", "hello");
+  EXPECT_EQ(read_token_file(dir_.string()).size(), 5u);
 }
 
 TEST_F(DataFiles, TextAndFoldersReadAsBytes) {
