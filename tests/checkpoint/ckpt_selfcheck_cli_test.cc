@@ -12,6 +12,7 @@
 #include "core/io/metrics.h"
 #include "core/io/safetensors.h"
 #include "tests/checkpoint/ckpt_util.h"
+#include "tests/support/poison_safetensors.h"
 #include "tests/support/run_weft.h"
 
 namespace weft::checkpoint {
@@ -232,16 +233,13 @@ TEST_F(CkptSelfCheck, NonFiniteWeightsAreNeverWrittenToACheckpoint) {
   CmdResult full = weft(
       train_cmd(d, "full", "--set train.steps=1 --save-weights " + d.str() + "/w.safetensors"));
   ASSERT_EQ(full.code, 0) << full.out;
-  auto w = core::io::load_safetensors(d.str() + "/w.safetensors");
-  ASSERT_TRUE(w.count("h.0.attn.qkv.weight"));
-  w.at("h.0.attn.qkv.weight").data<float>()[5] = std::nanf("");
-  core::io::save_safetensors(d.str() + "/nan.safetensors", w, {{"format", "pt"}});
+  fs::copy_file(d.str() + "/w.safetensors", d.str() + "/nan.safetensors");
+  test::poison_safetensors(d.str() + "/nan.safetensors", "h.0.attn.qkv.weight", std::nanf(""));
   const std::string out = d.str() + "/imported";
   CmdResult im =
       weft("ckpt import " + d.str() + "/nan.safetensors " + out + " --config " + kConfig);
   EXPECT_EQ(im.code, 2) << im.out;
   EXPECT_TRUE(has(im.out, "IN.safetensors") && has(im.out, "h.0.attn.qkv.weight")) << im.out;
-  EXPECT_TRUE(has(im.out, "step 0")) << im.out;
   EXPECT_TRUE(!fs::exists(out) || names_in(out).empty())
       << "no step folder and no temporary folder left";
 }

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <functional>
 
 #include "base/error.h"
@@ -482,6 +483,20 @@ TEST(JobSpecFile, ReferenceConfigsParse) {
     fs::path cfg = e.path() / "config.yaml";
     if (!fs::exists(cfg)) continue;
     SCOPED_TRACE(cfg.string());
+    // A reference of an architecture Weft does not build yet (llama-tiny, issue 16) is
+    // refused as bad input naming a model field, never half-read.
+    std::ifstream text(cfg);
+    std::string yaml((std::istreambuf_iterator<char>(text)), std::istreambuf_iterator<char>());
+    if (yaml.find("arch: gpt\n") == std::string::npos &&
+        yaml.find("arch: moe-gpt\n") == std::string::npos) {
+      try {
+        load_job_spec(cfg.string());
+        ADD_FAILURE() << "an architecture Weft does not build was accepted";
+      } catch (const ConfigError& err) {
+        EXPECT_EQ(err.field().rfind("model.", 0), 0u) << err.what();
+      }
+      continue;
+    }
     JobSpec s = load_job_spec(cfg.string());
     EXPECT_EQ(s.data.path, (fs::absolute(e.path()) / "tokens.bin").lexically_normal().string());
     EXPECT_TRUE(fs::exists(s.data.path));

@@ -19,6 +19,7 @@
 #include "checkpoint/trainer_state.h"
 #include "core/exec/nonfinite.h"
 #include "core/io/metrics.h"
+#include "tests/support/poison_safetensors.h"
 #include "tests/support/run_weft.h"
 
 namespace weft::test {
@@ -117,23 +118,6 @@ TEST(TrainNonfinite, SkipDropsStepsUntilMaxSkippedInARow) {
   for (size_t s = 1; s < 4; ++s) EXPECT_EQ(rows[s].at("skipped"), 1.0) << "step " << s;
 }
 
-// Overwrites the first f32 of tensor `name` in a safetensors file with `value`.
-void poison_safetensors(const fs::path& file, const std::string& name, float value) {
-  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-  uint64_t n = 0;
-  f.read(reinterpret_cast<char*>(&n), 8);
-  std::string header(n, '\0');
-  f.read(header.data(), std::streamsize(n));
-  size_t at = header.find("\"" + name + "\"");
-  ASSERT_NE(at, std::string::npos);
-  size_t off = header.find("\"data_offsets\"", at);
-  ASSERT_NE(off, std::string::npos);
-  off = header.find('[', off);
-  uint64_t begin = std::stoull(header.substr(off + 1));
-  f.seekp(std::streamoff(8 + n + begin));
-  f.write(reinterpret_cast<const char*>(&value), 4);
-}
-
 TEST(TrainNonfinite, InitWeightsWithNaNOrInfAreRefusedNamingTheTensor) {
   TempDir d("init");
   fs::path w = d.path / "w.safetensors";
@@ -142,7 +126,7 @@ TEST(TrainNonfinite, InitWeightsWithNaNOrInfAreRefusedNamingTheTensor) {
   ASSERT_EQ(weft("train " + base + " --save-weights " + w.string()).code, 0);
   ASSERT_EQ(weft("train " + base + " --init-weights " + w.string()).code, 0);  // the file is fine
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
-    poison_safetensors(w, "h.0.attn.qkv.weight", bad);
+    weft::test::poison_safetensors(w, "h.0.attn.qkv.weight", bad);
     CommandResult r = weft("train " + base + " --init-weights " + w.string());
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_NE(r.out.find("--init-weights"), std::string::npos) << r.out;
