@@ -19,20 +19,8 @@ using test_util::TempDir;
 using CmdResult = ::weft::test::CommandResult;
 CmdResult weft(const std::string& args) { return ::weft::test::run_weft(args); }
 
-std::string train_cmd(const TempDir& d, const std::string& name, const std::string& extra) {
-  return "train --config " + std::string(WEFT_SOURCE_DIR) +
-         "/configs/gpt-tiny.yaml --set train.steps=12 " +
-         "--set train.warmup_steps=1 --set train.eval_every=0 --set train.threads=1 --set "
-         "train.log_every=100 --set train.out_dir=" +
-         d.str() + "/run-" + name + " --metrics " + d.str() + "/" + name + ".jsonl " + extra;
-}
-
-std::map<int64_t, double> losses(const std::string& path) {
-  std::map<int64_t, double> out;
-  for (const core::io::MetricsRow& r : core::io::read_metrics(path))
-    if (r.has("loss")) out[int64_t(r.at("step"))] = r.at("loss");
-  return out;
-}
+using test_util::losses;
+using test_util::train_cmd;
 
 class CkptCli : public ::testing::Test {
  protected:

@@ -15,6 +15,7 @@
 #include "checkpoint/trainer_state.h"
 #include "core/config/job_spec.h"
 #include "core/data/dataset.h"
+#include "core/io/metrics.h"
 #include "parallel/router.h"
 
 namespace weft::checkpoint::test_util {
@@ -105,6 +106,24 @@ inline int64_t folder_bytes(const std::string& dir) {
 inline std::string read_file(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// `weft train` arguments for a 12-step gpt-tiny run in `d` (run folder run-NAME, metrics
+// NAME.jsonl) plus `extra`: the run the CLI tests resume, verify and import.
+inline std::string train_cmd(const TempDir& d, const std::string& name, const std::string& extra) {
+  return "train --config " + std::string(WEFT_SOURCE_DIR) +
+         "/configs/gpt-tiny.yaml --set train.steps=12 " +
+         "--set train.warmup_steps=1 --set train.eval_every=0 --set train.threads=1 --set "
+         "train.log_every=100 --set train.out_dir=" +
+         d.str() + "/run-" + name + " --metrics " + d.str() + "/" + name + ".jsonl " + extra;
+}
+
+// The training loss of each step in a metrics file.
+inline std::map<int64_t, double> losses(const std::string& path) {
+  std::map<int64_t, double> out;
+  for (const core::io::MetricsRow& r : core::io::read_metrics(path))
+    if (r.has("loss")) out[int64_t(r.at("step"))] = r.at("loss");
+  return out;
 }
 
 }  // namespace weft::checkpoint::test_util

@@ -278,15 +278,8 @@ TEST(PeerLoss, SurvivorsFailNamingTheLostRank) {
     core::JobSpec spec = layout_spec(c);
     core::data::TokenDataset data = core::data::TokenDataset::load(spec);
     RunResult r = run_ranks(2, [&](RankContext& ctx) {
-      auto store = ctx.store();
-      comm::CommOptions co;
-      co.rank = ctx.rank();
-      co.size = 2;
-      co.store = store.get();
-      co.prefix = "peer-loss";
-      co.timeout = std::chrono::milliseconds(20'000);
-      auto world = comm::make_communicator(comm::BackendKind::kGloo, co);
-      parallel::ParallelTrainer pt(spec, *world);
+      RankWorld world = gloo_world(ctx, "peer-loss", std::chrono::milliseconds(20'000));
+      parallel::ParallelTrainer pt(spec, *world.comm);
       auto batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
         if (s == 2 && ctx.rank() == 1) ::kill(::getpid(), SIGKILL);  // dies mid-step
         data.fill_train(s, b0, n, x, y);

@@ -93,15 +93,8 @@ LayoutOutcome run_layout(const LayoutCase& c) {
       c.world,
       [&](RankContext& ctx) {
         log_set_rank(ctx.rank());
-        auto store = ctx.store();
-        comm::CommOptions co;
-        co.rank = ctx.rank();
-        co.size = ctx.world();
-        co.store = store.get();
-        co.prefix = "layout";
-        co.timeout = std::chrono::milliseconds(60'000);
-        auto world = comm::make_communicator(comm::BackendKind::kGloo, co);
-        parallel::ParallelTrainer pt(spec, *world);
+        RankWorld world = gloo_world(ctx, "layout");
+        parallel::ParallelTrainer pt(spec, *world.comm);
         std::ostringstream os;
         os.precision(17);
         for (int s = 0; s < c.steps; ++s) {

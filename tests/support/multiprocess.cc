@@ -18,6 +18,7 @@
 #include "base/check.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "comm/registry.h"
 #include "comm/store/tcp_store.h"
 #include "comm/store/tcp_store_server.h"
 
@@ -376,6 +377,20 @@ RunResult run_ranks(int world, const std::function<void(RankContext&)>& fn,
   for (int r = 0; r < world; ++r)
     result.ranks.push_back(outcome_of(r, children[r], options.deadline));
   return result;  // the Reaper stops the store process
+}
+
+RankWorld gloo_world(const RankContext& ctx, const std::string& prefix,
+                     std::chrono::milliseconds timeout, int rank, int size) {
+  RankWorld w;
+  w.store = ctx.store();
+  comm::CommOptions co;
+  co.rank = rank < 0 ? ctx.rank() : rank;
+  co.size = size < 0 ? ctx.world() : size;
+  co.store = w.store.get();
+  co.prefix = prefix;
+  co.timeout = timeout;
+  w.comm = comm::make_communicator(comm::BackendKind::kGloo, co);
+  return w;
 }
 
 }  // namespace weft::test

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "comm/store/store.h"
 
 namespace weft::test {
@@ -88,5 +89,18 @@ struct RunResult {
 // server does not start.
 RunResult run_ranks(int world, const std::function<void(RankContext&)>& fn,
                     const RunOptions& options = {});
+
+// A Gloo communicator for a rank's function, with the store client it rendezvoused through
+// (kept alive beside it: the communicator holds a pointer to it).
+struct RankWorld {
+  std::unique_ptr<comm::Store> store;
+  std::unique_ptr<comm::Communicator> comm;
+};
+
+// Rank `rank` of `size` (by default the run's rank and world), keys under `prefix` in the
+// run's store, every wait bounded by `timeout`. Collective over those ranks.
+RankWorld gloo_world(const RankContext& ctx, const std::string& prefix,
+                     std::chrono::milliseconds timeout = std::chrono::milliseconds(60'000),
+                     int rank = -1, int size = -1);
 
 }  // namespace weft::test
