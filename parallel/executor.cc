@@ -54,9 +54,15 @@ void RankExecutor::set_loss_values(const std::vector<int>& values) {
   }
 }
 
-bool RankExecutor::local_loss_nonfinite() {
-  for (int id : loss_tensors_)
-    if (table_->live(id) && !core::all_finite(table_->read(id))) return true;
+bool RankExecutor::local_loss_nonfinite(bool* complete) {
+  *complete = true;
+  for (int id : loss_tensors_) {
+    if (!table_->live(id)) {
+      *complete = false;  // not written yet this step (a later micro-batch's forward)
+      continue;
+    }
+    if (!core::all_finite(table_->read(id))) return true;
+  }
   return false;
 }
 
@@ -163,6 +169,9 @@ void reduce_balance(core::MoeBalance& b, comm::Communicator& world) {
 
 void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load) {
   table_->zero_gradients();
+  // The last step's losses must not decide this step's fold (below): a dropped step's NaN
+  // loss would otherwise poison the next step's first bucket too.
+  table_->release_kept();
   moe_ = MoeState();
   core::StepScalars s = scalars;
   const std::vector<int64_t> no_rows;
@@ -172,12 +181,20 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
   // the first backward (the plan orders every forward first; resolve_parallel checks it).
   bool shares_pending = balance && balance->mode() == core::MoeBalance::Mode::kGlobalAux;
   times_ = StepTimes();
-  // Every local loss piece exists before this rank's first gradient bucket and its norm
-  // partial sums (each stage runs a micro-batch's forward before its backward), so one check
-  // there decides the fold.
-  bool loss_checked = false, loss_bad = false, poisoned = false;
+  // The fold is decided from this step's local loss pieces. Every one exists before the
+  // norm partial sums (the step phase follows every forward), but not always before the first
+  // gradient bucket: ZeRO-2/3 reduce-scatter each micro-batch's gradients during its
+  // backward, before the next micro-batch's forward. A verdict is final once a piece is not
+  // finite or every piece exists; until then each check looks again. (Sharded norm partials
+  // are reduced over the data-parallel replicas, so ZeRO's late verdict still reaches every
+  // rank; without ZeRO the buckets go out after the last forward.)
+  bool loss_known = false, loss_bad = false, poisoned = false;
   auto loss_nonfinite = [&] {
-    if (!loss_checked) loss_bad = local_loss_nonfinite(), loss_checked = true;
+    if (!loss_known) {
+      bool complete = false;
+      loss_bad = local_loss_nonfinite(&complete);
+      loss_known = loss_bad || complete;
+    }
     return loss_bad;
   };
   next_recv_ = 0;

@@ -89,8 +89,9 @@ class RankExecutor {
   // Completes the in-flight buckets that `touched` depends on (and those issued before them).
   void settle(const std::vector<int>& touched);
   void complete(const planner::Instr& in, PendingCollective& p);
-  // Whether a local piece of a set_loss_values() value is not finite.
-  bool local_loss_nonfinite();
+  // Whether a local piece of a set_loss_values() value written this step is not finite;
+  // `complete` says whether every local piece has been written this step.
+  bool local_loss_nonfinite(bool* complete);
   // Writes a NaN into the first float input of `in` (a gradient bucket) that is a view.
   void poison_first_input(const planner::Instr& in);
 

@@ -125,4 +125,17 @@ void TensorTable::zero_gradients() {
   }
 }
 
+void TensorTable::release_kept() {
+  for (size_t i = 0; i < t_.size(); ++i) {
+    const planner::TensorDesc& d = prog_.tensors[i];
+    if (!d.keep || d.persistent || d.alias_of >= 0) continue;
+    drop_with_views(int(i));
+  }
+}
+
+void TensorTable::drop_with_views(int id) {
+  t_.at(size_t(id)) = core::Tensor();
+  for (int a : aliases_[size_t(id)]) drop_with_views(a);
+}
+
 }  // namespace weft::parallel

@@ -47,6 +47,10 @@ class TensorTable {
   void release(int id);
   // Zeroes the persistent gradient accumulators (start of a step).
   void zero_gradients();
+  // Drops the kept results of the last step (losses: transient tensors the trainer reads
+  // after the step, never freed within it), so that a step never sees the last one's: until
+  // this step writes a piece, it is not live (start of a step, after the trainer read them).
+  void release_kept();
   // Allocates a transient tensor of an explicit shape (data-dependent sizes).
   core::Tensor& emplace(int id, const core::Shape& shape);
   std::string name(int id) const;
@@ -58,6 +62,8 @@ class TensorTable {
 
  private:
   core::Tensor allocate(int id, bool zero);
+  // Undefines `id` and every view of it, whatever their flags.
+  void drop_with_views(int id);
 
   const planner::RankProgram& prog_;
   const core::Graph& g_;
