@@ -29,6 +29,7 @@
 #include "core/io/safetensors.h"
 #include "launch/args.h"
 #include "launch/commands.h"
+#include "launch/heartbeat.h"
 #include "launch/nonfinite_guard.h"
 #include "launch/run_folder.h"
 #include "launch/train_report.h"
@@ -352,6 +353,7 @@ int cmd_train(const std::vector<std::string>& argv) {
     std::fputs(kHelp, stdout);
     return 0;
   }
+  start_agent_heartbeat();  // under weft run: tells the agent this worker is alive
   std::string config = args.required("--config");
   core::JobSpec spec = core::load_job_spec(config, args.all("--set"));
   parallel::LaunchEnv env = parallel::detect_launch_env();

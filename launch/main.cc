@@ -11,6 +11,7 @@
 #include "base/config.h"
 #include "base/error.h"
 #include "launch/commands.h"
+#include "launch/error_file.h"
 
 namespace {
 
@@ -56,9 +57,11 @@ int main(int argc, char** argv) {
   try {
     return it->second.run(args);
   } catch (const weft::ConfigError& e) {
+    weft::launch::record_error(e);  // TORCHELASTIC_ERROR_FILE, for weft run's root cause
     std::fprintf(stderr, "weft %s: error: %s\n", argv[1], e.what());
     return 2;
   } catch (const std::bad_alloc& e) {
+    weft::launch::record_error(e);
     // Whatever the allocation was, the fix is the same: a smaller job or more memory.
     std::fprintf(stderr,
                  "weft %s: failed: out of memory (%s): the job asked for more memory than this "
@@ -67,6 +70,7 @@ int main(int argc, char** argv) {
                  argv[1], e.what());
     return 1;
   } catch (const std::exception& e) {
+    weft::launch::record_error(e);
     std::fprintf(stderr, "weft %s: failed: %s\n", argv[1], e.what());
     return 1;
   }

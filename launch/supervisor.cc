@@ -1,0 +1,336 @@
+// weft run's agent loop: spawn, watch (exits, heartbeats, signals), stop, name the root cause.
+#include "launch/supervisor.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <set>
+
+#include "base/error.h"
+#include "launch/error_file.h"
+#include "launch/heartbeat.h"
+#include "launch/worker_spawn.h"
+
+namespace weft::launch {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+volatile std::sig_atomic_t g_interrupts = 0;  // Ctrl-C count
+volatile std::sig_atomic_t g_stop_signal = 0;  // SIGTERM or SIGHUP
+void on_signal(int s) {
+  if (s == SIGINT) g_interrupts = g_interrupts + 1;
+  else g_stop_signal = s;
+}
+
+struct Worker {
+  int rank = 0;
+  pid_t pid = -1;
+  std::unique_ptr<StreamSink> out, err;
+  int beat_fd = -1;
+  bool running = true;
+  int status = 0;
+  int64_t exit_ms = 0;
+  bool beating = false;  // sent its first heartbeat: watched from now on
+  Clock::time_point last_beat;
+  bool hung = false;
+  int sent = 0;  // bit per signal the agent sent its group: 1 INT, 2 TERM, 4 KILL
+  std::string error_file;
+};
+
+// One failure the root-cause summary may name.
+struct Failure {
+  int rank = -1;
+  pid_t pid = -1;
+  std::string host;
+  int64_t ms = 0;
+  std::string what;
+  bool secondary = false;  // lost its peer or timed out waiting: follows another's failure
+};
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return std::string("was killed by signal ") + ::strsignal(WTERMSIG(status));
+  return "stopped";
+}
+
+std::string hostname() {
+  char h[256] = "?";
+  ::gethostname(h, sizeof h - 1);
+  return h;
+}
+
+// Whether a worker's end is a failure of its own rather than the agent's doing.
+bool failed_by_itself(const Worker& w) {
+  if (WIFEXITED(w.status)) {
+    int c = WEXITSTATUS(w.status);
+    if (c == 0) return false;
+    if (c == 130 && (w.sent & 3)) return false;  // weft train's clean stop on INT or TERM
+    if (c == 128 + SIGTERM && (w.sent & 2)) return false;
+    return !(c == 128 + SIGINT && (w.sent & 1));
+  }
+  if (!WIFSIGNALED(w.status)) return false;
+  int s = WTERMSIG(w.status);
+  return !((s == SIGINT && (w.sent & 1)) || (s == SIGTERM && (w.sent & 2)) ||
+           (s == SIGKILL && (w.sent & 4)));
+}
+
+void signal_group(Worker& w, int sig) {
+  if (!w.running) return;
+  ::kill(-w.pid, sig);
+  w.sent |= sig == SIGINT ? 1 : sig == SIGTERM ? 2 : sig == SIGKILL ? 4 : 0;
+}
+
+std::vector<std::pair<std::string, std::string>> worker_env(const SupervisorOptions& o, int rank,
+                                                            const std::string& error_file) {
+  std::string r = std::to_string(rank), n = std::to_string(o.nproc);
+  std::string port = std::to_string(o.store_port);
+  std::vector<std::pair<std::string, std::string>> env = {
+      {"WEFT_RANK", r}, {"WEFT_LOCAL_RANK", r}, {"WEFT_WORLD_SIZE", n},
+      {"WEFT_STORE_ADDR", o.store_host + ":" + port},
+      // torchrun's worker environment (one node, one role, no restarts yet)
+      {"RANK", r}, {"LOCAL_RANK", r}, {"WORLD_SIZE", n}, {"LOCAL_WORLD_SIZE", n},
+      {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "1"}, {"ROLE_NAME", "default"},
+      {"ROLE_RANK", r}, {"ROLE_WORLD_SIZE", n}, {"MASTER_ADDR", o.store_host},
+      {"MASTER_PORT", port}, {"TORCHELASTIC_RUN_ID", o.run_id},
+      {"TORCHELASTIC_RESTART_COUNT", "0"}, {"TORCHELASTIC_MAX_RESTARTS", "0"},
+      {kErrorFileVar, error_file}, {kHeartbeatFdVar, std::to_string(kWorkerBeatFd)}};
+  char iv[32];
+  std::snprintf(iv, sizeof iv, "%g", o.heartbeat_interval_s);
+  env.push_back({kHeartbeatIntervalVar, iv});
+  // Share the cores among the workers unless the user chose (torchrun sets 1): N workers
+  // each running the OpenMP default of all cores oversubscribe them several times over.
+  if (!std::getenv("OMP_NUM_THREADS")) {
+    long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+    env.push_back({"OMP_NUM_THREADS", std::to_string(std::max(1L, cores / o.nproc))});
+  }
+  return env;
+}
+
+std::set<int> console_ranks(const OutputOptions& o, int n) {
+  std::set<int> out;
+  if (o.local_ranks_filter.empty()) {
+    for (int r = 0; r < n; ++r) out.insert(r);
+    return out;
+  }
+  size_t start = 0;
+  for (;;) {
+    size_t at = o.local_ranks_filter.find(',', start);
+    out.insert(std::stoi(o.local_ranks_filter.substr(start, at - start)));
+    if (at == std::string::npos) return out;
+    start = at + 1;
+  }
+}
+
+// A temporary folder removed when the job ends (the error files when there is no log dir).
+struct TempDir {
+  std::string path;
+  ~TempDir() {
+    std::error_code ec;
+    if (!path.empty()) fs::remove_all(path, ec);
+  }
+};
+
+std::string make_temp(const char* prefix) {
+  std::string t = (fs::temp_directory_path() / (std::string(prefix) + "XXXXXX")).string();
+  if (!::mkdtemp(t.data())) throw IoError("weft run: cannot create a folder under " + t);
+  return t;
+}
+
+}  // namespace
+
+int supervise(const SupervisorOptions& o) {
+  check_output_options(o.output);
+  // Log folder: --log-dir, else a temporary one when --redirects/--tee need files; error
+  // files live there too, or in a temporary folder removed at the end.
+  std::string log_dir = o.output.log_dir;
+  bool files_default = !log_dir.empty() && o.output.redirects.empty() && o.output.tee.empty();
+  if (log_dir.empty() && (!o.output.redirects.empty() || !o.output.tee.empty())) {
+    log_dir = make_temp("weft_run_logs_");
+    std::fprintf(stderr, "weft run: worker logs in %s\n", log_dir.c_str());
+  }
+  TempDir scratch;
+  std::string err_root = log_dir.empty() ? (scratch.path = make_temp("weft_run_")) : log_dir;
+  std::set<int> shown = console_ranks(o.output, o.nproc);
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &sa, nullptr);  // no SA_RESTART
+  std::signal(SIGPIPE, SIG_IGN);
+  std::fflush(stdout);
+  std::fflush(stderr);
+
+  Guardian guardian;
+  std::vector<Worker> workers(size_t(o.nproc));
+  for (int r = 0; r < o.nproc; ++r) {
+    Worker& w = workers[size_t(r)];
+    w.rank = r;
+    fs::path rank_dir = fs::path(err_root) / "attempt_0" / ("rank_" + std::to_string(r));
+    fs::create_directories(rank_dir);
+    w.error_file = (rank_dir / "error.json").string();
+    fs::remove(w.error_file);
+    int to_file = files_default ? 3
+                                : streams_for(o.output.redirects, r, "--redirects") |
+                                      streams_for(o.output.tee, r, "--tee");
+    int off_console = streams_for(o.output.redirects, r, "--redirects");
+    bool show = shown.count(r) > 0;
+    std::string lf = log_dir.empty() ? "" : (fs::path(log_dir) / "attempt_0" / ("rank_" + std::to_string(r))).string();
+    w.out = std::make_unique<StreamSink>(r, show && !(off_console & 1) ? stdout : nullptr,
+                                         (to_file & 1) ? lf + "/stdout.log" : "");
+    w.err = std::make_unique<StreamSink>(r, show && !(off_console & 2) ? stderr : nullptr,
+                                         (to_file & 2) ? lf + "/stderr.log" : "");
+    SpawnedWorker s = spawn_worker(o.command, worker_env(o, r, w.error_file));
+    guardian.watch(s.pid);
+    w.pid = s.pid;
+    w.out->set_fd(s.out_fd);
+    w.err->set_fd(s.err_fd);
+    w.beat_fd = s.beat_fd;
+  }
+
+  std::vector<Failure> failures;
+  bool failing = false;  // stopping because a worker failed
+  int forwarded = 0, agent_signal = 0;
+  auto deadline = Clock::time_point::max();
+  bool killed_all = false;
+  auto stop_all = [&](int sig) {
+    for (Worker& w : workers) signal_group(w, sig);
+    deadline = std::min(deadline, Clock::now() + std::chrono::milliseconds(int64_t(o.grace_s * 1000)));
+  };
+  const auto hb_timeout = std::chrono::milliseconds(int64_t(o.heartbeat_timeout_s * 1000));
+
+  for (;;) {
+    if (g_interrupts > forwarded) {  // Ctrl-C: weft train stops after the step (each one)
+      forwarded = g_interrupts;
+      if (!agent_signal) agent_signal = SIGINT;
+      stop_all(SIGINT);
+    }
+    if (g_stop_signal && agent_signal != g_stop_signal && agent_signal != SIGTERM &&
+        agent_signal != SIGHUP) {
+      agent_signal = g_stop_signal;
+      std::fprintf(stderr, "weft run: got %s; stopping the workers (SIGTERM, SIGKILL after %g s)\n",
+                   agent_signal == SIGHUP ? "SIGHUP" : "SIGTERM", o.grace_s);
+      stop_all(SIGTERM);
+    }
+    std::vector<pollfd> pfds;
+    for (Worker& w : workers) {
+      if (w.out->fd() >= 0) pfds.push_back({w.out->fd(), POLLIN, 0});
+      if (w.err->fd() >= 0) pfds.push_back({w.err->fd(), POLLIN, 0});
+      if (w.beat_fd >= 0) pfds.push_back({w.beat_fd, POLLIN, 0});
+    }
+    ::poll(pfds.data(), pfds.size(), 20);
+    auto now = Clock::now();
+    for (Worker& w : workers) {
+      w.out->pump();
+      w.err->pump();
+      if (w.beat_fd >= 0) {
+        char buf[256];
+        ssize_t k;
+        while ((k = ::read(w.beat_fd, buf, sizeof buf)) > 0) w.beating = true, w.last_beat = now;
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) {
+          ::close(w.beat_fd);  // the worker (and its children) closed it
+          w.beat_fd = -1;
+        }
+      }
+    }
+    // Reap every worker that ended before deciding anything, so that failures seen in the
+    // same pass are all candidates for the root cause.
+    bool new_failure = false;
+    for (Worker& w : workers) {
+      if (!w.running || ::waitpid(w.pid, &w.status, WNOHANG) != w.pid) continue;
+      w.running = false;
+      w.exit_ms = now_ms();
+      ::kill(-w.pid, SIGKILL);  // what it left in its group does not outlive it
+      guardian.release(w.pid);
+      if (w.hung || !failed_by_itself(w)) continue;
+      failures.push_back({w.rank, w.pid, hostname(), w.exit_ms, describe(w.status), false});
+      if (!failing && agent_signal != SIGTERM && agent_signal != SIGHUP)
+        std::fprintf(stderr, "weft run: rank %d %s; stopping the other workers\n", w.rank,
+                     describe(w.status).c_str());
+      new_failure = true;
+    }
+    if (o.heartbeat_timeout_s > 0 && !failing && !agent_signal)
+      for (Worker& w : workers) {
+        if (!w.running || !w.beating || w.hung || now - w.last_beat <= hb_timeout) continue;
+        double quiet = std::chrono::duration<double>(now - w.last_beat).count();
+        char what[160];
+        std::snprintf(what, sizeof what, "sent no heartbeat for %.1f s: hung or stopped", quiet);
+        std::fprintf(stderr, "weft run: rank %d (pid %d) %s; stopping the job\n", w.rank,
+                     int(w.pid), what);
+        w.hung = true;
+        signal_group(w, SIGKILL);
+        failures.push_back({w.rank, w.pid, hostname(), now_ms(), what, false});
+        new_failure = true;
+      }
+    if (new_failure && !failing) {
+      failing = true;
+      stop_all(SIGTERM);
+    }
+    if (!killed_all && Clock::now() > deadline) {
+      killed_all = true;
+      for (Worker& w : workers) signal_group(w, SIGKILL);
+    }
+    bool any_running = false, any_open = false;
+    for (Worker& w : workers) {
+      any_running = any_running || w.running;
+      any_open = any_open || w.out->fd() >= 0 || w.err->fd() >= 0;
+    }
+    if (!any_running) {  // take what is left; a pipe an escaped grandchild holds is closed
+      for (Worker& w : workers) {
+        w.out->finish();
+        w.err->finish();
+        if (w.beat_fd >= 0) ::close(w.beat_fd);
+        w.beat_fd = -1;
+      }
+      break;
+    }
+    (void)any_open;
+  }
+
+  if (failures.empty()) return agent_signal ? 128 + agent_signal : 0;
+
+  // The root cause: the earliest failure of a rank's own; a rank that lost its peer or
+  // timed out waiting for it is named only when nothing else failed.
+  for (Worker& w : workers) {
+    std::optional<ErrorRecord> e = read_error_file(w.error_file);
+    if (!e) continue;
+    Failure f{w.rank, w.pid, e->host.empty() ? hostname() : e->host,
+              e->time_ms ? e->time_ms : w.exit_ms, e->message,
+              e->kind == "peer_lost" || e->kind == "timeout"};
+    auto it = std::find_if(failures.begin(), failures.end(),
+                           [&](const Failure& x) { return x.rank == w.rank; });
+    if (it != failures.end()) *it = f;
+    else failures.push_back(f);
+  }
+  auto first = std::min_element(failures.begin(), failures.end(), [](const Failure& a, const Failure& b) {
+    return std::make_pair(a.secondary, a.ms) < std::make_pair(b.secondary, b.ms);
+  });
+  const Worker& root = workers[size_t(first->rank)];
+  std::fprintf(stderr, "weft run: root cause: rank %d (pid %d, host %s) failed first at %s: %s\n",
+               first->rank, int(first->pid), first->host.c_str(), format_time_ms(first->ms).c_str(),
+               first->what.c_str());
+  if (root.hung)
+    std::fprintf(stderr, "weft run: failed: rank %d hung (no heartbeat)\n", root.rank);
+  else if (WIFSIGNALED(root.status))
+    std::fprintf(stderr, "weft run: failed: lost rank %d (it %s)\n", root.rank,
+                 describe(root.status).c_str());
+  else
+    std::fprintf(stderr, "weft run: failed: rank %d %s\n", root.rank, describe(root.status).c_str());
+  if (agent_signal == SIGTERM || agent_signal == SIGHUP) return 128 + agent_signal;
+  return WIFEXITED(root.status) && WEXITSTATUS(root.status) != 0 ? WEXITSTATUS(root.status) : 1;
+}
+
+}  // namespace weft::launch

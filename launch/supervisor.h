@@ -1,0 +1,32 @@
+// The agent side of `weft run --standalone`: starts the workers (worker_spawn.h), routes
+// their output (worker_output.h), watches their exits and heartbeats, stops the job on the
+// first failure or on SIGTERM/SIGINT/SIGHUP (the signal to every worker's group, SIGKILL
+// after the grace period), and names the root cause from the per-rank error files.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "launch/worker_output.h"
+
+namespace weft::launch {
+
+struct SupervisorOptions {
+  int nproc = 1;
+  std::vector<std::string> command;
+  std::string store_host = "127.0.0.1";
+  int store_port = 0;
+  double grace_s = 5;
+  double heartbeat_interval_s = 1;
+  double heartbeat_timeout_s = 5;  // 0: not watched
+  OutputOptions output;
+  std::string run_id;
+};
+
+// Runs the job to its end and returns weft run's exit code: 0; the root-cause worker's
+// exit code (1 when it was killed or hung); 128 + the signal that stopped the job (130
+// for Ctrl-C, 143 SIGTERM, 129 SIGHUP). Must be called from the main thread (a worker's
+// parent-death signal follows the thread that forked it).
+int supervise(const SupervisorOptions& o);
+
+}  // namespace weft::launch

@@ -1,0 +1,381 @@
+// `weft run` supervises its workers with real processes and real signals: workers and their
+// children die with the agent (SIGKILL included) and the store's port is free again; SIGTERM
+// and SIGHUP stop them within --grace; a stopped worker is named by its missing heartbeat,
+// long before the collective timeout; the root cause is the rank that failed first; logs go
+// where --log-dir, --redirects, --tee and --local-ranks-filter say; torchrun's variables.
+// Every test reaps what it started, on failure too (Reaper).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "tests/support/run_weft.h"
+
+namespace weft::test {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+const std::string kWeft = WEFT_BINARY;
+const std::string kConfig = std::string(WEFT_SOURCE_DIR) + "/configs/gpt-layout.yaml";
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("weft_super_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// A process that exists and is not a zombie (an orphan's zombie may wait for PID 1).
+bool alive(pid_t pid) {
+  if (pid <= 0 || ::kill(pid, 0) != 0) return false;
+  std::string stat = read_all("/proc/" + std::to_string(pid) + "/stat");
+  size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
+}
+
+pid_t parent_of(pid_t pid) {
+  std::string stat = read_all("/proc/" + std::to_string(pid) + "/stat");
+  size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(close + 2));
+  char state;
+  pid_t ppid = -1;
+  rest >> state >> ppid;
+  return ppid;
+}
+
+// The live children of `parent`.
+std::vector<pid_t> children(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    pid_t p = pid_t(std::stoi(name));
+    if (parent_of(p) == parent && alive(p)) out.push_back(p);
+  }
+  return out;
+}
+
+// The child of `agent` whose environment has WEFT_RANK=<rank>, or -1.
+pid_t worker_of(pid_t agent, int rank) {
+  for (pid_t p : children(agent)) {
+    std::string env = read_all("/proc/" + std::to_string(p) + "/environ");
+    if (env.find("WEFT_RANK=" + std::to_string(rank) + '\0') != std::string::npos) return p;
+  }
+  return -1;
+}
+
+// Kills (SIGKILL) and reaps every pid it was given when the test ends, however it ends.
+struct Reaper {
+  std::set<pid_t> pids;
+  pid_t agent = -1;
+  ~Reaper() {
+    for (pid_t p : pids)
+      if (alive(p)) ::kill(p, SIGCONT), ::kill(p, SIGKILL);
+    if (agent > 0) {
+      ::kill(agent, SIGKILL);
+      ::waitpid(agent, nullptr, 0);
+    }
+  }
+};
+
+// Starts `weft ARGS...` with stdout and stderr going to `log`.
+pid_t start(const std::vector<std::string>& args, const fs::path& log,
+            const std::vector<std::string>& env = {}) {
+  pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ::dup2(fd, 1);
+  ::dup2(fd, 2);
+  ::setenv("OMP_NUM_THREADS", "1", 1);
+  for (const std::string& kv : env) ::putenv(const_cast<char*>(kv.c_str()));
+  std::vector<char*> argv{const_cast<char*>("weft")};
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execv(kWeft.c_str(), argv.data());
+  ::_exit(127);
+}
+
+// Waits for the exit of `pid` (at most `limit`, then SIGKILL); -1 when it had to be killed.
+int wait_exit(pid_t pid, std::chrono::seconds limit) {
+  int status = 0;
+  auto deadline = Clock::now() + limit;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (Clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return status;
+}
+
+// Polls `cond` every 20 ms for at most `limit`.
+template <class F>
+bool eventually(F cond, std::chrono::seconds limit) {
+  auto deadline = Clock::now() + limit;
+  while (!cond()) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+int free_port() {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(s);
+  return ntohs(a.sin_port);
+}
+
+// A worker that starts a `sleep` grandchild in its group, writes its pid to DIR/gc_RANK and
+// waits; `trap` is sh text run first (e.g. a SIGTERM trap).
+std::vector<std::string> sleeper(const fs::path& d, const std::string& trap = "") {
+  return {"sh", "-c", trap + "sleep 1000 & echo $! > " + d.string() + "/gc_$RANK.tmp; mv " +
+                         d.string() + "/gc_$RANK.tmp " + d.string() + "/gc_$RANK; wait"};
+}
+
+// Waits until both workers of `agent` run and wrote their grandchild's pid; fills `r`.
+bool wait_sleepers(pid_t agent, const fs::path& d, Reaper& r, std::vector<pid_t>& workers,
+                   std::vector<pid_t>& grandchildren) {
+  bool ok = eventually(
+      [&] {
+        return fs::exists(d / "gc_0") && fs::exists(d / "gc_1") && worker_of(agent, 0) > 0 &&
+               worker_of(agent, 1) > 0;
+      },
+      std::chrono::seconds(30));
+  if (!ok) return false;
+  for (int rank : {0, 1}) {
+    workers.push_back(worker_of(agent, rank));
+    grandchildren.push_back(pid_t(std::stoi(read_all(d / ("gc_" + std::to_string(rank))))));
+  }
+  r.pids.insert(workers.begin(), workers.end());
+  r.pids.insert(grandchildren.begin(), grandchildren.end());
+  return true;
+}
+
+std::vector<std::string> run_args(std::vector<std::string> own, const std::vector<std::string>& cmd) {
+  std::vector<std::string> a = {"run", "--standalone", "--nproc-per-node", "2"};
+  a.insert(a.end(), own.begin(), own.end());
+  a.push_back("--");
+  a.insert(a.end(), cmd.begin(), cmd.end());
+  return a;
+}
+
+TEST(Supervision, SigkillOfTheAgentTakesWorkersAndGrandchildrenAndFreesThePort) {
+  fs::path d = temp_dir("sigkill");
+  std::string port = std::to_string(free_port());
+  Reaper r;
+  r.agent = start(run_args({"--store-port", port}, sleeper(d)), d / "out.txt");
+  std::vector<pid_t> workers, gc;
+  ASSERT_TRUE(wait_sleepers(r.agent, d, r, workers, gc)) << read_all(d / "out.txt");
+  auto t0 = Clock::now();
+  ::kill(r.agent, SIGKILL);
+  ::waitpid(r.agent, nullptr, 0);
+  r.agent = -1;
+  bool gone = eventually(
+      [&] {
+        for (pid_t p : r.pids)
+          if (alive(p)) return false;
+        return true;
+      },
+      std::chrono::seconds(10));
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_TRUE(gone) << "a worker or grandchild outlived weft run";
+  std::printf("[ measure  ] SIGKILL of weft run -> last worker/grandchild gone: %.3f s\n", secs);
+  // The store's port is free again: a relaunch on it works.
+  CommandResult again = run_weft("run --standalone --nproc-per-node 2 --store-port " + port +
+                                 " -- sh -c 'echo again $RANK'");
+  EXPECT_EQ(again.code, 0) << again.out;
+  EXPECT_NE(again.out.find("[rank 1] again 1"), std::string::npos) << again.out;
+  fs::remove_all(d);
+}
+
+TEST(Supervision, SigtermAndSighupStopTheWorkersWithinGrace) {
+  for (int sig : {SIGTERM, SIGHUP}) {
+    SCOPED_TRACE(sig == SIGTERM ? "SIGTERM" : "SIGHUP");
+    fs::path d = temp_dir(sig == SIGTERM ? "term" : "hup");
+    Reaper r;
+    r.agent = start(run_args({"--grace", "20"},
+                             sleeper(d, "trap 'echo got SIGTERM; kill $!; exit 0' TERM; ")),
+                    d / "out.txt");
+    std::vector<pid_t> workers, gc;
+    ASSERT_TRUE(wait_sleepers(r.agent, d, r, workers, gc)) << read_all(d / "out.txt");
+    ::kill(r.agent, sig);
+    int status = wait_exit(r.agent, std::chrono::seconds(60));
+    r.agent = -1;
+    std::string out = read_all(d / "out.txt");
+    ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << out;
+    EXPECT_EQ(WEXITSTATUS(status), 128 + sig) << out;
+    EXPECT_NE(out.find("[rank 0] got SIGTERM"), std::string::npos) << out;
+    EXPECT_NE(out.find("[rank 1] got SIGTERM"), std::string::npos) << out;
+    EXPECT_EQ(out.find("root cause"), std::string::npos) << out;  // a stop, not a failure
+    for (pid_t p : r.pids) EXPECT_FALSE(alive(p)) << p;
+    fs::remove_all(d);
+  }
+}
+
+TEST(Supervision, WorkersThatIgnoreSigtermGetSigkillAfterGrace) {
+  fs::path d = temp_dir("ignore");
+  Reaper r;
+  r.agent = start(run_args({"--grace", "1"}, sleeper(d, "trap '' TERM; ")), d / "out.txt");
+  std::vector<pid_t> workers, gc;
+  ASSERT_TRUE(wait_sleepers(r.agent, d, r, workers, gc)) << read_all(d / "out.txt");
+  ::kill(r.agent, SIGTERM);
+  int status = wait_exit(r.agent, std::chrono::seconds(60));
+  r.agent = -1;
+  std::string out = read_all(d / "out.txt");
+  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 143) << out;
+  for (pid_t p : r.pids) EXPECT_FALSE(alive(p)) << p;
+  fs::remove_all(d);
+}
+
+// Two dp workers train "forever"; rank 1 is stopped. The collective timeout is 120 s and the
+// test gives the job 90 s: only the heartbeat can end it, naming rank 1 and its pid.
+TEST(Supervision, StoppedWorkerIsNamedByItsMissingHeartbeat) {
+  fs::path d = temp_dir("sigstop");
+  Reaper r;
+  r.agent = start(run_args({"--heartbeat-timeout", "3", "--grace", "2"},
+                           {"weft", "train", "--config", kConfig, "--set", "parallel.dp=2",
+                            "--set", "train.steps=100000", "--set", "train.log_every=1", "--set",
+                            "train.out_dir=" + (d / "run").string()}),
+                  d / "out.txt", {"WEFT_COMM_TIMEOUT_MS=120000"});
+  pid_t victim = -1;
+  ASSERT_TRUE(eventually(
+      [&] {
+        victim = worker_of(r.agent, 1);
+        return victim > 0 && read_all(d / "out.txt").find("| loss") != std::string::npos;
+      },
+      std::chrono::seconds(120)))
+      << read_all(d / "out.txt");
+  r.pids.insert(victim);
+  r.pids.insert(worker_of(r.agent, 0));
+  auto t0 = Clock::now();
+  ::kill(victim, SIGSTOP);
+  int status = wait_exit(r.agent, std::chrono::seconds(90));
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.agent = -1;
+  std::string out = read_all(d / "out.txt");
+  ASSERT_GE(status, 0) << "weft run did not notice the stopped worker\n" << out;
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << out;
+  std::string named = "rank 1 (pid " + std::to_string(victim) + ") sent no heartbeat for ";
+  EXPECT_NE(out.find(named), std::string::npos) << out;
+  EXPECT_NE(out.find("root cause: rank 1 (pid " + std::to_string(victim)), std::string::npos) << out;
+  EXPECT_EQ(out.find("rank 0 (pid"), std::string::npos) << out;
+  std::printf("[ measure  ] SIGSTOP of rank 1 -> weft run exited: %.3f s (heartbeat 1 s / 3 s)\n",
+              secs);
+  for (pid_t p : r.pids) EXPECT_FALSE(alive(p)) << p;
+  fs::remove_all(d);
+}
+
+// Rank 1 fails on its own (a weights file that does not exist, after the world connected);
+// rank 0 then loses its peer. The summary names rank 1 and its error, not rank 0.
+TEST(Supervision, RootCauseIsTheRankThatFailedFirst) {
+  fs::path d = temp_dir("root");
+  std::string train = kWeft + " train --config " + kConfig +
+                      " --set parallel.dp=2 --set train.steps=100000 --set train.out_dir=" +
+                      (d / "run").string();
+  Reaper r;
+  r.agent = start(run_args({"--log-dir", (d / "logs").string()},
+                           {"sh", "-c", "if [ $RANK = 1 ]; then exec " + train +
+                                            " --init-weights " + (d / "missing.safetensors").string() +
+                                            "; else exec " + train + "; fi"}),
+                  d / "out.txt");
+  int status = wait_exit(r.agent, std::chrono::seconds(120));
+  r.agent = -1;
+  std::string out = read_all(d / "out.txt");
+  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << out;
+  EXPECT_NE(WEXITSTATUS(status), 0) << out;
+  size_t at = out.find("weft run: root cause: rank 1 (pid ");
+  ASSERT_NE(at, std::string::npos) << out;
+  std::string line = out.substr(at, out.find('\n', at) - at);
+  EXPECT_NE(line.find("missing.safetensors"), std::string::npos) << line;
+  EXPECT_NE(line.find("failed first at "), std::string::npos) << line;
+  // The error file torchrun's way: JSON with the message and a timestamp.
+  std::string json = read_all(d / "logs" / "attempt_0" / "rank_1" / "error.json");
+  EXPECT_NE(json.find("\"message\": {\"message\": "), std::string::npos) << json;
+  EXPECT_NE(json.find("\"timestamp\": "), std::string::npos) << json;
+  fs::remove_all(d);
+}
+
+TEST(Supervision, LogDirRedirectsTeeAndRanksFilter) {
+  fs::path d = temp_dir("logs");
+  const std::string cmd = " -- sh -c 'echo out$RANK; echo err$RANK >&2'";
+  auto file = [&](const std::string& dir, int rank, const char* stream) {
+    return read_all(d / dir / "attempt_0" / ("rank_" + std::to_string(rank)) / stream);
+  };
+  // --log-dir alone: both streams in the files and on the console.
+  CommandResult a = run_weft("run --standalone --nproc-per-node 2 --log-dir " + (d / "a").string() + cmd);
+  ASSERT_EQ(a.code, 0) << a.out;
+  EXPECT_EQ(file("a", 1, "stdout.log"), "out1\n");
+  EXPECT_EQ(file("a", 1, "stderr.log"), "err1\n");
+  EXPECT_NE(a.out.find("[rank 1] out1"), std::string::npos) << a.out;
+  EXPECT_NE(a.out.find("[rank 1] err1"), std::string::npos) << a.out;
+  // -r 1 -t 2: stdout only in the file, stderr in both.
+  CommandResult b = run_weft("run --standalone --nproc-per-node 2 -r 1 -t 2 --log-dir " +
+                             (d / "b").string() + cmd);
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_EQ(file("b", 0, "stdout.log"), "out0\n");
+  EXPECT_EQ(file("b", 0, "stderr.log"), "err0\n");
+  EXPECT_EQ(b.out.find("out0"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("[rank 0] err0"), std::string::npos) << b.out;
+  // Per rank: rank 0 redirects both, rank 1 nothing; the console shows rank 1 only.
+  CommandResult c = run_weft("run --standalone --nproc-per-node 2 --redirects 0:3 "
+                             "--local-ranks-filter 1 --log-dir " + (d / "c").string() + cmd);
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_EQ(file("c", 0, "stdout.log"), "out0\n");
+  EXPECT_FALSE(fs::exists(d / "c" / "attempt_0" / "rank_1" / "stdout.log"));
+  EXPECT_EQ(c.out.find("[rank 0]"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("[rank 1] out1"), std::string::npos) << c.out;
+  // A malformed spec names the flag.
+  CommandResult bad = run_weft("run --standalone --nproc-per-node 2 --redirects 7" + cmd);
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--redirects"), std::string::npos) << bad.out;
+  fs::remove_all(d);
+}
+
+TEST(Supervision, WorkersSeeTorchrunsVariables) {
+  CommandResult r = run_weft("run --standalone --nproc-per-node 2 -- sh -c env");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* kv :
+       {"[rank 1] RANK=1", "[rank 1] LOCAL_RANK=1", "[rank 1] WORLD_SIZE=2",
+        "[rank 1] LOCAL_WORLD_SIZE=2", "[rank 1] GROUP_RANK=0", "[rank 1] GROUP_WORLD_SIZE=1",
+        "[rank 1] ROLE_RANK=1", "[rank 1] ROLE_WORLD_SIZE=2", "[rank 1] MASTER_ADDR=127.0.0.1",
+        "[rank 1] MASTER_PORT=", "[rank 1] TORCHELASTIC_RUN_ID=",
+        "[rank 1] TORCHELASTIC_RESTART_COUNT=0", "[rank 1] TORCHELASTIC_MAX_RESTARTS=0",
+        "[rank 1] TORCHELASTIC_ERROR_FILE=", "[rank 1] WEFT_RANK=1", "[rank 1] WEFT_STORE_ADDR="})
+    EXPECT_NE(r.out.find(kv), std::string::npos) << kv << "\n" << r.out;
+  // MASTER_PORT is the store's port.
+  size_t at = r.out.find("[rank 1] MASTER_PORT=");
+  std::string port = r.out.substr(at + 21, r.out.find('\n', at) - at - 21);
+  EXPECT_NE(r.out.find("[rank 1] WEFT_STORE_ADDR=127.0.0.1:" + port + "\n"), std::string::npos)
+      << r.out;
+}
+
+}  // namespace
+}  // namespace weft::test
