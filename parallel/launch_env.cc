@@ -1,6 +1,8 @@
-// Launch environments (weft run, mpirun) and the worker's world communicator.
+// Launch environments (weft run, mpirun, srun; torchrun refused) and the worker's world
+// communicator.
 #include "parallel/launch_env.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "base/env.h"
@@ -37,7 +39,88 @@ void parse_addr(const std::string& addr, LaunchEnv& e) {
   }
 }
 
+// Rank 0 serves the store on a port every rank knows without talking: WEFT_STORE_PORT, else
+// one derived from the job's identity (`job`; empty when the launcher gave none).
+uint16_t agreed_port(const std::string& job, const char* launcher) {
+  int64_t port =
+      env_int("WEFT_STORE_PORT", job.empty() ? 0 : 20000 + int64_t(core::stable_hash(job) % 20000));
+  if (port <= 0 || port > 65535)
+    throw ConfigError("WEFT_STORE_PORT", std::string("under ") + launcher +
+                                             " set WEFT_STORE_PORT (a free port) or "
+                                             "WEFT_STORE_ADDR=HOST:PORT");
+  return uint16_t(port);
+}
+
+// torchrun (or a launcher that speaks its variables, e.g. Kubeflow's PyTorchJob) started this
+// process: it serves no Weft store, so the ranks could never meet. A world of one is simply
+// one process.
+void refuse_torchrun() {
+  // Lenient: an unrelated RANK=captain in someone's shell must not stop `weft train`.
+  auto number = [](const char* v) -> int64_t {
+    std::string s = env_string(v, "");
+    try {
+      size_t used = 0;
+      long long x = std::stoll(s, &used);
+      return used == s.size() ? x : -1;
+    } catch (const std::exception&) {
+      return -1;
+    }
+  };
+  std::string seen;
+  int64_t world = 1;  // the most processes the variables describe
+  for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                        "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"}) {
+    if (env_string(v, "").empty()) continue;
+    seen += (seen.empty() ? "" : ", ") + std::string(v);
+    std::string n = v;
+    if (n == "WORLD_SIZE" || n == "LOCAL_WORLD_SIZE") world = std::max(world, number(v));
+    if (n == "RANK" || n == "LOCAL_RANK" || n == "GROUP_RANK") world = std::max(world, number(v) + 1);
+  }
+  if (world <= 1) return;
+  int64_t local = number("LOCAL_WORLD_SIZE") > 0 ? number("LOCAL_WORLD_SIZE")
+                  : number("WORLD_SIZE") > 0     ? number("WORLD_SIZE")
+                                                 : 2;
+  throw ConfigError(
+      "WORLD_SIZE",
+      "launched by torchrun (" + seen +
+          " set) but torchrun does not start Weft's store (no WEFT_WORLD_SIZE/WEFT_STORE_ADDR "
+          "from weft run), so the ranks cannot meet: launch with `weft run --standalone "
+          "--nproc-per-node " + std::to_string(local) +
+          " -- weft train --config ...` instead (weft run takes torchrun's flags), or with "
+          "mpirun or srun");
+}
+
 }  // namespace
+
+std::string slurm_first_host(const std::string& nodelist, const std::string& variable) {
+  std::string host;
+  bool in_brackets = false, took = false;  // took: this bracket group's first value is in
+  for (char c : nodelist) {
+    if (in_brackets) {
+      if (c == ']') in_brackets = false;
+      else if (c == '[') break;
+      else if (c == ',' || c == '-') took = true;
+      else if (!took) host += c;
+      continue;
+    }
+    if (c == ',') break;  // the first entry of a top-level list
+    if (c == ']') {
+      in_brackets = true;  // unbalanced: reported below
+      break;
+    }
+    if (c == '[') {
+      in_brackets = true;
+      took = false;
+      continue;
+    }
+    host += c;
+  }
+  if (in_brackets || host.empty() || host.back() == '-')
+    throw ConfigError(variable, "cannot read the first host of '" + nodelist +
+                                    "'; expected a Slurm node list such as node[01-04] or a,b "
+                                    "(or set WEFT_STORE_ADDR=HOST:PORT)");
+  return host;
+}
 
 LaunchEnv detect_launch_env() {
   LaunchEnv e;
@@ -63,26 +146,52 @@ LaunchEnv detect_launch_env() {
       parse_addr(addr, e);
       return e;
     }
-    // Rank 0 serves the store on this machine. The port must be the same on every rank
-    // without talking: WEFT_STORE_PORT, else one derived from the job's identity.
+    // Rank 0 serves the store on this machine.
     std::string job = env_string("PMIX_NAMESPACE", env_string("OMPI_MCA_ess_base_jobid", ""));
-    int64_t port = env_int("WEFT_STORE_PORT",
-                           job.empty() ? 0 : 20000 + int64_t(core::stable_hash(job) % 20000));
-    if (port <= 0 || port > 65535)
-      throw ConfigError(
-          "WEFT_STORE_PORT",
-          "under mpirun set WEFT_STORE_PORT (a free port) or WEFT_STORE_ADDR=HOST:PORT");
-    e.store_port = uint16_t(port);
+    e.store_port = agreed_port(job, "mpirun");
     e.host_store = e.rank == 0;
     return e;
   }
+  if (!env_string("SLURM_PROCID", "").empty()) {
+    // srun: one task per process. The step's own counts first (srun inside a larger
+    // allocation), then the job's.
+    e.launcher = "srun";
+    const char* world_var = !env_string("SLURM_STEP_NUM_TASKS", "").empty() ? "SLURM_STEP_NUM_TASKS"
+                            : !env_string("SLURM_NTASKS", "").empty()        ? "SLURM_NTASKS"
+                                                                             : "SLURM_NPROCS";
+    e.world = env_rank(world_var, 1, 1, 1 << 20);
+    e.rank = env_rank("SLURM_PROCID", 0, 0, e.world - 1);
+    e.local_rank = env_rank("SLURM_LOCALID", 0, 0, e.world - 1);
+    if (!addr.empty()) {
+      parse_addr(addr, e);
+      return e;
+    }
+    // Task 0 runs on the first node of the step and serves the store there.
+    int64_t nodes = env_int("SLURM_STEP_NUM_NODES", env_int("SLURM_NNODES", 1));
+    if (nodes > 1) {
+      const char* list_var =
+          !env_string("SLURM_STEP_NODELIST", "").empty() ? "SLURM_STEP_NODELIST" : "SLURM_JOB_NODELIST";
+      std::string list = env_string(list_var, "");
+      if (list.empty())
+        throw ConfigError("SLURM_JOB_NODELIST", "srun over several nodes without a node list; "
+                                                "set WEFT_STORE_ADDR=HOST:PORT of task 0's node");
+      e.store_host = slurm_first_host(list, list_var);
+      e.bind_host = "0.0.0.0";  // reachable from the other nodes whatever the name resolves to
+    }
+    std::string job = env_string("SLURM_JOB_ID", env_string("SLURM_JOBID", ""));
+    if (!job.empty()) job = "slurm:" + job + "." + env_string("SLURM_STEP_ID", env_string("SLURM_STEPID", "0"));
+    e.store_port = agreed_port(job, "srun");
+    e.host_store = e.rank == 0;
+    return e;
+  }
+  refuse_torchrun();
   return e;
 }
 
 WorkerWorld::WorkerWorld(const LaunchEnv& env, comm::Millis timeout) : env_(env) {
   if (env_.host_store) {
     comm::TCPStoreServerOptions so;
-    so.host = env_.store_host;
+    so.host = env_.bind_host.empty() ? env_.store_host : env_.bind_host;
     so.port = env_.store_port;
     server_ = std::make_unique<comm::TCPStoreServer>(so);
   }

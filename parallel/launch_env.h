@@ -1,6 +1,7 @@
 // Where a worker process stands: its rank and world size and the rendezvous store, from
-// `weft run` (WEFT_RANK, WEFT_WORLD_SIZE, WEFT_STORE_ADDR) or Open MPI's mpirun
-// (OMPI_COMM_WORLD_RANK/SIZE; rank 0 hosts the store), and the world communicator built on it.
+// `weft run` (WEFT_RANK, WEFT_WORLD_SIZE, WEFT_STORE_ADDR), Open MPI's mpirun
+// (OMPI_COMM_WORLD_RANK/SIZE) or Slurm's srun (SLURM_PROCID/NTASKS; rank 0 hosts the store
+// in both), and the world communicator built on it.
 #pragma once
 
 #include <cstdint>
@@ -18,16 +19,30 @@ namespace weft::parallel {
 
 struct LaunchEnv {
   int rank = 0, world = 1, local_rank = 0;
-  std::string launcher = "single";  // single | weft run | mpirun
+  std::string launcher = "single";  // single | weft run | mpirun | srun
   std::string store_host = "127.0.0.1";
   uint16_t store_port = 0;
-  bool host_store = false;  // this process serves the store (rank 0 under mpirun)
+  bool host_store = false;  // this process serves the store (rank 0 under mpirun and srun)
+  std::string bind_host;    // where the serving rank listens; "" = store_host
 };
 
-// Reads the environment. WEFT_* wins over OMPI_*. Under mpirun without WEFT_STORE_ADDR the
-// store is 127.0.0.1 on WEFT_STORE_PORT, or a port derived from the job's id (the same on
-// every rank of one job). Throws ConfigError naming the variable for malformed values.
+// Reads the environment, in this order: WEFT_* (weft run, which also sets torchrun's
+// variables), then OMPI_* (mpirun, also inside a Slurm allocation), then SLURM_PROCID (srun).
+// Under mpirun or srun without WEFT_STORE_ADDR rank 0 serves the store on WEFT_STORE_PORT,
+// or on a port derived from the job's id (the same on every rank of one job without
+// talking): mpirun on 127.0.0.1 (one machine); srun on the first host of the step's node
+// list (SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST), listening on every interface when the
+// step spans several nodes. torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, ...) without
+// any of these describe a world that nobody started a store for: when they say more than one
+// process, ConfigError explaining to launch with weft run instead (never trained as world 1).
+// Throws ConfigError naming the variable for malformed values.
 LaunchEnv detect_launch_env();
+
+// The first host of a Slurm node list: "node[01-04]" -> "node01", "a,b" -> "a",
+// "node[1,3-5]" -> "node1", "r[1-2]-n[3-4]" -> "r1-n3". ConfigError naming `variable` for
+// an empty or unbalanced list.
+std::string slurm_first_host(const std::string& nodelist,
+                             const std::string& variable = "SLURM_JOB_NODELIST");
 
 // The world of one worker: the store (served here when env.host_store), a client, and the
 // Gloo communicator over all ranks. Construction is collective and blocks until every rank

@@ -1,0 +1,592 @@
+// `weft run`'s command line: torchrun's flag set parsed into RunOptions, and the one table
+// of what the current launcher supports (kSupport, used by refuse_not_yet).
+#include "launch/run_options.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <set>
+
+#include "base/error.h"
+
+namespace weft::launch {
+namespace {
+
+enum class Arity { kValue, kFlag };
+
+struct FlagSpec {
+  const char* name;   // canonical spelling, dashes
+  const char* short_name;  // "-r" or nullptr
+  Arity arity;
+  bool from_env;       // also read from PET_<NAME>
+  const char* refuse;  // non-null: torchrun's flag that does not apply to weft run, and why
+};
+
+constexpr FlagSpec kFlags[] = {
+    {"--nnodes", nullptr, Arity::kValue, true, nullptr},
+    {"--nproc-per-node", nullptr, Arity::kValue, true, nullptr},
+    {"--rdzv-backend", nullptr, Arity::kValue, true, nullptr},
+    {"--rdzv-endpoint", nullptr, Arity::kValue, true, nullptr},
+    {"--rdzv-id", nullptr, Arity::kValue, true, nullptr},
+    {"--rdzv-conf", nullptr, Arity::kValue, true, nullptr},
+    {"--standalone", nullptr, Arity::kFlag, true, nullptr},
+    {"--max-restarts", nullptr, Arity::kValue, true, nullptr},
+    {"--monitor-interval", nullptr, Arity::kValue, true, nullptr},
+    {"--node-rank", nullptr, Arity::kValue, true, nullptr},
+    {"--master-addr", nullptr, Arity::kValue, true, nullptr},
+    {"--master-port", nullptr, Arity::kValue, true, nullptr},
+    {"--log-dir", nullptr, Arity::kValue, true, nullptr},
+    {"--redirects", "-r", Arity::kValue, true, nullptr},
+    {"--tee", "-t", Arity::kValue, true, nullptr},
+    {"--local-ranks-filter", nullptr, Arity::kValue, true, nullptr},
+    {"--role", nullptr, Arity::kValue, true, nullptr},
+    {"--no-python", nullptr, Arity::kFlag, true, nullptr},
+    {"--store-port", nullptr, Arity::kValue, true, nullptr},
+    {"--grace", nullptr, Arity::kValue, true, nullptr},
+    {"--help", "-h", Arity::kFlag, false, nullptr},
+    // torchrun's flags that have no meaning for a launcher of arbitrary commands.
+    {"--module", "-m", Arity::kFlag, true,
+     "weft run starts COMMAND as given, not a Python module: write `-- python -m MODULE ...`"},
+    {"--run-path", nullptr, Arity::kFlag, true,
+     "weft run starts COMMAND as given: write `-- python SCRIPT.py ...`"},
+    {"--start-method", nullptr, Arity::kValue, true,
+     "weft run always forks and execs COMMAND; drop the flag"},
+    {"--local-addr", nullptr, Arity::kValue, true,
+     "not applicable to weft run yet (the store address comes from --rdzv-endpoint)"},
+    {"--signals-to-handle", nullptr, Arity::kValue, true,
+     "not applicable: weft run forwards SIGINT to the workers; drop the flag"},
+    {"--numa-binding", nullptr, Arity::kValue, true,
+     "not applicable: weft run does not bind workers to NUMA nodes; use numactl in COMMAND"},
+};
+
+const FlagSpec* find_flag(const std::string& name) {
+  for (const FlagSpec& f : kFlags)
+    if (name == f.name || (f.short_name && name == f.short_name)) return &f;
+  return nullptr;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// "; did you mean X?" for the closest candidate within a few edits, else "".
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
+  for (const std::string& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  return best.empty() ? "" : "; did you mean " + best + "?";
+}
+
+std::string env_name(const FlagSpec& f) {
+  std::string n = "PET_";
+  for (const char* p = f.name + 2; *p; ++p)
+    n += *p == '-' ? '_' : char(std::toupper(static_cast<unsigned char>(*p)));
+  return n;
+}
+
+// "--nproc_per_node" -> "--nproc-per-node" (torchrun accepts both spellings).
+std::string canonical(const std::string& typed) {
+  std::string c = typed;
+  for (size_t i = 2; i < c.size(); ++i)
+    if (c[i] == '_') c[i] = '-';
+  return c;
+}
+
+int64_t to_int(const std::string& who, const std::string& v, int64_t lo, int64_t hi,
+               const std::string& hint) {
+  try {
+    size_t used = 0;
+    long long x = std::stoll(v, &used);
+    if (used == v.size() && x >= lo && x <= hi) return x;
+  } catch (const std::exception&) {
+  }
+  throw ConfigError(who, "expected an integer in [" + std::to_string(lo) + ", " +
+                             std::to_string(hi) + "], got '" + v + "'" + hint);
+}
+
+double to_seconds(const std::string& who, const std::string& v, bool allow_zero) {
+  try {
+    size_t used = 0;
+    double x = std::stod(v, &used);
+    if (used == v.size() && std::isfinite(x) && (x > 0 || (allow_zero && x == 0))) return x;
+  } catch (const std::exception&) {
+  }
+  throw ConfigError(who, std::string("expected a number of seconds ") +
+                             (allow_zero ? ">= 0" : "> 0") + ", got '" + v + "'");
+}
+
+bool to_bool(const std::string& who, const std::string& v) {
+  std::string l = v;
+  for (char& c : l) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (l == "1" || l == "true" || l == "yes" || l == "on") return true;
+  if (l == "0" || l == "false" || l == "no" || l == "off") return false;
+  throw ConfigError(who, "expected true or false (1 or 0), got '" + v + "'");
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    size_t p = s.find(sep, start);
+    out.push_back(s.substr(start, p - start));
+    if (p == std::string::npos) return out;
+    start = p + 1;
+  }
+}
+
+void parse_nnodes(const std::string& who, const std::string& v, RunOptions& o) {
+  const std::string hint = " (--nnodes N or MIN:MAX, e.g. 1:4)";
+  size_t colon = v.find(':');
+  if (colon == std::string::npos) {
+    o.nnodes_min = o.nnodes_max = int(to_int(who, v, 1, 1 << 20, hint));
+    return;
+  }
+  o.nnodes_min = int(to_int(who, v.substr(0, colon), 1, 1 << 20, hint));
+  o.nnodes_max = int(to_int(who, v.substr(colon + 1), 1, 1 << 20, hint));
+  if (o.nnodes_min > o.nnodes_max)
+    throw ConfigError(who, "MIN " + std::to_string(o.nnodes_min) + " is larger than MAX " +
+                               std::to_string(o.nnodes_max) + " in '" + v +
+                               "'; write MIN:MAX, e.g. " + std::to_string(o.nnodes_max) + ":" +
+                               std::to_string(o.nnodes_min));
+}
+
+void parse_nproc(const std::string& who, const std::string& v, RunOptions& o) {
+  if (v == "auto") o.nproc_kind = NprocKind::kAuto;
+  else if (v == "cpu") o.nproc_kind = NprocKind::kCpu;
+  else if (v == "gpu" || v == "cuda") o.nproc_kind = NprocKind::kGpu;
+  else {
+    o.nproc_kind = NprocKind::kCount;
+    o.nproc_per_node =
+        int(to_int(who, v, 1, 4096, " (a number of workers, or auto, gpu, cpu)"));
+  }
+}
+
+void parse_endpoint(const std::string& who, const std::string& v, RunOptions& o) {
+  std::string host, port;
+  if (!v.empty() && v[0] == '[') {  // [IPv6]:PORT
+    size_t close = v.find(']');
+    if (close == std::string::npos)
+      throw ConfigError(who, "unclosed '[' in '" + v + "'; write [ADDR]:PORT, e.g. [::1]:29400");
+    host = v.substr(1, close - 1);
+    std::string rest = v.substr(close + 1);
+    if (!rest.empty() && rest[0] != ':')
+      throw ConfigError(who, "expected :PORT after ']' in '" + v + "'");
+    if (!rest.empty()) port = rest.substr(1);
+  } else {
+    size_t colon = v.find(':');
+    if (colon != std::string::npos && v.find(':', colon + 1) != std::string::npos)
+      throw ConfigError(who, "'" + v + "' has several ':'; put an IPv6 address in brackets: [" +
+                                 v + "] or [ADDR]:PORT");
+    host = v.substr(0, colon);
+    if (colon != std::string::npos) port = v.substr(colon + 1);
+  }
+  if (host.empty()) throw ConfigError(who, "no host in '" + v + "'; write HOST[:PORT]");
+  o.rdzv_host = host;
+  if (!port.empty() || v.back() == ':')
+    o.rdzv_port = int(to_int(who, port, 0, 65535, " (the port in HOST:PORT)"));
+}
+
+void parse_conf(const std::string& who, const std::string& v, RdzvConf& c) {
+  static const std::vector<std::string> kKeys = {
+      "join_timeout",      "last_call_timeout", "close_timeout", "heartbeat_interval",
+      "heartbeat_timeout", "token_file",        "insecure",      "read_timeout",
+      "timeout",           "is_host"};
+  if (v.empty()) return;
+  for (const std::string& item : split(v, ',')) {
+    size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw ConfigError(who, "expected KEY=VALUE pairs separated by ',', got '" + item + "'");
+    std::string key = item.substr(0, eq), val = item.substr(eq + 1);
+    std::string at = who + " " + key;
+    if (std::find(kKeys.begin(), kKeys.end(), key) == kKeys.end()) {
+      std::string known;
+      for (const std::string& k : kKeys) known += (known.empty() ? "" : ", ") + k;
+      throw ConfigError(at, "unknown rendezvous setting '" + key + "'" +
+                                did_you_mean(key, kKeys) + " (known: " + known + ")");
+    }
+    c.keys.push_back(key);
+    if (key == "token_file") {
+      if (val.empty()) throw ConfigError(at, "give a file path");
+      c.token_file = val;
+    } else if (key == "insecure") c.insecure = to_bool(at, val);
+    else if (key == "is_host") c.is_host = to_bool(at, val);
+    else {
+      double s = to_seconds(at, val, false);
+      if (key == "join_timeout") c.join_timeout = s;
+      else if (key == "last_call_timeout") c.last_call_timeout = s;
+      else if (key == "close_timeout") c.close_timeout = s;
+      else if (key == "heartbeat_interval") c.heartbeat_interval = s;
+      else if (key == "heartbeat_timeout") c.heartbeat_timeout = s;
+      else if (key == "read_timeout") c.read_timeout = s;
+      else c.timeout = s;
+    }
+  }
+  if (c.heartbeat_interval && c.heartbeat_timeout && *c.heartbeat_timeout <= *c.heartbeat_interval)
+    throw ConfigError(who + " heartbeat_timeout",
+                      "must be longer than heartbeat_interval (a peer gets several beats "
+                      "before it is declared lost), e.g. heartbeat_interval=1,heartbeat_timeout=5");
+  if (c.insecure.value_or(false) && c.token_file)
+    throw ConfigError(who + " insecure",
+                      "insecure=true contradicts token_file (which secures the store); keep one");
+}
+
+void parse_std(const std::string& who, const std::string& v, StdStreams& s) {
+  const std::string hint = " (0 none, 1 stdout, 2 stderr, 3 both; or LOCAL_RANK:VALUE,... e.g. 0:3,1:2)";
+  s = {};
+  if (v.find(':') == std::string::npos) {
+    s.all = int(to_int(who, v, 0, 3, hint));
+    return;
+  }
+  for (const std::string& item : split(v, ',')) {
+    size_t colon = item.find(':');
+    if (colon == std::string::npos)
+      throw ConfigError(who, "expected LOCAL_RANK:VALUE, got '" + item + "'" + hint);
+    int rank = int(to_int(who, item.substr(0, colon), 0, 4095, hint));
+    s.per_rank[rank] = int(to_int(who, item.substr(colon + 1), 0, 3, hint));
+  }
+}
+
+std::string need_value(const std::string& who, const std::string& v, const std::string& example) {
+  if (v.empty()) throw ConfigError(who, "needs a value, e.g. " + example);
+  return v;
+}
+
+// Converts one flag's text into `o`.
+void apply(const std::string& flag, const std::string& who, const std::string& v, RunOptions& o) {
+  if (flag == "--nnodes") parse_nnodes(who, v, o);
+  else if (flag == "--nproc-per-node") parse_nproc(who, v, o);
+  else if (flag == "--rdzv-backend") {
+    if (v == "c10d") o.rdzv_backend = RdzvBackend::kC10d;
+    else if (v == "static") o.rdzv_backend = RdzvBackend::kStatic;
+    else if (v == "etcd") o.rdzv_backend = RdzvBackend::kEtcd;
+    else if (v == "etcd-v2") o.rdzv_backend = RdzvBackend::kEtcdV2;
+    else
+      throw ConfigError(who, "expected c10d, static, etcd or etcd-v2, got '" + v + "'" +
+                                 did_you_mean(v, {"c10d", "static", "etcd", "etcd-v2"}));
+  } else if (flag == "--rdzv-endpoint") parse_endpoint(who, v, o);
+  else if (flag == "--rdzv-id") o.rdzv_id = need_value(who, v, "--rdzv-id job42");
+  else if (flag == "--rdzv-conf") parse_conf(who, v, o.rdzv_conf);
+  else if (flag == "--max-restarts") o.max_restarts = int(to_int(who, v, 0, 1 << 20, ""));
+  else if (flag == "--monitor-interval") o.monitor_interval = to_seconds(who, v, false);
+  else if (flag == "--node-rank") o.node_rank = int(to_int(who, v, 0, 1 << 20, ""));
+  else if (flag == "--master-addr") o.master_addr = need_value(who, v, "--master-addr node01");
+  else if (flag == "--master-port") o.master_port = int(to_int(who, v, 1, 65535, ""));
+  else if (flag == "--log-dir") o.log_dir = need_value(who, v, "--log-dir logs");
+  else if (flag == "--redirects") parse_std(who, v, o.redirects);
+  else if (flag == "--tee") parse_std(who, v, o.tee);
+  else if (flag == "--local-ranks-filter") {
+    o.local_ranks_filter.clear();
+    for (const std::string& r : split(v, ','))
+      o.local_ranks_filter.push_back(int(to_int(who, r, 0, 4095, " (a comma list, e.g. 0,2)")));
+  } else if (flag == "--role") o.role = need_value(who, v, "--role trainer");
+  else if (flag == "--store-port") o.store_port = int(to_int(who, v, 0, 65535, ""));
+  else if (flag == "--grace") o.grace = int(to_int(who, v, 0, 3600, " (seconds)"));
+  else if (flag == "--standalone") o.standalone = to_bool(who, v);
+  else if (flag == "--no-python") o.no_python = to_bool(who, v);
+  else if (flag == "--help") o.help = true;
+}
+
+// Rules between flags (each names the flag to change).
+void validate(RunOptions& o) {
+  const bool several = o.nnodes_max > 1;
+  if (o.standalone) {
+    if (o.given("--rdzv-endpoint"))
+      throw ConfigError(o.name("--rdzv-endpoint"),
+                        "conflicts with " + o.name("--standalone") +
+                            ", which serves the store on this machine on a free port; drop one "
+                            "(--store-port P picks the port of a standalone run)");
+    if (o.rdzv_backend != RdzvBackend::kC10d)
+      throw ConfigError(o.name("--rdzv-backend"),
+                        "conflicts with " + o.name("--standalone") +
+                            " (a local c10d store); drop one");
+    if (several)
+      throw ConfigError(o.name("--nnodes"), "--standalone is one machine; use --nnodes 1 or drop "
+                                            "--standalone and give --rdzv-endpoint");
+  } else if (o.given("--store-port")) {
+    throw ConfigError(o.name("--store-port"),
+                      "applies to --standalone; otherwise the store listens on the port of "
+                      "--rdzv-endpoint HOST:PORT (or --master-port with static)");
+  }
+  if (o.rdzv_backend != RdzvBackend::kStatic)
+    for (const char* f : {"--master-addr", "--master-port", "--node-rank"})
+      if (o.given(f))
+        throw ConfigError(o.name(f), std::string("applies to --rdzv-backend static only; with ") +
+                                         (o.standalone ? "--standalone" : "c10d") +
+                                         " the rendezvous assigns node ranks and the store is at " +
+                                         (o.standalone ? "a local free port" : "--rdzv-endpoint"));
+  if (o.rdzv_backend == RdzvBackend::kStatic) {
+    if (o.given("--rdzv-endpoint"))
+      throw ConfigError(o.name("--rdzv-endpoint"),
+                        "with --rdzv-backend static the store is at --master-addr:--master-port; "
+                        "give those instead");
+    if (o.nnodes_min != o.nnodes_max)
+      throw ConfigError(o.name("--nnodes"), "static rendezvous has a fixed number of nodes; give "
+                                            "--nnodes N, or use --rdzv-backend c10d for MIN:MAX");
+    if (several && !o.given("--node-rank"))
+      throw ConfigError("--node-rank", "static rendezvous with --nnodes " +
+                                           std::to_string(o.nnodes_max) +
+                                           " needs each node's rank: --node-rank 0.." +
+                                           std::to_string(o.nnodes_max - 1));
+    if (several && !o.given("--master-addr"))
+      throw ConfigError("--master-addr", "static rendezvous with several nodes needs the address "
+                                         "of node 0: --master-addr HOST");
+    if (o.node_rank >= o.nnodes_max)
+      throw ConfigError(o.name("--node-rank"),
+                        "must be below --nnodes " + std::to_string(o.nnodes_max) + ", got " +
+                            std::to_string(o.node_rank));
+  }
+  if ((o.rdzv_backend == RdzvBackend::kEtcd || o.rdzv_backend == RdzvBackend::kEtcdV2) &&
+      !o.given("--rdzv-endpoint"))
+    throw ConfigError("--rdzv-endpoint", "--rdzv-backend etcd needs the etcd server: "
+                                         "--rdzv-endpoint HOST:2379");
+  if (o.rdzv_backend == RdzvBackend::kC10d && !o.standalone && several &&
+      !o.given("--rdzv-endpoint"))
+    throw ConfigError("--rdzv-endpoint", "several nodes need the address of the node that "
+                                         "serves the store: --rdzv-endpoint HOST:PORT (the same "
+                                         "on every node)");
+  if (o.nproc_kind == NprocKind::kCount) {
+    auto check_rank = [&](const std::string& flag, int r) {
+      if (r >= o.nproc_per_node)
+        throw ConfigError(o.name(flag), "local rank " + std::to_string(r) +
+                                            " does not exist with --nproc-per-node " +
+                                            std::to_string(o.nproc_per_node));
+    };
+    for (int r : o.local_ranks_filter) check_rank("--local-ranks-filter", r);
+    for (const auto& [r, v] : o.redirects.per_rank) check_rank("--redirects", r);
+    for (const auto& [r, v] : o.tee.per_rank) check_rank("--tee", r);
+  }
+  if (o.command.empty() && !o.help)
+    throw ConfigError("COMMAND", "give the worker command after --, e.g. weft run "
+                                 "--standalone --nproc-per-node 2 -- weft train --config X.yaml");
+}
+
+// What the current `weft run` can act on: one row per flag (or per setting of a flag). A row
+// with supported=false whose `used` is true makes refuse_not_yet throw `why`. Rows marked
+// supported document the table in docs/run.md; flip a row when the launcher learns it.
+struct Support {
+  const char* flag;
+  bool supported;
+  bool (*used)(const RunOptions&);
+  const char* why;
+};
+
+const Support kSupport[] = {
+    {"--nproc-per-node", true, [](const RunOptions&) { return true; }, ""},
+    {"--standalone", true, [](const RunOptions& o) { return o.standalone; }, ""},
+    {"--store-port", true, [](const RunOptions& o) { return o.given("--store-port"); }, ""},
+    {"--grace", true, [](const RunOptions& o) { return o.given("--grace"); }, ""},
+    {"--no-python", true, [](const RunOptions& o) { return o.no_python; }, ""},
+    {"--nnodes", false, [](const RunOptions& o) { return o.nnodes_min != 1 || o.nnodes_max != 1; },
+     "several nodes (or an elastic range) are not yet supported: weft run starts workers on "
+     "this machine only; use --nnodes 1, or mpirun/srun to start `weft train` on several "
+     "machines"},
+    {"--rdzv-backend", false,
+     [](const RunOptions& o) {
+       return o.rdzv_backend == RdzvBackend::kEtcd || o.rdzv_backend == RdzvBackend::kEtcdV2;
+     },
+     "the etcd rendezvous is not yet supported; use --standalone on one machine"},
+    {"--rdzv-endpoint", false,
+     [](const RunOptions& o) { return !o.rdzv_host.empty() && !is_local_host(o.rdzv_host); },
+     "a store on another machine is not yet supported (weft run serves it here); use "
+     "--standalone"},
+    // Flips once cmd_run serves the store on store_port_to_serve() instead of a free port.
+    {"--standalone", false, [](const RunOptions& o) { return !o.standalone; },
+     "is needed for now: a c10d or static rendezvous without it is not yet supported; pass "
+     "--standalone (one machine, a local store on a free port or --store-port)"},
+    {"--rdzv-id", false, [](const RunOptions& o) { return o.given("--rdzv-id"); },
+     "is not yet passed to the workers (TORCHELASTIC_RUN_ID); drop it"},
+    {"--rdzv-conf", false, [](const RunOptions& o) { return !o.rdzv_conf.keys.empty(); },
+     "rendezvous settings are not yet supported by weft run; drop them"},
+    {"--max-restarts", false, [](const RunOptions& o) { return o.max_restarts > 0; },
+     "restarting failed workers is not yet supported (a failed worker ends the job); use "
+     "--max-restarts 0"},
+    {"--monitor-interval", false, [](const RunOptions& o) { return o.given("--monitor-interval"); },
+     "is not yet adjustable (weft run watches its workers every 50 ms); drop it"},
+    {"--node-rank", false, [](const RunOptions& o) { return o.node_rank > 0; },
+     "a node other than 0 is not yet supported (one machine only)"},
+    {"--log-dir", false, [](const RunOptions& o) { return o.given("--log-dir"); },
+     "per-worker log files are not yet written (output goes to the terminal, prefixed "
+     "[rank r]); drop it"},
+    {"--redirects", false, [](const RunOptions& o) { return o.redirects.any(); },
+     "redirecting worker output to files is not yet supported; drop it"},
+    {"--tee", false, [](const RunOptions& o) { return o.tee.any(); },
+     "copying worker output to files is not yet supported; drop it"},
+    {"--local-ranks-filter", false,
+     [](const RunOptions& o) { return !o.local_ranks_filter.empty(); },
+     "filtering worker output by rank is not yet supported (every rank's lines are shown, "
+     "prefixed [rank r]); drop it"},
+    {"--role", false, [](const RunOptions& o) { return o.given("--role") && o.role != "default"; },
+     "worker roles are not yet supported; drop it"},
+};
+
+}  // namespace
+
+int StdStreams::of(int local_rank) const {
+  auto it = per_rank.find(local_rank);
+  return it != per_rank.end() ? it->second : (per_rank.empty() ? all : 0);
+}
+
+std::string RunOptions::name(const std::string& flag) const {
+  auto it = origin.find(flag);
+  return it == origin.end() ? flag : it->second;
+}
+
+std::optional<std::string> process_env(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  if (!v || !*v) return std::nullopt;
+  return std::string(v);
+}
+
+RunOptions parse_run_options(const std::vector<std::string>& argv, const EnvLookup& env) {
+  RunOptions o;
+  // flag -> (text, who): the last occurrence on the command line wins (as with argparse).
+  std::map<std::string, std::pair<std::string, std::string>> raw;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--") {
+      o.command.assign(argv.begin() + long(i) + 1, argv.end());
+      break;
+    }
+    if (a.size() < 2 || a[0] != '-') {  // the first non-option starts COMMAND
+      o.command.assign(argv.begin() + long(i), argv.end());
+      break;
+    }
+    std::string typed = a, value;
+    bool inline_value = false;
+    const FlagSpec* f = nullptr;
+    if (a[1] == '-') {
+      if (size_t eq = a.find('='); eq != std::string::npos)
+        typed = a.substr(0, eq), value = a.substr(eq + 1), inline_value = true;
+      f = find_flag(canonical(typed));
+    } else {  // -r 3, -r3, -h, -m
+      typed = a.substr(0, 2);
+      f = find_flag(typed);
+      if (f && a.size() > 2) value = a.substr(a[2] == '=' ? 3 : 2), inline_value = true;
+    }
+    if (!f) {
+      std::vector<std::string> names;
+      for (const FlagSpec& s : kFlags) names.push_back(s.name);
+      throw ConfigError(typed, "unknown option of weft run" + did_you_mean(canonical(typed), names) +
+                                   " (see weft run --help)");
+    }
+    if (f->refuse) throw ConfigError(typed, f->refuse);
+    if (f->arity == Arity::kFlag) {
+      if (inline_value && a[1] == '-') value = value.empty() ? "1" : value;
+      else if (inline_value) throw ConfigError(typed, "takes no value");
+      else value = "1";
+    } else if (!inline_value) {
+      if (i + 1 >= argv.size()) throw ConfigError(typed, "needs a value (see weft run --help)");
+      value = argv[++i];
+    }
+    raw[f->name] = {value, typed};
+  }
+  for (const FlagSpec& f : kFlags) {
+    if (!f.from_env || raw.count(f.name)) continue;
+    std::string var = env_name(f);
+    if (auto v = env(var)) {
+      if (f.refuse && (f.arity == Arity::kValue || to_bool(var, *v)))
+        throw ConfigError(var, f.refuse);
+      raw[f.name] = {*v, var};
+    }
+  }
+  for (const auto& [flag, tv] : raw) {
+    o.origin[flag] = tv.second;
+    apply(flag, tv.second, tv.first, o);
+  }
+  if (!o.help) validate(o);
+  return o;
+}
+
+void refuse_not_yet(const RunOptions& o) {
+  for (const Support& s : kSupport) {
+    if (s.supported || !s.used(o)) continue;
+    std::string who = o.name(s.flag);
+    if (std::string(s.flag) == "--rdzv-conf") who += " " + o.rdzv_conf.keys.front();
+    throw ConfigError(who, s.why);
+  }
+}
+
+int resolve_nproc_per_node(const RunOptions& o, int visible_gpus, unsigned cpus) {
+  switch (o.nproc_kind) {
+    case NprocKind::kCount:
+      return o.nproc_per_node;
+    case NprocKind::kGpu:
+      if (visible_gpus <= 0)
+        throw ConfigError(o.name("--nproc-per-node"),
+                          "gpu: no GPU is visible here; give a number of workers, or cpu");
+      return visible_gpus;
+    case NprocKind::kAuto:
+      if (visible_gpus > 0) return visible_gpus;
+      [[fallthrough]];
+    case NprocKind::kCpu:
+      if (cpus == 0)
+        throw ConfigError(o.name("--nproc-per-node"),
+                          "cannot tell how many CPUs this machine has; give a number of workers");
+      return int(std::min(cpus, 4096u));
+  }
+  return o.nproc_per_node;
+}
+
+int store_port_to_serve(const RunOptions& o) {
+  if (o.standalone) return o.store_port;
+  if (o.rdzv_backend == RdzvBackend::kStatic) return o.master_port;
+  return o.rdzv_port;
+}
+
+bool is_local_host(const std::string& host) {
+  if (host.empty() || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0)
+    return true;
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return false;
+  std::string me = buf;
+  return host == me || (me.find('.') != std::string::npos && host == me.substr(0, me.find('.')));
+}
+
+const char* run_options_help() {
+  return R"(usage: weft run [options] [--] COMMAND [ARGS...]
+
+torchrun's flags (also --name_with_underscores, --flag=value, and PET_<NAME> variables such as
+PET_NPROC_PER_NODE; the command line wins). Marked * : parsed and checked, refused with a
+"not yet" message until the launcher supports them (docs/run.md).
+
+  --standalone                 one machine: serve the rendezvous store here (required for now)
+  --nproc-per-node N|auto|gpu|cpu  workers on this machine (default 1; auto: the visible GPUs,
+                               else the CPU count)
+  --nnodes N|MIN:MAX         * nodes (default 1)
+  --rdzv-backend c10d|static|etcd|etcd-v2  (default c10d; etcd *)
+  --rdzv-endpoint HOST[:PORT]* the store's address (default port 29400; IPv6 as [ADDR]:PORT)
+  --rdzv-id ID               * the job's id (TORCHELASTIC_RUN_ID)
+  --rdzv-conf K=V,...        * join_timeout, last_call_timeout, close_timeout, heartbeat_interval,
+                               heartbeat_timeout, read_timeout, timeout, token_file, insecure,
+                               is_host
+  --max-restarts K           * restarts of the worker group before failing (default 0)
+  --monitor-interval S       * seconds between checks of the workers (default 0.1)
+  --node-rank R, --master-addr H, --master-port P  * static rendezvous only
+  --log-dir DIR, -r/--redirects, -t/--tee 0-3|R:V,..., --local-ranks-filter R,...,
+  --role NAME                * worker logs and roles
+  --no-python                  COMMAND runs as given (weft run's only mode)
+  --store-port P               port of a --standalone store (default 0: a free one)
+  --grace S                    seconds a failed job's other workers get after SIGTERM (default 5)
+
+Each worker runs COMMAND with WEFT_RANK, WEFT_LOCAL_RANK, WEFT_WORLD_SIZE and WEFT_STORE_ADDR
+set; a COMMAND of `weft` runs this binary. Output lines are prefixed with [rank r]. Ctrl-C is
+forwarded to every worker. When a worker fails the others are stopped and the exit code is
+the worker's (1 when it was killed by a signal).
+)";
+}
+
+}  // namespace weft::launch
