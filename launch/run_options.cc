@@ -46,6 +46,8 @@ constexpr FlagSpec kFlags[] = {
     {"--no-python", nullptr, Arity::kFlag, true, nullptr},
     {"--store-port", nullptr, Arity::kValue, true, nullptr},
     {"--grace", nullptr, Arity::kValue, true, nullptr},
+    {"--worker-heartbeat-interval", nullptr, Arity::kValue, true, nullptr},
+    {"--worker-heartbeat-timeout", nullptr, Arity::kValue, true, nullptr},
     {"--help", "-h", Arity::kFlag, false, nullptr},
     // torchrun's flags that have no meaning for a launcher of arbitrary commands.
     {"--module", "-m", Arity::kFlag, true,
@@ -294,7 +296,9 @@ void apply(const std::string& flag, const std::string& who, const std::string& v
       o.local_ranks_filter.push_back(int(to_int(who, r, 0, 4095, " (a comma list, e.g. 0,2)")));
   } else if (flag == "--role") o.role = need_value(who, v, "--role trainer");
   else if (flag == "--store-port") o.store_port = int(to_int(who, v, 0, 65535, ""));
-  else if (flag == "--grace") o.grace = int(to_int(who, v, 0, 3600, " (seconds)"));
+  else if (flag == "--grace") o.grace = std::min(to_seconds(who, v, true), 3600.0);
+  else if (flag == "--worker-heartbeat-interval") o.worker_heartbeat_interval = to_seconds(who, v, false);
+  else if (flag == "--worker-heartbeat-timeout") o.worker_heartbeat_timeout = to_seconds(who, v, true);
   else if (flag == "--standalone") o.standalone = to_bool(who, v);
   else if (flag == "--no-python") o.no_python = to_bool(who, v);
   else if (flag == "--help") o.help = true;
@@ -389,6 +393,17 @@ const Support kSupport[] = {
     {"--standalone", true, [](const RunOptions& o) { return o.standalone; }, ""},
     {"--store-port", true, [](const RunOptions& o) { return o.given("--store-port"); }, ""},
     {"--grace", true, [](const RunOptions& o) { return o.given("--grace"); }, ""},
+    {"--worker-heartbeat-interval", true,
+     [](const RunOptions& o) { return o.given("--worker-heartbeat-interval"); }, ""},
+    {"--worker-heartbeat-timeout", true,
+     [](const RunOptions& o) { return o.given("--worker-heartbeat-timeout"); }, ""},
+    {"--rdzv-id", true, [](const RunOptions& o) { return o.given("--rdzv-id"); }, ""},
+    {"--log-dir", true, [](const RunOptions& o) { return o.given("--log-dir"); }, ""},
+    {"--redirects", true, [](const RunOptions& o) { return o.redirects.any(); }, ""},
+    {"--tee", true, [](const RunOptions& o) { return o.tee.any(); }, ""},
+    {"--local-ranks-filter", true,
+     [](const RunOptions& o) { return !o.local_ranks_filter.empty(); }, ""},
+    {"--role", true, [](const RunOptions& o) { return o.given("--role"); }, ""},
     {"--no-python", true, [](const RunOptions& o) { return o.no_python; }, ""},
     {"--nnodes", false, [](const RunOptions& o) { return o.nnodes_min != 1 || o.nnodes_max != 1; },
      "several nodes (or an elastic range) are not yet supported: weft run starts workers on "
@@ -407,8 +422,6 @@ const Support kSupport[] = {
     {"--standalone", false, [](const RunOptions& o) { return !o.standalone; },
      "is needed for now: a c10d or static rendezvous without it is not yet supported; pass "
      "--standalone (one machine, a local store on a free port or --store-port)"},
-    {"--rdzv-id", false, [](const RunOptions& o) { return o.given("--rdzv-id"); },
-     "is not yet passed to the workers (TORCHELASTIC_RUN_ID); drop it"},
     {"--rdzv-conf", false, [](const RunOptions& o) { return !o.rdzv_conf.keys.empty(); },
      "rendezvous settings are not yet supported by weft run; drop them"},
     {"--max-restarts", false, [](const RunOptions& o) { return o.max_restarts > 0; },
@@ -418,19 +431,6 @@ const Support kSupport[] = {
      "is not yet adjustable (weft run watches its workers every 50 ms); drop it"},
     {"--node-rank", false, [](const RunOptions& o) { return o.node_rank > 0; },
      "a node other than 0 is not yet supported (one machine only)"},
-    {"--log-dir", false, [](const RunOptions& o) { return o.given("--log-dir"); },
-     "per-worker log files are not yet written (output goes to the terminal, prefixed "
-     "[rank r]); drop it"},
-    {"--redirects", false, [](const RunOptions& o) { return o.redirects.any(); },
-     "redirecting worker output to files is not yet supported; drop it"},
-    {"--tee", false, [](const RunOptions& o) { return o.tee.any(); },
-     "copying worker output to files is not yet supported; drop it"},
-    {"--local-ranks-filter", false,
-     [](const RunOptions& o) { return !o.local_ranks_filter.empty(); },
-     "filtering worker output by rank is not yet supported (every rank's lines are shown, "
-     "prefixed [rank r]); drop it"},
-    {"--role", false, [](const RunOptions& o) { return o.given("--role") && o.role != "default"; },
-     "worker roles are not yet supported; drop it"},
 };
 
 }  // namespace
@@ -557,7 +557,7 @@ bool is_local_host(const std::string& host) {
 }
 
 const char* run_options_help() {
-  return R"(usage: weft run [options] [--] COMMAND [ARGS...]
+  return R"(usage: weft run --standalone [options] [--] COMMAND [ARGS...]
 
 torchrun's flags (also --name_with_underscores, --flag=value, and PET_<NAME> variables such as
 PET_NPROC_PER_NODE; the command line wins). Marked * : parsed and checked, refused with a
@@ -566,26 +566,48 @@ PET_NPROC_PER_NODE; the command line wins). Marked * : parsed and checked, refus
   --standalone                 one machine: serve the rendezvous store here (required for now)
   --nproc-per-node N|auto|gpu|cpu  workers on this machine (default 1; auto: the visible GPUs,
                                else the CPU count)
+  --rdzv-id ID                 the job's id (TORCHELASTIC_RUN_ID; default host-pid-time)
+  --log-dir DIR                keep each rank's output in DIR/attempt_0/rank_R/{stdout,stderr}.log
+                               (and its error.json)
+  -r, --redirects 0-3|R:V,...  streams that go to the files only: 0 none, 1 stdout, 2 stderr,
+                               3 both; per rank as 0:1,1:2
+  -t, --tee 0-3|R:V,...        streams that go to the files and the console (same form); with
+                               --log-dir and neither option, both streams of every rank are teed
+  --local-ranks-filter R,...   show only these ranks' output on the console (files keep all)
+  --role NAME                  ROLE_NAME of the workers (default "default")
+  --no-python                  COMMAND runs as given (weft run's only mode)
+  --store-port P               port of the --standalone store (default 0: a free one)
+  --grace S                    seconds the workers get after SIGTERM before SIGKILL, when the
+                               job stops on a failure or a signal (default 5)
+  --worker-heartbeat-interval S  seconds between a worker's heartbeats to weft run (default 1)
+  --worker-heartbeat-timeout S   a worker silent this long is hung: named, killed, job stopped
+                               (default 5; 0 turns the check off)
   --nnodes N|MIN:MAX         * nodes (default 1)
   --rdzv-backend c10d|static|etcd|etcd-v2  (default c10d; etcd *)
   --rdzv-endpoint HOST[:PORT]* the store's address (default port 29400; IPv6 as [ADDR]:PORT)
-  --rdzv-id ID               * the job's id (TORCHELASTIC_RUN_ID)
   --rdzv-conf K=V,...        * join_timeout, last_call_timeout, close_timeout, heartbeat_interval,
                                heartbeat_timeout, read_timeout, timeout, token_file, insecure,
                                is_host
   --max-restarts K           * restarts of the worker group before failing (default 0)
   --monitor-interval S       * seconds between checks of the workers (default 0.1)
   --node-rank R, --master-addr H, --master-port P  * static rendezvous only
-  --log-dir DIR, -r/--redirects, -t/--tee 0-3|R:V,..., --local-ranks-filter R,...,
-  --role NAME                * worker logs and roles
-  --no-python                  COMMAND runs as given (weft run's only mode)
-  --store-port P               port of a --standalone store (default 0: a free one)
-  --grace S                    seconds a failed job's other workers get after SIGTERM (default 5)
 
-Each worker runs COMMAND with WEFT_RANK, WEFT_LOCAL_RANK, WEFT_WORLD_SIZE and WEFT_STORE_ADDR
-set; a COMMAND of `weft` runs this binary. Output lines are prefixed with [rank r]. Ctrl-C is
-forwarded to every worker. When a worker fails the others are stopped and the exit code is
-the worker's (1 when it was killed by a signal).
+Each worker runs COMMAND (a first word `weft` runs this binary) in its own process group,
+with WEFT_RANK, WEFT_LOCAL_RANK, WEFT_WORLD_SIZE and WEFT_STORE_ADDR set, and torchrun's
+RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_NAME,
+ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID,
+TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS and TORCHELASTIC_ERROR_FILE.
+Output lines are prefixed with [rank r].
+
+Workers die with weft run, however it ends (SIGKILL included), and so does whatever they
+started in their process group. Ctrl-C is forwarded to every worker (weft train stops after
+the step, saving a final checkpoint); SIGTERM and SIGHUP send SIGTERM; after --grace
+seconds what still runs gets SIGKILL. Exit code: 130 (Ctrl-C), 143 (SIGTERM), 129 (SIGHUP).
+`weft train` heartbeats to weft run; a worker that stops (SIGSTOP, a frozen process) is
+named within --worker-heartbeat-timeout. When a worker fails the others are stopped, weft
+run names the root cause (the earliest failure of a rank's own, from the per-rank error
+files: not a rank that merely lost its peer) and exits with that worker's code (1 when it
+was killed or hung).
 )";
 }
 

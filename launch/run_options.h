@@ -56,7 +56,9 @@ struct RunOptions {
   std::string role = "default";                      // --role
   bool no_python = false;                            // --no-python (weft run's only mode)
   int store_port = 0;                                // --store-port (Weft; 0 = a free one)
-  int grace = 5;                                     // --grace (Weft; seconds)
+  double grace = 5;                                  // --grace (Weft; seconds)
+  double worker_heartbeat_interval = 1;              // --worker-heartbeat-interval (Weft; s)
+  double worker_heartbeat_timeout = 5;               // --worker-heartbeat-timeout (Weft; 0 off)
   bool help = false;                                 // -h/--help
   std::vector<std::string> command;                  // after `--` or the first non-option
 

@@ -103,7 +103,7 @@ std::vector<std::pair<std::string, std::string>> worker_env(const SupervisorOpti
       {"WEFT_STORE_ADDR", o.store_host + ":" + port},
       // torchrun's worker environment (one node, one role, no restarts yet)
       {"RANK", r}, {"LOCAL_RANK", r}, {"WORLD_SIZE", n}, {"LOCAL_WORLD_SIZE", n},
-      {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "1"}, {"ROLE_NAME", "default"},
+      {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "1"}, {"ROLE_NAME", o.role},
       {"ROLE_RANK", r}, {"ROLE_WORLD_SIZE", n}, {"MASTER_ADDR", o.store_host},
       {"MASTER_PORT", port}, {"TORCHELASTIC_RUN_ID", o.run_id},
       {"TORCHELASTIC_RESTART_COUNT", "0"}, {"TORCHELASTIC_MAX_RESTARTS", "0"},
@@ -121,18 +121,10 @@ std::vector<std::pair<std::string, std::string>> worker_env(const SupervisorOpti
 }
 
 std::set<int> console_ranks(const OutputOptions& o, int n) {
-  std::set<int> out;
-  if (o.local_ranks_filter.empty()) {
+  std::set<int> out(o.local_ranks_filter.begin(), o.local_ranks_filter.end());
+  if (o.local_ranks_filter.empty())
     for (int r = 0; r < n; ++r) out.insert(r);
-    return out;
-  }
-  size_t start = 0;
-  for (;;) {
-    size_t at = o.local_ranks_filter.find(',', start);
-    out.insert(std::stoi(o.local_ranks_filter.substr(start, at - start)));
-    if (at == std::string::npos) return out;
-    start = at + 1;
-  }
+  return out;
 }
 
 // A temporary folder removed when the job ends (the error files when there is no log dir).
@@ -153,12 +145,11 @@ std::string make_temp(const char* prefix) {
 }  // namespace
 
 int supervise(const SupervisorOptions& o) {
-  check_output_options(o.output);
   // Log folder: --log-dir, else a temporary one when --redirects/--tee need files; error
   // files live there too, or in a temporary folder removed at the end.
   std::string log_dir = o.output.log_dir;
-  bool files_default = !log_dir.empty() && o.output.redirects.empty() && o.output.tee.empty();
-  if (log_dir.empty() && (!o.output.redirects.empty() || !o.output.tee.empty())) {
+  bool files_default = !log_dir.empty() && !o.output.redirects.any() && !o.output.tee.any();
+  if (log_dir.empty() && (o.output.redirects.any() || o.output.tee.any())) {
     log_dir = make_temp("weft_run_logs_");
     std::fprintf(stderr, "weft run: worker logs in %s\n", log_dir.c_str());
   }
@@ -183,10 +174,8 @@ int supervise(const SupervisorOptions& o) {
     fs::create_directories(rank_dir);
     w.error_file = (rank_dir / "error.json").string();
     fs::remove(w.error_file);
-    int to_file = files_default ? 3
-                                : streams_for(o.output.redirects, r, "--redirects") |
-                                      streams_for(o.output.tee, r, "--tee");
-    int off_console = streams_for(o.output.redirects, r, "--redirects");
+    int to_file = files_default ? 3 : o.output.redirects.of(r) | o.output.tee.of(r);
+    int off_console = o.output.redirects.of(r);
     bool show = shown.count(r) > 0;
     std::string lf = log_dir.empty() ? "" : (fs::path(log_dir) / "attempt_0" / ("rank_" + std::to_string(r))).string();
     w.out = std::make_unique<StreamSink>(r, show && !(off_console & 1) ? stdout : nullptr,

@@ -21,6 +21,7 @@ struct SupervisorOptions {
   double heartbeat_timeout_s = 5;  // 0: not watched
   OutputOptions output;
   std::string run_id;
+  std::string role = "default";  // ROLE_NAME
 };
 
 // Runs the job to its end and returns weft run's exit code: 0; the root-cause worker's

@@ -10,20 +10,16 @@
 #include <string>
 #include <vector>
 
+#include "launch/run_options.h"
+
 namespace weft::launch {
 
+// As parse_run_options() read them (it validates their text).
 struct OutputOptions {
-  std::string log_dir;    // "" = no files
-  std::string redirects;  // "" or torchrun's form
-  std::string tee;
-  std::string local_ranks_filter;  // "" = every rank on the console, else "0,2"
+  std::string log_dir;                  // "" = no files
+  StdStreams redirects, tee;            // bit 1 stdout, bit 2 stderr, per local rank
+  std::vector<int> local_ranks_filter;  // empty = every rank on the console
 };
-
-// The streams (bit 1 stdout, bit 2 stderr) `spec` names for `rank`. Throws ConfigError
-// naming `flag` for malformed text.
-int streams_for(const std::string& spec, int rank, const std::string& flag);
-// Validates every option (ConfigError naming the flag).
-void check_output_options(const OutputOptions& o);
 
 // One stream of one rank: the read end of its pipe, what is not yet a whole line, and where
 // lines go.

@@ -281,7 +281,8 @@ TEST(RunOptions, EachErrorNamesTheFlag) {
       {"--monitor-interval 0 -- c", "--monitor-interval", "> 0"},
       {"--master-port 0 --rdzv-backend static -- c", "--master-port", "integer"},
       {"--store-port 70000 --standalone -- c", "--store-port", "0, 65535"},
-      {"--grace soon -- c", "--grace", "integer"},
+      {"--grace soon -- c", "--grace", "seconds"},
+      {"--worker-heartbeat-interval 0 -- c", "--worker-heartbeat-interval", "> 0"},
       {"--rdzv-backend zookeeper -- c", "--rdzv-backend", "c10d, static, etcd"},
       {"--rdzv-backend statik -- c", "--rdzv-backend", "did you mean static?"},
       {"--nprocs-per-node 2 -- c", "--nprocs-per-node", "did you mean --nproc-per-node?"},
@@ -341,6 +342,10 @@ TEST(RefuseNotYet, WhatTheLauncherDoesPasses) {
   EXPECT_EQ(not_yet("--standalone --nproc_per_node=auto --store-port 5 --grace 2 --no-python "
                     "--nnodes 1:1 --max-restarts 0 --rdzv-backend c10d -- c"),
             "");
+  // What the supervisor does: run id, log files, stream routing, console filter, role.
+  EXPECT_EQ(not_yet("--standalone --rdzv-id j --log-dir d --redirects 3 -t 0:1 "
+                    "--local_ranks_filter 0 --role worker --worker-heartbeat-timeout 9 -- c"),
+            "");
 }
 
 TEST(RefuseNotYet, NamesTheFlagOfEachMissingCapability) {
@@ -356,15 +361,9 @@ TEST(RefuseNotYet, NamesTheFlagOfEachMissingCapability) {
       {"--rdzv-endpoint localhost:29400 -- c", "--standalone"},
       {"-- c", "--standalone"},
       {"--rdzv-backend static -- c", "--standalone"},
-      {"--standalone --rdzv-id j -- c", "--rdzv-id"},
       {"--standalone --rdzv-conf heartbeat_interval=1 -- c", "--rdzv-conf heartbeat_interval"},
       {"--standalone --max-restarts 3 -- c", "--max-restarts"},
       {"--standalone --monitor-interval 1 -- c", "--monitor-interval"},
-      {"--standalone --log-dir d -- c", "--log-dir"},
-      {"--standalone --redirects 3 -- c", "--redirects"},
-      {"--standalone -t 3 -- c", "-t"},
-      {"--standalone --local_ranks_filter 0 -- c", "--local_ranks_filter"},
-      {"--standalone --role worker -- c", "--role"},
   };
   for (const Case& c : cases) {
     std::string e = not_yet(c.line);

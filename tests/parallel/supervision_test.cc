@@ -259,7 +259,7 @@ TEST(Supervision, WorkersThatIgnoreSigtermGetSigkillAfterGrace) {
 TEST(Supervision, StoppedWorkerIsNamedByItsMissingHeartbeat) {
   fs::path d = temp_dir("sigstop");
   Reaper r;
-  r.agent = start(run_args({"--heartbeat-timeout", "3", "--grace", "2"},
+  r.agent = start(run_args({"--worker-heartbeat-timeout", "3", "--grace", "2"},
                            {"weft", "train", "--config", kConfig, "--set", "parallel.dp=2",
                             "--set", "train.steps=100000", "--set", "train.log_every=1", "--set",
                             "train.out_dir=" + (d / "run").string()}),
