@@ -462,6 +462,11 @@ RunOptions parse_run_options(const std::vector<std::string>& argv, const EnvLook
       break;
     }
     if (a.size() < 2 || a[0] != '-') {  // the first non-option starts COMMAND
+      // ... unless a `--` follows: then this word is a stray argument, not the command.
+      if (std::find(argv.begin() + long(i), argv.end(), "--") != argv.end())
+        throw ConfigError(a, "unexpected argument before `--`: the worker command goes after "
+                             "--, e.g. weft run --standalone --nproc-per-node 2 -- weft train "
+                             "--config X.yaml");
       o.command.assign(argv.begin() + long(i), argv.end());
       break;
     }
