@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "comm/store/auth.h"
 #include "comm/store/tcp_store_server.h"
 #include "launch/args.h"
 #include "launch/commands.h"
@@ -135,6 +136,8 @@ int cmd_run(const std::vector<std::string>& argv) {
   comm::TCPStoreServerOptions so;
   so.host = "127.0.0.1";
   so.port = uint16_t(port);
+  so.token = comm::auth::generate_token();  // a fresh job token; workers get it below
+  ::setenv("WEFT_JOB_TOKEN", so.token.c_str(), 1);
   comm::TCPStoreServer server(so);
   std::string store = "127.0.0.1:" + std::to_string(server.port());
 
