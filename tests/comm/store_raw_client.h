@@ -115,8 +115,9 @@ class RawClient {
     return body;
   }
 
-  // True once the server has closed the connection: reads (and discards) until EOF/reset.
-  bool closed_by_peer() {
+  // True once the server has closed the connection: reads until EOF/reset, appending what
+  // came to *got when given (else discarding it).
+  bool closed_by_peer(comm::Bytes* got = nullptr) {
     uint8_t buf[4096];
     for (;;) {
       pollfd pf{fd_, POLLIN, 0};
@@ -127,6 +128,7 @@ class RawClient {
       ssize_t r = ::recv(fd_, buf, sizeof buf, 0);
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0) return true;
+      if (got) got->insert(got->end(), buf, buf + r);
     }
   }
 
