@@ -11,6 +11,7 @@ PACKAGES=(
   libopenblas-openmp-dev        # CPU GEMM (OpenMP flavour: nests in our parallel loops)
   libyaml-cpp-dev               # the YAML job spec
   libboost-dev                  # Boost.Asio for the rendezvous store (header-only)
+  libssl-dev                    # OpenSSL libcrypto: HMAC-SHA256 for the store's job-token handshake
   libgtest-dev libgmock-dev     # tests
   libopenmpi-dev openmpi-bin    # MPI backend and mpirun-launched tests
   libgloo-dev                   # Gloo CPU collectives

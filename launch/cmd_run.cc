@@ -6,12 +6,15 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "base/config.h"
 #include "base/error.h"
+#include "comm/store/auth.h"
+#include "comm/store/auth.h"
 #include "comm/store/tcp_store_server.h"
 #include "launch/commands.h"
 #include "launch/run_options.h"
@@ -68,6 +71,10 @@ int cmd_run(const std::vector<std::string>& argv) {
   comm::TCPStoreServerOptions server_options;
   server_options.host = "127.0.0.1";
   server_options.port = uint16_t(store_port_to_serve(o));
+  // The job token: the user's WEFT_JOB_TOKEN, else a fresh one; the workers inherit it.
+  const char* given = std::getenv("WEFT_JOB_TOKEN");
+  server_options.token = given && *given ? given : comm::auth::generate_token();
+  ::setenv("WEFT_JOB_TOKEN", server_options.token.c_str(), 1);
   comm::TCPStoreServer server(server_options);
   so.store_host = "127.0.0.1";
   so.store_port = server.port();

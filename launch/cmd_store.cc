@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "comm/store/auth.h"
 #include "comm/store/tcp_store_server.h"
 #include "launch/args.h"
 #include "launch/commands.h"
@@ -16,14 +17,20 @@ namespace weft::launch {
 namespace {
 
 constexpr const char* kHelp =
-    "usage: weft store --port P [--host H] [--max-value-bytes N] [--max-client-bytes N]\n"
+    "usage: weft store --port P [--host H] [--token-file F] [--insecure] [limits...]\n"
     "\n"
     "Runs the TCP rendezvous store in the foreground until SIGINT or SIGTERM.\n"
     "  --port P              port to listen on; 0 picks a free one (printed on stdout)\n"
-    "  --host H              address to listen on (default 0.0.0.0: every interface;\n"
-    "                        127.0.0.1 keeps it on this machine)\n"
+    "  --host H              address to listen on, and only there (default 127.0.0.1: this\n"
+    "                        machine; 0.0.0.0 every interface, which needs a job token)\n"
+    "  --token-file F        the job token (else $WEFT_JOB_TOKEN, else $WEFT_JOB_TOKEN_FILE);\n"
+    "                        clients prove they hold it (HMAC challenge, never sent)\n"
+    "  --insecure            serve any client without a token, even off this machine\n"
     "  --max-value-bytes N   longest value a key may hold (default 64 MiB)\n"
     "  --max-client-bytes N  memory one connection may make the server hold (default 256 MiB)\n"
+    "  --max-total-bytes N   memory the whole store may hold (default 1 GiB)\n"
+    "  --read-timeout-ms T   a started frame must arrive whole within T (default 30000)\n"
+    "  --idle-timeout-ms T   close connections idle for T (default 0: never)\n"
     "\n"
     "Prints `weft store: listening on HOST:PORT` once it accepts connections. Data is kept in\n"
     "memory only and is gone when the store stops.\n";
@@ -43,7 +50,10 @@ int cmd_store(const std::vector<std::string>& args) {
     std::fputs(kHelp, stdout);
     return 0;
   }
-  Args a(args, {"--port", "--host", "--max-value-bytes", "--max-client-bytes"});
+  Args a(args,
+         {"--port", "--host", "--token-file", "--max-value-bytes", "--max-client-bytes",
+          "--max-total-bytes", "--read-timeout-ms", "--idle-timeout-ms"},
+         {"--insecure"});
   if (!a.positional().empty())
     throw ConfigError(a.positional()[0], "unexpected argument (see --help)");
   a.required("--port");
@@ -51,10 +61,25 @@ int cmd_store(const std::vector<std::string>& args) {
   if (port < 0 || port > 65535) throw ConfigError("--port", "expected a port number 0..65535");
 
   comm::TCPStoreServerOptions opts;
-  opts.host = a.get_or("--host", "0.0.0.0");
+  opts.host = a.get_or("--host", "127.0.0.1");
+  opts.insecure = a.flag("--insecure");
+  opts.token = a.has("--token-file")
+                   ? comm::auth::read_token_file(a.get_or("--token-file", ""), "--token-file")
+                   : comm::auth::token_from_env();
+  if (opts.token.empty() && !opts.insecure && !comm::auth::is_loopback(opts.host))
+    throw ConfigError("--host", opts.host +
+                                    " is reachable from other machines and there is no job "
+                                    "token: set WEFT_JOB_TOKEN (or --token-file), or pass "
+                                    "--insecure");
   opts.port = static_cast<uint16_t>(port);
   opts.max_value_bytes = positive_size(a, "--max-value-bytes", opts.max_value_bytes);
   opts.max_client_bytes = positive_size(a, "--max-client-bytes", opts.max_client_bytes);
+  opts.max_total_bytes = positive_size(a, "--max-total-bytes", opts.max_total_bytes);
+  opts.read_timeout = comm::Millis(
+      positive_size(a, "--read-timeout-ms", size_t(opts.read_timeout.count())));
+  opts.idle_timeout = comm::Millis(a.get_int("--idle-timeout-ms", 0));
+  if (opts.idle_timeout.count() < 0)
+    throw ConfigError("--idle-timeout-ms", "must be 0 (never) or a positive number of ms");
 
   // Block the stop signals before the server starts its thread (which inherits the mask),
   // so that they are only ever taken here, by sigwait.
@@ -74,10 +99,12 @@ int cmd_store(const std::vector<std::string>& args) {
   auto s = server.stats();
   std::fprintf(stderr,
                "weft store: stopped by %s after %llu connections, %llu requests "
-               "(%llu dropped for malformed frames, %llu over the memory bound)\n",
+               "(%llu dropped for malformed frames, %llu over a memory bound, %llu timed out, "
+               "%llu refused for the token)\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM", (unsigned long long)s.connections_accepted,
                (unsigned long long)s.requests, (unsigned long long)s.dropped_malformed,
-               (unsigned long long)s.dropped_over_limit);
+               (unsigned long long)s.dropped_over_limit, (unsigned long long)s.dropped_timeout,
+               (unsigned long long)s.refused_auth);
   return 0;
 }
 

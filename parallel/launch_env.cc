@@ -8,6 +8,7 @@
 #include "base/env.h"
 #include "base/error.h"
 #include "comm/registry.h"
+#include "comm/store/auth.h"
 #include "comm/store/tcp_store.h"
 #include "comm/store/tcp_store_server.h"
 #include "core/rng.h"
@@ -193,9 +194,11 @@ WorkerWorld::WorkerWorld(const LaunchEnv& env, comm::Millis timeout) : env_(env)
     comm::TCPStoreServerOptions so;
     so.host = env_.bind_host.empty() ? env_.store_host : env_.bind_host;
     so.port = env_.store_port;
+    so.token = comm::auth::token_from_env();
     server_ = std::make_unique<comm::TCPStoreServer>(so);
   }
-  store_ = std::make_unique<comm::TCPStore>(env_.store_host, env_.store_port, timeout);
+  store_ = std::make_unique<comm::TCPStore>(comm::TCPStoreOptions{
+      env_.store_host, env_.store_port, timeout, comm::auth::token_from_env()});
   comm::CommOptions o;
   o.rank = env_.rank;
   o.size = env_.world;

@@ -34,6 +34,21 @@ bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
   return false;
 }
 
+// Copies the address proper of `from` into a zeroed `to` (sin_zero and the tail of the
+// sockaddr_storage stay zero), so the bytes published for an endpoint are deterministic.
+void copy_endpoint(const sockaddr_storage& from, sockaddr_storage& to) {
+  std::memset(&to, 0, sizeof to);
+  if (from.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(from);
+    auto& out = reinterpret_cast<sockaddr_in&>(to);
+    out.sin_family = AF_INET;
+    out.sin_port = in.sin_port;
+    out.sin_addr = in.sin_addr;
+  } else if (from.ss_family == AF_INET6) {
+    std::memcpy(&to, &from, sizeof(sockaddr_in6));
+  }
+}
+
 // True when fd is (still) the TCP connection local -> remote.
 bool is_connection(int fd, const sockaddr_storage& local, const sockaddr_storage& remote) {
   sockaddr_storage s{}, p{};
@@ -60,7 +75,9 @@ GlooLinks::GlooLinks(gloo::Context& context, Store& store, const std::string& pr
     // After connecting, a TCP pair's address is the local end of its socket.
     const auto* a =
         dynamic_cast<const gloo::transport::tcp::Address*>(&context.getPair(int(r))->address());
-    if (a) local_[r] = a->getSockaddr();
+    // Only the family's own bytes: Gloo leaves the rest of its sockaddr_storage
+    // uninitialised, and local_ is published to the store as it is.
+    if (a) copy_endpoint(a->getSockaddr(), local_[r]);
   }
   Bytes mine(n * sizeof(sockaddr_storage));
   std::memcpy(mine.data(), local_.data(), mine.size());

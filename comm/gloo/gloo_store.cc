@@ -1,10 +1,54 @@
 // GlooStore: gloo::rendezvous::Store over weft::comm::Store (bytes are bytes on both sides).
 #include "comm/gloo/gloo_store.h"
 
+#include <gloo/transport/tcp/address.h>
+#include <netinet/in.h>
+
+#include <algorithm>
+#include <cstring>
+
 namespace weft::comm {
 
+namespace {
+
+// Bytes of one serialised gloo::transport::tcp::Address (a sockaddr_storage and a sequence
+// number), asked of Gloo rather than assumed.
+size_t address_bytes() {
+  static const size_t n = gloo::transport::tcp::Address(sockaddr_storage{}, 0).bytes().size();
+  return n;
+}
+
+}  // namespace
+
+std::vector<char> canonical_gloo_addresses(const std::string& k, const std::vector<char>& data) {
+  const size_t n = address_bytes();
+  const bool rank_key =
+      !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!rank_key || data.empty() || data.size() % n != 0) return data;
+  std::vector<char> out;
+  out.reserve(data.size());
+  for (size_t at = 0; at < data.size(); at += n) {
+    std::vector<char> chunk(data.begin() + ptrdiff_t(at), data.begin() + ptrdiff_t(at + n));
+    gloo::transport::tcp::Address a(chunk);
+    const sockaddr_storage& ss = a.getSockaddr();
+    size_t used = ss.ss_family == AF_INET    ? sizeof(sockaddr_in)
+                  : ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6)
+                                             : 0;
+    if (used) {
+      sockaddr_storage clean{};
+      std::memcpy(&clean, &ss, used);
+      if (ss.ss_family == AF_INET)  // sin_zero is padding too
+        std::memset(reinterpret_cast<sockaddr_in&>(clean).sin_zero, 0, sizeof(sockaddr_in::sin_zero));
+      chunk = gloo::transport::tcp::Address(clean, a.getSeq()).bytes();
+    }
+    out.insert(out.end(), chunk.begin(), chunk.end());
+  }
+  return out;
+}
+
 void GlooStore::set(const std::string& k, const std::vector<char>& data) {
-  store_.set(key(k), Bytes(data.begin(), data.end()));
+  std::vector<char> v = canonical_gloo_addresses(k, data);
+  store_.set(key(k), Bytes(v.begin(), v.end()));
 }
 
 std::vector<char> GlooStore::get(const std::string& k) {

@@ -13,6 +13,13 @@
 
 namespace weft::comm {
 
+// Gloo's tcp addresses come from getsockname into an uninitialised sockaddr_storage and are
+// published whole, so most of each value would be stale stack bytes. Values that Gloo's
+// connectFullMesh publishes (key = a rank number, a whole number of serialised addresses)
+// are rebuilt with every byte outside the address proper zeroed; anything else is returned
+// unchanged. Deterministic for the same addresses.
+std::vector<char> canonical_gloo_addresses(const std::string& key, const std::vector<char>& data);
+
 // Not owning; `store` must outlive the adapter. Errors of the store (TimeoutError, CommError)
 // propagate unchanged through Gloo's rendezvous.
 class GlooStore : public ::gloo::rendezvous::Store {

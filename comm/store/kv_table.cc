@@ -24,9 +24,12 @@ void KvTable::clear_deadline(const std::string& key, Entry& e) {
 void KvTable::set(const std::string& key, Bytes value, std::optional<Millis> ttl) {
   check_size(key, value.size());
   expire();
-  Entry& e = entries_[key];
+  auto [it, fresh] = entries_.try_emplace(key);
+  Entry& e = it->second;
+  bytes_ -= fresh ? 0 : key.size() + e.value.size();
   clear_deadline(key, e);
   e.value = std::move(value);
+  bytes_ += key.size() + e.value.size();
   if (ttl) {
     // At least 1 ms: a TTL of 0 would make set() a no-op that still wakes waiters.
     e.deadline = Clock::now() + std::max(clamp_timeout(*ttl), Millis(1));
@@ -67,8 +70,10 @@ int64_t KvTable::add(const std::string& key, int64_t delta) {
   if (__builtin_add_overflow(current, delta, &result))
     throw CommError("store: add on '" + key + "' overflows int64");
   std::string text = std::to_string(result);
-  Entry& e = entries_[key];
-  e.value.assign(text.begin(), text.end());
+  auto [at, fresh] = entries_.try_emplace(key);
+  bytes_ -= fresh ? 0 : key.size() + at->second.value.size();
+  at->second.value.assign(text.begin(), text.end());
+  bytes_ += key.size() + text.size();
   return result;
 }
 
@@ -82,10 +87,12 @@ Bytes KvTable::compare_set(const std::string& key, const Bytes& expected, Bytes 
     if (!expected.empty()) return {};
     *wrote = true;
     entries_[key].value = desired;
+    bytes_ += key.size() + desired.size();
     return desired;
   }
   if (it->second.value == expected) {
     *wrote = true;
+    bytes_ = bytes_ - it->second.value.size() + desired.size();
     it->second.value = std::move(desired);
   }
   return it->second.value;
@@ -96,6 +103,7 @@ bool KvTable::erase(const std::string& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return false;
   clear_deadline(key, it->second);
+  bytes_ -= key.size() + it->second.value.size();
   entries_.erase(it);
   return true;
 }
@@ -107,6 +115,7 @@ void KvTable::append(const std::string& key, const Bytes& value) {
   check_size(key, have + value.size());
   Bytes& v = entries_[key].value;
   v.insert(v.end(), value.begin(), value.end());
+  bytes_ += (it == entries_.end() ? key.size() : 0) + value.size();
 }
 
 int64_t KvTable::count(const std::string& prefix) {
@@ -123,7 +132,10 @@ std::optional<KvTable::Clock::time_point> KvTable::expire() {
   auto now = Clock::now();
   while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
     auto node = deadlines_.extract(deadlines_.begin());
-    entries_.erase(node.value().second);
+    auto it = entries_.find(node.value().second);
+    if (it == entries_.end()) continue;
+    bytes_ -= it->first.size() + it->second.value.size();
+    entries_.erase(it);
   }
   if (deadlines_.empty()) return std::nullopt;
   return deadlines_.begin()->first;

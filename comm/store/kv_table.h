@@ -48,6 +48,8 @@ class KvTable {
   // Drops expired keys now; returns the earliest deadline still pending, if any.
   std::optional<Clock::time_point> expire();
   size_t max_value_bytes() const { return max_value_bytes_; }
+  // Sum of the key and value sizes held now (expired keys count until the next call).
+  size_t bytes() const { return bytes_; }
 
  private:
   struct Entry {
@@ -58,6 +60,7 @@ class KvTable {
   void clear_deadline(const std::string& key, Entry& e);
 
   size_t max_value_bytes_;
+  size_t bytes_ = 0;
   std::map<std::string, Entry> entries_;  // ordered, so prefix counts are a range scan
   std::set<std::pair<Clock::time_point, std::string>> deadlines_;
 };

@@ -30,6 +30,14 @@ namespace weft::comm::wire {
 // kAppend   key, value                             -
 // kMultiGet keys, i64 timeout_ms                   list of values (blocks server-side)
 // kMultiSet list of (key, value)                   -
+//
+// Handshake, before any request (same framing):
+//   server -> client  hello:   u8 kHandshakeVersion | u8 flags (kHelloTokenRequired) | nonce
+//   client -> server  proof:   u8 kHandshakeVersion | proof (HMAC-SHA256(token, nonce ||
+//                              auth::kProofContext); empty when the client has no token)
+//   server -> client  verdict: u8 Status (kOk, or kError then a string reason)
+// After a kError verdict the server closes the connection. The token itself never crosses
+// the wire; a fresh nonce per connection makes a recorded proof useless for another one.
 enum class Op : uint8_t {
   kPing = 1,
   kSet,
@@ -47,6 +55,11 @@ enum class Op : uint8_t {
 constexpr uint8_t kMaxOp = static_cast<uint8_t>(Op::kMultiSet);
 
 enum class Status : uint8_t { kOk = 0, kTimeout = 1, kError = 2 };
+
+constexpr uint8_t kHandshakeVersion = 1;
+constexpr uint8_t kHelloTokenRequired = 1;
+// No handshake frame is longer: the server reads the proof with this bound.
+constexpr size_t kMaxHandshakeBody = 256;
 
 constexpr size_t kLengthBytes = 4;
 // Request id + op (or status): the smallest body a well-formed frame has.

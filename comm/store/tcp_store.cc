@@ -4,6 +4,8 @@
 
 // Individual Asio headers: the umbrella pulls in awaitable.hpp, which in Boost 1.74 lacks
 // <utility> and fails under GCC 12's C++20 headers.
+#include <fcntl.h>
+
 #include <array>
 #include <atomic>
 #include <boost/asio/connect.hpp>
@@ -21,6 +23,7 @@
 #include <unordered_map>
 
 #include "base/error.h"
+#include "comm/store/auth.h"
 #include "comm/store/protocol.h"
 #include "comm/store/store_util.h"
 
@@ -49,7 +52,9 @@ struct Reply {
 class TCPStore::Connection {
  public:
   Connection(const TCPStoreOptions& o) : where_(o.host + ":" + std::to_string(o.port)) {
-    connect(o);
+    auto deadline = std::chrono::steady_clock::now() + o.timeout;
+    connect(o, deadline);
+    handshake(o, deadline);
     read_header();
     thread_ = std::thread([this] { io_.run(); });
   }
@@ -101,8 +106,7 @@ class TCPStore::Connection {
   }
 
  private:
-  void connect(const TCPStoreOptions& o) {
-    auto deadline = std::chrono::steady_clock::now() + o.timeout;
+  void connect(const TCPStoreOptions& o, std::chrono::steady_clock::time_point deadline) {
     Millis backoff{20};
     std::string last;
     for (;;) {
@@ -113,6 +117,8 @@ class TCPStore::Connection {
       asio::connect(sock_, endpoints, ec);
       if (!ec) {
         sock_.set_option(tcp::no_delay(true), ec);
+        int fd = sock_.native_handle();  // not inherited by processes this one spawns
+        ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
         return;
       }
       last = ec.message();
@@ -125,6 +131,75 @@ class TCPStore::Connection {
           std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
       backoff = std::min(backoff * 2, Millis(1'000));
     }
+  }
+
+  // Hello (nonce) in, proof out, verdict in; run on io_ before its thread starts, bounded
+  // by the connect deadline. The token stays here: only the HMAC of the nonce is sent.
+  void handshake(const TCPStoreOptions& o, std::chrono::steady_clock::time_point deadline) {
+    std::string failure;
+    bool done = false;
+    Bytes frame;
+    auto read_frame = [&](size_t max, std::function<void(wire::Reader&)> then) {
+      asio::async_read(sock_, asio::buffer(len_), [&, max, then](boost::system::error_code ec,
+                                                                 size_t) {
+        if (ec) return void(failure = "connection closed during the handshake: " + ec.message());
+        uint32_t len = wire::decode_length(len_.data());
+        if (len < 1 || len > max) return void(failure = "not a weft store (bad handshake)");
+        frame.resize(len);
+        asio::async_read(sock_, asio::buffer(frame), [&, then](boost::system::error_code ec,
+                                                               size_t) {
+          if (ec)
+            return void(failure = "connection closed during the handshake: " + ec.message());
+          try {
+            wire::Reader r(frame.data(), frame.size());
+            then(r);
+          } catch (const wire::ProtocolError&) {
+            failure = "not a weft store (bad handshake)";
+          }
+        });
+      });
+    };
+    Bytes out;
+    read_frame(wire::kMaxHandshakeBody, [&](wire::Reader& hello) {
+      uint8_t version = hello.u8();
+      uint8_t flags = hello.u8();
+      Bytes nonce = hello.bytes();
+      hello.expect_end();
+      if (version != wire::kHandshakeVersion)
+        return void(failure = "handshake version " + std::to_string(version) + " unsupported");
+      if ((flags & wire::kHelloTokenRequired) && o.token.empty())
+        return void(failure = "the store requires the job token and this client has none: set "
+                              "WEFT_JOB_TOKEN (or WEFT_JOB_TOKEN_FILE) to the job's token");
+      wire::Writer w;
+      w.u8(wire::kHandshakeVersion).bytes(o.token.empty() ? Bytes() : auth::proof(o.token, nonce));
+      out = w.finish();
+      asio::async_write(sock_, asio::buffer(out), [&](boost::system::error_code ec, size_t) {
+        if (ec) return void(failure = "connection closed during the handshake: " + ec.message());
+        read_frame(wire::kMaxHandshakeBody, [&](wire::Reader& verdict) {
+          uint8_t status = verdict.u8();
+          if (status == static_cast<uint8_t>(Status::kOk)) {
+            verdict.expect_end();
+            done = true;
+            return;
+          }
+          failure = verdict.str() + " (the token was refused: WEFT_JOB_TOKEN must hold the " +
+                    "job's token, the same as the store's)";
+        });
+      });
+    });
+    auto left = deadline - std::chrono::steady_clock::now();
+    io_.run_for(std::max<std::chrono::steady_clock::duration>(left, Millis(1000)));
+    if (!done) {
+      boost::system::error_code ec;
+      sock_.close(ec);
+      io_.restart();
+      io_.run();  // let the aborted operations unwind before their captures go
+      if (failure.empty())
+        throw TimeoutError("store " + where_ + ": no handshake from the store within " +
+                           std::to_string(o.timeout.count()) + " ms");
+      throw CommError("store " + where_ + ": " + failure);
+    }
+    io_.restart();
   }
 
   void read_header() {

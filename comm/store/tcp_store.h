@@ -20,12 +20,16 @@ struct TCPStoreOptions {
   // get()/multi_get() wait this long for their keys; every other request waits this long
   // for its reply; the constructor retries connecting for this long.
   Millis timeout = kDefaultStoreTimeout;
+  // The job token, proven to the server at connect (never sent). Empty: none; a store that
+  // has a token then refuses this client. Workers pass auth::token_from_env().
+  std::string token;
 };
 
 // Thread-safe (see Store). The constructor connects, retrying while the server is not up
 // yet (a rank may start before the store), then pings it; it throws TimeoutError when no
-// connection succeeds within options.timeout and CommError when the host does not resolve
-// or the peer is not a store. A broken connection (server gone) fails every call in flight
+// connection succeeds within options.timeout and CommError when the host does not resolve,
+// the peer is not a store, or the store refused the token (missing or wrong: the message
+// names WEFT_JOB_TOKEN). A broken connection (server gone) fails every call in flight
 // and every later call with CommError; the client does not reconnect. Blocking operations
 // are timed by the server, so a timed-out wait costs no extra round trip; the client gives
 // up by itself only if the server's answer is overdue (a hung or partitioned server).

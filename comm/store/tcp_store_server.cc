@@ -5,6 +5,8 @@
 
 // Individual Asio headers: the umbrella pulls in awaitable.hpp, which in Boost 1.74 lacks
 // <utility> and fails under GCC 12's C++20 headers.
+#include <fcntl.h>
+
 #include <array>
 #include <atomic>
 #include <boost/asio/connect.hpp>
@@ -22,6 +24,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "comm/store/auth.h"
 #include "comm/store/kv_table.h"
 #include "comm/store/protocol.h"
 #include "comm/store/store_util.h"
@@ -38,6 +41,10 @@ namespace {
 constexpr size_t kWaiterOverhead = 256;
 // Larger read buffers are released after each frame so idle clients hold little memory.
 constexpr size_t kKeepBodyCapacity = 64 << 10;
+// A frame's buffer starts at this and doubles as its bytes arrive.
+constexpr size_t kReadChunk = 64 << 10;
+// Room for keys and framing beyond the longest value, in the default max_frame_bytes.
+constexpr size_t kFrameSlack = 1 << 20;
 constexpr int kWarnBurst = 20;
 }  // namespace
 
@@ -69,6 +76,19 @@ class TCPStoreServer::Impl {
   // log too. The next line that gets through says how many were held back.
   void warn(const std::string& line);
   void finish_waiter(const std::shared_ptr<Waiter>& w, bool timed_out);
+  size_t max_frame() const {
+    return opts.max_frame_bytes ? opts.max_frame_bytes : opts.max_value_bytes + kFrameSlack;
+  }
+  // Connection buffers plus stored keys and values.
+  size_t held_total() const { return held + table.bytes(); }
+  void note_bytes() {
+    uint64_t now = held_total();
+    held_now = now;
+    if (now > held_peak) held_peak = now;
+  }
+  // Throws CommError (a refused write, the connection stays) when storing `incoming` more
+  // bytes would pass max_total_bytes.
+  void check_room(size_t incoming) const;
 
   TCPStoreServerOptions opts;
   asio::io_context io;
@@ -85,7 +105,9 @@ class TCPStoreServer::Impl {
   KvTable::Clock::time_point warn_window{};
   int warn_count = 0;
   uint64_t warn_suppressed = 0;
+  size_t held = 0;  // sum of the sessions' buffers, on the server thread
   std::atomic<uint64_t> accepted{0}, open{0}, malformed{0}, over_limit{0}, requests{0}, parked{0};
+  std::atomic<uint64_t> timed_out{0}, refused{0}, held_now{0}, held_peak{0};
 
  private:
   void accept();
@@ -96,30 +118,38 @@ class TCPStoreServer::Impl {
   void unindex(const std::shared_ptr<Waiter>& w);
 };
 
-// One client connection: reads frames, hands them to the server, queues replies.
+// One client connection: the handshake, then frames read piecewise (memory follows the
+// bytes that arrived, never the length a header announces), handed to the server; replies
+// queued. One deadline timer enforces the handshake, read and idle timeouts.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(TCPStoreServer::Impl& srv, tcp::socket sock) : srv_(srv), sock_(std::move(sock)) {
+  Session(TCPStoreServer::Impl& srv, tcp::socket sock)
+      : srv_(srv), sock_(std::move(sock)), deadline_(srv.io) {
     boost::system::error_code ec;
     auto ep = sock_.remote_endpoint(ec);
     peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
+    peer_loopback_ = !ec && auth::is_loopback(ep.address().to_string());
     sock_.set_option(tcp::no_delay(true), ec);
+    set_cloexec(sock_.native_handle());
   }
 
-  void start() { read_header(); }
+  // Sends the hello (a fresh nonce) and starts the handshake clock.
+  void start() {
+    watch();
+    arm(Deadline::kHandshake, srv_.opts.read_timeout);
+    nonce_ = auth::random_bytes(auth::kNonceBytes);
+    wire::Writer w;
+    w.u8(wire::kHandshakeVersion).u8(srv_.opts.token.empty() ? 0 : wire::kHelloTokenRequired);
+    w.bytes(nonce_);
+    send(w.finish());
+    read_more();
+  }
   const std::string& peer() const { return peer_; }
   bool closed() const { return closed_; }
 
   void reply(uint64_t req, Status status, wire::Writer&& w) {
-    if (closed_) return;
-    Bytes frame = w.finish();
-    out_bytes_ += frame.size();
-    out_.push_back(std::move(frame));
-    if (usage() > srv_.opts.max_client_bytes) {
-      drop_over_limit("replies it does not read");
-      return;
-    }
-    if (!writing_) write_next();
+    (void)req, (void)status;
+    send(w.finish());
   }
   static wire::Writer header(uint64_t req, Status status) {
     wire::Writer w;
@@ -132,18 +162,15 @@ class Session : public std::enable_shared_from_this<Session> {
     reply(req, status, std::move(w));
   }
 
-  // Charges a parked wait to this client; false (and the connection dropped) past the bound.
+  // Charges a parked wait to this client; false (and the connection dropped) past a bound.
   bool charge_waiter(const std::shared_ptr<Waiter>& w) {
     waiters_.insert(w);
     waiter_bytes_ += w->bytes;
-    if (usage() > srv_.opts.max_client_bytes) {
-      drop_over_limit("parked waits");
-      return false;
-    }
-    return true;
+    return check_limits("parked waits");
   }
   void release_waiter(const std::shared_ptr<Waiter>& w) {
     if (waiters_.erase(w)) waiter_bytes_ -= w->bytes;
+    sync();
   }
 
   // Closes only this connection. `reason` empty: the client left (debug log only).
@@ -156,51 +183,204 @@ class Session : public std::enable_shared_from_this<Session> {
       WEFT_DEBUG("store", "client ", peer_, " disconnected");
     }
     boost::system::error_code ec;
+    deadline_.cancel();
     sock_.shutdown(tcp::socket::shutdown_both, ec);
     sock_.close(ec);
     auto parked = std::move(waiters_);
     waiters_.clear();
     waiter_bytes_ = 0;
     for (const auto& w : parked) srv_.finish_waiter(w, /*timed_out=*/false);
-    // out_ stays: an aborted async_write may still name its front buffer until it unwinds.
+    // out_ stays (an aborted async_write may still name its front buffer until it unwinds)
+    // but is no longer charged: it is freed with the session.
+    body_ = Bytes();
+    out_bytes_ = 0;
+    sync();
     srv_.forget(this);
   }
 
  private:
-  size_t usage() const { return body_.size() + out_bytes_ + waiter_bytes_; }
+  enum class Deadline { kNone, kHandshake, kFrame, kIdle };
+
+  size_t usage() const { return body_.capacity() + out_bytes_ + waiter_bytes_; }
+  // Reports this session's usage to the server's total.
+  void sync() {
+    size_t now = closed_ ? 0 : usage();
+    srv_.held = srv_.held + now - charged_;
+    charged_ = now;
+    srv_.note_bytes();
+  }
+  // Syncs, then drops the connection if it holds more than its bound or the server more
+  // than its total; returns whether it is still open.
+  bool check_limits(const std::string& what) {
+    sync();
+    if (usage() > srv_.opts.max_client_bytes) {
+      drop_over_limit("max_client_bytes", srv_.opts.max_client_bytes, usage(), what);
+      return false;
+    }
+    if (srv_.held_total() > srv_.opts.max_total_bytes) {
+      drop_over_limit("max_total_bytes", srv_.opts.max_total_bytes, srv_.held_total(), what);
+      return false;
+    }
+    return true;
+  }
 
   void drop_malformed(const std::string& why) {
     ++srv_.malformed;
     close("malformed frame: " + why);
   }
-  void drop_over_limit(const std::string& what) {
+  void drop_over_limit(const char* bound, size_t limit, size_t held, const std::string& what) {
     ++srv_.over_limit;
-    close("over max_client_bytes (" + std::to_string(srv_.opts.max_client_bytes) + ") with " +
-          std::to_string(usage()) + " bytes held, mostly " + what);
+    close(str("over ", bound, " (", limit, ") with ", held, " bytes held, mostly ", what));
   }
 
-  void read_header() {
-    asio::async_read(sock_, asio::buffer(len_),
-                     [self = shared_from_this()](boost::system::error_code ec, size_t) {
-                       if (ec) return self->close("");
-                       self->on_header();
-                     });
+  void send(Bytes frame) {
+    if (closed_) return;
+    out_bytes_ += frame.size();
+    out_.push_back(std::move(frame));
+    if (!check_limits("replies it does not read")) return;
+    if (!writing_) write_next();
   }
 
-  void on_header() {
+  // --- the deadline: one timer, re-armed as the connection changes state ---
+  void arm(Deadline kind, Millis after) {
+    deadline_kind_ = kind;
+    if (kind == Deadline::kNone || after.count() <= 0)
+      deadline_.expires_at(asio::steady_timer::time_point::max());
+    else
+      deadline_.expires_after(after);
+  }
+  void watch() {
+    deadline_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (self->closed_) return;
+      // Aborted or moved: the timer was re-armed; keep watching the new expiry.
+      if (ec || self->deadline_.expiry() > asio::steady_timer::clock_type::now())
+        return self->watch();
+      self->on_deadline();
+    });
+  }
+  void on_deadline() {
+    const auto& o = srv_.opts;
+    switch (deadline_kind_) {
+      case Deadline::kHandshake:
+        ++srv_.timed_out;
+        return close(str("no handshake within the read timeout (", o.read_timeout.count(),
+                         " ms)"));
+      case Deadline::kFrame:
+        ++srv_.timed_out;
+        return close(str("read timeout: a frame started but did not arrive whole within ",
+                         o.read_timeout.count(), " ms (", len_got_, " header and ", body_got_,
+                         " body bytes received)"));
+      case Deadline::kIdle:
+        if (!waiters_.empty() || !out_.empty()) {  // busy, not idle: look again later
+          arm(Deadline::kIdle, o.idle_timeout);
+          return watch();
+        }
+        ++srv_.timed_out;
+        return close(str("idle for ", o.idle_timeout.count(), " ms"));
+      case Deadline::kNone:
+        return watch();
+    }
+  }
+
+  // --- reading: header bytes, then the body in growing pieces ---
+  void read_more() {
+    if (closed_ || refused_) return;
+    if (len_got_ < wire::kLengthBytes) {
+      sock_.async_read_some(
+          asio::buffer(len_.data() + len_got_, wire::kLengthBytes - len_got_),
+          [self = shared_from_this()](boost::system::error_code ec, size_t n) {
+            if (ec || self->closed_) return self->close("");
+            self->on_header_bytes(n);
+          });
+      return;
+    }
+    if (body_got_ == body_.size()) {
+      // Grow geometrically, and only as far as bytes have actually come in.
+      size_t target = std::min<size_t>(frame_len_, std::max(kReadChunk, body_.size() * 2));
+      body_.resize(target);
+      if (!check_limits("an incoming frame")) return;
+    }
+    sock_.async_read_some(asio::buffer(body_.data() + body_got_, body_.size() - body_got_),
+                          [self = shared_from_this()](boost::system::error_code ec, size_t n) {
+                            if (ec || self->closed_) return self->close("");
+                            self->body_got_ += n;
+                            if (self->body_got_ == self->frame_len_) return self->on_frame();
+                            self->read_more();
+                          });
+  }
+
+  void on_header_bytes(size_t n) {
+    if (len_got_ == 0 && authed_) arm(Deadline::kFrame, srv_.opts.read_timeout);
+    len_got_ += n;
+    if (len_got_ < wire::kLengthBytes) return read_more();
     uint32_t len = wire::decode_length(len_.data());
-    if (len < wire::kMinBody)
+    size_t max = authed_ ? std::min(srv_.max_frame(), srv_.opts.max_client_bytes)
+                         : wire::kMaxHandshakeBody;
+    if (len < (authed_ ? wire::kMinBody : 1))
       return drop_malformed("body length " + std::to_string(len) + " below the minimum");
-    if (len > srv_.opts.max_client_bytes)
-      return drop_malformed("body length " + std::to_string(len) + " exceeds max_client_bytes " +
-                            std::to_string(srv_.opts.max_client_bytes));
-    body_.resize(len);
-    if (usage() > srv_.opts.max_client_bytes) return drop_over_limit("an incoming frame");
-    asio::async_read(sock_, asio::buffer(body_),
-                     [self = shared_from_this()](boost::system::error_code ec, size_t) {
-                       if (ec) return self->close("");
-                       self->on_body();
-                     });
+    if (len > max)
+      return drop_malformed(str("body length ", len, " exceeds the ",
+                                authed_ ? "maximum frame size " : "handshake bound ", max));
+    frame_len_ = len;
+    body_got_ = 0;
+    body_.clear();
+    read_more();
+  }
+
+  void on_frame() {
+    body_.resize(frame_len_);
+    if (!authed_) {
+      on_proof();
+    } else {
+      on_body();
+    }
+    if (closed_ || refused_) return;
+    len_got_ = 0;
+    body_got_ = 0;
+    body_.clear();
+    if (body_.capacity() > kKeepBodyCapacity) body_.shrink_to_fit();
+    sync();
+    arm(Deadline::kIdle, srv_.opts.idle_timeout);
+    read_more();
+  }
+
+  void on_proof() {
+    Bytes proof;
+    try {
+      wire::Reader r(body_.data(), body_.size());
+      uint8_t version = r.u8();
+      if (version != wire::kHandshakeVersion)
+        return drop_malformed("handshake version " + std::to_string(version));
+      proof = r.bytes();
+      r.expect_end();
+    } catch (const wire::ProtocolError& e) {
+      return drop_malformed(std::string("handshake: ") + e.what());
+    }
+    const auto& o = srv_.opts;
+    if (!o.token.empty()) {
+      if (proof.empty())
+        return refuse("the store requires the job token and the client sent no proof of it");
+      if (!auth::proof_matches(auth::proof(o.token, nonce_), proof))
+        return refuse("wrong job token");
+    } else if (!o.insecure && !peer_loopback_) {
+      return refuse("this store has no job token and serves only clients on its own machine");
+    }
+    authed_ = true;
+    wire::Writer w;
+    w.u8(static_cast<uint8_t>(Status::kOk));
+    send(w.finish());
+  }
+
+  // Tells the client why, stops reading, and closes once the verdict is written (or the
+  // read timeout passes, if the client does not take it).
+  void refuse(const std::string& why) {
+    ++srv_.refused;
+    srv_.warn(str("refused connection from ", peer_, ": ", why));
+    refused_ = true;
+    wire::Writer w;
+    w.u8(static_cast<uint8_t>(Status::kError)).str("store refused the connection: " + why);
+    arm(Deadline::kHandshake, srv_.opts.read_timeout);
+    send(w.finish());
   }
 
   void on_body() {
@@ -216,8 +396,8 @@ class Session : public std::enable_shared_from_this<Session> {
       } catch (const wire::ProtocolError&) {
         throw;
       } catch (const CommError& e) {
-        // The store refused a well-formed request (value too long, add on text): the
-        // client gets the reason, the connection stays.
+        // The store refused a well-formed request (value too long, add on text, store
+        // full): the client gets the reason, the connection stays.
         reply_error(req, Status::kError, e.what());
       }
     } catch (const wire::ProtocolError& e) {
@@ -226,10 +406,6 @@ class Session : public std::enable_shared_from_this<Session> {
       // bad_alloc and the like: lose this connection, never the server.
       return close(std::string("internal error: ") + e.what());
     }
-    if (closed_) return;
-    body_.clear();
-    if (body_.capacity() > kKeepBodyCapacity) body_.shrink_to_fit();
-    read_header();
   }
 
   void write_next() {
@@ -240,30 +416,57 @@ class Session : public std::enable_shared_from_this<Session> {
                         self->out_bytes_ -= self->out_.front().size();
                         self->out_.pop_front();
                         self->writing_ = false;
-                        if (!self->out_.empty()) self->write_next();
+                        self->sync();
+                        if (!self->out_.empty()) return self->write_next();
+                        // Refused: counted and logged already, so close without a second line.
+                        if (self->refused_) self->close("");
                       });
+  }
+
+  static void set_cloexec(int fd) {
+    int flags = ::fcntl(fd, F_GETFD);
+    if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
   }
 
   TCPStoreServer::Impl& srv_;
   tcp::socket sock_;
+  asio::steady_timer deadline_;
+  Deadline deadline_kind_ = Deadline::kNone;
   std::string peer_;
+  bool peer_loopback_ = false;
+  Bytes nonce_;
+  bool authed_ = false;
+  bool refused_ = false;
   std::array<uint8_t, wire::kLengthBytes> len_{};
+  size_t len_got_ = 0;
+  uint32_t frame_len_ = 0;
+  size_t body_got_ = 0;
   Bytes body_;
   std::deque<Bytes> out_;
   size_t out_bytes_ = 0;
   bool writing_ = false;
   std::unordered_set<std::shared_ptr<Waiter>> waiters_;
   size_t waiter_bytes_ = 0;
+  size_t charged_ = 0;  // usage() as last reported to srv_.held
   bool closed_ = false;
 };
 
 TCPStoreServer::Impl::Impl(TCPStoreServerOptions o)
     : opts(std::move(o)), table(opts.max_value_bytes) {
+  if (opts.token.empty() && !opts.insecure && !auth::is_loopback(opts.host))
+    throw ConfigError("WEFT_JOB_TOKEN",
+                      "a store listening on " + opts.host +
+                          " (not loopback) needs a job token: set WEFT_JOB_TOKEN, or listen on "
+                          "127.0.0.1, or accept any client with --insecure");
   try {
     tcp::resolver resolver(io);
     auto endpoints = resolver.resolve(opts.host, std::to_string(opts.port), tcp::resolver::passive);
     tcp::endpoint ep = *endpoints.begin();
     acceptor.open(ep.protocol());
+    // Close-on-exec: workers the host process spawns must not inherit the listening socket,
+    // or the port stays taken after the host is gone.
+    int fd = acceptor.native_handle();
+    ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
     acceptor.set_option(tcp::acceptor::reuse_address(true));
     acceptor.bind(ep);
     acceptor.listen(asio::socket_base::max_listen_connections);
@@ -305,6 +508,13 @@ void TCPStoreServer::Impl::accept() {
     s->start();
     accept();
   });
+}
+
+void TCPStoreServer::Impl::check_room(size_t incoming) const {
+  if (held_total() + incoming > opts.max_total_bytes)
+    throw CommError("store: full: it holds " + std::to_string(held_total()) +
+                    " bytes and this write brings " + std::to_string(incoming) +
+                    " more, past max_total_bytes " + std::to_string(opts.max_total_bytes));
 }
 
 void TCPStoreServer::Impl::forget(Session* s) {
@@ -426,6 +636,7 @@ void TCPStoreServer::Impl::handle(const std::shared_ptr<Session>& s, uint64_t re
       Bytes value = r.bytes();
       int64_t ttl = r.i64();
       r.expect_end();
+      check_room(key.size() + value.size());
       table.set(key, std::move(value), ttl > 0 ? std::optional<Millis>(Millis(ttl)) : std::nullopt);
       notify(key);
       break;
@@ -466,6 +677,7 @@ void TCPStoreServer::Impl::handle(const std::shared_ptr<Session>& s, uint64_t re
       Bytes expected = r.bytes();
       Bytes desired = r.bytes();
       r.expect_end();
+      check_room(key.size() + desired.size());
       bool wrote = false;
       ok.bytes(table.compare_set(key, expected, std::move(desired), &wrote));
       if (wrote) notify(key);
@@ -493,6 +705,7 @@ void TCPStoreServer::Impl::handle(const std::shared_ptr<Session>& s, uint64_t re
       std::string key = r.str();
       Bytes value = r.bytes();
       r.expect_end();
+      check_room(key.size() + value.size());
       table.append(key, value);
       notify(key);
       break;
@@ -508,6 +721,9 @@ void TCPStoreServer::Impl::handle(const std::shared_ptr<Session>& s, uint64_t re
         values.push_back(r.bytes());
       }
       r.expect_end();
+      size_t incoming = 0;
+      for (size_t i = 0; i < keys.size(); ++i) incoming += keys[i].size() + values[i].size();
+      check_room(incoming);
       table.multi_set(keys, values);
       for (const auto& k : keys) notify(k);
       break;
@@ -515,6 +731,7 @@ void TCPStoreServer::Impl::handle(const std::shared_ptr<Session>& s, uint64_t re
   }
   ++requests;
   arm_expiry();
+  note_bytes();
   s->reply(req, Status::kOk, std::move(ok));
 }
 
@@ -540,6 +757,10 @@ TCPStoreServerStats TCPStoreServer::stats() const {
   s.dropped_over_limit = impl_->over_limit;
   s.requests = impl_->requests;
   s.waits_parked = impl_->parked;
+  s.dropped_timeout = impl_->timed_out;
+  s.refused_auth = impl_->refused;
+  s.bytes_held = impl_->held_now;
+  s.bytes_held_peak = impl_->held_peak;
   return s;
 }
 

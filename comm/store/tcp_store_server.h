@@ -7,35 +7,65 @@
 #include <memory>
 #include <string>
 
+#include "comm/store/store.h"
+
 namespace weft::comm {
 
 struct TCPStoreServerOptions {
-  // Address to listen on: "127.0.0.1" for this machine only, "0.0.0.0" for every interface.
+  // Address to listen on, and only there: "127.0.0.1" for this machine only, "0.0.0.0" for
+  // every interface (which needs a token or `insecure`, below).
   std::string host = "127.0.0.1";
   // 0 asks the kernel for a free port; port() tells which one it got.
   uint16_t port = 0;
+  // The job token. Non-empty: every connection must prove it holds the same token (HMAC
+  // challenge-response, comm/store/auth.h) before any request; one that does not is told
+  // so and closed. Empty: no proof is asked, and then only loopback clients are served and
+  // the constructor refuses a non-loopback `host` (ConfigError naming WEFT_JOB_TOKEN),
+  // unless `insecure`.
+  std::string token;
+  // Serve clients from anywhere without a token. For trusted networks and tests only.
+  bool insecure = false;
   // Bound on what one connection may make the server hold: the frame being read, replies
-  // queued because the client does not read them, and its parked waits. A frame longer than
-  // this is malformed; a client that goes over it is disconnected. Either way only that
-  // connection is closed, with a WEFT_WARN naming the peer and the reason.
+  // queued because the client does not read them, and its parked waits. A client that goes
+  // over it is disconnected, with a WEFT_WARN naming the peer and the reason.
   size_t max_client_bytes = size_t(256) << 20;
   // Longest value a key may hold; set/append/... beyond it fail with CommError at the
   // client, the connection stays open.
   size_t max_value_bytes = size_t(64) << 20;
+  // Longest frame: checked on the 4-byte header, before anything is allocated; a longer one
+  // closes the connection (malformed). 0: max_value_bytes + 1 MiB (room for keys).
+  size_t max_frame_bytes = 0;
+  // Bound on everything the server holds at once: every connection's buffers plus the keys
+  // and values stored. A connection that would pass it is closed; a write that would is
+  // refused with CommError (the connection stays).
+  size_t max_total_bytes = size_t(1) << 30;
+  // A frame (or the handshake) must arrive whole within this once its first byte did; a
+  // client that sends half a frame and stalls is disconnected.
+  Millis read_timeout{30'000};
+  // A connection with nothing in flight (no partial frame, no parked wait, no unsent reply)
+  // for this long is closed. 0: never (clients hold their connection for a whole job).
+  Millis idle_timeout{0};
 };
 
-// Counters for tests and `weft store`'s shutdown line. Monotonic except connections_open.
+// Counters for tests and `weft store`'s shutdown line. Monotonic except connections_open,
+// waits_parked and bytes_held.
 struct TCPStoreServerStats {
   uint64_t connections_accepted = 0;
   uint64_t connections_open = 0;
   uint64_t dropped_malformed = 0;   // closed for a frame that broke the protocol
-  uint64_t dropped_over_limit = 0;  // closed for exceeding max_client_bytes
+  uint64_t dropped_over_limit = 0;  // closed for exceeding max_client_bytes / max_total_bytes
+  uint64_t dropped_timeout = 0;     // closed by read_timeout or idle_timeout
+  uint64_t refused_auth = 0;        // closed for a missing or wrong token (or not loopback)
   uint64_t requests = 0;            // well-formed requests handled
   uint64_t waits_parked = 0;        // get/wait/multi_get blocked on missing keys right now
+  uint64_t bytes_held = 0;          // connection buffers + stored keys and values, now
+  uint64_t bytes_held_peak = 0;     // the most bytes_held has been
 };
 
-// The constructor binds, listens and starts serving on an internal thread; it throws
-// CommError when the address cannot be bound. Thread-safe: port(), stats() and stop() may be
+// The constructor binds (to options.host only), listens on a close-on-exec socket (workers
+// spawned later do not inherit it) and starts serving on an internal thread; it throws
+// CommError when the address cannot be bound, ConfigError for a non-loopback host without a
+// token (see TCPStoreServerOptions::token). Thread-safe: port(), stats() and stop() may be
 // called from any thread. The server never throws or aborts because of what a client sends
 // or does (vanishing mid-request, garbage, floods): the damage stays with that connection.
 // Waits are parked server-side with their timeout, so a client blocked in get() costs one

@@ -15,17 +15,20 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/store/auth.h"
 #include "comm/store/protocol.h"
 
 namespace weft::test {
 
-// Blocking socket to 127.0.0.1:port. Every wait is bounded (kGuard) so a broken server
+// Blocking socket to 127.0.0.1:port that, unless told otherwise, first passes the store's
+// handshake (comm/store/protocol.h) with `token` ("" = none). Every wait is bounded (kGuard) so a broken server
 // fails the test instead of hanging it; the bound is a hang guard, not a timing check.
 class RawClient {
  public:
   static constexpr int kGuardMs = 20'000;
 
-  explicit RawClient(uint16_t port) {
+  enum class Handshake { kDo, kSkip };
+  explicit RawClient(uint16_t port, Handshake hs = Handshake::kDo, const std::string& token = "") {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     if (fd_ < 0) throw std::runtime_error("socket failed");
     sockaddr_in a{};
@@ -38,7 +41,31 @@ class RawClient {
     }
     int one = 1;
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (hs == Handshake::kDo && !handshake(token))
+      throw std::runtime_error("store handshake refused: " + refusal_);
   }
+
+  // Reads the hello, answers it with the proof for `token` (none when empty), reads the
+  // verdict. True when admitted; otherwise refusal() says why.
+  bool handshake(const std::string& token) {
+    auto hello = recv_frame();
+    if (!hello) return refused("no hello");
+    comm::wire::Reader r(hello->data(), hello->size());
+    r.u8();
+    r.u8();
+    nonce_ = r.bytes();
+    comm::wire::Writer w;
+    w.u8(comm::wire::kHandshakeVersion)
+        .bytes(token.empty() ? comm::Bytes() : comm::auth::proof(token, nonce_));
+    if (!send(w.finish())) return refused("closed before the proof");
+    auto verdict = recv_frame();
+    if (!verdict || verdict->empty()) return refused("closed before the verdict");
+    if ((*verdict)[0] == 0) return true;
+    comm::wire::Reader v(verdict->data() + 1, verdict->size() - 1);
+    return refused(v.str());
+  }
+  const std::string& refusal() const { return refusal_; }
+  const comm::Bytes& nonce() const { return nonce_; }
   ~RawClient() { close(); }
   RawClient(const RawClient&) = delete;
   RawClient& operator=(const RawClient&) = delete;
@@ -88,8 +115,9 @@ class RawClient {
     return body;
   }
 
-  // True once the server has closed the connection: reads (and discards) until EOF/reset.
-  bool closed_by_peer() {
+  // True once the server has closed the connection: reads until EOF/reset, appending what
+  // came to *got when given (else discarding it).
+  bool closed_by_peer(comm::Bytes* got = nullptr) {
     uint8_t buf[4096];
     for (;;) {
       pollfd pf{fd_, POLLIN, 0};
@@ -100,6 +128,7 @@ class RawClient {
       ssize_t r = ::recv(fd_, buf, sizeof buf, 0);
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0) return true;
+      if (got) got->insert(got->end(), buf, buf + r);
     }
   }
 
@@ -107,8 +136,14 @@ class RawClient {
   bool guard_hit() const { return guard_hit_; }
 
  private:
+  bool refused(const std::string& why) {
+    refusal_ = why;
+    return false;
+  }
   int fd_ = -1;
   bool guard_hit_ = false;
+  std::string refusal_;
+  comm::Bytes nonce_;
 };
 
 // Request frames, built as the client does.
