@@ -14,7 +14,6 @@
 #include "base/config.h"
 #include "base/error.h"
 #include "comm/store/auth.h"
-#include "comm/store/auth.h"
 #include "comm/store/tcp_store_server.h"
 #include "launch/commands.h"
 #include "launch/run_options.h"
