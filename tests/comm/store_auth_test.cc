@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -309,6 +310,15 @@ TEST(StoreAuth, APortIsFreeAgainOnceItsHostIsGoneEvenIfItsChildrenLive) {
   ::close(pipefd[0]);
   ::waitpid(host, nullptr, 0);
   ASSERT_EQ(::kill(msg[1], 0), 0) << "the worker should still be alive";
+  // Close-on-exec acts at exec: until the worker has become `sleep` it still holds every
+  // descriptor of its parent, so wait for the exec before testing the port.
+  std::string comm;
+  for (int i = 0; i < 500 && comm != "sleep"; ++i) {
+    std::ifstream in("/proc/" + std::to_string(msg[1]) + "/comm");
+    std::getline(in, comm);
+    if (comm != "sleep") ::usleep(10'000);
+  }
+  ASSERT_EQ(comm, "sleep") << "the worker never exec'd";
   TCPStoreServerOptions again;
   again.port = uint16_t(msg[0]);
   EXPECT_NO_THROW(TCPStoreServer{again}) << "the port is still held by the worker";
