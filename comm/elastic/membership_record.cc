@@ -1,0 +1,136 @@
+// MembershipRecord's text encoding and its strict decoder.
+#include "comm/elastic/membership_record.h"
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+#include "base/check.h"
+#include "base/error.h"
+
+namespace weft::comm {
+namespace {
+
+constexpr const char* kTag = "weft-rdzv 1";
+
+[[noreturn]] void bad(const std::string& key, size_t line_no, const std::string& line,
+                      const std::string& why) {
+  throw CommError(str("rendezvous record at store key '", key, "' is corrupt: line ", line_no,
+                      " '", line.substr(0, 80), "': ", why));
+}
+
+int64_t parse_int(const std::string& s, const std::string& key, size_t n, const std::string& l) {
+  if (s.empty() || s.size() > 18) bad(key, n, l, "expected an integer");
+  size_t i = s[0] == '-' ? 1 : 0;
+  if (i == s.size()) bad(key, n, l, "expected an integer");
+  for (size_t j = i; j < s.size(); ++j)
+    if (s[j] < '0' || s[j] > '9') bad(key, n, l, "expected an integer");
+  return std::stoll(s);
+}
+
+bool valid_id(const std::string& id) {
+  if (id.empty() || id.size() > 256) return false;
+  for (unsigned char c : id)
+    if (c <= ' ' || c == 0x7f || c == '/') return false;
+  return true;
+}
+
+}  // namespace
+
+std::optional<int> MembershipRecord::rank_of(const std::string& node_id) const {
+  auto it = members.find(node_id);
+  if (it == members.end() || has_left(node_id)) return std::nullopt;
+  return it->second;
+}
+
+bool MembershipRecord::is_spare(const std::string& node_id) const {
+  return std::find(spares.begin(), spares.end(), node_id) != spares.end();
+}
+
+bool MembershipRecord::has_left(const std::string& node_id) const {
+  return std::find(left.begin(), left.end(), node_id) != left.end();
+}
+
+std::string encode(const MembershipRecord& r) {
+  std::ostringstream os;
+  os << kTag << "\nversion " << r.version << "\nwriter " << r.writer << "\nepoch " << r.epoch
+     << "\n";
+  std::vector<std::pair<int, std::string>> by_rank;
+  for (const auto& [id, rank] : r.members) by_rank.emplace_back(rank, id);
+  std::sort(by_rank.begin(), by_rank.end());
+  for (const auto& [rank, id] : by_rank) os << "member " << rank << " " << id << "\n";
+  for (const auto& id : r.spares) os << "spare " << id << "\n";
+  for (const auto& id : r.left) os << "left " << id << "\n";
+  if (r.closed) {
+    std::string reason = r.close_reason;
+    std::replace_if(reason.begin(), reason.end(), [](char c) { return c == '\n' || c == '\r'; },
+                    ' ');
+    os << "closed " << reason << "\n";
+  }
+  return os.str();
+}
+
+MembershipRecord decode(const std::string& text, const std::string& key) {
+  MembershipRecord r;
+  std::istringstream in(text);
+  std::string line;
+  size_t n = 0;
+  std::set<int> ranks;
+  std::set<std::string> seen_spares, seen_left;
+  bool have_version = false, have_writer = false, have_epoch = false;
+  while (std::getline(in, line)) {
+    ++n;
+    if (n == 1) {
+      if (line != kTag) bad(key, n, line, str("expected '", kTag, "'"));
+      continue;
+    }
+    size_t sp = line.find(' ');
+    std::string field = line.substr(0, sp);
+    std::string rest = sp == std::string::npos ? "" : line.substr(sp + 1);
+    if (field == "version") {
+      r.version = parse_int(rest, key, n, line);
+      have_version = true;
+    } else if (field == "writer") {
+      r.writer = rest;  // may be empty only in a hand-made record; not an id check
+      have_writer = true;
+    } else if (field == "epoch") {
+      r.epoch = parse_int(rest, key, n, line);
+      if (r.epoch < 0) bad(key, n, line, "negative epoch");
+      have_epoch = true;
+    } else if (field == "member") {
+      size_t sp2 = rest.find(' ');
+      if (sp2 == std::string::npos) bad(key, n, line, "expected 'member <rank> <node id>'");
+      int64_t rank = parse_int(rest.substr(0, sp2), key, n, line);
+      std::string id = rest.substr(sp2 + 1);
+      if (rank < 0 || rank > 1'000'000) bad(key, n, line, "rank out of range");
+      if (!valid_id(id)) bad(key, n, line, "bad node id");
+      if (!ranks.insert(int(rank)).second) bad(key, n, line, "rank given twice");
+      if (!r.members.emplace(id, int(rank)).second) bad(key, n, line, "node given twice");
+    } else if (field == "spare" || field == "left") {
+      if (!valid_id(rest)) bad(key, n, line, "bad node id");
+      auto& seen = field == "spare" ? seen_spares : seen_left;
+      if (!seen.insert(rest).second) bad(key, n, line, "node given twice");
+      (field == "spare" ? r.spares : r.left).push_back(rest);
+    } else if (field == "closed") {
+      r.closed = true;
+      r.close_reason = rest;
+    } else {
+      bad(key, n, line, "unknown field");
+    }
+  }
+  if (n == 0) bad(key, 0, "", "empty");
+  if (!have_version || !have_writer || !have_epoch)
+    bad(key, n, "", "missing version, writer or epoch");
+  for (const auto& id : r.left)
+    if (!r.members.count(id)) bad(key, n, "left " + id, "a node that left must be a member");
+  if (r.epoch == 0 && !r.members.empty()) bad(key, n, "", "members before epoch 1");
+  return r;
+}
+
+void check_node_id(const std::string& id, const std::string& field) {
+  if (!valid_id(id))
+    throw ConfigError(field, str("node id '", id.substr(0, 80),
+                                 "' must be 1 to 256 printable characters without spaces or '/'"));
+}
+
+}  // namespace weft::comm

@@ -1,0 +1,64 @@
+// The one compare-and-set record per elastic job (key rdzv/<run id>/state): the current
+// membership epoch, who is in it at which node rank, who waits, and whether the job is over.
+// Also its text encoding, which is what the store holds and what a person debugging reads.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace weft::comm {
+
+// Every agent reads it, computes a successor, and writes it with compare_set(old, new);
+// a conflict means another agent wrote first, so it re-reads and recomputes (rendezvous.h).
+struct MembershipRecord {
+  // Incremented by every write. With `writer` it makes each written value unique, so that
+  // compare_set's "returns desired when it wrote" cannot be fooled by an equal old value.
+  int64_t version = 0;
+  std::string writer;  // node id of the agent that wrote this value
+  // 0: no membership has formed yet (nodes gather in `spares`). Epoch E >= 1 is written
+  // exactly once, by the compare_set that formed it, and changes only with the membership.
+  int64_t epoch = 0;
+  // node id -> node rank for `epoch`. Ranks are stable slots in [0, max_nodes): survivors
+  // keep theirs across epochs, newcomers take the lowest free one; they may have gaps.
+  std::map<std::string, int> members;
+  // Nodes waiting for admission, in arrival order: before epoch 1 every joiner, after it
+  // the nodes beyond max_nodes (hot spares) and joiners not yet admitted.
+  std::vector<std::string> spares;
+  // Members of `epoch` that left gracefully (Rendezvous::leave): gone without waiting for
+  // their heartbeat to expire, and not counted against the quorum. Cleared by a new epoch.
+  std::vector<std::string> left;
+  bool closed = false;       // the job finished or failed: nobody may join any more
+  std::string close_reason;  // one line, why it closed
+
+  // The node's rank when it is a member that has not left; nullopt otherwise.
+  std::optional<int> rank_of(const std::string& node_id) const;
+  bool is_spare(const std::string& node_id) const;
+  bool has_left(const std::string& node_id) const;
+};
+
+// Text encoding, one field per line, '\n' after each:
+//
+//   weft-rdzv 1                  format tag and version (decode refuses others)
+//   version <int64>
+//   writer <node id>
+//   epoch <int64>
+//   member <rank> <node id>      one per member, by rank
+//   spare <node id>              one per spare, in arrival order
+//   left <node id>               one per member that left
+//   closed <reason>              only when closed; the reason runs to the end of the line
+//
+// Node ids contain no whitespace or control characters (check_node_id), so a line splits
+// on its spaces. Kept as text on purpose: `weft store` dumps and logs show it as it is.
+std::string encode(const MembershipRecord& record);
+// Inverse of encode. Throws CommError naming `key` and the offending line when the text is
+// not a record (a store shared with something else, or a corrupt value).
+MembershipRecord decode(const std::string& text, const std::string& key);
+
+// Throws ConfigError(field, ...) unless `id` is 1..256 printable characters without
+// whitespace or '/'. Node ids appear in store keys (rdzv/<run>/alive/<node id>) and records.
+void check_node_id(const std::string& id, const std::string& field);
+
+}  // namespace weft::comm

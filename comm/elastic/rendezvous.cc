@@ -1,0 +1,286 @@
+// Rendezvous: the CAS loops over the record (join, poll, leave, close) and the timers that
+// quorum.h's pure rules leave to the caller (last call, waiting with too few nodes).
+#include "comm/elastic/rendezvous.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "base/check.h"
+#include "base/log.h"
+
+namespace weft::comm {
+namespace {
+
+std::string secs(Millis t) { return str(double(t.count()) / 1000.0, " s"); }
+
+}  // namespace
+
+Rendezvous::Rendezvous(Store& store, RendezvousOptions options)
+    : store_(store),
+      options_((validate(options), std::move(options))),
+      prefix_("rdzv/" + options_.run_id + "/"),
+      heartbeat_(store, alive_key(options_.node_id), options_.heartbeat_interval,
+                 options_.heartbeat_timeout) {}
+
+Rendezvous::~Rendezvous() { heartbeat_.stop(); }
+
+std::pair<Bytes, MembershipRecord> Rendezvous::read_or_create() {
+  MembershipRecord initial;
+  initial.version = 1;
+  initial.writer = options_.node_id;
+  // An empty `expected` matches only an absent key; a present record is returned as is.
+  Bytes raw = store_.compare_set(state_key(), {}, to_bytes(encode(initial)));
+  return {raw, decode(to_string(raw), state_key())};
+}
+
+bool Rendezvous::write(const Bytes& old_raw, MembershipRecord& next) {
+  MembershipRecord old = decode(to_string(old_raw), state_key());
+  next.version = old.version + 1;
+  next.writer = options_.node_id;
+  Bytes desired = to_bytes(encode(next));
+  // Returns `desired` only when this call wrote: no other writer produces these bytes
+  // (writer id), and this one never writes the same version twice.
+  return store_.compare_set(state_key(), old_raw, desired) == desired;
+}
+
+std::set<std::string> Rendezvous::alive_nodes(const MembershipRecord& r) {
+  std::vector<std::string> ids;
+  for (const auto& [id, rank] : r.members) ids.push_back(id);
+  for (const auto& id : r.spares) ids.push_back(id);
+  std::vector<std::string> keys;
+  for (const auto& id : ids) keys.push_back(alive_key(id));
+  std::set<std::string> alive;
+  if (keys.empty()) return alive;
+  if (store_.check(keys)) return {ids.begin(), ids.end()};  // the common case: one round trip
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (store_.check({keys[i]})) alive.insert(ids[i]);
+  return alive;
+}
+
+Decision Rendezvous::decide_now(const MembershipRecord& r, const std::set<std::string>& alive) {
+  const auto now = Clock::now();
+  if (last_call_since_ && last_call_epoch_ != r.epoch) last_call_since_.reset();
+  bool passed = options_.last_call.count() == 0 ||
+                (last_call_since_ && now - *last_call_since_ >= options_.last_call);
+  Decision d = decide(r, alive, options_.min_nodes, options_.max_nodes, passed);
+  if (d.verdict == Verdict::kLastCall) {
+    if (!last_call_since_) {
+      last_call_since_ = now;
+      last_call_epoch_ = r.epoch;
+    }
+  } else if (d.verdict != Verdict::kForm) {
+    last_call_since_.reset();
+  }
+  return d;
+}
+
+Membership Rendezvous::make_membership(const MembershipRecord& r) const {
+  Membership m;
+  m.epoch = r.epoch;
+  for (const auto& [id, rank] : r.members)
+    if (!r.has_left(id)) m.members.push_back({id, rank});
+  std::sort(m.members.begin(), m.members.end(),
+            [](const Member& a, const Member& b) { return a.node_rank < b.node_rank; });
+  for (size_t i = 0; i < m.members.size(); ++i) {
+    if (m.members[i].node_id != options_.node_id) continue;
+    m.index = int(i);
+    m.node_rank = m.members[i].node_rank;
+  }
+  m.store_prefix = str(prefix_, "epoch/", r.epoch);
+  return m;
+}
+
+void Rendezvous::adopt(const MembershipRecord& r) {
+  bool changed = !membership_ || membership_->epoch != r.epoch;
+  membership_ = make_membership(r);
+  last_call_since_.reset();
+  too_few_since_.reset();
+  if (changed)
+    WEFT_INFO("elastic", "node ", options_.node_id, " is rank ", membership_->node_rank,
+              " of epoch ", r.epoch, " (", membership_->world(), " nodes)");
+}
+
+Membership Rendezvous::join() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto deadline = Clock::now() + options_.join_timeout;
+  const std::string& me = options_.node_id;
+  joined_ = true;
+  heartbeat_.start();
+  std::string waiting_for = "the store";
+  for (;;) {
+    auto [raw, rec] = read_or_create();
+    if (rec.closed) {
+      heartbeat_.stop_and_erase();
+      throw RendezvousClosedError(str("rendezvous ", state_key(), " is closed (", rec.close_reason,
+                                      "): node ", me, " may not join; the job is over"));
+    }
+    if (rec.rank_of(me)) {
+      adopt(rec);
+      return *membership_;
+    }
+    bool wrote = false;
+    if (!rec.has_left(me)) {  // a member that left rejoins once the others re-formed
+      if (!rec.is_spare(me)) {
+        MembershipRecord next = rec;
+        next.spares.push_back(me);
+        write(raw, next);
+        continue;  // re-read: registered, or someone else wrote first
+      }
+      Decision d = decide_now(rec, alive_nodes(rec));
+      if (d.verdict == Verdict::kForm) {
+        if (write(raw, d.next)) WEFT_INFO("elastic", "node ", me, " formed epoch ", d.next.epoch,
+                                          ": ", d.why);
+        wrote = true;
+      } else if (rec.epoch > 0 && int(rec.members.size()) >= options_.max_nodes &&
+                 d.verdict == Verdict::kStable) {
+        waiting_for = str("a free slot: waiting as a spare, the membership of epoch ", rec.epoch,
+                          " is full at max_nodes=", options_.max_nodes);
+      } else {
+        waiting_for = d.why;
+      }
+    } else {
+      waiting_for = "the others to re-form after this node left";
+    }
+    if (wrote) continue;
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      heartbeat_.stop_and_erase();
+      throw TimeoutError(str("rendezvous ", state_key(), ": node ", me,
+                             " could not join within join_timeout (",
+                             secs(options_.join_timeout), "); last seen: ", waiting_for,
+                             ". Start more nodes, or raise --rdzv-conf join_timeout"));
+    }
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(options_.poll_interval, deadline - now));
+  }
+}
+
+std::optional<Membership> Rendezvous::poll_change() {
+  std::lock_guard<std::mutex> lock(mu_);
+  WEFT_CHECK(membership_, "Rendezvous::poll_change() before join() (or after leave)");
+  const std::string& me = options_.node_id;
+  const int64_t mine = membership_->epoch;
+  for (;;) {
+    auto [raw, rec] = read_or_create();
+    if (rec.closed) {
+      heartbeat_.stop();
+      throw RendezvousClosedError(str("rendezvous ", state_key(), " was closed: ",
+                                      rec.close_reason));
+    }
+    if (rec.epoch != mine || !rec.rank_of(me)) {
+      if (rec.rank_of(me)) {
+        adopt(rec);
+        return membership_;
+      }
+      heartbeat_.stop_and_erase();
+      membership_.reset();
+      std::optional<std::string> hb = heartbeat_.failure();
+      throw QuorumLostError(str("node ", me, " was removed from the membership: epoch ",
+                                rec.epoch, " was formed without it (its heartbeat expired: ",
+                                hb ? "last heartbeat error: " + *hb
+                                   : "partitioned from the others or too slow",
+                                "); it stops its workers and may join again"));
+    }
+    Decision d = decide_now(rec, alive_nodes(rec));
+    switch (d.verdict) {
+      case Verdict::kForm: {
+        if (!d.next.rank_of(me)) {
+          // This node's own key is gone: it cannot vouch for itself, so it must not write.
+          heartbeat_.stop_and_erase();
+          membership_.reset();
+          throw QuorumLostError(str("node ", me, " sees its own heartbeat key expired in epoch ",
+                                    mine, " (", d.why, "); it stops so that the others re-form"));
+        }
+        if (!write(raw, d.next)) continue;  // someone else wrote first: look again
+        WEFT_INFO("elastic", "node ", me, " formed epoch ", d.next.epoch, ": ", d.why);
+        adopt(d.next);
+        return membership_;
+      }
+      case Verdict::kQuorumLost:
+      case Verdict::kTooFew: {
+        // Decide only on a consistent snapshot: the record did not change while the
+        // heartbeats were read (a graceful leave writes the record before erasing its key).
+        if (store_.compare_set(state_key(), {}, {}) != raw) continue;
+        if (d.verdict == Verdict::kQuorumLost) {
+          heartbeat_.stop_and_erase();
+          membership_.reset();
+          throw QuorumLostError(str("node ", me, " lost quorum in epoch ", mine, ": ", d.why,
+                                    ". It is in a minority partition (or the majority died) "
+                                    "and stops itself so that there is never a split brain"));
+        }
+        const auto now = Clock::now();
+        if (!too_few_since_) too_few_since_ = now;
+        if (now - *too_few_since_ >= options_.join_timeout)
+          throw TimeoutError(str("rendezvous ", state_key(), ": epoch ", mine,
+                                 " lost members and could not re-form within join_timeout (",
+                                 secs(options_.join_timeout), "): ", d.why));
+        return std::nullopt;
+      }
+      case Verdict::kStable:
+      case Verdict::kLastCall:
+        too_few_since_.reset();
+        return std::nullopt;
+    }
+  }
+}
+
+std::optional<Membership> Rendezvous::watch(Millis timeout) {
+  const auto until = Clock::now() + timeout;
+  for (;;) {
+    if (auto m = poll_change()) return m;
+    const auto now = Clock::now();
+    if (now >= until) return std::nullopt;
+    std::this_thread::sleep_for(std::min<Clock::duration>(options_.poll_interval, until - now));
+  }
+}
+
+void Rendezvous::leave() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!joined_) return;
+  const std::string& me = options_.node_id;
+  for (;;) {
+    auto [raw, rec] = read_or_create();
+    MembershipRecord next = rec;
+    bool changed = false;
+    if (rec.rank_of(me)) {
+      next.left.push_back(me);
+      changed = true;
+    }
+    auto it = std::find(next.spares.begin(), next.spares.end(), me);
+    if (it != next.spares.end()) {
+      next.spares.erase(it);
+      changed = true;
+    }
+    if (!changed || write(raw, next)) break;
+  }
+  // After the record says so, never before: see poll_change's consistent snapshot.
+  heartbeat_.stop_and_erase();
+  membership_.reset();
+  joined_ = false;
+  WEFT_INFO("elastic", "node ", me, " left the membership");
+}
+
+void Rendezvous::close(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (;;) {
+    auto [raw, rec] = read_or_create();
+    if (rec.closed) return;
+    MembershipRecord next = rec;
+    next.closed = true;
+    next.close_reason = reason.empty() ? "closed" : reason;
+    if (write(raw, next)) break;
+  }
+  WEFT_INFO("elastic", "rendezvous ", state_key(), " closed: ", reason);
+}
+
+MembershipRecord Rendezvous::read_record() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return read_or_create().second;
+}
+
+std::optional<Membership> Rendezvous::membership() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return membership_;
+}
+
+}  // namespace weft::comm

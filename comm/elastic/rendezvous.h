@@ -1,0 +1,142 @@
+// Rendezvous: one elastic agent's view of the job's membership. It joins (blocking until
+// admitted to an epoch), heartbeats, notices lost members and waiting nodes, and re-forms
+// the membership under the quorum rules of quorum.h, over any comm::Store.
+//
+// Store keys (all under rdzv/<run id>/):
+//   state              the MembershipRecord (membership_record.h), changed only by CAS loops
+//   alive/<node id>    the node's heartbeat, a TTL key (heartbeat.h)
+//   epoch/<E>/...      free for the layer above (Membership::store_prefix): Gloo/NCCL
+//                      bootstrap of epoch E never collides with epoch E-1's keys
+//
+// Survivors stay alive across membership changes: an agent learns of a new epoch from
+// poll_change()/watch() and hands the new Membership to its workers at a step boundary;
+// nothing here requires a restart. Node ranks are stable across epochs (quorum.h).
+//
+// Threads: join, poll_change, watch, leave and close are serialised by an internal mutex
+// (one agent thread normally calls them all); the heartbeat runs on its own thread.
+// Errors: CommError/TimeoutError from the store propagate; plus the two below.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "comm/elastic/heartbeat.h"
+#include "comm/elastic/membership_record.h"
+#include "comm/elastic/quorum.h"
+#include "comm/elastic/rendezvous_options.h"
+#include "comm/store/store.h"
+
+namespace weft::comm {
+
+// The job was closed (finished or failed): nobody may join or stay. what() has the reason.
+class RendezvousClosedError : public CommError {
+ public:
+  using CommError::CommError;
+};
+
+// This node may not go on in the membership: it sees fewer than a strict majority of its
+// epoch's members alive (a partitioned minority), or a newer epoch was formed without it
+// (its heartbeat expired). It must stop its workers; it may join() again as a newcomer.
+class QuorumLostError : public CommError {
+ public:
+  using CommError::CommError;
+};
+
+struct Member {
+  std::string node_id;
+  int node_rank = 0;
+  bool operator==(const Member&) const = default;
+};
+
+// What an agent needs to run its workers in one epoch.
+struct Membership {
+  int64_t epoch = 0;            // >= 1
+  int node_rank = 0;            // this node's stable slot, in [0, max_nodes), may have gaps
+  int index = 0;                // this node's position in `members`: its dense rank in [0, world)
+  std::vector<Member> members;  // by node_rank
+  std::string store_prefix;     // "rdzv/<run id>/epoch/<epoch>": keys for this epoch's bootstrap
+  int world() const { return int(members.size()); }
+};
+
+class Rendezvous {
+ public:
+  // Validates `options` (ConfigError naming the key, rendezvous_options.h). `store` must
+  // outlive this object. Touches the store only when a method is called.
+  Rendezvous(Store& store, RendezvousOptions options);
+  // Stops the heartbeat without erasing the key (the node fades out by TTL as after a
+  // crash; call leave() to go at once). Never throws.
+  ~Rendezvous();
+  Rendezvous(const Rendezvous&) = delete;
+  Rendezvous& operator=(const Rendezvous&) = delete;
+
+  // Starts the heartbeat, registers as waiting, and helps form the epoch (any waiting node
+  // may write it), until this node is a member; returns that membership. Blocks at most
+  // join_timeout, then throws TimeoutError saying what it waited for (too few nodes, or
+  // waiting as a spare because the membership is full at max_nodes). Throws
+  // RendezvousClosedError when the job is closed. Returns at once when already a member.
+  Membership join();
+
+  // One check, for a member (after join()): re-reads the record and the members' and
+  // spares' heartbeats and, when the quorum rules call for a new epoch, writes it. Returns
+  // the new membership when the epoch changed (by this node's write or another's), nullopt
+  // when it did not (the fast path, a last call in progress, or too few nodes for now).
+  // Never blocks beyond a few store round trips. Throws QuorumLostError (after stopping
+  // the heartbeat) when this node is in a minority or was removed, RendezvousClosedError
+  // when closed, TimeoutError when the membership could not be re-formed (too few nodes)
+  // for join_timeout. InternalError when called before join().
+  std::optional<Membership> poll_change();
+
+  // poll_change() every poll_interval until it returns a membership or `timeout` passes
+  // (then nullopt). Same errors.
+  std::optional<Membership> watch(Millis timeout);
+
+  // Graceful departure: marks this node as left in the record (or drops it from the
+  // spares), then stops the heartbeat and erases its key, so that the others re-form at
+  // their next poll without waiting for the TTL. Idempotent; no-op if never joined.
+  void leave();
+
+  // Closes the job for everyone: members' next poll and late joiners throw
+  // RendezvousClosedError with `reason`. Idempotent (the first reason stays).
+  void close(const std::string& reason);
+
+  // The latest record (one store read), for status lines and tests.
+  MembershipRecord read_record();
+  // This node's membership as of the last join/poll, if any.
+  std::optional<Membership> membership() const;
+  Heartbeat& heartbeat() { return heartbeat_; }
+  const RendezvousOptions& options() const { return options_; }
+  std::string state_key() const { return prefix_ + "state"; }
+  std::string alive_key(const std::string& node_id) const { return prefix_ + "alive/" + node_id; }
+
+ private:
+  // Reads the record, creating an empty one when the key is absent (one round trip).
+  std::pair<Bytes, MembershipRecord> read_or_create();
+  // CAS from `old_raw` to `next` stamped with version+1 and this writer; true when it wrote.
+  bool write(const Bytes& old_raw, MembershipRecord& next);
+  // Node ids of members and spares whose alive key exists.
+  std::set<std::string> alive_nodes(const MembershipRecord& r);
+  // decide() with this agent's last_call clock; updates the clock.
+  Decision decide_now(const MembershipRecord& r, const std::set<std::string>& alive);
+  Membership make_membership(const MembershipRecord& r) const;
+  void adopt(const MembershipRecord& r);  // membership_ = r's, timers reset
+
+  using Clock = std::chrono::steady_clock;
+  Store& store_;
+  const RendezvousOptions options_;
+  const std::string prefix_;  // "rdzv/<run id>/"
+  Heartbeat heartbeat_;
+  mutable std::mutex mu_;
+  std::optional<Membership> membership_;
+  std::optional<Clock::time_point> last_call_since_;  // first kLastCall seen
+  int64_t last_call_epoch_ = -1;                      // the epoch it was seen in
+  std::optional<Clock::time_point> too_few_since_;    // first kTooFew seen as a member
+  bool joined_ = false;                               // join() called, leave() not yet
+};
+
+}  // namespace weft::comm
