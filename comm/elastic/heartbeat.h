@@ -44,7 +44,7 @@ class Heartbeat {
 
   bool running() const { return running_.load(); }
   const std::string& key() const { return key_; }
-  uint64_t beats() const { return beats_.load(); }      // successful sets so far
+  uint64_t beats() const { return beats_.load(); }        // successful sets so far
   uint64_t failures() const { return failures_.load(); }  // failed sets so far
   // The error of the most recent beat when it failed; nullopt when it succeeded.
   std::optional<std::string> failure() const;
@@ -60,7 +60,7 @@ class Heartbeat {
   std::atomic<uint64_t> beats_{0}, failures_{0};
   mutable std::mutex mu_;
   std::condition_variable wake_;
-  bool stopping_ = false;  // guarded by mu_
+  bool stopping_ = false;               // guarded by mu_
   std::optional<std::string> failure_;  // guarded by mu_
   std::thread thread_;
 };

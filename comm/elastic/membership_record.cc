@@ -15,8 +15,8 @@ constexpr const char* kTag = "weft-rdzv 1";
 
 [[noreturn]] void bad(const std::string& key, size_t line_no, const std::string& line,
                       const std::string& why) {
-  throw CommError(str("rendezvous record at store key '", key, "' is corrupt: line ", line_no,
-                      " '", line.substr(0, 80), "': ", why));
+  throw CommError(str("rendezvous record at store key '", key, "' is corrupt: line ", line_no, " '",
+                      line.substr(0, 80), "': ", why));
 }
 
 int64_t parse_int(const std::string& s, const std::string& key, size_t n, const std::string& l) {
@@ -63,8 +63,8 @@ std::string encode(const MembershipRecord& r) {
   for (const auto& id : r.left) os << "left " << id << "\n";
   if (r.closed) {
     std::string reason = r.close_reason;
-    std::replace_if(reason.begin(), reason.end(), [](char c) { return c == '\n' || c == '\r'; },
-                    ' ');
+    std::replace_if(
+        reason.begin(), reason.end(), [](char c) { return c == '\n' || c == '\r'; }, ' ');
     os << "closed " << reason << "\n";
   }
   return os.str();

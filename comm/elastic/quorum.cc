@@ -9,11 +9,16 @@ namespace weft::comm {
 
 const char* to_string(Verdict v) {
   switch (v) {
-    case Verdict::kStable: return "stable";
-    case Verdict::kForm: return "form";
-    case Verdict::kLastCall: return "last call";
-    case Verdict::kTooFew: return "too few nodes";
-    case Verdict::kQuorumLost: return "quorum lost";
+    case Verdict::kStable:
+      return "stable";
+    case Verdict::kForm:
+      return "form";
+    case Verdict::kLastCall:
+      return "last call";
+    case Verdict::kTooFew:
+      return "too few nodes";
+    case Verdict::kQuorumLost:
+      return "quorum lost";
   }
   return "?";
 }
@@ -22,8 +27,7 @@ namespace {
 
 // `base` plus an epoch: members keep their ranks, `joiners` fill the lowest free ranks in
 // order, up to `max_nodes`; joiners that do not fit stay spares.
-MembershipRecord next_epoch(const MembershipRecord& current,
-                            const std::map<std::string, int>& keep,
+MembershipRecord next_epoch(const MembershipRecord& current, const std::map<std::string, int>& keep,
                             const std::vector<std::string>& joiners, int max_nodes) {
   MembershipRecord next = current;
   next.epoch = current.epoch + 1;
@@ -47,8 +51,8 @@ MembershipRecord next_epoch(const MembershipRecord& current,
 
 }  // namespace
 
-Decision decide(const MembershipRecord& current, const std::set<std::string>& alive,
-                int min_nodes, int max_nodes, bool last_call_passed) {
+Decision decide(const MembershipRecord& current, const std::set<std::string>& alive, int min_nodes,
+                int max_nodes, bool last_call_passed) {
   WEFT_CHECK(min_nodes >= 1 && min_nodes <= max_nodes, "bad limits ", min_nodes, ":", max_nodes);
   Decision d;
   if (current.closed) {
@@ -88,8 +92,8 @@ Decision decide(const MembershipRecord& current, const std::set<std::string>& al
   }
   const int n_base = int(base.size()), n_alive = int(alive_members.size());
   const int n_members = int(current.members.size());
-  const std::string seen = str(n_alive, " of ", n_base, " members of epoch ", current.epoch,
-                               " alive");
+  const std::string seen =
+      str(n_alive, " of ", n_base, " members of epoch ", current.epoch, " alive");
 
   if (n_alive == n_base && current.left.empty()) {
     if (n_spares == 0 || n_members >= max_nodes) {

@@ -65,7 +65,7 @@ struct Decision {
 // `alive`: node ids whose heartbeat key exists (members and spares; others are ignored).
 // `last_call_passed`: whether the caller has waited last_call since it first saw kLastCall.
 // Requires 1 <= min_nodes <= max_nodes; a closed record yields kStable.
-Decision decide(const MembershipRecord& current, const std::set<std::string>& alive,
-                int min_nodes, int max_nodes, bool last_call_passed);
+Decision decide(const MembershipRecord& current, const std::set<std::string>& alive, int min_nodes,
+                int max_nodes, bool last_call_passed);
 
 }  // namespace weft::comm

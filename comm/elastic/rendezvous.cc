@@ -128,8 +128,8 @@ Membership Rendezvous::join() {
       }
       Decision d = decide_now(rec, alive_nodes(rec));
       if (d.verdict == Verdict::kForm) {
-        if (write(raw, d.next)) WEFT_INFO("elastic", "node ", me, " formed epoch ", d.next.epoch,
-                                          ": ", d.why);
+        if (write(raw, d.next))
+          WEFT_INFO("elastic", "node ", me, " formed epoch ", d.next.epoch, ": ", d.why);
         wrote = true;
       } else if (rec.epoch > 0 && int(rec.members.size()) >= options_.max_nodes &&
                  d.verdict == Verdict::kStable) {
@@ -146,12 +146,11 @@ Membership Rendezvous::join() {
     if (now >= deadline) {
       heartbeat_.stop_and_erase();
       throw TimeoutError(str("rendezvous ", state_key(), ": node ", me,
-                             " could not join within join_timeout (",
-                             secs(options_.join_timeout), "); last seen: ", waiting_for,
+                             " could not join within join_timeout (", secs(options_.join_timeout),
+                             "); last seen: ", waiting_for,
                              ". Start more nodes, or raise --rdzv-conf join_timeout"));
     }
-    std::this_thread::sleep_for(
-        std::min<Clock::duration>(options_.poll_interval, deadline - now));
+    std::this_thread::sleep_for(std::min<Clock::duration>(options_.poll_interval, deadline - now));
   }
 }
 
@@ -164,8 +163,8 @@ std::optional<Membership> Rendezvous::poll_change() {
     auto [raw, rec] = read_or_create();
     if (rec.closed) {
       heartbeat_.stop();
-      throw RendezvousClosedError(str("rendezvous ", state_key(), " was closed: ",
-                                      rec.close_reason));
+      throw RendezvousClosedError(
+          str("rendezvous ", state_key(), " was closed: ", rec.close_reason));
     }
     if (rec.epoch != mine || !rec.rank_of(me)) {
       if (rec.rank_of(me)) {
@@ -175,11 +174,11 @@ std::optional<Membership> Rendezvous::poll_change() {
       heartbeat_.stop_and_erase();
       membership_.reset();
       std::optional<std::string> hb = heartbeat_.failure();
-      throw QuorumLostError(str("node ", me, " was removed from the membership: epoch ",
-                                rec.epoch, " was formed without it (its heartbeat expired: ",
-                                hb ? "last heartbeat error: " + *hb
-                                   : "partitioned from the others or too slow",
-                                "); it stops its workers and may join again"));
+      throw QuorumLostError(
+          str("node ", me, " was removed from the membership: epoch ", rec.epoch,
+              " was formed without it (its heartbeat expired: ",
+              hb ? "last heartbeat error: " + *hb : "partitioned from the others or too slow",
+              "); it stops its workers and may join again"));
     }
     Decision d = decide_now(rec, alive_nodes(rec));
     switch (d.verdict) {

@@ -32,11 +32,11 @@ struct RendezvousOptions {
   std::string node_id;  // this agent, unique in the job (check_node_id)
   int min_nodes = 1;    // --nnodes MIN:MAX
   int max_nodes = 1;
-  Millis last_call{30'000};            // --rdzv-conf last_call_timeout
-  Millis join_timeout{600'000};        // --rdzv-conf join_timeout
-  Millis heartbeat_interval{1'000};    // --rdzv-conf heartbeat_interval
-  Millis heartbeat_timeout{5'000};     // --rdzv-conf heartbeat_timeout (the alive keys' TTL)
-  Millis poll_interval{100};           // how often join()/watch() re-read the record
+  Millis last_call{30'000};                  // --rdzv-conf last_call_timeout
+  Millis join_timeout{600'000};              // --rdzv-conf join_timeout
+  Millis heartbeat_interval{1'000};          // --rdzv-conf heartbeat_interval
+  Millis heartbeat_timeout{5'000};           // --rdzv-conf heartbeat_timeout (the alive keys' TTL)
+  Millis poll_interval{100};                 // how often join()/watch() re-read the record
   std::optional<Millis> collective_timeout;  // --rdzv-conf collective_timeout (worker's)
   std::optional<Millis> step_timeout;        // --rdzv-conf step_timeout (worker's)
 };

@@ -3,6 +3,8 @@
 // whose heartbeat stops (thread) or that is SIGKILLed (process), a partition (a Store view
 // that hides the other side's heartbeats and drops its own), a graceful leave, a close.
 // Assertions are on what happened; durations are printed, never asserted.
+#include "comm/elastic/rendezvous.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -22,7 +24,6 @@
 #include <vector>
 
 #include "base/error.h"
-#include "comm/elastic/rendezvous.h"
 #include "comm/store/in_memory_store.h"
 #include "tests/support/multiprocess.h"
 
@@ -54,6 +55,13 @@ RendezvousOptions options(const std::string& node, int min, int max) {
   return o;
 }
 
+// "n" + std::to_string(i) without GCC 12's false -Wrestrict warning on that expression.
+std::string name(const char* stem, int64_t i) {
+  std::string s = stem;
+  s += std::to_string(i);
+  return s;
+}
+
 double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
@@ -71,7 +79,8 @@ std::vector<std::unique_ptr<Rendezvous>> make_agents(Store& store, int n, int mi
                                                      const std::string& stem = "node") {
   std::vector<std::unique_ptr<Rendezvous>> agents;
   for (int i = 0; i < n; ++i)
-    agents.push_back(std::make_unique<Rendezvous>(store, options(stem + std::to_string(i), min, max)));
+    agents.push_back(
+        std::make_unique<Rendezvous>(store, options(stem + std::to_string(i), min, max)));
   return agents;
 }
 
@@ -197,8 +206,10 @@ TEST(Rendezvous, LostHeartbeatSurvivorsFormEpochTwoKeepingTheirRanks) {
       if (i == victim) continue;
       EXPECT_EQ(r.at(agents[i]->options().node_id), ms[i].node_rank);
     }
-    std::printf("[ measure ] lost heartbeat -> epoch 2 seen: %.0f ms (interval 0.2 s, timeout "
-                "1 s, poll 20 ms)\n", elapsed);
+    std::printf(
+        "[ measure ] lost heartbeat -> epoch 2 seen: %.0f ms (interval 0.2 s, timeout "
+        "1 s, poll 20 ms)\n",
+        elapsed);
   }
 }
 
@@ -239,7 +250,7 @@ TEST(Rendezvous, PartitionedMinorityStopsItselfAndTheMajorityGoesOn) {
   std::vector<std::unique_ptr<Rendezvous>> agents;
   for (int i = 0; i < 3; ++i) {
     views.push_back(std::make_unique<PartitionedView>(store));
-    agents.push_back(std::make_unique<Rendezvous>(*views[i], options("n" + std::to_string(i), 2, 3)));
+    agents.push_back(std::make_unique<Rendezvous>(*views[i], options(name("n", i), 2, 3)));
   }
   join_all(agents);
   // Cut n2 off: it cannot see n0's and n1's heartbeats, and its own no longer arrive.
@@ -291,7 +302,7 @@ TEST(Rendezvous, GracefulLeaveReformsAtOnceWithoutWaitingForTheTtl) {
   InMemoryStore store;
   std::vector<std::unique_ptr<Rendezvous>> agents;
   for (int i = 0; i < 3; ++i) {
-    RendezvousOptions o = options("n" + std::to_string(i), 1, 3);
+    RendezvousOptions o = options(name("n", i), 1, 3);
     o.heartbeat_timeout = 60s;  // a TTL the test would notice
     o.join_timeout = 120s;
     agents.push_back(std::make_unique<Rendezvous>(store, o));
@@ -303,8 +314,8 @@ TEST(Rendezvous, GracefulLeaveReformsAtOnceWithoutWaitingForTheTtl) {
   auto m = agents[0]->poll_change();  // the very first poll re-forms
   ASSERT_TRUE(m.has_value());
   EXPECT_EQ(m->epoch, 2);
-  EXPECT_EQ(ranks_of(*m), (std::map<std::string, int>{{"n0", ms[0].node_rank},
-                                                      {"n2", ms[2].node_rank}}));
+  EXPECT_EQ(ranks_of(*m),
+            (std::map<std::string, int>{{"n0", ms[0].node_rank}, {"n2", ms[2].node_rank}}));
   auto m2 = agents[2]->poll_change();
   ASSERT_TRUE(m2.has_value());
   EXPECT_EQ(m2->members, m->members);
@@ -339,7 +350,7 @@ TEST(Rendezvous, ConcurrentJoinsNeverProduceDuplicateRanks) {
     InMemoryStore store;
     std::vector<std::unique_ptr<Rendezvous>> agents;
     for (int i = 0; i < kNodes; ++i) {
-      RendezvousOptions o = options("n" + std::to_string(i), 2, kNodes);
+      RendezvousOptions o = options(name("n", i), 2, kNodes);
       o.last_call = 10ms;  // early arrivals form an epoch, later ones grow it: many writers
       o.poll_interval = 5ms;
       agents.push_back(std::make_unique<Rendezvous>(store, o));
@@ -393,8 +404,10 @@ TEST(Rendezvous, SixteenAgentsJoinAtOnce) {
     ranks.insert(m.node_rank);
   }
   EXPECT_EQ(int(ranks.size()), kNodes);
-  std::printf("[ measure ] 16 agents (threads, in-memory store) joined epoch 1 in %.0f ms; "
-              "record version %lld\n", elapsed, (long long)agents[0]->read_record().version);
+  std::printf(
+      "[ measure ] 16 agents (threads, in-memory store) joined epoch 1 in %.0f ms; "
+      "record version %lld\n",
+      elapsed, (long long)agents[0]->read_record().version);
 }
 
 TEST(Rendezvous, ClosedRendezvousTellsLateJoinersAndMembers) {
@@ -501,7 +514,7 @@ TEST(RendezvousProcesses, KilledNodeIsReplacedBySpareOverTcpStore) {
   run.store_timeout = 10s;
   RunResult result = run_ranks(4, [](RankContext& ctx) {
     auto store = ctx.store();
-    const std::string me = "node" + std::to_string(ctx.rank());
+    const std::string me = name("node", ctx.rank());
     Rendezvous r(*store, options(me, 2, 3));
     if (ctx.rank() == 3) {
       while (r.read_record().epoch < 1) std::this_thread::sleep_for(10ms);
@@ -530,8 +543,7 @@ TEST(RendezvousProcesses, KilledNodeIsReplacedBySpareOverTcpStore) {
     EXPECT_EQ(ranks.count("node2"), 0u);
     EXPECT_EQ(ranks.at("node3"), std::stoi(store->get_string("rank1/node2")))
         << "the spare takes the killed node's rank";
-    std::printf("[ measure ] node%d: SIGKILL -> epoch 2 over TCP: %.0f ms\n", ctx.rank(),
-                elapsed);
+    std::printf("[ measure ] node%d: SIGKILL -> epoch 2 over TCP: %.0f ms\n", ctx.rank(), elapsed);
     std::fflush(stdout);
   });
   ASSERT_EQ(result.ranks.size(), 4u);
@@ -547,21 +559,23 @@ TEST(RendezvousProcesses, ConcurrentJoinOverTcpStoreGivesDistinctRanks) {
     auto store = ctx.store();
     std::mt19937 rng(ctx.rank() * 7919 + ::getpid());
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 50'000));
-    Rendezvous r(*store, options("p" + std::to_string(ctx.rank()), kNodes, kNodes));
+    Rendezvous r(*store, options(name("p", ctx.rank()), kNodes, kNodes));
     const auto t0 = Clock::now();
     Membership m = r.join();
     const double took = ms_since(t0);
     EXPECT_EQ(m.world(), kNodes);
     EXPECT_LT(m.node_rank, kNodes);
     // Claim the rank: a second claim of the same rank would make add() return 2.
-    EXPECT_EQ(store->add("claim/" + std::to_string(m.node_rank), 1), 1) << "duplicate rank";
-    store->set_string("took/" + std::to_string(ctx.rank()), std::to_string(took));
+    EXPECT_EQ(store->add(name("claim/", m.node_rank), 1), 1) << "duplicate rank";
+    store->set_string(name("took/", ctx.rank()), std::to_string(took));
     if (ctx.rank() != 0) return;
     double slowest = 0;
     for (int i = 0; i < kNodes; ++i)
-      slowest = std::max(slowest, std::stod(store->get_string("took/" + std::to_string(i))));
-    std::printf("[ measure ] %d processes over TCP: slowest join() %.0f ms (0-50 ms jitter), "
-                "record version %lld\n", kNodes, slowest, (long long)r.read_record().version);
+      slowest = std::max(slowest, std::stod(store->get_string(name("took/", i))));
+    std::printf(
+        "[ measure ] %d processes over TCP: slowest join() %.0f ms (0-50 ms jitter), "
+        "record version %lld\n",
+        kNodes, slowest, (long long)r.read_record().version);
     std::fflush(stdout);
   });
   EXPECT_TRUE(result.ok()) << result.summary();
