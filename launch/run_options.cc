@@ -11,6 +11,7 @@
 #include <set>
 
 #include "base/error.h"
+#include "base/suggest.h"
 
 namespace weft::launch {
 namespace {
@@ -70,27 +71,10 @@ const FlagSpec* find_flag(const std::string& name) {
   return nullptr;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 // "; did you mean X?" for the closest candidate within a few edits, else "".
 std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
-  for (const std::string& c : candidates) {
-    size_t d = edit_distance(word, c);
-    if (d < best_d) best_d = d, best = c;
-  }
-  return best.empty() ? "" : "; did you mean " + best + "?";
+  std::optional<std::string> best = closest_match(word, candidates);
+  return best ? "; did you mean " + *best + "?" : "";
 }
 
 std::string env_name(const FlagSpec& f) {

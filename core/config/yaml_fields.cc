@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "base/suggest.h"
 
 namespace weft::core {
 namespace {
@@ -62,18 +63,6 @@ double node_to_double(const YAML::Node& n, const std::string& field) {
 
 }  // namespace
 
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 std::string join_key(const std::string& parent, const std::string& key) {
   return parent.empty() ? key : parent + "." + key;
 }
@@ -81,18 +70,11 @@ std::string join_key(const std::string& parent, const std::string& key) {
 void throw_unknown_key(const std::string& section, const std::string& key,
                        const std::vector<std::string>& allowed) {
   std::string list;
-  const std::string* best = nullptr;
-  size_t best_d = SIZE_MAX;
-  for (const std::string& a : allowed) {
-    list += (list.empty() ? "" : ", ") + a;
-    size_t d = edit_distance(lower(key), a);
-    if (d < best_d) best_d = d, best = &a;
-  }
+  for (const std::string& a : allowed) list += (list.empty() ? "" : ", ") + a;
   std::string msg = "unknown key '" + key + "' in " +
                     (section.empty() ? std::string("the top level") : "'" + section + "'") +
                     "; allowed keys: " + list;
-  // Suggest only plausible typos: a third of the key's length, at least 2 edits.
-  if (best && best_d <= std::max<size_t>(2, key.size() / 3))
+  if (std::optional<std::string> best = closest_match(lower(key), allowed))
     msg += "; did you mean '" + join_key(section, *best) + "'?";
   throw ConfigError(join_key(section, key), msg);
 }

@@ -19,9 +19,6 @@ namespace weft::core {
 // A key that is itself a section ("model" -> "moe") has its own entry.
 using YamlSchema = std::map<std::string, std::vector<std::string>>;
 
-// Levenshtein distance, for "did you mean" suggestions.
-size_t edit_distance(std::string_view a, std::string_view b);
-
 // "a.b" + "c" -> "a.b.c"; "" + "c" -> "c".
 std::string join_key(const std::string& parent, const std::string& key);
 

@@ -33,7 +33,8 @@ const std::string kLayout = std::string(WEFT_SOURCE_DIR) + "/configs/gpt-layout.
 struct TempDir {
   fs::path path;
   explicit TempDir(const std::string& name) {
-    path = fs::temp_directory_path() / ("weft_nonfinite_" + name + "_" + std::to_string(::getpid()));
+    path =
+        fs::temp_directory_path() / ("weft_nonfinite_" + name + "_" + std::to_string(::getpid()));
     fs::remove_all(path);
     fs::create_directories(path);
   }
@@ -43,7 +44,9 @@ struct TempDir {
   }
 };
 
-CommandResult weft(const std::string& args) { return run_command("OMP_NUM_THREADS=1 " + kWeft + " " + args); }
+CommandResult weft(const std::string& args) {
+  return run_command("OMP_NUM_THREADS=1 " + kWeft + " " + args);
+}
 
 std::string read_all(const fs::path& p) {
   std::ifstream in(p);
@@ -53,8 +56,10 @@ std::string read_all(const fs::path& p) {
 // The gpt-tiny run that diverges: lr 1e30 applies step 0 (weights ~1e30, still finite) and
 // step 1's forward overflows to NaN.
 std::string diverging(const TempDir& d) {
-  return "--config " + kTiny + " --set train.steps=6 --set train.warmup_steps=0 --set train.lr=1e30" +
-         " --set train.log_every=1 --set train.eval_every=0 --set train.threads=1 --set train.out_dir=" +
+  return "--config " + kTiny +
+         " --set train.steps=6 --set train.warmup_steps=0 --set train.lr=1e30" +
+         " --set train.log_every=1 --set train.eval_every=0 --set train.threads=1 --set "
+         "train.out_dir=" +
          (d.path / "run").string();
 }
 
@@ -86,9 +91,9 @@ TEST(TrainNonfinite, StopNamesStepAndQuantityAndCheckpointsStayFinite) {
   EXPECT_NE(r.out.find("first non-finite gradient: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("train.on_nonfinite: skip"), std::string::npos) << r.out;
   // Step 0 was written, step 1 (the stopped one) and later never were.
-  core::JobSpec spec = core::load_job_spec(kTiny, {"train.steps=6", "train.warmup_steps=0",
-                                                   "train.lr=1e30", "train.eval_every=0",
-                                                   "train.threads=1", "checkpoint.dir=" + ck});
+  core::JobSpec spec =
+      core::load_job_spec(kTiny, {"train.steps=6", "train.warmup_steps=0", "train.lr=1e30",
+                                  "train.eval_every=0", "train.threads=1", "checkpoint.dir=" + ck});
   EXPECT_EQ(check_checkpoints_finite(ck, spec), std::vector<int64_t>{1});
   // The metrics hold both steps; the dropped one says so, with its NaN loss as null.
   std::string text = read_all(d.path / "run" / "metrics.jsonl");
@@ -121,11 +126,13 @@ TEST(TrainNonfinite, SkipDropsStepsUntilMaxSkippedInARow) {
 TEST(TrainNonfinite, InitWeightsWithNaNOrInfAreRefusedNamingTheTensor) {
   TempDir d("init");
   fs::path w = d.path / "w.safetensors";
-  std::string base = "--config " + kTiny + " --set train.steps=1 --set train.warmup_steps=0 --set train.eval_every=0 " +
+  std::string base = "--config " + kTiny +
+                     " --set train.steps=1 --set train.warmup_steps=0 --set train.eval_every=0 " +
                      "--set train.out_dir=" + (d.path / "run").string();
   ASSERT_EQ(weft("train " + base + " --save-weights " + w.string()).code, 0);
   ASSERT_EQ(weft("train " + base + " --init-weights " + w.string()).code, 0);  // the file is fine
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
     weft::test::poison_safetensors(w, "h.0.attn.qkv.weight", bad);
     CommandResult r = weft("train " + base + " --init-weights " + w.string());
     EXPECT_EQ(r.code, 2) << r.out;
@@ -149,9 +156,9 @@ TEST(TrainNonfinite, TwoRanksStopAtTheSameStepNamingIt) {
     TempDir d("ranks");
     CommandResult r = weft(two_ranks(d, layout));
     EXPECT_EQ(r.code, 1) << layout << "\n" << r.out;
-    EXPECT_NE(r.out.find("failed: train: step 1: the loss is not finite (nan)"),
-              std::string::npos)
-        << layout << "\n" << r.out;
+    EXPECT_NE(r.out.find("failed: train: step 1: the loss is not finite (nan)"), std::string::npos)
+        << layout << "\n"
+        << r.out;
     EXPECT_NE(r.out.find("first non-finite gradient: "), std::string::npos) << r.out;
     // Rank 0's step line shows its activation memory, as one process's does.
     EXPECT_NE(r.out.find("MiB |"), std::string::npos) << r.out;
@@ -160,21 +167,6 @@ TEST(TrainNonfinite, TwoRanksStopAtTheSameStepNamingIt) {
 }
 
 // ---- signals -----------------------------------------------------------------------------
-
-// Starts `weft ARGS...` with its output going to `log`.
-pid_t start(const std::vector<std::string>& args, const fs::path& log) {
-  pid_t pid = ::fork();
-  if (pid != 0) return pid;
-  int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ::dup2(fd, 1);
-  ::dup2(fd, 2);
-  ::setenv("OMP_NUM_THREADS", "1", 1);
-  std::vector<char*> argv{const_cast<char*>("weft")};
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  ::execv(kWeft.c_str(), argv.data());
-  ::_exit(127);
-}
 
 // Waits for `text` in the log (at most 120 s); then sends `sig` and waits for the exit (at
 // most 120 s more; SIGKILL after). Returns the wait status; -1 when it had to be killed.
@@ -200,7 +192,8 @@ int signal_after(pid_t pid, const fs::path& log, const std::string& text, int si
 void expect_final_checkpoint(const std::string& out, const fs::path& ck) {
   size_t at = out.find("interrupted: stopped cleanly after step ");
   ASSERT_NE(at, std::string::npos) << out;
-  long long last = std::stoll(out.substr(at + std::strlen("interrupted: stopped cleanly after step ")));
+  long long last =
+      std::stoll(out.substr(at + std::strlen("interrupted: stopped cleanly after step ")));
   char folder[32];
   std::snprintf(folder, sizeof folder, "step-%08lld", last + 1);
   EXPECT_NE(out.find("interrupted: saved checkpoint"), std::string::npos) << out;
@@ -213,11 +206,11 @@ TEST(TrainNonfinite, SigintAndSigtermSaveAFinalCheckpoint) {
   for (int sig : {SIGINT, SIGTERM}) {
     TempDir d(sig == SIGINT ? "int" : "term");
     fs::path ck = d.path / "ckpt", log = d.path / "out.txt";
-    pid_t pid = start({"train", "--config", kTiny, "--set", "train.steps=100000", "--set",
-                       "train.log_every=1", "--set", "train.eval_every=0", "--set",
-                       "checkpoint.dir=" + ck.string(), "--set", "checkpoint.every=100000",
-                       "--set", "train.out_dir=" + (d.path / "run").string()},
-                      log);
+    pid_t pid = weft::test::start_weft(
+        {"train", "--config", kTiny, "--set", "train.steps=100000", "--set", "train.log_every=1",
+         "--set", "train.eval_every=0", "--set", "checkpoint.dir=" + ck.string(), "--set",
+         "checkpoint.every=100000", "--set", "train.out_dir=" + (d.path / "run").string()},
+        log);
     ASSERT_GT(pid, 0);
     int status = signal_after(pid, log, "| loss", sig);
     std::string out = read_all(log);
@@ -230,12 +223,30 @@ TEST(TrainNonfinite, SigintAndSigtermSaveAFinalCheckpoint) {
 TEST(TrainNonfinite, CtrlCOnTwoRanksSavesAFinalCheckpoint) {
   TempDir d("ranks_int");
   fs::path ck = d.path / "ckpt", log = d.path / "out.txt";
-  pid_t pid = start({"run", "--standalone", "--nproc-per-node", "2", "--", "weft", "train",
-                     "--config", kLayout, "--set", "parallel.dp=2", "--set", "train.steps=100000",
-                     "--set", "train.log_every=1", "--set", "train.eval_every=0", "--set",
-                     "checkpoint.dir=" + ck.string(), "--set", "checkpoint.every=100000", "--set",
-                     "train.out_dir=" + (d.path / "run").string()},
-                    log);
+  pid_t pid = weft::test::start_weft({"run",
+                                      "--standalone",
+                                      "--nproc-per-node",
+                                      "2",
+                                      "--",
+                                      "weft",
+                                      "train",
+                                      "--config",
+                                      kLayout,
+                                      "--set",
+                                      "parallel.dp=2",
+                                      "--set",
+                                      "train.steps=100000",
+                                      "--set",
+                                      "train.log_every=1",
+                                      "--set",
+                                      "train.eval_every=0",
+                                      "--set",
+                                      "checkpoint.dir=" + ck.string(),
+                                      "--set",
+                                      "checkpoint.every=100000",
+                                      "--set",
+                                      "train.out_dir=" + (d.path / "run").string()},
+                                     log);
   ASSERT_GT(pid, 0);
   int status = signal_after(pid, log, "| loss", SIGINT);
   std::string out = read_all(log);

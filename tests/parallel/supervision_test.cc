@@ -31,7 +31,8 @@ const std::string kWeft = WEFT_BINARY;
 const std::string kConfig = std::string(WEFT_SOURCE_DIR) + "/configs/gpt-layout.yaml";
 
 fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("weft_super_" + name + "_" + std::to_string(::getpid()));
+  fs::path d =
+      fs::temp_directory_path() / ("weft_super_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -96,23 +97,6 @@ struct Reaper {
   }
 };
 
-// Starts `weft ARGS...` with stdout and stderr going to `log`.
-pid_t start(const std::vector<std::string>& args, const fs::path& log,
-            const std::vector<std::string>& env = {}) {
-  pid_t pid = ::fork();
-  if (pid != 0) return pid;
-  int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ::dup2(fd, 1);
-  ::dup2(fd, 2);
-  ::setenv("OMP_NUM_THREADS", "1", 1);
-  for (const std::string& kv : env) ::putenv(const_cast<char*>(kv.c_str()));
-  std::vector<char*> argv{const_cast<char*>("weft")};
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  ::execv(kWeft.c_str(), argv.data());
-  ::_exit(127);
-}
-
 // Waits for the exit of `pid` (at most `limit`, then SIGKILL); -1 when it had to be killed.
 int wait_exit(pid_t pid, std::chrono::seconds limit) {
   int status = 0;
@@ -154,8 +138,9 @@ int free_port() {
 // A worker that starts a `sleep` grandchild in its group, writes its pid to DIR/gc_RANK and
 // waits; `trap` is sh text run first (e.g. a SIGTERM trap).
 std::vector<std::string> sleeper(const fs::path& d, const std::string& trap = "") {
-  return {"sh", "-c", trap + "sleep 1000 & echo $! > " + d.string() + "/gc_$RANK.tmp; mv " +
-                         d.string() + "/gc_$RANK.tmp " + d.string() + "/gc_$RANK; wait"};
+  return {"sh", "-c",
+          trap + "sleep 1000 & echo $! > " + d.string() + "/gc_$RANK.tmp; mv " + d.string() +
+              "/gc_$RANK.tmp " + d.string() + "/gc_$RANK; wait"};
 }
 
 // Waits until both workers of `agent` run and wrote their grandchild's pid; fills `r`.
@@ -177,7 +162,8 @@ bool wait_sleepers(pid_t agent, const fs::path& d, Reaper& r, std::vector<pid_t>
   return true;
 }
 
-std::vector<std::string> run_args(std::vector<std::string> own, const std::vector<std::string>& cmd) {
+std::vector<std::string> run_args(std::vector<std::string> own,
+                                  const std::vector<std::string>& cmd) {
   std::vector<std::string> a = {"run", "--standalone", "--nproc-per-node", "2"};
   a.insert(a.end(), own.begin(), own.end());
   a.push_back("--");
@@ -189,7 +175,7 @@ TEST(Supervision, SigkillOfTheAgentTakesWorkersAndGrandchildrenAndFreesThePort) 
   fs::path d = temp_dir("sigkill");
   std::string port = std::to_string(free_port());
   Reaper r;
-  r.agent = start(run_args({"--store-port", port}, sleeper(d)), d / "out.txt");
+  r.agent = weft::test::start_weft(run_args({"--store-port", port}, sleeper(d)), d / "out.txt");
   std::vector<pid_t> workers, gc;
   ASSERT_TRUE(wait_sleepers(r.agent, d, r, workers, gc)) << read_all(d / "out.txt");
   auto t0 = Clock::now();
@@ -219,9 +205,9 @@ TEST(Supervision, SigtermAndSighupStopTheWorkersWithinGrace) {
     SCOPED_TRACE(sig == SIGTERM ? "SIGTERM" : "SIGHUP");
     fs::path d = temp_dir(sig == SIGTERM ? "term" : "hup");
     Reaper r;
-    r.agent = start(run_args({"--grace", "20"},
-                             sleeper(d, "trap 'echo got SIGTERM; kill $!; exit 0' TERM; ")),
-                    d / "out.txt");
+    r.agent = weft::test::start_weft(
+        run_args({"--grace", "20"}, sleeper(d, "trap 'echo got SIGTERM; kill $!; exit 0' TERM; ")),
+        d / "out.txt");
     std::vector<pid_t> workers, gc;
     ASSERT_TRUE(wait_sleepers(r.agent, d, r, workers, gc)) << read_all(d / "out.txt");
     ::kill(r.agent, sig);
@@ -241,7 +227,8 @@ TEST(Supervision, SigtermAndSighupStopTheWorkersWithinGrace) {
 TEST(Supervision, WorkersThatIgnoreSigtermGetSigkillAfterGrace) {
   fs::path d = temp_dir("ignore");
   Reaper r;
-  r.agent = start(run_args({"--grace", "1"}, sleeper(d, "trap '' TERM; ")), d / "out.txt");
+  r.agent = weft::test::start_weft(run_args({"--grace", "1"}, sleeper(d, "trap '' TERM; ")),
+                                   d / "out.txt");
   std::vector<pid_t> workers, gc;
   ASSERT_TRUE(wait_sleepers(r.agent, d, r, workers, gc)) << read_all(d / "out.txt");
   ::kill(r.agent, SIGTERM);
@@ -259,11 +246,12 @@ TEST(Supervision, WorkersThatIgnoreSigtermGetSigkillAfterGrace) {
 TEST(Supervision, StoppedWorkerIsNamedByItsMissingHeartbeat) {
   fs::path d = temp_dir("sigstop");
   Reaper r;
-  r.agent = start(run_args({"--worker-heartbeat-timeout", "3", "--grace", "2"},
-                           {"weft", "train", "--config", kConfig, "--set", "parallel.dp=2",
-                            "--set", "train.steps=100000", "--set", "train.log_every=1", "--set",
-                            "train.out_dir=" + (d / "run").string()}),
-                  d / "out.txt", {"WEFT_COMM_TIMEOUT_MS=120000"});
+  r.agent = weft::test::start_weft(
+      run_args({"--worker-heartbeat-timeout", "3", "--grace", "2"},
+               {"weft", "train", "--config", kConfig, "--set", "parallel.dp=2", "--set",
+                "train.steps=100000", "--set", "train.log_every=1", "--set",
+                "train.out_dir=" + (d / "run").string()}),
+      d / "out.txt", {"WEFT_COMM_TIMEOUT_MS=120000"});
   pid_t victim = -1;
   ASSERT_TRUE(eventually(
       [&] {
@@ -285,7 +273,8 @@ TEST(Supervision, StoppedWorkerIsNamedByItsMissingHeartbeat) {
   EXPECT_EQ(WEXITSTATUS(status), 1) << out;
   std::string named = "rank 1 (pid " + std::to_string(victim) + ") sent no heartbeat for ";
   EXPECT_NE(out.find(named), std::string::npos) << out;
-  EXPECT_NE(out.find("root cause: rank 1 (pid " + std::to_string(victim)), std::string::npos) << out;
+  EXPECT_NE(out.find("root cause: rank 1 (pid " + std::to_string(victim)), std::string::npos)
+      << out;
   EXPECT_EQ(out.find("rank 0 (pid"), std::string::npos) << out;
   std::printf("[ measure  ] SIGSTOP of rank 1 -> weft run exited: %.3f s (heartbeat 1 s / 3 s)\n",
               secs);
@@ -297,15 +286,16 @@ TEST(Supervision, StoppedWorkerIsNamedByItsMissingHeartbeat) {
 // rank 0 then loses its peer. The summary names rank 1 and its error, not rank 0.
 TEST(Supervision, RootCauseIsTheRankThatFailedFirst) {
   fs::path d = temp_dir("root");
-  std::string train = kWeft + " train --config " + kConfig +
-                      " --set parallel.dp=2 --set train.steps=100000 --set train.out_dir=" +
-                      (d / "run").string();
+  std::string train =
+      kWeft + " train --config " + kConfig +
+      " --set parallel.dp=2 --set train.steps=100000 --set train.out_dir=" + (d / "run").string();
   Reaper r;
-  r.agent = start(run_args({"--log-dir", (d / "logs").string()},
-                           {"sh", "-c", "if [ $RANK = 1 ]; then exec " + train +
-                                            " --init-weights " + (d / "missing.safetensors").string() +
-                                            "; else exec " + train + "; fi"}),
-                  d / "out.txt");
+  r.agent = weft::test::start_weft(
+      run_args({"--log-dir", (d / "logs").string()},
+               {"sh", "-c",
+                "if [ $RANK = 1 ]; then exec " + train + " --init-weights " +
+                    (d / "missing.safetensors").string() + "; else exec " + train + "; fi"}),
+      d / "out.txt");
   int status = wait_exit(r.agent, std::chrono::seconds(120));
   r.agent = -1;
   std::string out = read_all(d / "out.txt");
@@ -330,7 +320,8 @@ TEST(Supervision, LogDirRedirectsTeeAndRanksFilter) {
     return read_all(d / dir / "attempt_0" / ("rank_" + std::to_string(rank)) / stream);
   };
   // --log-dir alone: both streams in the files and on the console.
-  CommandResult a = run_weft("run --standalone --nproc-per-node 2 --log-dir " + (d / "a").string() + cmd);
+  CommandResult a =
+      run_weft("run --standalone --nproc-per-node 2 --log-dir " + (d / "a").string() + cmd);
   ASSERT_EQ(a.code, 0) << a.out;
   EXPECT_EQ(file("a", 1, "stdout.log"), "out1\n");
   EXPECT_EQ(file("a", 1, "stderr.log"), "err1\n");
@@ -345,8 +336,10 @@ TEST(Supervision, LogDirRedirectsTeeAndRanksFilter) {
   EXPECT_EQ(b.out.find("out0"), std::string::npos) << b.out;
   EXPECT_NE(b.out.find("[rank 0] err0"), std::string::npos) << b.out;
   // Per rank: rank 0 redirects both, rank 1 nothing; the console shows rank 1 only.
-  CommandResult c = run_weft("run --standalone --nproc-per-node 2 --redirects 0:3 "
-                             "--local-ranks-filter 1 --log-dir " + (d / "c").string() + cmd);
+  CommandResult c = run_weft(
+      "run --standalone --nproc-per-node 2 --redirects 0:3 "
+      "--local-ranks-filter 1 --log-dir " +
+      (d / "c").string() + cmd);
   ASSERT_EQ(c.code, 0) << c.out;
   EXPECT_EQ(file("c", 0, "stdout.log"), "out0\n");
   EXPECT_FALSE(fs::exists(d / "c" / "attempt_0" / "rank_1" / "stdout.log"));
