@@ -58,6 +58,7 @@ struct Failure {
   int64_t ms = 0;
   std::string what;
   bool secondary = false;  // lost its peer or timed out waiting: follows another's failure
+  std::string kind;        // its error file's kind (config, error, ...); "" without one
 };
 
 std::string describe(int status) {
@@ -298,7 +299,7 @@ int supervise(const SupervisorOptions& o) {
     if (!e) continue;
     Failure f{w.rank, w.pid, e->host.empty() ? hostname() : e->host,
               e->time_ms ? e->time_ms : w.exit_ms, e->message,
-              e->kind == "peer_lost" || e->kind == "timeout"};
+              e->kind == "peer_lost" || e->kind == "timeout", e->kind};
     auto it = std::find_if(failures.begin(), failures.end(),
                            [&](const Failure& x) { return x.rank == w.rank; });
     if (it != failures.end()) *it = f;
@@ -311,15 +312,22 @@ int supervise(const SupervisorOptions& o) {
   std::fprintf(stderr, "weft run: root cause: rank %d (pid %d, host %s) failed first at %s: %s\n",
                first->rank, int(first->pid), first->host.c_str(), format_time_ms(first->ms).c_str(),
                first->what.c_str());
+  // A rank that had recorded its error may still have been exiting (slowly: a sanitizer's
+  // teardown) when another rank's exit made us stop the job: its own error decides the code.
+  const bool exited_itself = WIFEXITED(root.status) && WEXITSTATUS(root.status) != 0;
+  const int own_code = exited_itself ? WEXITSTATUS(root.status) : first->kind == "config" ? 2 : 1;
   if (root.hung)
     std::fprintf(stderr, "weft run: failed: rank %d hung (no heartbeat)\n", root.rank);
+  else if (!exited_itself && !first->kind.empty())
+    std::fprintf(stderr, "weft run: failed: rank %d (its error above; stopped while exiting)\n",
+                 root.rank);
   else if (WIFSIGNALED(root.status))
     std::fprintf(stderr, "weft run: failed: lost rank %d (it %s)\n", root.rank,
                  describe(root.status).c_str());
   else
     std::fprintf(stderr, "weft run: failed: rank %d %s\n", root.rank, describe(root.status).c_str());
   if (agent_signal == SIGTERM || agent_signal == SIGHUP) return 128 + agent_signal;
-  return WIFEXITED(root.status) && WEXITSTATUS(root.status) != 0 ? WEXITSTATUS(root.status) : 1;
+  return own_code;
 }
 
 }  // namespace weft::launch

@@ -313,6 +313,31 @@ TEST(Supervision, RootCauseIsTheRankThatFailedFirst) {
   fs::remove_all(d);
 }
 
+// A rank that recorded its error first may still be exiting (a sanitizer's teardown is slow)
+// when its peer's exit makes weft run stop the job: the root cause is still that rank, and
+// the exit code its own (2: bad input), not 1 for the SIGTERM it got while exiting.
+TEST(Supervision, RootCauseStoppedWhileExitingKeepsItsOwnExitCode) {
+  fs::path d = temp_dir("exiting");
+  const std::string record =
+      "printf '{\"message\": {\"message\": \"model: too big\", \"extraInfo\": "
+      "{\"timestamp_ms\": 1000, \"kind\": \"config\", \"rank\": 0}}}' > "
+      "\"$TORCHELASTIC_ERROR_FILE\"";
+  Reaper r;
+  r.agent = weft::test::start_weft(
+      run_args({"--grace", "1"},
+               {"sh", "-c",
+                "if [ $RANK = 0 ]; then " + record + "; sleep 30; else sleep 0.3; exit 2; fi"}),
+      d / "out.txt");
+  int status = wait_exit(r.agent, std::chrono::seconds(60));
+  r.agent = -1;
+  std::string out = read_all(d / "out.txt");
+  ASSERT_TRUE(status >= 0 && WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 2) << out;
+  EXPECT_NE(out.find("weft run: root cause: rank 0 "), std::string::npos) << out;
+  EXPECT_NE(out.find("model: too big"), std::string::npos) << out;
+  fs::remove_all(d);
+}
+
 TEST(Supervision, LogDirRedirectsTeeAndRanksFilter) {
   fs::path d = temp_dir("logs");
   const std::string cmd = " -- sh -c 'echo out$RANK; echo err$RANK >&2'";
