@@ -362,6 +362,17 @@ void validate(RunOptions& o) {
                                  "--standalone --nproc-per-node 2 -- weft train --config X.yaml");
 }
 
+// The first --rdzv-conf key the launcher cannot act on: every key with --standalone (there
+// is no rendezvous), else those that the multi-node agent does not use yet; "" when none.
+std::string unsupported_conf_key(const RunOptions& o) {
+  static const std::set<std::string> kUsed = {"join_timeout", "last_call_timeout",
+                                              "heartbeat_interval", "heartbeat_timeout",
+                                              "insecure"};
+  for (const std::string& k : o.rdzv_conf.keys)
+    if (o.standalone || o.rdzv_host.empty() || !kUsed.count(k)) return k;
+  return "";
+}
+
 // What the current `weft run` can act on: one row per flag (or per setting of a flag). A row
 // with supported=false whose `used` is true makes refuse_not_yet throw `why`. Rows marked
 // supported document the table in docs/run.md; flip a row when the launcher learns it.
@@ -389,30 +400,44 @@ const Support kSupport[] = {
      [](const RunOptions& o) { return !o.local_ranks_filter.empty(); }, ""},
     {"--role", true, [](const RunOptions& o) { return o.given("--role"); }, ""},
     {"--no-python", true, [](const RunOptions& o) { return o.no_python; }, ""},
-    {"--nnodes", false, [](const RunOptions& o) { return o.nnodes_min != 1 || o.nnodes_max != 1; },
-     "several nodes (or an elastic range) are not yet supported: weft run starts workers on "
-     "this machine only; use --nnodes 1, or mpirun/srun to start `weft train` on several "
-     "machines"},
+    // Several nodes of a fixed count: each agent joins comm/elastic's rendezvous at
+    // --rdzv-endpoint (hosting the store there when the endpoint is this machine and the port
+    // is free); heartbeats, a lost node or a failed worker ends the job everywhere.
+    {"--nnodes", true, [](const RunOptions& o) { return o.nnodes_max > 1; }, ""},
+    {"--rdzv-endpoint", true, [](const RunOptions& o) { return !o.rdzv_host.empty(); }, ""},
+    {"--monitor-interval", true,
+     [](const RunOptions& o) { return !o.standalone && o.given("--monitor-interval"); }, ""},
+    {"--rdzv-conf", true,
+     [](const RunOptions& o) { return !o.rdzv_conf.keys.empty() && unsupported_conf_key(o).empty(); },
+     ""},
+    {"--nnodes", false, [](const RunOptions& o) { return o.nnodes_min != o.nnodes_max; },
+     "an elastic range MIN:MAX is not yet supported (it needs restarts, which come next); give "
+     "a fixed --nnodes N"},
     {"--rdzv-backend", false,
      [](const RunOptions& o) {
        return o.rdzv_backend == RdzvBackend::kEtcd || o.rdzv_backend == RdzvBackend::kEtcdV2;
      },
-     "the etcd rendezvous is not yet supported; use --standalone on one machine"},
-    {"--rdzv-endpoint", false,
-     [](const RunOptions& o) { return !o.rdzv_host.empty() && !is_local_host(o.rdzv_host); },
-     "a store on another machine is not yet supported (weft run serves it here); use "
-     "--standalone"},
-    // Flips once cmd_run serves the store on store_port_to_serve() instead of a free port.
-    {"--standalone", false, [](const RunOptions& o) { return !o.standalone; },
-     "is needed for now: a c10d or static rendezvous without it is not yet supported; pass "
-     "--standalone (one machine, a local store on a free port or --store-port)"},
-    {"--rdzv-conf", false, [](const RunOptions& o) { return !o.rdzv_conf.keys.empty(); },
-     "rendezvous settings are not yet supported by weft run; drop them"},
+     "the etcd rendezvous is not yet supported; use c10d (--rdzv-endpoint HOST:PORT, or "
+     "--standalone on one machine)"},
+    {"--rdzv-backend", false,
+     [](const RunOptions& o) { return o.rdzv_backend == RdzvBackend::kStatic; },
+     "the static rendezvous is not yet supported; use --rdzv-backend c10d with --rdzv-endpoint "
+     "HOST:PORT and --rdzv-id ID (the rendezvous assigns node ranks)"},
+    {"--standalone", false,
+     [](const RunOptions& o) { return !o.standalone && o.rdzv_host.empty(); },
+     "or --rdzv-endpoint is needed: pass --standalone (one machine, a local store on a free port "
+     "or --store-port), or --rdzv-endpoint HOST:PORT --rdzv-id ID on every node"},
+    {"--rdzv-conf", false, [](const RunOptions& o) { return !unsupported_conf_key(o).empty(); },
+     "this rendezvous setting is not yet supported by weft run (with --rdzv-endpoint it takes "
+     "join_timeout, last_call_timeout, heartbeat_interval, heartbeat_timeout and insecure; "
+     "--standalone takes none); drop it"},
     {"--max-restarts", false, [](const RunOptions& o) { return o.max_restarts > 0; },
      "restarting failed workers is not yet supported (a failed worker ends the job); use "
      "--max-restarts 0"},
-    {"--monitor-interval", false, [](const RunOptions& o) { return o.given("--monitor-interval"); },
-     "is not yet adjustable (weft run watches its workers every 50 ms); drop it"},
+    {"--monitor-interval", false,
+     [](const RunOptions& o) { return o.standalone && o.given("--monitor-interval"); },
+     "with --standalone is not yet adjustable (weft run watches its workers every 20 ms); drop "
+     "it (with --rdzv-endpoint it is how often the rendezvous is checked for lost nodes)"},
     {"--node-rank", false, [](const RunOptions& o) { return o.node_rank > 0; },
      "a node other than 0 is not yet supported (one machine only)"},
 };
@@ -504,9 +529,24 @@ void refuse_not_yet(const RunOptions& o) {
   for (const Support& s : kSupport) {
     if (s.supported || !s.used(o)) continue;
     std::string who = o.name(s.flag);
-    if (std::string(s.flag) == "--rdzv-conf") who += " " + o.rdzv_conf.keys.front();
+    if (std::string(s.flag) == "--rdzv-conf") who += " " + unsupported_conf_key(o);
     throw ConfigError(who, s.why);
   }
+}
+
+void check_rendezvous_options(const RunOptions& o, const EnvLookup& env) {
+  if (o.standalone || o.rdzv_host.empty()) return;
+  if (o.rdzv_id.empty())
+    throw ConfigError("--rdzv-id", "--rdzv-endpoint needs the job's id, the same on every node "
+                                   "(e.g. --rdzv-id $SLURM_JOB_ID or any word): agents meet "
+                                   "under it in the store");
+  if (o.rdzv_conf.insecure.value_or(false)) return;
+  if (!env("WEFT_JOB_TOKEN") && !env("WEFT_JOB_TOKEN_FILE"))
+    throw ConfigError("WEFT_JOB_TOKEN",
+                      "a multi-node weft run needs the job token, the same on every node, to "
+                      "authenticate its store: export WEFT_JOB_TOKEN=$(openssl rand -hex 32) "
+                      "(or WEFT_JOB_TOKEN_FILE=PATH) before weft run; on a trusted network "
+                      "--rdzv-conf insecure=1 serves the store without one");
 }
 
 int resolve_nproc_per_node(const RunOptions& o, int visible_gpus, unsigned cpus) {

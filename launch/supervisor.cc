@@ -16,7 +16,9 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <thread>
 
+#include "base/check.h"
 #include "base/error.h"
 #include "launch/error_file.h"
 #include "launch/heartbeat.h"
@@ -96,15 +98,17 @@ void signal_group(Worker& w, int sig) {
 
 std::vector<std::pair<std::string, std::string>> worker_env(const SupervisorOptions& o, int rank,
                                                             const std::string& error_file) {
-  std::string r = std::to_string(rank), n = std::to_string(o.nproc);
+  std::string local = std::to_string(rank), lw = std::to_string(o.nproc);
+  std::string r = std::to_string(o.node_index * o.nproc + rank);
+  std::string n = std::to_string(o.nnodes * o.nproc);
   std::string port = std::to_string(o.store_port);
   std::vector<std::pair<std::string, std::string>> env = {
-      {"WEFT_RANK", r}, {"WEFT_LOCAL_RANK", r}, {"WEFT_WORLD_SIZE", n},
-      {"WEFT_STORE_ADDR", o.store_host + ":" + port},
-      // torchrun's worker environment (one node, one role, no restarts yet)
-      {"RANK", r}, {"LOCAL_RANK", r}, {"WORLD_SIZE", n}, {"LOCAL_WORLD_SIZE", n},
-      {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "1"}, {"ROLE_NAME", o.role},
-      {"ROLE_RANK", r}, {"ROLE_WORLD_SIZE", n}, {"MASTER_ADDR", o.store_host},
+      {"WEFT_RANK", r}, {"WEFT_LOCAL_RANK", local}, {"WEFT_WORLD_SIZE", n},
+      {"WEFT_STORE_ADDR", o.store_host + ":" + port}, {"WEFT_STORE_PREFIX", o.store_prefix},
+      // torchrun's worker environment (one role, no restarts yet)
+      {"RANK", r}, {"LOCAL_RANK", local}, {"WORLD_SIZE", n}, {"LOCAL_WORLD_SIZE", lw},
+      {"GROUP_RANK", std::to_string(o.node_index)}, {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
+      {"ROLE_NAME", o.role}, {"ROLE_RANK", r}, {"ROLE_WORLD_SIZE", n}, {"MASTER_ADDR", o.store_host},
       {"MASTER_PORT", port}, {"TORCHELASTIC_RUN_ID", o.run_id},
       {"TORCHELASTIC_RESTART_COUNT", "0"}, {"TORCHELASTIC_MAX_RESTARTS", "0"},
       {kErrorFileVar, error_file}, {kHeartbeatFdVar, std::to_string(kWorkerBeatFd)}};
@@ -200,6 +204,10 @@ int supervise(const SupervisorOptions& o) {
     deadline = std::min(deadline, Clock::now() + std::chrono::milliseconds(int64_t(o.grace_s * 1000)));
   };
   const auto hb_timeout = std::chrono::milliseconds(int64_t(o.heartbeat_timeout_s * 1000));
+  // Another node's verdict (monitor): lost or failed there. It is the root cause here.
+  std::string remote;
+  auto last_monitor = Clock::now();
+  const auto monitor_every = std::chrono::milliseconds(int64_t(o.monitor_interval_s * 1000));
 
   for (;;) {
     if (g_interrupts > forwarded) {  // Ctrl-C: weft train stops after the step (each one)
@@ -264,6 +272,15 @@ int supervise(const SupervisorOptions& o) {
         failures.push_back({w.rank, w.pid, hostname(), now_ms(), what, false});
         new_failure = true;
       }
+    if (o.monitor && remote.empty() && !failing && !agent_signal &&
+        now - last_monitor >= monitor_every) {
+      last_monitor = now;
+      remote = o.monitor();
+      if (!remote.empty()) {
+        std::fprintf(stderr, "weft run: %s; stopping the workers\n", remote.c_str());
+        stop_all(SIGTERM);
+      }
+    }
     if (new_failure && !failing) {
       failing = true;
       stop_all(SIGTERM);
@@ -289,6 +306,12 @@ int supervise(const SupervisorOptions& o) {
     (void)any_open;
   }
 
+  auto remote_verdict = [&] {
+    std::fprintf(stderr, "weft run: failed: %s\n", remote.c_str());
+    return agent_signal ? 128 + agent_signal : 1;
+  };
+  // Set only while nothing failed here: what fails after it follows from it.
+  if (!remote.empty()) return remote_verdict();
   if (failures.empty()) return agent_signal ? 128 + agent_signal : 0;
 
   // The root cause: the earliest failure of a rank's own; a rank that lost its peer or
@@ -307,7 +330,20 @@ int supervise(const SupervisorOptions& o) {
   auto first = std::min_element(failures.begin(), failures.end(), [](const Failure& a, const Failure& b) {
     return std::make_pair(a.secondary, a.ms) < std::make_pair(b.secondary, b.ms);
   });
+  // A rank here that only lost its peer, on several nodes: the cause may be another node
+  // (lost, or failed and closing the job); give the monitor the time to learn it.
+  if (o.monitor && first->secondary && remote.empty() && !agent_signal) {
+    const auto until = Clock::now() + std::chrono::milliseconds(int64_t(o.settle_s * 1000));
+    while (remote.empty() && Clock::now() < until) {
+      remote = o.monitor();
+      if (remote.empty()) std::this_thread::sleep_for(monitor_every);
+    }
+    if (!remote.empty()) return remote_verdict();
+  }
   const Worker& root = workers[size_t(first->rank)];
+  if (o.on_failure)
+    o.on_failure(str("rank ", o.node_index * o.nproc + first->rank, " (pid ", first->pid,
+                     ", host ", first->host, ") failed: ", first->what));
   std::fprintf(stderr, "weft run: root cause: rank %d (pid %d, host %s) failed first at %s: %s\n",
                first->rank, int(first->pid), first->host.c_str(), format_time_ms(first->ms).c_str(),
                first->what.c_str());
