@@ -425,8 +425,9 @@ const Support kSupport[] = {
      "HOST:PORT and --rdzv-id ID (the rendezvous assigns node ranks)"},
     {"--standalone", false,
      [](const RunOptions& o) { return !o.standalone && o.rdzv_host.empty(); },
-     "or --rdzv-endpoint is needed: pass --standalone (one machine, a local store on a free port "
-     "or --store-port), or --rdzv-endpoint HOST:PORT --rdzv-id ID on every node"},
+     "or --rdzv-endpoint is needed: a rendezvous at torchrun's default endpoint is not yet "
+     "supported; pass --standalone (one machine, a local store on a free port or --store-port), "
+     "or --rdzv-endpoint HOST:PORT --rdzv-id ID on every node"},
     {"--rdzv-conf", false, [](const RunOptions& o) { return !unsupported_conf_key(o).empty(); },
      "this rendezvous setting is not yet supported by weft run (with --rdzv-endpoint it takes "
      "join_timeout, last_call_timeout, heartbeat_interval, heartbeat_timeout and insecure; "
