@@ -588,15 +588,17 @@ bool is_local_host(const std::string& host) {
 
 const char* run_options_help() {
   return R"(usage: weft run --standalone [options] [--] COMMAND [ARGS...]
+       weft run --nnodes N --rdzv-endpoint HOST:PORT --rdzv-id ID [options] [--] COMMAND ...
 
 torchrun's flags (also --name_with_underscores, --flag=value, and PET_<NAME> variables such as
 PET_NPROC_PER_NODE; the command line wins). Marked * : parsed and checked, refused with a
 "not yet" message until the launcher supports them (docs/run.md).
 
-  --standalone                 one machine: serve the rendezvous store here (required for now)
+  --standalone                 one machine: serve the rendezvous store here on a free port
   --nproc-per-node N|auto|gpu|cpu  workers on this machine (default 1; auto: the visible GPUs,
                                else the CPU count)
-  --rdzv-id ID                 the job's id (TORCHELASTIC_RUN_ID; default host-pid-time)
+  --rdzv-id ID                 the job's id (TORCHELASTIC_RUN_ID; default host-pid-time;
+                               required with --rdzv-endpoint, the same on every node)
   --log-dir DIR                keep each rank's output in DIR/attempt_0/rank_R/{stdout,stderr}.log
                                (and its error.json)
   -r, --redirects 0-3|R:V,...  streams that go to the files only: 0 none, 1 stdout, 2 stderr,
@@ -612,14 +614,20 @@ PET_NPROC_PER_NODE; the command line wins). Marked * : parsed and checked, refus
   --worker-heartbeat-interval S  seconds between a worker's heartbeats to weft run (default 1)
   --worker-heartbeat-timeout S   a worker silent this long is hung: named, killed, job stopped
                                (default 5; 0 turns the check off)
-  --nnodes N|MIN:MAX         * nodes (default 1)
-  --rdzv-backend c10d|static|etcd|etcd-v2  (default c10d; etcd *)
-  --rdzv-endpoint HOST[:PORT]* the store's address (default port 29400; IPv6 as [ADDR]:PORT)
-  --rdzv-conf K=V,...        * join_timeout, last_call_timeout, close_timeout, heartbeat_interval,
-                               heartbeat_timeout, read_timeout, timeout, token_file, insecure,
-                               is_host
+  --nnodes N|MIN:MAX           nodes (default 1); a fixed N with --rdzv-endpoint (MIN:MAX *)
+  --rdzv-backend c10d|static|etcd|etcd-v2  (default c10d; static, etcd *)
+  --rdzv-endpoint HOST[:PORT]  the store's address, the same on every node (default port 29400;
+                               IPv6 as [ADDR]:PORT): on HOST's machine the first agent to bind
+                               the port hosts the store, the others connect. Needs
+                               WEFT_JOB_TOKEN (the same secret on every node; also for
+                               127.0.0.1) unless --rdzv-conf insecure=1
+  --rdzv-conf K=V,...          with --rdzv-endpoint: join_timeout (600), last_call_timeout (30),
+                               heartbeat_interval (1), heartbeat_timeout (5: a node silent this
+                               long is lost), insecure; close_timeout, read_timeout, timeout,
+                               token_file, is_host *
   --max-restarts K           * restarts of the worker group before failing (default 0)
-  --monitor-interval S       * seconds between checks of the workers (default 0.1)
+  --monitor-interval S         seconds between checks of the other nodes (default 0.1;
+                               with --standalone *)
   --node-rank R, --master-addr H, --master-port P  * static rendezvous only
 
 Each worker runs COMMAND (a first word `weft` runs this binary) in its own process group,
@@ -628,6 +636,11 @@ RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, RO
 ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID,
 TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS and TORCHELASTIC_ERROR_FILE.
 Output lines are prefixed with [rank r].
+
+On several nodes: `WEFT_JOB_TOKEN=secret weft run --nnodes 2 --nproc-per-node 4
+--rdzv-endpoint node01:29400 --rdzv-id job7 -- weft train ...` on each. Worker ranks are
+GROUP_RANK * P + LOCAL_RANK. A lost node (its heartbeat expired) or a failed worker on any
+node stops the workers on every node; each agent names the cause (exit 1 on the others).
 
 Workers die with weft run, however it ends (SIGKILL included), and so does whatever they
 started in their process group. Ctrl-C is forwarded to every worker (weft train stops after
