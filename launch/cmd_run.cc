@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
+#include "base/check.h"
 #include "base/config.h"
 #include "base/error.h"
-#include "base/check.h"
 #include "comm/elastic/rendezvous.h"
 #include "comm/store/auth.h"
 #include "comm/store/tcp_store.h"
@@ -114,8 +114,8 @@ int run_nodes(const RunOptions& o, SupervisorOptions so) {
   std::fprintf(stderr,
                "weft run: node %s is node %d of %d (rendezvous %s at %s, epoch %lld) after "
                "%.2f s\n",
-               me.c_str(), m.index, m.world(), o.rdzv_id.c_str(), where.c_str(),
-               (long long)m.epoch, std::chrono::duration<double>(Clock::now() - t0).count());
+               me.c_str(), m.index, m.world(), o.rdzv_id.c_str(), where.c_str(), (long long)m.epoch,
+               std::chrono::duration<double>(Clock::now() - t0).count());
   std::fflush(stderr);
 
   const std::string exited = m.store_prefix + "/exited/";
@@ -170,8 +170,8 @@ int run_nodes(const RunOptions& o, SupervisorOptions so) {
     // gone), so that none of them mistakes the end of the job for a lost store.
     const auto until = Clock::now() + millis(so.settle_s + o.grace + 10);
     for (const comm::Member& x : m.members)
-      while (x.node_id != me && Clock::now() < until &&
-             !store.check({exited + x.node_id}) && store.check({rdzv.alive_key(x.node_id)}))
+      while (x.node_id != me && Clock::now() < until && !store.check({exited + x.node_id}) &&
+             store.check({rdzv.alive_key(x.node_id)}))
         std::this_thread::sleep_for(ro.poll_interval);
   }
   return rc;

@@ -41,8 +41,8 @@ struct SupervisorOptions {
 
 // Runs the job to its end and returns weft run's exit code: 0; the root-cause worker's
 // exit code (1 when it was killed or hung); 128 + the signal that stopped the job (130
-// for Ctrl-C, 143 SIGTERM, 129 SIGHUP); 1 when `monitor` stopped the job. Must be called from the main thread (a worker's
-// parent-death signal follows the thread that forked it).
+// for Ctrl-C, 143 SIGTERM, 129 SIGHUP); 1 when `monitor` stopped the job. Must be called from the
+// main thread (a worker's parent-death signal follows the thread that forked it).
 int supervise(const SupervisorOptions& o);
 
 }  // namespace weft::launch

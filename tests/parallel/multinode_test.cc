@@ -41,7 +41,8 @@ int free_port() {
 }
 
 fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("weft_nodes_" + name + "_" + std::to_string(::getpid()));
+  fs::path d =
+      fs::temp_directory_path() / ("weft_nodes_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -92,10 +93,10 @@ bool wait_for(const fs::path& log, const std::string& text, pid_t pid) {
 std::vector<std::string> agent_args(int port, const std::string& id,
                                     const std::vector<std::string>& command,
                                     const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> a = {"run",         "--nnodes",      "2",
-                                "--nproc-per-node", "1",        "--rdzv-backend",
-                                "c10d",        "--rdzv-endpoint", "127.0.0.1:" + std::to_string(port),
-                                "--rdzv-id",   id};
+  std::vector<std::string> a = {"run",  "--nnodes",  "2", "--nproc-per-node", "1", "--rdzv-backend",
+                                "c10d", "--rdzv-id", id};
+  a.push_back("--rdzv-endpoint");
+  a.push_back("127.0.0.1:" + std::to_string(port));
   a.insert(a.end(), extra.begin(), extra.end());
   a.push_back("--");
   a.insert(a.end(), command.begin(), command.end());
@@ -103,10 +104,14 @@ std::vector<std::string> agent_args(int port, const std::string& id,
 }
 
 std::vector<std::string> train(const fs::path& out, int steps) {
-  return {"weft",  "train", "--config", kConfig, "--set", "train.steps=" + std::to_string(steps),
-          "--set", "train.warmup_steps=1", "--set", "train.log_every=1", "--set",
-          "train.eval_every=1000000", "--set", "parallel.dp=2", "--set",
-          "train.out_dir=" + out.string()};
+  return {"weft",     "train",
+          "--config", kConfig,
+          "--set",    "train.steps=" + std::to_string(steps),
+          "--set",    "train.warmup_steps=1",
+          "--set",    "train.log_every=1",
+          "--set",    "train.eval_every=1000000",
+          "--set",    "parallel.dp=2",
+          "--set",    "train.out_dir=" + out.string()};
 }
 
 std::vector<double> losses(const fs::path& metrics) {
@@ -127,7 +132,8 @@ TEST(MultiNode, TwoAgentsTrainLikeOneProcess) {
   CommandResult one = run_weft("train --config " + kConfig +
                                " --set train.steps=4 --set train.warmup_steps=1 --set "
                                "train.log_every=1 --set train.eval_every=1000000 --set "
-                               "train.out_dir=" + (d / "one").string());
+                               "train.out_dir=" +
+                               (d / "one").string());
   ASSERT_EQ(one.code, 0) << one.out;
   Agents agents;
   const int port = free_port();
@@ -142,10 +148,12 @@ TEST(MultiNode, TwoAgentsTrainLikeOneProcess) {
             std::string::npos);
   EXPECT_NE((la + lb).find("is node 0 of 2"), std::string::npos) << la << lb;
   EXPECT_NE((la + lb).find("is node 1 of 2"), std::string::npos) << la << lb;
-  std::vector<double> x = losses(d / "one" / "metrics.jsonl"), y = losses(d / "two" / "metrics.jsonl");
+  std::vector<double> x = losses(d / "one" / "metrics.jsonl"),
+                      y = losses(d / "two" / "metrics.jsonl");
   ASSERT_EQ(x.size(), 4u);
   ASSERT_EQ(y.size(), 4u);
-  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(y[i], x[i], 1e-7 * std::fabs(x[i])) << "step " << i;
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_NEAR(y[i], x[i], 1e-7 * std::fabs(x[i])) << "step " << i;
   auto rows = core::io::read_metrics((d / "two" / "metrics.jsonl").string());
   EXPECT_EQ(rows.at(0).at("world"), 2);
   fs::remove_all(d);
@@ -155,7 +163,8 @@ TEST(MultiNode, LostNodeStopsTheOthersNamingIt) {
   fs::path d = temp_dir("lost");
   Agents agents;
   const int port = free_port();
-  const std::vector<std::string> conf = {"--rdzv-conf", "heartbeat_interval=0.5,heartbeat_timeout=3"};
+  const std::vector<std::string> conf = {"--rdzv-conf",
+                                         "heartbeat_interval=0.5,heartbeat_timeout=3"};
   pid_t a = agents.start(agent_args(port, "lost", train(d / "out", 1000000), conf), d / "a.log");
   ASSERT_TRUE(wait_for(d / "a.log", "serves the rendezvous store", a)) << slurp(d / "a.log");
   pid_t b = agents.start(agent_args(port, "lost", train(d / "out", 1000000), conf), d / "b.log");
@@ -167,6 +176,29 @@ TEST(MultiNode, LostNodeStopsTheOthersNamingIt) {
   EXPECT_NE(ca, 0) << la;
   EXPECT_NE(la.find("lost node " + node_id(b)), std::string::npos) << la;
   EXPECT_NE(la.find("weft run: failed: lost node " + node_id(b)), std::string::npos) << la;
+  fs::remove_all(d);
+}
+
+// The store lives in one agent: when that node dies, the others lose the store at once and
+// say whose it was.
+TEST(MultiNode, LostStoreHostIsNamed) {
+  fs::path d = temp_dir("host");
+  Agents agents;
+  const int port = free_port();
+  pid_t a = agents.start(agent_args(port, "host", train(d / "out", 1000000)), d / "a.log");
+  ASSERT_TRUE(wait_for(d / "a.log", "serves the rendezvous store", a)) << slurp(d / "a.log");
+  pid_t b = agents.start(agent_args(port, "host", train(d / "out", 1000000)), d / "b.log");
+  ASSERT_TRUE(wait_for(d / "b.log", "is node", b)) << slurp(d / "b.log");
+  ASSERT_TRUE(wait_for(d / "a.log", "| loss", a)) << slurp(d / "a.log");
+  ::kill(a, SIGKILL);
+  agents.wait(a);
+  int cb = agents.wait(b);
+  std::string lb = slurp(d / "b.log");
+  EXPECT_NE(cb, 0) << lb;
+  EXPECT_NE(lb.find("weft run: failed: lost the rendezvous store at 127.0.0.1:" +
+                    std::to_string(port) + " (hosted by node " + node_id(a)),
+            std::string::npos)
+      << lb;
   fs::remove_all(d);
 }
 
@@ -217,9 +249,9 @@ TEST(MultiNode, WrongTokenFailsAtOnceNamingIt) {
 }
 
 TEST(MultiNode, RefusesWithoutTokenOrRunId) {
-  CommandResult no_token = run_command(
-      "env -u WEFT_JOB_TOKEN -u WEFT_JOB_TOKEN_FILE " + std::string(WEFT_BINARY) +
-      " run --nnodes 2 --rdzv-endpoint 127.0.0.1:1 --rdzv-id j -- true");
+  CommandResult no_token =
+      run_command("env -u WEFT_JOB_TOKEN -u WEFT_JOB_TOKEN_FILE " + std::string(WEFT_BINARY) +
+                  " run --nnodes 2 --rdzv-endpoint 127.0.0.1:1 --rdzv-id j -- true");
   EXPECT_EQ(no_token.code, 2) << no_token.out;
   EXPECT_NE(no_token.out.find("WEFT_JOB_TOKEN"), std::string::npos) << no_token.out;
   CommandResult no_id = run_command("WEFT_JOB_TOKEN=t " + std::string(WEFT_BINARY) +
