@@ -160,6 +160,7 @@ int supervise(const SupervisorOptions& o) {
   TempDir scratch;
   std::string err_root = log_dir.empty() ? (scratch.path = make_temp("weft_run_")) : log_dir;
   std::set<int> shown = console_ranks(o.output, o.nproc);
+  auto global = [&](int local) { return o.node_index * o.nproc + local; };
 
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -182,9 +183,11 @@ int supervise(const SupervisorOptions& o) {
     int off_console = o.output.redirects.of(r);
     bool show = shown.count(r) > 0;
     std::string lf = log_dir.empty() ? "" : (fs::path(log_dir) / "attempt_0" / ("rank_" + std::to_string(r))).string();
-    w.out = std::make_unique<StreamSink>(r, show && !(off_console & 1) ? stdout : nullptr,
+    // Console prefixes and messages name the global rank (node_index * nproc + local).
+    const int g = o.node_index * o.nproc + r;
+    w.out = std::make_unique<StreamSink>(g, show && !(off_console & 1) ? stdout : nullptr,
                                          (to_file & 1) ? lf + "/stdout.log" : "");
-    w.err = std::make_unique<StreamSink>(r, show && !(off_console & 2) ? stderr : nullptr,
+    w.err = std::make_unique<StreamSink>(g, show && !(off_console & 2) ? stderr : nullptr,
                                          (to_file & 2) ? lf + "/stderr.log" : "");
     SpawnedWorker s = spawn_worker(o.command, worker_env(o, r, w.error_file));
     guardian.watch(s.pid);
@@ -255,7 +258,7 @@ int supervise(const SupervisorOptions& o) {
       if (w.hung || !failed_by_itself(w)) continue;
       failures.push_back({w.rank, w.pid, hostname(), w.exit_ms, describe(w.status), false});
       if (!failing && agent_signal != SIGTERM && agent_signal != SIGHUP)
-        std::fprintf(stderr, "weft run: rank %d %s; stopping the other workers\n", w.rank,
+        std::fprintf(stderr, "weft run: rank %d %s; stopping the other workers\n", global(w.rank),
                      describe(w.status).c_str());
       new_failure = true;
     }
@@ -265,7 +268,7 @@ int supervise(const SupervisorOptions& o) {
         double quiet = std::chrono::duration<double>(now - w.last_beat).count();
         char what[160];
         std::snprintf(what, sizeof what, "sent no heartbeat for %.1f s: hung or stopped", quiet);
-        std::fprintf(stderr, "weft run: rank %d (pid %d) %s; stopping the job\n", w.rank,
+        std::fprintf(stderr, "weft run: rank %d (pid %d) %s; stopping the job\n", global(w.rank),
                      int(w.pid), what);
         w.hung = true;
         signal_group(w, SIGKILL);
@@ -342,18 +345,18 @@ int supervise(const SupervisorOptions& o) {
   }
   const Worker& root = workers[size_t(first->rank)];
   if (o.on_failure)
-    o.on_failure(str("rank ", o.node_index * o.nproc + first->rank, " (pid ", first->pid,
+    o.on_failure(str("rank ", global(first->rank), " (pid ", first->pid,
                      ", host ", first->host, ") failed: ", first->what));
   std::fprintf(stderr, "weft run: root cause: rank %d (pid %d, host %s) failed first at %s: %s\n",
-               first->rank, int(first->pid), first->host.c_str(), format_time_ms(first->ms).c_str(),
+               global(first->rank), int(first->pid), first->host.c_str(), format_time_ms(first->ms).c_str(),
                first->what.c_str());
   if (root.hung)
-    std::fprintf(stderr, "weft run: failed: rank %d hung (no heartbeat)\n", root.rank);
+    std::fprintf(stderr, "weft run: failed: rank %d hung (no heartbeat)\n", global(root.rank));
   else if (WIFSIGNALED(root.status))
-    std::fprintf(stderr, "weft run: failed: lost rank %d (it %s)\n", root.rank,
+    std::fprintf(stderr, "weft run: failed: lost rank %d (it %s)\n", global(root.rank),
                  describe(root.status).c_str());
   else
-    std::fprintf(stderr, "weft run: failed: rank %d %s\n", root.rank, describe(root.status).c_str());
+    std::fprintf(stderr, "weft run: failed: rank %d %s\n", global(root.rank), describe(root.status).c_str());
   if (agent_signal == SIGTERM || agent_signal == SIGHUP) return 128 + agent_signal;
   return WIFEXITED(root.status) && WEXITSTATUS(root.status) != 0 ? WEXITSTATUS(root.status) : 1;
 }

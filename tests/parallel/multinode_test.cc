@@ -221,7 +221,7 @@ TEST(MultiNode, WorkerFailureOnOneNodeStopsTheOthers) {
   const std::string& other = a_failed ? lb : la;
   EXPECT_EQ(a_failed ? ca : cb, 3) << la << "\n---\n" << lb;
   EXPECT_EQ(a_failed ? cb : ca, 1) << la << "\n---\n" << lb;
-  EXPECT_NE(failed.find("rank 0 exited with code 3"), std::string::npos) << failed;
+  EXPECT_NE(failed.find("weft run: rank 1 exited with code 3"), std::string::npos) << failed;
   // The other agent stops its workers and names the failed node's root cause (or, when the
   // job closed before that agent saw itself a member, refuses to start with that reason).
   EXPECT_TRUE(other.find("the job was stopped by another node: node ") != std::string::npos ||
