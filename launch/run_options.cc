@@ -362,6 +362,17 @@ void validate(RunOptions& o) {
                                  "--standalone --nproc-per-node 2 -- weft train --config X.yaml");
 }
 
+// The first --rdzv-conf key the launcher cannot act on: every key with --standalone (there
+// is no rendezvous), else those that the multi-node agent does not use yet; "" when none.
+std::string unsupported_conf_key(const RunOptions& o) {
+  static const std::set<std::string> kUsed = {"join_timeout", "last_call_timeout",
+                                              "heartbeat_interval", "heartbeat_timeout",
+                                              "insecure"};
+  for (const std::string& k : o.rdzv_conf.keys)
+    if (o.standalone || o.rdzv_host.empty() || !kUsed.count(k)) return k;
+  return "";
+}
+
 // What the current `weft run` can act on: one row per flag (or per setting of a flag). A row
 // with supported=false whose `used` is true makes refuse_not_yet throw `why`. Rows marked
 // supported document the table in docs/run.md; flip a row when the launcher learns it.
@@ -389,30 +400,45 @@ const Support kSupport[] = {
      [](const RunOptions& o) { return !o.local_ranks_filter.empty(); }, ""},
     {"--role", true, [](const RunOptions& o) { return o.given("--role"); }, ""},
     {"--no-python", true, [](const RunOptions& o) { return o.no_python; }, ""},
-    {"--nnodes", false, [](const RunOptions& o) { return o.nnodes_min != 1 || o.nnodes_max != 1; },
-     "several nodes (or an elastic range) are not yet supported: weft run starts workers on "
-     "this machine only; use --nnodes 1, or mpirun/srun to start `weft train` on several "
-     "machines"},
+    // Several nodes of a fixed count: each agent joins comm/elastic's rendezvous at
+    // --rdzv-endpoint (hosting the store there when the endpoint is this machine and the port
+    // is free); heartbeats, a lost node or a failed worker ends the job everywhere.
+    {"--nnodes", true, [](const RunOptions& o) { return o.nnodes_max > 1; }, ""},
+    {"--rdzv-endpoint", true, [](const RunOptions& o) { return !o.rdzv_host.empty(); }, ""},
+    {"--monitor-interval", true,
+     [](const RunOptions& o) { return !o.standalone && o.given("--monitor-interval"); }, ""},
+    {"--rdzv-conf", true,
+     [](const RunOptions& o) { return !o.rdzv_conf.keys.empty() && unsupported_conf_key(o).empty(); },
+     ""},
+    {"--nnodes", false, [](const RunOptions& o) { return o.nnodes_min != o.nnodes_max; },
+     "an elastic range MIN:MAX is not yet supported (it needs restarts, which come next); give "
+     "a fixed --nnodes N"},
     {"--rdzv-backend", false,
      [](const RunOptions& o) {
        return o.rdzv_backend == RdzvBackend::kEtcd || o.rdzv_backend == RdzvBackend::kEtcdV2;
      },
-     "the etcd rendezvous is not yet supported; use --standalone on one machine"},
-    {"--rdzv-endpoint", false,
-     [](const RunOptions& o) { return !o.rdzv_host.empty() && !is_local_host(o.rdzv_host); },
-     "a store on another machine is not yet supported (weft run serves it here); use "
-     "--standalone"},
-    // Flips once cmd_run serves the store on store_port_to_serve() instead of a free port.
-    {"--standalone", false, [](const RunOptions& o) { return !o.standalone; },
-     "is needed for now: a c10d or static rendezvous without it is not yet supported; pass "
-     "--standalone (one machine, a local store on a free port or --store-port)"},
-    {"--rdzv-conf", false, [](const RunOptions& o) { return !o.rdzv_conf.keys.empty(); },
-     "rendezvous settings are not yet supported by weft run; drop them"},
+     "the etcd rendezvous is not yet supported; use c10d (--rdzv-endpoint HOST:PORT, or "
+     "--standalone on one machine)"},
+    {"--rdzv-backend", false,
+     [](const RunOptions& o) { return o.rdzv_backend == RdzvBackend::kStatic; },
+     "the static rendezvous is not yet supported; use --rdzv-backend c10d with --rdzv-endpoint "
+     "HOST:PORT and --rdzv-id ID (the rendezvous assigns node ranks)"},
+    {"--standalone", false,
+     [](const RunOptions& o) { return !o.standalone && o.rdzv_host.empty(); },
+     "or --rdzv-endpoint is needed: a rendezvous at torchrun's default endpoint is not yet "
+     "supported; pass --standalone (one machine, a local store on a free port or --store-port), "
+     "or --rdzv-endpoint HOST:PORT --rdzv-id ID on every node"},
+    {"--rdzv-conf", false, [](const RunOptions& o) { return !unsupported_conf_key(o).empty(); },
+     "this rendezvous setting is not yet supported by weft run (with --rdzv-endpoint it takes "
+     "join_timeout, last_call_timeout, heartbeat_interval, heartbeat_timeout and insecure; "
+     "--standalone takes none); drop it"},
     {"--max-restarts", false, [](const RunOptions& o) { return o.max_restarts > 0; },
      "restarting failed workers is not yet supported (a failed worker ends the job); use "
      "--max-restarts 0"},
-    {"--monitor-interval", false, [](const RunOptions& o) { return o.given("--monitor-interval"); },
-     "is not yet adjustable (weft run watches its workers every 50 ms); drop it"},
+    {"--monitor-interval", false,
+     [](const RunOptions& o) { return o.standalone && o.given("--monitor-interval"); },
+     "with --standalone is not yet adjustable (weft run watches its workers every 20 ms); drop "
+     "it (with --rdzv-endpoint it is how often the rendezvous is checked for lost nodes)"},
     {"--node-rank", false, [](const RunOptions& o) { return o.node_rank > 0; },
      "a node other than 0 is not yet supported (one machine only)"},
 };
@@ -504,9 +530,24 @@ void refuse_not_yet(const RunOptions& o) {
   for (const Support& s : kSupport) {
     if (s.supported || !s.used(o)) continue;
     std::string who = o.name(s.flag);
-    if (std::string(s.flag) == "--rdzv-conf") who += " " + o.rdzv_conf.keys.front();
+    if (std::string(s.flag) == "--rdzv-conf") who += " " + unsupported_conf_key(o);
     throw ConfigError(who, s.why);
   }
+}
+
+void check_rendezvous_options(const RunOptions& o, const EnvLookup& env) {
+  if (o.standalone || o.rdzv_host.empty()) return;
+  if (o.rdzv_id.empty())
+    throw ConfigError("--rdzv-id", "--rdzv-endpoint needs the job's id, the same on every node "
+                                   "(e.g. --rdzv-id $SLURM_JOB_ID or any word): agents meet "
+                                   "under it in the store");
+  if (o.rdzv_conf.insecure.value_or(false)) return;
+  if (!env("WEFT_JOB_TOKEN") && !env("WEFT_JOB_TOKEN_FILE"))
+    throw ConfigError("WEFT_JOB_TOKEN",
+                      "a multi-node weft run needs the job token, the same on every node, to "
+                      "authenticate its store: export WEFT_JOB_TOKEN=$(openssl rand -hex 32) "
+                      "(or WEFT_JOB_TOKEN_FILE=PATH) before weft run; on a trusted network "
+                      "--rdzv-conf insecure=1 serves the store without one");
 }
 
 int resolve_nproc_per_node(const RunOptions& o, int visible_gpus, unsigned cpus) {
@@ -547,15 +588,17 @@ bool is_local_host(const std::string& host) {
 
 const char* run_options_help() {
   return R"(usage: weft run --standalone [options] [--] COMMAND [ARGS...]
+       weft run --nnodes N --rdzv-endpoint HOST:PORT --rdzv-id ID [options] [--] COMMAND ...
 
 torchrun's flags (also --name_with_underscores, --flag=value, and PET_<NAME> variables such as
 PET_NPROC_PER_NODE; the command line wins). Marked * : parsed and checked, refused with a
 "not yet" message until the launcher supports them (docs/run.md).
 
-  --standalone                 one machine: serve the rendezvous store here (required for now)
+  --standalone                 one machine: serve the rendezvous store here on a free port
   --nproc-per-node N|auto|gpu|cpu  workers on this machine (default 1; auto: the visible GPUs,
                                else the CPU count)
-  --rdzv-id ID                 the job's id (TORCHELASTIC_RUN_ID; default host-pid-time)
+  --rdzv-id ID                 the job's id (TORCHELASTIC_RUN_ID; default host-pid-time;
+                               required with --rdzv-endpoint, the same on every node)
   --log-dir DIR                keep each rank's output in DIR/attempt_0/rank_R/{stdout,stderr}.log
                                (and its error.json)
   -r, --redirects 0-3|R:V,...  streams that go to the files only: 0 none, 1 stdout, 2 stderr,
@@ -571,14 +614,20 @@ PET_NPROC_PER_NODE; the command line wins). Marked * : parsed and checked, refus
   --worker-heartbeat-interval S  seconds between a worker's heartbeats to weft run (default 1)
   --worker-heartbeat-timeout S   a worker silent this long is hung: named, killed, job stopped
                                (default 5; 0 turns the check off)
-  --nnodes N|MIN:MAX         * nodes (default 1)
-  --rdzv-backend c10d|static|etcd|etcd-v2  (default c10d; etcd *)
-  --rdzv-endpoint HOST[:PORT]* the store's address (default port 29400; IPv6 as [ADDR]:PORT)
-  --rdzv-conf K=V,...        * join_timeout, last_call_timeout, close_timeout, heartbeat_interval,
-                               heartbeat_timeout, read_timeout, timeout, token_file, insecure,
-                               is_host
+  --nnodes N|MIN:MAX           nodes (default 1); a fixed N with --rdzv-endpoint (MIN:MAX *)
+  --rdzv-backend c10d|static|etcd|etcd-v2  (default c10d; static, etcd *)
+  --rdzv-endpoint HOST[:PORT]  the store's address, the same on every node (default port 29400;
+                               IPv6 as [ADDR]:PORT): on HOST's machine the first agent to bind
+                               the port hosts the store, the others connect. Needs
+                               WEFT_JOB_TOKEN (the same secret on every node; also for
+                               127.0.0.1) unless --rdzv-conf insecure=1
+  --rdzv-conf K=V,...          with --rdzv-endpoint: join_timeout (600), last_call_timeout (30),
+                               heartbeat_interval (1), heartbeat_timeout (5: a node silent this
+                               long is lost), insecure; close_timeout, read_timeout, timeout,
+                               token_file, is_host *
   --max-restarts K           * restarts of the worker group before failing (default 0)
-  --monitor-interval S       * seconds between checks of the workers (default 0.1)
+  --monitor-interval S         seconds between checks of the other nodes (default 0.1;
+                               with --standalone *)
   --node-rank R, --master-addr H, --master-port P  * static rendezvous only
 
 Each worker runs COMMAND (a first word `weft` runs this binary) in its own process group,
@@ -587,6 +636,11 @@ RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, RO
 ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID,
 TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS and TORCHELASTIC_ERROR_FILE.
 Output lines are prefixed with [rank r].
+
+On several nodes: `WEFT_JOB_TOKEN=secret weft run --nnodes 2 --nproc-per-node 4
+--rdzv-endpoint node01:29400 --rdzv-id job7 -- weft train ...` on each. Worker ranks are
+GROUP_RANK * P + LOCAL_RANK. A lost node (its heartbeat expired) or a failed worker on any
+node stops the workers on every node; each agent names the cause (exit 1 on the others).
 
 Workers die with weft run, however it ends (SIGKILL included), and so does whatever they
 started in their process group. Ctrl-C is forwarded to every worker (weft train stops after

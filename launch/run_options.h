@@ -93,6 +93,14 @@ RunOptions parse_run_options(const std::vector<std::string>& argv,
 // one table in run_options.cc (kSupport); it grows as the launcher does.
 void refuse_not_yet(const RunOptions& o);
 
+// What a multi-node launch (--rdzv-endpoint without --standalone) needs besides the flags'
+// own checks: --rdzv-id (ConfigError naming it), and the job token that every agent and
+// worker must share: WEFT_JOB_TOKEN or WEFT_JOB_TOKEN_FILE in `env` (ConfigError naming
+// WEFT_JOB_TOKEN otherwise), unless --rdzv-conf insecure=1. A loopback endpoint needs the
+// token too: the agents are separate processes, so a token one of them made up could not
+// reach the others, and an unauthenticated loopback store is open to every local user.
+void check_rendezvous_options(const RunOptions& o, const EnvLookup& env = process_env);
+
 // The number of workers for this node: the count, or for auto/gpu/cpu the visible GPUs
 // (auto: when there is at least one) else `cpus`. The caller passes
 // core::cuda::device_count() (0 in a build without CUDA) and

@@ -16,7 +16,9 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <thread>
 
+#include "base/check.h"
 #include "base/error.h"
 #include "launch/error_file.h"
 #include "launch/heartbeat.h"
@@ -97,15 +99,17 @@ void signal_group(Worker& w, int sig) {
 
 std::vector<std::pair<std::string, std::string>> worker_env(const SupervisorOptions& o, int rank,
                                                             const std::string& error_file) {
-  std::string r = std::to_string(rank), n = std::to_string(o.nproc);
+  std::string local = std::to_string(rank), lw = std::to_string(o.nproc);
+  std::string r = std::to_string(o.node_index * o.nproc + rank);
+  std::string n = std::to_string(o.nnodes * o.nproc);
   std::string port = std::to_string(o.store_port);
   std::vector<std::pair<std::string, std::string>> env = {
-      {"WEFT_RANK", r}, {"WEFT_LOCAL_RANK", r}, {"WEFT_WORLD_SIZE", n},
-      {"WEFT_STORE_ADDR", o.store_host + ":" + port},
-      // torchrun's worker environment (one node, one role, no restarts yet)
-      {"RANK", r}, {"LOCAL_RANK", r}, {"WORLD_SIZE", n}, {"LOCAL_WORLD_SIZE", n},
-      {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "1"}, {"ROLE_NAME", o.role},
-      {"ROLE_RANK", r}, {"ROLE_WORLD_SIZE", n}, {"MASTER_ADDR", o.store_host},
+      {"WEFT_RANK", r}, {"WEFT_LOCAL_RANK", local}, {"WEFT_WORLD_SIZE", n},
+      {"WEFT_STORE_ADDR", o.store_host + ":" + port}, {"WEFT_STORE_PREFIX", o.store_prefix},
+      // torchrun's worker environment (one role, no restarts yet)
+      {"RANK", r}, {"LOCAL_RANK", local}, {"WORLD_SIZE", n}, {"LOCAL_WORLD_SIZE", lw},
+      {"GROUP_RANK", std::to_string(o.node_index)}, {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
+      {"ROLE_NAME", o.role}, {"ROLE_RANK", r}, {"ROLE_WORLD_SIZE", n}, {"MASTER_ADDR", o.store_host},
       {"MASTER_PORT", port}, {"TORCHELASTIC_RUN_ID", o.run_id},
       {"TORCHELASTIC_RESTART_COUNT", "0"}, {"TORCHELASTIC_MAX_RESTARTS", "0"},
       {kErrorFileVar, error_file}, {kHeartbeatFdVar, std::to_string(kWorkerBeatFd)}};
@@ -157,6 +161,7 @@ int supervise(const SupervisorOptions& o) {
   TempDir scratch;
   std::string err_root = log_dir.empty() ? (scratch.path = make_temp("weft_run_")) : log_dir;
   std::set<int> shown = console_ranks(o.output, o.nproc);
+  auto global = [&](int local) { return o.node_index * o.nproc + local; };
 
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -179,9 +184,11 @@ int supervise(const SupervisorOptions& o) {
     int off_console = o.output.redirects.of(r);
     bool show = shown.count(r) > 0;
     std::string lf = log_dir.empty() ? "" : (fs::path(log_dir) / "attempt_0" / ("rank_" + std::to_string(r))).string();
-    w.out = std::make_unique<StreamSink>(r, show && !(off_console & 1) ? stdout : nullptr,
+    // Console prefixes and messages name the global rank (node_index * nproc + local).
+    const int g = o.node_index * o.nproc + r;
+    w.out = std::make_unique<StreamSink>(g, show && !(off_console & 1) ? stdout : nullptr,
                                          (to_file & 1) ? lf + "/stdout.log" : "");
-    w.err = std::make_unique<StreamSink>(r, show && !(off_console & 2) ? stderr : nullptr,
+    w.err = std::make_unique<StreamSink>(g, show && !(off_console & 2) ? stderr : nullptr,
                                          (to_file & 2) ? lf + "/stderr.log" : "");
     SpawnedWorker s = spawn_worker(o.command, worker_env(o, r, w.error_file));
     guardian.watch(s.pid);
@@ -201,6 +208,10 @@ int supervise(const SupervisorOptions& o) {
     deadline = std::min(deadline, Clock::now() + std::chrono::milliseconds(int64_t(o.grace_s * 1000)));
   };
   const auto hb_timeout = std::chrono::milliseconds(int64_t(o.heartbeat_timeout_s * 1000));
+  // Another node's verdict (monitor): lost or failed there. It is the root cause here.
+  std::string remote;
+  auto last_monitor = Clock::now();
+  const auto monitor_every = std::chrono::milliseconds(int64_t(o.monitor_interval_s * 1000));
 
   for (;;) {
     if (g_interrupts > forwarded) {  // Ctrl-C: weft train stops after the step (each one)
@@ -248,7 +259,7 @@ int supervise(const SupervisorOptions& o) {
       if (w.hung || !failed_by_itself(w)) continue;
       failures.push_back({w.rank, w.pid, hostname(), w.exit_ms, describe(w.status), false});
       if (!failing && agent_signal != SIGTERM && agent_signal != SIGHUP)
-        std::fprintf(stderr, "weft run: rank %d %s; stopping the other workers\n", w.rank,
+        std::fprintf(stderr, "weft run: rank %d %s; stopping the other workers\n", global(w.rank),
                      describe(w.status).c_str());
       new_failure = true;
     }
@@ -258,13 +269,22 @@ int supervise(const SupervisorOptions& o) {
         double quiet = std::chrono::duration<double>(now - w.last_beat).count();
         char what[160];
         std::snprintf(what, sizeof what, "sent no heartbeat for %.1f s: hung or stopped", quiet);
-        std::fprintf(stderr, "weft run: rank %d (pid %d) %s; stopping the job\n", w.rank,
+        std::fprintf(stderr, "weft run: rank %d (pid %d) %s; stopping the job\n", global(w.rank),
                      int(w.pid), what);
         w.hung = true;
         signal_group(w, SIGKILL);
         failures.push_back({w.rank, w.pid, hostname(), now_ms(), what, false});
         new_failure = true;
       }
+    if (o.monitor && remote.empty() && !failing && !agent_signal &&
+        now - last_monitor >= monitor_every) {
+      last_monitor = now;
+      remote = o.monitor();
+      if (!remote.empty()) {
+        std::fprintf(stderr, "weft run: %s; stopping the workers\n", remote.c_str());
+        stop_all(SIGTERM);
+      }
+    }
     if (new_failure && !failing) {
       failing = true;
       stop_all(SIGTERM);
@@ -290,6 +310,12 @@ int supervise(const SupervisorOptions& o) {
     (void)any_open;
   }
 
+  auto remote_verdict = [&] {
+    std::fprintf(stderr, "weft run: failed: %s\n", remote.c_str());
+    return agent_signal ? 128 + agent_signal : 1;
+  };
+  // Set only while nothing failed here: what fails after it follows from it.
+  if (!remote.empty()) return remote_verdict();
   if (failures.empty()) return agent_signal ? 128 + agent_signal : 0;
 
   // The root cause: the earliest failure of a rank's own; a rank that lost its peer or
@@ -308,24 +334,37 @@ int supervise(const SupervisorOptions& o) {
   auto first = std::min_element(failures.begin(), failures.end(), [](const Failure& a, const Failure& b) {
     return std::make_pair(a.secondary, a.ms) < std::make_pair(b.secondary, b.ms);
   });
+  // A rank here that only lost its peer, on several nodes: the cause may be another node
+  // (lost, or failed and closing the job); give the monitor the time to learn it.
+  if (o.monitor && first->secondary && remote.empty() && !agent_signal) {
+    const auto until = Clock::now() + std::chrono::milliseconds(int64_t(o.settle_s * 1000));
+    while (remote.empty() && Clock::now() < until) {
+      remote = o.monitor();
+      if (remote.empty()) std::this_thread::sleep_for(monitor_every);
+    }
+    if (!remote.empty()) return remote_verdict();
+  }
   const Worker& root = workers[size_t(first->rank)];
+  if (o.on_failure)
+    o.on_failure(str("rank ", global(first->rank), " (pid ", first->pid,
+                     ", host ", first->host, ") failed: ", first->what));
   std::fprintf(stderr, "weft run: root cause: rank %d (pid %d, host %s) failed first at %s: %s\n",
-               first->rank, int(first->pid), first->host.c_str(), format_time_ms(first->ms).c_str(),
+               global(first->rank), int(first->pid), first->host.c_str(), format_time_ms(first->ms).c_str(),
                first->what.c_str());
   // A rank that had recorded its error may still have been exiting (slowly: a sanitizer's
   // teardown) when another rank's exit made us stop the job: its own error decides the code.
   const bool exited_itself = WIFEXITED(root.status) && WEXITSTATUS(root.status) != 0;
   const int own_code = exited_itself ? WEXITSTATUS(root.status) : first->kind == "config" ? 2 : 1;
   if (root.hung)
-    std::fprintf(stderr, "weft run: failed: rank %d hung (no heartbeat)\n", root.rank);
+    std::fprintf(stderr, "weft run: failed: rank %d hung (no heartbeat)\n", global(root.rank));
   else if (!exited_itself && !first->kind.empty())
     std::fprintf(stderr, "weft run: failed: rank %d (its error above; stopped while exiting)\n",
-                 root.rank);
+                 global(root.rank));
   else if (WIFSIGNALED(root.status))
-    std::fprintf(stderr, "weft run: failed: lost rank %d (it %s)\n", root.rank,
+    std::fprintf(stderr, "weft run: failed: lost rank %d (it %s)\n", global(root.rank),
                  describe(root.status).c_str());
   else
-    std::fprintf(stderr, "weft run: failed: rank %d %s\n", root.rank, describe(root.status).c_str());
+    std::fprintf(stderr, "weft run: failed: rank %d %s\n", global(root.rank), describe(root.status).c_str());
   if (agent_signal == SIGTERM || agent_signal == SIGHUP) return 128 + agent_signal;
   return own_code;
 }

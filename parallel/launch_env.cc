@@ -136,6 +136,7 @@ LaunchEnv detect_launch_env() {
           "WEFT_STORE_ADDR",
           "WEFT_WORLD_SIZE is set but not the store's HOST:PORT; launch with weft run");
     if (!addr.empty()) parse_addr(addr, e);
+    e.store_prefix = env_string("WEFT_STORE_PREFIX", "");
     return e;
   }
   if (!env_string("OMPI_COMM_WORLD_SIZE", "").empty()) {
@@ -203,7 +204,7 @@ WorkerWorld::WorkerWorld(const LaunchEnv& env, comm::Millis timeout) : env_(env)
   o.rank = env_.rank;
   o.size = env_.world;
   o.store = store_.get();
-  o.prefix = "train/world";
+  o.prefix = env_.store_prefix.empty() ? "train/world" : env_.store_prefix + "/train/world";
   o.timeout = timeout;
   comm_ = comm::make_communicator(comm::BackendKind::kGloo, o);
 }

@@ -24,6 +24,9 @@ struct LaunchEnv {
   uint16_t store_port = 0;
   bool host_store = false;  // this process serves the store (rank 0 under mpirun and srun)
   std::string bind_host;    // where the serving rank listens; "" = store_host
+  // WEFT_STORE_PREFIX (weft run on several nodes: the membership epoch's store prefix), put
+  // before the workers' keys so that they never meet the agents' rendezvous keys; "" = none.
+  std::string store_prefix;
 };
 
 // Reads the environment, in this order: WEFT_* (weft run, which also sets torchrun's

@@ -472,8 +472,10 @@ TCPStoreServer::Impl::Impl(TCPStoreServerOptions o)
     acceptor.listen(asio::socket_base::max_listen_connections);
     port = acceptor.local_endpoint().port();
   } catch (const boost::system::system_error& e) {
-    throw CommError("store: cannot listen on " + opts.host + ":" + std::to_string(opts.port) +
-                    ": " + e.what());
+    std::string what = "store: cannot listen on " + opts.host + ":" + std::to_string(opts.port) +
+                       ": " + e.what();
+    if (e.code() == boost::asio::error::address_in_use) throw AddressInUseError(what);
+    throw CommError(what);
   }
   accept();
   thread = std::thread([this] {

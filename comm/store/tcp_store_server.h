@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "base/error.h"
 #include "comm/store/store.h"
 
 namespace weft::comm {
@@ -62,11 +63,18 @@ struct TCPStoreServerStats {
   uint64_t bytes_held_peak = 0;     // the most bytes_held has been
 };
 
+// The address is taken (EADDRINUSE): another process serves that port. `weft run`'s agents
+// race to host the store of a multi-node job; the losers connect to the winner.
+class AddressInUseError : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 // The constructor binds (to options.host only), listens on a close-on-exec socket (workers
 // spawned later do not inherit it) and starts serving on an internal thread; it throws
-// CommError when the address cannot be bound, ConfigError for a non-loopback host without a
-// token (see TCPStoreServerOptions::token). Thread-safe: port(), stats() and stop() may be
-// called from any thread. The server never throws or aborts because of what a client sends
+// CommError when the address cannot be bound (AddressInUseError when it is taken),
+// ConfigError for a non-loopback host without a token (see TCPStoreServerOptions::token).
+// Thread-safe: port(), stats() and stop() may be called from any thread. The server never throws or aborts because of what a client sends
 // or does (vanishing mid-request, garbage, floods): the damage stays with that connection.
 // Waits are parked server-side with their timeout, so a client blocked in get() costs one
 // timer, not a thread. Data lives in memory only and is lost when the server stops.

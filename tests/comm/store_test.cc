@@ -576,6 +576,25 @@ TEST(TCPStoreServer, MalformedFramesCloseOnlyTheirConnection) {
 
 // --- `weft store` ----------------------------------------------------------------------------
 
+// weft run's agents race to host a multi-node job's store: the losers learn that the port
+// is taken (not some other bind failure) and connect instead.
+TEST(TCPStoreServer, TakenPortIsAddressInUse) {
+  comm::TCPStoreServer first;
+  comm::TCPStoreServerOptions o;
+  o.port = first.port();
+  EXPECT_THROW(comm::TCPStoreServer second(o), comm::AddressInUseError);
+  o.host = "not a host name";
+  o.port = 0;
+  o.insecure = true;
+  try {
+    comm::TCPStoreServer bad(o);
+    ADD_FAILURE() << "bound to a malformed host";
+  } catch (const comm::AddressInUseError&) {
+    ADD_FAILURE() << "a malformed host is not a taken port";
+  } catch (const CommError&) {
+  }
+}
+
 TEST(WeftStoreCommand, ServesUntilSigterm) {
   if (::access(WEFT_BINARY, X_OK) != 0) GTEST_SKIP() << WEFT_BINARY << " not built (ninja weft)";
   int out[2];

@@ -348,21 +348,61 @@ TEST(RefuseNotYet, WhatTheLauncherDoesPasses) {
             "");
 }
 
+// Several nodes of a fixed count: the c10d rendezvous at an endpoint, here or elsewhere.
+TEST(RefuseNotYet, FixedNodeCountAtAnEndpointPasses) {
+  EXPECT_EQ(not_yet("--nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint "
+                    "node01:29400 --rdzv-id j -- c"),
+            "");
+  EXPECT_EQ(not_yet("--nnodes=3:3 --rdzv-endpoint localhost:5 --rdzv-id j -- c"), "");
+  EXPECT_EQ(not_yet("--nnodes 1 --rdzv-endpoint 127.0.0.1:5 --rdzv-id j -- c"), "");
+  // The rendezvous settings the agent uses, and --monitor-interval (its poll of the others).
+  EXPECT_EQ(not_yet("--nnodes 2 --rdzv-endpoint h --rdzv-id j --monitor-interval 0.5 "
+                    "--rdzv-conf join_timeout=60,last_call_timeout=5,heartbeat_interval=1,"
+                    "heartbeat_timeout=4,insecure=1 -- c"),
+            "");
+}
+
+TEST(CheckRendezvousOptions, NeedsTheRunIdAndTheJobToken) {
+  Env none, token = {{"WEFT_JOB_TOKEN", "t"}}, file = {{"WEFT_JOB_TOKEN_FILE", "/t"}};
+  auto error = [](const std::string& line, const Env& env) -> std::string {
+    try {
+      check_rendezvous_options(parse(line), env_of(env));
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error("--nnodes 2 --rdzv-endpoint h --rdzv-id j -- c", token), "");
+  EXPECT_EQ(error("--nnodes 2 --rdzv-endpoint h --rdzv-id j -- c", file), "");
+  std::string e = error("--nnodes 2 --rdzv-endpoint h -- c", token);
+  EXPECT_EQ(e.rfind("--rdzv-id:", 0), 0u) << e;
+  // A loopback endpoint needs the token too: the agents are separate processes.
+  for (const char* host : {"far.example", "127.0.0.1", "localhost"}) {
+    e = error(std::string("--nnodes 2 --rdzv-endpoint ") + host + " --rdzv-id j -- c", none);
+    EXPECT_EQ(e.rfind("WEFT_JOB_TOKEN:", 0), 0u) << e;
+  }
+  EXPECT_EQ(error("--nnodes 2 --rdzv-endpoint h --rdzv-id j --rdzv-conf insecure=1 -- c", none), "");
+  EXPECT_EQ(error("--standalone -- c", none), "");  // the standalone agent makes one up
+}
+
 TEST(RefuseNotYet, NamesTheFlagOfEachMissingCapability) {
   struct Case {
     std::string line, names;
   };
   std::vector<Case> cases = {
-      {"--nnodes 1:4 --rdzv-endpoint h -- c", "--nnodes"},
-      {"--nnodes=2 --rdzv-endpoint h -- c", "--nnodes"},
+      {"--nnodes 1:4 --rdzv-endpoint h -- c", "--nnodes"},  // elastic ranges need restarts
+      {"--nnodes=2:3 --rdzv-endpoint h --rdzv-id j -- c", "--nnodes"},
       {"--rdzv-backend etcd --rdzv-endpoint h:2379 -- c", "--rdzv-backend"},
       {"--rdzv-backend etcd-v2 --rdzv-endpoint h:2379 -- c", "--rdzv-backend"},
-      {"--rdzv-endpoint far.example:29400 -- c", "--rdzv-endpoint"},
-      {"--rdzv-endpoint localhost:29400 -- c", "--standalone"},
+      {"--rdzv-backend static -- c", "--rdzv-backend"},
       {"-- c", "--standalone"},
-      {"--rdzv-backend static -- c", "--standalone"},
+      {"--nproc-per-node 2 -- c", "--standalone"},
       {"--standalone --rdzv-conf heartbeat_interval=1 -- c", "--rdzv-conf heartbeat_interval"},
+      {"--rdzv-endpoint h --rdzv-conf join_timeout=9,read_timeout=1 -- c",
+       "--rdzv-conf read_timeout"},
+      {"--rdzv-endpoint h --rdzv-conf is_host=1 -- c", "--rdzv-conf is_host"},
       {"--standalone --max-restarts 3 -- c", "--max-restarts"},
+      {"--rdzv-endpoint h --max-restarts 1 -- c", "--max-restarts"},
       {"--standalone --monitor-interval 1 -- c", "--monitor-interval"},
   };
   for (const Case& c : cases) {

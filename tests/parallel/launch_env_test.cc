@@ -20,6 +20,7 @@ class LaunchEnvTest : public ::testing::Test {
  protected:
   static constexpr const char* kVars[] = {
       "WEFT_RANK", "WEFT_LOCAL_RANK", "WEFT_WORLD_SIZE", "WEFT_STORE_ADDR", "WEFT_STORE_PORT",
+      "WEFT_STORE_PREFIX",
       "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
       "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "SLURM_PROCID", "SLURM_NTASKS",
       "SLURM_NPROCS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_JOB_NODELIST",
@@ -180,6 +181,19 @@ TEST_F(LaunchEnvTest, WeftRunsVariablesWinOverTorchruns) {
   EXPECT_EQ(e.launcher, "weft run");
   EXPECT_EQ(e.rank, 1);
   EXPECT_EQ(e.store_port, 4567);
+  EXPECT_EQ(e.store_prefix, "");
+}
+
+// weft run on several nodes: global rank, local rank and the epoch's store prefix.
+TEST_F(LaunchEnvTest, WeftRunOnSeveralNodesGivesTheEpochsStorePrefix) {
+  set({{"WEFT_RANK", "3"}, {"WEFT_LOCAL_RANK", "1"}, {"WEFT_WORLD_SIZE", "4"},
+       {"WEFT_STORE_ADDR", "node01:29400"}, {"WEFT_STORE_PREFIX", "rdzv/job7/epoch/1"}});
+  LaunchEnv e = detect_launch_env();
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.world, 4);
+  EXPECT_EQ(e.store_host, "node01");
+  EXPECT_EQ(e.store_prefix, "rdzv/job7/epoch/1");
 }
 
 }  // namespace

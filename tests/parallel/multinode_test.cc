@@ -1,0 +1,264 @@
+// `weft run` on several nodes (a fixed count), played by several agents on this machine:
+// they meet at --rdzv-endpoint (the first to bind hosts the store), train one job whose
+// metrics equal a single process's, and end together when a node is lost or fails.
+// No timing thresholds: every wait is bounded by the test's ctest timeout.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "core/io/metrics.h"
+#include "tests/support/run_weft.h"
+
+namespace weft::test {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kConfig = std::string(WEFT_SOURCE_DIR) + "/configs/gpt-layout.yaml";
+const std::string kToken = "WEFT_JOB_TOKEN=multinode-test-token";
+
+// A port nobody listens on now (the kernel's pick for port 0).
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t n = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d =
+      fs::temp_directory_path() / ("weft_nodes_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The agents of one test: killed (with their workers, which die with them) and reaped
+// whatever happens to the test.
+struct Agents {
+  std::vector<pid_t> pids;
+  ~Agents() {
+    for (pid_t p : pids)
+      if (p > 0) {
+        ::kill(p, SIGKILL);
+        ::waitpid(p, nullptr, 0);
+      }
+  }
+  pid_t start(const std::vector<std::string>& args, const fs::path& log,
+              const std::vector<std::string>& env = {kToken}) {
+    pids.push_back(start_weft(args, log.string(), env));
+    return pids.back();
+  }
+  // Waits for `pid` and returns its exit code (128 + signal when killed).
+  int wait(pid_t pid) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    for (pid_t& p : pids)
+      if (p == pid) p = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+};
+
+// Polls `log` until it holds `text` (or the process wrote nothing more and ended).
+bool wait_for(const fs::path& log, const std::string& text, pid_t pid) {
+  for (;;) {
+    if (slurp(log).find(text) != std::string::npos) return true;
+    if (::waitpid(pid, nullptr, WNOHANG) == pid) return slurp(log).find(text) != std::string::npos;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::vector<std::string> agent_args(int port, const std::string& id,
+                                    const std::vector<std::string>& command,
+                                    const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> a = {"run",  "--nnodes",  "2", "--nproc-per-node", "1", "--rdzv-backend",
+                                "c10d", "--rdzv-id", id};
+  a.push_back("--rdzv-endpoint");
+  a.push_back("127.0.0.1:" + std::to_string(port));
+  a.insert(a.end(), extra.begin(), extra.end());
+  a.push_back("--");
+  a.insert(a.end(), command.begin(), command.end());
+  return a;
+}
+
+std::vector<std::string> train(const fs::path& out, int steps) {
+  return {"weft",     "train",
+          "--config", kConfig,
+          "--set",    "train.steps=" + std::to_string(steps),
+          "--set",    "train.warmup_steps=1",
+          "--set",    "train.log_every=1",
+          "--set",    "train.eval_every=1000000",
+          "--set",    "parallel.dp=2",
+          "--set",    "train.out_dir=" + out.string()};
+}
+
+std::vector<double> losses(const fs::path& metrics) {
+  std::vector<double> out;
+  for (const auto& row : core::io::read_metrics(metrics.string()))
+    if (!row.is_validation()) out.push_back(row.at("loss"));
+  return out;
+}
+
+std::string node_id(pid_t pid) {
+  char h[256] = "host";
+  ::gethostname(h, sizeof h - 1);
+  return std::string(h) + "-" + std::to_string(pid);
+}
+
+TEST(MultiNode, TwoAgentsTrainLikeOneProcess) {
+  fs::path d = temp_dir("match");
+  CommandResult one = run_weft("train --config " + kConfig +
+                               " --set train.steps=4 --set train.warmup_steps=1 --set "
+                               "train.log_every=1 --set train.eval_every=1000000 --set "
+                               "train.out_dir=" +
+                               (d / "one").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  Agents agents;
+  const int port = free_port();
+  pid_t a = agents.start(agent_args(port, "match", train(d / "two", 4)), d / "a.log");
+  pid_t b = agents.start(agent_args(port, "match", train(d / "two", 4)), d / "b.log");
+  int ca = agents.wait(a), cb = agents.wait(b);
+  std::string la = slurp(d / "a.log"), lb = slurp(d / "b.log");
+  ASSERT_EQ(ca, 0) << la << "\n---\n" << lb;
+  ASSERT_EQ(cb, 0) << la << "\n---\n" << lb;
+  // Exactly one of them hosted the store; each got its own node rank.
+  EXPECT_NE((la + lb).find("serves the rendezvous store on 127.0.0.1:" + std::to_string(port)),
+            std::string::npos);
+  EXPECT_NE((la + lb).find("is node 0 of 2"), std::string::npos) << la << lb;
+  EXPECT_NE((la + lb).find("is node 1 of 2"), std::string::npos) << la << lb;
+  std::vector<double> x = losses(d / "one" / "metrics.jsonl"),
+                      y = losses(d / "two" / "metrics.jsonl");
+  ASSERT_EQ(x.size(), 4u);
+  ASSERT_EQ(y.size(), 4u);
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_NEAR(y[i], x[i], 1e-7 * std::fabs(x[i])) << "step " << i;
+  auto rows = core::io::read_metrics((d / "two" / "metrics.jsonl").string());
+  EXPECT_EQ(rows.at(0).at("world"), 2);
+  fs::remove_all(d);
+}
+
+TEST(MultiNode, LostNodeStopsTheOthersNamingIt) {
+  fs::path d = temp_dir("lost");
+  Agents agents;
+  const int port = free_port();
+  const std::vector<std::string> conf = {"--rdzv-conf",
+                                         "heartbeat_interval=0.5,heartbeat_timeout=3"};
+  pid_t a = agents.start(agent_args(port, "lost", train(d / "out", 1000000), conf), d / "a.log");
+  ASSERT_TRUE(wait_for(d / "a.log", "serves the rendezvous store", a)) << slurp(d / "a.log");
+  pid_t b = agents.start(agent_args(port, "lost", train(d / "out", 1000000), conf), d / "b.log");
+  ASSERT_TRUE(wait_for(d / "a.log", "| loss", a)) << slurp(d / "a.log");
+  ::kill(b, SIGKILL);  // the node's agent dies; its workers die with it
+  agents.wait(b);
+  int ca = agents.wait(a);
+  std::string la = slurp(d / "a.log");
+  EXPECT_NE(ca, 0) << la;
+  EXPECT_NE(la.find("lost node " + node_id(b)), std::string::npos) << la;
+  EXPECT_NE(la.find("weft run: failed: lost node " + node_id(b)), std::string::npos) << la;
+  fs::remove_all(d);
+}
+
+// The store lives in one agent: when that node dies, the others lose the store at once and
+// say whose it was.
+TEST(MultiNode, LostStoreHostIsNamed) {
+  fs::path d = temp_dir("host");
+  Agents agents;
+  const int port = free_port();
+  pid_t a = agents.start(agent_args(port, "host", train(d / "out", 1000000)), d / "a.log");
+  ASSERT_TRUE(wait_for(d / "a.log", "serves the rendezvous store", a)) << slurp(d / "a.log");
+  pid_t b = agents.start(agent_args(port, "host", train(d / "out", 1000000)), d / "b.log");
+  ASSERT_TRUE(wait_for(d / "b.log", "is node", b)) << slurp(d / "b.log");
+  ASSERT_TRUE(wait_for(d / "a.log", "| loss", a)) << slurp(d / "a.log");
+  ::kill(a, SIGKILL);
+  agents.wait(a);
+  int cb = agents.wait(b);
+  std::string lb = slurp(d / "b.log");
+  EXPECT_NE(cb, 0) << lb;
+  EXPECT_NE(lb.find("weft run: failed: lost the rendezvous store at 127.0.0.1:" +
+                    std::to_string(port) + " (hosted by node " + node_id(a)),
+            std::string::npos)
+      << lb;
+  fs::remove_all(d);
+}
+
+TEST(MultiNode, WorkerFailureOnOneNodeStopsTheOthers) {
+  fs::path d = temp_dir("fail");
+  Agents agents;
+  const int port = free_port();
+  // Node 1's worker fails (after a second, so that both agents are usually past the
+  // rendezvous by then; either way is checked); node 0's would run for ten minutes.
+  const std::vector<std::string> cmd = {"sh", "-c",
+                                        "if [ \"$GROUP_RANK\" = 1 ]; then sleep 1; exit 3; "
+                                        "fi; exec sleep 600"};
+  pid_t a = agents.start(agent_args(port, "fail", cmd), d / "a.log");
+  pid_t b = agents.start(agent_args(port, "fail", cmd), d / "b.log");
+  int ca = agents.wait(a), cb = agents.wait(b);
+  std::string la = slurp(d / "a.log"), lb = slurp(d / "b.log");
+  // Which agent got node rank 1 is up to the rendezvous.
+  bool a_failed = la.find("is node 1 of 2") != std::string::npos;
+  const std::string& failed = a_failed ? la : lb;
+  const std::string& other = a_failed ? lb : la;
+  EXPECT_EQ(a_failed ? ca : cb, 3) << la << "\n---\n" << lb;
+  EXPECT_EQ(a_failed ? cb : ca, 1) << la << "\n---\n" << lb;
+  EXPECT_NE(failed.find("weft run: rank 1 exited with code 3"), std::string::npos) << failed;
+  // The other agent stops its workers and names the failed node's root cause (or, when the
+  // job closed before that agent saw itself a member, refuses to start with that reason).
+  EXPECT_TRUE(other.find("the job was stopped by another node: node ") != std::string::npos ||
+              other.find("may not join; the job is over") != std::string::npos)
+      << other;
+  EXPECT_NE(other.find("rank 1 (pid"), std::string::npos) << other;  // the global rank
+  EXPECT_NE(other.find("exited with code 3"), std::string::npos) << other;
+  fs::remove_all(d);
+}
+
+TEST(MultiNode, WrongTokenFailsAtOnceNamingIt) {
+  fs::path d = temp_dir("token");
+  Agents agents;
+  const int port = free_port();
+  pid_t a = agents.start(agent_args(port, "token", {"true"}), d / "a.log");
+  ASSERT_TRUE(wait_for(d / "a.log", "serves the rendezvous store", a)) << slurp(d / "a.log");
+  pid_t b = agents.start(agent_args(port, "token", {"true"}), d / "b.log",
+                         {"WEFT_JOB_TOKEN=not-the-token"});
+  int cb = agents.wait(b);
+  std::string lb = slurp(d / "b.log");
+  EXPECT_NE(cb, 0) << lb;
+  EXPECT_NE(lb.find("WEFT_JOB_TOKEN"), std::string::npos) << lb;
+  EXPECT_EQ(lb.find("is node"), std::string::npos) << lb;
+  fs::remove_all(d);
+}
+
+TEST(MultiNode, RefusesWithoutTokenOrRunId) {
+  CommandResult no_token =
+      run_command("env -u WEFT_JOB_TOKEN -u WEFT_JOB_TOKEN_FILE " + std::string(WEFT_BINARY) +
+                  " run --nnodes 2 --rdzv-endpoint 127.0.0.1:1 --rdzv-id j -- true");
+  EXPECT_EQ(no_token.code, 2) << no_token.out;
+  EXPECT_NE(no_token.out.find("WEFT_JOB_TOKEN"), std::string::npos) << no_token.out;
+  CommandResult no_id = run_command("WEFT_JOB_TOKEN=t " + std::string(WEFT_BINARY) +
+                                    " run --nnodes 2 --rdzv-endpoint 127.0.0.1:1 -- true");
+  EXPECT_EQ(no_id.code, 2) << no_id.out;
+  EXPECT_NE(no_id.out.find("--rdzv-id"), std::string::npos) << no_id.out;
+}
+
+}  // namespace
+}  // namespace weft::test
