@@ -22,6 +22,7 @@
 #include "core/io/metrics.h"
 #include "parallel/trainer.h"
 #include "tests/parallel/layout_harness.h"
+#include "tests/support/metrics_compare.h"
 #include "tests/support/multiprocess.h"
 
 namespace weft::test {
@@ -54,12 +55,8 @@ fs::path temp_dir(const std::string& name) {
   return d;
 }
 
-std::vector<double> losses(const fs::path& metrics, bool validation = false) {
-  std::vector<double> out;
-  for (const auto& row : core::io::read_metrics(metrics.string()))
-    if (row.is_validation() == validation) out.push_back(row.at(validation ? "val_loss" : "loss"));
-  return out;
-}
+using test::expect_same_losses;
+using test::metrics_losses;
 
 TEST(WeftRun, TwoWorkersMatchOneProcess) {
   fs::path d = temp_dir("run");
@@ -75,19 +72,9 @@ TEST(WeftRun, TwoWorkersMatchOneProcess) {
   // Rank 0 prints the progress lines; the launcher prefixes every line with its rank.
   EXPECT_NE(two.out.find("[rank 0] step     3/4 | loss"), std::string::npos) << two.out;
   EXPECT_EQ(two.out.find("[rank 1] step"), std::string::npos) << two.out;
-  std::vector<double> a = losses(d / "one" / "metrics.jsonl"),
-                      b = losses(d / "two" / "metrics.jsonl");
-  ASSERT_EQ(a.size(), 4u);
-  ASSERT_EQ(b.size(), 4u);
-  for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_NEAR(b[i], a[i], 1e-5 * std::fabs(a[i])) << "step " << i;
+  expect_same_losses(d / "one" / "metrics.jsonl", d / "two" / "metrics.jsonl", 4);
   // Validation (rank 0, from the gathered weights) gives the single process's numbers too.
-  std::vector<double> va = losses(d / "one" / "metrics.jsonl", true),
-                      vb = losses(d / "two" / "metrics.jsonl", true);
-  ASSERT_EQ(va.size(), 2u);
-  ASSERT_EQ(vb.size(), 2u);
-  for (size_t i = 0; i < va.size(); ++i)
-    EXPECT_NEAR(vb[i], va[i], 1e-5 * std::fabs(va[i])) << "validation " << i;
+  expect_same_losses(d / "one" / "metrics.jsonl", d / "two" / "metrics.jsonl", 2, true);
   auto rows = core::io::read_metrics((d / "two" / "metrics.jsonl").string());
   EXPECT_EQ(rows.at(0).at("world"), 2);
   EXPECT_TRUE(fs::exists(d / "w.safetensors"));
@@ -107,12 +94,7 @@ TEST(WeftRun, LossFreeValidationRoutesWithTheTrainedBias) {
   Result two = run(kWeft + " run --standalone --nproc-per-node 2 -- weft" + common +
                    " --set parallel.dp=2 --set train.out_dir=" + (d / "two").string());
   ASSERT_EQ(two.code, 0) << two.out;
-  std::vector<double> va = losses(d / "one" / "metrics.jsonl", true),
-                      vb = losses(d / "two" / "metrics.jsonl", true);
-  ASSERT_EQ(va.size(), 2u);
-  ASSERT_EQ(vb.size(), 2u);
-  for (size_t i = 0; i < va.size(); ++i)
-    EXPECT_NEAR(vb[i], va[i], 1e-5 * std::fabs(va[i])) << "validation " << i;
+  expect_same_losses(d / "one" / "metrics.jsonl", d / "two" / "metrics.jsonl", 2, true);
   fs::remove_all(d);
 }
 
@@ -129,12 +111,7 @@ TEST(Mpirun, TwoRanksMatchOneProcess) {
   Result two = run("mpirun" + root + " --oversubscribe -np 2 " + kWeft + common +
                    " --set parallel.dp=2" + " --set train.out_dir=" + (d / "two").string());
   ASSERT_EQ(two.code, 0) << two.out;
-  std::vector<double> a = losses(d / "one" / "metrics.jsonl"),
-                      b = losses(d / "two" / "metrics.jsonl");
-  ASSERT_EQ(a.size(), 3u);
-  ASSERT_EQ(b.size(), 3u);
-  for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_NEAR(b[i], a[i], 1e-5 * std::fabs(a[i])) << "step " << i;
+  expect_same_losses(d / "one" / "metrics.jsonl", d / "two" / "metrics.jsonl", 3);
   fs::remove_all(d);
 }
 
@@ -263,7 +240,7 @@ TEST(WeftRun, CtrlCStopsEveryWorkerAtTheSameStep) {
       << text;
   EXPECT_EQ(text.find("failed"), std::string::npos) << text;
   // The metrics end at a complete step: every line rank 0 wrote is a whole JSON object.
-  EXPECT_FALSE(losses(d / "run" / "metrics.jsonl").empty());
+  EXPECT_FALSE(metrics_losses(d / "run" / "metrics.jsonl").empty());
   fs::remove_all(d);
 }
 

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "core/io/metrics.h"
+#include "tests/support/metrics_compare.h"
 #include "tests/support/run_weft.h"
 
 namespace weft::test {
@@ -114,13 +115,6 @@ std::vector<std::string> train(const fs::path& out, int steps) {
           "--set",    "train.out_dir=" + out.string()};
 }
 
-std::vector<double> losses(const fs::path& metrics) {
-  std::vector<double> out;
-  for (const auto& row : core::io::read_metrics(metrics.string()))
-    if (!row.is_validation()) out.push_back(row.at("loss"));
-  return out;
-}
-
 std::string node_id(pid_t pid) {
   char h[256] = "host";
   ::gethostname(h, sizeof h - 1);
@@ -148,12 +142,8 @@ TEST(MultiNode, TwoAgentsTrainLikeOneProcess) {
             std::string::npos);
   EXPECT_NE((la + lb).find("is node 0 of 2"), std::string::npos) << la << lb;
   EXPECT_NE((la + lb).find("is node 1 of 2"), std::string::npos) << la << lb;
-  std::vector<double> x = losses(d / "one" / "metrics.jsonl"),
-                      y = losses(d / "two" / "metrics.jsonl");
-  ASSERT_EQ(x.size(), 4u);
-  ASSERT_EQ(y.size(), 4u);
-  for (size_t i = 0; i < x.size(); ++i)
-    EXPECT_NEAR(y[i], x[i], 1e-7 * std::fabs(x[i])) << "step " << i;
+  test::expect_same_losses(d / "one" / "metrics.jsonl", d / "two" / "metrics.jsonl", 4,
+                           /*validation=*/false, 1e-7);
   auto rows = core::io::read_metrics((d / "two" / "metrics.jsonl").string());
   EXPECT_EQ(rows.at(0).at("world"), 2);
   fs::remove_all(d);

@@ -8,18 +8,12 @@
 #include <filesystem>
 
 #include "core/io/metrics.h"
+#include "tests/support/metrics_compare.h"
 #include "tests/support/run_weft.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-std::vector<double> losses(const fs::path& metrics) {
-  std::vector<double> out;
-  for (const auto& row : weft::core::io::read_metrics(metrics.string()))
-    if (!row.is_validation()) out.push_back(row.at("loss"));
-  return out;
-}
 
 TEST(Srun, TwoTasksOfOneNodeMatchOneProcess) {
   fs::path d = fs::temp_directory_path() / ("weft_srun2_" + std::to_string(::getpid()));
@@ -46,12 +40,7 @@ TEST(Srun, TwoTasksOfOneNodeMatchOneProcess) {
                        slurm + "SLURM_PROCID=0 SLURM_LOCALID=0 timeout 240 " + weft + two;
   auto r = weft::test::run_command("bash -c '" + script + "; rc=$?; wait; exit $rc'");
   ASSERT_EQ(r.code, 0) << r.out;
-  std::vector<double> a = losses(d / "one" / "metrics.jsonl"),
-                      b = losses(d / "two" / "metrics.jsonl");
-  ASSERT_EQ(a.size(), 3u);
-  ASSERT_EQ(b.size(), 3u);
-  for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_NEAR(b[i], a[i], 1e-5 * std::fabs(a[i])) << "step " << i;
+  weft::test::expect_same_losses(d / "one" / "metrics.jsonl", d / "two" / "metrics.jsonl", 3);
   auto rows = weft::core::io::read_metrics((d / "two" / "metrics.jsonl").string());
   EXPECT_EQ(rows.at(0).at("world"), 2);
   fs::remove_all(d);
