@@ -43,7 +43,7 @@ TrainerCheckpoints::TrainerCheckpoints(const core::JobSpec& spec, core::Trainer&
       trainer_(trainer),
       space_(parallel::StateSpace::from_graph(trainer.model().graph, trainer.moe_balance())),
       layout_(parallel::whole_layout(space_)),
-      job_id_(new_job_id()) {
+      job_id_(this_job_id()) {
   if (resume.empty()) return;
   const std::string field = "--resume";
   Selection sel = select_checkpoint(resume, field, same_job_as(spec, field));

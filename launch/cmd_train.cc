@@ -26,6 +26,7 @@
 #include "core/exec/trainer.h"
 #include "core/io/loss_plot.h"
 #include "core/io/metrics.h"
+#include "launch/elastic_worker.h"
 #include "core/io/safetensors.h"
 #include "launch/args.h"
 #include "launch/commands.h"
@@ -93,6 +94,19 @@ int ranks_on_node(const parallel::LaunchEnv& env) {
 
 double mib(size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 
+// Under weft run after a restart: which attempt this is and where it picks the job up.
+void print_attempt(const core::JobSpec& spec, const parallel::LaunchEnv& env,
+                   const std::string& resume) {
+  if (env.restart_count == 0) return;
+  std::printf("weft train: restart %d (membership epoch %lld, world %d): %s\n", env.restart_count,
+              (long long)env.rdzv_epoch, env.world,
+              !resume.empty() ? ("resuming from the latest checkpoint under " + resume).c_str()
+              : spec.checkpoint.every > 0
+                  ? "no checkpoint saved yet under checkpoint.dir; starting over from step 0"
+                  : "checkpoint.every is 0 (no checkpoints): starting over from step 0");
+  std::fflush(stdout);
+}
+
 // The multi-rank loop: every rank trains its part of the plan; rank 0 prints the progress
 // line, writes the metrics, the weights and the run folder, and validates. Numbers equal the
 // single process's (tests/parallel).
@@ -111,11 +125,14 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
     trainer.load_weights(core::io::load_safetensors(args.get("--init-weights"), "--init-weights"),
                          "--init-weights");
   // checkpoint.every and --resume: each rank saves and loads its own VPS boxes (collective).
-  checkpoint::ParallelCheckpoints ckpt(spec, trainer, args.has("--resume") ? args.get("--resume") : "");
+  // A restarted attempt (weft run) resumes from checkpoint.dir's latest checkpoint.
+  const std::string resume = resume_source(spec, env, args.get_or("--resume", ""));
+  if (lead) print_attempt(spec, env, resume);
+  checkpoint::ParallelCheckpoints ckpt(spec, trainer, resume);
 
   namespace fs = std::filesystem;
   std::optional<int64_t> resumed;
-  if (args.has("--resume")) resumed = trainer.current_step();
+  if (continues_run(env, args.has("--resume"))) resumed = trainer.current_step();
   RunFolder folder = choose_run_folder(spec.train.out_dir, args.get_or("--metrics", ""), resumed);
   fs::path out = folder.out;
   const std::string& metrics_path = folder.metrics_path;
@@ -166,7 +183,8 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
       m.grad_norm = st.grad_norm;
       m.tokens_per_s = double(st.tokens) / secs;
       m.world = env.world;
-      m.epoch = data.sampler().epoch(st.step);
+      m.epoch = env.rdzv_epoch;
+      m.data_epoch = data.sampler().epoch(st.step);
       // Rank 0's share of the step in kernels and in waiting for communication.
       const parallel::StepTimes& tt = trainer.executor().last_step_times();
       const double mem = mib(trainer.activation_stats().bytes_live_peak);  // rank 0's
@@ -247,19 +265,21 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
 // The single-process loop, for the CPU trainer and (device: cuda) the CUDA trainer: a
 // progress line per step, validation, metrics, checkpoints (CPU), the run folder.
 template <typename TrainerT>
-int train_single(const Args& args, const core::JobSpec& spec, TrainerT& trainer) {
+int train_single(const Args& args, const core::JobSpec& spec, const parallel::LaunchEnv& env,
+                 TrainerT& trainer) {
   core::data::TokenDataset data = core::data::TokenDataset::load(spec);
   if (args.has("--init-weights"))
     trainer.load_weights(core::io::load_safetensors(args.get("--init-weights"), "--init-weights"),
                          "--init-weights");
   std::unique_ptr<checkpoint::TrainerCheckpoints> ckpt;
+  const std::string resume = resume_source(spec, env, args.get_or("--resume", ""));
+  print_attempt(spec, env, resume);
   if constexpr (std::is_same_v<TrainerT, core::Trainer>)
-    ckpt = std::make_unique<checkpoint::TrainerCheckpoints>(
-        spec, trainer, args.has("--resume") ? args.get("--resume") : "");
+    ckpt = std::make_unique<checkpoint::TrainerCheckpoints>(spec, trainer, resume);
 
   namespace fs = std::filesystem;
   std::optional<int64_t> resumed;
-  if (args.has("--resume")) resumed = trainer.current_step();
+  if (continues_run(env, args.has("--resume"))) resumed = trainer.current_step();
   RunFolder folder = choose_run_folder(spec.train.out_dir, args.get_or("--metrics", ""), resumed);
   if (!folder.note.empty()) std::printf("%s\n", folder.note.c_str());
   fs::path out = folder.out;
@@ -299,7 +319,9 @@ int train_single(const Args& args, const core::JobSpec& spec, TrainerT& trainer)
     m.lr = st.lr;
     m.grad_norm = st.grad_norm;
     m.tokens_per_s = double(st.tokens) / secs;
-    m.epoch = data.sampler().epoch(st.step);
+    m.world = env.world;
+    m.epoch = env.rdzv_epoch;
+    m.data_epoch = data.sampler().epoch(st.step);
     m.extra = {{"step_ms", secs * 1e3}, {"mem_peak_mib", mib(trainer.activation_stats().bytes_live_peak)}};
     if (spec.model.arch == "moe-gpt") m.extra.insert(m.extra.begin(), {"aux_loss", st.aux_loss});
     if (!st.applied) m.extra.push_back({"skipped", 1});
@@ -357,6 +379,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   std::string config = args.required("--config");
   core::JobSpec spec = core::load_job_spec(config, args.all("--set"));
   parallel::LaunchEnv env = parallel::detect_launch_env();
+  refuse_unsupported_job_settings(spec, env);
   if (env.rank == 0)
     for (const std::string& note : spec.notes) std::printf("note: %s\n", note.c_str());
   // Every world size goes through the planner's validation, one process too: a layout that
@@ -373,7 +396,7 @@ int cmd_train(const std::vector<std::string>& argv) {
       throw NotSupported("device: cuda on several ranks: the multi-rank executor runs on CPU so far");
     if (args.has("--resume")) throw NotSupported("--resume with device: cuda: not yet");
     core::cuda::CudaTrainer trainer(spec);
-    return train_single(args, spec, trainer);
+    return train_single(args, spec, env, trainer);
 #else
     throw ConfigError("device", "this build has no CUDA (configure found none); use cpu");
 #endif
@@ -384,7 +407,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   core::cpu::set_num_threads(int(spec.train.threads));
   planner::check_fits_memory(spec, 1, 1);  // before anything is allocated
   core::Trainer trainer(spec);  // activation arena: memory.allocator (caching | planned)
-  return train_single(args, spec, trainer);
+  return train_single(args, spec, env, trainer);
 }
 
 

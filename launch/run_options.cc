@@ -2,6 +2,9 @@
 // of what the current launcher supports (kSupport, used by refuse_not_yet).
 #include "launch/run_options.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -400,19 +403,18 @@ const Support kSupport[] = {
      [](const RunOptions& o) { return !o.local_ranks_filter.empty(); }, ""},
     {"--role", true, [](const RunOptions& o) { return o.given("--role"); }, ""},
     {"--no-python", true, [](const RunOptions& o) { return o.no_python; }, ""},
-    // Several nodes of a fixed count: each agent joins comm/elastic's rendezvous at
-    // --rdzv-endpoint (hosting the store there when the endpoint is this machine and the port
-    // is free); heartbeats, a lost node or a failed worker ends the job everywhere.
+    // Several nodes: each agent joins comm/elastic's rendezvous at --rdzv-endpoint (hosting
+    // the store there when the endpoint is this machine and the port is free). A fixed count
+    // without restarts ends the job everywhere on a lost node or a failed worker; a range
+    // MIN:MAX or --max-restarts restarts the workers (launch/node_agent.h).
     {"--nnodes", true, [](const RunOptions& o) { return o.nnodes_max > 1; }, ""},
+    {"--max-restarts", true, [](const RunOptions& o) { return o.max_restarts > 0; }, ""},
     {"--rdzv-endpoint", true, [](const RunOptions& o) { return !o.rdzv_host.empty(); }, ""},
     {"--monitor-interval", true,
      [](const RunOptions& o) { return !o.standalone && o.given("--monitor-interval"); }, ""},
     {"--rdzv-conf", true,
      [](const RunOptions& o) { return !o.rdzv_conf.keys.empty() && unsupported_conf_key(o).empty(); },
      ""},
-    {"--nnodes", false, [](const RunOptions& o) { return o.nnodes_min != o.nnodes_max; },
-     "an elastic range MIN:MAX is not yet supported (it needs restarts, which come next); give "
-     "a fixed --nnodes N"},
     {"--rdzv-backend", false,
      [](const RunOptions& o) {
        return o.rdzv_backend == RdzvBackend::kEtcd || o.rdzv_backend == RdzvBackend::kEtcdV2;
@@ -432,9 +434,6 @@ const Support kSupport[] = {
      "this rendezvous setting is not yet supported by weft run (with --rdzv-endpoint it takes "
      "join_timeout, last_call_timeout, heartbeat_interval, heartbeat_timeout and insecure; "
      "--standalone takes none); drop it"},
-    {"--max-restarts", false, [](const RunOptions& o) { return o.max_restarts > 0; },
-     "restarting failed workers is not yet supported (a failed worker ends the job); use "
-     "--max-restarts 0"},
     {"--monitor-interval", false,
      [](const RunOptions& o) { return o.standalone && o.given("--monitor-interval"); },
      "with --standalone is not yet adjustable (weft run watches its workers every 20 ms); drop "
@@ -580,6 +579,16 @@ int store_port_to_serve(const RunOptions& o) {
 bool is_local_host(const std::string& host) {
   if (host.empty() || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0)
     return true;
+  // An IPv4 address: this machine's when one of its interfaces holds it, which is when a
+  // socket can bind to it (torchrun matches the machine's addresses too).
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) == 1) {
+    const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    const bool local = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    if (fd >= 0) ::close(fd);
+    return local;
+  }
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return false;
   std::string me = buf;

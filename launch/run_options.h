@@ -112,7 +112,8 @@ int resolve_nproc_per_node(const RunOptions& o, int visible_gpus, unsigned cpus)
 // --standalone (0: a free one), --master-port with static, else --rdzv-endpoint's port.
 int store_port_to_serve(const RunOptions& o);
 
-// True for localhost, 127.x.y.z, ::1, an empty host and this machine's hostname.
+// True for localhost, 127.x.y.z, ::1, an empty host, an IPv4 address of one of this
+// machine's interfaces and this machine's hostname.
 bool is_local_host(const std::string& host);
 
 // `weft run --help`.

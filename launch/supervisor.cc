@@ -106,12 +106,15 @@ std::vector<std::pair<std::string, std::string>> worker_env(const SupervisorOpti
   std::vector<std::pair<std::string, std::string>> env = {
       {"WEFT_RANK", r}, {"WEFT_LOCAL_RANK", local}, {"WEFT_WORLD_SIZE", n},
       {"WEFT_STORE_ADDR", o.store_host + ":" + port}, {"WEFT_STORE_PREFIX", o.store_prefix},
-      // torchrun's worker environment (one role, no restarts yet)
+      // torchrun's worker environment (one role)
       {"RANK", r}, {"LOCAL_RANK", local}, {"WORLD_SIZE", n}, {"LOCAL_WORLD_SIZE", lw},
       {"GROUP_RANK", std::to_string(o.node_index)}, {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
       {"ROLE_NAME", o.role}, {"ROLE_RANK", r}, {"ROLE_WORLD_SIZE", n}, {"MASTER_ADDR", o.store_host},
       {"MASTER_PORT", port}, {"TORCHELASTIC_RUN_ID", o.run_id},
-      {"TORCHELASTIC_RESTART_COUNT", "0"}, {"TORCHELASTIC_MAX_RESTARTS", "0"},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(o.restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
+      {"WEFT_RDZV_EPOCH", std::to_string(o.rdzv_epoch)},
+      {"WEFT_NNODES", std::to_string(o.nnodes_min) + ":" + std::to_string(o.nnodes_max)},
       {kErrorFileVar, error_file}, {kHeartbeatFdVar, std::to_string(kWorkerBeatFd)}};
   char iv[32];
   std::snprintf(iv, sizeof iv, "%g", o.heartbeat_interval_s);
@@ -149,7 +152,9 @@ std::string make_temp(const char* prefix) {
 
 }  // namespace
 
-int supervise(const SupervisorOptions& o) {
+bool stop_requested() { return g_interrupts > 0 || g_stop_signal != 0; }
+
+Outcome supervise(const SupervisorOptions& o) {
   // Log folder: --log-dir, else a temporary one when --redirects/--tee need files; error
   // files live there too, or in a temporary folder removed at the end.
   std::string log_dir = o.output.log_dir;
@@ -161,6 +166,7 @@ int supervise(const SupervisorOptions& o) {
   TempDir scratch;
   std::string err_root = log_dir.empty() ? (scratch.path = make_temp("weft_run_")) : log_dir;
   std::set<int> shown = console_ranks(o.output, o.nproc);
+  const std::string attempt = "attempt_" + std::to_string(o.restart_count);
   auto global = [&](int local) { return o.node_index * o.nproc + local; };
 
   struct sigaction sa {};
@@ -176,14 +182,14 @@ int supervise(const SupervisorOptions& o) {
   for (int r = 0; r < o.nproc; ++r) {
     Worker& w = workers[size_t(r)];
     w.rank = r;
-    fs::path rank_dir = fs::path(err_root) / "attempt_0" / ("rank_" + std::to_string(r));
+    fs::path rank_dir = fs::path(err_root) / attempt / ("rank_" + std::to_string(r));
     fs::create_directories(rank_dir);
     w.error_file = (rank_dir / "error.json").string();
     fs::remove(w.error_file);
     int to_file = files_default ? 3 : o.output.redirects.of(r) | o.output.tee.of(r);
     int off_console = o.output.redirects.of(r);
     bool show = shown.count(r) > 0;
-    std::string lf = log_dir.empty() ? "" : (fs::path(log_dir) / "attempt_0" / ("rank_" + std::to_string(r))).string();
+    std::string lf = log_dir.empty() ? "" : (fs::path(log_dir) / attempt / ("rank_" + std::to_string(r))).string();
     // Console prefixes and messages name the global rank (node_index * nproc + local).
     const int g = o.node_index * o.nproc + r;
     w.out = std::make_unique<StreamSink>(g, show && !(off_console & 1) ? stdout : nullptr,
@@ -311,12 +317,15 @@ int supervise(const SupervisorOptions& o) {
   }
 
   auto remote_verdict = [&] {
-    std::fprintf(stderr, "weft run: failed: %s\n", remote.c_str());
-    return agent_signal ? 128 + agent_signal : 1;
+    if (agent_signal) return Outcome{Outcome::End::kSignalled, 128 + agent_signal, remote, remote};
+    return Outcome{Outcome::End::kStopped, 1, remote, remote};
   };
   // Set only while nothing failed here: what fails after it follows from it.
   if (!remote.empty()) return remote_verdict();
-  if (failures.empty()) return agent_signal ? 128 + agent_signal : 0;
+  if (failures.empty()) {
+    if (agent_signal) return Outcome{Outcome::End::kSignalled, 128 + agent_signal, "", ""};
+    return Outcome{};
+  }
 
   // The root cause: the earliest failure of a rank's own; a rank that lost its peer or
   // timed out waiting for it is named only when nothing else failed.
@@ -345,9 +354,10 @@ int supervise(const SupervisorOptions& o) {
     if (!remote.empty()) return remote_verdict();
   }
   const Worker& root = workers[size_t(first->rank)];
-  if (o.on_failure)
-    o.on_failure(str("rank ", global(first->rank), " (pid ", first->pid,
-                     ", host ", first->host, ") failed: ", first->what));
+  Outcome out;
+  out.end = agent_signal ? Outcome::End::kSignalled : Outcome::End::kFailed;
+  out.cause = str("rank ", global(first->rank), " (pid ", first->pid, ", host ", first->host,
+                  ") failed: ", first->what);
   std::fprintf(stderr, "weft run: root cause: rank %d (pid %d, host %s) failed first at %s: %s\n",
                global(first->rank), int(first->pid), first->host.c_str(), format_time_ms(first->ms).c_str(),
                first->what.c_str());
@@ -356,17 +366,15 @@ int supervise(const SupervisorOptions& o) {
   const bool exited_itself = WIFEXITED(root.status) && WEXITSTATUS(root.status) != 0;
   const int own_code = exited_itself ? WEXITSTATUS(root.status) : first->kind == "config" ? 2 : 1;
   if (root.hung)
-    std::fprintf(stderr, "weft run: failed: rank %d hung (no heartbeat)\n", global(root.rank));
+    out.verdict = str("rank ", global(root.rank), " hung (no heartbeat)");
   else if (!exited_itself && !first->kind.empty())
-    std::fprintf(stderr, "weft run: failed: rank %d (its error above; stopped while exiting)\n",
-                 global(root.rank));
+    out.verdict = str("rank ", global(root.rank), " (its error above; stopped while exiting)");
   else if (WIFSIGNALED(root.status))
-    std::fprintf(stderr, "weft run: failed: lost rank %d (it %s)\n", global(root.rank),
-                 describe(root.status).c_str());
+    out.verdict = str("lost rank ", global(root.rank), " (it ", describe(root.status), ")");
   else
-    std::fprintf(stderr, "weft run: failed: rank %d %s\n", global(root.rank), describe(root.status).c_str());
-  if (agent_signal == SIGTERM || agent_signal == SIGHUP) return 128 + agent_signal;
-  return own_code;
+    out.verdict = str("rank ", global(root.rank), " ", describe(root.status));
+  out.code = agent_signal == SIGTERM || agent_signal == SIGHUP ? 128 + agent_signal : own_code;
+  return out;
 }
 
 }  // namespace weft::launch

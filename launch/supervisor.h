@@ -1,4 +1,4 @@
-// The agent side of `weft run --standalone`: starts the workers (worker_spawn.h), routes
+// The agent side of `weft run`, one attempt: starts the workers (worker_spawn.h), routes
 // their output (worker_output.h), watches their exits and heartbeats, stops the job on the
 // first failure or on SIGTERM/SIGINT/SIGHUP (the signal to every worker's group, SIGKILL
 // after the grace period), and names the root cause from the per-rank error files.
@@ -26,6 +26,7 @@ struct SupervisorOptions {
   // Several nodes: this node's dense rank among `nnodes` (GROUP_RANK); a worker's global
   // rank is node_index * nproc + its local rank, the world nnodes * nproc.
   int node_index = 0, nnodes = 1;
+  int nnodes_min = 1, nnodes_max = 1;  // --nnodes MIN:MAX (WEFT_NNODES)
   std::string store_prefix;  // WEFT_STORE_PREFIX of the workers' keys; "" = none
   // Called on the agent's thread about every monitor_interval_s while workers run (and for
   // up to settle_s after they failed of a peer's loss): a non-empty return says why the
@@ -34,15 +35,38 @@ struct SupervisorOptions {
   std::function<std::string()> monitor;
   double monitor_interval_s = 0.1;
   double settle_s = 0;
-  // Called once when the job failed here (not by `monitor`, not by a signal), with the
-  // root-cause line, so that the agent can tell the other nodes. Must not throw.
-  std::function<void(const std::string&)> on_failure;
+  // Restarts (torchrun's TORCHELASTIC_RESTART_COUNT / _MAX_RESTARTS): which attempt this
+  // is; logs and error files go to <log dir>/attempt_<restart_count>/rank_<r>/.
+  int restart_count = 0, max_restarts = 0;
+  // The membership epoch the workers run in (WEFT_RDZV_EPOCH; metrics lines carry it).
+  int64_t rdzv_epoch = 0;
 };
 
-// Runs the job to its end and returns weft run's exit code: 0; the root-cause worker's
-// exit code (1 when it was killed or hung); 128 + the signal that stopped the job (130
-// for Ctrl-C, 143 SIGTERM, 129 SIGHUP); 1 when `monitor` stopped the job. Must be called from the
+// How one attempt ended.
+struct Outcome {
+  enum class End {
+    kSucceeded,  // every worker exited 0
+    kFailed,     // a worker here failed (or hung): `cause` is the root-cause line
+    kStopped,    // `monitor` stopped the workers: `cause` is its verdict
+    kSignalled,  // the agent got SIGINT/SIGTERM/SIGHUP and stopped the workers
+  };
+  End end = End::kSucceeded;
+  // weft run's exit code if the job ends with this attempt: 0; the root-cause worker's exit
+  // code (1 when it was killed or hung, 2 for bad input); 1 when `monitor` stopped it; 128 +
+  // the signal that stopped the agent (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
+  int code = 0;
+  std::string cause;    // one line: "rank 3 (pid 7, host h) failed: ..." or the verdict
+  std::string verdict;  // kFailed/kStopped: what `weft run: failed: ` should be followed by
+};
+
+// Runs one attempt of the job: starts the workers, watches them to their end (printing the
+// root-cause summary when one failed) and returns how it ended. Must be called from the
 // main thread (a worker's parent-death signal follows the thread that forked it).
-int supervise(const SupervisorOptions& o);
+// Signals received before the call (and not yet acted on) stop this attempt at once.
+Outcome supervise(const SupervisorOptions& o);
+
+// True once the agent got SIGINT, SIGTERM or SIGHUP (the handlers are installed by the
+// first supervise()): the restart loop must not start another attempt.
+bool stop_requested();
 
 }  // namespace weft::launch

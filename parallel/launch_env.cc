@@ -2,6 +2,11 @@
 // communicator.
 #include "parallel/launch_env.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -16,6 +21,31 @@
 namespace weft::parallel {
 
 namespace {
+
+// This machine's address on the route to the store: what its peers can reach it on, so
+// Gloo listens there and publishes it (127.0.0.1 would send a peer on another machine to
+// itself). A connected UDP socket asks the kernel's routing table; no packet is sent.
+// The store on loopback, or a host that does not resolve: 127.0.0.1.
+std::string address_toward(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || !found)
+    return "127.0.0.1";
+  std::string out = "127.0.0.1";
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in me{};
+  socklen_t n = sizeof me;
+  char text[INET_ADDRSTRLEN];
+  if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &n) == 0 &&
+      ::inet_ntop(AF_INET, &me.sin_addr, text, sizeof text))
+    out = text;
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(found);
+  return out;
+}
 
 int env_rank(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
   int64_t v = env_int(name, fallback);
@@ -137,6 +167,19 @@ LaunchEnv detect_launch_env() {
           "WEFT_WORLD_SIZE is set but not the store's HOST:PORT; launch with weft run");
     if (!addr.empty()) parse_addr(addr, e);
     e.store_prefix = env_string("WEFT_STORE_PREFIX", "");
+    e.restart_count = env_rank("TORCHELASTIC_RESTART_COUNT", 0, 0, 1 << 30);
+    e.rdzv_epoch = env_rank("WEFT_RDZV_EPOCH", 0, 0, 1 << 30);
+    e.nnodes = env_rank("GROUP_WORLD_SIZE", 1, 1, 1 << 20);
+    const std::string range = env_string("WEFT_NNODES", "");
+    if (!range.empty()) {
+      const size_t colon = range.find(':');
+      try {
+        e.nnodes_min = std::stoi(range.substr(0, colon));
+        e.nnodes_max = colon == std::string::npos ? e.nnodes_min : std::stoi(range.substr(colon + 1));
+      } catch (const std::exception&) {
+        throw ConfigError("WEFT_NNODES", "expected MIN:MAX as weft run sets it, got '" + range + "'");
+      }
+    }
     return e;
   }
   if (!env_string("OMPI_COMM_WORLD_SIZE", "").empty()) {
@@ -206,6 +249,7 @@ WorkerWorld::WorkerWorld(const LaunchEnv& env, comm::Millis timeout) : env_(env)
   o.store = store_.get();
   o.prefix = env_.store_prefix.empty() ? "train/world" : env_.store_prefix + "/train/world";
   o.timeout = timeout;
+  o.host = address_toward(env_.store_host, env_.store_port);
   comm_ = comm::make_communicator(comm::BackendKind::kGloo, o);
 }
 

@@ -27,6 +27,13 @@ struct LaunchEnv {
   // WEFT_STORE_PREFIX (weft run on several nodes: the membership epoch's store prefix), put
   // before the workers' keys so that they never meet the agents' rendezvous keys; "" = none.
   std::string store_prefix;
+  // weft run only: which attempt this is (TORCHELASTIC_RESTART_COUNT: a restarted worker
+  // resumes from the latest checkpoint), the membership epoch (WEFT_RDZV_EPOCH, 0 outside
+  // an elastic job), the node count (GROUP_WORLD_SIZE) and the agent's range --nnodes
+  // MIN:MAX (WEFT_NNODES; 0:0 when not given).
+  int restart_count = 0;
+  int64_t rdzv_epoch = 0;
+  int nnodes = 1, nnodes_min = 0, nnodes_max = 0;
 };
 
 // Reads the environment, in this order: WEFT_* (weft run, which also sets torchrun's

@@ -99,9 +99,11 @@ struct SnapshotSpec {
   int64_t ec_k = 2, ec_m = 1;
 };
 
+// What the job expects of `weft run`'s elasticity. min_nodes/max_nodes, when set, must match
+// the agent's --nnodes MIN:MAX (weft train checks; 0 = whatever the agent says).
 struct ElasticSpec {
-  int64_t min_nodes = 1, max_nodes = 1;
-  std::string on_change = "reshard";  // reshard | restart
+  int64_t min_nodes = 0, max_nodes = 0;
+  std::string on_change = "restart";  // restart | reshard (reshard: not yet)
 };
 
 struct JobSpec {

@@ -281,9 +281,9 @@ void validate_job_spec(const JobSpec& s) {
   one_of("snapshot.redundancy", s.snapshot.redundancy, {"none", "replica", "ec"});
   between("snapshot.ec.k", s.snapshot.ec_k, 1, limits::kMaxEcBlocks - 1);
   between("snapshot.ec.m", s.snapshot.ec_m, 1, limits::kMaxEcBlocks - s.snapshot.ec_k);
-  between("elastic.min_nodes", s.elastic.min_nodes, 1, limits::kMaxNodes);
-  between("elastic.max_nodes", s.elastic.max_nodes, 1, limits::kMaxNodes);
-  if (s.elastic.max_nodes < s.elastic.min_nodes)
+  between("elastic.min_nodes", s.elastic.min_nodes, 0, limits::kMaxNodes);  // 0: the agent's
+  between("elastic.max_nodes", s.elastic.max_nodes, 0, limits::kMaxNodes);
+  if (s.elastic.max_nodes > 0 && s.elastic.max_nodes < s.elastic.min_nodes)
     throw ConfigError("elastic.max_nodes", "max_nodes (" + num(s.elastic.max_nodes) +
                                                ") is below min_nodes (" + num(s.elastic.min_nodes) +
                                                ")");

@@ -68,7 +68,8 @@ void MetricsWriter::write_step(const StepMetrics& m) {
                 {"grad_norm", m.grad_norm},
                 {"tokens_per_s", m.tokens_per_s},
                 {"world", double(m.world)},
-                {"epoch", double(m.epoch)}};
+                {"epoch", double(m.epoch)},
+                {"data_epoch", double(m.data_epoch)}};
   for (const auto& [k, v] : m.extra) row.set(k, v);
   write(row);
 }

@@ -26,7 +26,9 @@ struct MetricsRow {
 struct StepMetrics {
   int64_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0;
-  int64_t world = 1, epoch = 0;
+  // world: ranks in the step; epoch: weft run's membership epoch (0 outside an elastic
+  // job); data_epoch: complete passes over the training data before the step.
+  int64_t world = 1, epoch = 0, data_epoch = 0;
   std::vector<std::pair<std::string, double>> extra;  // aux_loss, step_ms, ... after the rest
 };
 
@@ -40,7 +42,7 @@ class MetricsWriter {
   MetricsWriter& operator=(const MetricsWriter&) = delete;
 
   // {"step": 0, "loss": ..., "lr": ..., "grad_norm": ..., "tokens_per_s": ..., "world": ...,
-  //  "epoch": ..., extra...}
+  //  "epoch": ..., "data_epoch": ..., extra...}
   void write_step(const StepMetrics& m);
   // {"step": s, "val_loss": v, extra...}
   void write_validation(int64_t step, double val_loss,

@@ -35,8 +35,8 @@ TEST(Metrics, WritesFlushedLinesAndReadsThemBack) {
   const std::string p = (dir / "sub" / "metrics.jsonl").string();  // parent is created
   {
     MetricsWriter w(p);
-    w.write_step({0, 5.61, 3e-4, 1.9, 12345.6, 4, 0, {{"aux_loss", 0.25}}});
-    w.write_step({1, 5.5, 6e-4, 1.7, 12000, 4, 0, {}});
+    w.write_step({0, 5.61, 3e-4, 1.9, 12345.6, 4, 2, 1, {{"aux_loss", 0.25}}});
+    w.write_step({1, 5.5, 6e-4, 1.7, 12000, 4, 0, 0, {}});
     w.write_validation(1, 5.4);
     // Readable before the writer closes: each line is flushed.
     auto rows = read_metrics(p);
@@ -47,6 +47,8 @@ TEST(Metrics, WritesFlushedLinesAndReadsThemBack) {
     EXPECT_EQ(rows[0].at("lr"), 3e-4);  // exact: shortest round-trip text
     EXPECT_EQ(rows[0].at("aux_loss"), 0.25);
     EXPECT_EQ(rows[1].at("world"), 4);
+    EXPECT_EQ(rows[0].at("epoch"), 2);       // weft run's membership epoch
+    EXPECT_EQ(rows[0].at("data_epoch"), 1);  // passes over the data
     EXPECT_FALSE(rows[1].has("aux_loss"));
     EXPECT_TRUE(rows[2].is_validation());
     EXPECT_EQ(rows[2].at("val_loss"), 5.4);
@@ -57,7 +59,7 @@ TEST(Metrics, WritesFlushedLinesAndReadsThemBack) {
   std::getline(in, first);
   EXPECT_EQ(first,
             "{\"step\": 0, \"loss\": 5.61, \"lr\": 3e-04, \"grad_norm\": 1.9, \"tokens_per_s\": "
-            "12345.6, \"world\": 4, \"epoch\": 0, \"aux_loss\": 0.25}");
+            "12345.6, \"world\": 4, \"epoch\": 2, \"data_epoch\": 1, \"aux_loss\": 0.25}");
   {
     MetricsWriter again(p, /*append=*/true);
     again.write_step({2, std::nan(""), 1e-3, INFINITY, 0, 4, 1, {}});

@@ -1,0 +1,56 @@
+// weft train's side of elasticity: refusals, the node-range check, resume after a restart.
+#include "launch/elastic_worker.h"
+
+#include <filesystem>
+
+#include "base/error.h"
+
+namespace weft::launch {
+
+void refuse_unsupported_job_settings(const core::JobSpec& spec, const parallel::LaunchEnv& env) {
+  const core::SnapshotSpec none;
+  const core::SnapshotSpec& s = spec.snapshot;
+  const char* snapshot_key = s.every != none.every                 ? "snapshot.every"
+                             : s.redundancy != none.redundancy     ? "snapshot.redundancy"
+                             : s.ec_k != none.ec_k                 ? "snapshot.ec.k"
+                             : s.ec_m != none.ec_m                 ? "snapshot.ec.m"
+                                                                   : nullptr;
+  if (snapshot_key)
+    throw ConfigError(snapshot_key,
+                      "in-memory snapshots are not yet supported; drop the snapshot section "
+                      "and use checkpoint.every with checkpoint.dir (durable checkpoints, which "
+                      "weft run's restarts resume from)");
+  if (spec.elastic.on_change == "reshard")
+    throw ConfigError("elastic.on_change",
+                      "reshard (survivors keep running while the router moves their state) is "
+                      "not yet supported; use restart: weft run restarts the workers, which "
+                      "resume from the latest checkpoint");
+  const auto check = [&](const char* key, int64_t want, int have, const char* which) {
+    if (want == 0 || env.nnodes_max == 0 || want == have) return;
+    throw ConfigError(key, std::string("the job file asks for ") + std::to_string(want) +
+                               " but weft run was started with --nnodes " +
+                               std::to_string(env.nnodes_min) + ":" +
+                               std::to_string(env.nnodes_max) + " (" + which + " " +
+                               std::to_string(have) + "); make them agree, or drop the key");
+  };
+  check("elastic.min_nodes", spec.elastic.min_nodes, env.nnodes_min, "MIN");
+  check("elastic.max_nodes", spec.elastic.max_nodes, env.nnodes_max, "MAX");
+}
+
+std::string resume_source(const core::JobSpec& spec, const parallel::LaunchEnv& env,
+                          const std::string& resume_flag) {
+  if (!resume_flag.empty()) return resume_flag;
+  if (env.restart_count == 0 || spec.checkpoint.dir.empty()) return "";
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(spec.checkpoint.dir, ec))
+    if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0)
+      return spec.checkpoint.dir;
+  return "";
+}
+
+bool continues_run(const parallel::LaunchEnv& env, bool resume_flag) {
+  return resume_flag || env.restart_count > 0;
+}
+
+}  // namespace weft::launch
