@@ -20,21 +20,28 @@
 
 namespace weft::test {
 
-// Blocking socket to 127.0.0.1:port that, unless told otherwise, first passes the store's
-// handshake (comm/store/protocol.h) with `token` ("" = none). Every wait is bounded (kGuard) so a broken server
-// fails the test instead of hanging it; the bound is a hang guard, not a timing check.
+// Blocking socket to 127.0.0.1:port (or ipv4:port) that, unless told otherwise, first passes
+// the store's handshake (comm/store/protocol.h) with `token` ("" = none). Every wait is bounded
+// (kGuard) so a broken server fails the test instead of hanging it; the bound is a hang guard,
+// not a timing check.
 class RawClient {
  public:
   static constexpr int kGuardMs = 20'000;
 
   enum class Handshake { kDo, kSkip };
-  explicit RawClient(uint16_t port, Handshake hs = Handshake::kDo, const std::string& token = "") {
+  explicit RawClient(uint16_t port, Handshake hs = Handshake::kDo, const std::string& token = "")
+      : RawClient("127.0.0.1", port, hs, token) {}
+  RawClient(const std::string& ipv4, uint16_t port, Handshake hs = Handshake::kDo,
+            const std::string& token = "") {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     if (fd_ < 0) throw std::runtime_error("socket failed");
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::inet_pton(AF_INET, ipv4.c_str(), &a.sin_addr) != 1) {
+      ::close(fd_);
+      throw std::runtime_error("not an IPv4 address: " + ipv4);
+    }
     if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
       ::close(fd_);
       throw std::runtime_error("connect failed");
