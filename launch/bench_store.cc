@@ -25,13 +25,6 @@ using Clock = std::chrono::steady_clock;
 // A value the size of a typical rendezvous entry (an address, a small id).
 const comm::Bytes kValue(32, uint8_t{'x'});
 
-double percentile(std::vector<float>& v, double p) {
-  if (v.empty()) return 0;
-  size_t k = std::min(v.size() - 1, size_t(p * double(v.size())));
-  std::nth_element(v.begin(), v.begin() + ptrdiff_t(k), v.end());
-  return v[k];
-}
-
 StoreSample run_one(comm::TCPStoreServer& server, int clients, const std::string& op,
                     double seconds) {
   std::vector<std::unique_ptr<comm::TCPStore>> conns;
@@ -93,6 +86,13 @@ StoreSample run_one(comm::TCPStoreServer& server, int clients, const std::string
 }
 
 }  // namespace
+
+double percentile(std::vector<float>& v, double p) {
+  if (v.empty()) return 0;
+  size_t k = std::min(v.size() - 1, size_t(p * double(v.size())));
+  std::nth_element(v.begin(), v.begin() + ptrdiff_t(k), v.end());
+  return v[k];
+}
 
 std::vector<StoreSample> run_store_bench(const std::vector<int>& clients, double seconds) {
   std::vector<StoreSample> out;

@@ -1,5 +1,6 @@
-// The store half of `weft bench comm`: latency percentiles and throughput of set, get and add
-// from many clients against one TCPStoreServer on 127.0.0.1.
+// Store benchmarks. `weft bench comm` ends with latency percentiles and throughput of set,
+// get and add from a few TCPStore clients (run_store_bench); `weft bench store` measures
+// the store under 1K-10K authenticated clients: a whole rendezvous, and ops/s under load.
 #pragma once
 
 #include <string>
@@ -21,5 +22,12 @@ std::vector<StoreSample> run_store_bench(const std::vector<int>& clients, double
 
 // Prints the store table (one row per sample).
 void print_store_table(const std::vector<StoreSample>& samples);
+
+// `weft bench store [options]` (see its --help): returns the exit code, 1 when a rendezvous
+// did not complete; ConfigError when the open-file limit cannot hold the clients.
+int run_store_benchmark(const std::vector<std::string>& args);
+
+// The value below which a fraction p of v lies (v is reordered); 0 for an empty v.
+double percentile(std::vector<float>& v, double p);
 
 }  // namespace weft::launch

@@ -18,8 +18,9 @@
 #include "launch/args.h"
 #include "launch/bench_checkpoint.h"
 #include "launch/bench_comm.h"
-#include "launch/bench_scaling.h"
 #include "launch/bench_memory_traces.h"
+#include "launch/bench_scaling.h"
+#include "launch/bench_store.h"
 #include "launch/bench_util.h"
 #include "launch/commands.h"
 #include "memory/host_allocator.h"
@@ -92,8 +93,8 @@ int run_worker(const Args& a) {
   return 0;
 }
 
-// Every benchmark a user can name, with its help. comm and scaling print their own longer
-// help (bench_comm.cc, bench_scaling.cc); the others' is here.
+// Every benchmark a user can name, with its help. comm, scaling and store print their own
+// longer help (bench_comm.cc, bench_scaling.cc, bench_store_scale.cc); the others' is here.
 struct Bench {
   const char* name;
   const char* help;  // nullptr: the benchmark prints its own on --help
@@ -122,6 +123,7 @@ const Bench kBenches[] = {
      "  reshard against the bytes it moves and memcpy.\n"
      "  --quick   small models, a few seconds     --dir DIR  scratch folder (default $TMPDIR)\n"},
     {"scaling", nullptr},
+    {"store", nullptr},
 };
 
 std::string bench_names() {
@@ -148,6 +150,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
         "  Gloo/MPI all-reduce and all-gather bus bandwidth vs memcpy; store latency.\n"
         "usage: weft bench scaling [--quick] [--steps N]\n"
         "  config S world 1 vs dp2 tokens/s; each layout's measured vs predicted step time.\n"
+        "usage: weft bench store [--clients 1000,10000] [--seconds S] [--load-clients N]\n"
+        "  1K and 10K authenticated clients completing a rendezvous (time, vs PyTorch's libuv\n"
+        "  TCPStore); set/get/add ops/s under 1K concurrent clients.\n"
         "Run `weft bench NAME --help` for one benchmark's options.\n",
         out);
     return argv.empty() ? 2 : 0;
@@ -172,6 +177,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (name == "comm") return cmd_bench_comm(argv);
   if (name == "checkpoint") return run_checkpoint_bench(rest);
   if (name == "scaling") return run_scaling(argv);
+  if (name == "store") return run_store_benchmark(rest);
   return run_train_comparison(Args(
       rest, {"--configs", "--threads", "--steps", "--torch-script", "--python"}, {"--no-torch"}));
 }

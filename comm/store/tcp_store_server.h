@@ -1,4 +1,5 @@
-// TCPStoreServer: the store's server on Boost.Asio, one thread serving every connection.
+// TCPStoreServer: the store's server on Boost.Asio, one thread serving every connection (and
+// one only accepting them).
 // Run alone with `weft store --port P`, inside `weft run`'s agent, or in tests on port 0.
 #pragma once
 
@@ -48,11 +49,12 @@ struct TCPStoreServerOptions {
   Millis idle_timeout{0};
 };
 
-// Counters for tests and `weft store`'s shutdown line. Monotonic except connections_open,
-// waits_parked and bytes_held.
+// Counters for tests, `weft store`'s shutdown line and `weft bench store`. Monotonic except
+// connections_open, waits_parked and bytes_held.
 struct TCPStoreServerStats {
   uint64_t connections_accepted = 0;
   uint64_t connections_open = 0;
+  uint64_t connections_open_peak = 0;  // the most connections_open has been
   uint64_t dropped_malformed = 0;   // closed for a frame that broke the protocol
   uint64_t dropped_over_limit = 0;  // closed for exceeding max_client_bytes / max_total_bytes
   uint64_t dropped_timeout = 0;     // closed by read_timeout or idle_timeout
@@ -71,7 +73,8 @@ class AddressInUseError : public CommError {
 };
 
 // The constructor binds (to options.host only), listens on a close-on-exec socket (workers
-// spawned later do not inherit it) and starts serving on an internal thread; it throws
+// spawned later do not inherit it) and starts serving on an internal thread, with a second
+// one that only accepts connections and hands them over; it throws
 // CommError when the address cannot be bound (AddressInUseError when it is taken),
 // ConfigError for a non-loopback host without a token (see TCPStoreServerOptions::token).
 // Thread-safe: port(), stats() and stop() may be called from any thread. The server never throws or aborts because of what a client sends

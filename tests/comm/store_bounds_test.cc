@@ -157,6 +157,22 @@ TEST(StoreBounds, AStalledHalfFrameIsDroppedAfterTheReadTimeout) {
   EXPECT_EQ(good.get_string("k"), "v");
 }
 
+// The read deadline is moved lazily (the timer sleeps while a connection is idle): a frame
+// that starts after an idle spell longer than the read timeout is still timed.
+TEST(StoreBounds, AHalfFrameAfterALongIdleSpellIsStillDropped) {
+  TCPStoreServerOptions o;
+  o.read_timeout = 200ms;
+  TCPStoreServer server(o);
+  RawClient c(server.port());
+  ASSERT_TRUE(c.send(request(1, Op::kPing).finish()));
+  ASSERT_TRUE(c.recv_frame());
+  std::this_thread::sleep_for(600ms);  // past the read timeout, idle: the connection stays
+  EXPECT_EQ(server.stats().dropped_timeout, 0u);
+  ASSERT_TRUE(c.send(Bytes{40, 0}));  // half a header, then nothing
+  EXPECT_TRUE(c.closed_by_peer()) << "a stalled frame was never timed out";
+  EXPECT_EQ(server.stats().dropped_timeout, 1u);
+}
+
 TEST(StoreBounds, IdleTimeoutClosesOnlyIdleConnections) {
   TCPStoreServerOptions o;
   o.idle_timeout = 300ms;

@@ -360,6 +360,41 @@ TEST(TCPStore, OneConnectionHoldsManyConcurrentWaits) {
   EXPECT_EQ(server.stats().waits_parked, 0u);
 }
 
+// A barrier: many connections parked on one key are all released by the set that makes it,
+// while a wait that also needs another key stays parked until that key comes.
+TEST(TCPStoreServer, ManyWaitersOfOneKeyAreReleasedTogether) {
+  TCPStoreServer server;
+  constexpr int kWaiters = 200;
+  std::vector<std::unique_ptr<RawClient>> waiters;
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.push_back(std::make_unique<RawClient>(server.port()));
+    ASSERT_TRUE(waiters.back()->send(
+        request(uint64_t(i), Op::kWait).strings({"barrier"}).i64(60'000).finish()));
+  }
+  RawClient both(server.port());
+  ASSERT_TRUE(both.send(request(7, Op::kWait).strings({"barrier", "other"}).i64(60'000).finish()));
+  ASSERT_TRUE(eventually([&] { return server.stats().waits_parked == kWaiters + 1; }))
+      << server.stats().waits_parked;
+  EXPECT_EQ(server.stats().connections_open_peak, uint64_t(kWaiters + 1));
+
+  TCPStore writer("127.0.0.1", server.port(), 30s);
+  writer.set_string("barrier", "open");
+  for (int i = 0; i < kWaiters; ++i) {
+    auto reply = waiters[size_t(i)]->recv_frame();
+    ASSERT_TRUE(reply) << "waiter " << i << " was not released";
+    comm::wire::Reader r(reply->data(), reply->size());
+    EXPECT_EQ(r.u64(), uint64_t(i));
+    EXPECT_EQ(r.u8(), uint8_t(comm::wire::Status::kOk));
+  }
+  ASSERT_TRUE(eventually([&] { return server.stats().waits_parked == 1; }));
+  writer.set_string("barrier", "again");  // notifies the remaining waiter, still not ready
+  writer.set_string("other", "here");
+  auto reply = both.recv_frame();
+  ASSERT_TRUE(reply);
+  EXPECT_EQ((*reply)[8], uint8_t(comm::wire::Status::kOk));
+  EXPECT_EQ(server.stats().waits_parked, 0u);
+}
+
 TEST(TCPStore, ConnectRetriesUntilTheServerStarts) {
   uint16_t port;
   {
