@@ -10,8 +10,10 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libopenblas-openmp-dev        # CPU GEMM (OpenMP flavour: nests in our parallel loops)
   libyaml-cpp-dev               # the YAML job spec
-  libboost-dev                  # Boost.Asio for the rendezvous store (header-only)
+  libboost-dev                  # Boost.Asio for the rendezvous store, Boost.Beast for etcd HTTP (header-only)
   libssl-dev                    # OpenSSL libcrypto: HMAC-SHA256 for the store's job-token handshake
+  nlohmann-json3-dev            # JSON for the etcd store's requests (header-only; HTTP is Boost.Beast)
+  etcd-server etcd-client       # the etcd rendezvous backend's tests start real etcd members
   libgtest-dev libgmock-dev     # tests
   libopenmpi-dev openmpi-bin    # MPI backend and mpirun-launched tests
   libgloo-dev                   # Gloo CPU collectives

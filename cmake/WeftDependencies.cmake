@@ -20,6 +20,9 @@ find_package(Boost 1.74 REQUIRED)
 # OpenSSL's libcrypto: HMAC-SHA256 and the CSPRNG for the store's job-token handshake
 # (comm/store/auth.cc). Only the Crypto component; Weft speaks no TLS.
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+# nlohmann-json: the etcd store's JSON requests and replies (comm/store/etcd_*.cc); header-only.
+# Boost.Beast (HTTP/1.1 to etcd's JSON gateway) comes with the Boost headers found above.
+find_package(nlohmann_json 3 REQUIRED)
 if(WEFT_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
@@ -100,7 +103,7 @@ function(weft_summary_line name have detail)
 endfunction()
 message(STATUS "Weft dependencies:")
 message(STATUS "  OpenBLAS: ${WEFT_OPENBLAS_LIB}")
-message(STATUS "  yaml-cpp: ${yaml-cpp_VERSION}   Boost: ${Boost_VERSION}   OpenSSL: ${OPENSSL_VERSION}")
+message(STATUS "  yaml-cpp: ${yaml-cpp_VERSION}   Boost: ${Boost_VERSION}   OpenSSL: ${OPENSSL_VERSION}   nlohmann-json: ${nlohmann_json_VERSION}")
 weft_summary_line(GLOO WEFT_HAVE_GLOO "${WEFT_GLOO_LIB}")
 weft_summary_line(MPI WEFT_HAVE_MPI "${MPI_C_VERSION} ${MPIEXEC_EXECUTABLE}")
 weft_summary_line(CUDA WEFT_HAVE_CUDA "${CUDAToolkit_VERSION}")

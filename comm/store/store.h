@@ -14,7 +14,12 @@ namespace weft::comm {
 using Bytes = std::vector<uint8_t>;
 using Millis = std::chrono::milliseconds;
 
-// Contract (every implementation: TCPStore, InMemoryStore, PrefixStore):
+// The default Store::timeout() of the network stores (TCPStore, EtcdStore): long enough for
+// a slow rendezvous, short enough that a lost peer fails a job in minutes.
+inline constexpr Millis kDefaultStoreTimeout{60'000};
+
+// Contract (every implementation: TCPStore, InMemoryStore, PrefixStore, EtcdStore; the
+// last keeps TTLs at etcd's lease granularity, whole seconds, see etcd_store.h):
 // - Methods are thread-safe; a client may be shared by threads, calls may overlap, and a
 //   call blocked in get/wait does not hold up other threads' calls.
 // - Blocking calls (get, multi_get, wait) block until the keys exist or the timeout passes,

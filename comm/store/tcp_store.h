@@ -11,9 +11,6 @@
 
 namespace weft::comm {
 
-// Long enough for a slow rendezvous, short enough that a lost peer fails a job in minutes.
-inline constexpr Millis kDefaultStoreTimeout{60'000};
-
 struct TCPStoreOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 0;
