@@ -236,12 +236,10 @@ TEST(VirtualHostsTest, HostsReachEachOtherOnlyOverTheirCables) {
   fs::remove_all(d);
 }
 
-// Three machines train one data-parallel job; the losses equal one process's.
-// DISABLED: with today's weft run the workers' Gloo listens on and publishes 127.0.0.1
-// (parallel/launch_env.cc, WorkerWorld leaves comm::CommOptions::host at its default), so a
-// worker on another host connects to its own loopback: "connect [127.0.0.1]:PORT: Connection
-// refused" in connectFullMesh. Enable once workers listen on an address the others reach.
-TEST(NetnsHosts, DISABLED_ThreeHostsTrainLikeOneProcess) {
+// Three machines train one data-parallel job; the losses equal one process's. (Each worker's
+// Gloo listens on its address toward the store, which the others reach; 127.0.0.1 would send
+// them to their own loopback.)
+TEST(NetnsHosts, ThreeHostsTrainLikeOneProcess) {
   SKIP_WITHOUT_HOSTS();
   fs::path d = temp_dir("train");
   CommandResult one = run_command(
@@ -275,13 +273,8 @@ TEST(NetnsHosts, DISABLED_ThreeHostsTrainLikeOneProcess) {
 }
 
 // The endpoint given as host 0's address, as launch scripts often do (MASTER_ADDR=10.0.0.1):
-// the agent on that host serves the store.
-// DISABLED: with today's weft run nobody serves it. is_local_host() (launch/run_options.cc)
-// compares the endpoint with the hostname only, so host 0's agent does not see the address
-// as its own and connects like the others: every agent fails after join_timeout with "store
-// <addr>:29400: cannot connect within ... ms: Connection refused". Enable once an address of
-// one of this machine's interfaces counts as local (torchrun also matches the addresses).
-TEST(NetnsHosts, DISABLED_AddressEndpointIsServedByItsHost) {
+// the agent on that host serves the store, bound to that address only.
+TEST(NetnsHosts, AddressEndpointIsServedByItsHost) {
   SKIP_WITHOUT_HOSTS();
   fs::path d = temp_dir("address");
   VirtualHosts hosts(2);
@@ -291,7 +284,8 @@ TEST(NetnsHosts, DISABLED_AddressEndpointIsServedByItsHost) {
   std::string logs = job.all_logs();
   EXPECT_EQ(c0, 0) << logs;
   EXPECT_EQ(c1, 0) << logs;
-  EXPECT_NE(job.text(0).find("serves the rendezvous store on 0.0.0.0:" + std::to_string(kPort)),
+  EXPECT_NE(job.text(0).find("serves the rendezvous store on " + hosts.address(0) + ":" +
+                            std::to_string(kPort)),
             std::string::npos)
       << logs;
   EXPECT_EQ(job.text(1).find("serves the rendezvous store"), std::string::npos) << logs;
