@@ -171,9 +171,6 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
     std::string first_bad;
     if (verdict == NonfiniteGuard::Verdict::kStop)
       first_bad = trainer.first_nonfinite_gradient();  // collective, on the failure path only
-    else
-      ckpt.after_step();  // checkpoint.every: every rank writes its shard, rank 0 commits
-    if (saved_by_every(spec, trainer.current_step())) saved_at = trainer.current_step();
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (lead) {
       core::io::StepMetrics m;
@@ -206,6 +203,11 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
             secs * 1e3);
       std::fflush(stdout);
     }
+    // checkpoint.every: every rank writes its shard, rank 0 commits. After the step's metrics
+    // line, never before: a crash between the two would leave a checkpoint whose step has
+    // no line, and a restart resuming from it keeps only the lines before it.
+    if (verdict != NonfiniteGuard::Verdict::kStop) ckpt.after_step();
+    if (saved_by_every(spec, trainer.current_step())) saved_at = trainer.current_step();
     if (verdict == NonfiniteGuard::Verdict::kStop) throw Error(guard.stop_message(st, first_bad));
     bool last = trainer.current_step() == spec.train.steps;
     if (data.has_val() && spec.train.eval_every > 0 &&
@@ -307,11 +309,6 @@ int train_single(const Args& args, const core::JobSpec& spec, const parallel::La
     auto t0 = std::chrono::steady_clock::now();
     core::StepStats st = trainer.step(train_batch);
     NonfiniteGuard::Verdict verdict = guard.observe(st);
-    // A stopped step never reaches the checkpoint hooks (its state is the last applied
-    // step's, but the run is ending as failed).
-    if (ckpt && verdict != NonfiniteGuard::Verdict::kStop)
-      ckpt->after_step();  // checkpoint.every: a durable checkpoint, in the background when async
-    if (saved_by_every(spec, trainer.current_step())) saved_at = trainer.current_step();
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     core::io::StepMetrics m;
     m.step = st.step;
@@ -327,6 +324,12 @@ int train_single(const Args& args, const core::JobSpec& spec, const parallel::La
     if (!st.applied) m.extra.push_back({"skipped", 1});
     metrics.write_step(m);
     report.add_step(m);
+    // A stopped step never reaches the checkpoint hooks (its state is the last applied
+    // step's, but the run is ending as failed). After the step's metrics line: a crash
+    // between the two must not leave a checkpoint whose step has no line.
+    if (ckpt && verdict != NonfiniteGuard::Verdict::kStop)
+      ckpt->after_step();  // checkpoint.every: a durable checkpoint, in the background when async
+    if (saved_by_every(spec, trainer.current_step())) saved_at = trainer.current_step();
     if (verdict == NonfiniteGuard::Verdict::kStop) {
       std::fflush(stdout);
       throw Error(guard.stop_message(st, trainer.first_nonfinite_gradient()));

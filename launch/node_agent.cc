@@ -16,8 +16,10 @@
 #include "base/check.h"
 #include "comm/elastic/rendezvous.h"
 #include "comm/store/auth.h"
+#include "comm/store/etcd_store.h"
 #include "comm/store/tcp_store.h"
 #include "comm/store/tcp_store_server.h"
+#include "parallel/launch_env.h"
 
 namespace weft::launch {
 namespace {
@@ -41,6 +43,20 @@ std::string bind_host(const std::string& host) {
   in_addr ip{};
   if (host == "::1" || ::inet_pton(AF_INET, host.c_str(), &ip) == 1) return host;
   return "0.0.0.0";
+}
+
+// The job token: --rdzv-conf token_file, else WEFT_JOB_TOKEN / WEFT_JOB_TOKEN_FILE.
+std::string job_token(const RunOptions& o) {
+  if (o.rdzv_conf.token_file)
+    return comm::auth::read_token_file(*o.rdzv_conf.token_file, "--rdzv-conf token_file");
+  return comm::auth::token_from_env();
+}
+
+std::string where(const RunOptions& o, int port) {
+  if (o.rdzv_backend != RdzvBackend::kEtcd) return o.rdzv_host + ":" + std::to_string(port);
+  std::string list;
+  for (const std::string& e : o.rdzv_endpoints) list += (list.empty() ? "" : ",") + e;
+  return "etcd " + list;
 }
 
 comm::RendezvousOptions rendezvous_options(const RunOptions& o, const std::string& me) {
@@ -103,17 +119,20 @@ class NodeAgent {
       : o_(o),
         so_(std::move(so)),
         me_(hostname() + "-" + std::to_string(::getpid())),
-        token_(comm::auth::token_from_env()),
+        token_(job_token(o)),
         port_(store_port_to_serve(o)),
-        where_(o.rdzv_host + ":" + std::to_string(port_)),
+        where_(where(o, port_)),
         ro_(rendezvous_options(o, me_)),
         elastic_(o.nnodes_min != o.nnodes_max || o.max_restarts > 0),
+        etcd_(o.rdzv_backend == RdzvBackend::kEtcd),
         key_("rdzv/" + o.rdzv_id + "/") {}
 
   int run();
 
  private:
   void serve_store_if_first();
+  void connect_store();
+  void place_workers_store(const comm::Membership& m);
   comm::Membership join();
   comm::Membership settle();
   std::string monitor(const comm::Membership& m, int64_t round);
@@ -131,9 +150,11 @@ class NodeAgent {
   const std::string where_;
   const comm::RendezvousOptions ro_;
   const bool elastic_;       // restarts or a node range: membership changes restart
+  const bool etcd_;          // the rendezvous lives in etcd; node 0 serves the workers' store
   const std::string key_;    // "rdzv/<id>/"
-  std::unique_ptr<comm::TCPStoreServer> server_;
-  std::unique_ptr<comm::TCPStore> store_;
+  std::unique_ptr<comm::TCPStoreServer> server_;  // c10d: the rendezvous store, if here
+  std::unique_ptr<comm::TCPStoreServer> workers_server_;  // etcd: the workers' store, if here
+  std::unique_ptr<comm::Store> store_;
   std::unique_ptr<comm::Rendezvous> rdzv_;
   std::string store_node_ = "?";
   std::string prefix_;  // this attempt's store prefix
@@ -144,7 +165,7 @@ class NodeAgent {
 // torchrun's rule: on the endpoint's machine the first agent to bind the port hosts the
 // store; a taken port means another agent hosts it, so connect like everyone else.
 void NodeAgent::serve_store_if_first() {
-  if (!is_local_host(o_.rdzv_host)) return;
+  if (etcd_ || !is_local_host(o_.rdzv_host)) return;
   comm::TCPStoreServerOptions sso;
   sso.host = bind_host(o_.rdzv_host);
   sso.port = uint16_t(port_);
@@ -156,6 +177,44 @@ void NodeAgent::serve_store_if_first() {
                  sso.host.c_str(), port_);
   } catch (const comm::AddressInUseError&) {
   }
+}
+
+void NodeAgent::connect_store() {
+  if (etcd_) {
+    store_ = comm::make_etcd_store(o_.rdzv_endpoints, "/weft/", ro_.join_timeout);
+    return;
+  }
+  store_ = std::make_unique<comm::TCPStore>(
+      comm::TCPStoreOptions{o_.rdzv_host, uint16_t(port_), ro_.join_timeout, token_});
+}
+
+// Where this attempt's workers bootstrap (WEFT_STORE_ADDR). c10d: the rendezvous store
+// itself. etcd: a TCP store served by node 0 of the epoch (etcd is for the agents'
+// few keys, not the workers' bootstrap traffic), its address published in etcd under the
+// attempt's prefix; a new epoch without that node gets a new one from its new node 0.
+void NodeAgent::place_workers_store(const comm::Membership& m) {
+  if (!etcd_) {
+    so_.store_host = o_.rdzv_host;
+    so_.store_port = port_;
+    return;
+  }
+  const std::string key = prefix_ + "/workers_store";
+  if (m.index == 0) {
+    if (!workers_server_) {
+      comm::TCPStoreServerOptions sso;
+      sso.host = "0.0.0.0";
+      sso.token = token_;
+      sso.insecure = o_.rdzv_conf.insecure.value_or(false) && token_.empty();
+      workers_server_ = std::make_unique<comm::TCPStoreServer>(sso);
+    }
+    // The address the other nodes reach this one on: toward the first etcd member.
+    const std::string here = parallel::address_toward(o_.rdzv_host, uint16_t(port_));
+    store_->set(key, comm::to_bytes(here + ":" + std::to_string(workers_server_->port())));
+  }
+  const std::string addr = comm::to_string(store_->get(key));
+  const size_t colon = addr.rfind(':');
+  so_.store_host = addr.substr(0, colon);
+  so_.store_port = std::stoi(addr.substr(colon + 1));
 }
 
 // rdzv.join(), again while this node waits as a spare of a full membership (a spare waits
@@ -294,8 +353,7 @@ int NodeAgent::finish(int rc, const std::string& verdict, bool close, const std:
 int NodeAgent::run() {
   serve_store_if_first();
   const auto t0 = Clock::now();
-  store_ = std::make_unique<comm::TCPStore>(
-      comm::TCPStoreOptions{o_.rdzv_host, uint16_t(port_), ro_.join_timeout, token_});
+  connect_store();
   const std::string host_key = key_ + "store_node";
   if (server_) store_->set(host_key, comm::to_bytes(me_));
   rdzv_ = std::make_unique<comm::Rendezvous>(*store_, ro_);
@@ -309,8 +367,6 @@ int NodeAgent::run() {
   std::fflush(stderr);
 
   if (!token_.empty()) ::setenv("WEFT_JOB_TOKEN", token_.c_str(), 1);
-  so_.store_host = o_.rdzv_host;
-  so_.store_port = port_;
   so_.monitor_interval_s = o_.monitor_interval;
   so_.settle_s = seconds(ro_.heartbeat_timeout) + 2 * seconds(ro_.poll_interval) + 1;
   so_.max_restarts = o_.max_restarts;
@@ -327,6 +383,12 @@ int NodeAgent::run() {
     so_.store_prefix = prefix_;
     so_.rdzv_epoch = m.epoch;
     so_.restart_count = int(m.epoch - 1 + round);
+    try {
+      place_workers_store(m);
+    } catch (const std::exception& e) {
+      return finish(1, str("cannot place the workers' store of epoch ", m.epoch, ": ", e.what()),
+                    true);
+    }
     stop_ = Stop{};
     so_.monitor = [&] { return monitor(m, round); };
     const Outcome out = supervise(so_);
@@ -336,7 +398,9 @@ int NodeAgent::run() {
       case Outcome::End::kSucceeded:
         return finish(0, "", false);
       case Outcome::End::kSignalled:
-        return finish(out.code, out.verdict, true);
+        return finish(out.code, out.verdict, true,
+                      out.verdict.empty() ? str("stopped by a signal (exit code ", out.code, ")")
+                                          : out.verdict);
       case Outcome::End::kStopped:
         next = stop_;
         if (!next.restart) return finish(out.code, out.verdict, next.close);

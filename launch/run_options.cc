@@ -266,7 +266,19 @@ void apply(const std::string& flag, const std::string& who, const std::string& v
     else
       throw ConfigError(who, "expected c10d, static, etcd or etcd-v2, got '" + v + "'" +
                                  did_you_mean(v, {"c10d", "static", "etcd", "etcd-v2"}));
-  } else if (flag == "--rdzv-endpoint") parse_endpoint(who, v, o);
+  } else if (flag == "--rdzv-endpoint") {
+    // etcd takes its members as a list, "h1:2379,h2:2379,h3:2379"; each item is HOST[:PORT].
+    o.rdzv_endpoints.clear();
+    for (const std::string& item : split(v, ',')) {
+      RunOptions one;
+      parse_endpoint(who, item, one);
+      o.rdzv_endpoints.push_back(item);
+      if (o.rdzv_endpoints.size() == 1) {
+        o.rdzv_host = one.rdzv_host;
+        o.rdzv_port = one.rdzv_port;
+      }
+    }
+  }
   else if (flag == "--rdzv-id") o.rdzv_id = need_value(who, v, "--rdzv-id job42");
   else if (flag == "--rdzv-conf") parse_conf(who, v, o.rdzv_conf);
   else if (flag == "--max-restarts") o.max_restarts = int(to_int(who, v, 0, 1 << 20, ""));
@@ -344,6 +356,13 @@ void validate(RunOptions& o) {
       !o.given("--rdzv-endpoint"))
     throw ConfigError("--rdzv-endpoint", "--rdzv-backend etcd needs the etcd server: "
                                          "--rdzv-endpoint HOST:2379");
+  if (o.rdzv_endpoints.size() > 1 && o.rdzv_backend != RdzvBackend::kEtcd)
+    throw ConfigError(o.name("--rdzv-endpoint"),
+                      "a list of endpoints names an etcd cluster's members; add --rdzv-backend "
+                      "etcd, or give one HOST:PORT");
+  if (o.rdzv_backend == RdzvBackend::kEtcd)  // etcd's client port, where none was given
+    for (std::string& e : o.rdzv_endpoints)
+      if (e.find(':') == std::string::npos || e.back() == ']') e += ":2379";
   if (o.rdzv_backend == RdzvBackend::kC10d && !o.standalone && several &&
       !o.given("--rdzv-endpoint"))
     throw ConfigError("--rdzv-endpoint", "several nodes need the address of the node that "
@@ -370,7 +389,7 @@ void validate(RunOptions& o) {
 std::string unsupported_conf_key(const RunOptions& o) {
   static const std::set<std::string> kUsed = {"join_timeout", "last_call_timeout",
                                               "heartbeat_interval", "heartbeat_timeout",
-                                              "insecure"};
+                                              "insecure", "token_file"};
   for (const std::string& k : o.rdzv_conf.keys)
     if (o.standalone || o.rdzv_host.empty() || !kUsed.count(k)) return k;
   return "";
@@ -415,12 +434,15 @@ const Support kSupport[] = {
     {"--rdzv-conf", true,
      [](const RunOptions& o) { return !o.rdzv_conf.keys.empty() && unsupported_conf_key(o).empty(); },
      ""},
+    // etcd: the membership record and heartbeats live in an etcd cluster (its v3 JSON
+    // gateway), which survives the loss of any one node; node 0 of each epoch serves the
+    // workers' bootstrap store.
+    {"--rdzv-backend", true,
+     [](const RunOptions& o) { return o.rdzv_backend == RdzvBackend::kEtcd; }, ""},
     {"--rdzv-backend", false,
-     [](const RunOptions& o) {
-       return o.rdzv_backend == RdzvBackend::kEtcd || o.rdzv_backend == RdzvBackend::kEtcdV2;
-     },
-     "the etcd rendezvous is not yet supported; use c10d (--rdzv-endpoint HOST:PORT, or "
-     "--standalone on one machine)"},
+     [](const RunOptions& o) { return o.rdzv_backend == RdzvBackend::kEtcdV2; },
+     "etcd-v2 (etcd's v2 API) is not supported; use --rdzv-backend etcd, which speaks etcd's "
+     "v3 API (etcd 3.4 and later)"},
     {"--rdzv-backend", false,
      [](const RunOptions& o) { return o.rdzv_backend == RdzvBackend::kStatic; },
      "the static rendezvous is not yet supported; use --rdzv-backend c10d with --rdzv-endpoint "
@@ -432,7 +454,8 @@ const Support kSupport[] = {
      "or --rdzv-endpoint HOST:PORT --rdzv-id ID on every node"},
     {"--rdzv-conf", false, [](const RunOptions& o) { return !unsupported_conf_key(o).empty(); },
      "this rendezvous setting is not yet supported by weft run (with --rdzv-endpoint it takes "
-     "join_timeout, last_call_timeout, heartbeat_interval, heartbeat_timeout and insecure; "
+     "join_timeout, last_call_timeout, heartbeat_interval, heartbeat_timeout, token_file and "
+     "insecure; "
      "--standalone takes none); drop it"},
     {"--monitor-interval", false,
      [](const RunOptions& o) { return o.standalone && o.given("--monitor-interval"); },
@@ -540,12 +563,13 @@ void check_rendezvous_options(const RunOptions& o, const EnvLookup& env) {
     throw ConfigError("--rdzv-id", "--rdzv-endpoint needs the job's id, the same on every node "
                                    "(e.g. --rdzv-id $SLURM_JOB_ID or any word): agents meet "
                                    "under it in the store");
-  if (o.rdzv_conf.insecure.value_or(false)) return;
+  if (o.rdzv_conf.insecure.value_or(false) || o.rdzv_conf.token_file) return;
   if (!env("WEFT_JOB_TOKEN") && !env("WEFT_JOB_TOKEN_FILE"))
     throw ConfigError("WEFT_JOB_TOKEN",
                       "a multi-node weft run needs the job token, the same on every node, to "
                       "authenticate its store: export WEFT_JOB_TOKEN=$(openssl rand -hex 32) "
-                      "(or WEFT_JOB_TOKEN_FILE=PATH) before weft run; on a trusted network "
+                      "(or WEFT_JOB_TOKEN_FILE=PATH, or --rdzv-conf token_file=PATH) before weft "
+                      "run; on a trusted network "
                       "--rdzv-conf insecure=1 serves the store without one");
 }
 

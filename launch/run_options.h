@@ -42,6 +42,7 @@ struct RunOptions {
   RdzvBackend rdzv_backend = RdzvBackend::kC10d;     // --rdzv-backend
   std::string rdzv_host;                             // --rdzv-endpoint HOST[:PORT]; "" = none
   int rdzv_port = 29400;                             //   (c10d's default port)
+  std::vector<std::string> rdzv_endpoints;           //   every item, HOST:PORT (etcd: a list)
   std::string rdzv_id;                               // --rdzv-id; "" = none given
   RdzvConf rdzv_conf;                                // --rdzv-conf
   bool standalone = false;                           // --standalone
@@ -95,8 +96,9 @@ void refuse_not_yet(const RunOptions& o);
 
 // What a multi-node launch (--rdzv-endpoint without --standalone) needs besides the flags'
 // own checks: --rdzv-id (ConfigError naming it), and the job token that every agent and
-// worker must share: WEFT_JOB_TOKEN or WEFT_JOB_TOKEN_FILE in `env` (ConfigError naming
-// WEFT_JOB_TOKEN otherwise), unless --rdzv-conf insecure=1. A loopback endpoint needs the
+// worker must share: --rdzv-conf token_file, or WEFT_JOB_TOKEN or WEFT_JOB_TOKEN_FILE in
+// `env` (ConfigError naming WEFT_JOB_TOKEN otherwise), unless --rdzv-conf insecure=1. A
+// loopback endpoint needs the
 // token too: the agents are separate processes, so a token one of them made up could not
 // reach the others, and an unauthenticated loopback store is open to every local user.
 void check_rendezvous_options(const RunOptions& o, const EnvLookup& env = process_env);

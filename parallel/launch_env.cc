@@ -22,30 +22,6 @@ namespace weft::parallel {
 
 namespace {
 
-// This machine's address on the route to the store: what its peers can reach it on, so
-// Gloo listens there and publishes it (127.0.0.1 would send a peer on another machine to
-// itself). A connected UDP socket asks the kernel's routing table; no packet is sent.
-// The store on loopback, or a host that does not resolve: 127.0.0.1.
-std::string address_toward(const std::string& host, uint16_t port) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || !found)
-    return "127.0.0.1";
-  std::string out = "127.0.0.1";
-  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  sockaddr_in me{};
-  socklen_t n = sizeof me;
-  char text[INET_ADDRSTRLEN];
-  if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &n) == 0 &&
-      ::inet_ntop(AF_INET, &me.sin_addr, text, sizeof text))
-    out = text;
-  if (fd >= 0) ::close(fd);
-  ::freeaddrinfo(found);
-  return out;
-}
 
 int env_rank(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
   int64_t v = env_int(name, fallback);
@@ -151,6 +127,27 @@ std::string slurm_first_host(const std::string& nodelist, const std::string& var
                                     "'; expected a Slurm node list such as node[01-04] or a,b "
                                     "(or set WEFT_STORE_ADDR=HOST:PORT)");
   return host;
+}
+
+std::string address_toward(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || !found)
+    return "127.0.0.1";
+  std::string out = "127.0.0.1";
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in me{};
+  socklen_t n = sizeof me;
+  char text[INET_ADDRSTRLEN];
+  if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &n) == 0 &&
+      ::inet_ntop(AF_INET, &me.sin_addr, text, sizeof text))
+    out = text;
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(found);
+  return out;
 }
 
 LaunchEnv detect_launch_env() {

@@ -48,6 +48,13 @@ struct LaunchEnv {
 // Throws ConfigError naming the variable for malformed values.
 LaunchEnv detect_launch_env();
 
+// This machine's address on the route to `host`: what peers there can reach it on, so
+// that Gloo listens and publishes there (127.0.0.1 would send a peer on another machine to
+// itself), and weft run's agents publish their workers' store there. A connected UDP socket
+// asks the kernel's routing table; no packet is sent. "127.0.0.1" when `host` is loopback or
+// does not resolve.
+std::string address_toward(const std::string& host, uint16_t port);
+
 // The first host of a Slurm node list: "node[01-04]" -> "node01", "a,b" -> "a",
 // "node[1,3-5]" -> "node1", "r[1-2]-n[3-4]" -> "r1-n3". ConfigError naming `variable` for
 // an empty or unbalanced list.

@@ -222,6 +222,46 @@ TEST(MultiNode, WorkerFailureOnOneNodeStopsTheOthers) {
   fs::remove_all(d);
 }
 
+// --max-restarts: a worker dies on node 1 mid-run; its agent asks for a new round, both
+// nodes restart their workers, which resume from the latest checkpoint; the metrics equal
+// a single process's, each step once.
+TEST(MultiNode, FailedWorkerRestartsEveryNodeFromTheLatestCheckpoint) {
+  fs::path d = temp_dir("restart");
+  const int steps = 200;
+  std::string one_cmd = std::string(WEFT_BINARY);
+  for (const std::string& a : train(d / "one", steps)) one_cmd += a == "weft" ? "" : " " + a;
+  CommandResult one = run_command(one_cmd + " --set parallel.dp=1");
+  ASSERT_EQ(one.code, 0) << one.out;
+  std::string cmd = std::string(WEFT_BINARY);
+  for (const std::string& a : train(d / "two", steps)) cmd += a == "weft" ? "" : " " + a;
+  cmd += " --set checkpoint.dir=" + (d / "ckpt").string() +
+         " --set checkpoint.every=10 --set checkpoint.async=false";
+  // Attempt 0 on node 1: kill the trainer once step 50's checkpoint exists, then fail.
+  const std::string worker =
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && [ \"$GROUP_RANK\" = 1 ]; then " + cmd +
+      " & t=$!; while [ ! -d " + (d / "ckpt" / "step-00000050").string() +
+      " ]; do sleep 0.02; done; kill -9 $t; exit 5; fi; exec " + cmd;
+  Agents agents;
+  const int port = free_port();
+  const std::vector<std::string> extra = {"--max-restarts", "1"};
+  pid_t a = agents.start(agent_args(port, "restart", {"sh", "-c", worker}, extra), d / "a.log");
+  pid_t b = agents.start(agent_args(port, "restart", {"sh", "-c", worker}, extra), d / "b.log");
+  int ca = agents.wait(a), cb = agents.wait(b);
+  std::string logs = slurp(d / "a.log") + "\n---\n" + slurp(d / "b.log");
+  ASSERT_EQ(ca, 0) << logs;
+  ASSERT_EQ(cb, 0) << logs;
+  EXPECT_NE(logs.find("failed: exited with code 5; restarting the workers (1 of --max-restarts 1 used)"),
+            std::string::npos)
+      << logs;
+  EXPECT_NE(logs.find("restart round 1 asked for by node "), std::string::npos) << logs;
+  EXPECT_NE(logs.find("weft train: restart 1 (membership epoch 1, world 2): resuming"),
+            std::string::npos)
+      << logs;
+  test::expect_same_losses(d / "one" / "metrics.jsonl", d / "two" / "metrics.jsonl", steps,
+                           /*validation=*/false, 2e-7);
+  fs::remove_all(d);
+}
+
 TEST(MultiNode, WrongTokenFailsAtOnceNamingIt) {
   fs::path d = temp_dir("token");
   Agents agents;

@@ -395,5 +395,32 @@ TEST(Supervision, WorkersSeeTorchrunsVariables) {
       << r.out;
 }
 
+// --max-restarts on one machine: a failed attempt restarts every worker (the next attempt
+// sees TORCHELASTIC_RESTART_COUNT=1, its own store keys and its own log folder); restarts
+// used up end the job with the last attempt's root cause and exit code.
+TEST(Supervision, StandaloneRestartsFailedAttemptsUpToMaxRestarts) {
+  fs::path d = temp_dir("restarts");
+  const std::string worker =
+      "sh -c 'echo attempt $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS prefix "
+      "[$WEFT_STORE_PREFIX]; if [ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $RANK = 1 ]; then "
+      "exit 3; fi'";
+  CommandResult r = run_weft("run --standalone --nproc-per-node 2 --max-restarts 2 --log-dir " +
+                             d.string() + " --tee 3 -- " + worker);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("restarting the workers (1 of --max-restarts 2)"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("[rank 1] attempt 1 of 2 prefix [restart/1]"), std::string::npos) << r.out;
+  EXPECT_NE(read_all(d / "attempt_0" / "rank_1" / "stdout.log").find("attempt 0"), std::string::npos);
+  EXPECT_NE(read_all(d / "attempt_1" / "rank_1" / "stdout.log").find("attempt 1"), std::string::npos);
+
+  CommandResult out = run_weft("run --standalone --nproc-per-node 2 --max-restarts 1 -- sh -c 'exit 4'");
+  EXPECT_EQ(out.code, 4) << out.out;
+  size_t first = out.out.find("restarting the workers (1 of --max-restarts 1)");
+  EXPECT_NE(first, std::string::npos) << out.out;
+  EXPECT_EQ(out.out.find("restarting the workers", first + 1), std::string::npos) << out.out;
+  EXPECT_NE(out.out.find("weft run: failed: rank "), std::string::npos) << out.out;
+  fs::remove_all(d);
+}
+
 }  // namespace
 }  // namespace weft::test

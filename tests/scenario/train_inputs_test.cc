@@ -52,6 +52,24 @@ class TrainInputs : public ::testing::Test {
   fs::path dir_;
 };
 
+// Job-file settings the trainer cannot act on yet are refused, never silently ignored.
+TEST_F(TrainInputs, SnapshotsAndReshardingAreRefusedAsNotYet) {
+  for (const char* set : {"snapshot.every=5", "snapshot.redundancy=ec", "elastic.on_change=reshard"}) {
+    Result r = train(std::string("--set ") + set);
+    const std::string key = std::string(set).substr(0, std::string(set).find('='));
+    EXPECT_EQ(r.code, 2) << set << "\n" << r.out;
+    EXPECT_NE(r.out.find(key + ": "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("not yet"), std::string::npos) << r.out;
+  }
+  // elastic.min_nodes/max_nodes must agree with weft run's --nnodes (WEFT_NNODES).
+  Result r = run("run --standalone -- " + kWeft + " train --config " + kTiny +
+                 " --set train.out_dir=" + path("run") + " --set elastic.max_nodes=4");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("elastic.max_nodes: the job file asks for 4 but weft run was started with --nnodes 1:1"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST_F(TrainInputs, ModelTooLargeIsRefusedWithItsSizesBeforeAllocating) {
   // Used to be killed by the kernel after taking 24 GB (exit 137, no message).
   Result r = train("--set model.layers=100000");
