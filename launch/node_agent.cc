@@ -52,8 +52,19 @@ std::string job_token(const RunOptions& o) {
   return comm::auth::token_from_env();
 }
 
+// Where the rendezvous store is: --rdzv-endpoint's host, or node 0's (--master-addr) with
+// the static backend.
+std::string store_host(const RunOptions& o) {
+  return o.rdzv_backend == RdzvBackend::kStatic ? o.master_addr : o.rdzv_host;
+}
+
+// The job's id: --rdzv-id; the static backend may go without one (torchrun's "none").
+std::string run_id(const RunOptions& o) {
+  return o.rdzv_id.empty() && o.rdzv_backend == RdzvBackend::kStatic ? "static" : o.rdzv_id;
+}
+
 std::string where(const RunOptions& o, int port) {
-  if (o.rdzv_backend != RdzvBackend::kEtcd) return o.rdzv_host + ":" + std::to_string(port);
+  if (o.rdzv_backend != RdzvBackend::kEtcd) return store_host(o) + ":" + std::to_string(port);
   std::string list;
   for (const std::string& e : o.rdzv_endpoints) list += (list.empty() ? "" : ",") + e;
   return "etcd " + list;
@@ -61,7 +72,7 @@ std::string where(const RunOptions& o, int port) {
 
 comm::RendezvousOptions rendezvous_options(const RunOptions& o, const std::string& me) {
   comm::RendezvousOptions ro;
-  ro.run_id = o.rdzv_id;
+  ro.run_id = run_id(o);
   ro.node_id = me;
   ro.min_nodes = o.nnodes_min;
   ro.max_nodes = o.nnodes_max;
@@ -125,12 +136,15 @@ class NodeAgent {
         ro_(rendezvous_options(o, me_)),
         elastic_(o.nnodes_min != o.nnodes_max || o.max_restarts > 0),
         etcd_(o.rdzv_backend == RdzvBackend::kEtcd),
-        key_("rdzv/" + o.rdzv_id + "/") {}
+        static_(o.rdzv_backend == RdzvBackend::kStatic),
+        host_(store_host(o)),
+        key_("rdzv/" + run_id(o) + "/") {}
 
   int run();
 
  private:
   void serve_store_if_first();
+  void claim_static_rank();
   void connect_store();
   void place_workers_store(const comm::Membership& m);
   comm::Membership join();
@@ -151,6 +165,8 @@ class NodeAgent {
   const comm::RendezvousOptions ro_;
   const bool elastic_;       // restarts or a node range: membership changes restart
   const bool etcd_;          // the rendezvous lives in etcd; node 0 serves the workers' store
+  const bool static_;        // --node-rank fixes this node's place; node rank 0 hosts the store
+  const std::string host_;   // the rendezvous store's host (c10d, static)
   const std::string key_;    // "rdzv/<id>/"
   std::unique_ptr<comm::TCPStoreServer> server_;  // c10d: the rendezvous store, if here
   std::unique_ptr<comm::TCPStoreServer> workers_server_;  // etcd: the workers' store, if here
@@ -165,9 +181,9 @@ class NodeAgent {
 // torchrun's rule: on the endpoint's machine the first agent to bind the port hosts the
 // store; a taken port means another agent hosts it, so connect like everyone else.
 void NodeAgent::serve_store_if_first() {
-  if (etcd_ || !is_local_host(o_.rdzv_host)) return;
+  if (etcd_ || (static_ && o_.node_rank != 0) || (!static_ && !is_local_host(host_))) return;
   comm::TCPStoreServerOptions sso;
-  sso.host = bind_host(o_.rdzv_host);
+  sso.host = bind_host(host_);
   sso.port = uint16_t(port_);
   sso.token = token_;
   sso.insecure = o_.rdzv_conf.insecure.value_or(false) && token_.empty();
@@ -175,7 +191,13 @@ void NodeAgent::serve_store_if_first() {
     server_ = std::make_unique<comm::TCPStoreServer>(sso);
     std::fprintf(stderr, "weft run: node %s serves the rendezvous store on %s:%d\n", me_.c_str(),
                  sso.host.c_str(), port_);
-  } catch (const comm::AddressInUseError&) {
+  } catch (const comm::AddressInUseError& e) {
+    // Static: node rank 0 is the store's host by definition; anyone else on the port is
+    // not this job's store.
+    if (static_)
+      throw ConfigError("--master-port", str("node rank 0 hosts the store, but ", host_, ":",
+                                             port_, " is taken (", e.what(),
+                                             "); choose a free --master-port"));
   }
 }
 
@@ -185,7 +207,7 @@ void NodeAgent::connect_store() {
     return;
   }
   store_ = std::make_unique<comm::TCPStore>(
-      comm::TCPStoreOptions{o_.rdzv_host, uint16_t(port_), ro_.join_timeout, token_});
+      comm::TCPStoreOptions{host_, uint16_t(port_), ro_.join_timeout, token_});
 }
 
 // Where this attempt's workers bootstrap (WEFT_STORE_ADDR). c10d: the rendezvous store
@@ -194,7 +216,7 @@ void NodeAgent::connect_store() {
 // attempt's prefix; a new epoch without that node gets a new one from its new node 0.
 void NodeAgent::place_workers_store(const comm::Membership& m) {
   if (!etcd_) {
-    so_.store_host = o_.rdzv_host;
+    so_.store_host = host_;
     so_.store_port = port_;
     return;
   }
@@ -215,6 +237,24 @@ void NodeAgent::place_workers_store(const comm::Membership& m) {
   const size_t colon = addr.rfind(':');
   so_.store_host = addr.substr(0, colon);
   so_.store_port = std::stoi(addr.substr(colon + 1));
+}
+
+// Static: --node-rank R is this node's alone. The claim (rdzv/<id>/static_rank/R = node id)
+// goes by compare-and-set; a holder whose heartbeat expired (a replaced machine) gives it up.
+void NodeAgent::claim_static_rank() {
+  const std::string key = key_ + "static_rank/" + std::to_string(o_.node_rank);
+  for (;;) {
+    const comm::Bytes held = store_->compare_set(key, {}, comm::to_bytes(me_));
+    const std::string holder = comm::to_string(held);
+    if (holder == me_) return;
+    if (!store_->check({rdzv_->alive_key(holder)})) {
+      store_->compare_set(key, held, comm::to_bytes(me_));
+      continue;
+    }
+    throw ConfigError(o_.name("--node-rank"),
+                      str("node rank ", o_.node_rank, " is already taken by node ", holder,
+                          " (alive); give each node its own --node-rank 0..", o_.nnodes_max - 1));
+  }
 }
 
 // rdzv.join(), again while this node waits as a spare of a full membership (a spare waits
@@ -357,12 +397,13 @@ int NodeAgent::run() {
   const std::string host_key = key_ + "store_node";
   if (server_) store_->set(host_key, comm::to_bytes(me_));
   rdzv_ = std::make_unique<comm::Rendezvous>(*store_, ro_);
+  if (static_) claim_static_rank();  // before joining: a node with a taken rank never joins
   comm::Membership m = join();
   if (store_->check({host_key})) store_node_ = comm::to_string(store_->get(host_key));
   std::fprintf(stderr,
                "weft run: node %s is node %d of %d (rendezvous %s at %s, epoch %lld) after "
                "%.2f s\n",
-               me_.c_str(), m.index, m.world(), o_.rdzv_id.c_str(), where_.c_str(),
+               me_.c_str(), static_ ? o_.node_rank : m.index, m.world(), run_id(o_).c_str(), where_.c_str(),
                (long long)m.epoch, std::chrono::duration<double>(Clock::now() - t0).count());
   std::fflush(stderr);
 
@@ -378,7 +419,9 @@ int NodeAgent::run() {
     const int64_t round = store_->add(round_key, 0);
     prefix_ = m.store_prefix + "/round/" + std::to_string(round);
     last_ = m;
-    so_.node_index = m.index;
+    // Static: the node's place is --node-rank (claimed once, claim_static_rank); else the
+    // membership's dense order.
+    so_.node_index = static_ ? o_.node_rank : m.index;
     so_.nnodes = m.world();
     so_.store_prefix = prefix_;
     so_.rdzv_epoch = m.epoch;

@@ -391,7 +391,9 @@ std::string unsupported_conf_key(const RunOptions& o) {
                                               "heartbeat_interval", "heartbeat_timeout",
                                               "insecure", "token_file"};
   for (const std::string& k : o.rdzv_conf.keys)
-    if (o.standalone || o.rdzv_host.empty() || !kUsed.count(k)) return k;
+    if (o.standalone || (o.rdzv_host.empty() && o.rdzv_backend != RdzvBackend::kStatic) ||
+        !kUsed.count(k))
+      return k;
   return "";
 }
 
@@ -443,15 +445,21 @@ const Support kSupport[] = {
      [](const RunOptions& o) { return o.rdzv_backend == RdzvBackend::kEtcdV2; },
      "etcd-v2 (etcd's v2 API) is not supported; use --rdzv-backend etcd, which speaks etcd's "
      "v3 API (etcd 3.4 and later)"},
-    {"--rdzv-backend", false,
-     [](const RunOptions& o) { return o.rdzv_backend == RdzvBackend::kStatic; },
-     "the static rendezvous is not yet supported; use --rdzv-backend c10d with --rdzv-endpoint "
-     "HOST:PORT and --rdzv-id ID (the rendezvous assigns node ranks)"},
+    // static: each node gives its --node-rank; node rank 0 hosts the store at
+    // --master-addr:--master-port; the membership still heartbeats and restarts.
+    {"--rdzv-backend", true,
+     [](const RunOptions& o) { return o.rdzv_backend == RdzvBackend::kStatic; }, ""},
+    {"--node-rank", true, [](const RunOptions& o) { return o.given("--node-rank"); }, ""},
+    {"--master-addr", true, [](const RunOptions& o) { return o.given("--master-addr"); }, ""},
+    {"--master-port", true, [](const RunOptions& o) { return o.given("--master-port"); }, ""},
     {"--standalone", false,
-     [](const RunOptions& o) { return !o.standalone && o.rdzv_host.empty(); },
+     [](const RunOptions& o) {
+       return !o.standalone && o.rdzv_host.empty() && o.rdzv_backend != RdzvBackend::kStatic;
+     },
      "or --rdzv-endpoint is needed: a rendezvous at torchrun's default endpoint is not yet "
      "supported; pass --standalone (one machine, a local store on a free port or --store-port), "
-     "or --rdzv-endpoint HOST:PORT --rdzv-id ID on every node"},
+     "or --rdzv-endpoint HOST:PORT --rdzv-id ID on every node (or --rdzv-backend static with "
+     "--node-rank and --master-addr)"},
     {"--rdzv-conf", false, [](const RunOptions& o) { return !unsupported_conf_key(o).empty(); },
      "this rendezvous setting is not yet supported by weft run (with --rdzv-endpoint it takes "
      "join_timeout, last_call_timeout, heartbeat_interval, heartbeat_timeout, token_file and "
@@ -461,8 +469,6 @@ const Support kSupport[] = {
      [](const RunOptions& o) { return o.standalone && o.given("--monitor-interval"); },
      "with --standalone is not yet adjustable (weft run watches its workers every 20 ms); drop "
      "it (with --rdzv-endpoint it is how often the rendezvous is checked for lost nodes)"},
-    {"--node-rank", false, [](const RunOptions& o) { return o.node_rank > 0; },
-     "a node other than 0 is not yet supported (one machine only)"},
 };
 
 }  // namespace
@@ -558,8 +564,9 @@ void refuse_not_yet(const RunOptions& o) {
 }
 
 void check_rendezvous_options(const RunOptions& o, const EnvLookup& env) {
-  if (o.standalone || o.rdzv_host.empty()) return;
-  if (o.rdzv_id.empty())
+  const bool is_static = o.rdzv_backend == RdzvBackend::kStatic;
+  if (o.standalone || (o.rdzv_host.empty() && !is_static)) return;
+  if (o.rdzv_id.empty() && !is_static)
     throw ConfigError("--rdzv-id", "--rdzv-endpoint needs the job's id, the same on every node "
                                    "(e.g. --rdzv-id $SLURM_JOB_ID or any word): agents meet "
                                    "under it in the store");

@@ -391,7 +391,6 @@ TEST(RefuseNotYet, NamesTheFlagOfEachMissingCapability) {
   };
   std::vector<Case> cases = {
       {"--rdzv-backend etcd-v2 --rdzv-endpoint h:2379 -- c", "--rdzv-backend"},
-      {"--rdzv-backend static -- c", "--rdzv-backend"},
       {"-- c", "--standalone"},
       {"--nproc-per-node 2 -- c", "--standalone"},
       {"--standalone --rdzv-conf heartbeat_interval=1 -- c", "--rdzv-conf heartbeat_interval"},
@@ -414,6 +413,10 @@ TEST(RefuseNotYet, ElasticFlagsPass) {
   EXPECT_EQ(not_yet("--nnodes=2:3 --max-restarts 3 --rdzv-endpoint h --rdzv-id j -- c"), "");
   EXPECT_EQ(not_yet("--standalone --max-restarts 3 -- c"), "");
   EXPECT_EQ(not_yet("--rdzv-backend etcd --rdzv-endpoint h:2379 -- c"), "");
+  EXPECT_EQ(not_yet("--rdzv-backend static --nnodes 2 --node-rank 1 --master-addr h "
+                    "--master-port 7 -- c"),
+            "");
+  EXPECT_EQ(not_yet("--rdzv-backend static -- c"), "");
   EXPECT_EQ(not_yet("--nnodes 2 --rdzv-endpoint h --rdzv-conf token_file=/t,join_timeout=9 -- c"),
             "");
 }

@@ -262,6 +262,41 @@ TEST(MultiNode, FailedWorkerRestartsEveryNodeFromTheLatestCheckpoint) {
   fs::remove_all(d);
 }
 
+// torchrun's static rendezvous: each node says its rank; node rank 0 hosts the store at
+// --master-addr:--master-port (a node started before it waits for it); a second node with a
+// taken rank is refused naming --node-rank.
+TEST(MultiNode, StaticRendezvousKeepsTheGivenNodeRanks) {
+  fs::path d = temp_dir("static");
+  Agents agents;
+  const int port = free_port();
+  auto node = [&](int rank, const std::string& command) {
+    return std::vector<std::string>{"run", "--rdzv-backend", "static", "--nnodes", "2",
+                                    "--node-rank", std::to_string(rank), "--master-addr",
+                                    "127.0.0.1", "--master-port", std::to_string(port), "--",
+                                    "sh", "-c", command};
+  };
+  const std::string say = "echo RANK=$RANK GROUP_RANK=$GROUP_RANK; sleep 1";
+  pid_t b = agents.start(node(1, say), d / "b.log");  // before node 0's store exists
+  pid_t a = agents.start(node(0, say), d / "a.log");
+  ASSERT_TRUE(wait_for(d / "b.log", "is node 1 of 2", b)) << slurp(d / "b.log");
+  pid_t c = agents.start(node(1, "true"), d / "c.log");
+  int cc = agents.wait(c);
+  int ca = agents.wait(a), cb = agents.wait(b);
+  std::string la = slurp(d / "a.log"), lb = slurp(d / "b.log"), lc = slurp(d / "c.log");
+  EXPECT_EQ(ca, 0) << la;
+  EXPECT_EQ(cb, 0) << lb;
+  EXPECT_NE(la.find("serves the rendezvous store on 127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
+      << la;
+  EXPECT_NE(la.find("[rank 0] RANK=0 GROUP_RANK=0"), std::string::npos) << la;
+  EXPECT_NE(lb.find("[rank 1] RANK=1 GROUP_RANK=1"), std::string::npos) << lb;
+  EXPECT_EQ(cc, 2) << lc;
+  EXPECT_NE(lc.find("--node-rank: node rank 1 is already taken by node " + node_id(b)),
+            std::string::npos)
+      << lc;
+  fs::remove_all(d);
+}
+
 TEST(MultiNode, WrongTokenFailsAtOnceNamingIt) {
   fs::path d = temp_dir("token");
   Agents agents;
