@@ -77,7 +77,7 @@ comm::RendezvousOptions rendezvous_options(const RunOptions& o, const std::strin
   ro.min_nodes = o.nnodes_min;
   ro.max_nodes = o.nnodes_max;
   const RdzvConf& c = o.rdzv_conf;
-  if (c.join_timeout) ro.join_timeout = millis(*c.join_timeout);
+  if (c.join_timeout || c.timeout) ro.join_timeout = millis(c.join_timeout ? *c.join_timeout : *c.timeout);
   if (c.last_call_timeout) ro.last_call = millis(*c.last_call_timeout);
   if (c.heartbeat_interval) ro.heartbeat_interval = millis(*c.heartbeat_interval);
   if (c.heartbeat_timeout) ro.heartbeat_timeout = millis(*c.heartbeat_timeout);
@@ -144,6 +144,10 @@ class NodeAgent {
 
  private:
   void serve_store_if_first();
+  // The agent's store get()/connect timeout: --rdzv-conf read_timeout, else join_timeout.
+  comm::Millis store_timeout() const {
+    return o_.rdzv_conf.read_timeout ? millis(*o_.rdzv_conf.read_timeout) : ro_.join_timeout;
+  }
   void claim_static_rank();
   void connect_store();
   void place_workers_store(const comm::Membership& m);
@@ -181,7 +185,10 @@ class NodeAgent {
 // torchrun's rule: on the endpoint's machine the first agent to bind the port hosts the
 // store; a taken port means another agent hosts it, so connect like everyone else.
 void NodeAgent::serve_store_if_first() {
-  if (etcd_ || (static_ && o_.node_rank != 0) || (!static_ && !is_local_host(host_))) return;
+  // c10d: --rdzv-conf is_host decides when given (torchrun's override of the local check).
+  const bool host_here = static_ ? o_.node_rank == 0
+                                 : o_.rdzv_conf.is_host.value_or(is_local_host(host_));
+  if (etcd_ || !host_here) return;
   comm::TCPStoreServerOptions sso;
   sso.host = bind_host(host_);
   sso.port = uint16_t(port_);
@@ -194,6 +201,9 @@ void NodeAgent::serve_store_if_first() {
   } catch (const comm::AddressInUseError& e) {
     // Static: node rank 0 is the store's host by definition; anyone else on the port is
     // not this job's store.
+    if (o_.rdzv_conf.is_host.value_or(false))
+      throw ConfigError("--rdzv-conf is_host", str("this agent must host the store, but ", host_,
+                                                   ":", port_, " is taken (", e.what(), ")"));
     if (static_)
       throw ConfigError("--master-port", str("node rank 0 hosts the store, but ", host_, ":",
                                              port_, " is taken (", e.what(),
@@ -203,11 +213,11 @@ void NodeAgent::serve_store_if_first() {
 
 void NodeAgent::connect_store() {
   if (etcd_) {
-    store_ = comm::make_etcd_store(o_.rdzv_endpoints, "/weft/", ro_.join_timeout);
+    store_ = comm::make_etcd_store(o_.rdzv_endpoints, "/weft/", store_timeout());
     return;
   }
   store_ = std::make_unique<comm::TCPStore>(
-      comm::TCPStoreOptions{host_, uint16_t(port_), ro_.join_timeout, token_});
+      comm::TCPStoreOptions{host_, uint16_t(port_), store_timeout(), token_});
 }
 
 // Where this attempt's workers bootstrap (WEFT_STORE_ADDR). c10d: the rendezvous store

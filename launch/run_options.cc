@@ -228,6 +228,8 @@ void parse_conf(const std::string& who, const std::string& v, RdzvConf& c) {
     throw ConfigError(who + " heartbeat_timeout",
                       "must be longer than heartbeat_interval (a peer gets several beats "
                       "before it is declared lost), e.g. heartbeat_interval=1,heartbeat_timeout=5");
+  if (c.join_timeout && c.timeout)
+    throw ConfigError(who + " timeout", "is torchrun's older name of join_timeout; give one");
   if (c.insecure.value_or(false) && c.token_file)
     throw ConfigError(who + " insecure",
                       "insecure=true contradicts token_file (which secures the store); keep one");
@@ -389,7 +391,8 @@ void validate(RunOptions& o) {
 std::string unsupported_conf_key(const RunOptions& o) {
   static const std::set<std::string> kUsed = {"join_timeout", "last_call_timeout",
                                               "heartbeat_interval", "heartbeat_timeout",
-                                              "insecure", "token_file"};
+                                              "insecure", "token_file", "timeout",
+                                              "read_timeout", "is_host"};
   for (const std::string& k : o.rdzv_conf.keys)
     if (o.standalone || (o.rdzv_host.empty() && o.rdzv_backend != RdzvBackend::kStatic) ||
         !kUsed.count(k))
@@ -462,8 +465,8 @@ const Support kSupport[] = {
      "--node-rank and --master-addr)"},
     {"--rdzv-conf", false, [](const RunOptions& o) { return !unsupported_conf_key(o).empty(); },
      "this rendezvous setting is not yet supported by weft run (with --rdzv-endpoint it takes "
-     "join_timeout, last_call_timeout, heartbeat_interval, heartbeat_timeout, token_file and "
-     "insecure; "
+     "join_timeout (or timeout), last_call_timeout, heartbeat_interval, heartbeat_timeout, "
+     "read_timeout, token_file, insecure and is_host; "
      "--standalone takes none); drop it"},
     {"--monitor-interval", false,
      [](const RunOptions& o) { return o.standalone && o.given("--monitor-interval"); },

@@ -232,7 +232,7 @@ TEST(RunOptions, Endpoints) {
 TEST(RunOptions, RdzvConfKnowsItsKeys) {
   RunOptions o = parse(
       "--rdzv-conf join_timeout=600,last_call_timeout=30,close_timeout=30,heartbeat_interval=1,"
-      "heartbeat_timeout=5,read_timeout=60,timeout=9,token_file=/t,is_host=true -- c");
+      "heartbeat_timeout=5,read_timeout=60,token_file=/t,is_host=true -- c");
   const RdzvConf& c = o.rdzv_conf;
   EXPECT_EQ(c.join_timeout, 600.0);
   EXPECT_EQ(c.last_call_timeout, 30.0);
@@ -240,10 +240,11 @@ TEST(RunOptions, RdzvConfKnowsItsKeys) {
   EXPECT_EQ(c.heartbeat_interval, 1.0);
   EXPECT_EQ(c.heartbeat_timeout, 5.0);
   EXPECT_EQ(c.read_timeout, 60.0);
-  EXPECT_EQ(c.timeout, 9.0);
   EXPECT_EQ(c.token_file, "/t");
   EXPECT_EQ(c.is_host, true);
-  EXPECT_EQ(c.keys.size(), 9u);
+  EXPECT_EQ(c.keys.size(), 8u);
+  EXPECT_EQ(parse("--rdzv-conf timeout=9 -- c").rdzv_conf.timeout, 9.0);  // join_timeout's old name
+  EXPECT_HAS(error_of("--rdzv-conf timeout=9,join_timeout=8 -- c"), "--rdzv-conf timeout");
   EXPECT_EQ(parse("--rdzv-conf insecure=1 -- c").rdzv_conf.insecure, true);
   std::string e = error_of("--rdzv-conf join_timeuot=5 -- c");
   EXPECT_HAS(e, "join_timeuot");
@@ -394,9 +395,8 @@ TEST(RefuseNotYet, NamesTheFlagOfEachMissingCapability) {
       {"-- c", "--standalone"},
       {"--nproc-per-node 2 -- c", "--standalone"},
       {"--standalone --rdzv-conf heartbeat_interval=1 -- c", "--rdzv-conf heartbeat_interval"},
-      {"--rdzv-endpoint h --rdzv-conf join_timeout=9,read_timeout=1 -- c",
-       "--rdzv-conf read_timeout"},
-      {"--rdzv-endpoint h --rdzv-conf is_host=1 -- c", "--rdzv-conf is_host"},
+      {"--rdzv-endpoint h --rdzv-conf join_timeout=9,close_timeout=1 -- c",
+       "--rdzv-conf close_timeout"},
       {"--standalone --monitor-interval 1 -- c", "--monitor-interval"},
   };
   for (const Case& c : cases) {
@@ -419,6 +419,7 @@ TEST(RefuseNotYet, ElasticFlagsPass) {
   EXPECT_EQ(not_yet("--rdzv-backend static -- c"), "");
   EXPECT_EQ(not_yet("--nnodes 2 --rdzv-endpoint h --rdzv-conf token_file=/t,join_timeout=9 -- c"),
             "");
+  EXPECT_EQ(not_yet("--rdzv-endpoint h --rdzv-conf timeout=9,read_timeout=1,is_host=0 -- c"), "");
 }
 
 TEST(RunOptions, EtcdTakesItsMembersAsAList) {

@@ -297,6 +297,25 @@ TEST(MultiNode, StaticRendezvousKeepsTheGivenNodeRanks) {
   fs::remove_all(d);
 }
 
+// --rdzv-conf is_host overrides "the first agent to bind hosts the store".
+TEST(MultiNode, IsHostDecidesWhichAgentServesTheStore) {
+  fs::path d = temp_dir("ishost");
+  Agents agents;
+  const int port = free_port();
+  pid_t a = agents.start(agent_args(port, "ishost", {"true"}, {"--rdzv-conf", "is_host=0"}),
+                         d / "a.log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a would have bound by now
+  pid_t b = agents.start(agent_args(port, "ishost", {"true"}, {"--rdzv-conf", "is_host=1"}),
+                         d / "b.log");
+  int ca = agents.wait(a), cb = agents.wait(b);
+  std::string la = slurp(d / "a.log"), lb = slurp(d / "b.log");
+  EXPECT_EQ(ca, 0) << la;
+  EXPECT_EQ(cb, 0) << lb;
+  EXPECT_EQ(la.find("serves the rendezvous store"), std::string::npos) << la;
+  EXPECT_NE(lb.find("serves the rendezvous store"), std::string::npos) << lb;
+  fs::remove_all(d);
+}
+
 TEST(MultiNode, WrongTokenFailsAtOnceNamingIt) {
   fs::path d = temp_dir("token");
   Agents agents;
