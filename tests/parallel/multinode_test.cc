@@ -302,8 +302,10 @@ TEST(MultiNode, IsHostDecidesWhichAgentServesTheStore) {
   fs::path d = temp_dir("ishost");
   Agents agents;
   const int port = free_port();
-  pid_t a = agents.start(agent_args(port, "ishost", {"true"}, {"--rdzv-conf", "is_host=0"}),
-                         d / "a.log");
+  // (--monitor-interval: how often each agent checks the rendezvous.)
+  pid_t a = agents.start(
+      agent_args(port, "ishost", {"true"}, {"--rdzv-conf", "is_host=0", "--monitor-interval", "0.05"}),
+      d / "a.log");
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a would have bound by now
   pid_t b = agents.start(agent_args(port, "ishost", {"true"}, {"--rdzv-conf", "is_host=1"}),
                          d / "b.log");

@@ -378,7 +378,7 @@ TEST(Supervision, LogDirRedirectsTeeAndRanksFilter) {
 }
 
 TEST(Supervision, WorkersSeeTorchrunsVariables) {
-  CommandResult r = run_weft("run --standalone --nproc-per-node 2 -- sh -c env");
+  CommandResult r = run_weft("run --standalone --nproc-per-node 2 --role trainer --no-python -- sh -c env");
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* kv :
        {"[rank 1] RANK=1", "[rank 1] LOCAL_RANK=1", "[rank 1] WORLD_SIZE=2",
@@ -386,7 +386,8 @@ TEST(Supervision, WorkersSeeTorchrunsVariables) {
         "[rank 1] ROLE_RANK=1", "[rank 1] ROLE_WORLD_SIZE=2", "[rank 1] MASTER_ADDR=127.0.0.1",
         "[rank 1] MASTER_PORT=", "[rank 1] TORCHELASTIC_RUN_ID=",
         "[rank 1] TORCHELASTIC_RESTART_COUNT=0", "[rank 1] TORCHELASTIC_MAX_RESTARTS=0",
-        "[rank 1] TORCHELASTIC_ERROR_FILE=", "[rank 1] WEFT_RANK=1", "[rank 1] WEFT_STORE_ADDR="})
+        "[rank 1] TORCHELASTIC_ERROR_FILE=", "[rank 1] WEFT_RANK=1", "[rank 1] WEFT_STORE_ADDR=",
+        "[rank 1] ROLE_NAME=trainer"})
     EXPECT_NE(r.out.find(kv), std::string::npos) << kv << "\n" << r.out;
   // MASTER_PORT is the store's port.
   size_t at = r.out.find("[rank 1] MASTER_PORT=");
