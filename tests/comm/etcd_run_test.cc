@@ -17,6 +17,7 @@
 
 #include "tests/comm/etcd_cluster.h"
 #include "tests/support/metrics_compare.h"
+#include "tests/support/agent_tests.h"
 #include "tests/support/run_weft.h"
 
 namespace weft::test {
@@ -25,52 +26,12 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kConfig = std::string(WEFT_SOURCE_DIR) + "/configs/gpt-layout.yaml";
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("weft_etcd_run_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& name) { return agent_test_dir("etcd_run", name); }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// The agents of one test, SIGKILLed (their workers die with them) and reaped however it ends.
-struct Agents {
-  std::vector<pid_t> pids;
-  ~Agents() {
-    for (pid_t p : pids)
-      if (p > 0) {
-        ::kill(p, SIGKILL);
-        ::waitpid(p, nullptr, 0);
-      }
-  }
-  pid_t start(const std::vector<std::string>& args, const fs::path& log) {
-    pids.push_back(start_weft(args, log.string(), {"WEFT_JOB_TOKEN=etcd-run-test-token"}));
-    return pids.back();
-  }
-  int wait(pid_t pid) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    for (pid_t& p : pids)
-      if (p == pid) p = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
+// The agents of one test, with the job token.
+struct EtcdAgents : Agents {
+  EtcdAgents() : Agents({"WEFT_JOB_TOKEN=etcd-run-test-token"}) {}
 };
-
-// Polls until `check()` or the process `pid` ended.
-template <typename F>
-bool wait_until(F check, pid_t pid) {
-  for (;;) {
-    if (check()) return true;
-    if (::waitpid(pid, nullptr, WNOHANG) == pid) return check();
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
 
 std::vector<std::string> train(const fs::path& d, int steps, const std::vector<std::string>& extra) {
   std::vector<std::string> c = {"weft", "train", "--config", kConfig,
@@ -119,7 +80,7 @@ TEST(EtcdRun, TrainingGoesOnWhenAnEtcdMemberDies) {
   const int steps = 300;
   reference(d, steps);
   EtcdCluster etcd(3);
-  Agents agents;
+  EtcdAgents agents;
   const auto cmd = train(d, steps, {"--set", "parallel.dp=2"});
   pid_t a = agents.start(agent(etcd, "2", "member", cmd), d / "a.log");
   pid_t b = agents.start(agent(etcd, "2", "member", cmd), d / "b.log");
@@ -147,7 +108,7 @@ TEST(EtcdRun, LosingTheNodeThatServesTheWorkersStoreIsARestart) {
   const int steps = 300;
   reference(d, steps);
   EtcdCluster etcd(1);
-  Agents agents;
+  EtcdAgents agents;
   const auto cmd = train(d, steps,
                          {"--set", "checkpoint.dir=" + (d / "ckpt").string(), "--set",
                           "checkpoint.every=10", "--set", "checkpoint.async=false"});

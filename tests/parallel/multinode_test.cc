@@ -19,6 +19,7 @@
 
 #include "core/io/metrics.h"
 #include "tests/support/metrics_compare.h"
+#include "tests/support/agent_tests.h"
 #include "tests/support/run_weft.h"
 
 namespace weft::test {
@@ -28,68 +29,12 @@ namespace fs = std::filesystem;
 const std::string kConfig = std::string(WEFT_SOURCE_DIR) + "/configs/gpt-layout.yaml";
 const std::string kToken = "WEFT_JOB_TOKEN=multinode-test-token";
 
-// A port nobody listens on now (the kernel's pick for port 0).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t n = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+fs::path temp_dir(const std::string& name) { return agent_test_dir("nodes", name); }
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d =
-      fs::temp_directory_path() / ("weft_nodes_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// The agents of one test: killed (with their workers, which die with them) and reaped
-// whatever happens to the test.
-struct Agents {
-  std::vector<pid_t> pids;
-  ~Agents() {
-    for (pid_t p : pids)
-      if (p > 0) {
-        ::kill(p, SIGKILL);
-        ::waitpid(p, nullptr, 0);
-      }
-  }
-  pid_t start(const std::vector<std::string>& args, const fs::path& log,
-              const std::vector<std::string>& env = {kToken}) {
-    pids.push_back(start_weft(args, log.string(), env));
-    return pids.back();
-  }
-  // Waits for `pid` and returns its exit code (128 + signal when killed).
-  int wait(pid_t pid) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    for (pid_t& p : pids)
-      if (p == pid) p = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
+// The agents of one test, with the job token.
+struct NodeAgents : Agents {
+  NodeAgents() : Agents({kToken}) {}
 };
-
-// Polls `log` until it holds `text` (or the process wrote nothing more and ended).
-bool wait_for(const fs::path& log, const std::string& text, pid_t pid) {
-  for (;;) {
-    if (slurp(log).find(text) != std::string::npos) return true;
-    if (::waitpid(pid, nullptr, WNOHANG) == pid) return slurp(log).find(text) != std::string::npos;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
 
 std::vector<std::string> agent_args(int port, const std::string& id,
                                     const std::vector<std::string>& command,
@@ -129,7 +74,7 @@ TEST(MultiNode, TwoAgentsTrainLikeOneProcess) {
                                "train.out_dir=" +
                                (d / "one").string());
   ASSERT_EQ(one.code, 0) << one.out;
-  Agents agents;
+  NodeAgents agents;
   const int port = free_port();
   pid_t a = agents.start(agent_args(port, "match", train(d / "two", 4)), d / "a.log");
   pid_t b = agents.start(agent_args(port, "match", train(d / "two", 4)), d / "b.log");
@@ -151,7 +96,7 @@ TEST(MultiNode, TwoAgentsTrainLikeOneProcess) {
 
 TEST(MultiNode, LostNodeStopsTheOthersNamingIt) {
   fs::path d = temp_dir("lost");
-  Agents agents;
+  NodeAgents agents;
   const int port = free_port();
   const std::vector<std::string> conf = {"--rdzv-conf",
                                          "heartbeat_interval=0.5,heartbeat_timeout=3"};
@@ -173,7 +118,7 @@ TEST(MultiNode, LostNodeStopsTheOthersNamingIt) {
 // say whose it was.
 TEST(MultiNode, LostStoreHostIsNamed) {
   fs::path d = temp_dir("host");
-  Agents agents;
+  NodeAgents agents;
   const int port = free_port();
   pid_t a = agents.start(agent_args(port, "host", train(d / "out", 1000000)), d / "a.log");
   ASSERT_TRUE(wait_for(d / "a.log", "serves the rendezvous store", a)) << slurp(d / "a.log");
@@ -194,7 +139,7 @@ TEST(MultiNode, LostStoreHostIsNamed) {
 
 TEST(MultiNode, WorkerFailureOnOneNodeStopsTheOthers) {
   fs::path d = temp_dir("fail");
-  Agents agents;
+  NodeAgents agents;
   const int port = free_port();
   // Node 1's worker fails (after a second, so that both agents are usually past the
   // rendezvous by then; either way is checked); node 0's would run for ten minutes.
@@ -241,7 +186,7 @@ TEST(MultiNode, FailedWorkerRestartsEveryNodeFromTheLatestCheckpoint) {
       "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && [ \"$GROUP_RANK\" = 1 ]; then " + cmd +
       " & t=$!; while [ ! -d " + (d / "ckpt" / "step-00000050").string() +
       " ]; do sleep 0.02; done; kill -9 $t; exit 5; fi; exec " + cmd;
-  Agents agents;
+  NodeAgents agents;
   const int port = free_port();
   const std::vector<std::string> extra = {"--max-restarts", "1"};
   pid_t a = agents.start(agent_args(port, "restart", {"sh", "-c", worker}, extra), d / "a.log");
@@ -267,7 +212,7 @@ TEST(MultiNode, FailedWorkerRestartsEveryNodeFromTheLatestCheckpoint) {
 // taken rank is refused naming --node-rank.
 TEST(MultiNode, StaticRendezvousKeepsTheGivenNodeRanks) {
   fs::path d = temp_dir("static");
-  Agents agents;
+  NodeAgents agents;
   const int port = free_port();
   auto node = [&](int rank, const std::string& command) {
     return std::vector<std::string>{"run", "--rdzv-backend", "static", "--nnodes", "2",
@@ -300,7 +245,7 @@ TEST(MultiNode, StaticRendezvousKeepsTheGivenNodeRanks) {
 // --rdzv-conf is_host overrides "the first agent to bind hosts the store".
 TEST(MultiNode, IsHostDecidesWhichAgentServesTheStore) {
   fs::path d = temp_dir("ishost");
-  Agents agents;
+  NodeAgents agents;
   const int port = free_port();
   // (--monitor-interval: how often each agent checks the rendezvous.)
   pid_t a = agents.start(
@@ -320,7 +265,7 @@ TEST(MultiNode, IsHostDecidesWhichAgentServesTheStore) {
 
 TEST(MultiNode, WrongTokenFailsAtOnceNamingIt) {
   fs::path d = temp_dir("token");
-  Agents agents;
+  NodeAgents agents;
   const int port = free_port();
   pid_t a = agents.start(agent_args(port, "token", {"true"}), d / "a.log");
   ASSERT_TRUE(wait_for(d / "a.log", "serves the rendezvous store", a)) << slurp(d / "a.log");
