@@ -18,6 +18,7 @@
 #include "launch/args.h"
 #include "launch/bench_checkpoint.h"
 #include "launch/bench_comm.h"
+#include "launch/bench_elastic.h"
 #include "launch/bench_memory_traces.h"
 #include "launch/bench_scaling.h"
 #include "launch/bench_store.h"
@@ -93,8 +94,9 @@ int run_worker(const Args& a) {
   return 0;
 }
 
-// Every benchmark a user can name, with its help. comm, scaling and store print their own
-// longer help (bench_comm.cc, bench_scaling.cc, bench_store_scale.cc); the others' is here.
+// Every benchmark a user can name, with its help. comm, scaling, store and elastic print their
+// own longer help (bench_comm.cc, bench_scaling.cc, bench_store_scale.cc, bench_elastic.cc); the
+// others' is here.
 struct Bench {
   const char* name;
   const char* help;  // nullptr: the benchmark prints its own on --help
@@ -124,6 +126,7 @@ const Bench kBenches[] = {
      "  --quick   small models, a few seconds     --dir DIR  scratch folder (default $TMPDIR)\n"},
     {"scaling", nullptr},
     {"store", nullptr},
+    {"elastic", nullptr},
 };
 
 std::string bench_names() {
@@ -153,6 +156,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
         "usage: weft bench store [--clients 1000,10000] [--seconds S] [--load-clients N]\n"
         "  1K and 10K authenticated clients completing a rendezvous (time, vs PyTorch's libuv\n"
         "  TCPStore); set/get/add ops/s under 1K concurrent clients.\n"
+        "usage: weft bench elastic --mode restart [--nodes N] [--params P] [--set K=V]...\n"
+        "  a node's death to the first step of the new world (~350M parameters, Adam), split\n"
+        "  into detect / rendezvous / restart / load / first step: the restart baseline.\n"
         "Run `weft bench NAME --help` for one benchmark's options.\n",
         out);
     return argv.empty() ? 2 : 0;
@@ -178,6 +184,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (name == "checkpoint") return run_checkpoint_bench(rest);
   if (name == "scaling") return run_scaling(argv);
   if (name == "store") return run_store_benchmark(rest);
+  if (name == "elastic") return run_elastic_bench(rest);
   return run_train_comparison(Args(
       rest, {"--configs", "--threads", "--steps", "--torch-script", "--python"}, {"--no-torch"}));
 }

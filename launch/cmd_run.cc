@@ -70,6 +70,8 @@ int run_standalone(const RunOptions& o, SupervisorOptions so) {
                    out.cause.c_str(), so.restart_count, o.max_restarts);
       continue;
     }
+    if (out.end == Outcome::End::kFailed && o.max_restarts > 0 && !stop_requested())
+      out.verdict += str("; no restarts left (--max-restarts ", o.max_restarts, ")");
     if (!out.verdict.empty()) std::fprintf(stderr, "weft run: failed: %s\n", out.verdict.c_str());
     return out.code;
   }

@@ -459,7 +459,11 @@ int NodeAgent::run() {
         if (!next.restart) return finish(out.code, out.verdict, next.close);
         break;
       case Outcome::End::kFailed:
-        if (!elastic_ || failures >= o_.max_restarts) break;
+        if (!elastic_) break;
+        if (failures >= o_.max_restarts) {  // say so, here and in the others' reason
+          const std::string left = str("; no restarts left (--max-restarts ", o_.max_restarts, ")");
+          return finish(out.code, out.verdict + left, true, out.cause + left);
+        }
         next.why = str("node ", me_, ": ", out.cause);
         next.restart = next.failure = true;
         // Ask every node for the next round (once: a node that lost the race to bump it

@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -140,10 +141,15 @@ Guardian::Guardian() {
   }
   ::close(p[0]);
   fd_ = p[1];
+  pid_ = pid;
 }
 
 Guardian::~Guardian() {
   if (fd_ >= 0) ::close(fd_);
+  // The guardian's loop ends on the closed pipe; it only signals groups before it exits.
+  if (pid_ > 0)
+    while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
+    }
 }
 
 void Guardian::send(int op, pid_t pgid) {

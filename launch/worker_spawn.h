@@ -30,13 +30,17 @@ SpawnedWorker spawn_worker(const std::vector<std::string>& command,
 class Guardian {
  public:
   Guardian();  // forks the guardian; throws IoError on failure
-  ~Guardian();  // closes the pipe: whatever groups are still watched get SIGKILL
+  // Closes the pipe (whatever groups are still watched get SIGKILL) and reaps the guardian,
+  // which exits at once on end of file: an agent that restarts its workers makes one per
+  // attempt, and an unreaped one stays a zombie for the agent's whole life.
+  ~Guardian();
   void watch(pid_t pgid);
   void release(pid_t pgid);  // the agent cleaned this group itself
 
  private:
   void send(int op, pid_t pgid);
   int fd_ = -1;
+  pid_t pid_ = -1;
 };
 
 // The descriptor the heartbeat socket has in a worker.

@@ -1,0 +1,88 @@
+// `weft bench elastic --mode restart` end to end with a tiny model: three agents, one killed
+// after the first checkpoint, and a table with the five phases and the total. Structure and
+// non-negative times, not timing.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/run_weft.h"
+
+namespace {
+
+// The cells of the table line whose first cell is `name` ("detect    |  1.791 | 73.2% | a
+// survivor's ..." -> {"detect", "1.791", "73.2%", "a survivor's ..."}); empty when none.
+// Phases have 4 cells, the published references 3 (reference | seconds | this / it).
+std::vector<std::string> row(const std::string& out, const std::string& name) {
+  std::stringstream lines(out);
+  for (std::string l; std::getline(lines, l);) {
+    std::vector<std::string> cells;
+    std::stringstream parts(l);
+    for (std::string c; std::getline(parts, c, '|');) {
+      size_t a = c.find_first_not_of(' '), b = c.find_last_not_of(' ');
+      cells.push_back(a == std::string::npos ? "" : c.substr(a, b - a + 1));
+    }
+    if (cells.size() >= 3 && cells[0] == name) return cells;
+  }
+  return {};
+}
+
+TEST(BenchElastic, TinyRestartPrintsFivePhasesAndTheTotal) {
+  weft::test::CommandResult r = weft::test::run_weft(
+      "bench elastic --mode restart --set model.layers=2 --set model.dim=32 --set model.heads=2 "
+      "--set model.vocab=256 --heartbeat-timeout 2 --timeout 240");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("3 nodes x 1 worker on 127.0.0.1: weft run --nnodes 2:3 --max-restarts 1"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("killed node "), std::string::npos) << r.out;
+  ASSERT_FALSE(row(r.out, "phase").empty()) << r.out;
+  double sum = 0;
+  for (const char* phase : {"detect", "rendezvous", "restart", "load", "first step"}) {
+    std::vector<std::string> v = row(r.out, phase);
+    ASSERT_EQ(v.size(), 4u) << phase << "\n" << r.out;
+    EXPECT_GE(std::stod(v[1]), 0) << phase;
+    EXPECT_EQ(v[2].back(), '%') << phase;
+    EXPECT_GE(std::stod(v[2]), 0) << phase;
+    EXPECT_FALSE(v[3].empty()) << phase;
+    sum += std::stod(v[1]);
+  }
+  std::vector<std::string> total = row(r.out, "total");
+  ASSERT_EQ(total.size(), 4u) << r.out;
+  EXPECT_GT(std::stod(total[1]), 0);
+  EXPECT_NEAR(sum, std::stod(total[1]), 0.01) << r.out;  // the phases split the total
+  // It resumed from the checkpoint in a world of two, and says what it is the baseline of.
+  EXPECT_NE(r.out.find("every survivor is a node of epoch 2 (2 nodes)"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("online resharding must beat"), std::string::npos) << r.out;
+  std::vector<std::string> ref = row(r.out, "DynaTrain online switch, 235B MoE");
+  ASSERT_EQ(ref.size(), 3u) << r.out;
+  EXPECT_EQ(std::stod(ref[1]), 4.36);
+  EXPECT_NE(ref[2].find("x (total)"), std::string::npos) << ref[2];
+}
+
+TEST(BenchElastic, OtherModesAreRefusedAsNotYet) {
+  weft::test::CommandResult r = weft::test::run_weft("bench elastic --mode reshard");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("not yet: online resharding is the next issue"), std::string::npos) << r.out;
+  weft::test::CommandResult two = weft::test::run_weft("bench elastic --mode restart --nodes 2");
+  EXPECT_EQ(two.code, 2) << two.out;
+  EXPECT_NE(two.out.find("--nodes"), std::string::npos) << two.out;
+  // A model this machine cannot hold for three ranks is refused before anything starts.
+  weft::test::CommandResult big = weft::test::run_weft("bench elastic --params 1000B");
+  EXPECT_EQ(big.code, 2) << big.out;
+  EXPECT_NE(big.out.find("available"), std::string::npos) << big.out;
+}
+
+TEST(BenchElastic, HelpNamesTheOptions) {
+  weft::test::CommandResult help = weft::test::run_weft("bench elastic --help");
+  ASSERT_EQ(help.code, 0) << help.out;
+  for (const char* opt : {"--mode", "--nodes", "--config", "--params", "--set", "--threads",
+                          "--heartbeat-timeout", "--timeout", "--dir"})
+    EXPECT_NE(help.out.find(opt), std::string::npos) << opt;
+  weft::test::CommandResult all = weft::test::run_weft("bench --help");
+  EXPECT_NE(all.out.find("weft bench elastic"), std::string::npos) << all.out;
+}
+
+}  // namespace
