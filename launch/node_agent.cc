@@ -159,6 +159,7 @@ class NodeAgent {
   bool finishing(const comm::Membership& m);
   void mark_exited(int rc);
   int finish(int rc, const std::string& verdict, bool close, const std::string& reason = "");
+  int64_t current_round();
   std::string exited_key(const std::string& node) const { return prefix_ + "/exited/" + node; }
 
   const RunOptions& o_;
@@ -313,10 +314,21 @@ bool NodeAgent::finishing(const comm::Membership& m) {
   return false;
 }
 
+// The restart round (rdzv/<id>/round), "0" when no agent wrote it yet. Read by compare_set,
+// not add(key, 0): that add is a read-modify-write, which an EtcdStore never sends twice, so
+// one in flight when the etcd member it went to died, froze, or lost its leader threw "may or
+// may not have been applied", and the monitor took that for a lost store and stopped this
+// node for good. A compare_set that writes only to an absent key is safe to send again, so it
+// fails over to the next member like a read.
+int64_t NodeAgent::current_round() {
+  return std::stoll(comm::to_string(
+      store_->compare_set(key_ + "round", {}, comm::to_bytes(std::string("0")))));
+}
+
 // Elastic: a restart round asked for by another node, or a new membership epoch.
 Stop NodeAgent::watch_elastic(const comm::Membership& m, int64_t round) {
   if (finishing(m)) return {};
-  const int64_t now = store_->add(key_ + "round", 0);
+  const int64_t now = current_round();
   if (now > round) {
     const std::string why_key = key_ + "round_reason/" + std::to_string(now);
     std::string why = store_->check({why_key}) ? comm::to_string(store_->get(why_key)) : "";
@@ -426,7 +438,7 @@ int NodeAgent::run() {
   const std::string round_key = key_ + "round";
   int failures = 0;  // restarts used by failures, against --max-restarts
   for (;;) {
-    const int64_t round = store_->add(round_key, 0);
+    const int64_t round = current_round();
     prefix_ = m.store_prefix + "/round/" + std::to_string(round);
     last_ = m;
     // Static: the node's place is --node-rank (claimed once, claim_static_rank); else the
