@@ -168,12 +168,10 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
     core::StepStats st = trainer.step(train_batch);
     // Every rank has the same statistics, so every rank reaches the same verdict.
     NonfiniteGuard::Verdict verdict = guard.observe(st);
-    std::string first_bad;
-    if (verdict == NonfiniteGuard::Verdict::kStop)
-      first_bad = trainer.first_nonfinite_gradient();  // collective, on the failure path only
-    else
-      ckpt.after_step();  // checkpoint.every: every rank writes its shard, rank 0 commits
-    if (saved_by_every(spec, trainer.current_step())) saved_at = trainer.current_step();
+    // The step's line is written before the checkpoint that covers it: a restart resumes from
+    // the newest checkpoint and rewrites only the lines from there on, so a line due before it
+    // must already be in the file. (A peer lost during the save's collectives after rank 0
+    // committed the folder would otherwise leave the step without a line for good.)
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (lead) {
       core::io::StepMetrics m;
@@ -206,6 +204,12 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
             secs * 1e3);
       std::fflush(stdout);
     }
+    std::string first_bad;
+    if (verdict == NonfiniteGuard::Verdict::kStop)
+      first_bad = trainer.first_nonfinite_gradient();  // collective, on the failure path only
+    else
+      ckpt.after_step();  // checkpoint.every: every rank writes its shard, rank 0 commits
+    if (saved_by_every(spec, trainer.current_step())) saved_at = trainer.current_step();
     if (verdict == NonfiniteGuard::Verdict::kStop) throw Error(guard.stop_message(st, first_bad));
     bool last = trainer.current_step() == spec.train.steps;
     if (data.has_val() && spec.train.eval_every > 0 &&
