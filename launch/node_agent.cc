@@ -361,6 +361,7 @@ Stop NodeAgent::watch_fixed(const comm::Membership& m) {
 }
 
 std::string NodeAgent::monitor(const comm::Membership& m, int64_t round) {
+  const auto t0 = Clock::now();
   try {
     stop_ = elastic_ ? watch_elastic(m, round) : watch_fixed(m);
   } catch (const comm::QuorumLostError& e) {
@@ -368,7 +369,21 @@ std::string NodeAgent::monitor(const comm::Membership& m, int64_t round) {
   } catch (const comm::RendezvousClosedError& e) {
     stop_ = Stop{std::string("the job was stopped by another node: ") + e.what()};
   } catch (const TimeoutError& e) {
-    stop_ = Stop{e.what()};
+    // The store left a call unanswered for its whole reply timeout (heartbeat_timeout, see
+    // run()): this node's lease cannot be renewed either, so the others re-form without it.
+    // It stops without closing the job: the job is the majority's, and a close sent once a
+    // partition heals would end it. Otherwise the rendezvous gave up re-forming: fatal.
+    if (Clock::now() - t0 >= store_->timeout())
+      stop_ = Stop{str("node ", me_, " lost quorum: the rendezvous store at ", where_,
+                       " (hosted by node ", store_node_, ") did not answer it within ",
+                       seconds(ro_.heartbeat_timeout),
+                       " s (heartbeat_timeout): it is cut off from the store (a partition: the "
+                       "others re-form without it once its heartbeat expires), or the store's "
+                       "host hangs; it stops itself so that there is never a split brain (",
+                       e.what(), ")"),
+                   false, false, /*close=*/false};
+    else
+      stop_ = Stop{e.what()};
   } catch (const std::exception& e) {
     stop_ = Stop{str("lost the rendezvous store at ", where_, " (hosted by node ", store_node_,
                      ", which is gone or unreachable): ", e.what()),
@@ -422,6 +437,10 @@ int NodeAgent::run() {
   if (static_) claim_static_rank();  // before joining: a node with a taken rank never joins
   comm::Membership m = join();
   if (store_->check({host_key})) store_node_ = comm::to_string(store_->get(host_key));
+  // A member waits for a store reply no longer than its lease: a node the store cannot
+  // answer for heartbeat_timeout is lost to the others by then, so it must stop too, not
+  // wait join_timeout per call (default 600 s) while they go on without it (monitor()).
+  store_->set_timeout(ro_.heartbeat_timeout);
   std::fprintf(stderr,
                "weft run: node %s is node %d of %d (rendezvous %s at %s, epoch %lld) after "
                "%.2f s\n",
