@@ -244,6 +244,9 @@ void NodeAgent::place_workers_store(const comm::Membership& m) {
     const std::string here = parallel::address_toward(o_.rdzv_host, uint16_t(port_));
     store_->set(key, comm::to_bytes(here + ":" + std::to_string(workers_server_->port())));
   }
+  // Node 0 publishes it once its previous attempt's workers are gone, which may take
+  // --grace: wait as long as a rendezvous may, not a store call's heartbeat-long timeout.
+  store_->wait({key}, ro_.join_timeout);
   const std::string addr = comm::to_string(store_->get(key));
   const size_t colon = addr.rfind(':');
   so_.store_host = addr.substr(0, colon);
