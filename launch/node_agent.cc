@@ -200,8 +200,8 @@ void NodeAgent::serve_store_if_first() {
     std::fprintf(stderr, "weft run: node %s serves the rendezvous store on %s:%d\n", me_.c_str(),
                  sso.host.c_str(), port_);
   } catch (const comm::AddressInUseError& e) {
-    // Static: node rank 0 is the store's host by definition; anyone else on the port is
-    // not this job's store.
+    // An agent told to host (is_host), or static's node rank 0 (the store's host by
+    // definition): anyone else on the port is not this job's store.
     if (o_.rdzv_conf.is_host.value_or(false))
       throw ConfigError("--rdzv-conf is_host", str("this agent must host the store, but ", host_,
                                                    ":", port_, " is taken (", e.what(), ")"));
@@ -233,15 +233,16 @@ void NodeAgent::place_workers_store(const comm::Membership& m) {
   }
   const std::string key = prefix_ + "/workers_store";
   if (m.index == 0) {
+    // The address the other nodes reach this one on (toward the first etcd member), and
+    // the only one the store listens on.
+    const std::string here = parallel::address_toward(o_.rdzv_host, uint16_t(port_));
     if (!workers_server_) {
       comm::TCPStoreServerOptions sso;
-      sso.host = "0.0.0.0";
+      sso.host = here;
       sso.token = token_;
       sso.insecure = o_.rdzv_conf.insecure.value_or(false) && token_.empty();
       workers_server_ = std::make_unique<comm::TCPStoreServer>(sso);
     }
-    // The address the other nodes reach this one on: toward the first etcd member.
-    const std::string here = parallel::address_toward(o_.rdzv_host, uint16_t(port_));
     store_->set(key, comm::to_bytes(here + ":" + std::to_string(workers_server_->port())));
   }
   // Node 0 publishes it once its previous attempt's workers are gone, which may take
