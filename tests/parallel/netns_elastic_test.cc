@@ -24,6 +24,7 @@
 #include "comm/store/tcp_store.h"
 #include "core/io/metrics.h"
 #include "tests/support/metrics_compare.h"
+#include "tests/support/agent_tests.h"
 #include "tests/support/netns.h"
 #include "tests/support/run_weft.h"
 
@@ -63,20 +64,7 @@ constexpr double kPatience = 100;
     ASSERT_EQ(::access(WEFT_BINARY, X_OK), 0) << WEFT_BINARY << " is built with the tests"; \
   } while (0)
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d =
-      fs::temp_directory_path() / ("weft_netns_elastic_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+fs::path temp_dir(const std::string& name) { return agent_test_dir("netns_elastic", name); }
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
