@@ -60,6 +60,7 @@ int run_standalone(const RunOptions& o, SupervisorOptions so) {
   so.store_host = "127.0.0.1";
   so.store_port = server.port();
   so.max_restarts = o.max_restarts;
+  if (o.given("--monitor-interval")) so.poll_s = o.monitor_interval;
   for (;;) {
     Outcome out = supervise(so);
     if (out.end == Outcome::End::kFailed && so.restart_count < o.max_restarts &&

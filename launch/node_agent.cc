@@ -276,19 +276,22 @@ void NodeAgent::claim_static_rank() {
 // for a member to go, however long that takes; join_timeout bounds only a rendezvous that
 // lacks nodes).
 comm::Membership NodeAgent::join() {
-  for (bool said = false;;) {
+  auto full = [&](const comm::MembershipRecord& r) {
+    return !r.closed && r.epoch > 0 && int(r.members.size()) >= ro_.max_nodes &&
+           !r.rank_of(me_);
+  };
+  comm::MembershipRecord r = rdzv_->read_record();
+  if (full(r))  // said at once: join() below may wait for a free slot for a long time
+    std::fprintf(stderr,
+                 "weft run: node %s waits as a spare: the membership of epoch %lld is full at "
+                 "%d nodes (--nnodes %d:%d)\n",
+                 me_.c_str(), (long long)r.epoch, ro_.max_nodes, ro_.min_nodes, ro_.max_nodes);
+  std::fflush(stderr);
+  for (;;) {
     try {
       return rdzv_->join();
     } catch (const TimeoutError&) {
-      comm::MembershipRecord r = rdzv_->read_record();
-      const bool spare = !r.closed && r.epoch > 0 && int(r.members.size()) >= ro_.max_nodes;
-      if (!spare) throw;
-      if (!said)
-        std::fprintf(stderr,
-                     "weft run: node %s waits as a spare: the membership of epoch %lld is full "
-                     "at %d nodes (--nnodes %d:%d)\n",
-                     me_.c_str(), (long long)r.epoch, ro_.max_nodes, ro_.min_nodes, ro_.max_nodes);
-      said = true;
+      if (!full(rdzv_->read_record())) throw;
     }
   }
 }

@@ -434,8 +434,10 @@ const Support kSupport[] = {
     {"--nnodes", true, [](const RunOptions& o) { return o.nnodes_max > 1; }, ""},
     {"--max-restarts", true, [](const RunOptions& o) { return o.max_restarts > 0; }, ""},
     {"--rdzv-endpoint", true, [](const RunOptions& o) { return !o.rdzv_host.empty(); }, ""},
-    {"--monitor-interval", true,
-     [](const RunOptions& o) { return !o.standalone && o.given("--monitor-interval"); }, ""},
+    // How often the agent looks at the rendezvous (several nodes) or its workers (standalone,
+    // default 20 ms there).
+    {"--monitor-interval", true, [](const RunOptions& o) { return o.given("--monitor-interval"); },
+     ""},
     {"--rdzv-conf", true,
      [](const RunOptions& o) { return !o.rdzv_conf.keys.empty() && unsupported_conf_key(o).empty(); },
      ""},
@@ -468,10 +470,6 @@ const Support kSupport[] = {
      "join_timeout (or timeout), last_call_timeout, heartbeat_interval, heartbeat_timeout, "
      "read_timeout, token_file, insecure and is_host; "
      "--standalone takes none); drop it"},
-    {"--monitor-interval", false,
-     [](const RunOptions& o) { return o.standalone && o.given("--monitor-interval"); },
-     "with --standalone is not yet adjustable (weft run watches its workers every 20 ms); drop "
-     "it (with --rdzv-endpoint it is how often the rendezvous is checked for lost nodes)"},
 };
 
 }  // namespace

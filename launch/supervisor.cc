@@ -238,7 +238,7 @@ Outcome supervise(const SupervisorOptions& o) {
       if (w.err->fd() >= 0) pfds.push_back({w.err->fd(), POLLIN, 0});
       if (w.beat_fd >= 0) pfds.push_back({w.beat_fd, POLLIN, 0});
     }
-    ::poll(pfds.data(), pfds.size(), 20);
+    ::poll(pfds.data(), pfds.size(), std::max(1, int(o.poll_s * 1000)));
     auto now = Clock::now();
     for (Worker& w : workers) {
       w.out->pump();

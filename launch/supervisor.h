@@ -34,6 +34,9 @@ struct SupervisorOptions {
   // takes that as the root cause. Must not throw.
   std::function<std::string()> monitor;
   double monitor_interval_s = 0.1;
+  // How long the agent waits for worker output, heartbeats or exits before it looks again
+  // (signals, deadlines): --monitor-interval with --standalone; 20 ms by default.
+  double poll_s = 0.02;
   double settle_s = 0;
   // Restarts (torchrun's TORCHELASTIC_RESTART_COUNT / _MAX_RESTARTS): which attempt this
   // is; logs and error files go to <log dir>/attempt_<restart_count>/rank_<r>/.

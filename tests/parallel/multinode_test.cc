@@ -263,6 +263,48 @@ TEST(MultiNode, IsHostDecidesWhichAgentServesTheStore) {
   fs::remove_all(d);
 }
 
+// Nodes beyond MAX wait as spares; when a member is lost, the survivors (a majority) admit
+// the spare in the next epoch, which takes the lost node's place.
+TEST(MultiNode, SpareBeyondMaxIsAdmittedWhenAMemberIsLost) {
+  fs::path d = temp_dir("spare");
+  NodeAgents agents;
+  const int port = free_port();
+  const std::string worker = "echo world $GROUP_WORLD_SIZE epoch $WEFT_RDZV_EPOCH; while [ ! -f " +
+                             (d / "done").string() + " ]; do sleep 0.05; done";
+  auto args = [&] {
+    std::vector<std::string> a = agent_args(
+        port, "spare", {"sh", "-c", worker},
+        {"--max-restarts", "1", "--rdzv-conf",
+         "heartbeat_interval=0.5,heartbeat_timeout=2,last_call_timeout=0.5,join_timeout=60"});
+    a[2] = "2:3";  // --nnodes
+    return a;
+  };
+  std::vector<pid_t> p;
+  for (int i = 0; i < 3; ++i) {
+    p.push_back(agents.start(args(), d / (std::to_string(i) + ".log")));
+    if (i == 0) ASSERT_TRUE(wait_for(d / "0.log", "serves the rendezvous store", p[0]));
+  }
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(wait_for(d / (std::to_string(i) + ".log"), "world 3 epoch 1", p[size_t(i)]))
+        << slurp(d / (std::to_string(i) + ".log"));
+  pid_t spare = agents.start(args(), d / "spare.log");
+  ASSERT_TRUE(wait_for(d / "spare.log", "waits as a spare", spare)) << slurp(d / "spare.log");
+  ::kill(p[2], SIGKILL);  // a member that does not host the store
+  agents.wait(p[2]);
+  ASSERT_TRUE(wait_for(d / "spare.log", "world 3 epoch 2", spare)) << slurp(d / "spare.log");
+  std::ofstream(d / "done") << "1";
+  EXPECT_EQ(agents.wait(spare), 0) << slurp(d / "spare.log");
+  for (int i = 0; i < 2; ++i) {
+    const std::string log = slurp(d / (std::to_string(i) + ".log"));
+    EXPECT_EQ(agents.wait(p[size_t(i)]), 0) << log;
+    EXPECT_NE(log.find("membership changed: epoch 1 -> 2, 3 -> 3 nodes (lost " + node_id(p[2]) +
+                       ") (joined " + node_id(spare) + ")"),
+              std::string::npos)
+        << log;
+  }
+  fs::remove_all(d);
+}
+
 TEST(MultiNode, WrongTokenFailsAtOnceNamingIt) {
   fs::path d = temp_dir("token");
   NodeAgents agents;

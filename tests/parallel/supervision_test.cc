@@ -405,7 +405,7 @@ TEST(Supervision, StandaloneRestartsFailedAttemptsUpToMaxRestarts) {
       "sh -c 'echo attempt $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS prefix "
       "[$WEFT_STORE_PREFIX]; if [ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $RANK = 1 ]; then "
       "exit 3; fi'";
-  CommandResult r = run_weft("run --standalone --nproc-per-node 2 --max-restarts 2 --log-dir " +
+  CommandResult r = run_weft("run --standalone --nproc-per-node 2 --max-restarts 2 --monitor-interval 0.05 --log-dir " +
                              d.string() + " --tee 3 -- " + worker);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("restarting the workers (1 of --max-restarts 2)"), std::string::npos)
