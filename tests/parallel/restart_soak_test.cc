@@ -194,7 +194,13 @@ void expect_no_growth(const Agent& a, const std::string& name) {
   EXPECT_EQ(late.fds, early.fds) << name << "\n" << series;
   EXPECT_EQ(late.threads, early.threads) << name << "\n" << series;
   EXPECT_EQ(late.children, early.children) << name << "\n" << series;
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer holds freed memory in its quarantine (up to 256 MiB), so RSS grows by
+  // every attempt's frees; its LeakSanitizer checks the agents' leaks at exit instead.
+  (void)kRssSlackKib;
+#else
   EXPECT_LE(late.rss_kib, early.rss_kib + kRssSlackKib) << name << "\n" << series;
+#endif
 }
 
 TEST(RestartSoak, TwoAgentsRestartTwentyTimesWithoutGrowing) {
