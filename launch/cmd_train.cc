@@ -120,13 +120,14 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
   core::cpu::set_num_threads(int(spec.train.threads));
   core::data::TokenDataset data = core::data::TokenDataset::load(spec);
   parallel::WorkerWorld world(env, comm::Millis(env_int("WEFT_COMM_TIMEOUT_MS", 60'000)));
-  parallel::ParallelTrainer trainer(spec, world.comm());
+  // checkpoint.every and --resume: each rank saves and loads its own VPS boxes (collective).
+  // A restarted attempt (weft run) resumes from checkpoint.dir's latest checkpoint, which
+  // sets every parameter: seeding them first would be work thrown away.
+  const std::string resume = resume_source(spec, env, args.get_or("--resume", ""));
+  parallel::ParallelTrainer trainer(spec, world.comm(), /*seed_parameters=*/resume.empty());
   if (args.has("--init-weights"))
     trainer.load_weights(core::io::load_safetensors(args.get("--init-weights"), "--init-weights"),
                          "--init-weights");
-  // checkpoint.every and --resume: each rank saves and loads its own VPS boxes (collective).
-  // A restarted attempt (weft run) resumes from checkpoint.dir's latest checkpoint.
-  const std::string resume = resume_source(spec, env, args.get_or("--resume", ""));
   if (lead) print_attempt(spec, env, resume);
   checkpoint::ParallelCheckpoints ckpt(spec, trainer, resume);
 

@@ -48,7 +48,8 @@ std::vector<T> all_gather_values(comm::Communicator& c, const std::vector<T>& mi
 
 }  // namespace
 
-ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& world)
+ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& world,
+                                 bool seed_parameters)
     : spec_(spec), world_(world) {
   if (spec_.train.dtype != "f32")
     throw ConfigError("train.dtype", "'" + spec_.train.dtype +
@@ -61,7 +62,7 @@ ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& 
   check_memory_budget();
   groups_ = std::make_unique<ProcessGroups>(world_, *plan_);
   exec_ = std::make_unique<RankExecutor>(*plan_, mg_.graph, world_.rank(), world_, *groups_);
-  exec_->init_parameters(spec_.train.seed);
+  if (seed_parameters) exec_->init_parameters(spec_.train.seed);
   std::vector<int> losses = mg_.aux_losses;
   losses.push_back(mg_.loss);
   exec_->set_loss_values(losses);

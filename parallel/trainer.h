@@ -27,8 +27,11 @@ class ParallelTrainer {
   // degrees that do not fit the world or the model, and for a layout whose peak memory on
   // some rank exceeds WEFT_MEMORY_GIB when set; all before any communication), refuses a
   // plan that fails validation, splits the process groups and seeds the parameters.
-  // `world` must outlive the trainer.
-  ParallelTrainer(const core::JobSpec& spec, comm::Communicator& world);
+  // `world` must outlive the trainer. `seed_parameters` false leaves them unset, for a caller
+  // that loads every one of them next (resuming from a checkpoint: seeding 354M parameters
+  // takes about 45 s on one core, all of it overwritten by the load).
+  ParallelTrainer(const core::JobSpec& spec, comm::Communicator& world,
+                  bool seed_parameters = true);
   ~ParallelTrainer();
 
   // One optimizer step on the global batch of current_step(); advances the step. Collective.
