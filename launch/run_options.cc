@@ -358,6 +358,11 @@ void validate(RunOptions& o) {
       !o.given("--rdzv-endpoint"))
     throw ConfigError("--rdzv-endpoint", "--rdzv-backend etcd needs the etcd server: "
                                          "--rdzv-endpoint HOST:2379");
+  if (o.rdzv_conf.is_host && o.rdzv_backend != RdzvBackend::kC10d)
+    throw ConfigError(o.name("--rdzv-conf") + " is_host",
+                      "chooses which agent hosts the c10d store; with static, node rank 0 "
+                      "hosts it, and with etcd, node 0 of each epoch serves the workers' store: "
+                      "drop it");
   if (o.rdzv_endpoints.size() > 1 && o.rdzv_backend != RdzvBackend::kEtcd)
     throw ConfigError(o.name("--rdzv-endpoint"),
                       "a list of endpoints names an etcd cluster's members; add --rdzv-backend "

@@ -3,9 +3,12 @@
 // takes its members with it, and the next EtcdCluster removes the data it left).
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -14,6 +17,30 @@ namespace weft::test {
 inline constexpr const char* kEtcdBinary = "/usr/bin/etcd";
 // Whether kEtcdBinary exists and is executable (tests skip, naming it, when not).
 bool etcd_available();
+
+// The one skip of the etcd tests: etcd is not installed (setup.sh installs etcd-server).
+#define SKIP_WITHOUT_ETCD()                                                   \
+  if (!::weft::test::etcd_available())                                        \
+  GTEST_SKIP() << ::weft::test::kEtcdBinary                                   \
+               << " is not installed (setup.sh installs it: apt-get install etcd-server)"
+
+// Bound on any "eventually" loop of the etcd tests: a hang guard, never a timing expectation.
+inline constexpr std::chrono::seconds kEventually{20};
+
+// Polls `pred` every 10 ms until it holds or kEventually passed; returns its last value.
+template <typename Pred>
+bool eventually(Pred pred) {
+  const auto until = std::chrono::steady_clock::now() + kEventually;
+  while (std::chrono::steady_clock::now() < until) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+inline double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
 
 // Starts the members from the calling thread, which must outlive them (gtest's main
 // thread): each member gets PR_SET_PDEATHSIG = SIGKILL, so even a crashed test binary

@@ -27,27 +27,11 @@ using comm::EtcdStoreOptions;
 using comm::to_bytes;
 using Clock = std::chrono::steady_clock;
 
-constexpr auto kEventually = 20s;  // a hang guard, never a timing expectation
-
-template <typename Pred>
-bool eventually(Pred pred) {
-  auto until = Clock::now() + kEventually;
-  while (Clock::now() < until) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return pred();
-}
-
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
 
 class EtcdClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!etcd_available())
-      GTEST_SKIP() << kEtcdBinary << " is not installed (apt-get install etcd-server)";
+    SKIP_WITHOUT_ETCD();
     cluster_ = std::make_unique<EtcdCluster>(3);
     ASSERT_TRUE(eventually([&] { return (leader_ = cluster_->leader()) >= 0; })) << "no leader";
   }

@@ -68,9 +68,6 @@ void reference(const fs::path& d, int steps) {
   ASSERT_EQ(one.code, 0) << one.out;
 }
 
-#define SKIP_WITHOUT_ETCD()                                               \
-  if (!etcd_available()) GTEST_SKIP() << kEtcdBinary << " is not installed (setup.sh installs etcd-server)"
-
 // Two nodes train while the etcd member that answers them (the raft leader) is SIGKILLed:
 // the agents' store fails over to the other two members, heartbeats go on, nobody is
 // declared lost, and the losses equal one process's.

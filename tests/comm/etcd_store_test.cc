@@ -36,22 +36,6 @@ using comm::Millis;
 using comm::to_bytes;
 using Clock = std::chrono::steady_clock;
 
-// Bound on any "eventually" loop: a hang guard, never a timing expectation.
-constexpr auto kEventually = 20s;
-
-template <typename Pred>
-bool eventually(Pred pred) {
-  auto until = Clock::now() + kEventually;
-  while (Clock::now() < until) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return pred();
-}
-
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
 
 // A port nothing listens on (bound, then closed: connecting is refused).
 std::string dead_endpoint() {
@@ -69,8 +53,7 @@ std::string dead_endpoint() {
 class EtcdStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!etcd_available())
-      GTEST_SKIP() << kEtcdBinary << " is not installed (apt-get install etcd-server)";
+    SKIP_WITHOUT_ETCD();
     cluster_ = std::make_unique<EtcdCluster>(1);
   }
 

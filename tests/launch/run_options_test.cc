@@ -245,6 +245,10 @@ TEST(RunOptions, RdzvConfKnowsItsKeys) {
   EXPECT_EQ(c.keys.size(), 8u);
   EXPECT_EQ(parse("--rdzv-conf timeout=9 -- c").rdzv_conf.timeout, 9.0);  // join_timeout's old name
   EXPECT_HAS(error_of("--rdzv-conf timeout=9,join_timeout=8 -- c"), "--rdzv-conf timeout");
+  // is_host is c10d's: it would do nothing with etcd or static.
+  EXPECT_HAS(error_of("--rdzv-backend etcd --rdzv-endpoint h --rdzv-conf is_host=1 -- c"),
+             "--rdzv-conf is_host");
+  EXPECT_HAS(error_of("--rdzv-backend static --rdzv-conf is_host=0 -- c"), "--rdzv-conf is_host");
   EXPECT_EQ(parse("--rdzv-conf insecure=1 -- c").rdzv_conf.insecure, true);
   std::string e = error_of("--rdzv-conf join_timeuot=5 -- c");
   EXPECT_HAS(e, "join_timeuot");
