@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/host.h"
 #include "base/log.h"
 #include "checkpoint/checkpoint.h"
 
@@ -23,12 +24,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kOwnerFile = "owner";
-
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown-host";
-  return buf;
-}
 
 // True when `tmp`'s owner file names this host and a pid that no process has now.
 bool owner_is_gone(const fs::path& tmp) {

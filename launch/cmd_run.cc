@@ -17,6 +17,7 @@
 #include "base/check.h"
 #include "base/config.h"
 #include "base/error.h"
+#include "base/host.h"
 #include "comm/store/auth.h"
 #include "comm/store/tcp_store_server.h"
 #include "launch/commands.h"
@@ -31,10 +32,8 @@ namespace weft::launch {
 namespace {
 
 std::string default_run_id() {
-  char host[256] = "host";
-  ::gethostname(host, sizeof host - 1);
   auto t = std::chrono::system_clock::now().time_since_epoch();
-  return std::string(host) + "-" + std::to_string(::getpid()) + "-" +
+  return host_name() + "-" + std::to_string(::getpid()) + "-" +
          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(t).count());
 }
 

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "base/host.h"
 #include "core/io/json.h"
 
 namespace weft::launch {
@@ -39,8 +40,7 @@ void record_error(const std::exception& e) noexcept {
     if (dynamic_cast<const PeerLostError*>(&e)) kind = "peer_lost";
     else if (dynamic_cast<const TimeoutError*>(&e)) kind = "timeout";
     else if (dynamic_cast<const ConfigError*>(&e)) kind = "config";
-    char host[256] = "?";
-    ::gethostname(host, sizeof host - 1);
+    const std::string host = host_name();
     const char* rank = std::getenv("RANK");
     int64_t ms = now_ms();
     using core::io::json_quote;

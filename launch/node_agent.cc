@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "base/host.h"
 #include "base/check.h"
 #include "comm/elastic/rendezvous.h"
 #include "comm/store/auth.h"
@@ -25,12 +26,6 @@ namespace weft::launch {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string hostname() {
-  char host[256] = "host";
-  ::gethostname(host, sizeof host - 1);
-  return host;
-}
 
 comm::Millis millis(double s) { return comm::Millis(int64_t(s * 1000)); }
 double seconds(comm::Millis t) { return double(t.count()) / 1000; }
@@ -129,7 +124,7 @@ class NodeAgent {
   NodeAgent(const RunOptions& o, SupervisorOptions so)
       : o_(o),
         so_(std::move(so)),
-        me_(hostname() + "-" + std::to_string(::getpid())),
+        me_(host_name() + "-" + std::to_string(::getpid())),
         token_(job_token(o)),
         port_(store_port_to_serve(o)),
         where_(where(o, port_)),

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "base/error.h"
+#include "base/host.h"
 #include "base/suggest.h"
 
 namespace weft::launch {
@@ -626,9 +627,8 @@ bool is_local_host(const std::string& host) {
     if (fd >= 0) ::close(fd);
     return local;
   }
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return false;
-  std::string me = buf;
+  const std::string me = host_name();
+  if (me == "unknown-host") return false;
   return host == me || (me.find('.') != std::string::npos && host == me.substr(0, me.find('.')));
 }
 

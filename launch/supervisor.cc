@@ -20,6 +20,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "base/host.h"
 #include "launch/error_file.h"
 #include "launch/heartbeat.h"
 #include "launch/worker_spawn.h"
@@ -68,12 +69,6 @@ std::string describe(int status) {
   if (WIFSIGNALED(status))
     return std::string("was killed by signal ") + ::strsignal(WTERMSIG(status));
   return "stopped";
-}
-
-std::string hostname() {
-  char h[256] = "?";
-  ::gethostname(h, sizeof h - 1);
-  return h;
 }
 
 // Whether a worker's end is a failure of its own rather than the agent's doing.
@@ -263,7 +258,7 @@ Outcome supervise(const SupervisorOptions& o) {
       ::kill(-w.pid, SIGKILL);  // what it left in its group does not outlive it
       guardian.release(w.pid);
       if (w.hung || !failed_by_itself(w)) continue;
-      failures.push_back({w.rank, w.pid, hostname(), w.exit_ms, describe(w.status), false});
+      failures.push_back({w.rank, w.pid, host_name(), w.exit_ms, describe(w.status), false});
       if (!failing && agent_signal != SIGTERM && agent_signal != SIGHUP)
         std::fprintf(stderr, "weft run: rank %d %s; stopping the other workers\n", global(w.rank),
                      describe(w.status).c_str());
@@ -279,7 +274,7 @@ Outcome supervise(const SupervisorOptions& o) {
                      int(w.pid), what);
         w.hung = true;
         signal_group(w, SIGKILL);
-        failures.push_back({w.rank, w.pid, hostname(), now_ms(), what, false});
+        failures.push_back({w.rank, w.pid, host_name(), now_ms(), what, false});
         new_failure = true;
       }
     if (o.monitor && remote.empty() && !failing && !agent_signal &&
@@ -332,7 +327,7 @@ Outcome supervise(const SupervisorOptions& o) {
   for (Worker& w : workers) {
     std::optional<ErrorRecord> e = read_error_file(w.error_file);
     if (!e) continue;
-    Failure f{w.rank, w.pid, e->host.empty() ? hostname() : e->host,
+    Failure f{w.rank, w.pid, e->host.empty() ? host_name() : e->host,
               e->time_ms ? e->time_ms : w.exit_ms, e->message,
               e->kind == "peer_lost" || e->kind == "timeout", e->kind};
     auto it = std::find_if(failures.begin(), failures.end(),
