@@ -124,7 +124,9 @@ int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::Lau
   // A restarted attempt (weft run) resumes from checkpoint.dir's latest checkpoint, which
   // sets every parameter: seeding them first would be work thrown away.
   const std::string resume = resume_source(spec, env, args.get_or("--resume", ""));
-  parallel::ParallelTrainer trainer(spec, world.comm(), /*seed_parameters=*/resume.empty());
+  parallel::ParallelTrainer trainer(
+      spec, world.comm(),
+      resume.empty() ? parallel::StateInit::kSeed : parallel::StateInit::kUnseeded);
   if (args.has("--init-weights"))
     trainer.load_weights(core::io::load_safetensors(args.get("--init-weights"), "--init-weights"),
                          "--init-weights");

@@ -22,10 +22,11 @@ using planner::Instr;
 using planner::InstrKind;
 
 RankExecutor::RankExecutor(const planner::Plan& plan, const core::Graph& g, int rank,
-                           comm::Communicator& world, const ProcessGroups& groups)
+                           comm::Communicator& world, const ProcessGroups& groups,
+                           bool defer_state)
     : plan_(plan), g_(g), prog_(plan.program(rank)), world_(world), groups_(groups) {
   planner::require_valid(plan_, g_);
-  table_ = std::make_unique<TensorTable>(prog_, g_);
+  table_ = std::make_unique<TensorTable>(prog_, g_, nullptr, nullptr, defer_state);
   std::map<int, std::set<int64_t>> sent, received;
   for (const Instr& in : prog_.program) {
     if (in.kind == InstrKind::kSend) sent[in.peer].insert(in.tag);
@@ -43,6 +44,18 @@ RankExecutor::RankExecutor(const planner::Plan& plan, const core::Graph& g, int 
   for (size_t i = 0; i < prog_.program.size(); ++i)
     if (prog_.program[i].kind == InstrKind::kRecv) recv_positions_.push_back(i);
   norm_value_ = g_.find_value("grad_norm");
+  // adamw updates its inputs (parameter, moments) in place, so its graph op lists no
+  // outputs; anything else that changes state writes a state root (ZeRO's gather of the
+  // updated shards).
+  for (const Instr& in : prog_.program) {
+    bool writes = in.kind == InstrKind::kCompute && g_.op(in.op).type == "adamw";
+    for (const planner::Operand& o : in.out) {
+      int root = o.tensor;
+      while (table_->desc(root).alias_of >= 0) root = table_->desc(root).alias_of;
+      writes = writes || table_->state_root(root);
+    }
+    writes_state_.push_back(writes);
+  }
 }
 
 void RankExecutor::set_loss_values(const std::vector<int>& values) {
@@ -168,6 +181,7 @@ void reduce_balance(core::MoeBalance& b, comm::Communicator& world) {
 }  // namespace
 
 void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load) {
+  state_written_ = false;
   table_->zero_gradients();
   // The last step's losses must not decide this step's fold (below): a dropped step's NaN
   // loss would otherwise poison the next step's first bucket too.
@@ -215,6 +229,8 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
                      : in.kind == InstrKind::kRecv || (in.kind == InstrKind::kCollective && in.part != "grad.sync")
                          ? &times_.comm
                          : &times_.other;
+    // After settle(): a bucket this instruction waits for can still fail with the state intact.
+    if (writes_state_[size_t(&in - prog_.program.data())]) state_written_ = true;
     switch (in.kind) {
       case InstrKind::kLoad: {
         const planner::Operand& o = in.out.at(0);
@@ -308,7 +324,10 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
     // The bias moves after the step, from the load of the whole global batch; not on a
     // dropped step (the norm is the same on every rank, so all agree).
     reduce_balance(*balance, world_);
-    if (std::isfinite(last_norm_)) balance->update_bias();
+    if (std::isfinite(last_norm_)) {
+      state_written_ = true;
+      balance->update_bias();
+    }
   }
 }
 

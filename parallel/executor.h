@@ -10,7 +10,8 @@
 // to two receive instructions ahead, into buffers of their own, and waited for (then copied)
 // at their instruction. Other collectives block. Any communication failure propagates as the
 // communicator's exception (PeerLostError names the lost peer, TimeoutError after the
-// communicator's timeout); the executor is then unusable.
+// communicator's timeout); the executor is then unusable. state_written() then says whether
+// this step had already started changing the rank's state (ParallelTrainer::torn()).
 #pragma once
 
 #include <cstdint>
@@ -45,9 +46,11 @@ class RankExecutor {
  public:
   // Refuses (InternalError from planner::require_valid) a plan that fails validation.
   // `plan`, `g`, `world` and `groups` must outlive the executor; `g` is the planning graph
-  // (planner::build_planning_graph) the plan was made from.
+  // (planner::build_planning_graph) the plan was made from. `defer_state`: the state roots
+  // (TensorTable::state_root) are not allocated; the caller adopts them into tensors()
+  // before the first run_step.
   RankExecutor(const planner::Plan& plan, const core::Graph& g, int rank, comm::Communicator& world,
-               const ProcessGroups& groups);
+               const ProcessGroups& groups, bool defer_state = false);
   ~RankExecutor();
 
   // Seeds every local parameter piece from its global element indices (same numbers as
@@ -59,6 +62,13 @@ class RankExecutor {
   // `s.moe_balance` (aux_loss_global, loss_free) is summed over `world` mid-step (global
   // shares, before the first backward) or at its end (the loss-free bias update).
   void run_step(const core::StepScalars& s, const LoadFn& load);
+  // Whether the last run_step (finished or thrown out of) reached an instruction that
+  // changes the rank's state: an adamw, any instruction writing into a state root (ZeRO's
+  // gather of the updated shards), or the loss-free bias update. Set before such an
+  // instruction runs, so true may mean "about to": a caller treats the state as changed. A
+  // dropped step's adamw counts too although it leaves the state as it was. False: the
+  // step changed nothing a later step or a checkpoint reads (gradients are zeroed per step).
+  bool state_written() const { return state_written_; }
 
   // The values (the loss, the balance losses) whose non-finite local pieces make the step's
   // gradient norm non-finite, so that adamw drops the step on every rank with no extra
@@ -126,6 +136,8 @@ class RankExecutor {
   std::deque<InFlight> pending_;                  // gradient buckets in flight, issue order
   StepTimes times_;
   std::vector<int> loss_tensors_;  // table ids holding pieces of set_loss_values() values
+  std::vector<char> writes_state_;  // per program position: the instruction changes state
+  bool state_written_ = false;      // see state_written()
   int norm_value_ = -1;            // the grad_norm value
   double last_norm_ = 0;
 };

@@ -23,7 +23,7 @@ memory::Tag tag_of(const core::Graph& g, const planner::TensorDesc& d) {
 }  // namespace
 
 TensorTable::TensorTable(const planner::RankProgram& prog, const core::Graph& g,
-                         memory::Allocator* transient, memory::Allocator* state)
+                         memory::Allocator* transient, memory::Allocator* state, bool defer_state)
     : prog_(prog),
       g_(g),
       transient_(transient ? transient : &memory::default_host_allocator()),
@@ -44,8 +44,30 @@ TensorTable::TensorTable(const planner::RankProgram& prog, const core::Graph& g,
     if (!viewable_[size_t(d.alias_of)]) viewable_[i] = 0;
   }
   for (size_t i = 0; i < t_.size(); ++i)
-    if (prog_.tensors[i].persistent && prog_.tensors[i].alias_of < 0)
+    if (prog_.tensors[i].persistent && prog_.tensors[i].alias_of < 0 &&
+        !(defer_state && state_root(int(i))))
       t_[i] = allocate(int(i), true);
+}
+
+bool TensorTable::state_root(int id) const {
+  const planner::TensorDesc& d = desc(id);
+  if (!d.persistent || d.alias_of >= 0 || d.value < 0) return false;
+  const core::Role r = g_.value(d.value).role;
+  return r == core::Role::kParameter || r == core::Role::kOptimizerState;
+}
+
+void TensorTable::adopt(int id, core::Tensor t) {
+  WEFT_CHECK(state_root(id), "adopt: ", name(id), " is not a state root");
+  const planner::TensorDesc& d = desc(id);
+  const core::Shape s = planner::box_shape(d.piece.box);
+  WEFT_CHECK(t.defined() && t.shape() == s && t.dtype() == d.dtype, "adopt: ", name(id), " is ",
+             core::dtype_name(d.dtype), core::shape_str(s), ", the tensor given is ",
+             t.defined() ? core::dtype_name(t.dtype()) + core::shape_str(t.shape())
+                         : std::string("undefined"));
+  WEFT_CHECK(t.is_contiguous() && t.device().is_cpu(), "adopt: the tensor for ", name(id),
+             " is not a dense host tensor");
+  drop_with_views(id);
+  t_.at(size_t(id)) = std::move(t);
 }
 
 std::string TensorTable::name(int id) const {

@@ -14,10 +14,13 @@ namespace weft::parallel {
 
 class TensorTable {
  public:
-  // Allocates every persistent root tensor (zeroed). `state` serves them, `transient` the
-  // others; both default to the host allocator and must outlive the table.
+  // Allocates every persistent root tensor (zeroed), except the state roots when
+  // `defer_state`: those stay undefined until adopt() installs them. `state` serves the
+  // persistent roots, `transient` the others; both default to the host allocator and must
+  // outlive the table.
   TensorTable(const planner::RankProgram& prog, const core::Graph& g,
-              memory::Allocator* transient = nullptr, memory::Allocator* state = nullptr);
+              memory::Allocator* transient = nullptr, memory::Allocator* state = nullptr,
+              bool defer_state = false);
 
   // Serves transient tensors allocated from now on from `a` (a memory plan replacing the
   // step-0 tracer); blocks already handed out go back to their own allocator.
@@ -45,6 +48,14 @@ class TensorTable {
   core::Tensor& write(int id, bool accumulate);
   // Drops a transient tensor (persistent ones and kept results stay).
   void release(int id);
+  // Whether `id` is a state root: a persistent, non-alias tensor of a parameter or an
+  // optimizer state (moments, master weights), what layout_of() turns into LocalTensors.
+  bool state_root(int id) const;
+  // Installs `t` as state root `id` (InternalError for another kind of tensor or for a
+  // shape, dtype or layout that is not the plan's: a dense host tensor of the piece's
+  // shape). Views made of the old root are dropped (they are made again from `t` on their
+  // next use); the old storage is released unless someone else holds it.
+  void adopt(int id, core::Tensor t);
   // Zeroes the persistent gradient accumulators (start of a step).
   void zero_gradients();
   // Drops the kept results of the last step (losses: transient tensors the trainer reads

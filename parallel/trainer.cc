@@ -49,8 +49,8 @@ std::vector<T> all_gather_values(comm::Communicator& c, const std::vector<T>& mi
 }  // namespace
 
 ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& world,
-                                 bool seed_parameters)
-    : spec_(spec), world_(world) {
+                                 StateInit init)
+    : spec_(spec), world_(world), state_pending_(init == StateInit::kDeferred) {
   if (spec_.train.dtype != "f32")
     throw ConfigError("train.dtype", "'" + spec_.train.dtype +
                                          "' needs device: cuda; the CPU trainer computes in f32");
@@ -61,8 +61,9 @@ ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& 
   planner::check_plan_matches(*plan_, spec_, mg_.graph);
   check_memory_budget();
   groups_ = std::make_unique<ProcessGroups>(world_, *plan_);
-  exec_ = std::make_unique<RankExecutor>(*plan_, mg_.graph, world_.rank(), world_, *groups_);
-  if (seed_parameters) exec_->init_parameters(spec_.train.seed);
+  exec_ = std::make_unique<RankExecutor>(*plan_, mg_.graph, world_.rank(), world_, *groups_,
+                                         state_pending_);
+  if (init == StateInit::kSeed) exec_->init_parameters(spec_.train.seed);
   std::vector<int> losses = mg_.aux_losses;
   losses.push_back(mg_.loss);
   exec_->set_loss_values(losses);
@@ -98,6 +99,13 @@ void ParallelTrainer::check_memory_budget() const {
     }
 }
 
+void ParallelTrainer::require_state(const char* what) const {
+  if (state_pending_)
+    throw InternalError(std::string(what) +
+                        " on a trainer built with StateInit::kDeferred: the state was never "
+                        "provided (adopt_state)");
+}
+
 int64_t ParallelTrainer::num_parameters() const {
   int64_t n = 0;
   for (int p : mg_.graph.parameters()) n += core::shape_numel(mg_.graph.value(p).shape);
@@ -105,6 +113,7 @@ int64_t ParallelTrainer::num_parameters() const {
 }
 
 core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
+  require_state("step()");
   const int64_t T = spec_.model.seq_len, B = spec_.train.global_batch,
                 mb = plan_->config.micro_batch;
   core::StepStats st;
@@ -121,13 +130,22 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
     const int64_t b0 = box[0].start, n = box[0].size;
     core::Tensor x = core::Tensor::empty({n, T}, core::DType::kI32),
                  y = core::Tensor::empty({n, T}, core::DType::kI32);
-    batch(step_, b0, n, x.data<int32_t>(), y.data<int32_t>());
+    batch(st.step, b0, n, x.data<int32_t>(), y.data<int32_t>());
     planner::Box rows{planner::DimSlice{b0, n, 1, 0}, planner::DimSlice{0, T, 1, 0}};
     copy_region(out, box, value == mg_.tokens ? x : y, rows, box);
   };
   memory_->begin_step(steps_run_++);  // a resumed run starts at step_ > 0 yet traces first
   exec_->set_transient_allocator(&memory_->current());
-  exec_->run_step(s, load);
+  torn_ = false;
+  try {
+    exec_->run_step(s, load);
+  } catch (...) {
+    torn_ = exec_->state_written();
+    throw;
+  }
+  // The rank's state is now complete for the next step, whatever the statistics exchange
+  // below meets: the step counts from here (a failure below leaves it not torn).
+  ++step_;
 
   // Every rank reports what it holds: (kind, addend, addends, value); kind -1 the loss, -2
   // the gradient norm, k >= 0 the balance loss of MoE layer k. Replicas (tp lanes) repeat an
@@ -165,10 +183,9 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
   st.applied = std::isfinite(st.grad_norm);
   if (!st.applied) st.nonfinite = std::isfinite(st.loss) ? "gradient norm" : "loss";
   if (st.applied && !(std::isfinite(st.loss) && std::isfinite(st.aux_loss)))
-    throw InternalError("step " + std::to_string(step_) +
+    throw InternalError("step " + std::to_string(st.step) +
                         ": the loss is not finite but the gradient norm is: the update was "
                         "applied (the executor's non-finite fold missed it)");
-  ++step_;
   return st;
 }
 
@@ -224,6 +241,7 @@ std::vector<core::Tensor> ParallelTrainer::gather_parameters() {
 }
 
 core::NamedTensors ParallelTrainer::gather_weights() {
+  require_state("gather_weights()");
   std::vector<core::Tensor> full = gather_parameters();
   core::ModelGraph fwd = core::build_model(spec_.model, 1);
   core::GraphExecutor ex(fwd.graph);
@@ -234,34 +252,8 @@ core::NamedTensors ParallelTrainer::gather_weights() {
   return core::export_weights(fwd, ex);
 }
 
-std::vector<core::Tensor> ParallelTrainer::state_tensors(const StateSpace& space,
-                                                         const RankLayout& layout) {
-  std::vector<core::Tensor> out;
-  TensorTable& t = exec_->tensors();
-  for (const LocalTensor& l : layout.locals) {
-    const StateTensor& st = space.at(l.state);
-    if (st.kind == StateKind::kBuffer) {  // whole on every rank, outside the executor
-      core::Tensor b = buffer_tensor(balance_.get(), st);
-      WEFT_CHECK(b.shape() == l.shape, "state ", st.name, ": the trainer holds ",
-                 core::shape_str(b.shape()), ", the layout ", core::shape_str(l.shape));
-      out.push_back(b);
-      continue;
-    }
-    if (st.kind != StateKind::kScalar) {
-      WEFT_CHECK(l.plan_tensor >= 0, "state ", st.name, " has no plan tensor on rank ", rank());
-      core::Tensor& x = t.read(l.plan_tensor);
-      WEFT_CHECK(x.shape() == l.shape, "state ", st.name, ": the executor holds ",
-                 core::shape_str(x.shape()), ", the layout ", core::shape_str(l.shape));
-      out.push_back(x);
-      continue;
-    }
-    int64_t v = st.name == kSeedState ? int64_t(spec_.train.seed) : step_;
-    out.push_back(core::Tensor::from_vector<int64_t>({1}, {v}));
-  }
-  return out;
-}
-
 void ParallelTrainer::load_weights(const core::NamedTensors& w, const std::string& field) {
+  require_state("load_weights()");
   core::ModelGraph fwd = core::build_model(spec_.model, 1);
   core::GraphExecutor ex(fwd.graph);
   core::import_weights(fwd, ex, w, field);  // checks names and shapes first

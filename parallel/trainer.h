@@ -21,25 +21,51 @@
 
 namespace weft::parallel {
 
+// What a new trainer does with its state: the state roots (TensorTable::state_root: the
+// parameters, optimizer moments and master weights this rank holds, layout_of()'s plan
+// tensors). Gradient accumulators and other persistent tensors are allocated in every case.
+enum class StateInit : uint8_t {
+  kSeed,      // allocated; parameters seeded from train.seed, moments zero
+  kUnseeded,  // allocated and zeroed, for a caller that loads every state tensor next through
+              // state_tensors() (a checkpoint: seeding 354M parameters takes about 45 s on one
+              // core, all of it overwritten by the load)
+  kDeferred,  // not allocated at all until adopt_state() (an online resize: the router builds
+              // this rank's state, so that the rank's peak stays at its shard plus the
+              // router's budget instead of the old state plus the new)
+};
+
 class ParallelTrainer {
  public:
   // Collective over `world` (every rank, same spec). Plans (ConfigError naming the field for
   // degrees that do not fit the world or the model, and for a layout whose peak memory on
   // some rank exceeds WEFT_MEMORY_GIB when set; all before any communication), refuses a
-  // plan that fails validation, splits the process groups and seeds the parameters.
-  // `world` must outlive the trainer. `seed_parameters` false leaves them unset, for a caller
-  // that loads every one of them next (resuming from a checkpoint: seeding 354M parameters
-  // takes about 45 s on one core, all of it overwritten by the load).
+  // plan that fails validation, splits the process groups and sets up the state as `init`
+  // says. `world` must outlive the trainer.
   ParallelTrainer(const core::JobSpec& spec, comm::Communicator& world,
-                  bool seed_parameters = true);
+                  StateInit init = StateInit::kSeed);
   ~ParallelTrainer();
 
   // One optimizer step on the global batch of current_step(); advances the step. Collective.
   // The returned statistics are those of the whole global batch, on every rank.
   // A non-finite loss or gradient norm on any rank drops the update on every rank
   // (StepStats::applied false; RankExecutor::set_loss_values says how, with no extra
-  // collective).
+  // collective). InternalError on a kDeferred trainer before adopt_state().
+  //
+  // Failure (a peer died: CommError, PeerLostError, TimeoutError out of the executor, which
+  // is then unusable, so the trainer is only read and destroyed): torn() says what the
+  // rank's state is.
+  // Not torn: the state is exactly that of current_step(), complete on this rank: either
+  // the step threw before this rank changed anything (current_step() did not advance), or
+  // the rank ran its whole step program and only the statistics exchange after it failed
+  // (current_step() did advance). Torn: the step threw after this rank began updating (an
+  // adamw ran, ZeRO's gather of updated shards, the loss-free bias update), so its state is
+  // a mix of two steps and a resize must take it from elsewhere.
   core::StepStats step(const core::BatchFn& batch);
+  // Whether the last step() threw after it began changing this rank's state (see step()).
+  // False before any step, after a step that returned, and after adopt_state(). May be true
+  // although nothing changed (RankExecutor::state_written: it is set just before a writing
+  // instruction runs, and a dropped step's adamw counts), never false when something did.
+  bool torn() const { return torn_; }
   // The first parameter (graph order) whose gradient of the last step holds a NaN or an Inf
   // in some rank's local pieces; empty when none does. Collective; the same on every rank.
   std::string first_nonfinite_gradient();
@@ -58,7 +84,24 @@ class ParallelTrainer {
   // space from graph()): views of the executor's persistent tensors, so a caller may read
   // them for a save or copy into them for a load; the scalars (step, seed, data cursor) are
   // fresh i64 tensors. The same table the executor allocates from, never a re-derivation.
+  // InternalError on a kDeferred trainer before adopt_state().
   std::vector<core::Tensor> state_tensors(const StateSpace& space, const RankLayout& layout);
+  // Installs this rank's state: `tensors` in `layout.locals` order (layout = layout_of(space,
+  // plan(), rank()), space = StateSpace::from_graph(graph(), moe_balance()); what the
+  // router's run_transition returns). Each parameter, moment and master tensor is moved in
+  // (no copy: the trainer owns that storage afterwards, and views of the old roots are
+  // dropped) as the executor's root of LocalTensor::plan_tensor; the buffers (loss_free's
+  // routing bias) are copied into moe_balance(); current_step() becomes the step scalar.
+  // Everything is checked before anything changes: InternalError naming the state for a
+  // tensor of another shape or dtype than the layout's, a layout that does not name this
+  // trainer's state roots (another plan or rank) or leaves one of them or a buffer out, a
+  // seed scalar other than train.seed, a data cursor other than the step; the trainer and
+  // `tensors` are then as they were. On success `tensors` is left empty, every state root is
+  // defined and torn() is false. Works on any trainer (it replaces the state); a kDeferred
+  // trainer needs it before step(), state_tensors(), gather_weights() and load_weights().
+  // Local: no communication.
+  void adopt_state(const StateSpace& space, const RankLayout& layout,
+                   std::vector<core::Tensor>& tensors);
   // The planning graph the plan and the executor are built on (StateSpace::from_graph).
   const core::Graph& graph() const { return mg_.graph; }
   const core::JobSpec& spec() const { return spec_; }
@@ -75,6 +118,8 @@ class ParallelTrainer {
 
  private:
   void check_memory_budget() const;
+  // InternalError naming `what` while a kDeferred trainer waits for adopt_state().
+  void require_state(const char* what) const;
   // The full value of every parameter, from every rank's pieces.
   std::vector<core::Tensor> gather_parameters();
 
@@ -90,6 +135,8 @@ class ParallelTrainer {
   std::unique_ptr<core::MoeBalance> balance_;
   int64_t step_ = 0;
   int64_t steps_run_ = 0;  // by this process: the activation arena traces its first step
+  bool state_pending_ = false;  // kDeferred, adopt_state() not yet called
+  bool torn_ = false;
 };
 
 }  // namespace weft::parallel
