@@ -33,6 +33,8 @@
 #include "launch/heartbeat.h"
 #include "launch/nonfinite_guard.h"
 #include "launch/run_folder.h"
+#include "launch/train_common.h"
+#include "launch/train_ranks.h"
 #include "launch/train_report.h"
 #include "parallel/launch_env.h"
 #include "parallel/trainer.h"
@@ -41,30 +43,6 @@
 
 namespace weft::launch {
 namespace {
-
-// The progress line's balance cell: MoE models with a balance loss show it (loss_free has
-// none to show).
-std::string aux_cell(const core::JobSpec& spec, double aux) {
-  if (spec.model.arch != "moe-gpt" || spec.model.moe.balance == "loss_free") return {};
-  char buf[32];
-  std::snprintf(buf, sizeof buf, " | aux %.4f", aux);
-  return buf;
-}
-
-volatile std::sig_atomic_t g_stop = 0;
-void on_sigint(int) { g_stop = 1; }
-
-// Ctrl-C and SIGTERM (what schedulers send before they kill) both stop after the current
-// step, with a final checkpoint.
-void catch_stop_signals() {
-  std::signal(SIGINT, on_sigint);
-  std::signal(SIGTERM, on_sigint);
-}
-
-// Whether checkpoint.every saved at `done` steps (TrainerCheckpoints::after_step's rule).
-bool saved_by_every(const core::JobSpec& spec, int64_t done) {
-  return spec.checkpoint.every > 0 && done > 0 && done % spec.checkpoint.every == 0;
-}
 
 constexpr const char* kHelp = R"(usage: weft train --config FILE.yaml [options]
 
@@ -86,186 +64,6 @@ Several processes: `weft run --standalone --nproc-per-node N -- weft train ...` 
 prints and writes; WEFT_COMM_TIMEOUT_MS bounds every wait on a peer, default 60000;
 WEFT_MEMORY_GIB refuses a layout whose per-rank peak exceeds it).
 )";
-
-// weft run starts every rank on this node (standalone); mpirun says how many it placed here.
-int ranks_on_node(const parallel::LaunchEnv& env) {
-  return int(env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env.world));
-}
-
-double mib(size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
-
-// Under weft run after a restart: which attempt this is and where it picks the job up.
-void print_attempt(const core::JobSpec& spec, const parallel::LaunchEnv& env,
-                   const std::string& resume) {
-  if (env.restart_count == 0) return;
-  std::printf("weft train: restart %d (membership epoch %lld, world %d): %s\n", env.restart_count,
-              (long long)env.rdzv_epoch, env.world,
-              !resume.empty() ? ("resuming from the latest checkpoint under " + resume).c_str()
-              : spec.checkpoint.every > 0
-                  ? "no checkpoint saved yet under checkpoint.dir; starting over from step 0"
-                  : "checkpoint.every is 0 (no checkpoints): starting over from step 0");
-  std::fflush(stdout);
-}
-
-// The multi-rank loop: every rank trains its part of the plan; rank 0 prints the progress
-// line, writes the metrics, the weights and the run folder, and validates. Numbers equal the
-// single process's (tests/parallel).
-int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::LaunchEnv& env) {
-  // `weft run` prefixes every line of its workers with [rank r]; mpirun and srun do not.
-  if (env.launcher != "weft run") log_set_rank(env.rank);
-  const bool lead = env.rank == 0;
-  planner::resolve_parallel(spec, env.world);  // bad degrees fail here, before any rank connects
-  // A job that cannot fit fails here on every rank alike, before anything is allocated.
-  planner::check_fits_memory(spec, env.world, ranks_on_node(env));
-  core::cpu::set_num_threads(int(spec.train.threads));
-  core::data::TokenDataset data = core::data::TokenDataset::load(spec);
-  parallel::WorkerWorld world(env, comm::Millis(env_int("WEFT_COMM_TIMEOUT_MS", 60'000)));
-  // checkpoint.every and --resume: each rank saves and loads its own VPS boxes (collective).
-  // A restarted attempt (weft run) resumes from checkpoint.dir's latest checkpoint, which
-  // sets every parameter: seeding them first would be work thrown away.
-  const std::string resume = resume_source(spec, env, args.get_or("--resume", ""));
-  parallel::ParallelTrainer trainer(
-      spec, world.comm(),
-      resume.empty() ? parallel::StateInit::kSeed : parallel::StateInit::kUnseeded);
-  if (args.has("--init-weights"))
-    trainer.load_weights(core::io::load_safetensors(args.get("--init-weights"), "--init-weights"),
-                         "--init-weights");
-  if (lead) print_attempt(spec, env, resume);
-  checkpoint::ParallelCheckpoints ckpt(spec, trainer, resume);
-
-  namespace fs = std::filesystem;
-  std::optional<int64_t> resumed;
-  if (continues_run(env, args.has("--resume"))) resumed = trainer.current_step();
-  RunFolder folder = choose_run_folder(spec.train.out_dir, args.get_or("--metrics", ""), resumed);
-  fs::path out = folder.out;
-  const std::string& metrics_path = folder.metrics_path;
-  std::unique_ptr<core::io::MetricsWriter> metrics;
-  const planner::Degrees& d = trainer.plan().config.deg;
-  if (lead) {
-    if (!folder.note.empty()) std::printf("%s\n", folder.note.c_str());
-    fs::create_directories(out);
-    std::ofstream(out / "config.yaml") << core::job_spec_to_yaml(spec);
-    metrics = open_metrics(folder, resumed);
-    std::printf(
-        "weft train: %s, %lld layers, dim %lld, %.2fM parameters, %lld tokens (train); world %d = "
-        "dp %lld x "
-        "tp %lld x pp %lld x ep %lld (%s), zero %d, launched by %s\n",
-        spec.model.arch.c_str(), (long long)spec.model.layers, (long long)spec.model.dim,
-        double(trainer.num_parameters()) / 1e6, (long long)data.train_tokens().size(), env.world,
-        (long long)d.dp, (long long)d.tp, (long long)d.pp, (long long)d.ep,
-        trainer.plan().config.schedule.c_str(), trainer.plan().config.zero, env.launcher.c_str());
-    std::fflush(stdout);
-  }
-  auto train_batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
-    data.fill_train(s, b0, n, x, y);
-  };
-  catch_stop_signals();
-  TrainReport report(spec);
-  NonfiniteGuard guard(spec.train);
-  std::unique_ptr<core::Trainer> evaluator;  // rank 0, for validation
-  auto t_start = std::chrono::steady_clock::now();
-  bool stop = false;
-  int64_t saved_at = trainer.current_step();  // a resumed run starts from a checkpoint
-  while (trainer.current_step() < spec.train.steps && !stop) {
-    auto t0 = std::chrono::steady_clock::now();
-    core::StepStats st = trainer.step(train_batch);
-    // Every rank has the same statistics, so every rank reaches the same verdict.
-    NonfiniteGuard::Verdict verdict = guard.observe(st);
-    std::string first_bad;
-    if (verdict == NonfiniteGuard::Verdict::kStop)
-      first_bad = trainer.first_nonfinite_gradient();  // collective, on the failure path only
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (lead) {
-      core::io::StepMetrics m;
-      m.step = st.step;
-      m.loss = st.loss;
-      m.lr = st.lr;
-      m.grad_norm = st.grad_norm;
-      m.tokens_per_s = double(st.tokens) / secs;
-      m.world = env.world;
-      m.epoch = env.rdzv_epoch;
-      m.data_epoch = data.sampler().epoch(st.step);
-      // Rank 0's share of the step in kernels and in waiting for communication.
-      const parallel::StepTimes& tt = trainer.executor().last_step_times();
-      const double mem = mib(trainer.activation_stats().bytes_live_peak);  // rank 0's
-      m.extra = {{"step_ms", secs * 1e3}, {"compute_ms", tt.compute * 1e3},
-                 {"comm_ms", tt.comm * 1e3}, {"mem_peak_mib", mem}};
-      if (spec.model.arch == "moe-gpt") m.extra.insert(m.extra.begin(), {"aux_loss", st.aux_loss});
-      if (!st.applied) m.extra.push_back({"skipped", 1});
-      metrics->write_step(m);
-      report.add_step(m);
-      if (verdict == NonfiniteGuard::Verdict::kSkipped)
-        std::printf("%s\n", guard.skipped_line(st).c_str());
-      else if (verdict == NonfiniteGuard::Verdict::kApplied && spec.train.log_every > 0 &&
-               (st.step % spec.train.log_every == 0 || st.step + 1 == spec.train.steps))
-        std::printf(
-            "step %5lld/%lld | loss %.4f%s | lr %.2e | grad %.3f | %8.0f tok/s | mem %.1f MiB | "
-            "%.0f ms\n",
-            (long long)st.step, (long long)spec.train.steps, st.loss,
-            aux_cell(spec, st.aux_loss).c_str(), st.lr, st.grad_norm, m.tokens_per_s, mem,
-            secs * 1e3);
-      std::fflush(stdout);
-    }
-    // checkpoint.every: every rank writes its shard, rank 0 commits. After the step's metrics
-    // line, never before: a crash between the two would leave a checkpoint whose step has
-    // no line, and a restart resuming from it keeps only the lines before it.
-    if (verdict != NonfiniteGuard::Verdict::kStop) ckpt.after_step();
-    if (saved_by_every(spec, trainer.current_step())) saved_at = trainer.current_step();
-    if (verdict == NonfiniteGuard::Verdict::kStop) throw Error(guard.stop_message(st, first_bad));
-    bool last = trainer.current_step() == spec.train.steps;
-    if (data.has_val() && spec.train.eval_every > 0 &&
-        (trainer.current_step() % spec.train.eval_every == 0 || last)) {
-      // Validation runs on rank 0 from the gathered weights through the single-process
-      // evaluator (the same numbers as `weft train` on one process); the plan has no
-      // forward-only program yet.
-      core::NamedTensors now = trainer.gather_weights();  // collective
-      if (lead) {
-        if (!evaluator) {
-          core::JobSpec one = spec;
-          one.parallel = core::ParallelSpec();
-          evaluator = std::make_unique<core::Trainer>(one);
-        }
-        evaluator->load_weights(now, "weights");
-        // loss_free: the routing bias is state beside the weights (the same on every rank).
-        if (trainer.moe_balance() && evaluator->moe_balance() &&
-            trainer.moe_balance()->mode() == core::MoeBalance::Mode::kLossFree)
-          evaluator->moe_balance()->copy_bias_from(*trainer.moe_balance());
-        auto val_batch = [&](int64_t, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
-          data.fill_val((b0 / spec.train.global_batch), b0 % spec.train.global_batch, n, x, y);
-        };
-        int64_t mbs = data.num_val_batches() * (spec.train.global_batch / spec.train.micro_batch);
-        double val = evaluator->evaluate(val_batch, mbs);
-        metrics->write_validation(st.step, val);
-        report.add_validation(st.step, val);
-        std::printf("step %5lld/%lld | val_loss %.4f\n", (long long)st.step,
-                    (long long)spec.train.steps, val);
-        std::fflush(stdout);
-      }
-    }
-    stop = parallel::agree_stop(world.comm(), g_stop != 0);  // every rank stops at the same step
-  }
-  double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  std::string final_save;
-  if (stop && !spec.checkpoint.dir.empty() && saved_at != trainer.current_step())
-    final_save = ckpt.save();  // collective: every rank agreed to stop at this step
-  core::NamedTensors w;
-  if (args.has("--save-weights")) w = trainer.gather_weights();  // collective
-  if (!lead) return stop ? 130 : 0;
-  if (stop)
-    std::printf("interrupted: stopped cleanly after step %lld\n",
-                (long long)trainer.current_step() - 1);
-  if (!final_save.empty()) std::printf("interrupted: saved checkpoint %s\n", final_save.c_str());
-  if (args.has("--save-weights")) core::io::save_safetensors(args.get("--save-weights"), w);
-  metrics.reset();
-  core::io::write_loss_curve_svg((out / "loss_curve.svg").string(),
-                                 core::io::read_metrics(metrics_path));
-  std::string summary = report.summary(total, trainer.activation_stats(), spec.memory.allocator);
-  std::ofstream(out / "summary.txt") << summary;
-  std::fputs(summary.c_str(), stdout);
-  std::printf("run folder: %s (metrics.jsonl, loss_curve.svg, summary.txt)\n",
-              out.string().c_str());
-  return stop ? 130 : 0;
-}
 
 // The single-process loop, for the CPU trainer and (device: cuda) the CUDA trainer: a
 // progress line per step, validation, metrics, checkpoints (CPU), the run folder.
@@ -308,7 +106,7 @@ int train_single(const Args& args, const core::JobSpec& spec, const parallel::La
   NonfiniteGuard guard(spec.train);
   auto t_start = std::chrono::steady_clock::now();
   int64_t saved_at = trainer.current_step();  // a resumed run starts from a checkpoint
-  while (trainer.current_step() < spec.train.steps && !g_stop) {
+  while (trainer.current_step() < spec.train.steps && !g_train_stop) {
     auto t0 = std::chrono::steady_clock::now();
     core::StepStats st = trainer.step(train_batch);
     NonfiniteGuard::Verdict verdict = guard.observe(st);
@@ -359,8 +157,8 @@ int train_single(const Args& args, const core::JobSpec& spec, const parallel::La
     std::fflush(stdout);
   }
   double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  if (g_stop) std::printf("interrupted: stopped cleanly after step %lld\n", (long long)trainer.current_step() - 1);
-  if (g_stop && ckpt && !spec.checkpoint.dir.empty() && saved_at != trainer.current_step())
+  if (g_train_stop) std::printf("interrupted: stopped cleanly after step %lld\n", (long long)trainer.current_step() - 1);
+  if (g_train_stop && ckpt && !spec.checkpoint.dir.empty() && saved_at != trainer.current_step())
     std::printf("interrupted: saved checkpoint %s\n", ckpt->save(true).c_str());
 
   if (ckpt) ckpt->finish();
@@ -370,7 +168,7 @@ int train_single(const Args& args, const core::JobSpec& spec, const parallel::La
   std::ofstream(out / "summary.txt") << summary;
   std::fputs(summary.c_str(), stdout);
   std::printf("run folder: %s (metrics.jsonl, loss_curve.svg, summary.txt)\n", out.string().c_str());
-  return g_stop ? 130 : 0;
+  return g_train_stop ? 130 : 0;
 }
 
 }  // namespace

@@ -20,11 +20,6 @@ void refuse_unsupported_job_settings(const core::JobSpec& spec, const parallel::
                       "in-memory snapshots are not yet supported; drop the snapshot section "
                       "and use checkpoint.every with checkpoint.dir (durable checkpoints, which "
                       "weft run's restarts resume from)");
-  if (spec.elastic.on_change == "reshard")
-    throw ConfigError("elastic.on_change",
-                      "reshard (survivors keep running while the router moves their state) is "
-                      "not yet supported; use restart: weft run restarts the workers, which "
-                      "resume from the latest checkpoint");
   const auto check = [&](const char* key, int64_t want, int have, const char* which) {
     if (want == 0 || env.nnodes_max == 0 || want == have) return;
     throw ConfigError(key, std::string("the job file asks for ") + std::to_string(want) +

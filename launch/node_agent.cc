@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "comm/store/etcd_store.h"
 #include "comm/store/tcp_store.h"
 #include "comm/store/tcp_store_server.h"
+#include "launch/epoch_notice.h"
 #include "parallel/launch_env.h"
 
 namespace weft::launch {
@@ -134,6 +136,9 @@ class NodeAgent {
         static_(o.rdzv_backend == RdzvBackend::kStatic),
         host_(store_host(o)),
         key_("rdzv/" + run_id(o) + "/") {}
+  ~NodeAgent();
+  NodeAgent(const NodeAgent&) = delete;
+  NodeAgent& operator=(const NodeAgent&) = delete;
 
   int run();
 
@@ -176,6 +181,18 @@ class NodeAgent {
   std::string prefix_;  // this attempt's store prefix
   std::optional<comm::Membership> last_;  // the membership of the latest attempt
   Stop stop_;           // why the monitor stopped the current attempt
+  // elastic.on_change: reshard. Workers that follow epoch notices (epoch_notice.h) keep
+  // running across membership changes: the agent posts the new epoch instead of stopping
+  // them, and a failed worker takes only its own node out of the job.
+  std::string scratch_;     // the agent's own folder (the epoch notice), removed at exit
+  std::string epoch_file_;  // WEFT_EPOCH_FILE
+  int64_t round_ = 0;       // the attempt's restart round (store prefixes)
+  comm::Membership current_;  // the membership the running workers are in
+  bool quick_growth_ = false;  // set_grow_last_call done
+  bool live() const { return !epoch_file_.empty() && all_following(epoch_file_, so_.nproc); }
+  void post_notice(const comm::Membership& next, const Stop& why);
+  void make_scratch();
+  void serve_while_others_run();
 };
 
 // torchrun's rule: on the endpoint's machine the first agent to bind the port hosts the
@@ -338,9 +355,80 @@ Stop NodeAgent::watch_elastic(const comm::Membership& m, int64_t round) {
                     (why.empty() ? "another node" : why),
                 true, true, true, std::nullopt};
   }
-  if (std::optional<comm::Membership> next = rdzv_->poll_change())
-    return membership_change(m, *next);
+  const bool live_now = live();
+  if (live_now && !quick_growth_) {
+    // A newcomer costs live workers a step boundary and a transfer, not a restart: admit it
+    // about two heartbeats after it arrived rather than after the last call.
+    rdzv_->set_grow_last_call(2 * ro_.heartbeat_interval);
+    quick_growth_ = true;
+  }
+  if (std::optional<comm::Membership> next = rdzv_->poll_change()) {
+    Stop change = membership_change(m, *next);
+    if (!live_now) return change;
+    post_notice(*next, change);  // the workers reshard at their next step boundary
+  }
   return {};
+}
+
+// The workers of this node go on in `next`: the attempt's settings follow the membership,
+// and the notice tells the workers where the new epoch bootstraps.
+void NodeAgent::post_notice(const comm::Membership& next, const Stop& why) {
+  prefix_ = next.store_prefix + "/round/" + std::to_string(round_);
+  last_ = next;
+  current_ = next;
+  so_.node_index = static_ ? o_.node_rank : next.index;
+  so_.nnodes = next.world();
+  so_.store_prefix = prefix_;
+  so_.rdzv_epoch = next.epoch;
+  place_workers_store(next);
+  EpochNotice n;
+  n.epoch = next.epoch;
+  n.node_index = so_.node_index;
+  n.nnodes = next.world();
+  n.nproc = so_.nproc;
+  n.store_host = so_.store_host;
+  n.store_port = so_.store_port;
+  n.store_prefix = prefix_;
+  n.lost = why.failure;
+  n.why = why.why;
+  write_epoch_notice(epoch_file_, n);
+  std::fprintf(stderr, "weft run: %s; node %s is node %d of %d, its workers reshard live\n",
+               why.why.c_str(), me_.c_str(), n.node_index, n.nnodes);
+  std::fflush(stderr);
+}
+
+// A node that leaves a live job while it hosts the rendezvous store keeps serving it (the
+// others go on and need it) until every other member of the epoch has ended or gone.
+void NodeAgent::serve_while_others_run() {
+  if (!server_) return;
+  std::fprintf(stderr, "weft run: node %s keeps serving the rendezvous store until the job ends\n",
+               me_.c_str());
+  std::fflush(stderr);
+  for (;;) {
+    bool any = false;
+    try {
+      comm::MembershipRecord r = rdzv_->read_record();
+      if (r.closed) return;
+      for (const auto& [id, slot] : r.members) any = any || store_->check({rdzv_->alive_key(id)});
+    } catch (const std::exception&) {
+      return;
+    }
+    if (!any || stop_requested()) return;
+    std::this_thread::sleep_for(ro_.poll_interval);
+  }
+}
+
+void NodeAgent::make_scratch() {
+  std::string t = (std::filesystem::temp_directory_path() / "weft_agent_XXXXXX").string();
+  if (!::mkdtemp(t.data())) throw IoError("weft run: cannot create a folder under " + t);
+  scratch_ = t;
+  epoch_file_ = t + "/epoch";
+  so_.epoch_file = epoch_file_;
+}
+
+NodeAgent::~NodeAgent() {
+  std::error_code ec;
+  if (!scratch_.empty()) std::filesystem::remove_all(scratch_, ec);
 }
 
 // A fixed count without restarts: another node's failure closes the rendezvous with its
@@ -458,8 +546,11 @@ int NodeAgent::run() {
   so_.nnodes_max = o_.nnodes_max;
   const std::string round_key = key_ + "round";
   int failures = 0;  // restarts used by failures, against --max-restarts
+  if (elastic_) make_scratch();  // a job that may change size can reshard live
   for (;;) {
     const int64_t round = current_round();
+    round_ = round;
+    current_ = m;
     prefix_ = m.store_prefix + "/round/" + std::to_string(round);
     last_ = m;
     // Static: the node's place is --node-rank (claimed once, claim_static_rank); else the
@@ -476,8 +567,9 @@ int NodeAgent::run() {
                     true);
     }
     stop_ = Stop{};
-    so_.monitor = [&] { return monitor(m, round); };
+    so_.monitor = [&] { return monitor(current_, round); };
     const Outcome out = supervise(so_);
+    m = current_;  // the epoch the workers ended in (later than the attempt's when live)
 
     Stop next;
     switch (out.end) {
@@ -493,6 +585,35 @@ int NodeAgent::run() {
         break;
       case Outcome::End::kFailed:
         if (!elastic_) break;
+        if (live()) {
+          // Workers that follow notices: the other nodes reshard without this one, which
+          // leaves at once (no wait for its heartbeat to expire) and, with restarts left,
+          // joins again as a newcomer whose workers receive their state from the others.
+          try {
+            rdzv_->leave();
+          } catch (const std::exception&) {
+          }
+          if (failures >= o_.max_restarts) {
+            serve_while_others_run();
+            return finish(out.code,
+                          out.verdict + str("; node ", me_, " leaves the job (no restarts left: "
+                                            "--max-restarts ", o_.max_restarts,
+                                            "); the other nodes go on without it"),
+                          false);
+          }
+          ++failures;
+          std::fprintf(stderr,
+                       "weft run: %s; node %s left the job and joins again with new workers (%d "
+                       "of --max-restarts %d used)\n",
+                       out.cause.c_str(), me_.c_str(), failures, o_.max_restarts);
+          mark_exited(-1);
+          try {
+            m = join();
+          } catch (const std::exception& e) {
+            return finish(1, e.what(), false);
+          }
+          continue;
+        }
         if (failures >= o_.max_restarts) {  // say so, here and in the others' reason
           const std::string left = str("; no restarts left (--max-restarts ", o_.max_restarts, ")");
           return finish(out.code, out.verdict + left, true, out.cause + left);

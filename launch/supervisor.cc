@@ -21,6 +21,7 @@
 #include "base/check.h"
 #include "base/error.h"
 #include "base/host.h"
+#include "launch/epoch_notice.h"
 #include "launch/error_file.h"
 #include "launch/heartbeat.h"
 #include "launch/worker_spawn.h"
@@ -114,6 +115,7 @@ std::vector<std::pair<std::string, std::string>> worker_env(const SupervisorOpti
   char iv[32];
   std::snprintf(iv, sizeof iv, "%g", o.heartbeat_interval_s);
   env.push_back({kHeartbeatIntervalVar, iv});
+  if (!o.epoch_file.empty()) env.push_back({kEpochFileVar, o.epoch_file});
   // Share the cores among the workers unless the user chose (torchrun sets 1): N workers
   // each running the OpenMP default of all cores oversubscribe them several times over.
   if (!std::getenv("OMP_NUM_THREADS")) {

@@ -43,6 +43,9 @@ struct SupervisorOptions {
   int restart_count = 0, max_restarts = 0;
   // The membership epoch the workers run in (WEFT_RDZV_EPOCH; metrics lines carry it).
   int64_t rdzv_epoch = 0;
+  // Where the agent posts later epochs to running workers (WEFT_EPOCH_FILE,
+  // epoch_notice.h); "" = workers get no notices and are restarted on a change.
+  std::string epoch_file;
 };
 
 // How one attempt ended.

@@ -60,8 +60,9 @@ std::set<std::string> Rendezvous::alive_nodes(const MembershipRecord& r) {
 Decision Rendezvous::decide_now(const MembershipRecord& r, const std::set<std::string>& alive) {
   const auto now = Clock::now();
   if (last_call_since_ && last_call_epoch_ != r.epoch) last_call_since_.reset();
-  bool passed = options_.last_call.count() == 0 ||
-                (last_call_since_ && now - *last_call_since_ >= options_.last_call);
+  const Millis last_call =
+      r.epoch > 0 && grow_last_call_ ? *grow_last_call_ : options_.last_call;
+  bool passed = last_call.count() == 0 || (last_call_since_ && now - *last_call_since_ >= last_call);
   Decision d = decide(r, alive, options_.min_nodes, options_.max_nodes, passed);
   if (d.verdict == Verdict::kLastCall) {
     if (!last_call_since_) {

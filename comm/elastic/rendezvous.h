@@ -105,6 +105,15 @@ class Rendezvous {
   // RendezvousClosedError with `reason`. Idempotent (the first reason stays).
   void close(const std::string& reason);
 
+  // How long a membership that formed already waits for more spares before it grows to
+  // admit the ones waiting (the last call of epochs after the first; default: last_call).
+  // An agent whose workers reshard live sets it short: a resize costs them a step boundary
+  // and a transfer, not a restart, so a newcomer should train within seconds.
+  void set_grow_last_call(Millis t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    grow_last_call_ = t;
+  }
+
   // The latest record (one store read), for status lines and tests.
   MembershipRecord read_record();
   // This node's membership as of the last join/poll, if any.
@@ -137,6 +146,7 @@ class Rendezvous {
   int64_t last_call_epoch_ = -1;                      // the epoch it was seen in
   std::optional<Clock::time_point> too_few_since_;    // first kTooFew seen as a member
   bool joined_ = false;                               // join() called, leave() not yet
+  std::optional<Millis> grow_last_call_;              // set_grow_last_call()
 };
 
 }  // namespace weft::comm

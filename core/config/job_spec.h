@@ -103,7 +103,7 @@ struct SnapshotSpec {
 // the agent's --nnodes MIN:MAX (weft train checks; 0 = whatever the agent says).
 struct ElasticSpec {
   int64_t min_nodes = 0, max_nodes = 0;
-  std::string on_change = "restart";  // restart | reshard (reshard: not yet)
+  std::string on_change = "restart";  // restart | reshard
 };
 
 struct JobSpec {

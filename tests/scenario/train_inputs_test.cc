@@ -53,8 +53,8 @@ class TrainInputs : public ::testing::Test {
 };
 
 // Job-file settings the trainer cannot act on yet are refused, never silently ignored.
-TEST_F(TrainInputs, SnapshotsAndReshardingAreRefusedAsNotYet) {
-  for (const char* set : {"snapshot.every=5", "snapshot.redundancy=ec", "elastic.on_change=reshard"}) {
+TEST_F(TrainInputs, SnapshotsAreRefusedAsNotYet) {
+  for (const char* set : {"snapshot.every=5", "snapshot.redundancy=ec"}) {
     Result r = train(std::string("--set ") + set);
     const std::string key = std::string(set).substr(0, std::string(set).find('='));
     EXPECT_EQ(r.code, 2) << set << "\n" << r.out;

@@ -1,0 +1,87 @@
+// The epoch notice file: a few "key value" lines, replaced atomically.
+#include "launch/epoch_notice.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "base/error.h"
+
+namespace weft::launch {
+
+void write_epoch_notice(const std::string& path, const EpochNotice& n) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << "epoch " << n.epoch << "\nnode_index " << n.node_index << "\nnnodes " << n.nnodes
+      << "\nnproc " << n.nproc << "\nstore_host " << n.store_host << "\nstore_port "
+      << n.store_port << "\nstore_prefix " << n.store_prefix << "\nlost " << (n.lost ? 1 : 0)
+      << "\nwhy " << n.why << "\n";
+    if (!f) throw IoError("cannot write the epoch notice " + tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw IoError("cannot replace the epoch notice " + path + ": " + ec.message());
+}
+
+std::optional<EpochNotice> read_epoch_notice(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return std::nullopt;
+  EpochNotice n;
+  std::string line;
+  int seen = 0;
+  while (std::getline(f, line)) {
+    const size_t sp = line.find(' ');
+    const std::string key = line.substr(0, sp), value = sp == std::string::npos ? "" : line.substr(sp + 1);
+    try {
+      if (key == "epoch") n.epoch = std::stoll(value), ++seen;
+      else if (key == "node_index") n.node_index = std::stoi(value), ++seen;
+      else if (key == "nnodes") n.nnodes = std::stoi(value), ++seen;
+      else if (key == "nproc") n.nproc = std::stoi(value), ++seen;
+      else if (key == "store_host") n.store_host = value;
+      else if (key == "store_port") n.store_port = std::stoi(value), ++seen;
+      else if (key == "store_prefix") n.store_prefix = value;
+      else if (key == "lost") n.lost = value == "1";
+      else if (key == "why") n.why = value;
+    } catch (const std::exception&) {
+      throw IoError("epoch notice " + path + ": bad value for " + key + ": '" + value + "'");
+    }
+  }
+  if (seen < 5) throw IoError("epoch notice " + path + ": incomplete");
+  return n;
+}
+
+std::optional<EpochNotice> EpochWatch::newer() const {
+  if (path_.empty()) return std::nullopt;
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0) return std::nullopt;
+  // rename() gives the file a new inode: a changed inode or mtime means a new notice.
+  const int64_t mtime = int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  if (st.st_ino != ino_ || mtime != mtime_ || !cached_) {
+    try {
+      cached_ = read_epoch_notice(path_);
+    } catch (const IoError&) {
+      return std::nullopt;  // being replaced: the next look sees the whole file
+    }
+    ino_ = st.st_ino;
+    mtime_ = mtime;
+  }
+  if (cached_ && cached_->epoch > epoch_) return cached_;
+  return std::nullopt;
+}
+
+void mark_following(const std::string& path, int local_rank) {
+  std::ofstream(path + ".live." + std::to_string(local_rank)) << ::getpid() << "\n";
+}
+
+bool all_following(const std::string& path, int nproc) {
+  for (int r = 0; r < nproc; ++r)
+    if (::access((path + ".live." + std::to_string(r)).c_str(), F_OK) != 0) return false;
+  return true;
+}
+
+}  // namespace weft::launch

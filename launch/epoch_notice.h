@@ -1,0 +1,68 @@
+// How a node's agent tells its running workers that the membership changed, without a store
+// round trip on every step: a small file (WEFT_EPOCH_FILE, in the agent's scratch folder)
+// that the agent replaces atomically (write, then rename) with each new epoch. A worker
+// stat()s it at every step boundary (microseconds) and reads it only when it changed; a
+// background watcher reads it while a step runs, to abort collectives that wait on a member
+// the new epoch lost.
+//
+// Workers that follow notices say so once, with a marker file beside it per local rank
+// (`<file>.live.<local rank>`): an agent whose workers all follow keeps them running across
+// membership changes (elastic.on_change: reshard); otherwise it restarts them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <sys/types.h>
+
+namespace weft::launch {
+
+inline constexpr const char* kEpochFileVar = "WEFT_EPOCH_FILE";
+
+struct EpochNotice {
+  int64_t epoch = 0;  // the membership epoch (WEFT_RDZV_EPOCH of a worker started in it)
+  int node_index = 0, nnodes = 1, nproc = 1;  // a worker's rank: node_index * nproc + local
+  std::string store_host;
+  int store_port = 0;
+  std::string store_prefix;  // the epoch's bootstrap keys (WEFT_STORE_PREFIX)
+  // A member of the previous epoch is gone: collectives waiting on it never finish, so a
+  // worker aborts them at once instead of waiting out the communicator's timeout.
+  bool lost = false;
+  std::string why;  // "membership changed: epoch 2 -> 3, 4 -> 2 nodes (lost a-12, b-9)"
+  int world() const { return nnodes * nproc; }
+};
+
+// Atomic replacement (temporary file + rename): a reader sees the old notice or the new
+// one, never half of one. IoError naming the path on failure.
+void write_epoch_notice(const std::string& path, const EpochNotice& n);
+// nullopt when the file is absent; IoError for a malformed one.
+std::optional<EpochNotice> read_epoch_notice(const std::string& path);
+
+// The worker's side: which notice it last acted on, and a cheap check for a newer one.
+class EpochWatch {
+ public:
+  // `path` empty: never changes (not under an agent that sends notices).
+  EpochWatch(std::string path, int64_t epoch) : path_(std::move(path)), epoch_(epoch) {}
+  const std::string& path() const { return path_; }
+  int64_t epoch() const { return epoch_; }
+  // A notice of a later epoch than epoch(), if the file holds one (stat first; the file is
+  // read only when its identity or mtime changed since the last look). One thread per
+  // EpochWatch: a watcher thread beside the trainer uses a copy of its own.
+  std::optional<EpochNotice> newer() const;
+  // The worker moves to `n`'s epoch.
+  void adopt(const EpochNotice& n) { epoch_ = n.epoch; }
+
+ private:
+  std::string path_;
+  int64_t epoch_;
+  mutable ino_t ino_ = 0;
+  mutable int64_t mtime_ = 0;
+  mutable std::optional<EpochNotice> cached_;
+};
+
+// Marker files: a worker of local rank `local_rank` follows notices; an agent checks that
+// all `nproc` of its workers do.
+void mark_following(const std::string& path, int local_rank);
+bool all_following(const std::string& path, int nproc);
+
+}  // namespace weft::launch

@@ -1,0 +1,112 @@
+// Online resize, the worker's side (elastic.on_change: reshard). When the membership changes
+// the worker keeps its process: it ends its world at a step boundary (or when a collective
+// fails because a member died), keeps views of its VPS state, waits for its agent's notice
+// of the new epoch (epoch_notice.h), joins the new world and gets the new layout's state
+// from whoever holds it. That last part is one mechanism for every case:
+//
+//   every rank of the new world reports what it holds (nothing for a newcomer; a rank whose
+//   failed step wrote part of its state holds nothing either); the holders of the latest
+//   step whose boxes cover the whole state are layout A (the old plan, its ranks renamed
+//   into the new world); the new plan is layout B; the router moves A to B. Survivors keep
+//   what they hold, replicas serve what the dead held, newcomers receive everything.
+//
+// When no such holders exist (the only copy of a TP, PP or ZeRO shard died with its rank),
+// the state comes from the latest durable checkpoint under checkpoint.dir, and the job says
+// how many steps it went back; with no checkpoint either, from the seed at step 0.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/config/job_spec.h"
+#include "core/graph/graph.h"
+#include "core/tensor.h"
+#include "launch/epoch_notice.h"
+#include "parallel/launch_env.h"
+#include "parallel/router.h"
+#include "parallel/vps.h"
+
+namespace weft::parallel {
+class ParallelTrainer;
+}
+
+namespace weft::launch {
+
+// What a worker keeps of its trainer when its world ends.
+struct HeldState {
+  bool valid = false;  // false: nothing held (a newcomer), or a failed step wrote part of it
+  int64_t epoch = 0;   // the membership epoch the state was trained in
+  int rank = -1, world = 0;  // this worker's place in that epoch's world
+  int64_t step = 0;          // the state is that before step `step` (current_step())
+  std::vector<core::Tensor> tensors;  // layout_of(space, plan, rank).locals order (views)
+};
+
+// Views of `trainer`'s state (its storage outlives the trainer). `torn`: the last step
+// failed after writing state on this rank (ParallelTrainer::torn()): nothing is held then.
+HeldState hold_state(parallel::ParallelTrainer& trainer, const parallel::StateSpace& space,
+                     int64_t epoch, bool torn);
+
+// One rank's report in the new world.
+struct HolderReport {
+  int64_t valid = 0, epoch = 0, rank = -1, world = 0, step = 0, host = 0;
+};
+
+// Collective over the new world: every rank's report, in rank order. `host` identifies
+// this rank's machine (host_key()).
+std::vector<HolderReport> exchange_reports(comm::Communicator& world, const HeldState& held,
+                                           int64_t host);
+
+// This machine: its host name and network namespace (ranks in different namespaces of one
+// machine stand for different hosts and never share memory in a transfer).
+int64_t host_key();
+
+// Dense host ids (first appearance order) of the reports' hosts: Layout::hosts.
+std::vector<int> host_ids(const std::vector<HolderReport>& reports);
+
+// The holders a new world takes its state from: the valid reports of the latest epoch and,
+// among their steps, the latest whose boxes (old plan, old rank renamed to the new rank)
+// cover every state tensor. `found` false when no step's holders cover it.
+struct Holders {
+  bool found = false;
+  int64_t epoch = 0, step = 0;
+  int old_world = 0;
+  std::vector<int> new_rank_of;  // old rank -> new rank, -1 for a rank nobody holds
+  parallel::Layout a;            // layout A over the new world
+  int count() const;
+  std::string why_not;  // when not found: the first gap, for the log
+};
+Holders choose_holders(const core::JobSpec& spec, const core::Graph& graph,
+                       const parallel::StateSpace& space,
+                       const std::vector<HolderReport>& reports);
+
+// The LaunchEnv of a worker of local rank `base.local_rank` in the notice's epoch.
+parallel::LaunchEnv env_in_epoch(const parallel::LaunchEnv& base, const EpochNotice& n);
+
+// While a world trains: aborts its communicators as soon as the agent's notice says a
+// member is gone, so collectives waiting on it fail now, not after the timeout. A joining
+// node or a graceful change does not abort anything (the step boundary handles those).
+class LossWatcher {
+ public:
+  LossWatcher(const EpochWatch& watch, std::vector<comm::Communicator*> comms);
+  ~LossWatcher();  // stops and joins the thread
+  LossWatcher(const LossWatcher&) = delete;
+  LossWatcher& operator=(const LossWatcher&) = delete;
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Every rank's `stop` and `change` or-ed over the world, in one small all-reduce (the one the
+// step loop already does for Ctrl-C): every rank stops, or moves to the next epoch, after
+// the same step. Collective.
+struct Agreed {
+  bool stop = false, change = false;
+};
+Agreed agree_at_step_end(comm::Communicator& world, bool stop, bool change);
+
+}  // namespace weft::launch

@@ -1,0 +1,452 @@
+// The multi-rank training loop, one world at a time (train_ranks.h).
+#include "launch/train_ranks.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "base/env.h"
+#include "base/error.h"
+#include "base/log.h"
+#include "checkpoint/parallel_state.h"
+#include "core/cpu/kernels.h"
+#include "core/data/dataset.h"
+#include "core/exec/trainer.h"
+#include "core/graph/moe_balance.h"
+#include "core/io/loss_plot.h"
+#include "core/io/metrics.h"
+#include "core/io/safetensors.h"
+#include "launch/elastic_worker.h"
+#include "launch/epoch_notice.h"
+#include "launch/live_resize.h"
+#include "launch/nonfinite_guard.h"
+#include "launch/run_folder.h"
+#include "launch/train_common.h"
+#include "launch/train_report.h"
+#include "parallel/trainer.h"
+#include "planner/memory_estimate.h"
+#include "planner/planner.h"
+#include "planner/policy.h"
+
+namespace weft::launch {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// weft run starts every rank on this node (standalone); mpirun says how many it placed here.
+int ranks_on_node(const parallel::LaunchEnv& env) {
+  return int(env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env.world));
+}
+
+// How one world's training ended.
+enum class WorldEnd {
+  kDone,     // train.steps reached
+  kStopped,  // Ctrl-C or SIGTERM on some rank: every rank stopped after the same step
+  kChange,   // a newer epoch: every rank stopped after the same step, state whole
+  kFailed,   // a collective failed (a member died): the state is whole unless torn
+};
+
+// Where the state of a world came from, and the clock of the change that led to it.
+struct Arrival {
+  std::string source;  // "survivors" | "checkpoint" | "seed" | "first"
+  int holders = 0;
+  int64_t went_back = 0;  // steps redone: the held step minus the step resumed at
+  int64_t bytes_sent = 0, bytes_local = 0;
+  double wait = 0, comms = 0, plan = 0, transfer = 0, resume = 0;
+};
+
+class RankTraining {
+ public:
+  RankTraining(const Args& args, const core::JobSpec& spec, const parallel::LaunchEnv& env)
+      : args_(args),
+        spec_(spec),
+        base_(env),
+        env_(env),
+        data_(core::data::TokenDataset::load(spec)),
+        live_(spec.elastic.on_change == "reshard" && env.launcher == "weft run" &&
+              !env_string(kEpochFileVar, "").empty()),
+        watch_(live_ ? env_string(kEpochFileVar, "") : "", env.rdzv_epoch),
+        report_(spec),
+        guard_(spec.train) {}
+
+  int run();
+
+ private:
+  void enter_world(const std::string& why);
+  WorldEnd train_world();
+  // One step and what follows it (metrics, checkpoint, validation, the step-end agreement);
+  // nullopt when the world goes on.
+  std::optional<WorldEnd> one_step();
+  void validate(bool last);
+  void open_run_folder();
+  int finish(bool stop);
+  // Waits for the agent's notice of an epoch later than the one this worker is in.
+  EpochNotice wait_for_notice();
+  void print_arrival(const std::string& why, int old_world, int64_t old_epoch);
+
+  const Args& args_;
+  const core::JobSpec& spec_;
+  const parallel::LaunchEnv base_;
+  parallel::LaunchEnv env_;  // this world's
+  core::data::TokenDataset data_;
+  const bool live_;
+  EpochWatch watch_;
+  TrainReport report_;
+  NonfiniteGuard guard_;
+
+  std::unique_ptr<parallel::WorkerWorld> world_;
+  std::unique_ptr<parallel::ParallelTrainer> trainer_;
+  std::unique_ptr<checkpoint::ParallelCheckpoints> ckpt_;
+  std::unique_ptr<core::Trainer> evaluator_;  // rank 0, for validation
+  std::optional<RunFolder> folder_;
+  std::unique_ptr<core::io::MetricsWriter> metrics_;
+  HeldState held_;
+  Arrival arrival_;
+  bool first_world_ = true;
+  bool first_step_of_world_ = false;
+  double resize_s_ = 0;  // change known -> ready to step, for the first step's metrics line
+  Clock::time_point change_at_;
+  int64_t saved_at_ = 0;
+  double total_s_ = 0;
+  bool lead() const { return env_.rank == 0; }
+};
+
+// The state this world starts from: the survivors' through the router when they hold all of
+// it, else the latest checkpoint, else the seed.
+void RankTraining::enter_world(const std::string& why) {
+  const int old_world = held_.world;
+  const int64_t old_epoch = held_.epoch;
+  arrival_ = Arrival{};
+  arrival_.wait = first_world_ ? 0 : since(change_at_);
+  auto t = Clock::now();
+  // Degrees that no longer fit the world stop the job here, naming them.
+  planner::resolve_parallel(spec_, env_.world);
+  planner::check_fits_memory(spec_, env_.world, ranks_on_node(env_));
+  world_ = std::make_unique<parallel::WorkerWorld>(
+      env_, comm::Millis(env_int("WEFT_COMM_TIMEOUT_MS", 60'000)));
+  comm::Communicator& comm = world_->comm();
+  if (live_ && !folder_) open_run_folder();  // every rank, before rank 0 writes anything
+  std::vector<HolderReport> reports;
+  if (live_) reports = exchange_reports(comm, held_, host_key());
+  int64_t latest = -1;  // the latest step anybody alive holds
+  for (const HolderReport& r : reports)
+    if (r.valid) latest = std::max(latest, r.step);
+  arrival_.comms = since(t);
+  t = Clock::now();
+
+  // The coordinates of the state, the same for every world of the job.
+  const core::ModelGraph mg = planner::build_planning_graph(spec_);
+  const std::unique_ptr<core::MoeBalance> balance = core::MoeBalance::for_model(spec_.model);
+  const parallel::StateSpace space = parallel::StateSpace::from_graph(mg.graph, balance.get());
+  Holders holders;
+  if (live_) holders = choose_holders(spec_, mg.graph, space, reports);
+  std::string resume;
+  if (holders.found) {
+    arrival_.source = "survivors";
+    arrival_.holders = holders.count();
+  } else {
+    // The first world: --resume, or after a restart of the whole job the latest checkpoint.
+    // A later one: the latest checkpoint, since nobody alive holds all of the state.
+    parallel::LaunchEnv e = env_;
+    if (!first_world_) e.restart_count = std::max(1, e.restart_count);
+    resume = resume_source(spec_, e, first_world_ ? args_.get_or("--resume", "") : "");
+    arrival_.source = !resume.empty() ? "checkpoint" : first_world_ ? "first" : "seed";
+  }
+  const parallel::StateInit init = holders.found  ? parallel::StateInit::kDeferred
+                                   : resume.empty() ? parallel::StateInit::kSeed
+                                                    : parallel::StateInit::kUnseeded;
+  trainer_ = std::make_unique<parallel::ParallelTrainer>(spec_, comm, init);
+  if (holders.found) {
+    const parallel::Layout b = parallel::layout_of(space, trainer_->plan(), host_ids(reports));
+    const parallel::TransferPlan plan = parallel::transition(space, holders.a, b);
+    arrival_.plan = since(t);
+    t = Clock::now();
+    std::vector<core::Tensor> src;
+    bool holds = false;
+    for (int r : holders.new_rank_of) holds = holds || r == env_.rank;
+    if (holds) src = std::move(held_.tensors);
+    held_ = HeldState{};
+    std::vector<core::Tensor> mine =
+        parallel::run_transition(plan, holders.a, b, env_.rank, src, comm);
+    arrival_.bytes_sent = plan.bytes_remote();
+    for (const parallel::Transfer& x : plan.transfers)
+      if (x.local()) arrival_.bytes_local += x.bytes;
+    arrival_.transfer = since(t);
+    t = Clock::now();
+    trainer_->adopt_state(space, b.ranks[size_t(env_.rank)], mine);
+  } else {
+    arrival_.plan = since(t);
+    t = Clock::now();
+  }
+  held_ = HeldState{};  // what the router did not take is released here
+  if (first_world_ && args_.has("--init-weights") && resume.empty())
+    trainer_->load_weights(core::io::load_safetensors(args_.get("--init-weights"), "--init-weights"),
+                           "--init-weights");
+  if (lead() && first_world_ && !holders.found) print_attempt(spec_, env_, resume);
+  ckpt_ = std::make_unique<checkpoint::ParallelCheckpoints>(spec_, *trainer_, resume);
+  saved_at_ = trainer_->current_step();
+  if (!holders.found && latest >= 0) arrival_.went_back = latest - trainer_->current_step();
+  arrival_.resume = since(t);
+
+  if (!folder_) open_run_folder();
+  if (lead()) {
+    // Whichever rank leads this world continues the metrics: lines of the steps it redoes
+    // are dropped (a checkpoint older than the survivors' step), later ones appended.
+    const bool continues = !first_world_ || continues_run(env_, args_.has("--resume"));
+    metrics_ = open_metrics(*folder_, continues ? std::optional<int64_t>(trainer_->current_step())
+                                                : std::nullopt);
+    if (first_world_) {
+      fs::create_directories(folder_->out);
+      std::ofstream(fs::path(folder_->out) / "config.yaml") << core::job_spec_to_yaml(spec_);
+      if (!folder_->note.empty()) std::printf("%s\n", folder_->note.c_str());
+    }
+  }
+  if (!first_world_) print_arrival(why, old_world, old_epoch);
+  const planner::Degrees& d = trainer_->plan().config.deg;
+  if (lead() && first_world_) {
+    std::printf(
+        "weft train: %s, %lld layers, dim %lld, %.2fM parameters, %lld tokens (train); world %d = "
+        "dp %lld x tp %lld x pp %lld x ep %lld (%s), zero %d, launched by %s%s\n",
+        spec_.model.arch.c_str(), (long long)spec_.model.layers, (long long)spec_.model.dim,
+        double(trainer_->num_parameters()) / 1e6, (long long)data_.train_tokens().size(),
+        env_.world, (long long)d.dp, (long long)d.tp, (long long)d.pp, (long long)d.ep,
+        trainer_->plan().config.schedule.c_str(), trainer_->plan().config.zero,
+        env_.launcher.c_str(), live_ ? "; resizes reshard live" : "");
+    std::fflush(stdout);
+  }
+  first_step_of_world_ = !first_world_;
+  resize_s_ = first_world_ ? 0 : since(change_at_);
+  first_world_ = false;
+}
+
+void RankTraining::print_arrival(const std::string& why, int old_world, int64_t old_epoch) {
+  if (!lead()) return;
+  const planner::Degrees& d = trainer_->plan().config.deg;
+  const Arrival& a = arrival_;
+  std::string from =
+      a.source == "survivors"
+          ? str("state from ", a.holders, " holder", a.holders == 1 ? "" : "s", " through the router (",
+                mib(size_t(a.bytes_sent)), " MiB between ranks, ", mib(size_t(a.bytes_local)),
+                " MiB kept or copied in place)")
+      : a.source == "checkpoint"
+          ? str("nobody alive holds all of the state: resumed from the latest checkpoint at step ",
+                trainer_->current_step(), ", ", a.went_back, " steps back")
+          : str("nobody alive holds all of the state and there is no checkpoint: started over "
+                "from step 0, ", a.went_back, " steps back");
+  std::printf(
+      "resize: epoch %lld -> %lld, world %d -> %d (dp %lld x tp %lld x pp %lld x ep %lld) at "
+      "step %lld: %s; %s; training again %.2f s after the change (membership %.2f, "
+      "communicators %.2f, plan %.2f, transfer %.2f, resume %.2f)\n",
+      (long long)old_epoch, (long long)env_.rdzv_epoch, old_world, env_.world, (long long)d.dp,
+      (long long)d.tp, (long long)d.pp, (long long)d.ep, (long long)trainer_->current_step(),
+      why.c_str(), from.c_str(), since(change_at_), a.wait, a.comms, a.plan, a.transfer, a.resume);
+  std::fflush(stdout);
+}
+
+void RankTraining::open_run_folder() {
+  std::optional<int64_t> resumed;
+  if (!first_world_ || continues_run(env_, args_.has("--resume")))
+    resumed = trainer_ ? trainer_->current_step() : 0;
+  folder_ = choose_run_folder(spec_.train.out_dir, args_.get_or("--metrics", ""), resumed);
+}
+
+void RankTraining::validate(bool last) {
+  if (!data_.has_val() || spec_.train.eval_every <= 0 ||
+      !(trainer_->current_step() % spec_.train.eval_every == 0 || last))
+    return;
+  // Validation runs on rank 0 from the gathered weights through the single-process
+  // evaluator (the same numbers as `weft train` on one process); the plan has no
+  // forward-only program yet.
+  core::NamedTensors now = trainer_->gather_weights();  // collective
+  if (!lead()) return;
+  if (!evaluator_) {
+    core::JobSpec one = spec_;
+    one.parallel = core::ParallelSpec();
+    evaluator_ = std::make_unique<core::Trainer>(one);
+  }
+  evaluator_->load_weights(now, "weights");
+  // loss_free: the routing bias is state beside the weights (the same on every rank).
+  if (trainer_->moe_balance() && evaluator_->moe_balance() &&
+      trainer_->moe_balance()->mode() == core::MoeBalance::Mode::kLossFree)
+    evaluator_->moe_balance()->copy_bias_from(*trainer_->moe_balance());
+  auto val_batch = [&](int64_t, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
+    data_.fill_val((b0 / spec_.train.global_batch), b0 % spec_.train.global_batch, n, x, y);
+  };
+  int64_t mbs = data_.num_val_batches() * (spec_.train.global_batch / spec_.train.micro_batch);
+  const int64_t step = trainer_->current_step() - 1;
+  double val = evaluator_->evaluate(val_batch, mbs);
+  metrics_->write_validation(step, val);
+  report_.add_validation(step, val);
+  std::printf("step %5lld/%lld | val_loss %.4f\n", (long long)step, (long long)spec_.train.steps,
+              val);
+  std::fflush(stdout);
+}
+
+std::optional<WorldEnd> RankTraining::one_step() {
+  auto t0 = Clock::now();
+  auto train_batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
+    data_.fill_train(s, b0, n, x, y);
+  };
+  core::StepStats st = trainer_->step(train_batch);
+  // Every rank has the same statistics, so every rank reaches the same verdict.
+  NonfiniteGuard::Verdict verdict = guard_.observe(st);
+  std::string first_bad;
+  if (verdict == NonfiniteGuard::Verdict::kStop)
+    first_bad = trainer_->first_nonfinite_gradient();  // collective, on the failure path only
+  double secs = since(t0);
+  if (lead()) {
+    core::io::StepMetrics m;
+    m.step = st.step;
+    m.loss = st.loss;
+    m.lr = st.lr;
+    m.grad_norm = st.grad_norm;
+    m.tokens_per_s = double(st.tokens) / secs;
+    m.world = env_.world;
+    m.epoch = env_.rdzv_epoch;
+    m.data_epoch = data_.sampler().epoch(st.step);
+    // Rank 0's share of the step in kernels and in waiting for communication.
+    const parallel::StepTimes& tt = trainer_->executor().last_step_times();
+    const double mem = mib(trainer_->activation_stats().bytes_live_peak);  // rank 0's
+    m.extra = {{"step_ms", secs * 1e3}, {"compute_ms", tt.compute * 1e3},
+               {"comm_ms", tt.comm * 1e3}, {"mem_peak_mib", mem}};
+    if (spec_.model.arch == "moe-gpt") m.extra.insert(m.extra.begin(), {"aux_loss", st.aux_loss});
+    if (!st.applied) m.extra.push_back({"skipped", 1});
+    if (first_step_of_world_) m.extra.push_back({"resize_ms", resize_s_ * 1e3});
+    metrics_->write_step(m);
+    report_.add_step(m);
+    if (verdict == NonfiniteGuard::Verdict::kSkipped)
+      std::printf("%s\n", guard_.skipped_line(st).c_str());
+    else if (verdict == NonfiniteGuard::Verdict::kApplied && spec_.train.log_every > 0 &&
+             (st.step % spec_.train.log_every == 0 || st.step + 1 == spec_.train.steps ||
+              first_step_of_world_))
+      std::printf(
+          "step %5lld/%lld | loss %.4f%s | lr %.2e | grad %.3f | %8.0f tok/s | mem %.1f MiB | "
+          "%.0f ms%s\n",
+          (long long)st.step, (long long)spec_.train.steps, st.loss,
+          aux_cell(spec_, st.aux_loss).c_str(), st.lr, st.grad_norm, m.tokens_per_s, mem,
+          secs * 1e3,
+          first_step_of_world_
+              ? str(" | world ", env_.world, " after a resize of ", resize_s_, " s").c_str()
+              : "");
+    std::fflush(stdout);
+  }
+  first_step_of_world_ = false;
+  // checkpoint.every: every rank writes its shard, rank 0 commits. After the step's metrics
+  // line, never before: a crash between the two would leave a checkpoint whose step has
+  // no line, and a restart resuming from it keeps only the lines before it.
+  if (verdict != NonfiniteGuard::Verdict::kStop) ckpt_->after_step();
+  if (saved_by_every(spec_, trainer_->current_step())) saved_at_ = trainer_->current_step();
+  if (verdict == NonfiniteGuard::Verdict::kStop) throw Error(guard_.stop_message(st, first_bad));
+  validate(trainer_->current_step() == spec_.train.steps);
+  // Every rank stops, or moves to the next epoch, after the same step.
+  const Agreed a = agree_at_step_end(world_->comm(), g_train_stop != 0, watch_.newer().has_value());
+  if (a.stop) return WorldEnd::kStopped;
+  if (a.change) return WorldEnd::kChange;
+  return std::nullopt;
+}
+
+WorldEnd RankTraining::train_world() {
+  // A lost member aborts this world's collectives at once (live only).
+  LossWatcher watcher(watch_, {&world_->comm()});
+  while (trainer_->current_step() < spec_.train.steps)
+    if (std::optional<WorldEnd> end = one_step()) return *end;
+  return WorldEnd::kDone;
+}
+
+EpochNotice RankTraining::wait_for_notice() {
+  const auto limit = std::chrono::milliseconds(env_int("WEFT_RESIZE_TIMEOUT_MS", 600'000));
+  const auto t0 = Clock::now();
+  for (;;) {
+    if (std::optional<EpochNotice> n = watch_.newer()) return *n;
+    if (g_train_stop) throw Error("stopped by a signal while waiting for the next membership epoch");
+    if (Clock::now() - t0 > limit)
+      throw TimeoutError(str("no new membership epoch from weft run within ",
+                             double(limit.count()) / 1000,
+                             " s after this world ended (WEFT_RESIZE_TIMEOUT_MS)"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+int RankTraining::run() {
+  catch_stop_signals();
+  if (live_) mark_following(watch_.path(), env_.local_rank);
+  auto t_start = Clock::now();
+  enter_world("");
+  for (;;) {
+    WorldEnd end;
+    std::string why;
+    bool torn = false;
+    try {
+      end = train_world();
+    } catch (const CommError& e) {
+      if (!live_) throw;
+      change_at_ = Clock::now();
+      end = WorldEnd::kFailed;
+      torn = trainer_->torn();
+      why = e.what();
+    }
+    if (end == WorldEnd::kDone || end == WorldEnd::kStopped) {
+      total_s_ = since(t_start);
+      return finish(end == WorldEnd::kStopped);
+    }
+    if (end == WorldEnd::kChange) change_at_ = Clock::now();
+    // This world is over: keep the state, drop everything else, go to the next epoch.
+    held_ = hold_state(*trainer_, ckpt_->space(), env_.rdzv_epoch, torn);
+    metrics_.reset();
+    ckpt_.reset();
+    trainer_.reset();
+    world_.reset();
+    const EpochNotice n = wait_for_notice();
+    watch_.adopt(n);
+    env_ = env_in_epoch(base_, n);
+    if (end == WorldEnd::kChange || why.empty()) why = n.why;
+    else why = n.why + " (a collective failed: " + why + ")";
+    enter_world(why);
+  }
+}
+
+int RankTraining::finish(bool stop) {
+  std::string final_save;
+  if (stop && !spec_.checkpoint.dir.empty() && saved_at_ != trainer_->current_step())
+    final_save = ckpt_->save();  // collective: every rank agreed to stop at this step
+  core::NamedTensors w;
+  if (args_.has("--save-weights")) w = trainer_->gather_weights();  // collective
+  if (!lead()) return stop ? 130 : 0;
+  if (stop)
+    std::printf("interrupted: stopped cleanly after step %lld\n",
+                (long long)trainer_->current_step() - 1);
+  if (!final_save.empty()) std::printf("interrupted: saved checkpoint %s\n", final_save.c_str());
+  if (args_.has("--save-weights")) core::io::save_safetensors(args_.get("--save-weights"), w);
+  metrics_.reset();
+  const fs::path out = folder_->out;
+  core::io::write_loss_curve_svg((out / "loss_curve.svg").string(),
+                                 core::io::read_metrics(folder_->metrics_path));
+  std::string summary = report_.summary(total_s_, trainer_->activation_stats(), spec_.memory.allocator);
+  std::ofstream(out / "summary.txt") << summary;
+  std::fputs(summary.c_str(), stdout);
+  std::printf("run folder: %s (metrics.jsonl, loss_curve.svg, summary.txt)\n",
+              out.string().c_str());
+  return stop ? 130 : 0;
+}
+
+}  // namespace
+
+int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::LaunchEnv& env) {
+  // `weft run` prefixes every line of its workers with [rank r]; mpirun and srun do not.
+  if (env.launcher != "weft run") log_set_rank(env.rank);
+  planner::resolve_parallel(spec, env.world);  // bad degrees fail here, before any rank connects
+  // A job that cannot fit fails here on every rank alike, before anything is allocated.
+  planner::check_fits_memory(spec, env.world, ranks_on_node(env));
+  core::cpu::set_num_threads(int(spec.train.threads));
+  RankTraining t(args, spec, env);
+  return t.run();
+}
+
+}  // namespace weft::launch
