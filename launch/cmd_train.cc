@@ -27,6 +27,7 @@
 #include "core/io/loss_plot.h"
 #include "core/io/metrics.h"
 #include "launch/elastic_worker.h"
+#include "launch/epoch_notice.h"
 #include "core/io/safetensors.h"
 #include "launch/args.h"
 #include "launch/commands.h"
@@ -206,8 +207,12 @@ int cmd_train(const std::vector<std::string>& argv) {
 #endif
   }
   // WEFT_PLAN_EXECUTOR=1 runs even one rank through the plan executor (the multi-rank code
-  // path), so that `weft bench scaling` calibrates on the executor its layouts run on.
-  if (env.world > 1 || env_int("WEFT_PLAN_EXECUTOR", 0) == 1) return train_ranks(args, spec, env);
+  // path), so that `weft bench scaling` calibrates on the executor its layouts run on. So
+  // does a lone rank of a job that may grow live: its world can change under it.
+  const bool may_grow_live = spec.elastic.on_change == "reshard" && env.launcher == "weft run" &&
+                             !env_string(kEpochFileVar, "").empty();
+  if (env.world > 1 || may_grow_live || env_int("WEFT_PLAN_EXECUTOR", 0) == 1)
+    return train_ranks(args, spec, env);
   core::cpu::set_num_threads(int(spec.train.threads));
   planner::check_fits_memory(spec, 1, 1);  // before anything is allocated
   core::Trainer trainer(spec);  // activation arena: memory.allocator (caching | planned)
