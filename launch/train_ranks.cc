@@ -62,6 +62,27 @@ struct Arrival {
   double wait = 0, comms = 0, plan = 0, transfer = 0, resume = 0;
 };
 
+// The summary's steps and validations from a metrics file (the lines kept so far).
+TrainReport report_from(const std::string& metrics, const core::JobSpec& spec) {
+  TrainReport r(spec);
+  for (const core::io::MetricsRow& row : core::io::read_metrics(metrics)) {
+    if (row.is_validation()) {
+      r.add_validation(int64_t(row.at("step")), row.at("val_loss"));
+      continue;
+    }
+    core::io::StepMetrics m;
+    m.step = int64_t(row.at("step"));
+    m.loss = row.at("loss");
+    m.lr = row.at("lr");
+    m.grad_norm = row.at("grad_norm");
+    m.tokens_per_s = row.at("tokens_per_s");
+    m.world = int64_t(row.get("world").value_or(1));
+    m.epoch = int64_t(row.get("epoch").value_or(0));
+    r.add_step(m);
+  }
+  return r;
+}
+
 class RankTraining {
  public:
   RankTraining(const Args& args, const core::JobSpec& spec, const parallel::LaunchEnv& env)
@@ -195,13 +216,15 @@ void RankTraining::enter_world(const std::string& why) {
   if (!holders.found && latest >= 0) arrival_.went_back = latest - trainer_->current_step();
   arrival_.resume = since(t);
 
-  if (!folder_) open_run_folder();
+  if (!folder_ && lead()) open_run_folder();  // live: every rank chose it above
   if (lead()) {
     // Whichever rank leads this world continues the metrics: lines of the steps it redoes
     // are dropped (a checkpoint older than the survivors' step), later ones appended.
     const bool continues = !first_world_ || continues_run(env_, args_.has("--resume"));
     metrics_ = open_metrics(*folder_, continues ? std::optional<int64_t>(trainer_->current_step())
                                                 : std::nullopt);
+    // A rank that becomes the lead takes over the run's history for its summary.
+    if (!first_world_) report_ = report_from(metrics_->path(), spec_);
     if (first_world_) {
       fs::create_directories(folder_->out);
       std::ofstream(fs::path(folder_->out) / "config.yaml") << core::job_spec_to_yaml(spec_);
