@@ -165,11 +165,12 @@ parallel::LaunchEnv env_in_epoch(const parallel::LaunchEnv& base, const EpochNot
   return e;
 }
 
-LossWatcher::LossWatcher(const EpochWatch& watch, std::vector<comm::Communicator*> comms) {
+LossWatcher::LossWatcher(const EpochWatch& watch, std::vector<comm::Communicator*> comms,
+                         bool any_newer) {
   if (watch.path().empty()) return;
-  thread_ = std::thread([this, watch, comms] {
+  thread_ = std::thread([this, watch, comms, any_newer] {
     while (!stop_.load()) {
-      if (std::optional<EpochNotice> n = watch.newer(); n && n->lost) {
+      if (std::optional<EpochNotice> n = watch.newer(); n && (n->lost || any_newer)) {
         for (comm::Communicator* c : comms)
           c->abort("the membership changed (epoch " + std::to_string(n->epoch) + "): " + n->why);
         return;

@@ -91,7 +91,10 @@ parallel::LaunchEnv env_in_epoch(const parallel::LaunchEnv& base, const EpochNot
 // node or a graceful change does not abort anything (the step boundary handles those).
 class LossWatcher {
  public:
-  LossWatcher(const EpochWatch& watch, std::vector<comm::Communicator*> comms);
+  // `any_newer`: abort on any later epoch, not only one that lost a member (while a world
+  // is being entered: a newer epoch means some of its ranks will never come).
+  LossWatcher(const EpochWatch& watch, std::vector<comm::Communicator*> comms,
+              bool any_newer = false);
   ~LossWatcher();  // stops and joins the thread
   LossWatcher(const LossWatcher&) = delete;
   LossWatcher& operator=(const LossWatcher&) = delete;

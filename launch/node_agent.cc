@@ -363,9 +363,11 @@ Stop NodeAgent::watch_elastic(const comm::Membership& m, int64_t round) {
     quick_growth_ = true;
   }
   if (std::optional<comm::Membership> next = rdzv_->poll_change()) {
-    Stop change = membership_change(m, *next);
+    Stop change = membership_change(m, *next);  // m: the workers' epoch (current_)
     if (!live_now) return change;
-    post_notice(*next, change);  // the workers reshard at their next step boundary
+    // Live workers must all see one world per epoch: an epoch a member has already left is
+    // re-formed at the next poll, and that one is posted (against the epoch they are in).
+    if (next->settled) post_notice(*next, membership_change(current_, *next));  // the workers reshard at their next step boundary
   }
   return {};
 }

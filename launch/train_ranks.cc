@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -101,6 +102,7 @@ class RankTraining {
 
  private:
   void enter_world(const std::string& why);
+  void enter_next_world(std::string why);
   WorldEnd train_world();
   // One step and what follows it (metrics, checkpoint, validation, the step-end agreement);
   // nullopt when the world goes on.
@@ -150,9 +152,20 @@ void RankTraining::enter_world(const std::string& why) {
   // Degrees that no longer fit the world stop the job here, naming them.
   planner::resolve_parallel(spec_, env_.world);
   planner::check_fits_memory(spec_, env_.world, ranks_on_node(env_));
+  std::function<std::string()> superseded;
+  if (live_)
+    superseded = [this] {
+      std::optional<EpochNotice> n = watch_.newer();
+      return n ? str("epoch ", env_.rdzv_epoch, " was replaced by epoch ", n->epoch,
+                     " before its world formed")
+               : std::string();
+    };
   world_ = std::make_unique<parallel::WorkerWorld>(
-      env_, comm::Millis(env_int("WEFT_COMM_TIMEOUT_MS", 60'000)));
+      env_, comm::Millis(env_int("WEFT_COMM_TIMEOUT_MS", 60'000)), superseded);
   comm::Communicator& comm = world_->comm();
+  // Until this world trains, a newer epoch ends it: some of its ranks will never come.
+  std::optional<LossWatcher> entering;
+  if (live_) entering.emplace(watch_, std::vector<comm::Communicator*>{&comm}, true);
   if (live_ && !folder_) open_run_folder();  // every rank, before rank 0 writes anything
   std::vector<HolderReport> reports;
   if (live_) reports = exchange_reports(comm, held_, host_key());
@@ -397,11 +410,35 @@ EpochNotice RankTraining::wait_for_notice() {
   }
 }
 
+// Enters the world of env_; when a newer epoch replaces it before it trains (or one of its
+// ranks fails meanwhile), moves on to the next notice. What the router already took of the
+// held state is gone then (held_ says so), and the next world finds it elsewhere.
+void RankTraining::enter_next_world(std::string why) {
+  for (;;) {
+    try {
+      enter_world(why);
+      return;
+    } catch (const CommError& e) {
+      if (!live_) throw;
+      std::printf("weft train: rank %d: world of epoch %lld not entered (%s); waiting for the next\n",
+                  env_.rank, (long long)env_.rdzv_epoch, e.what());
+      std::fflush(stdout);
+      ckpt_.reset();
+      trainer_.reset();
+      world_.reset();
+      const EpochNotice n = wait_for_notice();
+      watch_.adopt(n);
+      env_ = env_in_epoch(base_, n);
+      why = n.why;
+    }
+  }
+}
+
 int RankTraining::run() {
   catch_stop_signals();
   if (live_) mark_following(watch_.path(), env_.local_rank);
   auto t_start = Clock::now();
-  enter_world("");
+  enter_next_world("");
   for (;;) {
     WorldEnd end;
     std::string why;
@@ -431,7 +468,7 @@ int RankTraining::run() {
     env_ = env_in_epoch(base_, n);
     if (end == WorldEnd::kChange || why.empty()) why = n.why;
     else why = n.why + " (a collective failed: " + why + ")";
-    enter_world(why);
+    enter_next_world(why);
   }
 }
 

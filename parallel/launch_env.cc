@@ -14,6 +14,7 @@
 #include "base/error.h"
 #include "comm/registry.h"
 #include "comm/store/auth.h"
+#include "comm/store/cancellable_store.h"
 #include "comm/store/tcp_store.h"
 #include "comm/store/tcp_store_server.h"
 #include "core/rng.h"
@@ -230,7 +231,9 @@ LaunchEnv detect_launch_env() {
   return e;
 }
 
-WorkerWorld::WorkerWorld(const LaunchEnv& env, comm::Millis timeout) : env_(env) {
+WorkerWorld::WorkerWorld(const LaunchEnv& env, comm::Millis timeout,
+                         std::function<std::string()> cancelled)
+    : env_(env) {
   if (env_.host_store) {
     comm::TCPStoreServerOptions so;
     so.host = env_.bind_host.empty() ? env_.store_host : env_.bind_host;
@@ -238,8 +241,9 @@ WorkerWorld::WorkerWorld(const LaunchEnv& env, comm::Millis timeout) : env_(env)
     so.token = comm::auth::token_from_env();
     server_ = std::make_unique<comm::TCPStoreServer>(so);
   }
-  store_ = std::make_unique<comm::TCPStore>(comm::TCPStoreOptions{
+  store_ = std::make_shared<comm::TCPStore>(comm::TCPStoreOptions{
       env_.store_host, env_.store_port, timeout, comm::auth::token_from_env()});
+  if (cancelled) store_ = std::make_shared<comm::CancellableStore>(store_, std::move(cancelled));
   comm::CommOptions o;
   o.rank = env_.rank;
   o.size = env_.world;

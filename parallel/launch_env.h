@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -66,7 +67,11 @@ std::string slurm_first_host(const std::string& nodelist,
 // joined, bounded by `timeout` (TimeoutError naming the missing side otherwise).
 class WorkerWorld {
  public:
-  WorkerWorld(const LaunchEnv& env, comm::Millis timeout);
+  // `cancelled` (optional): asked while the world is being built; a non-empty reason stops
+  // the build with CommError (a live worker whose epoch a newer one replaced: some of its
+  // ranks will never come).
+  WorkerWorld(const LaunchEnv& env, comm::Millis timeout,
+              std::function<std::string()> cancelled = {});
   ~WorkerWorld();
   comm::Communicator& comm() { return *comm_; }
   const LaunchEnv& env() const { return env_; }
@@ -74,7 +79,7 @@ class WorkerWorld {
  private:
   LaunchEnv env_;
   std::unique_ptr<comm::TCPStoreServer> server_;
-  std::unique_ptr<comm::Store> store_;
+  std::shared_ptr<comm::Store> store_;
   std::unique_ptr<comm::Communicator> comm_;
 };
 

@@ -78,8 +78,10 @@ Decision Rendezvous::decide_now(const MembershipRecord& r, const std::set<std::s
 Membership Rendezvous::make_membership(const MembershipRecord& r) const {
   Membership m;
   m.epoch = r.epoch;
-  for (const auto& [id, rank] : r.members)
+  for (const auto& [id, rank] : r.members) {
     if (!r.has_left(id)) m.members.push_back({id, rank});
+    else m.settled = false;
+  }
   std::sort(m.members.begin(), m.members.end(),
             [](const Member& a, const Member& b) { return a.node_rank < b.node_rank; });
   for (size_t i = 0; i < m.members.size(); ++i) {

@@ -61,6 +61,11 @@ struct Membership {
   int index = 0;                // this node's position in `members`: its dense rank in [0, world)
   std::vector<Member> members;  // by node_rank
   std::string store_prefix;     // "rdzv/<run id>/epoch/<epoch>": keys for this epoch's bootstrap
+  // False when a member of the epoch has left since it formed (`members` leaves it out, so
+  // two nodes may see different member lists for one epoch until the next epoch re-forms
+  // without it, which the next poll does): a group that must agree on the world of an
+  // epoch (live workers) waits for a settled one.
+  bool settled = true;
   int world() const { return int(members.size()); }
 };
 
