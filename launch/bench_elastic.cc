@@ -139,7 +139,7 @@ std::vector<std::string> train_sets(const Options& o, int layers) {
                                 "train.threads=" + std::to_string(o.threads)};
   // Every 2: the new world's first step (the one after the checkpoint it resumed) is logged
   // without a save of its own in it (weft train logs a step after its checkpoint).
-  if (!user_sets(o, "checkpoint.every")) s.push_back("checkpoint.every=2");
+  if (o.mode == "restart" && !user_sets(o, "checkpoint.every")) s.push_back("checkpoint.every=2");
   if (layers > 0) s.push_back("model.layers=" + std::to_string(layers));
   s.insert(s.end(), o.mode_sets.begin(), o.mode_sets.end());
   s.insert(s.end(), o.sets.begin(), o.sets.end());
@@ -601,7 +601,6 @@ int run_elastic_bench(const std::vector<std::string>& argv) {
     r.dir = o.dir / "restart";
     r.own_dir = false;
     fs::create_directories(r.dir);
-    if (!user_sets(r, "checkpoint.every")) r.mode_sets.push_back("checkpoint.every=2");
     r.spec = core::load_job_spec(r.config, train_sets(r, int(o.spec.model.layers)));
     restart = run_restart(r);
     if (!restart) return 1;
