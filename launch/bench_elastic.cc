@@ -1,5 +1,6 @@
-// `weft bench elastic --mode restart`: options, model sizing against this machine's memory,
-// the agents, the kill, the five phases and the table (launch/bench_elastic.h).
+// `weft bench elastic`: options, model sizing against this machine's memory, and the restart
+// mode: the agents, the kill, the five phases and its table (launch/bench_elastic.h). The
+// reshard mode is launch/bench_elastic_reshard.cc.
 #include "launch/bench_elastic.h"
 
 #include <netinet/in.h>
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -23,38 +25,61 @@
 #include "core/config/job_spec.h"
 #include "launch/args.h"
 #include "launch/bench_elastic_agent.h"
+#include "launch/bench_elastic_parts.h"
 #include "planner/memory_estimate.h"
 
 namespace weft::launch {
-namespace {
-
-namespace fs = std::filesystem;
+namespace bench {
 
 constexpr const char* kHelp =
-    "usage: weft bench elastic --mode restart [--nodes N] [--config FILE] [--params P]\n"
-    "                          [--set KEY=VALUE]... [--threads T] [--heartbeat-timeout S]\n"
-    "                          [--timeout S] [--dir DIR] [--keep]\n"
-    "  The restart baseline: N `weft run` agents on 127.0.0.1 (--nnodes N-1:N --max-restarts\n"
-    "  1, one worker each) train one job; right after its first checkpoint one node's agent is\n"
-    "  killed (SIGKILL, its worker dies with it). The time from the kill to the first step of\n"
-    "  the new world, split into detect (a survivor names the lost node), rendezvous (every\n"
-    "  survivor is a node of the new epoch), restart (the new rank 0's first line: started,\n"
-    "  connected, model built), load (checkpoint resumed) and first step, read from the\n"
-    "  agents' output lines stamped on arrival; beside published numbers.\n"
-    "  --mode restart        the only mode for now (online resharding is the next issue)\n"
-    "  --nodes N             agents (default 3, at least 3: 2 survivors of 3 keep a majority)\n"
-    "  --config FILE         weft train's job (default configs/bench-elastic-350m.yaml: a gpt of\n"
-    "                        353.84M parameters, Adam, parallel.zero 1)\n"
-    "  --params P            scale the model's layers to about P parameters (350M, 150M, 2.5e8)\n"
-    "  --set KEY=VALUE       passed to weft train (after the bench's own settings)\n"
-    "  --threads T           train.threads of each worker (default: cores / N, at least 1)\n"
-    "  --heartbeat-timeout S the agents' --rdzv-conf heartbeat_timeout (default weft run's)\n"
-    "  --timeout S           bound on the whole run (default 3600)\n"
-    "  --dir DIR             scratch folder: checkpoints, run folder, agent-<i>.log (default: a\n"
-    "                        temporary one, removed after a successful run unless --keep)\n"
-    "  --keep                keep the temporary scratch folder\n"
-    "  The job must fit this machine's memory for N ranks (estimated first; refused with what\n"
-    "  to change otherwise).\n";
+    "usage: weft bench elastic [--mode restart|reshard|both] [--nodes N] [--config FILE]\n"
+    "                          [--params P] [--set KEY=VALUE]... [--threads T]\n"
+    "                          [--heartbeat-timeout S] [--timeout S] [--dir DIR] [--keep]\n"
+    "  Agents of `weft run` on 127.0.0.1 (one node each, one worker per node) train one job\n"
+    "  while nodes die and join; each change's downtime is read from the agents' output lines,\n"
+    "  stamped on arrival here.\n"
+    "  --mode restart  (default) the baseline: N agents (--nnodes N-1:N --max-restarts 1);\n"
+    "                  right after the first checkpoint one node's agent is killed (SIGKILL, its\n"
+    "                  worker dies with it). The time from the kill to the first step of the new\n"
+    "                  world, split into detect (a survivor names the lost node), rendezvous\n"
+    "                  (every survivor is a node of the new epoch), restart (the new rank 0's\n"
+    "                  first line), load (checkpoint resumed) and first step; beside published\n"
+    "                  numbers.\n"
+    "  --mode reshard  online resize (elastic.on_change: reshard, parallel.dp auto, zero 0,\n"
+    "                  global_batch 12): 4 agents (--nnodes 2:4 --max-restarts 0), then on one\n"
+    "                  live job: shrink (the workers of 2 nodes SIGKILLed: their agents leave at\n"
+    "                  once; dp4 -> dp2, no bytes need to move), grow (a new agent joins: dp2 ->\n"
+    "                  dp3), failure (a node's agent SIGKILLed, noticed when its heartbeat\n"
+    "                  expires: dp3 -> dp2). Per change: the downtime (shrink, failure: from the\n"
+    "                  kill; grow: from the survivors' notice, the old world trains while the\n"
+    "                  newcomer starts), detection on its own, the resize line's phases\n"
+    "                  (membership / communicators / plan / transfer / resume), MiB between\n"
+    "                  ranks against the minimum, and the workers' peak RSS (VmHWM).\n"
+    "  --mode both     the restart baseline on the same job first (3 nodes, one agent killed:\n"
+    "                  3 -> 2, like reshard's failure), then reshard, and the ratio restart /\n"
+    "                  reshard per change (shrink and grow against the restart's downtime less\n"
+    "                  its detection: measured restarts of those changes are not in yet).\n"
+    "  --nodes N       restart: agents (default 3, at least 3: 2 survivors of 3 keep a\n"
+    "                  majority); reshard and both run 4\n"
+    "  --config FILE   weft train's job (default configs/bench-elastic-350m.yaml: a gpt of\n"
+    "                  353.84M parameters, Adam, parallel.zero 1)\n"
+    "  --params P      scale the model's layers to about P parameters (350M, 40M, 2.5e8).\n"
+    "                  reshard and both default to 100M: full replicas (zero 0, 16 B/parameter)\n"
+    "                  on 4 ranks are 6.4 GB, 11 GB with the 1.75x measured over the estimate,\n"
+    "                  which leaves a 24 GB machine room for the transitions' second copies\n"
+    "                  (the 354M default would need 40 GB at zero 0 on 4 ranks)\n"
+    "  --set KEY=VALUE passed to weft train (after the bench's own settings)\n"
+    "  --threads T     train.threads of each worker (default: cores / ranks, at least 1)\n"
+    "  --heartbeat-timeout S  the agents' --rdzv-conf heartbeat_timeout (default weft run's)\n"
+    "  --timeout S     bound on each run (default 3600)\n"
+    "  --dir DIR       scratch folder: checkpoints, run folder, agent-<i>.log (default: a\n"
+    "                  temporary one, removed after a successful run unless --keep)\n"
+    "  --keep          keep the temporary scratch folder\n"
+    "  The job must fit this machine's memory for its largest world (estimated first; refused\n"
+    "  with what to change otherwise).\n";
+
+// --mode reshard and both: the default model (see kHelp's --params).
+constexpr double kReshardDefaultParams = 100e6;
 
 // Published numbers to set the total beside (design/anchors/elastic.md; other hardware and
 // scales: framing, not like for like).
@@ -75,19 +100,6 @@ const Reference kReferences[] = {
 // 3 ranks (each worker at 6.5 GB resident before the kill, 7.3 GB in the world of 2 while
 // resuming: the checkpoint's save and resume hold copies of the state the estimate omits).
 constexpr double kMeasuredOverEstimate = 1.75;
-
-struct Options {
-  int nodes = 3;
-  std::string config;
-  std::vector<std::string> sets;  // to weft train, in order
-  int threads = 1;
-  double heartbeat_timeout = 0;  // 0: weft run's default
-  double timeout = 3600;
-  fs::path dir;
-  bool own_dir = false, keep = false;
-  core::JobSpec spec;
-  double params = 0;
-};
 
 double param_count(const core::JobSpec& spec) {
   return planner::estimate_memory(spec, 1).parameters / 4.0;  // f32
@@ -127,19 +139,20 @@ std::vector<std::string> train_sets(const Options& o, int layers) {
                                 "train.threads=" + std::to_string(o.threads)};
   // Every 2: the new world's first step (the one after the checkpoint it resumed) is logged
   // without a save of its own in it (weft train logs a step after its checkpoint).
-  if (!user_sets(o, "checkpoint.every")) s.push_back("checkpoint.every=2");
+  if (o.mode == "restart" && !user_sets(o, "checkpoint.every")) s.push_back("checkpoint.every=2");
   if (layers > 0) s.push_back("model.layers=" + std::to_string(layers));
+  s.insert(s.end(), o.mode_sets.begin(), o.mode_sets.end());
   s.insert(s.end(), o.sets.begin(), o.sets.end());
   return s;
 }
 
 // Loads the job as the workers will, scaled to --params, and checks that it can run here:
 // a global batch both worlds divide, a checkpoint, and memory for N ranks.
-void size_job(Options& o, const Args& a) {
+void size_job(Options& o, const Args& a, const std::vector<int>& worlds, double default_params) {
   o.spec = core::load_job_spec(o.config, train_sets(o, 0));
-  if (a.has("--params")) {
+  if (a.has("--params") || (default_params > 0 && !user_sets(o, "model.layers"))) {
     // The count is affine in the layers at a fixed width and vocabulary.
-    const double want = parse_count(a.get("--params"));
+    const double want = a.has("--params") ? parse_count(a.get("--params")) : default_params;
     core::JobSpec one = o.spec, two = o.spec;
     one.model.layers = 1;
     two.model.layers = 2;
@@ -150,24 +163,29 @@ void size_job(Options& o, const Args& a) {
   }
   o.params = param_count(o.spec);
   const core::TrainSpec& t = o.spec.train;
-  for (int world : {o.nodes, o.nodes - 1})
+  int64_t lcm = 1;
+  std::string names;
+  for (int world : worlds) {
+    lcm = std::lcm(lcm, int64_t(world));
+    names += (names.empty() ? "" : ", ") + std::to_string(world);
+  }
+  for (int world : worlds)
     if (t.global_batch % (t.micro_batch * world) != 0)
-      throw ConfigError(
-          "train.global_batch",
-          str(t.global_batch, " must be a multiple of micro_batch x dp for both worlds (", o.nodes,
-              " and ", o.nodes - 1, " ranks): use a multiple of ",
-              t.micro_batch * o.nodes * (o.nodes - 1)));
-  if (o.spec.checkpoint.every <= 0)
+      throw ConfigError("train.global_batch",
+                        str(t.global_batch, " must be a multiple of micro_batch x dp for every world (",
+                            names, " ranks): use a multiple of ", t.micro_batch * lcm));
+  if (o.mode == "restart" && o.spec.checkpoint.every <= 0)
     throw ConfigError("checkpoint.every",
                       "must be > 0: a node is killed after the first checkpoint");
   double need = 0;
-  for (int world : {o.nodes, o.nodes - 1})
+  for (int world : worlds)
     need = std::max(need, world * planner::estimate_memory(o.spec, world).total());
   const int64_t avail = planner::available_memory_bytes();
   if (avail > 0 && kMeasuredOverEstimate * need > 0.9 * double(avail))
     throw ConfigError(
         "--params",
-        str("the job needs about ", gb(kMeasuredOverEstimate * need), " for ", o.nodes, " ranks (",
+        str("the job needs about ", gb(kMeasuredOverEstimate * need), " for ",
+            *std::max_element(worlds.begin(), worlds.end()), " ranks (",
             kMeasuredOverEstimate, " x the estimate of ", gb(need), "), more than 90% of the ",
             gb(double(avail)), " available: use fewer parameters (--params)",
             o.spec.parallel.zero == 0 ? ", or --set parallel.zero=1 to shard Adam's moments" : ""));
@@ -370,36 +388,14 @@ void print_table(const Options& o, const Phases& p, double t_kill, long long las
       "timeouts (10-30 min).\n");
 }
 
-}  // namespace
 
-int run_elastic_bench(const std::vector<std::string>& argv) {
-  for (const std::string& s : argv)
-    if (s == "--help" || s == "-h") return std::fputs(kHelp, stdout), 0;
-  Args a(argv,
-         {"--mode", "--nodes", "--config", "--params", "--set", "--threads", "--heartbeat-timeout",
-          "--timeout", "--dir"},
-         {"--keep"});
-  const std::string mode = a.get_or("--mode", "restart");
-  if (mode != "restart")
-    throw ConfigError("--mode", "'" + mode +
-                                    "': not yet: online resharding is the next issue "
-                                    "(--mode restart measures the baseline it must beat)");
-  Options o;
-  o.nodes = int(a.get_int("--nodes", 3));
-  if (o.nodes < 3 || o.nodes > 16)
-    throw ConfigError("--nodes", str(o.nodes,
-                                     ": expected 3 to 16; the survivors of a loss must "
-                                     "be a strict majority of the last membership (2 of 3)"));
-  o.config =
-      a.get_or("--config", std::string(WEFT_SOURCE_DIR) + "/configs/bench-elastic-350m.yaml");
-  o.sets = a.all("--set");
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  o.threads = int(a.get_int("--threads", std::max(1, cores / o.nodes)));
-  if (o.threads < 1) throw ConfigError("--threads", "expected at least 1");
-  o.heartbeat_timeout = seconds_option(a, "--heartbeat-timeout", 0);
-  o.timeout = seconds_option(a, "--timeout", 3600);
-  o.keep = a.flag("--keep");
-  size_job(o, a);  // before the scratch folder exists: a refusal leaves nothing behind
+double heartbeat_seconds(const Options& o) {
+  return o.heartbeat_timeout > 0
+             ? o.heartbeat_timeout
+             : double(comm::RendezvousOptions{}.heartbeat_timeout.count()) / 1000;
+}
+
+void make_dir(Options& o, const Args& a) {
   if (a.has("--dir")) {
     o.dir = a.get("--dir");
     fs::create_directories(o.dir);
@@ -409,12 +405,12 @@ int run_elastic_bench(const std::vector<std::string>& argv) {
     o.dir = t;
     o.own_dir = true;
   }
+}
 
+std::optional<RestartResult> run_restart(Options& o) {
   const core::JobSpec& s = o.spec;
   const planner::MemoryEstimate per_rank = planner::estimate_memory(s, o.nodes);
-  const double hb = o.heartbeat_timeout > 0
-                        ? o.heartbeat_timeout
-                        : double(comm::RendezvousOptions{}.heartbeat_timeout.count()) / 1000;
+  const double hb = heartbeat_seconds(o);
   std::printf(
       "weft bench elastic --mode restart: from a node's death to the first step of the new "
       "world\n");
@@ -427,7 +423,7 @@ int run_elastic_bench(const std::vector<std::string>& argv) {
       "parallel.zero %lld, train.threads %d (%d cores)\n",
       s.model.arch.c_str(), (long long)s.model.layers, (long long)s.model.dim,
       (long long)s.model.vocab, (long long)s.model.seq_len, o.params / 1e6,
-      (long long)s.parallel.zero, o.threads, cores);
+      (long long)s.parallel.zero, o.threads, int(std::max(1u, std::thread::hardware_concurrency())));
   std::printf(
       "  state: 16 B/parameter = %s per full replica; estimated %s per rank, %s for %d ranks "
       "(%s available)\n",
@@ -524,7 +520,7 @@ int run_elastic_bench(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "weft bench elastic: failed: %s\n", failure.c_str());
     print_tails(agents, o.dir);
     std::fprintf(stderr, "logs and checkpoints kept in %s\n", o.dir.c_str());
-    return 1;
+    return std::nullopt;
   }
   note(ph.first_step->t, str("the new world logged its first step; stopping the agents"));
   // The old world's last step: rank 0's progress lines until its agent named the change (the
@@ -550,7 +546,67 @@ int run_elastic_bench(const std::vector<std::string>& argv) {
     std::printf("logs (agent-<i>.log, lines stamped in seconds) and checkpoints kept in %s\n",
                 o.dir.c_str());
   }
-  return 0;
+  return RestartResult{ph.detect->t - t_kill, ph.first_step->t - t_kill};
+}
+
+}  // namespace bench
+
+int run_elastic_bench(const std::vector<std::string>& argv) {
+  using namespace bench;
+  for (const std::string& s : argv)
+    if (s == "--help" || s == "-h") return std::fputs(kHelp, stdout), 0;
+  Args a(argv,
+         {"--mode", "--nodes", "--config", "--params", "--set", "--threads", "--heartbeat-timeout",
+          "--timeout", "--dir"},
+         {"--keep"});
+  Options o;
+  o.mode = a.get_or("--mode", "restart");
+  if (o.mode != "restart" && o.mode != "reshard" && o.mode != "both")
+    throw ConfigError("--mode", "'" + o.mode + "': expected restart, reshard or both");
+  o.nodes = int(a.get_int("--nodes", 3));
+  if (o.mode == "restart" && (o.nodes < 3 || o.nodes > 16))
+    throw ConfigError("--nodes", str(o.nodes,
+                                     ": expected 3 to 16; the survivors of a loss must "
+                                     "be a strict majority of the last membership (2 of 3)"));
+  if (o.mode != "restart" && a.has("--nodes") && o.nodes != 4)
+    throw ConfigError("--nodes", str(o.nodes, ": --mode ", o.mode,
+                                     " runs 4 nodes (dp4 -> dp2 -> dp3 -> dp2); leave --nodes out"));
+  o.config =
+      a.get_or("--config", std::string(WEFT_SOURCE_DIR) + "/configs/bench-elastic-350m.yaml");
+  o.sets = a.all("--set");
+  o.heartbeat_timeout = seconds_option(a, "--heartbeat-timeout", 0);
+  o.timeout = seconds_option(a, "--timeout", 3600);
+  o.keep = a.flag("--keep");
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  // The same job for both modes: full replicas (zero 0: a DP shrink moves no bytes, and
+  // the dead ranks' moments live on in the survivors) and a batch dp 4, 3 and 2 divide.
+  if (o.mode != "restart")
+    o.mode_sets = {"parallel.zero=0", "parallel.dp=auto", "train.global_batch=12"};
+  const int most = o.mode == "restart" ? o.nodes : 4;
+  o.threads = int(a.get_int("--threads", std::max(1, cores / most)));
+  if (o.threads < 1) throw ConfigError("--threads", "expected at least 1");
+  // Before the scratch folder exists: a refusal leaves nothing behind.
+  if (o.mode == "restart") {
+    size_job(o, a, {o.nodes, o.nodes - 1}, 0);
+    make_dir(o, a);
+    return run_restart(o) ? 0 : 1;
+  }
+  size_job(o, a, {4, 3, 2}, kReshardDefaultParams);
+  make_dir(o, a);
+  std::optional<RestartResult> restart;
+  if (o.mode == "both") {
+    Options r = o;  // the same job, checkpoint-restarted: 3 nodes, one killed (3 -> 2)
+    r.mode = "restart";
+    r.nodes = 3;
+    r.dir = o.dir / "restart";
+    r.own_dir = false;
+    fs::create_directories(r.dir);
+    r.spec = core::load_job_spec(r.config, train_sets(r, int(o.spec.model.layers)));
+    restart = run_restart(r);
+    if (!restart) return 1;
+    std::printf("\n");
+  }
+  return run_reshard(o, restart);
 }
 
 }  // namespace weft::launch

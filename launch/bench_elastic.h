@@ -1,9 +1,11 @@
-// `weft bench elastic --mode restart`: the restart baseline of elasticity. N weft run agents
-// on loopback train one job (by default ~350M parameters with Adam, configs/
-// bench-elastic-350m.yaml); right after the first checkpoint one node's agent is killed
-// (SIGKILL), and the time from its death to the first step of the new world is split into
-// detect / rendezvous / restart / load / first step, from the agents' and the new rank 0's
-// output lines, stamped on arrival here (steady clock). Online resharding must beat it.
+// `weft bench elastic`: the downtime of elasticity, with `weft run` agents on loopback.
+// --mode restart (the baseline): N agents train one job (by default ~350M parameters with
+// Adam, configs/bench-elastic-350m.yaml); right after the first checkpoint one node's agent is
+// killed (SIGKILL), and the time from its death to the first step of the new world is split
+// into detect / rendezvous / restart / load / first step. --mode reshard: one live job
+// (elastic.on_change: reshard) shrinks (dp4 -> dp2), grows (-> dp3) and loses a node (-> dp2);
+// each change's downtime, the resize line's phases and the bytes moved. --mode both: both,
+// side by side. Times come from the agents' output lines, stamped on arrival (steady clock).
 #pragma once
 
 #include <string>
@@ -12,9 +14,8 @@
 namespace weft::launch {
 
 // Runs the benchmark (see its --help) and prints the table; returns the exit code: 0 when
-// every phase was seen, 1 when the job failed or a phase did not come within --timeout.
-// ConfigError for bad options, a mode other than restart ("not yet"), or a model that does
-// not fit this machine's memory.
+// every phase of every change was seen, 1 when the job failed or a phase did not come within
+// --timeout. ConfigError for bad options or a model that does not fit this machine's memory.
 int run_elastic_bench(const std::vector<std::string>& args);
 
 }  // namespace weft::launch

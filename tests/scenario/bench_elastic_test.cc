@@ -1,10 +1,12 @@
-// `weft bench elastic --mode restart` end to end with a tiny model: three agents, one killed
-// after the first checkpoint, and a table with the five phases and the total. Structure and
-// non-negative times, not timing.
+// `weft bench elastic` end to end with a tiny model: --mode restart (three agents, one killed
+// after the first checkpoint, a table with the five phases and the total) and --mode reshard
+// (one live job shrinks, grows and loses a node; a row per change in each table). Structure
+// and non-negative times, not timing.
 #include <gtest/gtest.h>
 
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/support/run_weft.h"
@@ -62,17 +64,72 @@ TEST(BenchElastic, TinyRestartPrintsFivePhasesAndTheTotal) {
   EXPECT_NE(ref[2].find("x (total)"), std::string::npos) << ref[2];
 }
 
-TEST(BenchElastic, OtherModesAreRefusedAsNotYet) {
-  weft::test::CommandResult r = weft::test::run_weft("bench elastic --mode reshard");
+TEST(BenchElastic, TinyReshardPrintsEveryChangeAndEndsOk) {
+  weft::test::CommandResult r = weft::test::run_weft(
+      "bench elastic --mode reshard --set model.layers=2 --set model.dim=32 --set model.heads=2 "
+      "--set model.vocab=256 --heartbeat-timeout 2 --timeout 240");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("weft run --nnodes 2:4 --max-restarts 0"), std::string::npos) << r.out;
+  for (const char* table : {"change", "phases", "bytes"})
+    EXPECT_FALSE(row(r.out, table).empty()) << table;
+  // Each change has a row in each table (the first row with the name: the downtime table).
+  const std::pair<const char*, const char*> worlds[] = {
+      {"shrink", "4 -> 2"}, {"grow", "2 -> 3"}, {"failure", "3 -> 2"}};
+  for (const auto& [name, world] : worlds) {
+    std::vector<std::string> d = row(r.out, name);
+    ASSERT_EQ(d.size(), 7u) << name << "\n" << r.out;
+    EXPECT_EQ(d[1], world) << name;
+    EXPECT_GT(std::stod(d[2]), 0) << name;
+    if (std::string(name) == "failure") EXPECT_GE(std::stod(d[3]), 0);
+  }
+  // The phases and the bytes: the rows after the tables' headers.
+  std::stringstream lines(r.out);
+  int phases = 0, bytes = 0;
+  std::string table;
+  for (std::string l; std::getline(lines, l);) {
+    if (l.rfind("phases ", 0) == 0 || l.rfind("bytes ", 0) == 0 || l.rfind("change ", 0) == 0)
+      table = l.substr(0, l.find(' '));
+    else if (l.empty())
+      table.clear();
+    else if (table == "phases") {
+      std::stringstream parts(l);
+      std::vector<std::string> cells;
+      for (std::string c; std::getline(parts, c, '|');) cells.push_back(c);
+      ASSERT_EQ(cells.size(), 8u) << l;
+      for (size_t k = 1; k < 7; ++k) EXPECT_GE(std::stod(cells[k]), 0) << l;
+      ++phases;
+    } else if (table == "bytes" && l.find('|') != std::string::npos) {
+      std::stringstream parts(l);
+      std::vector<std::string> cells;
+      for (std::string c; std::getline(parts, c, '|');) cells.push_back(c);
+      ASSERT_EQ(cells.size(), 6u) << l;
+      EXPECT_GT(std::stoi(cells[1]), 0) << l;  // holders
+      for (size_t k = 2; k < 5; ++k) EXPECT_GE(std::stod(cells[k]), 0) << l;
+      ++bytes;
+    }
+  }
+  EXPECT_EQ(phases, 3) << r.out;
+  EXPECT_EQ(bytes, 3) << r.out;
+  EXPECT_NE(r.out.find("job: ok: every change resharded live"), std::string::npos) << r.out;
+}
+
+TEST(BenchElastic, BadOptionsAreRefused) {
+  weft::test::CommandResult r = weft::test::run_weft("bench elastic --mode sideways");
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("not yet: online resharding is the next issue"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("expected restart, reshard or both"), std::string::npos) << r.out;
+  weft::test::CommandResult five = weft::test::run_weft("bench elastic --mode reshard --nodes 5");
+  EXPECT_EQ(five.code, 2) << five.out;
+  EXPECT_NE(five.out.find("--nodes"), std::string::npos) << five.out;
   weft::test::CommandResult two = weft::test::run_weft("bench elastic --mode restart --nodes 2");
   EXPECT_EQ(two.code, 2) << two.out;
   EXPECT_NE(two.out.find("--nodes"), std::string::npos) << two.out;
-  // A model this machine cannot hold for three ranks is refused before anything starts.
-  weft::test::CommandResult big = weft::test::run_weft("bench elastic --params 1000B");
-  EXPECT_EQ(big.code, 2) << big.out;
-  EXPECT_NE(big.out.find("available"), std::string::npos) << big.out;
+  // A model this machine cannot hold for its ranks is refused before anything starts.
+  for (const char* mode : {"restart", "reshard"}) {
+    weft::test::CommandResult big =
+        weft::test::run_weft(std::string("bench elastic --params 1000B --mode ") + mode);
+    EXPECT_EQ(big.code, 2) << big.out;
+    EXPECT_NE(big.out.find("available"), std::string::npos) << big.out;
+  }
 }
 
 TEST(BenchElastic, HelpNamesTheOptions) {

@@ -1,0 +1,74 @@
+// The parts `weft bench elastic` shares between its modes (launch/bench_elastic.cc: restart,
+// options and sizing; launch/bench_elastic_reshard.cc: online resharding): options, job
+// sizing against this machine's memory, the agents' command line, and output-line parsing.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/config/job_spec.h"
+#include "launch/args.h"
+#include "launch/bench_elastic_agent.h"
+
+namespace weft::launch::bench {
+
+namespace fs = std::filesystem;
+
+struct Options {
+  std::string mode = "restart";  // restart | reshard | both
+  int nodes = 3;                 // restart: agents at the start
+  std::string config;
+  std::vector<std::string> sets;  // to weft train, in order
+  std::vector<std::string> mode_sets;  // the mode's own settings, before the user's
+  int threads = 1;
+  double heartbeat_timeout = 0;  // 0: weft run's default
+  double timeout = 3600;
+  fs::path dir;
+  bool own_dir = false, keep = false;
+  core::JobSpec spec;
+  double params = 0;
+};
+
+// What the restart run measured (seconds from the kill).
+struct RestartResult {
+  double detect = 0, total = 0;
+};
+
+// "350M", "1.5B", "2.5e6" -> a count; ConfigError naming --params otherwise.
+double parse_count(const std::string& s);
+std::string gb(double bytes);
+double param_count(const core::JobSpec& spec);
+// The bench's settings for weft train: its own, the mode's, --params' layers, the user's.
+std::vector<std::string> train_sets(const Options& o, int layers);
+// Loads the job as the workers will, scaled to --params (or `default_params` when > 0 and
+// --params is absent), and checks it can run: a global batch every world in `worlds`
+// divides and memory for the largest (ConfigError with the fix otherwise).
+void size_job(Options& o, const Args& a, const std::vector<int>& worlds, double default_params);
+int free_port();
+std::string self_exe();
+double seconds_option(const Args& a, const std::string& opt, double fallback);
+// The heartbeat timeout the agents use, in seconds.
+double heartbeat_seconds(const Options& o);
+
+// "... is node I of M (epoch E)" or "(rendezvous ..., epoch E)": I and E.
+std::optional<std::pair<int, long long>> node_line(const std::string& s);
+// The step of "[rank 0] step     3/1000000 | loss ...", or -1.
+long long step_of(const std::string& s);
+bool has(const std::string& s, const char* what);
+void note(double t, const std::string& what);
+void print_tails(const std::vector<std::unique_ptr<BenchAgent>>& agents, const fs::path& dir);
+// Creates o.dir (--dir, or a temporary folder that o.own_dir marks).
+void make_dir(Options& o, const Args& a);
+
+// The restart baseline (one node's agent killed after the first checkpoint), with its table;
+// nullopt when it failed (said on stderr).
+std::optional<RestartResult> run_restart(Options& o);
+// Online resharding: shrink, grow and failure on one live job, with its table; `restart`:
+// the restart run's numbers to set beside (--mode both). Returns the exit code.
+int run_reshard(Options& o, const std::optional<RestartResult>& restart);
+
+}  // namespace weft::launch::bench
