@@ -17,8 +17,8 @@ namespace weft::parallel {
 
 struct ShmOptions {
   // Bytes per slot; a channel whose largest message is smaller gets slots of that size.
-  int64_t chunk_bytes = int64_t(4) << 20;
-  int slots = 2;  // per channel, at least 2 so that both ends copy at once
+  int64_t chunk_bytes = int64_t(512) << 10;
+  int slots = 4;  // per channel, at least 2 so that both ends copy at once
 };
 
 // One rank's end of the shared-memory channels of one transition. Each rank that takes part
