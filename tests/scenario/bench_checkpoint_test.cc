@@ -86,7 +86,10 @@ TEST(BenchCheckpoint, QuickRunPrintsEveryRowWithPositiveNumbers) {
     expect_positive(reshard, std::string("reshard ") + t + ": all bytes (+ local)", 4, r.out);
   }
   expect_positive(reshard, "memcpy bound (all bytes, 1 copy)", 4, r.out);
+  expect_positive(reshard, "memcpy into fresh memory", 4, r.out);
+  expect_positive(reshard, "shm channel, 2 ranks, warm memory", 4, r.out);
   expect_positive(reshard, "shm speed-up over gloo (x)", 1, r.out);
+  expect_positive(reshard, "shm all bytes vs fresh memcpy", 1, r.out);
 
   EXPECT_TRUE(fs::is_empty(tmp)) << "scratch files left under " << tmp;
   fs::remove_all(tmp);
