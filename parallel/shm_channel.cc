@@ -357,6 +357,7 @@ void ShmTransport::exchange(const Send* send, const Recv* recv,
                             const std::function<void(int64_t, int64_t)>& on_chunk) {
   if (aborted_) throw CommError(str("router shm: rank ", rank_, "'s transport failed earlier"));
   const int64_t to_send = send ? send->bytes : 0, to_recv = recv ? recv->bytes : 0;
+  if (to_send == 0 && to_recv == 0) return;
   WEFT_CHECK(to_send == 0 || usable(rank_, send->peer), "router shm: no channel ", rank_, " -> ",
              send->peer);
   WEFT_CHECK(to_recv == 0 || usable(recv->peer, rank_), "router shm: no channel ", recv->peer,

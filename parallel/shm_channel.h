@@ -2,7 +2,10 @@
 // through a POSIX shared-memory ring instead of the communicator. Gloo over 127.0.0.1 copies
 // every byte into a staging tensor, through the kernel's socket buffers twice and out again;
 // here the sender packs straight into a shared chunk and the receiver unpacks straight out of
-// it, two copies that overlap (one slot is filled while the other is drained).
+// it, two copies that overlap (one slot is filled while the other is drained). A single copy
+// (process_vm_readv) was left out: it needs ptrace rights over the peer, which Yama and the
+// seccomp profiles of common container runtimes deny, and the ring is already bound by the
+// destination's page faults, not by its second copy.
 #pragma once
 
 #include <chrono>
