@@ -32,6 +32,7 @@
 #include "launch/args.h"
 #include "memory/host_allocator.h"
 #include "parallel/router.h"
+#include "parallel/shm_channel.h"
 #include "parallel/vps.h"
 #include "planner/planner.h"
 
@@ -214,6 +215,24 @@ double memcpy_bps(size_t bytes) {
   return double(bytes) / best;
 }
 
+// The same into memory never touched before, each pass a new allocation (best of 3): what a
+// copy into a freshly allocated tensor pays in page faults, the bound for a transition that
+// allocates its destination.
+double memcpy_fresh_bps(size_t bytes) {
+  std::vector<char> src(bytes, 1);
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    std::unique_ptr<char, void (*)(void*)> dst(static_cast<char*>(std::malloc(bytes)), std::free);
+    if (!dst) throw std::bad_alloc();
+    auto t0 = Clock::now();
+    std::memcpy(dst.get(), src.data(), bytes);
+    best = std::min(best, since(t0));
+    volatile char sink = dst.get()[bytes / 2];
+    (void)sink;
+  }
+  return double(bytes) / best;
+}
+
 void row(const char* what, int64_t bytes, double secs, double ref_bps) {
   double bps = double(bytes) / secs;
   std::printf("%-34s %10.1f %9.4g %9.4g", what, double(bytes) / double(1 << 20), secs, bps / 1e9);
@@ -371,13 +390,107 @@ parallel::Layout layout_for(core::JobSpec s, const parallel::StateSpace& space, 
   return parallel::layout_of(space, planner::make_plan(s, int(dp * tp), o));
 }
 
-void bench_reshard(const core::JobSpec& spec, int64_t budget) {
+struct ReshardRun {
+  double secs = 0;                  // slowest rank, between two barriers
+  parallel::TransitionStats total;  // summed over the ranks
+};
+
+// Four ranks as threads of this process, each with its own Gloo communicator over 127.0.0.1
+// (a shared in-memory store): real sends, no fork of a threaded process. Fresh sources each
+// run; the destinations are dropped before the next.
+ReshardRun run_reshard(const parallel::TransferPlan& plan, const parallel::Layout& a,
+                       const parallel::Layout& b, bool shared_memory, const std::string& prefix) {
+  const int world = a.world();
+  comm::InMemoryStore store(std::chrono::milliseconds(300'000));
+  std::vector<double> secs(static_cast<size_t>(world), 0.0);
+  std::vector<parallel::TransitionStats> stats(static_cast<size_t>(world));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        comm::CommOptions o;
+        o.rank = r, o.size = world, o.store = &store, o.prefix = prefix;
+        o.timeout = std::chrono::milliseconds(300'000);
+        auto c = comm::make_communicator(comm::BackendKind::kGloo, o);
+        std::vector<core::Tensor> src = parallel::allocate_locals(a.ranks[size_t(r)]);
+        touch(src, 0x11);
+        parallel::TransitionOptions opt;
+        opt.shared_memory = shared_memory;
+        c->barrier().wait();
+        auto t0 = Clock::now();
+        std::vector<core::Tensor> dst =
+            parallel::run_transition(plan, a, b, r, src, *c, opt, &stats[size_t(r)]);
+        c->barrier().wait();
+        secs[size_t(r)] = since(t0);
+      } catch (...) {
+        errors[size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  ReshardRun run;
+  run.secs = *std::max_element(secs.begin(), secs.end());
+  for (const parallel::TransitionStats& st : stats) {
+    run.total.bytes_adopted += st.bytes_adopted, run.total.bytes_copied += st.bytes_copied;
+    run.total.bytes_sent_shm += st.bytes_sent_shm, run.total.bytes_sent_comm += st.bytes_sent_comm;
+    run.total.bytes_received_shm += st.bytes_received_shm;
+    run.total.bytes_received_comm += st.bytes_received_comm;
+  }
+  return run;
+}
+
+// The shared-memory channel alone: rank 0 sends rank 1 one message of `bytes` from and
+// into memory already touched (threads of this process), best of 3. What the transport
+// costs once page faults of fresh destinations are out of the way.
+double shm_channel_bps(int64_t bytes) {
+  comm::InMemoryStore store(std::chrono::milliseconds(60'000));
+  std::vector<char> from(size_t(bytes), 1), to(size_t(bytes), 2);
+  std::vector<double> best(2, 1e30);
+  std::vector<std::exception_ptr> errors(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        comm::CommOptions o;
+        o.rank = r, o.size = 2, o.store = &store, o.prefix = "ckbench-channel";
+        o.timeout = std::chrono::milliseconds(60'000);
+        auto c = comm::make_communicator(comm::BackendKind::kGloo, o);
+        parallel::ShmTransport shm(*c, {0, bytes, 0, 0});
+        if (!shm.usable(0, 1)) throw CommError("bench checkpoint: no shared-memory channel");
+        parallel::ShmTransport::Send send{1, bytes, [&](int64_t at, char* out, int64_t n) {
+                                            std::memcpy(out, from.data() + at, size_t(n));
+                                          }};
+        parallel::ShmTransport::Recv recv{0, bytes, [&](int64_t at, const char* in, int64_t n) {
+                                            std::memcpy(to.data() + at, in, size_t(n));
+                                          }};
+        for (int i = 0; i < 3; ++i) {
+          c->barrier().wait();
+          auto t0 = Clock::now();
+          shm.exchange(r == 0 ? &send : nullptr, r == 1 ? &recv : nullptr);
+          c->barrier().wait();
+          best[size_t(r)] = std::min(best[size_t(r)], since(t0));
+        }
+      } catch (...) {
+        errors[size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return double(bytes) / std::max(best[0], best[1]);
+}
+
+void bench_reshard(const core::JobSpec& spec, int64_t budget, int64_t channel_bytes) {
   core::ModelGraph mg = planner::build_planning_graph(spec);
   parallel::StateSpace space = parallel::StateSpace::from_graph(mg.graph);
   // dp4 with ZeRO-1 (moments sharded): four full replicas of a 4.2 GB state would not fit
-  // beside the destination in this machine's memory.
+  // beside the destination in this machine's memory. All four ranks on one host, so the
+  // plan is the same for both transports and only the transport differs between the runs.
   parallel::Layout a = layout_for(spec, space, 4, 1, 1);
   parallel::Layout b = layout_for(spec, space, 2, 2, 0);
+  a.hosts = b.hosts = std::vector<int>(size_t(a.world()), 0);
   parallel::RouterOptions opt;
   opt.budget_bytes = budget;
   auto tp0 = Clock::now();
@@ -388,36 +501,11 @@ void bench_reshard(const core::JobSpec& spec, int64_t budget) {
     if (t.local()) local_bytes += t.bytes;
   const int64_t remote = plan.bytes_remote();
 
-  // Four ranks as threads of this process, each with its own Gloo communicator over
-  // 127.0.0.1 (a shared in-memory store): real sends, no fork of a threaded process.
-  const int world = 4;
-  comm::InMemoryStore store(std::chrono::milliseconds(300'000));
-  std::vector<double> secs(world, 0);
-  std::vector<std::exception_ptr> errors(world);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world; ++r)
-    ranks.emplace_back([&, r] {
-      try {
-        comm::CommOptions o;
-        o.rank = r, o.size = world, o.store = &store, o.prefix = "ckbench";
-        o.timeout = std::chrono::milliseconds(300'000);
-        auto c = comm::make_communicator(comm::BackendKind::kGloo, o);
-        std::vector<core::Tensor> src = parallel::allocate_locals(a.ranks[size_t(r)]);
-        touch(src, 0x11);
-        c->barrier().wait();
-        auto t0 = Clock::now();
-        std::vector<core::Tensor> dst = parallel::run_transition(plan, a, b, r, src, *c);
-        c->barrier().wait();
-        secs[size_t(r)] = since(t0);
-      } catch (...) {
-        errors[size_t(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : ranks) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  const double s = *std::max_element(secs.begin(), secs.end());
+  const ReshardRun gloo = run_reshard(plan, a, b, false, "ckbench-gloo");
+  const ReshardRun shm = run_reshard(plan, a, b, true, "ckbench-shm");
   const double mbps = memcpy_bps(size_t(256) << 20);
+  const double fresh_bps = memcpy_fresh_bps(size_t(256) << 20);
+  const double channel_bps = shm_channel_bps(channel_bytes);
   int64_t a_bytes = 0, b_bytes = 0;
   for (const auto& rl : a.ranks)
     for (const auto& l : rl.locals) a_bytes += l.bytes();
@@ -426,19 +514,37 @@ void bench_reshard(const core::JobSpec& spec, int64_t budget) {
 
   std::printf(
       "\n== reshard: %s (%.1f M params, fp32 + Adam m, v = %.3f GB), dp4 ZeRO-1 -> tp2 x dp2,\n"
-      "   router only (no disk): 4 ranks as threads, one Gloo communicator each over 127.0.0.1, "
-      "budget %lld KiB;\n   %zu transfers in %zu waves, %d rounds, planned in %.2f s; "
-      "held before %.3f GB, after %.3f GB (all ranks)\n",
+      "   router only (no disk): 4 ranks as threads of one host, one Gloo communicator each "
+      "over 127.0.0.1, budget %lld KiB;\n   %zu transfers in %zu waves, %d rounds, planned in "
+      "%.2f s; held before %.3f GB, after %.3f GB (all ranks);\n   the same plan twice: every "
+      "message through Gloo, then through shared memory (same host)\n",
       shape_str(spec).c_str(), double(param_count(space)) / 1e6, double(state_bytes(space)) / 1e9,
       (long long)(budget >> 10), plan.transfers.size(), plan.waves.size(), plan.rounds(), plan_s,
       double(a_bytes) / 1e9, double(b_bytes) / 1e9);
   std::printf("%-34s %10s %9s %9s %8s\n", "what", "MiB", "seconds", "GB/s", "vs memcpy");
   row("memcpy (1 thread, 256 MiB)", int64_t(256) << 20, double(int64_t(256) << 20) / mbps, 0);
-  row("reshard: bytes between ranks", remote, s, mbps);
-  row("reshard: all bytes (+ local copies)", remote + local_bytes, s, mbps);
+  row("memcpy into fresh memory", int64_t(256) << 20, double(int64_t(256) << 20) / fresh_bps, mbps);
+  row("reshard gloo: bytes between ranks", remote, gloo.secs, mbps);
+  row("reshard shm: bytes between ranks", remote, shm.secs, mbps);
+  row("reshard gloo: all bytes (+ local)", remote + local_bytes, gloo.secs, mbps);
+  row("reshard shm: all bytes (+ local)", remote + local_bytes, shm.secs, mbps);
+  row("shm channel, 2 ranks, warm memory", channel_bytes, double(channel_bytes) / channel_bps,
+      mbps);
   std::printf("%-34s %10.1f %9.4g %9.4g %8s\n", "memcpy bound (all bytes, 1 copy)",
               double(remote + local_bytes) / double(1 << 20), double(remote + local_bytes) / mbps,
               mbps / 1e9, "1.00");
+  std::printf("%-34s %10.3g\n", "shm speed-up over gloo (x)", gloo.secs / shm.secs);
+  std::printf("%-34s %10.3g\n", "shm all bytes vs fresh memcpy",
+              double(remote + local_bytes) / shm.secs / fresh_bps);
+  // What moved against the minimum: the plan's bytes between ranks, and no local copy of a
+  // tensor that can be adopted.
+  const parallel::TransitionStats& t = shm.total;
+  std::printf(
+      "   moved (shm run, MiB): %.1f via shared memory + %.1f via Gloo between ranks (minimum "
+      "%.1f),\n   %.1f copied locally, %.1f adopted without a copy\n",
+      double(t.bytes_sent_shm) / double(1 << 20), double(t.bytes_sent_comm) / double(1 << 20),
+      double(remote) / double(1 << 20), double(t.bytes_copied) / double(1 << 20),
+      double(t.bytes_adopted) / double(1 << 20));
   std::fflush(stdout);  // a section at a time, for whoever watches a long run
 }
 
@@ -483,7 +589,9 @@ int run_checkpoint_bench(const std::vector<std::string>& argv) {
     // Micro-batch 2 so that a global batch of 8 splits four ways.
     core::JobSpec big = quick ? gpt(2, 64, 4, 256, 16, 8) : gpt(24, 1024, 16, 50304, 1024, 8);
     big.train.micro_batch = 2;
-    if (part("reshard")) bench_reshard(big, quick ? int64_t(1) << 16 : int64_t(512) << 20);
+    if (part("reshard"))
+      bench_reshard(big, quick ? int64_t(1) << 16 : int64_t(512) << 20,
+                    quick ? int64_t(16) << 20 : int64_t(1) << 30);
     if (part("disk"))
       bench_disk(dir, quick ? gpt(2, 64, 4, 256, 16, 2) : gpt(12, 768, 12, 50304, 256, 4),
                  quick ? 1 : 3);

@@ -122,7 +122,8 @@ const Bench kBenches[] = {
      "usage: weft bench checkpoint [--quick] [--dir DIR] [--threads N] [--steps N]\n"
      "                             [--parts reshard,disk,steps]\n"
      "  save/load against raw disk, async vs sync save step time, and a dp4 -> tp2 x dp2\n"
-     "  reshard against the bytes it moves and memcpy.\n"
+     "  reshard (through Gloo, then through shared memory) against the bytes it moves and\n"
+     "  memcpy.\n"
      "  --quick   small models, a few seconds     --dir DIR  scratch folder (default $TMPDIR)\n"},
     {"scaling", nullptr},
     {"store", nullptr},

@@ -336,4 +336,46 @@ std::vector<RankOp> rank_ops(const TransferPlan& plan, const Layout& a, const La
   return ops;
 }
 
+std::vector<int> adopted_locals(const TransferPlan& plan, const Layout& a, const Layout& b,
+                                int rank) {
+  const RankLayout& ra = a.ranks.at(size_t(rank));
+  const RankLayout& rb = b.ranks.at(size_t(rank));
+  // Per B local: -2 nothing seen yet, -1 not adoptable, else the one A local feeding it.
+  std::vector<int> from(rb.locals.size(), -2);
+  std::vector<int64_t> covered(rb.locals.size(), 0);
+  for (const Transfer& t : plan.transfers) {
+    if (t.dst != rank) continue;
+    const StateBox& db = rb.boxes.at(size_t(t.dst_box));
+    int& f = from.at(size_t(db.local));
+    if (f == -1) continue;
+    if (!t.local()) {
+      f = -1;
+      continue;
+    }
+    const StateBox& sb = ra.boxes.at(size_t(t.src_box));
+    const bool identical = sb.start == db.start && sb.extent == db.extent &&
+                           sb.local_start == db.local_start && t.start == db.start &&
+                           t.extent == db.extent;
+    if (!identical || (f >= 0 && f != sb.local)) {
+      f = -1;
+      continue;
+    }
+    f = sb.local;
+    covered[size_t(db.local)] += numel(t.extent);
+  }
+  std::vector<int> out(rb.locals.size(), -1);
+  std::vector<char> taken(ra.locals.size(), 0);
+  for (size_t l = 0; l < rb.locals.size(); ++l) {
+    const int f = from[l];
+    if (f < 0) continue;
+    const LocalTensor &x = ra.locals.at(size_t(f)), &y = rb.locals[l];
+    if (x.state != y.state || x.shape != y.shape || x.dtype != y.dtype ||
+        covered[l] != core::shape_numel(y.shape) || taken[size_t(f)])
+      continue;
+    taken[size_t(f)] = 1;
+    out[l] = f;
+  }
+  return out;
+}
+
 }  // namespace weft::parallel

@@ -1,12 +1,24 @@
 // Running a transfer plan: one rank walks its ops (rank_ops), packs each outgoing message
 // from its source tensors, unpacks each incoming one into its destination tensors, and
-// frees a wave's sources before the next wave allocates.
+// frees a wave's sources before the next wave allocates. Same-host messages go through
+// shared memory (parallel/shm_channel.h), packed straight into its slots; the others through
+// the communicator's staging tensors. Adopted tensors (router.h) are neither allocated nor
+// copied.
+//
+// Deadlock freedom with two transports: a round's communicator sends and receives are posted
+// (never blocking, by the Communicator contract) before its shared-memory exchange, which
+// progresses both directions in one loop and only waits on this round's peers; the
+// communicator's operations progress without this thread. So the rule of rank_ops (no cycle
+// of waits within a round, rounds in order) holds for each transport and for the mix.
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <optional>
 
 #include "base/check.h"
 #include "base/error.h"
 #include "parallel/router.h"
+#include "parallel/shm_channel.h"
 
 namespace weft::parallel {
 
@@ -51,9 +63,9 @@ std::vector<int64_t> local_coords(const StateBox& b, const std::vector<int64_t>&
   return out;
 }
 
-// Copies transfer `t` between a local tensor of A (or a packed buffer) and one of B.
+// One end of transfer `t` in a local tensor of A or B.
 struct Endpoint {
-  void* data;
+  char* data;
   std::vector<int64_t> shape, start;
 };
 
@@ -63,14 +75,14 @@ Endpoint src_end(const Layout& a, const Transfer& t, const std::vector<core::Ten
   if (!x.defined())
     throw InternalError("router: source tensor " + std::to_string(sb.local) +
                         " was released before its last use");
-  return {x.raw_data(), x.shape(), local_coords(sb, t.start)};
+  return {static_cast<char*>(x.raw_data()), x.shape(), local_coords(sb, t.start)};
 }
 
 Endpoint dst_end(const Layout& b, const Transfer& t, const std::vector<core::Tensor>& dst) {
   const StateBox& db = b.ranks[size_t(t.dst)].boxes.at(size_t(t.dst_box));
   const core::Tensor& x = dst.at(size_t(db.local));
   WEFT_CHECK(x.defined(), "router: destination tensor ", db.local, " not allocated");
-  return {x.raw_data(), x.shape(), local_coords(db, t.start)};
+  return {static_cast<char*>(x.raw_data()), x.shape(), local_coords(db, t.start)};
 }
 
 size_t elem_of(const Transfer& t) {
@@ -79,11 +91,117 @@ size_t elem_of(const Transfer& t) {
   return size_t(t.bytes / std::max<int64_t>(1, n));
 }
 
+// Bytes [begin, end) of box `extent` at `e.start` of tensor `e`, packed row-major, to
+// (`pack`) or from `packed`, which holds byte `begin` first. A chunk may start or end in
+// the middle of a row.
+void box_bytes(const Endpoint& e, const std::vector<int64_t>& extent, size_t elem, int64_t begin,
+               int64_t end, char* packed, bool pack) {
+  const size_t n = extent.size();
+  const int64_t row = (n ? extent[n - 1] : 1) * int64_t(elem);
+  if (row <= 0 || begin >= end) return;
+  std::vector<int64_t> stride(n, 1);  // of the tensor, in elements
+  for (size_t d = n; d-- > 1;) stride[d - 1] = stride[d] * e.shape[d];
+  // idx: the row's index over the outer dims (all but the last).
+  std::vector<int64_t> idx(n ? n - 1 : 0, 0);
+  int64_t r = begin / row, off = begin % row;
+  for (size_t d = idx.size(); d-- > 0;) idx[d] = r % extent[d], r /= extent[d];
+  while (begin < end) {
+    int64_t at = n ? e.start[n - 1] : 0;
+    for (size_t d = 0; d < idx.size(); ++d) at += (e.start[d] + idx[d]) * stride[d];
+    char* t = e.data + at * int64_t(elem) + off;
+    const int64_t len = std::min(row - off, end - begin);
+    if (pack)
+      std::memcpy(packed, t, size_t(len));
+    else
+      std::memcpy(t, packed, size_t(len));
+    packed += len, begin += len, off = 0;
+    for (size_t d = idx.size(); d-- > 0;) {
+      if (++idx[d] < extent[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+// A message's transfers with their tensor ends, to pack or unpack any byte range of it.
+class MessageBytes {
+ public:
+  MessageBytes(const TransferPlan& plan, const Message& m, const Layout& layout,
+               const std::vector<core::Tensor>& tensors, bool sending) {
+    int64_t at = 0;
+    for (int ti : m.transfers) {
+      const Transfer& t = plan.transfers[size_t(ti)];
+      parts_.push_back({&t, sending ? src_end(layout, t, tensors) : dst_end(layout, t, tensors), at,
+                        elem_of(t)});
+      at += t.bytes;
+    }
+  }
+  // Bytes [offset, offset + n) of the message to or from `buf`.
+  void move(int64_t offset, char* buf, int64_t n, bool pack) {
+    if (next_ >= parts_.size() || parts_[next_].at > offset) next_ = 0;  // chunks go forward
+    for (; n > 0 && next_ < parts_.size(); ++next_) {
+      const Part& p = parts_[next_];
+      const int64_t end = p.at + p.t->bytes;
+      if (end <= offset) continue;
+      const int64_t len = std::min(n, end - offset);
+      box_bytes(p.end, p.t->extent, p.elem, offset - p.at, offset - p.at + len, buf, pack);
+      buf += len, offset += len, n -= len;
+      if (offset < end) break;  // the chunk ended inside this transfer
+    }
+  }
+
+ private:
+  struct Part {
+    const Transfer* t;
+    Endpoint end;
+    int64_t at;  // offset in the message
+    size_t elem;
+  };
+  std::vector<Part> parts_;
+  size_t next_ = 0;
+};
+
+// A destination tensor; one that its boxes cover completely is written in full by the
+// transfers, so it is not zeroed first (a pass over fresh memory saved).
+core::Tensor new_local(const RankLayout& rb, size_t l) {
+  const LocalTensor& lt = rb.locals[l];
+  int64_t covered = 0;
+  for (const StateBox& box : rb.boxes)
+    if (box.local == int(l)) covered += box.numel();  // boxes of one local are disjoint
+  return covered == core::shape_numel(lt.shape) ? core::Tensor::empty(lt.shape, lt.dtype)
+                                                : core::Tensor::zeros(lt.shape, lt.dtype);
+}
+
+bool same_host(const Layout& a, const Layout& b, int s, int d) {
+  return a.host(s) == a.host(d) && b.host(s) == b.host(d);
+}
+
+// The shared-memory channels this plan needs, or null: collective over `comm` when the
+// plan has a same-host message (every rank finds the same).
+std::unique_ptr<ShmTransport> connect_shm(const TransferPlan& plan, const Layout& a,
+                                          const Layout& b, comm::Communicator& comm,
+                                          const TransitionOptions& opt) {
+  const int w = a.world();
+  if (!opt.shared_memory || comm.size() != w) return nullptr;
+  std::vector<int64_t> largest(size_t(w) * size_t(w), 0);
+  bool any = false;
+  for (const Wave& wave : plan.waves)
+    for (const Round& round : wave.rounds)
+      for (const Message& m : round.messages)
+        if (m.bytes > 0 && m.src != m.dst && same_host(a, b, m.src, m.dst)) {
+          int64_t& l = largest[size_t(m.src) * size_t(w) + size_t(m.dst)];
+          l = std::max(l, m.bytes), any = true;
+        }
+  if (!any) return nullptr;
+  return std::make_unique<ShmTransport>(comm, largest,
+                                        ShmOptions{opt.shm_chunk_bytes, opt.shm_slots});
+}
+
 }  // namespace
 
 std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout& a, const Layout& b,
                                          int rank, std::vector<core::Tensor>& src,
-                                         comm::Communicator& comm) {
+                                         comm::Communicator& comm, const TransitionOptions& opt,
+                                         TransitionStats* stats) {
   const RankLayout& ra = a.ranks.at(size_t(rank));
   const RankLayout& rb = b.ranks.at(size_t(rank));
   if (src.size() != ra.locals.size())
@@ -97,67 +215,120 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
                           core::shape_str(src[l].shape()) + ", the layout says " +
                           core::shape_str(ra.locals[l].shape));
   for (size_t l = 0; l < src.size(); ++l) src[l] = src[l].defined() ? src[l].contiguous() : src[l];
+  const std::vector<int> adopt = adopted_locals(plan, a, b, rank);
+  std::vector<char> adopted(rb.locals.size(), 0);  // decided at the local's allocation
+  TransitionStats st;
+  auto progress = [&] {
+    if (opt.on_progress) opt.on_progress(st);
+  };
+  std::unique_ptr<ShmTransport> shm = connect_shm(plan, a, b, comm, opt);
+  auto via_shm = [&](const Message& m) { return shm && shm->usable(m.src, m.dst); };
+
   std::vector<core::Tensor> dst(rb.locals.size());
   core::Tensor send_buf, recv_buf;
   comm::Work send_work, recv_work;
-  const Message* incoming = nullptr;
-  for (const RankOp& op : rank_ops(plan, a, b, rank)) {
-    switch (op.kind) {
-      case RankOp::kAlloc:
-        dst[size_t(op.index)] = core::Tensor::zeros(rb.locals[size_t(op.index)].shape,
-                                                    rb.locals[size_t(op.index)].dtype);
-        break;
-      case RankOp::kCopy: {
-        const Transfer& t = plan.transfers[size_t(op.index)];
-        Endpoint s = src_end(a, t, src), d = dst_end(b, t, dst);
-        copy_box(d.data, d.shape, d.start, s.data, s.shape, s.start, t.extent, elem_of(t));
-        break;
-      }
-      case RankOp::kSend: {
-        const Message& m =
-            plan.waves[size_t(op.wave)].rounds[size_t(op.round)].messages[size_t(op.index)];
-        send_buf = core::Tensor::empty({m.bytes}, core::DType::kU8);
-        int64_t at = 0;
-        for (int ti : m.transfers) {
-          const Transfer& t = plan.transfers[size_t(ti)];
-          Endpoint s = src_end(a, t, src);
-          copy_box(send_buf.data<uint8_t>() + at, t.extent,
-                   std::vector<int64_t>(t.extent.size(), 0), s.data, s.shape, s.start, t.extent,
-                   elem_of(t));
-          at += t.bytes;
-        }
-        send_work = comm.send(send_buf, m.dst, {.tag = op.round % (comm::kMaxTag + 1)});
-        break;
-      }
-      case RankOp::kRecv: {
-        incoming = &plan.waves[size_t(op.wave)].rounds[size_t(op.round)].messages[size_t(op.index)];
-        recv_buf = core::Tensor::empty({incoming->bytes}, core::DType::kU8);
-        recv_work = comm.recv(recv_buf, incoming->src, {.tag = op.round % (comm::kMaxTag + 1)});
-        break;
-      }
-      case RankOp::kWait: {
-        recv_work.wait();
-        send_work.wait();
-        if (incoming) {
-          int64_t at = 0;
-          for (int ti : incoming->transfers) {
-            const Transfer& t = plan.transfers[size_t(ti)];
-            Endpoint d = dst_end(b, t, dst);
-            copy_box(d.data, d.shape, d.start, recv_buf.data<uint8_t>() + at, t.extent,
-                     std::vector<int64_t>(t.extent.size(), 0), t.extent, elem_of(t));
-            at += t.bytes;
+  const Message *incoming = nullptr, *shm_out = nullptr, *shm_in = nullptr;
+  int64_t comm_out = 0;
+  try {
+    for (const RankOp& op : rank_ops(plan, a, b, rank)) {
+      switch (op.kind) {
+        case RankOp::kAlloc: {
+          const size_t l = size_t(op.index);
+          const int from = adopt[l];
+          if (from >= 0 && src[size_t(from)].defined()) {
+            dst[l] = src[size_t(from)];  // shares the storage; kRelease drops only src's handle
+            adopted[l] = 1;
+            st.bytes_adopted += rb.locals[l].bytes();
+          } else {
+            dst[l] = new_local(rb, l);
           }
+          break;
         }
-        incoming = nullptr;
-        send_buf = recv_buf = core::Tensor();
-        send_work = recv_work = comm::Work();
-        break;
+        case RankOp::kCopy: {
+          const Transfer& t = plan.transfers[size_t(op.index)];
+          if (adopted[size_t(rb.boxes[size_t(t.dst_box)].local)]) break;
+          Endpoint s = src_end(a, t, src), d = dst_end(b, t, dst);
+          copy_box(d.data, d.shape, d.start, s.data, s.shape, s.start, t.extent, elem_of(t));
+          st.bytes_copied += t.bytes;
+          progress();
+          break;
+        }
+        case RankOp::kSend: {
+          const Message& m =
+              plan.waves[size_t(op.wave)].rounds[size_t(op.round)].messages[size_t(op.index)];
+          if (m.bytes == 0) break;  // both ends know it from the plan
+          if (via_shm(m)) {
+            shm_out = &m;
+            break;
+          }
+          send_buf = core::Tensor::empty({m.bytes}, core::DType::kU8);
+          MessageBytes(plan, m, a, src, true)
+              .move(0, static_cast<char*>(send_buf.raw_data()), m.bytes, true);
+          send_work = comm.send(send_buf, m.dst, {.tag = op.round % (comm::kMaxTag + 1)});
+          comm_out = m.bytes;
+          break;
+        }
+        case RankOp::kRecv: {
+          const Message& m =
+              plan.waves[size_t(op.wave)].rounds[size_t(op.round)].messages[size_t(op.index)];
+          if (m.bytes == 0) break;
+          if (via_shm(m)) {
+            shm_in = &m;
+            break;
+          }
+          incoming = &m;
+          recv_buf = core::Tensor::empty({m.bytes}, core::DType::kU8);
+          recv_work = comm.recv(recv_buf, m.src, {.tag = op.round % (comm::kMaxTag + 1)});
+          break;
+        }
+        case RankOp::kWait: {
+          if (shm_out || shm_in) {
+            std::optional<MessageBytes> out, in;
+            ShmTransport::Send s;
+            ShmTransport::Recv r;
+            if (shm_out) {
+              out.emplace(plan, *shm_out, a, src, true);
+              s = {shm_out->dst, shm_out->bytes,
+                   [&](int64_t at, char* buf, int64_t n) { out->move(at, buf, n, true); }};
+            }
+            if (shm_in) {
+              in.emplace(plan, *shm_in, b, dst, false);
+              r = {shm_in->src, shm_in->bytes, [&](int64_t at, const char* buf, int64_t n) {
+                     in->move(at, const_cast<char*>(buf), n, false);
+                   }};
+            }
+            shm->exchange(shm_out ? &s : nullptr, shm_in ? &r : nullptr,
+                          [&](int64_t sent, int64_t got) {
+                            st.bytes_sent_shm += sent, st.bytes_received_shm += got;
+                            progress();
+                          });
+          }
+          recv_work.wait();
+          send_work.wait();
+          if (comm_out) st.bytes_sent_comm += comm_out, progress();
+          if (incoming) {
+            MessageBytes(plan, *incoming, b, dst, false)
+                .move(0, static_cast<char*>(recv_buf.raw_data()), incoming->bytes, false);
+            st.bytes_received_comm += incoming->bytes;
+            progress();
+          }
+          incoming = shm_out = shm_in = nullptr;
+          comm_out = 0;
+          send_buf = recv_buf = core::Tensor();
+          send_work = recv_work = comm::Work();
+          break;
+        }
+        case RankOp::kRelease:
+          src[size_t(op.index)] = core::Tensor();
+          break;
       }
-      case RankOp::kRelease:
-        src[size_t(op.index)] = core::Tensor();
-        break;
     }
+  } catch (...) {
+    if (shm) shm->abort();
+    if (stats) *stats = st;
+    throw;
   }
+  if (stats) *stats = st;
   return dst;
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/registry.h"
+#include "tests/parallel/router_util.h"
 #include "tests/parallel/vps_util.h"
 #include "tests/support/multiprocess.h"
 
@@ -11,49 +12,11 @@ namespace weft::parallel {
 namespace {
 
 using test_util::Degrees;
+using test_util::fill;
+using test_util::mismatches;
 using test_util::plan_for;
 using test_util::space_for;
 using test_util::tiny_spec;
-
-// The value of element `flat` of state `id`: distinct across states and elements.
-double truth(StateId id, int64_t flat) { return double(id) * 100000.0 + double(flat) * 0.5; }
-
-void fill(const StateSpace& space, const RankLayout& rl, std::vector<core::Tensor>& locals) {
-  for (const StateBox& b : rl.boxes) {
-    const StateTensor& st = space.at(b.state);
-    core::Tensor& x = locals[size_t(b.local)];
-    const core::Shape& ls = rl.locals[size_t(b.local)].shape;
-    std::vector<int64_t> rel(b.start.size());
-    for (size_t d = 0; d < rel.size(); ++d) rel[d] = b.local_start[d];
-    std::vector<int64_t> globals;
-    test_util::for_each_element(st.shape, b.start, b.extent,
-                                [&](int64_t f) { globals.push_back(f); });
-    size_t i = 0;
-    test_util::for_each_element(ls, rel, b.extent, [&](int64_t lf) {
-      double v = truth(b.state, globals[i++]);
-      if (x.dtype() == core::DType::kF32)
-        x.data<float>()[lf] = float(v);
-      else if (x.dtype() == core::DType::kF64)
-        x.data<double>()[lf] = v;
-      else
-        x.data<int64_t>()[lf] = int64_t(v);
-    });
-  }
-}
-
-// Count of elements that differ from the truth.
-int64_t mismatches(const StateSpace& space, const RankLayout& rl,
-                   const std::vector<core::Tensor>& locals) {
-  std::vector<core::Tensor> expect = allocate_locals(rl);
-  fill(space, rl, expect);
-  int64_t bad = 0;
-  for (size_t l = 0; l < locals.size(); ++l) {
-    if (!locals[l].defined()) return -1;
-    core::Tensor a = locals[l].contiguous(), e = expect[l];
-    bad += std::memcmp(a.raw_data(), e.raw_data(), a.nbytes()) != 0;
-  }
-  return bad;
-}
 
 void run_pair(bool moe, Degrees from, Degrees to, int64_t budget) {
   core::JobSpec spec = tiny_spec(moe);

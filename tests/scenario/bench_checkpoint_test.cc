@@ -81,9 +81,15 @@ TEST(BenchCheckpoint, QuickRunPrintsEveryRowWithPositiveNumbers) {
 
   std::vector<std::string> reshard = section(r.out, "reshard:");
   expect_positive(reshard, "memcpy (1 thread, 256 MiB)", 3, r.out);
-  expect_positive(reshard, "reshard: bytes between ranks", 4, r.out);
-  expect_positive(reshard, "reshard: all bytes (+ local copies)", 4, r.out);
+  for (const char* t : {"gloo", "shm"}) {
+    expect_positive(reshard, std::string("reshard ") + t + ": bytes between ranks", 4, r.out);
+    expect_positive(reshard, std::string("reshard ") + t + ": all bytes (+ local)", 4, r.out);
+  }
   expect_positive(reshard, "memcpy bound (all bytes, 1 copy)", 4, r.out);
+  expect_positive(reshard, "memcpy into fresh memory", 4, r.out);
+  expect_positive(reshard, "shm channel, 2 ranks, warm memory", 4, r.out);
+  expect_positive(reshard, "shm speed-up over gloo (x)", 1, r.out);
+  expect_positive(reshard, "shm all bytes vs fresh memcpy", 1, r.out);
 
   EXPECT_TRUE(fs::is_empty(tmp)) << "scratch files left under " << tmp;
   fs::remove_all(tmp);
