@@ -33,7 +33,7 @@ struct Change {
   double admit = -1;    // grow: the agent's start -> the survivors' notice
   double downtime = 0;  // t0 -> the new world's first step line
   double again = 0, membership = 0, communicators = 0, plan = 0, transfer = 0, resume = 0;
-  double mib_between = 0, mib_kept = 0, mib_min = 0;
+  double mib_between = 0, mib_kept = 0, mib_copied = 0, mib_min = 0;  // kept, copied: rank 0's
   int holders = 0;
   std::vector<double> hwm_gib;  // the live workers' VmHWM after the change
 };
@@ -155,7 +155,7 @@ class Run {
   }
   void parse_resize(Change& c, const std::string& s) {
     static const std::regex router(
-        R"(state from (\d+) holders? through the router \(([\d.e+-]+) MiB between ranks, ([\d.e+-]+) MiB kept)");
+        R"(state from (\d+) holders? through the router \(([\d.e+-]+) MiB between ranks; rank 0 kept ([\d.e+-]+) MiB in place and copied ([\d.e+-]+) MiB)");
     static const std::regex again(
         R"(training again ([\d.]+) s after the change \(membership ([\d.]+), communicators ([\d.]+), plan ([\d.]+), transfer ([\d.]+), resume ([\d.]+)\))");
     std::smatch m;
@@ -164,6 +164,7 @@ class Run {
     c.holders = std::stoi(m[1]);
     c.mib_between = std::stod(m[2]);
     c.mib_kept = std::stod(m[3]);
+    c.mib_copied = std::stod(m[4]);
     if (!std::regex_search(s, m, again)) throw Error("no phases in the resize line: " + s);
     c.again = std::stod(m[1]);
     c.membership = std::stod(m[2]);
@@ -217,14 +218,15 @@ void print_changes(const Options& o, const std::vector<Change>& cs,
     std::printf("%-8s | %10.2f | %11.2f | %5.2f | %8.2f | %6.2f | %6.2f | %s\n", c.name.c_str(),
                 c.membership, c.communicators, c.plan, c.transfer, c.resume, c.again,
                 c.name == "grow" ? "the notice -> ready to step" : "the change known -> ready to step");
-  std::printf("\n%-8s | %7s | %12s | %12s | %9s | %s\n", "bytes", "holders", "MiB between",
-              "MiB minimum", "MiB kept", "peak RSS per live worker (VmHWM, GiB)");
+  std::printf("\n%-8s | %7s | %12s | %12s | %9s | %11s | %s\n", "bytes", "holders",
+              "MiB between", "MiB minimum", "MiB kept", "MiB copied",
+              "peak RSS per live worker (VmHWM, GiB)");
   for (const Change& c : cs) {
     std::string hwm;
     for (double g : c.hwm_gib) hwm += (hwm.empty() ? "" : " ") + fixed(g, 2);
     const double min = c.to > c.from ? (c.to - c.from) * replica_mib : 0;
-    std::printf("%-8s | %7d | %12.1f | %12.1f | %9.1f | %s\n", c.name.c_str(), c.holders,
-                c.mib_between, min, c.mib_kept, hwm.c_str());
+    std::printf("%-8s | %7d | %12.1f | %12.1f | %9.1f | %11.1f | %s\n", c.name.c_str(), c.holders,
+                c.mib_between, min, c.mib_kept, c.mib_copied, hwm.c_str());
   }
   std::printf(
       "minimum: a DP shrink or loss moves nothing (every survivor holds a full replica); a "

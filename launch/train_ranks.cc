@@ -59,7 +59,9 @@ struct Arrival {
   std::string source;  // "survivors" | "checkpoint" | "seed" | "first"
   int holders = 0;
   int64_t went_back = 0;  // steps redone: the held step minus the step resumed at
-  int64_t bytes_sent = 0, bytes_local = 0;
+  int64_t bytes_sent = 0;     // between ranks, all ranks together: the minimum
+  int64_t bytes_adopted = 0;  // this rank's: kept in place (no copy)
+  int64_t bytes_local = 0;    // this rank's: copied within the rank
   double wait = 0, comms = 0, plan = 0, transfer = 0, resume = 0;
 };
 
@@ -207,11 +209,13 @@ void RankTraining::enter_world(const std::string& why) {
     for (int r : holders.new_rank_of) holds = holds || r == env_.rank;
     if (holds) src = std::move(held_.tensors);
     held_ = HeldState{};
+    // Same-host pairs move through shared memory; survivors keep (adopt) what they hold.
+    parallel::TransitionStats ts;
     std::vector<core::Tensor> mine =
-        parallel::run_transition(plan, holders.a, b, env_.rank, src, comm);
+        parallel::run_transition(plan, holders.a, b, env_.rank, src, comm, {}, &ts);
     arrival_.bytes_sent = plan.bytes_remote();
-    for (const parallel::Transfer& x : plan.transfers)
-      if (x.local()) arrival_.bytes_local += x.bytes;
+    arrival_.bytes_adopted = ts.bytes_adopted;
+    arrival_.bytes_local = ts.bytes_copied;
     arrival_.transfer = since(t);
     t = Clock::now();
     trainer_->adopt_state(space, b.ranks[size_t(env_.rank)], mine);
@@ -268,9 +272,10 @@ void RankTraining::print_arrival(const std::string& why, int old_world, int64_t 
   const Arrival& a = arrival_;
   std::string from =
       a.source == "survivors"
-          ? str("state from ", a.holders, " holder", a.holders == 1 ? "" : "s", " through the router (",
-                mib(size_t(a.bytes_sent)), " MiB between ranks, ", mib(size_t(a.bytes_local)),
-                " MiB kept or copied in place)")
+          ? str("state from ", a.holders, " holder", a.holders == 1 ? "" : "s",
+                " through the router (", mib(size_t(a.bytes_sent)), " MiB between ranks; rank 0 kept ",
+                mib(size_t(a.bytes_adopted)), " MiB in place and copied ", mib(size_t(a.bytes_local)),
+                " MiB)")
       : a.source == "checkpoint"
           ? str("nobody alive holds all of the state: resumed from the latest checkpoint at step ",
                 trainer_->current_step(), ", ", a.went_back, " steps back")
