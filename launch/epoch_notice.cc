@@ -20,7 +20,8 @@ void write_epoch_notice(const std::string& path, const EpochNotice& n) {
     f << "epoch " << n.epoch << "\nnode_index " << n.node_index << "\nnnodes " << n.nnodes
       << "\nnproc " << n.nproc << "\nstore_host " << n.store_host << "\nstore_port "
       << n.store_port << "\nstore_prefix " << n.store_prefix << "\nlost " << (n.lost ? 1 : 0)
-      << "\nwhy " << n.why << "\n";
+      << "\ntransit_nodes " << n.transit_nodes << "\nleave " << (n.leave ? 1 : 0) << "\nwhy "
+      << n.why << "\n";
     if (!f) throw IoError("cannot write the epoch notice " + tmp);
   }
   std::error_code ec;
@@ -46,6 +47,8 @@ std::optional<EpochNotice> read_epoch_notice(const std::string& path) {
       else if (key == "store_port") n.store_port = std::stoi(value), ++seen;
       else if (key == "store_prefix") n.store_prefix = value;
       else if (key == "lost") n.lost = value == "1";
+      else if (key == "transit_nodes") n.transit_nodes = std::stoi(value);
+      else if (key == "leave") n.leave = value == "1";
       else if (key == "why") n.why = value;
     } catch (const std::exception&) {
       throw IoError("epoch notice " + path + ": bad value for " + key + ": '" + value + "'");

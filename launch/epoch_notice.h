@@ -10,6 +10,7 @@
 // membership changes (elastic.on_change: reshard); otherwise it restarts them.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -29,7 +30,13 @@ struct EpochNotice {
   // worker aborts them at once instead of waiting out the communicator's timeout.
   bool lost = false;
   std::string why;  // "membership changed: epoch 2 -> 3, 4 -> 2 nodes (lost a-12, b-9)"
-  int world() const { return nnodes * nproc; }
+  // Nodes of the epoch's first world, the transition: the members (node_index < nnodes),
+  // then the nodes that left the previous epoch gracefully, whose workers hand their state
+  // over there and end (`leave` on their own notice). 0: nnodes.
+  int transit_nodes = 0;
+  bool leave = false;
+  int world() const { return nnodes * nproc; }  // the ranks that train
+  int transit_world() const { return std::max(transit_nodes, nnodes) * nproc; }
 };
 
 // Atomic replacement (temporary file + rename): a reader sees the old notice or the new

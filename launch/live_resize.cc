@@ -154,7 +154,7 @@ Holders choose_holders(const core::JobSpec& spec, const core::Graph& graph,
 
 parallel::LaunchEnv env_in_epoch(const parallel::LaunchEnv& base, const EpochNotice& n) {
   parallel::LaunchEnv e = base;
-  e.world = n.world();
+  e.world = n.transit_world();  // the transition's world; the first n.world() ranks train
   e.rank = n.node_index * n.nproc + base.local_rank;
   e.nnodes = n.nnodes;
   e.store_host = n.store_host;

@@ -83,7 +83,8 @@ Holders choose_holders(const core::JobSpec& spec, const core::Graph& graph,
                        const parallel::StateSpace& space,
                        const std::vector<HolderReport>& reports);
 
-// The LaunchEnv of a worker of local rank `base.local_rank` in the notice's epoch.
+// The LaunchEnv of a worker of local rank `base.local_rank` in the notice's epoch: its world
+// is the transition's (members, then the departing nodes' workers).
 parallel::LaunchEnv env_in_epoch(const parallel::LaunchEnv& base, const EpochNotice& n);
 
 // While a world trains: aborts its communicators as soon as the agent's notice says a

@@ -106,14 +106,20 @@ Stop membership_change(const comm::Membership& was, const comm::Membership& now)
       if (x.node_id == id) return true;
     return false;
   };
-  for (const comm::Member& x : was.members)
-    if (!has(now, x.node_id)) lost.push_back(x.node_id);
+  std::vector<std::string> left;
+  for (const comm::Member& x : was.members) {
+    if (has(now, x.node_id)) continue;
+    bool gone_gracefully = false;
+    for (const comm::Member& y : now.departed) gone_gracefully = gone_gracefully || y.node_id == x.node_id;
+    (gone_gracefully ? left : lost).push_back(x.node_id);
+  }
   for (const comm::Member& x : now.members)
     if (!has(was, x.node_id)) joined.push_back(x.node_id);
   Stop s;
   s.why = str("membership changed: epoch ", was.epoch, " -> ", now.epoch, ", ", was.world(),
               " -> ", now.world(), " nodes");
   if (!lost.empty()) s.why += " (lost " + node_list(lost) + ")";
+  if (!left.empty()) s.why += " (left " + node_list(left) + ")";
   if (!joined.empty()) s.why += " (joined " + node_list(joined) + ")";
   s.restart = true;
   s.failure = !lost.empty();
@@ -189,6 +195,11 @@ class NodeAgent {
   int64_t round_ = 0;       // the attempt's restart round (store prefixes)
   comm::Membership current_;  // the membership the running workers are in
   bool quick_growth_ = false;  // set_grow_last_call done
+  // A graceful leave (SIGTERM with live workers): leave the membership, wait for the epoch
+  // formed without this node, and post it to the workers with `leave`: they hand their
+  // state over in its first world and end.
+  bool leaving_ = false, left_ = false, departure_posted_ = false;
+  Stop depart();
   bool live() const { return !epoch_file_.empty() && all_following(epoch_file_, so_.nproc); }
   void post_notice(const comm::Membership& next, const Stop& why);
   void make_scratch();
@@ -346,6 +357,7 @@ int64_t NodeAgent::current_round() {
 
 // Elastic: a restart round asked for by another node, or a new membership epoch.
 Stop NodeAgent::watch_elastic(const comm::Membership& m, int64_t round) {
+  if (leaving_) return depart();
   if (finishing(m)) return {};
   const int64_t now = current_round();
   if (now > round) {
@@ -375,6 +387,7 @@ Stop NodeAgent::watch_elastic(const comm::Membership& m, int64_t round) {
 // The workers of this node go on in `next`: the attempt's settings follow the membership,
 // and the notice tells the workers where the new epoch bootstraps.
 void NodeAgent::post_notice(const comm::Membership& next, const Stop& why) {
+  const comm::Membership was = current_;
   prefix_ = next.store_prefix + "/round/" + std::to_string(round_);
   last_ = next;
   current_ = next;
@@ -391,7 +404,14 @@ void NodeAgent::post_notice(const comm::Membership& next, const Stop& why) {
   n.store_host = so_.store_host;
   n.store_port = so_.store_port;
   n.store_prefix = prefix_;
-  n.lost = why.failure;
+  n.transit_nodes = next.world() + int(next.departed.size());
+  // Lost: a member of the workers' epoch that is gone without leaving gracefully.
+  for (const comm::Member& x : was.members) {
+    bool kept = x.node_id == me_;
+    for (const comm::Member& y : next.members) kept = kept || y.node_id == x.node_id;
+    for (const comm::Member& y : next.departed) kept = kept || y.node_id == x.node_id;
+    n.lost = n.lost || !kept;
+  }
   n.why = why.why;
   write_epoch_notice(epoch_file_, n);
   std::fprintf(stderr, "weft run: %s; node %s is node %d of %d, its workers reshard live\n",
@@ -399,10 +419,54 @@ void NodeAgent::post_notice(const comm::Membership& next, const Stop& why) {
   std::fflush(stderr);
 }
 
+// The graceful leave, one monitor pass at a time: leave the membership (the others re-form
+// without this node at their next poll, with it among the epoch's `departed`), then post
+// that epoch to this node's workers as departing nodes of its transition world.
+Stop NodeAgent::depart() {
+  if (!left_) {
+    std::fprintf(stderr,
+                 "weft run: node %s leaves the job gracefully: its workers finish their step and "
+                 "hand their state over first\n",
+                 me_.c_str());
+    std::fflush(stderr);
+    rdzv_->leave(/*hands_over=*/true);
+    left_ = true;
+  }
+  if (departure_posted_) return {};
+  const comm::MembershipRecord r = rdzv_->read_record();
+  if (r.closed) return Stop{"the job was stopped by another node: " + r.close_reason};
+  if (r.epoch <= current_.epoch) return {};
+  if (!r.departed.count(me_))
+    return Stop{str("epoch ", r.epoch, " formed without this node among the departed (another "
+                    "change came first): its workers cannot hand their state over")};
+  const comm::Membership next = rdzv_->view(r);
+  int slot = 0;
+  for (size_t i = 0; i < next.departed.size(); ++i)
+    if (next.departed[i].node_id == me_) slot = int(i);
+  prefix_ = next.store_prefix + "/round/" + std::to_string(round_);
+  place_workers_store(next);
+  EpochNotice n;
+  n.epoch = next.epoch;
+  n.node_index = next.world() + slot;
+  n.nnodes = next.world();
+  n.nproc = so_.nproc;
+  n.store_host = so_.store_host;
+  n.store_port = so_.store_port;
+  n.store_prefix = prefix_;
+  n.transit_nodes = next.world() + int(next.departed.size());
+  n.leave = true;
+  n.why = str("node ", me_, " leaves the job gracefully (epoch ", current_.epoch, " -> ",
+              next.epoch, ", ", current_.world(), " -> ", next.world(), " nodes)");
+  write_epoch_notice(epoch_file_, n);
+  departure_posted_ = true;
+  return {};
+}
+
 // A node that leaves a live job while it hosts the rendezvous store keeps serving it (the
 // others go on and need it) until every other member of the epoch has ended or gone.
 void NodeAgent::serve_while_others_run() {
   if (!server_) return;
+  const bool leaving = leaving_;  // its SIGTERM asked to leave, not to stop serving
   std::fprintf(stderr, "weft run: node %s keeps serving the rendezvous store until the job ends\n",
                me_.c_str());
   std::fflush(stderr);
@@ -415,7 +479,7 @@ void NodeAgent::serve_while_others_run() {
     } catch (const std::exception&) {
       return;
     }
-    if (!any || stop_requested()) return;
+    if (!any || (stop_requested() && !leaving)) return;
     std::this_thread::sleep_for(ro_.poll_interval);
   }
 }
@@ -549,6 +613,11 @@ int NodeAgent::run() {
   const std::string round_key = key_ + "round";
   int failures = 0;  // restarts used by failures, against --max-restarts
   if (elastic_) make_scratch();  // a job that may change size can reshard live
+  so_.on_terminate = [this] {
+    if (!elastic_ || !live()) return false;  // otherwise: stop the workers (the job ends)
+    leaving_ = true;
+    return true;
+  };
   for (;;) {
     const int64_t round = current_round();
     round_ = round;
@@ -573,6 +642,12 @@ int NodeAgent::run() {
     const Outcome out = supervise(so_);
     m = current_;  // the epoch the workers ended in (later than the attempt's when live)
 
+    if (leaving_ && out.end == Outcome::End::kSucceeded) {
+      std::fprintf(stderr, "weft run: node %s left the job; its workers handed their state over\n",
+                   me_.c_str());
+      serve_while_others_run();
+      return 0;
+    }
     Stop next;
     switch (out.end) {
       case Outcome::End::kSucceeded:

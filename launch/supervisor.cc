@@ -202,6 +202,7 @@ Outcome supervise(const SupervisorOptions& o) {
   }
 
   std::vector<Failure> failures;
+  bool terminate_handled = false;  // on_terminate took the SIGTERM
   bool failing = false;  // stopping because a worker failed
   int forwarded = 0, agent_signal = 0;
   auto deadline = Clock::time_point::max();
@@ -222,8 +223,11 @@ Outcome supervise(const SupervisorOptions& o) {
       if (!agent_signal) agent_signal = SIGINT;
       stop_all(SIGINT);
     }
+    if (g_stop_signal == SIGTERM && !agent_signal && !terminate_handled && o.on_terminate &&
+        o.on_terminate())
+      terminate_handled = true;  // the agent leaves gracefully; its workers end on their own
     if (g_stop_signal && agent_signal != g_stop_signal && agent_signal != SIGTERM &&
-        agent_signal != SIGHUP) {
+        agent_signal != SIGHUP && !(terminate_handled && g_stop_signal == SIGTERM)) {
       agent_signal = g_stop_signal;
       std::fprintf(stderr, "weft run: got %s; stopping the workers (SIGTERM, SIGKILL after %g s)\n",
                    agent_signal == SIGHUP ? "SIGHUP" : "SIGTERM", o.grace_s);

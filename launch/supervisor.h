@@ -43,6 +43,10 @@ struct SupervisorOptions {
   int restart_count = 0, max_restarts = 0;
   // The membership epoch the workers run in (WEFT_RDZV_EPOCH; metrics lines carry it).
   int64_t rdzv_epoch = 0;
+  // Called on the agent's thread at its first SIGTERM: true when the agent handles it
+  // itself (a node leaving a live job gracefully: its workers hand their state over and
+  // end on their own), so the supervisor does not stop the workers for it. Must not throw.
+  std::function<bool()> on_terminate;
   // Where the agent posts later epochs to running workers (WEFT_EPOCH_FILE,
   // epoch_notice.h); "" = workers get no notices and are restarted on a change.
   std::string epoch_file;

@@ -98,7 +98,8 @@ class RankTraining {
               !env_string(kEpochFileVar, "").empty()),
         watch_(live_ ? env_string(kEpochFileVar, "") : "", env.rdzv_epoch),
         report_(spec),
-        guard_(spec.train) {}
+        guard_(spec.train),
+        train_world_(env.world) {}
 
   int run();
 
@@ -112,6 +113,7 @@ class RankTraining {
   void validate(bool last);
   void open_run_folder();
   int finish(bool stop);
+  int leave_job();
   // Waits for the agent's notice of an epoch later than the one this worker is in.
   EpochNotice wait_for_notice();
   void print_arrival(const std::string& why, int old_world, int64_t old_epoch);
@@ -140,6 +142,18 @@ class RankTraining {
   Clock::time_point change_at_;
   int64_t saved_at_ = 0;
   double total_s_ = 0;
+  // The ranks of this world that train: all of env_.world, except in the first world of an
+  // epoch that nodes left gracefully, whose workers (ranks train_world_ and up) only hand
+  // their state over and end (leaving_ on those).
+  int train_world_ = 0;
+  bool leaving_ = false;
+  std::unique_ptr<comm::Communicator> train_comm_;  // the trainers' part, when some leave
+  void adopt_notice(const EpochNotice& n) {
+    watch_.adopt(n);
+    env_ = env_in_epoch(base_, n);
+    train_world_ = n.world();
+    leaving_ = n.leave;
+  }
   bool lead() const { return env_.rank == 0; }
 };
 
@@ -152,8 +166,8 @@ void RankTraining::enter_world(const std::string& why) {
   arrival_.wait = first_world_ ? 0 : since(change_at_);
   auto t = Clock::now();
   // Degrees that no longer fit the world stop the job here, naming them.
-  planner::resolve_parallel(spec_, env_.world);
-  planner::check_fits_memory(spec_, env_.world, ranks_on_node(env_));
+  planner::resolve_parallel(spec_, train_world_);
+  planner::check_fits_memory(spec_, train_world_, ranks_on_node(env_));
   std::function<std::string()> superseded;
   if (live_)
     superseded = [this] {
@@ -174,6 +188,11 @@ void RankTraining::enter_world(const std::string& why) {
   int64_t latest = -1;  // the latest step anybody alive holds
   for (const HolderReport& r : reports)
     if (r.valid) latest = std::max(latest, r.step);
+  // Departing nodes' workers (ranks train_world_ and up) only hand their state over: the
+  // trainers get a communicator of their own.
+  train_comm_.reset();
+  if (env_.world > train_world_) train_comm_ = comm.split(env_.rank < train_world_ ? 0 : -1, env_.rank);
+  comm::Communicator* tc = env_.world > train_world_ ? train_comm_.get() : &comm;
   arrival_.comms = since(t);
   t = Clock::now();
 
@@ -198,9 +217,21 @@ void RankTraining::enter_world(const std::string& why) {
   const parallel::StateInit init = holders.found  ? parallel::StateInit::kDeferred
                                    : resume.empty() ? parallel::StateInit::kSeed
                                                     : parallel::StateInit::kUnseeded;
-  trainer_ = std::make_unique<parallel::ParallelTrainer>(spec_, comm, init);
+  if (!leaving_) trainer_ = std::make_unique<parallel::ParallelTrainer>(spec_, *tc, init);
   if (holders.found) {
-    const parallel::Layout b = parallel::layout_of(space, trainer_->plan(), host_ids(reports));
+    // Layout B over the transition's world: the new plan's ranks, then the departing ones,
+    // which hold nothing in it.
+    const std::vector<int> hosts = host_ids(reports);
+    std::optional<planner::Plan> leaver_plan;
+    if (leaving_) {
+      planner::PlanOptions po;
+      po.simulate = false;
+      leaver_plan = planner::make_plan(spec_, mg.graph, train_world_, po);
+    }
+    parallel::Layout b = parallel::layout_of(space, leaving_ ? *leaver_plan : trainer_->plan(),
+                                             {hosts.begin(), hosts.begin() + train_world_});
+    b.ranks.resize(size_t(env_.world));
+    b.hosts = hosts;
     const parallel::TransferPlan plan = parallel::transition(space, holders.a, b);
     arrival_.plan = since(t);
     t = Clock::now();
@@ -218,12 +249,14 @@ void RankTraining::enter_world(const std::string& why) {
     arrival_.bytes_local = ts.bytes_copied;
     arrival_.transfer = since(t);
     t = Clock::now();
+    if (leaving_) return;  // handed over: run() ends this worker
     trainer_->adopt_state(space, b.ranks[size_t(env_.rank)], mine);
   } else {
     arrival_.plan = since(t);
     t = Clock::now();
   }
   held_ = HeldState{};  // what the router did not take is released here
+  if (leaving_) return;  // nobody can use its state: the others resume from a checkpoint
   if (first_world_ && args_.has("--init-weights") && resume.empty())
     trainer_->load_weights(core::io::load_safetensors(args_.get("--init-weights"), "--init-weights"),
                            "--init-weights");
@@ -256,7 +289,7 @@ void RankTraining::enter_world(const std::string& why) {
         "dp %lld x tp %lld x pp %lld x ep %lld (%s), zero %d, launched by %s%s\n",
         spec_.model.arch.c_str(), (long long)spec_.model.layers, (long long)spec_.model.dim,
         double(trainer_->num_parameters()) / 1e6, (long long)data_.train_tokens().size(),
-        env_.world, (long long)d.dp, (long long)d.tp, (long long)d.pp, (long long)d.ep,
+        train_world_, (long long)d.dp, (long long)d.tp, (long long)d.pp, (long long)d.ep,
         trainer_->plan().config.schedule.c_str(), trainer_->plan().config.zero,
         env_.launcher.c_str(), live_ ? "; resizes reshard live" : "");
     std::fflush(stdout);
@@ -285,7 +318,7 @@ void RankTraining::print_arrival(const std::string& why, int old_world, int64_t 
       "resize: epoch %lld -> %lld, world %d -> %d (dp %lld x tp %lld x pp %lld x ep %lld) at "
       "step %lld: %s; %s; training again %.2f s after the change (membership %.2f, "
       "communicators %.2f, plan %.2f, transfer %.2f, resume %.2f)\n",
-      (long long)old_epoch, (long long)env_.rdzv_epoch, old_world, env_.world, (long long)d.dp,
+      (long long)old_epoch, (long long)env_.rdzv_epoch, old_world, train_world_, (long long)d.dp,
       (long long)d.tp, (long long)d.pp, (long long)d.ep, (long long)trainer_->current_step(),
       why.c_str(), from.c_str(), since(change_at_), a.wait, a.comms, a.plan, a.transfer, a.resume);
   std::fflush(stdout);
@@ -349,7 +382,7 @@ std::optional<WorldEnd> RankTraining::one_step() {
     m.lr = st.lr;
     m.grad_norm = st.grad_norm;
     m.tokens_per_s = double(st.tokens) / secs;
-    m.world = env_.world;
+    m.world = train_world_;
     m.epoch = env_.rdzv_epoch;
     m.data_epoch = data_.sampler().epoch(st.step);
     // Rank 0's share of the step in kernels and in waiting for communication.
@@ -374,7 +407,7 @@ std::optional<WorldEnd> RankTraining::one_step() {
           aux_cell(spec_, st.aux_loss).c_str(), st.lr, st.grad_norm, m.tokens_per_s, mem,
           secs * 1e3,
           first_step_of_world_
-              ? str(" | world ", env_.world, " after a resize of ", resize_s_, " s").c_str()
+              ? str(" | world ", train_world_, " after a resize of ", resize_s_, " s").c_str()
               : "");
     std::fflush(stdout);
   }
@@ -387,7 +420,7 @@ std::optional<WorldEnd> RankTraining::one_step() {
   if (verdict == NonfiniteGuard::Verdict::kStop) throw Error(guard_.stop_message(st, first_bad));
   validate(trainer_->current_step() == spec_.train.steps);
   // Every rank stops, or moves to the next epoch, after the same step.
-  const Agreed a = agree_at_step_end(world_->comm(), g_train_stop != 0, watch_.newer().has_value());
+  const Agreed a = agree_at_step_end(trainer_->world(), g_train_stop != 0, watch_.newer().has_value());
   if (a.stop) return WorldEnd::kStopped;
   if (a.change) return WorldEnd::kChange;
   return std::nullopt;
@@ -395,7 +428,9 @@ std::optional<WorldEnd> RankTraining::one_step() {
 
 WorldEnd RankTraining::train_world() {
   // A lost member aborts this world's collectives at once (live only).
-  LossWatcher watcher(watch_, {&world_->comm()});
+  std::vector<comm::Communicator*> comms = {&world_->comm()};
+  if (train_comm_) comms.push_back(train_comm_.get());
+  LossWatcher watcher(watch_, comms);
   while (trainer_->current_step() < spec_.train.steps)
     if (std::optional<WorldEnd> end = one_step()) return *end;
   return WorldEnd::kDone;
@@ -424,7 +459,7 @@ void RankTraining::enter_next_world(std::string why) {
       enter_world(why);
       return;
     } catch (const CommError& e) {
-      if (!live_) throw;
+      if (!live_ || leaving_) throw;  // a departing worker gets no later epoch
       std::printf("weft train: rank %d: world of epoch %lld not entered (%s); waiting for the next\n",
                   env_.rank, (long long)env_.rdzv_epoch, e.what());
       std::fflush(stdout);
@@ -432,8 +467,7 @@ void RankTraining::enter_next_world(std::string why) {
       trainer_.reset();
       world_.reset();
       const EpochNotice n = wait_for_notice();
-      watch_.adopt(n);
-      env_ = env_in_epoch(base_, n);
+      adopt_notice(n);
       why = n.why;
     }
   }
@@ -444,6 +478,7 @@ int RankTraining::run() {
   if (live_) mark_following(watch_.path(), env_.local_rank);
   auto t_start = Clock::now();
   enter_next_world("");
+  if (leaving_) return leave_job();
   for (;;) {
     WorldEnd end;
     std::string why;
@@ -451,7 +486,7 @@ int RankTraining::run() {
     try {
       end = train_world();
     } catch (const CommError& e) {
-      if (!live_) throw;
+      if (!live_ || leaving_) throw;  // a departing worker gets no later epoch
       change_at_ = Clock::now();
       end = WorldEnd::kFailed;
       torn = trainer_->torn();
@@ -469,12 +504,24 @@ int RankTraining::run() {
     trainer_.reset();
     world_.reset();
     const EpochNotice n = wait_for_notice();
-    watch_.adopt(n);
-    env_ = env_in_epoch(base_, n);
+    adopt_notice(n);
     if (end == WorldEnd::kChange || why.empty()) why = n.why;
     else why = n.why + " (a collective failed: " + why + ")";
     enter_next_world(why);
+    if (leaving_) return leave_job();
   }
+}
+
+// A departing node's worker after the hand-over: its part of the job is done.
+int RankTraining::leave_job() {
+  std::printf("weft train: rank %d of epoch %lld left the job after handing its state over (%s)\n",
+              env_.rank, (long long)env_.rdzv_epoch,
+              arrival_.source == "survivors" ? "through the router"
+                                             : "nobody needed it: the others resume from a checkpoint");
+  std::fflush(stdout);
+  train_comm_.reset();
+  world_.reset();
+  return 0;
 }
 
 int RankTraining::finish(bool stop) {

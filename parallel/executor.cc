@@ -180,8 +180,15 @@ void reduce_balance(core::MoeBalance& b, comm::Communicator& world) {
 
 }  // namespace
 
-void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load) {
+void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load,
+                            const std::function<void()>& before_update) {
   state_written_ = false;
+  bool updating = false;  // before_update ran
+  auto begin_update = [&] {
+    if (updating) return;
+    updating = true;
+    if (before_update) before_update();
+  };
   table_->zero_gradients();
   // The last step's losses must not decide this step's fold (below): a dropped step's NaN
   // loss would otherwise poison the next step's first bucket too.
@@ -230,7 +237,10 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
                          ? &times_.comm
                          : &times_.other;
     // After settle(): a bucket this instruction waits for can still fail with the state intact.
-    if (writes_state_[size_t(&in - prog_.program.data())]) state_written_ = true;
+    if (writes_state_[size_t(&in - prog_.program.data())]) {
+      begin_update();
+      state_written_ = true;
+    }
     switch (in.kind) {
       case InstrKind::kLoad: {
         const planner::Operand& o = in.out.at(0);
@@ -320,6 +330,7 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
     if (d.value == norm_value_ && d.alias_of < 0 && table_->live(int(i)))
       last_norm_ = table_->read(int(i)).item();
   }
+  begin_update();  // a rank with no state to update still takes part (it is collective)
   if (balance && balance->mode() == core::MoeBalance::Mode::kLossFree) {
     // The bias moves after the step, from the load of the whole global batch; not on a
     // dropped step (the norm is the same on every rank, so all agree).

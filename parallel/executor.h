@@ -61,7 +61,12 @@ class RankExecutor {
   // `s.lr` are the step's; `s.loss_scale` must be 1 / (batch parts of the step).
   // `s.moe_balance` (aux_loss_global, loss_free) is summed over `world` mid-step (global
   // shares, before the first backward) or at its end (the loss-free bias update).
-  void run_step(const core::StepScalars& s, const LoadFn& load);
+  // `before_update` (optional) runs once per step on this rank, right before its first
+  // instruction that changes state (after the gradient norm's reduction, which every
+  // adamw waits for): a step's statistics exchanged there fail, if a peer died, while the
+  // state is still that of the step's start (ParallelTrainer::torn()).
+  void run_step(const core::StepScalars& s, const LoadFn& load,
+                const std::function<void()>& before_update = {});
   // Whether the last run_step (finished or thrown out of) reached an instruction that
   // changes the rank's state: an adamw, any instruction writing into a state root (ZeRO's
   // gather of the updated shards), or the loss-free bias update. Set before such an

@@ -136,34 +136,37 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
   };
   memory_->begin_step(steps_run_++);  // a resumed run starts at step_ > 0 yet traces first
   exec_->set_transient_allocator(&memory_->current());
+  // Every rank reports what it holds: (kind, addend, addends, value); kind -1 the loss, -2
+  // the gradient norm, k >= 0 the balance loss of MoE layer k. Replicas (tp lanes) repeat an
+  // addend; it counts once. Exchanged before this rank changes any state (the executor's
+  // before_update): a peer lost here leaves every survivor's state that of the step's start,
+  // so a resized job redoes the step and writes its metrics line, never skips it.
+  std::vector<double> all;
+  auto exchange_statistics = [&] {
+    std::vector<double> mine;
+    TensorTable& t = exec_->tensors();
+    const int norm = mg_.graph.find_value("grad_norm");
+    for (size_t i = 0; i < t.size(); ++i) {
+      const planner::TensorDesc& d = t.desc(int(i));
+      if (d.value < 0 || !t.live(int(i)) || d.alias_of >= 0) continue;
+      int kind = d.value == mg_.loss ? -1 : d.value == norm ? -2 : -3;
+      for (size_t k = 0; k < mg_.aux_losses.size(); ++k)
+        if (d.value == mg_.aux_losses[k]) kind = int(k);
+      if (kind == -3) continue;
+      mine.insert(mine.end(), {double(kind), double(d.piece.part), double(d.piece.parts),
+                               t.read(int(i)).item()});
+    }
+    all = all_gather_values(world_, mine);
+  };
   torn_ = false;
   try {
-    exec_->run_step(s, load);
+    exec_->run_step(s, load, exchange_statistics);
   } catch (...) {
     torn_ = exec_->state_written();
     throw;
   }
-  // The rank's state is now complete for the next step, whatever the statistics exchange
-  // below meets: the step counts from here (a failure below leaves it not torn).
+  // The rank's state is now complete for the next step.
   ++step_;
-
-  // Every rank reports what it holds: (kind, addend, addends, value); kind -1 the loss, -2
-  // the gradient norm, k >= 0 the balance loss of MoE layer k. Replicas (tp lanes) repeat an
-  // addend; it counts once.
-  std::vector<double> mine;
-  TensorTable& t = exec_->tensors();
-  const int norm = mg_.graph.find_value("grad_norm");
-  for (size_t i = 0; i < t.size(); ++i) {
-    const planner::TensorDesc& d = t.desc(int(i));
-    if (d.value < 0 || !t.live(int(i)) || d.alias_of >= 0) continue;
-    int kind = d.value == mg_.loss ? -1 : d.value == norm ? -2 : -3;
-    for (size_t k = 0; k < mg_.aux_losses.size(); ++k)
-      if (d.value == mg_.aux_losses[k]) kind = int(k);
-    if (kind == -3) continue;
-    mine.insert(mine.end(),
-                {double(kind), double(d.piece.part), double(d.piece.parts), t.read(int(i)).item()});
-  }
-  std::vector<double> all = all_gather_values(world_, mine);
   std::map<std::pair<int, int>, std::pair<double, double>>
       seen;  // (kind, addend) -> (value, addends)
   for (size_t i = 0; i + 3 < all.size(); i += 4)

@@ -61,6 +61,8 @@ std::string encode(const MembershipRecord& r) {
   for (const auto& [rank, id] : by_rank) os << "member " << rank << " " << id << "\n";
   for (const auto& id : r.spares) os << "spare " << id << "\n";
   for (const auto& id : r.left) os << "left " << id << "\n";
+  for (const auto& id : r.hands_over) os << "hands_over " << id << "\n";
+  for (const auto& [id, rank] : r.departed) os << "departed " << rank << " " << id << "\n";
   if (r.closed) {
     std::string reason = r.close_reason;
     std::replace_if(
@@ -106,6 +108,17 @@ MembershipRecord decode(const std::string& text, const std::string& key) {
       if (!valid_id(id)) bad(key, n, line, "bad node id");
       if (!ranks.insert(int(rank)).second) bad(key, n, line, "rank given twice");
       if (!r.members.emplace(id, int(rank)).second) bad(key, n, line, "node given twice");
+    } else if (field == "departed") {
+      size_t sp2 = rest.find(' ');
+      if (sp2 == std::string::npos) bad(key, n, line, "expected 'departed <rank> <node id>'");
+      int64_t rank = parse_int(rest.substr(0, sp2), key, n, line);
+      std::string id = rest.substr(sp2 + 1);
+      if (rank < 0 || rank > 1'000'000) bad(key, n, line, "rank out of range");
+      if (!valid_id(id)) bad(key, n, line, "bad node id");
+      if (!r.departed.emplace(id, int(rank)).second) bad(key, n, line, "node given twice");
+    } else if (field == "hands_over") {
+      if (!valid_id(rest)) bad(key, n, line, "bad node id");
+      r.hands_over.push_back(rest);
     } else if (field == "spare" || field == "left") {
       if (!valid_id(rest)) bad(key, n, line, "bad node id");
       auto& seen = field == "spare" ? seen_spares : seen_left;

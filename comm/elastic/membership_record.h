@@ -30,6 +30,14 @@ struct MembershipRecord {
   // Members of `epoch` that left gracefully (Rendezvous::leave): gone without waiting for
   // their heartbeat to expire, and not counted against the quorum. Cleared by a new epoch.
   std::vector<std::string> left;
+  // Those of `left` whose live workers hand their state over in the next epoch (a
+  // graceful leave of a live job), as opposed to a node whose workers failed.
+  std::vector<std::string> hands_over;
+  // The members of the previous epoch that left it handing their state over (hands_over),
+  // with their node rank there:
+  // set by the epoch that follows, cleared by the next. Live workers of a departing node
+  // hand their state over in the new epoch's world before they go (docs/run.md).
+  std::map<std::string, int> departed;
   bool closed = false;       // the job finished or failed: nobody may join any more
   std::string close_reason;  // one line, why it closed
 
@@ -48,6 +56,8 @@ struct MembershipRecord {
 //   member <rank> <node id>      one per member, by rank
 //   spare <node id>              one per spare, in arrival order
 //   left <node id>               one per member that left
+//   hands_over <node id>         one per member that left and hands its state over
+//   departed <rank> <node id>    one per member of the previous epoch that handed over
 //   closed <reason>              only when closed; the reason runs to the end of the line
 //
 // Node ids contain no whitespace or control characters (check_node_id), so a line splits

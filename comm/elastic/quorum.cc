@@ -32,7 +32,12 @@ MembershipRecord next_epoch(const MembershipRecord& current, const std::map<std:
   MembershipRecord next = current;
   next.epoch = current.epoch + 1;
   next.members = keep;
+  next.departed.clear();
+  for (const auto& id : current.hands_over)
+    if (auto it = current.members.find(id); it != current.members.end())
+      next.departed[id] = it->second;
   next.left.clear();
+  next.hands_over.clear();
   next.spares.clear();
   std::set<int> used;
   for (const auto& [id, rank] : keep) used.insert(rank);

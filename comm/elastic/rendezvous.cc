@@ -90,6 +90,9 @@ Membership Rendezvous::make_membership(const MembershipRecord& r) const {
     m.node_rank = m.members[i].node_rank;
   }
   m.store_prefix = str(prefix_, "epoch/", r.epoch);
+  for (const auto& [id, rank] : r.departed) m.departed.push_back({id, rank});
+  std::sort(m.departed.begin(), m.departed.end(),
+            [](const Member& a, const Member& b) { return a.node_rank < b.node_rank; });
   return m;
 }
 
@@ -236,7 +239,7 @@ std::optional<Membership> Rendezvous::watch(Millis timeout) {
   }
 }
 
-void Rendezvous::leave() {
+void Rendezvous::leave(bool hands_over) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!joined_) return;
   const std::string& me = options_.node_id;
@@ -246,6 +249,7 @@ void Rendezvous::leave() {
     bool changed = false;
     if (rec.rank_of(me)) {
       next.left.push_back(me);
+      if (hands_over) next.hands_over.push_back(me);
       changed = true;
     }
     auto it = std::find(next.spares.begin(), next.spares.end(), me);

@@ -66,6 +66,10 @@ struct Membership {
   // without it, which the next poll does): a group that must agree on the world of an
   // epoch (live workers) waits for a settled one.
   bool settled = true;
+  // Members of the previous epoch that left it gracefully (MembershipRecord::departed), by
+  // node rank: live workers of theirs join this epoch's world after the members' ranks to
+  // hand their state over, then end.
+  std::vector<Member> departed;
   int world() const { return int(members.size()); }
 };
 
@@ -103,8 +107,10 @@ class Rendezvous {
 
   // Graceful departure: marks this node as left in the record (or drops it from the
   // spares), then stops the heartbeat and erases its key, so that the others re-form at
-  // their next poll without waiting for the TTL. Idempotent; no-op if never joined.
-  void leave();
+  // their next poll without waiting for the TTL. `hands_over`: its live workers will hand
+  // their state over in the next epoch's first world (the epoch lists it as departed);
+  // false for a node whose workers are gone. Idempotent; no-op if never joined.
+  void leave(bool hands_over = false);
 
   // Closes the job for everyone: members' next poll and late joiners throw
   // RendezvousClosedError with `reason`. Idempotent (the first reason stays).
@@ -118,6 +124,9 @@ class Rendezvous {
     std::lock_guard<std::mutex> lock(mu_);
     grow_last_call_ = t;
   }
+
+  // `r` as this node's Membership would read it (members that left excluded, `departed`).
+  Membership view(const MembershipRecord& r) const { return make_membership(r); }
 
   // The latest record (one store read), for status lines and tests.
   MembershipRecord read_record();

@@ -248,5 +248,47 @@ TEST(LiveResize, Dp4ToDp2ByKillsThenDp3ByAJoinKeepsSurvivorsAndTheNumbers) {
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);  // kept for a look otherwise
 }
 
+// A graceful leave (SIGTERM to one agent: a preemption notice) under ZeRO-1: the leaving
+// node holds the only copy of a third of Adam's moments, so it hands them over in the new
+// epoch's first world before its worker exits 0; dp3 -> dp2 goes on from the survivors'
+// state with no checkpoint at all, and equals one process.
+TEST(LiveResize, GracefulLeaveHandsItsZeroShardOverAndExitsZero) {
+  LiveJob job;
+  job.dir = agent_test_dir("live_resize", "leave");
+  job.id = "live-leave";
+  job.nnodes = "2:3";
+  job.steps = 400;
+  job.sets = {"parallel.dp=auto", "parallel.zero=1"};
+  const fs::path ref = reference_run(job.dir, job.steps, job.sets);
+  job.start_in_order(3);
+  ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
+  std::vector<std::vector<pid_t>> before(3);
+  for (int k = 0; k < 3; ++k) before[size_t(k)] = children(job.pid(k));
+  ::kill(job.pid(2), SIGTERM);
+  ASSERT_TRUE(job.wait_world(2, 10)) << phases_text(job.phases()) << job.all_logs();
+  std::optional<int> code = job.wait(2);
+  ASSERT_TRUE(code) << job.all_logs();
+  EXPECT_EQ(*code, 0) << job.all_logs();
+  for (int k : {0, 1}) EXPECT_EQ(children(job.pid(k)), before[size_t(k)]) << "agent " << k;
+  for (int k : {0, 1}) {
+    std::optional<int> c = job.wait(k);
+    ASSERT_TRUE(c) << job.all_logs();
+    EXPECT_EQ(*c, 0) << job.all_logs();
+  }
+  const auto p = job.phases();
+  ASSERT_EQ(p.size(), 2u) << phases_text(p);
+  EXPECT_EQ(p[0].first, WorldEpoch(3, 1)) << phases_text(p);
+  EXPECT_EQ(p[1].first.first, 2) << phases_text(p);
+  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, kRelDp);
+  const std::string lead = slurp(job.logs[0]), leaver = slurp(job.logs[2]);
+  EXPECT_NE(lead.find("world 3 -> 2"), std::string::npos) << lead;
+  // The leaver is one of the holders: its shard of the moments exists nowhere else.
+  EXPECT_NE(lead.find("state from 3 holders through the router"), std::string::npos) << lead;
+  EXPECT_NE(leaver.find("left the job after handing its state over (through the router)"),
+            std::string::npos)
+      << leaver;
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+}
+
 }  // namespace
 }  // namespace weft::test
