@@ -207,8 +207,12 @@ void RankTraining::enter_world(const std::string& why) {
     std::vector<core::Tensor> src;
     bool holds = false;
     for (int r : holders.new_rank_of) holds = holds || r == env_.rank;
-    if (holds) src = std::move(held_.tensors);
-    held_ = HeldState{};
+    // Handles only: held_ keeps the state until this world is entered. A newer epoch aborts
+    // the entry on every rank at once (the entering LossWatcher); had the router or the
+    // trainer taken the only handles, no rank would hold anything in the next world, and a
+    // DP job would start over from the checkpoint or the seed (found by the resize soak test).
+    // The cost: what the router does not adopt is freed at the end of the entry, not per wave.
+    if (holds) src = held_.tensors;
     // Same-host pairs move through shared memory; survivors keep (adopt) what they hold.
     parallel::TransitionStats ts;
     std::vector<core::Tensor> mine =
@@ -223,7 +227,6 @@ void RankTraining::enter_world(const std::string& why) {
     arrival_.plan = since(t);
     t = Clock::now();
   }
-  held_ = HeldState{};  // what the router did not take is released here
   if (first_world_ && args_.has("--init-weights") && resume.empty())
     trainer_->load_weights(core::io::load_safetensors(args_.get("--init-weights"), "--init-weights"),
                            "--init-weights");
@@ -264,6 +267,7 @@ void RankTraining::enter_world(const std::string& why) {
   first_step_of_world_ = !first_world_;
   resize_s_ = first_world_ ? 0 : since(change_at_);
   first_world_ = false;
+  held_ = HeldState{};  // entered: what the router did not adopt is released here
 }
 
 void RankTraining::print_arrival(const std::string& why, int old_world, int64_t old_epoch) {
@@ -416,8 +420,8 @@ EpochNotice RankTraining::wait_for_notice() {
 }
 
 // Enters the world of env_; when a newer epoch replaces it before it trains (or one of its
-// ranks fails meanwhile), moves on to the next notice. What the router already took of the
-// held state is gone then (held_ says so), and the next world finds it elsewhere.
+// ranks fails meanwhile), moves on to the next notice, still holding what it held (held_ is
+// released only once a world is entered).
 void RankTraining::enter_next_world(std::string why) {
   for (;;) {
     try {
