@@ -238,8 +238,12 @@ void RankTraining::enter_world(const std::string& why) {
     std::vector<core::Tensor> src;
     bool holds = false;
     for (int r : holders.new_rank_of) holds = holds || r == env_.rank;
-    if (holds) src = std::move(held_.tensors);
-    held_ = HeldState{};
+    // Handles only: held_ keeps the state until this world is entered. A newer epoch aborts
+    // the entry on every rank at once (the entering LossWatcher); had the router or the
+    // trainer taken the only handles, no rank would hold anything in the next world, and a
+    // DP job would start over from the checkpoint or the seed (found by the resize soak test).
+    // The cost: what the router does not adopt is freed at the end of the entry, not per wave.
+    if (holds) src = held_.tensors;
     // Same-host pairs move through shared memory; survivors keep (adopt) what they hold.
     parallel::TransitionStats ts;
     std::vector<core::Tensor> mine =
@@ -255,7 +259,6 @@ void RankTraining::enter_world(const std::string& why) {
     arrival_.plan = since(t);
     t = Clock::now();
   }
-  held_ = HeldState{};  // what the router did not take is released here
   if (leaving_) return;  // nobody can use its state: the others resume from a checkpoint
   if (first_world_ && args_.has("--init-weights") && resume.empty())
     trainer_->load_weights(core::io::load_safetensors(args_.get("--init-weights"), "--init-weights"),
@@ -297,6 +300,7 @@ void RankTraining::enter_world(const std::string& why) {
   first_step_of_world_ = !first_world_;
   resize_s_ = first_world_ ? 0 : since(change_at_);
   first_world_ = false;
+  held_ = HeldState{};  // entered: what the router did not adopt is released here
 }
 
 void RankTraining::print_arrival(const std::string& why, int old_world, int64_t old_epoch) {
@@ -436,14 +440,17 @@ WorldEnd RankTraining::train_world() {
   return WorldEnd::kDone;
 }
 
+// Bounded: a world that failed without a membership change (a transport error, a world
+// entry that failed on this rank alone) gets no notice; the worker then fails, and its
+// agent's handling of that (the node leaves, or rejoins) makes the change the others wait for.
 EpochNotice RankTraining::wait_for_notice() {
-  const auto limit = std::chrono::milliseconds(env_int("WEFT_RESIZE_TIMEOUT_MS", 600'000));
+  const auto limit = std::chrono::milliseconds(env_int("WEFT_RESIZE_TIMEOUT_MS", 120'000));
   const auto t0 = Clock::now();
   for (;;) {
     if (std::optional<EpochNotice> n = watch_.newer()) return *n;
     if (g_train_stop) throw Error("stopped by a signal while waiting for the next membership epoch");
     if (Clock::now() - t0 > limit)
-      throw TimeoutError(str("no new membership epoch from weft run within ",
+      throw Error(str("no new membership epoch from weft run within ",
                              double(limit.count()) / 1000,
                              " s after this world ended (WEFT_RESIZE_TIMEOUT_MS)"));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -451,8 +458,8 @@ EpochNotice RankTraining::wait_for_notice() {
 }
 
 // Enters the world of env_; when a newer epoch replaces it before it trains (or one of its
-// ranks fails meanwhile), moves on to the next notice. What the router already took of the
-// held state is gone then (held_ says so), and the next world finds it elsewhere.
+// ranks fails meanwhile), moves on to the next notice, still holding what it held (held_ is
+// released only once a world is entered).
 void RankTraining::enter_next_world(std::string why) {
   for (;;) {
     try {

@@ -17,6 +17,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "parallel/router.h"
 #include "parallel/shm_channel.h"
 
@@ -329,6 +330,13 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
     throw;
   }
   if (stats) *stats = st;
+  // Which transport carried what (WEFT_LOG_LEVEL=debug WEFT_LOG_SUBSYS=router): the resize
+  // line reports only the plan's totals; tests of ranks on different hosts check that nothing
+  // crossed shared memory.
+  WEFT_DEBUG("router", "router transition (rank ", rank, "): ", st.bytes_sent_comm, " B out, ",
+             st.bytes_received_comm, " B in through the communicator; ", st.bytes_sent_shm,
+             " B out, ", st.bytes_received_shm, " B in through shared memory; ", st.bytes_adopted,
+             " B adopted, ", st.bytes_copied, " B copied");
   return dst;
 }
 

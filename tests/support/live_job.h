@@ -1,0 +1,333 @@
+// The harness of the online-resize tests (elastic.on_change: reshard), header-only: one job's
+// `weft run` agents, one node each, on loopback or on VirtualHosts (network namespaces); the
+// single-process reference run; the workers of an agent; the (world, epoch) phases of the
+// metrics; a process's fds, threads and RSS. Every wait is bounded by a patience far beyond
+// its need; agents are SIGKILLed and reaped (with their workers) however the test ends.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "comm/elastic/membership_record.h"
+#include "comm/store/tcp_store.h"
+#include "core/io/metrics.h"
+#include "tests/support/agent_tests.h"
+#include "tests/support/metrics_compare.h"
+#include "tests/support/netns.h"
+#include "tests/support/run_weft.h"
+
+namespace weft::test::live {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using WorldEpoch = std::pair<int, int>;  // a metrics line's (world, epoch)
+
+inline const std::string kConfig = std::string(WEFT_SOURCE_DIR) + "/configs/gpt-layout.yaml";
+// A node silent for 2 s is lost; the first epoch forms when all the nodes a test starts
+// have arrived (last call 15 s, beyond any start-up delay; max nodes ends it at once).
+inline const std::string kConf =
+    "heartbeat_interval=0.5,heartbeat_timeout=2,last_call_timeout=15,join_timeout=60";
+inline constexpr double kPatience = 120;
+// Data parallelism over 2, 3 or 4 ranks regroups the sums of one process's 12 micro-batches.
+inline constexpr double kRelDp = 1e-6;
+
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Polls `done` every 20 ms for at most `limit` seconds.
+inline bool poll_until(const std::function<bool()>& done, double limit = kPatience) {
+  const auto t0 = Clock::now();
+  while (!done()) {
+    if (seconds_since(t0) > limit) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+// The workers the agent `pid` started: its children with a rank in their environment (the
+// agent also forks a guardian, which has none).
+inline std::vector<pid_t> children(pid_t pid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::istringstream in(slurp(e.path() / "stat"));
+    std::string pidtext, comm, state;
+    long ppid = 0;
+    in >> pidtext >> comm >> state >> ppid;  // comm has no spaces: workers are "weft"
+    if (ppid == pid && slurp(e.path() / "environ").find("WEFT_RANK=") != std::string::npos)
+      out.push_back(pid_t(std::stol(n)));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// What a leak shows in: open descriptors, threads and resident memory of a live process
+// (-1 each when it is gone).
+struct ProcUsage {
+  int fds = -1, threads = -1;
+  long rss_kib = -1;
+};
+inline ProcUsage proc_usage(pid_t pid) {
+  ProcUsage u;
+  const fs::path p = "/proc/" + std::to_string(pid);
+  std::error_code ec;
+  int fds = 0;
+  for (auto it = fs::directory_iterator(p / "fd", ec); !ec && it != fs::directory_iterator();
+       it.increment(ec))
+    ++fds;
+  if (ec) return u;
+  u.fds = fds;
+  std::istringstream in(slurp(p / "status"));
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("Threads:", 0) == 0) u.threads = std::stoi(line.substr(8));
+    if (line.rfind("VmRSS:", 0) == 0) u.rss_kib = std::stol(line.substr(6));
+  }
+  return u;
+}
+
+inline std::vector<std::string> train_args(const fs::path& out, int steps,
+                                           const std::vector<std::string>& sets) {
+  std::vector<std::string> a = {"--config", kConfig,
+                                "--set",    "train.steps=" + std::to_string(steps),
+                                "--set",    "train.warmup_steps=1",
+                                "--set",    "train.log_every=1",
+                                "--set",    "train.eval_every=1000000",
+                                "--set",    "train.global_batch=24",
+                                "--set",    "train.micro_batch=2",
+                                "--set",    "train.out_dir=" + out.string()};
+  for (const std::string& s : sets) a.insert(a.end(), {"--set", s});
+  return a;
+}
+
+// One process, the same job: the numbers every resized run must give.
+inline fs::path reference_run(const fs::path& dir, int steps,
+                              const std::vector<std::string>& sets) {
+  const fs::path out = dir / "one";
+  std::string cmd = std::string(WEFT_BINARY) + " train";
+  for (const std::string& a : train_args(out, steps, sets)) cmd += " '" + a + "'";
+  CommandResult r = run_command("OMP_NUM_THREADS=1 " + cmd);
+  EXPECT_EQ(r.code, 0) << r.out;
+  return out / "metrics.jsonl";
+}
+
+// One job's agents, one node each (`nproc` workers): on loopback, or with `hosts` set one
+// agent per host (host 0's agent serves the store; the hosts share the filesystem).
+struct LiveJob {
+  fs::path dir;
+  std::string id;
+  VirtualHosts* hosts = nullptr;
+  int port = 0;  // 0: a free loopback port (29400 on hosts, which have ports of their own)
+  int steps = 600;  // 4 ranks make about 50 steps/s on two cores: joins come in time
+  int nproc = 1;
+  std::string nnodes = "2:4";
+  int max_restarts = 0;
+  std::string conf = kConf;
+  std::string token = "live-resize-test-token";
+  std::vector<std::string> sets;  // the job's --set overrides beyond train_args'
+  std::vector<std::string> env;   // beyond OMP_NUM_THREADS=1 and the token
+  Agents local;                   // loopback agents (reaped by its destructor)
+  std::vector<pid_t> pids;        // by agent index; -1 once waited for
+  std::vector<int> host_of;       // by agent index; -1 on loopback
+  std::vector<fs::path> logs;
+
+  fs::path out() const { return dir / "out"; }
+  fs::path metrics() const { return out() / "metrics.jsonl"; }
+  std::string store_host() const { return hosts ? hosts->hostname(0) : "127.0.0.1"; }
+  std::string store_address() const { return hosts ? hosts->address(0) : "127.0.0.1"; }
+
+  // Starts an agent (on `host` when the job has hosts) and returns its index.
+  int start(int host = -1) {
+    if (port == 0) port = hosts ? 29400 : free_port();
+    const fs::path log = dir / ("agent" + std::to_string(logs.size()) + ".log");
+    std::vector<std::string> argv = {"run", "--nnodes", nnodes, "--nproc-per-node",
+                                     std::to_string(nproc), "--max-restarts",
+                                     std::to_string(max_restarts), "--rdzv-backend", "c10d",
+                                     "--rdzv-id", id, "--rdzv-endpoint",
+                                     store_host() + ":" + std::to_string(port), "--rdzv-conf",
+                                     conf, "--", WEFT_BINARY, "train"};
+    std::vector<std::string> s = sets;
+    s.push_back("elastic.on_change=reshard");
+    for (const std::string& x : train_args(out(), steps, s)) argv.push_back(x);
+    std::vector<std::string> e = {"WEFT_JOB_TOKEN=" + token, "OMP_NUM_THREADS=1"};
+    e.insert(e.end(), env.begin(), env.end());
+    if (hosts) {
+      argv.insert(argv.begin(), WEFT_BINARY);
+      pids.push_back(hosts->start(host, argv, log.string(), e));
+    } else {
+      pids.push_back(local.start(argv, log, e));
+    }
+    host_of.push_back(hosts ? host : -1);
+    logs.push_back(log);
+    return int(logs.size()) - 1;
+  }
+  pid_t pid(int k) const { return pids.at(size_t(k)); }
+  std::string text(int k) const { return slurp(logs.at(size_t(k))); }
+  std::string all_logs() const {
+    std::string s;
+    for (size_t k = 0; k < logs.size(); ++k)
+      s += "--- agent " + std::to_string(k) + "\n" + slurp(logs[k]);
+    return s;
+  }
+  // Waiting nodes before epoch 1 (the record in the store the first agent serves).
+  size_t waiting() {
+    size_t n = 0;
+    auto read = [&] {
+      comm::TCPStore store(comm::TCPStoreOptions{store_address(), uint16_t(port),
+                                                 std::chrono::milliseconds(5'000), token});
+      const std::string key = "rdzv/" + id + "/state";
+      if (store.check({key})) n = comm::decode(comm::to_string(store.get(key)), key).spares.size();
+    };
+    try {
+      hosts ? hosts->in_host(0, read) : read();
+    } catch (const std::exception&) {
+      return 0;
+    }
+    return n;
+  }
+  // Starts `n` agents one after the other (on hosts 0 .. n-1 when the job has hosts), so
+  // that agent i gets node rank i.
+  void start_in_order(int n) {
+    for (int i = 0; i < n; ++i) {
+      start(hosts ? i : -1);
+      if (i + 1 < n) {
+        ASSERT_TRUE(poll_until([&] { return int(waiting()) == i + 1; }, 60)) << all_logs();
+      }
+    }
+  }
+  std::vector<core::io::MetricsRow> rows() const {
+    try {
+      return core::io::read_metrics(metrics().string());
+    } catch (const std::exception&) {
+      return {};
+    }
+  }
+  // Waits until a metrics line of world `world` (and epoch >= `epoch`) exists and `more`
+  // lines have followed it.
+  bool wait_world(int world, size_t more = 0, int epoch = 0, double limit = kPatience) {
+    return poll_until(
+        [&] {
+          std::vector<core::io::MetricsRow> r = rows();
+          for (size_t i = 0; i < r.size(); ++i)
+            if (!r[i].is_validation() && int(r[i].at("world")) == world &&
+                int(r[i].at("epoch")) >= epoch)
+              return r.size() >= i + 1 + more;
+          return false;
+        },
+        limit);
+  }
+  bool wait_steps(size_t n) { return poll_until([&] { return rows().size() >= n; }); }
+  // (world, epoch) of each run of metrics lines, with their counts.
+  std::vector<std::pair<WorldEpoch, int>> phases() const {
+    std::vector<std::pair<WorldEpoch, int>> out;
+    for (const core::io::MetricsRow& r : rows()) {
+      if (r.is_validation()) continue;
+      WorldEpoch we{int(r.at("world")), int(r.at("epoch"))};
+      if (out.empty() || out.back().first != we) out.push_back({we, 0});
+      ++out.back().second;
+    }
+    return out;
+  }
+  bool ended(int k) {
+    if (hosts) return hosts->ended(pid(k));
+    if (codes_.count(k)) return true;
+    int status = 0;
+    if (::waitpid(pid(k), &status, WNOHANG) != pid(k)) return false;
+    codes_[k] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    for (pid_t& p : local.pids)
+      if (p == pid(k)) p = -1;
+    return true;
+  }
+  // Agent k's exit code (128 + signal when killed); nullopt when it still runs after `limit`.
+  std::optional<int> wait(int k, double limit = kPatience) {
+    if (!poll_until([&] { return ended(k); }, limit)) return std::nullopt;
+    if (hosts) return hosts->wait(pid(k));
+    return codes_.at(k);
+  }
+
+ private:
+  std::map<int, int> codes_;  // loopback agents' exit codes, once reaped
+};
+
+// The run's losses against one process's, by step: no step twice or out of order, each line
+// within `rel`. A step may lack its line only where a member died during the statistics
+// exchange that follows the step's commit (ParallelTrainer::step: the state advanced, the
+// loss was never gathered, so no rank could write it): the step just before a resize line
+// "... at step N" (its why names the last notice, which may be a join when the world of the
+// loss was replaced before it formed). Returns the steps without a line (printed).
+inline std::vector<int64_t> expect_losses_by_step(const fs::path& reference,
+                                                  const fs::path& run,
+                                                  const std::vector<std::string>& resizes,
+                                                  double rel) {
+  const std::vector<double> ref = metrics_losses(reference);
+  std::vector<int64_t> missing;
+  int64_t next = 0;
+  for (const core::io::MetricsRow& row : core::io::read_metrics(run.string())) {
+    if (row.is_validation()) continue;
+    const int64_t step = int64_t(row.at("step"));
+    EXPECT_GE(step, next) << "step " << step << " repeated or out of order";
+    for (; next < step; ++next) missing.push_back(next);
+    next = step + 1;
+    if (size_t(step) < ref.size()) {
+      EXPECT_NEAR(row.at("loss"), ref[size_t(step)], rel * std::fabs(ref[size_t(step)]))
+          << "step " << step;
+    }
+  }
+  for (; next < int64_t(ref.size()); ++next) missing.push_back(next);
+  std::set<int64_t> window;
+  for (const std::string& l : resizes) {
+    long long at = -1;
+    const size_t p = l.find(") at step ");
+    if (p != std::string::npos && std::sscanf(l.c_str() + p, ") at step %lld", &at) == 1)
+      window.insert(at - 1);
+  }
+  std::string list;
+  for (int64_t s : missing) {
+    list += " " + std::to_string(s);
+    EXPECT_TRUE(window.count(s)) << "step " << s << " has no line, yet no resize followed it";
+  }
+  std::printf("[ measured ] %zu of %zu steps without a metrics line (a member lost in the step's "
+              "statistics exchange):%s\n",
+              missing.size(), ref.size(), list.c_str());
+  return missing;
+}
+
+inline std::string phases_text(const std::vector<std::pair<WorldEpoch, int>>& p) {
+  std::string s;
+  for (const auto& [we, n] : p) {
+    s += "(world " + std::to_string(we.first);
+    s += ", epoch " + std::to_string(we.second);
+    s += ") x" + std::to_string(n) + " ";
+  }
+  return s;
+}
+
+// Every line of `log` that holds `s`.
+inline std::vector<std::string> lines_with(const std::string& log, const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);)
+    if (line.find(s) != std::string::npos) out.push_back(line);
+  return out;
+}
+
+}  // namespace weft::test::live
