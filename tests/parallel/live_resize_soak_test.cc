@@ -71,7 +71,10 @@ TEST(LiveResizeSoak, TwentyChangesKeepTheNumbersAndLeakNothing) {
   job.max_restarts = kChanges;
   job.steps = kSteps;
   job.sets = {"parallel.dp=auto"};
-  job.env = {"WEFT_LOG_LEVEL=debug", "WEFT_LOG_SUBSYS=router"};  // the router's byte counts
+  // The router's byte counts; and a 15 s bound on waits for a peer: a world entry that a
+  // newer epoch replaced while its Gloo pairs were connecting waits out that bound (the
+  // connect is not cancellable yet; seen about once in six soaks), not the default 60 s.
+  job.env = {"WEFT_LOG_LEVEL=debug", "WEFT_LOG_SUBSYS=router", "WEFT_COMM_TIMEOUT_MS=15000"};
   const fs::path ref = reference_run(job.dir, job.steps, job.sets);
   std::printf("[ measured ] reference run %.1f s\n", seconds_since(t_test));
   const auto t_job = Clock::now();
@@ -134,9 +137,7 @@ TEST(LiveResizeSoak, TwentyChangesKeepTheNumbersAndLeakNothing) {
     }
   }
   EXPECT_EQ(p.back().first.first, 3) << phases_text(p);
-  // Known gap (reported, not fixed here): a worker killed during the statistics exchange
-  // after a committed step costs that step's line.
-  expect_losses_by_step(ref, job.metrics(), resizes, kRelDp);
+  expect_losses_by_step(ref, job.metrics(), kRelDp);
 
   // Usage of the worker that lived through every change, after each return to 3 nodes.
   std::printf("[ measured ] changes   worker fds threads rss_kib   agent fds threads rss_kib\n");
