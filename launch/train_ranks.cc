@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -80,6 +81,9 @@ class RankTraining {
 
  private:
   void enter_world(const std::string& why);
+  // After a world ended: the next epoch's world, skipping epochs superseded while forming.
+  void enter_next_world(const std::string& failed);
+  void drop_world();
   WorldEnd train_world();
   // One step and what follows it (metrics, checkpoint, validation, the step-end agreement);
   // nullopt when the world goes on.
@@ -129,8 +133,12 @@ void RankTraining::enter_world(const std::string& why) {
   // Degrees that no longer fit the world stop the job here, naming them.
   planner::resolve_parallel(spec_, env_.world);
   planner::check_fits_memory(spec_, env_.world, ranks_on_node(env_));
+  // A later world of a live job gives up connecting once a newer epoch exists (its missing
+  // member is gone for good): enter_next_world() then moves on to that epoch.
+  std::function<bool()> give_up;
+  if (live_ && !first_world_) give_up = [w = watch_] { return w.newer().has_value(); };
   world_ = std::make_unique<parallel::WorkerWorld>(
-      env_, comm::Millis(env_int("WEFT_COMM_TIMEOUT_MS", 60'000)));
+      env_, comm::Millis(env_int("WEFT_COMM_TIMEOUT_MS", 60'000)), std::move(give_up));
   comm::Communicator& comm = world_->comm();
   if (live_ && !folder_) open_run_folder();  // every rank, before rank 0 writes anything
   std::vector<HolderReport> reports;
@@ -399,16 +407,37 @@ int RankTraining::run() {
     if (end == WorldEnd::kChange) change_at_ = Clock::now();
     // This world is over: keep the state, drop everything else, go to the next epoch.
     held_ = hold_state(*trainer_, ckpt_->space(), env_.rdzv_epoch, torn);
-    metrics_.reset();
-    ckpt_.reset();
-    trainer_.reset();
-    world_.reset();
+    drop_world();
+    enter_next_world(end == WorldEnd::kChange ? "" : why);
+  }
+}
+
+void RankTraining::drop_world() {
+  metrics_.reset();
+  ckpt_.reset();
+  trainer_.reset();
+  world_.reset();
+}
+
+// The epoch a notice announces can be superseded while its world forms (a second node left
+// right after the first: the dead member never connects, or a collective of enter_world
+// fails on it). That world is dropped and the worker enters the newer epoch's, with the
+// state it still holds (held_ is untouched until the router takes it; once taken, this
+// worker reports nothing and the others or the latest checkpoint provide the state).
+void RankTraining::enter_next_world(const std::string& failed) {
+  std::string why_failed = failed;
+  for (;;) {
     const EpochNotice n = wait_for_notice();
     watch_.adopt(n);
     env_ = env_in_epoch(base_, n);
-    if (end == WorldEnd::kChange || why.empty()) why = n.why;
-    else why = n.why + " (a collective failed: " + why + ")";
-    enter_world(why);
+    try {
+      enter_world(why_failed.empty() ? n.why
+                                     : n.why + " (a collective failed: " + why_failed + ")");
+      return;
+    } catch (const CommError& e) {
+      drop_world();
+      why_failed = e.what();
+    }
   }
 }
 

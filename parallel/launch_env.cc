@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <optional>
 
 #include "base/env.h"
 #include "base/error.h"
@@ -230,7 +232,74 @@ LaunchEnv detect_launch_env() {
   return e;
 }
 
-WorkerWorld::WorkerWorld(const LaunchEnv& env, comm::Millis timeout) : env_(env) {
+namespace {
+
+// WorkerWorld's store when a give_up hook is set: every call forwards to `base`, but a read
+// that must wait (get, multi_get, wait) waits in slices and asks give_up() between them.
+class GiveUpStore final : public comm::Store {
+ public:
+  GiveUpStore(std::unique_ptr<comm::Store> base, std::function<bool()> give_up)
+      : base_(std::move(base)), give_up_(std::move(give_up)) {}
+
+  void set(const std::string& key, const comm::Bytes& value,
+           std::optional<comm::Millis> ttl = {}) override {
+    base_->set(key, value, ttl);
+  }
+  comm::Bytes get(const std::string& key) override {
+    wait({key}, base_->timeout());
+    return base_->get(key);
+  }
+  int64_t add(const std::string& key, int64_t delta) override { return base_->add(key, delta); }
+  comm::Bytes compare_set(const std::string& key, const comm::Bytes& expected,
+                          const comm::Bytes& desired) override {
+    return base_->compare_set(key, expected, desired);
+  }
+  void wait(const std::vector<std::string>& keys, comm::Millis timeout) override {
+    constexpr comm::Millis kSlice{50};
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<comm::Millis>(deadline - std::chrono::steady_clock::now());
+      try {
+        base_->wait(keys, std::clamp(left, comm::Millis(1), kSlice));
+        return;
+      } catch (const TimeoutError&) {
+        if (left <= kSlice) throw;  // the caller's timeout passed: the store's error names the keys
+      }
+      if (give_up_())
+        throw PeerLostError(-1, "gave up waiting for " + keys.front() +
+                                    ": the membership changed while this world was connecting");
+    }
+  }
+  bool check(const std::vector<std::string>& keys) override { return base_->check(keys); }
+  bool erase(const std::string& key) override { return base_->erase(key); }
+  int64_t num_keys() override { return base_->num_keys(); }
+  int64_t num_keys_with_prefix(const std::string& prefix) override {
+    return base_->num_keys_with_prefix(prefix);
+  }
+  void append(const std::string& key, const comm::Bytes& value) override {
+    base_->append(key, value);
+  }
+  std::vector<comm::Bytes> multi_get(const std::vector<std::string>& keys) override {
+    wait(keys, base_->timeout());
+    return base_->multi_get(keys);
+  }
+  void multi_set(const std::vector<std::string>& keys,
+                 const std::vector<comm::Bytes>& values) override {
+    base_->multi_set(keys, values);
+  }
+  comm::Millis timeout() const override { return base_->timeout(); }
+  void set_timeout(comm::Millis timeout) override { base_->set_timeout(timeout); }
+
+ private:
+  std::unique_ptr<comm::Store> base_;
+  std::function<bool()> give_up_;
+};
+
+}  // namespace
+
+WorkerWorld::WorkerWorld(const LaunchEnv& env, comm::Millis timeout, std::function<bool()> give_up)
+    : env_(env) {
   if (env_.host_store) {
     comm::TCPStoreServerOptions so;
     so.host = env_.bind_host.empty() ? env_.store_host : env_.bind_host;
@@ -240,6 +309,7 @@ WorkerWorld::WorkerWorld(const LaunchEnv& env, comm::Millis timeout) : env_(env)
   }
   store_ = std::make_unique<comm::TCPStore>(comm::TCPStoreOptions{
       env_.store_host, env_.store_port, timeout, comm::auth::token_from_env()});
+  if (give_up) store_ = std::make_unique<GiveUpStore>(std::move(store_), std::move(give_up));
   comm::CommOptions o;
   o.rank = env_.rank;
   o.size = env_.world;

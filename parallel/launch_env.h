@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -63,10 +64,14 @@ std::string slurm_first_host(const std::string& nodelist,
 
 // The world of one worker: the store (served here when env.host_store), a client, and the
 // Gloo communicator over all ranks. Construction is collective and blocks until every rank
-// joined, bounded by `timeout` (TimeoutError naming the missing side otherwise).
+// joined, bounded by `timeout` (TimeoutError naming the missing side otherwise). `give_up`,
+// when set, is asked about every 50 ms while a store read waits for another rank (at
+// construction and for later splits): true ends the wait with PeerLostError. A live-resize
+// worker passes "a newer membership epoch exists", since a rank that died after its epoch
+// formed never publishes its keys and the others would wait out `timeout`.
 class WorkerWorld {
  public:
-  WorkerWorld(const LaunchEnv& env, comm::Millis timeout);
+  WorkerWorld(const LaunchEnv& env, comm::Millis timeout, std::function<bool()> give_up = {});
   ~WorkerWorld();
   comm::Communicator& comm() { return *comm_; }
   const LaunchEnv& env() const { return env_; }
