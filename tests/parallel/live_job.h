@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -217,6 +219,45 @@ struct LiveJob {
     return out;
   }
 };
+
+// The run's training losses by step against the reference's: each of the `count` steps has
+// at most one line, and equals the reference within `rel`. A step may lack its line where a
+// member died after every survivor finished the step's update but before its statistics
+// exchange (ParallelTrainer::step: not torn, current_step() advanced): the survivors carry
+// the step's state on, and nobody has its loss. At most `max_missing` such steps (one per
+// loss); printed when any.
+inline void expect_losses_by_step(const fs::path& reference, const fs::path& run, size_t count,
+                                  double rel, size_t max_missing) {
+  auto by_step = [](const fs::path& p) {
+    std::vector<std::vector<double>> out;
+    for (const core::io::MetricsRow& r : core::io::read_metrics(p.string())) {
+      if (r.is_validation()) continue;
+      const size_t step = size_t(r.at("step"));
+      if (out.size() <= step) out.resize(step + 1);
+      out[step].push_back(r.at("loss"));
+    }
+    return out;
+  };
+  const std::vector<std::vector<double>> a = by_step(reference), b = by_step(run);
+  ASSERT_EQ(a.size(), count) << reference;
+  ASSERT_LE(b.size(), count) << run;
+  std::vector<size_t> missing;
+  for (size_t i = 0; i < count; ++i) {
+    ASSERT_EQ(a[i].size(), 1u) << reference << " step " << i;
+    if (i >= b.size() || b[i].empty()) {
+      missing.push_back(i);
+      continue;
+    }
+    EXPECT_EQ(b[i].size(), 1u) << run << ": step " << i << " has several lines";
+    EXPECT_NEAR(b[i][0], a[i][0], rel * std::fabs(a[i][0])) << "step " << i;
+  }
+  std::string text;
+  for (size_t i : missing) text += " " + std::to_string(i);
+  EXPECT_LE(missing.size(), max_missing) << run << ": no line for steps" << text;
+  if (!missing.empty())
+    std::printf("no metrics line for steps%s (a member died between the update and the "
+                "statistics)\n", text.c_str());
+}
 
 inline std::string phases_text(const std::vector<std::pair<WorldEpoch, int>>& p) {
   std::string s;

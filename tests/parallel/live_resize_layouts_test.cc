@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "tests/parallel/live_job.h"
-#include "tests/support/metrics_compare.h"
 
 namespace weft::test {
 namespace {
@@ -121,7 +120,7 @@ Outcome kill_then_join(const Case& c) {
   }
   expect_phases(job.phases(),
                 c.join ? std::vector<int>{full, small, full} : std::vector<int>{full, small});
-  expect_same_losses(ref, job.metrics(), size_t(c.steps), false, c.rel);
+  expect_losses_by_step(ref, job.metrics(), size_t(c.steps), c.rel, 1);
   o.resizes = job.lines_with(0, "resize: ");
   o.logs = job.all_logs();
   o.dir = job.dir;
