@@ -218,6 +218,8 @@ std::vector<std::string> agent_argv(const Options& o, int port) {
   v.insert(v.end(), {"--", self, "train", "--config", o.config});
   for (const std::string& s : train_sets(o, int(o.spec.model.layers)))
     v.insert(v.end(), {"--set", s});
+  // The baseline is the restart path, whatever the job file says (reshard is the default).
+  v.insert(v.end(), {"--set", "elastic.on_change=restart"});
   return v;
 }
 

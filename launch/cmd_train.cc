@@ -64,6 +64,11 @@ Several processes: `weft run --standalone --nproc-per-node N -- weft train ...` 
 `mpirun -np N weft train ...` train the plan of the parallel: section on N ranks (rank 0
 prints and writes; WEFT_COMM_TIMEOUT_MS bounds every wait on a peer, default 60000;
 WEFT_MEMORY_GIB refuses a layout whose per-rank peak exceeds it).
+
+Under `weft run --nnodes MIN:MAX` or `--max-restarts K`, elastic.on_change says what a
+membership change does: reshard (default) keeps the surviving workers running and moves
+their state into the new world live; restart stops every worker and starts it again from
+the latest checkpoint under checkpoint.dir (torchrun's way).
 )";
 
 // The single-process loop, for the CPU trainer and (device: cuda) the CUDA trainer: a

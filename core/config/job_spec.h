@@ -100,10 +100,12 @@ struct SnapshotSpec {
 };
 
 // What the job expects of `weft run`'s elasticity. min_nodes/max_nodes, when set, must match
-// the agent's --nnodes MIN:MAX (weft train checks; 0 = whatever the agent says).
+// the agent's --nnodes MIN:MAX (weft train checks; 0 = whatever the agent says). on_change:
+// reshard (the default) keeps the survivors of a membership change running and moves their
+// state live; restart stops every worker and restarts it from the latest checkpoint.
 struct ElasticSpec {
   int64_t min_nodes = 0, max_nodes = 0;
-  std::string on_change = "restart";  // restart | reshard
+  std::string on_change = "reshard";  // reshard | restart
 };
 
 struct JobSpec {

@@ -108,7 +108,8 @@ TEST(EtcdRun, LosingTheNodeThatServesTheWorkersStoreIsARestart) {
   EtcdAgents agents;
   const auto cmd = train(d, steps,
                          {"--set", "checkpoint.dir=" + (d / "ckpt").string(), "--set",
-                          "checkpoint.every=10", "--set", "checkpoint.async=false"});
+                          "checkpoint.every=10", "--set", "checkpoint.async=false", "--set",
+                          "elastic.on_change=restart"});
   const std::vector<std::string> elastic = {"--max-restarts", "2"};
   std::vector<pid_t> pids;
   for (int i = 0; i < 3; ++i)

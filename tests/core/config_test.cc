@@ -67,6 +67,24 @@ TEST(JobSpec, MinimalFileGetsDefaultsAndResolvedPath) {
   EXPECT_EQ(parse_job_spec("data: {path: ../d/t.bin}", "/base/cfg").data.path, "/base/d/t.bin");
 }
 
+// Online resize is the default: a job without an elastic: section reshards live on a
+// membership change, says so in its dump, and restart is still there when asked for.
+TEST(JobSpec, ElasticOnChangeDefaultsToReshard) {
+  JobSpec s = parse_job_spec(kMinimal, "/base");
+  EXPECT_EQ(s.elastic.on_change, "reshard");
+  EXPECT_NE(job_spec_to_yaml(s).find("on_change: reshard"), std::string::npos)
+      << job_spec_to_yaml(s);
+  EXPECT_EQ(parse_job_spec(job_spec_to_yaml(s), "/").elastic.on_change, "reshard");
+  EXPECT_EQ(parse_job_spec(std::string(kMinimal) + "elastic: {min_nodes: 2}", "/base")
+                .elastic.on_change,
+            "reshard");
+  JobSpec r = parse_job_spec(std::string(kMinimal) + "elastic: {on_change: restart}", "/base");
+  EXPECT_EQ(r.elastic.on_change, "restart");
+  EXPECT_EQ(parse_job_spec(job_spec_to_yaml(r), "/").elastic.on_change, "restart");
+  EXPECT_EQ(parse_job_spec(kMinimal, "/", {"elastic.on_change=restart"}).elastic.on_change,
+            "restart");
+}
+
 TEST(JobSpec, ReadsEveryKindOfValue) {
   JobSpec s = parse_job_spec(R"(
 model: {arch: moe-gpt, layers: 4, dim: 128, heads: 8, moe: {experts: 8, top_k: 2, every: 2,

@@ -167,9 +167,9 @@ TEST(MultiNode, WorkerFailureOnOneNodeStopsTheOthers) {
   fs::remove_all(d);
 }
 
-// --max-restarts: a worker dies on node 1 mid-run; its agent asks for a new round, both
-// nodes restart their workers, which resume from the latest checkpoint; the metrics equal
-// a single process's, each step once.
+// --max-restarts with elastic.on_change: restart: a worker dies on node 1 mid-run; its agent
+// asks for a new round, both nodes restart their workers, which resume from the latest
+// checkpoint; the metrics equal a single process's, each step once.
 TEST(MultiNode, FailedWorkerRestartsEveryNodeFromTheLatestCheckpoint) {
   fs::path d = temp_dir("restart");
   const int steps = 200;
@@ -180,7 +180,7 @@ TEST(MultiNode, FailedWorkerRestartsEveryNodeFromTheLatestCheckpoint) {
   std::string cmd = std::string(WEFT_BINARY);
   for (const std::string& a : train(d / "two", steps)) cmd += a == "weft" ? "" : " " + a;
   cmd += " --set checkpoint.dir=" + (d / "ckpt").string() +
-         " --set checkpoint.every=10 --set checkpoint.async=false";
+         " --set checkpoint.every=10 --set checkpoint.async=false --set elastic.on_change=restart";
   // Attempt 0 on node 1: kill the trainer once step 50's checkpoint exists, then fail.
   const std::string worker =
       "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && [ \"$GROUP_RANK\" = 1 ]; then " + cmd +

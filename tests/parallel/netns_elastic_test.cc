@@ -1,4 +1,5 @@
-// Elastic `weft run --nnodes 2:3 --max-restarts 3` on hosts that are network namespaces
+// Elastic `weft run --nnodes 2:3 --max-restarts 3` with elastic.on_change: restart (the
+// online resize that is the default: live_resize_test.cc) on hosts that are network namespaces
 // (tests/support/netns.h): one agent per host, the store in host 0's agent, checkpoint.dir and
 // the out dir shared (the hosts share the filesystem). A node killed, frozen and unplugged,
 // cut off by a partition, or joining: the others restart their workers for the new world,
@@ -184,6 +185,7 @@ struct ElasticJob {
                                      WEFT_BINARY,
                                      "train"};
     for (const std::string& x : train_args(out(), ckpt())) argv.push_back(x);
+    argv.insert(argv.end(), {"--set", "elastic.on_change=restart"});  // the path under test
     a.pid =
         hosts.start(host, argv, a.log.string(), {"OMP_NUM_THREADS=1", "WEFT_JOB_TOKEN=" + kToken});
     agents.push_back(a);

@@ -301,7 +301,8 @@ void lose_the_store_host(Loss loss, const std::string& name) {
   Job job{hosts, d};
   const fs::path ckpt = d / "ckpt";
   const auto cmd = train(d / "out", {"--set", "checkpoint.dir=" + ckpt.string(), "--set",
-                                     "checkpoint.every=10", "--set", "checkpoint.async=false"});
+                                     "checkpoint.every=10", "--set", "checkpoint.async=false",
+                                     "--set", "elastic.on_change=restart"});
   // Host 0 first, so that its agent is node 0 of epoch 1 (node ranks follow arrival): the
   // host lost below is then the one whose etcd member is every agent's first endpoint too.
   // (Whichever agent says "is node 0 of 3" is the one lost, should another win the race.)

@@ -20,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/support/metrics_compare.h"
 #include "tests/support/run_weft.h"
 
 namespace weft::test {
@@ -420,6 +421,42 @@ TEST(Supervision, StandaloneRestartsFailedAttemptsUpToMaxRestarts) {
   EXPECT_NE(first, std::string::npos) << out.out;
   EXPECT_EQ(out.out.find("restarting the workers", first + 1), std::string::npos) << out.out;
   EXPECT_NE(out.out.find("weft run: failed: rank "), std::string::npos) << out.out;
+  fs::remove_all(d);
+}
+
+// elastic.on_change defaults to reshard, but a standalone job has no membership changes (no
+// epoch notices): weft train still trains there, and a failed attempt still restarts every
+// worker from the latest checkpoint, with a single process's losses.
+TEST(Supervision, StandaloneTrainerUnderTheDefaultOnChangeRestartsFromTheLatestCheckpoint) {
+  fs::path d = temp_dir("train_restart");
+  const int steps = 60;
+  const std::string train = kWeft + " train --config " + kConfig + " --set train.steps=" +
+                            std::to_string(steps) +
+                            " --set train.warmup_steps=1 --set train.log_every=1"
+                            " --set train.eval_every=1000000";
+  CommandResult one = run_command(train + " --set parallel.dp=1 --set train.out_dir=" +
+                                  (d / "one").string());
+  ASSERT_EQ(one.code, 0) << one.out;
+  const std::string cmd = train + " --set parallel.dp=2 --set train.out_dir=" +
+                          (d / "two").string() + " --set checkpoint.dir=" + (d / "ckpt").string() +
+                          " --set checkpoint.every=10 --set checkpoint.async=false";
+  // Attempt 0, rank 1: kill the trainer once step 30's checkpoint exists, then fail.
+  const std::string worker =
+      "if [ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $RANK = 1 ]; then " + cmd + " & t=$!; " +
+      "while [ ! -d " + (d / "ckpt" / "step-00000030").string() +
+      " ]; do sleep 0.02; done; kill -9 $t; exit 5; fi; exec " + cmd;
+  CommandResult r = run_weft("run --standalone --nproc-per-node 2 --max-restarts 1 -- sh -c '" +
+                             worker + "'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("restarting the workers (1 of --max-restarts 1)"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("weft train: restart 1 ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("resuming from the latest checkpoint under"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("resize:"), std::string::npos) << r.out;  // nothing resharded live
+  const std::string config = read_all(d / "two" / "config.yaml");
+  EXPECT_NE(config.find("on_change: reshard"), std::string::npos) << config;
+  test::expect_same_losses(d / "one" / "metrics.jsonl", d / "two" / "metrics.jsonl", steps,
+                           /*validation=*/false, 2e-7);
   fs::remove_all(d);
 }
 

@@ -52,6 +52,20 @@ class TrainInputs : public ::testing::Test {
   fs::path dir_;
 };
 
+// elastic.on_change defaults to reshard (online resize): weft train --help says so, and a
+// job file without an elastic: section runs with it (the run folder's config.yaml).
+TEST_F(TrainInputs, OnChangeDefaultsToReshardInHelpAndRunFolder) {
+  Result help = run("train --help");
+  EXPECT_EQ(help.code, 0) << help.out;
+  EXPECT_NE(help.out.find("reshard (default)"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("restart stops every worker"), std::string::npos) << help.out;
+  Result r = train("--set train.steps=1 --set train.warmup_steps=0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(path("run") + "/config.yaml");
+  const std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(config.find("on_change: reshard"), std::string::npos) << config;
+}
+
 // Job-file settings the trainer cannot act on yet are refused, never silently ignored.
 TEST_F(TrainInputs, SnapshotsAreRefusedAsNotYet) {
   for (const char* set : {"snapshot.every=5", "snapshot.redundancy=ec"}) {
