@@ -117,15 +117,8 @@ int train_single(const Args& args, const core::JobSpec& spec, const parallel::La
     core::StepStats st = trainer.step(train_batch);
     NonfiniteGuard::Verdict verdict = guard.observe(st);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    core::io::StepMetrics m;
-    m.step = st.step;
-    m.loss = st.loss;
-    m.lr = st.lr;
-    m.grad_norm = st.grad_norm;
-    m.tokens_per_s = double(st.tokens) / secs;
-    m.world = env.world;
-    m.epoch = env.rdzv_epoch;
-    m.data_epoch = data.sampler().epoch(st.step);
+    core::io::StepMetrics m =
+        step_metrics(st, secs, env.world, env.rdzv_epoch, data.sampler().epoch(st.step));
     m.extra = {{"step_ms", secs * 1e3}, {"mem_peak_mib", mib(trainer.activation_stats().bytes_live_peak)}};
     if (spec.model.arch == "moe-gpt") m.extra.insert(m.extra.begin(), {"aux_loss", st.aux_loss});
     if (!st.applied) m.extra.push_back({"skipped", 1});

@@ -202,6 +202,7 @@ class NodeAgent {
   Stop depart();
   bool live() const { return !epoch_file_.empty() && all_following(epoch_file_, so_.nproc); }
   void post_notice(const comm::Membership& next, const Stop& why);
+  EpochNotice notice_of(const comm::Membership& next, int node_index);
   void make_scratch();
   void serve_while_others_run();
 };
@@ -386,6 +387,22 @@ Stop NodeAgent::watch_elastic(const comm::Membership& m, int64_t round) {
 
 // The workers of this node go on in `next`: the attempt's settings follow the membership,
 // and the notice tells the workers where the new epoch bootstraps.
+// The notice of `next` for this node's workers at `node_index` of its first world (the
+// members, then the departing nodes), with the epoch's workers' store (placed here).
+EpochNotice NodeAgent::notice_of(const comm::Membership& next, int node_index) {
+  place_workers_store(next);
+  EpochNotice n;
+  n.epoch = next.epoch;
+  n.node_index = node_index;
+  n.nnodes = next.world();
+  n.nproc = so_.nproc;
+  n.store_host = so_.store_host;
+  n.store_port = so_.store_port;
+  n.store_prefix = prefix_;
+  n.transit_nodes = next.world() + int(next.departed.size());
+  return n;
+}
+
 void NodeAgent::post_notice(const comm::Membership& next, const Stop& why) {
   const comm::Membership was = current_;
   prefix_ = next.store_prefix + "/round/" + std::to_string(round_);
@@ -395,16 +412,7 @@ void NodeAgent::post_notice(const comm::Membership& next, const Stop& why) {
   so_.nnodes = next.world();
   so_.store_prefix = prefix_;
   so_.rdzv_epoch = next.epoch;
-  place_workers_store(next);
-  EpochNotice n;
-  n.epoch = next.epoch;
-  n.node_index = so_.node_index;
-  n.nnodes = next.world();
-  n.nproc = so_.nproc;
-  n.store_host = so_.store_host;
-  n.store_port = so_.store_port;
-  n.store_prefix = prefix_;
-  n.transit_nodes = next.world() + int(next.departed.size());
+  EpochNotice n = notice_of(next, so_.node_index);
   // Lost: a member of the workers' epoch that is gone without leaving gracefully.
   for (const comm::Member& x : was.members) {
     bool kept = x.node_id == me_;
@@ -444,16 +452,7 @@ Stop NodeAgent::depart() {
   for (size_t i = 0; i < next.departed.size(); ++i)
     if (next.departed[i].node_id == me_) slot = int(i);
   prefix_ = next.store_prefix + "/round/" + std::to_string(round_);
-  place_workers_store(next);
-  EpochNotice n;
-  n.epoch = next.epoch;
-  n.node_index = next.world() + slot;
-  n.nnodes = next.world();
-  n.nproc = so_.nproc;
-  n.store_host = so_.store_host;
-  n.store_port = so_.store_port;
-  n.store_prefix = prefix_;
-  n.transit_nodes = next.world() + int(next.departed.size());
+  EpochNotice n = notice_of(next, next.world() + slot);
   n.leave = true;
   n.why = str("node ", me_, " leaves the job gracefully (epoch ", current_.epoch, " -> ",
               next.epoch, ", ", current_.world(), " -> ", next.world(), " nodes)");
@@ -662,10 +661,12 @@ int NodeAgent::run() {
         break;
       case Outcome::End::kFailed:
         if (!elastic_) break;
-        if (live()) {
+        if (live() && current_.world() > o_.nnodes_min) {
           // Workers that follow notices: the other nodes reshard without this one, which
           // leaves at once (no wait for its heartbeat to expire) and, with restarts left,
           // joins again as a newcomer whose workers receive their state from the others.
+          // Not when the job cannot shrink (at MIN nodes: the others could not form an
+          // epoch without it, and it could not rejoin a full one): a restart round, below.
           try {
             rdzv_->leave();
           } catch (const std::exception&) {

@@ -23,6 +23,20 @@ std::string aux_cell(const core::JobSpec& spec, double aux) {
   return buf;
 }
 
+core::io::StepMetrics step_metrics(const core::StepStats& st, double secs, int64_t world,
+                                   int64_t epoch, int64_t data_epoch) {
+  core::io::StepMetrics m;
+  m.step = st.step;
+  m.loss = st.loss;
+  m.lr = st.lr;
+  m.grad_norm = st.grad_norm;
+  m.tokens_per_s = double(st.tokens) / secs;
+  m.world = world;
+  m.epoch = epoch;
+  m.data_epoch = data_epoch;
+  return m;
+}
+
 bool saved_by_every(const core::JobSpec& spec, int64_t done) {
   return spec.checkpoint.every > 0 && done > 0 && done % spec.checkpoint.every == 0;
 }

@@ -7,6 +7,8 @@
 #include <string>
 
 #include "core/config/job_spec.h"
+#include "core/exec/trainer.h"
+#include "core/io/metrics.h"
 #include "parallel/launch_env.h"
 
 namespace weft::launch {
@@ -24,6 +26,11 @@ std::string aux_cell(const core::JobSpec& spec, double aux);
 bool saved_by_every(const core::JobSpec& spec, int64_t done);
 
 inline double mib(size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
+// A step's metrics line without its extras: the statistics, tokens/s over `secs`, the world
+// that trained it, the membership epoch and the pass over the data (`data_epoch`).
+core::io::StepMetrics step_metrics(const core::StepStats& st, double secs, int64_t world,
+                                   int64_t epoch, int64_t data_epoch);
 
 // Under weft run after a restart: which attempt this is and where it picks the job up.
 void print_attempt(const core::JobSpec& spec, const parallel::LaunchEnv& env,

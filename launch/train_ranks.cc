@@ -380,15 +380,8 @@ std::optional<WorldEnd> RankTraining::one_step() {
     first_bad = trainer_->first_nonfinite_gradient();  // collective, on the failure path only
   double secs = since(t0);
   if (lead()) {
-    core::io::StepMetrics m;
-    m.step = st.step;
-    m.loss = st.loss;
-    m.lr = st.lr;
-    m.grad_norm = st.grad_norm;
-    m.tokens_per_s = double(st.tokens) / secs;
-    m.world = train_world_;
-    m.epoch = env_.rdzv_epoch;
-    m.data_epoch = data_.sampler().epoch(st.step);
+    core::io::StepMetrics m =
+        step_metrics(st, secs, train_world_, env_.rdzv_epoch, data_.sampler().epoch(st.step));
     // Rank 0's share of the step in kernels and in waiting for communication.
     const parallel::StepTimes& tt = trainer_->executor().last_step_times();
     const double mem = mib(trainer_->activation_stats().bytes_live_peak);  // rank 0's

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/parallel/live_job.h"
+#include "tests/support/live_job.h"
 
 namespace weft::test {
 namespace {
@@ -77,7 +77,7 @@ Outcome kill_then_join(const Case& c) {
   job.sets.insert(job.sets.end(), layout.begin(), layout.end());
   Outcome o;
   if (c.prepare) c.prepare(job.dir);
-  const fs::path ref = reference_run(c.config, job.dir, c.steps, sets);
+  const fs::path ref = reference_run(job.dir, c.steps, sets, c.config);
   const int full = c.nodes * c.nproc, small = full - c.nproc, last = c.nodes - 1;
   job.start_in_order(c.nodes);
   if (::testing::Test::HasFatalFailure()) return o;
@@ -120,7 +120,7 @@ Outcome kill_then_join(const Case& c) {
   }
   expect_phases(job.phases(),
                 c.join ? std::vector<int>{full, small, full} : std::vector<int>{full, small});
-  expect_losses_by_step(ref, job.metrics(), size_t(c.steps), c.rel, 0);
+  expect_losses_by_step(ref, job.metrics(), c.rel);
   o.resizes = job.lines_with(0, "resize: ");
   o.logs = job.all_logs();
   o.dir = job.dir;

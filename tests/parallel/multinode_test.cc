@@ -170,8 +170,11 @@ TEST(MultiNode, WorkerFailureOnOneNodeStopsTheOthers) {
 // --max-restarts with elastic.on_change: restart: a worker dies on node 1 mid-run; its agent
 // asks for a new round, both nodes restart their workers, which resume from the latest
 // checkpoint; the metrics equal a single process's, each step once.
-TEST(MultiNode, FailedWorkerRestartsEveryNodeFromTheLatestCheckpoint) {
-  fs::path d = temp_dir("restart");
+// `on_change`: the job's elastic.on_change ("" = the default, reshard). At a fixed node
+// count a node cannot leave and rejoin (the others could not form an epoch without it), so a
+// failed worker restarts every node's workers from the latest checkpoint either way.
+void failed_worker_restarts_every_node(const std::string& name, const std::string& on_change) {
+  fs::path d = temp_dir(name);
   const int steps = 200;
   std::string one_cmd = std::string(WEFT_BINARY);
   for (const std::string& a : train(d / "one", steps)) one_cmd += a == "weft" ? "" : " " + a;
@@ -180,7 +183,8 @@ TEST(MultiNode, FailedWorkerRestartsEveryNodeFromTheLatestCheckpoint) {
   std::string cmd = std::string(WEFT_BINARY);
   for (const std::string& a : train(d / "two", steps)) cmd += a == "weft" ? "" : " " + a;
   cmd += " --set checkpoint.dir=" + (d / "ckpt").string() +
-         " --set checkpoint.every=10 --set checkpoint.async=false --set elastic.on_change=restart";
+         " --set checkpoint.every=10 --set checkpoint.async=false" +
+         (on_change.empty() ? "" : " --set elastic.on_change=" + on_change);
   // Attempt 0 on node 1: kill the trainer once step 50's checkpoint exists, then fail.
   const std::string worker =
       "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && [ \"$GROUP_RANK\" = 1 ]; then " + cmd +
@@ -189,8 +193,8 @@ TEST(MultiNode, FailedWorkerRestartsEveryNodeFromTheLatestCheckpoint) {
   NodeAgents agents;
   const int port = free_port();
   const std::vector<std::string> extra = {"--max-restarts", "1"};
-  pid_t a = agents.start(agent_args(port, "restart", {"sh", "-c", worker}, extra), d / "a.log");
-  pid_t b = agents.start(agent_args(port, "restart", {"sh", "-c", worker}, extra), d / "b.log");
+  pid_t a = agents.start(agent_args(port, name, {"sh", "-c", worker}, extra), d / "a.log");
+  pid_t b = agents.start(agent_args(port, name, {"sh", "-c", worker}, extra), d / "b.log");
   int ca = agents.wait(a), cb = agents.wait(b);
   std::string logs = slurp(d / "a.log") + "\n---\n" + slurp(d / "b.log");
   ASSERT_EQ(ca, 0) << logs;
@@ -205,6 +209,16 @@ TEST(MultiNode, FailedWorkerRestartsEveryNodeFromTheLatestCheckpoint) {
   test::expect_same_losses(d / "one" / "metrics.jsonl", d / "two" / "metrics.jsonl", steps,
                            /*validation=*/false, 2e-7);
   fs::remove_all(d);
+}
+
+TEST(MultiNode, FailedWorkerRestartsEveryNodeFromTheLatestCheckpoint) {
+  failed_worker_restarts_every_node("restart", "restart");
+}
+
+// The default (reshard) at a fixed --nnodes 2: it hung before, the failed node waiting as a
+// spare of the full epoch it had left while the other could not form one without it.
+TEST(MultiNode, FailedWorkerAtAFixedNodeCountRestartsUnderReshardToo) {
+  failed_worker_restarts_every_node("restart_live", "");
 }
 
 // torchrun's static rendezvous: each node says its rank; node rank 0 hosts the store at

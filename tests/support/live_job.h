@@ -39,7 +39,11 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using WorldEpoch = std::pair<int, int>;  // a metrics line's (world, epoch)
 
-inline const std::string kConfig = std::string(WEFT_SOURCE_DIR) + "/configs/gpt-layout.yaml";
+// configs/<name>: the job's file.
+inline std::string config_path(const std::string& name) {
+  return std::string(WEFT_SOURCE_DIR) + "/configs/" + name;
+}
+inline const std::string kLayoutConfig = "gpt-layout.yaml";
 // A node silent for 2 s is lost; the first epoch forms when all the nodes a test starts
 // have arrived (last call 15 s, beyond any start-up delay; max nodes ends it at once).
 inline const std::string kConf =
@@ -53,11 +57,12 @@ inline double seconds_since(Clock::time_point t0) {
 }
 
 // Polls `done` every 20 ms for at most `limit` seconds.
-inline bool poll_until(const std::function<bool()>& done, double limit = kPatience) {
+inline bool poll_until(const std::function<bool()>& done, double limit = kPatience,
+                       int every_ms = 20) {
   const auto t0 = Clock::now();
   while (!done()) {
     if (seconds_since(t0) > limit) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(every_ms));
   }
   return true;
 }
@@ -106,8 +111,9 @@ inline ProcUsage proc_usage(pid_t pid) {
 }
 
 inline std::vector<std::string> train_args(const fs::path& out, int steps,
-                                           const std::vector<std::string>& sets) {
-  std::vector<std::string> a = {"--config", kConfig,
+                                           const std::vector<std::string>& sets,
+                                           const std::string& config = kLayoutConfig) {
+  std::vector<std::string> a = {"--config", config_path(config),
                                 "--set",    "train.steps=" + std::to_string(steps),
                                 "--set",    "train.warmup_steps=1",
                                 "--set",    "train.log_every=1",
@@ -121,10 +127,11 @@ inline std::vector<std::string> train_args(const fs::path& out, int steps,
 
 // One process, the same job: the numbers every resized run must give.
 inline fs::path reference_run(const fs::path& dir, int steps,
-                              const std::vector<std::string>& sets) {
+                              const std::vector<std::string>& sets,
+                              const std::string& config = kLayoutConfig) {
   const fs::path out = dir / "one";
   std::string cmd = std::string(WEFT_BINARY) + " train";
-  for (const std::string& a : train_args(out, steps, sets)) cmd += " '" + a + "'";
+  for (const std::string& a : train_args(out, steps, sets, config)) cmd += " '" + a + "'";
   CommandResult r = run_command("OMP_NUM_THREADS=1 " + cmd);
   EXPECT_EQ(r.code, 0) << r.out;
   return out / "metrics.jsonl";
@@ -143,6 +150,7 @@ struct LiveJob {
   int max_restarts = 0;
   std::string conf = kConf;
   std::string token = "live-resize-test-token";
+  std::string config = kLayoutConfig;  // under configs/
   std::vector<std::string> sets;  // the job's --set overrides beyond train_args'
   std::vector<std::string> env;   // beyond OMP_NUM_THREADS=1 and the token
   Agents local;                   // loopback agents (reaped by its destructor)
@@ -167,7 +175,7 @@ struct LiveJob {
                                      conf, "--", WEFT_BINARY, "train"};
     std::vector<std::string> s = sets;
     s.push_back("elastic.on_change=reshard");
-    for (const std::string& x : train_args(out(), steps, s)) argv.push_back(x);
+    for (const std::string& x : train_args(out(), steps, s, config)) argv.push_back(x);
     std::vector<std::string> e = {"WEFT_JOB_TOKEN=" + token, "OMP_NUM_THREADS=1"};
     e.insert(e.end(), env.begin(), env.end());
     if (hosts) {
@@ -182,6 +190,14 @@ struct LiveJob {
   }
   pid_t pid(int k) const { return pids.at(size_t(k)); }
   std::string text(int k) const { return slurp(logs.at(size_t(k))); }
+  // The lines of agent k's log that hold `text`.
+  std::vector<std::string> lines_with(int k, const std::string& t) const {
+    std::vector<std::string> out;
+    std::istringstream in(text(k));
+    for (std::string line; std::getline(in, line);)
+      if (line.find(t) != std::string::npos) out.push_back(line);
+    return out;
+  }
   std::string all_logs() const {
     std::string s;
     for (size_t k = 0; k < logs.size(); ++k)
@@ -312,6 +328,21 @@ inline std::vector<std::string> lines_with(const std::string& log, const std::st
   for (std::string line; std::getline(in, line);)
     if (line.find(s) != std::string::npos) out.push_back(line);
   return out;
+}
+
+// The phases' worlds are `worlds` in order, the first in epoch 1, each later one in a later
+// epoch than the one before.
+inline void expect_phases(const std::vector<std::pair<WorldEpoch, int>>& p,
+                          const std::vector<int>& worlds) {
+  ASSERT_EQ(p.size(), worlds.size()) << phases_text(p);
+  for (size_t i = 0; i < p.size(); ++i) {
+    EXPECT_EQ(p[i].first.first, worlds[i]) << phases_text(p);
+    if (i == 0) {
+      EXPECT_EQ(p[i].first.second, 1) << phases_text(p);
+    } else {
+      EXPECT_GT(p[i].first.second, p[i - 1].first.second) << phases_text(p);
+    }
+  }
 }
 
 }  // namespace weft::test::live
