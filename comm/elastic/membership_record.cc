@@ -35,6 +35,18 @@ bool valid_id(const std::string& id) {
   return true;
 }
 
+// "<rank> <node id>" of a member or departed line.
+std::pair<int, std::string> ranked_node(const std::string& rest, const std::string& field,
+                                        const std::string& key, size_t n, const std::string& l) {
+  const size_t sp = rest.find(' ');
+  if (sp == std::string::npos) bad(key, n, l, "expected '" + field + " <rank> <node id>'");
+  const int64_t rank = parse_int(rest.substr(0, sp), key, n, l);
+  std::string id = rest.substr(sp + 1);
+  if (rank < 0 || rank > 1'000'000) bad(key, n, l, "rank out of range");
+  if (!valid_id(id)) bad(key, n, l, "bad node id");
+  return {int(rank), std::move(id)};
+}
+
 }  // namespace
 
 std::optional<int> MembershipRecord::rank_of(const std::string& node_id) const {
@@ -78,7 +90,7 @@ MembershipRecord decode(const std::string& text, const std::string& key) {
   std::string line;
   size_t n = 0;
   std::set<int> ranks;
-  std::set<std::string> seen_spares, seen_left;
+  std::set<std::string> seen_spares, seen_left, seen_handing;
   bool have_version = false, have_writer = false, have_epoch = false;
   while (std::getline(in, line)) {
     ++n;
@@ -99,31 +111,16 @@ MembershipRecord decode(const std::string& text, const std::string& key) {
       r.epoch = parse_int(rest, key, n, line);
       if (r.epoch < 0) bad(key, n, line, "negative epoch");
       have_epoch = true;
-    } else if (field == "member") {
-      size_t sp2 = rest.find(' ');
-      if (sp2 == std::string::npos) bad(key, n, line, "expected 'member <rank> <node id>'");
-      int64_t rank = parse_int(rest.substr(0, sp2), key, n, line);
-      std::string id = rest.substr(sp2 + 1);
-      if (rank < 0 || rank > 1'000'000) bad(key, n, line, "rank out of range");
-      if (!valid_id(id)) bad(key, n, line, "bad node id");
-      if (!ranks.insert(int(rank)).second) bad(key, n, line, "rank given twice");
-      if (!r.members.emplace(id, int(rank)).second) bad(key, n, line, "node given twice");
-    } else if (field == "departed") {
-      size_t sp2 = rest.find(' ');
-      if (sp2 == std::string::npos) bad(key, n, line, "expected 'departed <rank> <node id>'");
-      int64_t rank = parse_int(rest.substr(0, sp2), key, n, line);
-      std::string id = rest.substr(sp2 + 1);
-      if (rank < 0 || rank > 1'000'000) bad(key, n, line, "rank out of range");
-      if (!valid_id(id)) bad(key, n, line, "bad node id");
-      if (!r.departed.emplace(id, int(rank)).second) bad(key, n, line, "node given twice");
-    } else if (field == "hands_over") {
+    } else if (field == "member" || field == "departed") {
+      const auto [rank, id] = ranked_node(rest, field, key, n, line);
+      if (field == "member" && !ranks.insert(rank).second) bad(key, n, line, "rank given twice");
+      auto& into = field == "member" ? r.members : r.departed;
+      if (!into.emplace(id, rank).second) bad(key, n, line, "node given twice");
+    } else if (field == "spare" || field == "left" || field == "hands_over") {
       if (!valid_id(rest)) bad(key, n, line, "bad node id");
-      r.hands_over.push_back(rest);
-    } else if (field == "spare" || field == "left") {
-      if (!valid_id(rest)) bad(key, n, line, "bad node id");
-      auto& seen = field == "spare" ? seen_spares : seen_left;
+      auto& seen = field == "spare" ? seen_spares : field == "left" ? seen_left : seen_handing;
       if (!seen.insert(rest).second) bad(key, n, line, "node given twice");
-      (field == "spare" ? r.spares : r.left).push_back(rest);
+      (field == "spare" ? r.spares : field == "left" ? r.left : r.hands_over).push_back(rest);
     } else if (field == "closed") {
       r.closed = true;
       r.close_reason = rest;
@@ -136,6 +133,8 @@ MembershipRecord decode(const std::string& text, const std::string& key) {
     bad(key, n, "", "missing version, writer or epoch");
   for (const auto& id : r.left)
     if (!r.members.count(id)) bad(key, n, "left " + id, "a node that left must be a member");
+  for (const auto& id : r.hands_over)
+    if (!seen_left.count(id)) bad(key, n, "hands_over " + id, "a node that hands over must have left");
   if (r.epoch == 0 && !r.members.empty()) bad(key, n, "", "members before epoch 1");
   return r;
 }

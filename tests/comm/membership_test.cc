@@ -57,6 +57,28 @@ TEST(MembershipRecord, RoundTripsThroughItsTextEncoding) {
   EXPECT_TRUE(back.is_spare("e"));
 }
 
+// A live job's graceful leave: the member that hands its state over is listed in the next
+// epoch as departed, with its old node rank; one that merely left (its workers failed) is not.
+TEST(MembershipRecord, HandsOverAndDepartedRoundTripAndCarryIntoTheNextEpoch) {
+  MembershipRecord r = epoch_record(3, {{"a", 0}, {"b", 1}, {"c", 2}}, {}, {"b", "c"});
+  r.hands_over = {"b"};
+  const std::string text = comm::encode(r);
+  EXPECT_NE(text.find("\nhands_over b\n"), std::string::npos) << text;
+  MembershipRecord back = comm::decode(text, "rdzv/job/state");
+  EXPECT_EQ(back.hands_over, r.hands_over);
+  Decision d = decide(back, {"a"}, 1, 3, false);
+  ASSERT_EQ(d.verdict, Verdict::kForm) << d.why;
+  EXPECT_EQ(d.next.departed, (std::map<std::string, int>{{"b", 1}}));
+  EXPECT_TRUE(d.next.hands_over.empty());
+  MembershipRecord next = comm::decode(comm::encode(d.next), "rdzv/job/state");
+  EXPECT_EQ(next.departed, d.next.departed);
+  // A node that hands over must have left.
+  EXPECT_THROW(comm::decode("weft-rdzv 1\nversion 1\nwriter a\nepoch 1\nmember 0 a\n"
+                            "hands_over a\n",
+                            "rdzv/job/state"),
+               CommError);
+}
+
 TEST(MembershipRecord, RefusesTextThatIsNotARecordNamingTheKeyAndLine) {
   auto refused = [](const std::string& text, const std::string& needle) {
     try {
