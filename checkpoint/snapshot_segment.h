@@ -1,0 +1,124 @@
+// In-memory snapshots, the storage: one POSIX shared-memory segment per snapshotted rank,
+// double-buffered so that one complete snapshot always exists while the next is written
+// (issue 15; REFT's and Gemini's host-memory snapshots). The node's snapshot agent
+// (launch/snapshot_agent.h) creates and owns the segments, so a trainer crash, or a kill -9
+// of every worker on the node, loses nothing; a worker maps its segment and writes into it.
+//
+// A segment is a header page, then two slots. A slot is a header (what it holds: job,
+// epoch, step, rank, world, layout hash, payload bytes, one crc32c per kSnapshotBlockBytes
+// block) followed by the payload: the rank's VPS tensors in layout_of(...).locals order,
+// each dense and row-major, packed back to back (so the reader, who knows the layout, can
+// slice it without a table). A slot's `sequence` is written last, with release ordering,
+// after every payload byte and checksum; 0 means "being written" and is what a writer
+// stores first. The newer committed slot (higher sequence) is the snapshot; a writer always
+// writes into the other one. A kill at any point therefore leaves the previous snapshot
+// intact and readable.
+//
+// Segment kinds: kData (a rank's own snapshot, on its node), kReplica (a copy of another
+// node's rank, pushed by that node's agent), kParity (m parity fragments of an erasure-coded
+// stripe). The same header describes all three; `owner_node`/`rank` say whose data it is.
+//
+// Names: "/weft-snap-<job id>-<kind letter><owner node>-e<epoch>-r<rank>" (d, r, p), e.g.
+// "/weft-snap-0123456789abcdef-d0-e2-r3": a new world (epoch) gets new segments, and the
+// agent removes a rank's older ones only once the newer one has committed, so a resize
+// never leaves a node without a complete snapshot. snapshot_segments() lists them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace weft::checkpoint {
+
+inline constexpr int64_t kSnapshotBlockBytes = int64_t(1) << 20;  // crc32c granularity
+
+enum class SegmentKind : uint32_t { kData = 1, kReplica = 2, kParity = 3 };
+
+// What a committed slot holds. `sequence` > 0 for committed slots.
+struct SnapshotMeta {
+  std::string job_id;        // 16 hex digits (checkpoint/job_id.h)
+  SegmentKind kind = SegmentKind::kData;
+  int owner_node = 0;        // the node index (membership order) whose rank this is
+  int64_t epoch = 0;         // membership epoch of the world the state was trained in
+  int64_t step = 0;          // optimizer steps done: the state before step `step`
+  int rank = -1, world = 0;  // the rank's place in that world
+  uint64_t layout_hash = 0;  // of the rank's boxes (layout_hash() below); refuses a misread
+  int64_t payload_bytes = 0;
+  int64_t sequence = 0;      // increases with every commit into this segment
+};
+
+// A hash of a rank's boxes: every (state index, start, extent) in locals order. Two layouts
+// that give the rank the same boxes in the same order hash equal.
+struct BoxKey {
+  int state = -1;
+  std::vector<int64_t> start, extent;
+};
+uint64_t layout_hash(const std::vector<BoxKey>& boxes);
+
+// A mapped segment. Movable, not copyable; the destructor unmaps (never unlinks).
+// Not thread-safe: one writer; readers in other processes see only committed slots.
+class SnapshotSegment {
+ public:
+  // Creates (O_EXCL) and sizes a segment for payloads of up to `capacity` bytes per slot,
+  // both slots empty. IoError naming the segment on failure (it exists, /dev/shm is full).
+  // The agent calls this; `owner_pid` (the agent) is recorded so that `weft snapshot clean`
+  // can tell an abandoned segment (its owner gone) from a live one.
+  static SnapshotSegment create(const std::string& name, int64_t capacity, int owner_pid);
+  // Maps an existing segment, read-write when `writable`. IoError naming it when it does not
+  // exist, is too short, or its header is not a snapshot segment's (magic, version).
+  static SnapshotSegment open(const std::string& name, bool writable);
+  // Removes the name (mapped views stay valid until unmapped). No error when already gone.
+  static void unlink(const std::string& name);
+
+  SnapshotSegment(SnapshotSegment&&) noexcept;
+  SnapshotSegment& operator=(SnapshotSegment&&) noexcept;
+  SnapshotSegment(const SnapshotSegment&) = delete;
+  SnapshotSegment& operator=(const SnapshotSegment&) = delete;
+  ~SnapshotSegment();
+
+  const std::string& name() const { return name_; }
+  int64_t capacity() const;  // payload bytes per slot
+  int owner_pid() const;
+
+  // Writing. begin() picks the slot that is not the newest committed one, marks it
+  // uncommitted (sequence 0) and returns its payload (capacity() bytes, writable until
+  // commit). The caller fills `meta.payload_bytes` bytes of it, in any order, from any one
+  // thread; commit() computes the block checksums (or takes them from `block_crc32c` when
+  // the writer computed them while copying: one per kSnapshotBlockBytes block, the last may
+  // be short) and publishes the slot with the next sequence. InternalError when the payload
+  // exceeds capacity() or begin() was not called.
+  void* begin(const SnapshotMeta& meta);
+  SnapshotMeta commit(const std::vector<uint32_t>& block_crc32c = {});
+
+  // Reading: the newest committed slot, if any, and its payload (valid while this object
+  // lives and no writer reuses that slot: a reader that must outlive the next commit copies
+  // the bytes or checks sequence() again afterwards).
+  struct View {
+    SnapshotMeta meta;
+    const void* payload = nullptr;
+    int slot = 0;
+  };
+  std::optional<View> latest() const;
+  // The sequence of `slot` now (0 while being written): a reader compares it with
+  // View::meta.sequence after reading to know the slot was not rewritten meanwhile.
+  int64_t sequence(int slot) const;
+  // Recomputes the block checksums of a view; the indices of the blocks that differ from
+  // the recorded ones (empty: intact).
+  std::vector<int64_t> corrupt_blocks(const View& v) const;
+  std::vector<uint32_t> block_crc32c(const View& v) const;  // as recorded
+
+ private:
+  SnapshotSegment() = default;
+  std::string name_;
+  void* base_ = nullptr;
+  int64_t mapped_bytes_ = 0;
+};
+
+// Segment names of one job (or every job when `job_id` is empty), from /dev/shm, sorted.
+std::vector<std::string> snapshot_segments(const std::string& job_id = {});
+// The segment name for a kind, owner node, epoch and rank of a job.
+std::string segment_name(const std::string& job_id, SegmentKind kind, int owner_node,
+                         int64_t epoch, int rank);
+
+}  // namespace weft::checkpoint
