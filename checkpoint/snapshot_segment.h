@@ -61,7 +61,9 @@ uint64_t layout_hash(const std::vector<BoxKey>& boxes);
 class SnapshotSegment {
  public:
   // Creates (O_EXCL) and sizes a segment for payloads of up to `capacity` bytes per slot,
-  // both slots empty. IoError naming the segment on failure (it exists, /dev/shm is full).
+  // both slots empty. Its memory is allocated here (posix_fallocate), so a full /dev/shm
+  // fails now, not with a SIGBUS at the first write. IoError naming the segment on failure
+  // (it exists, /dev/shm is full: then nothing is left behind).
   // The agent calls this; `owner_pid` (the agent) is recorded so that `weft snapshot clean`
   // can tell an abandoned segment (its owner gone) from a live one.
   static SnapshotSegment create(const std::string& name, int64_t capacity, int owner_pid);
@@ -80,6 +82,12 @@ class SnapshotSegment {
   const std::string& name() const { return name_; }
   int64_t capacity() const;  // payload bytes per slot
   int owner_pid() const;
+  // True when the owner process is known to be gone: no process has its pid (or it is a
+  // zombie) in the pid namespace that created the segment. False while it lives, and when
+  // that cannot be told (the segment was made in another pid namespace): never a guess.
+  bool owner_gone() const;
+  // A restarted agent takes over the segments its predecessor left (writable views only).
+  void set_owner_pid(int pid);
 
   // Writing. begin() picks the slot that is not the newest committed one, marks it
   // uncommitted (sequence 0) and returns its payload (capacity() bytes, writable until
@@ -87,7 +95,8 @@ class SnapshotSegment {
   // thread; commit() computes the block checksums (or takes them from `block_crc32c` when
   // the writer computed them while copying: one per kSnapshotBlockBytes block, the last may
   // be short) and publishes the slot with the next sequence. InternalError when the payload
-  // exceeds capacity() or begin() was not called.
+  // exceeds capacity(), meta.job_id is not a job id (valid_job_id), the view is read-only,
+  // begin() was not called, or `block_crc32c` has the wrong count.
   void* begin(const SnapshotMeta& meta);
   SnapshotMeta commit(const std::vector<uint32_t>& block_crc32c = {});
 
@@ -100,6 +109,10 @@ class SnapshotSegment {
     int slot = 0;
   };
   std::optional<View> latest() const;
+  // Slot `slot` (0 or 1) when it holds a committed snapshot (`weft snapshot verify` checks
+  // both). IoError naming the segment when a committed slot's header is inconsistent
+  // (payload beyond capacity, a block count that does not match): latest() throws it too.
+  std::optional<View> slot(int slot) const;
   // The sequence of `slot` now (0 while being written): a reader compares it with
   // View::meta.sequence after reading to know the slot was not rewritten meanwhile.
   int64_t sequence(int slot) const;
@@ -113,12 +126,26 @@ class SnapshotSegment {
   std::string name_;
   void* base_ = nullptr;
   int64_t mapped_bytes_ = 0;
+  bool writable_ = false;
+  int writing_ = -1;  // the slot begin() handed out, until commit()
 };
 
 // Segment names of one job (or every job when `job_id` is empty), from /dev/shm, sorted.
 std::vector<std::string> snapshot_segments(const std::string& job_id = {});
-// The segment name for a kind, owner node, epoch and rank of a job.
-std::string segment_name(const std::string& job_id, SegmentKind kind, int owner_node,
-                         int64_t epoch, int rank);
+// The segment name for a kind, owner node, epoch and rank of a job. InternalError unless
+// `job_id` is 16 lowercase hex digits and the numbers are >= 0.
+std::string segment_name(const std::string& job_id, SegmentKind kind, int owner_node, int64_t epoch,
+                         int rank);
+// What a segment name says (the inverse of segment_name); nullopt for any other name.
+struct SegmentName {
+  std::string job_id;
+  SegmentKind kind = SegmentKind::kData;
+  int owner_node = 0;
+  int64_t epoch = 0;
+  int rank = 0;
+};
+std::optional<SegmentName> parse_segment_name(const std::string& name);
+// A job id as segment names take it: 16 lowercase hex digits.
+bool valid_job_id(const std::string& job_id);
 
 }  // namespace weft::checkpoint
