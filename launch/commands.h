@@ -14,5 +14,6 @@ int cmd_store(const std::vector<std::string>& args);
 int cmd_plan(const std::vector<std::string>& args);
 int cmd_ckpt(const std::vector<std::string>& args);
 int cmd_run(const std::vector<std::string>& args);
+int cmd_snapshot(const std::vector<std::string>& args);
 
 }  // namespace weft::launch

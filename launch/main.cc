@@ -28,6 +28,7 @@ const std::map<std::string, Command>& command_table() {
       {"store", {weft::launch::cmd_store, "the rendezvous store alone: `weft store --port P [--host H]`"}},
       {"run", {weft::launch::cmd_run, "start workers on this machine: `weft run --standalone --nproc-per-node N -- weft train ...`"}},
       {"ckpt", {weft::launch::cmd_ckpt, "checkpoints: `weft ckpt export DIR out.safetensors`, `import`, `verify`"}},
+      {"snapshot", {weft::launch::cmd_snapshot, "in-memory snapshots on this node: `weft snapshot ls|verify|clean [--job ID]`"}},
       {"plan", {weft::launch::cmd_plan, "plan, validate and simulate a parallel layout: `weft plan --config X.yaml --world N`"}},
   };
   return table;

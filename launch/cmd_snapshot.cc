@@ -1,0 +1,206 @@
+// `weft snapshot`: inspect and clean the in-memory snapshot segments of this node: list
+// them with their owner's state, recompute every committed slot's checksums, and remove
+// the segments whose owner (the snapshot agent) is gone. docs/snapshot-format.md.
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "checkpoint/snapshot_segment.h"
+#include "launch/args.h"
+#include "launch/commands.h"
+
+namespace weft::launch {
+namespace {
+
+using checkpoint::SnapshotSegment;
+
+constexpr const char* kHelp = R"(usage: weft snapshot <action> [--job ID] ...
+
+  weft snapshot ls [--job ID]
+      the snapshot segments in /dev/shm (of one job): kind, owner node, epoch, rank/world
+      and step of the newest committed snapshot, its payload, the owner pid and whether
+      that process is alive
+  weft snapshot verify [--job ID]
+      recompute the crc32c of every block of every committed snapshot; exit 1 naming the
+      corrupt blocks (or unreadable segments)
+  weft snapshot clean [--job ID] [--all]
+      remove the segments whose owner process is gone (abandoned by a killed agent).
+      --all removes live ones too: a running job loses its in-memory snapshots
+
+ID is a job id, 16 hex digits, as in the segment names. docs/snapshot-format.md describes
+the segments.
+)";
+
+const char* kind_name(checkpoint::SegmentKind k) {
+  switch (k) {
+    case checkpoint::SegmentKind::kData:
+      return "data";
+    case checkpoint::SegmentKind::kReplica:
+      return "replica";
+    case checkpoint::SegmentKind::kParity:
+      return "parity";
+  }
+  return "?";
+}
+
+std::string job_of(const Args& args) {
+  std::string job = args.get_or("--job", "");
+  if (args.has("--job") && !checkpoint::valid_job_id(job))
+    throw ConfigError("--job", "'" + job +
+                                   "' is not a job id: 16 lowercase hex digits, as in the "
+                                   "names `weft snapshot ls` shows");
+  return job;
+}
+
+std::string of_job(const std::string& job) { return job.empty() ? "" : " of job " + job; }
+
+int ls(const std::string& job) {
+  std::vector<std::string> names = checkpoint::snapshot_segments(job);
+  if (names.empty()) {
+    std::printf("no snapshot segments%s in /dev/shm\n", of_job(job).c_str());
+    return 0;
+  }
+  std::printf("%-44s %-7s %4s %5s %10s %8s %11s %s\n", "NAME", "KIND", "NODE", "EPOCH",
+              "RANK/WORLD", "STEP", "PAYLOAD MiB", "OWNER");
+  int gone = 0;
+  for (const std::string& n : names) {
+    try {
+      SnapshotSegment s = SnapshotSegment::open(n, false);
+      std::optional<SnapshotSegment::View> v = s.latest();
+      std::optional<checkpoint::SegmentName> p = checkpoint::parse_segment_name(n);
+      bool dead = s.owner_gone();
+      gone += dead;
+      std::string kind = v ? kind_name(v->meta.kind) : p ? kind_name(p->kind) : "?";
+      std::string node = v   ? std::to_string(v->meta.owner_node)
+                         : p ? std::to_string(p->owner_node)
+                             : "?";
+      std::string epoch = v ? std::to_string(v->meta.epoch) : p ? std::to_string(p->epoch) : "?";
+      std::string rank = v   ? std::to_string(v->meta.rank) + "/" + std::to_string(v->meta.world)
+                         : p ? std::to_string(p->rank) + "/?"
+                             : "?";
+      std::string step = v ? std::to_string(v->meta.step) : "-";
+      char mib[32] = "-";
+      if (v) std::snprintf(mib, sizeof mib, "%.1f", double(v->meta.payload_bytes) / (1 << 20));
+      std::printf("%-44s %-7s %4s %5s %10s %8s %11s %d %s\n", n.c_str(), kind.c_str(), node.c_str(),
+                  epoch.c_str(), rank.c_str(), step.c_str(), mib, s.owner_pid(),
+                  dead ? "gone" : "alive");
+    } catch (const IoError& e) {
+      std::printf("%-44s unreadable: %s\n", n.c_str(), e.what());
+    }
+  }
+  std::printf("%zu segments%s", names.size(), of_job(job).c_str());
+  if (gone) std::printf(", %d with their owner gone (`weft snapshot clean` removes them)", gone);
+  std::printf("\n");
+  return 0;
+}
+
+int verify(const std::string& job) {
+  std::vector<std::string> names = checkpoint::snapshot_segments(job);
+  if (names.empty()) {
+    std::printf("no snapshot segments%s in /dev/shm\n", of_job(job).c_str());
+    return 0;
+  }
+  int failed = 0;
+  for (const std::string& n : names) {
+    try {
+      SnapshotSegment s = SnapshotSegment::open(n, false);
+      std::string report;
+      bool bad = false;
+      for (int slot = 0; slot < 2; ++slot) {
+        std::optional<SnapshotSegment::View> v = s.slot(slot);
+        if (!v) continue;
+        std::vector<int64_t> corrupt = s.corrupt_blocks(*v);
+        std::string what =
+            "slot " + std::to_string(slot) + " (step " + std::to_string(v->meta.step) + ")";
+        if (s.sequence(slot) != v->meta.sequence) {
+          report += "; " + what + " rewritten while verifying, not checked";
+        } else if (corrupt.empty()) {
+          report += "; " + what + " ok";
+        } else {
+          bad = true;
+          report += "; " + what + ": " + std::to_string(corrupt.size()) + " corrupt block" +
+                    (corrupt.size() > 1 ? "s" : "") + " at";
+          for (size_t i = 0; i < corrupt.size() && i < 16; ++i)
+            report += (i ? ", " : " ") + std::to_string(corrupt[i]);
+          if (corrupt.size() > 16) report += ", ...";
+        }
+      }
+      if (report.empty()) report = "; no committed snapshot";
+      std::printf("%s: %s%s\n", n.c_str(), bad ? "CORRUPT" : "ok", report.c_str() + 1);
+      failed += bad;
+    } catch (const IoError& e) {
+      std::printf("%s: UNREADABLE %s\n", n.c_str(), e.what());
+      ++failed;
+    }
+  }
+  if (failed) {
+    std::printf("%d of %zu segments%s failed verification\n", failed, names.size(),
+                of_job(job).c_str());
+    return 1;
+  }
+  std::printf("%zu segments%s verified\n", names.size(), of_job(job).c_str());
+  return 0;
+}
+
+int clean(const std::string& job, bool all) {
+  std::vector<std::string> names = checkpoint::snapshot_segments(job);
+  int removed = 0, kept = 0, live_removed = 0;
+  for (const std::string& n : names) {
+    std::string why;
+    bool remove = all;
+    try {
+      SnapshotSegment s = SnapshotSegment::open(n, false);
+      bool gone = s.owner_gone();
+      why = "owner pid " + std::to_string(s.owner_pid()) + (gone ? " gone" : " alive");
+      remove = remove || gone;
+      if (remove && !gone) why = "owner pid " + std::to_string(s.owner_pid()) + " ALIVE: --all";
+      live_removed += remove && !gone;
+    } catch (const IoError& e) {
+      // A segment being created has no header yet: never removed on a guess.
+      why = std::string("unreadable: ") + e.what();
+    }
+    if (!remove) {
+      ++kept;
+      std::printf("kept    %s (%s)\n", n.c_str(), why.c_str());
+      continue;
+    }
+    SnapshotSegment::unlink(n);
+    ++removed;
+    std::printf("removed %s (%s)\n", n.c_str(), why.c_str());
+  }
+  std::fflush(stdout);
+  if (live_removed)
+    std::fprintf(stderr,
+                 "weft snapshot clean: WARNING: --all removed %d segment%s whose owner is "
+                 "ALIVE: a running job lost its in-memory snapshots\n",
+                 live_removed, live_removed > 1 ? "s" : "");
+  std::printf("removed %d snapshot segment%s%s", removed, removed == 1 ? "" : "s",
+              of_job(job).c_str());
+  if (kept) std::printf("; kept %d (owner alive or unreadable; --all removes them too)", kept);
+  std::printf("\n");
+  return 0;
+}
+
+}  // namespace
+
+int cmd_snapshot(const std::vector<std::string>& argv) {
+  Args args(argv, {"--job"}, {"--help", "--all"}, 1);  // the action
+  const std::vector<std::string>& pos = args.positional();
+  if (args.flag("--help") || pos.empty()) {
+    std::fputs(kHelp, pos.empty() && !args.flag("--help") ? stderr : stdout);
+    return args.flag("--help") ? 0 : 2;
+  }
+  const std::string& action = pos[0];
+  if (action != "ls" && action != "verify" && action != "clean")
+    throw ConfigError("weft snapshot", "unknown action '" + action + "'; use ls, verify or clean");
+  if (args.flag("--all") && action != "clean")
+    throw ConfigError("--all", "only `weft snapshot clean` takes it");
+  std::string job = job_of(args);
+  if (action == "ls") return ls(job);
+  if (action == "verify") return verify(job);
+  return clean(job, args.flag("--all"));
+}
+
+}  // namespace weft::launch
