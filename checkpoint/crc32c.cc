@@ -1,8 +1,16 @@
-// CRC-32C: hardware path (x86-64 SSE4.2) and a portable slicing-by-8 path.
+// CRC-32C: ISA-L's folding (PCLMULQDQ / VPCLMULQDQ) for buffers of 256 bytes and more when
+// built with it, the SSE4.2 crc32 instruction for shorter ones, and a portable slicing-by-8.
 #include "checkpoint/crc32c.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
+
+#include "base/config.h"
+
+#if WEFT_HAVE_ISAL
+#include <isa-l/crc.h>
+#endif
 
 namespace weft::checkpoint {
 namespace {
@@ -52,6 +60,22 @@ __attribute__((target("sse4.2"))) uint32_t crc_sse42(const uint8_t* p, size_t n,
 }
 #endif
 
+#if WEFT_HAVE_ISAL && defined(__x86_64__)
+// Below this ISA-L's setup costs more than it folds: measured on this machine (AMD EPYC,
+// one thread, GB/s), SSE4.2 loop vs ISA-L: 64 B 12.1 vs 5.8, 192 B 15.7 vs 7.7, 256 B 15.4
+// vs 19.2, 4 KiB 9.9 vs 36.7, 1 MiB 9.6 vs 42.9, 64 MiB (from DRAM) 9.3 vs 23.3.
+constexpr size_t kIsalMinBytes = 256;
+
+// crc32_iscsi neither inverts its initial value nor its result (unlike RFC 3720's CRC32C),
+// so it continues a register `c` exactly as crc_sse42 does. Its length is an int.
+uint32_t crc_isal(const uint8_t* p, size_t n, uint32_t c) {
+  constexpr size_t kPiece = size_t(1) << 30;
+  for (size_t off = 0; off < n; off += kPiece)
+    c = crc32_iscsi(const_cast<uint8_t*>(p + off), int(std::min(kPiece, n - off)), c);
+  return c;
+}
+#endif
+
 }  // namespace
 
 uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
@@ -59,6 +83,10 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   uint32_t c = ~crc;
 #if defined(__x86_64__)
   static const bool hw = __builtin_cpu_supports("sse4.2");
+#if WEFT_HAVE_ISAL
+  // Only beside SSE4.2: ISA-L's fallback for older CPUs is a byte-at-a-time table.
+  if (hw && n >= kIsalMinBytes) return ~crc_isal(p, n, c);
+#endif
   c = hw ? crc_sse42(p, n, c) : crc_table(p, n, c);
 #else
   c = crc_table(p, n, c);

@@ -21,6 +21,7 @@
 #include "launch/bench_elastic.h"
 #include "launch/bench_memory_traces.h"
 #include "launch/bench_scaling.h"
+#include "launch/bench_snapshot.h"
 #include "launch/bench_store.h"
 #include "launch/bench_util.h"
 #include "launch/commands.h"
@@ -128,6 +129,14 @@ const Bench kBenches[] = {
     {"scaling", nullptr},
     {"store", nullptr},
     {"elastic", nullptr},
+    {"snapshot",
+     "usage: weft bench snapshot [--parts encode] [--mib N]\n"
+     "  in-memory snapshots' costs beside memcpy in the same run, one thread, by part:\n"
+     "  encode  Reed-Solomon (ISA-L) encode and the rebuild of one lost data fragment for\n"
+     "          k=2 m=1 and k=4 m=2, crc32c, memcpy into touched memory (GB/s and the ratio\n"
+     "          to memcpy); target: encode >= 5 GB/s per core\n"
+     "  --parts P,...  the parts to run (default encode)\n"
+     "  --mib N        MiB per fragment and per copy (default 256; k=4 m=2 holds 6 of them)\n"},
 };
 
 std::string bench_names() {
@@ -186,6 +195,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (name == "scaling") return run_scaling(argv);
   if (name == "store") return run_store_benchmark(rest);
   if (name == "elastic") return run_elastic_bench(rest);
+  if (name == "snapshot") return bench_snapshot(rest);
   return run_train_comparison(Args(
       rest, {"--configs", "--threads", "--steps", "--torch-script", "--python"}, {"--no-torch"}));
 }
