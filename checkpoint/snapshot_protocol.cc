@@ -2,6 +2,8 @@
 // every call (Asio on a private io_context, run only inside a call).
 #include "checkpoint/snapshot_protocol.h"
 
+#include <sys/un.h>
+
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
@@ -30,7 +32,8 @@ namespace {
 
 template <typename T>
 T field(const json& j, const char* key) {
-  if (!j.is_object() || !j.contains(key)) throw std::invalid_argument(std::string("missing \"") + key + "\"");
+  if (!j.is_object() || !j.contains(key))
+    throw std::invalid_argument(std::string("missing \"") + key + "\"");
   try {
     return j.at(key).get<T>();
   } catch (const json::exception&) {
@@ -40,9 +43,12 @@ T field(const json& j, const char* key) {
 
 const char* kind_text(SegmentKind k) {
   switch (k) {
-    case SegmentKind::kData: return "data";
-    case SegmentKind::kReplica: return "replica";
-    case SegmentKind::kParity: return "parity";
+    case SegmentKind::kData:
+      return "data";
+    case SegmentKind::kReplica:
+      return "replica";
+    case SegmentKind::kParity:
+      return "parity";
   }
   return "?";
 }
@@ -58,8 +64,9 @@ SegmentKind kind_of(const std::string& s) {
 
 json to_json(const Reservation& r) {
   json ranks = json::array();
-  for (const RankSlot& s : r.ranks) ranks.push_back({{"rank", s.rank}, {"world", s.world}, {"bytes", s.bytes}});
-  return {{"op", "reserve"}, {"job", r.job},     {"node", r.node},
+  for (const RankSlot& s : r.ranks)
+    ranks.push_back({{"rank", s.rank}, {"world", s.world}, {"bytes", s.bytes}});
+  return {{"op", "reserve"},  {"job", r.job},   {"node", r.node},
           {"epoch", r.epoch}, {"ranks", ranks}, {"parity_bytes", r.parity_bytes}};
 }
 
@@ -79,9 +86,15 @@ Reservation reservation_from_json(const json& j) {
 json to_json(const SnapshotMeta& m) {
   char hash[24];
   std::snprintf(hash, sizeof hash, "%016" PRIx64, m.layout_hash);
-  return {{"job", m.job_id},   {"kind", kind_text(m.kind)},       {"node", m.owner_node},
-          {"epoch", m.epoch},  {"step", m.step},                  {"rank", m.rank},
-          {"world", m.world},  {"layout_hash", hash},             {"payload_bytes", m.payload_bytes},
+  return {{"job", m.job_id},
+          {"kind", kind_text(m.kind)},
+          {"node", m.owner_node},
+          {"epoch", m.epoch},
+          {"step", m.step},
+          {"rank", m.rank},
+          {"world", m.world},
+          {"layout_hash", hash},
+          {"payload_bytes", m.payload_bytes},
           {"sequence", m.sequence}};
 }
 
@@ -101,8 +114,11 @@ SnapshotMeta meta_from_json(const json& j) {
 }
 
 json to_json(const SegmentInfo& s) {
-  json j = {{"name", s.name},         {"epoch", s.epoch},        {"rank", s.rank},
-            {"capacity", s.capacity}, {"owner_pid", s.owner_pid}};
+  json j = {{"name", s.name},
+            {"epoch", s.epoch},
+            {"rank", s.rank},
+            {"capacity", s.capacity},
+            {"owner_pid", s.owner_pid}};
   if (s.committed) j["committed"] = to_json(*s.committed);
   return j;
 }
@@ -154,6 +170,10 @@ SnapshotAgentClient::SnapshotAgentClient(std::chrono::milliseconds timeout,
 SnapshotAgentClient::~SnapshotAgentClient() = default;
 
 void SnapshotAgentClient::connect(const std::string& path) {
+  constexpr size_t kMax = sizeof(sockaddr_un{}.sun_path) - 1;
+  if (path.empty() || path.size() > kMax)
+    throw IoError("snapshot agent: '" + path + "' cannot be a Unix socket path (empty, or " +
+                  std::to_string(path.size()) + " bytes: at most " + std::to_string(kMax) + ")");
   path_ = path;
   connect_by(Clock::now() + timeout_);
 }
@@ -211,7 +231,8 @@ json SnapshotAgentClient::call(const json& request, std::chrono::milliseconds ti
     });
     if (!io_->run_until(done, deadline))
       throw IoError("snapshot agent at " + path_ + " did not answer '" + op + "' within " +
-                    std::to_string(timeout.count()) + " ms (hung or stopped); the call is abandoned");
+                    std::to_string(timeout.count()) +
+                    " ms (hung or stopped); the call is abandoned");
     if (!ec) break;
     io_->close();
     if (reused && Clock::now() < deadline) continue;
@@ -227,8 +248,8 @@ json SnapshotAgentClient::call(const json& request, std::chrono::milliseconds ti
     return j;
   } catch (const std::exception& e) {
     io_->close();
-    throw IoError("snapshot agent at " + path_ + ": a reply to '" + op + "' that is not the protocol's (" +
-                  e.what() + "): " + reply.substr(0, 200));
+    throw IoError("snapshot agent at " + path_ + ": a reply to '" + op +
+                  "' that is not the protocol's (" + e.what() + "): " + reply.substr(0, 200));
   }
 }
 
@@ -238,8 +259,8 @@ json SnapshotAgentClient::checked(const json& request, std::chrono::milliseconds
   const std::string error = reply.value("error", std::string("(no message)"));
   if (reply.contains("field") && reply["field"].is_string())
     throw ConfigError(reply["field"].get<std::string>(), error);
-  throw IoError("snapshot agent at " + path_ + " refused '" + request.value("op", std::string("?")) +
-                "': " + error);
+  throw IoError("snapshot agent at " + path_ + " refused '" +
+                request.value("op", std::string("?")) + "': " + error);
 }
 
 std::vector<std::string> SnapshotAgentClient::segment(const Reservation& r) {
@@ -247,7 +268,8 @@ std::vector<std::string> SnapshotAgentClient::segment(const Reservation& r) {
   try {
     return reply.at("segments").get<std::vector<std::string>>();
   } catch (const json::exception& e) {
-    throw IoError("snapshot agent at " + path_ + ": a reserve reply without its segments: " + e.what());
+    throw IoError("snapshot agent at " + path_ +
+                  ": a reserve reply without its segments: " + e.what());
   }
 }
 
@@ -262,7 +284,8 @@ std::vector<SegmentInfo> SnapshotAgentClient::list() {
   try {
     for (const json& s : reply.at("segments")) out.push_back(segment_info_from_json(s));
   } catch (const std::exception& e) {
-    throw IoError("snapshot agent at " + path_ + ": a list reply that is not the protocol's: " + e.what());
+    throw IoError("snapshot agent at " + path_ +
+                  ": a list reply that is not the protocol's: " + e.what());
   }
   return out;
 }

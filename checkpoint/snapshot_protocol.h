@@ -27,11 +27,10 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "checkpoint/snapshot_segment.h"
 

@@ -610,7 +610,11 @@ int NodeAgent::run() {
   std::fflush(stderr);
 
   if (!token_.empty()) ::setenv("WEFT_JOB_TOKEN", token_.c_str(), 1);
-  snapshots_ = start_snapshot_agent(so_.command, so_.run_id, static_ ? o_.node_rank : m.index);
+  try {
+    snapshots_ = start_snapshot_agent(so_.command, so_.run_id, static_ ? o_.node_rank : m.index);
+  } catch (const std::exception& e) {
+    return finish(1, e.what(), true);
+  }
   so_.monitor_interval_s = o_.monitor_interval;
   so_.settle_s = seconds(ro_.heartbeat_timeout) + 2 * seconds(ro_.poll_interval) + 1;
   so_.max_restarts = o_.max_restarts;

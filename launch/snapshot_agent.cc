@@ -11,6 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/read_until.hpp>
@@ -95,7 +96,8 @@ int64_t untouched_bytes(const std::string& name) {
 // one crc32c per block and the payload. An estimate for the check (the segment's own
 // layout may differ by a few pages); the real size is allocated right after create().
 double segment_bytes(int64_t capacity) {
-  const double blocks = double((capacity + ckpt::kSnapshotBlockBytes - 1) / ckpt::kSnapshotBlockBytes);
+  const double blocks =
+      double((capacity + ckpt::kSnapshotBlockBytes - 1) / ckpt::kSnapshotBlockBytes);
   return 4096 + 2 * (4096 + 4 * blocks + double(capacity));
 }
 
@@ -107,7 +109,8 @@ constexpr int64_t kMaxRankBytes = int64_t(1) << 50;
 
 class CommittedStage {
  public:
-  explicit CommittedStage(CommittedHandler h) : handler_(std::move(h)), thread_([this] { loop(); }) {}
+  explicit CommittedStage(CommittedHandler h)
+      : handler_(std::move(h)), thread_([this] { loop(); }) {}
   ~CommittedStage() {
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -123,8 +126,10 @@ class CommittedStage {
       std::lock_guard<std::mutex> l(mu_);
       auto same = std::find_if(queue_.begin(), queue_.end(),
                                [&](const CommittedEvent& x) { return x.name == e.name; });
-      if (same != queue_.end()) *same = std::move(e);
-      else queue_.push_back(std::move(e));
+      if (same != queue_.end())
+        *same = std::move(e);
+      else
+        queue_.push_back(std::move(e));
     }
     cv_.notify_one();
   }
@@ -160,7 +165,18 @@ struct Owned {
   std::shared_ptr<ckpt::SnapshotSegment> segment;
   int64_t epoch = 0;
   int rank = -1;
+  int64_t commits = 0;     // `committed` messages since the agent started
+  int64_t last_step = -1;  // the step of the latest
 };
+
+// Whether a segment holds a readable committed snapshot (an inconsistent one does not).
+bool has_commit(const Owned& x) {
+  try {
+    return x.segment->latest().has_value();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
 
 class Agent {
  public:
@@ -199,7 +215,8 @@ class Agent {
 // reply is written. A client that goes away just ends its session.
 class Agent::Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(Agent& a, Local::socket s) : agent_(a), sock_(std::move(s)), in_(ckpt::kSnapshotMaxLineBytes) {}
+  Session(Agent& a, Local::socket s)
+      : agent_(a), sock_(std::move(s)), in_(ckpt::kSnapshotMaxLineBytes) {}
   void read() {
     auto self = shared_from_this();
     asio::async_read_until(sock_, in_, '\n', [self](boost::system::error_code ec, size_t) {
@@ -207,12 +224,15 @@ class Agent::Session : public std::enable_shared_from_this<Session> {
       std::istream is(&self->in_);
       std::string line;
       std::getline(is, line);
-      self->out_ = self->agent_.handle(line).dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+      self->out_ =
+          self->agent_.handle(line).dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
       const bool last = self->agent_.finished_;
       asio::async_write(self->sock_, asio::buffer(self->out_),
                         [self, last](boost::system::error_code wec, size_t) {
-                          if (last) self->agent_.io_.stop();
-                          else if (!wec) self->read();
+                          if (last)
+                            self->agent_.io_.stop();
+                          else if (!wec)
+                            self->read();
                         });
     });
   }
@@ -227,7 +247,8 @@ class Agent::Session : public std::enable_shared_from_this<Session> {
 void Agent::take_lock() {
   const std::string path = lock_path(o_.job_id, o_.node);
   lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lock_fd_ < 0) throw IoError(str("snapshot agent: cannot open its lock ", path, ": ", std::strerror(errno)));
+  if (lock_fd_ < 0)
+    throw IoError(str("snapshot agent: cannot open its lock ", path, ": ", std::strerror(errno)));
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0)
     throw IoError(str("snapshot agent: another agent serves job ", o_.job_id, " on node ", o_.node,
                       " (it holds ", path, "); stop it first"));
@@ -237,19 +258,28 @@ void Agent::adopt() {
   for (const std::string& name : ckpt::snapshot_segments(o_.job_id)) {
     std::optional<ckpt::SegmentName> p = ckpt::parse_segment_name(name);
     if (!p || p->kind != ckpt::SegmentKind::kData || p->owner_node != o_.node) continue;
+    std::shared_ptr<ckpt::SnapshotSegment> seg;
     try {
-      auto seg = std::make_shared<ckpt::SnapshotSegment>(ckpt::SnapshotSegment::open(name, true));
-      const int was = seg->owner_pid();
-      seg->set_owner_pid(int(::getpid()));  // live again: not abandoned
-      std::optional<ckpt::SnapshotSegment::View> v = seg->latest();
-      say(str("adopted ", name, " (epoch ", p->epoch, ", rank ", p->rank, ", ",
-              v ? str("committed step ", v->meta.step) : std::string("nothing committed"),
-              ", left by pid ", was, ")"));
-      owned_[name] = {std::move(seg), p->epoch, p->rank};
+      seg = std::make_shared<ckpt::SnapshotSegment>(ckpt::SnapshotSegment::open(name, true));
     } catch (const std::exception& e) {
-      ckpt::SnapshotSegment::unlink(name);  // this job's and node's: nobody else can use it
-      say(str("removed ", name, ": it cannot be read (", e.what(), ")"));
+      // Not a segment (its creator died before it was one): this job's and node's, so no
+      // other process can be making it now.
+      ckpt::SnapshotSegment::unlink(name);
+      say(str("removed ", name, ": it is not a snapshot segment (", e.what(), ")"));
+      continue;
     }
+    const int was = seg->owner_pid();
+    seg->set_owner_pid(int(::getpid()));  // live again: not abandoned
+    std::string state;
+    try {
+      std::optional<ckpt::SnapshotSegment::View> v = seg->latest();
+      state = v ? str("committed step ", v->meta.step) : std::string("nothing committed");
+    } catch (const std::exception& e) {  // kept: its other slot may still be read
+      state = str("its newest slot is unreadable: ", e.what());
+    }
+    say(str("adopted ", name, " (epoch ", p->epoch, ", rank ", p->rank, ", ", state,
+            ", left by pid ", was, ")"));
+    owned_[name] = {std::move(seg), p->epoch, p->rank};
   }
 }
 
@@ -268,7 +298,8 @@ void Agent::remove_abandoned() {
     }
     ckpt::SnapshotSegment::unlink(name);
     removed_jobs.insert(p->job_id);
-    say(str("removed ", name, ": abandoned (job ", p->job_id, ": its owner, pid ", owner, ", is gone)"));
+    say(str("removed ", name, ": abandoned (job ", p->job_id, ": its owner, pid ", owner,
+            ", is gone)"));
   }
   for (const std::string& job : removed_jobs) remove_stale_locks(job);
 }
@@ -276,11 +307,13 @@ void Agent::remove_abandoned() {
 void Agent::listen() {
   const std::string& path = o_.socket;
   if (path.size() >= sizeof(sockaddr_un{}.sun_path))
-    throw ConfigError("--socket", str("the path is ", path.size(), " bytes; a Unix socket path must be under ",
-                                      sizeof(sockaddr_un{}.sun_path)));
+    throw ConfigError("--socket",
+                      str("the path is ", path.size(), " bytes; a Unix socket path must be under ",
+                          sizeof(sockaddr_un{}.sun_path)));
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) throw IoError(str("snapshot agent: ", path, " exists and is not a socket"));
+    if (!S_ISSOCK(st.st_mode))
+      throw IoError(str("snapshot agent: ", path, " exists and is not a socket"));
     // A socket file: alive if something accepts on it; a leftover of a killed agent if not.
     int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_un a{};
@@ -313,6 +346,8 @@ json Agent::handle(const std::string& line) {
     return refusal(str("bad request: not JSON (", e.what(), ")"));
   }
   const std::string op = req.is_object() ? req.value("op", std::string()) : std::string();
+  if (finished_)
+    return refusal("the agent is finishing (the job ended); it serves no more requests");
   try {
     if (op == "reserve") return reserve(ckpt::reservation_from_json(req));
     if (op == "committed") {
@@ -323,7 +358,8 @@ json Agent::handle(const std::string& line) {
     }
     if (op == "list") return list();
     if (op == "finish") {
-      if (!req.contains("job") || !req["job"].is_string()) return refusal("bad request: finish needs \"job\"");
+      if (!req.contains("job") || !req["job"].is_string())
+        return refusal("bad request: finish needs \"job\"");
       return finish(req["job"].get<std::string>());
     }
     return refusal("bad request: unknown op '" + op + "' (reserve, committed, list, finish)");
@@ -347,9 +383,12 @@ json Agent::reserve(const ckpt::Reservation& r) {
   std::string ranks_text;
   for (const ckpt::RankSlot& s : r.ranks) {
     if (s.world <= 0 || s.rank < 0 || s.rank >= s.world || !seen.insert(s.rank).second)
-      return refusal(str("bad request: rank ", s.rank, " of world ", s.world, " (each rank once, 0 <= rank < world)"));
-    if (s.bytes <= 0) return refusal(str("bad request: rank ", s.rank, " asks for ", s.bytes, " bytes"));
-    const std::string name = ckpt::segment_name(r.job, ckpt::SegmentKind::kData, r.node, r.epoch, s.rank);
+      return refusal(str("bad request: rank ", s.rank, " of world ", s.world,
+                         " (each rank once, 0 <= rank < world)"));
+    if (s.bytes <= 0)
+      return refusal(str("bad request: rank ", s.rank, " asks for ", s.bytes, " bytes"));
+    const std::string name =
+        ckpt::segment_name(r.job, ckpt::SegmentKind::kData, r.node, r.epoch, s.rank);
     names.push_back(name);
     auto it = owned_.find(name);
     if (it == owned_.end() && fs::exists(shm_path(name))) {  // made under another node index
@@ -360,10 +399,12 @@ json Agent::reserve(const ckpt::Reservation& r) {
     }
     if (it != owned_.end()) {
       if (it->second.segment->capacity() < s.bytes)
-        return refusal(str(name, " exists with ", it->second.segment->capacity(),
-                           " bytes per slot, fewer than the ", s.bytes, " asked for; it holds a snapshot "
-                           "of an earlier layout, so it is kept: remove it with `weft snapshot clean` "
-                           "if that snapshot is not needed"));
+        return refusal(
+            str(name, " exists with ", it->second.segment->capacity(),
+                " bytes per slot, fewer than the ", s.bytes,
+                " asked for; it holds a snapshot "
+                "of an earlier layout, so it is kept: remove it with `weft snapshot clean` "
+                "if that snapshot is not needed"));
       continue;
     }
     if (s.bytes > kMaxRankBytes) {
@@ -381,16 +422,23 @@ json Agent::reserve(const ckpt::Reservation& r) {
     const int64_t margin = snapshot_memory_margin(m);
     const double room = double(std::min(m.available, m.shm_free) - promised - margin);
     if (need > room) {
-      std::string sizes = need >= 1e29 ? std::string("more than 2^50 bytes per rank") : bytes_text(need);
+      std::string sizes =
+          need >= 1e29 ? std::string("more than 2^50 bytes per rank") : bytes_text(need);
       std::string msg = str(
           "in-memory snapshots do not fit on node ", r.node, ": the snapshots of epoch ", r.epoch,
           (fresh.empty() ? std::string() : ", rank(s) " + ranks_text), ", two slots each",
-          r.parity_bytes > 0 ? str(", plus two slots of ", bytes_text(double(r.parity_bytes)), " of parity") : "",
-          ", need ", sizes, " of shared memory, but this node can give ", bytes_text(std::max(0.0, room)),
-          " (MemAvailable ", bytes_text(double(m.available)), ", /dev/shm free ", bytes_text(double(m.shm_free)),
-          ", less ", bytes_text(double(promised)), " promised to snapshot segments not yet written and a margin of ",
-          bytes_text(double(margin)), "); set snapshot.every: 0 (no in-memory snapshots), spread the job over "
-          "more nodes (each rank's share shrinks), or free memory (/dev/shm's size= mount option caps it)");
+          r.parity_bytes > 0
+              ? str(", plus two slots of ", bytes_text(double(r.parity_bytes)), " of parity")
+              : "",
+          ", need ", sizes, " of shared memory, but this node can give ",
+          bytes_text(std::max(0.0, room)), " (MemAvailable ", bytes_text(double(m.available)),
+          ", /dev/shm free ", bytes_text(double(m.shm_free)), ", less ",
+          bytes_text(double(promised)),
+          " promised to snapshot segments not yet written and a margin of ",
+          bytes_text(double(margin)),
+          "); set snapshot.every: 0 (no in-memory snapshots), spread the job over "
+          "more nodes (each rank's share shrinks), or free memory (/dev/shm's size= mount option "
+          "caps it)");
       say("refused a reserve: " + msg);
       return {{"ok", false}, {"field", "snapshot.every"}, {"error", msg}};
     }
@@ -402,19 +450,22 @@ json Agent::reserve(const ckpt::Reservation& r) {
       // worker mid-step) and leaves nothing behind when it fails.
       std::shared_ptr<ckpt::SnapshotSegment> seg;
       try {
-        seg = std::make_shared<ckpt::SnapshotSegment>(ckpt::SnapshotSegment::create(name, capacity, int(::getpid())));
+        seg = std::make_shared<ckpt::SnapshotSegment>(
+            ckpt::SnapshotSegment::create(name, capacity, int(::getpid())));
       } catch (const IoError& e) {
         if (fs::exists(shm_path(name))) throw;  // made meanwhile by someone else
-        throw ConfigError("snapshot.every", str(e.what(), "; the node's shared memory is full: set snapshot.every: "
-                                                "0, spread the job over more nodes, or free memory"));
+        throw ConfigError("snapshot.every",
+                          str(e.what(),
+                              "; the node's shared memory is full: set snapshot.every: "
+                              "0, spread the job over more nodes, or free memory"));
       }
       made.push_back(name);
       const auto parts = ckpt::parse_segment_name(name);
       owned_[name] = {std::move(seg), r.epoch, parts ? parts->rank : -1};
       struct stat st {};
       ::stat(shm_path(name).c_str(), &st);
-      say(str("reserved ", name, ": two slots of ", bytes_text(double(capacity)), " (", bytes_text(double(st.st_size)),
-              " of shared memory)"));
+      say(str("reserved ", name, ": two slots of ", bytes_text(double(capacity)), " (",
+              bytes_text(double(st.st_size)), " of shared memory)"));
     }
   } catch (const std::exception& e) {
     for (const std::string& name : made) {  // all or nothing
@@ -431,13 +482,21 @@ json Agent::reserve(const ckpt::Reservation& r) {
 
 json Agent::committed(const std::string& name, int64_t step) {
   auto it = owned_.find(name);
-  if (it == owned_.end()) return refusal(name + " is not a segment this agent holds (reserve it first)");
+  if (it == owned_.end())
+    return refusal(name + " is not a segment this agent holds (reserve it first)");
   std::optional<ckpt::SnapshotSegment::View> v = it->second.segment->latest();
   if (!v) return refusal(name + " has no committed slot: commit() before sending committed");
-  say(str("committed ", name, ": step ", v->meta.step, " (epoch ", v->meta.epoch, ", rank ", v->meta.rank,
-          ", ", bytes_text(double(v->meta.payload_bytes)), ", sequence ", v->meta.sequence, ")",
-          v->meta.step != step ? str("; the worker said step ", step) : std::string()));
-  const int64_t epoch = it->second.epoch;
+  // The first commit of a segment is an event; so is a step going back (a restarted job
+  // writing again from an older step). Every commit at snapshot.every: 1 would be a line
+  // per step and rank: `list` shows the newest instead.
+  Owned& x = it->second;
+  if (x.commits++ == 0 || v->meta.step < x.last_step || v->meta.step != step)
+    say(str("committed ", name, ": step ", v->meta.step, " (epoch ", v->meta.epoch, ", rank ",
+            v->meta.rank, ", ", bytes_text(double(v->meta.payload_bytes)), ", sequence ",
+            v->meta.sequence, ")", x.commits == 1 ? "; later commits are not logged" : "",
+            v->meta.step != step ? str("; the worker said step ", step) : std::string()));
+  x.last_step = v->meta.step;
+  const int64_t epoch = x.epoch;
   stage_.post({name, it->second.segment, v->meta});
   retire_older_than(epoch, v->meta.step);
   return {{"ok", true}, {"step", v->meta.step}};
@@ -448,7 +507,7 @@ json Agent::committed(const std::string& name, int64_t step) {
 void Agent::retire_older_than(int64_t epoch, int64_t step) {
   bool older = false;
   for (const auto& [name, x] : owned_) {
-    if (x.epoch == epoch && !x.segment->latest()) return;  // the newer epoch is not complete
+    if (x.epoch == epoch && !has_commit(x)) return;  // the newer epoch is not complete
     older = older || x.epoch < epoch;
   }
   if (!older) return;
@@ -467,8 +526,13 @@ void Agent::retire_older_than(int64_t epoch, int64_t step) {
 json Agent::list() const {
   json segments = json::array();
   for (const auto& [name, x] : owned_) {
-    ckpt::SegmentInfo s{name, x.epoch, x.rank, x.segment->capacity(), x.segment->owner_pid(), std::nullopt};
-    if (std::optional<ckpt::SnapshotSegment::View> v = x.segment->latest()) s.committed = v->meta;
+    ckpt::SegmentInfo s{name,        x.epoch, x.rank, x.segment->capacity(), x.segment->owner_pid(),
+                        std::nullopt};
+    try {
+      if (std::optional<ckpt::SnapshotSegment::View> v = x.segment->latest()) s.committed = v->meta;
+    } catch (const std::exception&) {
+      // An inconsistent newest slot: listed as holding nothing (`weft snapshot verify` says why).
+    }
     segments.push_back(ckpt::to_json(s));
   }
   return {{"ok", true}, {"segments", segments}};
@@ -498,8 +562,8 @@ int Agent::run() {
     io_.stop();
   });
   accept();
-  say(str("serving job ", o_.job_id, " node ", o_.node, " at ", o_.socket, " (pid ", ::getpid(), ", ",
-          owned_.size(), " segment(s) adopted)"));
+  say(str("serving job ", o_.job_id, " node ", o_.node, " at ", o_.socket, " (pid ", ::getpid(),
+          ", ", owned_.size(), " segment(s) adopted)"));
   io_.run();
   return 0;
 }
@@ -571,9 +635,11 @@ int cmd_snapshot_agent(const std::vector<std::string>& argv) {
   SnapshotAgentOptions o;
   o.job_id = args.required("--job");
   if (!ckpt::valid_job_id(o.job_id))
-    throw ConfigError("--job", "must be 16 lowercase hex digits (a job id), got '" + o.job_id + "'");
+    throw ConfigError("--job",
+                      "must be 16 lowercase hex digits (a job id), got '" + o.job_id + "'");
   o.node = int(args.get_int("--node", -1));
-  if (!args.has("--node") || o.node < 0) throw ConfigError("--node", "is required and must be >= 0");
+  if (!args.has("--node") || o.node < 0)
+    throw ConfigError("--node", "is required and must be >= 0");
   o.socket = args.required("--socket");
   return run_snapshot_agent(o);
 }

@@ -7,7 +7,8 @@
 // At start it takes the agent lock of the job and node (/dev/shm/weft-agent-<job>-n<node>.lock,
 // flock: never two agents for one job and node), adopts the job's data segments of this
 // node that exist (a restarted agent: they keep their data; it becomes their owner), and
-// removes the segments of any other job that is abandoned (their owner process is gone). It logs one line per event to stderr, prefixed
+// removes the segments of any other job that is abandoned (their owner process is gone). It logs
+// one line per event to stderr, prefixed
 // "[snapshot-agent]". SIGTERM/SIGINT: it stops serving and exits 0, keeping the segments
 // (the job may restart it); `finish` removes the job's segments and it exits 0.
 #pragma once

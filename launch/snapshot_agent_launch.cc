@@ -37,14 +37,17 @@ double now_s() {
 std::string self_exe() {
   char buf[4096];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw IoError("weft run: cannot find its own binary (/proc/self/exe) to start the snapshot agent");
+  if (n <= 0)
+    throw IoError(
+        "weft run: cannot find its own binary (/proc/self/exe) to start the snapshot agent");
   buf[n] = 0;
   return buf;
 }
 
 std::string describe(int status) {
   if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return std::string("was killed by signal ") + ::strsignal(WTERMSIG(status));
+  if (WIFSIGNALED(status))
+    return std::string("was killed by signal ") + ::strsignal(WTERMSIG(status));
   return "ended";
 }
 
@@ -67,7 +70,8 @@ std::optional<SnapshotAgentPlan> snapshot_agent_plan(const std::vector<std::stri
   try {
     // weft train's own options (launch/cmd_train.cc), so that its arguments read the same.
     Args args(std::vector<std::string>(command.begin() + 2, command.end()),
-              {"--config", "--set", "--init-weights", "--save-weights", "--metrics", "--resume"}, {"--help"});
+              {"--config", "--set", "--init-weights", "--save-weights", "--metrics", "--resume"},
+              {"--help"});
     if (args.flag("--help") || !args.has("--config")) return std::nullopt;
     core::JobSpec spec = core::load_job_spec(args.get("--config"), args.all("--set"));
     if (spec.snapshot.every <= 0) return std::nullopt;
@@ -86,7 +90,8 @@ SnapshotAgentProcess::SnapshotAgentProcess(SnapshotAgentPlan plan) : plan_(std::
   spawn();
   if (!wait_ready(10)) {
     stop();
-    throw IoError(str("weft run: the snapshot agent for job ", plan_.job_id, " did not start (its error above); "
+    throw IoError(str("weft run: the snapshot agent for job ", plan_.job_id,
+                      " did not start (its error above); "
                       "set snapshot.every: 0 to run without in-memory snapshots"));
   }
 }
@@ -100,8 +105,9 @@ SnapshotAgentProcess::~SnapshotAgentProcess() {
 
 void SnapshotAgentProcess::spawn() {
   // Everything the child needs is built before fork: after it, only async-signal-safe calls.
-  std::vector<std::string> args = {self_exe(), "snapshot-agent", "--job", plan_.job_id,
-                                   "--node", std::to_string(plan_.node), "--socket", plan_.socket};
+  std::vector<std::string> args = {self_exe(),   "snapshot-agent", "--job",
+                                   plan_.job_id, "--node",         std::to_string(plan_.node),
+                                   "--socket",   plan_.socket};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -109,7 +115,8 @@ void SnapshotAgentProcess::spawn() {
   std::fflush(stderr);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
-  if (pid < 0) throw IoError(str("weft run: cannot fork the snapshot agent: ", std::strerror(errno)));
+  if (pid < 0)
+    throw IoError(str("weft run: cannot fork the snapshot agent: ", std::strerror(errno)));
   if (pid == 0) {
     ::setpgid(0, 0);  // out of weft run's group: a Ctrl-C is weft run's to act on
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // weft run gone: exit, keeping the segments
@@ -129,8 +136,9 @@ void SnapshotAgentProcess::spawn() {
   ::setpgid(pid, pid);
   pid_ = pid;
   started_s_ = now_s();
-  std::fprintf(stderr, "weft run: started the snapshot agent (pid %d) for job %s on node %d at %s\n", int(pid),
-               plan_.job_id.c_str(), plan_.node, plan_.socket.c_str());
+  std::fprintf(stderr,
+               "weft run: started the snapshot agent (pid %d) for job %s on node %d at %s\n",
+               int(pid), plan_.job_id.c_str(), plan_.node, plan_.socket.c_str());
 }
 
 bool SnapshotAgentProcess::wait_ready(double seconds) {
@@ -155,7 +163,8 @@ bool SnapshotAgentProcess::reap(bool block) {
   while (r < 0 && errno == EINTR);
   if (r == 0) return false;
   if (r == pid_)
-    std::fprintf(stderr, "weft run: the snapshot agent (pid %d) %s\n", int(pid_), describe(status).c_str());
+    std::fprintf(stderr, "weft run: the snapshot agent (pid %d) %s\n", int(pid_),
+                 describe(status).c_str());
   pid_ = -1;
   return true;
 }
@@ -165,9 +174,10 @@ void SnapshotAgentProcess::keep_alive() {
   quick_deaths_ = now_s() - started_s_ < 2 ? quick_deaths_ + 1 : 0;
   if (quick_deaths_ >= 3) {
     given_up_ = true;
-    std::fprintf(stderr,
-                 "weft run: the snapshot agent died within 2 s of each of its last 3 starts; not restarting "
-                 "it: the workers' snapshot calls fail for the rest of this attempt\n");
+    std::fprintf(
+        stderr,
+        "weft run: the snapshot agent died within 2 s of each of its last 3 starts; not restarting "
+        "it: the workers' snapshot calls fail for the rest of this attempt\n");
     return;
   }
   std::fprintf(stderr, "weft run: restarting the snapshot agent (it adopts its segments)\n");
@@ -183,8 +193,10 @@ void SnapshotAgentProcess::finish() {
     given_up_ = false;
     spawn();
     if (!wait_ready(10)) {
-      std::fprintf(stderr, "weft run: the snapshot agent did not start to finish the job; its segments stay "
-                           "(`weft snapshot clean` removes them)\n");
+      std::fprintf(
+          stderr,
+          "weft run: the snapshot agent did not start to finish the job; its segments stay "
+          "(`weft snapshot clean` removes them)\n");
       stop();
       return;
     }
@@ -193,13 +205,16 @@ void SnapshotAgentProcess::finish() {
     checkpoint::SnapshotAgentClient client(std::chrono::milliseconds(10000));
     client.connect(plan_.socket);
     std::vector<std::string> removed = client.finish(plan_.job_id);
-    std::fprintf(stderr, "weft run: the job ended well; the snapshot agent removed its %zu segment(s)\n",
+    std::fprintf(stderr,
+                 "weft run: the job ended well; the snapshot agent removed its %zu segment(s)\n",
                  removed.size());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "weft run: the snapshot agent did not finish (%s); its segments stay\n", e.what());
+    std::fprintf(stderr, "weft run: the snapshot agent did not finish (%s); its segments stay\n",
+                 e.what());
   }
   const double until = now_s() + 10;
-  while (!reap(false) && now_s() < until) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  while (!reap(false) && now_s() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   stop();  // only when it did not exit on its own
 }
 
@@ -208,13 +223,16 @@ void SnapshotAgentProcess::stop() {
   const pid_t pid = pid_;
   ::kill(pid, SIGTERM);
   const double until = now_s() + 5;
-  while (!reap(false) && now_s() < until) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  while (!reap(false) && now_s() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (pid_ > 0) {
     ::kill(pid, SIGKILL);
     reap(true);
   }
-  std::fprintf(stderr, "weft run: stopped the snapshot agent (pid %d); its segments stay for a restart of job %s\n",
-               int(pid), plan_.job_id.c_str());
+  std::fprintf(
+      stderr,
+      "weft run: stopped the snapshot agent (pid %d); its segments stay for a restart of job %s\n",
+      int(pid), plan_.job_id.c_str());
 }
 
 std::unique_ptr<SnapshotAgentProcess> start_snapshot_agent(const std::vector<std::string>& command,

@@ -67,8 +67,9 @@ bool exists(const std::string& name) { return fs::exists("/dev/shm" + name); }
 class SnapshotAgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("weft_snapagent_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("weft_snapagent_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     job_ = job();
@@ -142,18 +143,21 @@ class SnapshotAgentTest : public ::testing::Test {
     EXPECT_NE(wait_exit(pid, 10), -1);
   }
   // Waits until `file` holds `count` matches of `re`; the last match's first group.
-  std::string wait_for(const std::string& file, const std::string& re, size_t count = 1, double seconds = 20) {
+  std::string wait_for(const std::string& file, const std::string& re, size_t count = 1,
+                       double seconds = 20) {
     const std::regex r(re);
     const auto until = Clock::now() + milliseconds(int64_t(seconds * 1000));
     while (Clock::now() < until) {
       const std::string text = read(file);
       std::vector<std::string> found;
-      for (auto it = std::sregex_iterator(text.begin(), text.end(), r); it != std::sregex_iterator(); ++it)
+      for (auto it = std::sregex_iterator(text.begin(), text.end(), r);
+           it != std::sregex_iterator(); ++it)
         found.push_back((*it).size() > 1 ? (*it)[1].str() : (*it)[0].str());
       if (found.size() >= count) return found[count - 1];
       std::this_thread::sleep_for(milliseconds(20));
     }
-    ADD_FAILURE() << "no " << count << " match(es) of '" << re << "' in " << file << ":\n" << read(file);
+    ADD_FAILURE() << "no " << count << " match(es) of '" << re << "' in " << file << ":\n"
+                  << read(file);
     return "";
   }
   Reservation two_ranks(const std::string& job, int64_t epoch) const {
@@ -198,8 +202,9 @@ TEST_F(SnapshotAgentTest, KillNineThenRestartedAgentAdoptsTheCommittedSnapshot) 
   EXPECT_EQ(after[0].owner_pid, again);  // taken over: not abandoned
   EXPECT_FALSE(after[1].committed.has_value());
   EXPECT_TRUE(holds_step(names[0], 7));
-  EXPECT_NE(read(path("agent.log")).find("adopted " + names[0] + " (epoch 1, rank 0, committed step 7"),
-            std::string::npos)
+  EXPECT_NE(
+      read(path("agent.log")).find("adopted " + names[0] + " (epoch 1, rank 0, committed step 7"),
+      std::string::npos)
       << read(path("agent.log"));
 }
 
@@ -282,7 +287,8 @@ TEST_F(SnapshotAgentTest, SigtermKeepsTheSegmentsAndExitsZero) {
   ASSERT_NE(status, -1);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   EXPECT_TRUE(exists(names[0]) && exists(names[1]));
-  EXPECT_NE(read(path("agent.log")).find("got SIGTERM: stopping; 2 segment(s) kept"), std::string::npos);
+  EXPECT_NE(read(path("agent.log")).find("got SIGTERM: stopping; 2 segment(s) kept"),
+            std::string::npos);
 }
 
 // At start the agent removes the segments of a job whose owner is gone, and leaves a job
@@ -334,8 +340,9 @@ TEST_F(SnapshotAgentTest, SecondAgentForTheSameJobAndNodeRefusesToStart) {
   start_agent(job_);
   SnapshotAgentClient client(milliseconds(10000));
   client.connect(socket_);
-  pid_t second = start({"snapshot-agent", "--job", job_, "--node", "0", "--socket", path("other.sock")},
-                       path("second.log"));
+  pid_t second =
+      start({"snapshot-agent", "--job", job_, "--node", "0", "--socket", path("other.sock")},
+            path("second.log"));
   int status = wait_exit(second, 10);
   ASSERT_NE(status, -1);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << read(path("second.log"));
@@ -354,25 +361,28 @@ class SnapshotAgentRun : public SnapshotAgentTest {
   void SetUp() override {
     SnapshotAgentTest::SetUp();
     fs::create_directories(dir_ / "bin");
-    std::ofstream(path("bin/weft")) << "#!/bin/sh\n"
-                                    << "echo \"$WEFT_SNAPSHOT_SOCKET\" > " << path("socket.tmp") << "\n"
-                                    << "mv " << path("socket.tmp") << " " << path("socket") << "\n"
-                                    << "while [ ! -s " << path("go") << " ]; do sleep 0.05; done\n"
-                                    << "exit $(cat " << path("go") << ")\n";
+    std::ofstream(path("bin/weft"))
+        << "#!/bin/sh\n"
+        << "echo \"$WEFT_SNAPSHOT_SOCKET\" > " << path("socket.tmp") << "\n"
+        << "mv " << path("socket.tmp") << " " << path("socket") << "\n"
+        << "while [ ! -s " << path("go") << " ]; do sleep 0.05; done\n"
+        << "exit $(cat " << path("go") << ")\n";
     fs::permissions(path("bin/weft"), fs::perms::owner_all);
     run_id_ = "snapagent-" + job_;
     run_job_ = job_id_for_run(run_id_);
     jobs_.push_back(run_job_);
   }
   pid_t start_run() {
-    return start({"run", "--standalone", "--nproc-per-node", "1", "--rdzv-id", run_id_, "--monitor-interval", "0.05",
-                  "--", path("bin/weft"), "train", "--config", std::string(WEFT_SOURCE_DIR) + "/configs/gpt-tiny.yaml",
-                  "--set", "snapshot.every=5"},
-                 path("run.log"));
+    return start(
+        {"run", "--standalone", "--nproc-per-node", "1", "--rdzv-id", run_id_, "--monitor-interval",
+         "0.05", "--", path("bin/weft"), "train", "--config",
+         std::string(WEFT_SOURCE_DIR) + "/configs/gpt-tiny.yaml", "--set", "snapshot.every=5"},
+        path("run.log"));
   }
   std::string worker_socket() {
     const auto until = Clock::now() + milliseconds(20000);
-    while (!fs::exists(path("socket")) && Clock::now() < until) std::this_thread::sleep_for(milliseconds(20));
+    while (!fs::exists(path("socket")) && Clock::now() < until)
+      std::this_thread::sleep_for(milliseconds(20));
     std::string s = read(path("socket"));
     while (!s.empty() && s.back() == '\n') s.pop_back();
     return s;
@@ -389,7 +399,8 @@ TEST_F(SnapshotAgentRun, RestartsAKilledAgentAndFinishesAtASuccessfulEnd) {
   const std::string sock = worker_socket();
   ASSERT_FALSE(sock.empty()) << read(path("run.log"));
   EXPECT_NE(sock.find(run_job_), std::string::npos) << sock;
-  const pid_t first = std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))"));
+  const pid_t first =
+      std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))"));
   SnapshotAgentClient client(milliseconds(10000));
   client.connect(sock);
   std::vector<std::string> names = client.segment(Reservation{run_job_, 0, 1, {{0, 1, kBytes}}, 0});
@@ -398,7 +409,8 @@ TEST_F(SnapshotAgentRun, RestartsAKilledAgentAndFinishesAtASuccessfulEnd) {
 
   ::kill(first, SIGKILL);  // weft run's child: weft run reaps it
   wait_for(path("run.log"), "restarting the snapshot agent");
-  const pid_t second = std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))", 2));
+  const pid_t second =
+      std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))", 2));
   EXPECT_NE(second, first);
   std::vector<SegmentInfo> listed = client.list();
   ASSERT_EQ(listed.size(), 1u) << read(path("run.log"));
@@ -423,7 +435,8 @@ TEST_F(SnapshotAgentRun, StopsTheAgentAndKeepsTheSegmentsWhenTheJobFails) {
   pid_t run = start_run();
   const std::string sock = worker_socket();
   ASSERT_FALSE(sock.empty()) << read(path("run.log"));
-  const pid_t agent = std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))"));
+  const pid_t agent =
+      std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))"));
   SnapshotAgentClient client(milliseconds(10000));
   client.connect(sock);
   std::vector<std::string> names = client.segment(Reservation{run_job_, 0, 1, {{0, 1, kBytes}}, 0});
@@ -444,27 +457,35 @@ TEST_F(SnapshotAgentRun, StopsTheAgentAndKeepsTheSegmentsWhenTheJobFails) {
 // started for it is still stopped and reaped. Without snapshot.every no agent starts.
 TEST_F(SnapshotAgentRun, AgentOfARefusingWorkerIsStoppedAndNoneStartsWithoutSnapshots) {
   const std::string tiny = std::string(WEFT_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
-  pid_t run = start({"run", "--standalone", "--nproc-per-node", "1", "--rdzv-id", run_id_, "--", "weft", "train",
-                     "--config", tiny, "--set", "snapshot.every=5", "--set", "train.out_dir=" + path("out")},
-                    path("run.log"));
+  pid_t run = start(
+      {"run", "--standalone", "--nproc-per-node", "1", "--rdzv-id", run_id_, "--", "weft", "train",
+       "--config", tiny, "--set", "snapshot.every=5", "--set", "train.out_dir=" + path("out")},
+      path("run.log"));
   int status = wait_exit(run, 120);
   ASSERT_NE(status, -1) << read(path("run.log"));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << read(path("run.log"));
   std::string log = read(path("run.log"));
-  EXPECT_NE(log.find("snapshot.every: in-memory snapshots are not yet supported"), std::string::npos) << log;
-  const pid_t agent = std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))"));
-  EXPECT_NE(log.find("stopped the snapshot agent (pid " + std::to_string(agent) + ")"), std::string::npos) << log;
+  EXPECT_NE(log.find("snapshot.every: in-memory snapshots are not yet supported"),
+            std::string::npos)
+      << log;
+  const pid_t agent =
+      std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))"));
+  EXPECT_NE(log.find("stopped the snapshot agent (pid " + std::to_string(agent) + ")"),
+            std::string::npos)
+      << log;
   EXPECT_NE(::kill(agent, 0), 0);
 
-  pid_t plain = start({"run", "--standalone", "--nproc-per-node", "1", "--", path("bin/weft"), "train", "--config",
-                       tiny},
+  pid_t plain = start({"run", "--standalone", "--nproc-per-node", "1", "--", path("bin/weft"),
+                       "train", "--config", tiny},
                       path("plain.log"));
   end_workers(0);
   status = wait_exit(plain, 60);
   ASSERT_NE(status, -1) << read(path("plain.log"));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read(path("plain.log"));
-  EXPECT_EQ(read(path("plain.log")).find("snapshot agent"), std::string::npos) << read(path("plain.log"));
-  EXPECT_TRUE(read(path("socket")).find_first_not_of("\n") == std::string::npos) << "no WEFT_SNAPSHOT_SOCKET";
+  EXPECT_EQ(read(path("plain.log")).find("snapshot agent"), std::string::npos)
+      << read(path("plain.log"));
+  EXPECT_TRUE(read(path("socket")).find_first_not_of("\n") == std::string::npos)
+      << "no WEFT_SNAPSHOT_SOCKET";
 }
 
 }  // namespace
