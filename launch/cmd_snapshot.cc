@@ -112,15 +112,12 @@ int verify(const std::string& job) {
         std::optional<SnapshotSegment::View> v = s.slot(slot);
         if (!v) continue;
         std::vector<int64_t> corrupt = s.corrupt_blocks(*v);
-        std::string what =
-            "slot " + std::to_string(slot) + " (step " + std::to_string(v->meta.step) + ")";
+        report += "; slot " + std::to_string(slot) + " step " + std::to_string(v->meta.step);
         if (s.sequence(slot) != v->meta.sequence) {
-          report += "; " + what + " rewritten while verifying, not checked";
-        } else if (corrupt.empty()) {
-          report += "; " + what + " ok";
-        } else {
+          report += ": rewritten while verifying, not checked";
+        } else if (!corrupt.empty()) {
           bad = true;
-          report += "; " + what + ": " + std::to_string(corrupt.size()) + " corrupt block" +
+          report += ": " + std::to_string(corrupt.size()) + " corrupt block" +
                     (corrupt.size() > 1 ? "s" : "") + " at";
           for (size_t i = 0; i < corrupt.size() && i < 16; ++i)
             report += (i ? ", " : " ") + std::to_string(corrupt[i]);
@@ -128,7 +125,7 @@ int verify(const std::string& job) {
         }
       }
       if (report.empty()) report = "; no committed snapshot";
-      std::printf("%s: %s%s\n", n.c_str(), bad ? "CORRUPT" : "ok", report.c_str() + 1);
+      std::printf("%s: %s (%s)\n", n.c_str(), bad ? "CORRUPT" : "ok", report.c_str() + 2);
       failed += bad;
     } catch (const IoError& e) {
       std::printf("%s: UNREADABLE %s\n", n.c_str(), e.what());
