@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -113,6 +114,7 @@ void SnapshotAgentProcess::spawn() {
   argv.push_back(nullptr);
   std::fflush(stdout);
   std::fflush(stderr);
+  const long max_fd = std::min(::sysconf(_SC_OPEN_MAX), 65536L);  // close_range's fallback
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0)
@@ -127,9 +129,12 @@ void SnapshotAgentProcess::spawn() {
     for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGHUP}) ::signal(s, SIG_DFL);
     int null = ::open("/dev/null", O_RDONLY);
     if (null >= 0) ::dup2(null, 0);
+    // The store's sockets, the workers' pipes: none of them is the agent's to hold open.
+    bool closed = false;
 #ifdef SYS_close_range
-    ::syscall(SYS_close_range, 3U, ~0U, 0);  // the store's sockets, the workers' pipes
+    closed = ::syscall(SYS_close_range, 3U, ~0U, 0) == 0;
 #endif
+    for (long fd = 3; !closed && fd < max_fd; ++fd) ::close(int(fd));
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }
