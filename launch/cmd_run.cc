@@ -23,6 +23,7 @@
 #include "launch/commands.h"
 #include "launch/node_agent.h"
 #include "launch/run_options.h"
+#include "launch/snapshot_agent_launch.h"
 #include "launch/supervisor.h"
 #if WEFT_HAVE_CUDA
 #include "core/cuda/runtime.h"
@@ -60,7 +61,15 @@ int run_standalone(const RunOptions& o, SupervisorOptions so) {
   so.store_port = server.port();
   so.max_restarts = o.max_restarts;
   if (o.given("--monitor-interval")) so.poll_s = o.monitor_interval;
+  // The node's snapshot agent, when the job snapshots (snapshot.every > 0): it outlives
+  // the attempts, is restarted when it dies, and ends with the job.
+  std::unique_ptr<SnapshotAgentProcess> snapshots = start_snapshot_agent(so.command, so.run_id, 0);
+  if (snapshots) so.monitor = [&] {
+    snapshots->keep_alive();
+    return std::string();
+  };
   for (;;) {
+    if (snapshots) snapshots->keep_alive();
     Outcome out = supervise(so);
     if (out.end == Outcome::End::kFailed && so.restart_count < o.max_restarts &&
         !stop_requested()) {
@@ -73,6 +82,8 @@ int run_standalone(const RunOptions& o, SupervisorOptions so) {
     if (out.end == Outcome::End::kFailed && o.max_restarts > 0 && !stop_requested())
       out.verdict += str("; no restarts left (--max-restarts ", o.max_restarts, ")");
     if (!out.verdict.empty()) std::fprintf(stderr, "weft run: failed: %s\n", out.verdict.c_str());
+    if (snapshots && out.code == 0) snapshots->finish();
+    else if (snapshots) snapshots->stop();  // a failed job keeps its snapshots for a restart
     return out.code;
   }
 }

@@ -8,6 +8,8 @@
 namespace weft::launch {
 
 int cmd_train(const std::vector<std::string>& args);
+// The node's in-memory snapshot agent (launch/snapshot_agent.h).
+int cmd_snapshot_agent(const std::vector<std::string>& args);
 int cmd_data(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_store(const std::vector<std::string>& args);

@@ -24,6 +24,7 @@ const std::map<std::string, Command>& command_table() {
   static const std::map<std::string, Command> table = {
       {"train", {weft::launch::cmd_train, "train a model from a YAML config (one process, or one rank of weft run / mpirun)"}},
       {"data", {weft::launch::cmd_data, "data tools: `weft data prepare IN.txt OUT.bin`"}},
+      {"snapshot-agent", {weft::launch::cmd_snapshot_agent, "the node's in-memory snapshot agent: `weft snapshot-agent --job ID --node N --socket PATH` (weft run starts it)"}},
       {"bench", {weft::launch::cmd_bench, "benchmarks: `weft bench train|memory|comm|checkpoint|scaling|store` (`weft bench NAME --help`)"}},
       {"store", {weft::launch::cmd_store, "the rendezvous store alone: `weft store --port P [--host H]`"}},
       {"run", {weft::launch::cmd_run, "start workers on this machine: `weft run --standalone --nproc-per-node N -- weft train ...`"}},

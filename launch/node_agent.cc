@@ -1,5 +1,6 @@
 // The multi-node agent: rendezvous, the attempt loop, restart rounds, the exit barrier.
 #include "launch/node_agent.h"
+#include "launch/snapshot_agent_launch.h"
 
 #include <arpa/inet.h>
 #include <unistd.h>
@@ -205,6 +206,9 @@ class NodeAgent {
   EpochNotice notice_of(const comm::Membership& next, int node_index);
   void make_scratch();
   void serve_while_others_run();
+  // The node's snapshot agent (snapshot.every > 0): started once the node has its index,
+  // restarted when it dies, finished when the job ends well here, stopped otherwise.
+  std::unique_ptr<SnapshotAgentProcess> snapshots_;
 };
 
 // torchrun's rule: on the endpoint's machine the first agent to bind the port hosts the
@@ -560,6 +564,8 @@ void NodeAgent::mark_exited(int rc) {
 // away, and returns `rc`.
 int NodeAgent::finish(int rc, const std::string& verdict, bool close, const std::string& reason) {
   if (!verdict.empty()) std::fprintf(stderr, "weft run: failed: %s\n", verdict.c_str());
+  if (snapshots_ && rc == 0) snapshots_->finish();
+  else if (snapshots_) snapshots_->stop();  // a failed job keeps its snapshots for a restart
   try {
     if (rc != 0 && close) rdzv_->close(str("node ", me_, ": ", reason.empty() ? verdict : reason));
   } catch (const std::exception&) {
@@ -604,6 +610,11 @@ int NodeAgent::run() {
   std::fflush(stderr);
 
   if (!token_.empty()) ::setenv("WEFT_JOB_TOKEN", token_.c_str(), 1);
+  try {
+    snapshots_ = start_snapshot_agent(so_.command, so_.run_id, static_ ? o_.node_rank : m.index);
+  } catch (const std::exception& e) {
+    return finish(1, e.what(), true);
+  }
   so_.monitor_interval_s = o_.monitor_interval;
   so_.settle_s = seconds(ro_.heartbeat_timeout) + 2 * seconds(ro_.poll_interval) + 1;
   so_.max_restarts = o_.max_restarts;
@@ -637,13 +648,18 @@ int NodeAgent::run() {
                     true);
     }
     stop_ = Stop{};
-    so_.monitor = [&] { return monitor(current_, round); };
+    if (snapshots_) snapshots_->keep_alive();
+    so_.monitor = [&] {
+      if (snapshots_) snapshots_->keep_alive();
+      return monitor(current_, round);
+    };
     const Outcome out = supervise(so_);
     m = current_;  // the epoch the workers ended in (later than the attempt's when live)
 
     if (leaving_ && out.end == Outcome::End::kSucceeded) {
       std::fprintf(stderr, "weft run: node %s left the job; its workers handed their state over\n",
                    me_.c_str());
+      if (snapshots_) snapshots_->stop();
       serve_while_others_run();
       return 0;
     }

@@ -1,0 +1,125 @@
+// In-memory snapshots, the protocol between a worker and its node's snapshot agent
+// (launch/snapshot_agent.h, issue 15): a Unix domain socket (path in WEFT_SNAPSHOT_SOCKET),
+// one JSON object per line, each request answered by one reply line. Every reply has "ok";
+// a refusal has "error" and, when the user's job file must change, "field" (the YAML key).
+//
+//   {"op":"reserve","job":J,"node":N,"epoch":E,"ranks":[{"rank":r,"world":w,"bytes":B},...],
+//    "parity_bytes":P}
+//     -> {"ok":true,"segments":[name per rank, in request order]}
+//     -> {"ok":false,"field":"snapshot.every","error":"...sizes, free memory, the fix"}
+//   The agent creates each missing segment (SnapshotSegment::create, kind kData, payload of
+//   up to B bytes per slot, owned by the agent) after checking that two slots per new rank
+//   plus two slots of P parity bytes fit in the node's free memory. Idempotent: a segment
+//   that exists with enough capacity is returned as is (a worker restarted after a crash
+//   finds its snapshot). One reserve should name every rank of the node in that epoch
+//   (see committed). `node` is the node's index in epoch E's membership.
+//   {"op":"committed","name":S,"step":s} -> {"ok":true,"step":newest committed step}
+//     The worker committed `name` (SnapshotSegment::commit). Once every segment the agent
+//     holds for epoch E has a committed slot, it unlinks the node's segments of older
+//     epochs: a resize never leaves the node without one complete snapshot. The commit is
+//     then handed to the agent's background "on committed" stage (replica push, EC encode).
+//   {"op":"list"} -> {"ok":true,"segments":[{"name","epoch","rank","capacity","owner_pid",
+//                     "committed":{meta} (absent while nothing was committed)},...]}
+//   {"op":"finish","job":J} -> {"ok":true,"removed":[names]}; then the agent exits 0.
+//     The job ended well: every segment of J on this node is unlinked.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/snapshot_segment.h"
+
+namespace weft::checkpoint {
+
+// The environment variable that gives a worker its node agent's socket (set by weft run).
+inline constexpr const char* kSnapshotSocketVar = "WEFT_SNAPSHOT_SOCKET";
+// The longest request or reply line either side accepts (a list of a few thousand segments).
+inline constexpr size_t kSnapshotMaxLineBytes = size_t(4) << 20;
+
+// One rank's segment in a reserve: its place in epoch E's world and its payload bytes.
+struct RankSlot {
+  int rank = -1, world = 0;
+  int64_t bytes = 0;
+};
+
+struct Reservation {
+  std::string job;  // 16 hex digits (checkpoint/job_id.h)
+  int node = 0;
+  int64_t epoch = 0;
+  std::vector<RankSlot> ranks;
+  int64_t parity_bytes = 0;  // parity or replicas this node will hold (counted, not created yet)
+};
+
+// A segment the agent holds, as `list` reports it.
+struct SegmentInfo {
+  std::string name;
+  int64_t epoch = 0;
+  int rank = -1;
+  int64_t capacity = 0;  // payload bytes per slot
+  int owner_pid = 0;
+  std::optional<SnapshotMeta> committed;  // the newest committed slot's meta
+};
+
+// JSON forms shared by the agent and the client. The *_from_json functions throw
+// std::invalid_argument naming the missing or mistyped field.
+nlohmann::json to_json(const Reservation& r);
+Reservation reservation_from_json(const nlohmann::json& j);
+nlohmann::json to_json(const SnapshotMeta& m);  // layout_hash as 16 hex digits
+SnapshotMeta meta_from_json(const nlohmann::json& j);
+nlohmann::json to_json(const SegmentInfo& s);
+SegmentInfo segment_info_from_json(const nlohmann::json& j);
+
+// The per-call timeout of clients: WEFT_SNAPSHOT_TIMEOUT_MS, default 10000 ms.
+std::chrono::milliseconds default_snapshot_call_timeout();
+
+// A worker's (or a test's) synchronous connection to its node's snapshot agent. Every call
+// sends one request and waits for its reply at most the call's timeout: a hung, stopped or
+// dead agent is an IoError the caller handles (training must not wait on it); the
+// connection is then closed and the next call connects again (to a restarted agent).
+// One thread at a time; not copyable.
+class SnapshotAgentClient {
+ public:
+  // `timeout` bounds each call (connecting included); `reserve_timeout` bounds segment(),
+  // where the agent allocates the segments' memory (about a second per few GB).
+  explicit SnapshotAgentClient(
+      std::chrono::milliseconds timeout = default_snapshot_call_timeout(),
+      std::chrono::milliseconds reserve_timeout = std::chrono::milliseconds(120000));
+  ~SnapshotAgentClient();
+  SnapshotAgentClient(const SnapshotAgentClient&) = delete;
+  SnapshotAgentClient& operator=(const SnapshotAgentClient&) = delete;
+
+  // Connects to the agent at `path`, retrying while nothing listens there yet (an agent
+  // starting or being restarted) until the timeout; IoError naming the path after it.
+  void connect(const std::string& path);
+  const std::string& path() const { return path_; }
+
+  // reserve: the segment names, one per rank of `r` in its order. ConfigError(field, the
+  // agent's message) when the agent refuses because the job does not fit (snapshot.every);
+  // IoError for any other refusal and for a transport failure or timeout.
+  std::vector<std::string> segment(const Reservation& r);
+  // committed: returns the segment's newest committed step as the agent read it.
+  int64_t committed(const std::string& name, int64_t step);
+  std::vector<SegmentInfo> list();
+  // finish: the names the agent removed; the agent exits after replying.
+  std::vector<std::string> finish(const std::string& job);
+
+  // One raw request: the reply object (ok or not). IoError on transport failure, timeout,
+  // or a reply that is not a JSON object.
+  nlohmann::json call(const nlohmann::json& request, std::chrono::milliseconds timeout);
+
+ private:
+  struct Io;
+  std::unique_ptr<Io> io_;
+  std::string path_;
+  std::chrono::milliseconds timeout_, reserve_timeout_;
+  void connect_by(std::chrono::steady_clock::time_point deadline);
+  // A refusal as an exception: ConfigError when the reply names a field, else IoError.
+  nlohmann::json checked(const nlohmann::json& request, std::chrono::milliseconds timeout);
+};
+
+}  // namespace weft::checkpoint

@@ -1,0 +1,647 @@
+// The snapshot agent: lock, adoption, clean-up of abandoned jobs, the Asio line server, the
+// reserve memory check, epoch retirement on commit, and the background "on committed" stage.
+#include "launch/snapshot_agent.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/read_until.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/streambuf.hpp>
+#include <boost/asio/write.hpp>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "base/check.h"
+#include "base/error.h"
+#include "checkpoint/snapshot_protocol.h"
+#include "launch/args.h"
+#include "launch/commands.h"
+
+namespace weft::launch {
+
+namespace asio = boost::asio;
+namespace ckpt = checkpoint;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Local = asio::local::stream_protocol;
+
+namespace {
+
+void say(const std::string& line) {
+  std::string out = "[snapshot-agent] " + line + "\n";
+  (void)!::write(2, out.data(), out.size());  // one write per line: lines never interleave
+}
+
+std::string bytes_text(double b) {
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (b >= 1024 && u < 5) b /= 1024, ++u;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, unit[u]);
+  return buf;
+}
+
+std::string shm_path(const std::string& name) {
+  return "/dev/shm/" + (name.starts_with("/") ? name.substr(1) : name);
+}
+
+// The agent lock of a job on a node: held (flock) by its live agent.
+std::string lock_path(const std::string& job, int node) {
+  return "/dev/shm/weft-agent-" + job + "-n" + std::to_string(node) + ".lock";
+}
+
+// Removes the lock files of `job` nobody holds (its agents are gone).
+void remove_stale_locks(const std::string& job) {
+  std::error_code ec;
+  const std::string prefix = "weft-agent-" + job + "-n";
+  for (const fs::directory_entry& e : fs::directory_iterator("/dev/shm", ec)) {
+    if (!e.path().filename().string().starts_with(prefix)) continue;
+    int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) ::unlink(e.path().c_str());
+    ::close(fd);
+  }
+}
+
+// Pages of a segment not yet backed by memory: promised, but not counted as used by
+// MemAvailable or by /dev/shm's statvfs.
+int64_t untouched_bytes(const std::string& name) {
+  struct stat st {};
+  if (::stat(shm_path(name).c_str(), &st) != 0) return 0;
+  return std::max<int64_t>(0, int64_t(st.st_size) - int64_t(st.st_blocks) * 512);
+}
+
+// The bytes a segment of `capacity` takes: a header page, then two slots of a header page,
+// one crc32c per block and the payload. An estimate for the check (the segment's own
+// layout may differ by a few pages); the real size is allocated right after create().
+double segment_bytes(int64_t capacity) {
+  const double blocks =
+      double((capacity + ckpt::kSnapshotBlockBytes - 1) / ckpt::kSnapshotBlockBytes);
+  return 4096 + 2 * (4096 + 4 * blocks + double(capacity));
+}
+
+// The largest payload a reserve may ask for per rank; anything above is refused by the
+// memory check anyway, and this keeps the arithmetic far from overflow.
+constexpr int64_t kMaxRankBytes = int64_t(1) << 50;
+
+// ---- the "on committed" stage ----------------------------------------------------------
+
+class CommittedStage {
+ public:
+  explicit CommittedStage(CommittedHandler h)
+      : handler_(std::move(h)), thread_([this] { loop(); }) {}
+  ~CommittedStage() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // Queues a commit; an event of the same segment still waiting is replaced (the stage
+  // only ever needs the newest snapshot of a segment).
+  void post(CommittedEvent e) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto same = std::find_if(queue_.begin(), queue_.end(),
+                               [&](const CommittedEvent& x) { return x.name == e.name; });
+      if (same != queue_.end())
+        *same = std::move(e);
+      else
+        queue_.push_back(std::move(e));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;  // what is queued is dropped: the segments stay for a restart
+      CommittedEvent e = std::move(queue_.front());
+      queue_.pop_front();
+      l.unlock();
+      if (!handler_) continue;
+      try {
+        handler_(e);
+      } catch (const std::exception& x) {
+        say(str("on-committed stage failed for ", e.name, " step ", e.meta.step, ": ", x.what()));
+      }
+    }
+  }
+  CommittedHandler handler_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<CommittedEvent> queue_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+// ---- the agent -------------------------------------------------------------------------
+
+struct Owned {
+  std::shared_ptr<ckpt::SnapshotSegment> segment;
+  int64_t epoch = 0;
+  int rank = -1;
+  int64_t commits = 0;     // `committed` messages since the agent started
+  int64_t last_step = -1;  // the step of the latest
+};
+
+// Whether a segment holds a readable committed snapshot (an inconsistent one does not).
+bool has_commit(const Owned& x) {
+  try {
+    return x.segment->latest().has_value();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+class Agent {
+ public:
+  Agent(const SnapshotAgentOptions& o, CommittedHandler h)
+      : o_(o), acceptor_(io_), signals_(io_, SIGINT, SIGTERM), stage_(std::move(h)) {}
+  ~Agent();
+  int run();
+
+ private:
+  class Session;
+  void take_lock();
+  void adopt();
+  void remove_abandoned();
+  void listen();
+  void accept();
+  json handle(const std::string& line);
+  json reserve(const ckpt::Reservation& r);
+  json committed(const std::string& name, int64_t step);
+  json list() const;
+  json finish(const std::string& job);
+  void retire_older_than(int64_t epoch, int64_t step);
+  static json refusal(const std::string& error) { return {{"ok", false}, {"error", error}}; }
+
+  const SnapshotAgentOptions o_;
+  asio::io_context io_;
+  Local::acceptor acceptor_;
+  asio::signal_set signals_;
+  std::map<std::string, Owned> owned_;
+  int lock_fd_ = -1;
+  bool listening_ = false;
+  bool finished_ = false;  // `finish` answered: exit once the reply is written
+  CommittedStage stage_;   // last: its thread stops first
+};
+
+// One connection: read a line, answer it, read the next; `finish` stops the agent once its
+// reply is written. A client that goes away just ends its session.
+class Agent::Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(Agent& a, Local::socket s)
+      : agent_(a), sock_(std::move(s)), in_(ckpt::kSnapshotMaxLineBytes) {}
+  void read() {
+    auto self = shared_from_this();
+    asio::async_read_until(sock_, in_, '\n', [self](boost::system::error_code ec, size_t) {
+      if (ec) return;  // closed, or a line over the limit: drop the connection
+      std::istream is(&self->in_);
+      std::string line;
+      std::getline(is, line);
+      self->out_ =
+          self->agent_.handle(line).dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+      const bool last = self->agent_.finished_;
+      asio::async_write(self->sock_, asio::buffer(self->out_),
+                        [self, last](boost::system::error_code wec, size_t) {
+                          if (last)
+                            self->agent_.io_.stop();
+                          else if (!wec)
+                            self->read();
+                        });
+    });
+  }
+
+ private:
+  Agent& agent_;
+  Local::socket sock_;
+  asio::streambuf in_;
+  std::string out_;
+};
+
+void Agent::take_lock() {
+  const std::string path = lock_path(o_.job_id, o_.node);
+  lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd_ < 0)
+    throw IoError(str("snapshot agent: cannot open its lock ", path, ": ", std::strerror(errno)));
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0)
+    throw IoError(str("snapshot agent: another agent serves job ", o_.job_id, " on node ", o_.node,
+                      " (it holds ", path, "); stop it first"));
+}
+
+void Agent::adopt() {
+  for (const std::string& name : ckpt::snapshot_segments(o_.job_id)) {
+    std::optional<ckpt::SegmentName> p = ckpt::parse_segment_name(name);
+    if (!p || p->kind != ckpt::SegmentKind::kData || p->owner_node != o_.node) continue;
+    std::shared_ptr<ckpt::SnapshotSegment> seg;
+    try {
+      seg = std::make_shared<ckpt::SnapshotSegment>(ckpt::SnapshotSegment::open(name, true));
+    } catch (const std::exception& e) {
+      // Not a segment (its creator died before it was one): this job's and node's, so no
+      // other process can be making it now.
+      ckpt::SnapshotSegment::unlink(name);
+      say(str("removed ", name, ": it is not a snapshot segment (", e.what(), ")"));
+      continue;
+    }
+    const int was = seg->owner_pid();
+    seg->set_owner_pid(int(::getpid()));  // live again: not abandoned
+    std::string state;
+    try {
+      std::optional<ckpt::SnapshotSegment::View> v = seg->latest();
+      state = v ? str("committed step ", v->meta.step) : std::string("nothing committed");
+    } catch (const std::exception& e) {  // kept: its other slot may still be read
+      state = str("its newest slot is unreadable: ", e.what());
+    }
+    say(str("adopted ", name, " (epoch ", p->epoch, ", rank ", p->rank, ", ", state,
+            ", left by pid ", was, ")"));
+    owned_[name] = {std::move(seg), p->epoch, p->rank};
+  }
+}
+
+void Agent::remove_abandoned() {
+  std::set<std::string> removed_jobs;
+  for (const std::string& name : ckpt::snapshot_segments()) {
+    std::optional<ckpt::SegmentName> p = ckpt::parse_segment_name(name);
+    if (!p || p->job_id == o_.job_id) continue;
+    int owner = 0;
+    try {
+      ckpt::SnapshotSegment seg = ckpt::SnapshotSegment::open(name, false);
+      if (!seg.owner_gone()) continue;  // alive, or in another pid namespace: not ours to judge
+      owner = seg.owner_pid();
+    } catch (const std::exception&) {
+      continue;  // not readable (perhaps being created)
+    }
+    ckpt::SnapshotSegment::unlink(name);
+    removed_jobs.insert(p->job_id);
+    say(str("removed ", name, ": abandoned (job ", p->job_id, ": its owner, pid ", owner,
+            ", is gone)"));
+  }
+  for (const std::string& job : removed_jobs) remove_stale_locks(job);
+}
+
+void Agent::listen() {
+  const std::string& path = o_.socket;
+  if (path.size() >= sizeof(sockaddr_un{}.sun_path))
+    throw ConfigError("--socket",
+                      str("the path is ", path.size(), " bytes; a Unix socket path must be under ",
+                          sizeof(sockaddr_un{}.sun_path)));
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode))
+      throw IoError(str("snapshot agent: ", path, " exists and is not a socket"));
+    // A socket file: alive if something accepts on it; a leftover of a killed agent if not.
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::memcpy(a.sun_path, path.c_str(), path.size());
+    const bool alive = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (alive) throw IoError(str("snapshot agent: another process serves ", path));
+    ::unlink(path.c_str());
+  }
+  acceptor_.open(Local());
+  acceptor_.bind(Local::endpoint(path));
+  acceptor_.listen();
+  listening_ = true;
+}
+
+void Agent::accept() {
+  acceptor_.async_accept([this](boost::system::error_code ec, Local::socket s) {
+    if (ec) return;  // the acceptor was closed: the agent stops
+    std::make_shared<Session>(*this, std::move(s))->read();
+    accept();
+  });
+}
+
+json Agent::handle(const std::string& line) {
+  json req;
+  try {
+    req = json::parse(line);
+  } catch (const std::exception& e) {
+    return refusal(str("bad request: not JSON (", e.what(), ")"));
+  }
+  const std::string op = req.is_object() ? req.value("op", std::string()) : std::string();
+  if (finished_)
+    return refusal("the agent is finishing (the job ended); it serves no more requests");
+  try {
+    if (op == "reserve") return reserve(ckpt::reservation_from_json(req));
+    if (op == "committed") {
+      if (!req.contains("name") || !req["name"].is_string() || !req.contains("step") ||
+          !req["step"].is_number_integer())
+        return refusal("bad request: committed needs \"name\" (string) and \"step\" (integer)");
+      return committed(req["name"].get<std::string>(), req["step"].get<int64_t>());
+    }
+    if (op == "list") return list();
+    if (op == "finish") {
+      if (!req.contains("job") || !req["job"].is_string())
+        return refusal("bad request: finish needs \"job\"");
+      return finish(req["job"].get<std::string>());
+    }
+    return refusal("bad request: unknown op '" + op + "' (reserve, committed, list, finish)");
+  } catch (const std::invalid_argument& e) {
+    return refusal(str("bad request: ", op, ": ", e.what()));
+  } catch (const std::exception& e) {
+    say(str(op, " failed: ", e.what()));
+    return refusal(e.what());
+  }
+}
+
+json Agent::reserve(const ckpt::Reservation& r) {
+  if (r.job != o_.job_id) return refusal(str("this agent serves job ", o_.job_id, ", not ", r.job));
+  if (r.ranks.empty()) return refusal("bad request: reserve names no ranks");
+  if (r.node < 0 || r.epoch < 0 || r.parity_bytes < 0 || r.parity_bytes > kMaxRankBytes)
+    return refusal("bad request: node, epoch and parity_bytes must be >= 0 (parity at most 2^50)");
+  std::set<int> seen;
+  std::vector<std::string> names;
+  std::vector<std::pair<std::string, int64_t>> fresh;  // to create: name, capacity
+  double need = 2 * double(r.parity_bytes);
+  std::string ranks_text;
+  for (const ckpt::RankSlot& s : r.ranks) {
+    if (s.world <= 0 || s.rank < 0 || s.rank >= s.world || !seen.insert(s.rank).second)
+      return refusal(str("bad request: rank ", s.rank, " of world ", s.world,
+                         " (each rank once, 0 <= rank < world)"));
+    if (s.bytes <= 0)
+      return refusal(str("bad request: rank ", s.rank, " asks for ", s.bytes, " bytes"));
+    const std::string name =
+        ckpt::segment_name(r.job, ckpt::SegmentKind::kData, r.node, r.epoch, s.rank);
+    names.push_back(name);
+    auto it = owned_.find(name);
+    if (it == owned_.end() && fs::exists(shm_path(name))) {  // made under another node index
+      auto seg = std::make_shared<ckpt::SnapshotSegment>(ckpt::SnapshotSegment::open(name, true));
+      seg->set_owner_pid(int(::getpid()));
+      say(str("adopted ", name, " (named by a reserve)"));
+      it = owned_.emplace(name, Owned{std::move(seg), r.epoch, s.rank}).first;
+    }
+    if (it != owned_.end()) {
+      if (it->second.segment->capacity() < s.bytes)
+        return refusal(
+            str(name, " exists with ", it->second.segment->capacity(),
+                " bytes per slot, fewer than the ", s.bytes,
+                " asked for; it holds a snapshot "
+                "of an earlier layout, so it is kept: remove it with `weft snapshot clean` "
+                "if that snapshot is not needed"));
+      continue;
+    }
+    if (s.bytes > kMaxRankBytes) {
+      need = 1e30;  // refused below with the sizes named
+    }
+    need += segment_bytes(s.bytes);
+    fresh.push_back({name, s.bytes});
+    ranks_text += (ranks_text.empty() ? "" : ", ") + std::to_string(s.rank) + " (" +
+                  bytes_text(double(s.bytes)) + ")";
+  }
+  if (!fresh.empty() || r.parity_bytes > 0) {
+    const NodeMemory m = read_node_memory();
+    int64_t promised = 0;
+    for (const auto& [name, x] : owned_) promised += untouched_bytes(name);
+    const int64_t margin = snapshot_memory_margin(m);
+    const double room = double(std::min(m.available, m.shm_free) - promised - margin);
+    if (need > room) {
+      std::string sizes =
+          need >= 1e29 ? std::string("more than 2^50 bytes per rank") : bytes_text(need);
+      std::string msg = str(
+          "in-memory snapshots do not fit on node ", r.node, ": the snapshots of epoch ", r.epoch,
+          (fresh.empty() ? std::string() : ", rank(s) " + ranks_text), ", two slots each",
+          r.parity_bytes > 0
+              ? str(", plus two slots of ", bytes_text(double(r.parity_bytes)), " of parity")
+              : "",
+          ", need ", sizes, " of shared memory, but this node can give ",
+          bytes_text(std::max(0.0, room)), " (MemAvailable ", bytes_text(double(m.available)),
+          ", /dev/shm free ", bytes_text(double(m.shm_free)), ", less ",
+          bytes_text(double(promised)),
+          " promised to snapshot segments not yet written and a margin of ",
+          bytes_text(double(margin)),
+          "); set snapshot.every: 0 (no in-memory snapshots), spread the job over "
+          "more nodes (each rank's share shrinks), or free memory (/dev/shm's size= mount option "
+          "caps it)");
+      say("refused a reserve: " + msg);
+      return {{"ok", false}, {"field", "snapshot.every"}, {"error", msg}};
+    }
+  }
+  std::vector<std::string> made;
+  try {
+    for (const auto& [name, capacity] : fresh) {
+      // create() allocates every page (a full /dev/shm fails here, not with a SIGBUS in a
+      // worker mid-step) and leaves nothing behind when it fails.
+      std::shared_ptr<ckpt::SnapshotSegment> seg;
+      try {
+        seg = std::make_shared<ckpt::SnapshotSegment>(
+            ckpt::SnapshotSegment::create(name, capacity, int(::getpid())));
+      } catch (const IoError& e) {
+        if (fs::exists(shm_path(name))) throw;  // made meanwhile by someone else
+        throw ConfigError("snapshot.every",
+                          str(e.what(),
+                              "; the node's shared memory is full: set snapshot.every: "
+                              "0, spread the job over more nodes, or free memory"));
+      }
+      made.push_back(name);
+      const auto parts = ckpt::parse_segment_name(name);
+      owned_[name] = {std::move(seg), r.epoch, parts ? parts->rank : -1};
+      struct stat st {};
+      ::stat(shm_path(name).c_str(), &st);
+      say(str("reserved ", name, ": two slots of ", bytes_text(double(capacity)), " (",
+              bytes_text(double(st.st_size)), " of shared memory)"));
+    }
+  } catch (const std::exception& e) {
+    for (const std::string& name : made) {  // all or nothing
+      ckpt::SnapshotSegment::unlink(name);
+      owned_.erase(name);
+    }
+    say(str("reserve failed: ", e.what()));
+    if (auto* c = dynamic_cast<const ConfigError*>(&e))
+      return {{"ok", false}, {"field", c->field()}, {"error", e.what()}};
+    return refusal(e.what());
+  }
+  return {{"ok", true}, {"segments", names}};
+}
+
+json Agent::committed(const std::string& name, int64_t step) {
+  auto it = owned_.find(name);
+  if (it == owned_.end())
+    return refusal(name + " is not a segment this agent holds (reserve it first)");
+  std::optional<ckpt::SnapshotSegment::View> v = it->second.segment->latest();
+  if (!v) return refusal(name + " has no committed slot: commit() before sending committed");
+  // The first commit of a segment is an event; so is a step going back (a restarted job
+  // writing again from an older step). Every commit at snapshot.every: 1 would be a line
+  // per step and rank: `list` shows the newest instead.
+  Owned& x = it->second;
+  if (x.commits++ == 0 || v->meta.step < x.last_step || v->meta.step != step)
+    say(str("committed ", name, ": step ", v->meta.step, " (epoch ", v->meta.epoch, ", rank ",
+            v->meta.rank, ", ", bytes_text(double(v->meta.payload_bytes)), ", sequence ",
+            v->meta.sequence, ")", x.commits == 1 ? "; later commits are not logged" : "",
+            v->meta.step != step ? str("; the worker said step ", step) : std::string()));
+  x.last_step = v->meta.step;
+  const int64_t epoch = x.epoch;
+  stage_.post({name, it->second.segment, v->meta});
+  retire_older_than(epoch, v->meta.step);
+  return {{"ok", true}, {"step", v->meta.step}};
+}
+
+// Once every segment of `epoch` here has a committed slot, the older epochs' segments are
+// no longer this node's only complete snapshot: unlink them (a resize's old world).
+void Agent::retire_older_than(int64_t epoch, int64_t step) {
+  bool older = false;
+  for (const auto& [name, x] : owned_) {
+    if (x.epoch == epoch && !has_commit(x)) return;  // the newer epoch is not complete
+    older = older || x.epoch < epoch;
+  }
+  if (!older) return;
+  for (auto it = owned_.begin(); it != owned_.end();) {
+    if (it->second.epoch >= epoch) {
+      ++it;
+      continue;
+    }
+    ckpt::SnapshotSegment::unlink(it->first);
+    say(str("removed ", it->first, ": epoch ", it->second.epoch, " is superseded by epoch ", epoch,
+            ", complete here at step ", step));
+    it = owned_.erase(it);
+  }
+}
+
+json Agent::list() const {
+  json segments = json::array();
+  for (const auto& [name, x] : owned_) {
+    ckpt::SegmentInfo s{name,        x.epoch, x.rank, x.segment->capacity(), x.segment->owner_pid(),
+                        std::nullopt};
+    try {
+      if (std::optional<ckpt::SnapshotSegment::View> v = x.segment->latest()) s.committed = v->meta;
+    } catch (const std::exception&) {
+      // An inconsistent newest slot: listed as holding nothing (`weft snapshot verify` says why).
+    }
+    segments.push_back(ckpt::to_json(s));
+  }
+  return {{"ok", true}, {"segments", segments}};
+}
+
+json Agent::finish(const std::string& job) {
+  if (job != o_.job_id) return refusal(str("this agent serves job ", o_.job_id, ", not ", job));
+  std::set<std::string> names;
+  for (const auto& [name, x] : owned_) names.insert(name);
+  for (const std::string& name : ckpt::snapshot_segments(o_.job_id)) names.insert(name);
+  for (const std::string& name : names) ckpt::SnapshotSegment::unlink(name);
+  owned_.clear();
+  say(str("finish: job ", job, " ended well; removed its ", names.size(), " segment(s); exiting"));
+  finished_ = true;
+  return {{"ok", true}, {"removed", std::vector<std::string>(names.begin(), names.end())}};
+}
+
+int Agent::run() {
+  take_lock();
+  adopt();
+  remove_abandoned();
+  listen();
+  signals_.async_wait([this](boost::system::error_code ec, int sig) {
+    if (ec) return;
+    say(str("got ", sig == SIGINT ? "SIGINT" : "SIGTERM", ": stopping; ", owned_.size(),
+            " segment(s) kept for a restart"));
+    io_.stop();
+  });
+  accept();
+  say(str("serving job ", o_.job_id, " node ", o_.node, " at ", o_.socket, " (pid ", ::getpid(),
+          ", ", owned_.size(), " segment(s) adopted)"));
+  io_.run();
+  return 0;
+}
+
+Agent::~Agent() {
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  if (listening_) ::unlink(o_.socket.c_str());
+  if (lock_fd_ >= 0) {
+    ::unlink(lock_path(o_.job_id, o_.node).c_str());  // before the unlock: no window unlocked
+    ::close(lock_fd_);
+  }
+}
+
+constexpr const char* kHelp = R"(usage: weft snapshot-agent --job ID --node N --socket PATH
+
+The node's in-memory snapshot agent (weft run starts one per node for jobs with
+snapshot.every > 0; it can also run alone). It owns the job's shared-memory segments
+(/dev/shm/weft-snap-ID-*), so that they survive the workers; workers talk to it over the
+Unix socket PATH (WEFT_SNAPSHOT_SOCKET), one JSON request per line.
+
+  --job ID       the job id (16 hex digits; weft run: from the run id)
+  --node N       this node's index (segment names; which segments a restart adopts)
+  --socket PATH  the Unix socket to serve
+
+At start it adopts the job's segments of this node and removes those of abandoned jobs.
+SIGTERM or SIGINT: exit 0 keeping the segments; the request `finish` removes them.
+)";
+
+}  // namespace
+
+NodeMemory read_node_memory() {
+  NodeMemory m;
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib) {
+    std::getline(in, unit);
+    if (key == "MemTotal:") m.total = kib * 1024;
+    if (key == "MemAvailable:") m.available = kib * 1024;
+  }
+  struct statvfs sv {};
+  if (::statvfs("/dev/shm", &sv) == 0) m.shm_free = int64_t(sv.f_bavail) * int64_t(sv.f_frsize);
+  return m;
+}
+
+// 5% of the node's memory, at least 256 MiB. The check runs while the workers are still
+// starting: they keep growing after it (activation peaks, the data file's page cache), and
+// the kernel reclaims and the OOM killer acts near its low watermarks (min_free_kbytes, well
+// under 1% of memory). A snapshot must never be what pushes the node over; the workers' own
+// peak is the worker's check (planner/memory_estimate, WEFT_MEMORY_GIB), not this one.
+int64_t snapshot_memory_margin(const NodeMemory& m) {
+  return std::max<int64_t>(int64_t(256) << 20, m.total / 20);
+}
+
+int run_snapshot_agent(const SnapshotAgentOptions& o, CommittedHandler on_committed) {
+  std::signal(SIGPIPE, SIG_IGN);
+  Agent agent(o, std::move(on_committed));
+  return agent.run();
+}
+
+int cmd_snapshot_agent(const std::vector<std::string>& argv) {
+  Args args(argv, {"--job", "--node", "--socket"}, {"--help"});
+  if (args.flag("--help")) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  SnapshotAgentOptions o;
+  o.job_id = args.required("--job");
+  if (!ckpt::valid_job_id(o.job_id))
+    throw ConfigError("--job",
+                      "must be 16 lowercase hex digits (a job id), got '" + o.job_id + "'");
+  o.node = int(args.get_int("--node", -1));
+  if (!args.has("--node") || o.node < 0)
+    throw ConfigError("--node", "is required and must be >= 0");
+  o.socket = args.required("--socket");
+  return run_snapshot_agent(o);
+}
+
+}  // namespace weft::launch

@@ -1,0 +1,57 @@
+// `weft snapshot-agent --job ID --node N --socket PATH`: the process on each node that owns
+// the in-memory snapshot segments of a job (checkpoint/snapshot_segment.h, issue 15; REFT's
+// snapshot management process), so that a trainer crash or a kill -9 of every worker on
+// the node loses nothing. Workers reserve, commit and list segments over the line protocol
+// of checkpoint/snapshot_protocol.h.
+//
+// At start it takes the agent lock of the job and node (/dev/shm/weft-agent-<job>-n<node>.lock,
+// flock: never two agents for one job and node), adopts the job's data segments of this
+// node that exist (a restarted agent: they keep their data; it becomes their owner), and
+// removes the segments of any other job that is abandoned (their owner process is gone). It logs
+// one line per event to stderr, prefixed
+// "[snapshot-agent]". SIGTERM/SIGINT: it stops serving and exits 0, keeping the segments
+// (the job may restart it); `finish` removes the job's segments and it exits 0.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "checkpoint/snapshot_segment.h"
+
+namespace weft::launch {
+
+struct SnapshotAgentOptions {
+  std::string job_id;  // 16 hex digits
+  int node = 0;        // the node's index when the agent starts (segment names, adoption)
+  std::string socket;  // the Unix socket it serves
+};
+
+// What the agent's background "on committed" stage receives for each commit a worker
+// reported: the segment (kept mapped while the stage holds it, even once unlinked) and its
+// newest committed meta. The stage is where replica push and EC encode plug in; a stage
+// that falls behind sees only the newest commit of each segment.
+struct CommittedEvent {
+  std::string name;
+  std::shared_ptr<const checkpoint::SnapshotSegment> segment;
+  checkpoint::SnapshotMeta meta;
+};
+using CommittedHandler = std::function<void(const CommittedEvent&)>;
+
+// Serves until SIGTERM/SIGINT or `finish`; returns the exit code (0). `on_committed` runs on
+// the stage's thread, one event at a time (none: the stage only drains). Throws IoError when
+// the socket or the lock cannot be taken (another agent serves this job and node).
+int run_snapshot_agent(const SnapshotAgentOptions& o, CommittedHandler on_committed = {});
+
+// The memory a node can give to new snapshot segments, for reserve's check.
+struct NodeMemory {
+  int64_t total = 0;      // MemTotal
+  int64_t available = 0;  // MemAvailable
+  int64_t shm_free = 0;   // free bytes of /dev/shm (statvfs)
+};
+NodeMemory read_node_memory();
+// The margin kept free: 5% of MemTotal, at least 256 MiB (see snapshot_agent.cc).
+int64_t snapshot_memory_margin(const NodeMemory& m);
+
+}  // namespace weft::launch

@@ -1,0 +1,250 @@
+// Starting, watching, restarting, finishing and stopping the node's snapshot agent for
+// weft run (standalone and multi-node alike).
+#include "launch/snapshot_agent_launch.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "base/check.h"
+#include "base/error.h"
+#include "checkpoint/job_id.h"
+#include "checkpoint/snapshot_protocol.h"
+#include "core/config/job_spec.h"
+#include "launch/args.h"
+
+namespace weft::launch {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string self_exe() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0)
+    throw IoError(
+        "weft run: cannot find its own binary (/proc/self/exe) to start the snapshot agent");
+  buf[n] = 0;
+  return buf;
+}
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return std::string("was killed by signal ") + ::strsignal(WTERMSIG(status));
+  return "ended";
+}
+
+std::string socket_path(const std::string& job, int node) {
+  const std::string file = "weft-snapshot-" + job + "-n" + std::to_string(node) + ".sock";
+  std::error_code ec;
+  std::string dir = fs::temp_directory_path(ec).string();
+  std::string path = (fs::path(ec ? "/tmp" : dir) / file).string();
+  // A Unix socket path has at most 107 bytes: a long TMPDIR falls back to /tmp.
+  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) path = "/tmp/" + file;
+  return path;
+}
+
+}  // namespace
+
+std::optional<SnapshotAgentPlan> snapshot_agent_plan(const std::vector<std::string>& command,
+                                                     const std::string& run_id, int node) {
+  if (command.size() < 2 || fs::path(command[0]).filename() != "weft" || command[1] != "train")
+    return std::nullopt;
+  try {
+    // weft train's own options (launch/cmd_train.cc), so that its arguments read the same.
+    Args args(std::vector<std::string>(command.begin() + 2, command.end()),
+              {"--config", "--set", "--init-weights", "--save-weights", "--metrics", "--resume"},
+              {"--help"});
+    if (args.flag("--help") || !args.has("--config")) return std::nullopt;
+    core::JobSpec spec = core::load_job_spec(args.get("--config"), args.all("--set"));
+    if (spec.snapshot.every <= 0) return std::nullopt;
+  } catch (const std::exception&) {
+    return std::nullopt;  // the worker says what is wrong, with its exit code
+  }
+  SnapshotAgentPlan p;
+  p.job_id = checkpoint::job_id_for_run(run_id);
+  p.node = node;
+  p.socket = socket_path(p.job_id, node);
+  return p;
+}
+
+SnapshotAgentProcess::SnapshotAgentProcess(SnapshotAgentPlan plan) : plan_(std::move(plan)) {
+  ::setenv(checkpoint::kSnapshotSocketVar, plan_.socket.c_str(), 1);
+  spawn();
+  if (!wait_ready(10)) {
+    stop();
+    throw IoError(str("weft run: the snapshot agent for job ", plan_.job_id,
+                      " did not start (its error above); "
+                      "set snapshot.every: 0 to run without in-memory snapshots"));
+  }
+}
+
+SnapshotAgentProcess::~SnapshotAgentProcess() {
+  try {
+    stop();
+  } catch (...) {
+  }
+}
+
+void SnapshotAgentProcess::spawn() {
+  // Everything the child needs is built before fork: after it, only async-signal-safe calls.
+  std::vector<std::string> args = {self_exe(),   "snapshot-agent", "--job",
+                                   plan_.job_id, "--node",         std::to_string(plan_.node),
+                                   "--socket",   plan_.socket};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const long max_fd = std::min(::sysconf(_SC_OPEN_MAX), 65536L);  // close_range's fallback
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0)
+    throw IoError(str("weft run: cannot fork the snapshot agent: ", std::strerror(errno)));
+  if (pid == 0) {
+    ::setpgid(0, 0);  // out of weft run's group: a Ctrl-C is weft run's to act on
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // weft run gone: exit, keeping the segments
+    if (::getppid() != parent) ::_exit(1);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGHUP}) ::signal(s, SIG_DFL);
+    int null = ::open("/dev/null", O_RDONLY);
+    if (null >= 0) ::dup2(null, 0);
+    // The store's sockets, the workers' pipes: none of them is the agent's to hold open.
+    bool closed = false;
+#ifdef SYS_close_range
+    closed = ::syscall(SYS_close_range, 3U, ~0U, 0) == 0;
+#endif
+    for (long fd = 3; !closed && fd < max_fd; ++fd) ::close(int(fd));
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);
+  pid_ = pid;
+  started_s_ = now_s();
+  std::fprintf(stderr,
+               "weft run: started the snapshot agent (pid %d) for job %s on node %d at %s\n",
+               int(pid), plan_.job_id.c_str(), plan_.node, plan_.socket.c_str());
+}
+
+bool SnapshotAgentProcess::wait_ready(double seconds) {
+  const double until = now_s() + seconds;
+  checkpoint::SnapshotAgentClient client(std::chrono::milliseconds(200));
+  while (now_s() < until) {
+    if (reap(false)) return false;
+    try {
+      client.connect(plan_.socket);
+      return true;
+    } catch (const IoError&) {
+    }
+  }
+  return false;
+}
+
+bool SnapshotAgentProcess::reap(bool block) {
+  if (pid_ <= 0) return true;
+  int status = 0;
+  pid_t r;
+  do r = ::waitpid(pid_, &status, block ? 0 : WNOHANG);
+  while (r < 0 && errno == EINTR);
+  if (r == 0) return false;
+  if (r == pid_)
+    std::fprintf(stderr, "weft run: the snapshot agent (pid %d) %s\n", int(pid_),
+                 describe(status).c_str());
+  pid_ = -1;
+  return true;
+}
+
+void SnapshotAgentProcess::keep_alive() {
+  if (given_up_ || !reap(false)) return;
+  quick_deaths_ = now_s() - started_s_ < 2 ? quick_deaths_ + 1 : 0;
+  if (quick_deaths_ >= 3) {
+    given_up_ = true;
+    std::fprintf(
+        stderr,
+        "weft run: the snapshot agent died within 2 s of each of its last 3 starts; not restarting "
+        "it: the workers' snapshot calls fail for the rest of this attempt\n");
+    return;
+  }
+  std::fprintf(stderr, "weft run: restarting the snapshot agent (it adopts its segments)\n");
+  try {
+    spawn();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft run: cannot restart the snapshot agent: %s\n", e.what());
+  }
+}
+
+void SnapshotAgentProcess::finish() {
+  if (pid_ <= 0) {  // died since the last tick: a fresh one adopts the segments to remove
+    given_up_ = false;
+    spawn();
+    if (!wait_ready(10)) {
+      std::fprintf(
+          stderr,
+          "weft run: the snapshot agent did not start to finish the job; its segments stay "
+          "(`weft snapshot clean` removes them)\n");
+      stop();
+      return;
+    }
+  }
+  try {
+    checkpoint::SnapshotAgentClient client(std::chrono::milliseconds(10000));
+    client.connect(plan_.socket);
+    std::vector<std::string> removed = client.finish(plan_.job_id);
+    std::fprintf(stderr,
+                 "weft run: the job ended well; the snapshot agent removed its %zu segment(s)\n",
+                 removed.size());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft run: the snapshot agent did not finish (%s); its segments stay\n",
+                 e.what());
+  }
+  const double until = now_s() + 10;
+  while (!reap(false) && now_s() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  stop();  // only when it did not exit on its own
+}
+
+void SnapshotAgentProcess::stop() {
+  if (pid_ <= 0) return;
+  const pid_t pid = pid_;
+  ::kill(pid, SIGTERM);
+  const double until = now_s() + 5;
+  while (!reap(false) && now_s() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (pid_ > 0) {
+    ::kill(pid, SIGKILL);
+    reap(true);
+  }
+  std::fprintf(
+      stderr,
+      "weft run: stopped the snapshot agent (pid %d); its segments stay for a restart of job %s\n",
+      int(pid), plan_.job_id.c_str());
+}
+
+std::unique_ptr<SnapshotAgentProcess> start_snapshot_agent(const std::vector<std::string>& command,
+                                                           const std::string& run_id, int node) {
+  std::optional<SnapshotAgentPlan> plan = snapshot_agent_plan(command, run_id, node);
+  if (!plan) return nullptr;
+  return std::make_unique<SnapshotAgentProcess>(std::move(*plan));
+}
+
+}  // namespace weft::launch

@@ -1,0 +1,70 @@
+// weft run's side of the node's snapshot agent (launch/snapshot_agent.h): whether a job
+// needs one, and the agent process beside the workers: started before them, restarted
+// when it dies while the job runs, told to `finish` when the job ends well (its segments
+// are removed) and stopped with SIGTERM when it does not (they stay for a restart).
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace weft::launch {
+
+struct SnapshotAgentPlan {
+  std::string job_id;  // checkpoint::job_id_for_run(run id): the workers' job id too
+  int node = 0;
+  std::string socket;  // <tmp>/weft-snapshot-<job id>-n<node>.sock
+};
+
+// The agent the workers of `command` need, or nullopt: the command is `weft train` (its
+// first word's file name is weft) and its job file (--config, with the --set overrides
+// applied by core/config's loader) has snapshot.every > 0. A command whose arguments or
+// job file cannot be read gives nullopt: the worker reports that error itself.
+std::optional<SnapshotAgentPlan> snapshot_agent_plan(const std::vector<std::string>& command,
+                                                     const std::string& run_id, int node);
+
+// One agent process. Not thread-safe: weft run's main thread only (the agent's parent-death
+// signal follows the thread that forked it).
+class SnapshotAgentProcess {
+ public:
+  // Starts `weft snapshot-agent` (this binary) in its own process group, with SIGTERM as
+  // its parent-death signal (it keeps the segments), sets WEFT_SNAPSHOT_SOCKET in this
+  // process's environment for the workers, and waits until it answers. IoError when it
+  // exits or does not answer within 10 s.
+  explicit SnapshotAgentProcess(SnapshotAgentPlan plan);
+  ~SnapshotAgentProcess();  // stop() unless finished; never throws
+  SnapshotAgentProcess(const SnapshotAgentProcess&) = delete;
+  SnapshotAgentProcess& operator=(const SnapshotAgentProcess&) = delete;
+
+  // Reaps the agent if it ended and starts it again (it adopts its segments), saying so on
+  // stderr; after three deaths within 2 s of their start it gives up (said once). Cheap
+  // when it runs: call it at every monitor tick.
+  void keep_alive();
+  // The job ended well: `finish` (the agent removes the job's segments and exits 0), reaped.
+  void finish();
+  // The job failed or was stopped: SIGTERM, SIGKILL after 5 s, reaped; segments stay.
+  void stop();
+
+  const SnapshotAgentPlan& plan() const { return plan_; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  void spawn();
+  bool wait_ready(double seconds);
+  bool reap(bool block);  // true once the agent is reaped (pid_ = -1)
+  SnapshotAgentPlan plan_;
+  pid_t pid_ = -1;
+  double started_s_ = 0;
+  int quick_deaths_ = 0;
+  bool given_up_ = false;
+};
+
+// weft run's entry point: the agent for `command` when it needs one (snapshot_agent_plan),
+// started; nullptr otherwise.
+std::unique_ptr<SnapshotAgentProcess> start_snapshot_agent(const std::vector<std::string>& command,
+                                                           const std::string& run_id, int node);
+
+}  // namespace weft::launch
