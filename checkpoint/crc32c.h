@@ -1,5 +1,6 @@
-// CRC-32C (Castagnoli), the checksum of checkpoint shards: the SSE4.2 crc32 instruction
-// when the CPU has it, else a slicing-by-8 table. Same values as RFC 3720's CRC32C.
+// CRC-32C (Castagnoli), the checksum of checkpoint shards and snapshot blocks: ISA-L's
+// crc32_iscsi from 256 bytes up when the CPU has SSE4.2, below that (or without ISA-L) the
+// crc32 instruction, else a slicing-by-8 table. Same values as RFC 3720's CRC32C.
 #pragma once
 
 #include <cstddef>

@@ -209,7 +209,9 @@ int cmd_train(const std::vector<std::string>& argv) {
   // does a lone rank of a job that may grow live: its world can change under it.
   const bool may_grow_live = spec.elastic.on_change == "reshard" && env.launcher == "weft run" &&
                              !env_string(kEpochFileVar, "").empty();
-  if (env.world > 1 || may_grow_live || env_int("WEFT_PLAN_EXECUTOR", 0) == 1)
+  // In-memory snapshots are taken of the plan executor's state (launch/rank_snapshots.h).
+  if (env.world > 1 || may_grow_live || spec.snapshot.every > 0 ||
+      env_int("WEFT_PLAN_EXECUTOR", 0) == 1)
     return train_ranks(args, spec, env);
   core::cpu::set_num_threads(int(spec.train.threads));
   planner::check_fits_memory(spec, 1, 1);  // before anything is allocated

@@ -8,18 +8,19 @@
 namespace weft::launch {
 
 void refuse_unsupported_job_settings(const core::JobSpec& spec, const parallel::LaunchEnv& env) {
+  // snapshot.every works (launch/rank_snapshots.h); copies on other nodes do not yet.
   const core::SnapshotSpec none;
   const core::SnapshotSpec& s = spec.snapshot;
-  const char* snapshot_key = s.every != none.every                 ? "snapshot.every"
-                             : s.redundancy != none.redundancy     ? "snapshot.redundancy"
-                             : s.ec_k != none.ec_k                 ? "snapshot.ec.k"
-                             : s.ec_m != none.ec_m                 ? "snapshot.ec.m"
-                                                                   : nullptr;
-  if (snapshot_key)
-    throw ConfigError(snapshot_key,
-                      "in-memory snapshots are not yet supported; drop the snapshot section "
-                      "and use checkpoint.every with checkpoint.dir (durable checkpoints, which "
-                      "weft run's restarts resume from)");
+  if (s.redundancy != none.redundancy)
+    throw ConfigError("snapshot.redundancy",
+                      "'" + s.redundancy + "': copies of snapshots on other nodes (replica, ec) "
+                      "are not yet supported; use none (each node keeps its own workers' "
+                      "snapshots, which survive any worker's crash but not the node's), and "
+                      "checkpoint.every for the loss of a whole node");
+  const char* ec_key = s.ec_k != none.ec_k ? "snapshot.ec.k" : s.ec_m != none.ec_m ? "snapshot.ec.m" : nullptr;
+  if (ec_key)
+    throw ConfigError(ec_key, "snapshot.ec applies to snapshot.redundancy: ec, which is not yet "
+                              "supported; drop the ec section");
   const auto check = [&](const char* key, int64_t want, int have, const char* which) {
     if (want == 0 || env.nnodes_max == 0 || want == have) return;
     throw ConfigError(key, std::string("the job file asks for ") + std::to_string(want) +

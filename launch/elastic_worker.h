@@ -10,7 +10,8 @@
 namespace weft::launch {
 
 // ConfigError ("... not yet ...", naming the key) for a job-file setting the trainer cannot
-// act on yet: snapshot.* other than its defaults (in-memory snapshots). Also checks elastic.min_nodes/max_nodes, when set, against
+// act on yet: snapshot.redundancy other than none, and snapshot.ec (copies of snapshots on
+// other nodes). Also checks elastic.min_nodes/max_nodes, when set, against
 // the node range weft run was started with (--nnodes MIN:MAX): they must agree.
 void refuse_unsupported_job_settings(const core::JobSpec& spec, const parallel::LaunchEnv& env);
 

@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "base/host.h"
+#include "checkpoint/snapshot_writer.h"
 #include "parallel/trainer.h"
 #include "planner/planner.h"
 
@@ -31,20 +32,39 @@ HeldState hold_state(parallel::ParallelTrainer& trainer, const parallel::StateSp
 }
 
 std::vector<HolderReport> exchange_reports(comm::Communicator& world, const HeldState& held,
-                                           int64_t host) {
-  constexpr int kFields = 6;
-  const std::vector<int64_t> mine = {held.valid ? 1 : 0, held.epoch, held.rank,
-                                     held.world,         held.step,  host};
-  core::Tensor in = core::Tensor::from_vector<int64_t>({kFields}, mine);
-  core::Tensor out = core::Tensor::empty({int64_t(world.size()) * kFields}, core::DType::kI64);
+                                           int64_t host, const std::vector<HolderReport>& offers) {
+  constexpr int kFields = 9;
+  const int n = world.size();
+  // How many offers each rank makes, then every rank's reports padded to the largest count.
+  core::Tensor count_in = core::Tensor::from_vector<int64_t>({1}, {int64_t(offers.size())});
+  core::Tensor counts = core::Tensor::empty({int64_t(n)}, core::DType::kI64);
+  world.all_gather(counts, count_in).wait();
+  int64_t most = 0;
+  for (int r = 0; r < n; ++r) most = std::max(most, counts.data<int64_t>()[r]);
+  const int64_t per = (1 + most) * kFields;
+  std::vector<int64_t> mine(size_t(per), 0);
+  auto put = [&](size_t at, const HolderReport& r) {
+    const int64_t f[kFields] = {r.valid,         r.epoch,  r.rank,   r.world,      r.step,
+                                host,            world.rank(), r.source, r.layout_hash};
+    std::copy(f, f + kFields, mine.begin() + int64_t(at) * kFields);
+  };
+  HolderReport live{held.valid ? 1 : 0, held.epoch, held.rank, held.world, held.step};
+  put(0, live);
+  for (size_t i = 0; i < offers.size(); ++i) put(1 + i, offers[i]);
+  core::Tensor in = core::Tensor::from_vector<int64_t>({per}, mine);
+  core::Tensor out = core::Tensor::empty({int64_t(n) * per}, core::DType::kI64);
   world.all_gather(out, in).wait();
   const int64_t* v = out.data<int64_t>();
-  std::vector<HolderReport> r(size_t(world.size()));
-  for (size_t i = 0; i < r.size(); ++i) {
-    const int64_t* f = v + i * kFields;
-    r[i] = {f[0], f[1], f[2], f[3], f[4], f[5]};
-  }
-  return r;
+  auto get = [&](int r, int64_t i) {
+    const int64_t* f = v + r * per + i * kFields;
+    HolderReport h{f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8]};
+    return h;
+  };
+  std::vector<HolderReport> reports;
+  for (int r = 0; r < n; ++r) reports.push_back(get(r, 0));
+  for (int r = 0; r < n; ++r)
+    for (int64_t i = 0; i < counts.data<int64_t>()[r]; ++i) reports.push_back(get(r, 1 + i));
+  return reports;
 }
 
 int64_t host_key() {
@@ -54,11 +74,11 @@ int64_t host_key() {
   return int64_t(std::hash<std::string>{}(id) & 0x7fffffffffffffffULL);
 }
 
-std::vector<int> host_ids(const std::vector<HolderReport>& reports) {
+std::vector<int> host_ids(const std::vector<HolderReport>& reports, int world) {
   std::map<int64_t, int> ids;
   std::vector<int> out;
-  for (const HolderReport& r : reports) {
-    auto it = ids.emplace(r.host, int(ids.size())).first;
+  for (int q = 0; q < world; ++q) {
+    auto it = ids.emplace(reports[size_t(q)].host, int(ids.size())).first;
     out.push_back(it->second);
   }
   return out;
@@ -73,14 +93,33 @@ int Holders::count() const {
 namespace {
 
 // Layout A over the new world: the old plan's rank layouts of the holders, each under its
-// new rank; every other new rank holds nothing.
+// new rank (a new rank offering several old ranks holds their boxes one after the other, in
+// old-rank order); every other new rank holds nothing.
 parallel::Layout renamed_layout(const parallel::Layout& old, const std::vector<int>& new_rank_of,
                                 const std::vector<int>& hosts) {
   parallel::Layout a;
   a.ranks.resize(hosts.size());
   a.hosts = hosts;
-  for (size_t r = 0; r < new_rank_of.size(); ++r)
-    if (new_rank_of[r] >= 0) a.ranks[size_t(new_rank_of[r])] = old.ranks[r];
+  bool merged = false;
+  for (size_t r = 0; r < new_rank_of.size(); ++r) {
+    if (new_rank_of[r] < 0) continue;
+    parallel::RankLayout& to = a.ranks[size_t(new_rank_of[r])];
+    const parallel::RankLayout& from = old.ranks[r];
+    if (to.locals.empty()) {
+      to = from;
+      continue;
+    }
+    merged = true;
+    const int base = int(to.locals.size());
+    to.locals.insert(to.locals.end(), from.locals.begin(), from.locals.end());
+    for (parallel::StateBox b : from.boxes) {
+      b.local += base;
+      to.boxes.push_back(std::move(b));
+    }
+  }
+  // The old plan's replica numbers count ranks of the old world; with merged ranks, count
+  // again over the new one.
+  if (merged) parallel::assign_replicas(a);
   return a;
 }
 
@@ -105,35 +144,47 @@ bool covers(const parallel::StateSpace& space, const parallel::Layout& a, std::s
 
 Holders choose_holders(const core::JobSpec& spec, const core::Graph& graph,
                        const parallel::StateSpace& space,
-                       const std::vector<HolderReport>& reports) {
+                       const std::vector<HolderReport>& reports, int world) {
   Holders h;
-  int64_t epoch = -1;
+  // The (step, epoch) groups anybody offers, latest step first, then latest epoch. Live
+  // holders differ in step only when a member died during a step's last collective (some
+  // finished it, some did not); snapshots are older steps.
+  std::vector<std::pair<int64_t, int64_t>> groups;
   for (const HolderReport& r : reports)
-    if (r.valid) epoch = std::max(epoch, r.epoch);
-  if (epoch < 0) {
+    if (r.valid) groups.emplace_back(r.step, r.epoch);
+  if (groups.empty()) {
     h.why_not = "no rank holds any state";
     return h;
   }
-  // The steps the latest epoch's holders are at, latest first (they differ only when a
-  // member died during a step's last collective: some finished the step, some did not).
-  std::vector<int64_t> steps;
-  int old_world = 0;
-  for (const HolderReport& r : reports)
-    if (r.valid && r.epoch == epoch) steps.push_back(r.step), old_world = int(r.world);
-  std::sort(steps.rbegin(), steps.rend());
-  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  std::sort(groups.rbegin(), groups.rend());
+  groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
   planner::PlanOptions opt;
   opt.simulate = false;
-  const planner::Plan old_plan = planner::make_plan(spec, graph, old_world, opt);
-  const parallel::Layout old = parallel::layout_of(space, old_plan);
-  const std::vector<int> hosts = host_ids(reports);
-  for (int64_t step : steps) {
-    std::vector<int> to(size_t(old_world), -1);
+  std::map<int, parallel::Layout> old_layouts;  // by old world size
+  const std::vector<int> hosts = host_ids(reports, world);
+  for (const auto& [step, epoch] : groups) {
+    int old_world = 0;
+    for (const HolderReport& r : reports)
+      if (r.valid && r.epoch == epoch && r.step == step) old_world = int(r.world);
+    auto it = old_layouts.find(old_world);
+    if (it == old_layouts.end())
+      it = old_layouts
+               .emplace(old_world, parallel::layout_of(
+                                       space, planner::make_plan(spec, graph, old_world, opt)))
+               .first;
+    const parallel::Layout& old = it->second;
+    std::vector<int> to(size_t(old_world), -1), from(size_t(old_world), -1);
+    // Live reports come first, so a rank's own state wins over a snapshot of it.
     for (size_t q = 0; q < reports.size(); ++q) {
       const HolderReport& r = reports[q];
-      if (r.valid && r.epoch == epoch && r.step == step && r.world == old_world && r.rank >= 0 &&
-          r.rank < old_world)
-        to[size_t(r.rank)] = int(q);
+      if (!r.valid || r.epoch != epoch || r.step != step || r.world != old_world || r.rank < 0 ||
+          r.rank >= old_world || to[size_t(r.rank)] >= 0)
+        continue;
+      if (r.source == HolderReport::kSnapshot &&
+          uint64_t(r.layout_hash) != checkpoint::snapshot_layout_hash(old.ranks[size_t(r.rank)]))
+        continue;  // a snapshot of other boxes (another plan): never a source
+      to[size_t(r.rank)] = int(r.holder);
+      from[size_t(r.rank)] = int(q);
     }
     parallel::Layout a = renamed_layout(old, to, hosts);
     std::string gap;
@@ -145,7 +196,11 @@ Holders choose_holders(const core::JobSpec& spec, const core::Graph& graph,
     h.epoch = epoch;
     h.step = step;
     h.old_world = old_world;
+    for (int q : from)
+      if (q >= 0 && reports[size_t(q)].source == HolderReport::kSnapshot) h.snapshots++;
     h.new_rank_of = std::move(to);
+    h.report_of = std::move(from);
+    h.old = old;
     h.a = std::move(a);
     return h;
   }

@@ -50,38 +50,53 @@ struct HeldState {
 HeldState hold_state(parallel::ParallelTrainer& trainer, const parallel::StateSpace& space,
                      int64_t epoch, bool torn);
 
-// One rank's report in the new world.
+// What a rank of the new world offers: its live state (source kLive, one per rank, valid or
+// not) and the in-memory snapshots of its node's agent that it serves (source kSnapshot,
+// any number; issue 15). `holder` is the offering rank of the new world.
 struct HolderReport {
+  static constexpr int64_t kLive = 0, kSnapshot = 1;
   int64_t valid = 0, epoch = 0, rank = -1, world = 0, step = 0, host = 0;
+  int64_t holder = -1, source = kLive;
+  int64_t layout_hash = 0;  // a snapshot's: checkpoint::snapshot_layout_hash of its boxes
 };
 
-// Collective over the new world: every rank's report, in rank order. `host` identifies
-// this rank's machine (host_key()).
+// Collective over the new world: every rank's live report, in rank order (entry r is rank
+// r's), then every rank's `offers` (snapshots), in rank order. `host` identifies this rank's
+// machine (host_key()); holder and host are filled in here.
 std::vector<HolderReport> exchange_reports(comm::Communicator& world, const HeldState& held,
-                                           int64_t host);
+                                           int64_t host,
+                                           const std::vector<HolderReport>& offers = {});
 
 // This machine: its host name and network namespace (ranks in different namespaces of one
 // machine stand for different hosts and never share memory in a transfer).
 int64_t host_key();
 
-// Dense host ids (first appearance order) of the reports' hosts: Layout::hosts.
-std::vector<int> host_ids(const std::vector<HolderReport>& reports);
+// Dense host ids (first appearance order) of the hosts of the first `world` reports (the
+// ranks' live reports): Layout::hosts.
+std::vector<int> host_ids(const std::vector<HolderReport>& reports, int world);
 
-// The holders a new world takes its state from: the valid reports of the latest epoch and,
-// among their steps, the latest whose boxes (old plan, old rank renamed to the new rank)
-// cover every state tensor. `found` false when no step's holders cover it.
+// The holders a new world takes its state from: among the valid reports, grouped by (step,
+// epoch), the latest step (then the latest epoch) whose boxes (the old plan of that epoch's
+// world, each old rank under the new rank that offers it) cover every state tensor. A rank's
+// live state is preferred to a snapshot of the same old rank; one new rank may offer several
+// old ranks (a node's agent holds the snapshots of all its workers). `found` false when no
+// group covers the state.
 struct Holders {
   bool found = false;
   int64_t epoch = 0, step = 0;
   int old_world = 0;
   std::vector<int> new_rank_of;  // old rank -> new rank, -1 for a rank nobody holds
+  std::vector<int> report_of;    // old rank -> the index of the report it comes from, or -1
+  parallel::Layout old;          // the old world's layout (old ranks)
   parallel::Layout a;            // layout A over the new world
   int count() const;
+  int snapshots = 0;    // old ranks that come from snapshots
   std::string why_not;  // when not found: the first gap, for the log
 };
+// `world`: the new world's size (the first `world` reports are the ranks' live ones).
 Holders choose_holders(const core::JobSpec& spec, const core::Graph& graph,
                        const parallel::StateSpace& space,
-                       const std::vector<HolderReport>& reports);
+                       const std::vector<HolderReport>& reports, int world);
 
 // The LaunchEnv of a worker of local rank `base.local_rank` in the notice's epoch: its world
 // is the transition's (members, then the departing nodes' workers).

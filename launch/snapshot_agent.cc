@@ -288,6 +288,10 @@ void Agent::remove_abandoned() {
   for (const std::string& name : ckpt::snapshot_segments()) {
     std::optional<ckpt::SegmentName> p = ckpt::parse_segment_name(name);
     if (!p || p->job_id == o_.job_id) continue;
+    struct stat st {};
+    if (::stat(("/dev/shm" + name).c_str(), &st) != 0 ||
+        double(::time(nullptr) - st.st_ctime) < o_.abandoned_after_s)
+      continue;  // gone meanwhile, or too young to judge
     int owner = 0;
     try {
       ckpt::SnapshotSegment seg = ckpt::SnapshotSegment::open(name, false);
@@ -588,6 +592,8 @@ Unix socket PATH (WEFT_SNAPSHOT_SOCKET), one JSON request per line.
   --job ID       the job id (16 hex digits; weft run: from the run id)
   --node N       this node's index (segment names; which segments a restart adopts)
   --socket PATH  the Unix socket to serve
+  --abandoned-after S  other jobs' segments whose owner is gone are removed at start once
+                 older than S whole seconds (default 60)
 
 At start it adopts the job's segments of this node and removes those of abandoned jobs.
 SIGTERM or SIGINT: exit 0 keeping the segments; the request `finish` removes them.
@@ -627,7 +633,7 @@ int run_snapshot_agent(const SnapshotAgentOptions& o, CommittedHandler on_commit
 }
 
 int cmd_snapshot_agent(const std::vector<std::string>& argv) {
-  Args args(argv, {"--job", "--node", "--socket"}, {"--help"});
+  Args args(argv, {"--job", "--node", "--socket", "--abandoned-after"}, {"--help"});
   if (args.flag("--help")) {
     std::fputs(kHelp, stdout);
     return 0;
@@ -641,6 +647,8 @@ int cmd_snapshot_agent(const std::vector<std::string>& argv) {
   if (!args.has("--node") || o.node < 0)
     throw ConfigError("--node", "is required and must be >= 0");
   o.socket = args.required("--socket");
+  o.abandoned_after_s = double(args.get_int("--abandoned-after", 60));
+  if (o.abandoned_after_s < 0) throw ConfigError("--abandoned-after", "must be >= 0 seconds");
   return run_snapshot_agent(o);
 }
 

@@ -7,7 +7,9 @@
 // At start it takes the agent lock of the job and node (/dev/shm/weft-agent-<job>-n<node>.lock,
 // flock: never two agents for one job and node), adopts the job's data segments of this
 // node that exist (a restarted agent: they keep their data; it becomes their owner), and
-// removes the segments of any other job that is abandoned (their owner process is gone). It logs
+// removes the segments of any other job that is abandoned (their owner process is gone and
+// they are older than --abandoned-after seconds, 60 by default: a segment made a moment ago
+// by a tool or a test that has not yet handed it to its agent is not judged). It logs
 // one line per event to stderr, prefixed
 // "[snapshot-agent]". SIGTERM/SIGINT: it stops serving and exits 0, keeping the segments
 // (the job may restart it); `finish` removes the job's segments and it exits 0.
@@ -26,6 +28,7 @@ struct SnapshotAgentOptions {
   std::string job_id;  // 16 hex digits
   int node = 0;        // the node's index when the agent starts (segment names, adoption)
   std::string socket;  // the Unix socket it serves
+  double abandoned_after_s = 60;  // other jobs' ownerless segments younger than this stay
 };
 
 // What the agent's background "on committed" stage receives for each commit a worker

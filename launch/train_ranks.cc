@@ -25,6 +25,7 @@
 #include "launch/epoch_notice.h"
 #include "launch/live_resize.h"
 #include "launch/nonfinite_guard.h"
+#include "launch/rank_snapshots.h"
 #include "launch/run_folder.h"
 #include "launch/train_common.h"
 #include "launch/train_report.h"
@@ -56,8 +57,9 @@ enum class WorldEnd {
 
 // Where the state of a world came from, and the clock of the change that led to it.
 struct Arrival {
-  std::string source;  // "survivors" | "checkpoint" | "seed" | "first"
+  std::string source;  // "survivors" | "snapshots" | "checkpoint" | "seed" | "first"
   int holders = 0;
+  int snapshots = 0;  // of the holders, old ranks restored from in-memory snapshots
   int64_t went_back = 0;  // steps redone: the held step minus the step resumed at
   int64_t bytes_sent = 0;     // between ranks, all ranks together: the minimum
   int64_t bytes_adopted = 0;  // this rank's: kept in place (no copy)
@@ -99,6 +101,8 @@ class RankTraining {
         watch_(live_ ? env_string(kEpochFileVar, "") : "", env.rdzv_epoch),
         report_(spec),
         guard_(spec.train),
+        snaps_(spec, env),
+        node_(int(env_int("GROUP_RANK", 0))),
         train_world_(env.world) {}
 
   int run();
@@ -135,6 +139,8 @@ class RankTraining {
   std::optional<RunFolder> folder_;
   std::unique_ptr<core::io::MetricsWriter> metrics_;
   HeldState held_;
+  RankSnapshots snaps_;
+  int node_ = 0;  // this node's index in the epoch (GROUP_RANK, then the notices')
   Arrival arrival_;
   bool first_world_ = true;
   bool first_step_of_world_ = false;
@@ -153,8 +159,11 @@ class RankTraining {
     env_ = env_in_epoch(base_, n);
     train_world_ = n.world();
     leaving_ = n.leave;
+    node_ = n.node_index;
   }
   bool lead() const { return env_.rank == 0; }
+  // This node's workers (weft run's --nproc-per-node).
+  int local_count() const { return int(env_int("LOCAL_WORLD_SIZE", 1)); }
 };
 
 // The state this world starts from: the survivors' through the router when they hold all of
@@ -183,11 +192,15 @@ void RankTraining::enter_world(const std::string& why) {
   std::optional<LossWatcher> entering;
   if (live_) entering.emplace(watch_, std::vector<comm::Communicator*>{&comm}, true);
   if (live_ && !folder_) open_run_folder();  // every rank, before rank 0 writes anything
+  // What every rank holds: its live state (live only) and the snapshots of its node's agent.
+  const bool gather = live_ || snaps_.enabled();
   std::vector<HolderReport> reports;
-  if (live_) reports = exchange_reports(comm, held_, host_key());
+  if (gather)
+    reports = exchange_reports(comm, held_, host_key(),
+                               snaps_.offers(env_.local_rank, local_count()));
   int64_t latest = -1;  // the latest step anybody alive holds
-  for (const HolderReport& r : reports)
-    if (r.valid) latest = std::max(latest, r.step);
+  for (int r = 0; r < int(reports.size()) && r < env_.world; ++r)
+    if (reports[size_t(r)].valid) latest = std::max(latest, reports[size_t(r)].step);
   // Departing nodes' workers (ranks train_world_ and up) only hand their state over: the
   // trainers get a communicator of their own.
   train_comm_.reset();
@@ -201,11 +214,12 @@ void RankTraining::enter_world(const std::string& why) {
   const std::unique_ptr<core::MoeBalance> balance = core::MoeBalance::for_model(spec_.model);
   const parallel::StateSpace space = parallel::StateSpace::from_graph(mg.graph, balance.get());
   Holders holders;
-  if (live_) holders = choose_holders(spec_, mg.graph, space, reports);
+  if (gather) holders = choose_holders(spec_, mg.graph, space, reports, env_.world);
   std::string resume;
   if (holders.found) {
-    arrival_.source = "survivors";
+    arrival_.source = holders.snapshots > 0 ? "snapshots" : "survivors";
     arrival_.holders = holders.count();
+    arrival_.snapshots = holders.snapshots;
   } else {
     // The first world: --resume, or after a restart of the whole job the latest checkpoint.
     // A later one: the latest checkpoint, since nobody alive holds all of the state.
@@ -221,7 +235,7 @@ void RankTraining::enter_world(const std::string& why) {
   if (holders.found) {
     // Layout B over the transition's world: the new plan's ranks, then the departing ones,
     // which hold nothing in it.
-    const std::vector<int> hosts = host_ids(reports);
+    const std::vector<int> hosts = host_ids(reports, env_.world);
     std::optional<planner::Plan> leaver_plan;
     if (leaving_) {
       planner::PlanOptions po;
@@ -236,14 +250,20 @@ void RankTraining::enter_world(const std::string& why) {
     arrival_.plan = since(t);
     t = Clock::now();
     std::vector<core::Tensor> src;
-    bool holds = false;
-    for (int r : holders.new_rank_of) holds = holds || r == env_.rank;
+    for (size_t r = 0; r < holders.new_rank_of.size(); ++r) {
+      if (holders.new_rank_of[r] != env_.rank) continue;
+      const HolderReport& from = reports[size_t(holders.report_of[r])];
+      std::vector<core::Tensor> t =
+          from.source == HolderReport::kLive
+              ? held_.tensors
+              : snaps_.read(int(r), holders.step, holders.old.ranks[r]);
+      src.insert(src.end(), t.begin(), t.end());
+    }
     // Handles only: held_ keeps the state until this world is entered. A newer epoch aborts
     // the entry on every rank at once (the entering LossWatcher); had the router or the
     // trainer taken the only handles, no rank would hold anything in the next world, and a
     // DP job would start over from the checkpoint or the seed (found by the resize soak test).
     // The cost: what the router does not adopt is freed at the end of the entry, not per wave.
-    if (holds) src = held_.tensors;
     // Same-host pairs move through shared memory; survivors keep (adopt) what they hold.
     parallel::TransitionStats ts;
     std::vector<core::Tensor> mine =
@@ -264,9 +284,22 @@ void RankTraining::enter_world(const std::string& why) {
     trainer_->load_weights(core::io::load_safetensors(args_.get("--init-weights"), "--init-weights"),
                            "--init-weights");
   if (lead() && first_world_ && !holders.found) print_attempt(spec_, env_, resume);
+  if (lead() && first_world_ && holders.found) {
+    std::printf("weft train: restart %d (membership epoch %lld, world %d): resumed at step %lld "
+                "from the in-memory snapshots of %d rank%s (world %d, epoch %lld) through the "
+                "router, %.1f MiB between ranks; no checkpoint read\n",
+                env_.restart_count, (long long)env_.rdzv_epoch, env_.world,
+                (long long)trainer_->current_step(), holders.snapshots,
+                holders.snapshots == 1 ? "" : "s", holders.old_world, (long long)holders.epoch,
+                mib(size_t(arrival_.bytes_sent)));
+    std::fflush(stdout);
+  }
   ckpt_ = std::make_unique<checkpoint::ParallelCheckpoints>(spec_, *trainer_, resume);
   saved_at_ = trainer_->current_step();
-  if (!holders.found && latest >= 0) arrival_.went_back = latest - trainer_->current_step();
+  if (latest >= 0) arrival_.went_back = latest - trainer_->current_step();
+  snaps_.release_offers();
+  if (snaps_.enabled())
+    snaps_.attach(*trainer_, ckpt_->space(), env_.rdzv_epoch, node_, env_.local_rank, local_count());
   arrival_.resume = since(t);
 
   if (!folder_ && lead()) open_run_folder();  // live: every rank chose it above
@@ -313,6 +346,11 @@ void RankTraining::print_arrival(const std::string& why, int old_world, int64_t 
                 " through the router (", mib(size_t(a.bytes_sent)), " MiB between ranks; rank 0 kept ",
                 mib(size_t(a.bytes_adopted)), " MiB in place and copied ", mib(size_t(a.bytes_local)),
                 " MiB)")
+      : a.source == "snapshots"
+          ? str("nobody alive holds all of the state: resumed at step ", trainer_->current_step(),
+                " (", a.went_back, " steps back) from ", a.holders, " holders, ", a.snapshots,
+                " of them in-memory snapshots, through the router (", mib(size_t(a.bytes_sent)),
+                " MiB between ranks)")
       : a.source == "checkpoint"
           ? str("nobody alive holds all of the state: resumed from the latest checkpoint at step ",
                 trainer_->current_step(), ", ", a.went_back, " steps back")
@@ -415,6 +453,7 @@ std::optional<WorldEnd> RankTraining::one_step() {
   if (verdict != NonfiniteGuard::Verdict::kStop) ckpt_->after_step();
   if (saved_by_every(spec_, trainer_->current_step())) saved_at_ = trainer_->current_step();
   if (verdict == NonfiniteGuard::Verdict::kStop) throw Error(guard_.stop_message(st, first_bad));
+  snaps_.after_step();
   validate(trainer_->current_step() == spec_.train.steps);
   // Every rank stops, or moves to the next epoch, after the same step.
   const Agreed a = agree_at_step_end(trainer_->world(), g_train_stop != 0, watch_.newer().has_value());
@@ -463,6 +502,7 @@ void RankTraining::enter_next_world(std::string why) {
       std::printf("weft train: rank %d: world of epoch %lld not entered (%s); waiting for the next\n",
                   env_.rank, (long long)env_.rdzv_epoch, e.what());
       std::fflush(stdout);
+      snaps_.detach();
       ckpt_.reset();
       trainer_.reset();
       world_.reset();
@@ -498,6 +538,7 @@ int RankTraining::run() {
     }
     if (end == WorldEnd::kChange) change_at_ = Clock::now();
     // This world is over: keep the state, drop everything else, go to the next epoch.
+    snaps_.detach();  // the copy in flight is of the last complete state
     held_ = hold_state(*trainer_, ckpt_->space(), env_.rdzv_epoch, torn);
     metrics_.reset();
     ckpt_.reset();

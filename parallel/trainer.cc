@@ -160,7 +160,10 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
   };
   torn_ = false;
   try {
-    exec_->run_step(s, load, exchange_statistics);
+    exec_->run_step(s, load, [&] {
+      exchange_statistics();
+      if (before_update_) before_update_();
+    });
   } catch (...) {
     torn_ = exec_->state_written();
     throw;

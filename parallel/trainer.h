@@ -7,6 +7,7 @@
 #include "core/exec/activation_memory.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "comm/communicator.h"
@@ -66,6 +67,11 @@ class ParallelTrainer {
   // although nothing changed (RankExecutor::state_written: it is set just before a writing
   // instruction runs, and a dropped step's adamw counts), never false when something did.
   bool torn() const { return torn_; }
+  // Runs in every later step() right before this rank's first state write (after the step's
+  // statistics exchange; the executor's before_update): an in-memory snapshot of the state
+  // before the step, copied in the background while the forward and backward ran, is waited
+  // for there. An exception out of it fails the step before any state changed (not torn).
+  void set_before_update(std::function<void()> f) { before_update_ = std::move(f); }
   // The first parameter (graph order) whose gradient of the last step holds a NaN or an Inf
   // in some rank's local pieces; empty when none does. Collective; the same on every rank.
   std::string first_nonfinite_gradient();
@@ -137,6 +143,7 @@ class ParallelTrainer {
   int64_t steps_run_ = 0;  // by this process: the activation arena traces its first step
   bool state_pending_ = false;  // kDeferred, adopt_state() not yet called
   bool torn_ = false;
+  std::function<void()> before_update_;
 };
 
 }  // namespace weft::parallel

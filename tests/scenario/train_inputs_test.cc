@@ -67,14 +67,21 @@ TEST_F(TrainInputs, OnChangeDefaultsToReshardInHelpAndRunFolder) {
 }
 
 // Job-file settings the trainer cannot act on yet are refused, never silently ignored.
-TEST_F(TrainInputs, SnapshotsAreRefusedAsNotYet) {
-  for (const char* set : {"snapshot.every=5", "snapshot.redundancy=ec"}) {
-    Result r = train(std::string("--set ") + set);
+TEST_F(TrainInputs, SnapshotCopiesOnOtherNodesAreRefusedAsNotYet) {
+  for (const char* set : {"snapshot.redundancy=ec", "snapshot.redundancy=replica", "snapshot.ec.k=3"}) {
+    Result r = train(std::string("--set snapshot.every=5 --set ") + set);
     const std::string key = std::string(set).substr(0, std::string(set).find('='));
     EXPECT_EQ(r.code, 2) << set << "\n" << r.out;
     EXPECT_NE(r.out.find(key + ": "), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("not yet"), std::string::npos) << r.out;
   }
+  // In-memory snapshots live in the node's snapshot agent, which weft run starts.
+  Result alone = train("--set snapshot.every=5");
+  EXPECT_EQ(alone.code, 2) << alone.out;
+  EXPECT_NE(alone.out.find("snapshot.every: in-memory snapshots are kept by the node's snapshot "
+                           "agent, which weft run starts"),
+            std::string::npos)
+      << alone.out;
   // elastic.min_nodes/max_nodes must agree with weft run's --nnodes (WEFT_NNODES).
   Result r = run("run --standalone -- " + kWeft + " train --config " + kTiny +
                  " --set train.out_dir=" + path("run") + " --set elastic.max_nodes=4");

@@ -1,0 +1,141 @@
+// In-memory snapshots, the worker's side: the background copy with its checksums, and the
+// read back.
+#include "checkpoint/snapshot_writer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "base/error.h"
+#include "checkpoint/crc32c.h"
+
+namespace weft::checkpoint {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+int64_t snapshot_payload_bytes(const parallel::RankLayout& layout) {
+  int64_t n = 0;
+  for (const parallel::LocalTensor& t : layout.locals) n += t.bytes();
+  return n;
+}
+
+uint64_t snapshot_layout_hash(const parallel::RankLayout& layout) {
+  std::vector<BoxKey> keys;
+  keys.reserve(layout.boxes.size());
+  for (const parallel::StateBox& b : layout.boxes) keys.push_back({b.state, b.start, b.extent});
+  return layout_hash(keys);
+}
+
+SnapshotWriter::SnapshotWriter(SnapshotSegment segment) : segment_(std::move(segment)) {}
+
+SnapshotWriter::~SnapshotWriter() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft: snapshot into %s failed: %s\n", segment_.name().c_str(), e.what());
+  }
+}
+
+void SnapshotWriter::start(SnapshotMeta meta, std::vector<core::Tensor> tensors) {
+  wait();
+  int64_t bytes = 0;
+  for (const core::Tensor& t : tensors) {
+    WEFT_CHECK(t.is_contiguous() && t.device().is_cpu(),
+               "a snapshot copies contiguous host tensors");
+    bytes += int64_t(t.nbytes());
+  }
+  if (bytes > segment_.capacity())
+    throw InternalError("snapshot of " + std::to_string(bytes) + " bytes does not fit segment " +
+                        segment_.name() + " (" + std::to_string(segment_.capacity()) + " bytes)");
+  meta.payload_bytes = bytes;
+  auto* dst = static_cast<uint8_t*>(segment_.begin(meta));
+  tensors_ = std::move(tensors);
+  error_ = nullptr;
+  crcs_.assign(size_t((bytes + kSnapshotBlockBytes - 1) / kSnapshotBlockBytes), 0);
+  // Copy in pieces that never cross a checksum block, and checksum each piece right after
+  // copying it, while it is in cache: one pass over the payload instead of two.
+  thread_ = std::thread([this, dst] {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      int64_t at = 0;
+      for (const core::Tensor& t : tensors_) {
+        const auto* src = static_cast<const uint8_t*>(t.raw_data());
+        int64_t left = int64_t(t.nbytes());
+        while (left > 0) {
+          const int64_t block = at / kSnapshotBlockBytes;
+          const int64_t n = std::min(left, (block + 1) * kSnapshotBlockBytes - at);
+          std::memcpy(dst + at, src, size_t(n));
+          crcs_[size_t(block)] = crc32c(dst + at, size_t(n), crcs_[size_t(block)]);
+          at += n, src += n, left -= n;
+        }
+      }
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    copy_s_ = seconds_since(t0);
+  });
+}
+
+std::optional<SnapshotMeta> SnapshotWriter::wait() {
+  if (!thread_.joinable()) return std::nullopt;
+  const auto t0 = std::chrono::steady_clock::now();
+  thread_.join();
+  wait_s_ = seconds_since(t0);
+  tensors_.clear();  // the state may change from here on
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  return segment_.commit(crcs_);
+}
+
+std::vector<core::Tensor> read_snapshot(const SnapshotSegment& segment,
+                                        const SnapshotSegment::View& view,
+                                        const parallel::RankLayout& layout) {
+  const std::string& name = segment.name();
+  if (view.meta.layout_hash != snapshot_layout_hash(layout))
+    throw IoError(name + ": the snapshot holds other boxes than rank " +
+                  std::to_string(view.meta.rank) + " of a world of " +
+                  std::to_string(view.meta.world) + " has in this job's plan");
+  if (view.meta.payload_bytes != snapshot_payload_bytes(layout))
+    throw IoError(name + ": the snapshot holds " + std::to_string(view.meta.payload_bytes) +
+                  " bytes, the rank's layout " + std::to_string(snapshot_payload_bytes(layout)));
+  // Copy, then checksum the copies (the bytes taken are the bytes verified), block by block
+  // across tensor boundaries as the writer did.
+  const std::vector<uint32_t> recorded = segment.block_crc32c(view);
+  std::vector<uint32_t> crcs(recorded.size(), 0);
+  std::vector<core::Tensor> out;
+  out.reserve(layout.locals.size());
+  const auto* src = static_cast<const uint8_t*>(view.payload);
+  int64_t at = 0;
+  for (const parallel::LocalTensor& l : layout.locals) {
+    core::Tensor t = core::Tensor::empty(l.shape, l.dtype);
+    auto* dst = static_cast<uint8_t*>(t.raw_data());
+    std::memcpy(dst, src + at, size_t(l.bytes()));
+    for (int64_t left = l.bytes(); left > 0;) {
+      const int64_t block = at / kSnapshotBlockBytes;
+      const int64_t n = std::min(left, (block + 1) * kSnapshotBlockBytes - at);
+      if (size_t(block) < crcs.size()) crcs[size_t(block)] = crc32c(dst, size_t(n), crcs[size_t(block)]);
+      at += n, dst += n, left -= n;
+    }
+    out.push_back(std::move(t));
+  }
+  int64_t bad = 0, first = -1;
+  for (size_t b = 0; b < crcs.size(); ++b)
+    if (crcs[b] != recorded[b]) bad++, first = first < 0 ? int64_t(b) : first;
+  if (crcs.size() != recorded.size() || bad)
+    throw IoError(name + ": " + std::to_string(bad) + " corrupt block(s) of " +
+                  std::to_string(kSnapshotBlockBytes) + " bytes, the first at byte " +
+                  std::to_string(first * kSnapshotBlockBytes) + " of step " +
+                  std::to_string(view.meta.step) + "'s snapshot");
+  if (segment.sequence(view.slot) != view.meta.sequence)
+    throw IoError(name + ": the snapshot of step " + std::to_string(view.meta.step) +
+                  " was rewritten while it was read");
+  return out;
+}
+
+}  // namespace weft::checkpoint

@@ -1,0 +1,176 @@
+// In-memory snapshots, one worker's part (rank_snapshots.h).
+#include "launch/rank_snapshots.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "base/env.h"
+#include "base/error.h"
+#include "checkpoint/job_id.h"
+
+namespace weft::launch {
+
+RankSnapshots::RankSnapshots(const core::JobSpec& spec, const parallel::LaunchEnv& env)
+    : spec_(spec) {
+  if (spec.snapshot.every <= 0) return;
+  const std::string socket = env_string("WEFT_SNAPSHOT_SOCKET", "");
+  if (socket.empty())
+    throw ConfigError("snapshot.every",
+                      "in-memory snapshots are kept by the node's snapshot agent, which weft run "
+                      "starts beside its workers; launch with `weft run ... -- weft train`, or "
+                      "start `weft snapshot-agent` and set WEFT_SNAPSHOT_SOCKET, or set "
+                      "snapshot.every to 0");
+  job_id_ = checkpoint::this_job_id();
+  try {
+    client_ = std::make_unique<checkpoint::SnapshotAgentClient>();
+    client_->connect(socket);
+  } catch (const IoError& e) {
+    throw ConfigError("snapshot.every", std::string("the node's snapshot agent (") + socket +
+                                            ") cannot be reached: " + e.what());
+  }
+  (void)env;
+}
+
+RankSnapshots::~RankSnapshots() = default;
+
+std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count) {
+  release_offers();
+  std::vector<HolderReport> out;
+  if (!client_) return out;
+  std::vector<checkpoint::SegmentInfo> all;
+  try {
+    all = client_->list();
+  } catch (const IoError& e) {
+    // A worker without its agent's list offers nothing; the others may still cover the state.
+    std::fprintf(stderr, "weft train: snapshot agent not listed: %s\n", e.what());
+    return out;
+  }
+  std::sort(all.begin(), all.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  int dealt = 0;
+  for (const auto& e : all) {
+    if (!e.committed || e.committed->job_id != job_id_) continue;
+    if (dealt++ % std::max(1, local_count) != local_rank) continue;
+    const std::string& entry = e.name;
+    try {
+      auto seg = std::make_shared<checkpoint::SnapshotSegment>(
+          checkpoint::SnapshotSegment::open(e.name, false));
+      // Both committed slots: the newer may be of a step some other rank never finished
+      // (killed mid-step, or mid-copy), the older is then the step everybody has.
+      for (int slot = 0; slot < 2; ++slot) {
+        std::optional<checkpoint::SnapshotSegment::View> v = seg->slot(slot);
+        if (!v || v->meta.job_id != job_id_) continue;
+        const auto key = std::make_pair(v->meta.rank, v->meta.step);
+        if (offered_.count(key)) continue;  // two epochs' segments of one rank at one step
+        HolderReport r;
+        r.valid = 1;
+        r.epoch = v->meta.epoch;
+        r.rank = v->meta.rank;
+        r.world = v->meta.world;
+        r.step = v->meta.step;
+        r.source = HolderReport::kSnapshot;
+        r.layout_hash = int64_t(v->meta.layout_hash);
+        offered_.emplace(key, Offered{seg, slot});
+        out.push_back(r);
+      }
+    } catch (const IoError& e) {
+      std::fprintf(stderr, "weft train: snapshot %s not offered: %s\n", entry.c_str(), e.what());
+    }
+  }
+  return out;
+}
+
+std::vector<core::Tensor> RankSnapshots::read(int rank, int64_t step,
+                                              const parallel::RankLayout& layout) {
+  auto it = offered_.find({rank, step});
+  if (it == offered_.end())
+    throw InternalError("rank " + std::to_string(rank) + "'s snapshot of step " +
+                        std::to_string(step) + " was not offered by this worker");
+  const checkpoint::SnapshotSegment& seg = *it->second.segment;
+  std::optional<checkpoint::SnapshotSegment::View> v = seg.slot(it->second.slot);
+  if (!v || v->meta.step != step || v->meta.rank != rank)
+    throw IoError(seg.name() + ": the snapshot of step " + std::to_string(step) +
+                  " was replaced while the world formed");
+  return checkpoint::read_snapshot(seg, *v, layout);
+}
+
+void RankSnapshots::release_offers() { offered_.clear(); }
+
+void RankSnapshots::attach(parallel::ParallelTrainer& trainer, const parallel::StateSpace& space,
+                           int64_t epoch, int node, int local_rank, int local_count) {
+  detach();
+  trainer_ = &trainer;
+  space_ = &space;
+  epoch_ = epoch;
+  node_ = node;
+  layout_ = parallel::layout_of(space, trainer.plan(), trainer.rank());
+  // One reservation names every rank of this node (the agent retires a node's older epoch
+  // only once all of them have committed in the new one); each worker sends the same one.
+  checkpoint::Reservation res;
+  res.job = job_id_;
+  res.node = node;
+  res.epoch = epoch;
+  const int first = trainer.rank() - local_rank, count = std::max(1, local_count);
+  int mine = -1;
+  for (int r = first; r < first + count && r < trainer.world().size(); ++r) {
+    if (r == trainer.rank()) mine = int(res.ranks.size());
+    const parallel::RankLayout l =
+        r == trainer.rank() ? layout_ : parallel::layout_of(space, trainer.plan(), r);
+    res.ranks.push_back({r, trainer.world().size(), checkpoint::snapshot_payload_bytes(l)});
+  }
+  WEFT_CHECK(mine >= 0, "rank ", trainer.rank(), " is not among its node's ranks");
+  const std::vector<std::string> names = client_->segment(res);  // ConfigError: does not fit
+  writer_ = std::make_unique<checkpoint::SnapshotWriter>(
+      checkpoint::SnapshotSegment::open(names.at(size_t(mine)), true));
+  // The state before a step is the snapshot's until that step's first update: wait there.
+  trainer.set_before_update([this] {
+    if (std::optional<checkpoint::SnapshotMeta> m = writer_->wait()) committed_ = m;
+  });
+}
+
+void RankSnapshots::notify_committed(const checkpoint::SnapshotMeta& m) {
+  try {
+    client_->committed(writer_->segment().name(), m.step);
+  } catch (const IoError& e) {
+    // The snapshot is committed in shared memory whatever the agent heard; its cleanup of
+    // older epochs waits for the next message.
+    std::fprintf(stderr, "weft train: snapshot agent not told of step %lld: %s\n",
+                 (long long)m.step, e.what());
+  }
+}
+
+void RankSnapshots::after_step() {
+  if (!trainer_) return;
+  if (committed_) notify_committed(*std::exchange(committed_, std::nullopt));
+  const int64_t done = trainer_->current_step();
+  if (done % spec_.snapshot.every != 0 || done == spec_.train.steps) return;
+  checkpoint::SnapshotMeta meta;
+  meta.job_id = job_id_;
+  meta.kind = checkpoint::SegmentKind::kData;
+  meta.owner_node = node_;
+  meta.epoch = epoch_;
+  meta.step = done;
+  meta.rank = trainer_->rank();
+  meta.world = trainer_->world().size();
+  meta.layout_hash = checkpoint::snapshot_layout_hash(layout_);
+  writer_->start(meta, trainer_->state_tensors(*space_, layout_));
+}
+
+void RankSnapshots::detach() {
+  if (!trainer_) return;
+  std::optional<checkpoint::SnapshotMeta> m;
+  try {
+    m = writer_->wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft train: snapshot not committed: %s\n", e.what());
+  }
+  if (m) committed_ = m;
+  if (committed_) notify_committed(*std::exchange(committed_, std::nullopt));
+  trainer_->set_before_update({});
+  trainer_ = nullptr;
+  writer_.reset();
+}
+
+}  // namespace weft::launch

@@ -1,0 +1,84 @@
+// In-memory snapshots, one worker's part (issue 15): every snapshot.every steps the rank's
+// VPS state is copied into a shared-memory segment that the node's snapshot agent owns
+// (launch/snapshot_agent.h), in the background while the next step's forward and backward
+// run; and when a world forms, the snapshots the agent holds are offered to it like live
+// state, so that the router restores from them what no survivor holds (live_resize.h).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/snapshot_protocol.h"
+#include "checkpoint/snapshot_segment.h"
+#include "checkpoint/snapshot_writer.h"
+#include "core/config/job_spec.h"
+#include "launch/live_resize.h"
+#include "parallel/launch_env.h"
+#include "parallel/trainer.h"
+#include "parallel/vps.h"
+
+namespace weft::launch {
+
+class RankSnapshots {
+ public:
+  // Enabled when snapshot.every > 0. ConfigError("snapshot.every") when enabled and the
+  // worker has no agent (WEFT_SNAPSHOT_SOCKET unset: not started by weft run) or the agent
+  // cannot be reached.
+  RankSnapshots(const core::JobSpec& spec, const parallel::LaunchEnv& env);
+  ~RankSnapshots();
+  bool enabled() const { return client_ != nullptr; }
+  const std::string& job_id() const { return job_id_; }
+
+  // The node's committed snapshots that this local rank serves to a new world: both
+  // committed slots of the agent's segments, the segments dealt round-robin over the node's
+  // `local_count` workers (each is offered once per node). They stay mapped until
+  // release_offers().
+  std::vector<HolderReport> offers(int local_rank, int local_count);
+  // Fresh tensors of old rank `rank`'s offered snapshot of `step` in `layout` (its layout in
+  // the world the snapshot was taken in). IoError for a corrupted or rewritten snapshot.
+  std::vector<core::Tensor> read(int rank, int64_t step, const parallel::RankLayout& layout);
+  void release_offers();
+
+  // A new world's trainer: reserves the segments of this node's ranks with the agent
+  // (ConfigError naming snapshot.every when two slots each do not fit in the node's memory)
+  // and makes the trainer wait for a copy in flight before its next update. `node` is this
+  // node's index in the epoch; its ranks are this rank's - local_rank, `local_count` of them.
+  void attach(parallel::ParallelTrainer& trainer, const parallel::StateSpace& space,
+              int64_t epoch, int node, int local_rank, int local_count);
+  // After a finished step: starts the copy of the state when snapshot.every divides the
+  // steps done, and tells the agent of the previous snapshot once committed.
+  void after_step();
+  // The world ends: the copy in flight is finished and committed (the state it copies is
+  // the last complete one), and the trainer is forgotten.
+  void detach();
+  // What the last finished snapshot cost: its copy on the background thread, and how long
+  // the trainer waited for it.
+  double last_copy_s() const { return writer_ ? writer_->last_copy_s() : 0; }
+  double last_wait_s() const { return writer_ ? writer_->last_wait_s() : 0; }
+
+ private:
+  void notify_committed(const checkpoint::SnapshotMeta& m);
+
+  const core::JobSpec& spec_;
+  std::string job_id_;
+  std::unique_ptr<checkpoint::SnapshotAgentClient> client_;
+  parallel::ParallelTrainer* trainer_ = nullptr;
+  const parallel::StateSpace* space_ = nullptr;
+  parallel::RankLayout layout_;
+  int64_t epoch_ = 0;
+  int node_ = 0;
+  std::unique_ptr<checkpoint::SnapshotWriter> writer_;
+  std::optional<checkpoint::SnapshotMeta> committed_;  // not yet told to the agent
+  // Offered snapshots by (old rank, step): a segment's committed slot, mapped while offered.
+  struct Offered {
+    std::shared_ptr<const checkpoint::SnapshotSegment> segment;
+    int slot = 0;
+  };
+  std::map<std::pair<int, int64_t>, Offered> offered_;
+};
+
+}  // namespace weft::launch

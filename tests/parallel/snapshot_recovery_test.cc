@@ -1,0 +1,128 @@
+// In-memory snapshots end to end (issue 15): weft run starts the node's snapshot agent, the
+// workers copy their state into it every step, and after a SIGKILL the job resumes from it,
+// not from a disk checkpoint, with the numbers of a run that never failed. Real processes,
+// real signals; every process is reaped and every segment of the test's jobs removed, however
+// the test ends.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "checkpoint/job_id.h"
+#include "checkpoint/snapshot_segment.h"
+#include "tests/support/live_job.h"
+
+namespace weft::test {
+namespace {
+
+namespace fs = std::filesystem;
+using live::children;
+using live::poll_until;
+
+// Removes the job's segments at the end, whatever happened (a test that fails mid-run
+// SIGKILLs weft run, whose snapshot agent then keeps them for a restart that never comes).
+struct JobSegments {
+  std::string job;
+  ~JobSegments() {
+    for (const std::string& n : checkpoint::snapshot_segments(job))
+      checkpoint::SnapshotSegment::unlink(n);
+  }
+};
+
+std::string slurp_file(const fs::path& p) { return slurp(p); }
+
+// The step lines of a metrics file so far (0 while it does not exist).
+size_t metrics_lines(const fs::path& p) {
+  try {
+    return metrics_losses(p).size();
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+// One machine, three workers, ZeRO-1 over dp3: each rank holds the only copy of a third of
+// Adam's moments, so nothing alive covers the state after a kill. The standalone agent
+// restarts every worker (its on_change is a restart: it has no membership changes); the
+// restarted workers find every rank's snapshot in the node's agent and resume from it.
+class SnapshotRecovery : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("weft-snaprec-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::vector<std::string> run_args(const std::string& id, const fs::path& out,
+                                    const std::vector<std::string>& extra) const {
+    std::vector<std::string> a = {"run", "--standalone", "--nproc-per-node", "3",
+                                  "--max-restarts", "1", "--monitor-interval", "0.05",
+                                  "--rdzv-id", id, "--", WEFT_BINARY, "train"};
+    std::vector<std::string> sets = {"parallel.zero=1", "snapshot.every=1"};
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    for (const std::string& x : live::train_args(out, kSteps, sets)) a.push_back(x);
+    a.insert(a.end(), {"--save-weights", (out / "weights.safetensors").string()});
+    return a;
+  }
+
+  static constexpr int kSteps = 160;
+  fs::path dir_;
+};
+
+TEST_F(SnapshotRecovery, AKilledWorkerResumesFromTheNodesSnapshotsWithTheSameWeightsBitwise) {
+  Agents agents({"OMP_NUM_THREADS=1"});
+  // The uninterrupted run on the same layout, snapshots on as well.
+  const std::string ref_id = "snaprec-ref-" + std::to_string(::getpid());
+  JobSegments ref_segments{checkpoint::job_id_for_run(ref_id)};
+  const pid_t ref = agents.start(run_args(ref_id, dir_ / "ref", {}), dir_ / "ref.log");
+  ASSERT_EQ(agents.wait(ref), 0) << slurp_file(dir_ / "ref.log");
+  // Finished well: the agent removed the job's segments.
+  EXPECT_TRUE(checkpoint::snapshot_segments(ref_segments.job).empty());
+
+  const std::string id = "snaprec-" + std::to_string(::getpid());
+  JobSegments segments{checkpoint::job_id_for_run(id)};
+  const fs::path out = dir_ / "run";
+  const pid_t run = agents.start(run_args(id, out, {}), dir_ / "run.log");
+  // SIGKILL rank 1 once 40 steps are logged: mid-step, or mid-copy of its snapshot.
+  auto logged = [&] { return metrics_lines(out / "metrics.jsonl"); };
+  ASSERT_TRUE(poll_until([&] { return logged() >= 40; }, 120)) << slurp_file(dir_ / "run.log");
+  std::vector<pid_t> workers = children(run);
+  ASSERT_EQ(workers.size(), 3u) << slurp_file(dir_ / "run.log");
+  const size_t at_kill = logged();
+  ASSERT_LT(at_kill, size_t(kSteps)) << "the job ended before the kill: make kSteps larger";
+  ::kill(workers[1], SIGKILL);
+  ASSERT_EQ(agents.wait(run), 0) << slurp_file(dir_ / "run.log");
+  const std::string log = slurp_file(dir_ / "run.log");
+
+  // Resumed from the snapshots of all three ranks, at most a step or two before the kill,
+  // and no disk checkpoint exists to come from.
+  const size_t at = log.find("resumed at step ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const long step = std::stol(log.substr(at + 16));
+  EXPECT_GE(step, long(at_kill) - 2) << log;
+  EXPECT_LE(step, long(at_kill) + 2) << log;
+  EXPECT_NE(log.find("from the in-memory snapshots of 3 ranks (world 3, epoch 0) through the router"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("no checkpoint read"), std::string::npos) << log;
+  EXPECT_EQ(log.find("resuming from the latest checkpoint"), std::string::npos) << log;
+  // The agent outlived the workers and the job's end removed its segments.
+  EXPECT_NE(log.find("the job ended well; the snapshot agent removed its 3 segment(s)"),
+            std::string::npos)
+      << log;
+  EXPECT_TRUE(checkpoint::snapshot_segments(segments.job).empty());
+
+  // The same numbers as the run that never failed: every loss, and the final weights bit
+  // for bit (the same layout; the router copies bytes).
+  expect_same_losses(dir_ / "ref" / "metrics.jsonl", out / "metrics.jsonl", kSteps, false, 0.0);
+  EXPECT_EQ(slurp_file(dir_ / "ref" / "weights.safetensors"),
+            slurp_file(out / "weights.safetensors"));
+}
+
+}  // namespace
+}  // namespace weft::test
