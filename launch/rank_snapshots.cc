@@ -64,6 +64,16 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count)
         if (!v || v->meta.job_id != job_id_) continue;
         const auto key = std::make_pair(v->meta.rank, v->meta.step);
         if (offered_.count(key)) continue;  // two epochs' segments of one rank at one step
+        // Verified before it is offered (crc32c runs at about twice memcpy's speed): a rank
+        // that found a corrupt block while the router waits on it would stall the world.
+        if (const std::vector<int64_t> bad = seg->corrupt_blocks(*v); !bad.empty()) {
+          std::fprintf(stderr,
+                       "weft train: snapshot %s (slot %d, step %lld) not offered: %zu corrupt "
+                       "block(s), the first at byte %lld\n",
+                       entry.c_str(), slot, (long long)v->meta.step, bad.size(),
+                       (long long)(bad[0] * checkpoint::kSnapshotBlockBytes));
+          continue;
+        }
         HolderReport r;
         r.valid = 1;
         r.epoch = v->meta.epoch;

@@ -64,7 +64,7 @@ struct Arrival {
   int64_t bytes_sent = 0;     // between ranks, all ranks together: the minimum
   int64_t bytes_adopted = 0;  // this rank's: kept in place (no copy)
   int64_t bytes_local = 0;    // this rank's: copied within the rank
-  double wait = 0, comms = 0, plan = 0, transfer = 0, resume = 0;
+  double wait = 0, comms = 0, plan = 0, fetch = 0, transfer = 0, resume = 0;
 };
 
 // The summary's steps and validations from a metrics file (the lines kept so far).
@@ -259,6 +259,8 @@ void RankTraining::enter_world(const std::string& why) {
               : snaps_.read(int(r), holders.step, holders.old.ranks[r]);
       src.insert(src.end(), t.begin(), t.end());
     }
+    arrival_.fetch = since(t);  // reading the snapshots this rank serves (memcpy + checksums)
+    t = Clock::now();
     // Handles only: held_ keeps the state until this world is entered. A newer epoch aborts
     // the entry on every rank at once (the entering LossWatcher); had the router or the
     // trainer taken the only handles, no rank would hold anything in the next world, and a
@@ -287,11 +289,14 @@ void RankTraining::enter_world(const std::string& why) {
   if (lead() && first_world_ && holders.found) {
     std::printf("weft train: restart %d (membership epoch %lld, world %d): resumed at step %lld "
                 "from the in-memory snapshots of %d rank%s (world %d, epoch %lld) through the "
-                "router, %.1f MiB between ranks; no checkpoint read\n",
+                "router, %.1f MiB between ranks; no checkpoint read; ready in %.2f s (communicators %.2f, "
+                "plan %.2f, read snapshots %.2f, transfer %.2f, resume %.2f)\n",
                 env_.restart_count, (long long)env_.rdzv_epoch, env_.world,
                 (long long)trainer_->current_step(), holders.snapshots,
                 holders.snapshots == 1 ? "" : "s", holders.old_world, (long long)holders.epoch,
-                mib(size_t(arrival_.bytes_sent)));
+                mib(size_t(arrival_.bytes_sent)),
+                arrival_.comms + arrival_.plan + arrival_.fetch + arrival_.transfer + arrival_.resume,
+                arrival_.comms, arrival_.plan, arrival_.fetch, arrival_.transfer, arrival_.resume);
     std::fflush(stdout);
   }
   ckpt_ = std::make_unique<checkpoint::ParallelCheckpoints>(spec_, *trainer_, resume);
@@ -359,10 +364,11 @@ void RankTraining::print_arrival(const std::string& why, int old_world, int64_t 
   std::printf(
       "resize: epoch %lld -> %lld, world %d -> %d (dp %lld x tp %lld x pp %lld x ep %lld) at "
       "step %lld: %s; %s; training again %.2f s after the change (membership %.2f, "
-      "communicators %.2f, plan %.2f, transfer %.2f, resume %.2f)\n",
+      "communicators %.2f, plan %.2f, read snapshots %.2f, transfer %.2f, resume %.2f)\n",
       (long long)old_epoch, (long long)env_.rdzv_epoch, old_world, train_world_, (long long)d.dp,
       (long long)d.tp, (long long)d.pp, (long long)d.ep, (long long)trainer_->current_step(),
-      why.c_str(), from.c_str(), since(change_at_), a.wait, a.comms, a.plan, a.transfer, a.resume);
+      why.c_str(), from.c_str(), since(change_at_), a.wait, a.comms, a.plan, a.fetch, a.transfer,
+      a.resume);
   std::fflush(stdout);
 }
 

@@ -59,13 +59,14 @@ class SnapshotRecovery : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   std::vector<std::string> run_args(const std::string& id, const fs::path& out,
-                                    const std::vector<std::string>& extra) const {
+                                    const std::vector<std::string>& extra,
+                                    int steps = kSteps) const {
     std::vector<std::string> a = {"run", "--standalone", "--nproc-per-node", "3",
                                   "--max-restarts", "1", "--monitor-interval", "0.05",
                                   "--rdzv-id", id, "--", WEFT_BINARY, "train"};
     std::vector<std::string> sets = {"parallel.zero=1", "snapshot.every=1"};
     sets.insert(sets.end(), extra.begin(), extra.end());
-    for (const std::string& x : live::train_args(out, kSteps, sets)) a.push_back(x);
+    for (const std::string& x : live::train_args(out, steps, sets)) a.push_back(x);
     a.insert(a.end(), {"--save-weights", (out / "weights.safetensors").string()});
     return a;
   }
@@ -120,6 +121,55 @@ TEST_F(SnapshotRecovery, AKilledWorkerResumesFromTheNodesSnapshotsWithTheSameWei
   // The same numbers as the run that never failed: every loss, and the final weights bit
   // for bit (the same layout; the router copies bytes).
   expect_same_losses(dir_ / "ref" / "metrics.jsonl", out / "metrics.jsonl", kSteps, false, 0.0);
+  EXPECT_EQ(slurp_file(dir_ / "ref" / "weights.safetensors"),
+            slurp_file(out / "weights.safetensors"));
+}
+
+// A snapshot whose bytes went bad in memory is found by its checksum before it is offered:
+// rank 0's newest snapshot (step 200) gets a flipped byte and rank 1 is killed. Step 200's
+// group then lacks rank 0, so the restarted job resumes from the older slots (step 100),
+// which every rank has whole. The numbers still equal the run that never failed, bit for bit.
+TEST_F(SnapshotRecovery, ACorruptSnapshotIsNotOfferedAndTheOlderCompleteStepServes) {
+  Agents agents({"OMP_NUM_THREADS=1"});
+  const int steps = 400;
+  const std::vector<std::string> every = {"snapshot.every=100"};
+  const std::string ref_id = "snapcor-ref-" + std::to_string(::getpid());
+  JobSegments ref_segments{checkpoint::job_id_for_run(ref_id)};
+  const pid_t ref = agents.start(run_args(ref_id, dir_ / "ref", every, steps), dir_ / "ref.log");
+  ASSERT_EQ(agents.wait(ref), 0) << slurp_file(dir_ / "ref.log");
+
+  const std::string id = "snapcor-" + std::to_string(::getpid());
+  JobSegments segments{checkpoint::job_id_for_run(id)};
+  const fs::path out = dir_ / "run";
+  const pid_t run = agents.start(run_args(id, out, every, steps), dir_ / "run.log");
+  // Between step 205 and 300: every rank's newest snapshot is step 200's, the older 100's.
+  auto logged = [&] { return metrics_lines(out / "metrics.jsonl"); };
+  ASSERT_TRUE(poll_until([&] { return logged() >= 205; }, 120)) << slurp_file(dir_ / "run.log");
+  std::string rank0;
+  for (const std::string& n : checkpoint::snapshot_segments(segments.job))
+    if (n.size() > 3 && n.substr(n.size() - 3) == "-r0") rank0 = n;
+  ASSERT_FALSE(rank0.empty());
+  {
+    checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(rank0, true);
+    std::optional<checkpoint::SnapshotSegment::View> v = seg.latest();
+    ASSERT_TRUE(v.has_value());
+    ASSERT_EQ(v->meta.step, 200) << "the job ran past step 300 before the test acted";
+    auto* p = const_cast<uint8_t*>(static_cast<const uint8_t*>(v->payload));
+    p[v->meta.payload_bytes / 2] ^= 0x01;
+  }
+  std::vector<pid_t> workers = children(run);
+  ASSERT_EQ(workers.size(), 3u) << slurp_file(dir_ / "run.log");
+  ASSERT_LT(logged(), size_t(300)) << "the job ran past step 300 before the kill";
+  ::kill(workers[1], SIGKILL);
+  ASSERT_EQ(agents.wait(run), 0) << slurp_file(dir_ / "run.log");
+  const std::string log = slurp_file(dir_ / "run.log");
+  EXPECT_NE(log.find("snapshot " + rank0 + " (slot "), std::string::npos) << log;
+  EXPECT_NE(log.find("step 200) not offered: 1 corrupt block(s)"), std::string::npos) << log;
+  EXPECT_NE(log.find("resumed at step 100 from the in-memory snapshots of 3 ranks"),
+            std::string::npos)
+      << log;
+  expect_same_losses(dir_ / "ref" / "metrics.jsonl", out / "metrics.jsonl", size_t(steps), false,
+                     0.0);
   EXPECT_EQ(slurp_file(dir_ / "ref" / "weights.safetensors"),
             slurp_file(out / "weights.safetensors"));
 }
