@@ -677,7 +677,12 @@ int NodeAgent::run() {
         break;
       case Outcome::End::kFailed:
         if (!elastic_) break;
-        if (live() && current_.world() > o_.nnodes_min) {
+        // A node whose workers' snapshots exist only here (snapshot.redundancy: none) does
+        // not leave either: without it nobody could restore its ranks' state, and the job
+        // would go back to a checkpoint. A restart round restores every rank from the
+        // snapshots of every node instead.
+        if (live() && current_.world() > o_.nnodes_min &&
+            !(snapshots_ && snapshots_->plan().redundancy == "none")) {
           // Workers that follow notices: the other nodes reshard without this one, which
           // leaves at once (no wait for its heartbeat to expire) and, with restarts left,
           // joins again as a newcomer whose workers receive their state from the others.

@@ -68,6 +68,7 @@ std::optional<SnapshotAgentPlan> snapshot_agent_plan(const std::vector<std::stri
                                                      const std::string& run_id, int node) {
   if (command.size() < 2 || fs::path(command[0]).filename() != "weft" || command[1] != "train")
     return std::nullopt;
+  SnapshotAgentPlan p;
   try {
     // weft train's own options (launch/cmd_train.cc), so that its arguments read the same.
     Args args(std::vector<std::string>(command.begin() + 2, command.end()),
@@ -76,10 +77,10 @@ std::optional<SnapshotAgentPlan> snapshot_agent_plan(const std::vector<std::stri
     if (args.flag("--help") || !args.has("--config")) return std::nullopt;
     core::JobSpec spec = core::load_job_spec(args.get("--config"), args.all("--set"));
     if (spec.snapshot.every <= 0) return std::nullopt;
+    p.redundancy = spec.snapshot.redundancy;
   } catch (const std::exception&) {
     return std::nullopt;  // the worker says what is wrong, with its exit code
   }
-  SnapshotAgentPlan p;
   p.job_id = checkpoint::job_id_for_run(run_id);
   p.node = node;
   p.socket = socket_path(p.job_id, node);

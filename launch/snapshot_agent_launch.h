@@ -17,6 +17,7 @@ struct SnapshotAgentPlan {
   std::string job_id;  // checkpoint::job_id_for_run(run id): the workers' job id too
   int node = 0;
   std::string socket;  // <tmp>/weft-snapshot-<job id>-n<node>.sock
+  std::string redundancy = "none";  // snapshot.redundancy: "none" = this node's only copy
 };
 
 // The agent the workers of `command` need, or nullopt: the command is `weft train` (its

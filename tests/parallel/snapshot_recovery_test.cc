@@ -75,6 +75,8 @@ class SnapshotRecovery : public ::testing::Test {
   fs::path dir_;
 };
 
+// The agent is killed and restarted by weft run first (it adopts the segments), then a
+// worker: the job resumes from the snapshots all the same.
 TEST_F(SnapshotRecovery, AKilledWorkerResumesFromTheNodesSnapshotsWithTheSameWeightsBitwise) {
   Agents agents({"OMP_NUM_THREADS=1"});
   // The uninterrupted run on the same layout, snapshots on as well.
@@ -89,8 +91,19 @@ TEST_F(SnapshotRecovery, AKilledWorkerResumesFromTheNodesSnapshotsWithTheSameWei
   JobSegments segments{checkpoint::job_id_for_run(id)};
   const fs::path out = dir_ / "run";
   const pid_t run = agents.start(run_args(id, out, {}), dir_ / "run.log");
-  // SIGKILL rank 1 once 40 steps are logged: mid-step, or mid-copy of its snapshot.
   auto logged = [&] { return metrics_lines(out / "metrics.jsonl"); };
+  // The snapshot agent is SIGKILLed first: weft run starts another, which adopts the
+  // segments, and the workers' snapshots go on into them.
+  ASSERT_TRUE(poll_until([&] { return logged() >= 20; }, 120)) << slurp_file(dir_ / "run.log");
+  const std::string started = "started the snapshot agent (pid ";
+  const std::string before = slurp_file(dir_ / "run.log");
+  ASSERT_NE(before.find(started), std::string::npos) << before;
+  const pid_t agent = pid_t(std::stol(before.substr(before.find(started) + started.size())));
+  ::kill(agent, SIGKILL);
+  ASSERT_TRUE(poll_until([&] {
+    return slurp_file(dir_ / "run.log").find("3 segment(s) adopted)") != std::string::npos;
+  }, 60)) << slurp_file(dir_ / "run.log");
+  // SIGKILL rank 1 once 40 steps are logged: mid-step, or mid-copy of its snapshot.
   ASSERT_TRUE(poll_until([&] { return logged() >= 40; }, 120)) << slurp_file(dir_ / "run.log");
   std::vector<pid_t> workers = children(run);
   ASSERT_EQ(workers.size(), 3u) << slurp_file(dir_ / "run.log");
@@ -112,6 +125,9 @@ TEST_F(SnapshotRecovery, AKilledWorkerResumesFromTheNodesSnapshotsWithTheSameWei
       << log;
   EXPECT_NE(log.find("no checkpoint read"), std::string::npos) << log;
   EXPECT_EQ(log.find("resuming from the latest checkpoint"), std::string::npos) << log;
+  EXPECT_NE(log.find("weft run: restarting the snapshot agent (it adopts its segments)"),
+            std::string::npos)
+      << log;
   // The agent outlived the workers and the job's end removed its segments.
   EXPECT_NE(log.find("the job ended well; the snapshot agent removed its 3 segment(s)"),
             std::string::npos)
@@ -172,6 +188,45 @@ TEST_F(SnapshotRecovery, ACorruptSnapshotIsNotOfferedAndTheOlderCompleteStepServ
                      0.0);
   EXPECT_EQ(slurp_file(dir_ / "ref" / "weights.safetensors"),
             slurp_file(out / "weights.safetensors"));
+}
+
+// Three nodes of one worker each (loopback), ZeRO-1 over dp3, snapshot.redundancy: none:
+// node 2's snapshots exist only on node 2, so when its worker dies the node does not leave
+// (the others could not restore its shard); a restart round restores every rank from the
+// snapshots of every node, and the run equals one process's.
+TEST(SnapshotRecoveryMultiNode, AFailedWorkerWhoseSnapshotsExistOnlyOnItsNodeIsARestartRound) {
+  live::LiveJob job;
+  job.dir = agent_test_dir("snapshot_recovery", "multinode");
+  job.id = "snap-multi-" + std::to_string(::getpid());
+  job.nnodes = "2:3";
+  job.max_restarts = 1;
+  job.steps = 300;
+  job.sets = {"parallel.dp=auto", "parallel.zero=1", "snapshot.every=1"};
+  JobSegments segments{checkpoint::job_id_for_run(job.id)};
+  const fs::path ref = live::reference_run(job.dir, job.steps, {"parallel.dp=auto"});
+  job.start_in_order(3);
+  ASSERT_TRUE(job.wait_steps(40)) << job.all_logs();
+  std::vector<pid_t> victim = children(job.pid(2));
+  ASSERT_EQ(victim.size(), 1u) << job.all_logs();
+  ::kill(victim[0], SIGKILL);
+  for (int k = 0; k < 3; ++k) {
+    std::optional<int> code = job.wait(k);
+    ASSERT_TRUE(code) << job.all_logs();
+    EXPECT_EQ(*code, 0) << job.all_logs();
+  }
+  const std::string lead = slurp(job.logs[0]);
+  EXPECT_NE(job.text(2).find("restarting the workers (1 of --max-restarts 1 used)"),
+            std::string::npos)
+      << job.text(2);
+  EXPECT_EQ(job.text(2).find("left the job and joins again"), std::string::npos) << job.text(2);
+  EXPECT_NE(lead.find("from the in-memory snapshots of 3 ranks (world 3, epoch 1)"),
+            std::string::npos)
+      << lead;
+  EXPECT_EQ(lead.find("resuming from the latest checkpoint"), std::string::npos) << lead;
+  EXPECT_EQ(lead.find("starting over from step 0"), std::string::npos) << lead;
+  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, live::kRelDp);
+  EXPECT_TRUE(checkpoint::snapshot_segments(segments.job).empty());
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 
 }  // namespace
