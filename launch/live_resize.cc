@@ -180,7 +180,7 @@ Holders choose_holders(const core::JobSpec& spec, const core::Graph& graph,
       if (!r.valid || r.epoch != epoch || r.step != step || r.world != old_world || r.rank < 0 ||
           r.rank >= old_world || to[size_t(r.rank)] >= 0)
         continue;
-      if (r.source == HolderReport::kSnapshot &&
+      if (r.source != HolderReport::kLive &&
           uint64_t(r.layout_hash) != checkpoint::snapshot_layout_hash(old.ranks[size_t(r.rank)]))
         continue;  // a snapshot of other boxes (another plan): never a source
       to[size_t(r.rank)] = int(r.holder);
@@ -197,7 +197,11 @@ Holders choose_holders(const core::JobSpec& spec, const core::Graph& graph,
     h.step = step;
     h.old_world = old_world;
     for (int q : from)
-      if (q >= 0 && reports[size_t(q)].source == HolderReport::kSnapshot) h.snapshots++;
+      if (q >= 0 && reports[size_t(q)].source != HolderReport::kLive) {
+        h.snapshots++;
+        h.replicas += reports[size_t(q)].source == HolderReport::kReplica;
+        h.rebuilt += reports[size_t(q)].source == HolderReport::kRebuilt;
+      }
     h.new_rank_of = std::move(to);
     h.report_of = std::move(from);
     h.old = old;

@@ -51,10 +51,11 @@ HeldState hold_state(parallel::ParallelTrainer& trainer, const parallel::StateSp
                      int64_t epoch, bool torn);
 
 // What a rank of the new world offers: its live state (source kLive, one per rank, valid or
-// not) and the in-memory snapshots of its node's agent that it serves (source kSnapshot,
-// any number; issue 15). `holder` is the offering rank of the new world.
+// not) and the in-memory snapshots of its node's agent that it serves (any number; issue
+// 15): a node's own (kSnapshot), a copy another node pushed (kReplica), or one rebuilt from
+// parity (kRebuilt). `holder` is the offering rank of the new world.
 struct HolderReport {
-  static constexpr int64_t kLive = 0, kSnapshot = 1;
+  static constexpr int64_t kLive = 0, kSnapshot = 1, kReplica = 2, kRebuilt = 3;
   int64_t valid = 0, epoch = 0, rank = -1, world = 0, step = 0, host = 0;
   int64_t holder = -1, source = kLive;
   int64_t layout_hash = 0;  // a snapshot's: checkpoint::snapshot_layout_hash of its boxes
@@ -90,7 +91,9 @@ struct Holders {
   parallel::Layout old;          // the old world's layout (old ranks)
   parallel::Layout a;            // layout A over the new world
   int count() const;
-  int snapshots = 0;    // old ranks that come from snapshots
+  int snapshots = 0;    // old ranks that come from snapshots (any kind)
+  int replicas = 0;     // of them, copies on another node than their own
+  int rebuilt = 0;      // of them, rebuilt from parity
   std::string why_not;  // when not found: the first gap, for the log
 };
 // `world`: the new world's size (the first `world` reports are the ranks' live ones).

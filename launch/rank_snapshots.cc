@@ -80,7 +80,9 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count)
         r.rank = v->meta.rank;
         r.world = v->meta.world;
         r.step = v->meta.step;
-        r.source = HolderReport::kSnapshot;
+        r.source = v->meta.kind == checkpoint::SegmentKind::kReplica ? HolderReport::kReplica
+                   : v->meta.kind == checkpoint::SegmentKind::kParity ? HolderReport::kRebuilt
+                                                                       : HolderReport::kSnapshot;
         r.layout_hash = int64_t(v->meta.layout_hash);
         offered_.emplace(key, Offered{seg, slot});
         out.push_back(r);

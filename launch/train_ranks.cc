@@ -60,12 +60,22 @@ struct Arrival {
   std::string source;  // "survivors" | "snapshots" | "checkpoint" | "seed" | "first"
   int holders = 0;
   int snapshots = 0;  // of the holders, old ranks restored from in-memory snapshots
+  int replicas = 0, rebuilt = 0;  // of those, copies from another node, rebuilt from parity
   int64_t went_back = 0;  // steps redone: the held step minus the step resumed at
   int64_t bytes_sent = 0;     // between ranks, all ranks together: the minimum
   int64_t bytes_adopted = 0;  // this rank's: kept in place (no copy)
   int64_t bytes_local = 0;    // this rank's: copied within the rank
   double wait = 0, comms = 0, plan = 0, fetch = 0, transfer = 0, resume = 0;
 };
+
+// Where restored snapshots came from: "2 own, 1 replica" (own: the node's agent that took
+// it; replica: a copy another node's agent holds; rebuilt: decoded from parity).
+std::string snapshot_origins(const Arrival& a) {
+  std::string s = str(a.snapshots - a.replicas - a.rebuilt, " own");
+  if (a.replicas) s += str(", ", a.replicas, " replica", a.replicas == 1 ? "" : "s");
+  if (a.rebuilt) s += str(", ", a.rebuilt, " rebuilt from parity");
+  return s;
+}
 
 // The summary's steps and validations from a metrics file (the lines kept so far).
 TrainReport report_from(const std::string& metrics, const core::JobSpec& spec) {
@@ -220,6 +230,8 @@ void RankTraining::enter_world(const std::string& why) {
     arrival_.source = holders.snapshots > 0 ? "snapshots" : "survivors";
     arrival_.holders = holders.count();
     arrival_.snapshots = holders.snapshots;
+    arrival_.replicas = holders.replicas;
+    arrival_.rebuilt = holders.rebuilt;
   } else {
     // The first world: --resume, or after a restart of the whole job the latest checkpoint.
     // A later one: the latest checkpoint, since nobody alive holds all of the state.
@@ -288,13 +300,13 @@ void RankTraining::enter_world(const std::string& why) {
   if (lead() && first_world_ && !holders.found) print_attempt(spec_, env_, resume);
   if (lead() && first_world_ && holders.found) {
     std::printf("weft train: restart %d (membership epoch %lld, world %d): resumed at step %lld "
-                "from the in-memory snapshots of %d rank%s (world %d, epoch %lld) through the "
+                "from the in-memory snapshots of %d rank%s (world %d, epoch %lld; %s) through the "
                 "router, %.1f MiB between ranks; no checkpoint read; ready in %.2f s (communicators %.2f, "
                 "plan %.2f, read snapshots %.2f, transfer %.2f, resume %.2f)\n",
                 env_.restart_count, (long long)env_.rdzv_epoch, env_.world,
                 (long long)trainer_->current_step(), holders.snapshots,
                 holders.snapshots == 1 ? "" : "s", holders.old_world, (long long)holders.epoch,
-                mib(size_t(arrival_.bytes_sent)),
+                snapshot_origins(arrival_).c_str(), mib(size_t(arrival_.bytes_sent)),
                 arrival_.comms + arrival_.plan + arrival_.fetch + arrival_.transfer + arrival_.resume,
                 arrival_.comms, arrival_.plan, arrival_.fetch, arrival_.transfer, arrival_.resume);
     std::fflush(stdout);
@@ -354,7 +366,8 @@ void RankTraining::print_arrival(const std::string& why, int old_world, int64_t 
       : a.source == "snapshots"
           ? str("nobody alive holds all of the state: resumed at step ", trainer_->current_step(),
                 " (", a.went_back, " steps back) from ", a.holders, " holders, ", a.snapshots,
-                " of them in-memory snapshots, through the router (", mib(size_t(a.bytes_sent)),
+                " of them in-memory snapshots (", snapshot_origins(a), "), through the router (",
+                mib(size_t(a.bytes_sent)),
                 " MiB between ranks)")
       : a.source == "checkpoint"
           ? str("nobody alive holds all of the state: resumed from the latest checkpoint at step ",

@@ -120,7 +120,7 @@ TEST_F(SnapshotRecovery, AKilledWorkerResumesFromTheNodesSnapshotsWithTheSameWei
   const long step = std::stol(log.substr(at + 16));
   EXPECT_GE(step, long(at_kill) - 2) << log;
   EXPECT_LE(step, long(at_kill) + 2) << log;
-  EXPECT_NE(log.find("from the in-memory snapshots of 3 ranks (world 3, epoch 0) through the router"),
+  EXPECT_NE(log.find("from the in-memory snapshots of 3 ranks (world 3, epoch 0; 3 own) through the router"),
             std::string::npos)
       << log;
   EXPECT_NE(log.find("no checkpoint read"), std::string::npos) << log;
@@ -219,7 +219,7 @@ TEST(SnapshotRecoveryMultiNode, AFailedWorkerWhoseSnapshotsExistOnlyOnItsNodeIsA
             std::string::npos)
       << job.text(2);
   EXPECT_EQ(job.text(2).find("left the job and joins again"), std::string::npos) << job.text(2);
-  EXPECT_NE(lead.find("from the in-memory snapshots of 3 ranks (world 3, epoch 1)"),
+  EXPECT_NE(lead.find("from the in-memory snapshots of 3 ranks (world 3, epoch 1; 3 own)"),
             std::string::npos)
       << lead;
   EXPECT_EQ(lead.find("resuming from the latest checkpoint"), std::string::npos) << lead;
