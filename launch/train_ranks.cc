@@ -326,8 +326,9 @@ void RankTraining::enter_world(const std::string& why) {
     const bool continues = !first_world_ || continues_run(env_, args_.has("--resume"));
     metrics_ = open_metrics(*folder_, continues ? std::optional<int64_t>(trainer_->current_step())
                                                 : std::nullopt);
-    // A rank that becomes the lead takes over the run's history for its summary.
-    if (!first_world_) report_ = report_from(metrics_->path(), spec_);
+    // A rank that becomes the lead, or a restarted one, takes over the run's history for its
+    // summary (a restart's summary used to start at the step it resumed from).
+    if (continues) report_ = report_from(metrics_->path(), spec_);
     if (first_world_) {
       fs::create_directories(folder_->out);
       std::ofstream(fs::path(folder_->out) / "config.yaml") << core::job_spec_to_yaml(spec_);
