@@ -1,5 +1,6 @@
 // The `weft` binary: dispatches subcommands and maps errors to exit codes
 // (0 success, 2 bad input, 1 failure at run time). Only launch/ may exit().
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -25,7 +26,7 @@ const std::map<std::string, Command>& command_table() {
       {"train", {weft::launch::cmd_train, "train a model from a YAML config (one process, or one rank of weft run / mpirun)"}},
       {"data", {weft::launch::cmd_data, "data tools: `weft data prepare IN.txt OUT.bin`"}},
       {"snapshot-agent", {weft::launch::cmd_snapshot_agent, "the node's in-memory snapshot agent: `weft snapshot-agent --job ID --node N --socket PATH` (weft run starts it)"}},
-      {"bench", {weft::launch::cmd_bench, "benchmarks: `weft bench train|memory|comm|checkpoint|scaling|store` (`weft bench NAME --help`)"}},
+      {"bench", {weft::launch::cmd_bench, "benchmarks: `weft bench train|memory|comm|checkpoint|scaling|store|elastic|snapshot` (`weft bench NAME --help`)"}},
       {"store", {weft::launch::cmd_store, "the rendezvous store alone: `weft store --port P [--host H]`"}},
       {"run", {weft::launch::cmd_run, "start workers on this machine: `weft run --standalone --nproc-per-node N -- weft train ...`"}},
       {"ckpt", {weft::launch::cmd_ckpt, "checkpoints: `weft ckpt export DIR out.safetensors`, `import`, `verify`"}},
@@ -38,7 +39,10 @@ const std::map<std::string, Command>& command_table() {
 void usage(FILE* out) {
   std::fprintf(out, "weft %s: distributed training with elastic parallelism\n\nusage: weft <command> [args]\n\n",
                WEFT_VERSION);
-  for (const auto& [name, c] : command_table()) std::fprintf(out, "  %-8s %s\n", name.c_str(), c.help);
+  int width = 0;  // the longest command name, so that the helps line up
+  for (const auto& [name, c] : command_table()) width = std::max(width, int(name.size()));
+  for (const auto& [name, c] : command_table())
+    std::fprintf(out, "  %-*s %s\n", width, name.c_str(), c.help);
   std::fprintf(out, "\nRun `weft <command> --help` for a command's options.\n");
 }
 
