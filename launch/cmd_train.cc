@@ -68,7 +68,13 @@ WEFT_MEMORY_GIB refuses a layout whose per-rank peak exceeds it).
 Under `weft run --nnodes MIN:MAX` or `--max-restarts K`, elastic.on_change says what a
 membership change does: reshard (default) keeps the surviving workers running and moves
 their state into the new world live; restart stops every worker and starts it again from
-the latest checkpoint under checkpoint.dir (torchrun's way).
+the latest checkpoint under checkpoint.dir (torchrun's way). A world that the fixed degrees
+(tp, pp, ep, a fixed dp) do not fit stops the job naming them under elastic.layout: fixed
+(default); elastic.layout: auto trains it in the nearest layout that fits and says so.
+
+snapshot.every: K copies every rank's state into the node's snapshot agent (started by
+weft run) every K steps; a restarted or resharded job resumes from them when nobody alive
+holds the state.
 )";
 
 // The single-process loop, for the CPU trainer and (device: cuda) the CUDA trainer: a
@@ -187,7 +193,9 @@ int cmd_train(const std::vector<std::string>& argv) {
     for (const std::string& note : spec.notes) std::printf("note: %s\n", note.c_str());
   // Every world size goes through the planner's validation, one process too: a layout that
   // needs more ranks is refused naming the launcher, never silently trained as one process.
-  planner::ParallelConfig layout = planner::resolve_parallel(spec, env.world);
+  // elastic.layout: auto trains a world its degrees do not fit in the nearest layout that does.
+  planner::ParallelConfig layout =
+      planner::resolve_parallel(planner::fit_layout(spec, env.world), env.world);
   if (layout.zero > 0 && layout.deg.dp == 1 && env.rank == 0)
     std::printf("note: parallel.zero=%d shards over the data-parallel ranks and there is one "
                 "(dp=1): the optimizer state stays whole\n",

@@ -169,8 +169,9 @@ Holders choose_holders(const core::JobSpec& spec, const core::Graph& graph,
     auto it = old_layouts.find(old_world);
     if (it == old_layouts.end())
       it = old_layouts
-               .emplace(old_world, parallel::layout_of(
-                                       space, planner::make_plan(spec, graph, old_world, opt)))
+               .emplace(old_world,
+                        parallel::layout_of(space, planner::make_plan(planner::fit_layout(spec, old_world),
+                                                                      graph, old_world, opt)))
                .first;
     const parallel::Layout& old = it->second;
     std::vector<int> to(size_t(old_world), -1), from(size_t(old_world), -1);

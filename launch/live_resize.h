@@ -96,7 +96,8 @@ struct Holders {
   int rebuilt = 0;      // of them, rebuilt from parity
   std::string why_not;  // when not found: the first gap, for the log
 };
-// `world`: the new world's size (the first `world` reports are the ranks' live ones).
+// `world`: the new world's size (the first `world` reports are the ranks' live ones). `spec`
+// is the job's; each old world's layout is planner::fit_layout's for its size.
 Holders choose_holders(const core::JobSpec& spec, const core::Graph& graph,
                        const parallel::StateSpace& space,
                        const std::vector<HolderReport>& reports, int world);

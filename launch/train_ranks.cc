@@ -102,6 +102,7 @@ class RankTraining {
  public:
   RankTraining(const Args& args, const core::JobSpec& spec, const parallel::LaunchEnv& env)
       : args_(args),
+        job_(spec),
         spec_(spec),
         base_(env),
         env_(env),
@@ -133,7 +134,10 @@ class RankTraining {
   void print_arrival(const std::string& why, int old_world, int64_t old_epoch);
 
   const Args& args_;
-  const core::JobSpec& spec_;
+  const core::JobSpec& job_;  // as the job file gives it
+  // This world's: job_ with the layout that fits it (planner::fit_layout; job_ itself
+  // unless elastic.layout: auto had to change degrees).
+  core::JobSpec spec_;
   const parallel::LaunchEnv base_;
   parallel::LaunchEnv env_;  // this world's
   core::data::TokenDataset data_;
@@ -185,7 +189,14 @@ void RankTraining::enter_world(const std::string& why) {
   arrival_.wait = first_world_ ? 0 : since(change_at_);
   auto t = Clock::now();
   // Degrees that no longer fit the world stop the job here, naming them.
-  planner::resolve_parallel(spec_, train_world_);
+  std::string refit;
+  spec_ = planner::fit_layout(job_, train_world_, &refit);
+  if (lead() && !refit.empty()) {
+    std::printf("weft train: elastic.layout: auto: the job's degrees do not fit a world of %d; "
+                "training it as %s\n",
+                train_world_, refit.c_str());
+    std::fflush(stdout);
+  }
   planner::check_fits_memory(spec_, train_world_, ranks_on_node(env_));
   std::function<std::string()> superseded;
   if (live_)
@@ -224,7 +235,7 @@ void RankTraining::enter_world(const std::string& why) {
   const std::unique_ptr<core::MoeBalance> balance = core::MoeBalance::for_model(spec_.model);
   const parallel::StateSpace space = parallel::StateSpace::from_graph(mg.graph, balance.get());
   Holders holders;
-  if (gather) holders = choose_holders(spec_, mg.graph, space, reports, env_.world);
+  if (gather) holders = choose_holders(job_, mg.graph, space, reports, env_.world);
   std::string resume;
   if (holders.found) {
     arrival_.source = holders.snapshots > 0 ? "snapshots" : "survivors";
@@ -331,7 +342,7 @@ void RankTraining::enter_world(const std::string& why) {
     if (continues) report_ = report_from(metrics_->path(), spec_);
     if (first_world_) {
       fs::create_directories(folder_->out);
-      std::ofstream(fs::path(folder_->out) / "config.yaml") << core::job_spec_to_yaml(spec_);
+      std::ofstream(fs::path(folder_->out) / "config.yaml") << core::job_spec_to_yaml(job_);
       if (!folder_->note.empty()) std::printf("%s\n", folder_->note.c_str());
     }
   }
@@ -614,9 +625,9 @@ int RankTraining::finish(bool stop) {
 int train_ranks(const Args& args, const core::JobSpec& spec, const parallel::LaunchEnv& env) {
   // `weft run` prefixes every line of its workers with [rank r]; mpirun and srun do not.
   if (env.launcher != "weft run") log_set_rank(env.rank);
-  planner::resolve_parallel(spec, env.world);  // bad degrees fail here, before any rank connects
-  // A job that cannot fit fails here on every rank alike, before anything is allocated.
-  planner::check_fits_memory(spec, env.world, ranks_on_node(env));
+  // Bad degrees fail here, before any rank connects; so does a job that cannot fit, on
+  // every rank alike, before anything is allocated.
+  planner::check_fits_memory(planner::fit_layout(spec, env.world), env.world, ranks_on_node(env));
   core::cpu::set_num_threads(int(spec.train.threads));
   RankTraining t(args, spec, env);
   return t.run();

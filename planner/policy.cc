@@ -337,4 +337,74 @@ std::vector<OpDecision> decide_partitions(const core::Graph& g, const ParallelCo
   return out;
 }
 
+core::JobSpec fit_layout(const core::JobSpec& spec, int world, std::string* changed) {
+  if (changed) changed->clear();
+  try {
+    resolve_parallel(spec, world);
+    return spec;
+  } catch (const ConfigError& e) {
+    if (spec.elastic.layout != "auto") {
+      const std::string f = e.field();
+      if (f == "parallel.dp" || f == "parallel.tp" || f == "parallel.pp" || f == "parallel.ep")
+        throw ConfigError(f, std::string(e.what()).substr(f.size() + 2) +
+                                 " (or set elastic.layout: auto to fall back to the nearest "
+                                 "layout that fits each world)");
+      throw;
+    }
+    // Candidates: every divisor of each fixed degree (auto ones stay auto), the most model
+    // parallelism first (tp, then pp, then ep as tie-breaks); dp takes what is left.
+    const core::ParallelSpec& p = spec.parallel;
+    auto divisors = [](int64_t n) {
+      std::vector<int64_t> d;
+      for (int64_t i = n; i >= 1; --i)
+        if (n % i == 0) d.push_back(i);
+      return d;
+    };
+    struct Choice {
+      int64_t tp, pp, ep;
+    };
+    std::vector<Choice> choices;
+    for (int64_t tp : p.tp ? divisors(p.tp) : std::vector<int64_t>{0})
+      for (int64_t pp : p.pp ? divisors(p.pp) : std::vector<int64_t>{0})
+        for (int64_t ep : p.ep ? divisors(p.ep) : std::vector<int64_t>{0})
+          choices.push_back({tp, pp, ep});
+    auto size = [](int64_t d) { return d ? d : 1; };
+    std::stable_sort(choices.begin(), choices.end(), [&](const Choice& a, const Choice& b) {
+      const int64_t ma = size(a.tp) * size(a.pp) * size(a.ep), mb = size(b.tp) * size(b.pp) * size(b.ep);
+      if (ma != mb) return ma > mb;
+      if (a.tp != b.tp) return a.tp > b.tp;
+      return a.pp > b.pp;
+    });
+    for (const Choice& c : choices) {
+      core::JobSpec fit = spec;
+      fit.parallel.dp = 0;
+      fit.parallel.tp = c.tp;
+      fit.parallel.pp = c.pp;
+      fit.parallel.ep = c.ep;
+      // A pipeline layout written for the asked pp does not fit another one.
+      if (c.pp != p.pp) fit.parallel.pipeline = core::PipelineSpec{};
+      try {
+        resolve_parallel(fit, world);
+      } catch (const ConfigError&) {
+        continue;
+      }
+      if (changed) {
+        std::string s;
+        auto note = [&](const char* name, int64_t was, int64_t now) {
+          if (was == now) return;
+          s += (s.empty() ? "" : ", ") + std::string(name) + " " + (was ? num(was) : "auto") +
+               " -> " + (now ? num(now) : "auto");
+        };
+        note("dp", p.dp, 0);
+        note("tp", p.tp, c.tp);
+        note("pp", p.pp, c.pp);
+        note("ep", p.ep, c.ep);
+        *changed = s;
+      }
+      return fit;
+    }
+    throw;
+  }
+}
+
 }  // namespace weft::planner

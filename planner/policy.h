@@ -40,6 +40,15 @@ struct ParallelConfig {
 // alternative ("... try tp=2 or tp=4").
 ParallelConfig resolve_parallel(const core::JobSpec& spec, int world);
 
+// The job for a world of `world` ranks. With elastic.layout: fixed, `spec` itself once
+// resolve_parallel accepts it (its ConfigError otherwise, with a hint at elastic.layout:
+// auto when the world size is what does not fit). With auto and degrees that do not fit:
+// the nearest layout that does (fixed tp, pp and ep lowered to divisors of what was asked,
+// keeping as much model parallelism as fits, tp before pp before ep; dp becomes auto), and
+// `changed` says what changed ("tp 2 -> 1"); the original error when nothing fits. A pure
+// function of (spec, world): every rank and every later world derive the same layout.
+core::JobSpec fit_layout(const core::JobSpec& spec, int world, std::string* changed = nullptr);
+
 // One split of an op: along `symbol` into n parts over a mesh axis (kDp stands for the
 // batch split over data shards x micro-batches).
 struct AxisSplit {

@@ -106,6 +106,10 @@ struct SnapshotSpec {
 struct ElasticSpec {
   int64_t min_nodes = 0, max_nodes = 0;
   std::string on_change = "reshard";  // reshard | restart
+  // fixed: a world whose size the fixed degrees (tp, pp, ep, a fixed dp) do not fit stops
+  // the job naming them; auto: the nearest layout that fits is used instead (planner::
+  // fit_layout), and the job says which degrees changed.
+  std::string layout = "fixed";  // fixed | auto
 };
 
 struct JobSpec {

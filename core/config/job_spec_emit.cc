@@ -145,6 +145,7 @@ std::string job_spec_to_yaml(const JobSpec& s) {
   kv(e, "min_nodes", s.elastic.min_nodes);
   kv(e, "max_nodes", s.elastic.max_nodes);
   kv(e, "on_change", s.elastic.on_change);
+  kv(e, "layout", s.elastic.layout);
   e << YAML::EndMap;
 
   e << YAML::EndMap;

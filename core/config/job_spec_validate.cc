@@ -288,6 +288,7 @@ void validate_job_spec(const JobSpec& s) {
                                                ") is below min_nodes (" + num(s.elastic.min_nodes) +
                                                ")");
   one_of("elastic.on_change", s.elastic.on_change, {"reshard", "restart"});
+  one_of("elastic.layout", s.elastic.layout, {"fixed", "auto"});
 }
 
 }  // namespace weft::core

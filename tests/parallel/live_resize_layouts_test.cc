@@ -243,6 +243,31 @@ TEST(LiveResize, Tp2LoneSurvivorStopsNamingTheDegrees) {
   if (!HasFailure()) fs::remove_all(job.dir);
 }
 
+// The same lone survivor's case one size up, under elastic.layout: auto: tp2 x dp2 over four
+// nodes loses one (three ranks cannot hold tp=2 x dp), so the world of three trains as
+// tp1 x dp3 from the surviving replica's shards; a node joins and the job is tp2 x dp2
+// again. Every world's numbers are one process's (TP splits reductions: 1e-4).
+TEST(LiveResize, Tp2Dp2UnderLayoutAutoShrinksToDp3AndGrowsBackToTp2) {
+  Case c;
+  c.name = "layout_auto";
+  c.nodes = 4;
+  c.nnodes = "3:4";
+  c.job = {"train.micro_batch=4"};
+  c.layout = {"parallel.tp=2", "parallel.dp=auto", "elastic.layout=auto"};
+  c.steps = 160;
+  c.rel = kRelSplit;
+  const Outcome o = kill_then_join(c);
+  if (o.resizes.size() != 2) return;
+  EXPECT_TRUE(has(o.resizes[0], "world 4 -> 3 (dp 3 x tp 1 x pp 1")) << o.resizes[0];
+  EXPECT_TRUE(has(o.resizes[0], "state from 3 holders through the router")) << o.resizes[0];
+  EXPECT_TRUE(has(o.resizes[1], "world 3 -> 4 (dp 2 x tp 2 x pp 1")) << o.resizes[1];
+  EXPECT_NE(o.logs.find("elastic.layout: auto: the job's degrees do not fit a world of 3; "
+                        "training it as tp 2 -> 1"),
+            std::string::npos)
+      << o.logs;
+  if (!::testing::Test::HasFailure()) fs::remove_all(o.dir);
+}
+
 // "resize: ... resumed from the latest checkpoint at step N, K steps back": {N, K}.
 std::optional<std::pair<int, int>> went_back(const std::string& line) {
   std::smatch m;
