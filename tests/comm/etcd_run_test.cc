@@ -18,6 +18,7 @@
 #include "tests/comm/etcd_cluster.h"
 #include "tests/support/metrics_compare.h"
 #include "tests/support/agent_tests.h"
+#include "tests/support/live_job.h"
 #include "tests/support/run_weft.h"
 
 namespace weft::test {
@@ -141,6 +142,53 @@ TEST(EtcdRun, LosingTheNodeThatServesTheWorkersStoreIsARestart) {
   EXPECT_EQ(rows.front().at("epoch"), 1);
   EXPECT_EQ(rows.back().at("world"), 2);
   EXPECT_EQ(rows.back().at("epoch"), 2);
+  fs::remove_all(d);
+}
+
+// The default, elastic.on_change: reshard, with the membership in etcd: a node that is not
+// node 0 is lost (its agent SIGKILLed, its worker with it); the survivors keep their
+// processes and reshard live through the router (every DP replica holds the whole state),
+// and the run equals one process's.
+TEST(EtcdRun, LiveReshardKeepsTheSurvivorsWhenANodeIsLost) {
+  SKIP_WITHOUT_ETCD();
+  fs::path d = temp_dir("live");
+  const int steps = 300;
+  reference(d, steps);
+  EtcdCluster etcd(1);
+  EtcdAgents agents;
+  const auto cmd = train(d, steps, {});
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 3; ++i)
+    pids.push_back(agents.start(agent(etcd, "2:3", "live", cmd), d / (std::to_string(i) + ".log")));
+  auto log_of = [&](int i) { return slurp(d / (std::to_string(i) + ".log")); };
+  ASSERT_TRUE(wait_until([&] { return log_of(0).find("step    30/") != std::string::npos ||
+                                      log_of(1).find("step    30/") != std::string::npos ||
+                                      log_of(2).find("step    30/") != std::string::npos; },
+                         pids[0]))
+      << log_of(0);
+  int node0 = -1;
+  for (int i = 0; i < 3; ++i)
+    if (log_of(i).find("is node 0 of 3") != std::string::npos) node0 = i;
+  ASSERT_GE(node0, 0);
+  const int victim = (node0 + 1) % 3, other = (node0 + 2) % 3;
+  const std::vector<pid_t> before0 = live::children(pids[size_t(node0)]),
+                           before1 = live::children(pids[size_t(other)]);
+  ASSERT_EQ(before0.size(), 1u);
+  ASSERT_EQ(before1.size(), 1u);
+  ::kill(pids[size_t(victim)], SIGKILL);
+  agents.wait(pids[size_t(victim)]);
+  ASSERT_TRUE(wait_until([&] { return log_of(node0).find("resize: ") != std::string::npos; },
+                         pids[size_t(node0)]))
+      << log_of(node0);
+  // The survivors' workers are the processes they were before the loss.
+  EXPECT_EQ(live::children(pids[size_t(node0)]), before0);
+  EXPECT_EQ(live::children(pids[size_t(other)]), before1);
+  for (int i : {node0, other}) EXPECT_EQ(agents.wait(pids[size_t(i)]), 0) << log_of(i);
+  const std::string lead = log_of(node0);
+  EXPECT_NE(lead.find("resize: epoch 1 -> 2, world 3 -> 2"), std::string::npos) << lead;
+  EXPECT_NE(lead.find("state from 2 holders through the router"), std::string::npos) << lead;
+  expect_same_losses(d / "one" / "out" / "metrics.jsonl", d / "out" / "metrics.jsonl", steps,
+                     false, 1e-6);
   fs::remove_all(d);
 }
 
