@@ -34,8 +34,11 @@ std::string generate_token() {
 }
 
 Bytes proof(const std::string& token, const Bytes& nonce) {
-  Bytes msg(nonce);
-  const std::string ctx = kProofContext;
+  return proof(token, nonce, kProofContext);
+}
+
+Bytes proof(const std::string& token, const Bytes& message, const std::string& ctx) {
+  Bytes msg(message);
   msg.insert(msg.end(), ctx.begin(), ctx.end());
   Bytes out(EVP_MAX_MD_SIZE);
   unsigned int len = 0;

@@ -21,6 +21,10 @@ Bytes random_bytes(size_t n);
 std::string generate_token();
 // HMAC-SHA256(key = token, message = nonce || kProofContext).
 Bytes proof(const std::string& token, const Bytes& nonce);
+// HMAC-SHA256(key = token, message = message || context): the same proof for another use of
+// the job token (the snapshot agents' push connections), whose own context keeps a proof
+// made for one use from passing for another.
+Bytes proof(const std::string& token, const Bytes& message, const std::string& context);
 // Constant-time comparison (CRYPTO_memcmp); false when the lengths differ.
 bool proof_matches(const Bytes& expected, const Bytes& got);
 
