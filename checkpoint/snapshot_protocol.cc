@@ -290,6 +290,21 @@ std::vector<SegmentInfo> SnapshotAgentClient::list() {
   return out;
 }
 
+std::string SnapshotAgentClient::endpoint() {
+  json reply = checked({{"op", "endpoint"}}, timeout_);
+  const json e = reply.value("endpoint", json());
+  return e.is_string() ? e.get<std::string>() : std::string();
+}
+
+std::string SnapshotAgentClient::peers(const std::string& job, int64_t epoch, int node,
+                                       const std::vector<std::string>& nodes) {
+  json reply = checked(
+      {{"op", "peers"}, {"job", job}, {"epoch", epoch}, {"node", node}, {"nodes", nodes}},
+      timeout_);
+  const json s = reply.value("successor", json());
+  return s.is_string() ? s.get<std::string>() : std::string();
+}
+
 std::vector<std::string> SnapshotAgentClient::finish(const std::string& job) {
   json reply = checked({{"op", "finish"}, {"job", job}}, timeout_);
   std::vector<std::string> removed;

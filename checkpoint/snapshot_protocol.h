@@ -20,6 +20,17 @@
 //     then handed to the agent's background "on committed" stage (replica push, EC encode).
 //   {"op":"list"} -> {"ok":true,"segments":[{"name","epoch","rank","capacity","owner_pid",
 //                     "committed":{meta} (absent while nothing was committed)},...]}
+//     The node's data segments, then the replicas it holds of other nodes' ranks (kind
+//     replica; their meta is the original rank's: epoch, rank, world, step, layout hash).
+//   {"op":"endpoint"} -> {"ok":true,"endpoint":"host:port"}
+//     Where the agent accepts other nodes' agents (--listen, its port as bound); "" when it
+//     was started without one. weft run publishes it in the rendezvous store.
+//   {"op":"peers","job":J,"epoch":E,"node":i,"nodes":["host:port" by node index]}
+//     -> {"ok":true,"successor":"host:port" or null}
+//   snapshot.redundancy: replica. The agents of epoch E's nodes (their endpoints); this node
+//     is node i. From now on each commit of an epoch-E segment is pushed to node (i+1) % n
+//     (Gemini's ring; none with one node), the newest commit of each segment right away.
+//     Refused for an epoch older than the one the agent has, or without --listen.
 //   {"op":"finish","job":J} -> {"ok":true,"removed":[names]}; then the agent exits 0.
 //     The job ended well: every segment of J on this node is unlinked.
 #pragma once
@@ -107,6 +118,12 @@ class SnapshotAgentClient {
   std::vector<SegmentInfo> list();
   // finish: the names the agent removed; the agent exits after replying.
   std::vector<std::string> finish(const std::string& job);
+  // endpoint: where the agent accepts its peers ("" when it does not).
+  std::string endpoint();
+  // peers: the ring of `epoch` (every node's endpoint by index, this node `node`); returns
+  // the successor's endpoint ("" when the epoch has one node).
+  std::string peers(const std::string& job, int64_t epoch, int node,
+                    const std::vector<std::string>& nodes);
 
   // One raw request: the reply object (ok or not). IoError on transport failure, timeout,
   // or a reply that is not a JSON object.

@@ -35,8 +35,10 @@
 #include "base/check.h"
 #include "base/error.h"
 #include "checkpoint/snapshot_protocol.h"
+#include "comm/store/auth.h"
 #include "launch/args.h"
 #include "launch/commands.h"
+#include "launch/snapshot_replicas.h"
 
 namespace weft::launch {
 
@@ -181,7 +183,13 @@ bool has_commit(const Owned& x) {
 class Agent {
  public:
   Agent(const SnapshotAgentOptions& o, CommittedHandler h)
-      : o_(o), acceptor_(io_), signals_(io_, SIGINT, SIGTERM), stage_(std::move(h)) {}
+      : o_(o),
+        acceptor_(io_),
+        signals_(io_, SIGINT, SIGTERM),
+        stage_([this, h = std::move(h)](const CommittedEvent& e) {
+          if (replicas_) replicas_->push(e);
+          if (h) h(e);
+        }) {}
   ~Agent();
   int run();
 
@@ -197,6 +205,8 @@ class Agent {
   json committed(const std::string& name, int64_t step);
   json list() const;
   json finish(const std::string& job);
+  json peers(const json& req);
+  void start_replicas();
   void retire_older_than(int64_t epoch, int64_t step);
   static json refusal(const std::string& error) { return {{"ok", false}, {"error", error}}; }
 
@@ -208,6 +218,8 @@ class Agent {
   int lock_fd_ = -1;
   bool listening_ = false;
   bool finished_ = false;  // `finish` answered: exit once the reply is written
+  // Replicas (o_.listen set): pushes from the stage, receives on the transport's threads.
+  std::unique_ptr<SnapshotReplicas> replicas_;
   CommittedStage stage_;   // last: its thread stops first
 };
 
@@ -361,12 +373,16 @@ json Agent::handle(const std::string& line) {
       return committed(req["name"].get<std::string>(), req["step"].get<int64_t>());
     }
     if (op == "list") return list();
+    if (op == "peers") return peers(req);
+    if (op == "endpoint")
+      return {{"ok", true}, {"endpoint", replicas_ ? replicas_->endpoint() : std::string()}};
     if (op == "finish") {
       if (!req.contains("job") || !req["job"].is_string())
         return refusal("bad request: finish needs \"job\"");
       return finish(req["job"].get<std::string>());
     }
-    return refusal("bad request: unknown op '" + op + "' (reserve, committed, list, finish)");
+    return refusal("bad request: unknown op '" + op +
+                   "' (reserve, committed, list, peers, endpoint, finish)");
   } catch (const std::invalid_argument& e) {
     return refusal(str("bad request: ", op, ": ", e.what()));
   } catch (const std::exception& e) {
@@ -383,7 +399,18 @@ json Agent::reserve(const ckpt::Reservation& r) {
   std::set<int> seen;
   std::vector<std::string> names;
   std::vector<std::pair<std::string, int64_t>> fresh;  // to create: name, capacity
-  double need = 2 * double(r.parity_bytes);
+  // The replicas this node will hold (snapshot.redundancy: replica): its predecessor's ranks
+  // in the ring, as many as its own and of about their size (every node runs as many workers
+  // of one plan), less what it holds of that epoch already. Counted, created as they arrive.
+  int64_t replica_bytes = 0;
+  if (o_.redundancy == "replica") {
+    for (const ckpt::RankSlot& s : r.ranks)
+      replica_bytes += std::clamp<int64_t>(s.bytes, 0, kMaxRankBytes);
+    if (replicas_)
+      replica_bytes = std::max<int64_t>(0, replica_bytes - replicas_->capacity_of_epoch(r.epoch));
+  }
+  const int64_t extra = std::max(r.parity_bytes, replica_bytes);
+  double need = 2 * double(extra);
   std::string ranks_text;
   for (const ckpt::RankSlot& s : r.ranks) {
     if (s.world <= 0 || s.rank < 0 || s.rank >= s.world || !seen.insert(s.rank).second)
@@ -419,7 +446,7 @@ json Agent::reserve(const ckpt::Reservation& r) {
     ranks_text += (ranks_text.empty() ? "" : ", ") + std::to_string(s.rank) + " (" +
                   bytes_text(double(s.bytes)) + ")";
   }
-  if (!fresh.empty() || r.parity_bytes > 0) {
+  if (!fresh.empty() || extra > 0) {
     const NodeMemory m = read_node_memory();
     int64_t promised = 0;
     for (const auto& [name, x] : owned_) promised += untouched_bytes(name);
@@ -431,9 +458,12 @@ json Agent::reserve(const ckpt::Reservation& r) {
       std::string msg = str(
           "in-memory snapshots do not fit on node ", r.node, ": the snapshots of epoch ", r.epoch,
           (fresh.empty() ? std::string() : ", rank(s) " + ranks_text), ", two slots each",
-          r.parity_bytes > 0
-              ? str(", plus two slots of ", bytes_text(double(r.parity_bytes)), " of parity")
-              : "",
+          extra > 0 ? str(", plus two slots of ", bytes_text(double(extra)),
+                          r.parity_bytes >= replica_bytes
+                              ? " of parity"
+                              : " of replicas of the previous node's ranks (snapshot.redundancy: "
+                                "replica)")
+                    : "",
           ", need ", sizes, " of shared memory, but this node can give ",
           bytes_text(std::max(0.0, room)), " (MemAvailable ", bytes_text(double(m.available)),
           ", /dev/shm free ", bytes_text(double(m.shm_free)), ", less ",
@@ -514,6 +544,12 @@ void Agent::retire_older_than(int64_t epoch, int64_t step) {
     if (x.epoch == epoch && !has_commit(x)) return;  // the newer epoch is not complete
     older = older || x.epoch < epoch;
   }
+  // The replicas of older epochs go with the node's own snapshots of them: a recovery now
+  // starts from this epoch's.
+  if (replicas_)
+    for (const std::string& name : replicas_->retire_older_than(epoch))
+      say(str("removed replica ", name, ": epoch superseded by epoch ", epoch,
+              ", complete here at step ", step));
   if (!older) return;
   for (auto it = owned_.begin(); it != owned_.end();) {
     if (it->second.epoch >= epoch) {
@@ -539,19 +575,78 @@ json Agent::list() const {
     }
     segments.push_back(ckpt::to_json(s));
   }
+  if (replicas_)
+    for (const ckpt::SegmentInfo& s : replicas_->list()) segments.push_back(ckpt::to_json(s));
   return {{"ok", true}, {"segments", segments}};
 }
 
 json Agent::finish(const std::string& job) {
   if (job != o_.job_id) return refusal(str("this agent serves job ", o_.job_id, ", not ", job));
+  if (replicas_) replicas_->stop();  // no push lands after the unlinks below
   std::set<std::string> names;
   for (const auto& [name, x] : owned_) names.insert(name);
   for (const std::string& name : ckpt::snapshot_segments(o_.job_id)) names.insert(name);
   for (const std::string& name : names) ckpt::SnapshotSegment::unlink(name);
   owned_.clear();
+  if (replicas_) replicas_->clear();
   say(str("finish: job ", job, " ended well; removed its ", names.size(), " segment(s); exiting"));
   finished_ = true;
   return {{"ok", true}, {"removed", std::vector<std::string>(names.begin(), names.end())}};
+}
+
+void Agent::start_replicas() {
+  if (o_.listen.empty()) return;
+  ReplicaOptions ro;
+  ro.auth.job = o_.job_id;
+  ro.auth.token = comm::auth::token_from_env();
+  ro.auth.insecure = o_.insecure;
+  ro.listen = o_.listen;
+  ro.timeout = ckpt::default_snapshot_call_timeout();
+  if (ro.auth.token.empty() && !o_.insecure && !comm::auth::is_loopback(ckpt::split_endpoint(o_.listen).first))
+    say(str("no job token (WEFT_JOB_TOKEN): replicas are accepted from this machine only"));
+  replicas_ = std::make_unique<SnapshotReplicas>(ro, say);
+  replicas_->adopt();
+}
+
+// `peers`: the ring of an epoch. The node's newest snapshots of that epoch go to the new
+// successor at once (the stage takes each segment's newest commit).
+json Agent::peers(const json& req) {
+  if (!replicas_)
+    return refusal("this agent was started without --listen: it has no peers (it neither sends "
+                   "nor receives replicas)");
+  if (!req.contains("job") || !req["job"].is_string() || req["job"] != o_.job_id)
+    return refusal(str("bad request: peers needs \"job\" (this agent serves job ", o_.job_id, ")"));
+  if (!req.contains("epoch") || !req["epoch"].is_number_integer() || !req.contains("node") ||
+      !req["node"].is_number_integer() || !req.contains("nodes") || !req["nodes"].is_array())
+    return refusal("bad request: peers needs \"epoch\", \"node\" (integers) and \"nodes\" (an array)");
+  ReplicaRing r;
+  r.epoch = req["epoch"].get<int64_t>();
+  r.node = req["node"].get<int>();
+  for (const json& n : req["nodes"]) {
+    if (!n.is_string()) return refusal("bad request: peers' \"nodes\" are \"host:port\" strings");
+    ckpt::split_endpoint(n.get<std::string>());  // std::invalid_argument: a bad request
+    r.nodes.push_back(n.get<std::string>());
+  }
+  if (r.epoch < 0 || r.node < 0 || r.node >= int(r.nodes.size()))
+    return refusal(str("bad request: node ", r.node, " of ", r.nodes.size(), ", epoch ", r.epoch));
+  if (std::optional<ReplicaRing> now = replicas_->ring(); now && now->epoch > r.epoch)
+    return refusal(str("epoch ", r.epoch, " is older than the ring this agent has (epoch ",
+                       now->epoch, ")"));
+  const std::optional<int> next = r.successor();
+  const std::string to = next ? r.nodes[size_t(*next)] : std::string();
+  const int64_t epoch = r.epoch;
+  replicas_->set_ring(std::move(r));
+  for (const auto& [name, x] : owned_) {
+    if (x.epoch != epoch) continue;
+    try {
+      if (std::optional<ckpt::SnapshotSegment::View> v = x.segment->latest())
+        stage_.post({name, x.segment, v->meta});
+    } catch (const std::exception&) {
+    }
+  }
+  json reply = {{"ok", true}};
+  reply["successor"] = to.empty() ? json(nullptr) : json(to);
+  return reply;
 }
 
 int Agent::run() {
@@ -559,6 +654,7 @@ int Agent::run() {
   adopt();
   remove_abandoned();
   listen();
+  start_replicas();
   signals_.async_wait([this](boost::system::error_code ec, int sig) {
     if (ec) return;
     say(str("got ", sig == SIGINT ? "SIGINT" : "SIGTERM", ": stopping; ", owned_.size(),
@@ -567,12 +663,14 @@ int Agent::run() {
   });
   accept();
   say(str("serving job ", o_.job_id, " node ", o_.node, " at ", o_.socket, " (pid ", ::getpid(),
-          ", ", owned_.size(), " segment(s) adopted)"));
+          ", ", owned_.size(), " segment(s) adopted)",
+          replicas_ ? str("; peers push replicas to ", replicas_->endpoint()) : std::string()));
   io_.run();
   return 0;
 }
 
 Agent::~Agent() {
+  if (replicas_) replicas_->stop();  // a push in flight is cut: the stage's thread ends now
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   if (listening_) ::unlink(o_.socket.c_str());
@@ -582,7 +680,7 @@ Agent::~Agent() {
   }
 }
 
-constexpr const char* kHelp = R"(usage: weft snapshot-agent --job ID --node N --socket PATH
+constexpr const char* kHelp = R"(usage: weft snapshot-agent --job ID --node N --socket PATH [--listen HOST:PORT]
 
 The node's in-memory snapshot agent (weft run starts one per node for jobs with
 snapshot.every > 0; it can also run alone). It owns the job's shared-memory segments
@@ -594,6 +692,11 @@ Unix socket PATH (WEFT_SNAPSHOT_SOCKET), one JSON request per line.
   --socket PATH  the Unix socket to serve
   --abandoned-after S  other jobs' segments whose owner is gone are removed at start once
                  older than S whole seconds (default 60)
+  --listen HOST:PORT  accept other nodes' agents on TCP (port 0: any free one; the request
+                 `endpoint` says which): snapshot.redundancy replica. The job token
+                 (WEFT_JOB_TOKEN or WEFT_JOB_TOKEN_FILE) authenticates them both ways
+  --redundancy none|replica  replica: reserve counts the replicas this node will hold
+  --insecure     without a job token, accept peers from other machines too
 
 At start it adopts the job's segments of this node and removes those of abandoned jobs.
 SIGTERM or SIGINT: exit 0 keeping the segments; the request `finish` removes them.
@@ -633,7 +736,8 @@ int run_snapshot_agent(const SnapshotAgentOptions& o, CommittedHandler on_commit
 }
 
 int cmd_snapshot_agent(const std::vector<std::string>& argv) {
-  Args args(argv, {"--job", "--node", "--socket", "--abandoned-after"}, {"--help"});
+  Args args(argv, {"--job", "--node", "--socket", "--abandoned-after", "--listen", "--redundancy"},
+            {"--help", "--insecure"});
   if (args.flag("--help")) {
     std::fputs(kHelp, stdout);
     return 0;
@@ -649,6 +753,18 @@ int cmd_snapshot_agent(const std::vector<std::string>& argv) {
   o.socket = args.required("--socket");
   o.abandoned_after_s = double(args.get_int("--abandoned-after", 60));
   if (o.abandoned_after_s < 0) throw ConfigError("--abandoned-after", "must be >= 0 seconds");
+  o.listen = args.get_or("--listen", "");
+  if (!o.listen.empty()) {
+    try {
+      ckpt::split_endpoint(o.listen);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError("--listen", e.what());
+    }
+  }
+  o.redundancy = args.get_or("--redundancy", "none");
+  if (o.redundancy != "none" && o.redundancy != "replica")
+    throw ConfigError("--redundancy", "must be none or replica, got '" + o.redundancy + "'");
+  o.insecure = args.flag("--insecure");
   return run_snapshot_agent(o);
 }
 

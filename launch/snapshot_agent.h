@@ -29,6 +29,13 @@ struct SnapshotAgentOptions {
   int node = 0;        // the node's index when the agent starts (segment names, adoption)
   std::string socket;  // the Unix socket it serves
   double abandoned_after_s = 60;  // other jobs' ownerless segments younger than this stay
+  // snapshot.redundancy: replica (snapshot_replicas.h). `listen` ("host:port", port 0: any)
+  // is where the other nodes' agents push to it; "" = no peers (it pushes nothing either).
+  // The job token (WEFT_JOB_TOKEN) authenticates them; without one only peers on this
+  // machine are accepted unless `insecure`.
+  std::string listen;
+  std::string redundancy = "none";  // "replica": reserve counts the replicas it will hold
+  bool insecure = false;
 };
 
 // What the agent's background "on committed" stage receives for each commit a worker
@@ -43,8 +50,9 @@ struct CommittedEvent {
 using CommittedHandler = std::function<void(const CommittedEvent&)>;
 
 // Serves until SIGTERM/SIGINT or `finish`; returns the exit code (0). `on_committed` runs on
-// the stage's thread, one event at a time (none: the stage only drains). Throws IoError when
-// the socket or the lock cannot be taken (another agent serves this job and node).
+// the stage's thread, one event at a time, after the replica push when the agent has peers
+// (none: the stage only pushes, or drains). Throws IoError when the socket, the peers'
+// port or the lock cannot be taken (another agent serves this job and node).
 int run_snapshot_agent(const SnapshotAgentOptions& o, CommittedHandler on_committed = {});
 
 // The memory a node can give to new snapshot segments, for reserve's check.
