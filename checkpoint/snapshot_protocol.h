@@ -9,7 +9,8 @@
 //     -> {"ok":false,"field":"snapshot.every","error":"...sizes, free memory, the fix"}
 //   The agent creates each missing segment (SnapshotSegment::create, kind kData, payload of
 //   up to B bytes per slot, owned by the agent) after checking that two slots per new rank
-//   plus two slots of P parity bytes fit in the node's free memory. Idempotent: a segment
+//   (three when the agent copies them to other nodes: --redundancy replica) plus two slots of
+//   P parity bytes, or of the replicas it will hold, fit in the node's free memory. Idempotent: a segment
 //   that exists with enough capacity is returned as is (a worker restarted after a crash
 //   finds its snapshot). One reserve should name every rank of the node in that epoch
 //   (see committed). `node` is the node's index in epoch E's membership.

@@ -1,5 +1,5 @@
 // The snapshot segment: its byte layout in shared memory, creation (allocated up front), the
-// seqlock-style commit protocol of its two slots, and segment names. docs/snapshot-format.md
+// seqlock-style commit protocol of its slots (two, or three), and segment names. docs/snapshot-format.md
 // describes the layout and why a kill at any point leaves a complete snapshot.
 #include "checkpoint/snapshot_segment.h"
 
@@ -31,7 +31,8 @@ namespace weft::checkpoint {
 namespace {
 
 constexpr uint64_t kMagic = 0x50414e5354464557;  // "WEFTSNAP" in little-endian bytes
-constexpr uint32_t kVersion = 1;
+// Version 2 records the slot count (`slots`); version 1 had two slots and zeros there.
+constexpr uint32_t kVersion = 2;
 constexpr int64_t kMinPage = 4096;
 constexpr const char* kShmDir = "/dev/shm";
 constexpr const char* kPrefix = "weft-snap-";
@@ -48,7 +49,8 @@ struct SegmentHeader {
   int64_t table_entries;      // crc32c entries per slot: capacity / kSnapshotBlockBytes, up
   int64_t slot_header_bytes;  // SlotHeader + crc table, rounded up to page_bytes
   int64_t slot_bytes;         // slot_header_bytes + capacity rounded up to page_bytes
-  int64_t total_bytes;        // page_bytes + 2 * slot_bytes
+  int64_t total_bytes;        // page_bytes + slots * slot_bytes
+  int64_t slots;              // kMinSnapshotSlots..kMaxSnapshotSlots (0 in version 1: two)
 };
 
 // Offset page_bytes + slot * slot_bytes; the crc table follows it, the payload starts at
@@ -65,7 +67,7 @@ struct SlotHeader {
   int64_t block_count;
   // uint32_t crc32c[table_entries];
 };
-static_assert(std::is_standard_layout_v<SegmentHeader> && sizeof(SegmentHeader) == 72);
+static_assert(std::is_standard_layout_v<SegmentHeader> && sizeof(SegmentHeader) == 80);
 static_assert(std::is_standard_layout_v<SlotHeader> && sizeof(SlotHeader) == 96);
 static_assert(offsetof(SlotHeader, sequence) == 0);
 // The commit word is shared between processes: it must never fall back to a lock.
@@ -76,15 +78,16 @@ int64_t blocks_for(int64_t bytes) {
   return (bytes + kSnapshotBlockBytes - 1) / kSnapshotBlockBytes;
 }
 
-SegmentHeader geometry(int64_t capacity, int64_t page) {
+SegmentHeader geometry(int64_t capacity, int64_t page, int64_t slots) {
   SegmentHeader h{};
+  h.slots = slots;
   h.page_bytes = uint32_t(page);
   h.capacity = capacity;
   h.table_entries = blocks_for(capacity);
   h.slot_header_bytes =
       round_up(int64_t(sizeof(SlotHeader)) + h.table_entries * int64_t(sizeof(uint32_t)), page);
   h.slot_bytes = h.slot_header_bytes + round_up(capacity, page);
-  h.total_bytes = page + 2 * h.slot_bytes;
+  h.total_bytes = page + slots * h.slot_bytes;
   return h;
 }
 
@@ -112,15 +115,20 @@ std::atomic_ref<int64_t> sequence_word(void* base, int slot) {
   return std::atomic_ref<int64_t>(slot_header(base, slot)->sequence);
 }
 
-// Why a mapped file is not a snapshot segment this build reads ("" when it is one).
-std::string header_problem(const SegmentHeader& h, int64_t file_bytes) {
+// Why a mapped file is not a snapshot segment this build reads ("" when it is one). `h` is a
+// copy, its slot count made explicit for version 1 (two).
+std::string header_problem(SegmentHeader& h, int64_t file_bytes) {
   if (h.magic != kMagic) return "is not a weft snapshot segment (no WEFTSNAP magic)";
-  if (h.version != kVersion)
-    return str("has snapshot format version ", h.version, "; this weft reads version ", kVersion);
+  if (h.version != kVersion && h.version != 1)
+    return str("has snapshot format version ", h.version, "; this weft reads versions 1 and ",
+               kVersion);
+  if (h.version == 1) h.slots = 2;
+  if (h.slots < kMinSnapshotSlots || h.slots > kMaxSnapshotSlots)
+    return str("has an invalid header (", h.slots, " slots)");
   if (h.page_bytes < kMinPage || (h.page_bytes & (h.page_bytes - 1)) || h.page_bytes > (1u << 24) ||
       h.capacity < 0 || h.capacity > (int64_t(1) << 50))
     return str("has an invalid header (page ", h.page_bytes, ", capacity ", h.capacity, ")");
-  SegmentHeader g = geometry(h.capacity, h.page_bytes);
+  SegmentHeader g = geometry(h.capacity, h.page_bytes, h.slots);
   if (g.table_entries != h.table_entries || g.slot_header_bytes != h.slot_header_bytes ||
       g.slot_bytes != h.slot_bytes || g.total_bytes != h.total_bytes)
     return "has an inconsistent header (its sizes do not follow from its capacity)";
@@ -168,11 +176,14 @@ bool valid_job_id(const std::string& job_id) {
          });
 }
 
-SnapshotSegment SnapshotSegment::create(const std::string& name, int64_t capacity, int owner_pid) {
+SnapshotSegment SnapshotSegment::create(const std::string& name, int64_t capacity, int owner_pid,
+                                        int slots) {
   WEFT_CHECK(valid_shm_name(name), "a shared-memory name is '/' and a file name: '", name, "'");
   WEFT_CHECK(capacity >= 0, "snapshot segment ", name, ": capacity ", capacity, " < 0");
+  WEFT_CHECK(slots >= kMinSnapshotSlots && slots <= kMaxSnapshotSlots, "snapshot segment ", name,
+             ": ", slots, " slots");
   const int64_t page = std::max<int64_t>(kMinPage, ::sysconf(_SC_PAGESIZE));
-  SegmentHeader g = geometry(capacity, page);
+  SegmentHeader g = geometry(capacity, page, slots);
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) {
     int e = errno;
@@ -195,7 +206,7 @@ SnapshotSegment SnapshotSegment::create(const std::string& name, int64_t capacit
   if (err) {
     ::shm_unlink(name.c_str());
     throw IoError(str("cannot allocate ", (g.total_bytes + (1 << 20) - 1) >> 20,
-                      " MiB for snapshot segment ", name, " (two slots of ", capacity,
+                      " MiB for snapshot segment ", name, " (", slots, " slots of ", capacity,
                       " bytes) in ", kShmDir, ": ", std::strerror(err),
                       err == ENOSPC ? " (see `df -h /dev/shm`: free it, or snapshot less)" : ""));
   }
@@ -211,6 +222,7 @@ SnapshotSegment SnapshotSegment::create(const std::string& name, int64_t capacit
   s.base_ = base;
   s.mapped_bytes_ = g.total_bytes;
   s.writable_ = true;
+  s.slots_ = slots;
   return s;
 }
 
@@ -246,6 +258,7 @@ SnapshotSegment SnapshotSegment::open(const std::string& name, bool writable) {
   s.base_ = base;
   s.mapped_bytes_ = st.st_size;
   s.writable_ = writable;
+  s.slots_ = int(h.slots);
   return s;
 }
 
@@ -259,7 +272,8 @@ SnapshotSegment::SnapshotSegment(SnapshotSegment&& o) noexcept
       base_(std::exchange(o.base_, nullptr)),
       mapped_bytes_(std::exchange(o.mapped_bytes_, 0)),
       writable_(o.writable_),
-      writing_(std::exchange(o.writing_, -1)) {}
+      writing_(std::exchange(o.writing_, -1)),
+      slots_(o.slots_) {}
 
 SnapshotSegment& SnapshotSegment::operator=(SnapshotSegment&& o) noexcept {
   if (this != &o) {
@@ -269,6 +283,7 @@ SnapshotSegment& SnapshotSegment::operator=(SnapshotSegment&& o) noexcept {
     mapped_bytes_ = std::exchange(o.mapped_bytes_, 0);
     writable_ = o.writable_;
     writing_ = std::exchange(o.writing_, -1);
+    slots_ = o.slots_;
   }
   return *this;
 }
@@ -306,8 +321,14 @@ void* SnapshotSegment::begin(const SnapshotMeta& meta) {
              name_, ": payload of ", meta.payload_bytes, " bytes, capacity ", capacity());
   WEFT_CHECK(valid_job_id(meta.job_id), "snapshot segment ", name_, ": job id '", meta.job_id,
              "' is not 16 lowercase hex digits");
-  int64_t s0 = sequence(0), s1 = sequence(1);
-  int slot = (s0 == 0 && s1 == 0) || s1 > s0 ? 0 : 1;  // never the newest committed one
+  // Never the newest committed slot; of the others an uncommitted one first, else the oldest.
+  int newest = -1, slot = -1;
+  for (int i = 0; i < slots_; ++i)
+    if (sequence(i) > 0 && (newest < 0 || sequence(i) > sequence(newest))) newest = i;
+  for (int i = 0; i < slots_; ++i) {
+    if (i == newest) continue;
+    if (slot < 0 || (sequence(slot) > 0 && sequence(i) < sequence(slot))) slot = i;
+  }
   // Uncommit first, and order that before every payload byte (the seqlock writer's fence):
   // a reader that sees any new byte also sees sequence 0 or a later commit.
   sequence_word(base_, slot).store(0, std::memory_order_relaxed);
@@ -346,8 +367,10 @@ SnapshotMeta SnapshotSegment::commit(const std::vector<uint32_t>& block_crc32c) 
           data + i * kSnapshotBlockBytes,
           size_t(std::min(kSnapshotBlockBytes, sh->payload_bytes - i * kSnapshotBlockBytes)));
   }
-  // The other slot holds the newest committed sequence (begin() never picks it).
-  int64_t next = sequence(1 - slot) + 1;
+  // Another slot holds the newest committed sequence (begin() never picks it).
+  int64_t next = 1;
+  for (int i = 0; i < slots_; ++i)
+    if (i != slot) next = std::max(next, sequence(i) + 1);
   sequence_word(base_, slot).store(next, std::memory_order_release);
   writing_ = -1;
   std::optional<View> v = this->slot(slot);
@@ -356,7 +379,7 @@ SnapshotMeta SnapshotSegment::commit(const std::vector<uint32_t>& block_crc32c) 
 }
 
 std::optional<SnapshotSegment::View> SnapshotSegment::slot(int slot) const {
-  WEFT_CHECK(base_ && (slot == 0 || slot == 1), "snapshot segment ", name_, ": slot ", slot);
+  WEFT_CHECK(base_ && slot >= 0 && slot < slots_, "snapshot segment ", name_, ": slot ", slot);
   const SlotHeader* sh = slot_header(base_, slot);
   // A seqlock read: the same nonzero sequence before and after copying the header.
   for (;;) {
@@ -388,13 +411,15 @@ std::optional<SnapshotSegment::View> SnapshotSegment::slot(int slot) const {
 }
 
 std::optional<SnapshotSegment::View> SnapshotSegment::latest() const {
-  std::optional<View> a = slot(0), b = slot(1);
-  if (a && b) return a->meta.sequence > b->meta.sequence ? a : b;
-  return a ? a : b;
+  std::optional<View> best;
+  for (int i = 0; i < slots_; ++i)
+    if (std::optional<View> v = slot(i); v && (!best || v->meta.sequence > best->meta.sequence))
+      best = v;
+  return best;
 }
 
 int64_t SnapshotSegment::sequence(int slot) const {
-  WEFT_CHECK(base_ && (slot == 0 || slot == 1), "snapshot segment ", name_, ": slot ", slot);
+  WEFT_CHECK(base_ && slot >= 0 && slot < slots_, "snapshot segment ", name_, ": slot ", slot);
   return sequence_word(base_, slot).load(std::memory_order_acquire);
 }
 

@@ -4,15 +4,16 @@
 // (launch/snapshot_agent.h) creates and owns the segments, so a trainer crash, or a kill -9
 // of every worker on the node, loses nothing; a worker maps its segment and writes into it.
 //
-// A segment is a header page, then two slots. A slot is a header (what it holds: job,
-// epoch, step, rank, world, layout hash, payload bytes, one crc32c per kSnapshotBlockBytes
-// block) followed by the payload: the rank's VPS tensors in layout_of(...).locals order,
-// each dense and row-major, packed back to back (so the reader, who knows the layout, can
-// slice it without a table). A slot's `sequence` is written last, with release ordering,
-// after every payload byte and checksum; 0 means "being written" and is what a writer
-// stores first. The newer committed slot (higher sequence) is the snapshot; a writer always
-// writes into the other one. A kill at any point therefore leaves the previous snapshot
-// intact and readable.
+// A segment is a header page, then two slots (three for a job whose snapshots are copied to
+// other nodes: docs/snapshot-format.md, "Why the steps meet"). A slot is a header (what it
+// holds: job, epoch, step, rank, world, layout hash, payload bytes, one crc32c per
+// kSnapshotBlockBytes block) followed by the payload: the rank's VPS tensors in
+// layout_of(...).locals order, each dense and row-major, packed back to back (so the reader,
+// who knows the layout, can slice it without a table). A slot's `sequence` is written
+// last, with release ordering, after every payload byte and checksum; 0 means "being
+// written" and is what a writer stores first. The newest committed slot (highest sequence) is the snapshot; a writer
+// always writes into another one (an uncommitted one, else the oldest). A kill at any point
+// therefore leaves the previous snapshot intact and readable.
 //
 // Segment kinds: kData (a rank's own snapshot, on its node), kReplica (a copy of another
 // node's rank, pushed by that node's agent), kParity (m parity fragments of an erasure-coded
@@ -32,6 +33,7 @@
 namespace weft::checkpoint {
 
 inline constexpr int64_t kSnapshotBlockBytes = int64_t(1) << 20;  // crc32c granularity
+inline constexpr int kMinSnapshotSlots = 2, kMaxSnapshotSlots = 4;
 
 enum class SegmentKind : uint32_t { kData = 1, kReplica = 2, kParity = 3 };
 
@@ -60,13 +62,14 @@ uint64_t layout_hash(const std::vector<BoxKey>& boxes);
 // Not thread-safe: one writer; readers in other processes see only committed slots.
 class SnapshotSegment {
  public:
-  // Creates (O_EXCL) and sizes a segment for payloads of up to `capacity` bytes per slot,
-  // both slots empty. Its memory is allocated here (posix_fallocate), so a full /dev/shm
+  // Creates (O_EXCL) and sizes a segment of `slots` slots (kMinSnapshotSlots..kMax) for
+  // payloads of up to `capacity` bytes per slot, every slot empty. Its memory is allocated here (posix_fallocate), so a full /dev/shm
   // fails now, not with a SIGBUS at the first write. IoError naming the segment on failure
   // (it exists, /dev/shm is full: then nothing is left behind).
   // The agent calls this; `owner_pid` (the agent) is recorded so that `weft snapshot clean`
   // can tell an abandoned segment (its owner gone) from a live one.
-  static SnapshotSegment create(const std::string& name, int64_t capacity, int owner_pid);
+  static SnapshotSegment create(const std::string& name, int64_t capacity, int owner_pid,
+                                int slots = kMinSnapshotSlots);
   // Maps an existing segment, read-write when `writable`. IoError naming it when it does not
   // exist, is too short, or its header is not a snapshot segment's (magic, version).
   static SnapshotSegment open(const std::string& name, bool writable);
@@ -81,6 +84,7 @@ class SnapshotSegment {
 
   const std::string& name() const { return name_; }
   int64_t capacity() const;  // payload bytes per slot
+  int slots() const { return slots_; }
   int owner_pid() const;
   // True when the owner process is known to be gone: no process has its pid (or it is a
   // zombie) in the pid namespace that created the segment. False while it lives, and when
@@ -89,7 +93,7 @@ class SnapshotSegment {
   // A restarted agent takes over the segments its predecessor left (writable views only).
   void set_owner_pid(int pid);
 
-  // Writing. begin() picks the slot that is not the newest committed one, marks it
+  // Writing. begin() picks a slot that is not the newest committed one, marks it
   // uncommitted (sequence 0) and returns its payload (capacity() bytes, writable until
   // commit). The caller fills `meta.payload_bytes` bytes of it, in any order, from any one
   // thread; commit() computes the block checksums (or takes them from `block_crc32c` when
@@ -109,8 +113,8 @@ class SnapshotSegment {
     int slot = 0;
   };
   std::optional<View> latest() const;
-  // Slot `slot` (0 or 1) when it holds a committed snapshot (`weft snapshot verify` checks
-  // both). IoError naming the segment when a committed slot's header is inconsistent
+  // Slot `slot` (0 .. slots() - 1) when it holds a committed snapshot (`weft snapshot
+  // verify` checks each). IoError naming the segment when a committed slot's header is inconsistent
   // (payload beyond capacity, a block count that does not match): latest() throws it too.
   std::optional<View> slot(int slot) const;
   // The sequence of `slot` now (0 while being written): a reader compares it with
@@ -128,6 +132,7 @@ class SnapshotSegment {
   int64_t mapped_bytes_ = 0;
   bool writable_ = false;
   int writing_ = -1;  // the slot begin() handed out, until commit()
+  int slots_ = kMinSnapshotSlots;
 };
 
 // Segment names of one job (or every job when `job_id` is empty), from /dev/shm, sorted.

@@ -108,7 +108,7 @@ int verify(const std::string& job) {
       SnapshotSegment s = SnapshotSegment::open(n, false);
       std::string report;
       bool bad = false;
-      for (int slot = 0; slot < 2; ++slot) {
+      for (int slot = 0; slot < s.slots(); ++slot) {
         std::optional<SnapshotSegment::View> v = s.slot(slot);
         if (!v) continue;
         std::vector<int64_t> corrupt = s.corrupt_blocks(*v);

@@ -57,9 +57,9 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count)
     try {
       auto seg = std::make_shared<checkpoint::SnapshotSegment>(
           checkpoint::SnapshotSegment::open(e.name, false));
-      // Both committed slots: the newer may be of a step some other rank never finished
-      // (killed mid-step, or mid-copy), the older is then the step everybody has.
-      for (int slot = 0; slot < 2; ++slot) {
+      // Every committed slot: the newer may be of a step some other rank never finished
+      // (killed mid-step, or mid-copy), an older one is then the step everybody has.
+      for (int slot = 0; slot < seg->slots(); ++slot) {
         std::optional<checkpoint::SnapshotSegment::View> v = seg->slot(slot);
         if (!v || v->meta.job_id != job_id_) continue;
         const auto key = std::make_pair(v->meta.rank, v->meta.step);

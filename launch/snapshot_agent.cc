@@ -94,13 +94,13 @@ int64_t untouched_bytes(const std::string& name) {
   return std::max<int64_t>(0, int64_t(st.st_size) - int64_t(st.st_blocks) * 512);
 }
 
-// The bytes a segment of `capacity` takes: a header page, then two slots of a header page,
+// The bytes a segment of `capacity` takes: a header page, then `slots` slots of a header page,
 // one crc32c per block and the payload. An estimate for the check (the segment's own
 // layout may differ by a few pages); the real size is allocated right after create().
-double segment_bytes(int64_t capacity) {
+double segment_bytes(int64_t capacity, int slots) {
   const double blocks =
       double((capacity + ckpt::kSnapshotBlockBytes - 1) / ckpt::kSnapshotBlockBytes);
-  return 4096 + 2 * (4096 + 4 * blocks + double(capacity));
+  return 4096 + slots * (4096 + 4 * blocks + double(capacity));
 }
 
 // The largest payload a reserve may ask for per rank; anything above is refused by the
@@ -207,6 +207,10 @@ class Agent {
   json finish(const std::string& job);
   json peers(const json& req);
   void start_replicas();
+  // Slots of the node's own segments: three when they are copied to other nodes, so that a
+  // lost node's replicas (a push behind its commits) always meet a step every survivor
+  // still holds (docs/snapshot-format.md, "Why the steps meet"); two otherwise.
+  int data_slots() const { return o_.redundancy == "none" ? 2 : 3; }
   void retire_older_than(int64_t epoch, int64_t step);
   static json refusal(const std::string& error) { return {{"ok", false}, {"error", error}}; }
 
@@ -441,7 +445,7 @@ json Agent::reserve(const ckpt::Reservation& r) {
     if (s.bytes > kMaxRankBytes) {
       need = 1e30;  // refused below with the sizes named
     }
-    need += segment_bytes(s.bytes);
+    need += segment_bytes(s.bytes, data_slots());
     fresh.push_back({name, s.bytes});
     ranks_text += (ranks_text.empty() ? "" : ", ") + std::to_string(s.rank) + " (" +
                   bytes_text(double(s.bytes)) + ")";
@@ -457,7 +461,8 @@ json Agent::reserve(const ckpt::Reservation& r) {
           need >= 1e29 ? std::string("more than 2^50 bytes per rank") : bytes_text(need);
       std::string msg = str(
           "in-memory snapshots do not fit on node ", r.node, ": the snapshots of epoch ", r.epoch,
-          (fresh.empty() ? std::string() : ", rank(s) " + ranks_text), ", two slots each",
+          (fresh.empty() ? std::string() : ", rank(s) " + ranks_text), ", ", data_slots(),
+          " slots each",
           extra > 0 ? str(", plus two slots of ", bytes_text(double(extra)),
                           r.parity_bytes >= replica_bytes
                               ? " of parity"
@@ -485,7 +490,7 @@ json Agent::reserve(const ckpt::Reservation& r) {
       std::shared_ptr<ckpt::SnapshotSegment> seg;
       try {
         seg = std::make_shared<ckpt::SnapshotSegment>(
-            ckpt::SnapshotSegment::create(name, capacity, int(::getpid())));
+            ckpt::SnapshotSegment::create(name, capacity, int(::getpid()), data_slots()));
       } catch (const IoError& e) {
         if (fs::exists(shm_path(name))) throw;  // made meanwhile by someone else
         throw ConfigError("snapshot.every",
@@ -498,7 +503,7 @@ json Agent::reserve(const ckpt::Reservation& r) {
       owned_[name] = {std::move(seg), r.epoch, parts ? parts->rank : -1};
       struct stat st {};
       ::stat(shm_path(name).c_str(), &st);
-      say(str("reserved ", name, ": two slots of ", bytes_text(double(capacity)), " (",
+      say(str("reserved ", name, ": ", data_slots(), " slots of ", bytes_text(double(capacity)), " (",
               bytes_text(double(st.st_size)), " of shared memory)"));
     }
   } catch (const std::exception& e) {

@@ -1,5 +1,5 @@
 // The snapshot segment: create/open/unlink, two slots that alternate with the newer one as
-// the snapshot, readers in other processes, a writer SIGKILLed mid-write (the previous
+// the snapshot (three that rotate, and version 1's two), readers in other processes, a writer SIGKILLed mid-write (the previous
 // snapshot stays whole), corruption found at its block, and the names of a job's segments.
 // Each test has its own job id and removes its segments in TearDown, even when it fails.
 #include "checkpoint/snapshot_segment.h"
@@ -195,6 +195,62 @@ TEST_F(SnapshotSegmentTest, CommitsAlternateSlotsAndLatestIsTheNewer) {
   EXPECT_EQ(write(s, 61, 0).sequence, 7);
   EXPECT_EQ(r.latest()->meta.step, 61);
   EXPECT_TRUE(r.block_crc32c(*r.latest()).empty());
+}
+
+// Three slots (a job whose snapshots are replicated): the writer never touches the newest
+// committed slot, fills an empty one first and then the oldest, so the three newest commits
+// are always whole. A half-written slot is the one reused next.
+TEST_F(SnapshotSegmentTest, ThreeSlotsKeepTheThreeNewestCommits) {
+  SnapshotSegment s = SnapshotSegment::create(name(), kMiB, ::getpid(), 3);
+  SnapshotSegment r = SnapshotSegment::open(name(), false);
+  EXPECT_EQ(s.slots(), 3);
+  EXPECT_EQ(r.slots(), 3);
+  for (int64_t step = 1; step <= 7; ++step) {
+    write(s, step, 1000 + step);
+    EXPECT_EQ(r.latest()->meta.step, step);
+    EXPECT_EQ(r.latest()->slot, int((step - 1) % 3)) << "step " << step;
+    std::vector<int64_t> held;
+    for (int i = 0; i < 3; ++i)
+      if (std::optional<SnapshotSegment::View> v = r.slot(i)) {
+        EXPECT_TRUE(holds(v->payload, v->meta.step, v->meta.payload_bytes));
+        held.push_back(v->meta.step);
+      }
+    std::sort(held.begin(), held.end());
+    std::vector<int64_t> want;
+    for (int64_t k = std::max<int64_t>(1, step - 2); k <= step; ++k) want.push_back(k);
+    EXPECT_EQ(held, want) << "step " << step;
+  }
+  // Steps 5, 6, 7 in slots 1, 2, 0; a write begun and abandoned uncommits the oldest (5)...
+  void* p = s.begin(meta(8, 10));
+  fill(p, 8, 0, 10);
+  EXPECT_FALSE(r.slot(1).has_value());
+  // ... and a fresh writer (the old one killed) takes that slot again, not step 6's.
+  SnapshotSegment again = SnapshotSegment::open(name(), true);
+  write(again, 9, 100);
+  EXPECT_EQ(r.latest()->slot, 1);
+  EXPECT_EQ(r.slot(2)->meta.step, 6);
+  EXPECT_EQ(r.slot(0)->meta.step, 7);
+  EXPECT_THROW(r.slot(3), InternalError);
+}
+
+// A segment of format version 1 (two slots, no slot count) is read as two slots.
+TEST_F(SnapshotSegmentTest, AVersionOneSegmentReadsAsTwoSlots) {
+  {
+    SnapshotSegment s = SnapshotSegment::create(name(), kMiB, ::getpid());
+    write(s, 3, 500);
+    write(s, 4, 600);
+  }
+  const int fd = ::shm_open(name().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  const uint32_t one = 1;
+  const int64_t zero = 0;
+  ASSERT_EQ(::pwrite(fd, &one, sizeof one, 8), ssize_t(sizeof one));     // version
+  ASSERT_EQ(::pwrite(fd, &zero, sizeof zero, 72), ssize_t(sizeof zero));  // slots
+  ::close(fd);
+  SnapshotSegment r = SnapshotSegment::open(name(), false);
+  EXPECT_EQ(r.slots(), 2);
+  EXPECT_EQ(r.latest()->meta.step, 4);
+  EXPECT_EQ(r.slot(r.latest()->slot == 0 ? 1 : 0)->meta.step, 3);
 }
 
 TEST_F(SnapshotSegmentTest, ReaderInAForkedChildSeesTheCommittedData) {
