@@ -298,9 +298,9 @@ std::string SnapshotAgentClient::endpoint() {
 
 std::string SnapshotAgentClient::peers(const std::string& job, int64_t epoch, int node,
                                        const std::vector<std::string>& nodes) {
-  json reply = checked(
-      {{"op", "peers"}, {"job", job}, {"epoch", epoch}, {"node", node}, {"nodes", nodes}},
-      timeout_);
+  json reply =
+      checked({{"op", "peers"}, {"job", job}, {"epoch", epoch}, {"node", node}, {"nodes", nodes}},
+              timeout_);
   const json s = reply.value("successor", json());
   return s.is_string() ? s.get<std::string>() : std::string();
 }

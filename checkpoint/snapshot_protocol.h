@@ -10,8 +10,8 @@
 //   The agent creates each missing segment (SnapshotSegment::create, kind kData, payload of
 //   up to B bytes per slot, owned by the agent) after checking that two slots per new rank
 //   (three when the agent copies them to other nodes: --redundancy replica) plus two slots of
-//   P parity bytes, or of the replicas it will hold, fit in the node's free memory. Idempotent: a segment
-//   that exists with enough capacity is returned as is (a worker restarted after a crash
+//   P parity bytes, or of the replicas it will hold, fit in the node's free memory. Idempotent: a
+//   segment that exists with enough capacity is returned as is (a worker restarted after a crash
 //   finds its snapshot). One reserve should name every rank of the node in that epoch
 //   (see committed). `node` is the node's index in epoch E's membership.
 //   {"op":"committed","name":S,"step":s} -> {"ok":true,"step":newest committed step}

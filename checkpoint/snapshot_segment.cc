@@ -1,6 +1,7 @@
 // The snapshot segment: its byte layout in shared memory, creation (allocated up front), the
-// seqlock-style commit protocol of its slots (two, or three), and segment names. docs/snapshot-format.md
-// describes the layout and why a kill at any point leaves a complete snapshot.
+// seqlock-style commit protocol of its slots (two, or three), and segment names.
+// docs/snapshot-format.md describes the layout and why a kill at any point leaves a complete
+// snapshot.
 #include "checkpoint/snapshot_segment.h"
 
 #include <fcntl.h>

@@ -11,9 +11,9 @@
 // layout_of(...).locals order, each dense and row-major, packed back to back (so the reader,
 // who knows the layout, can slice it without a table). A slot's `sequence` is written
 // last, with release ordering, after every payload byte and checksum; 0 means "being
-// written" and is what a writer stores first. The newest committed slot (highest sequence) is the snapshot; a writer
-// always writes into another one (an uncommitted one, else the oldest). A kill at any point
-// therefore leaves the previous snapshot intact and readable.
+// written" and is what a writer stores first. The newest committed slot (highest sequence) is the
+// snapshot; a writer always writes into another one (an uncommitted one, else the oldest). A kill
+// at any point therefore leaves the previous snapshot intact and readable.
 //
 // Segment kinds: kData (a rank's own snapshot, on its node), kReplica (a copy of another
 // node's rank, pushed by that node's agent), kParity (m parity fragments of an erasure-coded
@@ -63,11 +63,11 @@ uint64_t layout_hash(const std::vector<BoxKey>& boxes);
 class SnapshotSegment {
  public:
   // Creates (O_EXCL) and sizes a segment of `slots` slots (kMinSnapshotSlots..kMax) for
-  // payloads of up to `capacity` bytes per slot, every slot empty. Its memory is allocated here (posix_fallocate), so a full /dev/shm
-  // fails now, not with a SIGBUS at the first write. IoError naming the segment on failure
-  // (it exists, /dev/shm is full: then nothing is left behind).
-  // The agent calls this; `owner_pid` (the agent) is recorded so that `weft snapshot clean`
-  // can tell an abandoned segment (its owner gone) from a live one.
+  // payloads of up to `capacity` bytes per slot, every slot empty. Its memory is allocated here
+  // (posix_fallocate), so a full /dev/shm fails now, not with a SIGBUS at the first write. IoError
+  // naming the segment on failure (it exists, /dev/shm is full: then nothing is left behind). The
+  // agent calls this; `owner_pid` (the agent) is recorded so that `weft snapshot clean` can tell an
+  // abandoned segment (its owner gone) from a live one.
   static SnapshotSegment create(const std::string& name, int64_t capacity, int owner_pid,
                                 int slots = kMinSnapshotSlots);
   // Maps an existing segment, read-write when `writable`. IoError naming it when it does not

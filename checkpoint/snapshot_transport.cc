@@ -158,8 +158,9 @@ void PeerChannel::send_bytes(const void* data, size_t n) {
           asio::async_write(io_->sock, asio::buffer(p + off, len),
                             [cb](boost::system::error_code e, size_t) { cb(e); });
         }))
-      fail(aborted_ ? "aborted" : "a write took longer than " + std::to_string(timeout_.count()) +
-                                      " ms (the peer is hung or the link is cut)");
+      fail(aborted_ ? "aborted"
+                    : "a write took longer than " + std::to_string(timeout_.count()) +
+                          " ms (the peer is hung or the link is cut)");
     if (ec) fail("write failed: " + ec.message());
     off += len;
   }
@@ -175,8 +176,9 @@ void PeerChannel::receive_bytes(void* data, size_t n) {
           asio::async_read(io_->sock, asio::buffer(p + off, len),
                            [cb](boost::system::error_code e, size_t) { cb(e); });
         }))
-      fail(aborted_ ? "aborted" : "no bytes for " + std::to_string(timeout_.count()) +
-                                      " ms (the peer is hung or the link is cut)");
+      fail(aborted_ ? "aborted"
+                    : "no bytes for " + std::to_string(timeout_.count()) +
+                          " ms (the peer is hung or the link is cut)");
     if (ec == asio::error::eof) fail("closed the connection");
     if (ec) fail("read failed: " + ec.message());
     off += len;
@@ -255,11 +257,12 @@ std::unique_ptr<PeerChannel> PeerChannel::connect(const std::string& endpoint, c
   comm::Bytes n1, n2 = auth::random_bytes(auth::kNonceBytes);
   if (!unhex(hello.value("nonce", ""), &n1) || n1.size() != auth::kNonceBytes)
     ch->fail("a handshake without a valid nonce");
-  ch->send({{"job", a.job},
-            {"node", node},
-            {"nonce", hex(n2)},
-            {"proof", a.token.empty() ? "" : hex(auth::proof(a.token, concat(n1, n2),
-                                                             kPeerClientContext))}});
+  ch->send(
+      {{"job", a.job},
+       {"node", node},
+       {"nonce", hex(n2)},
+       {"proof",
+        a.token.empty() ? "" : hex(auth::proof(a.token, concat(n1, n2), kPeerClientContext))}});
   const json verdict = ch->receive();
   if (!verdict.value("ok", false))
     ch->fail("refused the connection: " + verdict.value("error", std::string("(no reason)")));
@@ -267,8 +270,9 @@ std::unique_ptr<PeerChannel> PeerChannel::connect(const std::string& endpoint, c
     comm::Bytes got;
     if (!unhex(verdict.value("proof", ""), &got) ||
         !auth::proof_matches(auth::proof(a.token, concat(n2, n1), kPeerServerContext), got))
-      ch->fail("cannot prove the job token (a wrong proof): not this job's agent; nothing is "
-               "sent to it");
+      ch->fail(
+          "cannot prove the job token (a wrong proof): not this job's agent; nothing is "
+          "sent to it");
   }
   return ch;
 }
@@ -313,10 +317,10 @@ void PeerChannel::handshake_as_listener(const PeerAuth& a) {
       refuse("this agent has no job token and accepts peers on its own machine only");
   }
   peer_node_ = h.contains("node") && h["node"].is_number_integer() ? h["node"].get<int>() : -1;
-  send({{"ok", true},
-        {"proof", a.token.empty()
-                      ? std::string()
-                      : hex(auth::proof(a.token, concat(n2, n1), kPeerServerContext))}});
+  send(
+      {{"ok", true},
+       {"proof", a.token.empty() ? std::string()
+                                 : hex(auth::proof(a.token, concat(n2, n1), kPeerServerContext))}});
 }
 
 // ---- the listener ----------------------------------------------------------------------
@@ -380,14 +384,16 @@ void PeerListener::accept_next() {
     }
     boost::system::error_code e2;
     const tcp::endpoint ep = raw->channel->io_->sock.remote_endpoint(e2);
-    raw->channel->peer_ = e2 ? std::string("?") : ep.address().to_string() + ":" +
-                                                      std::to_string(ep.port());
+    raw->channel->peer_ =
+        e2 ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
     raw->channel->io_->sock.set_option(tcp::no_delay(true), e2);
     ::fcntl(raw->channel->io_->sock.native_handle(), F_SETFD, FD_CLOEXEC);
     {
       std::lock_guard<std::mutex> l(mu_);
-      if (!stopped_) raw->thread = std::thread([this, raw] { run_session(*raw); });
-      else raw->done = true;
+      if (!stopped_)
+        raw->thread = std::thread([this, raw] { run_session(*raw); });
+      else
+        raw->done = true;
     }
     reap(false);
     accept_next();
@@ -404,7 +410,8 @@ void PeerListener::run_session(Session& s) {
     s.done = true;
     return;
   } catch (const std::exception& e) {
-    if (!ch.aborted_) log_("a peer connection from " + ch.peer() + " failed its handshake: " + e.what());
+    if (!ch.aborted_)
+      log_("a peer connection from " + ch.peer() + " failed its handshake: " + e.what());
     s.done = true;
     return;
   }

@@ -10,8 +10,9 @@
 namespace weft::launch {
 
 // ConfigError ("... not yet ...", naming the key) for a job-file setting the trainer cannot
-// act on yet: snapshot.redundancy other than none, and snapshot.ec (copies of snapshots on
-// other nodes). Also checks elastic.min_nodes/max_nodes, when set, against
+// act on yet: snapshot.redundancy: ec, and snapshot.ec (erasure-coded copies of snapshots on
+// other nodes); and naming snapshot.redundancy for replica without snapshots or on fewer
+// than 2 nodes (--nnodes MAX). Also checks elastic.min_nodes/max_nodes, when set, against
 // the node range weft run was started with (--nnodes MIN:MAX): they must agree.
 void refuse_unsupported_job_settings(const core::JobSpec& spec, const parallel::LaunchEnv& env);
 

@@ -209,6 +209,23 @@ class NodeAgent {
   // The node's snapshot agent (snapshot.every > 0): started once the node has its index,
   // restarted when it dies, finished when the job ends well here, stopped otherwise.
   std::unique_ptr<SnapshotAgentProcess> snapshots_;
+  // snapshot.redundancy: replica. Each node publishes its agent's endpoint for the epoch
+  // under rdzv/<id>/snapshot/<epoch>/<node index>; once every node of the epoch has, the
+  // agent is told the ring (`peers`), and again whenever an endpoint changes (a restarted
+  // agent listens on a new port). Never throws: replicas must not stop training.
+  void sync_snapshot_peers();
+  std::string snapshot_key(int64_t epoch, int node) const {
+    return key_ + "snapshot/" + std::to_string(epoch) + "/" + std::to_string(node);
+  }
+  struct SnapshotPeers {
+    int64_t epoch = -1;
+    int node = -1, generation = -1;  // what was published: for this agent start
+    std::vector<std::string> sent;   // the ring the agent was told (of `sent_epoch`)
+    int64_t sent_epoch = -1;
+    int sent_generation = -1;
+    Clock::time_point checked{};
+    bool failing = false;
+  } snap_peers_;
 };
 
 // torchrun's rule: on the endpoint's machine the first agent to bind the port hosts the
@@ -465,6 +482,54 @@ Stop NodeAgent::depart() {
   return {};
 }
 
+void NodeAgent::sync_snapshot_peers() {
+  if (!snapshots_ || snapshots_->plan().listen.empty() || !store_) return;
+  SnapshotPeers& p = snap_peers_;
+  const int64_t epoch = so_.rdzv_epoch;
+  const int node = so_.node_index, n = so_.nnodes;
+  const int generation = snapshots_->generation();
+  try {
+    if (p.epoch != epoch || p.node != node || p.generation != generation) {
+      const std::string here = snapshots_->endpoint();
+      if (here.empty()) return;  // not answering yet: the next tick asks again
+      store_->set(snapshot_key(epoch, node), comm::to_bytes(here));
+      p.epoch = epoch;
+      p.node = node;
+      p.generation = generation;
+      p.checked = {};
+    }
+    // Told already: look again about once a second (another node's agent may have restarted).
+    const bool told = p.sent_epoch == epoch && p.sent_generation == generation;
+    if (told && Clock::now() - p.checked < std::chrono::seconds(1)) return;
+    p.checked = Clock::now();
+    std::vector<std::string> keys;
+    for (int i = 0; i < n; ++i) keys.push_back(snapshot_key(epoch, i));
+    if (!store_->check(keys)) return;  // not every node has published yet
+    std::vector<std::string> nodes;
+    for (const comm::Bytes& b : store_->multi_get(keys)) nodes.push_back(comm::to_string(b));
+    if (told && nodes == p.sent) return;
+    snapshots_->peers(epoch, node, nodes);
+    if (n > 1)
+      std::fprintf(stderr,
+                   "weft run: epoch %lld: this node's snapshots are replicated to node %d (%s)\n",
+                   (long long)epoch, (node + 1) % n, nodes[size_t((node + 1) % n)].c_str());
+    else
+      std::fprintf(stderr,
+                   "weft run: epoch %lld: this node is the only one; its snapshots are not "
+                   "replicated until another joins\n",
+                   (long long)epoch);
+    p.sent = std::move(nodes);
+    p.sent_epoch = epoch;
+    p.sent_generation = generation;
+    p.failing = false;
+  } catch (const std::exception& e) {
+    if (!p.failing)
+      std::fprintf(stderr, "weft run: cannot tell the snapshot agent its peers yet: %s\n",
+                   e.what());
+    p.failing = true;
+  }
+}
+
 // A node that leaves a live job while it hosts the rendezvous store keeps serving it (the
 // others go on and need it) until every other member of the epoch has ended or gone.
 void NodeAgent::serve_while_others_run() {
@@ -611,7 +676,16 @@ int NodeAgent::run() {
 
   if (!token_.empty()) ::setenv("WEFT_JOB_TOKEN", token_.c_str(), 1);
   try {
-    snapshots_ = start_snapshot_agent(so_.command, so_.run_id, static_ ? o_.node_rank : m.index);
+    SnapshotAgentSite site;
+    // The address the other nodes reach this one on: toward the store (or etcd's first
+    // member), like the workers' store of an etcd job.
+    site.host = parallel::address_toward(etcd_ ? o_.rdzv_host : host_, uint16_t(port_));
+    site.nnodes_max = o_.nnodes_max;
+    site.insecure = o_.rdzv_conf.insecure.value_or(false) && token_.empty();
+    snapshots_ =
+        start_snapshot_agent(so_.command, so_.run_id, static_ ? o_.node_rank : m.index, site);
+  } catch (const ConfigError& e) {
+    return finish(2, e.what(), true);
   } catch (const std::exception& e) {
     return finish(1, e.what(), true);
   }
@@ -649,8 +723,10 @@ int NodeAgent::run() {
     }
     stop_ = Stop{};
     if (snapshots_) snapshots_->keep_alive();
+    sync_snapshot_peers();
     so_.monitor = [&] {
       if (snapshots_) snapshots_->keep_alive();
+      sync_snapshot_peers();
       return monitor(current_, round);
     };
     const Outcome out = supervise(so_);

@@ -503,8 +503,8 @@ json Agent::reserve(const ckpt::Reservation& r) {
       owned_[name] = {std::move(seg), r.epoch, parts ? parts->rank : -1};
       struct stat st {};
       ::stat(shm_path(name).c_str(), &st);
-      say(str("reserved ", name, ": ", data_slots(), " slots of ", bytes_text(double(capacity)), " (",
-              bytes_text(double(st.st_size)), " of shared memory)"));
+      say(str("reserved ", name, ": ", data_slots(), " slots of ", bytes_text(double(capacity)),
+              " (", bytes_text(double(st.st_size)), " of shared memory)"));
     }
   } catch (const std::exception& e) {
     for (const std::string& name : made) {  // all or nothing
@@ -607,7 +607,8 @@ void Agent::start_replicas() {
   ro.auth.insecure = o_.insecure;
   ro.listen = o_.listen;
   ro.timeout = ckpt::default_snapshot_call_timeout();
-  if (ro.auth.token.empty() && !o_.insecure && !comm::auth::is_loopback(ckpt::split_endpoint(o_.listen).first))
+  if (ro.auth.token.empty() && !o_.insecure &&
+      !comm::auth::is_loopback(ckpt::split_endpoint(o_.listen).first))
     say(str("no job token (WEFT_JOB_TOKEN): replicas are accepted from this machine only"));
   replicas_ = std::make_unique<SnapshotReplicas>(ro, say);
   replicas_->adopt();
@@ -617,13 +618,15 @@ void Agent::start_replicas() {
 // successor at once (the stage takes each segment's newest commit).
 json Agent::peers(const json& req) {
   if (!replicas_)
-    return refusal("this agent was started without --listen: it has no peers (it neither sends "
-                   "nor receives replicas)");
+    return refusal(
+        "this agent was started without --listen: it has no peers (it neither sends "
+        "nor receives replicas)");
   if (!req.contains("job") || !req["job"].is_string() || req["job"] != o_.job_id)
     return refusal(str("bad request: peers needs \"job\" (this agent serves job ", o_.job_id, ")"));
   if (!req.contains("epoch") || !req["epoch"].is_number_integer() || !req.contains("node") ||
       !req["node"].is_number_integer() || !req.contains("nodes") || !req["nodes"].is_array())
-    return refusal("bad request: peers needs \"epoch\", \"node\" (integers) and \"nodes\" (an array)");
+    return refusal(
+        "bad request: peers needs \"epoch\", \"node\" (integers) and \"nodes\" (an array)");
   ReplicaRing r;
   r.epoch = req["epoch"].get<int64_t>();
   r.node = req["node"].get<int>();
@@ -635,8 +638,8 @@ json Agent::peers(const json& req) {
   if (r.epoch < 0 || r.node < 0 || r.node >= int(r.nodes.size()))
     return refusal(str("bad request: node ", r.node, " of ", r.nodes.size(), ", epoch ", r.epoch));
   if (std::optional<ReplicaRing> now = replicas_->ring(); now && now->epoch > r.epoch)
-    return refusal(str("epoch ", r.epoch, " is older than the ring this agent has (epoch ",
-                       now->epoch, ")"));
+    return refusal(
+        str("epoch ", r.epoch, " is older than the ring this agent has (epoch ", now->epoch, ")"));
   const std::optional<int> next = r.successor();
   const std::string to = next ? r.nodes[size_t(*next)] : std::string();
   const int64_t epoch = r.epoch;
@@ -685,7 +688,8 @@ Agent::~Agent() {
   }
 }
 
-constexpr const char* kHelp = R"(usage: weft snapshot-agent --job ID --node N --socket PATH [--listen HOST:PORT]
+constexpr const char* kHelp =
+    R"(usage: weft snapshot-agent --job ID --node N --socket PATH [--listen HOST:PORT]
 
 The node's in-memory snapshot agent (weft run starts one per node for jobs with
 snapshot.every > 0; it can also run alone). It owns the job's shared-memory segments

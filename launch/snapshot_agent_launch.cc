@@ -107,9 +107,14 @@ SnapshotAgentProcess::~SnapshotAgentProcess() {
 
 void SnapshotAgentProcess::spawn() {
   // Everything the child needs is built before fork: after it, only async-signal-safe calls.
-  std::vector<std::string> args = {self_exe(),   "snapshot-agent", "--job",
-                                   plan_.job_id, "--node",         std::to_string(plan_.node),
-                                   "--socket",   plan_.socket};
+  std::vector<std::string> args = {
+      self_exe(),     "snapshot-agent",
+      "--job",        plan_.job_id,
+      "--node",       std::to_string(plan_.node),
+      "--socket",     plan_.socket,
+      "--redundancy", plan_.redundancy == "replica" ? "replica" : "none"};
+  if (!plan_.listen.empty()) args.insert(args.end(), {"--listen", plan_.listen});
+  if (plan_.insecure) args.push_back("--insecure");
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -141,6 +146,7 @@ void SnapshotAgentProcess::spawn() {
   }
   ::setpgid(pid, pid);
   pid_ = pid;
+  ++generation_;
   started_s_ = now_s();
   std::fprintf(stderr,
                "weft run: started the snapshot agent (pid %d) for job %s on node %d at %s\n",
@@ -241,10 +247,44 @@ void SnapshotAgentProcess::stop() {
       int(pid), plan_.job_id.c_str());
 }
 
+std::string SnapshotAgentProcess::endpoint() {
+  if (plan_.listen.empty() || pid_ <= 0) return "";
+  if (endpoint_of_ == generation_) return endpoint_;
+  try {
+    checkpoint::SnapshotAgentClient client(std::chrono::milliseconds(2000));
+    client.connect(plan_.socket);
+    endpoint_ = client.endpoint();
+    endpoint_of_ = generation_;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft run: the snapshot agent did not say where its peers reach it: %s\n",
+                 e.what());
+    return "";
+  }
+  return endpoint_;
+}
+
+void SnapshotAgentProcess::peers(int64_t epoch, int node, const std::vector<std::string>& nodes) {
+  checkpoint::SnapshotAgentClient client(std::chrono::milliseconds(2000));
+  client.connect(plan_.socket);
+  client.peers(plan_.job_id, epoch, node, nodes);
+}
+
 std::unique_ptr<SnapshotAgentProcess> start_snapshot_agent(const std::vector<std::string>& command,
-                                                           const std::string& run_id, int node) {
+                                                           const std::string& run_id, int node,
+                                                           const SnapshotAgentSite& site) {
   std::optional<SnapshotAgentPlan> plan = snapshot_agent_plan(command, run_id, node);
   if (!plan) return nullptr;
+  if (plan->redundancy == "replica") {
+    if (site.nnodes_max < 2 || site.host.empty())
+      throw ConfigError("snapshot.redundancy",
+                        "replica needs at least 2 nodes: each node's snapshots are copied to the "
+                        "next node's snapshot agent, and this job runs on one (weft run "
+                        "--standalone, or --nnodes 1); use none (the node's own snapshots "
+                        "survive any worker's crash), or run on 2 nodes or more");
+    const bool v6 = site.host.find(':') != std::string::npos;
+    plan->listen = (v6 ? "[" + site.host + "]" : site.host) + ":0";
+    plan->insecure = site.insecure;
+  }
   return std::make_unique<SnapshotAgentProcess>(std::move(*plan));
 }
 

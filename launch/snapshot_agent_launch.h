@@ -1,7 +1,9 @@
 // weft run's side of the node's snapshot agent (launch/snapshot_agent.h): whether a job
 // needs one, and the agent process beside the workers: started before them, restarted
 // when it dies while the job runs, told to `finish` when the job ends well (its segments
-// are removed) and stopped with SIGTERM when it does not (they stay for a restart).
+// are removed) and stopped with SIGTERM when it does not (they stay for a restart). With
+// snapshot.redundancy: replica it also listens for the other nodes' agents (--listen), and
+// weft run tells it each epoch's peers (node_agent.cc publishes the endpoints in the store).
 #pragma once
 
 #include <sys/types.h>
@@ -18,6 +20,15 @@ struct SnapshotAgentPlan {
   int node = 0;
   std::string socket;  // <tmp>/weft-snapshot-<job id>-n<node>.sock
   std::string redundancy = "none";  // snapshot.redundancy: "none" = this node's only copy
+  std::string listen;     // replica: "host:0", where the other nodes' agents reach this one
+  bool insecure = false;  // --rdzv-conf insecure without a token: peers from anywhere
+};
+
+// What weft run knows of the job's nodes when it starts the agent.
+struct SnapshotAgentSite {
+  std::string host;    // this node's address toward the others ("" for --standalone)
+  int nnodes_max = 1;  // --nnodes MAX
+  bool insecure = false;
 };
 
 // The agent the workers of `command` need, or nullopt: the command is `weft train` (its
@@ -51,6 +62,13 @@ class SnapshotAgentProcess {
 
   const SnapshotAgentPlan& plan() const { return plan_; }
   pid_t pid() const { return pid_; }
+  // Counts the agent's starts: a new one has a new endpoint and knows no peers.
+  int generation() const { return generation_; }
+  // Where the running agent accepts its peers ("host:port"; "" without plan().listen, or
+  // when it does not answer within 2 s). Asked once per start.
+  std::string endpoint();
+  // Tells the running agent the ring of `epoch`; IoError when it cannot be told.
+  void peers(int64_t epoch, int node, const std::vector<std::string>& nodes);
 
  private:
   void spawn();
@@ -61,11 +79,16 @@ class SnapshotAgentProcess {
   double started_s_ = 0;
   int quick_deaths_ = 0;
   bool given_up_ = false;
+  int generation_ = 0;
+  int endpoint_of_ = -1;  // the generation endpoint_ was asked of
+  std::string endpoint_;
 };
 
 // weft run's entry point: the agent for `command` when it needs one (snapshot_agent_plan),
-// started; nullptr otherwise.
+// started; nullptr otherwise. ConfigError naming snapshot.redundancy for replica on a job
+// of one node (`site.nnodes_max` < 2: --standalone, --nnodes 1): nobody to copy to.
 std::unique_ptr<SnapshotAgentProcess> start_snapshot_agent(const std::vector<std::string>& command,
-                                                           const std::string& run_id, int node);
+                                                           const std::string& run_id, int node,
+                                                           const SnapshotAgentSite& site = {});
 
 }  // namespace weft::launch

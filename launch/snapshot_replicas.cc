@@ -25,7 +25,9 @@ constexpr double kReportSeconds = 10;  // a throughput line at most this often
 constexpr auto kRetryAfter = std::chrono::milliseconds(500);  // a failed peer rests this long
 constexpr int64_t kMaxCapacity = int64_t(1) << 50;
 
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::string mib(double bytes) {
   char b[32];
@@ -48,7 +50,8 @@ std::optional<int> ReplicaRing::successor() const {
   return (node + 1) % n;
 }
 
-SnapshotReplicas::SnapshotReplicas(ReplicaOptions o, Log log) : o_(std::move(o)), log_(std::move(log)) {
+SnapshotReplicas::SnapshotReplicas(ReplicaOptions o, Log log)
+    : o_(std::move(o)), log_(std::move(log)) {
   if (o_.listen.empty()) return;
   const auto [host, port] = ckpt::split_endpoint(o_.listen);
   listener_ = std::make_unique<ckpt::PeerListener>(
@@ -99,9 +102,10 @@ void SnapshotReplicas::note_failure(const std::string& peer, const std::string& 
     std::lock_guard<std::mutex> l(mu_);
     stopping = stopped_;
   }
-  if (!failing_ && !stopping) log_(str("replica push to ", peer, " failed: ", what,
-                          "; retrying at the next commit (later failures not logged until one "
-                          "succeeds)"));
+  if (!failing_ && !stopping)
+    log_(str("replica push to ", peer, " failed: ", what,
+             "; retrying at the next commit (later failures not logged until one "
+             "succeeds)"));
   failing_ = true;
   std::shared_ptr<ckpt::PeerChannel> dropped;
   {
@@ -195,10 +199,12 @@ void SnapshotReplicas::push(const CommittedEvent& e) {
   }
   if (since(report_at_) >= kReportSeconds) {
     log_(str("replica push: ", pushes_, " snapshot(s), ", mib(double(bytes_)), " to node ", *next,
-             " in the last ", since(report_at_), " s; ", double(bytes_) / 1e6 / std::max(push_s_, 1e-9),
-             " MB/s while pushing, ", push_s_ / double(pushes_) * 1e3, " ms per push",
-             torn_ ? str("; ", torn_, " torn (rewritten by the next snapshot while sent: pushes "
-                          "are slower than snapshot.every)")
+             " in the last ", since(report_at_), " s; ",
+             double(bytes_) / 1e6 / std::max(push_s_, 1e-9), " MB/s while pushing, ",
+             push_s_ / double(pushes_) * 1e3, " ms per push",
+             torn_ ? str("; ", torn_,
+                         " torn (rewritten by the next snapshot while sent: pushes "
+                         "are slower than snapshot.every)")
                    : std::string()));
     pushes_ = bytes_ = torn_ = 0;
     push_s_ = 0;
@@ -231,7 +237,8 @@ void SnapshotReplicas::receive_one(ckpt::PeerChannel& ch, const json& h) {
   } catch (const std::exception& e) {
     bad = str("a malformed push header (", e.what(), ")");
   }
-  const int64_t blocks = (m.payload_bytes + ckpt::kSnapshotBlockBytes - 1) / ckpt::kSnapshotBlockBytes;
+  const int64_t blocks =
+      (m.payload_bytes + ckpt::kSnapshotBlockBytes - 1) / ckpt::kSnapshotBlockBytes;
   if (bad.empty() && m.job_id != o_.auth.job)
     bad = str("a snapshot of job ", m.job_id, "; this agent serves ", o_.auth.job);
   else if (bad.empty() &&
@@ -265,7 +272,8 @@ void SnapshotReplicas::receive_one(ckpt::PeerChannel& ch, const json& h) {
   const char* p = static_cast<const char*>(payload);
   int64_t corrupt = 0, first = -1;
   for (int64_t i = 0; i < blocks; ++i) {
-    const int64_t len = std::min(ckpt::kSnapshotBlockBytes, m.payload_bytes - i * ckpt::kSnapshotBlockBytes);
+    const int64_t len =
+        std::min(ckpt::kSnapshotBlockBytes, m.payload_bytes - i * ckpt::kSnapshotBlockBytes);
     if (ckpt::crc32c(p + i * ckpt::kSnapshotBlockBytes, size_t(len)) != crcs[size_t(i)]) {
       if (first < 0) first = i;
       ++corrupt;
@@ -273,8 +281,10 @@ void SnapshotReplicas::receive_one(ckpt::PeerChannel& ch, const json& h) {
   }
   if (corrupt) {
     const std::string msg =
-        str(corrupt, " block(s) arrived with a checksum that is not the sender's (the first at "
-                     "byte ", first * ckpt::kSnapshotBlockBytes, "): not committed");
+        str(corrupt,
+            " block(s) arrived with a checksum that is not the sender's (the first at "
+            "byte ",
+            first * ckpt::kSnapshotBlockBytes, "): not committed");
     log_(str("replica ", held->segment->name(), " step ", m.step, " from ", ch.peer(), ": ", msg));
     ch.send({{"ok", false}, {"error", msg}});
     return;
@@ -321,8 +331,8 @@ std::optional<SnapshotReplicas::Held> SnapshotReplicas::replica_for(const ckpt::
       if (seg->capacity() >= m.payload_bytes) {
         seg->set_owner_pid(int(::getpid()));
         std::lock_guard<std::mutex> l(mu_);
-        auto [it, fresh] =
-            held_.emplace(name, Held{std::move(seg), m.epoch, m.rank, std::make_shared<std::mutex>()});
+        auto [it, fresh] = held_.emplace(
+            name, Held{std::move(seg), m.epoch, m.rank, std::make_shared<std::mutex>()});
         (void)fresh;
         return it->second;
       }
@@ -335,10 +345,11 @@ std::optional<SnapshotReplicas::Held> SnapshotReplicas::replica_for(const ckpt::
   const double room = double(std::min(mem.available, mem.shm_free) - snapshot_memory_margin(mem));
   const double need = segment_bytes(capacity);
   if (need > room) {
-    *why = str("a replica of node ", m.owner_node, "'s rank ", m.rank, " (two slots of ",
-               mib(double(capacity)), ") does not fit in node memory here (",
-               mib(std::max(0.0, room)), " free beyond the margin): set snapshot.redundancy: none "
-               "or free memory");
+    *why =
+        str("a replica of node ", m.owner_node, "'s rank ", m.rank, " (two slots of ",
+            mib(double(capacity)), ") does not fit in node memory here (", mib(std::max(0.0, room)),
+            " free beyond the margin): set snapshot.redundancy: none "
+            "or free memory");
     log_("refused a replica: " + *why);
     return std::nullopt;
   }
@@ -370,7 +381,7 @@ std::vector<ckpt::SegmentInfo> SnapshotReplicas::list() const {
   std::lock_guard<std::mutex> l(mu_);
   std::vector<ckpt::SegmentInfo> out;
   for (const auto& [name, x] : held_) {
-    ckpt::SegmentInfo s{name, x.epoch, x.rank, x.segment->capacity(), x.segment->owner_pid(),
+    ckpt::SegmentInfo s{name,        x.epoch, x.rank, x.segment->capacity(), x.segment->owner_pid(),
                         std::nullopt};
     try {
       if (std::optional<ckpt::SnapshotSegment::View> v = x.segment->latest()) s.committed = v->meta;

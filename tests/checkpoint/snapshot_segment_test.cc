@@ -1,7 +1,8 @@
 // The snapshot segment: create/open/unlink, two slots that alternate with the newer one as
-// the snapshot (three that rotate, and version 1's two), readers in other processes, a writer SIGKILLed mid-write (the previous
-// snapshot stays whole), corruption found at its block, and the names of a job's segments.
-// Each test has its own job id and removes its segments in TearDown, even when it fails.
+// the snapshot (three that rotate, and version 1's two), readers in other processes, a writer
+// SIGKILLed mid-write (the previous snapshot stays whole), corruption found at its block, and the
+// names of a job's segments. Each test has its own job id and removes its segments in TearDown,
+// even when it fails.
 #include "checkpoint/snapshot_segment.h"
 
 #include <fcntl.h>
@@ -244,7 +245,7 @@ TEST_F(SnapshotSegmentTest, AVersionOneSegmentReadsAsTwoSlots) {
   ASSERT_GE(fd, 0);
   const uint32_t one = 1;
   const int64_t zero = 0;
-  ASSERT_EQ(::pwrite(fd, &one, sizeof one, 8), ssize_t(sizeof one));     // version
+  ASSERT_EQ(::pwrite(fd, &one, sizeof one, 8), ssize_t(sizeof one));      // version
   ASSERT_EQ(::pwrite(fd, &zero, sizeof zero, 72), ssize_t(sizeof zero));  // slots
   ::close(fd);
   SnapshotSegment r = SnapshotSegment::open(name(), false);

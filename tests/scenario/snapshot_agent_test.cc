@@ -466,21 +466,21 @@ TEST_F(SnapshotAgentRun, StopsTheAgentAndKeepsTheSegmentsWhenTheJobFails) {
 }
 
 // The real worker refuses snapshot.* as not yet supported (exit 2); the agent weft run
-// started for it is still stopped and reaped. Without snapshot.every no agent starts.
+// started for it is still stopped and reaped. Replicas on one node are refused by weft run
+// itself, before any agent starts. Without snapshot.every no agent starts.
 TEST_F(SnapshotAgentRun, AgentOfARefusingWorkerIsStoppedAndNoneStartsWithoutSnapshots) {
   const std::string tiny = std::string(WEFT_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
   // The worker refuses a snapshot setting it cannot act on yet: the job fails (exit 2) and
   // weft run stops its agent.
-  pid_t run = start(
-      {"run", "--standalone", "--nproc-per-node", "1", "--rdzv-id", run_id_, "--", "weft", "train",
-       "--config", tiny, "--set", "snapshot.every=5", "--set", "snapshot.redundancy=replica",
-       "--set", "train.out_dir=" + path("out")},
-      path("run.log"));
+  pid_t run = start({"run", "--standalone", "--nproc-per-node", "1", "--rdzv-id", run_id_, "--",
+                     "weft", "train", "--config", tiny, "--set", "snapshot.every=5", "--set",
+                     "snapshot.redundancy=ec", "--set", "train.out_dir=" + path("out")},
+                    path("run.log"));
   int status = wait_exit(run, 120);
   ASSERT_NE(status, -1) << read(path("run.log"));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << read(path("run.log"));
   std::string log = read(path("run.log"));
-  EXPECT_NE(log.find("snapshot.redundancy: 'replica': copies of snapshots on other nodes"),
+  EXPECT_NE(log.find("snapshot.redundancy: 'ec': erasure-coded copies of snapshots on other nodes"),
             std::string::npos)
       << log;
   const pid_t agent =
@@ -489,6 +489,19 @@ TEST_F(SnapshotAgentRun, AgentOfARefusingWorkerIsStoppedAndNoneStartsWithoutSnap
             std::string::npos)
       << log;
   EXPECT_NE(::kill(agent, 0), 0);
+
+  pid_t one = start({"run", "--standalone", "--nproc-per-node", "1", "--rdzv-id", run_id_ + "-one",
+                     "--", "weft", "train", "--config", tiny, "--set", "snapshot.every=5", "--set",
+                     "snapshot.redundancy=replica", "--set", "train.out_dir=" + path("out1")},
+                    path("one.log"));
+  status = wait_exit(one, 60);
+  ASSERT_NE(status, -1) << read(path("one.log"));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << read(path("one.log"));
+  EXPECT_NE(read(path("one.log")).find("snapshot.redundancy: replica needs at least 2 nodes"),
+            std::string::npos)
+      << read(path("one.log"));
+  EXPECT_EQ(read(path("one.log")).find("started the snapshot agent"), std::string::npos)
+      << read(path("one.log"));
 
   pid_t plain = start({"run", "--standalone", "--nproc-per-node", "1", "--", path("bin/weft"),
                        "train", "--config", tiny},

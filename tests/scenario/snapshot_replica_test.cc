@@ -5,15 +5,15 @@
 // refused (logged on both sides) and nothing of its is written. The push throughput is
 // measured on a large payload. Every process is killed and reaped and every segment of the
 // test's jobs unlinked in TearDown, however the test ends.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 
 #include <chrono>
 #include <cstring>
@@ -102,9 +102,9 @@ class SnapshotReplica : public ::testing::Test {
   // `weft snapshot-agent` for node `node` listening on loopback, with `token`.
   pid_t start_agent(int node, const std::string& token) {
     const std::vector<std::string> args = {
-        "snapshot-agent", "--job",    job_,          "--node",       std::to_string(node),
-        "--socket",       socket(node), "--listen",  "127.0.0.1:0", "--redundancy",
-        "replica"};
+        "snapshot-agent",     "--job",        job_,         "--node",
+        std::to_string(node), "--socket",     socket(node), "--listen",
+        "127.0.0.1:0",        "--redundancy", "replica"};
     const std::string out = log(node);
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
@@ -275,9 +275,11 @@ TEST_F(SnapshotReplica, AWrongTokenIsRefusedAndNothingOfItIsWritten) {
   EXPECT_EQ(b->list().size(), 0u);
 }
 
-// Push throughput on loopback: a 256 MiB snapshot committed five times; each time from the
+// Push throughput on loopback: a 256 MiB snapshot committed six times; each time from the
 // `committed` message until the next node's agent lists it (the push, its checksums on
-// arrival, the commit). Printed; the test checks only that every commit arrives whole.
+// arrival, the commit). The first two pushes also fault in the replica's two slots (mapped
+// pages are touched first there); the rest are the steady state. Printed; the test checks
+// only that every commit arrives whole.
 TEST_F(SnapshotReplica, PushThroughputOnLoopback) {
   const int64_t big = int64_t(256) << 20;
   start_agent(0, "replica-test-token");
@@ -288,21 +290,24 @@ TEST_F(SnapshotReplica, PushThroughputOnLoopback) {
   b->peers(job_, 1, 1, {ea, eb});
   const std::vector<std::string> da = a->segment(Reservation{job_, 0, 1, {{0, 2, big}}, 0});
   const std::string ra = segment_name(job_, SegmentKind::kReplica, 0, 1, 0);
-  double total_s = 0;
-  for (int64_t step = 1; step <= 5; ++step) {
+  double steady_s = 0;
+  for (int64_t step = 1; step <= 6; ++step) {
     write_snapshot(da[0], job_, 0, 1, 0, 2, step, big);
     const auto t0 = Clock::now();
     a->committed(da[0], step);
-    ASSERT_TRUE(poll([&] { return listed_step(*b, ra) == step; }, 60)) << read(log(0)) << read(log(1));
+    ASSERT_TRUE(poll([&] { return listed_step(*b, ra) == step; }, 60))
+        << read(log(0)) << read(log(1));
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    total_s += s;
-    std::printf("[ measured ] step %lld: 256 MiB replicated in %.1f ms (%.0f MB/s)\n",
-                (long long)step, s * 1e3, double(big) / 1e6 / s);
+    if (step > 2) steady_s += s;
+    std::printf("[ measured ] step %lld: 256 MiB replicated in %.1f ms (%.0f MB/s)%s\n",
+                (long long)step, s * 1e3, double(big) / 1e6 / s,
+                step <= 2 ? ", the replica's slot touched first" : "");
     EXPECT_TRUE(same_bytes(da[0], ra));
   }
-  std::printf("[ measured ] replica push on loopback: %.0f MB/s over 5 x 256 MiB (commit to "
-              "listed, checksums verified on arrival)\n",
-              5 * double(big) / 1e6 / total_s);
+  std::printf(
+      "[ measured ] replica push on loopback: %.0f MB/s (4 x 256 MiB, commit to listed, "
+      "checksums verified on arrival)\n",
+      4 * double(big) / 1e6 / steady_s);
 }
 
 }  // namespace

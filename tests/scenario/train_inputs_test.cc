@@ -66,15 +66,26 @@ TEST_F(TrainInputs, OnChangeDefaultsToReshardInHelpAndRunFolder) {
   EXPECT_NE(config.find("on_change: reshard"), std::string::npos) << config;
 }
 
-// Job-file settings the trainer cannot act on yet are refused, never silently ignored.
+// Job-file settings the trainer cannot act on yet are refused, never silently ignored; and
+// replicas need another node (a `weft train` alone is one).
 TEST_F(TrainInputs, SnapshotCopiesOnOtherNodesAreRefusedAsNotYet) {
-  for (const char* set : {"snapshot.redundancy=ec", "snapshot.redundancy=replica", "snapshot.ec.k=3"}) {
+  for (const char* set : {"snapshot.redundancy=ec", "snapshot.ec.k=3"}) {
     Result r = train(std::string("--set snapshot.every=5 --set ") + set);
     const std::string key = std::string(set).substr(0, std::string(set).find('='));
     EXPECT_EQ(r.code, 2) << set << "\n" << r.out;
     EXPECT_NE(r.out.find(key + ": "), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("not yet"), std::string::npos) << r.out;
   }
+  Result replica = train("--set snapshot.every=5 --set snapshot.redundancy=replica");
+  EXPECT_EQ(replica.code, 2) << replica.out;
+  EXPECT_NE(replica.out.find("snapshot.redundancy: replica needs at least 2 nodes"),
+            std::string::npos)
+      << replica.out;
+  Result nothing = train("--set snapshot.redundancy=replica");
+  EXPECT_EQ(nothing.code, 2) << nothing.out;
+  EXPECT_NE(nothing.out.find("snapshot.redundancy: 'replica' copies in-memory snapshots"),
+            std::string::npos)
+      << nothing.out;
   // In-memory snapshots live in the node's snapshot agent, which weft run starts.
   Result alone = train("--set snapshot.every=5");
   EXPECT_EQ(alone.code, 2) << alone.out;

@@ -1,0 +1,115 @@
+// snapshot.redundancy: replica end to end across hosts that are network namespaces
+// (tests/support/netns.h; issue 15): three hosts, one node and one worker each, ZeRO-3 over
+// dp3 (every shard exists once), a snapshot every step, each node's pushed to the next
+// node's snapshot agent. Host 1 dies whole (weft run, its worker, its snapshot agent: every
+// process in the namespace, SIGKILL): the job goes on as dp2 from the snapshots, host 1's
+// rank from its replica on host 2, a step or two back, and its losses are one process's
+// step for step. No timing thresholds; every wait is bounded; every process is reaped and
+// every segment of the job removed however the test ends.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <regex>
+
+#include "checkpoint/job_id.h"
+#include "checkpoint/snapshot_segment.h"
+#include "tests/support/live_job.h"
+
+namespace weft::test {
+namespace {
+
+using namespace live;
+
+// The job's segments and agent locks go at the end, whatever happened (the killed host's
+// agent leaves its own; a test that fails mid-run leaves everyone's).
+struct JobSegments {
+  std::string job;
+  ~JobSegments() {
+    for (const std::string& n : checkpoint::snapshot_segments(job))
+      checkpoint::SnapshotSegment::unlink(n);
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator("/dev/shm", ec))
+      if (e.path().filename().string().starts_with("weft-agent-" + job)) fs::remove(e.path(), ec);
+  }
+};
+
+TEST(NetnsSnapshotReplica, ANodeLostWholeUnderZero3ResumesFromItsReplicaOnTheNextNode) {
+  std::string why;
+  if (!VirtualHosts::available(&why)) GTEST_SKIP() << why;
+  ASSERT_EQ(::access(WEFT_BINARY, X_OK), 0) << WEFT_BINARY << " is built with the tests";
+  const auto t_test = Clock::now();
+  VirtualHosts hosts(3);
+  LiveJob job;
+  job.dir = agent_test_dir("netns_snapshot_replica", "zero3");
+  job.id = "netns-replica-" + std::to_string(::getpid());
+  JobSegments segments{checkpoint::job_id_for_run(job.id)};
+  job.hosts = &hosts;
+  job.nnodes = "2:3";
+  // ZeRO-3 gathers every layer's shards each step: tens of collectives, whose latency is all
+  // a step costs here (hundreds of ms on two busy cores). Few steps, generous waits.
+  job.steps = 70;
+  job.token = "netns-snapshot-replica-test-token";
+  const std::vector<std::string> layout = {"parallel.dp=auto", "parallel.zero=3"};
+  job.sets = layout;
+  job.sets.insert(job.sets.end(), {"snapshot.every=1", "snapshot.redundancy=replica"});
+  const fs::path ref = reference_run(job.dir, job.steps, layout);
+  ASSERT_NO_FATAL_FAILURE(job.start_in_order(3));
+
+  // Host 1's rank 1 is replicated to host 2 (node 2 of epoch 1), host 2's to host 0.
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return !job.lines_with(2, "holding replicas of node 1's rank 1 (epoch 1)").empty() &&
+               !job.lines_with(0, "holding replicas of node 2's rank 2 (epoch 1)").empty();
+      },
+      300))
+      << job.all_logs();
+  ASSERT_TRUE(poll_until([&] { return job.rows().size() >= 25; }, 300)) << job.all_logs();
+  const size_t at_kill = job.rows().size();
+  ASSERT_LT(at_kill, size_t(job.steps) - 25) << "the job nearly ended before the kill";
+  const auto t0 = Clock::now();
+  EXPECT_GE(hosts.signal_host(1, SIGKILL), 3) << "weft run, its worker, its snapshot agent";
+  EXPECT_EQ(job.wait(1), 128 + SIGKILL);
+  ASSERT_TRUE(job.wait_world(2, 10, 2, 600)) << phases_text(job.phases()) << job.all_logs();
+  std::printf("[ measured ] world of 2 trained 10 steps %.2f s after host 1 died\n",
+              seconds_since(t0));
+  for (int k : {0, 2}) {
+    std::optional<int> code = job.wait(k, 900);
+    ASSERT_TRUE(code) << job.all_logs();
+    EXPECT_EQ(*code, 0) << job.all_logs();
+  }
+  std::printf("[ measured ] test took %.1f s\n", seconds_since(t_test));
+
+  const auto p = job.phases();
+  ASSERT_EQ(p.size(), 2u) << phases_text(p);
+  EXPECT_EQ(p[0].first, WorldEpoch(3, 1)) << phases_text(p);
+  EXPECT_EQ(p[1].first, WorldEpoch(2, 2)) << phases_text(p);
+  // The state came from snapshots, host 1's rank from the replica on host 2.
+  const std::vector<std::string> resizes = lines_with(job.text(0), "resize: epoch 1 -> 2");
+  ASSERT_EQ(resizes.size(), 1u) << job.all_logs();
+  std::printf("[ says     ] %s\n", resizes[0].c_str());
+  std::smatch m;
+  // Host 1's rank exists only in its replica on host 2; the survivors' ranks may come from
+  // their own snapshots or their replicas on each other.
+  const std::regex said(
+      R"(nobody alive holds all of the state: resumed at step (\d+) \((\d+) steps back\) from (\d+) holders, (\d+) of them in-memory snapshots \((\d+) own, (\d+) replicas?\))");
+  ASSERT_TRUE(std::regex_search(resizes[0], m, said)) << resizes[0];
+  const long step = std::stol(m[1]);
+  EXPECT_EQ(std::stol(m[3]), 3) << resizes[0];
+  EXPECT_EQ(std::stol(m[4]), 3) << resizes[0];
+  EXPECT_GE(std::stol(m[6]), 1) << resizes[0];
+  EXPECT_GE(step, long(at_kill) - 3) << "resumed more than a few steps before the kill";
+  EXPECT_LE(step, long(at_kill) + 10) << resizes[0];
+  EXPECT_NE(resizes[0].find("world 3 -> 2"), std::string::npos) << resizes[0];
+  expect_losses_by_step(ref, job.metrics(), 1e-5);
+  // Epoch 2's ring of two: each survivor's snapshots go to the other.
+  EXPECT_FALSE(job.lines_with(0, "epoch 2: this node's snapshots are replicated to node 1").empty())
+      << job.text(0);
+  EXPECT_FALSE(job.lines_with(2, "epoch 2: this node's snapshots are replicated to node 0").empty())
+      << job.text(2);
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);  // kept for a look otherwise
+}
+
+}  // namespace
+}  // namespace weft::test
