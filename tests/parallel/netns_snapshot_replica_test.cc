@@ -40,11 +40,13 @@ TEST(NetnsSnapshotReplica, ANodeLostWholeUnderZero3ResumesFromItsReplicaOnTheNex
   if (!VirtualHosts::available(&why)) GTEST_SKIP() << why;
   ASSERT_EQ(::access(WEFT_BINARY, X_OK), 0) << WEFT_BINARY << " is built with the tests";
   const auto t_test = Clock::now();
+  // Destroyed last: after every process on the hosts is gone, none can make a segment anew.
+  const std::string id = "netns-replica-" + std::to_string(::getpid());
+  JobSegments segments{checkpoint::job_id_for_run(id)};
   VirtualHosts hosts(3);
   LiveJob job;
   job.dir = agent_test_dir("netns_snapshot_replica", "zero3");
-  job.id = "netns-replica-" + std::to_string(::getpid());
-  JobSegments segments{checkpoint::job_id_for_run(job.id)};
+  job.id = id;
   job.hosts = &hosts;
   job.nnodes = "2:3";
   // ZeRO-3 gathers every layer's shards each step: tens of collectives, whose latency is all
