@@ -175,17 +175,21 @@ Holders choose_holders(const core::JobSpec& spec, const core::Graph& graph,
                .first;
     const parallel::Layout& old = it->second;
     std::vector<int> to(size_t(old_world), -1), from(size_t(old_world), -1);
-    // Live reports come first, so a rank's own state wins over a snapshot of it.
-    for (size_t q = 0; q < reports.size(); ++q) {
-      const HolderReport& r = reports[q];
-      if (!r.valid || r.epoch != epoch || r.step != step || r.world != old_world || r.rank < 0 ||
-          r.rank >= old_world || to[size_t(r.rank)] >= 0)
-        continue;
-      if (r.source != HolderReport::kLive &&
-          uint64_t(r.layout_hash) != checkpoint::snapshot_layout_hash(old.ranks[size_t(r.rank)]))
-        continue;  // a snapshot of other boxes (another plan): never a source
-      to[size_t(r.rank)] = int(r.holder);
-      from[size_t(r.rank)] = int(q);
+    // A rank's live state first, then a snapshot on the node that took it, then a replica
+    // on another node, then one rebuilt from parity: the fewest bytes between hosts.
+    for (int64_t source : {HolderReport::kLive, HolderReport::kSnapshot, HolderReport::kReplica,
+                           HolderReport::kRebuilt}) {
+      for (size_t q = 0; q < reports.size(); ++q) {
+        const HolderReport& r = reports[q];
+        if (r.source != source || !r.valid || r.epoch != epoch || r.step != step ||
+            r.world != old_world || r.rank < 0 || r.rank >= old_world || to[size_t(r.rank)] >= 0)
+          continue;
+        if (r.source != HolderReport::kLive &&
+            uint64_t(r.layout_hash) != checkpoint::snapshot_layout_hash(old.ranks[size_t(r.rank)]))
+          continue;  // a snapshot of other boxes (another plan): never a source
+        to[size_t(r.rank)] = int(r.holder);
+        from[size_t(r.rank)] = int(q);
+      }
     }
     parallel::Layout a = renamed_layout(old, to, hosts);
     std::string gap;
