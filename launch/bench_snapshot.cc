@@ -1,8 +1,8 @@
 // `weft bench snapshot`: options and dispatch, and the parts that run in this process alone.
 // encode: Reed-Solomon encode and the rebuild of one lost data fragment for (k, m) = (2, 1)
 // and (4, 2), crc32c, and memcpy into already-touched memory (the copy a snapshot makes);
-// the copy rates the overhead part sets its numbers beside (measure_copy_rates). The part
-// that trains (overhead) is launch/bench_snapshot_overhead.cc.
+// the copy rates the overhead part sets its numbers beside (measure_copy_rates). The parts
+// that train (overhead, recovery) are launch/bench_snapshot_{overhead,recovery}.cc.
 #include "launch/bench_snapshot.h"
 
 #include <unistd.h>
@@ -180,7 +180,8 @@ struct Part {
   const char* name;
   void (*run)(const Options&);
 };
-const Part kParts[] = {{"encode", run_encode}, {"overhead", run_overhead}};
+const Part kParts[] = {
+    {"encode", run_encode}, {"overhead", run_overhead}, {"recovery", run_recovery}};
 
 std::string part_names() {
   std::string s;
@@ -242,7 +243,7 @@ int bench_snapshot(const std::vector<std::string>& args) {
   Args a(args,
          {"--parts", "--mib", "--configs", "--ranks", "--steps", "--rounds", "--copies", "--every",
           "--set", "--timeout", "--dir"},
-         {"--keep"});
+         {"--warm-checkpoint", "--keep"});
   Options o;
   o.mib = a.get_int("--mib", kDefaultMib);
   if (o.mib < 1 || o.mib > (int64_t(1) << 20))
@@ -295,6 +296,7 @@ int bench_snapshot(const std::vector<std::string>& args) {
                                      o.every));
   o.sets = a.all("--set");
   o.timeout = bench::seconds_option(a, "--timeout", o.timeout);
+  o.warm_checkpoint = a.flag("--warm-checkpoint");
   o.keep = a.flag("--keep");
   const bool trains = std::any_of(parts.begin(), parts.end(),
                                   [](const Part* p) { return std::string(p->name) != "encode"; });

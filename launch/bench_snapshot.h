@@ -1,7 +1,8 @@
 // `weft bench snapshot`: what the in-memory snapshots (issue 15) cost on this machine, each
 // number beside its bound measured in the same run. Run by parts: `encode` (the erasure code
 // and crc32c against memcpy), `overhead` (a training step with snapshots against without,
-// and against the copy's own cost).
+// and against the copy's own cost), `recovery` (a killed worker's restart from the node's
+// snapshots against one from a durable checkpoint).
 #pragma once
 
 #include <string>

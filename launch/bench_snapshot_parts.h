@@ -6,6 +6,7 @@
 //   bench_snapshot.cc           options, the encode part, dispatch
 //   bench_snapshot_jobs.cc      the jobs: config S and the ~350M state, sizing, launching
 //   bench_snapshot_overhead.cc  per-step cost of snapshot.every 0 / 1 / K
+//   bench_snapshot_recovery.cc  SIGKILL of a worker: snapshots against a disk checkpoint
 #pragma once
 
 #include <sys/types.h>
@@ -35,6 +36,7 @@ struct Options {
   int every = 0;                  // overhead: the interval to confirm; 0: choose
   std::vector<std::string> sets;  // to every job's weft train, last
   double timeout = 3600;          // per job, seconds
+  bool warm_checkpoint = false;   // recovery: keep the checkpoint's page cache
   fs::path dir;                   // scratch: one folder per job
   bool own_dir = false, keep = false;
 };
@@ -117,5 +119,6 @@ long long step_line(const std::string& s);
 double median(std::vector<double> v);
 
 void run_overhead(const Options& o);
+void run_recovery(const Options& o);
 
 }  // namespace weft::launch::snapbench

@@ -130,10 +130,10 @@ const Bench kBenches[] = {
     {"store", nullptr},
     {"elastic", nullptr},
     {"snapshot",
-     "usage: weft bench snapshot [--parts encode,overhead] [--mib N]\n"
+     "usage: weft bench snapshot [--parts encode,overhead,recovery] [--mib N]\n"
      "                           [--configs S,350M] [--ranks N] [--steps N] [--rounds R]\n"
      "                           [--copies N] [--every K] [--set KEY=VALUE]...\n"
-     "                           [--timeout S] [--dir DIR] [--keep]\n"
+     "                           [--warm-checkpoint] [--timeout S] [--dir DIR] [--keep]\n"
      "  in-memory snapshots' costs, each beside its bound measured in the same run, by part:\n"
      "  encode    Reed-Solomon (ISA-L) encode and the rebuild of one lost data fragment for\n"
      "            k=2 m=1 and k=4 m=2, crc32c, memcpy into touched memory (GB/s and the ratio\n"
@@ -144,9 +144,14 @@ const Bench kBenches[] = {
      "            (median metrics step_ms), its ratio to the baseline, what a snapshot adds\n"
      "            against the copy's own cost (its bytes / memcpy, measured here), the\n"
      "            workers' CPU time; targets: <= 1% at the default, <= 1.2x the copy at every 1\n"
-     "  --parts P,...   the parts to run (default both, in that order)\n"
+     "  recovery  a worker SIGKILLed mid-run (weft run --max-restarts 1, ZeRO-1): the restart\n"
+     "            from the node's snapshots (every step) against one from a durable checkpoint\n"
+     "            saved right before the kill (page cache dropped), side by side: detect /\n"
+     "            restart / restore (communicators, plan, read snapshots, transfer, resume;\n"
+     "            or load) / first step, both from the failure known; target: >= 20x faster\n"
+     "  --parts P,...   the parts to run (default all three, in that order)\n"
      "  --mib N         MiB per fragment and per copy (default 256; k=4 m=2 holds 6 of them)\n"
-     "  --configs C,... the jobs of overhead: S (4 x 256, seq 256, batch 8, 2\n"
+     "  --configs C,... the jobs of overhead and recovery: S (4 x 256, seq 256, batch 8, 2\n"
      "                  ranks) and/or a parameter count: configs/bench-elastic-350m.yaml scaled\n"
      "                  to it (default S,350M; the big one on 2 ranks when two snapshot slots\n"
      "                  per rank and the workers fit in memory, else 1)\n"
@@ -156,6 +161,7 @@ const Bench kBenches[] = {
      "  --copies N      overhead at the default interval K: counted snapshots (default 3)\n"
      "  --every K       overhead: confirm this interval instead of choosing one\n"
      "  --set KEY=VALUE to every job's weft train, last (e.g. a smaller model for a quick run)\n"
+     "  --warm-checkpoint  recovery: keep the checkpoint in the page cache\n"
      "  --timeout S     bound on each job (default 3600)\n"
      "  --dir DIR       the jobs' folders: weft run's output stamped on arrival, metrics\n"
      "                  (default: a temporary one, removed after a good run unless --keep)\n"},

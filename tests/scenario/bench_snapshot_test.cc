@@ -1,7 +1,7 @@
 // `weft bench snapshot` end to end: the encode part prints every row with positive numbers,
-// the bytes each row accounts for, the target line and its progress; the overhead part, on
-// a tiny config S and a few steps, prints every row of its table with the ratio columns and
-// the target lines, and ends 0; bad options are ConfigErrors naming
+// the bytes each row accounts for, the target line and its progress; the overhead and
+// recovery parts, on a tiny config S and a few steps, print every row of their tables with
+// the ratio columns and the target lines, and end 0; bad options are ConfigErrors naming
 // them. Behaviour, not timing: no number is compared with a threshold.
 #include <gtest/gtest.h>
 
@@ -160,6 +160,41 @@ TEST(BenchSnapshot, OverheadPartRecommendsAnInterval) {
   EXPECT_NE(line.find("under 1% of the step"), std::string::npos) << r.out;
 }
 
+TEST(BenchSnapshot, RecoveryPartPrintsEveryPhaseSideBySide) {
+  Result r = run("bench snapshot --parts recovery" + kTiny);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<std::string> sec = section(r.out, "recovery: config S: SIGKILL of rank 1 of 2");
+  ASSERT_FALSE(sec.empty()) << r.out;
+  EXPECT_TRUE(has_line(sec, "  snapshots: snapshot.every 1")) << r.out;
+  EXPECT_TRUE(has_line(sec, "  checkpoint: checkpoint.every 5, saved right before the kill"))
+      << r.out;
+  EXPECT_NE(r.out.find("its page cache dropped before the kill"), std::string::npos) << r.out;
+  const std::vector<std::string> head = cells(sec, "phase");
+  ASSERT_EQ(head.size(), 4u) << r.out;
+  EXPECT_EQ(head[1], "snapshots s") << r.out;
+  EXPECT_EQ(head[2], "checkpoint s") << r.out;
+  // Both sides' phases, and the snapshot restore's five parts (the checkpoint has none).
+  for (const char* phase : {"detect", "restart", "restore", "first step", "total", "ready"}) {
+    const std::vector<std::string> c = cells(sec, phase);
+    ASSERT_EQ(c.size(), 4u) << phase << "\n" << r.out;
+    EXPECT_TRUE(is_number(c[1]) && is_number(c[2])) << phase << "\n" << r.out;
+  }
+  for (const char* part : {"communicators", "plan", "read snapshots", "transfer", "resume"}) {
+    const std::vector<std::string> c = cells(sec, part);
+    ASSERT_EQ(c.size(), 4u) << part << "\n" << r.out;
+    EXPECT_TRUE(is_number(c[1])) << part << "\n" << r.out;
+    EXPECT_EQ(c[2], "-") << part << "\n" << r.out;
+  }
+  EXPECT_TRUE(has_line(sec, "ratio checkpoint / snapshots: ")) << r.out;
+  EXPECT_NE(r.out.find("target: recovery >= 20x faster than the disk restart: "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("[bench snapshot] recovery S snapshots: killed rank 1"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("[bench snapshot] recovery S checkpoint: first step after the restart"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(BenchSnapshot, BadOptionsAreConfigErrorsNamingThem) {
   Result r = run("bench snapshot --parts encode,nope --mib 4");
   EXPECT_EQ(r.code, 2) << r.out;
@@ -175,7 +210,7 @@ TEST(BenchSnapshot, BadOptionsAreConfigErrorsNamingThem) {
   r = run("bench snapshot --parts overhead --configs S --ranks 3");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("--ranks"), std::string::npos) << r.out;
-  r = run("bench snapshot --parts overhead --configs 5B");  // ~220 GB: nowhere near fits
+  r = run("bench snapshot --parts recovery --configs 5B");  // ~275 GB: nowhere near fits
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("--configs"), std::string::npos) << r.out;
 }
@@ -184,7 +219,7 @@ TEST(BenchSnapshot, HelpListsTheParts) {
   Result r = run("bench snapshot --help");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("--parts"), std::string::npos) << r.out;
-  for (const char* part : {"encode", "overhead"})
+  for (const char* part : {"encode", "overhead", "recovery"})
     EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
   r = run("bench --help");
   EXPECT_NE(r.out.find("weft bench snapshot"), std::string::npos) << r.out;
