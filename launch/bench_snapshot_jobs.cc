@@ -183,6 +183,9 @@ JobRun::JobRun(const Options& o, const JobShape& shape, const std::string& label
   for (const std::string& s : all) argv.insert(argv.end(), {"--set", s});
   // The same threads for every run of a shape; OPENBLAS_* as this process has them.
   ::setenv("OMP_NUM_THREADS", std::to_string(shape.threads).c_str(), 1);
+  // One rank trains on the plan executor with or without snapshots (weft train picks the
+  // single-process trainer for a lone rank without them): the same code on both sides.
+  ::setenv("WEFT_PLAN_EXECUTOR", "1", 1);
   agent_ = std::make_unique<BenchAgent>(argv, (folder_ / "weft-run.log").string(), origin_);
 }
 

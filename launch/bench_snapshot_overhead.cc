@@ -194,7 +194,8 @@ void run_overhead(const Options& o) {
   const char* blas = std::getenv("OPENBLAS_CORETYPE");
   std::printf(
       "  every run: weft run --standalone, OMP_NUM_THREADS = train.threads, "
-      "OPENBLAS_CORETYPE=%s; every 0 and 1 alternate in %d round%s; %s before, %s after\n",
+      "WEFT_PLAN_EXECUTOR=1 (one rank too), OPENBLAS_CORETYPE=%s; every 0 and 1 alternate in %d "
+      "round%s; %s before, %s after\n",
       blas ? blas : "(unset)", o.rounds, o.rounds == 1 ? "" : "s", load_before.c_str(),
       load_average().c_str());
   std::printf(

@@ -243,6 +243,9 @@ void print_side_by_side(const JobShape& j, const Side& a, const Side& b, const O
                 "% still cached): the load reads the disk")
                 .c_str(),
       b.resumed);
+  std::printf(
+      "  both: weft run --standalone, OMP_NUM_THREADS = train.threads, "
+      "WEFT_PLAN_EXECUTOR=1 (one rank too: the same trainer on both sides)\n");
   std::printf("  detection: weft run's line \"%s\"\n", a.detect_line.c_str());
   std::printf("%-16s | %11s | %12s | %s\n", "phase", "snapshots s", "checkpoint s", "ends when");
   auto row = [](const char* name, const std::string& x, const std::string& y, const char* when) {
