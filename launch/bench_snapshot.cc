@@ -1,23 +1,47 @@
-// `weft bench snapshot`: the snapshot path's throughput beside memcpy, one thread, by part.
+// `weft bench snapshot`: options and dispatch, and the parts that run in this process alone.
 // encode: Reed-Solomon encode and the rebuild of one lost data fragment for (k, m) = (2, 1)
-// and (4, 2), crc32c, and memcpy into already-touched memory (the copy a snapshot makes).
+// and (4, 2), crc32c, and memcpy into already-touched memory (the copy a snapshot makes);
+// the copy rates the overhead part sets its numbers beside (measure_copy_rates). The parts
+// that train (overhead, recovery) are launch/bench_snapshot_{overhead,recovery}.cc.
 #include "launch/bench_snapshot.h"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "base/check.h"
 #include "base/error.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/erasure_code.h"
+#include "checkpoint/snapshot_segment.h"
+#include "checkpoint/snapshot_writer.h"
+#include "core/tensor.h"
 #include "launch/args.h"
+#include "launch/bench_elastic_parts.h"
+#include "launch/bench_snapshot_parts.h"
 
-namespace weft::launch {
+namespace weft::launch::snapbench {
+
+void progress(const std::string& what) {
+  std::fprintf(stderr, "[bench snapshot] %s\n", what.c_str());
+  std::fflush(stderr);
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  if (!(in >> a >> b >> c)) return "load average unknown";
+  return "load average " + a + " " + b + " " + c;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -26,10 +50,6 @@ constexpr int kReps = 3;                  // each number is the median of these
 constexpr double kEncodeTargetBps = 5e9;  // the issue's: encode >= 5 GB/s per core
 constexpr int64_t kDefaultMib = 256;
 volatile uint32_t g_sink;  // where checksums go so that computing them is not optimized out
-
-struct Options {
-  int64_t mib = kDefaultMib;  // per fragment
-};
 
 // A page-aligned buffer whose every page has been written (no first-touch faults in a timing).
 class Buffer {
@@ -73,11 +93,6 @@ double median_seconds(F&& f) {
   }
   std::sort(t, t + kReps);
   return t[kReps / 2];
-}
-
-void progress(const std::string& what) {
-  std::fprintf(stderr, "[bench snapshot] %s\n", what.c_str());
-  std::fflush(stderr);
 }
 
 struct Row {
@@ -160,13 +175,13 @@ void run_encode(const Options& o) {
   std::fflush(stdout);
 }
 
-// Every part a user can name, in the order they run. Later parts (overhead, recovery) join
-// this table.
+// Every part a user can name, in the order they run.
 struct Part {
   const char* name;
   void (*run)(const Options&);
 };
-const Part kParts[] = {{"encode", run_encode}};
+const Part kParts[] = {
+    {"encode", run_encode}, {"overhead", run_overhead}, {"recovery", run_recovery}};
 
 std::string part_names() {
   std::string s;
@@ -174,16 +189,67 @@ std::string part_names() {
   return s;
 }
 
+// Removes a segment however the measurement ends.
+struct SegmentName {
+  std::string name;
+  ~SegmentName() { checkpoint::SnapshotSegment::unlink(name); }
+};
+
 }  // namespace
 
+CopyRates measure_copy_rates(int64_t bytes) {
+  CopyRates r;
+  r.bytes = bytes;
+  progress(str("copy rates: filling 2 x ", bytes >> 20, " MiB and a segment of two slots"));
+  Buffer dst{size_t(bytes)};
+  dst.fill(98);
+  core::Tensor src = core::Tensor::empty({bytes}, core::DType::kU8);
+  std::memset(src.raw_data(), 0x5A, size_t(bytes));  // touched; the values do not matter
+  r.memcpy_bps = double(bytes) /
+                 median_seconds([&] { std::memcpy(dst.data(), src.raw_data(), size_t(bytes)); });
+  // A segment of this process (the agent creates them in a job; the writer cannot tell).
+  SegmentName seg{checkpoint::segment_name("00000000b5e7c4a1", checkpoint::SegmentKind::kData, 0, 0,
+                                           int(::getpid()))};
+  checkpoint::SnapshotSegment::unlink(seg.name);  // a leftover of a killed run of this pid
+  checkpoint::SnapshotWriter writer(
+      checkpoint::SnapshotSegment::create(seg.name, bytes, int(::getpid())));
+  checkpoint::SnapshotMeta meta;
+  meta.job_id = "00000000b5e7c4a1";
+  meta.rank = 0;
+  meta.world = 1;
+  auto snapshot = [&] {
+    meta.step++;
+    writer.start(meta, {src});
+    writer.wait();
+  };
+  snapshot();  // both slots written once: the steady state of a job's snapshots
+  snapshot();
+  r.writer_bps = double(bytes) / median_seconds(snapshot);
+  std::optional<checkpoint::SnapshotSegment::View> v = writer.segment().latest();
+  WEFT_CHECK(v.has_value(), "bench snapshot: nothing committed in ", seg.name);
+  r.verify_bps = double(bytes) / median_seconds([&] {
+                   if (!writer.segment().corrupt_blocks(*v).empty())
+                     throw InternalError("bench snapshot: " + seg.name + " reads back corrupt");
+                 });
+  return r;
+}
+
+}  // namespace weft::launch::snapbench
+
+namespace weft::launch {
+
 int bench_snapshot(const std::vector<std::string>& args) {
-  Args a(args, {"--parts", "--mib"});
+  using namespace snapbench;
+  Args a(args,
+         {"--parts", "--mib", "--configs", "--ranks", "--steps", "--rounds", "--copies", "--every",
+          "--set", "--timeout", "--dir"},
+         {"--warm-checkpoint", "--keep"});
   Options o;
   o.mib = a.get_int("--mib", kDefaultMib);
   if (o.mib < 1 || o.mib > (int64_t(1) << 20))
     throw ConfigError("--mib", str("MiB per fragment must be in [1, 1048576], got ", o.mib));
   std::vector<const Part*> parts;
-  std::stringstream ss(a.get_or("--parts", "encode"));
+  std::stringstream ss(a.get_or("--parts", part_names()));
   for (std::string name; std::getline(ss, name, ',');) {
     const Part* found = nullptr;
     for (const Part& p : kParts)
@@ -195,9 +261,82 @@ int bench_snapshot(const std::vector<std::string>& args) {
   }
   if (parts.empty())
     throw ConfigError("--parts", "no part named; expected some of: " + part_names());
-  for (const Part& p : kParts)  // the table's order, whatever order they were named in
-    if (std::find(parts.begin(), parts.end(), &p) != parts.end()) p.run(o);
-  return 0;
+  if (a.has("--configs")) {
+    o.configs.clear();
+    std::stringstream cs(a.get("--configs"));
+    for (std::string c; std::getline(cs, c, ',');) {
+      if (c != "S") try {
+          bench::parse_count(c);
+        } catch (const ConfigError&) {
+          throw ConfigError("--configs", "'" + c +
+                                             "': expected S or a parameter count such as "
+                                             "350M, 40M or 2.5e8 (the ~350M job scaled to it)");
+        }
+      o.configs.push_back(c);
+    }
+    if (o.configs.empty())
+      throw ConfigError("--configs", "no config named; expected S and/or a count such as 350M");
+  }
+  o.ranks = int(a.get_int("--ranks", 0));
+  if (o.ranks < 0 || o.ranks > 8)
+    throw ConfigError("--ranks", str("expected 1 to 8, got ", o.ranks));
+  o.steps = int(a.get_int("--steps", o.steps));
+  if (o.steps < 2 || o.steps > 100000)
+    throw ConfigError("--steps", str("expected 2 to 100000 counted steps, got ", o.steps));
+  o.rounds = int(a.get_int("--rounds", o.rounds));
+  if (o.rounds < 1 || o.rounds > o.steps)
+    throw ConfigError("--rounds", str("expected 1 to --steps (", o.steps, "), got ", o.rounds));
+  o.copies = int(a.get_int("--copies", o.copies));
+  if (o.copies < 1 || o.copies > 1000)
+    throw ConfigError("--copies", str("expected 1 to 1000 counted snapshots, got ", o.copies));
+  o.every = int(a.get_int("--every", 0));
+  if (o.every < 0 || o.every > 100000)
+    throw ConfigError("--every", str("expected an interval of 1 to 100000 steps (0: choose it "
+                                     "from the measurement), got ",
+                                     o.every));
+  o.sets = a.all("--set");
+  o.timeout = bench::seconds_option(a, "--timeout", o.timeout);
+  o.warm_checkpoint = a.flag("--warm-checkpoint");
+  o.keep = a.flag("--keep");
+  const bool trains = std::any_of(parts.begin(), parts.end(),
+                                  [](const Part* p) { return std::string(p->name) != "encode"; });
+  if (trains) {
+    // Every job is sized before the first one runs: a refusal leaves nothing behind.
+    for (const std::string& c : o.configs)
+      for (const Part* p : parts)
+        if (std::string(p->name) != "encode") make_shape(c, o, std::string(p->name) == "recovery");
+    if (a.has("--dir")) {
+      o.dir = a.get("--dir");
+      fs::create_directories(o.dir);
+    } else {
+      std::string t = (fs::temp_directory_path() / "weft_bench_snapshot_XXXXXX").string();
+      if (!::mkdtemp(t.data())) throw IoError("weft bench snapshot: cannot create " + t);
+      o.dir = t;
+      o.own_dir = true;
+    }
+  }
+  int code = 0;
+  for (const Part& p : kParts) {  // the table's order, whatever order they were named in
+    if (std::find(parts.begin(), parts.end(), &p) == parts.end()) continue;
+    try {
+      p.run(o);
+    } catch (const NotSupported& e) {  // no ISA-L: named, it is an error; by default, skipped
+      if (a.has("--parts")) throw;
+      std::printf("%s: skipped: %s\n\n", p.name, e.what());
+    } catch (const IoError& e) {  // a job that failed: the others still run
+      std::printf("%s: FAILED: %s\n\n", p.name, e.what());
+      std::fflush(stdout);
+      code = 1;
+    }
+  }
+  if (trains && o.own_dir && !o.keep && code == 0) {
+    std::error_code ec;
+    fs::remove_all(o.dir, ec);
+  } else if (trains) {
+    std::printf("job folders (weft run's output with arrival stamps, metrics) kept in %s\n",
+                o.dir.c_str());
+  }
+  return code;
 }
 
 }  // namespace weft::launch

@@ -130,13 +130,41 @@ const Bench kBenches[] = {
     {"store", nullptr},
     {"elastic", nullptr},
     {"snapshot",
-     "usage: weft bench snapshot [--parts encode] [--mib N]\n"
-     "  in-memory snapshots' costs beside memcpy in the same run, one thread, by part:\n"
-     "  encode  Reed-Solomon (ISA-L) encode and the rebuild of one lost data fragment for\n"
-     "          k=2 m=1 and k=4 m=2, crc32c, memcpy into touched memory (GB/s and the ratio\n"
-     "          to memcpy); target: encode >= 5 GB/s per core\n"
-     "  --parts P,...  the parts to run (default encode)\n"
-     "  --mib N        MiB per fragment and per copy (default 256; k=4 m=2 holds 6 of them)\n"},
+     "usage: weft bench snapshot [--parts encode,overhead,recovery] [--mib N]\n"
+     "                           [--configs S,350M] [--ranks N] [--steps N] [--rounds R]\n"
+     "                           [--copies N] [--every K] [--set KEY=VALUE]...\n"
+     "                           [--warm-checkpoint] [--timeout S] [--dir DIR] [--keep]\n"
+     "  in-memory snapshots' costs, each beside its bound measured in the same run, by part:\n"
+     "  encode    Reed-Solomon (ISA-L) encode and the rebuild of one lost data fragment for\n"
+     "            k=2 m=1 and k=4 m=2, crc32c, memcpy into touched memory (GB/s and the ratio\n"
+     "            to memcpy), one thread; target: encode >= 5 GB/s per core\n"
+     "  overhead  the same job under weft run with snapshot.every 0 (baseline) and 1, in\n"
+     "            alternating rounds, then at the default interval it recommends (the smallest\n"
+     "            whose measured cost is under 1% of the step on every config): per-step time\n"
+     "            (median metrics step_ms), its ratio to the baseline, what a snapshot adds\n"
+     "            against the copy's own cost (its bytes / memcpy, measured here), the\n"
+     "            workers' CPU time; targets: <= 1% at the default, <= 1.2x the copy at every 1\n"
+     "  recovery  a worker SIGKILLed mid-run (weft run --max-restarts 1, ZeRO-1): the restart\n"
+     "            from the node's snapshots (every step) against one from a durable checkpoint\n"
+     "            saved right before the kill (page cache dropped), side by side: detect /\n"
+     "            restart / restore (communicators, plan, read snapshots, transfer, resume;\n"
+     "            or load) / first step, both from the failure known; target: >= 20x faster\n"
+     "  --parts P,...   the parts to run (default all three, in that order)\n"
+     "  --mib N         MiB per fragment and per copy (default 256; k=4 m=2 holds 6 of them)\n"
+     "  --configs C,... the jobs of overhead and recovery: S (4 x 256, seq 256, batch 8, 2\n"
+     "                  ranks) and/or a parameter count: configs/bench-elastic-350m.yaml scaled\n"
+     "                  to it (default S,350M; the big one on 2 ranks when two snapshot slots\n"
+     "                  per rank and the workers fit in memory, else 1)\n"
+     "  --ranks N       ranks of every job (default per config, above)\n"
+     "  --steps N       overhead: counted steps per variant (default 30, after 3 warm-up ones)\n"
+     "  --rounds R      overhead: every 0 and 1 alternate in R runs each (default 2)\n"
+     "  --copies N      overhead at the default interval K: counted snapshots (default 3)\n"
+     "  --every K       overhead: confirm this interval instead of choosing one\n"
+     "  --set KEY=VALUE to every job's weft train, last (e.g. a smaller model for a quick run)\n"
+     "  --warm-checkpoint  recovery: keep the checkpoint in the page cache\n"
+     "  --timeout S     bound on each job (default 3600)\n"
+     "  --dir DIR       the jobs' folders: weft run's output stamped on arrival, metrics\n"
+     "                  (default: a temporary one, removed after a good run unless --keep)\n"},
 };
 
 std::string bench_names() {

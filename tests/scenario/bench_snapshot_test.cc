@@ -1,8 +1,11 @@
-// `weft bench snapshot --mib 4` end to end: the encode part prints every row with positive
-// numbers, the bytes each row accounts for, the target line and its progress; bad options
-// are ConfigErrors naming them. Behaviour, not timing.
+// `weft bench snapshot` end to end: the encode part prints every row with positive numbers,
+// the bytes each row accounts for, the target line and its progress; the overhead and
+// recovery parts, on a tiny config S and a few steps, print every row of their tables with
+// the ratio columns and the target lines, and end 0; bad options are ConfigErrors naming
+// them. Behaviour, not timing: no number is compared with a threshold.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -45,7 +48,7 @@ std::vector<double> row(const std::vector<std::string>& sec, const std::string& 
 
 TEST(BenchSnapshot, EncodePartPrintsEveryRow) {
   if (!WEFT_HAVE_ISAL) GTEST_SKIP() << "built without ISA-L: the erasure code is not there";
-  Result r = run("bench snapshot --mib 4");
+  Result r = run("bench snapshot --parts encode --mib 4");
   ASSERT_EQ(r.code, 0) << r.out;
   std::vector<std::string> sec = section(r.out, "encode: 4 MiB per fragment");
   ASSERT_FALSE(sec.empty()) << r.out;
@@ -70,6 +73,128 @@ TEST(BenchSnapshot, EncodePartPrintsEveryRow) {
   EXPECT_NE(r.out.find("[bench snapshot] k=4 m=2: encode"), std::string::npos) << r.out;
 }
 
+// Config S shrunk to a model that trains a step in milliseconds: the parts' machinery, not
+// their numbers.
+const std::string kTiny =
+    " --configs S --set model.layers=1 --set model.dim=32 --set model.heads=2"
+    " --set model.seq_len=16 --mib 4";
+
+// The cells of a table row "a | b | c" whose first cell is `first` and second `second`
+// (empty when absent).
+std::vector<std::string> cells(const std::vector<std::string>& sec, const std::string& first,
+                               const std::string& second = "") {
+  for (const std::string& l : sec) {
+    std::vector<std::string> c;
+    std::stringstream ss(l);
+    for (std::string x; std::getline(ss, x, '|');) {
+      const size_t a = x.find_first_not_of(' '), b = x.find_last_not_of(' ');
+      c.push_back(a == std::string::npos ? "" : x.substr(a, b - a + 1));
+    }
+    if (c.size() >= 2 && c[0] == first && (second.empty() || c[1] == second)) return c;
+  }
+  return {};
+}
+
+bool is_number(const std::string& s) {
+  char* end = nullptr;
+  std::strtod(s.c_str(), &end);
+  return !s.empty() && end && *end == '\0';
+}
+
+bool has_line(const std::vector<std::string>& sec, const std::string& prefix) {
+  for (const std::string& l : sec)
+    if (l.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+TEST(BenchSnapshot, OverheadPartPrintsEveryRowAndTheRatios) {
+  Result r = run("bench snapshot --parts overhead" + kTiny + " --steps 4 --copies 2 --every 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<std::string> sec = section(r.out, "overhead: per-step time");
+  ASSERT_FALSE(sec.empty()) << r.out;
+  EXPECT_TRUE(has_line(sec, "  config S: gpt 1 x 32")) << r.out;
+  EXPECT_TRUE(has_line(sec, "  one thread in this process, 4 MiB per copy: memcpy")) << r.out;
+  const std::vector<std::string> head = cells(sec, "config", "every");
+  ASSERT_EQ(head.size(), 11u) << r.out;
+  EXPECT_EQ(head[5], "x base") << r.out;
+  EXPECT_EQ(head[8], "x copy") << r.out;
+  // The baseline, every 1 (two alternating runs each) and the interval named (one run).
+  for (const char* every : {"0", "1", "2"}) {
+    const std::vector<std::string> c = cells(sec, "S", every);
+    ASSERT_EQ(c.size(), 11u) << every << "\n" << r.out;
+    EXPECT_EQ(c[2], std::string(every) == "2" ? "1" : "2") << every << "\n" << r.out;
+    for (size_t i : {3, 4, 5, 9, 10})
+      EXPECT_TRUE(is_number(c[i])) << every << " " << i << "\n" << r.out;
+    for (size_t i : {6, 7, 8})  // +ms/snap, copy ms, x copy: none for the baseline
+      EXPECT_TRUE(std::string(every) == "0" ? c[i] == "-" : is_number(c[i]))
+          << every << " " << i << "\n"
+          << r.out;
+  }
+  EXPECT_EQ(cells(sec, "S", "0")[5], "1.000") << r.out;
+  EXPECT_TRUE(
+      has_line(sec, "target: at every 1, what a snapshot adds <= 1.2 x the copy's own cost: "))
+      << r.out;
+  EXPECT_TRUE(has_line(sec, "target: <= 1% more step time at the default interval (2): ")) << r.out;
+  EXPECT_NE(r.out.find("over its neighbours"), std::string::npos) << r.out;
+  EXPECT_TRUE(has_line(sec, "interval: 2, as --every named it")) << r.out;
+  EXPECT_NE(r.out.find("[bench snapshot] overhead S every=1 run 2: "), std::string::npos) << r.out;
+}
+
+TEST(BenchSnapshot, OverheadPartRecommendsAnInterval) {
+  Result r = run("bench snapshot --parts overhead" + kTiny + " --steps 2 --rounds 1 --copies 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<std::string> sec = section(r.out, "overhead: per-step time");
+  const std::string say = "recommended default: snapshot.every ";
+  std::string line;
+  for (const std::string& l : sec)
+    if (l.rfind(say, 0) == 0) line = l;
+  ASSERT_FALSE(line.empty()) << r.out;
+  const int k = std::atoi(line.c_str() + say.size());
+  ASSERT_GE(k, 1) << r.out;
+  EXPECT_EQ(cells(sec, "S", "0").size(), 11u) << r.out;
+  EXPECT_EQ(cells(sec, "S", "1").size(), 11u) << r.out;
+  // The interval it chose is measured too (every 1 is already).
+  if (k > 1) {
+    EXPECT_EQ(cells(sec, "S", std::to_string(k)).size(), 11u) << r.out;
+  }
+  EXPECT_NE(line.find("under 1% of the step"), std::string::npos) << r.out;
+}
+
+TEST(BenchSnapshot, RecoveryPartPrintsEveryPhaseSideBySide) {
+  Result r = run("bench snapshot --parts recovery" + kTiny);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<std::string> sec = section(r.out, "recovery: config S: SIGKILL of rank 1 of 2");
+  ASSERT_FALSE(sec.empty()) << r.out;
+  EXPECT_TRUE(has_line(sec, "  snapshots: snapshot.every 1")) << r.out;
+  EXPECT_TRUE(has_line(sec, "  checkpoint: checkpoint.every 5, saved right before the kill"))
+      << r.out;
+  EXPECT_NE(r.out.find("its page cache dropped before the kill"), std::string::npos) << r.out;
+  const std::vector<std::string> head = cells(sec, "phase");
+  ASSERT_EQ(head.size(), 4u) << r.out;
+  EXPECT_EQ(head[1], "snapshots s") << r.out;
+  EXPECT_EQ(head[2], "checkpoint s") << r.out;
+  // Both sides' phases, and the snapshot restore's five parts (the checkpoint has none).
+  for (const char* phase : {"detect", "restart", "restore", "first step", "total", "ready"}) {
+    const std::vector<std::string> c = cells(sec, phase);
+    ASSERT_EQ(c.size(), 4u) << phase << "\n" << r.out;
+    EXPECT_TRUE(is_number(c[1]) && is_number(c[2])) << phase << "\n" << r.out;
+  }
+  for (const char* part : {"communicators", "plan", "read snapshots", "transfer", "resume"}) {
+    const std::vector<std::string> c = cells(sec, part);
+    ASSERT_EQ(c.size(), 4u) << part << "\n" << r.out;
+    EXPECT_TRUE(is_number(c[1])) << part << "\n" << r.out;
+    EXPECT_EQ(c[2], "-") << part << "\n" << r.out;
+  }
+  EXPECT_TRUE(has_line(sec, "ratio checkpoint / snapshots: ")) << r.out;
+  EXPECT_NE(r.out.find("target: recovery >= 20x faster than the disk restart: "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("[bench snapshot] recovery S snapshots: killed rank 1"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("[bench snapshot] recovery S checkpoint: first step after the restart"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(BenchSnapshot, BadOptionsAreConfigErrorsNamingThem) {
   Result r = run("bench snapshot --parts encode,nope --mib 4");
   EXPECT_EQ(r.code, 2) << r.out;
@@ -78,13 +203,24 @@ TEST(BenchSnapshot, BadOptionsAreConfigErrorsNamingThem) {
   r = run("bench snapshot --mib 0");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("--mib"), std::string::npos) << r.out;
+  r = run("bench snapshot --parts overhead --configs S,lots");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--configs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lots"), std::string::npos) << r.out;
+  r = run("bench snapshot --parts overhead --configs S --ranks 3");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--ranks"), std::string::npos) << r.out;
+  r = run("bench snapshot --parts recovery --configs 5B");  // ~275 GB: nowhere near fits
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--configs"), std::string::npos) << r.out;
 }
 
 TEST(BenchSnapshot, HelpListsTheParts) {
   Result r = run("bench snapshot --help");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("--parts"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("encode"), std::string::npos) << r.out;
+  for (const char* part : {"encode", "overhead", "recovery"})
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
   r = run("bench --help");
   EXPECT_NE(r.out.find("weft bench snapshot"), std::string::npos) << r.out;
 }

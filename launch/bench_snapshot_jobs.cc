@@ -1,0 +1,306 @@
+// The training jobs of `weft bench snapshot` (launch/bench_snapshot_parts.h): config S and
+// the ~350M state, sized against this machine's memory, run under `weft run --standalone`.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "base/check.h"
+#include "base/error.h"
+#include "checkpoint/job_id.h"
+#include "checkpoint/snapshot_segment.h"
+#include "checkpoint/snapshot_writer.h"
+#include "core/graph/moe_balance.h"
+#include "launch/bench_elastic_parts.h"
+#include "launch/bench_snapshot_parts.h"
+#include "parallel/vps.h"
+#include "planner/memory_estimate.h"
+#include "planner/planner.h"
+
+namespace weft::launch::snapbench {
+namespace {
+
+// A worker's resident memory over the planner's estimate, measured at 353.84M parameters on
+// one rank with Adam: 6.5 GB resident for an estimate of 5.7 GB.
+constexpr double kWorkerOverEstimate = 1.2;
+// Of MemAvailable, what the bench lets a job take (the rest: the bench, the page cache).
+constexpr double kMemoryShare = 0.9;
+
+std::string mib_text(double bytes) {
+  char b[32];
+  if (bytes >= double(int64_t(1) << 30))
+    std::snprintf(b, sizeof b, "%.2f GiB", bytes / double(int64_t(1) << 30));
+  else
+    std::snprintf(b, sizeof b, "%.2f MiB", bytes / double(1 << 20));
+  return b;
+}
+
+// The snapshot bytes of the largest rank of `spec` over `world` ranks: its VPS state (weights,
+// Adam's moments, ...) as rank_snapshots.cc lays it into a slot.
+int64_t payload_bytes(const core::JobSpec& spec, int world) {
+  const core::ModelGraph mg = planner::build_planning_graph(spec);
+  const std::unique_ptr<core::MoeBalance> balance = core::MoeBalance::for_model(spec.model);
+  const parallel::StateSpace space = parallel::StateSpace::from_graph(mg.graph, balance.get());
+  planner::PlanOptions po;
+  po.simulate = false;
+  const planner::Plan plan = planner::make_plan(spec, mg.graph, world, po);
+  int64_t most = 0;
+  for (int r = 0; r < world; ++r)
+    most = std::max(most, checkpoint::snapshot_payload_bytes(parallel::layout_of(space, plan, r)));
+  return most;
+}
+
+// What the job takes on this node: each rank's worker and its two slots (a restart also
+// holds a read copy of the snapshot while it restores).
+double job_bytes(const JobShape& j, bool recovery) {
+  const double worker = kWorkerOverEstimate * planner::estimate_memory(j.spec, j.ranks).total();
+  return j.ranks * (worker + double(j.payload) * (recovery ? 3 : 2));
+}
+
+// The bench's settings of every job, after the shape's: ZeRO-1 (each rank's moments exist
+// once), the shape's threads, a line per step, no evaluation, warm-up below any step count.
+std::vector<std::string> bench_sets(const JobShape& j) {
+  return {"parallel.zero=1", "train.threads=" + std::to_string(j.threads), "train.warmup_steps=1",
+          "train.eval_every=0", "train.log_every=1"};
+}
+
+// As the workers load the job, a run's own settings aside.
+std::vector<std::string> shape_sets(const JobShape& j, const Options& o) {
+  std::vector<std::string> s = j.sets, b = bench_sets(j);
+  s.insert(s.end(), b.begin(), b.end());
+  s.insert(s.end(), o.sets.begin(), o.sets.end());
+  return s;
+}
+
+}  // namespace
+
+std::string JobShape::describe() const {
+  const core::ModelSpec& m = spec.model;
+  const core::TrainSpec& t = spec.train;
+  return str(name == "S" ? "config S" : name + " state", ": ", m.arch, " ", m.layers, " x ", m.dim,
+             ", seq ", m.seq_len, ", vocab ", m.vocab, ", global batch ", t.global_batch, ": ",
+             str(std::round(params / 1e4) / 100), "M parameters, Adam; ", ranks,
+             ranks == 1 ? " rank" : " ranks", " (dp ", ranks, ", zero 1), train.threads ", threads,
+             "; a snapshot of ", mib_text(double(payload)), " per rank (two slots each)");
+}
+
+JobShape make_shape(const std::string& name, const Options& o, bool recovery) {
+  const std::string cfg = std::string(WEFT_SOURCE_DIR) + "/configs/";
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  JobShape j;
+  j.name = name;
+  std::vector<int> tries;
+  if (name == "S") {
+    // `weft bench train`'s and `weft bench scaling`'s config S: 4 x 256, seq 256, batch 8.
+    j.config = cfg + "gpt-layout.yaml";
+    tries = {o.ranks > 0 ? o.ranks : 2};
+    if (8 % tries[0] != 0)
+      throw ConfigError("--ranks", str(tries[0],
+                                       ": config S's global batch of 8 must divide "
+                                       "over the ranks: use 1, 2, 4 or 8"));
+  } else {
+    // `weft bench elastic`'s job (24 x 1024, vocab 50304, global batch 6), its layers scaled.
+    j.config = cfg + "bench-elastic-350m.yaml";
+    tries = o.ranks > 0 ? std::vector<int>{o.ranks} : std::vector<int>{2, 1};
+    for (int r : tries)
+      if (6 % r != 0)
+        throw ConfigError("--ranks", str(r, ": the ", name,
+                                         " job's global batch of 6 must "
+                                         "divide over the ranks: use 1, 2, 3 or 6"));
+  }
+  const int64_t avail = planner::available_memory_bytes();
+  std::string refusal;
+  for (int ranks : tries) {
+    j.ranks = ranks;
+    j.threads = std::max(1, cores / ranks);
+    j.sets.clear();
+    if (name == "S")
+      j.sets = {"model.layers=4",       "model.dim=256",
+                "model.heads=4",        "model.seq_len=256",
+                "train.global_batch=8", "train.micro_batch=" + std::to_string(8 / ranks)};
+    j.spec = core::load_job_spec(j.config, shape_sets(j, o));
+    if (name != "S" && std::none_of(o.sets.begin(), o.sets.end(), [](const std::string& s) {
+          return s.rfind("model.layers=", 0) == 0;
+        })) {
+      // The count is affine in the layers at a fixed width and vocabulary.
+      core::JobSpec one = j.spec, two = j.spec;
+      one.model.layers = 1;
+      two.model.layers = 2;
+      const double per_layer = bench::param_count(two) - bench::param_count(one);
+      const double rest = bench::param_count(one) - per_layer;
+      const double want = bench::parse_count(name);
+      const int layers = int(std::clamp(std::lround((want - rest) / per_layer), 1L, 4096L));
+      j.sets.insert(j.sets.begin(), "model.layers=" + std::to_string(layers));
+      j.spec = core::load_job_spec(j.config, shape_sets(j, o));
+    }
+    j.params = bench::param_count(j.spec);
+    j.payload = payload_bytes(j.spec, ranks);
+    const double need = job_bytes(j, recovery);
+    if (avail <= 0 || need <= kMemoryShare * double(avail)) return j;
+    refusal = str(j.describe(), ": needs about ", bench::gb(need), " (", ranks, " x (the worker, ",
+                  kWorkerOverEstimate, " x the planner's estimate, and ",
+                  recovery ? "three" : "two", " snapshots: two slots",
+                  recovery ? " and the copy a restart reads" : "", ")), more than ",
+                  int(kMemoryShare * 100), "% of the ", bench::gb(double(avail)), " available");
+  }
+  throw ConfigError(name == "S" || o.ranks > 0 ? "--ranks" : "--configs",
+                    refusal + (name == "S" ? ": use fewer --ranks" : ": name a smaller count"));
+}
+
+// ---- JobRun ----
+
+JobRun::JobRun(const Options& o, const JobShape& shape, const std::string& label,
+               const std::vector<std::string>& sets, int max_restarts)
+    : o_(o), label_(label), timeout_(o.timeout), origin_(Clock::now()) {
+  static std::atomic<int> count{0};
+  std::string dirname;
+  for (char c : label) dirname += std::isalnum(static_cast<unsigned char>(c)) ? c : '-';
+  folder_ = o.dir / (std::to_string(++count) + "-" + dirname);
+  fs::remove_all(folder_);
+  fs::create_directories(folder_);
+  rdzv_id_ = str("bench-snapshot-", ::getpid(), "-", count.load());
+  const std::string self = bench::self_exe();
+  std::vector<std::string> argv = {
+      self,        "run",   "--standalone", "--nproc-per-node", std::to_string(shape.ranks),
+      "--rdzv-id", rdzv_id_};
+  if (max_restarts > 0) argv.insert(argv.end(), {"--max-restarts", std::to_string(max_restarts)});
+  argv.insert(argv.end(), {"--", self, "train", "--config", shape.config});
+  std::vector<std::string> all = shape.sets, b = bench_sets(shape);
+  all.insert(all.end(), b.begin(), b.end());
+  all.push_back("train.out_dir=" + (folder_ / "run").string());
+  all.insert(all.end(), sets.begin(), sets.end());
+  all.insert(all.end(), o.sets.begin(), o.sets.end());
+  for (const std::string& s : all) argv.insert(argv.end(), {"--set", s});
+  // The same threads for every run of a shape; OPENBLAS_* as this process has them.
+  ::setenv("OMP_NUM_THREADS", std::to_string(shape.threads).c_str(), 1);
+  // One rank trains on the plan executor with or without snapshots (weft train picks the
+  // single-process trainer for a lone rank without them): the same code on both sides.
+  ::setenv("WEFT_PLAN_EXECUTOR", "1", 1);
+  agent_ = std::make_unique<BenchAgent>(argv, (folder_ / "weft-run.log").string(), origin_);
+}
+
+JobRun::~JobRun() {
+  const bool ended = !agent_->running();
+  agent_.reset();  // SIGKILL and reap weft run if it still runs: its workers die with it
+  // Its snapshot agent (SIGTERMed with weft run) keeps the job's segments for a restart that
+  // never comes, and its lock file; they are this bench's.
+  const std::string job = checkpoint::job_id_for_run(rdzv_id_);
+  for (const std::string& n : checkpoint::snapshot_segments(job))
+    checkpoint::SnapshotSegment::unlink(n);
+  const std::string prefix = "weft-agent-" + job + "-n";
+  for (int tries = ended ? 1 : 50; tries > 0; --tries) {  // the agent may still be exiting
+    bool held = false;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator("/dev/shm", ec)) {
+      if (!e.path().filename().string().starts_with(prefix)) continue;
+      const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;
+      if (::flock(fd, LOCK_EX | LOCK_NB) == 0)
+        ::unlink(e.path().c_str());
+      else
+        held = true;
+      ::close(fd);
+    }
+    if (!held) break;
+    ::usleep(100'000);
+  }
+}
+
+double JobRun::now() const { return std::chrono::duration<double>(Clock::now() - origin_).count(); }
+
+void JobRun::pump(int ms) {
+  std::vector<std::unique_ptr<BenchAgent>> one;
+  one.push_back(std::move(agent_));
+  pump_agents(one, ms);
+  agent_ = std::move(one[0]);
+}
+
+bool JobRun::watch(const std::function<void(const StampedLine&)>& on_line,
+                   const std::function<bool()>& done) {
+  const double t0 = now();
+  for (;;) {
+    pump(20);
+    const auto& v = agent_->lines();
+    while (seen_ < v.size()) on_line(v[seen_++]);
+    if (done()) return true;
+    if (!agent_->running()) return false;
+    if (now() - t0 > timeout_) return false;
+  }
+}
+
+std::vector<std::pair<int, pid_t>> JobRun::workers() const {
+  std::vector<std::pair<int, pid_t>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(text.substr(close + 1));
+    std::string state;
+    long ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != agent_->pid()) continue;
+    std::ifstream env(e.path() / "environ");
+    std::string envs((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+    const size_t at = envs.find(std::string("\0WEFT_RANK=", 11));
+    if (at == std::string::npos) continue;
+    out.emplace_back(std::atoi(envs.c_str() + at + 11), pid_t(std::stol(n)));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+double JobRun::workers_cpu_s() const {
+  static const double tick = double(::sysconf(_SC_CLK_TCK));
+  double s = 0;
+  for (const auto& [rank, pid] : workers()) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(text.substr(close + 1));
+    std::string field;
+    // Fields 3 to 13 (state ... cmajflt), then utime and stime (proc(5)).
+    for (int i = 3; i <= 13 && rest >> field; ++i) {
+    }
+    double utime = 0, stime = 0;
+    if (rest >> utime >> stime) s += (utime + stime) / tick;
+  }
+  return s;
+}
+
+std::string JobRun::tail(size_t n) const {
+  const auto& v = agent_->lines();
+  std::string s = str("last lines of ", (folder_ / "weft-run.log").string(), ":\n");
+  for (size_t k = v.size() > n ? v.size() - n : 0; k < v.size(); ++k) s += "  " + v[k].text + "\n";
+  return s;
+}
+
+long long step_line(const std::string& s) {
+  long long step = -1;
+  if (s.rfind("[rank 0] step ", 0) == 0 && s.find("| loss") != std::string::npos)
+    std::sscanf(s.c_str() + 14, "%lld", &step);
+  return step;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const size_t k = v.size() / 2;
+  return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
+}
+
+}  // namespace weft::launch::snapbench
