@@ -68,6 +68,28 @@ struct Arrival {
   double wait = 0, comms = 0, plan = 0, fetch = 0, transfer = 0, resume = 0;
 };
 
+// Named wall-time laps of one world entry, finer than the resize line's phases: logged with
+// WEFT_LOG_LEVEL=debug WEFT_LOG_SUBSYS=resize.
+class Laps {
+ public:
+  void lap(const char* name) {
+    const Clock::time_point now = Clock::now();
+    add(name, std::chrono::duration<double>(now - t_).count());
+    t_ = now;
+  }
+  void add(const std::string& name, double s) { text_ += str(text_.empty() ? "" : ", ", name, " ", ms(s)); }
+  const std::string& text() const { return text_; }
+
+ private:
+  static std::string ms(double s) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f ms", s * 1e3);
+    return b;
+  }
+  Clock::time_point t_ = Clock::now();
+  std::string text_;
+};
+
 // Where restored snapshots came from: "2 own, 1 replica" (own: the node's agent that took
 // it; replica: a copy another node's agent holds; rebuilt: decoded from parity).
 std::string snapshot_origins(const Arrival& a) {
@@ -184,9 +206,11 @@ void RankTraining::enter_world(const std::string& why) {
   arrival_ = Arrival{};
   arrival_.wait = first_world_ ? 0 : since(change_at_);
   auto t = Clock::now();
+  Laps laps;
   // Degrees that no longer fit the world stop the job here, naming them.
   planner::resolve_parallel(spec_, train_world_);
   planner::check_fits_memory(spec_, train_world_, ranks_on_node(env_));
+  laps.lap("fits");
   std::function<std::string()> superseded;
   if (live_)
     superseded = [this] {
@@ -198,6 +222,7 @@ void RankTraining::enter_world(const std::string& why) {
   world_ = std::make_unique<parallel::WorkerWorld>(
       env_, comm::Millis(env_int("WEFT_COMM_TIMEOUT_MS", 60'000)), superseded);
   comm::Communicator& comm = world_->comm();
+  laps.lap("world");
   // Until this world trains, a newer epoch ends it: some of its ranks will never come.
   std::optional<LossWatcher> entering;
   if (live_) entering.emplace(watch_, std::vector<comm::Communicator*>{&comm}, true);
@@ -208,6 +233,7 @@ void RankTraining::enter_world(const std::string& why) {
   if (gather)
     reports = exchange_reports(comm, held_, host_key(),
                                snaps_.offers(env_.local_rank, local_count()));
+  laps.lap("reports");
   int64_t latest = -1;  // the latest step anybody alive holds
   for (int r = 0; r < int(reports.size()) && r < env_.world; ++r)
     if (reports[size_t(r)].valid) latest = std::max(latest, reports[size_t(r)].step);
@@ -216,6 +242,7 @@ void RankTraining::enter_world(const std::string& why) {
   train_comm_.reset();
   if (env_.world > train_world_) train_comm_ = comm.split(env_.rank < train_world_ ? 0 : -1, env_.rank);
   comm::Communicator* tc = env_.world > train_world_ ? train_comm_.get() : &comm;
+  laps.lap("split");
   arrival_.comms = since(t);
   t = Clock::now();
 
@@ -223,8 +250,10 @@ void RankTraining::enter_world(const std::string& why) {
   const core::ModelGraph mg = planner::build_planning_graph(spec_);
   const std::unique_ptr<core::MoeBalance> balance = core::MoeBalance::for_model(spec_.model);
   const parallel::StateSpace space = parallel::StateSpace::from_graph(mg.graph, balance.get());
+  laps.lap("graph");
   Holders holders;
   if (gather) holders = choose_holders(spec_, mg.graph, space, reports, env_.world);
+  laps.lap("holders");
   std::string resume;
   if (holders.found) {
     arrival_.source = holders.snapshots > 0 ? "snapshots" : "survivors";
@@ -244,6 +273,16 @@ void RankTraining::enter_world(const std::string& why) {
                                    : resume.empty() ? parallel::StateInit::kSeed
                                                     : parallel::StateInit::kUnseeded;
   if (!leaving_) trainer_ = std::make_unique<parallel::ParallelTrainer>(spec_, *tc, init);
+  laps.lap("trainer");
+  if (trainer_) {
+    const parallel::TrainerSetupTimes& st = trainer_->setup_times();
+    laps.add("of which trainer graph", st.graph);
+    laps.add("trainer plan", st.plan);
+    laps.add("trainer check", st.check);
+    laps.add("trainer groups", st.groups);
+    laps.add("trainer executor", st.executor);
+    laps.add("trainer init", st.init);
+  }
   if (holders.found) {
     // Layout B over the transition's world: the new plan's ranks, then the departing ones,
     // which hold nothing in it.
@@ -259,6 +298,7 @@ void RankTraining::enter_world(const std::string& why) {
     b.ranks.resize(size_t(env_.world));
     b.hosts = hosts;
     const parallel::TransferPlan plan = parallel::transition(space, holders.a, b);
+    laps.lap("transition");
     arrival_.plan = since(t);
     t = Clock::now();
     std::vector<core::Tensor> src;
@@ -272,6 +312,7 @@ void RankTraining::enter_world(const std::string& why) {
       src.insert(src.end(), t.begin(), t.end());
     }
     arrival_.fetch = since(t);  // reading the snapshots this rank serves (memcpy + checksums)
+    laps.lap("fetch");
     t = Clock::now();
     // Handles only: held_ keeps the state until this world is entered. A newer epoch aborts
     // the entry on every rank at once (the entering LossWatcher); had the router or the
@@ -287,7 +328,11 @@ void RankTraining::enter_world(const std::string& why) {
     arrival_.bytes_local = ts.bytes_copied;
     arrival_.transfer = since(t);
     t = Clock::now();
-    if (leaving_) return;  // handed over: run() ends this worker
+    laps.lap("transfer");
+    if (leaving_) {
+      WEFT_DEBUG("resize", "epoch ", env_.rdzv_epoch, " entry: ", laps.text());
+      return;  // handed over: run() ends this worker
+    }
     trainer_->adopt_state(space, b.ranks[size_t(env_.rank)], mine);
   } else {
     arrival_.plan = since(t);
@@ -318,6 +363,8 @@ void RankTraining::enter_world(const std::string& why) {
   if (snaps_.enabled())
     snaps_.attach(*trainer_, ckpt_->space(), env_.rdzv_epoch, node_, env_.local_rank, local_count());
   arrival_.resume = since(t);
+  laps.lap("resume");
+  WEFT_DEBUG("resize", "epoch ", env_.rdzv_epoch, " entry: ", laps.text());
 
   if (!folder_ && lead()) open_run_folder();  // live: every rank chose it above
   if (lead()) {

@@ -2,6 +2,7 @@
 #include "parallel/trainer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -56,19 +57,31 @@ ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& 
                                          "' needs device: cuda; the CPU trainer computes in f32");
   planner::PlanOptions opt;
   opt.simulate = false;
+  auto t = std::chrono::steady_clock::now();
+  auto lap = [&t](double& into) {
+    const auto now = std::chrono::steady_clock::now();
+    into = std::chrono::duration<double>(now - t).count();
+    t = now;
+  };
   mg_ = planner::build_planning_graph(spec_);
+  lap(setup_times_.graph);
   plan_ = std::make_unique<planner::Plan>(planner::make_plan(spec_, mg_.graph, world_.size(), opt));
+  lap(setup_times_.plan);
   planner::check_plan_matches(*plan_, spec_, mg_.graph);
   check_memory_budget();
+  lap(setup_times_.check);
   groups_ = std::make_unique<ProcessGroups>(world_, *plan_);
+  lap(setup_times_.groups);
   exec_ = std::make_unique<RankExecutor>(*plan_, mg_.graph, world_.rank(), world_, *groups_,
                                          state_pending_);
+  lap(setup_times_.executor);
   if (init == StateInit::kSeed) exec_->init_parameters(spec_.train.seed);
   std::vector<int> losses = mg_.aux_losses;
   losses.push_back(mg_.loss);
   exec_->set_loss_values(losses);
   memory_ = std::make_unique<core::ActivationMemory>(spec_.memory.allocator);
   balance_ = core::MoeBalance::for_model(spec_.model);
+  lap(setup_times_.init);
 }
 
 ParallelTrainer::~ParallelTrainer() = default;

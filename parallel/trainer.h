@@ -25,6 +25,11 @@ namespace weft::parallel {
 // What a new trainer does with its state: the state roots (TensorTable::state_root: the
 // parameters, optimizer moments and master weights this rank holds, layout_of()'s plan
 // tensors). Gradient accumulators and other persistent tensors are allocated in every case.
+// Where a trainer's construction went, in seconds (the resize line's plan phase).
+struct TrainerSetupTimes {
+  double graph = 0, plan = 0, check = 0, groups = 0, executor = 0, init = 0;
+};
+
 enum class StateInit : uint8_t {
   kSeed,      // allocated; parameters seeded from train.seed, moments zero
   kUnseeded,  // allocated and zeroed, for a caller that loads every state tensor next through
@@ -121,6 +126,7 @@ class ParallelTrainer {
   // The same on every rank after each step.
   core::MoeBalance* moe_balance() { return balance_.get(); }
   int rank() const { return world_.rank(); }
+  const TrainerSetupTimes& setup_times() const { return setup_times_; }
 
  private:
   void check_memory_budget() const;
@@ -144,6 +150,7 @@ class ParallelTrainer {
   bool state_pending_ = false;  // kDeferred, adopt_state() not yet called
   bool torn_ = false;
   std::function<void()> before_update_;
+  TrainerSetupTimes setup_times_;
 };
 
 }  // namespace weft::parallel
