@@ -29,8 +29,10 @@
 #include "launch/run_folder.h"
 #include "launch/train_common.h"
 #include "launch/train_report.h"
+#include "memory/recycling_allocator.h"
 #include "parallel/trainer.h"
 #include "planner/memory_estimate.h"
+#include "planner/plan_cache.h"
 #include "planner/planner.h"
 #include "planner/policy.h"
 
@@ -133,6 +135,9 @@ class RankTraining {
         watch_(live_ ? env_string(kEpochFileVar, "") : "", env.rdzv_epoch),
         report_(spec),
         guard_(spec.train),
+        plans_(spec),
+        space_(parallel::StateSpace::from_graph(plans_.graph()->graph,
+                                                core::MoeBalance::for_model(spec.model).get())),
         snaps_(spec, env),
         node_(int(env_int("GROUP_RANK", 0))),
         train_world_(env.world) {}
@@ -153,6 +158,8 @@ class RankTraining {
   // Waits for the agent's notice of an epoch later than the one this worker is in.
   EpochNotice wait_for_notice();
   void print_arrival(const std::string& why, int old_world, int64_t old_epoch);
+  // The world sizes a change most likely leads to next, nearest first (plan_ahead).
+  std::vector<int> likely_next_worlds() const;
 
   const Args& args_;
   const core::JobSpec& spec_;
@@ -163,6 +170,13 @@ class RankTraining {
   EpochWatch watch_;
   TrainReport report_;
   NonfiniteGuard guard_;
+  // Before everything that holds tensors or plans: those must go first.
+  // Every world size's plan, made once in this process (and the likely next ones ahead).
+  planner::PlanCache plans_;
+  const parallel::StateSpace space_;  // the state's coordinates, the same in every world
+  // The trainers' persistent tensors: a new world's trainer takes back the blocks the last
+  // one freed (its gradients, for a data-parallel change), kept until the world is entered.
+  memory::RecyclingAllocator persistent_;
 
   std::unique_ptr<parallel::WorkerWorld> world_;
   std::unique_ptr<parallel::ParallelTrainer> trainer_;
@@ -246,13 +260,11 @@ void RankTraining::enter_world(const std::string& why) {
   arrival_.comms = since(t);
   t = Clock::now();
 
-  // The coordinates of the state, the same for every world of the job.
-  const core::ModelGraph mg = planner::build_planning_graph(spec_);
-  const std::unique_ptr<core::MoeBalance> balance = core::MoeBalance::for_model(spec_.model);
-  const parallel::StateSpace space = parallel::StateSpace::from_graph(mg.graph, balance.get());
-  laps.lap("graph");
+  // The coordinates of the state, the same for every world of the job (space_), and the
+  // plans, each world size's made once in this process (plans_).
+  const parallel::StateSpace& space = space_;
   Holders holders;
-  if (gather) holders = choose_holders(spec_, mg.graph, space, reports, env_.world);
+  if (gather) holders = choose_holders(plans_, space, reports, env_.world);
   laps.lap("holders");
   std::string resume;
   if (holders.found) {
@@ -272,13 +284,17 @@ void RankTraining::enter_world(const std::string& why) {
   const parallel::StateInit init = holders.found  ? parallel::StateInit::kDeferred
                                    : resume.empty() ? parallel::StateInit::kSeed
                                                     : parallel::StateInit::kUnseeded;
-  if (!leaving_) trainer_ = std::make_unique<parallel::ParallelTrainer>(spec_, *tc, init);
+  // Cached: made for an earlier world of this size, or ahead (plan_ahead below).
+  const bool ready = plans_.has(train_world_);
+  const std::shared_ptr<const planner::Plan> new_plan = plans_.plan(train_world_);
+  laps.lap(ready ? "plan (cached)" : "plan");
+  if (!leaving_)
+    trainer_ = std::make_unique<parallel::ParallelTrainer>(
+        spec_, *tc, init, parallel::TrainerParts{plans_.graph(), new_plan, &persistent_});
   laps.lap("trainer");
   if (trainer_) {
     const parallel::TrainerSetupTimes& st = trainer_->setup_times();
-    laps.add("of which trainer graph", st.graph);
-    laps.add("trainer plan", st.plan);
-    laps.add("trainer check", st.check);
+    laps.add("of which trainer check", st.graph + st.plan + st.check);
     laps.add("trainer groups", st.groups);
     laps.add("trainer executor", st.executor);
     laps.add("trainer init", st.init);
@@ -287,14 +303,8 @@ void RankTraining::enter_world(const std::string& why) {
     // Layout B over the transition's world: the new plan's ranks, then the departing ones,
     // which hold nothing in it.
     const std::vector<int> hosts = host_ids(reports, env_.world);
-    std::optional<planner::Plan> leaver_plan;
-    if (leaving_) {
-      planner::PlanOptions po;
-      po.simulate = false;
-      leaver_plan = planner::make_plan(spec_, mg.graph, train_world_, po);
-    }
-    parallel::Layout b = parallel::layout_of(space, leaving_ ? *leaver_plan : trainer_->plan(),
-                                             {hosts.begin(), hosts.begin() + train_world_});
+    parallel::Layout b =
+        parallel::layout_of(space, *new_plan, {hosts.begin(), hosts.begin() + train_world_});
     b.ranks.resize(size_t(env_.world));
     b.hosts = hosts;
     const parallel::TransferPlan plan = parallel::transition(space, holders.a, b);
@@ -399,6 +409,20 @@ void RankTraining::enter_world(const std::string& why) {
   resize_s_ = first_world_ ? 0 : since(change_at_);
   first_world_ = false;
   held_ = HeldState{};  // entered: what the router did not adopt is released here
+  persistent_.trim();   // and what the new trainer did not take back
+  // The plans of the nearest node counts, made while this world trains.
+  if (live_) plans_.plan_ahead(likely_next_worlds());
+}
+
+std::vector<int> RankTraining::likely_next_worlds() const {
+  // Whole nodes join and leave: the nearest node counts first, within --nnodes MIN:MAX.
+  const int per_node = std::max(1, local_count());
+  const int nodes = train_world_ / per_node;
+  const int lo = std::max(1, base_.nnodes_min), hi = base_.nnodes_max;
+  std::vector<int> worlds;
+  for (int d : {-1, 1, -2, 2})
+    if (nodes + d >= lo && nodes + d <= hi) worlds.push_back((nodes + d) * per_node);
+  return worlds;
 }
 
 void RankTraining::print_arrival(const std::string& why, int old_world, int64_t old_epoch) {
