@@ -2,6 +2,7 @@
 #include "memory/recycling_allocator.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "base/check.h"
 
@@ -65,6 +66,28 @@ void RecyclingAllocator::free(void* ptr) {
 AllocatorStats RecyclingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
+}
+
+void RecyclingAllocator::reserve(const std::vector<size_t>& sizes) {
+  // Only what the kept blocks do not cover already (a second call for the same sizes, or
+  // blocks a trainer freed, reserve nothing more).
+  std::map<size_t, size_t> want;
+  for (size_t bytes : sizes)
+    if (bytes >= min_bytes_) ++want[bytes];
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [bytes, n] : want) n -= std::min(n, kept_.count(bytes));
+  }
+  for (const auto& [bytes, n] : want)
+    for (size_t i = 0; i < n; ++i) {
+    void* p = base_.allocate(bytes, Tag::kOther);
+    std::memset(p, 0, bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    kept_.emplace(bytes, p);
+    bytes_kept_ += bytes;
+    stats_.bytes_reserved = stats_.bytes_live + bytes_kept_;
+    stats_.bytes_reserved_peak = std::max(stats_.bytes_reserved_peak, stats_.bytes_reserved);
+    }
 }
 
 void RecyclingAllocator::trim() {

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "memory/allocator.h"
 
@@ -36,6 +37,14 @@ class RecyclingAllocator final : public Allocator {
   AllocatorStats stats() const override;
   std::string name() const override { return "recycling"; }
 
+  // Allocates a block of each of `sizes` bytes from `base` (less the blocks of those sizes
+  // already kept), writes it (the system faults its pages in now) and keeps it for a later
+  // request of its size. A process that will
+  // need that memory and is waiting for something else (a newcomer of an online resize,
+  // waiting for the survivors to finish their step) calls it from a thread of its own, so
+  // that the state it receives lands in pages that exist. Sizes below min_bytes are
+  // skipped. Thread-safe.
+  void reserve(const std::vector<size_t>& sizes);
   // Returns every kept block to `base`. Thread-safe.
   void trim();
   size_t bytes_kept() const;

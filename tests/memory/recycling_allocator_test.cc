@@ -82,5 +82,26 @@ TEST(RecyclingAllocator, TheDestructorReturnsTheKeptBlocks) {
   EXPECT_EQ(host.stats().bytes_live, 0u);
 }
 
+// Blocks reserved ahead serve the requests of their sizes; a second reserve of the same sizes
+// (or of sizes already kept) reserves nothing more; small sizes are not reserved.
+TEST(RecyclingAllocator, ReservedBlocksServeTheirSizesAndAreNotReservedTwice) {
+  HostAllocator host;
+  RecyclingAllocator a(host, 1024);
+  a.reserve({4096, 4096, 8192, 100});
+  EXPECT_EQ(a.bytes_kept(), 4096u * 2 + 8192u);
+  EXPECT_EQ(host.stats().bytes_live, 4096u * 2 + 8192u);
+  a.reserve({4096, 8192});
+  EXPECT_EQ(host.stats().bytes_live, 4096u * 2 + 8192u) << "already kept";
+  a.reserve({4096, 4096, 4096});
+  EXPECT_EQ(host.stats().bytes_live, 4096u * 3 + 8192u) << "one more 4096";
+  void* p = a.allocate(8192);
+  EXPECT_EQ(static_cast<unsigned char*>(p)[8191], 0) << "written (faulted in) as zeros";
+  void* q = a.allocate(4096);
+  EXPECT_EQ(a.reused(), 2u);
+  EXPECT_EQ(host.stats().bytes_live, 4096u * 3 + 8192u);
+  a.free(p);
+  a.free(q);
+}
+
 }  // namespace
 }  // namespace weft::memory
