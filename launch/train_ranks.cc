@@ -70,6 +70,16 @@ struct Arrival {
   double wait = 0, comms = 0, plan = 0, fetch = 0, transfer = 0, resume = 0;
 };
 
+// The bytes of every persistent tensor (state roots, gradient accumulators) that rank `rank`
+// of `plan` allocates: what its trainer and the router's destinations ask for.
+std::vector<size_t> persistent_sizes(const planner::Plan& plan, int rank) {
+  std::vector<size_t> sizes;
+  for (const planner::TensorDesc& d : plan.program(rank).tensors)
+    if (d.persistent && d.alias_of < 0)
+      sizes.push_back(size_t(planner::box_numel(d.piece.box)) * core::dtype_size(d.dtype));
+  return sizes;
+}
+
 // Named wall-time laps of one world entry, finer than the resize line's phases: logged with
 // WEFT_LOG_LEVEL=debug WEFT_LOG_SUBSYS=resize.
 class Laps {
@@ -225,6 +235,22 @@ void RankTraining::enter_world(const std::string& why) {
   planner::resolve_parallel(spec_, train_world_);
   planner::check_fits_memory(spec_, train_world_, ranks_on_node(env_));
   laps.lap("fits");
+  // A worker that holds nothing (a newcomer, a torn rank) receives or seeds all of its state:
+  // it faults the pages of its state and gradients in while the world forms (the survivors
+  // are finishing their step meanwhile), so that the transfer writes into memory that exists.
+  // Joined before anything allocates from persistent_ (and on every way out of here).
+  std::jthread prefault;
+  if (live_ && !held_.valid && !leaving_) {
+    std::vector<size_t> sizes = persistent_sizes(*plans_.plan(train_world_), env_.rank);
+    prefault = std::jthread([this, sizes = std::move(sizes)] {
+      try {
+        persistent_.reserve(sizes);
+      } catch (const std::exception&) {
+        // No memory for it now: the trainer and the router allocate (and fail) themselves.
+      }
+    });
+    laps.lap("plan, prefault started");
+  }
   std::function<std::string()> superseded;
   if (live_)
     superseded = [this] {
@@ -284,6 +310,10 @@ void RankTraining::enter_world(const std::string& why) {
   const parallel::StateInit init = holders.found  ? parallel::StateInit::kDeferred
                                    : resume.empty() ? parallel::StateInit::kSeed
                                                     : parallel::StateInit::kUnseeded;
+  if (prefault.joinable()) {
+    prefault.join();
+    laps.lap("prefault wait");
+  }
   // Cached: made for an earlier world of this size, or ahead (plan_ahead below).
   const bool ready = plans_.has(train_world_);
   const std::shared_ptr<const planner::Plan> new_plan = plans_.plan(train_world_);
@@ -331,8 +361,10 @@ void RankTraining::enter_world(const std::string& why) {
     // The cost: what the router does not adopt is freed at the end of the entry, not per wave.
     // Same-host pairs move through shared memory; survivors keep (adopt) what they hold.
     parallel::TransitionStats ts;
+    parallel::TransitionOptions to;
+    to.destinations = &persistent_;  // the blocks reserved ahead (prefault), or new ones
     std::vector<core::Tensor> mine =
-        parallel::run_transition(plan, holders.a, b, env_.rank, src, comm, {}, &ts);
+        parallel::run_transition(plan, holders.a, b, env_.rank, src, comm, to, &ts);
     arrival_.bytes_sent = plan.bytes_remote();
     arrival_.bytes_adopted = ts.bytes_adopted;
     arrival_.bytes_local = ts.bytes_copied;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <utility>
 #include <functional>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "core/cpu/kernels.h"
 #include "core/data/dataset.h"
 #include "memory/recycling_allocator.h"
+#include "parallel/router.h"
 #include "parallel/trainer.h"
 #include "parallel/vps.h"
 #include "planner/plan_cache.h"
@@ -114,6 +116,59 @@ TEST(TrainerParts, APlanForAnotherWorldIsRefused) {
   auto world = comm::make_communicator(comm::BackendKind::kLoopback, o);
   EXPECT_THROW(ParallelTrainer(spec, *world, StateInit::kSeed, TrainerParts{nullptr, plans.plan(2)}),
                InternalError);
+}
+
+// A newcomer's destinations land in the blocks reserved for them ahead (the pages faulted
+// in while it waited for the world): rank 0 holds a [2, 256Ki] f32 state whole and sends
+// it to rank 1, whose destination comes from its RecyclingAllocator's reserved block.
+TEST(TrainerParts, TransitionDestinationsComeFromTheBlocksReservedAhead) {
+  core::Graph g;
+  core::Value v;
+  v.name = "w";
+  v.shape = {2, int64_t(256) << 10};
+  v.dtype = core::DType::kF32;
+  v.role = core::Role::kParameter;
+  v.persistent = true;
+  g.add_value(v);
+  const StateSpace space = StateSpace::from_graph(g);
+  parallel::Layout a, b;
+  a.ranks.resize(2), b.ranks.resize(2);
+  a.hosts = b.hosts = {0, 0};
+  for (auto [l, r] : {std::pair{&a, 0}, std::pair{&b, 1}}) {
+    parallel::RankLayout& rl = l->ranks[size_t(r)];
+    rl.locals.push_back(parallel::LocalTensor{0, v.shape, core::DType::kF32, -1});
+    rl.boxes.push_back(parallel::StateBox{0, {0, 0}, v.shape, 0, {0, 0}});
+  }
+  const parallel::TransferPlan plan = parallel::transition(space, a, b);
+  const size_t bytes = size_t(2) * (size_t(256) << 10) * 4;
+  for (bool shm : {true, false}) {
+    RunResult r = run_ranks(2, [&](RankContext& ctx) {
+      RankWorld w = gloo_world(ctx, "dest", std::chrono::milliseconds(30'000));
+      memory::RecyclingAllocator blocks;
+      std::vector<core::Tensor> src;
+      if (ctx.rank() == 0) {
+        core::Tensor t = core::Tensor::empty(v.shape, core::DType::kF32);
+        for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(i % 1000);
+        src.push_back(t);
+      } else {
+        blocks.reserve({bytes});
+        EXPECT_EQ(blocks.bytes_kept(), bytes);
+      }
+      parallel::TransitionOptions o;
+      o.shared_memory = shm;
+      o.destinations = &blocks;
+      std::vector<core::Tensor> out =
+          parallel::run_transition(plan, a, b, ctx.rank(), src, *w.comm, o);
+      if (ctx.rank() == 1) {
+        ASSERT_EQ(out.size(), 1u);
+        EXPECT_EQ(blocks.reused(), 1u) << "the reserved block, not a new one";
+        EXPECT_EQ(blocks.bytes_kept(), 0u);
+        EXPECT_EQ(out[0].data<float>()[0], 0.f);
+        EXPECT_EQ(out[0].data<float>()[out[0].numel() - 1], float((out[0].numel() - 1) % 1000));
+      }
+    });
+    EXPECT_TRUE(r.ok()) << (shm ? "shared memory: " : "communicator: ") << r.summary();
+  }
 }
 
 }  // namespace
