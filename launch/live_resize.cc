@@ -165,9 +165,7 @@ Holders choose_holders(planner::PlanCache& plans, const parallel::StateSpace& sp
       if (r.valid && r.epoch == epoch && r.step == step) old_world = int(r.world);
     auto it = old_layouts.find(old_world);
     if (it == old_layouts.end())
-      it = old_layouts
-               .emplace(old_world, parallel::layout_of(space, *plans.plan(old_world)))
-               .first;
+      it = old_layouts.emplace(old_world, parallel::layout_of(space, *plans.plan(old_world))).first;
     const parallel::Layout& old = it->second;
     std::vector<int> to(size_t(old_world), -1), from(size_t(old_world), -1);
     // Live reports come first, so a rank's own state wins over a snapshot of it.

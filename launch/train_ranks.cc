@@ -89,7 +89,9 @@ class Laps {
     add(name, std::chrono::duration<double>(now - t_).count());
     t_ = now;
   }
-  void add(const std::string& name, double s) { text_ += str(text_.empty() ? "" : ", ", name, " ", ms(s)); }
+  void add(const std::string& name, double s) {
+    text_ += str(text_.empty() ? "" : ", ", name, " ", ms(s));
+  }
   const std::string& text() const { return text_; }
 
  private:

@@ -80,13 +80,13 @@ void RecyclingAllocator::reserve(const std::vector<size_t>& sizes) {
   }
   for (const auto& [bytes, n] : want)
     for (size_t i = 0; i < n; ++i) {
-    void* p = base_.allocate(bytes, Tag::kOther);
-    std::memset(p, 0, bytes);
-    std::lock_guard<std::mutex> lock(mu_);
-    kept_.emplace(bytes, p);
-    bytes_kept_ += bytes;
-    stats_.bytes_reserved = stats_.bytes_live + bytes_kept_;
-    stats_.bytes_reserved_peak = std::max(stats_.bytes_reserved_peak, stats_.bytes_reserved);
+      void* p = base_.allocate(bytes, Tag::kOther);
+      std::memset(p, 0, bytes);
+      std::lock_guard<std::mutex> lock(mu_);
+      kept_.emplace(bytes, p);
+      bytes_kept_ += bytes;
+      stats_.bytes_reserved = stats_.bytes_live + bytes_kept_;
+      stats_.bytes_reserved_peak = std::max(stats_.bytes_reserved_peak, stats_.bytes_reserved);
     }
 }
 

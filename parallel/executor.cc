@@ -22,8 +22,8 @@ using planner::Instr;
 using planner::InstrKind;
 
 RankExecutor::RankExecutor(const planner::Plan& plan, const core::Graph& g, int rank,
-                           comm::Communicator& world, const ProcessGroups& groups,
-                           bool defer_state, memory::Allocator* persistent)
+                           comm::Communicator& world, const ProcessGroups& groups, bool defer_state,
+                           memory::Allocator* persistent)
     : plan_(plan), g_(g), prog_(plan.program(rank)), world_(world), groups_(groups) {
   planner::require_valid(plan_, g_);
   table_ = std::make_unique<TensorTable>(prog_, g_, nullptr, persistent, defer_state);

@@ -67,8 +67,9 @@ ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& 
     into = std::chrono::duration<double>(now - t).count();
     t = now;
   };
-  mg_ = parts.graph ? std::move(parts.graph)
-                    : std::make_shared<const core::ModelGraph>(planner::build_planning_graph(spec_));
+  mg_ = parts.graph
+            ? std::move(parts.graph)
+            : std::make_shared<const core::ModelGraph>(planner::build_planning_graph(spec_));
   lap(setup_times_.graph);
   if (parts.plan) {
     WEFT_CHECK(parts.plan->world() == world_.size(), "the plan given is for ", parts.plan->world(),
@@ -150,7 +151,8 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
   s.step = step_;
   s.moe_balance = balance_.get();
   LoadFn load = [&](int value, const planner::Box& box, core::Tensor& out) {
-    WEFT_CHECK(value == mg_->tokens || value == mg_->targets, "load of a value that is not an input");
+    WEFT_CHECK(value == mg_->tokens || value == mg_->targets,
+               "load of a value that is not an input");
     WEFT_CHECK(box.size() == 2 && box[0].count == 1, "load box ", planner::box_str(box));
     const int64_t b0 = box[0].start, n = box[0].size;
     core::Tensor x = core::Tensor::empty({n, T}, core::DType::kI32),

@@ -53,8 +53,8 @@ class PlanCache {
 
   // Makes the plans for `worlds` (in this order, skipping those made and sizes below 1) on a
   // background thread at the lowest CPU priority (nice 19), so that the training step it
-  // overlaps keeps its cores; returns at once. Requests not yet started are replaced by these. A world
-  // whose plan fails is skipped (plan() then throws its error on the caller's thread).
+  // overlaps keeps its cores; returns at once. Requests not yet started are replaced by these. A
+  // world whose plan fails is skipped (plan() then throws its error on the caller's thread).
   void plan_ahead(const std::vector<int>& worlds);
 
   // Whether the plan for `world` is made.
@@ -74,9 +74,9 @@ class PlanCache {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<int, std::shared_ptr<const Plan>> plans_;
-  std::deque<int> queue_;      // worlds to plan ahead
-  std::set<int> failed_ahead_; // not planned ahead again: plan() makes them and throws
-  int ahead_now_ = 0;          // the world the background thread is planning; 0 none
+  std::deque<int> queue_;       // worlds to plan ahead
+  std::set<int> failed_ahead_;  // not planned ahead again: plan() makes them and throws
+  int ahead_now_ = 0;           // the world the background thread is planning; 0 none
   int made_ = 0;
   bool stop_ = false;
   std::thread ahead_;  // started by the first plan_ahead

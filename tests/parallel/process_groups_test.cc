@@ -2,13 +2,14 @@
 // over the world and, for a group of several ranks, a new Gloo connection mesh: 15-70 ms of
 // every online resize on loopback. Every group's communicator must still reduce over exactly
 // its members, in member order.
+#include "parallel/process_groups.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <string>
 #include <vector>
 
-#include "parallel/process_groups.h"
 #include "planner/planner.h"
 #include "tests/parallel/layout_harness.h"
 #include "tests/support/multiprocess.h"

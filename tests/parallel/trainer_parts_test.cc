@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <bit>
-#include <utility>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/registry.h"
@@ -114,8 +114,9 @@ TEST(TrainerParts, APlanForAnotherWorldIsRefused) {
   comm::CommOptions o;
   o.rank = 0, o.size = 1;
   auto world = comm::make_communicator(comm::BackendKind::kLoopback, o);
-  EXPECT_THROW(ParallelTrainer(spec, *world, StateInit::kSeed, TrainerParts{nullptr, plans.plan(2)}),
-               InternalError);
+  EXPECT_THROW(
+      ParallelTrainer(spec, *world, StateInit::kSeed, TrainerParts{nullptr, plans.plan(2)}),
+      InternalError);
 }
 
 // A newcomer's destinations land in the blocks reserved for them ahead (the pages faulted
