@@ -142,8 +142,7 @@ bool covers(const parallel::StateSpace& space, const parallel::Layout& a, std::s
 
 }  // namespace
 
-Holders choose_holders(const core::JobSpec& spec, const core::Graph& graph,
-                       const parallel::StateSpace& space,
+Holders choose_holders(planner::PlanCache& plans, const parallel::StateSpace& space,
                        const std::vector<HolderReport>& reports, int world) {
   Holders h;
   // The (step, epoch) groups anybody offers, latest step first, then latest epoch. Live
@@ -158,8 +157,6 @@ Holders choose_holders(const core::JobSpec& spec, const core::Graph& graph,
   }
   std::sort(groups.rbegin(), groups.rend());
   groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
-  planner::PlanOptions opt;
-  opt.simulate = false;
   std::map<int, parallel::Layout> old_layouts;  // by old world size
   const std::vector<int> hosts = host_ids(reports, world);
   for (const auto& [step, epoch] : groups) {
@@ -168,11 +165,7 @@ Holders choose_holders(const core::JobSpec& spec, const core::Graph& graph,
       if (r.valid && r.epoch == epoch && r.step == step) old_world = int(r.world);
     auto it = old_layouts.find(old_world);
     if (it == old_layouts.end())
-      it = old_layouts
-               .emplace(old_world,
-                        parallel::layout_of(space, planner::make_plan(planner::fit_layout(spec, old_world),
-                                                                      graph, old_world, opt)))
-               .first;
+      it = old_layouts.emplace(old_world, parallel::layout_of(space, *plans.plan(old_world))).first;
     const parallel::Layout& old = it->second;
     std::vector<int> to(size_t(old_world), -1), from(size_t(old_world), -1);
     // A rank's live state first, then a snapshot on the node that took it, then a replica

@@ -29,6 +29,7 @@
 #include "parallel/launch_env.h"
 #include "parallel/router.h"
 #include "parallel/vps.h"
+#include "planner/plan_cache.h"
 
 namespace weft::parallel {
 class ParallelTrainer;
@@ -96,10 +97,10 @@ struct Holders {
   int rebuilt = 0;      // of them, rebuilt from parity
   std::string why_not;  // when not found: the first gap, for the log
 };
-// `world`: the new world's size (the first `world` reports are the ranks' live ones). `spec`
-// is the job's; each old world's layout is planner::fit_layout's for its size.
-Holders choose_holders(const core::JobSpec& spec, const core::Graph& graph,
-                       const parallel::StateSpace& space,
+// `world`: the new world's size (the first `world` reports are the ranks' live ones).
+// `plans` gives the old worlds' plans (a survivor's is the one it trained with; each world
+// size's layout is planner::fit_layout's).
+Holders choose_holders(planner::PlanCache& plans, const parallel::StateSpace& space,
                        const std::vector<HolderReport>& reports, int world);
 
 // The LaunchEnv of a worker of local rank `base.local_rank` in the notice's epoch: its world

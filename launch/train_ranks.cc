@@ -29,8 +29,10 @@
 #include "launch/run_folder.h"
 #include "launch/train_common.h"
 #include "launch/train_report.h"
+#include "memory/recycling_allocator.h"
 #include "parallel/trainer.h"
 #include "planner/memory_estimate.h"
+#include "planner/plan_cache.h"
 #include "planner/planner.h"
 #include "planner/policy.h"
 
@@ -66,6 +68,40 @@ struct Arrival {
   int64_t bytes_adopted = 0;  // this rank's: kept in place (no copy)
   int64_t bytes_local = 0;    // this rank's: copied within the rank
   double wait = 0, comms = 0, plan = 0, fetch = 0, transfer = 0, resume = 0;
+};
+
+// The bytes of every persistent tensor (state roots, gradient accumulators) that rank `rank`
+// of `plan` allocates: what its trainer and the router's destinations ask for.
+std::vector<size_t> persistent_sizes(const planner::Plan& plan, int rank) {
+  std::vector<size_t> sizes;
+  for (const planner::TensorDesc& d : plan.program(rank).tensors)
+    if (d.persistent && d.alias_of < 0)
+      sizes.push_back(size_t(planner::box_numel(d.piece.box)) * core::dtype_size(d.dtype));
+  return sizes;
+}
+
+// Named wall-time laps of one world entry, finer than the resize line's phases: logged with
+// WEFT_LOG_LEVEL=debug WEFT_LOG_SUBSYS=resize.
+class Laps {
+ public:
+  void lap(const char* name) {
+    const Clock::time_point now = Clock::now();
+    add(name, std::chrono::duration<double>(now - t_).count());
+    t_ = now;
+  }
+  void add(const std::string& name, double s) {
+    text_ += str(text_.empty() ? "" : ", ", name, " ", ms(s));
+  }
+  const std::string& text() const { return text_; }
+
+ private:
+  static std::string ms(double s) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f ms", s * 1e3);
+    return b;
+  }
+  Clock::time_point t_ = Clock::now();
+  std::string text_;
 };
 
 // Where restored snapshots came from: "2 own, 1 replica" (own: the node's agent that took
@@ -112,6 +148,9 @@ class RankTraining {
         watch_(live_ ? env_string(kEpochFileVar, "") : "", env.rdzv_epoch),
         report_(spec),
         guard_(spec.train),
+        plans_(spec),
+        space_(parallel::StateSpace::from_graph(plans_.graph()->graph,
+                                                core::MoeBalance::for_model(spec.model).get())),
         snaps_(spec, env),
         node_(int(env_int("GROUP_RANK", 0))),
         train_world_(env.world) {}
@@ -132,6 +171,8 @@ class RankTraining {
   // Waits for the agent's notice of an epoch later than the one this worker is in.
   EpochNotice wait_for_notice();
   void print_arrival(const std::string& why, int old_world, int64_t old_epoch);
+  // The world sizes a change most likely leads to next, nearest first (plan_ahead).
+  std::vector<int> likely_next_worlds() const;
 
   const Args& args_;
   const core::JobSpec& job_;  // as the job file gives it
@@ -145,6 +186,13 @@ class RankTraining {
   EpochWatch watch_;
   TrainReport report_;
   NonfiniteGuard guard_;
+  // Before everything that holds tensors or plans: those must go first.
+  // Every world size's plan, made once in this process (and the likely next ones ahead).
+  planner::PlanCache plans_;
+  const parallel::StateSpace space_;  // the state's coordinates, the same in every world
+  // The trainers' persistent tensors: a new world's trainer takes back the blocks the last
+  // one freed (its gradients, for a data-parallel change), kept until the world is entered.
+  memory::RecyclingAllocator persistent_;
 
   std::unique_ptr<parallel::WorkerWorld> world_;
   std::unique_ptr<parallel::ParallelTrainer> trainer_;
@@ -188,6 +236,7 @@ void RankTraining::enter_world(const std::string& why) {
   arrival_ = Arrival{};
   arrival_.wait = first_world_ ? 0 : since(change_at_);
   auto t = Clock::now();
+  Laps laps;
   // Degrees that no longer fit the world stop the job here, naming them.
   std::string refit;
   spec_ = planner::fit_layout(job_, train_world_, &refit);
@@ -198,6 +247,23 @@ void RankTraining::enter_world(const std::string& why) {
     std::fflush(stdout);
   }
   planner::check_fits_memory(spec_, train_world_, ranks_on_node(env_));
+  laps.lap("fits");
+  // A worker that holds nothing (a newcomer, a torn rank) receives or seeds all of its state:
+  // it faults the pages of its state and gradients in while the world forms (the survivors
+  // are finishing their step meanwhile), so that the transfer writes into memory that exists.
+  // Joined before anything allocates from persistent_ (and on every way out of here).
+  std::jthread prefault;
+  if (live_ && !held_.valid && !leaving_) {
+    std::vector<size_t> sizes = persistent_sizes(*plans_.plan(train_world_), env_.rank);
+    prefault = std::jthread([this, sizes = std::move(sizes)] {
+      try {
+        persistent_.reserve(sizes);
+      } catch (const std::exception&) {
+        // No memory for it now: the trainer and the router allocate (and fail) themselves.
+      }
+    });
+    laps.lap("plan, prefault started");
+  }
   std::function<std::string()> superseded;
   if (live_)
     superseded = [this] {
@@ -209,6 +275,7 @@ void RankTraining::enter_world(const std::string& why) {
   world_ = std::make_unique<parallel::WorkerWorld>(
       env_, comm::Millis(env_int("WEFT_COMM_TIMEOUT_MS", 60'000)), superseded);
   comm::Communicator& comm = world_->comm();
+  laps.lap("world");
   // Until this world trains, a newer epoch ends it: some of its ranks will never come.
   std::optional<LossWatcher> entering;
   if (live_) entering.emplace(watch_, std::vector<comm::Communicator*>{&comm}, true);
@@ -219,6 +286,7 @@ void RankTraining::enter_world(const std::string& why) {
   if (gather)
     reports = exchange_reports(comm, held_, host_key(),
                                snaps_.offers(env_.local_rank, local_count()));
+  laps.lap("reports");
   int64_t latest = -1;  // the latest step anybody alive holds
   for (int r = 0; r < int(reports.size()) && r < env_.world; ++r)
     if (reports[size_t(r)].valid) latest = std::max(latest, reports[size_t(r)].step);
@@ -227,15 +295,16 @@ void RankTraining::enter_world(const std::string& why) {
   train_comm_.reset();
   if (env_.world > train_world_) train_comm_ = comm.split(env_.rank < train_world_ ? 0 : -1, env_.rank);
   comm::Communicator* tc = env_.world > train_world_ ? train_comm_.get() : &comm;
+  laps.lap("split");
   arrival_.comms = since(t);
   t = Clock::now();
 
-  // The coordinates of the state, the same for every world of the job.
-  const core::ModelGraph mg = planner::build_planning_graph(spec_);
-  const std::unique_ptr<core::MoeBalance> balance = core::MoeBalance::for_model(spec_.model);
-  const parallel::StateSpace space = parallel::StateSpace::from_graph(mg.graph, balance.get());
+  // The coordinates of the state, the same for every world of the job (space_), and the
+  // plans, each world size's made once in this process (plans_).
+  const parallel::StateSpace& space = space_;
   Holders holders;
-  if (gather) holders = choose_holders(job_, mg.graph, space, reports, env_.world);
+  if (gather) holders = choose_holders(plans_, space, reports, env_.world);
+  laps.lap("holders");
   std::string resume;
   if (holders.found) {
     arrival_.source = holders.snapshots > 0 ? "snapshots" : "survivors";
@@ -254,22 +323,35 @@ void RankTraining::enter_world(const std::string& why) {
   const parallel::StateInit init = holders.found  ? parallel::StateInit::kDeferred
                                    : resume.empty() ? parallel::StateInit::kSeed
                                                     : parallel::StateInit::kUnseeded;
-  if (!leaving_) trainer_ = std::make_unique<parallel::ParallelTrainer>(spec_, *tc, init);
+  if (prefault.joinable()) {
+    prefault.join();
+    laps.lap("prefault wait");
+  }
+  // Cached: made for an earlier world of this size, or ahead (plan_ahead below).
+  const bool ready = plans_.has(train_world_);
+  const std::shared_ptr<const planner::Plan> new_plan = plans_.plan(train_world_);
+  laps.lap(ready ? "plan (cached)" : "plan");
+  if (!leaving_)
+    trainer_ = std::make_unique<parallel::ParallelTrainer>(
+        spec_, *tc, init, parallel::TrainerParts{plans_.graph(), new_plan, &persistent_});
+  laps.lap("trainer");
+  if (trainer_) {
+    const parallel::TrainerSetupTimes& st = trainer_->setup_times();
+    laps.add("of which trainer check", st.graph + st.plan + st.check);
+    laps.add("trainer groups", st.groups);
+    laps.add("trainer executor", st.executor);
+    laps.add("trainer init", st.init);
+  }
   if (holders.found) {
     // Layout B over the transition's world: the new plan's ranks, then the departing ones,
     // which hold nothing in it.
     const std::vector<int> hosts = host_ids(reports, env_.world);
-    std::optional<planner::Plan> leaver_plan;
-    if (leaving_) {
-      planner::PlanOptions po;
-      po.simulate = false;
-      leaver_plan = planner::make_plan(spec_, mg.graph, train_world_, po);
-    }
-    parallel::Layout b = parallel::layout_of(space, leaving_ ? *leaver_plan : trainer_->plan(),
-                                             {hosts.begin(), hosts.begin() + train_world_});
+    parallel::Layout b =
+        parallel::layout_of(space, *new_plan, {hosts.begin(), hosts.begin() + train_world_});
     b.ranks.resize(size_t(env_.world));
     b.hosts = hosts;
     const parallel::TransferPlan plan = parallel::transition(space, holders.a, b);
+    laps.lap("transition");
     arrival_.plan = since(t);
     t = Clock::now();
     std::vector<core::Tensor> src;
@@ -283,6 +365,7 @@ void RankTraining::enter_world(const std::string& why) {
       src.insert(src.end(), t.begin(), t.end());
     }
     arrival_.fetch = since(t);  // reading the snapshots this rank serves (memcpy + checksums)
+    laps.lap("fetch");
     t = Clock::now();
     // Handles only: held_ keeps the state until this world is entered. A newer epoch aborts
     // the entry on every rank at once (the entering LossWatcher); had the router or the
@@ -291,14 +374,20 @@ void RankTraining::enter_world(const std::string& why) {
     // The cost: what the router does not adopt is freed at the end of the entry, not per wave.
     // Same-host pairs move through shared memory; survivors keep (adopt) what they hold.
     parallel::TransitionStats ts;
+    parallel::TransitionOptions to;
+    to.destinations = &persistent_;  // the blocks reserved ahead (prefault), or new ones
     std::vector<core::Tensor> mine =
-        parallel::run_transition(plan, holders.a, b, env_.rank, src, comm, {}, &ts);
+        parallel::run_transition(plan, holders.a, b, env_.rank, src, comm, to, &ts);
     arrival_.bytes_sent = plan.bytes_remote();
     arrival_.bytes_adopted = ts.bytes_adopted;
     arrival_.bytes_local = ts.bytes_copied;
     arrival_.transfer = since(t);
     t = Clock::now();
-    if (leaving_) return;  // handed over: run() ends this worker
+    laps.lap("transfer");
+    if (leaving_) {
+      WEFT_DEBUG("resize", "epoch ", env_.rdzv_epoch, " entry: ", laps.text());
+      return;  // handed over: run() ends this worker
+    }
     trainer_->adopt_state(space, b.ranks[size_t(env_.rank)], mine);
   } else {
     arrival_.plan = since(t);
@@ -329,6 +418,8 @@ void RankTraining::enter_world(const std::string& why) {
   if (snaps_.enabled())
     snaps_.attach(*trainer_, ckpt_->space(), env_.rdzv_epoch, node_, env_.local_rank, local_count());
   arrival_.resume = since(t);
+  laps.lap("resume");
+  WEFT_DEBUG("resize", "epoch ", env_.rdzv_epoch, " entry: ", laps.text());
 
   if (!folder_ && lead()) open_run_folder();  // live: every rank chose it above
   if (lead()) {
@@ -363,6 +454,20 @@ void RankTraining::enter_world(const std::string& why) {
   resize_s_ = first_world_ ? 0 : since(change_at_);
   first_world_ = false;
   held_ = HeldState{};  // entered: what the router did not adopt is released here
+  persistent_.trim();   // and what the new trainer did not take back
+  // The plans of the nearest node counts, made while this world trains.
+  if (live_) plans_.plan_ahead(likely_next_worlds());
+}
+
+std::vector<int> RankTraining::likely_next_worlds() const {
+  // Whole nodes join and leave: the nearest node counts first, within --nnodes MIN:MAX.
+  const int per_node = std::max(1, local_count());
+  const int nodes = train_world_ / per_node;
+  const int lo = std::max(1, base_.nnodes_min), hi = base_.nnodes_max;
+  std::vector<int> worlds;
+  for (int d : {-1, 1, -2, 2})
+    if (nodes + d >= lo && nodes + d <= hi) worlds.push_back((nodes + d) * per_node);
+  return worlds;
 }
 
 void RankTraining::print_arrival(const std::string& why, int old_world, int64_t old_epoch) {

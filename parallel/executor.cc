@@ -22,11 +22,11 @@ using planner::Instr;
 using planner::InstrKind;
 
 RankExecutor::RankExecutor(const planner::Plan& plan, const core::Graph& g, int rank,
-                           comm::Communicator& world, const ProcessGroups& groups,
-                           bool defer_state)
+                           comm::Communicator& world, const ProcessGroups& groups, bool defer_state,
+                           memory::Allocator* persistent)
     : plan_(plan), g_(g), prog_(plan.program(rank)), world_(world), groups_(groups) {
   planner::require_valid(plan_, g_);
-  table_ = std::make_unique<TensorTable>(prog_, g_, nullptr, nullptr, defer_state);
+  table_ = std::make_unique<TensorTable>(prog_, g_, nullptr, persistent, defer_state);
   std::map<int, std::set<int64_t>> sent, received;
   for (const Instr& in : prog_.program) {
     if (in.kind == InstrKind::kSend) sent[in.peer].insert(in.tag);

@@ -48,9 +48,11 @@ class RankExecutor {
   // `plan`, `g`, `world` and `groups` must outlive the executor; `g` is the planning graph
   // (planner::build_planning_graph) the plan was made from. `defer_state`: the state roots
   // (TensorTable::state_root) are not allocated; the caller adopts them into tensors()
-  // before the first run_step.
+  // before the first run_step. `persistent` (optional) serves the persistent tensors
+  // (TensorTable's `state` allocator); it must outlive them.
   RankExecutor(const planner::Plan& plan, const core::Graph& g, int rank, comm::Communicator& world,
-               const ProcessGroups& groups, bool defer_state = false);
+               const ProcessGroups& groups, bool defer_state = false,
+               memory::Allocator* persistent = nullptr);
   ~RankExecutor();
 
   // Seeds every local parameter piece from its global element indices (same numbers as

@@ -4,13 +4,39 @@
 #include <algorithm>
 
 #include "base/check.h"
+#include "comm/registry.h"
 
 namespace weft::parallel {
+
+namespace {
+
+// Every group of family `f` has exactly one rank.
+bool singletons(const planner::Plan& plan, int f) {
+  for (const planner::ProcessGroup& g : plan.groups)
+    if (g.family == f && g.ranks.size() != 1) return false;
+  return true;
+}
+
+// Family `f` is one group of every rank of the world, in rank order.
+bool whole_world(const planner::Plan& plan, int f, int world) {
+  int groups = 0;
+  for (const planner::ProcessGroup& g : plan.groups) {
+    if (g.family != f) continue;
+    if (++groups > 1 || int(g.ranks.size()) != world) return false;
+    for (int r = 0; r < world; ++r)
+      if (g.ranks[size_t(r)] != r) return false;
+  }
+  return groups == 1;
+}
+
+}  // namespace
 
 ProcessGroups::ProcessGroups(comm::Communicator& world, const planner::Plan& plan) {
   const int me = world.rank();
   WEFT_CHECK(world.size() == plan.world(), "the plan is for ", plan.world(),
              " ranks, the world has ", world.size());
+  const bool one_program = plan.roles.size() == 1;
+  const bool host = world.backend() != comm::BackendKind::kNccl;
   // A rank is in at most one group of each family (one group per dp index, or one for all).
   for (size_t f = 0; f < plan.families.size(); ++f) {
     int color = comm::kNoColor, key = 0;
@@ -22,11 +48,28 @@ ProcessGroups::ProcessGroups(comm::Communicator& world, const planner::Plan& pla
       color = g.id;
       key = int(it - g.ranks.begin());
     }
+    if (one_program && whole_world(plan, int(f), world.size())) {
+      groups_[color] = &world;
+      ++world_groups_;
+      continue;
+    }
+    if (host && singletons(plan, int(f))) {
+      if (color == comm::kNoColor) continue;
+      comm::CommOptions o;
+      o.rank = 0;
+      o.size = 1;
+      o.timeout = world.timeout();
+      owned_.push_back(comm::make_communicator(comm::BackendKind::kLoopback, o));
+      groups_[color] = owned_.back().get();
+      continue;
+    }
     std::unique_ptr<comm::Communicator> c = world.split(color, key);
+    ++splits_;
     if (color != comm::kNoColor) {
       WEFT_CHECK(c && c->rank() == key, "split gave rank ", c ? c->rank() : -1, " for member ", key,
                  " of group ", color);
-      groups_[color] = std::move(c);
+      owned_.push_back(std::move(c));
+      groups_[color] = owned_.back().get();
     }
   }
 }

@@ -15,21 +15,40 @@ namespace weft::parallel {
 class ProcessGroups {
  public:
   // Collective over `world` (every rank calls it with the same plan): one split() per group
-  // family, in family order, so every rank issues the same sequence. Within a group the
-  // communicator's ranks follow the group's member order, which is also the order of the
-  // chunks its collectives exchange. `world` must outlive this object only during the call.
-  // Throws the split's CommError/TimeoutError when a peer is missing.
+  // family that needs one, in family order, so every rank issues the same sequence. Within a
+  // group the communicator's ranks follow the group's member order, which is also the order
+  // of the chunks its collectives exchange. Throws the split's CommError/TimeoutError when a
+  // peer is missing.
+  //
+  // Two kinds of family need no split (decided from the plan alone, so alike on every rank;
+  // each split costs an exchange over the world and, for a group of several ranks, a new
+  // connection mesh, 15-70 ms of a resize on loopback):
+  //   - every group of the family has one rank: a loopback communicator (not on NCCL, whose
+  //     tensors live on the GPU);
+  //   - the family's one group is the whole world in rank order, and every rank runs the
+  //     same program (the plan has one role: data parallelism alone): `world` itself serves
+  //     it. Its collectives and the world's then share one queue; that is safe because every
+  //     rank issues both in the same order (the same program), which ranks of different
+  //     roles need not (a pipeline stage without backward work exchanges MoE shares later).
+  // `world` must outlive this object.
   ProcessGroups(comm::Communicator& world, const planner::Plan& plan);
 
   // The communicator of process group `id`; InternalError when this rank is not a member.
   comm::Communicator& group(int id) const;
   bool member(int id) const { return groups_.count(id) > 0; }
   size_t count() const { return groups_.size(); }
-  // Aborts every sub-communicator (a peer failed): pending operations fail at once.
+  // How many groups of this rank are served by `world` itself, and how many split() calls
+  // the constructor made (for tests and the resize's debug line).
+  int world_groups() const { return world_groups_; }
+  int splits() const { return splits_; }
+  // Aborts every communicator of this rank's groups (a peer failed): pending operations
+  // fail at once. That includes `world` when it serves a group.
   void abort_all(const std::string& reason) noexcept;
 
  private:
-  std::map<int, std::unique_ptr<comm::Communicator>> groups_;
+  std::map<int, comm::Communicator*> groups_;
+  std::vector<std::unique_ptr<comm::Communicator>> owned_;
+  int world_groups_ = 0, splits_ = 0;
 };
 
 }  // namespace weft::parallel

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "memory/allocator.h"
 #include "parallel/vps.h"
 
 namespace weft::parallel {
@@ -128,6 +129,10 @@ struct TransitionOptions {
   // the running totals (progress reports; tests stop a rank at a chosen point). May throw:
   // the transition then fails like a transport error.
   std::function<void(const TransitionStats&)> on_progress;
+  // Serves the destination tensors (what the call returns; they outlive it); null: the host
+  // allocator. A memory::RecyclingAllocator with the destinations' blocks reserved ahead
+  // spares the transition the page faults of fresh memory. Must outlive the tensors.
+  memory::Allocator* destinations = nullptr;
 };
 
 // Executes rank `rank`'s part over `comm` (whose ranks are the layouts' ranks). `src` holds

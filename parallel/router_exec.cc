@@ -163,13 +163,13 @@ class MessageBytes {
 
 // A destination tensor; one that its boxes cover completely is written in full by the
 // transfers, so it is not zeroed first (a pass over fresh memory saved).
-core::Tensor new_local(const RankLayout& rb, size_t l) {
+core::Tensor new_local(const RankLayout& rb, size_t l, memory::Allocator* alloc) {
   const LocalTensor& lt = rb.locals[l];
   int64_t covered = 0;
   for (const StateBox& box : rb.boxes)
     if (box.local == int(l)) covered += box.numel();  // boxes of one local are disjoint
-  return covered == core::shape_numel(lt.shape) ? core::Tensor::empty(lt.shape, lt.dtype)
-                                                : core::Tensor::zeros(lt.shape, lt.dtype);
+  return covered == core::shape_numel(lt.shape) ? core::Tensor::empty(lt.shape, lt.dtype, alloc)
+                                                : core::Tensor::zeros(lt.shape, lt.dtype, alloc);
 }
 
 bool same_host(const Layout& a, const Layout& b, int s, int d) {
@@ -241,7 +241,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
             adopted[l] = 1;
             st.bytes_adopted += rb.locals[l].bytes();
           } else {
-            dst[l] = new_local(rb, l);
+            dst[l] = new_local(rb, l, opt.destinations);
           }
           break;
         }

@@ -14,8 +14,10 @@ namespace weft::parallel {
 
 class TensorTable {
  public:
-  // Allocates every persistent root tensor (zeroed), except the state roots when
-  // `defer_state`: those stay undefined until adopt() installs them. `state` serves the
+  // Allocates every persistent root tensor, except the state roots when `defer_state`:
+  // those stay undefined until adopt() installs them. All are zeroed but the gradient
+  // accumulators, whose contents are unspecified until zero_gradients() (the executor
+  // calls it at the start of every step, before anything reads them). `state` serves the
   // persistent roots, `transient` the others; both default to the host allocator and must
   // outlive the table.
   TensorTable(const planner::RankProgram& prog, const core::Graph& g,

@@ -2,6 +2,7 @@
 #include "parallel/trainer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -50,25 +51,50 @@ std::vector<T> all_gather_values(comm::Communicator& c, const std::vector<T>& mi
 
 ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& world,
                                  StateInit init)
+    : ParallelTrainer(spec, world, init, TrainerParts{}) {}
+
+ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& world,
+                                 StateInit init, TrainerParts parts)
     : spec_(spec), world_(world), state_pending_(init == StateInit::kDeferred) {
   if (spec_.train.dtype != "f32")
     throw ConfigError("train.dtype", "'" + spec_.train.dtype +
                                          "' needs device: cuda; the CPU trainer computes in f32");
   planner::PlanOptions opt;
   opt.simulate = false;
-  mg_ = planner::build_planning_graph(spec_);
-  plan_ = std::make_unique<planner::Plan>(planner::make_plan(spec_, mg_.graph, world_.size(), opt));
-  planner::check_plan_matches(*plan_, spec_, mg_.graph);
+  auto t = std::chrono::steady_clock::now();
+  auto lap = [&t](double& into) {
+    const auto now = std::chrono::steady_clock::now();
+    into = std::chrono::duration<double>(now - t).count();
+    t = now;
+  };
+  mg_ = parts.graph
+            ? std::move(parts.graph)
+            : std::make_shared<const core::ModelGraph>(planner::build_planning_graph(spec_));
+  lap(setup_times_.graph);
+  if (parts.plan) {
+    WEFT_CHECK(parts.plan->world() == world_.size(), "the plan given is for ", parts.plan->world(),
+               " ranks, the world has ", world_.size());
+    plan_ = std::move(parts.plan);
+  } else {
+    plan_ = std::make_shared<const planner::Plan>(
+        planner::make_plan(spec_, mg_->graph, world_.size(), opt));
+  }
+  lap(setup_times_.plan);
+  planner::check_plan_matches(*plan_, spec_, mg_->graph);
   check_memory_budget();
+  lap(setup_times_.check);
   groups_ = std::make_unique<ProcessGroups>(world_, *plan_);
-  exec_ = std::make_unique<RankExecutor>(*plan_, mg_.graph, world_.rank(), world_, *groups_,
-                                         state_pending_);
+  lap(setup_times_.groups);
+  exec_ = std::make_unique<RankExecutor>(*plan_, mg_->graph, world_.rank(), world_, *groups_,
+                                         state_pending_, parts.persistent);
+  lap(setup_times_.executor);
   if (init == StateInit::kSeed) exec_->init_parameters(spec_.train.seed);
-  std::vector<int> losses = mg_.aux_losses;
-  losses.push_back(mg_.loss);
+  std::vector<int> losses = mg_->aux_losses;
+  losses.push_back(mg_->loss);
   exec_->set_loss_values(losses);
   memory_ = std::make_unique<core::ActivationMemory>(spec_.memory.allocator);
   balance_ = core::MoeBalance::for_model(spec_.model);
+  lap(setup_times_.init);
 }
 
 ParallelTrainer::~ParallelTrainer() = default;
@@ -84,7 +110,7 @@ void ParallelTrainer::check_memory_budget() const {
   }
   if (gib <= 0) return;
   const double unit = double(int64_t(1) << 30);
-  planner::ValidationReport rep = planner::validate_plan(*plan_, mg_.graph, int64_t(gib * unit));
+  planner::ValidationReport rep = planner::validate_plan(*plan_, mg_->graph, int64_t(gib * unit));
   for (size_t r = 0; r < rep.peak_bytes.size(); ++r)
     if (double(rep.peak_bytes[r]) > gib * unit) {
       const planner::Degrees& d = plan_->config.deg;
@@ -108,7 +134,7 @@ void ParallelTrainer::require_state(const char* what) const {
 
 int64_t ParallelTrainer::num_parameters() const {
   int64_t n = 0;
-  for (int p : mg_.graph.parameters()) n += core::shape_numel(mg_.graph.value(p).shape);
+  for (int p : mg_->graph.parameters()) n += core::shape_numel(mg_->graph.value(p).shape);
   return n;
 }
 
@@ -125,14 +151,15 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
   s.step = step_;
   s.moe_balance = balance_.get();
   LoadFn load = [&](int value, const planner::Box& box, core::Tensor& out) {
-    WEFT_CHECK(value == mg_.tokens || value == mg_.targets, "load of a value that is not an input");
+    WEFT_CHECK(value == mg_->tokens || value == mg_->targets,
+               "load of a value that is not an input");
     WEFT_CHECK(box.size() == 2 && box[0].count == 1, "load box ", planner::box_str(box));
     const int64_t b0 = box[0].start, n = box[0].size;
     core::Tensor x = core::Tensor::empty({n, T}, core::DType::kI32),
                  y = core::Tensor::empty({n, T}, core::DType::kI32);
     batch(st.step, b0, n, x.data<int32_t>(), y.data<int32_t>());
     planner::Box rows{planner::DimSlice{b0, n, 1, 0}, planner::DimSlice{0, T, 1, 0}};
-    copy_region(out, box, value == mg_.tokens ? x : y, rows, box);
+    copy_region(out, box, value == mg_->tokens ? x : y, rows, box);
   };
   memory_->begin_step(steps_run_++);  // a resumed run starts at step_ > 0 yet traces first
   exec_->set_transient_allocator(&memory_->current());
@@ -145,13 +172,13 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
   auto exchange_statistics = [&] {
     std::vector<double> mine;
     TensorTable& t = exec_->tensors();
-    const int norm = mg_.graph.find_value("grad_norm");
+    const int norm = mg_->graph.find_value("grad_norm");
     for (size_t i = 0; i < t.size(); ++i) {
       const planner::TensorDesc& d = t.desc(int(i));
       if (d.value < 0 || !t.live(int(i)) || d.alias_of >= 0) continue;
-      int kind = d.value == mg_.loss ? -1 : d.value == norm ? -2 : -3;
-      for (size_t k = 0; k < mg_.aux_losses.size(); ++k)
-        if (d.value == mg_.aux_losses[k]) kind = int(k);
+      int kind = d.value == mg_->loss ? -1 : d.value == norm ? -2 : -3;
+      for (size_t k = 0; k < mg_->aux_losses.size(); ++k)
+        if (d.value == mg_->aux_losses[k]) kind = int(k);
       if (kind == -3) continue;
       mine.insert(mine.end(), {double(kind), double(d.piece.part), double(d.piece.parts),
                                t.read(int(i)).item()});
@@ -196,7 +223,7 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
 }
 
 std::string ParallelTrainer::first_nonfinite_gradient() {
-  const core::Graph& g = mg_.graph;
+  const core::Graph& g = mg_->graph;
   std::vector<int> params = g.parameters();
   std::map<int, int> order;  // gradient value -> index of its parameter
   for (size_t k = 0; k < params.size(); ++k)
@@ -215,7 +242,7 @@ std::string ParallelTrainer::first_nonfinite_gradient() {
 }
 
 std::vector<core::Tensor> ParallelTrainer::gather_parameters() {
-  const core::Graph& g = mg_.graph;
+  const core::Graph& g = mg_->graph;
   std::vector<float> mine;
   TensorTable& t = exec_->tensors();
   for (size_t i = 0; i < t.size(); ++i)
@@ -252,7 +279,7 @@ core::NamedTensors ParallelTrainer::gather_weights() {
   core::ModelGraph fwd = core::build_model(spec_.model, 1);
   core::GraphExecutor ex(fwd.graph);
   for (int p : fwd.graph.parameters()) {
-    int id = mg_.graph.find_value(fwd.graph.value(p).name);
+    int id = mg_->graph.find_value(fwd.graph.value(p).name);
     ex.tensor(p).copy_from(full.at(size_t(id)));
   }
   return core::export_weights(fwd, ex);
@@ -266,8 +293,8 @@ void ParallelTrainer::load_weights(const core::NamedTensors& w, const std::strin
   TensorTable& t = exec_->tensors();
   for (size_t i = 0; i < t.size(); ++i) {
     const planner::TensorDesc& d = t.desc(int(i));
-    if (!is_param_root(mg_.graph, d)) continue;
-    core::Tensor& f = ex.tensor(fwd.graph.find_value(mg_.graph.value(d.value).name));
+    if (!is_param_root(mg_->graph, d)) continue;
+    core::Tensor& f = ex.tensor(fwd.graph.find_value(mg_->graph.value(d.value).name));
     copy_region(t.read(int(i)), d.piece.box, f, planner::full_box(f.shape()), d.piece.box);
   }
 }

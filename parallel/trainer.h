@@ -15,6 +15,7 @@
 #include "core/exec/trainer.h"
 #include "core/graph/moe_balance.h"
 #include "core/models/weights.h"
+#include "memory/allocator.h"
 #include "parallel/executor.h"
 #include "parallel/process_groups.h"
 #include "parallel/vps.h"
@@ -25,6 +26,11 @@ namespace weft::parallel {
 // What a new trainer does with its state: the state roots (TensorTable::state_root: the
 // parameters, optimizer moments and master weights this rank holds, layout_of()'s plan
 // tensors). Gradient accumulators and other persistent tensors are allocated in every case.
+// Where a trainer's construction went, in seconds (the resize line's plan phase).
+struct TrainerSetupTimes {
+  double graph = 0, plan = 0, check = 0, groups = 0, executor = 0, init = 0;
+};
+
 enum class StateInit : uint8_t {
   kSeed,      // allocated; parameters seeded from train.seed, moments zero
   kUnseeded,  // allocated and zeroed, for a caller that loads every state tensor next through
@@ -33,6 +39,23 @@ enum class StateInit : uint8_t {
   kDeferred,  // not allocated at all until adopt_state() (an online resize: the router builds
               // this rank's state, so that the rank's peak stays at its shard plus the
               // router's budget instead of the old state plus the new)
+};
+
+// What a trainer can take from earlier ones of the same job in this process instead of
+// making it again (an online resize builds a trainer per world; planner::PlanCache keeps
+// the graph and the plans). Every field is optional.
+struct TrainerParts {
+  // planner::build_planning_graph(spec); null: built by the trainer.
+  std::shared_ptr<const core::ModelGraph> graph;
+  // planner::make_plan(spec, graph->graph, world.size()) (simulation not needed); null:
+  // planned by the trainer. Checked like a plan the trainer made (InternalError for another
+  // world size, ConfigError naming "plan" for another model or batch).
+  std::shared_ptr<const planner::Plan> plan;
+  // Serves the persistent tensors (gradient accumulators, and the state unless kDeferred):
+  // a memory::RecyclingAllocator hands a new trainer the blocks an old one freed. Null: the
+  // host allocator. Must outlive the trainer and every tensor it allocated (state_tensors()
+  // views, hold_state).
+  memory::Allocator* persistent = nullptr;
 };
 
 class ParallelTrainer {
@@ -44,6 +67,9 @@ class ParallelTrainer {
   // says. `world` must outlive the trainer.
   ParallelTrainer(const core::JobSpec& spec, comm::Communicator& world,
                   StateInit init = StateInit::kSeed);
+  // The same, with what `parts` provides instead of making it.
+  ParallelTrainer(const core::JobSpec& spec, comm::Communicator& world, StateInit init,
+                  TrainerParts parts);
   ~ParallelTrainer();
 
   // One optimizer step on the global batch of current_step(); advances the step. Collective.
@@ -109,7 +135,7 @@ class ParallelTrainer {
   void adopt_state(const StateSpace& space, const RankLayout& layout,
                    std::vector<core::Tensor>& tensors);
   // The planning graph the plan and the executor are built on (StateSpace::from_graph).
-  const core::Graph& graph() const { return mg_.graph; }
+  const core::Graph& graph() const { return mg_->graph; }
   const core::JobSpec& spec() const { return spec_; }
   comm::Communicator& world() { return world_; }
   // This rank's transient-arena statistics (peak live, peak reserved).
@@ -121,6 +147,7 @@ class ParallelTrainer {
   // The same on every rank after each step.
   core::MoeBalance* moe_balance() { return balance_.get(); }
   int rank() const { return world_.rank(); }
+  const TrainerSetupTimes& setup_times() const { return setup_times_; }
 
  private:
   void check_memory_budget() const;
@@ -131,8 +158,8 @@ class ParallelTrainer {
 
   core::JobSpec spec_;
   comm::Communicator& world_;
-  core::ModelGraph mg_;  // the planning graph (batch = the global batch)
-  std::unique_ptr<planner::Plan> plan_;
+  std::shared_ptr<const core::ModelGraph> mg_;  // the planning graph (batch = the global batch)
+  std::shared_ptr<const planner::Plan> plan_;
   std::unique_ptr<ProcessGroups> groups_;
   // The transient arena of memory.allocator (caching | planned), as in core::Trainer;
   // declared before the executor so that it outlives the tensors it serves.
@@ -144,6 +171,7 @@ class ParallelTrainer {
   bool state_pending_ = false;  // kDeferred, adopt_state() not yet called
   bool torn_ = false;
   std::function<void()> before_update_;
+  TrainerSetupTimes setup_times_;
 };
 
 }  // namespace weft::parallel

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
@@ -314,9 +315,11 @@ TEST(TrainerAdopt, DeferredAllocatesNoStateUntilAdopted) {
 }
 
 // The world communicator of a rank with a hook run once, at the next all_reduce after
-// arm(). The process groups are split off the inner communicator, so their collectives do
-// not pass here: in a loss_free step the world's only all_reduce is the bias update at the
-// end of RankExecutor::run_step, after every adamw of the step.
+// arm(). Under data parallelism alone the world also serves the process group of all ranks
+// (ProcessGroups), so the gradient collectives pass here too: armed from the trainer's
+// before_update (after every gradient collective and the norm, right before the first
+// adamw), the next all_reduce of a dp2 loss_free step is the bias update at the end of
+// RankExecutor::run_step, after every adamw of the step.
 class HookedWorld : public comm::Communicator {
  public:
   explicit HookedWorld(comm::Communicator& c) : c_(c) {}
@@ -395,15 +398,18 @@ void expect_torn(const std::string& config, std::vector<std::string> sets, KillA
         const StateSpace space = space_of(t);
         const RankLayout mine = layout_of(t);
         const std::vector<core::Tensor> before = clones(t.state_tensors(space, mine));
-        if (at == KillAt::kAfterStep) {
-          if (rank == 0)
-            world.arm([&] { store->set("rank0.bias_update", comm::Bytes{1}); });
-          else
-            world.arm([&] {
-              store->wait({"rank0.bias_update"}, std::chrono::milliseconds(60'000));
-              ::kill(::getpid(), SIGKILL);
-            });
-        }
+        bool armed = false;
+        if (at == KillAt::kAfterStep)
+          t.set_before_update([&] {
+            if (std::exchange(armed, true)) return;  // this step's only
+            if (rank == 0)
+              world.arm([&] { store->set("rank0.bias_update", comm::Bytes{1}); });
+            else
+              world.arm([&] {
+                store->wait({"rank0.bias_update"}, std::chrono::milliseconds(60'000));
+                ::kill(::getpid(), SIGKILL);
+              });
+          });
         try {
           t.step(batch);
           ADD_FAILURE() << "rank " << rank << ": step " << kDieAt << " survived its peer's death";
