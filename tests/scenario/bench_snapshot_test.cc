@@ -141,9 +141,10 @@ TEST(BenchSnapshot, OverheadPartPrintsEveryRowAndTheRatios) {
   bool found = false;
   for (const std::string& l : sec) {
     std::vector<std::string> c = cells({l}, "S", "2");
-    if (c.size() != 7u) continue;
+    if (c.size() != 9u) continue;
     found = true;
-    for (size_t i = 2; i < 7; ++i) EXPECT_TRUE(is_number(c[i])) << i << "\n" << r.out;
+    for (size_t i : {2, 3, 4, 6, 7}) EXPECT_TRUE(is_number(c[i])) << i << "\n" << r.out;
+    for (size_t i : {5, 8}) EXPECT_EQ(c[i].back(), '%') << i << "\n" << r.out;
   }
   EXPECT_TRUE(found) << r.out;
   EXPECT_TRUE(has_line(sec, "  within a run")) << r.out;
