@@ -248,12 +248,14 @@ void RankTraining::enter_world(const std::string& why) {
   }
   planner::check_fits_memory(spec_, train_world_, ranks_on_node(env_));
   laps.lap("fits");
-  // A worker that holds nothing (a newcomer, a torn rank) receives or seeds all of its state:
-  // it faults the pages of its state and gradients in while the world forms (the survivors
-  // are finishing their step meanwhile), so that the transfer writes into memory that exists.
-  // Joined before anything allocates from persistent_ (and on every way out of here).
+  // A worker that holds nothing after the job's first epoch (a newcomer, a torn rank)
+  // receives all of its state: it faults the pages of its state and gradients in while the
+  // world forms (the survivors are finishing their step meanwhile), so that the transfer
+  // writes into memory that exists. Joined before anything allocates from persistent_ (and
+  // on every way out of here). Not in the first epoch: every rank seeds then, and nobody
+  // waits for anybody long enough to hide it.
   std::jthread prefault;
-  if (live_ && !held_.valid && !leaving_) {
+  if (live_ && !held_.valid && !leaving_ && env_.rdzv_epoch > 1) {
     std::vector<size_t> sizes = persistent_sizes(*plans_.plan(train_world_), env_.rank);
     prefault = std::jthread([this, sizes = std::move(sizes)] {
       try {

@@ -38,8 +38,8 @@ class RecyclingAllocator final : public Allocator {
   std::string name() const override { return "recycling"; }
 
   // Allocates a block of each of `sizes` bytes from `base` (less the blocks of those sizes
-  // already kept), writes it (the system faults its pages in now) and keeps it for a later
-  // request of its size. A process that will
+  // already kept), writes one byte of each of its pages (the system faults them in now) and
+  // keeps it for a later request of its size; its contents are unspecified. A process that will
   // need that memory and is waiting for something else (a newcomer of an online resize,
   // waiting for the survivors to finish their step) calls it from a thread of its own, so
   // that the state it receives lands in pages that exist. Sizes below min_bytes are

@@ -243,7 +243,12 @@ WorkerWorld::WorkerWorld(const LaunchEnv& env, comm::Millis timeout,
   }
   store_ = std::make_shared<comm::TCPStore>(comm::TCPStoreOptions{
       env_.store_host, env_.store_port, timeout, comm::auth::token_from_env()});
-  if (cancelled) store_ = std::make_shared<comm::CancellableStore>(store_, std::move(cancelled));
+  // Asked every 10 ms: an online resize whose first new epoch is replaced at once (two
+  // workers lost, their agents noticing them 0.1 s apart) waited up to a whole 100 ms slice
+  // to give the replaced world up.
+  if (cancelled)
+    store_ =
+        std::make_shared<comm::CancellableStore>(store_, std::move(cancelled), comm::Millis(10));
   comm::CommOptions o;
   o.rank = env_.rank;
   o.size = env_.world;
