@@ -2,6 +2,7 @@
 // present with positive numbers, scratch files removed. Behaviour, not timing.
 #include <gtest/gtest.h>
 
+#include "tests/support/bench_output.h"
 #include "tests/support/run_weft.h"
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,21 +21,7 @@ namespace fs = std::filesystem;
 using Result = weft::test::CommandResult;
 Result run(const std::string& args) { return weft::test::run_weft(args); }
 
-// The lines of the section whose "== title" line starts with `title`, up to the next blank line.
-std::vector<std::string> section(const std::string& text, const std::string& title) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  bool in = false;
-  for (std::string l; std::getline(ss, l);) {
-    if (l.rfind("== " + title, 0) == 0)
-      in = true;
-    else if (in && (l.empty() || l.rfind("== ", 0) == 0))
-      break;
-    else if (in)
-      out.push_back(l);
-  }
-  return out;
-}
+using weft::test::bench_section;
 
 // The numbers after the row label; "-" (no reference) is skipped. Empty when absent.
 std::vector<double> row(const std::vector<std::string>& sec, const std::string& label) {
@@ -63,13 +50,13 @@ TEST(BenchCheckpoint, QuickRunPrintsEveryRowWithPositiveNumbers) {
   Result r = run("bench checkpoint --quick --dir " + tmp.string());
   ASSERT_EQ(r.code, 0) << r.out;
 
-  std::vector<std::string> disk = section(r.out, "disk:");
+  std::vector<std::string> disk = bench_section(r.out, "disk:");
   expect_positive(disk, "raw sequential write (fsync)", 3, r.out);
   expect_positive(disk, "raw sequential read (cold)", 3, r.out);
   expect_positive(disk, "checkpoint save (sync, fsync)", 4, r.out);
   expect_positive(disk, "checkpoint load (cold)", 4, r.out);
 
-  std::vector<std::string> steps = section(r.out, "step time:");
+  std::vector<std::string> steps = bench_section(r.out, "step time:");
   for (const char* mode : {"save none", "save sync", "save async"}) {
     std::vector<double> nums = row(steps, mode);
     ASSERT_EQ(nums.size(), 4u) << mode << "\n" << r.out;
@@ -79,7 +66,7 @@ TEST(BenchCheckpoint, QuickRunPrintsEveryRowWithPositiveNumbers) {
     }
   }
 
-  std::vector<std::string> reshard = section(r.out, "reshard:");
+  std::vector<std::string> reshard = bench_section(r.out, "reshard:");
   expect_positive(reshard, "memcpy (1 thread, 256 MiB)", 3, r.out);
   for (const char* t : {"gloo", "shm"}) {
     expect_positive(reshard, std::string("reshard ") + t + ": bytes between ranks", 4, r.out);

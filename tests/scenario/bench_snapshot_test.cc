@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/config.h"
+#include "tests/support/bench_output.h"
 #include "tests/support/run_weft.h"
 
 namespace {
@@ -18,21 +19,7 @@ namespace {
 using Result = weft::test::CommandResult;
 Result run(const std::string& args) { return weft::test::run_weft(args); }
 
-// The lines after the "== title" line that starts with `title`, up to a blank line.
-std::vector<std::string> section(const std::string& text, const std::string& title) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  bool in = false;
-  for (std::string l; std::getline(ss, l);) {
-    if (l.rfind("== " + title, 0) == 0)
-      in = true;
-    else if (in && (l.empty() || l.rfind("== ", 0) == 0))
-      break;
-    else if (in)
-      out.push_back(l);
-  }
-  return out;
-}
+using weft::test::bench_section;
 
 // The numbers after the row label (MiB, ms, GB/s, x memcpy); empty when the row is absent.
 std::vector<double> row(const std::vector<std::string>& sec, const std::string& label) {
@@ -50,7 +37,7 @@ TEST(BenchSnapshot, EncodePartPrintsEveryRow) {
   if (!WEFT_HAVE_ISAL) GTEST_SKIP() << "built without ISA-L: the erasure code is not there";
   Result r = run("bench snapshot --parts encode --mib 4");
   ASSERT_EQ(r.code, 0) << r.out;
-  std::vector<std::string> sec = section(r.out, "encode: 4 MiB per fragment");
+  std::vector<std::string> sec = bench_section(r.out, "encode: 4 MiB per fragment");
   ASSERT_FALSE(sec.empty()) << r.out;
   // Label and the MiB it must account for: one fragment for memcpy and crc32c, the k data
   // fragments of the stripe for encode and rebuild.
@@ -110,7 +97,7 @@ bool has_line(const std::vector<std::string>& sec, const std::string& prefix) {
 TEST(BenchSnapshot, OverheadPartPrintsEveryRowAndTheRatios) {
   Result r = run("bench snapshot --parts overhead" + kTiny + " --steps 4 --copies 2 --every 2");
   ASSERT_EQ(r.code, 0) << r.out;
-  std::vector<std::string> sec = section(r.out, "overhead: per-step time");
+  std::vector<std::string> sec = bench_section(r.out, "overhead: per-step time");
   ASSERT_FALSE(sec.empty()) << r.out;
   EXPECT_TRUE(has_line(sec, "  config S: gpt 1 x 32")) << r.out;
   EXPECT_TRUE(has_line(sec, "  one thread in this process, 4 MiB per copy: memcpy")) << r.out;
@@ -155,7 +142,7 @@ TEST(BenchSnapshot, OverheadPartPrintsEveryRowAndTheRatios) {
 TEST(BenchSnapshot, OverheadPartRecommendsAnInterval) {
   Result r = run("bench snapshot --parts overhead" + kTiny + " --steps 2 --rounds 1 --copies 1");
   ASSERT_EQ(r.code, 0) << r.out;
-  std::vector<std::string> sec = section(r.out, "overhead: per-step time");
+  std::vector<std::string> sec = bench_section(r.out, "overhead: per-step time");
   const std::string say = "recommended default: snapshot.every ";
   std::string line;
   for (const std::string& l : sec)
@@ -175,7 +162,7 @@ TEST(BenchSnapshot, OverheadPartRecommendsAnInterval) {
 TEST(BenchSnapshot, RecoveryPartPrintsEveryPhaseSideBySide) {
   Result r = run("bench snapshot --parts recovery" + kTiny);
   ASSERT_EQ(r.code, 0) << r.out;
-  std::vector<std::string> sec = section(r.out, "recovery: config S: SIGKILL of rank 1 of 2");
+  std::vector<std::string> sec = bench_section(r.out, "recovery: config S: SIGKILL of rank 1 of 2");
   ASSERT_FALSE(sec.empty()) << r.out;
   EXPECT_TRUE(has_line(sec, "  snapshots: snapshot.every 1")) << r.out;
   EXPECT_TRUE(has_line(sec, "  checkpoint: checkpoint.every 5, saved right before the kill"))
