@@ -278,7 +278,8 @@ void print_side_by_side(const JobShape& j, const Side& a, const Side& b, const O
       r, rr, kTarget, r >= kTarget ? "met" : "NOT met");
   std::printf(
       "  fetch / decode: none on one node (every snapshot is in the local agent: read "
-      "snapshots); replicas and erasure coding across nodes are not in yet\n\n");
+      "snapshots); a node lost whole (replicas on other nodes) is not timed by this part, and "
+      "erasure coding across nodes is not in yet\n\n");
   std::fflush(stdout);
 }
 
