@@ -45,8 +45,8 @@ bool counted(long long m, int every) {
   return m >= kWarm && !(copy_step(m, every) && m < 3LL * every);
 }
 
-// CPU times come in clock ticks (10 ms): they are averaged (a median of multiples of a tick
-// is one).
+// CPU times are averaged: where a worker's CPU clock cannot be read they come in clock ticks
+// of 10 ms, and a median of multiples of a tick is one.
 double mean(std::vector<double> v) {
   double s = 0;
   for (double x : v) s += x;
@@ -61,7 +61,7 @@ struct Measured {
   std::vector<double> paired;      // K > 1: a copy step less the mean of its two neighbours
   std::vector<double> paired_cpu;  // the same in the workers' CPU ms
   int steps() const { return int(copy.size() + other.size()); }
-  // Medians of wall-clock times; means of CPU times (clock ticks: a median would be one).
+  // Medians of wall-clock times; means of CPU times (see mean()).
   static double per_step(int every, const std::vector<double>& c, const std::vector<double>& nc,
                          double (*avg)(std::vector<double>)) {
     if (every == 0) return avg(nc);

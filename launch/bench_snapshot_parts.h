@@ -99,7 +99,8 @@ class JobRun {
              const std::function<bool()>& done);
   // The workers (weft run's children with a rank): rank -> pid, empty before they start.
   std::vector<std::pair<int, pid_t>> workers() const;
-  // CPU seconds (user + system, every thread) of the workers alive now.
+  // CPU seconds of the workers alive now: every thread's, those that ended included (their
+  // CPU clocks, nanoseconds; /proc's clock ticks where a clock cannot be read).
   double workers_cpu_s() const;
   // The last lines of the output, for a failure's message.
   std::string tail(size_t n = 15) const;
