@@ -331,6 +331,12 @@ TEST_F(SnapshotAgentTest, AbandonedJobsSegmentsAreRemovedAtStart) {
 // hanging; once the agent runs again the next call connects anew and succeeds.
 TEST_F(SnapshotAgentTest, CallToAStoppedAgentTimesOutWithIoError) {
   pid_t agent = start_agent(job_);
+  {
+    // The agent may take more than the short timeout to start listening on a busy machine
+    // (the suite's 2 cores): wait for it with a patient client first.
+    SnapshotAgentClient ready(milliseconds(10000));
+    ready.connect(socket_);
+  }
   SnapshotAgentClient client(milliseconds(300), milliseconds(300));
   client.connect(socket_);
   EXPECT_TRUE(client.list().empty());
