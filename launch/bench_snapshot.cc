@@ -95,6 +95,20 @@ double median_seconds(F&& f) {
   return t[kReps / 2];
 }
 
+// The fastest of kBestOf: what the machine does when nothing else takes the core or the
+// memory bus (a bound, which other load on a shared machine only ever makes slower).
+constexpr int kBestOf = 7;
+template <typename F>
+double best_seconds(F&& f) {
+  double best = 1e300;
+  for (int i = 0; i < kBestOf; ++i) {
+    auto t0 = Clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
 struct Row {
   std::string what;
   double bytes = 0, secs = 0;
@@ -205,8 +219,8 @@ CopyRates measure_copy_rates(int64_t bytes) {
   dst.fill(98);
   core::Tensor src = core::Tensor::empty({bytes}, core::DType::kU8);
   std::memset(src.raw_data(), 0x5A, size_t(bytes));  // touched; the values do not matter
-  r.memcpy_bps = double(bytes) /
-                 median_seconds([&] { std::memcpy(dst.data(), src.raw_data(), size_t(bytes)); });
+  r.memcpy_bps =
+      double(bytes) / best_seconds([&] { std::memcpy(dst.data(), src.raw_data(), size_t(bytes)); });
   // A segment of this process (the agent creates them in a job; the writer cannot tell).
   SegmentName seg{checkpoint::segment_name("00000000b5e7c4a1", checkpoint::SegmentKind::kData, 0, 0,
                                            int(::getpid()))};
@@ -224,10 +238,10 @@ CopyRates measure_copy_rates(int64_t bytes) {
   };
   snapshot();  // both slots written once: the steady state of a job's snapshots
   snapshot();
-  r.writer_bps = double(bytes) / median_seconds(snapshot);
+  r.writer_bps = double(bytes) / best_seconds(snapshot);
   std::optional<checkpoint::SnapshotSegment::View> v = writer.segment().latest();
   WEFT_CHECK(v.has_value(), "bench snapshot: nothing committed in ", seg.name);
-  r.verify_bps = double(bytes) / median_seconds([&] {
+  r.verify_bps = double(bytes) / best_seconds([&] {
                    if (!writer.segment().corrupt_blocks(*v).empty())
                      throw InternalError("bench snapshot: " + seg.name + " reads back corrupt");
                  });

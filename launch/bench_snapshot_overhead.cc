@@ -242,7 +242,7 @@ void run_overhead(const Options& o) {
       blas ? blas : "(unset)", o.rounds, o.rounds == 1 ? "" : "s", load_before.c_str(),
       load_average().c_str());
   std::printf(
-      "  one thread in this process, %lld MiB per copy: memcpy into touched memory "
+      "  one thread in this process, %lld MiB per copy, best of 7: memcpy into touched memory "
       "%.2f GB/s; the snapshot writer (memcpy + crc32c per MiB into a shared-memory "
       "slot) %.2f GB/s = %.2f x memcpy; verifying a slot (crc32c) %.2f GB/s\n",
       (long long)(rates.bytes >> 20), rates.memcpy_bps / 1e9, rates.writer_bps / 1e9,

@@ -45,7 +45,7 @@ void progress(const std::string& what);  // "[bench snapshot] what" on stderr
 // "load average 1.23 0.98 0.80" (/proc/loadavg), for the setup lines of a timing.
 std::string load_average();
 
-// Single-thread rates (bytes per second) in this process, `bytes` per copy, median of 3:
+// Single-thread rates (bytes per second) in this process, `bytes` per copy, best of 7:
 // memcpy into already-touched memory, and the snapshot writer's copy (memcpy and a crc32c
 // per 1 MiB block, checkpoint::SnapshotWriter) into a slot of a real shared-memory segment
 // whose both slots were written before (a steady snapshot), and the check a restart makes

@@ -100,7 +100,8 @@ TEST(BenchSnapshot, OverheadPartPrintsEveryRowAndTheRatios) {
   std::vector<std::string> sec = bench_section(r.out, "overhead: per-step time");
   ASSERT_FALSE(sec.empty()) << r.out;
   EXPECT_TRUE(has_line(sec, "  config S: gpt 1 x 32")) << r.out;
-  EXPECT_TRUE(has_line(sec, "  one thread in this process, 4 MiB per copy: memcpy")) << r.out;
+  EXPECT_TRUE(has_line(sec, "  one thread in this process, 4 MiB per copy, best of 7: memcpy"))
+      << r.out;
   const std::vector<std::string> head = cells(sec, "config", "every");
   ASSERT_EQ(head.size(), 11u) << r.out;
   EXPECT_EQ(head[5], "x base") << r.out;
