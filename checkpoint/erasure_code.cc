@@ -105,6 +105,30 @@ void ErasureCode::encode(const std::vector<const uint8_t*>& data,
 #endif
 }
 
+void ErasureCode::encode_update(int index, const uint8_t* data,
+                                const std::vector<uint8_t*>& parity, size_t len) const {
+  WEFT_CHECK(index >= 0 && index < k_, "ErasureCode(", k_, ",", m_,
+             ")::encode_update: data fragment ", index, " outside [0, ", k_, ")");
+  WEFT_CHECK(int(parity.size()) == m_, "ErasureCode(", k_, ",", m_, ")::encode_update: got ",
+             parity.size(), " parity fragments");
+  WEFT_CHECK(data != nullptr, "ErasureCode::encode_update: null data fragment");
+  for (const uint8_t* p : parity)
+    WEFT_CHECK(p != nullptr, "ErasureCode::encode_update: null parity fragment");
+#if WEFT_HAVE_ISAL
+  const size_t chunk = chunk_bytes(1, m_);
+  std::vector<unsigned char*> dst(static_cast<size_t>(m_));
+  auto* tables = const_cast<unsigned char*>(encode_->g.data());
+  for (size_t off = 0; off < len; off += chunk) {
+    const size_t n = std::min(chunk, len - off);
+    for (int r = 0; r < m_; ++r) dst[size_t(r)] = parity[size_t(r)] + off;
+    ec_encode_data_update(int(n), k_, m_, index, tables, const_cast<uint8_t*>(data) + off,
+                          dst.data());
+  }
+#else
+  (void)len;
+#endif
+}
+
 std::shared_ptr<const ErasureCode::Tables> ErasureCode::decode_tables(
     const std::vector<int>& erased) const {
   {

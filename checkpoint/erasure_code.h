@@ -41,6 +41,15 @@ class ErasureCode {
   void encode(const std::vector<const uint8_t*>& data, const std::vector<uint8_t*>& parity,
               size_t len) const;
 
+  // Adds data fragment `index`'s share to the m parity fragments: parity[j][0, len) +=
+  // C[j][index] * data[0, len) (addition in GF(2^8) is xor). Starting from zeroed parity and
+  // adding each of the k data fragments once, in any order and over any sub-ranges, gives
+  // encode()'s parity: a holder of parity codes fragments as they arrive, one at a time,
+  // without keeping them (launch/snapshot_parity.h). A fragment shorter than the others is
+  // added as if padded with zeros. InternalError on a wrong index, count or null pointer.
+  void encode_update(int index, const uint8_t* data, const std::vector<uint8_t*>& parity,
+                     size_t len) const;
+
   // Rebuilds in place every fragment listed in `erased` (data or parity) from the others.
   // fragments.size() == k + m, data first then parity, each valid for len bytes; erased
   // fragments' bytes are only written, never read, so their pointers may hold garbage (they

@@ -49,6 +49,8 @@ const char* kind_text(SegmentKind k) {
       return "replica";
     case SegmentKind::kParity:
       return "parity";
+    case SegmentKind::kRebuilt:
+      return "rebuilt";
   }
   return "?";
 }
@@ -57,7 +59,8 @@ SegmentKind kind_of(const std::string& s) {
   if (s == "data") return SegmentKind::kData;
   if (s == "replica") return SegmentKind::kReplica;
   if (s == "parity") return SegmentKind::kParity;
-  throw std::invalid_argument("\"kind\" is not data, replica or parity: " + s);
+  if (s == "rebuilt") return SegmentKind::kRebuilt;
+  throw std::invalid_argument("\"kind\" is not data, replica, parity or rebuilt: " + s);
 }
 
 }  // namespace

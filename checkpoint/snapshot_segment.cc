@@ -146,6 +146,8 @@ char kind_letter(SegmentKind k) {
       return 'r';
     case SegmentKind::kParity:
       return 'p';
+    case SegmentKind::kRebuilt:
+      return 'b';
   }
   return '?';
 }
@@ -478,6 +480,9 @@ std::optional<SegmentName> parse_segment_name(const std::string& name) {
       break;
     case 'p':
       out.kind = SegmentKind::kParity;
+      break;
+    case 'b':
+      out.kind = SegmentKind::kRebuilt;
       break;
     default:
       return std::nullopt;

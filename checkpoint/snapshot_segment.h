@@ -16,10 +16,12 @@
 // at any point therefore leaves the previous snapshot intact and readable.
 //
 // Segment kinds: kData (a rank's own snapshot, on its node), kReplica (a copy of another
-// node's rank, pushed by that node's agent), kParity (m parity fragments of an erasure-coded
-// stripe). The same header describes all three; `owner_node`/`rank` say whose data it is.
+// node's rank, pushed by that node's agent), kParity (one parity fragment of an erasure-coded
+// stripe: launch/snapshot_parity.h), kRebuilt (a lost rank's snapshot decoded from parity).
+// The same header describes all four; `owner_node`/`rank` say whose data it is (for kParity:
+// the node holding it and the stripe's number).
 //
-// Names: "/weft-snap-<job id>-<kind letter><owner node>-e<epoch>-r<rank>" (d, r, p), e.g.
+// Names: "/weft-snap-<job id>-<kind letter><owner node>-e<epoch>-r<rank>" (d, r, p, b), e.g.
 // "/weft-snap-0123456789abcdef-d0-e2-r3": a new world (epoch) gets new segments, and the
 // agent removes a rank's older ones only once the newer one has committed, so a resize
 // never leaves a node without a complete snapshot. snapshot_segments() lists them.
@@ -35,7 +37,7 @@ namespace weft::checkpoint {
 inline constexpr int64_t kSnapshotBlockBytes = int64_t(1) << 20;  // crc32c granularity
 inline constexpr int kMinSnapshotSlots = 2, kMaxSnapshotSlots = 4;
 
-enum class SegmentKind : uint32_t { kData = 1, kReplica = 2, kParity = 3 };
+enum class SegmentKind : uint32_t { kData = 1, kReplica = 2, kParity = 3, kRebuilt = 4 };
 
 // What a committed slot holds. `sequence` > 0 for committed slots.
 struct SnapshotMeta {

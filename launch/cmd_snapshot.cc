@@ -41,6 +41,8 @@ const char* kind_name(checkpoint::SegmentKind k) {
       return "replica";
     case checkpoint::SegmentKind::kParity:
       return "parity";
+    case checkpoint::SegmentKind::kRebuilt:
+      return "rebuilt";
   }
   return "?";
 }

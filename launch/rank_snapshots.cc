@@ -81,7 +81,7 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count)
         r.world = v->meta.world;
         r.step = v->meta.step;
         r.source = v->meta.kind == checkpoint::SegmentKind::kReplica ? HolderReport::kReplica
-                   : v->meta.kind == checkpoint::SegmentKind::kParity ? HolderReport::kRebuilt
+                   : v->meta.kind == checkpoint::SegmentKind::kRebuilt ? HolderReport::kRebuilt
                                                                        : HolderReport::kSnapshot;
         r.layout_hash = int64_t(v->meta.layout_hash);
         offered_.emplace(key, Offered{seg, slot});

@@ -1,0 +1,101 @@
+// Placement of erasure-coded snapshot fragments (checkpoint/snapshot_stripes.h): every
+// stripe's fragments on distinct nodes of one group, every chunk of every rank in exactly
+// one stripe, parity spread evenly, and any m lost nodes of a group leave each stripe at
+// least K fragments.
+#include "checkpoint/snapshot_stripes.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "base/error.h"
+#include "checkpoint/snapshot_segment.h"
+
+namespace weft::checkpoint {
+namespace {
+
+struct Case {
+  int nodes, k, m;
+};
+const Case kCases[] = {{3, 2, 1}, {4, 2, 1}, {5, 2, 1}, {6, 2, 1}, {7, 3, 2}, {8, 4, 2}, {11, 2, 2}};
+
+TEST(SnapshotStripes, GroupsAreKPlusMNodesWithTheRemainderInTheLast) {
+  StripeLayout a(7, 2, 1);
+  ASSERT_EQ(a.groups(), 2);
+  EXPECT_EQ(a.group_size(0), 3);
+  EXPECT_EQ(a.group_size(1), 4);
+  EXPECT_EQ(a.data_fragments(1), 3);
+  EXPECT_EQ(a.group_of(6), 1);
+  EXPECT_EQ(a.position(6), 3);
+  EXPECT_EQ(a.node_at(1, 0), 3);
+  StripeLayout b(3, 2, 1);
+  EXPECT_EQ(b.groups(), 1);
+  // Node 1's local rank 0: chunk 0 in stripe r=1 (data at 1, 2; parity at 0), chunk 1 in
+  // stripe r=0 (data at 0, 1; parity at 2).
+  EXPECT_EQ(b.stripe_of_chunk(1, 0, 0), (StripeId{0, 0, 1}));
+  EXPECT_EQ(b.stripe_of_chunk(1, 0, 1), (StripeId{0, 0, 0}));
+  EXPECT_EQ(b.fragment_node({0, 0, 1}, 2), 0);
+  EXPECT_EQ(b.fragment_node({0, 0, 0}, 2), 2);
+}
+
+TEST(SnapshotStripes, EveryChunkIsInOneStripeAndNoNodeHoldsTwoFragmentsOfOne) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(testing::Message() << c.nodes << " nodes, k=" << c.k << ", m=" << c.m);
+    StripeLayout s(c.nodes, c.k, c.m);
+    const int locals = 2;
+    // stripe -> fragment -> node, from the data side and from the parity side.
+    std::map<std::tuple<int, int, int>, std::map<int, int>> frag;
+    for (int n = 0; n < c.nodes; ++n) {
+      const int K = s.data_fragments(s.group_of(n));
+      for (int l = 0; l < locals; ++l)
+        for (int t = 0; t < K; ++t) {
+          const StripeId id = s.stripe_of_chunk(n, l, t);
+          EXPECT_EQ(s.fragment_node(id, t), n);
+          EXPECT_TRUE((frag[{id.group, id.local, id.rotation}].emplace(t, n).second));
+        }
+      const auto held = s.parity_held(n, locals);
+      EXPECT_EQ(held.size(), size_t(locals * c.m)) << "parity spread evenly";
+      for (const auto& [id, f] : held) {
+        EXPECT_GE(f, K);
+        EXPECT_EQ(s.fragment_node(id, f), n);
+        EXPECT_TRUE((frag[{id.group, id.local, id.rotation}].emplace(f, n).second));
+      }
+    }
+    for (const auto& [id, fragments] : frag) {
+      const int G = s.group_size(std::get<0>(id));
+      ASSERT_EQ(int(fragments.size()), G) << "every fragment placed once";
+      std::set<int> nodes;
+      for (const auto& [f, n] : fragments) {
+        EXPECT_EQ(s.group_of(n), std::get<0>(id));
+        nodes.insert(n);
+      }
+      EXPECT_EQ(int(nodes.size()), G) << "fragments of one stripe on distinct nodes";
+      const StripeId sid{std::get<0>(id), std::get<1>(id), std::get<2>(id)};
+      EXPECT_EQ(s.stripe_numbered(sid.group, s.number(sid)), sid);
+    }
+  }
+}
+
+TEST(SnapshotStripes, FewerNodesThanKPlusMIsRefusedNamingSnapshotEc) {
+  try {
+    StripeLayout(2, 2, 1);
+    FAIL() << "2 nodes cannot hold EC(2,1)";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "snapshot.ec");
+    EXPECT_NE(std::string(e.what()).find("at least k + m = 3"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(StripeLayout(4, 0, 1), ConfigError);
+}
+
+TEST(SnapshotStripes, ChunksAreWholeBlocks) {
+  const int64_t b = kSnapshotBlockBytes;
+  EXPECT_EQ(chunk_bytes(1, 2), b);
+  EXPECT_EQ(chunk_bytes(2 * b, 2), b);
+  EXPECT_EQ(chunk_bytes(2 * b + 1, 2), 2 * b);
+  EXPECT_EQ(chunk_bytes(5 * b, 3), 2 * b);
+  EXPECT_EQ(chunk_bytes(0, 3), b);
+}
+
+}  // namespace
+}  // namespace weft::checkpoint
