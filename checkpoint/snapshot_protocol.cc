@@ -281,8 +281,11 @@ int64_t SnapshotAgentClient::committed(const std::string& name, int64_t step) {
   return reply.value("step", int64_t(-1));
 }
 
-std::vector<SegmentInfo> SnapshotAgentClient::list() {
-  json reply = checked({{"op", "list"}}, timeout_);
+std::vector<SegmentInfo> SnapshotAgentClient::list(std::optional<int64_t> epoch) {
+  json request = {{"op", "list"}};
+  if (epoch) request["epoch"] = *epoch;
+  // A new world's list may wait for the agent to rebuild lost snapshots from parity.
+  json reply = checked(request, epoch ? std::max(timeout_, kListWaitTimeout) : timeout_);
   std::vector<SegmentInfo> out;
   try {
     for (const json& s : reply.at("segments")) out.push_back(segment_info_from_json(s));

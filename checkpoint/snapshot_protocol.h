@@ -19,18 +19,24 @@
 //     holds for epoch E has a committed slot, it unlinks the node's segments of older
 //     epochs: a resize never leaves the node without one complete snapshot. The commit is
 //     then handed to the agent's background "on committed" stage (replica push, EC encode).
-//   {"op":"list"} -> {"ok":true,"segments":[{"name","epoch","rank","capacity","owner_pid",
-//                     "committed":{meta} (absent while nothing was committed)},...]}
+//   {"op":"list"[,"epoch":E]} -> {"ok":true,"segments":[{"name","epoch","rank","capacity",
+//                     "owner_pid","committed":{meta} (absent while nothing was committed)},...]}
 //     The node's data segments, then the replicas it holds of other nodes' ranks (kind
-//     replica; their meta is the original rank's: epoch, rank, world, step, layout hash).
+//     replica; their meta is the original rank's: epoch, rank, world, step, layout hash),
+//     then the snapshots it rebuilt from parity (kind rebuilt; the same meta). With "epoch"
+//     (a world of epoch E forms) an agent with parity (--redundancy ec) answers once it has
+//     the ring of E, has checked its snapshots' blocks (repairing corrupt ones from parity)
+//     and has rebuilt the lost nodes' snapshots it is designated for.
 //   {"op":"endpoint"} -> {"ok":true,"endpoint":"host:port"}
 //     Where the agent accepts other nodes' agents (--listen, its port as bound); "" when it
 //     was started without one. weft run publishes it in the rendezvous store.
 //   {"op":"peers","job":J,"epoch":E,"node":i,"nodes":["host:port" by node index]}
 //     -> {"ok":true,"successor":"host:port" or null}
-//   snapshot.redundancy: replica. The agents of epoch E's nodes (their endpoints); this node
-//     is node i. From now on each commit of an epoch-E segment is pushed to node (i+1) % n
-//     (Gemini's ring; none with one node), the newest commit of each segment right away.
+//   snapshot.redundancy: replica or ec. The agents of epoch E's nodes (their endpoints); this
+//     node is node i. replica: from now on each commit of an epoch-E segment is pushed to node
+//     (i+1) % n (Gemini's ring; none with one node), the newest commit of each segment right
+//     away. ec: its chunks go to their stripes' parity holders (launch/snapshot_parity.h),
+//     and the previous ring's nodes missing from this one are rebuilt; "successor" is null.
 //     Refused for an epoch older than the one the agent has, or without --listen.
 //   {"op":"finish","job":J} -> {"ok":true,"removed":[names]}; then the agent exits 0.
 //     The job ended well: every segment of J on this node is unlinked.
@@ -86,6 +92,9 @@ SnapshotMeta meta_from_json(const nlohmann::json& j);
 nlohmann::json to_json(const SegmentInfo& s);
 SegmentInfo segment_info_from_json(const nlohmann::json& j);
 
+// How long a `list` with an epoch may take (the agent gives up waiting after a minute).
+inline constexpr std::chrono::milliseconds kListWaitTimeout{90000};
+
 // The per-call timeout of clients: WEFT_SNAPSHOT_TIMEOUT_MS, default 10000 ms.
 std::chrono::milliseconds default_snapshot_call_timeout();
 
@@ -116,7 +125,10 @@ class SnapshotAgentClient {
   std::vector<std::string> segment(const Reservation& r);
   // committed: returns the segment's newest committed step as the agent read it.
   int64_t committed(const std::string& name, int64_t step);
-  std::vector<SegmentInfo> list();
+  // list; with `epoch` (a world of that epoch forms), an agent that keeps parity first
+  // repairs corrupt blocks of its snapshots and rebuilds the lost nodes' (up to its own
+  // limit of a minute), so the call waits up to kListWaitTimeout.
+  std::vector<SegmentInfo> list(std::optional<int64_t> epoch = std::nullopt);
   // finish: the names the agent removed; the agent exits after replying.
   std::vector<std::string> finish(const std::string& job);
   // endpoint: where the agent accepts its peers ("" when it does not).

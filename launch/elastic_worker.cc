@@ -9,31 +9,32 @@ namespace weft::launch {
 
 void refuse_unsupported_job_settings(const core::JobSpec& spec, const parallel::LaunchEnv& env) {
   // snapshot.every works (launch/rank_snapshots.h), and so do replicas on the next node
-  // (launch/snapshot_replicas.h); erasure-coded copies do not yet.
+  // (launch/snapshot_replicas.h) and parity on the others (launch/snapshot_parity.h).
   const core::SnapshotSpec none;
   const core::SnapshotSpec& s = spec.snapshot;
-  if (s.redundancy == "replica" && s.every <= 0)
+  if (s.redundancy != "none" && s.every <= 0)
     throw ConfigError("snapshot.redundancy",
-                      "'replica' copies in-memory snapshots to another node, and there are none: "
-                      "set snapshot.every (the steps between snapshots), or redundancy: none");
+                      "'" + s.redundancy +
+                          "' protects in-memory snapshots on other nodes, and there are none: "
+                          "set snapshot.every (the steps between snapshots), or redundancy: none");
   if (s.redundancy == "replica" && env.nnodes_max < 2)
     throw ConfigError("snapshot.redundancy",
                       "replica needs at least 2 nodes: each node's snapshots are copied to the "
                       "next node's snapshot agent, and this job runs on one (weft run "
                       "--standalone, --nnodes 1, or no weft run); use none (the node's own "
                       "snapshots survive any worker's crash), or run on 2 nodes or more");
-  if (s.redundancy != none.redundancy && s.redundancy != "replica")
-    throw ConfigError("snapshot.redundancy",
-                      "'" + s.redundancy +
-                          "': erasure-coded copies of snapshots on other nodes "
-                          "are not yet supported; use replica (a copy on the next node) or none "
-                          "(each node keeps its own workers' snapshots, which survive any worker's "
-                          "crash but not the node's), and checkpoint.every for the loss of a whole "
-                          "node");
+  if (s.redundancy == "ec" && env.nnodes_max < s.ec_k + s.ec_m)
+    throw ConfigError("snapshot.ec",
+                      "k=" + std::to_string(s.ec_k) + ", m=" + std::to_string(s.ec_m) +
+                          " needs at least k + m = " + std::to_string(s.ec_k + s.ec_m) +
+                          " nodes (a stripe's fragments on distinct nodes), and this job runs on "
+                          "at most " + std::to_string(std::max(1, env.nnodes_max)) +
+                          " (weft run --nnodes MIN:MAX); lower k or m, run on more nodes, or use "
+                          "snapshot.redundancy: replica");
   const char* ec_key = s.ec_k != none.ec_k ? "snapshot.ec.k" : s.ec_m != none.ec_m ? "snapshot.ec.m" : nullptr;
-  if (ec_key)
-    throw ConfigError(ec_key, "snapshot.ec applies to snapshot.redundancy: ec, which is not yet "
-                              "supported; drop the ec section");
+  if (ec_key && s.redundancy != "ec")
+    throw ConfigError(ec_key, "snapshot.ec applies to snapshot.redundancy: ec only; set it, or "
+                              "drop the ec section");
   const auto check = [&](const char* key, int64_t want, int have, const char* which) {
     if (want == 0 || env.nnodes_max == 0 || want == have) return;
     throw ConfigError(key, std::string("the job file asks for ") + std::to_string(want) +

@@ -509,7 +509,12 @@ void NodeAgent::sync_snapshot_peers() {
     for (const comm::Bytes& b : store_->multi_get(keys)) nodes.push_back(comm::to_string(b));
     if (told && nodes == p.sent) return;
     snapshots_->peers(epoch, node, nodes);
-    if (n > 1)
+    if (snapshots_->plan().redundancy == "ec")
+      std::fprintf(stderr,
+                   "weft run: epoch %lld: this node's snapshots are erasure-coded over the "
+                   "epoch's %d nodes (k=%d, m=%d; the agent's log says the groups)\n",
+                   (long long)epoch, n, snapshots_->plan().ec_k, snapshots_->plan().ec_m);
+    else if (n > 1)
       std::fprintf(stderr,
                    "weft run: epoch %lld: this node's snapshots are replicated to node %d (%s)\n",
                    (long long)epoch, (node + 1) % n, nodes[size_t((node + 1) % n)].c_str());

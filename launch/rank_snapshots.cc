@@ -35,13 +35,13 @@ RankSnapshots::RankSnapshots(const core::JobSpec& spec, const parallel::LaunchEn
 
 RankSnapshots::~RankSnapshots() = default;
 
-std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count) {
+std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count, int64_t epoch) {
   release_offers();
   std::vector<HolderReport> out;
   if (!client_) return out;
   std::vector<checkpoint::SegmentInfo> all;
   try {
-    all = client_->list();
+    all = client_->list(epoch);
   } catch (const IoError& e) {
     // A worker without its agent's list offers nothing; the others may still cover the state.
     std::fprintf(stderr, "weft train: snapshot agent not listed: %s\n", e.what());

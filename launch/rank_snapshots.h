@@ -37,7 +37,8 @@ class RankSnapshots {
   // committed slots of the agent's segments, the segments dealt round-robin over the node's
   // `local_count` workers (each is offered once per node). They stay mapped until
   // release_offers().
-  std::vector<HolderReport> offers(int local_rank, int local_count);
+  // `epoch` is the forming world's (the agent may rebuild lost snapshots first).
+  std::vector<HolderReport> offers(int local_rank, int local_count, int64_t epoch);
   // Fresh tensors of old rank `rank`'s offered snapshot of `step` in `layout` (its layout in
   // the world the snapshot was taken in). IoError for a corrupted or rewritten snapshot.
   std::vector<core::Tensor> read(int rank, int64_t step, const parallel::RankLayout& layout);

@@ -16,6 +16,7 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/read_until.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/streambuf.hpp>
 #include <boost/asio/write.hpp>
 #include <cerrno>
@@ -38,6 +39,7 @@
 #include "comm/store/auth.h"
 #include "launch/args.h"
 #include "launch/commands.h"
+#include "launch/snapshot_parity.h"
 #include "launch/snapshot_replicas.h"
 
 namespace weft::launch {
@@ -102,6 +104,10 @@ double segment_bytes(int64_t capacity, int slots) {
       double((capacity + ckpt::kSnapshotBlockBytes - 1) / ckpt::kSnapshotBlockBytes);
   return 4096 + slots * (4096 + 4 * blocks + double(capacity));
 }
+
+// How long a new world's `list` waits for the parity's rebuilds (the worker's call allows
+// longer: SnapshotAgentClient::list).
+constexpr std::chrono::seconds kListWaitLimit{60};
 
 // The largest payload a reserve may ask for per rank; anything above is refused by the
 // memory check anyway, and this keeps the arithmetic far from overflow.
@@ -186,8 +192,10 @@ class Agent {
       : o_(o),
         acceptor_(io_),
         signals_(io_, SIGINT, SIGTERM),
+        waiting_timer_(io_),
         stage_([this, h = std::move(h)](const CommittedEvent& e) {
           if (replicas_) replicas_->push(e);
+          if (parity_) parity_->push(e);
           if (h) h(e);
         }) {}
   ~Agent();
@@ -200,18 +208,25 @@ class Agent {
   void remove_abandoned();
   void listen();
   void accept();
+  using Reply = std::function<void(const json&)>;
+  // Answers one request line: at once, or (a new world's `list` while parity is still being
+  // rebuilt or repaired) once that is done.
+  void respond(const std::string& line, Reply reply);
+  void poll_waiting();
   json handle(const std::string& line);
   json reserve(const ckpt::Reservation& r);
   json committed(const std::string& name, int64_t step);
   json list() const;
   json finish(const std::string& job);
   json peers(const json& req);
-  void start_replicas();
+  void start_peers();
+  void serve_peer(ckpt::PeerChannel& ch);
   // Slots of the node's own segments: three when they are copied to other nodes, so that a
   // lost node's replicas (a push behind its commits) always meet a step every survivor
   // still holds (docs/snapshot-format.md, "Why the steps meet"); two otherwise.
   int data_slots() const { return o_.redundancy == "none" ? 2 : 3; }
   void retire_older_than(int64_t epoch, int64_t step);
+  void locate(CommittedEvent& e, int64_t epoch) const;
   static json refusal(const std::string& error) { return {{"ok", false}, {"error", error}}; }
 
   const SnapshotAgentOptions o_;
@@ -222,8 +237,20 @@ class Agent {
   int lock_fd_ = -1;
   bool listening_ = false;
   bool finished_ = false;  // `finish` answered: exit once the reply is written
-  // Replicas (o_.listen set): pushes from the stage, receives on the transport's threads.
+  // Replicas or parity (o_.listen set): pushes from the stage, receives on the transport's
+  // threads (listener_), which stop before either goes.
   std::unique_ptr<SnapshotReplicas> replicas_;
+  std::unique_ptr<SnapshotParity> parity_;
+  std::unique_ptr<ckpt::PeerListener> listener_;
+  // `list` requests of a new world waiting for the parity's rebuilds and repairs.
+  struct Waiting {
+    int64_t epoch = 0;
+    std::chrono::steady_clock::time_point deadline;
+    Reply reply;
+  };
+  std::vector<Waiting> waiting_;
+  int64_t ring_epoch_ = -1;  // the newest ring `peers` gave
+  asio::steady_timer waiting_timer_;
   CommittedStage stage_;   // last: its thread stops first
 };
 
@@ -240,16 +267,18 @@ class Agent::Session : public std::enable_shared_from_this<Session> {
       std::istream is(&self->in_);
       std::string line;
       std::getline(is, line);
-      self->out_ =
-          self->agent_.handle(line).dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-      const bool last = self->agent_.finished_;
-      asio::async_write(self->sock_, asio::buffer(self->out_),
-                        [self, last](boost::system::error_code wec, size_t) {
-                          if (last)
-                            self->agent_.io_.stop();
-                          else if (!wec)
-                            self->read();
-                        });
+      self->agent_.respond(line, [self](const json& reply) { self->write(reply); });
+    });
+  }
+  void write(const json& reply) {
+    auto self = shared_from_this();
+    out_ = reply.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+    const bool last = agent_.finished_;
+    asio::async_write(sock_, asio::buffer(out_), [self, last](boost::system::error_code wec, size_t) {
+      if (last)
+        self->agent_.io_.stop();
+      else if (!wec)
+        self->read();
     });
   }
 
@@ -358,6 +387,50 @@ void Agent::accept() {
   });
 }
 
+void Agent::respond(const std::string& line, Reply reply) {
+  // {"op":"list","epoch":E}: a world of epoch E is forming. With parity, its snapshots are
+  // checked (corrupt blocks repaired) and the lost nodes' rebuilt before they are listed.
+  if (parity_ && !finished_) {
+    try {
+      const json req = json::parse(line);
+      if (req.is_object() && req.value("op", std::string()) == "list" && req.contains("epoch") &&
+          req["epoch"].is_number_integer()) {
+        parity_->repair();
+        waiting_.push_back({req["epoch"].get<int64_t>(),
+                            std::chrono::steady_clock::now() + kListWaitLimit, std::move(reply)});
+        if (waiting_.size() == 1) poll_waiting();
+        return;
+      }
+    } catch (const std::exception&) {
+      // handle() says what is wrong with it
+    }
+  }
+  reply(handle(line));
+}
+
+void Agent::poll_waiting() {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    const bool ready = parity_->settled(it->epoch);
+    if (!ready && now < it->deadline) {
+      ++it;
+      continue;
+    }
+    if (!ready)
+      say(str("list for epoch ", it->epoch, ": the parity's rebuilds did not finish within ",
+              kListWaitLimit.count(), " s (or the ring of that epoch never came); listing what "
+              "is here"));
+    Reply r = std::move(it->reply);
+    it = waiting_.erase(it);
+    r(list());
+  }
+  if (waiting_.empty()) return;
+  waiting_timer_.expires_after(std::chrono::milliseconds(10));
+  waiting_timer_.async_wait([this](boost::system::error_code ec) {
+    if (!ec) poll_waiting();
+  });
+}
+
 json Agent::handle(const std::string& line) {
   json req;
   try {
@@ -379,7 +452,7 @@ json Agent::handle(const std::string& line) {
     if (op == "list") return list();
     if (op == "peers") return peers(req);
     if (op == "endpoint")
-      return {{"ok", true}, {"endpoint", replicas_ ? replicas_->endpoint() : std::string()}};
+      return {{"ok", true}, {"endpoint", listener_ ? listener_->endpoint() : std::string()}};
     if (op == "finish") {
       if (!req.contains("job") || !req["job"].is_string())
         return refusal("bad request: finish needs \"job\"");
@@ -412,6 +485,13 @@ json Agent::reserve(const ckpt::Reservation& r) {
       replica_bytes += std::clamp<int64_t>(s.bytes, 0, kMaxRankBytes);
     if (replicas_)
       replica_bytes = std::max<int64_t>(0, replica_bytes - replicas_->capacity_of_epoch(r.epoch));
+  }
+  // Parity (snapshot.redundancy: ec): m/k of the node's own bytes, in three slots plus the
+  // step being coded; counted as "two slots of" 2 m/k.
+  if (o_.redundancy == "ec") {
+    int64_t own = 0;
+    for (const ckpt::RankSlot& s : r.ranks) own += std::clamp<int64_t>(s.bytes, 0, kMaxRankBytes);
+    replica_bytes = 2 * (own / o_.ec_k + 1) * o_.ec_m;
   }
   const int64_t extra = std::max(r.parity_bytes, replica_bytes);
   double need = 2 * double(extra);
@@ -466,6 +546,8 @@ json Agent::reserve(const ckpt::Reservation& r) {
           extra > 0 ? str(", plus two slots of ", bytes_text(double(extra)),
                           r.parity_bytes >= replica_bytes
                               ? " of parity"
+                          : o_.redundancy == "ec"
+                              ? " of parity of other nodes' snapshots (snapshot.redundancy: ec)"
                               : " of replicas of the previous node's ranks (snapshot.redundancy: "
                                 "replica)")
                     : "",
@@ -536,9 +618,22 @@ json Agent::committed(const std::string& name, int64_t step) {
             v->meta.step != step ? str("; the worker said step ", step) : std::string()));
   x.last_step = v->meta.step;
   const int64_t epoch = x.epoch;
-  stage_.post({name, it->second.segment, v->meta});
+  CommittedEvent e{name, it->second.segment, v->meta};
+  locate(e, epoch);
+  stage_.post(std::move(e));
   retire_older_than(epoch, v->meta.step);
   return {{"ok", true}, {"step", v->meta.step}};
+}
+
+// The rank's place among the node's ranks of the epoch (erasure coding's local rank).
+void Agent::locate(CommittedEvent& e, int64_t epoch) const {
+  std::vector<int> ranks;
+  for (const auto& [n, x] : owned_)
+    if (x.epoch == epoch) ranks.push_back(x.rank);
+  std::sort(ranks.begin(), ranks.end());
+  e.locals = int(ranks.size());
+  e.local = int(std::find(ranks.begin(), ranks.end(), e.meta.rank) - ranks.begin());
+  if (e.local >= e.locals) e.local = -1;
 }
 
 // Once every segment of `epoch` here has a committed slot, the older epochs' segments are
@@ -555,6 +650,10 @@ void Agent::retire_older_than(int64_t epoch, int64_t step) {
     for (const std::string& name : replicas_->retire_older_than(epoch))
       say(str("removed replica ", name, ": epoch superseded by epoch ", epoch,
               ", complete here at step ", step));
+  if (parity_)
+    for (const std::string& name : parity_->retire_older_than(epoch))
+      say(str("removed ", name, ": epoch superseded by epoch ", epoch, ", complete here at step ",
+              step));
   if (!older) return;
   for (auto it = owned_.begin(); it != owned_.end();) {
     if (it->second.epoch >= epoch) {
@@ -582,42 +681,67 @@ json Agent::list() const {
   }
   if (replicas_)
     for (const ckpt::SegmentInfo& s : replicas_->list()) segments.push_back(ckpt::to_json(s));
+  if (parity_)
+    for (const ckpt::SegmentInfo& s : parity_->list()) segments.push_back(ckpt::to_json(s));
   return {{"ok", true}, {"segments", segments}};
 }
 
 json Agent::finish(const std::string& job) {
   if (job != o_.job_id) return refusal(str("this agent serves job ", o_.job_id, ", not ", job));
-  if (replicas_) replicas_->stop();  // no push lands after the unlinks below
+  if (listener_) listener_->stop();  // nothing lands after the unlinks below
+  if (replicas_) replicas_->stop();
+  if (parity_) parity_->stop();
   std::set<std::string> names;
   for (const auto& [name, x] : owned_) names.insert(name);
   for (const std::string& name : ckpt::snapshot_segments(o_.job_id)) names.insert(name);
   for (const std::string& name : names) ckpt::SnapshotSegment::unlink(name);
   owned_.clear();
   if (replicas_) replicas_->clear();
+  if (parity_) parity_->clear();
   say(str("finish: job ", job, " ended well; removed its ", names.size(), " segment(s); exiting"));
   finished_ = true;
   return {{"ok", true}, {"removed", std::vector<std::string>(names.begin(), names.end())}};
 }
 
-void Agent::start_replicas() {
+void Agent::start_peers() {
   if (o_.listen.empty()) return;
-  ReplicaOptions ro;
-  ro.auth.job = o_.job_id;
-  ro.auth.token = comm::auth::token_from_env();
-  ro.auth.insecure = o_.insecure;
-  ro.listen = o_.listen;
-  ro.timeout = ckpt::default_snapshot_call_timeout();
-  if (ro.auth.token.empty() && !o_.insecure &&
+  ckpt::PeerAuth auth;
+  auth.job = o_.job_id;
+  auth.token = comm::auth::token_from_env();
+  auth.insecure = o_.insecure;
+  const auto timeout = ckpt::default_snapshot_call_timeout();
+  if (auth.token.empty() && !o_.insecure &&
       !comm::auth::is_loopback(ckpt::split_endpoint(o_.listen).first))
-    say(str("no job token (WEFT_JOB_TOKEN): replicas are accepted from this machine only"));
-  replicas_ = std::make_unique<SnapshotReplicas>(ro, say);
-  replicas_->adopt();
+    say(str("no job token (WEFT_JOB_TOKEN): peers are accepted from this machine only"));
+  if (o_.redundancy == "ec") {
+    parity_ = std::make_unique<SnapshotParity>(ParityOptions{auth, o_.ec_k, o_.ec_m, timeout}, say);
+    parity_->adopt();
+  } else {
+    replicas_ = std::make_unique<SnapshotReplicas>(ReplicaOptions{auth, timeout}, say);
+    replicas_->adopt();
+  }
+  const auto [host, port] = ckpt::split_endpoint(o_.listen);
+  listener_ = std::make_unique<ckpt::PeerListener>(
+      host, port, auth, [this](ckpt::PeerChannel& ch) { serve_peer(ch); }, say, timeout);
+}
+
+// A peer's connection (a transport thread): replica pushes, or parity's chunk, stripe and
+// fetch requests, one after another.
+void Agent::serve_peer(ckpt::PeerChannel& ch) {
+  for (;;) {
+    const json h = ch.receive();
+    if (replicas_ && replicas_->serve(ch, h)) continue;
+    if (parity_ && parity_->serve(ch, h)) continue;
+    ch.send({{"ok", false},
+             {"error", str("unknown op for snapshot.redundancy ", o_.redundancy)}});
+    throw IoError("an unknown request: " + h.dump().substr(0, 200));
+  }
 }
 
 // `peers`: the ring of an epoch. The node's newest snapshots of that epoch go to the new
 // successor at once (the stage takes each segment's newest commit).
 json Agent::peers(const json& req) {
-  if (!replicas_)
+  if (!listener_)
     return refusal(
         "this agent was started without --listen: it has no peers (it neither sends "
         "nor receives replicas)");
@@ -637,18 +761,23 @@ json Agent::peers(const json& req) {
   }
   if (r.epoch < 0 || r.node < 0 || r.node >= int(r.nodes.size()))
     return refusal(str("bad request: node ", r.node, " of ", r.nodes.size(), ", epoch ", r.epoch));
-  if (std::optional<ReplicaRing> now = replicas_->ring(); now && now->epoch > r.epoch)
+  if (r.epoch < ring_epoch_)
     return refusal(
-        str("epoch ", r.epoch, " is older than the ring this agent has (epoch ", now->epoch, ")"));
+        str("epoch ", r.epoch, " is older than the ring this agent has (epoch ", ring_epoch_, ")"));
+  ring_epoch_ = r.epoch;
   const std::optional<int> next = r.successor();
-  const std::string to = next ? r.nodes[size_t(*next)] : std::string();
+  const std::string to = next && replicas_ ? r.nodes[size_t(*next)] : std::string();
   const int64_t epoch = r.epoch;
-  replicas_->set_ring(std::move(r));
+  if (replicas_) replicas_->set_ring(std::move(r));
+  if (parity_) parity_->set_ring(std::move(r));
   for (const auto& [name, x] : owned_) {
     if (x.epoch != epoch) continue;
     try {
-      if (std::optional<ckpt::SnapshotSegment::View> v = x.segment->latest())
-        stage_.post({name, x.segment, v->meta});
+      if (std::optional<ckpt::SnapshotSegment::View> v = x.segment->latest()) {
+        CommittedEvent e{name, x.segment, v->meta};
+        locate(e, epoch);
+        stage_.post(std::move(e));
+      }
     } catch (const std::exception&) {
     }
   }
@@ -662,7 +791,7 @@ int Agent::run() {
   adopt();
   remove_abandoned();
   listen();
-  start_replicas();
+  start_peers();
   signals_.async_wait([this](boost::system::error_code ec, int sig) {
     if (ec) return;
     say(str("got ", sig == SIGINT ? "SIGINT" : "SIGTERM", ": stopping; ", owned_.size(),
@@ -672,13 +801,15 @@ int Agent::run() {
   accept();
   say(str("serving job ", o_.job_id, " node ", o_.node, " at ", o_.socket, " (pid ", ::getpid(),
           ", ", owned_.size(), " segment(s) adopted)",
-          replicas_ ? str("; peers push replicas to ", replicas_->endpoint()) : std::string()));
+          listener_ ? str("; peers reach it at ", listener_->endpoint()) : std::string()));
   io_.run();
   return 0;
 }
 
 Agent::~Agent() {
+  if (listener_) listener_->stop();
   if (replicas_) replicas_->stop();  // a push in flight is cut: the stage's thread ends now
+  if (parity_) parity_->stop();
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   if (listening_) ::unlink(o_.socket.c_str());
@@ -702,9 +833,11 @@ Unix socket PATH (WEFT_SNAPSHOT_SOCKET), one JSON request per line.
   --abandoned-after S  other jobs' segments whose owner is gone are removed at start once
                  older than S whole seconds (default 60)
   --listen HOST:PORT  accept other nodes' agents on TCP (port 0: any free one; the request
-                 `endpoint` says which): snapshot.redundancy replica. The job token
+                 `endpoint` says which): snapshot.redundancy replica or ec. The job token
                  (WEFT_JOB_TOKEN or WEFT_JOB_TOKEN_FILE) authenticates them both ways
-  --redundancy none|replica  replica: reserve counts the replicas this node will hold
+  --redundancy none|replica|ec  replica: copies of the next node's snapshots; ec: parity
+                 of the group's snapshots (Reed-Solomon, ISA-L); reserve counts either
+  --ec-k K, --ec-m M  ec's data and parity fragments per stripe (default 2 and 1)
   --insecure     without a job token, accept peers from other machines too
 
 At start it adopts the job's segments of this node and removes those of abandoned jobs.
@@ -745,7 +878,8 @@ int run_snapshot_agent(const SnapshotAgentOptions& o, CommittedHandler on_commit
 }
 
 int cmd_snapshot_agent(const std::vector<std::string>& argv) {
-  Args args(argv, {"--job", "--node", "--socket", "--abandoned-after", "--listen", "--redundancy"},
+  Args args(argv, {"--job", "--node", "--socket", "--abandoned-after", "--listen", "--redundancy",
+             "--ec-k", "--ec-m"},
             {"--help", "--insecure"});
   if (args.flag("--help")) {
     std::fputs(kHelp, stdout);
@@ -771,8 +905,12 @@ int cmd_snapshot_agent(const std::vector<std::string>& argv) {
     }
   }
   o.redundancy = args.get_or("--redundancy", "none");
-  if (o.redundancy != "none" && o.redundancy != "replica")
-    throw ConfigError("--redundancy", "must be none or replica, got '" + o.redundancy + "'");
+  if (o.redundancy != "none" && o.redundancy != "replica" && o.redundancy != "ec")
+    throw ConfigError("--redundancy", "must be none, replica or ec, got '" + o.redundancy + "'");
+  o.ec_k = int(args.get_int("--ec-k", 2));
+  o.ec_m = int(args.get_int("--ec-m", 1));
+  if (o.ec_k < 1 || o.ec_m < 1 || o.ec_k + o.ec_m > 255)
+    throw ConfigError("--ec-k", "--ec-k and --ec-m must be >= 1 with a sum of at most 255");
   o.insecure = args.flag("--insecure");
   return run_snapshot_agent(o);
 }

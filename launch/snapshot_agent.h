@@ -34,7 +34,10 @@ struct SnapshotAgentOptions {
   // The job token (WEFT_JOB_TOKEN) authenticates them; without one only peers on this
   // machine are accepted unless `insecure`.
   std::string listen;
-  std::string redundancy = "none";  // "replica": reserve counts the replicas it will hold
+  // "replica": reserve counts the replicas it will hold; "ec": parity (snapshot_parity.h)
+  // with k data and m parity fragments per stripe.
+  std::string redundancy = "none";
+  int ec_k = 2, ec_m = 1;
   bool insecure = false;
 };
 
@@ -46,6 +49,9 @@ struct CommittedEvent {
   std::string name;
   std::shared_ptr<const checkpoint::SnapshotSegment> segment;
   checkpoint::SnapshotMeta meta;
+  // The rank's place among the node's ranks of that epoch (by rank) and their count:
+  // erasure coding cuts local rank l into the stripes of l (snapshot_parity.h).
+  int local = -1, locals = 0;
 };
 using CommittedHandler = std::function<void(const CommittedEvent&)>;
 

@@ -78,6 +78,8 @@ std::optional<SnapshotAgentPlan> snapshot_agent_plan(const std::vector<std::stri
     core::JobSpec spec = core::load_job_spec(args.get("--config"), args.all("--set"));
     if (spec.snapshot.every <= 0) return std::nullopt;
     p.redundancy = spec.snapshot.redundancy;
+    p.ec_k = int(spec.snapshot.ec_k);
+    p.ec_m = int(spec.snapshot.ec_m);
   } catch (const std::exception&) {
     return std::nullopt;  // the worker says what is wrong, with its exit code
   }
@@ -112,7 +114,10 @@ void SnapshotAgentProcess::spawn() {
       "--job",        plan_.job_id,
       "--node",       std::to_string(plan_.node),
       "--socket",     plan_.socket,
-      "--redundancy", plan_.redundancy == "replica" ? "replica" : "none"};
+      "--redundancy", plan_.redundancy};
+  if (plan_.redundancy == "ec")
+    args.insert(args.end(),
+                {"--ec-k", std::to_string(plan_.ec_k), "--ec-m", std::to_string(plan_.ec_m)});
   if (!plan_.listen.empty()) args.insert(args.end(), {"--listen", plan_.listen});
   if (plan_.insecure) args.push_back("--insecure");
   std::vector<char*> argv;
@@ -281,6 +286,17 @@ std::unique_ptr<SnapshotAgentProcess> start_snapshot_agent(const std::vector<std
                         "next node's snapshot agent, and this job runs on one (weft run "
                         "--standalone, or --nnodes 1); use none (the node's own snapshots "
                         "survive any worker's crash), or run on 2 nodes or more");
+  }
+  if (plan->redundancy == "ec" &&
+      (site.nnodes_max < plan->ec_k + plan->ec_m || site.host.empty()))
+    throw ConfigError("snapshot.ec",
+                      str("k=", plan->ec_k, ", m=", plan->ec_m, " needs at least k + m = ",
+                          plan->ec_k + plan->ec_m,
+                          " nodes (a stripe's fragments on distinct nodes), and this job runs on "
+                          "at most ", site.host.empty() ? 1 : site.nnodes_max,
+                          " (--nnodes MIN:MAX); lower k or m, run on more nodes, or use "
+                          "snapshot.redundancy: replica"));
+  if (plan->redundancy != "none") {
     const bool v6 = site.host.find(':') != std::string::npos;
     plan->listen = (v6 ? "[" + site.host + "]" : site.host) + ":0";
     plan->insecure = site.insecure;

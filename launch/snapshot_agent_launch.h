@@ -20,7 +20,8 @@ struct SnapshotAgentPlan {
   int node = 0;
   std::string socket;  // <tmp>/weft-snapshot-<job id>-n<node>.sock
   std::string redundancy = "none";  // snapshot.redundancy: "none" = this node's only copy
-  std::string listen;     // replica: "host:0", where the other nodes' agents reach this one
+  int ec_k = 2, ec_m = 1;           // snapshot.ec (redundancy ec)
+  std::string listen;     // replica, ec: "host:0", where the other nodes' agents reach this one
   bool insecure = false;  // --rdzv-conf insecure without a token: peers from anywhere
 };
 
@@ -86,7 +87,8 @@ class SnapshotAgentProcess {
 
 // weft run's entry point: the agent for `command` when it needs one (snapshot_agent_plan),
 // started; nullptr otherwise. ConfigError naming snapshot.redundancy for replica on a job
-// of one node (`site.nnodes_max` < 2: --standalone, --nnodes 1): nobody to copy to.
+// of one node (`site.nnodes_max` < 2: --standalone, --nnodes 1): nobody to copy to; naming
+// snapshot.ec for ec on fewer than k + m nodes.
 std::unique_ptr<SnapshotAgentProcess> start_snapshot_agent(const std::vector<std::string>& command,
                                                            const std::string& run_id, int node,
                                                            const SnapshotAgentSite& site = {});

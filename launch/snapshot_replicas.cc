@@ -51,16 +51,9 @@ std::optional<int> ReplicaRing::successor() const {
 }
 
 SnapshotReplicas::SnapshotReplicas(ReplicaOptions o, Log log)
-    : o_(std::move(o)), log_(std::move(log)) {
-  if (o_.listen.empty()) return;
-  const auto [host, port] = ckpt::split_endpoint(o_.listen);
-  listener_ = std::make_unique<ckpt::PeerListener>(
-      host, port, o_.auth, [this](ckpt::PeerChannel& ch) { serve(ch); }, log_, o_.timeout);
-}
+    : o_(std::move(o)), log_(std::move(log)) {}
 
 SnapshotReplicas::~SnapshotReplicas() { stop(); }
-
-std::string SnapshotReplicas::endpoint() const { return listener_ ? listener_->endpoint() : ""; }
 
 void SnapshotReplicas::adopt() {
   for (const std::string& name : ckpt::snapshot_segments(o_.auth.job)) {
@@ -214,15 +207,10 @@ void SnapshotReplicas::push(const CommittedEvent& e) {
 
 // ---- receiving -------------------------------------------------------------------------
 
-void SnapshotReplicas::serve(ckpt::PeerChannel& ch) {
-  for (;;) {
-    const json h = ch.receive();
-    if (h.value("op", std::string()) != "push") {
-      ch.send({{"ok", false}, {"error", "unknown op (push)"}});
-      throw IoError("an unknown request: " + h.dump().substr(0, 200));
-    }
-    receive_one(ch, h);
-  }
+bool SnapshotReplicas::serve(ckpt::PeerChannel& ch, const json& h) {
+  if (h.value("op", std::string()) != "push") return false;
+  receive_one(ch, h);
+  return true;
 }
 
 void SnapshotReplicas::receive_one(ckpt::PeerChannel& ch, const json& h) {
@@ -424,7 +412,6 @@ void SnapshotReplicas::stop() {
     link = link_;
   }
   if (link) link->abort();
-  if (listener_) listener_->stop();
 }
 
 void SnapshotReplicas::clear() {

@@ -7,8 +7,9 @@
 //
 // Pushing runs on the agent's "on committed" stage (snapshot_agent.h), one connection per
 // peer kept open, the newest commit of a segment winning over ones not yet sent; receiving
-// runs on the transport's threads (checkpoint/snapshot_transport.h). Neither ever runs on the
-// thread that answers the workers.
+// runs on the threads of the agent's transport listener (checkpoint/snapshot_transport.h),
+// which hands this class the pushes (serve). Neither ever runs on the thread that answers
+// the workers.
 #pragma once
 
 #include <chrono>
@@ -30,7 +31,6 @@ namespace weft::launch {
 
 struct ReplicaOptions {
   checkpoint::PeerAuth auth;  // job, token
-  std::string listen;         // "host:port" to accept pushes on; "" = receive nothing
   std::chrono::milliseconds timeout{10000};  // per network operation
 };
 
@@ -46,14 +46,11 @@ struct ReplicaRing {
 class SnapshotReplicas {
  public:
   using Log = std::function<void(const std::string&)>;
-  // Listens when o.listen is set (IoError when it cannot).
   SnapshotReplicas(ReplicaOptions o, Log log);
   ~SnapshotReplicas();  // stop()
   SnapshotReplicas(const SnapshotReplicas&) = delete;
   SnapshotReplicas& operator=(const SnapshotReplicas&) = delete;
 
-  // "host:port" pushes are accepted on ("" when not listening).
-  std::string endpoint() const;
   // A restarted agent takes over the replica segments of its job whose owner is gone.
   void adopt();
 
@@ -67,6 +64,9 @@ class SnapshotReplicas {
   // there already. Failures are logged (the first of a run of them) and the connection
   // dropped; the next commit tries again.
   void push(const CommittedEvent& e);
+  // The transport's handler for a push (false: another op). Throws IoError for a header a
+  // trusted peer would not send (the connection is then closed).
+  bool serve(checkpoint::PeerChannel& ch, const nlohmann::json& header);
 
   // Any thread. The replica segments this agent holds, as `list` reports them.
   std::vector<checkpoint::SegmentInfo> list() const;
@@ -86,7 +86,6 @@ class SnapshotReplicas {
     int rank = -1;
     std::shared_ptr<std::mutex> writing;  // one push into a segment at a time
   };
-  void serve(checkpoint::PeerChannel& ch);
   void receive_one(checkpoint::PeerChannel& ch, const nlohmann::json& header);
   // The replica segment for a push (created, or recreated when too small); nullopt with
   // *why when the push is refused.
@@ -113,8 +112,6 @@ class SnapshotReplicas {
   double push_s_ = 0;
   std::chrono::steady_clock::time_point report_at_{};
   bool first_push_logged_ = false;
-
-  std::unique_ptr<checkpoint::PeerListener> listener_;  // last: stops first
 };
 
 }  // namespace weft::launch

@@ -287,7 +287,7 @@ void RankTraining::enter_world(const std::string& why) {
   std::vector<HolderReport> reports;
   if (gather)
     reports = exchange_reports(comm, held_, host_key(),
-                               snaps_.offers(env_.local_rank, local_count()));
+                               snaps_.offers(env_.local_rank, local_count(), env_.rdzv_epoch));
   laps.lap("reports");
   int64_t latest = -1;  // the latest step anybody alive holds
   for (int r = 0; r < int(reports.size()) && r < env_.world; ++r)

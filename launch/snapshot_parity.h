@@ -1,0 +1,165 @@
+// snapshot.redundancy: ec (issue 15): Reed-Solomon parity of the nodes' snapshots, held by
+// other nodes' snapshot agents, and the rebuild of what a lost node held.
+//
+// Placement is checkpoint/snapshot_stripes.h's: each rank's committed snapshot is cut into K
+// chunks, chunk t goes to the m parity holders of its stripe, and each holder adds it to its
+// parity fragment as it arrives (ErasureCode::encode_update: no holder keeps anyone's data),
+// committing the stripe's parity of a step once all K chunks of that step arrived. A parity
+// slot holds a manifest (each data member's meta, block checksums and chunk length), then
+// the parity bytes; its meta is kind kParity, owner_node = the holder, rank = the stripe's
+// number.
+//
+// Rebuild. When a ring of a new epoch arrives and nodes of the previous ring are missing
+// from it, the first surviving node after each lost one in its group rebuilds the lost
+// node's ranks: it asks the stripes' surviving parity holders which steps they hold, picks
+// the newest one every chunk has, fetches K surviving fragments of each stripe (the other
+// data members' chunks from their agents' shared memory, parity from the holders), decodes
+// the lost chunks, checks the result against the manifest's block checksums and commits it
+// into a kRebuilt segment, which `list` offers to the new world like a replica. A node's own
+// snapshot whose blocks no longer match their checksums is repaired the same way, in place
+// (repair(): the agent asks for it when a new world lists its snapshots).
+//
+// Traffic runs over the agents' authenticated transport (checkpoint/snapshot_transport.h):
+//   chunk:  {"op":"chunk","meta","crc32c","group","stripe","fragment","chunk"} then the
+//           chunk's bytes (up to "chunk", the rest zeros), then {"intact":bool}
+//           -> {"ok":true} (before the bytes) ... {"ok":bool} (after)
+//   stripe: {"op":"stripe","epoch","stripe"} -> {"ok":true,"slots":[{"step","manifest"}]}
+//   fetch:  {"op":"fetch","segment":name,"step","offset","length"}
+//           -> {"ok":true} then length bytes (zeros past the payload) then {"intact":bool}
+// Pushing runs on the agent's "on committed" stage, receiving on the transport's threads,
+// rebuilding and repairing on a thread of its own: none on the thread that answers workers.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "checkpoint/erasure_code.h"
+#include "checkpoint/snapshot_protocol.h"
+#include "checkpoint/snapshot_segment.h"
+#include "checkpoint/snapshot_stripes.h"
+#include "checkpoint/snapshot_transport.h"
+#include "launch/snapshot_agent.h"
+#include "launch/snapshot_replicas.h"
+
+namespace weft::launch {
+
+struct ParityOptions {
+  checkpoint::PeerAuth auth;
+  int k = 2, m = 1;
+  std::chrono::milliseconds timeout{10000};  // per network operation
+};
+
+class SnapshotParity {
+ public:
+  using Log = std::function<void(const std::string&)>;
+  // ConfigError naming snapshot.ec for a code ISA-L cannot make.
+  SnapshotParity(ParityOptions o, Log log);
+  ~SnapshotParity();  // stop()
+  SnapshotParity(const SnapshotParity&) = delete;
+  SnapshotParity& operator=(const SnapshotParity&) = delete;
+
+  // A restarted agent takes over the parity and rebuilt segments its predecessor left.
+  void adopt();
+  // Any thread. The ring of an epoch (every node's agent by index). When the agent knew an
+  // older ring, the nodes of that ring absent from this one are lost: the rebuilds this node
+  // is designated for are queued.
+  void set_ring(ReplicaRing r);
+  // The stage's handler: sends the commit's chunks to their stripes' parity holders.
+  void push(const CommittedEvent& e);
+  // The transport's handler for chunk, stripe and fetch (false: not one of them).
+  bool serve(checkpoint::PeerChannel& ch, const nlohmann::json& header);
+
+  // Queues a check of the node's own snapshots (every committed slot's blocks against their
+  // checksums), repairing corrupt blocks from parity. The agent asks for it when a new
+  // world lists the snapshots.
+  void repair();
+  // True once the ring of `epoch` (or a newer one) is known and no rebuild or repair is
+  // queued or running: a new world's `list` waits for it.
+  bool settled(int64_t epoch) const;
+
+  // The rebuilt segments this agent holds, as `list` reports them.
+  std::vector<checkpoint::SegmentInfo> list() const;
+  // Unlinks the parity and rebuilt segments of epochs older than `epoch`.
+  std::vector<std::string> retire_older_than(int64_t epoch);
+  void stop();   // stops pushing, receiving and rebuilding; idempotent
+  void clear();  // forgets every segment (finish removed them)
+
+ private:
+  struct Accumulator;  // one stripe's parity of one step, while its chunks arrive
+  struct Task {
+    enum Kind { kRebuild, kRepair } kind = kRepair;
+    int64_t epoch = 0;    // the ring the snapshots were taken in
+    int lost = -1;        // kRebuild: the node, in that ring
+    std::set<int> gone;   // every node of that ring that is lost
+  };
+  struct StripeSlot {
+    int holder = -1;  // the node holding this parity fragment
+    int64_t step = 0;
+    nlohmann::json manifest;
+    int64_t parity_offset = 0;
+  };
+  std::vector<StripeSlot> stripe_slots_here(int64_t epoch, int number) const;
+
+  void serve_chunk(checkpoint::PeerChannel& ch, const nlohmann::json& h);
+  void serve_stripe(checkpoint::PeerChannel& ch, const nlohmann::json& h);
+  void serve_fetch(checkpoint::PeerChannel& ch, const nlohmann::json& h);
+  void commit_parity(int64_t epoch, int me, int number, int64_t step, Accumulator& a);
+
+  void work();  // the rebuilder's thread
+  void rebuild(const Task& t);
+  void repair_now();
+  // The chunk of fragment `lost` of stripe `s` (epoch `epoch`) at `step`, decoded from K
+  // surviving fragments; `gone` are the ring's lost nodes (never asked).
+  std::vector<uint8_t> decode_fragment(const ReplicaRing& ring, const checkpoint::StripeLayout& l,
+                                       const checkpoint::StripeId& s, int lost,
+                                       const std::vector<StripeSlot>& at_step,
+                                       const std::set<int>& gone);
+  // The parity slots of stripe `s` held by its surviving holders, newest step first.
+  std::vector<StripeSlot> stripe_slots(const ReplicaRing& ring, const checkpoint::StripeLayout& l,
+                                       const checkpoint::StripeId& s, const std::set<int>& gone);
+  // A fetch from node `node` of `ring` (this node: read here), into out[0, length).
+  void fetch(const ReplicaRing& ring, int node, const std::string& segment, int64_t step,
+             int64_t offset, int64_t length, uint8_t* out);
+  nlohmann::json ask(const ReplicaRing& ring, int node, const nlohmann::json& request);
+  using Links = std::map<std::string, std::shared_ptr<checkpoint::PeerChannel>>;
+  std::shared_ptr<checkpoint::PeerChannel> channel(const ReplicaRing& ring, int node, Links& cache);
+  void drop(Links& cache, const std::string& endpoint);
+  const checkpoint::ErasureCode& code(int k) const;
+  std::optional<ReplicaRing> ring_of(int64_t epoch) const;
+
+  const ParityOptions o_;
+  const Log log_;
+  mutable std::mutex mu_;  // everything below but the threads' own caches
+  std::map<int64_t, ReplicaRing> rings_;
+  std::map<std::string, std::shared_ptr<Accumulator>> accumulating_;
+  std::map<std::string, std::shared_ptr<checkpoint::SnapshotSegment>> parity_, rebuilt_;
+  mutable std::mutex codes_mu_;
+  mutable std::map<int, std::unique_ptr<checkpoint::ErasureCode>> codes_;  // by K
+  std::mutex writing_;  // one parity commit at a time
+  std::deque<Task> tasks_;
+  bool working_ = false, stopped_ = false;
+  int64_t retired_below_ = 0;
+  std::condition_variable cv_;
+  // The stage's thread: open channels to the parity holders, what was pushed last.
+  Links push_links_;  // under mu_ when changed: stop() aborts them
+  std::map<std::string, int64_t> pushed_;  // data segment -> sequence
+  std::set<std::string> failing_;          // peers whose failure was logged
+  std::set<int64_t> unprotected_logged_;   // epochs with fewer than k + m nodes
+  // The rebuilder's thread: its channels.
+  Links fetch_links_;
+  std::thread worker_;  // last: starts once the members above exist
+};
+
+}  // namespace weft::launch
