@@ -1,10 +1,11 @@
-// snapshot.redundancy: replica end to end across hosts that are network namespaces
+// snapshot.redundancy replica and ec end to end across hosts that are network namespaces
 // (tests/support/netns.h; issue 15): three hosts, one node and one worker each, ZeRO-3 over
 // dp3 (every shard exists once), a snapshot every step, each node's pushed to the next
-// node's snapshot agent. Host 1 dies whole (weft run, its worker, its snapshot agent: every
-// process in the namespace, SIGKILL): the job goes on as dp2 from the snapshots, host 1's
-// rank from its replica on host 2, a step or two back, and its losses are one process's
-// step for step. No timing thresholds; every wait is bounded; every process is reaped and
+// node's snapshot agent (replica) or coded into parity on the others (ec, k=2, m=1). Host 1
+// dies whole (weft run, its worker, its snapshot agent: every process in the namespace,
+// SIGKILL): the job goes on as dp2 from the snapshots, host 1's rank from its replica on
+// host 2 or rebuilt from the parity and data on hosts 0 and 2, a step or two back, and its
+// losses are one process's step for step. No timing thresholds; every wait is bounded; every process is reaped and
 // every segment of the job removed however the test ends.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -35,38 +36,52 @@ struct JobSegments {
   }
 };
 
-TEST(NetnsSnapshotReplica, ANodeLostWholeUnderZero3ResumesFromItsReplicaOnTheNextNode) {
+// One run: `redundancy` is "replica" or "ec".
+void lose_a_node_under_zero3(const std::string& redundancy) {
   std::string why;
   if (!VirtualHosts::available(&why)) GTEST_SKIP() << why;
   ASSERT_EQ(::access(WEFT_BINARY, X_OK), 0) << WEFT_BINARY << " is built with the tests";
+  const bool ec = redundancy == "ec";
   const auto t_test = Clock::now();
   // Destroyed last: after every process on the hosts is gone, none can make a segment anew.
-  const std::string id = "netns-replica-" + std::to_string(::getpid());
+  const std::string id = "netns-" + redundancy + "-" + std::to_string(::getpid());
   JobSegments segments{checkpoint::job_id_for_run(id)};
   VirtualHosts hosts(3);
   LiveJob job;
-  job.dir = agent_test_dir("netns_snapshot_replica", "zero3");
+  job.dir = agent_test_dir("netns_snapshot_" + redundancy, "zero3");
   job.id = id;
   job.hosts = &hosts;
   job.nnodes = "2:3";
   // ZeRO-3 gathers every layer's shards each step: tens of collectives, whose latency is all
   // a step costs here (hundreds of ms on two busy cores). Few steps, generous waits.
   job.steps = 70;
-  job.token = "netns-snapshot-replica-test-token";
+  job.token = "netns-snapshot-" + redundancy + "-test-token";
   const std::vector<std::string> layout = {"parallel.dp=auto", "parallel.zero=3"};
   job.sets = layout;
-  job.sets.insert(job.sets.end(), {"snapshot.every=1", "snapshot.redundancy=replica"});
+  job.sets.insert(job.sets.end(), {"snapshot.every=1", "snapshot.redundancy=" + redundancy});
   const fs::path ref = reference_run(job.dir, job.steps, layout);
   ASSERT_NO_FATAL_FAILURE(job.start_in_order(3));
 
-  // Host 1's rank 1 is replicated to host 2 (node 2 of epoch 1), host 2's to host 0.
-  ASSERT_TRUE(poll_until(
-      [&] {
-        return !job.lines_with(2, "holding replicas of node 1's rank 1 (epoch 1)").empty() &&
-               !job.lines_with(0, "holding replicas of node 2's rank 2 (epoch 1)").empty();
-      },
-      300))
-      << job.all_logs();
+  if (ec) {
+    // EC(2,1) over three nodes: every node holds parity of one stripe per rank.
+    ASSERT_TRUE(poll_until(
+        [&] {
+          for (int k : {0, 1, 2})
+            if (job.lines_with(k, "holding parity fragment 2 of stripe").empty()) return false;
+          return true;
+        },
+        300))
+        << job.all_logs();
+  } else {
+    // Host 1's rank 1 is replicated to host 2 (node 2 of epoch 1), host 2's to host 0.
+    ASSERT_TRUE(poll_until(
+        [&] {
+          return !job.lines_with(2, "holding replicas of node 1's rank 1 (epoch 1)").empty() &&
+                 !job.lines_with(0, "holding replicas of node 2's rank 2 (epoch 1)").empty();
+        },
+        300))
+        << job.all_logs();
+  }
   ASSERT_TRUE(poll_until([&] { return job.rows().size() >= 25; }, 300)) << job.all_logs();
   const size_t at_kill = job.rows().size();
   ASSERT_LT(at_kill, size_t(job.steps) - 25) << "the job nearly ended before the kill";
@@ -87,30 +102,51 @@ TEST(NetnsSnapshotReplica, ANodeLostWholeUnderZero3ResumesFromItsReplicaOnTheNex
   ASSERT_EQ(p.size(), 2u) << phases_text(p);
   EXPECT_EQ(p[0].first, WorldEpoch(3, 1)) << phases_text(p);
   EXPECT_EQ(p[1].first, WorldEpoch(2, 2)) << phases_text(p);
-  // The state came from snapshots, host 1's rank from the replica on host 2.
+  // The state came from snapshots, host 1's rank from the replica on host 2 or rebuilt
+  // from parity on host 2 (the first survivor after host 1).
   const std::vector<std::string> resizes = lines_with(job.text(0), "resize: epoch 1 -> 2");
   ASSERT_EQ(resizes.size(), 1u) << job.all_logs();
   std::printf("[ says     ] %s\n", resizes[0].c_str());
   std::smatch m;
-  // Host 1's rank exists only in its replica on host 2; the survivors' ranks may come from
-  // their own snapshots or their replicas on each other.
   const std::regex said(
-      R"(nobody alive holds all of the state: resumed at step (\d+) \((\d+) steps back\) from (\d+) holders, (\d+) of them in-memory snapshots \((\d+) own, (\d+) replicas?\))");
+      R"(nobody alive holds all of the state: resumed at step (\d+) \((\d+) steps back\) from (\d+) holders, (\d+) of them in-memory snapshots \((\d+) own(, (\d+) replicas?)?(, (\d+) rebuilt from parity)?\))");
   ASSERT_TRUE(std::regex_search(resizes[0], m, said)) << resizes[0];
   const long step = std::stol(m[1]);
   EXPECT_EQ(std::stol(m[3]), 3) << resizes[0];
   EXPECT_EQ(std::stol(m[4]), 3) << resizes[0];
-  EXPECT_GE(std::stol(m[6]), 1) << resizes[0];
+  if (ec) {
+    ASSERT_TRUE(m[9].matched) << resizes[0];
+    EXPECT_EQ(std::stol(m[9]), 1) << resizes[0];
+    EXPECT_FALSE(job.lines_with(2, "rebuilt node 1's rank 1 (epoch 1, step").empty())
+        << job.text(2);
+  } else {
+    ASSERT_TRUE(m[7].matched) << resizes[0];
+    EXPECT_GE(std::stol(m[7]), 1) << resizes[0];
+  }
   EXPECT_GE(step, long(at_kill) - 3) << "resumed more than a few steps before the kill";
   EXPECT_LE(step, long(at_kill) + 10) << resizes[0];
   EXPECT_NE(resizes[0].find("world 3 -> 2"), std::string::npos) << resizes[0];
   expect_losses_by_step(ref, job.metrics(), 1e-5);
-  // Epoch 2's ring of two: each survivor's snapshots go to the other.
-  EXPECT_FALSE(job.lines_with(0, "epoch 2: this node's snapshots are replicated to node 1").empty())
-      << job.text(0);
-  EXPECT_FALSE(job.lines_with(2, "epoch 2: this node's snapshots are replicated to node 0").empty())
-      << job.text(2);
+  if (ec) {
+    // Two nodes are fewer than k + m: epoch 2's snapshots are the nodes' own only.
+    EXPECT_FALSE(job.lines_with(0, "epoch 2: this node is node 0 of 2; fewer than k + m = 3").empty())
+        << job.text(0);
+  } else {
+    // Epoch 2's ring of two: each survivor's snapshots go to the other.
+    EXPECT_FALSE(job.lines_with(0, "epoch 2: this node's snapshots are replicated to node 1").empty())
+        << job.text(0);
+    EXPECT_FALSE(job.lines_with(2, "epoch 2: this node's snapshots are replicated to node 0").empty())
+        << job.text(2);
+  }
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);  // kept for a look otherwise
+}
+
+TEST(NetnsSnapshotReplica, ANodeLostWholeUnderZero3ResumesFromItsReplicaOnTheNextNode) {
+  lose_a_node_under_zero3("replica");
+}
+
+TEST(NetnsSnapshotEc, ANodeLostWholeUnderZero3ResumesFromItsRankRebuiltFromParity) {
+  lose_a_node_under_zero3("ec");
 }
 
 }  // namespace
