@@ -120,9 +120,10 @@ class SnapshotParity {
   void work();  // the rebuilder's thread
   void rebuild(const Task& t);
   void repair_now();
-  // The chunk of fragment `lost` of stripe `s` (epoch `epoch`) at `step`, decoded from K
-  // surviving fragments; `gone` are the ring's lost nodes (never asked).
-  std::vector<uint8_t> decode_fragment(const ReplicaRing& ring, const checkpoint::StripeLayout& l,
+  // The chunk of fragment `lost` of stripe `s` at the step of `at_step` (the surviving
+  // holders' parity slots of that step), decoded from K surviving fragments; `gone` are the
+  // ring's lost nodes (never asked). Valid until the next call (the rebuilder's scratch).
+  const uint8_t* decode_fragment(const ReplicaRing& ring, const checkpoint::StripeLayout& l,
                                        const checkpoint::StripeId& s, int lost,
                                        const std::vector<StripeSlot>& at_step,
                                        const std::set<int>& gone);
@@ -159,6 +160,7 @@ class SnapshotParity {
   std::set<int64_t> unprotected_logged_;   // epochs with fewer than k + m nodes
   // The rebuilder's thread: its channels.
   Links fetch_links_;
+  std::vector<std::vector<uint8_t>> scratch_;  // decode_fragment's fragments
   std::thread worker_;  // last: starts once the members above exist
 };
 
