@@ -471,22 +471,22 @@ TEST_F(SnapshotAgentRun, StopsTheAgentAndKeepsTheSegmentsWhenTheJobFails) {
   EXPECT_NE(::kill(agent, 0), 0);
 }
 
-// The real worker refuses snapshot.* as not yet supported (exit 2); the agent weft run
+// The real worker refuses a snapshot.* key that would do nothing (exit 2); the agent weft run
 // started for it is still stopped and reaped. Replicas on one node are refused by weft run
 // itself, before any agent starts. Without snapshot.every no agent starts.
 TEST_F(SnapshotAgentRun, AgentOfARefusingWorkerIsStoppedAndNoneStartsWithoutSnapshots) {
   const std::string tiny = std::string(WEFT_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
-  // The worker refuses a snapshot setting it cannot act on yet: the job fails (exit 2) and
-  // weft run stops its agent.
+  // The worker refuses snapshot.ec without redundancy ec (it would do nothing): the job
+  // fails (exit 2) and weft run stops its agent.
   pid_t run = start({"run", "--standalone", "--nproc-per-node", "1", "--rdzv-id", run_id_, "--",
                      "weft", "train", "--config", tiny, "--set", "snapshot.every=5", "--set",
-                     "snapshot.redundancy=ec", "--set", "train.out_dir=" + path("out")},
+                     "snapshot.ec.k=3", "--set", "train.out_dir=" + path("out")},
                     path("run.log"));
   int status = wait_exit(run, 120);
   ASSERT_NE(status, -1) << read(path("run.log"));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << read(path("run.log"));
   std::string log = read(path("run.log"));
-  EXPECT_NE(log.find("snapshot.redundancy: 'ec': erasure-coded copies of snapshots on other nodes"),
+  EXPECT_NE(log.find("snapshot.ec.k: snapshot.ec applies to snapshot.redundancy: ec only"),
             std::string::npos)
       << log;
   const pid_t agent =
