@@ -846,6 +846,20 @@ SIGTERM or SIGINT: exit 0 keeping the segments; the request `finish` removes the
 
 }  // namespace
 
+std::optional<ckpt::SnapshotSegment::View> newest_unsent(const CommittedEvent& e, int64_t epoch,
+                                                        const std::map<std::string, int64_t>& sent) {
+  std::optional<ckpt::SnapshotSegment::View> v;
+  try {
+    v = e.segment->latest();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (!v || v->meta.epoch != epoch) return std::nullopt;
+  if (auto it = sent.find(e.name); it != sent.end() && it->second == v->meta.sequence)
+    return std::nullopt;
+  return v;
+}
+
 NodeMemory read_node_memory() {
   NodeMemory m;
   std::ifstream in("/proc/meminfo");

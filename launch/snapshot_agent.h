@@ -17,7 +17,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "checkpoint/snapshot_segment.h"
@@ -54,6 +56,12 @@ struct CommittedEvent {
   int local = -1, locals = 0;
 };
 using CommittedHandler = std::function<void(const CommittedEvent&)>;
+
+// What a stage handler sends for an event: its segment's newest committed slot when it is of
+// `epoch` and its sequence is not the one `sent` records for the segment; nullopt otherwise
+// (also for an inconsistent newest slot: `weft snapshot verify` says why).
+std::optional<checkpoint::SnapshotSegment::View> newest_unsent(
+    const CommittedEvent& e, int64_t epoch, const std::map<std::string, int64_t>& sent);
 
 // Serves until SIGTERM/SIGINT or `finish`; returns the exit code (0). `on_committed` runs on
 // the stage's thread, one event at a time, after the replica push when the agent has peers

@@ -149,9 +149,10 @@ void SnapshotParity::set_ring(ReplicaRing r) {
   }
   std::lock_guard<std::mutex> l(mu_);
   // The previous ring's nodes absent from this one are lost: their snapshots are rebuilt
-  // from parity (those this node is designated for: rebuild()).
+  // from parity (those this node is designated for: rebuild()). An epoch's ring told again
+  // (a peer's agent restarted) queues nothing new.
   auto prev = rings_.lower_bound(r.epoch);
-  if (prev != rings_.begin() && (prev == rings_.end() || prev->first >= r.epoch)) {
+  if (!rings_.count(r.epoch) && prev != rings_.begin()) {
     --prev;
     const ReplicaRing& old = prev->second;
     std::set<int> gone;
@@ -194,14 +195,8 @@ void SnapshotParity::push(const CommittedEvent& e) {
   if (!ring) return;
   const int n = int(ring->nodes.size());
   if (n < o_.k + o_.m) return;  // said by set_ring
-  std::optional<ckpt::SnapshotSegment::View> v;
-  try {
-    v = e.segment->latest();
-  } catch (const std::exception&) {
-    return;  // an inconsistent newest slot: `weft snapshot verify` says why
-  }
-  if (!v || v->meta.epoch != ring->epoch) return;
-  if (auto it = pushed_.find(e.name); it != pushed_.end() && it->second == v->meta.sequence) return;
+  const std::optional<ckpt::SnapshotSegment::View> v = newest_unsent(e, ring->epoch, pushed_);
+  if (!v) return;
   const ckpt::StripeLayout layout(n, o_.k, o_.m);
   const int K = layout.data_fragments(layout.group_of(ring->node));
   const int64_t payload = v->meta.payload_bytes, c = ckpt::chunk_bytes(payload, K);

@@ -120,14 +120,8 @@ void SnapshotReplicas::push(const CommittedEvent& e) {
   const std::optional<int> next = r->successor();
   if (!next || e.meta.kind != ckpt::SegmentKind::kData || e.meta.epoch != r->epoch) return;
   const std::string& peer = r->nodes[size_t(*next)];
-  std::optional<ckpt::SnapshotSegment::View> v;
-  try {
-    v = e.segment->latest();
-  } catch (const std::exception&) {
-    return;  // an inconsistent newest slot: `weft snapshot verify` says why
-  }
-  if (!v || v->meta.epoch != r->epoch) return;
-  if (auto it = pushed_.find(e.name); it != pushed_.end() && it->second == v->meta.sequence) return;
+  const std::optional<ckpt::SnapshotSegment::View> v = newest_unsent(e, r->epoch, pushed_);
+  if (!v) return;
   if (link && (link_peer_ != peer || !link->open())) {
     link.reset();
     std::lock_guard<std::mutex> l(mu_);
