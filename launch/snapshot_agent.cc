@@ -846,6 +846,25 @@ SIGTERM or SIGINT: exit 0 keeping the segments; the request `finish` removes the
 
 }  // namespace
 
+void adopt_orphans(const std::string& job, const std::vector<ckpt::SegmentKind>& kinds,
+                   const std::function<void(const std::string&, const ckpt::SegmentName&,
+                                            std::shared_ptr<ckpt::SnapshotSegment>, int)>& take,
+                   const std::function<void(const std::string&)>& log) {
+  for (const std::string& name : ckpt::snapshot_segments(job)) {
+    const std::optional<ckpt::SegmentName> p = ckpt::parse_segment_name(name);
+    if (!p || std::find(kinds.begin(), kinds.end(), p->kind) == kinds.end()) continue;
+    try {
+      auto seg = std::make_shared<ckpt::SnapshotSegment>(ckpt::SnapshotSegment::open(name, true));
+      if (!seg->owner_gone()) continue;  // another live agent's (several nodes on one machine)
+      const int was = seg->owner_pid();
+      seg->set_owner_pid(int(::getpid()));
+      take(name, *p, std::move(seg), was);
+    } catch (const std::exception& e) {
+      log(str(name, " not adopted: ", e.what()));
+    }
+  }
+}
+
 std::optional<ckpt::SnapshotSegment::View> newest_unsent(const CommittedEvent& e, int64_t epoch,
                                                         const std::map<std::string, int64_t>& sent) {
   std::optional<ckpt::SnapshotSegment::View> v;

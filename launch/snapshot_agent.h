@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "checkpoint/snapshot_segment.h"
 
@@ -62,6 +63,15 @@ using CommittedHandler = std::function<void(const CommittedEvent&)>;
 // (also for an inconsistent newest slot: `weft snapshot verify` says why).
 std::optional<checkpoint::SnapshotSegment::View> newest_unsent(
     const CommittedEvent& e, int64_t epoch, const std::map<std::string, int64_t>& sent);
+
+// A restarted agent's adoption of the segments of `kinds` its dead predecessor left for job
+// `job`: each one whose owner is gone is mapped writable, made this process's, and handed to
+// `take(name, parsed name, segment, previous owner pid)`; one it cannot open is logged and
+// left. Live agents' segments (several nodes on one machine) are left alone.
+void adopt_orphans(const std::string& job, const std::vector<checkpoint::SegmentKind>& kinds,
+                   const std::function<void(const std::string&, const checkpoint::SegmentName&,
+                                            std::shared_ptr<checkpoint::SnapshotSegment>, int)>& take,
+                   const std::function<void(const std::string&)>& log);
 
 // Serves until SIGTERM/SIGINT or `finish`; returns the exit code (0). `on_committed` runs on
 // the stage's thread, one event at a time, after the replica push when the agent has peers

@@ -116,22 +116,15 @@ std::optional<ReplicaRing> SnapshotParity::ring_of(int64_t epoch) const {
 }
 
 void SnapshotParity::adopt() {
-  for (const std::string& name : ckpt::snapshot_segments(o_.auth.job)) {
-    const std::optional<ckpt::SegmentName> p = ckpt::parse_segment_name(name);
-    if (!p || (p->kind != ckpt::SegmentKind::kParity && p->kind != ckpt::SegmentKind::kRebuilt))
-      continue;
-    try {
-      auto seg = std::make_shared<ckpt::SnapshotSegment>(ckpt::SnapshotSegment::open(name, true));
-      if (!seg->owner_gone()) continue;  // another live agent's (several nodes on one machine)
-      const int was = seg->owner_pid();
-      seg->set_owner_pid(int(::getpid()));
-      std::lock_guard<std::mutex> l(mu_);
-      (p->kind == ckpt::SegmentKind::kParity ? parity_ : rebuilt_)[name] = std::move(seg);
-      log_(str("adopted ", name, " (left by pid ", was, ")"));
-    } catch (const std::exception& e) {
-      log_(str(name, " not adopted: ", e.what()));
-    }
-  }
+  adopt_orphans(
+      o_.auth.job, {ckpt::SegmentKind::kParity, ckpt::SegmentKind::kRebuilt},
+      [this](const std::string& name, const ckpt::SegmentName& p,
+             std::shared_ptr<ckpt::SnapshotSegment> seg, int was) {
+        std::lock_guard<std::mutex> l(mu_);
+        (p.kind == ckpt::SegmentKind::kParity ? parity_ : rebuilt_)[name] = std::move(seg);
+        log_(str("adopted ", name, " (left by pid ", was, ")"));
+      },
+      log_);
 }
 
 void SnapshotParity::set_ring(ReplicaRing r) {

@@ -56,22 +56,16 @@ SnapshotReplicas::SnapshotReplicas(ReplicaOptions o, Log log)
 SnapshotReplicas::~SnapshotReplicas() { stop(); }
 
 void SnapshotReplicas::adopt() {
-  for (const std::string& name : ckpt::snapshot_segments(o_.auth.job)) {
-    const std::optional<ckpt::SegmentName> p = ckpt::parse_segment_name(name);
-    if (!p || p->kind != ckpt::SegmentKind::kReplica) continue;
-    try {
-      auto seg = std::make_shared<ckpt::SnapshotSegment>(ckpt::SnapshotSegment::open(name, true));
-      if (!seg->owner_gone()) continue;  // another live agent's (several nodes on one machine)
-      const int was = seg->owner_pid();
-      seg->set_owner_pid(int(::getpid()));
-      std::lock_guard<std::mutex> l(mu_);
-      held_[name] = {std::move(seg), p->epoch, p->rank, std::make_shared<std::mutex>()};
-      log_(str("adopted replica ", name, " (node ", p->owner_node, "'s rank ", p->rank, ", epoch ",
-               p->epoch, ", left by pid ", was, ")"));
-    } catch (const std::exception& e) {
-      log_(str("replica ", name, " not adopted: ", e.what()));
-    }
-  }
+  adopt_orphans(
+      o_.auth.job, {ckpt::SegmentKind::kReplica},
+      [this](const std::string& name, const ckpt::SegmentName& p,
+             std::shared_ptr<ckpt::SnapshotSegment> seg, int was) {
+        std::lock_guard<std::mutex> l(mu_);
+        held_[name] = {std::move(seg), p.epoch, p.rank, std::make_shared<std::mutex>()};
+        log_(str("adopted replica ", name, " (node ", p.owner_node, "'s rank ", p.rank,
+                 ", epoch ", p.epoch, ", left by pid ", was, ")"));
+      },
+      log_);
 }
 
 void SnapshotReplicas::set_ring(ReplicaRing r) {

@@ -84,6 +84,7 @@ class SnapshotParity : public SnapshotPeersTest {
   void lose(int n) {
     ::kill(pids_[size_t(n)], SIGKILL);
     ::waitpid(pids_[size_t(n)], nullptr, 0);
+    pids_[size_t(n)] = 0;  // reaped
     for (const std::string& name : snapshot_segments(job_)) {
       const auto p = parse_segment_name(name);
       if (p && p->owner_node == n && p->kind != SegmentKind::kRebuilt) SnapshotSegment::unlink(name);
@@ -145,6 +146,26 @@ TEST_F(SnapshotParity, ACorruptBlockIsRepairedFromParityBeforeANewWorldListsIt) 
   EXPECT_NE(read(log(0)).find("2 corrupt block(s); repaired from parity (2 chunk(s))"),
             std::string::npos)
       << read(log(0));
+}
+
+// A killed agent's successor (weft run restarts it) takes over the parity it held.
+TEST_F(SnapshotParity, ARestartedAgentAdoptsItsParity) {
+  ASSERT_NO_FATAL_FAILURE(start_three({5}));
+  const pid_t was = pids_[0];
+  ::kill(was, SIGKILL);
+  ::waitpid(was, nullptr, 0);
+  pids_[0] = 0;  // reaped
+  const pid_t again =
+      start_agent(0, "parity-test-token", {"--redundancy", "ec", "--ec-k", "2", "--ec-m", "1"});
+  client(0);  // answers once it serves: adoption is done by then
+  for (const std::string& p : parity_) {
+    if (parse_segment_name(p)->owner_node != 0) continue;
+    EXPECT_NE(read(log(0)).find("adopted " + p + " (left by pid " + std::to_string(was)),
+              std::string::npos)
+        << read(log(0));
+    EXPECT_EQ(SnapshotSegment::open(p, false).owner_pid(), again) << p;
+    EXPECT_EQ(newest_step(p), 5) << p;
+  }
 }
 
 TEST_F(SnapshotParity, TwoLostNodesOfThreeAreMoreThanMAndTheRebuildSaysSo) {
