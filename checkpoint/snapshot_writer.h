@@ -4,8 +4,8 @@
 // The state after step s does not change until step s+1's first optimizer update, so the
 // copy of snapshot s runs during step s+1's forward and backward; the trainer waits for it
 // right before that update (ParallelTrainer::set_before_update) only when it has not
-// finished. The checksums are computed on the copied bytes while they are still in cache,
-// so the commit needs no second pass over the payload.
+// finished. Each piece of the state is checksummed while it is in cache and then streamed to
+// the slot past the caches, so the commit needs no second pass over the payload.
 #pragma once
 
 #include <cstdint>
