@@ -223,12 +223,6 @@ std::vector<std::string> agent_argv(const Options& o, int port) {
   return v;
 }
 
-// A line's position in one agent's output.
-struct Mark {
-  size_t at = 0;
-  double t = 0;
-};
-
 std::optional<Mark> find_from(const BenchAgent& a, size_t from,
                               const std::function<bool(const std::string&)>& match) {
   const auto& v = a.lines();
@@ -256,18 +250,6 @@ long long step_of(const std::string& s) {
   return step;
 }
 
-struct Phases {
-  std::optional<Mark> detect, rendezvous, restart, load, first_step;
-  long long resumed_step = -1, first_step_no = -1;
-  int new_world = 0;
-  long long epoch = 0;
-  bool started_over = false;  // the new rank 0 stepped without resuming
-  bool complete() const { return first_step.has_value(); }
-};
-
-// The phases as far as the survivors' output has them. `from`: each survivor's line count at
-// the kill. detect: the first survivor to name the change; rendezvous: the last survivor in
-// the new epoch; restart, load, first step: the new rank 0's lines after its rendezvous.
 Phases find_phases(const std::vector<BenchAgent*>& survivors, const std::vector<size_t>& from) {
   Phases p;
   const BenchAgent* lead = nullptr;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,6 +64,29 @@ void note(double t, const std::string& what);
 void print_tails(const std::vector<std::unique_ptr<BenchAgent>>& agents, const fs::path& dir);
 // Creates o.dir (--dir, or a temporary folder that o.own_dir marks).
 void make_dir(Options& o, const Args& a);
+
+// A line's position in one agent's output.
+struct Mark {
+  size_t at = 0;
+  double t = 0;
+};
+// The first line of `a` from `from` on that `match` accepts.
+std::optional<Mark> find_from(const BenchAgent& a, size_t from,
+                              const std::function<bool(const std::string&)>& match);
+
+// A checkpoint-restart after a node's loss, as the survivors' lines tell it.
+struct Phases {
+  std::optional<Mark> detect, rendezvous, restart, load, first_step;
+  long long resumed_step = -1, first_step_no = -1;
+  int new_world = 0;
+  long long epoch = 0;
+  bool started_over = false;  // the new rank 0 stepped without resuming
+  bool complete() const { return first_step.has_value(); }
+};
+// The phases as far as the survivors' output has them. `from`: each survivor's line count at
+// the kill. detect: the first survivor to name the change; rendezvous: the last survivor in
+// the new epoch; restart, load, first step: the new rank 0's lines after its rendezvous.
+Phases find_phases(const std::vector<BenchAgent*>& survivors, const std::vector<size_t>& from);
 
 // The restart baseline (one node's agent killed after the first checkpoint), with its table;
 // nullopt when it failed (said on stderr).

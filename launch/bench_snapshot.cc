@@ -195,7 +195,10 @@ struct Part {
   void (*run)(const Options&);
 };
 const Part kParts[] = {
-    {"encode", run_encode}, {"overhead", run_overhead}, {"recovery", run_recovery}};
+    {"encode", run_encode},
+    {"overhead", run_overhead},
+    {"recovery", run_recovery},
+    {"node-loss", run_node_loss}};
 
 std::string part_names() {
   std::string s;
@@ -317,8 +320,11 @@ int bench_snapshot(const std::vector<std::string>& args) {
   if (trains) {
     // Every job is sized before the first one runs: a refusal leaves nothing behind.
     for (const std::string& c : o.configs)
-      for (const Part* p : parts)
-        if (std::string(p->name) != "encode") make_shape(c, o, std::string(p->name) == "recovery");
+      for (const Part* p : parts) {
+        const std::string n = p->name;
+        if (n == "node-loss") make_node_shape(c, o);
+        else if (n != "encode") make_shape(c, o, n == "recovery");
+      }
     if (a.has("--dir")) {
       o.dir = a.get("--dir");
       fs::create_directories(o.dir);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -61,6 +62,17 @@ int64_t payload_bytes(const core::JobSpec& spec, int world) {
   return most;
 }
 
+// The layers that give `spec`'s model about `want` parameters: the count is affine in the
+// layers at a fixed width and vocabulary.
+int layers_for(const core::JobSpec& spec, double want) {
+  core::JobSpec one = spec, two = spec;
+  one.model.layers = 1;
+  two.model.layers = 2;
+  const double per_layer = bench::param_count(two) - bench::param_count(one);
+  const double rest = bench::param_count(one) - per_layer;
+  return int(std::clamp(std::lround((want - rest) / per_layer), 1L, 4096L));
+}
+
 // What the job takes on this node: each rank's worker and its two slots (a restart also
 // holds a read copy of the snapshot while it restores).
 double job_bytes(const JobShape& j, bool recovery) {
@@ -79,6 +91,7 @@ std::vector<std::string> bench_sets(const JobShape& j) {
 std::vector<std::string> shape_sets(const JobShape& j, const Options& o) {
   std::vector<std::string> s = j.sets, b = bench_sets(j);
   s.insert(s.end(), b.begin(), b.end());
+  s.insert(s.end(), j.layout_sets.begin(), j.layout_sets.end());
   s.insert(s.end(), o.sets.begin(), o.sets.end());
   return s;
 }
@@ -91,8 +104,9 @@ std::string JobShape::describe() const {
   return str(name == "S" ? "config S" : name + " state", ": ", m.arch, " ", m.layers, " x ", m.dim,
              ", seq ", m.seq_len, ", vocab ", m.vocab, ", global batch ", t.global_batch, ": ",
              str(std::round(params / 1e4) / 100), "M parameters, Adam; ", ranks,
-             ranks == 1 ? " rank" : " ranks", " (dp ", ranks, ", zero 1), train.threads ", threads,
-             "; a snapshot of ", mib_text(double(payload)), " per rank (two slots each)");
+             ranks == 1 ? " rank" : " ranks", " (dp ", ranks, ", zero ", spec.parallel.zero,
+             "), train.threads ", threads, "; a snapshot of ", mib_text(double(payload)),
+             " per rank");
 }
 
 JobShape make_shape(const std::string& name, const Options& o, bool recovery) {
@@ -133,15 +147,8 @@ JobShape make_shape(const std::string& name, const Options& o, bool recovery) {
     if (name != "S" && std::none_of(o.sets.begin(), o.sets.end(), [](const std::string& s) {
           return s.rfind("model.layers=", 0) == 0;
         })) {
-      // The count is affine in the layers at a fixed width and vocabulary.
-      core::JobSpec one = j.spec, two = j.spec;
-      one.model.layers = 1;
-      two.model.layers = 2;
-      const double per_layer = bench::param_count(two) - bench::param_count(one);
-      const double rest = bench::param_count(one) - per_layer;
-      const double want = bench::parse_count(name);
-      const int layers = int(std::clamp(std::lround((want - rest) / per_layer), 1L, 4096L));
-      j.sets.insert(j.sets.begin(), "model.layers=" + std::to_string(layers));
+      j.sets.insert(j.sets.begin(),
+                    "model.layers=" + std::to_string(layers_for(j.spec, bench::parse_count(name))));
       j.spec = core::load_job_spec(j.config, shape_sets(j, o));
     }
     j.params = bench::param_count(j.spec);
@@ -156,6 +163,70 @@ JobShape make_shape(const std::string& name, const Options& o, bool recovery) {
   }
   throw ConfigError(name == "S" || o.ranks > 0 ? "--ranks" : "--configs",
                     refusal + (name == "S" ? ": use fewer --ranks" : ": name a smaller count"));
+}
+
+JobShape make_node_shape(const std::string& name, const Options& o, std::string* note) {
+  // Per node, beside its worker: three own slots (replicated snapshots keep three), a peer's
+  // rank in three (a replica), parity (half a rank in three slots under EC(2,1)), and the
+  // copy a restore reads: eight snapshots of a rank, with room to spare.
+  constexpr double kSnapshotsPerNode = 8;
+  constexpr int kNodes = 3;
+  JobShape j;
+  j.name = name;
+  j.ranks = kNodes;
+  j.threads = std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / kNodes);
+  j.layout_sets = {"parallel.zero=3", "parallel.dp=auto"};
+  // ZeRO shards a tensor along a dimension its holders divide evenly and keeps the others
+  // whole on every rank (planner/lower_step.cc, zero_dim): widths that 3 and 2 divide, so
+  // that every shard of dp 3 and of dp 2 exists once.
+  if (name == "S") {
+    j.config = std::string(WEFT_SOURCE_DIR) + "/configs/gpt-layout.yaml";
+    // Config S's depth and sequence at width 384 (vocab 384: the bytes and unused ids); a
+    // global batch of 12 (8 does not divide over 3 ranks).
+    j.sets = {"model.layers=4",    "model.dim=384",         "model.heads=6",
+              "model.vocab=384",   "model.seq_len=256",     "train.global_batch=12",
+              "train.micro_batch=2"};
+  } else {
+    // The ~350M job (vocab 50304 = 3 x 16768, global batch 6) at width 1536, its layers scaled.
+    j.config = std::string(WEFT_SOURCE_DIR) + "/configs/bench-elastic-350m.yaml";
+    j.sets = {"model.dim=1536", "model.heads=16", "train.micro_batch=1"};
+  }
+  const std::vector<std::string> base = j.sets;
+  j.spec = core::load_job_spec(j.config, shape_sets(j, o));
+  const bool scaled = name != "S" && std::none_of(o.sets.begin(), o.sets.end(), [](const auto& s) {
+                        return s.rfind("model.layers=", 0) == 0;
+                      });
+  int layers = scaled ? layers_for(j.spec, bench::parse_count(name)) : int(j.spec.model.layers);
+  const int asked = layers;
+  const int64_t avail = planner::available_memory_bytes();
+  for (;;) {
+    if (scaled) {
+      JobShape t = j;
+      t.sets = base;
+      t.sets.insert(t.sets.begin(), "model.layers=" + std::to_string(layers));
+      t.spec = core::load_job_spec(t.config, shape_sets(t, o));
+      t.params = bench::param_count(t.spec);
+      t.payload = payload_bytes(t.spec, kNodes);
+      std::swap(j, t);
+    } else {
+      j.params = bench::param_count(j.spec);
+      j.payload = payload_bytes(j.spec, kNodes);
+    }
+    const double worker = kWorkerOverEstimate * planner::estimate_memory(j.spec, kNodes).total();
+    const double need = kNodes * (worker + kSnapshotsPerNode * double(j.payload));
+    if (avail <= 0 || need <= kMemoryShare * double(avail)) break;
+    if (!scaled || layers == 1)
+      throw ConfigError("--configs", str(j.describe(), ": three nodes need about ", bench::gb(need),
+                                         " (", kNodes, " x (the worker and ", kSnapshotsPerNode,
+                                         " snapshots of a rank)), more than ",
+                                         int(kMemoryShare * 100), "% of the ",
+                                         bench::gb(double(avail)), " available"));
+    layers = std::max(1, layers * 4 / 5);
+  }
+  if (note && layers != asked)
+    *note = str(name, " asked for, ", str(std::round(j.params / 1e6)), "M fit: three nodes of ",
+                "ZeRO-3 with their snapshots, replicas and parity in ", bench::gb(double(avail)));
+  return j;
 }
 
 // ---- JobRun ----
@@ -176,12 +247,8 @@ JobRun::JobRun(const Options& o, const JobShape& shape, const std::string& label
       "--rdzv-id", rdzv_id_};
   if (max_restarts > 0) argv.insert(argv.end(), {"--max-restarts", std::to_string(max_restarts)});
   argv.insert(argv.end(), {"--", self, "train", "--config", shape.config});
-  std::vector<std::string> all = shape.sets, b = bench_sets(shape);
-  all.insert(all.end(), b.begin(), b.end());
-  all.push_back("train.out_dir=" + (folder_ / "run").string());
-  all.insert(all.end(), sets.begin(), sets.end());
-  all.insert(all.end(), o.sets.begin(), o.sets.end());
-  for (const std::string& s : all) argv.insert(argv.end(), {"--set", s});
+  for (const std::string& s : job_sets(o, shape, folder_ / "run", sets))
+    argv.insert(argv.end(), {"--set", s});
   // The same threads for every run of a shape; OPENBLAS_* as this process has them.
   ::setenv("OMP_NUM_THREADS", std::to_string(shape.threads).c_str(), 1);
   // One rank trains on the plan executor with or without snapshots (weft train picks the
@@ -190,12 +257,19 @@ JobRun::JobRun(const Options& o, const JobShape& shape, const std::string& label
   agent_ = std::make_unique<BenchAgent>(argv, (folder_ / "weft-run.log").string(), origin_);
 }
 
-JobRun::~JobRun() {
-  const bool ended = !agent_->running();
-  agent_.reset();  // SIGKILL and reap weft run if it still runs: its workers die with it
-  // Its snapshot agent (SIGTERMed with weft run) keeps the job's segments for a restart that
-  // never comes, and its lock file; they are this bench's.
-  const std::string job = checkpoint::job_id_for_run(rdzv_id_);
+std::vector<std::string> job_sets(const Options& o, const JobShape& shape, const fs::path& out_dir,
+                                  const std::vector<std::string>& sets) {
+  std::vector<std::string> all = shape.sets, b = bench_sets(shape);
+  all.insert(all.end(), b.begin(), b.end());
+  all.insert(all.end(), shape.layout_sets.begin(), shape.layout_sets.end());
+  all.push_back("train.out_dir=" + out_dir.string());
+  all.insert(all.end(), sets.begin(), sets.end());
+  all.insert(all.end(), o.sets.begin(), o.sets.end());
+  return all;
+}
+
+void remove_job_segments(const std::string& rdzv_id, bool ended) {
+  const std::string job = checkpoint::job_id_for_run(rdzv_id);
   for (const std::string& n : checkpoint::snapshot_segments(job))
     checkpoint::SnapshotSegment::unlink(n);
   const std::string prefix = "weft-agent-" + job + "-n";
@@ -215,6 +289,42 @@ JobRun::~JobRun() {
     if (!held) break;
     ::usleep(100'000);
   }
+}
+
+JobRun::~JobRun() {
+  const bool ended = !agent_->running();
+  agent_.reset();  // SIGKILL and reap weft run if it still runs: its workers die with it
+  // Its snapshot agent (SIGTERMed with weft run) keeps the job's segments for a restart that
+  // never comes, and its lock file; they are this bench's.
+  remove_job_segments(rdzv_id_, ended);
+}
+
+void drop_cache(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+double cached_share(const fs::path& dir) {
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  double in = 0, all = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file() || e.file_size() == 0) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY);
+    if (fd < 0) continue;
+    const size_t len = size_t(e.file_size());
+    void* p = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) continue;
+    std::vector<unsigned char> v((len + page - 1) / page);
+    if (::mincore(p, len, v.data()) == 0)
+      for (unsigned char c : v) in += c & 1;
+    all += double(v.size());
+    ::munmap(p, len);
+  }
+  return all > 0 ? in / all : -1;
 }
 
 double JobRun::now() const { return std::chrono::duration<double>(Clock::now() - origin_).count(); }

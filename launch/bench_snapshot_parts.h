@@ -7,6 +7,8 @@
 //   bench_snapshot_jobs.cc      the jobs: config S and the ~350M state, sizing, launching
 //   bench_snapshot_overhead.cc  per-step cost of snapshot.every 0 / 1 / K
 //   bench_snapshot_recovery.cc  SIGKILL of a worker: snapshots against a disk checkpoint
+//   bench_snapshot_node_loss.cc a node lost whole: survivors live on snapshots against a
+//                               checkpoint-restart
 #pragma once
 
 #include <sys/types.h>
@@ -61,6 +63,7 @@ struct JobShape {
   std::string name;               // "S", or the count asked for ("350M")
   std::string config;             // weft train's YAML
   std::vector<std::string> sets;  // the shape's settings (then the bench's, then the user's)
+  std::vector<std::string> layout_sets;  // after the bench's: node-loss's ZeRO-3 over dp auto
   int ranks = 1, threads = 1;
   core::JobSpec spec;  // as the workers load it (out_dir and steps aside)
   double params = 0;
@@ -71,6 +74,22 @@ struct JobShape {
 // --ranks when it cannot run here (the batch does not divide, memory). `recovery`: a restart
 // holds a read copy of each rank's snapshot beside the slots while it restores.
 JobShape make_shape(const std::string& name, const Options& o, bool recovery);
+// The node-loss part's job of `name`: three nodes of one rank, ZeRO-3 over dp 3 (each shard
+// exists once), a global batch dp 3 and dp 2 divide; the ~350M state scaled down (said in
+// `note`) until three workers, their snapshot slots, replicas and parity fit in memory.
+JobShape make_node_shape(const std::string& name, const Options& o, std::string* note = nullptr);
+
+// weft train's settings of a job, in order: the shape's, the bench's, the shape's layout, its
+// out_dir, the run's own `sets`, the user's --set.
+std::vector<std::string> job_sets(const Options& o, const JobShape& shape, const fs::path& out_dir,
+                                  const std::vector<std::string>& sets);
+// Removes the snapshot segments and agent lock files of the job `weft run --rdzv-id rdzv_id`
+// started (its agents gone, or going: `ended` false waits up to 5 s for their locks).
+void remove_job_segments(const std::string& rdzv_id, bool ended);
+// Drops a file's pages from the page cache (written back first: DONTNEED leaves dirty ones).
+void drop_cache(const fs::path& p);
+// The share of a folder's file pages in the page cache (mincore), -1 when unknown.
+double cached_share(const fs::path& dir);
 
 // One `weft run --standalone` of a job (weft run's output and its workers', one pipe,
 // stamped on arrival: launch/bench_elastic_agent.h), in its own folder under o.dir.
@@ -121,5 +140,6 @@ double median(std::vector<double> v);
 
 void run_overhead(const Options& o);
 void run_recovery(const Options& o);
+void run_node_loss(const Options& o);
 
 }  // namespace weft::launch::snapbench

@@ -7,10 +7,7 @@
 // reads the disk) unless --warm-checkpoint. Each phase ends at a line of weft run's output,
 // stamped on arrival here; both totals run from the moment the failure is known (weft run
 // names the dead worker), detection is reported on its own.
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -34,36 +31,6 @@ namespace {
 constexpr int kKillDone = 5;
 constexpr int kSteps = kKillDone + 12;
 constexpr double kTarget = 20;  // the issue: recovery >= 20x faster than the disk restart
-
-// Drops a file's pages from the page cache (written back first: DONTNEED leaves dirty ones).
-void drop_cache(const fs::path& p) {
-  const int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd < 0) return;
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
-}
-
-// The share of a folder's file pages in the page cache (mincore), -1 when unknown.
-double cached_share(const fs::path& dir) {
-  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
-  double in = 0, all = 0;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file() || e.file_size() == 0) continue;
-    const int fd = ::open(e.path().c_str(), O_RDONLY);
-    if (fd < 0) continue;
-    const size_t len = size_t(e.file_size());
-    void* p = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (p == MAP_FAILED) continue;
-    std::vector<unsigned char> v((len + page - 1) / page);
-    if (::mincore(p, len, v.data()) == 0)
-      for (unsigned char c : v) in += c & 1;
-    all += double(v.size());
-    ::munmap(p, len);
-  }
-  return all > 0 ? in / all : -1;
-}
 
 struct Side {
   bool snapshots = false;

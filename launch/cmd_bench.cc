@@ -130,7 +130,7 @@ const Bench kBenches[] = {
     {"store", nullptr},
     {"elastic", nullptr},
     {"snapshot",
-     "usage: weft bench snapshot [--parts encode,overhead,recovery] [--mib N]\n"
+     "usage: weft bench snapshot [--parts encode,overhead,recovery,node-loss] [--mib N]\n"
      "                           [--configs S,350M] [--ranks N] [--steps N] [--rounds R]\n"
      "                           [--copies N] [--every K] [--set KEY=VALUE]...\n"
      "                           [--warm-checkpoint] [--timeout S] [--dir DIR] [--keep]\n"
@@ -151,9 +151,17 @@ const Bench kBenches[] = {
      "            saved right before the kill (page cache dropped), side by side: detect /\n"
      "            restart / restore (communicators, plan, read snapshots, transfer, resume;\n"
      "            or load) / first step, both from the failure known; target: >= 20x faster\n"
-     "  --parts P,...   the parts to run (default all three, in that order)\n"
+     "            (on one node every worker restarts: the survivors' processes are not kept)\n"
+     "  node-loss a node lost whole (weft run, worker, snapshot agent SIGKILLed) under ZeRO-3\n"
+     "            over 3 nodes on 127.0.0.1: the survivors keep their processes and resume\n"
+     "            from snapshots (replica, then EC(2,1): fetch and decode), against the same\n"
+     "            job restarted from a checkpoint saved right before the kill (page cache\n"
+     "            dropped), side by side, from the failure known (detection on its own) to\n"
+     "            ready and to the first step; target: >= 20x faster. The ~350M state is\n"
+     "            scaled down to what three nodes' snapshots, replicas and parity fit\n"
+     "  --parts P,...   the parts to run (default all four, in that order)\n"
      "  --mib N         MiB per fragment and per copy (default 256; k=4 m=2 holds 6 of them)\n"
-     "  --configs C,... the jobs of overhead and recovery: S (4 x 256, seq 256, batch 8, 2\n"
+     "  --configs C,... the jobs of overhead, recovery, node-loss: S (4 x 256, seq 256, batch 8, 2\n"
      "                  ranks) and/or a parameter count: configs/bench-elastic-350m.yaml scaled\n"
      "                  to it (default S,350M; the big one on 2 ranks when two snapshot slots\n"
      "                  per rank and the workers fit in memory, else 1)\n"
