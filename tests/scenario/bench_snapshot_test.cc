@@ -1,6 +1,6 @@
 // `weft bench snapshot` end to end: the encode part prints every row with positive numbers,
 // the bytes each row accounts for, the target line and its progress; the overhead and
-// recovery parts, on a tiny config S and a few steps, print every row of their tables with
+// recovery parts, on a tiny config S and a few steps (node-loss: on three loopback nodes), print every row of their tables with
 // the ratio columns and the target lines, and end 0; bad options are ConfigErrors naming
 // them. Behaviour, not timing: no number is compared with a threshold.
 #include <gtest/gtest.h>
@@ -195,6 +195,61 @@ TEST(BenchSnapshot, RecoveryPartPrintsEveryPhaseSideBySide) {
       << r.out;
 }
 
+// Three loopback nodes of a tiny model whose width dp 3 and dp 2 divide (so every ZeRO-3 shard
+// exists once and the lost one must come from snapshots): each side's phases, the live sides'
+// resize-line parts, the ec rebuild, and the survivors' processes kept.
+TEST(BenchSnapshot, NodeLossPartPrintsThreeSidesFromTheFailureKnown) {
+  Result r = run(
+      "bench snapshot --parts node-loss --configs S --set model.layers=1 --set model.dim=48"
+      " --set model.heads=2 --set model.seq_len=16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<std::string> sec = bench_section(r.out, "node-loss: config S: a node lost whole");
+  ASSERT_FALSE(sec.empty()) << r.out;
+  EXPECT_TRUE(has_line(sec, "  config S: gpt 1 x 48")) << r.out;
+  for (const char* side : {"replica", "ec"}) {
+    const std::string prefix = std::string("  ") + side + ": elastic.on_change reshard";
+    bool found = false;
+    for (const std::string& l : sec)
+      if (l.rfind(prefix, 0) == 0) {
+        found = true;
+        EXPECT_NE(l.find("survivors' worker processes kept"), std::string::npos) << l;
+        EXPECT_NE(l.find(std::string(side) == "ec" ? "1 rebuilt from parity" : "1 replica"),
+                  std::string::npos)
+            << l;
+      }
+    EXPECT_TRUE(found) << side << "\n" << r.out;
+  }
+  EXPECT_TRUE(has_line(sec, "  checkpoint: elastic.on_change restart, checkpoint.every 6")) << r.out;
+  const std::vector<std::string> head = cells(sec, "phase");
+  ASSERT_EQ(head.size(), 5u) << r.out;
+  EXPECT_EQ(head[1], "replica s") << r.out;
+  EXPECT_EQ(head[2], "ec s") << r.out;
+  EXPECT_EQ(head[3], "checkpoint s") << r.out;
+  for (const char* phase : {"detect", "ready", "first step", "total"}) {
+    const std::vector<std::string> c = cells(sec, phase);
+    ASSERT_EQ(c.size(), 5u) << phase << "\n" << r.out;
+    for (int i : {1, 2, 3}) EXPECT_TRUE(is_number(c[size_t(i)])) << phase << "\n" << r.out;
+  }
+  for (const char* part : {"membership", "communicators", "plan", "read snapshots", "transfer"}) {
+    const std::vector<std::string> c = cells(sec, part);
+    ASSERT_EQ(c.size(), 5u) << part << "\n" << r.out;
+    EXPECT_TRUE(is_number(c[1]) && is_number(c[2])) << part << "\n" << r.out;
+    EXPECT_EQ(c[3], "-") << part << "\n" << r.out;
+  }
+  for (const char* part : {"rendezvous", "restart", "load"}) {
+    const std::vector<std::string> c = cells(sec, part);
+    ASSERT_EQ(c.size(), 5u) << part << "\n" << r.out;
+    EXPECT_EQ(c[1], "-") << part << "\n" << r.out;
+    EXPECT_TRUE(is_number(c[3])) << part << "\n" << r.out;
+  }
+  const std::vector<std::string> fd = cells(sec, "fetch + decode");
+  ASSERT_EQ(fd.size(), 5u) << r.out;
+  EXPECT_TRUE(is_number(fd[2]) && std::strtod(fd[2].c_str(), nullptr) > 0) << r.out;
+  EXPECT_TRUE(has_line(sec, "ratio checkpoint / replica: ")) << r.out;
+  EXPECT_TRUE(has_line(sec, "ratio checkpoint / ec: ")) << r.out;
+  EXPECT_TRUE(has_line(sec, "  ec rebuild (the agent's line): ")) << r.out;
+}
+
 TEST(BenchSnapshot, BadOptionsAreConfigErrorsNamingThem) {
   Result r = run("bench snapshot --parts encode,nope --mib 4");
   EXPECT_EQ(r.code, 2) << r.out;
@@ -219,7 +274,7 @@ TEST(BenchSnapshot, HelpListsTheParts) {
   Result r = run("bench snapshot --help");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("--parts"), std::string::npos) << r.out;
-  for (const char* part : {"encode", "overhead", "recovery"})
+  for (const char* part : {"encode", "overhead", "recovery", "node-loss"})
     EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
   r = run("bench --help");
   EXPECT_NE(r.out.find("weft bench snapshot"), std::string::npos) << r.out;
