@@ -244,7 +244,10 @@ SnapshotSegment SnapshotSegment::open(const std::string& name, bool writable) {
                       " bytes) to be a weft snapshot segment"));
   }
   int prot = PROT_READ | (writable ? PROT_WRITE : 0);
-  void* base = ::mmap(nullptr, size_t(st.st_size), prot, MAP_SHARED, fd, 0);
+  // Populated: whoever opens a segment reads or writes all of it (a verification, a restore,
+  // the next snapshot), and mapping its pages in one call costs a fraction of a fault per
+  // 4 KiB page (a restore of 0.6 GB per rank spent about 0.3 s faulting the slots in).
+  void* base = ::mmap(nullptr, size_t(st.st_size), prot, MAP_SHARED | MAP_POPULATE, fd, 0);
   int e = errno;
   ::close(fd);
   if (base == MAP_FAILED)

@@ -33,12 +33,29 @@ RankSnapshots::RankSnapshots(const core::JobSpec& spec, const parallel::LaunchEn
   (void)env;
 }
 
-RankSnapshots::~RankSnapshots() = default;
+RankSnapshots::~RankSnapshots() {
+  try {
+    settle(true);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft train: snapshot segments not reserved: %s\n", e.what());
+  }
+}
+
+void RankSnapshots::settle(bool wait) {
+  if (!pending_.valid()) return;
+  if (!wait && pending_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+  writer_ = pending_.get();
+}
 
 std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count, int64_t epoch) {
   release_offers();
   std::vector<HolderReport> out;
   if (!client_) return out;
+  try {
+    settle(true);  // the agent's client is this thread's again
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft train: snapshot segments not reserved: %s\n", e.what());
+  }
   std::vector<checkpoint::SegmentInfo> all;
   try {
     all = client_->list(epoch);
@@ -111,7 +128,8 @@ std::vector<core::Tensor> RankSnapshots::read(int rank, int64_t step,
 void RankSnapshots::release_offers() { offered_.clear(); }
 
 void RankSnapshots::attach(parallel::ParallelTrainer& trainer, const parallel::StateSpace& space,
-                           int64_t epoch, int node, int local_rank, int local_count) {
+                           int64_t epoch, int node, int local_rank, int local_count,
+                           bool background) {
   detach();
   trainer_ = &trainer;
   space_ = &space;
@@ -133,11 +151,19 @@ void RankSnapshots::attach(parallel::ParallelTrainer& trainer, const parallel::S
     res.ranks.push_back({r, trainer.world().size(), checkpoint::snapshot_payload_bytes(l)});
   }
   WEFT_CHECK(mine >= 0, "rank ", trainer.rank(), " is not among its node's ranks");
-  const std::vector<std::string> names = client_->segment(res);  // ConfigError: does not fit
-  writer_ = std::make_unique<checkpoint::SnapshotWriter>(
-      checkpoint::SnapshotSegment::open(names.at(size_t(mine)), true));
+  auto reserve = [client = client_.get(), res, mine] {
+    const std::vector<std::string> names = client->segment(res);  // ConfigError: does not fit
+    return std::make_unique<checkpoint::SnapshotWriter>(
+        checkpoint::SnapshotSegment::open(names.at(size_t(mine)), true));
+  };
+  if (background)
+    pending_ = std::async(std::launch::async, reserve);
+  else
+    writer_ = reserve();
   // The state before a step is the snapshot's until that step's first update: wait there.
+  // (writer_ changes only on this thread, in after_step and detach.)
   trainer.set_before_update([this] {
+    if (!writer_) return;
     if (std::optional<checkpoint::SnapshotMeta> m = writer_->wait()) committed_ = m;
   });
 }
@@ -155,9 +181,11 @@ void RankSnapshots::notify_committed(const checkpoint::SnapshotMeta& m) {
 
 void RankSnapshots::after_step() {
   if (!trainer_) return;
-  if (committed_) notify_committed(*std::exchange(committed_, std::nullopt));
   const int64_t done = trainer_->current_step();
-  if (done % spec_.snapshot.every != 0 || done == spec_.train.steps) return;
+  const bool due = done % spec_.snapshot.every == 0 && done != spec_.train.steps;
+  settle(due);  // a refusal of the reservation surfaces here: the job stops naming the key
+  if (committed_) notify_committed(*std::exchange(committed_, std::nullopt));
+  if (!due) return;
   checkpoint::SnapshotMeta meta;
   meta.job_id = job_id_;
   meta.kind = checkpoint::SegmentKind::kData;
@@ -174,7 +202,8 @@ void RankSnapshots::detach() {
   if (!trainer_) return;
   std::optional<checkpoint::SnapshotMeta> m;
   try {
-    m = writer_->wait();
+    settle(true);
+    if (writer_) m = writer_->wait();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weft train: snapshot not committed: %s\n", e.what());
   }

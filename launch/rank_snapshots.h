@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -48,10 +49,15 @@ class RankSnapshots {
   // (ConfigError naming snapshot.every when two slots each do not fit in the node's memory)
   // and makes the trainer wait for a copy in flight before its next update. `node` is this
   // node's index in the epoch; its ranks are this rank's - local_rank, `local_count` of them.
+  // `background`: the reservation runs on a thread and the first snapshot due waits for it
+  // (and throws its refusal): the agent allocates every page of the new slots, about 1 GB/s
+  // here, which would otherwise hold a resize or a recovery before its first step. A fresh
+  // start reserves in the foreground, so that a refusal comes before any training.
   void attach(parallel::ParallelTrainer& trainer, const parallel::StateSpace& space,
-              int64_t epoch, int node, int local_rank, int local_count);
+              int64_t epoch, int node, int local_rank, int local_count, bool background);
   // After a finished step: starts the copy of the state when snapshot.every divides the
-  // steps done, and tells the agent of the previous snapshot once committed.
+  // steps done (first taking a background reservation's segment, or its refusal), and tells
+  // the agent of the previous snapshot once committed.
   void after_step();
   // The world ends: the copy in flight is finished and committed (the state it copies is
   // the last complete one), and the trainer is forgotten.
@@ -63,6 +69,9 @@ class RankSnapshots {
 
  private:
   void notify_committed(const checkpoint::SnapshotMeta& m);
+  // Takes the background reservation's writer once it is done (`wait`: blocks until it is);
+  // rethrows its failure.
+  void settle(bool wait);
 
   const core::JobSpec& spec_;
   std::string job_id_;
@@ -73,6 +82,8 @@ class RankSnapshots {
   int64_t epoch_ = 0;
   int node_ = 0;
   std::unique_ptr<checkpoint::SnapshotWriter> writer_;
+  // A background reservation in flight: the only user of client_ until settled.
+  std::future<std::unique_ptr<checkpoint::SnapshotWriter>> pending_;
   std::optional<checkpoint::SnapshotMeta> committed_;  // not yet told to the agent
   // Offered snapshots by (old rank, step): a segment's committed slot, mapped while offered.
   struct Offered {

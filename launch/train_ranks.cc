@@ -418,7 +418,8 @@ void RankTraining::enter_world(const std::string& why) {
   if (latest >= 0) arrival_.went_back = latest - trainer_->current_step();
   snaps_.release_offers();
   if (snaps_.enabled())
-    snaps_.attach(*trainer_, ckpt_->space(), env_.rdzv_epoch, node_, env_.local_rank, local_count());
+    snaps_.attach(*trainer_, ckpt_->space(), env_.rdzv_epoch, node_, env_.local_rank, local_count(),
+                  /*background=*/!first_world_ || holders.found);
   arrival_.resume = since(t);
   laps.lap("resume");
   WEFT_DEBUG("resize", "epoch ", env_.rdzv_epoch, " entry: ", laps.text());
