@@ -3,7 +3,8 @@
 // the element type (float for training, double for gradient checks).
 //
 // Shapes are named once (llm.c style): B batch, T sequence, C channels, H heads,
-// hs = C/H head size, V vocabulary, N = B*T rows, and comments use them.
+// hs = C/H head size, KV key/value heads (grouped-query attention), V vocabulary,
+// N = B*T rows, and comments use them.
 //
 // Convention for gradient outputs: `accumulate == false` overwrites the output,
 // `true` adds into it (GEMM beta = 1). Parameter gradients always accumulate, so
@@ -61,11 +62,44 @@ void layernorm_backward(const T* dy, const T* x, const T* w, const T* mean, cons
                         std::type_identity_t<T>* dw, std::type_identity_t<T>* db, int64_t N,
                         int64_t C);
 
+// ---- RMSNorm over the last dim C (Llama), eps inside the sqrt ----------------
+// y = x / sqrt(mean(x^2) + eps) * w; x, y (N,C); w (C). Saves rstd(N) for the backward.
+// Backward: dx skipped when null; dw(C) += sum_n dy * x * rstd, skipped when null.
+template <typename T>
+void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t N, int64_t C, T eps);
+template <typename T>
+void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd,
+                      std::type_identity_t<T>* dx, bool accumulate_dx,
+                      std::type_identity_t<T>* dw, int64_t N, int64_t C);
+
+// ---- Rotary position embedding, rotate-half convention (Hugging Face Llama) ------
+// x, y (B,T,heads*hs), hs even. Position t = row index within the sequence; pair j of a
+// head is (j, j + hs/2) with angle t * theta^(-2j/hs) (computed in double):
+// y[j] = x[j] cos - x[j+hs/2] sin, y[j+hs/2] = x[j+hs/2] cos + x[j] sin.
+// y may equal x (in place). Applied to q (heads = H) and k (heads = KV) separately.
+template <typename T>
+void rope_forward(const T* x, T* y, int64_t B, int64_t Tn, int64_t heads, int64_t hs,
+                  double theta);
+// dx = the inverse rotation of dy (the rotation is orthogonal). dx may equal dy only when
+// accumulate_dx is false.
+template <typename T>
+void rope_backward(const T* dy, T* dx, bool accumulate_dx, int64_t B, int64_t Tn, int64_t heads,
+                   int64_t hs, double theta);
+
 // ---- GELU, tanh approximation ----------------------------------------------
 template <typename T>
 void gelu_forward(const T* x, T* y, int64_t n);
 template <typename T>
 void gelu_backward(const T* dy, const T* x, T* dx, bool accumulate_dx, int64_t n);
+
+// ---- SiLU-gated product (SwiGLU MLP): out = silu(gate) * up, silu(g) = g * sigmoid(g) ----
+// gate, up, out (n). Backward: dgate = dout * up * silu'(gate), dup = dout * silu(gate);
+// both are written (or added to, when accumulate) together.
+template <typename T>
+void swiglu_forward(const T* gate, const T* up, T* out, int64_t n);
+template <typename T>
+void swiglu_backward(const T* dout, const T* gate, const T* up, T* dgate, T* dup, bool accumulate,
+                     int64_t n);
 
 // ---- Softmax over the last dim ---------------------------------------------
 template <typename T>
@@ -84,6 +118,21 @@ void attention_forward(const T* qkv, T* out, T* att, int64_t B, int64_t Tn, int6
 template <typename T>
 void attention_backward(const T* dout, const T* qkv, const T* att, T* dqkv, bool accumulate_dqkv,
                         int64_t B, int64_t Tn, int64_t C, int64_t H);
+
+// ---- Grouped-query causal self-attention (Llama) ---------------------------------
+// q (B,T,H*hs), k and v (B,T,KV*hs), out (B,T,H*hs), heads contiguous in each row;
+// H % KV == 0 and query head h uses KV head h / (H/KV) (PyTorch's repeat_interleave),
+// without materialising the repeated K and V. att (B,H,T,T) as above; scale 1/sqrt(hs).
+// With KV = H and q, k, v taken from GPT's qkv this is attention_forward.
+template <typename T>
+void gqa_attention_forward(const T* q, const T* k, const T* v, T* out, T* att, int64_t B,
+                           int64_t Tn, int64_t H, int64_t KV, int64_t hs);
+// dq (B,T,H*hs), dk and dv (B,T,KV*hs): dk and dv sum over the H/KV query heads of their
+// group. `accumulate` applies to all three.
+template <typename T>
+void gqa_attention_backward(const T* dout, const T* q, const T* k, const T* v, const T* att, T* dq,
+                            T* dk, T* dv, bool accumulate, int64_t B, int64_t Tn, int64_t H,
+                            int64_t KV, int64_t hs);
 
 // ---- Embedding: out(B,T,C) = wte[tokens] + wpe[t] ------------------------------
 // Token ids outside [0, V) throw InternalError (validated earlier with a clear message).
