@@ -144,6 +144,33 @@ TEST(KernelsThreads, AttentionSameBitsForOneAndTwoThreads) {
   });
 }
 
+// Grouped-query attention sums dk and dv over the query heads of a group inside one thread;
+// the Llama point-wise kernels and RMSNorm's weight gradient (a column reduction) must not
+// depend on the thread count either.
+TEST(KernelsThreads, LlamaKernelsSameBitsForOneAndTwoThreads) {
+  const int64_t B = 2, Tn = 80, H = 4, KV = 2, hs = 8, N = B * Tn, C = 256;
+  const auto q = randn<float>(N * H * hs, 21), k = randn<float>(N * KV * hs, 22),
+             v = randn<float>(N * KV * hs, 23), dout = randn<float>(N * H * hs, 24);
+  const auto x = randn<float>(N * C, 25), w = randn<float>(C, 26), dy = randn<float>(N * C, 27);
+  expect_same_bits_1_and_2([&] {
+    std::vector<float> out(N * H * hs), att(B * H * Tn * Tn), dq(q.size()), dk(k.size()),
+        dv(v.size());
+    gqa_attention_forward(q.data(), k.data(), v.data(), out.data(), att.data(), B, Tn, H, KV, hs);
+    gqa_attention_backward(dout.data(), q.data(), k.data(), v.data(), att.data(), dq.data(),
+                           dk.data(), dv.data(), false, B, Tn, H, KV, hs);
+    std::vector<float> y(N * C), rstd(N), dx(N * C), dw(C, 0.f);
+    rmsnorm_forward(x.data(), w.data(), y.data(), rstd.data(), N, C, 1e-5f);
+    rmsnorm_backward(dy.data(), x.data(), w.data(), rstd.data(), dx.data(), false, dw.data(), N, C);
+    std::vector<float> r(N * C), dr(N * C), s(N * C), dg(N * C), du(N * C);
+    rope_forward(x.data(), r.data(), B, Tn, C / 64, 64, 10000.0);
+    rope_backward(dy.data(), dr.data(), false, B, Tn, C / 64, 64, 10000.0);
+    swiglu_forward(x.data(), dy.data(), s.data(), N * C);
+    swiglu_backward(y.data(), x.data(), dy.data(), dg.data(), du.data(), false, N * C);
+    return std::vector<std::vector<float>>{out, att, dq, dk, dv, y, rstd, dx, dw,
+                                           r,   dr,  s,  dg, du};
+  });
+}
+
 TEST(KernelsThreads, SetNumThreads) {
   const int saved = num_threads();
   set_num_threads(2);
