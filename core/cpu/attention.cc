@@ -57,7 +57,7 @@ void causal_forward(const Layout& L, const T* q, const T* k, const T* v, T* out,
     const T* Q = q + b * Tn * L.ldq + h * hs;  // (T,hs), row stride ldq
     const T* K = k + b * Tn * L.ldk + kh * hs;
     const T* V = v + b * Tn * L.ldv + kh * hs;
-    T* A = att + bh * Tn * Tn;              // (T,T)
+    T* A = att + bh * Tn * Tn;             // (T,T)
     T* O = out + b * Tn * L.ldo + h * hs;  // (T,hs), row stride ldo
     for (int64_t r0 = 0; r0 < Tn; r0 += kBlock) {
       const int64_t r1 = std::min(Tn, r0 + kBlock), rows = r1 - r0;

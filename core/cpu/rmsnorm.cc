@@ -33,8 +33,8 @@ void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t N, int64_t C
 // d rstd / dx = -rstd^3 x / C. dw += sum_n dy * xhat.
 template <typename T>
 void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd,
-                      std::type_identity_t<T>* dx, bool accumulate_dx,
-                      std::type_identity_t<T>* dw, int64_t N, int64_t C) {
+                      std::type_identity_t<T>* dx, bool accumulate_dx, std::type_identity_t<T>* dw,
+                      int64_t N, int64_t C) {
   WEFT_CHECK(N >= 0 && C > 0, "rmsnorm_backward: bad sizes N=", N, " C=", C);
   if (dx) {
 #pragma omp parallel for schedule(static) if (parallel : detail::worth_threads(N * C))

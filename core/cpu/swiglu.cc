@@ -47,9 +47,9 @@ void swiglu_backward(const T* dout, const T* gate, const T* up, T* dgate, T* dup
 
 template void swiglu_forward<float>(const float*, const float*, float*, int64_t);
 template void swiglu_forward<double>(const double*, const double*, double*, int64_t);
-template void swiglu_backward<float>(const float*, const float*, const float*, float*, float*,
-                                     bool, int64_t);
-template void swiglu_backward<double>(const double*, const double*, const double*, double*,
-                                      double*, bool, int64_t);
+template void swiglu_backward<float>(const float*, const float*, const float*, float*, float*, bool,
+                                     int64_t);
+template void swiglu_backward<double>(const double*, const double*, const double*, double*, double*,
+                                      bool, int64_t);
 
 }  // namespace weft::core::cpu

@@ -151,8 +151,8 @@ void check_rmsnorm_grad(int64_t N, int64_t C, uint64_t seed) {
       dx, tag + " dx");
   // dx null: only the weight gradient.
   Vec dw2(C, 0.0);
-  rmsnorm_backward<double>(R.data(), x.data(), w.data(), rstd.data(), nullptr, false, dw2.data(),
-                           N, C);
+  rmsnorm_backward<double>(R.data(), x.data(), w.data(), rstd.data(), nullptr, false, dw2.data(), N,
+                           C);
   expect_close(dw2, numeric_grad(loss, w), kFdTol, tag + " dw with dx null");
 }
 
@@ -187,8 +187,8 @@ TEST(LlamaKernels, RopeMatchesReferenceFormula) {
     int64_t B, Tn, heads, hs;
     double theta;
   };
-  for (const Case& c : {Case{2, 5, 3, 8, 10000.0}, Case{1, 33, 2, 2, 10000.0},
-                        Case{2, 7, 1, 16, 500000.0}}) {
+  for (const Case& c :
+       {Case{2, 5, 3, 8, 10000.0}, Case{1, 33, 2, 2, 10000.0}, Case{2, 7, 1, 16, 500000.0}}) {
     const Vec x = randn(c.B * c.Tn * c.heads * c.hs, 21);
     Vec y(x.size(), kNaN);
     rope_forward(x.data(), y.data(), c.B, c.Tn, c.heads, c.hs, c.theta);
@@ -241,8 +241,8 @@ TEST(LlamaKernels, RopeGrad) {
     const std::string tag = "rope T" + std::to_string(Tn) + " hs" + std::to_string(hs);
     expect_close(dx, numeric_grad(loss, x), kFdTol, tag + " dx");
     expect_accumulate_semantics(
-        [&](double* o, bool acc) { rope_backward(R.data(), o, acc, B, Tn, heads, hs, theta); },
-        dx, tag + " dx");
+        [&](double* o, bool acc) { rope_backward(R.data(), o, acc, B, Tn, heads, hs, theta); }, dx,
+        tag + " dx");
   }
 }
 
@@ -311,8 +311,8 @@ struct GqaShape {
 
 // Shapes: groups of 2, 3 and 4 query heads (4 = one KV head), KV = H, odd sequence lengths,
 // and T = 67 across the kernel's 64-row blocks.
-const std::vector<GqaShape> kGqaShapes = {{2, 5, 4, 2, 4}, {1, 7, 6, 2, 6}, {2, 3, 3, 3, 2},
-                                          {1, 9, 4, 1, 4}, {1, 67, 4, 2, 2}};
+const std::vector<GqaShape> kGqaShapes = {
+    {2, 5, 4, 2, 4}, {1, 7, 6, 2, 6}, {2, 3, 3, 3, 2}, {1, 9, 4, 1, 4}, {1, 67, 4, 2, 2}};
 
 // GPT's fused qkv (B,T,3C), C = H*hs, with KV head h / (H/KV) copied into head h of k and v.
 Vec repeat_into_qkv(const Vec& q, const Vec& k, const Vec& v, const GqaShape& s) {
@@ -379,8 +379,8 @@ TEST(LlamaKernels, GqaGrad) {
     Vec out(q.size()), att(s.B * s.H * s.Tn * s.Tn), dq(q.size()), dk(k.size()), dv(v.size());
     gqa_attention_forward(q.data(), k.data(), v.data(), out.data(), att.data(), s.B, s.Tn, s.H,
                           s.KV, s.hs);
-    gqa_attention_backward(R.data(), q.data(), k.data(), v.data(), att.data(), dq.data(),
-                           dk.data(), dv.data(), false, s.B, s.Tn, s.H, s.KV, s.hs);
+    gqa_attention_backward(R.data(), q.data(), k.data(), v.data(), att.data(), dq.data(), dk.data(),
+                           dv.data(), false, s.B, s.Tn, s.H, s.KV, s.hs);
     expect_close(dq, numeric_grad(loss, q), kFdTol, s.tag() + " dq");
     expect_close(dk, numeric_grad(loss, k), kFdTol, s.tag() + " dk");
     expect_close(dv, numeric_grad(loss, v), kFdTol, s.tag() + " dv");
@@ -413,9 +413,9 @@ TEST(LlamaKernels, GqaGrad) {
 
 TEST(LlamaKernels, GqaRejectsIndivisibleHeads) {
   Vec q(4 * 2), k(3 * 2), v(3 * 2), out(4 * 2), att(4);
-  EXPECT_THROW(gqa_attention_forward(q.data(), k.data(), v.data(), out.data(), att.data(), 1, 1, 4,
-                                     3, 2),
-               InternalError);
+  EXPECT_THROW(
+      gqa_attention_forward(q.data(), k.data(), v.data(), out.data(), att.data(), 1, 1, 4, 3, 2),
+      InternalError);
   EXPECT_THROW(gqa_attention_backward(out.data(), q.data(), k.data(), v.data(), att.data(),
                                       q.data(), k.data(), v.data(), false, 1, 1, 4, 0, 2),
                InternalError);
