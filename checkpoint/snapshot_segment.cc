@@ -229,7 +229,7 @@ SnapshotSegment SnapshotSegment::create(const std::string& name, int64_t capacit
   return s;
 }
 
-SnapshotSegment SnapshotSegment::open(const std::string& name, bool writable) {
+SnapshotSegment SnapshotSegment::open(const std::string& name, bool writable, bool populate) {
   int fd = ::shm_open(name.c_str(), writable ? O_RDWR : O_RDONLY, 0);
   if (fd < 0) {
     int e = errno;
@@ -244,10 +244,8 @@ SnapshotSegment SnapshotSegment::open(const std::string& name, bool writable) {
                       " bytes) to be a weft snapshot segment"));
   }
   int prot = PROT_READ | (writable ? PROT_WRITE : 0);
-  // Populated: whoever opens a segment reads or writes all of it (a verification, a restore,
-  // the next snapshot), and mapping its pages in one call costs a fraction of a fault per
-  // 4 KiB page (a restore of 0.6 GB per rank spent about 0.3 s faulting the slots in).
-  void* base = ::mmap(nullptr, size_t(st.st_size), prot, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* base = ::mmap(nullptr, size_t(st.st_size), prot, MAP_SHARED | (populate ? MAP_POPULATE : 0),
+                      fd, 0);
   int e = errno;
   ::close(fd);
   if (base == MAP_FAILED)

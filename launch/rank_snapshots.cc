@@ -73,7 +73,7 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count,
     const std::string& entry = e.name;
     try {
       auto seg = std::make_shared<checkpoint::SnapshotSegment>(
-          checkpoint::SnapshotSegment::open(e.name, false));
+          checkpoint::SnapshotSegment::open(e.name, false, /*populate=*/true));
       // Every committed slot: the newer may be of a step some other rank never finished
       // (killed mid-step, or mid-copy), an older one is then the step everybody has.
       for (int slot = 0; slot < seg->slots(); ++slot) {
@@ -154,7 +154,7 @@ void RankSnapshots::attach(parallel::ParallelTrainer& trainer, const parallel::S
   auto reserve = [client = client_.get(), res, mine] {
     const std::vector<std::string> names = client->segment(res);  // ConfigError: does not fit
     return std::make_unique<checkpoint::SnapshotWriter>(
-        checkpoint::SnapshotSegment::open(names.at(size_t(mine)), true));
+        checkpoint::SnapshotSegment::open(names.at(size_t(mine)), true, /*populate=*/true));
   };
   if (background)
     pending_ = std::async(std::launch::async, reserve);
