@@ -154,7 +154,7 @@ void RankSnapshots::attach(parallel::ParallelTrainer& trainer, const parallel::S
   auto reserve = [client = client_.get(), res, mine] {
     const std::vector<std::string> names = client->segment(res);  // ConfigError: does not fit
     return std::make_unique<checkpoint::SnapshotWriter>(
-        checkpoint::SnapshotSegment::open(names.at(size_t(mine)), true, /*populate=*/true));
+        checkpoint::SnapshotSegment::open(names.at(size_t(mine)), true));
   };
   if (background)
     pending_ = std::async(std::launch::async, reserve);
