@@ -17,11 +17,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <regex>
-#include <sstream>
 
 #include "base/check.h"
 #include "base/error.h"
@@ -39,41 +37,6 @@ constexpr int kNodes = 3;
 constexpr int kKillDone = 6;
 constexpr int kSteps = 100000;
 constexpr double kTarget = 20;  // the issue: recovery >= 20x faster than the disk restart
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// The children of `pid` (its workers and its snapshot agent).
-std::vector<pid_t> children_of(pid_t pid) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string stat = slurp(e.path() / "stat");
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close + 1));
-    std::string state;
-    long ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == pid) out.push_back(pid_t(std::stol(n)));
-  }
-  return out;
-}
-
-// The worker among `pid`'s children (the one with a rank in its environment), or -1.
-pid_t worker_of(pid_t pid) {
-  for (pid_t c : children_of(pid))
-    if (slurp("/proc/" + std::to_string(c) + "/environ").find(std::string("\0WEFT_RANK=", 11)) !=
-        std::string::npos)
-      return c;
-  return -1;
-}
 
 struct Side {
   std::string name;  // replica | ec | checkpoint

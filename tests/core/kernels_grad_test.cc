@@ -10,41 +10,12 @@
 #include <vector>
 
 #include "core/cpu/kernels.h"
+#include "tests/core/grad_check.h"
 
 namespace weft::core::cpu {
 namespace {
 
-using Vec = std::vector<double>;
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-Vec randn(size_t n, uint64_t seed, double scale = 1.0) {
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<double> d(0.0, scale);
-  Vec v(n);
-  for (double& x : v) x = d(gen);
-  return v;
-}
-
-double dot(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-// d loss / d x[i] by central differences; x is restored afterwards.
-Vec numeric_grad(const std::function<double()>& loss, Vec& x, double h = 1e-6) {
-  Vec g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double keep = x[i];
-    x[i] = keep + h;
-    const double lp = loss();
-    x[i] = keep - h;
-    const double lm = loss();
-    x[i] = keep;
-    g[i] = (lp - lm) / (2 * h);
-  }
-  return g;
-}
+using namespace gradcheck;
 
 // Max abs difference, relative to the size of the expected values (at least 1).
 void expect_close(const Vec& got, const Vec& want, double tol, const char* what) {
@@ -58,12 +29,6 @@ void expect_close(const Vec& got, const Vec& want, double tol, const char* what)
   }
   EXPECT_LE(worst / scale, tol) << what << ": element " << at << " got " << got[at] << " want "
                                 << want[at];
-}
-
-Vec plus(const Vec& a, const Vec& b) {
-  Vec c(a.size());
-  for (size_t i = 0; i < a.size(); ++i) c[i] = a[i] + b[i];
-  return c;
 }
 
 // Runs `backward(out, accumulate)` twice: into a NaN buffer with accumulate=false (must

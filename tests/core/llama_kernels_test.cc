@@ -17,50 +17,16 @@
 
 #include "base/error.h"
 #include "core/cpu/kernels.h"
+#include "tests/core/grad_check.h"
 
 namespace weft::core::cpu {
 namespace {
 
-using Vec = std::vector<double>;
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+using namespace gradcheck;
+
 // Central differences with h = 1e-6 in double: truncation ~h^2 and rounding ~1e-16 / h,
 // measured at 1e-10 .. 3e-9 relative here; a wrong term in a gradient is of order 1.
 constexpr double kFdTol = 1e-7;
-
-Vec randn(size_t n, uint64_t seed, double scale = 1.0) {
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<double> d(0.0, scale);
-  Vec v(n);
-  for (double& x : v) x = d(gen);
-  return v;
-}
-
-double dot(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-Vec plus(const Vec& a, const Vec& b) {
-  Vec c(a.size());
-  for (size_t i = 0; i < a.size(); ++i) c[i] = a[i] + b[i];
-  return c;
-}
-
-// d loss / d x[i] by central differences; x is restored afterwards.
-Vec numeric_grad(const std::function<double()>& loss, Vec& x, double h = 1e-6) {
-  Vec g(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double keep = x[i];
-    x[i] = keep + h;
-    const double lp = loss();
-    x[i] = keep - h;
-    const double lm = loss();
-    x[i] = keep;
-    g[i] = (lp - lm) / (2 * h);
-  }
-  return g;
-}
 
 // Max abs difference relative to the largest expected magnitude (at least 1); NaN counts
 // as the worst. Records the error under `what` and returns it.
