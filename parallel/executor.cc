@@ -373,8 +373,11 @@ void RankExecutor::complete(const Instr& in, PendingCollective& p) {
     // The group's communicator names its own rank; say which process was lost.
     const std::vector<int>& ranks = plan_.groups.at(size_t(in.group)).ranks;
     int lost = e.peer() >= 0 && size_t(e.peer()) < ranks.size() ? ranks[size_t(e.peer())] : -1;
-    throw PeerLostError(lost, "lost rank " + std::to_string(lost) + " (process group " +
-                                  std::to_string(in.group) + "): " + e.what());
+    const std::string group = "process group " + std::to_string(in.group);
+    throw PeerLostError(lost, (lost >= 0 ? "lost rank " + std::to_string(lost) + " (" + group + ")"
+                                         : "lost a peer of " + group +
+                                               " (the communicator did not say which)") +
+                                  ": " + e.what());
   }
 }
 
