@@ -56,6 +56,43 @@ void layernorm_backward(const bf16* dy, const bf16* x, const bf16* w, const floa
                         const float* rstd, bf16* dx, bool accumulate_dx, float* dw, float* db,
                         int64_t N, int64_t C, float* workspace, StreamHandle s);
 
+// ---- The Llama block's row and element-wise kernels (llama.cu) -------------------------
+// Each comes as a bf16 overload (training) and an f32 one (same f32 arithmetic, so tests
+// can check the formula tightly); shapes and semantics as core/cpu/kernels.h.
+// RMSNorm: x, y (N,C), w (C); rstd (N) f32. The sum of squares is f32 (the CPU's double).
+// Backward: dx (may be null) as the CPU; dw(C) += sum_n dy * x * rstd in f32, in a fixed
+// order (may be null); `workspace` holds rmsnorm_backward_workspace(N, C) floats.
+size_t rmsnorm_backward_workspace(int64_t N, int64_t C);
+void rmsnorm_forward(const bf16* x, const bf16* w, bf16* y, float* rstd, int64_t N, int64_t C,
+                     float eps, StreamHandle s);
+void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t N, int64_t C,
+                     float eps, StreamHandle s);
+void rmsnorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd, bf16* dx,
+                      bool accumulate_dx, float* dw, int64_t N, int64_t C, float* workspace,
+                      StreamHandle s);
+void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                      bool accumulate_dx, float* dw, int64_t N, int64_t C, float* workspace,
+                      StreamHandle s);
+// Rotary embedding, rotate-half: x, y (B,T,heads*hs), hs even; cos and sin of each angle
+// computed in double and rounded to f32, as the CPU's table. y may equal x. Backward
+// rotates back; dx may equal dy only when not accumulating.
+void rope_forward(const bf16* x, bf16* y, int64_t B, int64_t T, int64_t heads, int64_t hs,
+                  double theta, StreamHandle s);
+void rope_forward(const float* x, float* y, int64_t B, int64_t T, int64_t heads, int64_t hs,
+                  double theta, StreamHandle s);
+void rope_backward(const bf16* dy, bf16* dx, bool accumulate_dx, int64_t B, int64_t T,
+                   int64_t heads, int64_t hs, double theta, StreamHandle s);
+void rope_backward(const float* dy, float* dx, bool accumulate_dx, int64_t B, int64_t T,
+                   int64_t heads, int64_t hs, double theta, StreamHandle s);
+// SiLU-gated product out = silu(gate) * up (n); the backward writes (or adds to) both
+// dgate and dup.
+void swiglu_forward(const bf16* gate, const bf16* up, bf16* out, int64_t n, StreamHandle s);
+void swiglu_forward(const float* gate, const float* up, float* out, int64_t n, StreamHandle s);
+void swiglu_backward(const bf16* dout, const bf16* gate, const bf16* up, bf16* dgate, bf16* dup,
+                     bool accumulate, int64_t n, StreamHandle s);
+void swiglu_backward(const float* dout, const float* gate, const float* up, float* dgate,
+                     float* dup, bool accumulate, int64_t n, StreamHandle s);
+
 // ---- Softmax and cross-entropy (softmax_ce.cu) ----------------------------------------
 void softmax_forward(const bf16* x, bf16* y, int64_t rows, int64_t cols, StreamHandle s);
 // dx = y * (dy - sum(dy * y))
@@ -107,6 +144,21 @@ void attention_gemm_forward(BlasLt& blas, const bf16* qkv, bf16* out, bf16* att,
 void attention_gemm_backward(BlasLt& blas, const bf16* dout, const bf16* qkv, const bf16* att,
                              bf16* dqkv, bool accumulate_dqkv, float* dscores, bf16* ds, int64_t B,
                              int64_t T, int64_t C, int64_t H, StreamHandle s);
+// Grouped-query attention (Llama) on the same path: q (B,T,H*hs), k and v (B,T,KV*hs),
+// out (B,T,H*hs), att (B,H,T,T) bf16 as above; H % KV == 0 and query head h reads KV head
+// h / (H/KV) in place (no repeated K and V): for each of the H/KV positions within a group,
+// one GEMM strided over the KV heads. `scores` holds attention_gemm_workspace(T, H) floats.
+void gqa_attention_gemm_forward(BlasLt& blas, const bf16* q, const bf16* k, const bf16* v,
+                                bf16* out, bf16* att, float* scores, int64_t B, int64_t T,
+                                int64_t H, int64_t KV, int64_t hs, StreamHandle s);
+// dq (B,T,H*hs), dk and dv (B,T,KV*hs), `accumulate` for all three. dk and dv sum over the
+// group's query heads by GEMMs with beta 1 into the bf16 output, so they are rounded once
+// per query head of the group (once per call when KV = H). `dscores` holds
+// attention_gemm_workspace(T, H) floats, `ds` H*T*T bf16.
+void gqa_attention_gemm_backward(BlasLt& blas, const bf16* dout, const bf16* q, const bf16* k,
+                                 const bf16* v, const bf16* att, bf16* dq, bf16* dk, bf16* dv,
+                                 bool accumulate, float* dscores, bf16* ds, int64_t B, int64_t T,
+                                 int64_t H, int64_t KV, int64_t hs, StreamHandle s);
 // Row r of (rows, T), rows a multiple of T, is query r % T: softmax over keys [0, r % T],
 // zeros above. Backward: dS = P (dP - sum(dP P)) over the same keys.
 void causal_softmax_forward(const float* S, bf16* P, int64_t rows, int64_t T, StreamHandle s);
