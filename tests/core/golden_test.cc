@@ -62,8 +62,9 @@ void run_golden(const std::string& name, double loss_rel, DType dtype = DType::k
     EXPECT_NEAR(st.loss, e.at("loss"), loss_rel * e.at("loss")) << name << " step " << s;
     EXPECT_NEAR(st.grad_norm, e.at("grad_norm"), loss_rel * e.at("grad_norm")) << name << " step " << s;
     EXPECT_NEAR(st.lr, e.at("lr"), 1e-12 + 1e-9 * e.at("lr")) << name << " step " << s;
-    if (e.has("aux_loss") && e.at("aux_loss") > 0)
+    if (e.has("aux_loss") && e.at("aux_loss") > 0) {
       EXPECT_NEAR(st.aux_loss, e.at("aux_loss"), loss_rel * e.at("aux_loss")) << name << " step " << s;
+    }
     if (s == 0)
       expect_tensors_near(trainer.gradients(), io::load_safetensors(dir + "/grads0.safetensors"),
                           1e-4, name + " step-0 gradients");

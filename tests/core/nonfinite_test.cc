@@ -118,7 +118,9 @@ void skipped_step_equals_run_without_it(const JobSpec& spec) {
   EXPECT_EQ(a.current_step(), 2);
   w[5] = kept;
   expect_equal(optimizer_state(a), before);
-  if (a.moe_balance()) EXPECT_EQ(a.moe_balance()->bias_tensor(0).to_vector<float>(), bias_before);
+  if (a.moe_balance()) {
+    EXPECT_EQ(a.moe_balance()->bias_tensor(0).to_vector<float>(), bias_before);
+  }
 
   b.set_current_step(2);  // the run in which step 1's update never happened
   for (int k = 0; k < 3; ++k) {

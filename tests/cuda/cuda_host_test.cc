@@ -164,7 +164,9 @@ TEST(CudaOpTable, EveryOpTypeHasACudaBinding) {
   for (const OpDef& d : all_op_defs()) {
     const CudaOpDef* c = nullptr;
     EXPECT_NO_THROW(c = &cuda_op_def(d.type)) << d.type;
-    if (c) EXPECT_NE(c->run, nullptr) << d.type;
+    if (c) {
+      EXPECT_NE(c->run, nullptr) << d.type;
+    }
   }
   EXPECT_THROW(cuda_op_def("no-such-op"), InternalError);
 }
