@@ -263,6 +263,9 @@ Piece shift(Piece p, const Box& whole, int sign) {
   return p;
 }
 
+// Layouts the search expands before it gives up.
+constexpr int kSearchBudget = 4000;
+
 std::mutex cache_mu;
 std::unordered_map<std::string, RvdPath>& cache() {
   static std::unordered_map<std::string, RvdPath> c;
@@ -281,6 +284,7 @@ RvdPath search(const GroupLayout& from, const std::vector<std::optional<Piece>>&
   pq.push({0, 0, false});
   std::vector<char> done(1, 0);
   int pops = 0;
+  bool exhausted = false;
   while (!pq.empty()) {
     auto [c, id, goal] = pq.top();
     pq.pop();
@@ -294,7 +298,10 @@ RvdPath search(const GroupLayout& from, const std::vector<std::optional<Piece>>&
     }
     if (done[size_t(id)]) continue;
     done[size_t(id)] = 1;
-    if (++pops > 4000) break;
+    if (++pops > kSearchBudget) {
+      exhausted = true;
+      break;
+    }
     double extra;
     if (s.satisfied(states[size_t(id)], &extra)) pq.push({c + extra, id, true});
     std::vector<Move> moves;
@@ -320,8 +327,14 @@ RvdPath search(const GroupLayout& from, const std::vector<std::optional<Piece>>&
       pq.push({nc, nid, false});
     }
   }
+  // Two different answers: every layout reachable by the primitive moves was tried and none
+  // serves the need (impossible with these moves), or the search stopped at its budget (a
+  // path may exist further out).
   std::ostringstream os;
-  os << "no layout conversion found from";
+  os << (exhausted ? "layout conversion search gave up after " + std::to_string(kSearchBudget) +
+                         " layouts without reaching a path (a longer one may exist) from"
+                   : "no layout conversion exists (every layout the primitive moves reach was "
+                     "tried) from");
   for (const Piece& p : from) os << " " << piece_str(p);
   os << " to";
   for (const auto& p : need) os << " " << (p ? piece_str(*p) : "-");
@@ -391,11 +404,18 @@ RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piec
   for (const DimSlice& d : rel_whole) put(key, d.size);
   put(key, elem_bytes);
   put(key, cross_node);
-  for (double x : {cm.launch, cm.alpha_intra, cm.alpha_inter, cm.bw_intra, cm.bw_inter, cm.mem_bw}) {
+  // Every field of the cost model: the moves' costs read the CPU sharing terms too (cores,
+  // ranks_per_node, op_overhead, launch_oversub, active_ranks), and a search under another
+  // model must not get this one's path and costs.
+  for (double x : {cm.flops, cm.mem_bw, cm.launch, cm.alpha_intra, cm.bw_intra, cm.alpha_inter,
+                   cm.bw_inter, cm.op_overhead, cm.launch_oversub, cm.active_ranks}) {
     int64_t bits;
     std::memcpy(&bits, &x, sizeof bits);
     put(key, bits);
   }
+  put(key, cm.ranks_per_node);
+  put(key, cm.cores);
+  put(key, cm.device_memory);
   RvdPath path;
   bool hit = false;
   {

@@ -48,8 +48,10 @@ struct RvdPath {
 
 // The cheapest moves from `from` to a layout from which every member i with need[i] can cut
 // need[i] locally (the caller emits those cuts). Boxes are global coordinates inside
-// `whole`. Results are cached by the layouts relative to `whole`. Throws NotSupported when
-// no path exists within the search bound.
+// `whole`. Results are cached by the layouts relative to `whole` and every field of `cm`.
+// Throws NotSupported when no path exists ("no layout conversion exists": every layout the
+// moves reach was tried) or when the search gives up at its bound of 4000 layouts ("gave up
+// after ...": a longer path may exist).
 RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
                    const Box& whole, int64_t elem_bytes, const CostModel& cost, bool cross_node);
 

@@ -1,6 +1,9 @@
 // Phase 3's layout search: the cheapest collectives between RVD layouts.
 #include <gtest/gtest.h>
 
+#include <string>
+
+#include "base/error.h"
 #include "planner/rvd.h"
 
 namespace weft::planner {
@@ -63,6 +66,39 @@ TEST(Rvd, ReplicatedToSplitNeedsNoCommunication) {
   RvdPath p = rvd_search({whole_piece(), whole_piece()}, all({chunk(0, 1, 2), chunk(0, 0, 2)}), kWhole, 4, cm, false);
   EXPECT_TRUE(p.moves.empty());  // each member cuts its piece locally
   EXPECT_GT(p.cost, 0);
+}
+
+// The search's results are cached process-wide; a search under a cost model that differs
+// only in a CPU field (a fixed cost per local instruction) must get its own costs, not the
+// first model's (the key used to leave op_overhead, cores and the sharing terms out).
+TEST(Rvd, ASearchUnderAnotherCostModelGetsItsOwnCosts) {
+  CostModel gpu;
+  CostModel cpu = gpu;
+  cpu.op_overhead = 0.5;
+  const auto from = std::vector<Piece>{whole_piece(), whole_piece()};
+  const auto need = all({chunk(0, 1, 2), chunk(0, 0, 2)});
+  RvdPath a = rvd_search(from, need, kWhole, 4, gpu, false);
+  RvdPath b = rvd_search(from, need, kWhole, 4, cpu, false);
+  EXPECT_LT(a.cost, 0.01) << "a local cut of 1 KiB at the GPU model's memory bandwidth";
+  EXPECT_GE(b.cost, 0.5) << "the local cut pays op_overhead under the CPU model";
+  RvdPath again = rvd_search(from, need, kWhole, 4, gpu, false);
+  EXPECT_EQ(again.cost, a.cost) << "the first model's entry is still its own";
+}
+
+// A need no sequence of moves can serve: the search tries every reachable layout and says
+// that no conversion exists, which is not the same as giving up at its budget.
+TEST(Rvd, AnImpossibleNeedSaysNoConversionExistsNotThatTheSearchGaveUp) {
+  CostModel cm;
+  // Value parts are only ever reduced, never made: a third of a sum cannot come from halves.
+  try {
+    rvd_search({partial(0, 2), partial(1, 2)}, all({partial(0, 3), partial(1, 3)}), kWhole, 4, cm,
+               false);
+    FAIL() << "a conversion into thirds of a sum was found";
+  } catch (const NotSupported& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("no layout conversion exists"), std::string::npos) << what;
+    EXPECT_EQ(what.find("gave up"), std::string::npos) << what;
+  }
 }
 
 TEST(Rvd, StridedHeadsLayoutConvertsToContiguous) {
