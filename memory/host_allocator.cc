@@ -2,6 +2,8 @@
 // default one's kept blocks (host_allocator.h).
 #include "memory/host_allocator.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <new>
 
@@ -15,7 +17,15 @@ size_t round_block(size_t bytes) {
   return bytes == 0 ? a : (bytes + a - 1) / a * a;
 }
 
+size_t default_keep_cap() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? size_t(pages) * size_t(page) / 32 : size_t(256) << 20;
+}
+
 }  // namespace
+
+HostAllocator::HostAllocator(bool keep_freed, size_t keep_cap)
+    : keep_freed_(keep_freed), keep_cap_(keep_cap > 0 ? keep_cap : default_keep_cap()) {}
 
 HostAllocator::~HostAllocator() { trim(); }
 
@@ -64,7 +74,7 @@ void HostAllocator::free(void* ptr) {
     stats_.num_frees++;
     sizes_.erase(it);
     // Live plus kept stays what it was: within the peak.
-    keep = keep_freed_ && rounded >= kKeepBytes;
+    keep = keep_freed_ && rounded >= kKeepBytes && kept_bytes_ + rounded <= keep_cap_;
     if (keep) {
       const uint64_t age = next_age_++;
       kept_.emplace(age, std::make_pair(rounded, ptr));

@@ -7,8 +7,10 @@
 // over 32 MiB anew and unmaps it on free: on this project's VMs a ZeRO-3 step of 162M
 // parameters over 3 ranks spent 43% of its CPU time faulting in and clearing fresh pages,
 // and keeping blocks took its steps from 8.7-9.9 s to 6.4-7.9 s (two A/B runs). Kept blocks
-// never make the footprint (live plus kept) exceed the most that was ever live, so the
-// process holds no more memory than its own peak.
+// never make the footprint (live plus kept) exceed the most that was ever live, and never
+// exceed 1/32 of the machine's memory: several workers of a node, each holding its own peak
+// for good, plus their snapshot slots, ran a 24 GB machine out of memory (a 354M job at
+// two ranks with snapshot.every 1).
 #pragma once
 
 #include <cstdint>
@@ -24,7 +26,8 @@ class HostAllocator final : public Allocator {
  public:
   // Blocks of at least kKeepBytes are kept when freed if `keep_freed`.
   static constexpr size_t kKeepBytes = size_t(1) << 20;
-  explicit HostAllocator(bool keep_freed = false) : keep_freed_(keep_freed) {}
+  // At most `keep_cap` bytes are kept (0: 1/32 of the machine's physical memory).
+  explicit HostAllocator(bool keep_freed = false, size_t keep_cap = 0);
   ~HostAllocator() override;  // frees the kept blocks
   HostAllocator(const HostAllocator&) = delete;
   HostAllocator& operator=(const HostAllocator&) = delete;
@@ -48,6 +51,7 @@ class HostAllocator final : public Allocator {
   void release_kept_locked(size_t want_free);
 
   const bool keep_freed_;
+  const size_t keep_cap_;
   mutable std::mutex mu_;
   std::unordered_map<void*, size_t> sizes_;
   AllocatorStats stats_;

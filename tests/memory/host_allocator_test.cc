@@ -50,6 +50,16 @@ TEST(HostAllocatorKeep, ARequestOfAnotherSizeBeyondThePeakReturnsKeptBlocksFirst
   a.free(z);
 }
 
+TEST(HostAllocatorKeep, KeepsNoMoreThanItsCap) {
+  HostAllocator a(true, 4 * kMiB);
+  void* x = a.allocate(3 * kMiB);
+  void* y = a.allocate(3 * kMiB);
+  a.free(x);
+  a.free(y);  // 3 + 3 MiB would exceed the 4 MiB cap: y goes back to the system
+  EXPECT_EQ(a.bytes_kept(), 3 * kMiB);
+  EXPECT_EQ(a.stats().bytes_reserved, 3 * kMiB);
+}
+
 // Random programs of allocations and frees over a few large sizes: after every call, what the
 // allocator holds (live plus kept) is at most the largest live total so far, every block is
 // distinct, and a block's bytes survive until it is freed.
@@ -57,7 +67,7 @@ TEST(HostAllocatorKeep, LivePlusKeptNeverExceedsTheLivePeak) {
   std::mt19937 rng(11);
   const std::vector<size_t> sizes = {1 * kMiB, 3 * kMiB, 3 * kMiB + 64, 7 * kMiB};
   for (int program = 0; program < 20; ++program) {
-    HostAllocator a(true);
+    HostAllocator a(true, size_t(1) << 40);  // the peak bound alone, not the cap
     std::vector<std::pair<unsigned char*, size_t>> live;
     size_t live_bytes = 0, peak = 0;
     for (int op = 0; op < 200; ++op) {
