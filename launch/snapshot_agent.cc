@@ -790,8 +790,10 @@ int Agent::run() {
   take_lock();
   adopt();
   remove_abandoned();
-  listen();
+  // Peers (and the parity or replicas they adopt) before the Unix socket: a client's
+  // connect succeeds as soon as the socket listens, and by then every adoption is done.
   start_peers();
+  listen();
   signals_.async_wait([this](boost::system::error_code ec, int sig) {
     if (ec) return;
     say(str("got ", sig == SIGINT ? "SIGINT" : "SIGTERM", ": stopping; ", owned_.size(),
