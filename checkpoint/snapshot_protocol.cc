@@ -281,6 +281,13 @@ int64_t SnapshotAgentClient::committed(const std::string& name, int64_t step) {
   return reply.value("step", int64_t(-1));
 }
 
+bool SnapshotAgentClient::idle() {
+  const json reply = checked({{"op", "idle"}}, timeout_);
+  if (!reply.contains("idle") || !reply["idle"].is_boolean())
+    throw IoError(path_ + ": the agent's idle reply has no \"idle\" (an older agent?)");
+  return reply["idle"].get<bool>();
+}
+
 std::vector<SegmentInfo> SnapshotAgentClient::list(std::optional<int64_t> epoch) {
   json request = {{"op", "list"}};
   if (epoch) request["epoch"] = *epoch;

@@ -19,6 +19,12 @@
 //     holds for epoch E has a committed slot, it unlinks the node's segments of older
 //     epochs: a resize never leaves the node without one complete snapshot. The commit is
 //     then handed to the agent's background "on committed" stage (replica push, EC encode).
+//   {"op":"idle"} -> {"ok":true,"idle":bool}
+//     Whether the agent's "on committed" stage has sent every commit it was told of to its
+//     peers (replica push, parity chunks; a failed send counts as done). Workers ask before
+//     a snapshot is due and take it only when every node's agent is idle (lockstep
+//     snapshots, launch/rank_snapshots.h): a copy on another node is then never more than
+//     one snapshot behind its source. Always true without peers.
 //   {"op":"list"[,"epoch":E]} -> {"ok":true,"segments":[{"name","epoch","rank","capacity",
 //                     "owner_pid","committed":{meta} (absent while nothing was committed)},...]}
 //     The node's data segments, then the replicas it holds of other nodes' ranks (kind
@@ -125,6 +131,8 @@ class SnapshotAgentClient {
   std::vector<std::string> segment(const Reservation& r);
   // committed: returns the segment's newest committed step as the agent read it.
   int64_t committed(const std::string& name, int64_t step);
+  // idle: whether every commit told so far has been sent to the peers.
+  bool idle();
   // list; with `epoch` (a world of that epoch forms), an agent that keeps parity first
   // repairs corrupt blocks of its snapshots and rebuilds the lost nodes' (up to its own
   // limit of a minute), so the call waits up to kListWaitTimeout.

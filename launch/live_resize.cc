@@ -242,12 +242,14 @@ LossWatcher::~LossWatcher() {
   if (thread_.joinable()) thread_.join();
 }
 
-Agreed agree_at_step_end(comm::Communicator& world, bool stop, bool change) {
-  core::Tensor t = core::Tensor::from_vector<int32_t>({2}, {stop ? 1 : 0, change ? 1 : 0});
+Agreed agree_at_step_end(comm::Communicator& world, bool stop, bool change, bool snapshot_ready) {
+  core::Tensor t = core::Tensor::from_vector<int32_t>(
+      {3}, {stop ? 1 : 0, change ? 1 : 0, snapshot_ready ? 0 : 1});
   comm::AllReduceOptions o;
   o.op = comm::ReduceOp::kMax;
   world.all_reduce(t, o).wait();
-  return {t.data<int32_t>()[0] != 0, t.data<int32_t>()[1] != 0};
+  const int32_t* v = t.data<int32_t>();
+  return {v[0] != 0, v[1] != 0, v[2] == 0};
 }
 
 }  // namespace weft::launch

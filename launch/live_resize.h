@@ -125,12 +125,13 @@ class LossWatcher {
   std::thread thread_;
 };
 
-// Every rank's `stop` and `change` or-ed over the world, in one small all-reduce (the one the
-// step loop already does for Ctrl-C): every rank stops, or moves to the next epoch, after
-// the same step. Collective.
+// Every rank's `stop` and `change` or-ed over the world, and `snapshot_ready` and-ed, in one
+// small all-reduce (the one the step loop already does for Ctrl-C): every rank stops, or
+// moves to the next epoch, after the same step, and takes an in-memory snapshot there only
+// when every rank is ready for one (RankSnapshots::ready). Collective.
 struct Agreed {
-  bool stop = false, change = false;
+  bool stop = false, change = false, snapshot = false;
 };
-Agreed agree_at_step_end(comm::Communicator& world, bool stop, bool change);
+Agreed agree_at_step_end(comm::Communicator& world, bool stop, bool change, bool snapshot_ready);
 
 }  // namespace weft::launch

@@ -135,6 +135,7 @@ void RankSnapshots::attach(parallel::ParallelTrainer& trainer, const parallel::S
   space_ = &space;
   epoch_ = epoch;
   node_ = node;
+  due_ = waited_ = false;
   layout_ = parallel::layout_of(space, trainer.plan(), trainer.rank());
   // One reservation names every rank of this node (the agent retires a node's older epoch
   // only once all of them have committed in the new one); each worker sends the same one.
@@ -179,19 +180,44 @@ void RankSnapshots::notify_committed(const checkpoint::SnapshotMeta& m) {
   }
 }
 
-void RankSnapshots::after_step() {
-  if (!trainer_) return;
+bool RankSnapshots::ready() {
+  if (!trainer_) return false;
   const int64_t done = trainer_->current_step();
-  const bool due = done % spec_.snapshot.every == 0 && done != spec_.train.steps;
-  settle(due);  // a refusal of the reservation surfaces here: the job stops naming the key
+  if (done % spec_.snapshot.every == 0) due_ = true;
+  if (done == spec_.train.steps) due_ = false;  // the job ends: nothing to recover into
+  settle(due_);
   if (committed_) notify_committed(*std::exchange(committed_, std::nullopt));
-  if (!due) return;
+  if (!due_ || !writer_) return false;
+  if (spec_.snapshot.redundancy == "none") return true;
+  bool idle = false;
+  try {
+    idle = client_->idle();
+  } catch (const IoError& e) {
+    // An agent that does not answer (restarting, stopped) sends nothing either: waiting for
+    // it would stop every snapshot of the job; the slots' own copy still protects the node.
+    std::fprintf(stderr, "weft train: snapshot agent not asked whether it is idle: %s\n",
+                 e.what());
+    return true;
+  }
+  if (!idle && !std::exchange(waited_, true))
+    std::fprintf(stderr,
+                 "weft train: rank %d: the snapshot due after step %lld waits: the node's agent "
+                 "is still sending the previous one to its peers (snapshot.redundancy %s); "
+                 "later waits are not logged\n",
+                 trainer_->rank(), (long long)done, spec_.snapshot.redundancy.c_str());
+  return idle;
+}
+
+void RankSnapshots::after_agreement(bool take) {
+  if (!trainer_ || !take) return;
+  WEFT_CHECK(due_ && writer_, "a snapshot agreed on a rank that was not ready for it");
+  due_ = false;
   checkpoint::SnapshotMeta meta;
   meta.job_id = job_id_;
   meta.kind = checkpoint::SegmentKind::kData;
   meta.owner_node = node_;
   meta.epoch = epoch_;
-  meta.step = done;
+  meta.step = trainer_->current_step();
   meta.rank = trainer_->rank();
   meta.world = trainer_->world().size();
   meta.layout_hash = checkpoint::snapshot_layout_hash(layout_);

@@ -55,10 +55,21 @@ class RankSnapshots {
   // start reserves in the foreground, so that a refusal comes before any training.
   void attach(parallel::ParallelTrainer& trainer, const parallel::StateSpace& space,
               int64_t epoch, int node, int local_rank, int local_count, bool background);
-  // After a finished step: starts the copy of the state when snapshot.every divides the
-  // steps done (first taking a background reservation's segment, or its refusal), and tells
-  // the agent of the previous snapshot once committed.
-  void after_step();
+  // Lockstep snapshots: a snapshot is taken on every rank of a world or on none, and only
+  // once every node's agent has sent the previous one to its peers, so that a replica or
+  // parity is never more than one snapshot behind its source and the slots always hold a
+  // step common to every rank. When pushes are slow the interval grows by itself, which
+  // also bounds their cost per step.
+  //
+  // Before the step-end agreement, after every finished step: tells the agent of the
+  // previous snapshot once committed, and says whether this rank is ready for a snapshot
+  // due now: snapshot.every divides the steps done (or a snapshot due earlier is still
+  // waiting), a background reservation is done (its refusal throws here: the job stops
+  // naming the key), and with snapshot.redundancy the node's agent is idle.
+  bool ready();
+  // After the agreement, on every rank alike: `take` (every rank was ready) starts the copy
+  // of the state, in the background while the next step's forward and backward run.
+  void after_agreement(bool take);
   // The world ends: the copy in flight is finished and committed (the state it copies is
   // the last complete one), and the trainer is forgotten.
   void detach();
@@ -81,6 +92,8 @@ class RankSnapshots {
   parallel::RankLayout layout_;
   int64_t epoch_ = 0;
   int node_ = 0;
+  bool due_ = false;     // a snapshot is due and not yet taken (the same on every rank)
+  bool waited_ = false;  // this world already logged a snapshot waiting for the agent
   std::unique_ptr<checkpoint::SnapshotWriter> writer_;
   // A background reservation in flight: the only user of client_ until settled.
   std::future<std::unique_ptr<checkpoint::SnapshotWriter>> pending_;

@@ -141,6 +141,13 @@ class CommittedStage {
     }
     cv_.notify_one();
   }
+  // Nothing queued and no handler running: every commit posted so far was sent to the
+  // peers (or failed). Workers take their next snapshot only when every node's stage is
+  // idle (lockstep snapshots: RankSnapshots::ready).
+  bool idle() {
+    std::lock_guard<std::mutex> l(mu_);
+    return queue_.empty() && !busy_;
+  }
 
  private:
   void loop() {
@@ -150,19 +157,25 @@ class CommittedStage {
       if (stop_) return;  // what is queued is dropped: the segments stay for a restart
       CommittedEvent e = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
       l.unlock();
-      if (!handler_) continue;
-      try {
-        handler_(e);
-      } catch (const std::exception& x) {
-        say(str("on-committed stage failed for ", e.name, " step ", e.meta.step, ": ", x.what()));
+      if (handler_) {
+        try {
+          handler_(e);
+        } catch (const std::exception& x) {
+          say(str("on-committed stage failed for ", e.name, " step ", e.meta.step, ": ",
+                  x.what()));
+        }
       }
+      std::lock_guard<std::mutex> done(mu_);
+      busy_ = false;
     }
   }
   CommittedHandler handler_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<CommittedEvent> queue_;
+  bool busy_ = false;  // the handler runs an event popped from queue_
   bool stop_ = false;
   std::thread thread_;  // last: starts once the members above exist
 };
@@ -450,6 +463,7 @@ json Agent::handle(const std::string& line) {
       return committed(req["name"].get<std::string>(), req["step"].get<int64_t>());
     }
     if (op == "list") return list();
+    if (op == "idle") return {{"ok", true}, {"idle", stage_.idle()}};
     if (op == "peers") return peers(req);
     if (op == "endpoint")
       return {{"ok", true}, {"endpoint", listener_ ? listener_->endpoint() : std::string()}};
@@ -459,7 +473,7 @@ json Agent::handle(const std::string& line) {
       return finish(req["job"].get<std::string>());
     }
     return refusal("bad request: unknown op '" + op +
-                   "' (reserve, committed, list, peers, endpoint, finish)");
+                   "' (reserve, committed, idle, list, peers, endpoint, finish)");
   } catch (const std::invalid_argument& e) {
     return refusal(str("bad request: ", op, ": ", e.what()));
   } catch (const std::exception& e) {

@@ -592,10 +592,13 @@ std::optional<WorldEnd> RankTraining::one_step() {
   if (verdict != NonfiniteGuard::Verdict::kStop) ckpt_->after_step();
   if (saved_by_every(spec_, trainer_->current_step())) saved_at_ = trainer_->current_step();
   if (verdict == NonfiniteGuard::Verdict::kStop) throw Error(guard_.stop_message(st, first_bad));
-  snaps_.after_step();
+  const bool snapshot_ready = snaps_.ready();
   validate(trainer_->current_step() == spec_.train.steps);
-  // Every rank stops, or moves to the next epoch, after the same step.
-  const Agreed a = agree_at_step_end(trainer_->world(), g_train_stop != 0, watch_.newer().has_value());
+  // Every rank stops, or moves to the next epoch, after the same step; and snapshots there
+  // only if every rank can (lockstep snapshots).
+  const Agreed a = agree_at_step_end(trainer_->world(), g_train_stop != 0,
+                                     watch_.newer().has_value(), snapshot_ready);
+  snaps_.after_agreement(a.snapshot);
   if (a.stop) return WorldEnd::kStopped;
   if (a.change) return WorldEnd::kChange;
   return std::nullopt;

@@ -115,6 +115,34 @@ TEST_F(SnapshotReplica, ACommitIsListedByTheNextNodesAgentWithTheSameBytes) {
   EXPECT_FALSE(exists(rb));
 }
 
+// `idle` (lockstep snapshots): an agent is idle until told of a commit, busy while its push
+// to a frozen peer (SIGSTOP) waits, and idle again once the peer thaws and the push lands.
+TEST_F(SnapshotReplica, AnAgentIsNotIdleWhileItsPushToAFrozenPeerWaits) {
+  start_agent(0, "replica-test-token");
+  const pid_t peer = start_agent(1, "replica-test-token");
+  auto a = client(0), b = client(1);
+  const std::string ea = a->endpoint(), eb = b->endpoint();
+  a->peers(job_, 1, 0, {ea, eb});
+  b->peers(job_, 1, 1, {ea, eb});
+  const std::vector<std::string> da = a->segment(Reservation{job_, 0, 1, {{0, 2, kBytes}}, 0});
+  EXPECT_TRUE(a->idle());
+  write_snapshot(da[0], job_, 0, 1, 0, 2, 5);
+  a->committed(da[0], 5);
+  const std::string ra = segment_name(job_, SegmentKind::kReplica, 0, 1, 0);  // on node 1
+  ASSERT_TRUE(poll([&] { return a->idle(); })) << read(log(0));
+  ASSERT_EQ(listed_step(*b, ra), 5) << read(log(1));  // idle: the push has landed
+
+  ASSERT_EQ(::kill(peer, SIGSTOP), 0);
+  write_snapshot(da[0], job_, 0, 1, 0, 2, 6);
+  a->committed(da[0], 6);
+  EXPECT_FALSE(a->idle()) << read(log(0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(a->idle()) << "the push cannot have landed on a stopped peer\n" << read(log(0));
+  ASSERT_EQ(::kill(peer, SIGCONT), 0);
+  ASSERT_TRUE(poll([&] { return a->idle(); })) << read(log(0));
+  EXPECT_EQ(listed_step(*b, ra), 6) << read(log(0)) << read(log(1));
+}
+
 // An agent holding another token: the listener refuses it in the handshake (logged), the
 // pusher says so, and no replica of it exists anywhere. A stranger sending garbage is cut
 // off too; the listener serves on.

@@ -37,18 +37,18 @@ struct IpResult {
   std::string out;
 };
 
-// `ip ARGS...` without a shell; stdout and stderr together.
-IpResult run_ip(const std::vector<std::string>& args) {
+// `PROG ARGS...` (iproute2's ip or tc) without a shell; stdout and stderr together.
+IpResult run_tool(const char* prog, const std::vector<std::string>& args) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return {-1, std::string("pipe: ") + std::strerror(errno)};
-  std::vector<char*> argv{const_cast<char*>("ip")};
+  std::vector<char*> argv{const_cast<char*>(prog)};
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(fds[1], 1);
     ::dup2(fds[1], 2);
-    ::execvp("ip", argv.data());
+    ::execvp(prog, argv.data());
     ::_exit(127);
   }
   ::close(fds[1]);
@@ -69,8 +69,10 @@ IpResult run_ip(const std::vector<std::string>& args) {
   return r;
 }
 
-std::string joined(const std::vector<std::string>& args) {
-  std::string s = "ip";
+IpResult run_ip(const std::vector<std::string>& args) { return run_tool("ip", args); }
+
+std::string joined(const std::vector<std::string>& args, const char* prog = "ip") {
+  std::string s = prog;
   for (const std::string& a : args) s += " " + a;
   return s;
 }
@@ -350,6 +352,26 @@ int VirtualHosts::signal_host(int i, int sig) {
     if (!fresh) break;
   }
   return int(done.size());
+}
+
+void VirtualHosts::limit_rate_to(int i, int j, int port, int kbit) {
+  const std::string ns = hosts_.at(size_t(i)).netns, to = hosts_.at(size_t(j)).address;
+  auto tc = [](const std::vector<std::string>& args) {
+    IpResult r = run_tool("tc", args);
+    if (r.code != 0)
+      throw std::runtime_error("VirtualHosts: `" + joined(args, "tc") + "` failed (exit " +
+                               std::to_string(r.code) + "): " + r.out);
+  };
+  // htb (the classful qdisc this kernel has): class 1:10 takes everything at full speed as
+  // before, the filter sends the one service's packets to class 1:30, capped at the rate.
+  tc({"-n", ns, "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "10"});
+  tc({"-n", ns, "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:10", "htb", "rate",
+      "10gbit", "quantum", "60000"});
+  tc({"-n", ns, "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:30", "htb", "rate",
+      std::to_string(kbit) + "kbit", "ceil", std::to_string(kbit) + "kbit"});
+  tc({"-n", ns, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1",
+      "u32", "match", "ip", "dst", to + "/32", "match", "ip", "dport", std::to_string(port),
+      "0xffff", "flowid", "1:30"});
 }
 
 void VirtualHosts::link_down(int i) {

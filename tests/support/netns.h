@@ -65,6 +65,11 @@ class VirtualHosts {
   // Returns how many processes got it.
   int signal_host(int i, int sig);
 
+  // Host i's packets to TCP port `port` of host j leave at `kbit` kbit/s at most (tc: an htb
+  // class behind a filter on the destination); everything else at full speed. Once per host. A
+  // slow path to one service (a peer's snapshot agent), not a slow host.
+  void limit_rate_to(int i, int j, int port, int kbit);
+
   // Host i's cable: unplugged at the switch (both ends lose carrier) or plugged back (then
   // every host forgets the neighbours it could not reach, so it asks again at once).
   void link_down(int i);
