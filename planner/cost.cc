@@ -79,15 +79,24 @@ OpWork op_work(const core::Op& op, const std::string& part, const std::vector<co
     w.flop = 2 * numel(out(0)) * last(in(0));
   } else if (t == "linear.bwd" || t == "matmul.bwd") {
     w.flop = 4 * numel(in(0)) * last(in(1));
-  } else if (t == "attention" || t == "attention.bwd") {
-    // probs (B, h, T, T); head size d from the (h d) output or gradient.
-    const core::Shape probs = t == "attention" ? out(1) : in(2);
-    const core::Shape y = t == "attention" ? out(0) : in(0);
+  } else if (t == "attention" || t == "attention.bwd" || t == "gqa_attention" ||
+             t == "gqa_attention.bwd") {
+    // probs (B, h, T, T); head size d from the (h d) output or gradient. Grouped-query
+    // attention does the same work per query head (K and V are read, not repeated).
+    const bool fwd = t == "attention" || t == "gqa_attention";
+    const core::Shape probs = fwd ? out(1) : in(t == "attention.bwd" ? 2 : 4);
+    const core::Shape y = fwd ? out(0) : in(0);
     double h = probs.size() > 1 ? double(probs[1]) : 1, d = h > 0 ? last(y) / h : 1;
     w.flop = 4 * numel(probs) * d + 5 * numel(probs);
-    if (t == "attention.bwd") w.flop *= 2;
+    if (!fwd) w.flop *= 2;
   } else if (t == "layernorm" || t == "layernorm.bwd") {
     w.flop = (t == "layernorm" ? 8 : 16) * numel(in(0));
+  } else if (t == "rmsnorm" || t == "rmsnorm.bwd") {
+    w.flop = (t == "rmsnorm" ? 5 : 10) * numel(in(0));
+  } else if (t == "rope" || t == "rope.bwd") {
+    w.flop = 3 * numel(in(0));
+  } else if (t == "swiglu" || t == "swiglu.bwd") {
+    w.flop = (t == "swiglu" ? 8 : 14) * numel(in(0));
   } else if (t == "gelu" || t == "gelu.bwd") {
     w.flop = 10 * numel(in(0));
   } else if (t == "add" || t == "add.bwd") {

@@ -64,7 +64,7 @@ GraphInfo::GraphInfo(const core::Graph& graph, const ParallelConfig& config,
   for (int id : g.ops_in_phase(core::Phase::kForward)) {
     const core::Op& op = g.op(id);
     if (pc.recompute == "selective") {
-      recompute[size_t(id)] = op.type == "attention";
+      recompute[size_t(id)] = op.type == "attention" || op.type == "gqa_attention";
     } else if (pc.recompute == "full" && op.layer >= 0) {
       // Every op of a layer except those whose outputs leave it (the layer's output is
       // the checkpoint the recomputation starts from).

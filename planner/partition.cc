@@ -47,6 +47,17 @@ bool vocab_symbol(const std::string& type, const std::string& symbol) {
          ((type == "matmul" || type == "matmul.bwd") && symbol == "n");
 }
 
+// Head symbols that never stand alone in an annotation are sized from the op's attributes:
+// h (heads), g (KV heads), r (query heads per KV head), d (head size). -1 when unknown.
+int64_t head_symbol_size(const Op& op, const std::string& symbol) {
+  const int64_t H = op.attrs.i_or("heads", -1), KV = op.attrs.i_or("kv_heads", -1);
+  if (symbol == "h") return H;
+  if (symbol == "g") return KV;
+  if (symbol == "r") return H > 0 && KV > 0 && H % KV == 0 ? H / KV : -1;
+  if (symbol == "d") return op.attrs.i_or("head_dim", -1);
+  return -1;
+}
+
 int find_dim(const AnnotatedTensor& t, const std::vector<std::string>& syms, int* pos) {
   for (size_t d = 0; d < t.size(); ++d)
     for (size_t p = 0; p < t[d].size(); ++p)
@@ -166,7 +177,7 @@ int64_t symbol_size(const Graph& g, int op_id, const std::string& symbol) {
             for (size_t e = 0; e < ot.size() && e < os.size(); ++e)
               if (ot[e].size() == 1 && ot[e][0].name == name) other = os[e];
           }
-          if (name == "h" && other < 0) other = op.attrs.i_or("heads", -1);
+          if (other < 0) other = head_symbol_size(op, name);
           if (other < 0) hits = -100;  // two unknowns in this group
           else known *= other;
         }
@@ -185,7 +196,7 @@ int64_t symbol_size(const Graph& g, int op_id, const std::string& symbol) {
     int ai = annotation_output(op, int(j));
     if (ai < int(a.outputs().size()) && scan(a.outputs()[ai], op.outputs[j], &size)) return size;
   }
-  if (symbol == "h" && op.attrs.ints.count("heads")) return op.attrs.i("heads");
+  if (int64_t n = head_symbol_size(op, symbol); n > 0) return n;
   throw InternalError("op %" + std::to_string(op_id) + " " + op.type + ": cannot size symbol '" +
                       symbol + "'");
 }
@@ -248,7 +259,7 @@ SubOp partition_one(const Graph& g, const SubOp& base, const std::string& symbol
   } else if (t == "linear.bwd" && symbol == "k") {
     keep_whole(op, base, s, {2});  // every part computes the whole bias gradient
   } else if (t == "embedding" && symbol == "v") {
-    s.ins[2].dropped = k != 0;  // vocab-parallel: positions added by part 0 only
+    if (s.ins.size() > 2) s.ins[2].dropped = k != 0;  // vocab-parallel: positions added by part 0 only
   } else if (t == "embedding.bwd" && symbol == "v") {
     keep_whole(op, base, s, {1});
   } else if (t == "moe" && symbol == "f") {

@@ -275,7 +275,11 @@ std::vector<OpDecision> decide_partitions(const core::Graph& g, const ParallelCo
     int64_t groups = 0;
     for (int c : consumers[out]) {
       const std::string& t = g.op(c).type;
-      int64_t want = t == "attention" ? 3 : (t == "gelu" || t == "cross_entropy") ? 1 : 0;
+      // Llama: rope (of q and k), grouped-query attention (of v) and swiglu (of gate and
+      // up) read whole heads or hidden units in one contiguous chunk per lane.
+      const bool contiguous = t == "gelu" || t == "cross_entropy" || t == "rope" ||
+                              t == "gqa_attention" || t == "swiglu";
+      int64_t want = t == "attention" ? 3 : contiguous ? 1 : 0;
       if (want == 0 || (groups && groups != want)) return 0;
       groups = want;
     }
@@ -316,7 +320,25 @@ std::vector<OpDecision> decide_partitions(const core::Graph& g, const ParallelCo
         lay[op.outputs[0]] = TpLayout{'D', 2, 1};
         lay[op.outputs[1]] = TpLayout{'D', 1, 1};
       }
-    } else if (tp > 1 && (t == "gelu" || t == "add")) {
+    } else if (tp > 1 && t == "rope") {
+      TpLayout x = L(op.inputs[0]);
+      if (x.kind == 'D' && x.dim == 2 && x.groups == 1) {
+        add_tp("h", 1);
+        lay[op.outputs[0]] = x;
+      }
+    } else if (tp > 1 && t == "gqa_attention") {
+      // q, k and v all split by whole KV-head groups: the lanes split the KV heads g.
+      bool split = true;
+      for (int v : op.inputs) {
+        TpLayout y = L(v);
+        split = split && y.kind == 'D' && y.dim == 2 && y.groups == 1;
+      }
+      if (split) {
+        add_tp("g", 1);
+        lay[op.outputs[0]] = TpLayout{'D', 2, 1};
+        lay[op.outputs[1]] = TpLayout{'D', 1, 1};
+      }
+    } else if (tp > 1 && (t == "gelu" || t == "add" || t == "swiglu")) {
       TpLayout x = L(op.inputs[0]);
       bool same = x.kind == 'D' && x.groups == 1;
       for (int v : op.inputs) {
@@ -324,7 +346,7 @@ std::vector<OpDecision> decide_partitions(const core::Graph& g, const ParallelCo
         same = same && y.kind == 'D' && y.dim == x.dim && y.groups == 1;
       }
       if (same) {
-        const char* syms[] = {"b", "t", t == "gelu" ? "n" : "c"};
+        const char* syms[] = {"b", "t", t == "add" ? "c" : "n"};
         add_tp(syms[x.dim], 1);
         lay[op.outputs[0]] = x;
       }

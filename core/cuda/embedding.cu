@@ -12,7 +12,8 @@ __global__ void k_emb_fwd(const int32_t* tokens, const __nv_bfloat16* wte, const
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < BT * C;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t bt = i / C, c = i % C;
-    st(out, i, ld(wte, int64_t(tokens[bt]) * C + c) + ld(wpe, (bt % T) * C + c));
+    // No wpe: a model without learned positions (Llama's rotary positions act in attention).
+    st(out, i, ld(wte, int64_t(tokens[bt]) * C + c) + (wpe ? ld(wpe, (bt % T) * C + c) : 0.0f));
   }
 }
 

@@ -108,7 +108,8 @@ void cross_entropy_backward(const bf16* probs, const int32_t* targets, float dlo
                             bool accumulate, int64_t N, int64_t V, StreamHandle s);
 
 // ---- Embedding (embedding.cu) ----------------------------------------------------------
-// out(B,T,C) = wte[tokens] + wpe[t]; ids are checked on the host before upload.
+// out(B,T,C) = wte[tokens] + wpe[t] (wpe may be null: no position table); ids are checked
+// on the host before upload.
 void embedding_forward(const int32_t* tokens, const bf16* wte, const bf16* wpe, bf16* out,
                        int64_t B, int64_t T, int64_t C, StreamHandle s);
 // dwte(V,C) += scatter(dout) (f32 atomics: the order of the adds varies from run to run),

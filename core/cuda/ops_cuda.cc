@@ -39,13 +39,14 @@ const int32_t* ids(const Tensor* t) { return t->data<int32_t>(); }
 // ---- embedding ------------------------------------------------------------------------
 void run_embedding(CudaOpContext& c) {
   const Tensor &tok = *c.in[0], &wte = *c.in[1];
-  embedding_forward(ids(&tok), cb(c.in[1]), cb(c.in[2]), mb(c.out[0]), tok.size(0), tok.size(1),
-                    wte.size(1), c.env.stream);
+  embedding_forward(ids(&tok), cb(c.in[1]), c.in.size() > 2 ? cb(c.in[2]) : nullptr, mb(c.out[0]),
+                    tok.size(0), tok.size(1), wte.size(1), c.env.stream);
 }
 void run_embedding_bwd(CudaOpContext& c) {
   const Tensor &dx = *c.in[0], &tok = *c.in[1];
-  embedding_backward(cb(&dx), ids(&tok), mf(out_or_null(c, 0)), mf(out_or_null(c, 1)), tok.size(0),
-                     tok.size(1), dx.size(-1), c.env.stream);
+  Tensor* dwpe = c.op.attrs.i_or("has_wpe", 1) ? out_or_null(c, 1) : nullptr;  // Llama: no wpe
+  embedding_backward(cb(&dx), ids(&tok), mf(out_or_null(c, 0)), mf(dwpe), tok.size(0), tok.size(1),
+                     dx.size(-1), c.env.stream);
 }
 
 // ---- layernorm -------------------------------------------------------------------------
@@ -162,6 +163,96 @@ void run_attention_bwd(CudaOpContext& c) {
                           c.env.stream);
 }
 
+// ---- the Llama block (as core/graph/ops_llama.cc) ----------------------------------------
+int64_t heads_of(const Tensor& x, const Op& op) {
+  const int64_t hd = op.attrs.i("head_dim");
+  WEFT_CHECK(hd > 0 && x.size(-1) % hd == 0, op.type, ": width ", x.size(-1),
+             " is not whole heads of ", hd);
+  return x.size(-1) / hd;
+}
+// Backward kernels that write several gradients take one accumulate flag: with mixed flags
+// they write bf16 scratch, then each is added to or copied into its output.
+template <typename Kernel>
+void run_multi_grad(CudaOpContext& c, int n, Kernel&& kernel) {
+  std::vector<Tensor*> outs;
+  bool same = true;
+  for (int k = 0; k < n; ++k) {
+    Tensor* t = out_or_null(c, k);
+    WEFT_CHECK(t, c.op.type, ": gradient ", k, " was skipped, but the kernel writes all ", n);
+    outs.push_back(t);
+    same = same && acc_of(c, k) == acc_of(c, 0);
+  }
+  std::vector<Tensor> tmp;
+  std::vector<bf16*> p;
+  for (Tensor* t : outs) {
+    if (same) {
+      p.push_back(mb(t));
+      continue;
+    }
+    tmp.push_back(c.scratch(t->shape(), DType::kBF16));
+    p.push_back(mb(&tmp.back()));
+  }
+  kernel(p, same && acc_of(c, 0));
+  if (same) return;
+  for (int k = 0; k < n; ++k) {
+    if (acc_of(c, k)) accumulate(cb(&tmp[size_t(k)]), mb(outs[size_t(k)]), tmp[size_t(k)].numel(), c.env.stream);
+    else copy_device(tmp[size_t(k)], *outs[size_t(k)], c.env.stream);
+  }
+}
+
+void run_rmsnorm(CudaOpContext& c) {
+  const Tensor& x = *c.in[0];
+  rmsnorm_forward(cb(&x), cb(c.in[1]), mb(c.out[0]), mf(c.out[1]), rows(x), x.size(-1),
+                  float(c.op.attrs.f("eps")), c.env.stream);
+}
+void run_rmsnorm_bwd(CudaOpContext& c) {
+  const Tensor& x = *c.in[1];
+  const int64_t C = x.size(-1), N = rows(x);
+  Tensor* dx = out_or_null(c, 0);
+  Tensor ws = c.scratch({int64_t(rmsnorm_backward_workspace(N, C))}, DType::kF32);
+  rmsnorm_backward(cb(c.in[0]), cb(&x), cb(c.in[2]), c.in[3]->data<float>(), mb(dx),
+                   dx && acc_of(c, 0), mf(out_or_null(c, 1)), N, C, ws.data<float>(), c.env.stream);
+}
+void run_rope(CudaOpContext& c) {
+  const Tensor& x = *c.in[0];
+  rope_forward(cb(&x), mb(c.out[0]), x.size(0), x.size(1), heads_of(x, c.op),
+               c.op.attrs.i("head_dim"), c.op.attrs.f("theta"), c.env.stream);
+}
+void run_rope_bwd(CudaOpContext& c) {
+  const Tensor& dy = *c.in[0];
+  rope_backward(cb(&dy), mb(c.out[0]), c.accumulate(0), dy.size(0), dy.size(1), heads_of(dy, c.op),
+                c.op.attrs.i("head_dim"), c.op.attrs.f("theta"), c.env.stream);
+}
+void run_swiglu(CudaOpContext& c) {
+  swiglu_forward(cb(c.in[0]), cb(c.in[1]), mb(c.out[0]), c.in[0]->numel(), c.env.stream);
+}
+void run_swiglu_bwd(CudaOpContext& c) {
+  const Tensor& dy = *c.in[0];
+  run_multi_grad(c, 2, [&](const std::vector<bf16*>& g, bool acc) {
+    swiglu_backward(cb(&dy), cb(c.in[1]), cb(c.in[2]), g[0], g[1], acc, dy.numel(), c.env.stream);
+  });
+}
+// Grouped-query attention always takes the cuBLASLt path (the flash kernel reads GPT's qkv).
+void run_gqa_attention(CudaOpContext& c) {
+  const Tensor &q = *c.in[0], &k = *c.in[1];
+  const int64_t H = heads_of(q, c.op), T = q.size(1);
+  Tensor scores = c.scratch({int64_t(attention_gemm_workspace(T, H))}, DType::kF32);
+  gqa_attention_gemm_forward(*c.env.blas, cb(&q), cb(&k), cb(c.in[2]), mb(c.out[0]), mb(c.out[1]),
+                             scores.data<float>(), q.size(0), T, H, heads_of(k, c.op),
+                             c.op.attrs.i("head_dim"), c.env.stream);
+}
+void run_gqa_attention_bwd(CudaOpContext& c) {
+  const Tensor &q = *c.in[1], &k = *c.in[2];
+  const int64_t H = heads_of(q, c.op), T = q.size(1);
+  Tensor dscores = c.scratch({int64_t(attention_gemm_workspace(T, H))}, DType::kF32);
+  Tensor ds = c.scratch({H, T, T}, DType::kBF16);
+  run_multi_grad(c, 3, [&](const std::vector<bf16*>& g, bool acc) {
+    gqa_attention_gemm_backward(*c.env.blas, cb(c.in[0]), cb(&q), cb(&k), cb(c.in[3]), cb(c.in[4]),
+                                g[0], g[1], g[2], acc, dscores.data<float>(), mb(&ds), q.size(0), T, H,
+                                heads_of(k, c.op), c.op.attrs.i("head_dim"), c.env.stream);
+  });
+}
+
 // ---- cross-entropy (mean over the B*T rows of the micro-batch) ---------------------------
 void run_cross_entropy(CudaOpContext& c) {
   const Tensor &logits = *c.in[0], &tgt = *c.in[1];
@@ -234,6 +325,14 @@ const std::vector<CudaOpDef>& all_cuda_op_defs() {
       {"add.bwd", run_add_bwd},
       {"attention", run_attention},
       {"attention.bwd", run_attention_bwd},
+      {"rmsnorm", run_rmsnorm},
+      {"rmsnorm.bwd", run_rmsnorm_bwd},
+      {"rope", run_rope},
+      {"rope.bwd", run_rope_bwd},
+      {"swiglu", run_swiglu},
+      {"swiglu.bwd", run_swiglu_bwd},
+      {"gqa_attention", run_gqa_attention},
+      {"gqa_attention.bwd", run_gqa_attention_bwd},
       {"cross_entropy", run_cross_entropy},
       {"cross_entropy.bwd", run_cross_entropy_bwd},
       {"moe", run_on_host, true},
@@ -261,6 +360,7 @@ DeviceLayout device_layout(const Graph& g, const Op& op, size_t k, AttentionImpl
   if (op.type == "attention" && k == 1 && attention == AttentionImpl::kFlash)
     return {{v.shape.at(0), v.shape.at(1), v.shape.at(2)}, DType::kF32};  // log-sum-exp
   if (op.type == "layernorm" && k >= 1) return {v.shape, DType::kF32};    // mean, rstd
+  if (op.type == "rmsnorm" && k == 1) return {v.shape, DType::kF32};      // rstd
   if (v.persistent || v.role == Role::kScalar) return {v.shape, v.dtype};
   if (v.dtype == DType::kF32) return {v.shape, DType::kBF16};
   return {v.shape, v.dtype};

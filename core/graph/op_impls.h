@@ -31,6 +31,20 @@ void run_cross_entropy(OpContext&);
 void run_cross_entropy_bwd(OpContext&);
 void bwd_cross_entropy(Autodiff&, const Op&);
 
+// the Llama block (ops_llama.cc)
+void run_rmsnorm(OpContext&);
+void run_rmsnorm_bwd(OpContext&);
+void bwd_rmsnorm(Autodiff&, const Op&);
+void run_rope(OpContext&);
+void run_rope_bwd(OpContext&);
+void bwd_rope(Autodiff&, const Op&);
+void run_swiglu(OpContext&);
+void run_swiglu_bwd(OpContext&);
+void bwd_swiglu(Autodiff&, const Op&);
+void run_gqa_attention(OpContext&);
+void run_gqa_attention_bwd(OpContext&);
+void bwd_gqa_attention(Autodiff&, const Op&);
+
 // mixture of experts (ops_moe.cc)
 void run_moe(OpContext&);
 void run_moe_bwd(OpContext&);

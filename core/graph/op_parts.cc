@@ -237,6 +237,7 @@ int output_position(const Op& op, int ai) {
 bool always_accumulates(const std::string& type, int ai) {
   if (type == "linear.bwd" || type == "layernorm.bwd") return ai == 1 || ai == 2;
   if (type == "matmul.bwd") return ai == 1;
+  if (type == "rmsnorm.bwd") return ai == 1;
   return false;
 }
 

@@ -33,6 +33,26 @@ const std::vector<OpDef>& all_op_defs() {
       {"attention", "b t^ (3 h d^) -> b t^ (h d^), b h t^ s^", run_attention, bwd_attention},
       {"attention.bwd", "b t^ (h d^), b t^ (3 h d^), b h t^ s^ -> b t^ (3 h d^)",
        run_attention_bwd},
+      // The Llama block. RMSNorm: x, w -> y, rstd; the channel dim stays whole.
+      {"rmsnorm", "b t c^, c^ -> b t c^, b t", run_rmsnorm, bwd_rmsnorm},
+      {"rmsnorm.bwd", "b t c^, b t c^, c^, b t -> b t c^, c^", run_rmsnorm_bwd},
+      // Rotary embedding of q or k (B,T,(h d)): per head and position, so heads split and
+      // the head dim and positions stay whole.
+      {"rope", "b t^ (h d^) -> b t^ (h d^)", run_rope, bwd_rope},
+      {"rope.bwd", "b t^ (h d^) -> b t^ (h d^)", run_rope_bwd},
+      // SiLU-gated product silu(gate) * up: element-wise, the hidden dim n splits.
+      {"swiglu", "b t n, b t n -> b t n", run_swiglu, bwd_swiglu},
+      {"swiglu.bwd", "b t n, b t n, b t n -> b t n, b t n", run_swiglu_bwd},
+      // Grouped-query attention: q (B,T,(g r d)), k and v (B,T,(g d)) -> y (B,T,(g r d)),
+      // att (B,(g r),T,T). Query head h = g*r + i reads KV head g, so splitting the KV heads
+      // g splits every operand into contiguous whole groups (tp by KV heads); r (query heads
+      // per KV head) and d are sized from the op's heads, kv_heads and head_dim attributes.
+      {"gqa_attention", "b t^ (g r^ d^), b t^ (g d^), b t^ (g d^) -> b t^ (g r^ d^), b (g r^) t^ s^",
+       run_gqa_attention, bwd_gqa_attention},
+      {"gqa_attention.bwd",
+       "b t^ (g r^ d^), b t^ (g r^ d^), b t^ (g d^), b t^ (g d^), b (g r^) t^ s^ -> "
+       "b t^ (g r^ d^), b t^ (g d^), b t^ (g d^)",
+       run_gqa_attention_bwd},
       // logits (B,T,V), targets (B,T) -> mean loss, probs (B,T,V). Vocab-parallel
       // cross-entropy is a custom rule (max and sum-exp all-reduced across v shards).
       {"cross_entropy", "b t v^, b t -> 1, b t v^", run_cross_entropy, bwd_cross_entropy},

@@ -2,64 +2,48 @@
 // Shapes: B batch, T sequence, C channels, H heads, V vocabulary, N = B*T rows.
 #include "base/check.h"
 #include "core/cpu/kernels.h"
+#include "core/graph/op_bind.h"
 #include "core/graph/op_impls.h"
 
 namespace weft::core::ops {
-namespace {
+using namespace bind;
 
-// Calls f.template operator()<T>() for the floating type of `t`.
-template <typename F>
-void dispatch_float(const Tensor& t, F&& f) {
-  if (t.dtype() == DType::kF32) f.template operator()<float>();
-  else if (t.dtype() == DType::kF64) f.template operator()<double>();
-  else throw NotSupported(str("CPU op on dtype ", dtype_name(t.dtype())));
-}
-
-// Rows of a (..., last) tensor: the product of all but the last dim.
-int64_t rows(const Tensor& t) { return t.numel() / t.size(-1); }
-
-// The k-th output of a backward op, or nullptr when autodiff skipped it.
-Tensor* out_or_null(OpContext& c, int k) {
-  int idx = 0;
-  for (int j = 0; j < k; ++j)
-    if (!c.op.attrs.i_or("skip_out" + std::to_string(j), 0)) idx++;
-  if (c.op.attrs.i_or("skip_out" + std::to_string(k), 0)) return nullptr;
-  return c.out.at(idx);
-}
-bool acc_of(OpContext& c, int k) {
-  int idx = 0;
-  for (int j = 0; j < k; ++j)
-    if (!c.op.attrs.i_or("skip_out" + std::to_string(j), 0)) idx++;
-  return c.op.accumulate.at(idx);
-}
-template <typename T>
-T* ptr(Tensor* t) {
-  return t ? t->data<T>() : nullptr;
-}
-
-}  // namespace
-
-// ---- embedding -------------------------------------------------------------------
+// ---- embedding (wpe optional: inputs tokens, wte[, wpe]; Llama has no position table) ----
 void run_embedding(OpContext& c) {
-  const Tensor &tok = *c.in[0], &wte = *c.in[1], &wpe = *c.in[2];
-  int64_t B = tok.size(0), T = tok.size(1), C = wte.size(1);
+  const Tensor &tok = *c.in[0], &wte = *c.in[1];
+  const Tensor* wpe = c.in.size() > 2 ? c.in[2] : nullptr;
+  int64_t B = tok.size(0), T = tok.size(1), C = wte.size(1), V = wte.size(0);
   dispatch_float(wte, [&]<typename F>() {
-    cpu::embedding_forward<F>(tok.data<int32_t>(), wte.data<F>(), wpe.data<F>(),
-                              c.out[0]->data<F>(), B, T, C, wte.size(0));
+    if (wpe) {
+      cpu::embedding_forward<F>(tok.data<int32_t>(), wte.data<F>(), wpe->data<F>(),
+                                c.out[0]->data<F>(), B, T, C, V);
+      return;
+    }
+    // The slice kernel over the whole table; it leaves ids >= V at zero, so check them here.
+    const int32_t* ids = tok.data<int32_t>();
+    for (int64_t i = 0; i < tok.numel(); ++i)
+      WEFT_CHECK(ids[i] >= 0 && ids[i] < V, "token id ", ids[i], " at position ", i,
+                 " is outside the vocabulary [0, ", V, ")");
+    cpu::embedding_slice_forward<F>(ids, wte.data<F>(), nullptr, c.out[0]->data<F>(), B, T, C, V, 0);
   });
 }
 void run_embedding_bwd(OpContext& c) {
   const Tensor &dx = *c.in[0], &tok = *c.in[1];
   int64_t B = tok.size(0), T = tok.size(1), C = dx.size(-1);
   Tensor* dwte = out_or_null(c, 0);
-  Tensor* dwpe = out_or_null(c, 1);
+  Tensor* dwpe = c.op.attrs.i_or("has_wpe", 1) ? out_or_null(c, 1) : nullptr;
   dispatch_float(dx, [&]<typename F>() {
     cpu::embedding_backward<F>(dx.data<F>(), tok.data<int32_t>(), ptr<F>(dwte), ptr<F>(dwpe), B,
                                T, C);
   });
 }
 void bwd_embedding(Autodiff& ad, const Op& f) {
-  ad.emit(f, "embedding.bwd", {ad.grad(f.outputs[0]), f.inputs[0]}, {f.inputs[1], f.inputs[2]});
+  const bool has_wpe = f.inputs.size() > 2;
+  std::vector<int> grads = {f.inputs[1]};
+  if (has_wpe) grads.push_back(f.inputs[2]);
+  Attrs a;
+  if (!has_wpe) a.ints["has_wpe"] = 0;
+  ad.emit(f, "embedding.bwd", {ad.grad(f.outputs[0]), f.inputs[0]}, grads, a);
 }
 
 // ---- layernorm ---------------------------------------------------------------------
@@ -114,7 +98,8 @@ void bwd_linear(Autodiff& ad, const Op& f) {
   if (has_bias) grads.push_back(f.inputs[2]);
   Attrs a;
   a.ints["has_bias"] = has_bias;
-  ad.emit(f, has_bias ? "linear.bwd" : "matmul.bwd",
+  // linear -> linear.bwd (with or without its bias), matmul (the LM head) -> matmul.bwd.
+  ad.emit(f, f.type + ".bwd",
           {ad.grad(f.outputs[0]), f.inputs[0], f.inputs[1]}, grads, a);
 }
 

@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "core/graph/op_parts.h"
+#include "memory/host_allocator.h"
 
 namespace weft::core {
 namespace {
@@ -106,6 +107,11 @@ Op make_op(const std::string& type, int ins, int outs) {
 }
 void run_whole(const Op& op, std::vector<Tensor*> in, std::vector<Tensor*> out, const StepScalars& s = {}) {
   OpContext c{op, std::move(in), std::move(out), s, nullptr};
+  op_def(op.type).run_cpu(c);
+}
+void run_whole_with(const Op& op, std::vector<Tensor*> in, std::vector<Tensor*> out, memory::Allocator* ws) {
+  StepScalars s;
+  OpContext c{op, std::move(in), std::move(out), s, ws};
   op_def(op.type).run_cpu(c);
 }
 LocalOperand opnd(int slot, Tensor* t, const PieceBox& box, const Shape& global, int split = 0, int splits = 1,
@@ -227,6 +233,166 @@ TEST(OpParts, AttentionByHeads) {
   EXPECT_CLOSE(y_all, y, 1e-10);
   EXPECT_CLOSE(att_all, att, 1e-10);
   EXPECT_CLOSE(dqkv_all, dqkv, 1e-10);
+}
+
+// ---- the Llama block by KV-head groups and hidden units -----------------------------------
+
+// Grouped-query attention split by KV heads g: each part holds whole query-head groups, so
+// q, y and att are cut in contiguous head ranges and k, v in the matching KV heads.
+TEST(OpParts, GqaAttentionByKvHeads) {
+  const DType dt = DType::kF64;
+  const int64_t B = 2, Tn = 5, H = 4, KV = 2, hd = 4, n = 2;
+  Tensor q = randn({B, Tn, H * hd}, dt, 21), k = randn({B, Tn, KV * hd}, dt, 22), v = randn({B, Tn, KV * hd}, dt, 23);
+  Tensor dy = randn({B, Tn, H * hd}, dt, 24);
+  Op fwd = make_op("gqa_attention", 3, 2), bwd = make_op("gqa_attention.bwd", 5, 3);
+  for (Op* o : {&fwd, &bwd}) {
+    o->attrs.ints["heads"] = H;
+    o->attrs.ints["kv_heads"] = KV;
+    o->attrs.ints["head_dim"] = hd;
+  }
+  Tensor y = Tensor::empty(q.shape(), dt), att = Tensor::empty({B, H, Tn, Tn}, dt);
+  Tensor dq = Tensor::empty(q.shape(), dt), dk = Tensor::empty(k.shape(), dt), dv = Tensor::empty(v.shape(), dt);
+  run_whole(fwd, {&q, &k, &v}, {&y, &att});
+  run_whole(bwd, {&dy, &q, &k, &v, &att}, {&dq, &dk, &dv});
+  Tensor y_all = Tensor::zeros(y.shape(), dt), att_all = Tensor::zeros(att.shape(), dt);
+  Tensor dq_all = Tensor::zeros(q.shape(), dt), dk_all = Tensor::zeros(k.shape(), dt), dv_all = Tensor::zeros(v.shape(), dt);
+  for (int64_t p = 0; p < n; ++p) {
+    PieceBox qb = part(q.shape(), 2, p, n), kb = part(k.shape(), 2, p, n), ab = part(att.shape(), 1, p, n);
+    Tensor ql = cut(q, qb), kl = cut(k, kb), vl = cut(v, kb), dyl = cut(dy, qb), yl, al;
+    run_part(fwd, "", {opnd(0, &ql, qb, q.shape()), opnd(1, &kl, kb, k.shape()), opnd(2, &vl, kb, v.shape())},
+             {typed(opnd(0, &yl, qb, y.shape()), dt), typed(opnd(1, &al, ab, att.shape()), dt)});
+    Tensor dql = filled(ql.shape(), dt, 1e3), dkl = filled(kl.shape(), dt, 1e3), dvl = filled(vl.shape(), dt, 1e3);
+    run_part(bwd, "",
+             {opnd(0, &dyl, qb, y.shape()), opnd(1, &ql, qb, q.shape()), opnd(2, &kl, kb, k.shape()),
+              opnd(3, &vl, kb, v.shape()), opnd(4, &al, ab, att.shape())},
+             {opnd(0, &dql, qb, q.shape()), opnd(1, &dkl, kb, k.shape()), opnd(2, &dvl, kb, v.shape())});
+    paste(y_all, qb, yl);
+    paste(att_all, ab, al);
+    paste(dq_all, qb, dql);
+    paste(dk_all, kb, dkl);
+    paste(dv_all, kb, dvl);
+  }
+  EXPECT_CLOSE(y_all, y, 1e-12);
+  EXPECT_CLOSE(att_all, att, 1e-12);
+  EXPECT_CLOSE(dq_all, dq, 1e-12);
+  EXPECT_CLOSE(dk_all, dk, 1e-12);
+  EXPECT_CLOSE(dv_all, dv, 1e-12);
+}
+
+// Rotary embedding split by heads and SwiGLU by hidden units: element-wise per part.
+TEST(OpParts, RopeByHeadsAndSwigluByHiddenUnits) {
+  const DType dt = DType::kF32;
+  const int64_t B = 2, Tn = 6, heads = 4, hd = 8, n = 2;
+  Tensor x = randn({B, Tn, heads * hd}, dt, 31), dy = randn(x.shape(), dt, 32);
+  Op rope = make_op("rope", 1, 1), rope_bwd = make_op("rope.bwd", 1, 1);
+  for (Op* o : {&rope, &rope_bwd}) {
+    o->attrs.ints["heads"] = heads;
+    o->attrs.ints["head_dim"] = hd;
+    o->attrs.floats["theta"] = 10000.0;
+  }
+  Tensor up = randn(x.shape(), dt, 33);
+  Op sw = make_op("swiglu", 2, 1), sw_bwd = make_op("swiglu.bwd", 3, 2);
+  Tensor y = Tensor::empty(x.shape(), dt), dx = Tensor::empty(x.shape(), dt);
+  Tensor h = Tensor::empty(x.shape(), dt), dg = Tensor::empty(x.shape(), dt), du = Tensor::empty(x.shape(), dt);
+  run_whole(rope, {&x}, {&y});
+  run_whole(rope_bwd, {&dy}, {&dx});
+  run_whole(sw, {&x, &up}, {&h});
+  run_whole(sw_bwd, {&dy, &x, &up}, {&dg, &du});
+  Tensor all[5] = {Tensor::zeros(x.shape(), dt), Tensor::zeros(x.shape(), dt), Tensor::zeros(x.shape(), dt),
+                   Tensor::zeros(x.shape(), dt), Tensor::zeros(x.shape(), dt)};
+  for (int64_t p = 0; p < n; ++p) {
+    PieceBox xb = part(x.shape(), 2, p, n);
+    Tensor xl = cut(x, xb), dyl = cut(dy, xb), ul = cut(up, xb), yl, dxl, hl;
+    Tensor dgl = filled(xl.shape(), dt, 1e3), dul = filled(xl.shape(), dt, 1e3);
+    run_part(rope, "", {opnd(0, &xl, xb, x.shape())}, {typed(opnd(0, &yl, xb, x.shape()), dt)});
+    run_part(rope_bwd, "", {opnd(0, &dyl, xb, x.shape())}, {typed(opnd(0, &dxl, xb, x.shape()), dt)});
+    run_part(sw, "", {opnd(0, &xl, xb, x.shape()), opnd(1, &ul, xb, x.shape())}, {typed(opnd(0, &hl, xb, x.shape()), dt)});
+    run_part(sw_bwd, "", {opnd(0, &dyl, xb, x.shape()), opnd(1, &xl, xb, x.shape()), opnd(2, &ul, xb, x.shape())},
+             {opnd(0, &dgl, xb, x.shape()), opnd(1, &dul, xb, x.shape())});
+    Tensor* locals[5] = {&yl, &dxl, &hl, &dgl, &dul};
+    for (int i = 0; i < 5; ++i) paste(all[i], xb, *locals[i]);
+  }
+  EXPECT_CLOSE(all[0], y, 1e-6);
+  EXPECT_CLOSE(all[1], dx, 1e-6);
+  EXPECT_CLOSE(all[2], h, 1e-6);
+  EXPECT_CLOSE(all[3], dg, 1e-6);
+  EXPECT_CLOSE(all[4], du, 1e-6);
+}
+
+// Backward kernels with one accumulate flag for several gradients: when only one output
+// already holds a contribution, it is added to and the other overwritten.
+TEST(OpParts, SwigluBackwardWithMixedAccumulateFlags) {
+  const DType dt = DType::kF64;
+  Tensor dy = randn({2, 3, 4}, dt, 41), g = randn(dy.shape(), dt, 42), u = randn(dy.shape(), dt, 43);
+  Op bwd = make_op("swiglu.bwd", 3, 2);
+  Tensor dg = Tensor::empty(dy.shape(), dt), du = Tensor::empty(dy.shape(), dt);
+  run_whole(bwd, {&dy, &g, &u}, {&dg, &du});
+  Tensor dg2 = filled(dy.shape(), dt, 1e3), du2 = filled(dy.shape(), dt, 2.0);
+  bwd.accumulate = {false, true};
+  memory::HostAllocator alloc;
+  run_whole_with(bwd, {&dy, &g, &u}, {&dg2, &du2}, &alloc);
+  EXPECT_CLOSE(dg2, dg, 1e-15);
+  Tensor want = filled(dy.shape(), dt, 2.0);
+  add_into(want, du);
+  EXPECT_CLOSE(du2, want, 1e-15);
+}
+
+// RMSNorm by batch: the weight gradient is a partial sum over the parts.
+TEST(OpParts, RmsNormBatchSplit) {
+  const DType dt = DType::kF32;
+  const int64_t B = 4, Tn = 3, C = 8, n = 2;
+  Tensor x = randn({B, Tn, C}, dt, 51), w = randn({C}, dt, 52), dy = randn({B, Tn, C}, dt, 53);
+  Op fwd = make_op("rmsnorm", 2, 2), bwd = make_op("rmsnorm.bwd", 4, 2);
+  fwd.attrs.floats["eps"] = 1e-5;
+  Tensor y = Tensor::empty(x.shape(), dt), rstd = Tensor::empty({B, Tn}, dt);
+  Tensor dx = Tensor::empty(x.shape(), dt), dw = Tensor::zeros({C}, dt);
+  run_whole(fwd, {&x, &w}, {&y, &rstd});
+  run_whole(bwd, {&dy, &x, &w, &rstd}, {&dx, &dw});
+  Tensor y_all = Tensor::zeros(y.shape(), dt), dx_all = Tensor::zeros(x.shape(), dt), dw_sum = Tensor::zeros({C}, dt);
+  for (int64_t k = 0; k < n; ++k) {
+    PieceBox xb = part(x.shape(), 0, k, n), rb = part(rstd.shape(), 0, k, n);
+    Tensor xl = cut(x, xb), dyl = cut(dy, xb), yl, rl;
+    run_part(fwd, "", {opnd(0, &xl, xb, x.shape()), opnd(1, &w, {}, {})},
+             {opnd(0, &yl, xb, x.shape()), opnd(1, &rl, rb, rstd.shape())});
+    paste(y_all, xb, yl);
+    Tensor dxl = filled(xl.shape(), dt, 1e3), dwl = filled({C}, dt, 1e3);
+    run_part(bwd, "",
+             {opnd(0, &dyl, xb, x.shape()), opnd(1, &xl, xb, x.shape()), opnd(2, &w, {}, {}), opnd(3, &rl, rb, rstd.shape())},
+             {opnd(0, &dxl, xb, x.shape()), opnd(1, &dwl, {}, {}, int(k), int(n))});
+    paste(dx_all, xb, dxl);
+    add_into(dw_sum, dwl);
+  }
+  EXPECT_CLOSE(y_all, y, 1e-6);
+  EXPECT_CLOSE(dx_all, dx, 1e-6);
+  EXPECT_CLOSE(dw_sum, dw, 1e-5);
+}
+
+// Llama's embedding has no position table: two inputs, one gradient, vocabulary-parallel.
+TEST(OpParts, EmbeddingWithoutPositionsVocabParallel) {
+  const DType dt = DType::kF32;
+  const int64_t B = 3, Tn = 4, V = 10, C = 6, n = 2;
+  Tensor tok = ids({B, Tn}, V, 61), wte = randn({V, C}, dt, 62), dx = randn({B, Tn, C}, dt, 63);
+  Op fwd = make_op("embedding", 2, 1), bwd = make_op("embedding.bwd", 2, 1);
+  bwd.attrs.ints["has_wpe"] = 0;
+  Tensor x = Tensor::empty({B, Tn, C}, dt), dwte = Tensor::zeros(wte.shape(), dt);
+  run_whole(fwd, {&tok, &wte}, {&x});
+  run_whole(bwd, {&dx, &tok}, {&dwte});
+  for (int64_t i = 0; i < B * Tn; ++i)  // x is the table's row of each token
+    EXPECT_EQ(x.item_at(i * C + 2), wte.item_at(tok.data<int32_t>()[i] * C + 2));
+  Tensor x_sum = Tensor::zeros(x.shape(), dt), dwte_all = Tensor::zeros(wte.shape(), dt);
+  for (int64_t k = 0; k < n; ++k) {
+    PieceBox wb = part(wte.shape(), 0, k, n);
+    Tensor wl = cut(wte, wb), xl = filled(x.shape(), dt, 1e3), dwl = filled(wl.shape(), dt, 1e3);
+    run_part(fwd, "", {opnd(0, &tok, {}, {}), opnd(1, &wl, wb, wte.shape())}, {opnd(0, &xl, {}, x.shape(), int(k), int(n))});
+    run_part(bwd, "", {opnd(0, &dx, {}, {}), opnd(1, &tok, {}, {})}, {opnd(0, &dwl, wb, wte.shape())});
+    add_into(x_sum, xl);
+    paste(dwte_all, wb, dwl);
+  }
+  EXPECT_CLOSE(x_sum, x, 1e-6);
+  EXPECT_CLOSE(dwte_all, dwte, 1e-6);
+  // A token outside the vocabulary is refused, not read as zeros.
+  tok.data<int32_t>()[3] = int32_t(V);
+  EXPECT_THROW(run_whole(fwd, {&tok, &wte}, {&x}), InternalError);
 }
 
 // ---- vocabulary-parallel embedding ------------------------------------------------------
