@@ -126,7 +126,11 @@ Metadata base_metadata(const CheckpointInfo& info, const parallel::StateSpace& s
       spec.model.arch + ", " + std::to_string(spec.model.layers) + " layers, dim " +
       std::to_string(spec.model.dim) + ", heads " + std::to_string(spec.model.heads) + ", vocab " +
       std::to_string(spec.model.vocab) + ", seq_len " + std::to_string(spec.model.seq_len) +
-      (spec.model.arch == "moe-gpt" ? ", experts " + std::to_string(spec.model.moe.experts) : "");
+      (spec.model.arch == "moe-gpt" ? ", experts " + std::to_string(spec.model.moe.experts) : "") +
+      (spec.model.is_llama() ? ", kv_heads " + std::to_string(spec.model.kv()) + ", ffn_dim " +
+                                   std::to_string(spec.model.mlp_width()) +
+                                   (spec.model.tie_embeddings ? ", tied head" : "")
+                             : "");
   m.job_yaml = core::job_spec_to_yaml(spec);
   m.step = info.step;
   m.seed = spec.train.seed;

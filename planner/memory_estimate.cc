@@ -24,8 +24,20 @@ struct Counts {
   double embed_params = 0;   // wte, wpe, ln_f
 };
 
+// Llama (core/models/llama.cc): q, k, v, o projections without biases, two RMSNorm
+// weights and the three SwiGLU matrices per layer; the head unless tied.
+Counts count_llama_parameters(const core::ModelSpec& m) {
+  const double C = double(m.dim), F = double(m.mlp_width());
+  const double kv = double(m.kv()) * (C / double(m.heads));  // KV width
+  Counts c;
+  c.layer_params = double(m.layers) * (2 * C + 2 * C * C + 2 * C * kv + 3 * F * C);
+  c.embed_params = double(m.vocab) * C * (m.tie_embeddings ? 1 : 2) + C;
+  return c;
+}
+
 // Parameters, from the shapes in core/models/gpt.cc.
 Counts count_parameters(const core::ModelSpec& m) {
+  if (m.is_llama()) return count_llama_parameters(m);
   const double C = double(m.dim), F = double(m.mlp_ratio) * C, E = double(m.moe.experts);
   const double attn = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C;  // ln_1, qkv, proj, ln_2
   const double mlp = (F * C + F) + (F * C + C);
@@ -42,8 +54,17 @@ Counts count_parameters(const core::ModelSpec& m) {
 // Values one layer saves for backward for one micro-batch of B sequences, averaged over
 // the layers (MoE layers replace the MLP's by the routed tokens').
 double layer_activations(const core::ModelSpec& m, double B, const std::string& recompute) {
-  const double T = double(m.seq_len), C = double(m.dim), F = double(m.mlp_ratio) * C;
+  const double T = double(m.seq_len), C = double(m.dim), F = double(m.mlp_width());
   const double H = double(m.heads), N = B * T;
+  if (m.is_llama()) {
+    // norm (out, rstd), q, k, v, rotated q and k, attention out, o_proj, residual, norm,
+    // gate, up, swiglu, down, residual; probs (B,H,T,T) as GPT's.
+    const double kv = double(m.kv()) * (C / H);
+    const double attn_part = N * (C + 1) + N * (C + 2 * kv) + N * (C + kv) + 3 * N * C + N * (C + 1);
+    const double probs = B * H * T * T, mlp = 3 * N * F + 2 * N * C;
+    if (recompute == "full") return N * C;
+    return attn_part + probs + mlp - (recompute == "selective" ? probs + N * C : 0);
+  }
   // ln_1 (out, mean, rstd), qkv, attention out, proj, res_1, ln_2, res_2.
   const double attn_part = N * (C + 2) + 3 * N * C + N * C + N * C + N * C + N * (C + 2) + N * C;
   const double probs = B * H * T * T;

@@ -30,13 +30,16 @@ bool tp_fits(const core::ModelSpec& m, int64_t tp) {
   if (tp == 1) return true;
   // The vocabulary need not divide: it splits into balanced slices (partition.cc), each
   // lane needing at least one row.
-  return m.heads % tp == 0 && m.dim % tp == 0 && (m.mlp_ratio * m.dim) % tp == 0 && m.vocab >= tp;
+  // Llama splits its KV heads (each lane holds whole query-head groups).
+  return m.heads % tp == 0 && m.kv() % tp == 0 && m.dim % tp == 0 && m.mlp_width() % tp == 0 &&
+         m.vocab >= tp;
 }
 
 std::string tp_reason(const core::ModelSpec& m, int64_t tp) {
   if (m.heads % tp) return "model.heads (" + num(m.heads) + ")";
+  if (m.kv() % tp) return "model.kv_heads (" + num(m.kv()) + ")";
   if (m.dim % tp) return "model.dim (" + num(m.dim) + ")";
-  if ((m.mlp_ratio * m.dim) % tp) return "the MLP width (" + num(m.mlp_ratio * m.dim) + ")";
+  if (m.mlp_width() % tp) return "the MLP width (" + num(m.mlp_width()) + ")";
   // Reads "tp=4 must divide model.vocab (3) into slices of at least one row".
   return "model.vocab (" + num(m.vocab) + ") into slices of at least one row";
 }

@@ -22,12 +22,31 @@ struct MoeSpec {
 };
 
 struct ModelSpec {
-  std::string arch = "gpt";  // gpt | moe-gpt
-  int64_t layers = 2, dim = 64, heads = 4, vocab = 256, seq_len = 32, mlp_ratio = 4;
+  std::string arch = "gpt";  // gpt | moe-gpt | llama
+  int64_t layers = 2, dim = 64, heads = 4, vocab = 256, seq_len = 32;
+  int64_t mlp_ratio = 4;  // gpt, moe-gpt: MLP width = mlp_ratio * dim
   MoeSpec moe;
+  // arch llama only (shared/reference/README.md); the loader refuses them with another arch.
+  int64_t kv_heads = 0;  // key/value heads of grouped-query attention; 0: heads
+  int64_t ffn_dim = 0;   // SwiGLU width; 0: Llama's rule (llama_ffn_dim)
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  bool tie_embeddings = false;  // the LM head reads embed_tokens (no lm_head.weight)
+
+  bool is_llama() const { return arch == "llama"; }
   bool is_moe_layer(int64_t i) const {
     return arch == "moe-gpt" && moe.experts > 0 && i % moe.every == moe.every - 1;
   }
+  // Key/value heads: kv_heads for Llama when set, else heads (GPT's attention has H of each).
+  int64_t kv() const { return is_llama() && kv_heads > 0 ? kv_heads : heads; }
+  // The hidden width of the MLP (Llama: of gate and up).
+  int64_t mlp_width() const {
+    if (!is_llama()) return mlp_ratio * dim;
+    return ffn_dim > 0 ? ffn_dim : llama_ffn_dim(dim);
+  }
+  // Llama's default SwiGLU width: 2/3 of 4*dim, rounded up to a multiple of 16 (as
+  // shared/reference/make_reference.py: ((8*dim // 3) + 15) // 16 * 16; 64 -> 176).
+  static int64_t llama_ffn_dim(int64_t dim) { return (8 * dim / 3 + 15) / 16 * 16; }
 };
 
 struct DataSpec {

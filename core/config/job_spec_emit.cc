@@ -47,7 +47,16 @@ std::string job_spec_to_yaml(const JobSpec& s) {
   kv(e, "heads", m.heads);
   kv(e, "vocab", m.vocab);
   kv(e, "seq_len", m.seq_len);
-  kv(e, "mlp_ratio", m.mlp_ratio);
+  if (m.is_llama()) {
+    // The resolved values, so the emitted file says what ran.
+    kv(e, "kv_heads", m.kv());
+    kv(e, "ffn_dim", m.mlp_width());
+    kv(e, "rope_theta", m.rope_theta);
+    kv(e, "norm_eps", m.norm_eps);
+    kv(e, "tie_embeddings", m.tie_embeddings);
+  } else {
+    kv(e, "mlp_ratio", m.mlp_ratio);
+  }
   if (m.arch == "moe-gpt") {
     begin(e, "moe");
     kv(e, "experts", m.moe.experts);
@@ -161,6 +170,11 @@ uint64_t model_config_hash(const ModelSpec& m) {
                     std::to_string(m.mlp_ratio);
   if (m.arch == "moe-gpt")
     key += std::string("|") + std::to_string(m.moe.experts) + "|" + std::to_string(m.moe.every);
+  // Llama: kv_heads and ffn_dim fix shapes, tie_embeddings whether lm_head exists; rope_theta
+  // and norm_eps do not (like top_k). GPT keys keep their old hash.
+  if (m.is_llama())
+    key += "|" + std::to_string(m.kv()) + "|" + std::to_string(m.mlp_width()) + "|" +
+           (m.tie_embeddings ? "tied" : "untied");
   return stable_hash(key);
 }
 

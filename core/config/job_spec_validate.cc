@@ -72,8 +72,26 @@ void in_range(const std::string& field, double v, double lo, bool lo_open, doubl
 }
 constexpr double kInf = 1e300;
 
+// The Llama block: grouped-query attention, rotary positions, a SwiGLU of width ffn_dim.
+void validate_llama(const ModelSpec& m) {
+  if (m.moe.experts > 0)
+    throw ConfigError("model.moe.experts", "MoE on the Llama block is not supported (model.arch is llama); "
+                                           "drop model.moe or use arch: moe-gpt");
+  between("model.kv_heads", m.kv_heads, 0, limits::kMaxHeads);
+  if (m.kv_heads > 0 && m.heads % m.kv_heads != 0)
+    throw ConfigError("model.kv_heads", "model.kv_heads (" + num(m.kv_heads) + ") must divide model.heads (" +
+                                            num(m.heads) + "): each KV head serves heads/kv_heads query heads");
+  if ((m.dim / m.heads) % 2 != 0)
+    throw ConfigError("model.heads", "the head size dim/heads (" + num(m.dim) + "/" + num(m.heads) + " = " +
+                                         num(m.dim / m.heads) +
+                                         ") must be even for rotary positions; change model.dim or model.heads");
+  between("model.ffn_dim", m.ffn_dim, 0, limits::kMaxDim * limits::kMaxMlpRatio);
+  in_range("model.rope_theta", m.rope_theta, 0, true, kInf, false);
+  in_range("model.norm_eps", m.norm_eps, 0, true, 1, false);
+}
+
 void validate_model(const ModelSpec& m) {
-  one_of("model.arch", m.arch, {"gpt", "moe-gpt"});
+  one_of("model.arch", m.arch, {"gpt", "moe-gpt", "llama"});
   between("model.layers", m.layers, 1, limits::kMaxLayers);
   between("model.dim", m.dim, 1, limits::kMaxDim);
   between("model.heads", m.heads, 1, limits::kMaxHeads);
@@ -84,6 +102,7 @@ void validate_model(const ModelSpec& m) {
     throw ConfigError("model.heads", "model.heads (" + num(m.heads) + ") must divide model.dim (" +
                                          num(m.dim) + ")");
   const MoeSpec& e = m.moe;
+  if (m.is_llama()) return validate_llama(m);
   if (m.arch == "gpt") {
     if (e.experts > 0)
       throw ConfigError("model.arch",
@@ -146,19 +165,31 @@ void validate_size_products(const JobSpec& s) {
   const ModelSpec& m = s.model;
   const TrainSpec& t = s.train;
   const int64_t experts = m.arch == "moe-gpt" ? std::max<int64_t>(m.moe.experts, 1) : 1;
-  bounded_product("model",
-                  {{"model.layers", m.layers},
-                   {"model.dim", m.dim},
-                   {"model.dim", m.dim},
-                   {"model.mlp_ratio", m.mlp_ratio},
-                   {"model.moe.experts", experts}},
-                  "parameters");
-  bounded_product("train.micro_batch",
-                  {{"train.micro_batch", t.micro_batch},
-                   {"model.seq_len", m.seq_len},
-                   {"model.dim", m.dim},
-                   {"model.mlp_ratio", m.mlp_ratio}},
-                  "activation values");
+  if (m.is_llama()) {
+    // The MLP width is ffn_dim itself (mlp_width: Llama's rule when 0).
+    bounded_product("model",
+                    {{"model.layers", m.layers}, {"model.dim", m.dim}, {"model.ffn_dim", m.mlp_width()}},
+                    "parameters");
+    bounded_product("train.micro_batch",
+                    {{"train.micro_batch", t.micro_batch},
+                     {"model.seq_len", m.seq_len},
+                     {"model.ffn_dim", m.mlp_width()}},
+                    "activation values");
+  } else {
+    bounded_product("model",
+                    {{"model.layers", m.layers},
+                     {"model.dim", m.dim},
+                     {"model.dim", m.dim},
+                     {"model.mlp_ratio", m.mlp_ratio},
+                     {"model.moe.experts", experts}},
+                    "parameters");
+    bounded_product("train.micro_batch",
+                    {{"train.micro_batch", t.micro_batch},
+                     {"model.seq_len", m.seq_len},
+                     {"model.dim", m.dim},
+                     {"model.mlp_ratio", m.mlp_ratio}},
+                    "activation values");
+  }
   bounded_product("train.micro_batch",
                   {{"train.micro_batch", t.micro_batch},
                    {"model.seq_len", m.seq_len},
@@ -205,6 +236,9 @@ void validate_parallel(const ParallelSpec& p, const JobSpec& s) {
   if (p.tp > 1 && m.heads % p.tp != 0)
     throw ConfigError("parallel.tp",
                       "tp (" + num(p.tp) + ") must divide model.heads (" + num(m.heads) + ")");
+  if (p.tp > 1 && m.kv() % p.tp != 0)
+    throw ConfigError("parallel.tp", "tp (" + num(p.tp) + ") must divide model.kv_heads (" + num(m.kv()) +
+                                         "): tensor parallelism splits the KV heads");
   if (p.ep > 1 && m.arch != "moe-gpt")
     throw ConfigError("parallel.ep", "expert parallelism (ep " + num(p.ep) +
                                          ") needs model.arch: moe-gpt; set ep: 1");

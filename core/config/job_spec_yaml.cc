@@ -20,7 +20,9 @@ const YamlSchema& job_spec_schema() {
       {"",
        {"model", "data", "train", "parallel", "device", "memory", "checkpoint", "snapshot",
         "elastic"}},
-      {"model", {"arch", "layers", "dim", "heads", "vocab", "seq_len", "mlp_ratio", "moe"}},
+      {"model",
+       {"arch", "layers", "dim", "heads", "vocab", "seq_len", "mlp_ratio", "moe", "kv_heads", "ffn_dim",
+        "rope_theta", "norm_eps", "tie_embeddings"}},
       {"model.moe", {"experts", "top_k", "every", "capacity_factor", "balance", "aux_coef", "bias_update_rate"}},
       {"data", {"path", "val_path", "order", "val_fraction"}},
       {"train",
@@ -40,8 +42,33 @@ const YamlSchema& job_spec_schema() {
 
 namespace {
 
+// Keys that only one family reads: given to another arch they would parse and do nothing.
+void check_arch_keys(const YamlSection& y, const std::string& arch) {
+  static const char* const kLlama[] = {"kv_heads", "ffn_dim", "rope_theta", "norm_eps", "tie_embeddings"};
+  static const char* const kGpt[] = {"mlp_ratio", "moe"};
+  if (arch == "llama") {
+    for (const char* k : kGpt)
+      if (y.has(k))
+        throw ConfigError(std::string("model.") + k,
+                          std::string(k) + " is a GPT key but model.arch is llama; drop it" +
+                              (std::string(k) == "mlp_ratio" ? " (llama sets its MLP width with ffn_dim)"
+                                                             : " (MoE on the Llama block is not supported)"));
+    return;
+  }
+  for (const char* k : kLlama)
+    if (y.has(k))
+      throw ConfigError(std::string("model.") + k, std::string(k) + " is a Llama key but model.arch is " +
+                                                       arch + "; set arch: llama or drop it");
+}
+
 void read_model(const YamlSection& y, ModelSpec& m) {
   y.read("arch", m.arch);
+  check_arch_keys(y, m.arch);
+  y.read("kv_heads", m.kv_heads);
+  y.read("ffn_dim", m.ffn_dim);
+  y.read("rope_theta", m.rope_theta);
+  y.read("norm_eps", m.norm_eps);
+  y.read("tie_embeddings", m.tie_embeddings);
   y.read("layers", m.layers);
   y.read("dim", m.dim);
   y.read("heads", m.heads);
