@@ -38,7 +38,7 @@ TEST_F(CmdPlan, PrintsLayoutPlacementAndCosts) {
 }
 
 TEST_F(CmdPlan, SevenBillionAtFiveHundredTwelveRanks) {
-  CmdResult r = run("--config " + config("llama-7b-like.yaml") + " --world 512");
+  CmdResult r = run("--config " + config("llama3-8b-like.yaml") + " --world 512");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("world 512 = dp 64 x tp 4 x pp 2 x ep 1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("ranks 0,4,8,...,252 (64 ranks)"), std::string::npos) << r.out;
@@ -48,7 +48,7 @@ TEST_F(CmdPlan, BadParallelValuesExitTwoNamingTheField) {
   CmdResult r = run("--config " + config("gpt2-124m-plan.yaml") + " --world 8 --set parallel.tp=5");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("parallel.tp"), std::string::npos) << r.out;
-  r = run("--config " + config("llama-7b-like.yaml") + " --world 6");
+  r = run("--config " + config("llama3-8b-like.yaml") + " --world 6");
   EXPECT_EQ(r.code, 2);
   r = run("--config " + config("gpt2-124m-plan.yaml"));
   EXPECT_EQ(r.code, 2);
