@@ -83,7 +83,8 @@ int run_worker(const Args& a) {
   for (const auto& [type, t] : trainer.executor().profile()) {
     total += t;
     bool gemm = type.rfind("linear", 0) == 0 || type.rfind("matmul", 0) == 0;
-    share[gemm ? "gemm" : type.rfind("attention", 0) == 0 ? "attention" : "rest"] += t;
+    const bool attention = type.rfind("attention", 0) == 0 || type.rfind("gqa_attention", 0) == 0;
+    share[gemm ? "gemm" : attention ? "attention" : "rest"] += t;
   }
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);

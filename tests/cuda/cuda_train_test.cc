@@ -126,6 +126,36 @@ TEST_P(CudaTrainerGrads, OneStepMatchesTheCpu) {
     EXPECT_LT(rel_l2(b.at(name).to_vector<float>(), t.to_vector<float>()), 0.08) << name;
 }
 
+// The Llama block on the GPU (RMSNorm, rotary, grouped-query attention on cuBLASLt, SwiGLU,
+// no position table): the first step's gradients as the CPU's within bf16 rounding, and
+// eight steps that track the CPU's losses and learn. Tolerances are GPT's above.
+TEST(CudaTrainer, LlamaTracksTheCpuTrainer) {
+  WEFT_REQUIRE_GPU();
+  JobSpec s = tiny_spec();
+  s.model.arch = "llama";
+  s.model.kv_heads = 2;  // 4 query heads share 2 KV heads
+  JobSpec cs = s;
+  cs.device = "cpu";
+  Trainer cpu(cs);
+  CudaTrainer gpu(s);
+  BatchFn batch = patterned(s.model.seq_len, s.model.vocab);
+  double first = 0, last = 0;
+  for (int i = 0; i < 8; ++i) {
+    StepStats c = cpu.step(batch), g = gpu.step(batch);
+    if (i == 0) {
+      NamedTensors a = cpu.gradients(), b = gpu.gradients();
+      ASSERT_EQ(a.size(), b.size());
+      for (auto& [name, t] : a)
+        EXPECT_LT(rel_l2(b.at(name).to_vector<float>(), t.to_vector<float>()), 0.08) << name;
+    }
+    EXPECT_NEAR(g.loss, c.loss, 0.02 * c.loss + 0.02) << "step " << i;
+    EXPECT_NEAR(g.grad_norm, c.grad_norm, 0.1 * c.grad_norm + 0.02) << "step " << i;
+    if (i == 0) first = g.loss;
+    last = g.loss;
+  }
+  EXPECT_LT(last, first - 0.3) << "the GPU trainer does not learn";
+}
+
 TEST(CudaTrainer, PlannedArenaGivesTheSameLosses) {
   WEFT_REQUIRE_GPU();
   JobSpec s = tiny_spec();
