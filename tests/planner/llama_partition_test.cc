@@ -1,11 +1,12 @@
 // The Llama block under the planner: grouped-query attention splits by KV-head groups, the
 // tensor-parallel propagation gives Megatron's pairs (q, k, v, gate, up by columns; o and
 // down by rows), every backward op takes its forward op's split, and tp must divide the KV
-// heads.
+// heads; the closed-form memory estimate counts the Llama parameters the builder makes.
 #include <gtest/gtest.h>
 
 #include <map>
 
+#include "planner/memory_estimate.h"
 #include "planner/partition.h"
 #include "planner/policy.h"
 #include "tests/planner/util.h"
@@ -125,6 +126,25 @@ TEST(LlamaPartition, TpMustDivideTheKvHeads) {
   EXPECT_NE(std::string(e.what()).find("must divide model.kv_heads (2)"), std::string::npos) << e.what();
   s.parallel.tp = 2;
   EXPECT_NO_THROW(resolve_parallel(s, 2));
+}
+
+// The estimate's closed form (planner/memory_estimate.cc) against the graph's parameters,
+// untied and tied; GPT's as a control.
+TEST(LlamaMemoryEstimate, ParameterBytesMatchTheGraph) {
+  core::JobSpec gpt = test_util::gpt_spec(2, 64, 8);
+  core::JobSpec untied = llama_spec(), tied = llama_spec();
+  tied.model.tie_embeddings = true;
+  for (const core::JobSpec* s : {&gpt, &untied, &tied}) {
+    core::ModelGraph mg = core::build_model(s->model, 1);
+    double n = 0;
+    for (int p : mg.graph.parameters()) {
+      double k = 1;
+      for (int64_t d : mg.graph.value(p).shape) k *= double(d);
+      n += k;
+    }
+    EXPECT_DOUBLE_EQ(estimate_memory(*s, 1).parameters, 4 * n) << s->model.arch << " tied "
+                                                                << s->model.tie_embeddings;
+  }
 }
 
 }  // namespace
