@@ -10,18 +10,21 @@ namespace weft::core {
 const std::vector<OpDef>& all_op_defs() {
   using namespace ops;
   static const std::vector<OpDef> table = {
-      // tokens (B,T), wte (V,C), wpe (T,C) -> x (B,T,C). Splitting v (vocab-parallel
-      // embedding) leaves partial sums: each shard adds only the rows it holds.
+      // tokens (B,T), wte (V,C), wpe (T,C) -> x (B,T,C); wpe is optional (Llama has none,
+      // and its backward then writes only dwte). Splitting v (vocab-parallel embedding)
+      // leaves partial sums: each shard adds only the rows it holds.
       {"embedding", "b t, v c, t c -> b t c", run_embedding, bwd_embedding},
       {"embedding.bwd", "b t c, b t -> v c, t c", run_embedding_bwd},
       // x, w, b -> y, mean, rstd: the channel dim is normalised over, so it stays whole.
       {"layernorm", "b t c^, c^, c^ -> b t c^, b t, b t", run_layernorm, bwd_layernorm},
       {"layernorm.bwd", "b t c^, b t c^, c^, b t, b t -> b t c^, c^, c^", run_layernorm_bwd},
       // y = x w^T + b: n split = column parallel, k split = row parallel (partial sums;
-      // the bias must then be added by one part only).
+      // the bias must then be added by one part only). The bias is optional (Llama's
+      // projections); linear.bwd then writes no bias gradient (has_bias 0).
       {"linear", "b t k, n k, n -> b t n", run_linear, bwd_linear},
       {"linear.bwd", "b t n, b t k, n k -> b t k, n k, n", run_linear_bwd},
-      // y = x w^T without bias (the tied LM head: logits = x wte^T; n = vocab).
+      // y = x w^T without bias, only for the LM head (GPT's tied wte, Llama's lm_head or
+      // tied embed_tokens): n = vocab, which partition.cc splits into balanced slices.
       {"matmul", "b t k, n k -> b t n", run_linear, bwd_linear},
       {"matmul.bwd", "b t n, b t k, n k -> b t k, n k", run_linear_bwd},
       {"gelu", "b t n -> b t n", run_gelu, bwd_gelu},
