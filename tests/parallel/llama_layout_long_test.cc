@@ -30,6 +30,20 @@ TEST(LlamaLayoutMatrix, Pp2Interleaved) {
          kSteps,
          kRegroup});
 }
+TEST(LlamaLayoutMatrix, Pp2UnevenLayout) {
+  check({kLlama, 2, {"parallel.dp=1", "parallel.pp=2", "parallel.pipeline.layout=[[0],[1,2,3]]"}, kSteps,
+         kRegroup});
+}
+TEST(LlamaLayoutMatrix, Dp2Zero1) {
+  check({kLlama, 2, {"parallel.dp=2", "parallel.zero=1"}, kSteps, kRegroup});
+}
+// Recomputation re-runs grouped-query attention (selective) or every op of a layer (full).
+TEST(LlamaLayoutMatrix, Tp2RecomputeSelective) {
+  check({kLlama, 2, {"parallel.dp=1", "parallel.tp=2", "parallel.recompute=selective"}, kSteps, kSplit});
+}
+TEST(LlamaLayoutMatrix, Pp2RecomputeFull) {
+  check({kLlama, 2, {"parallel.dp=1", "parallel.pp=2", "parallel.recompute=full"}, kSteps, kRegroup});
+}
 // Tied head: embed_tokens is also the LM head, vocabulary-parallel under tp and held by
 // the first and the last stage under pp.
 TEST(LlamaLayoutMatrix, Tp2TiedHead) {
