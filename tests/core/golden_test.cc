@@ -133,7 +133,7 @@ namespace {
 
 // Memory planning changes where tensors live, never what is computed.
 TEST(MemoryPlanning, PlannedAllocatorGivesBitwiseTheSameLossesAsCaching) {
-  for (const std::string name : {"gpt-tiny", "moe-tiny"}) {
+  for (const std::string name : {"gpt-tiny", "moe-tiny", "llama-tiny"}) {
     const std::string dir = kRef + "/" + name;
     WEFT_REQUIRE_REFERENCE(dir);
     std::vector<double> losses[2];
