@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <map>
 
 #include "core/exec/executor.h"
@@ -146,7 +147,9 @@ void check_gradients(bool tied) {
     }
   }
   EXPECT_GT(checked, 100);
-  ::testing::Test::RecordProperty("worst_abs_error", std::to_string(worst));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3e", worst);
+  ::testing::Test::RecordProperty("worst_abs_error", buf);  // in --gtest_output=xml
 }
 
 TEST(LlamaModel, GradientsMatchFiniteDifferences) { check_gradients(false); }
