@@ -30,6 +30,12 @@ TEST(LlamaLayoutMatrix, Pp2Interleaved) {
          kSteps,
          kRegroup});
 }
+TEST(LlamaLayoutMatrix, Pp2GPipe) {
+  check({kLlama, 2, {"parallel.dp=1", "parallel.pp=2", "parallel.pipeline.schedule=gpipe"}, kSteps, kRegroup});
+}
+TEST(LlamaLayoutMatrix, Dp2Zero2) {
+  check({kLlama, 2, {"parallel.dp=2", "parallel.zero=2"}, kSteps, kRegroup});
+}
 TEST(LlamaLayoutMatrix, Pp2UnevenLayout) {
   check({kLlama, 2, {"parallel.dp=1", "parallel.pp=2", "parallel.pipeline.layout=[[0],[1,2,3]]"}, kSteps,
          kRegroup});
