@@ -4,6 +4,8 @@
 #include "checkpoint/snapshot_transport.h"
 
 #include <fcntl.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -29,7 +31,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr size_t kChunkBytes = size_t(8) << 20;  // a byte run's unit of progress (deadline)
+constexpr size_t kChunkBytes = size_t(8) << 20;  // one composed read or write
 constexpr int kVersion = 1;
 
 std::string hex(const comm::Bytes& b) {
@@ -124,11 +126,27 @@ void PeerChannel::fail(const std::string& what) {
 
 namespace {
 
-// Runs the operation `start` posts until it calls back, the deadline, or an abort; false on
-// the latter two (the socket is then closed and the operation's handler has run).
-template <typename Start>
+// How often a call in progress checks whether bytes moved (its deadline then moves on).
+constexpr std::chrono::milliseconds kProgressCheck{100};
+
+// Bytes this socket has queued to send that the peer has not acknowledged yet (SIOCOUTQ):
+// they drain while a sender waits for its reply, which is progress too.
+int64_t unsent_bytes(tcp::socket& sock) {
+  int n = 0;
+  if (::ioctl(sock.native_handle(), SIOCOUTQ, &n) != 0) return 0;
+  return n;
+}
+
+// Runs the operation `start` posts until it calls back, an abort, or `timeout` passes with no
+// bytes moved: neither `moved()` (the operation's own count) grew nor the socket's unsent
+// bytes shrank. So a long payload on a slow link is never cut while it moves, and a reply
+// awaited while the request's last bytes still drain from the send buffer is not either;
+// a hung peer is one that moves nothing for `timeout`. False on a timeout or an abort (the
+// socket is then closed and the operation's handler has run).
+template <typename Start, typename Moved>
 bool run_op(asio::io_context& io, tcp::socket& sock, const std::atomic<bool>& aborted,
-            std::chrono::milliseconds timeout, boost::system::error_code& ec, Start start) {
+            std::chrono::milliseconds timeout, boost::system::error_code& ec, Start start,
+            Moved moved) {
   io.restart();
   if (aborted) return false;
   bool done = false;
@@ -136,14 +154,30 @@ bool run_op(asio::io_context& io, tcp::socket& sock, const std::atomic<bool>& ab
     ec = e;
     done = true;
   });
-  const auto deadline = Clock::now() + timeout;
-  while (!done && !aborted && Clock::now() < deadline && !io.stopped()) io.run_until(deadline);
+  auto progress = [&] { return int64_t(moved()) - unsent_bytes(sock); };
+  int64_t last = progress();
+  auto deadline = Clock::now() + timeout;
+  while (!done && !aborted && !io.stopped()) {
+    const auto now = Clock::now();
+    if (const int64_t p = progress(); p != last) {
+      last = p;
+      deadline = now + timeout;
+    }
+    if (now >= deadline) break;
+    io.run_until(std::min(deadline, now + kProgressCheck));
+  }
   if (done) return true;
   boost::system::error_code ignored;
   sock.close(ignored);
   io.restart();
   io.run();  // the cancelled handler runs now, before `done` and `ec` go out of scope
   return false;
+}
+
+template <typename Start>
+bool run_op(asio::io_context& io, tcp::socket& sock, const std::atomic<bool>& aborted,
+            std::chrono::milliseconds timeout, boost::system::error_code& ec, Start start) {
+  return run_op(io, sock, aborted, timeout, ec, start, [] { return size_t(0); });
 }
 
 }  // namespace
@@ -154,13 +188,22 @@ void PeerChannel::send_bytes(const void* data, size_t n) {
   for (size_t off = 0; off < n;) {
     const size_t len = std::min(kChunkBytes, n - off);
     boost::system::error_code ec;
-    if (!run_op(io_->io, io_->sock, aborted_, timeout_, ec, [&](auto cb) {
-          asio::async_write(io_->sock, asio::buffer(p + off, len),
-                            [cb](boost::system::error_code e, size_t) { cb(e); });
-        }))
+    size_t moved = 0;  // of this chunk, as the composed write reports it
+    if (!run_op(
+            io_->io, io_->sock, aborted_, timeout_, ec,
+            [&](auto cb) {
+              asio::async_write(
+                  io_->sock, asio::buffer(p + off, len),
+                  [&moved](const boost::system::error_code& e, size_t k) -> size_t {
+                    moved = k;
+                    return asio::transfer_all()(e, k);
+                  },
+                  [cb](boost::system::error_code e, size_t) { cb(e); });
+            },
+            [&] { return moved; }))
       fail(aborted_ ? "aborted"
-                    : "a write took longer than " + std::to_string(timeout_.count()) +
-                          " ms (the peer is hung or the link is cut)");
+                    : "no bytes moved for " + std::to_string(timeout_.count()) +
+                          " ms while writing (the peer is hung or the link is cut)");
     if (ec) fail("write failed: " + ec.message());
     off += len;
   }
@@ -172,10 +215,19 @@ void PeerChannel::receive_bytes(void* data, size_t n) {
   for (size_t off = 0; off < n;) {
     const size_t len = std::min(kChunkBytes, n - off);
     boost::system::error_code ec;
-    if (!run_op(io_->io, io_->sock, aborted_, timeout_, ec, [&](auto cb) {
-          asio::async_read(io_->sock, asio::buffer(p + off, len),
-                           [cb](boost::system::error_code e, size_t) { cb(e); });
-        }))
+    size_t moved = 0;
+    if (!run_op(
+            io_->io, io_->sock, aborted_, timeout_, ec,
+            [&](auto cb) {
+              asio::async_read(
+                  io_->sock, asio::buffer(p + off, len),
+                  [&moved](const boost::system::error_code& e, size_t k) -> size_t {
+                    moved = k;
+                    return asio::transfer_all()(e, k);
+                  },
+                  [cb](boost::system::error_code e, size_t) { cb(e); });
+            },
+            [&] { return moved; }))
       fail(aborted_ ? "aborted"
                     : "no bytes for " + std::to_string(timeout_.count()) +
                           " ms (the peer is hung or the link is cut)");

@@ -46,8 +46,9 @@ struct PeerAuth {
 // "host:port" -> (host, port); std::invalid_argument naming the text when it is not one.
 std::pair<std::string, uint16_t> split_endpoint(const std::string& endpoint);
 
-// One authenticated connection. Every call blocks at most `timeout` (a byte run: per chunk
-// of a few MiB, so that a long payload on a slow link is not cut while it moves); a timeout,
+// One authenticated connection. A call fails once `timeout` passes with no bytes moved on
+// the connection (received, written, or drained from its send buffer toward the peer), so
+// a long payload on a slow link is never cut while it moves and a hung peer is; a timeout,
 // a closed connection or a malformed frame is an IoError naming the peer, after which the
 // connection is closed and every later call throws. One thread at a time, except abort().
 class PeerChannel {

@@ -73,8 +73,9 @@ the latest checkpoint under checkpoint.dir (torchrun's way). A world that the fi
 (default); elastic.layout: auto trains it in the nearest layout that fits and says so.
 
 snapshot.every: K copies every rank's state into the node's snapshot agent (started by
-weft run) every K steps; a restarted or resharded job resumes from them when nobody alive
-holds the state.
+weft run) every K steps (auto: the fewest steps at which a snapshot costs at most 1% of the
+step time, measured on the first one); a restarted or resharded job resumes from them when
+nobody alive holds the state.
 )";
 
 // The single-process loop, for the CPU trainer and (device: cuda) the CUDA trainer: a
@@ -218,7 +219,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   const bool may_grow_live = spec.elastic.on_change == "reshard" && env.launcher == "weft run" &&
                              !env_string(kEpochFileVar, "").empty();
   // In-memory snapshots are taken of the plan executor's state (launch/rank_snapshots.h).
-  if (env.world > 1 || may_grow_live || spec.snapshot.every > 0 ||
+  if (env.world > 1 || may_grow_live || spec.snapshot.enabled() ||
       env_int("WEFT_PLAN_EXECUTOR", 0) == 1)
     return train_ranks(args, spec, env);
   core::cpu::set_num_threads(int(spec.train.threads));

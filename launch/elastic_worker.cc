@@ -12,7 +12,7 @@ void refuse_unsupported_job_settings(const core::JobSpec& spec, const parallel::
   // (launch/snapshot_replicas.h) and parity on the others (launch/snapshot_parity.h).
   const core::SnapshotSpec none;
   const core::SnapshotSpec& s = spec.snapshot;
-  if (s.redundancy != "none" && s.every <= 0)
+  if (s.redundancy != "none" && !s.enabled())
     throw ConfigError("snapshot.redundancy",
                       "'" + s.redundancy +
                           "' protects in-memory snapshots on other nodes, and there are none: "

@@ -242,14 +242,15 @@ LossWatcher::~LossWatcher() {
   if (thread_.joinable()) thread_.join();
 }
 
-Agreed agree_at_step_end(comm::Communicator& world, bool stop, bool change, bool snapshot_ready) {
-  core::Tensor t = core::Tensor::from_vector<int32_t>(
-      {3}, {stop ? 1 : 0, change ? 1 : 0, snapshot_ready ? 0 : 1});
+Agreed agree_at_step_end(comm::Communicator& world, bool stop, bool change, bool snapshot_ready,
+                         int64_t interval) {
+  core::Tensor t = core::Tensor::from_vector<int64_t>(
+      {4}, {stop ? 1 : 0, change ? 1 : 0, snapshot_ready ? 0 : 1, interval});
   comm::AllReduceOptions o;
   o.op = comm::ReduceOp::kMax;
   world.all_reduce(t, o).wait();
-  const int32_t* v = t.data<int32_t>();
-  return {v[0] != 0, v[1] != 0, v[2] == 0};
+  const int64_t* v = t.data<int64_t>();
+  return {v[0] != 0, v[1] != 0, v[2] == 0, v[3]};
 }
 
 }  // namespace weft::launch

@@ -125,13 +125,16 @@ class LossWatcher {
   std::thread thread_;
 };
 
-// Every rank's `stop` and `change` or-ed over the world, and `snapshot_ready` and-ed, in one
-// small all-reduce (the one the step loop already does for Ctrl-C): every rank stops, or
-// moves to the next epoch, after the same step, and takes an in-memory snapshot there only
-// when every rank is ready for one (RankSnapshots::ready). Collective.
+// Every rank's `stop` and `change` or-ed over the world, `snapshot_ready` and-ed and
+// `interval` maxed, in one small all-reduce (the one the step loop already does for Ctrl-C):
+// every rank stops, or moves to the next epoch, after the same step, takes an in-memory
+// snapshot there only when every rank is ready for one (RankSnapshots::ready), and applies
+// the same snapshot interval (snapshot.every: auto; 0 when no rank proposes one). Collective.
 struct Agreed {
   bool stop = false, change = false, snapshot = false;
+  int64_t interval = 0;
 };
-Agreed agree_at_step_end(comm::Communicator& world, bool stop, bool change, bool snapshot_ready);
+Agreed agree_at_step_end(comm::Communicator& world, bool stop, bool change, bool snapshot_ready,
+                         int64_t interval = 0);
 
 }  // namespace weft::launch

@@ -4,17 +4,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "base/env.h"
 #include "base/error.h"
 #include "checkpoint/job_id.h"
+#include "core/config/limits.h"
 
 namespace weft::launch {
 
 RankSnapshots::RankSnapshots(const core::JobSpec& spec, const parallel::LaunchEnv& env)
     : spec_(spec) {
-  if (spec.snapshot.every <= 0) return;
+  if (!spec.snapshot.enabled()) return;
   const std::string socket = env_string("WEFT_SNAPSHOT_SOCKET", "");
   if (socket.empty())
     throw ConfigError("snapshot.every",
@@ -136,6 +138,13 @@ void RankSnapshots::attach(parallel::ParallelTrainer& trainer, const parallel::S
   epoch_ = epoch;
   node_ = node;
   due_ = waited_ = false;
+  // snapshot.every: auto chooses again in every world (its ranks' state and steps differ).
+  interval_ = spec_.snapshot.every == core::SnapshotSpec::kAuto ? 0 : spec_.snapshot.every;
+  seen_ = 0;
+  step_s_.clear();
+  probe_at_ = -1;
+  proposal_ = 0;
+  probe_text_.clear();
   layout_ = parallel::layout_of(space, trainer.plan(), trainer.rank());
   // One reservation names every rank of this node (the agent retires a node's older epoch
   // only once all of them have committed in the new one); each worker sends the same one.
@@ -181,12 +190,18 @@ void RankSnapshots::notify_committed(const checkpoint::SnapshotMeta& m) {
 }
 
 bool RankSnapshots::ready() {
+  proposal_ = 0;
   if (!trainer_) return false;
   const int64_t done = trainer_->current_step();
-  if (done % spec_.snapshot.every == 0) due_ = true;
+  const auto now = std::chrono::steady_clock::now();
+  if (seen_++ > 0) step_s_.push_back(std::chrono::duration<double>(now - last_ready_).count());
+  last_ready_ = now;
+  if (interval_ > 0 && done % interval_ == 0) due_ = true;
+  if (interval_ == 0 && probe_at_ < 0 && seen_ == kProbeSteps) due_ = true;  // auto's probe
   if (done == spec_.train.steps) due_ = false;  // the job ends: nothing to recover into
   settle(due_);
   if (committed_) notify_committed(*std::exchange(committed_, std::nullopt));
+  if (interval_ == 0 && probe_at_ >= 0 && done == probe_at_ + 1) propose();
   if (!due_ || !writer_) return false;
   if (spec_.snapshot.redundancy == "none") return true;
   bool idle = false;
@@ -208,8 +223,37 @@ bool RankSnapshots::ready() {
   return idle;
 }
 
-void RankSnapshots::after_agreement(bool take) {
-  if (!trainer_ || !take) return;
+void RankSnapshots::propose() {
+  // The steps before the probe's copy ran beside one: their median is the plain step.
+  if (step_s_.size() < 2 || !writer_) {
+    proposal_ = 1;
+    return;
+  }
+  std::vector<double> s(step_s_.begin(), step_s_.end() - 1);
+  std::nth_element(s.begin(), s.begin() + std::ptrdiff_t(s.size() / 2), s.end());
+  const double step = s[s.size() / 2], cost = kCostOverCopy * writer_->last_copy_s();
+  proposal_ = std::clamp<int64_t>(int64_t(std::ceil(cost / (0.01 * step))), 1, core::limits::kMaxSteps);
+  char text[256];
+  std::snprintf(text, sizeof text,
+                "rank 0's snapshot of %.1f MiB copied in %.1f ms beside a %.1f ms step, counted "
+                "at %.0fx its copy, asked for every %lld",
+                double(writer_->segment().capacity()) / double(1 << 20),
+                writer_->last_copy_s() * 1e3, step * 1e3, kCostOverCopy, (long long)proposal_);
+  probe_text_ = text;
+}
+
+void RankSnapshots::after_agreement(bool take, int64_t interval) {
+  if (!trainer_) return;
+  if (interval > 0 && interval_ == 0) {
+    interval_ = interval;
+    if (trainer_->rank() == 0)
+      std::printf("snapshot.every auto: a snapshot every %lld steps in this world, the fewest at "
+                  "which one costs at most 1%% of a step (%s; the world takes its ranks' "
+                  "largest)\n",
+                  (long long)interval_, probe_text_.c_str());
+  }
+  if (!take) return;
+  if (interval_ == 0 && probe_at_ < 0) probe_at_ = trainer_->current_step();
   WEFT_CHECK(due_ && writer_, "a snapshot agreed on a rank that was not ready for it");
   due_ = false;
   checkpoint::SnapshotMeta meta;

@@ -76,7 +76,7 @@ std::optional<SnapshotAgentPlan> snapshot_agent_plan(const std::vector<std::stri
               {"--help"});
     if (args.flag("--help") || !args.has("--config")) return std::nullopt;
     core::JobSpec spec = core::load_job_spec(args.get("--config"), args.all("--set"));
-    if (spec.snapshot.every <= 0) return std::nullopt;
+    if (!spec.snapshot.enabled()) return std::nullopt;
     p.redundancy = spec.snapshot.redundancy;
     p.ec_k = int(spec.snapshot.ec_k);
     p.ec_m = int(spec.snapshot.ec_m);

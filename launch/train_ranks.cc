@@ -597,8 +597,9 @@ std::optional<WorldEnd> RankTraining::one_step() {
   // Every rank stops, or moves to the next epoch, after the same step; and snapshots there
   // only if every rank can (lockstep snapshots).
   const Agreed a = agree_at_step_end(trainer_->world(), g_train_stop != 0,
-                                     watch_.newer().has_value(), snapshot_ready);
-  snaps_.after_agreement(a.snapshot);
+                                     watch_.newer().has_value(), snapshot_ready,
+                                     snaps_.proposed_interval());
+  snaps_.after_agreement(a.snapshot, a.interval);
   if (a.stop) return WorldEnd::kStopped;
   if (a.change) return WorldEnd::kChange;
   return std::nullopt;

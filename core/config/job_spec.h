@@ -113,7 +113,11 @@ struct CheckpointSpec {
 };
 
 struct SnapshotSpec {
+  // 0: off; K > 0: a snapshot every K steps; kAuto (`every: auto`): the interval is chosen
+  // at run time from what the first snapshot costs (launch/rank_snapshots.h).
+  static constexpr int64_t kAuto = -1;
   int64_t every = 0;
+  bool enabled() const { return every != 0; }
   std::string redundancy = "none";  // none | replica | ec
   int64_t ec_k = 2, ec_m = 1;
 };

@@ -143,7 +143,10 @@ std::string job_spec_to_yaml(const JobSpec& s) {
   e << YAML::EndMap;
 
   begin(e, "snapshot");
-  kv(e, "every", s.snapshot.every);
+  if (s.snapshot.every == SnapshotSpec::kAuto)
+    kv(e, "every", std::string("auto"));
+  else
+    kv(e, "every", s.snapshot.every);
   kv(e, "redundancy", s.snapshot.redundancy);
   begin(e, "ec");
   kv(e, "k", s.snapshot.ec_k);

@@ -311,7 +311,8 @@ void validate_job_spec(const JobSpec& s) {
   if (s.checkpoint.every > 0 && s.checkpoint.dir.empty())
     throw ConfigError("checkpoint.dir", "checkpoint.every is " + num(s.checkpoint.every) +
                                             ": name a folder for the checkpoints");
-  between("snapshot.every", s.snapshot.every, 0, limits::kMaxSteps);
+  if (s.snapshot.every != SnapshotSpec::kAuto)
+    between("snapshot.every", s.snapshot.every, 0, limits::kMaxSteps);  // or auto
   one_of("snapshot.redundancy", s.snapshot.redundancy, {"none", "replica", "ec"});
   between("snapshot.ec.k", s.snapshot.ec_k, 1, limits::kMaxEcBlocks - 1);
   between("snapshot.ec.m", s.snapshot.ec_m, 1, limits::kMaxEcBlocks - s.snapshot.ec_k);

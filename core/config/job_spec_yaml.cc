@@ -187,7 +187,16 @@ JobSpec spec_from_tree(YAML::Node& root, const std::string& base_dir,
   ckpt.read("async", s.checkpoint.async);
 
   YamlSection snap = top.section("snapshot");
-  snap.read("every", s.snapshot.every);
+  if (snap.is_auto("every")) {
+    s.snapshot.every = SnapshotSpec::kAuto;
+  } else {
+    snap.read("every", s.snapshot.every);
+    if (s.snapshot.every < 0)  // kAuto's value is only ever spelled `auto`
+      throw ConfigError("snapshot.every",
+                        "expected the steps between snapshots (0: none) or auto (the fewest "
+                        "steps at which one costs at most 1% of a step), got " +
+                            std::to_string(s.snapshot.every));
+  }
   snap.read("redundancy", s.snapshot.redundancy);
   snap.section("ec").read("k", s.snapshot.ec_k);
   snap.section("ec").read("m", s.snapshot.ec_m);

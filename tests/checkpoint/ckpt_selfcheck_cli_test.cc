@@ -244,9 +244,10 @@ void expect_save_lines(const std::string& out, const std::string& ck, const char
     char name[32];
     std::snprintf(name, sizeof name, "step-%08lld", std::stoll(m[1].str()));
     EXPECT_EQ(m[2].str(), ck + "/" + name);
-    if (fs::exists(m[2].str()))
+    if (fs::exists(m[2].str())) {
       EXPECT_NEAR(std::stod(m[3].str()),
                   double(test_util::folder_bytes(m[2].str())) / (1024.0 * 1024.0), 0.006);
+    }
   }
   EXPECT_EQ(n, 2) << out;
 }

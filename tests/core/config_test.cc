@@ -419,6 +419,21 @@ TEST(JobSpec, MemoryLimitIsAutoOrPositiveGib) {
   EXPECT_EQ(parse_job_spec(job_spec_to_yaml(s), "/").memory.limit_gib, 3);
 }
 
+// snapshot.every: auto (the interval chosen at run time) from the file or --set, kept by the
+// dump; below 0 is still refused naming the key.
+TEST(JobSpec, SnapshotEveryTakesAuto) {
+  JobSpec s = parse_job_spec("data: {path: t}\nsnapshot: {every: auto}", "/");
+  EXPECT_EQ(s.snapshot.every, SnapshotSpec::kAuto);
+  EXPECT_TRUE(s.snapshot.enabled());
+  EXPECT_NE(job_spec_to_yaml(s).find("every: auto"), std::string::npos) << job_spec_to_yaml(s);
+  EXPECT_EQ(parse_job_spec(job_spec_to_yaml(s), "/").snapshot.every, SnapshotSpec::kAuto);
+  EXPECT_EQ(parse_job_spec(kMinimal, "/", {"snapshot.every=auto"}).snapshot.every,
+            SnapshotSpec::kAuto);
+  EXPECT_FALSE(parse_job_spec(kMinimal, "/").snapshot.enabled());
+  EXPECT_EQ(parse_error("data: {path: t}\nsnapshot: {every: -1}").field(), "snapshot.every");
+  EXPECT_EQ(parse_error("data: {path: t}\nsnapshot: {every: sometimes}").field(), "snapshot.every");
+}
+
 TEST(JobSpecOverrides, SetAppliesScalarsListsAndAuto) {
   JobSpec s = parse_job_spec("data: {path: t.bin}\ntrain: {steps: 100}\nparallel: {dp: 2}\n", "/b",
                              {"train.steps=20", "train.betas=[0.8, 0.9]", "parallel.dp=auto",

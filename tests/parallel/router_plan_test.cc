@@ -118,8 +118,9 @@ TEST_P(RouterPlanPairs, CoverExactlyOnceWithinBudgetWithoutWaitCycles) {
     opt.budget_bytes = budget;
     TransferPlan plan = transition(space, a, b, opt);
     check_plan(space, a, b, plan, c.name + " budget " + std::to_string(budget));
-    if (budget == 4096)
+    if (budget == 4096) {
       EXPECT_GT(plan.waves.size(), 1u) << "a small budget must split the state into waves";
+    }
   }
 }
 

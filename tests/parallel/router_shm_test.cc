@@ -193,7 +193,9 @@ void run_adoption(Degrees from, Degrees to, bool all_adopted) {
     EXPECT_EQ(mismatches(space, rb, dst), 0);
     int64_t adopted = 0, copied = 0;
     for (size_t l = 0; l < dst.size(); ++l) {
-      if (all_adopted) EXPECT_GE(adopt[l], 0) << "local " << l;
+      if (all_adopted) {
+        EXPECT_GE(adopt[l], 0) << "local " << l;
+      }
       if (adopt[l] >= 0) {
         EXPECT_EQ(dst[l].raw_data(), before[size_t(adopt[l])]) << "local " << l;
         adopted += rb.locals[l].bytes();
@@ -204,9 +206,15 @@ void run_adoption(Degrees from, Degrees to, bool all_adopted) {
     for (const core::Tensor& s : src) EXPECT_FALSE(s.defined());
     EXPECT_EQ(st.bytes_adopted, adopted);
     EXPECT_EQ(st.bytes_copied, copied);
-    if (r < 2) EXPECT_GT(st.bytes_adopted, 0);
-    if (all_adopted) EXPECT_EQ(st.bytes_copied, 0);
-    if (!all_adopted && r < 2) EXPECT_GT(st.bytes_copied, 0);
+    if (r < 2) {
+      EXPECT_GT(st.bytes_adopted, 0);
+    }
+    if (all_adopted) {
+      EXPECT_EQ(st.bytes_copied, 0);
+    }
+    if (!all_adopted && r < 2) {
+      EXPECT_GT(st.bytes_copied, 0);
+    }
     expect_moved(st, TransitionStats{}, "nothing between ranks");
   });
   EXPECT_TRUE(result.ok()) << result.summary();
@@ -327,7 +335,9 @@ void run_lost_peer(bool kill) {
         } catch (const CommError& e) {
           if (r != 0) {
             EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
-            if (!kill) EXPECT_NE(dynamic_cast<const TimeoutError*>(&e), nullptr) << e.what();
+            if (!kill) {
+              EXPECT_NE(dynamic_cast<const TimeoutError*>(&e), nullptr) << e.what();
+            }
             write_file(gave_up / std::to_string(r), e.what());
           }
         }

@@ -141,6 +141,50 @@ TEST_F(SnapshotRecovery, AKilledWorkerResumesFromTheNodesSnapshotsWithTheSameWei
             slurp_file(out / "weights.safetensors"));
 }
 
+// snapshot.every: auto. The world takes a probe snapshot after 4 steps, times its copy against
+// the steps before it and agrees on an interval N (rank 0 says which); the snapshots then come
+// every N steps, so a SIGKILLed worker's job resumes at a multiple of N (or at the probe),
+// within two intervals of the kill.
+TEST_F(SnapshotRecovery, EveryAutoChoosesAnIntervalAndTheJobResumesOnIt) {
+  Agents agents({"OMP_NUM_THREADS=1"});
+  const std::string id = "snapauto-" + std::to_string(::getpid());
+  JobSegments segments{checkpoint::job_id_for_run(id)};
+  const fs::path out = dir_ / "run";
+  const pid_t run = agents.start(run_args(id, out, {"snapshot.every=auto"}), dir_ / "run.log");
+  auto logged = [&] { return metrics_lines(out / "metrics.jsonl"); };
+  const std::string chose = "snapshot.every auto: a snapshot every ";
+  ASSERT_TRUE(poll_until(
+      [&] { return slurp_file(dir_ / "run.log").find(chose) != std::string::npos; }, 120))
+      << slurp_file(dir_ / "run.log");
+  const std::string said = slurp_file(dir_ / "run.log");
+  const long every = std::stol(said.substr(said.find(chose) + chose.size()));
+  std::printf("[ says     ] %s\n",
+              said.substr(said.find(chose), said.find('\n', said.find(chose)) - said.find(chose))
+                  .c_str());
+  ASSERT_GE(every, 1);
+  // This model's state is a few hundred KiB a rank: its copy is a fraction of a millisecond
+  // against steps of tens, so the interval is small unless the timing went wrong.
+  ASSERT_LE(every, 20) << said;
+  const size_t kill_at = size_t(4 + 3 * every + 5);
+  ASSERT_TRUE(poll_until([&] { return logged() >= kill_at; }, 120)) << slurp_file(dir_ / "run.log");
+  std::vector<pid_t> workers = children(run);
+  ASSERT_EQ(workers.size(), 3u) << slurp_file(dir_ / "run.log");
+  const size_t at_kill = logged();
+  ASSERT_LT(at_kill, size_t(kSteps)) << "the job ended before the kill";
+  ::kill(workers[1], SIGKILL);
+  ASSERT_EQ(agents.wait(run), 0) << slurp_file(dir_ / "run.log");
+  const std::string log = slurp_file(dir_ / "run.log");
+  const size_t at = log.find("resumed at step ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const long step = std::stol(log.substr(at + 16));
+  EXPECT_TRUE(step == 4 || step % every == 0) << "resumed at " << step << ", every " << every;
+  EXPECT_GE(step, long(at_kill) - 2 * every - 2) << log;
+  EXPECT_LE(step, long(at_kill) + 2) << log;
+  EXPECT_NE(log.find("from the in-memory snapshots of 3 ranks"), std::string::npos) << log;
+  // The restarted workers (a new world) chose again.
+  EXPECT_NE(log.find(chose, log.find(chose) + 1), std::string::npos) << log;
+}
+
 // A snapshot whose bytes went bad in memory is found by its checksum before it is offered:
 // rank 0's newest snapshot (step 200) gets a flipped byte and rank 1 is killed. Step 200's
 // group then lacks rank 0, so the restarted job resumes from the older slots (step 100),

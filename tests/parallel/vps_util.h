@@ -239,9 +239,11 @@ inline void check_plan(const StateSpace& space, const Layout& a, const Layout& b
     for (int r = 0; r < world; ++r)
       for (const LocalTensor& l : b.ranks[size_t(r)].locals)
         if (states.count(l.state)) dst_bytes[size_t(r)] += l.bytes();
-    if (wave.states.size() > 1)
-      for (int r = 0; r < world; ++r)
+    if (wave.states.size() > 1) {
+      for (int r = 0; r < world; ++r) {
         EXPECT_LE(dst_bytes[size_t(r)], plan.budget_bytes / 2) << "wave " << w;
+      }
+    }
     for (int t : wave.local_copies) {
       ++placed[size_t(t)];
       EXPECT_TRUE(plan.transfers[size_t(t)].local());
@@ -276,9 +278,10 @@ inline void check_plan(const StateSpace& space, const Layout& a, const Layout& b
     std::map<std::pair<int, int>, int64_t> staging;
     for (const RankOp& op : rank_ops(plan, a, b, r)) {
       if (op.kind == RankOp::kAlloc) alloc_wave = std::max(alloc_wave, op.wave);
-      if (op.kind == RankOp::kRelease)
+      if (op.kind == RankOp::kRelease) {
         EXPECT_GE(op.wave, alloc_wave) << "rank " << r << " releases a source of wave " << op.wave
                                        << " after allocating wave " << alloc_wave;
+      }
       if (op.kind == RankOp::kSend || op.kind == RankOp::kRecv)
         staging[{op.wave, op.round}] += op.bytes;
     }

@@ -74,7 +74,9 @@ TEST(Schedule, RoleProgramsRunTheirStageSchedule) {
       }
       EXPECT_EQ(seen, stage_schedule(sched, 4, int(p.config.virtual_stages), int(p.config.micro_batches), r.stage))
           << sched << " stage " << r.stage;
-      if (std::string(sched) == "1f1b") EXPECT_EQ(max_in_flight(seen), 4 - r.stage);
+      if (std::string(sched) == "1f1b") {
+        EXPECT_EQ(max_in_flight(seen), 4 - r.stage);
+      }
     }
   }
 }

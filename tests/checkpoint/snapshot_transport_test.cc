@@ -1,0 +1,102 @@
+// The agents' transport (checkpoint/snapshot_transport.h) on loopback: its timeout is "no
+// bytes moved", not "the call took long". A reader slower than the timeout per payload but
+// never stalled keeps the writer alive (the write, and the wait for the reply while the last
+// bytes drain from the send buffer); a reader that stops reading fails the writer after about
+// one timeout. No timing thresholds beyond the timeouts under test.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "base/error.h"
+#include "checkpoint/snapshot_transport.h"
+
+namespace weft::checkpoint {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kTimeout = 300ms;
+constexpr size_t kPayload = size_t(24) << 20;
+
+PeerAuth test_auth() { return {"0123456789abcdef", "transport-test-token", false}; }
+
+std::vector<uint8_t> pattern(size_t n) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = uint8_t(i * 131 + (i >> 12));
+  return v;
+}
+
+// The reader takes 1 MiB every 60 ms: about 1.5 s for the payload, five timeouts, but it never
+// stops for one; it replies once it has every byte. The writer's 8 MiB composed writes and its
+// wait for the reply each outlast the timeout while bytes keep moving.
+TEST(SnapshotTransport, ASlowButSteadyReaderIsNotCutOff) {
+  std::atomic<bool> intact{false};
+  PeerListener listener(
+      "127.0.0.1", 0, test_auth(),
+      [&](PeerChannel& ch) {
+        const nlohmann::json header = ch.receive();
+        const size_t n = header.at("bytes").get<size_t>();
+        std::vector<uint8_t> got(n);
+        for (size_t off = 0; off < n; off += size_t(1) << 20) {
+          ch.receive_bytes(got.data() + off, std::min(size_t(1) << 20, n - off));
+          std::this_thread::sleep_for(60ms);
+        }
+        intact = got == pattern(n);
+        ch.send({{"ok", true}});
+      },
+      [](const std::string&) {}, kTimeout);
+  std::unique_ptr<PeerChannel> ch =
+      PeerChannel::connect(listener.endpoint(), test_auth(), 0, kTimeout);
+  const std::vector<uint8_t> payload = pattern(kPayload);
+  const auto t0 = Clock::now();
+  ch->send({{"bytes", kPayload}});
+  ASSERT_NO_THROW(ch->send_bytes(payload.data(), payload.size()));
+  nlohmann::json reply;
+  ASSERT_NO_THROW(reply = ch->receive());
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_TRUE(reply.value("ok", false));
+  EXPECT_TRUE(intact.load());
+  // The point of the test: the exchange lasted several timeouts and still went through.
+  EXPECT_GT(took, 3 * std::chrono::duration<double>(kTimeout).count()) << took;
+  std::printf("[ measured ] %zu MiB to a reader taking 1 MiB per 60 ms: %.2f s, timeout %lld ms\n",
+              kPayload >> 20, took, (long long)kTimeout.count());
+}
+
+// The reader takes 1 MiB and then reads nothing (for twenty timeouts at most, until the
+// writer has failed): the writer's send fails with "no bytes moved" once the socket buffers
+// are full and a timeout passes, not with the reader's close.
+TEST(SnapshotTransport, AReaderThatStopsFailsTheWriterAfterOneTimeout) {
+  std::atomic<bool> release{false};
+  PeerListener listener(
+      "127.0.0.1", 0, test_auth(),
+      [&](PeerChannel& ch) {
+        ch.receive();
+        std::vector<uint8_t> some(size_t(1) << 20);
+        ch.receive_bytes(some.data(), some.size());
+        const auto until = Clock::now() + 20 * kTimeout;
+        while (!release && Clock::now() < until) std::this_thread::sleep_for(10ms);
+      },
+      [](const std::string&) {}, kTimeout);
+  std::unique_ptr<PeerChannel> ch =
+      PeerChannel::connect(listener.endpoint(), test_auth(), 0, kTimeout);
+  // Larger than every socket buffer on the way: the writer must block on the stopped reader.
+  const std::vector<uint8_t> payload = pattern(size_t(64) << 20);
+  ch->send({{"bytes", payload.size()}});
+  try {
+    ch->send_bytes(payload.data(), payload.size());
+    ch->receive();
+    ADD_FAILURE() << "a writer to a reader that stopped did not fail";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("no bytes moved for 300 ms"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(ch->open());
+  release = true;
+}
+
+}  // namespace
+}  // namespace weft::checkpoint
