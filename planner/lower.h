@@ -9,6 +9,7 @@
 
 #include "core/graph/graph.h"
 #include "planner/plan.h"
+#include "planner/rvd.h"
 #include "planner/schedule.h"
 
 namespace weft::planner {
@@ -45,7 +46,8 @@ struct GraphInfo {
 // The stage (pipeline rank) that runs model chunk `chunk`: chunk % pp.
 int assign_stage(const ParallelConfig& pc, int chunk);
 
-// Builds plan.roles (every stage x lane) and registers the group families they use.
-void lower_plan(const GraphInfo& gi, Plan& plan, const CostModel& cost);
+// Builds plan.roles (every stage x lane) and registers the group families they use. Layout
+// searches are looked up in and kept in `layouts` (the planner's own memo).
+void lower_plan(const GraphInfo& gi, Plan& plan, const CostModel& cost, RvdCache& layouts);
 
 }  // namespace weft::planner

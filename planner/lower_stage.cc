@@ -9,11 +9,13 @@
 
 namespace weft::planner {
 
-StageBuilder::StageBuilder(const GraphInfo& gi, Plan& plan, const CostModel& cost, int stage)
+StageBuilder::StageBuilder(const GraphInfo& gi, Plan& plan, const CostModel& cost, RvdCache& layouts,
+                           int stage)
     : gi_(gi),
       g_(gi.g),
       plan_(plan),
       cost_(cost),
+      layouts_(layouts),
       stage_(stage),
       lanes_(plan.mesh.lanes()),
       tp_(int(plan.mesh.degrees().tp)),
@@ -193,7 +195,8 @@ std::vector<int> StageBuilder::convert(int value, int mb, const std::vector<int>
   for (const auto& p : need)
     if (p) widen(p->box);
   const core::Value& val = g_.value(value);
-  RvdPath path = rvd_search(from, need, whole, int64_t(core::dtype_size(val.dtype)), cost_, cross_node_);
+  RvdPath path = rvd_search(from, need, whole, int64_t(core::dtype_size(val.dtype)), cost_, cross_node_,
+                            &layouts_);
   // Collectives are attributed to the op whose output they re-lay (its layer, its unit).
   if (!gi_.writers[size_t(value)].empty()) op = gi_.writers[size_t(value)][0];
   for (const Move& mv : path.moves) {
@@ -451,13 +454,13 @@ void StageBuilder::build() {
   for (int l = 0; l < lanes_; ++l) add_frees(l);
 }
 
-void lower_plan(const GraphInfo& gi, Plan& plan, const CostModel& cost) {
+void lower_plan(const GraphInfo& gi, Plan& plan, const CostModel& cost, RvdCache& layouts) {
   const int pp = int(plan.mesh.degrees().pp), lanes = plan.mesh.lanes();
   plan.roles.assign(size_t(pp * lanes), Role{});
   for (int s = 0; s < pp; ++s)
     for (int l = 0; l < lanes; ++l) plan.roles[size_t(s * lanes + l)].stage = s,
                                     plan.roles[size_t(s * lanes + l)].lane = l;
-  for (int s = 0; s < pp; ++s) StageBuilder(gi, plan, cost, s).build();
+  for (int s = 0; s < pp; ++s) StageBuilder(gi, plan, cost, layouts, s).build();
 }
 
 }  // namespace weft::planner

@@ -18,7 +18,7 @@ namespace weft::planner {
 
 class StageBuilder {
  public:
-  StageBuilder(const GraphInfo& gi, Plan& plan, const CostModel& cost, int stage);
+  StageBuilder(const GraphInfo& gi, Plan& plan, const CostModel& cost, RvdCache& layouts, int stage);
   void build();
 
  private:
@@ -115,6 +115,7 @@ class StageBuilder {
   const core::Graph& g_;
   Plan& plan_;
   const CostModel& cost_;
+  RvdCache& layouts_;
   const int stage_, lanes_, tp_, ep_;
   const int64_t m_, K_;  // micro-batches, batch parts (data shards x m)
   bool cross_node_ = false;

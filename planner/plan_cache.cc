@@ -10,6 +10,16 @@
 #include "planner/policy.h"
 
 namespace weft::planner {
+namespace {
+
+// Every world of the job plans with the same cost model: one memo of layout searches
+// serves them all (the caller's, if its options name one).
+PlanOptions with_layout_cache(PlanOptions o) {
+  if (!o.layout_cache) o.layout_cache = std::make_shared<RvdCache>();
+  return o;
+}
+
+}  // namespace
 
 PlanOptions PlanCache::no_simulation() {
   PlanOptions o;
@@ -19,7 +29,7 @@ PlanOptions PlanCache::no_simulation() {
 
 PlanCache::PlanCache(const core::JobSpec& spec, const PlanOptions& opt)
     : spec_(spec),
-      opt_(opt),
+      opt_(with_layout_cache(opt)),
       graph_(std::make_shared<const core::ModelGraph>(build_planning_graph(spec))) {}
 
 PlanCache::~PlanCache() {

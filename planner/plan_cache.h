@@ -29,6 +29,7 @@ class PlanCache {
  public:
   // Builds the planning graph (build_planning_graph) now. Plans are made with `opt`; by
   // default without simulation (PlanOptions::simulate false: a trainer reads no costs).
+  // Its worlds share one memo of layout searches (opt.layout_cache, or one of its own).
   // `spec` must outlive the cache.
   explicit PlanCache(const core::JobSpec& spec, const PlanOptions& opt = no_simulation());
   // Stops planning ahead and joins its thread: the queue is dropped, a plan in progress is

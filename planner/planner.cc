@@ -45,7 +45,8 @@ Plan make_plan(const core::JobSpec& spec, const core::Graph& g, int world, const
   plan.decisions = decide_partitions(g, plan.config);
   // Phases 2 and 3: placement, ordering and communication, per role.
   GraphInfo gi(g, plan.config, plan.decisions);
-  lower_plan(gi, plan, opt.cost);
+  RvdCache own;
+  lower_plan(gi, plan, opt.cost, opt.layout_cache ? *opt.layout_cache : own);
   build_groups(plan);
   plan.model_hash = core::model_config_hash(spec.model);
   plan.shape_hash = shape_hash(g, plan.config);

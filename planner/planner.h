@@ -4,16 +4,21 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "core/config/job_spec.h"
 #include "core/models/gpt.h"
 #include "planner/plan.h"
+#include "planner/rvd.h"
 
 namespace weft::planner {
 
 struct PlanOptions {
   CostModel cost;
   bool simulate = true;  // fill Plan::costs
+  // The planner's memo of layout searches (RvdCache), shared by the plans made with these
+  // options (a PlanCache's worlds); null: make_plan uses one of its own for this plan.
+  std::shared_ptr<RvdCache> layout_cache;
 };
 
 // The training graph as the planner sees it: batch dim = the global batch, so that data

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <tuple>
 #include <map>
-#include <mutex>
 #include <queue>
 #include <sstream>
 #include <unordered_map>
@@ -266,12 +265,6 @@ Piece shift(Piece p, const Box& whole, int sign) {
 // Layouts the search expands before it gives up.
 constexpr int kSearchBudget = 4000;
 
-std::mutex cache_mu;
-std::unordered_map<std::string, RvdPath>& cache() {
-  static std::unordered_map<std::string, RvdPath> c;
-  return c;
-}
-
 RvdPath search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
                const Box& whole, int64_t elem, const CostModel& cm, bool cross) {
   Search s{whole, need, elem, cm, cross, int(from.size())};
@@ -389,8 +382,26 @@ CollKind move_collective(MoveKind k) {
   }
 }
 
+size_t RvdCache::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return paths_.size();
+}
+
+std::optional<RvdPath> RvdCache::find(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = paths_.find(key);
+  if (it == paths_.end()) return std::nullopt;
+  return it->second;
+}
+
+void RvdCache::insert(const std::string& key, const RvdPath& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  paths_.emplace(key, path);
+}
+
 RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
-                   const Box& whole, int64_t elem_bytes, const CostModel& cm, bool cross_node) {
+                   const Box& whole, int64_t elem_bytes, const CostModel& cm, bool cross_node,
+                   RvdCache* cache) {
   WEFT_CHECK(from.size() == need.size() && !from.empty(), "rvd_search: one need per member");
   for (const DimSlice& d : whole) WEFT_CHECK(d.count == 1, "rvd_search: whole must be a plain box");
   Box rel_whole = whole;
@@ -416,18 +427,9 @@ RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piec
   put(key, cm.ranks_per_node);
   put(key, cm.cores);
   put(key, cm.device_memory);
-  RvdPath path;
-  bool hit = false;
-  {
-    std::lock_guard<std::mutex> lock(cache_mu);
-    auto it = cache().find(key);
-    if (it != cache().end()) path = it->second, hit = true;
-  }
-  if (!hit) {
-    path = search(rel_from, rel_need, rel_whole, elem_bytes, cm, cross_node);
-    std::lock_guard<std::mutex> lock(cache_mu);
-    cache().emplace(key, path);
-  }
+  std::optional<RvdPath> hit = cache ? cache->find(key) : std::nullopt;
+  RvdPath path = hit ? std::move(*hit) : search(rel_from, rel_need, rel_whole, elem_bytes, cm, cross_node);
+  if (cache && !hit) cache->insert(key, path);
   for (Move& mv : path.moves)
     for (Piece& p : mv.after) p = shift(p, whole, +1);
   return path;

@@ -8,8 +8,11 @@
 // and ends where every member can cut its needed piece out of what it holds.
 #pragma once
 
+#include <cstddef>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "planner/box.h"
@@ -46,14 +49,40 @@ struct RvdPath {
   double cost = 0;  // including the final local cuts
 };
 
+// A planner's memo of layout searches: the paths found, keyed by the layouts relative to
+// the slice they cover, the element size, whether the group crosses nodes and every field
+// of the cost model. Owned by whoever plans (make_plan makes one per plan unless
+// PlanOptions::layout_cache names one; a PlanCache keeps one for all its worlds); nothing
+// is process-wide, so two planners never see each other's entries. Thread-safe: a
+// PlanCache plans ahead on a background thread while its caller plans.
+class RvdCache {
+ public:
+  RvdCache() = default;
+  RvdCache(const RvdCache&) = delete;
+  RvdCache& operator=(const RvdCache&) = delete;
+
+  // Paths kept (tests).
+  size_t size() const;
+  // The path stored under `key`, if any.
+  std::optional<RvdPath> find(const std::string& key) const;
+  // Keeps `path` under `key` (the first one stored for a key stays).
+  void insert(const std::string& key, const RvdPath& path);
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, RvdPath> paths_;
+};
+
 // The cheapest moves from `from` to a layout from which every member i with need[i] can cut
 // need[i] locally (the caller emits those cuts). Boxes are global coordinates inside
-// `whole`. Results are cached by the layouts relative to `whole` and every field of `cm`.
-// Throws NotSupported when no path exists ("no layout conversion exists": every layout the
-// moves reach was tried) or when the search gives up at its bound of 4000 layouts ("gave up
-// after ...": a longer path may exist).
+// `whole`. With a `cache`, results are looked up and kept there (see RvdCache); without
+// one, the search runs every time. Throws NotSupported when no path exists ("no layout
+// conversion exists": every layout the moves reach was tried) or when the search gives up
+// at its bound of 4000 layouts ("gave up after ...": a longer path may exist); failures
+// are not cached.
 RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
-                   const Box& whole, int64_t elem_bytes, const CostModel& cost, bool cross_node);
+                   const Box& whole, int64_t elem_bytes, const CostModel& cost, bool cross_node,
+                   RvdCache* cache = nullptr);
 
 CollKind move_collective(MoveKind k);
 

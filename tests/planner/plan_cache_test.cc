@@ -116,5 +116,30 @@ TEST(PlanCache, DestroyedWhilePlanningAheadDropsTheQueue) {
   }
 }
 
+// The layout-search memo belongs to whoever plans: two planners with different cost models,
+// each with a cache of its own, fill only their own, and a plan made with a memo already
+// full of its searches (a PlanCache's later worlds) equals one made from nothing.
+TEST(PlanCache, TwoPlannersWithDifferentCostModelsKeepTheirOwnLayoutSearches) {
+  core::JobSpec spec = gpt_spec();
+  spec.parallel.tp = 2;
+  PlanOptions a = PlanCache::no_simulation(), b = PlanCache::no_simulation();
+  b.cost.op_overhead = 1e-3;
+  b.cost.cores = 4;
+  a.layout_cache = std::make_shared<RvdCache>();
+  b.layout_cache = std::make_shared<RvdCache>();
+  Plan pa = make_plan(spec, 4, a);
+  const size_t a_entries = a.layout_cache->size();
+  EXPECT_GT(a_entries, 0u) << "tp 2 converts layouts between its lanes";
+  EXPECT_EQ(b.layout_cache->size(), 0u);
+  Plan pb = make_plan(spec, 4, b);
+  EXPECT_EQ(a.layout_cache->size(), a_entries) << "the second planner left the first one's memo alone";
+  EXPECT_GT(b.layout_cache->size(), 0u);
+  Plan again = make_plan(spec, 4, a);  // every search a hit
+  EXPECT_EQ(a.layout_cache->size(), a_entries);
+  expect_same_plan(pa, again);
+  PlanOptions fresh = PlanCache::no_simulation();  // make_plan's own memo for this plan
+  expect_same_plan(pa, make_plan(spec, 4, fresh));
+}
+
 }  // namespace
 }  // namespace weft::planner

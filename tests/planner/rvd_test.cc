@@ -68,21 +68,45 @@ TEST(Rvd, ReplicatedToSplitNeedsNoCommunication) {
   EXPECT_GT(p.cost, 0);
 }
 
-// The search's results are cached process-wide; a search under a cost model that differs
-// only in a CPU field (a fixed cost per local instruction) must get its own costs, not the
-// first model's (the key used to leave op_overhead, cores and the sharing terms out).
+// One cache shared by searches under two cost models that differ only in a CPU field (a
+// fixed cost per local instruction): each must get its own costs, not the first model's
+// (the key used to leave op_overhead, cores and the sharing terms out).
 TEST(Rvd, ASearchUnderAnotherCostModelGetsItsOwnCosts) {
   CostModel gpu;
   CostModel cpu = gpu;
   cpu.op_overhead = 0.5;
   const auto from = std::vector<Piece>{whole_piece(), whole_piece()};
   const auto need = all({chunk(0, 1, 2), chunk(0, 0, 2)});
-  RvdPath a = rvd_search(from, need, kWhole, 4, gpu, false);
-  RvdPath b = rvd_search(from, need, kWhole, 4, cpu, false);
+  RvdCache cache;
+  RvdPath a = rvd_search(from, need, kWhole, 4, gpu, false, &cache);
+  RvdPath b = rvd_search(from, need, kWhole, 4, cpu, false, &cache);
+  EXPECT_EQ(cache.size(), 2u) << "one entry per cost model";
   EXPECT_LT(a.cost, 0.01) << "a local cut of 1 KiB at the GPU model's memory bandwidth";
   EXPECT_GE(b.cost, 0.5) << "the local cut pays op_overhead under the CPU model";
-  RvdPath again = rvd_search(from, need, kWhole, 4, gpu, false);
+  RvdPath again = rvd_search(from, need, kWhole, 4, gpu, false, &cache);
   EXPECT_EQ(again.cost, a.cost) << "the first model's entry is still its own";
+  EXPECT_EQ(cache.size(), 2u) << "the repeated search was a hit";
+}
+
+// The memo belongs to a planner: two planners (two caches) with different cost models keep
+// entries of their own, and a search without a cache keeps nothing anywhere.
+TEST(Rvd, TwoPlannersWithDifferentCostModelsDoNotShareEntries) {
+  CostModel gpu;
+  CostModel cpu = gpu;
+  cpu.bw_intra = gpu.bw_intra / 100;
+  const auto from = std::vector<Piece>{chunk(1, 0, 2), chunk(1, 1, 2)};
+  const auto need = all({whole_piece(), whole_piece()});
+  RvdCache first, second;
+  RvdPath a = rvd_search(from, need, kWhole, 4, gpu, false, &first);
+  EXPECT_EQ(first.size(), 1u);
+  EXPECT_EQ(second.size(), 0u) << "the second planner sees nothing of the first one's search";
+  RvdPath b = rvd_search(from, need, kWhole, 4, cpu, false, &second);
+  EXPECT_EQ(first.size(), 1u);
+  EXPECT_EQ(second.size(), 1u);
+  EXPECT_GT(b.cost, a.cost) << "the second planner's costs are its cost model's";
+  RvdPath c = rvd_search(from, need, kWhole, 4, cpu, false);  // no cache
+  EXPECT_EQ(c.cost, b.cost);
+  EXPECT_EQ(first.size() + second.size(), 2u);
 }
 
 // A need no sequence of moves can serve: the search tries every reachable layout and says
