@@ -85,9 +85,8 @@ void StageBuilder::shift_like(TensorDesc& t, int value, const SubTensor* st) con
 SubOp StageBuilder::sub_op(int op, int mb, int lane) const {
   // Micro-batches differ only in their batch rows (or, for a loss, the addend index), so
   // the partition runs once per (op, lane) and is shifted per micro-batch.
-  int64_t key = int64_t(op) * lanes_ + lane;
-  auto it = sub_cache_.find(key);
-  if (it == sub_cache_.end()) {
+  std::optional<SubOp>& cached = sub_cache_[size_t(op) * size_t(lanes_) + size_t(lane)];
+  if (!cached) {
     SubOp s = whole_op(g_, op);
     int d = gi_.decision[size_t(op)];
     if (d >= 0) {
@@ -97,9 +96,10 @@ SubOp StageBuilder::sub_op(int op, int mb, int lane) const {
         s = partition_one(g_, s, sp.symbol, sp.n, index, sp.groups);
       }
     }
-    it = sub_cache_.emplace(key, std::move(s)).first;
+    s.splits.clear();
+    cached = std::move(s);
   }
-  SubOp s = it->second;
+  SubOp s = *cached;
   if (mb == 0) return s;
   auto shift = [&](SubTensor& t) {
     if (t.batch_dim >= 0) t.piece.box[size_t(t.batch_dim)].start += mb * t.piece.box[size_t(t.batch_dim)].size;
@@ -119,14 +119,20 @@ std::vector<SubOp> StageBuilder::sub_ops(int op, int mb) const {
 int StageBuilder::value_mb(int value, int mb) const { return g_.value(value).persistent ? -1 : mb; }
 
 std::vector<int>* StageBuilder::env_find(int lane, int value, int mb) {
-  auto& env = lane_[size_t(lane)].env;
-  auto it = env.find(env_key(value, mb));
-  return it == env.end() || it->second.empty() ? nullptr : &it->second;
+  const auto& by_mb = lane_[size_t(lane)].env[size_t(value)];
+  if (by_mb.empty()) return nullptr;
+  auto& have = lane_[size_t(lane)].env[size_t(value)][size_t(mb + 1)];
+  return have.empty() ? nullptr : &have;
 }
 
-void StageBuilder::env_add(int lane, int value, int mb, int tensor) {
-  lane_[size_t(lane)].env[env_key(value, mb)].push_back(tensor);
+std::vector<int>& StageBuilder::env_slot(int lane, int value, int mb) {
+  auto& by_mb = lane_[size_t(lane)].env[size_t(value)];
+  if (by_mb.empty()) by_mb.resize(size_t(m_) + 1);
+  WEFT_CHECK(mb >= -1 && mb < m_, "micro-batch ", mb, " outside 0..", m_ - 1);
+  return by_mb[size_t(mb + 1)];
 }
+
+void StageBuilder::env_add(int lane, int value, int mb, int tensor) { env_slot(lane, value, mb).push_back(tensor); }
 
 int StageBuilder::team_family(const std::vector<int>& lanes) {
   GroupFamily f;
@@ -327,7 +333,7 @@ std::vector<int> StageBuilder::outputs(int op, const std::vector<SubOp>& subs, i
     shift_like(t, value, &st);
     t.keep = gi_.keep[size_t(value)];
     int id = add_tensor(l, t);
-    lane_[size_t(l)].env[env_key(value, key_mb)] = {id};
+    env_slot(l, value, key_mb) = {id};
     ids[size_t(l)] = id;
   }
   return ids;
@@ -434,7 +440,8 @@ void StageBuilder::emit_unit(const Unit& u) {
     for (int op : gi_.chunk_ops[0][size_t(u.chunk)]) {
       if (!gi_.recompute[size_t(op)]) continue;
       for (int l = 0; l < lanes_; ++l) {
-        for (int v : g_.op(op).outputs) lane_[size_t(l)].env.erase(env_key(v, u.mb));
+        for (int v : g_.op(op).outputs)
+          if (!lane_[size_t(l)].env[size_t(v)].empty()) env_slot(l, v, u.mb).clear();
         lane_[size_t(l)].moe_saved.erase({op, u.mb});
       }
     }
@@ -443,6 +450,8 @@ void StageBuilder::emit_unit(const Unit& u) {
 
 void StageBuilder::build() {
   lane_.assign(size_t(lanes_), Lane{});
+  for (Lane& l : lane_) l.env.resize(g_.values().size());
+  sub_cache_.assign(g_.ops().size() * size_t(lanes_), std::nullopt);
   for (const Unit& u : units_) {
     if (u.dir != Dir::kBackward) continue;
     for (int op : gi_.chunk_ops[1][size_t(u.chunk)])

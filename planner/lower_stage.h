@@ -31,7 +31,10 @@ class StageBuilder {
   };
   // Per-lane state while building.
   struct Lane {
-    std::unordered_map<int64_t, std::vector<int>> env;  // (value, mb) -> tensors, primary first
+    // value -> [mb + 1] -> tensors, primary first (mb -1: persistent values). Indexed, not
+    // hashed: the lookups are the hottest path of lowering. The per-value vector is sized
+    // once (m + 1) when the value first appears, so pointers into it stay valid.
+    std::vector<std::vector<std::vector<int>>> env;
     std::map<int, int> param;        // parameter -> its persistent tensor (ZeRO-3: the shard)
     std::map<int, Piece> param_box;  // parameter -> the piece this lane computes with
     std::map<int, std::pair<int, int>> gathered;  // ZeRO-3: parameter -> (unit, tensor)
@@ -52,8 +55,8 @@ class StageBuilder {
   // sub-ops, environment
   SubOp sub_op(int op, int mb, int lane) const;
   std::vector<SubOp> sub_ops(int op, int mb) const;
-  static int64_t env_key(int value, int mb) { return (int64_t(value) << 20) | int64_t(mb + 1); }
   std::vector<int>* env_find(int lane, int value, int mb);
+  std::vector<int>& env_slot(int lane, int value, int mb);  // created empty if absent
   void env_add(int lane, int value, int mb, int tensor);
   int value_mb(int value, int mb) const;  // -1 for persistent values
 
@@ -126,7 +129,9 @@ class StageBuilder {
   std::map<int, int> grad_left_unit_;     // ZeRO-2/3: parameter -> writes left in this unit
   std::map<int, int> tp_partial_;         // parameter -> partial factor over tp lanes (router under tp)
   std::vector<Bucket> buckets_;
-  mutable std::unordered_map<int64_t, SubOp> sub_cache_;  // (op, lane) -> its sub-op at micro-batch 0
+  // op * lanes + lane -> its sub-op at micro-batch 0 (splits left out: lowering reads the
+  // operands only).
+  mutable std::vector<std::optional<SubOp>> sub_cache_;
 };
 
 }  // namespace weft::planner
