@@ -83,6 +83,12 @@ void StageBuilder::shift_like(TensorDesc& t, int value, const SubTensor* st) con
 }
 
 SubOp StageBuilder::sub_op(int op, int mb, int lane) const {
+  SubOp s = sub_op_mb0(op, lane);
+  shift_to_mb(s, mb);
+  return s;
+}
+
+const SubOp& StageBuilder::sub_op_mb0(int op, int lane) const {
   // Micro-batches differ only in their batch rows (or, for a loss, the addend index), so
   // the partition runs once per (op, lane) and is shifted per micro-batch.
   std::optional<SubOp>& cached = sub_cache_[size_t(op) * size_t(lanes_) + size_t(lane)];
@@ -99,21 +105,25 @@ SubOp StageBuilder::sub_op(int op, int mb, int lane) const {
     s.splits.clear();
     cached = std::move(s);
   }
-  SubOp s = *cached;
-  if (mb == 0) return s;
+  return *cached;
+}
+
+void StageBuilder::shift_to_mb(SubOp& s, int mb) const {
+  if (mb == 0) return;
   auto shift = [&](SubTensor& t) {
     if (t.batch_dim >= 0) t.piece.box[size_t(t.batch_dim)].start += mb * t.piece.box[size_t(t.batch_dim)].size;
     else if (t.batch_partial) t.piece.part += int32_t(mb * (t.piece.parts / K_));
   };
   for (SubTensor& t : s.ins) shift(t);
   for (SubTensor& t : s.outs) shift(t);
-  return s;
 }
 
-std::vector<SubOp> StageBuilder::sub_ops(int op, int mb) const {
-  std::vector<SubOp> subs;
-  for (int l = 0; l < lanes_; ++l) subs.push_back(sub_op(op, mb, l));
-  return subs;
+void StageBuilder::sub_ops(int op, int mb, std::vector<SubOp>& out) const {
+  out.resize(size_t(lanes_));
+  for (int l = 0; l < lanes_; ++l) {
+    out[size_t(l)] = sub_op_mb0(op, l);
+    shift_to_mb(out[size_t(l)], mb);
+  }
 }
 
 int StageBuilder::value_mb(int value, int mb) const { return g_.value(value).persistent ? -1 : mb; }
@@ -357,12 +367,16 @@ void StageBuilder::emit_generic(int op, const std::vector<SubOp>& subs, const Ct
 }
 
 void StageBuilder::emit_op(int op, const Ctx& ctx) {
-  std::vector<SubOp> subs = sub_ops(op, ctx.mb);
+  WEFT_CHECK(!in_emit_op_, "emit_op nested: its sub-op scratch would be overwritten");
+  in_emit_op_ = true;
+  std::vector<SubOp>& subs = subs_;
+  sub_ops(op, ctx.mb, subs);
   const std::string& t = g_.op(op).type;
   if (subs[0].vocab_parallel && t == "cross_entropy") emit_ce(op, subs, ctx);
   else if (subs[0].expert_parallel && t == "moe") emit_moe(op, subs, ctx);
   else if (subs[0].expert_parallel && t == "moe.bwd") emit_moe_bwd(op, subs, ctx);
   else emit_generic(op, subs, ctx);
+  in_emit_op_ = false;  // (an exception ends the builder: it is never reused)
 }
 
 void StageBuilder::ensure_value(int value, const Ctx& ctx) {

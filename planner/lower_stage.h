@@ -54,7 +54,12 @@ class StageBuilder {
 
   // sub-ops, environment
   SubOp sub_op(int op, int mb, int lane) const;
-  std::vector<SubOp> sub_ops(int op, int mb) const;
+  const SubOp& sub_op_mb0(int op, int lane) const;  // partitioned once, then cached
+  // Every lane's sub-op of `op` at micro-batch `mb`, written into `out` (resized to the
+  // lanes). Assigning over the previous op's sub-ops reuses their storage: emit_op, the
+  // only caller, would otherwise allocate every operand's box anew for every lane.
+  void sub_ops(int op, int mb, std::vector<SubOp>& out) const;
+  void shift_to_mb(SubOp& s, int mb) const;
   std::vector<int>* env_find(int lane, int value, int mb);
   std::vector<int>& env_slot(int lane, int value, int mb);  // created empty if absent
   void env_add(int lane, int value, int mb, int tensor);
@@ -132,6 +137,8 @@ class StageBuilder {
   // op * lanes + lane -> its sub-op at micro-batch 0 (splits left out: lowering reads the
   // operands only).
   mutable std::vector<std::optional<SubOp>> sub_cache_;
+  std::vector<SubOp> subs_;  // emit_op's sub-ops (emit_op does not nest)
+  bool in_emit_op_ = false;
 };
 
 }  // namespace weft::planner

@@ -432,23 +432,34 @@ void StageBuilder::add_frees(int lane) {
     for (const Operand& o : r.program[i].in) last[size_t(root(o.tensor))] = int(i);
     for (const Operand& o : r.program[i].out) last[size_t(root(o.tensor))] = int(i);
   }
-  std::vector<std::vector<int>> free_after(r.program.size());
-  for (size_t t = 0; t < n; ++t) {
+  // Tensors freed after instruction i, ascending: freed[begin[i], begin[i + 1]) (one flat
+  // array, counted then filled, instead of a vector per instruction).
+  const size_t len = r.program.size();
+  std::vector<int> begin(len + 1, 0), freed;
+  auto freeable = [&](size_t t) {
     const TensorDesc& d = r.tensors[t];
-    if (d.alias_of >= 0 || d.persistent || d.keep || last[t] < 0) continue;
-    free_after[size_t(last[t])].push_back(int(t));
-  }
+    return !(d.alias_of >= 0 || d.persistent || d.keep || last[t] < 0);
+  };
+  for (size_t t = 0; t < n; ++t)
+    if (freeable(t)) ++begin[size_t(last[t]) + 1];
+  size_t frees = 0;
+  for (size_t i = 0; i < len; ++i) frees += begin[i + 1] > 0, begin[i + 1] += begin[i];
+  freed.resize(size_t(begin[len]));
+  std::vector<int> fill(begin.begin(), begin.end() - 1);
+  for (size_t t = 0; t < n; ++t)
+    if (freeable(t)) freed[size_t(fill[size_t(last[t])]++)] = int(t);
   std::vector<Instr> out;
-  out.reserve(r.program.size() * 2);
-  for (size_t i = 0; i < r.program.size(); ++i) {
+  out.reserve(len + frees);
+  for (size_t i = 0; i < len; ++i) {
     out.push_back(std::move(r.program[i]));
-    if (free_after[i].empty()) continue;
+    if (begin[i] == begin[i + 1]) continue;
     Instr f;
     f.kind = InstrKind::kFree;
     f.stage = out.back().stage;
     f.mb = out.back().mb;
     f.chunk = out.back().chunk;
-    for (int t : free_after[i]) f.in.push_back({-1, t});
+    f.in.reserve(size_t(begin[i + 1] - begin[i]));
+    for (int k = begin[i]; k < begin[i + 1]; ++k) f.in.push_back({-1, freed[size_t(k)]});
     out.push_back(std::move(f));
   }
   r.program = std::move(out);
