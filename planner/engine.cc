@@ -30,8 +30,23 @@ struct Message {
   double time;
 };
 
+// What the members of a collective must agree on; compared as numbers, spelled only for
+// an error (signature_str).
+struct Signature {
+  CollKind coll = CollKind::kAllReduce;
+  bool max = false;
+  int64_t bytes = 0;
+  bool operator==(const Signature& o) const = default;
+};
+
+std::string signature_str(const Signature& s) {
+  std::ostringstream os;
+  os << coll_name(s.coll) << (s.max ? "(max)" : "") << " of " << s.bytes << " bytes";
+  return os.str();
+}
+
 struct Arrival {
-  std::string signature;
+  Signature signature;
   int first_rank = -1, count = 0;
   double ready = 0;
   std::vector<int> ranks;
@@ -65,8 +80,25 @@ class Engine {
     int64_t live = 0;
     std::map<int, int> coll_seq;  // group -> collectives issued
     bool blocked = false, done = false;
-    std::string waiting;
+    // Why a blocked rank waits, spelled only if it never resumes (a deadlock): at
+    // instruction `wait_pc`, for a message from rank `wait_peer` with `wait_tag`, or in
+    // collective #`wait_seq` on group `wait_group` with `wait_count` members arrived.
+    bool wait_recv = false;
+    size_t wait_pc = 0;
+    int wait_peer = -1, wait_seq = -1, wait_group = -1, wait_count = 0;
+    int64_t wait_tag = 0;
   };
+
+  std::string waiting(int r) const {
+    const Rank& R = ranks_[size_t(r)];
+    if (!R.wait_recv && R.wait_group < 0) return "";  // never blocked
+    if (R.wait_recv)
+      return where(r, R.wait_pc) + " waits for a message from rank " + std::to_string(R.wait_peer) + " tag " +
+             std::to_string(R.wait_tag);
+    return where(r, R.wait_pc) + " waits in collective #" + std::to_string(R.wait_seq) + " on group " +
+           std::to_string(R.wait_group) + " (" + std::to_string(R.wait_count) + " of " +
+           std::to_string(plan_.groups[size_t(R.wait_group)].ranks.size()) + " members arrived)";
+  }
 
   void error(const std::string& e) {
     if (int(res_.errors.size()) < opt_.max_errors) res_.errors.push_back(e);
@@ -118,6 +150,12 @@ class Engine {
     }
     const int rpn = opt_.cost ? opt_.cost->ranks_per_node : 1 << 30;
     group_cross_.assign(plan_.groups.size(), 0);
+    group_sorted_.resize(plan_.groups.size());
+    for (const ProcessGroup& gr : plan_.groups) {
+      std::vector<int>& s = group_sorted_[size_t(gr.id)];
+      s = gr.ranks;
+      std::sort(s.begin(), s.end());
+    }
     for (const ProcessGroup& gr : plan_.groups)
       for (int r : gr.ranks)
         if (r / rpn != gr.ranks[0] / rpn) group_cross_[size_t(gr.id)] = 1;
@@ -245,8 +283,7 @@ class Engine {
           if (it == mail_.end() || it->second.empty()) {
             R.blocked = true;
             recv_wait_[{peer, r, in.tag}] = r;
-            R.waiting = where(r, i) + " waits for a message from rank " + std::to_string(peer) + " tag " +
-                        std::to_string(in.tag);
+            R.wait_recv = true, R.wait_pc = i, R.wait_peer = peer, R.wait_tag = in.tag;
             return;
           }
           Message m = it->second.front();
@@ -302,28 +339,25 @@ class Engine {
     for (const Operand& o : in.in) readable(r, i, o.tensor);
     int gid = plan_.group_id(in.group, R.dp);
     const ProcessGroup& grp = plan_.groups.at(size_t(gid));
-    if (std::find(grp.ranks.begin(), grp.ranks.end(), r) == grp.ranks.end()) {
+    if (!std::binary_search(group_sorted_[size_t(gid)].begin(), group_sorted_[size_t(gid)].end(), r)) {
       error(where(r, i) + " uses group " + std::to_string(gid) + " which does not contain it");
       ++R.pc;
       return true;
     }
     int seq = R.coll_seq[gid]++;
-    std::ostringstream sig;
-    sig << coll_name(in.coll) << (in.reduce == ReduceOp::kMax ? "(max)" : "") << " of " << in.bytes << " bytes";
+    const Signature sig{in.coll, in.reduce == ReduceOp::kMax, in.bytes};
     Arrival& a = pending_[{gid, seq}];
-    if (a.count == 0) a.signature = sig.str(), a.first_rank = r;
-    else if (a.signature != sig.str())
-      error("group " + std::to_string(gid) + ": collective #" + std::to_string(seq) + " is " + a.signature +
-            " on rank " + std::to_string(a.first_rank) + " but " + sig.str() + " on " + where(r, i) +
-            " (members issue collectives in different orders)");
+    if (a.count == 0) a.signature = sig, a.first_rank = r;
+    else if (!(a.signature == sig))
+      error("group " + std::to_string(gid) + ": collective #" + std::to_string(seq) + " is " +
+            signature_str(a.signature) + " on rank " + std::to_string(a.first_rank) + " but " +
+            signature_str(sig) + " on " + where(r, i) + " (members issue collectives in different orders)");
     a.count++;
     a.ready = std::max(a.ready, R.clock);
     a.ranks.push_back(r);
     if (a.count < int(grp.ranks.size())) {
       R.blocked = true;
-      R.waiting = where(r, i) + " waits in collective #" + std::to_string(seq) + " on group " +
-                  std::to_string(gid) + " (" + std::to_string(a.count) + " of " +
-                  std::to_string(grp.ranks.size()) + " members arrived)";
+      R.wait_recv = false, R.wait_pc = i, R.wait_seq = seq, R.wait_group = gid, R.wait_count = a.count;
       return false;
     }
     double d = opt_.cost ? collective_time(in, int(grp.ranks.size()), group_cross_[size_t(gid)]) : 0;
@@ -356,7 +390,7 @@ class Engine {
       RankCost& c = res_.ranks[size_t(r)];
       c.step_s = R.clock;
       res_.fb_end = std::max(res_.fb_end, R.fb_end);
-      if (!R.done && reported++ < 8) error("deadlock: " + R.waiting);
+      if (!R.done && reported++ < 8) error("deadlock: " + waiting(r));
       if (opt_.memory_budget > 0 && c.peak_bytes > opt_.memory_budget)
         error("rank " + std::to_string(r) + " peaks at " + std::to_string(c.peak_bytes) +
               " bytes, over its memory budget of " + std::to_string(opt_.memory_budget) + " bytes");
@@ -378,6 +412,7 @@ class Engine {
   std::vector<RoleInfo> infos_;
   std::vector<Rank> ranks_;
   std::vector<char> group_cross_;
+  std::vector<std::vector<int>> group_sorted_;  // group -> its ranks, ascending (membership tests)
   std::map<std::tuple<int, int, int64_t>, std::deque<Message>> mail_;
   std::map<std::tuple<int, int, int64_t>, int> recv_wait_;
   std::map<std::pair<int, int>, Arrival> pending_;
