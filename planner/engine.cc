@@ -93,11 +93,12 @@ class Engine {
     const Rank& R = ranks_[size_t(r)];
     if (!R.wait_recv && R.wait_group < 0) return "";  // never blocked
     if (R.wait_recv)
-      return where(r, R.wait_pc) + " waits for a message from rank " + std::to_string(R.wait_peer) + " tag " +
-             std::to_string(R.wait_tag);
-    return where(r, R.wait_pc) + " waits in collective #" + std::to_string(R.wait_seq) + " on group " +
-           std::to_string(R.wait_group) + " (" + std::to_string(R.wait_count) + " of " +
-           std::to_string(plan_.groups[size_t(R.wait_group)].ranks.size()) + " members arrived)";
+      return where(r, R.wait_pc) + " waits for a message from rank " + std::to_string(R.wait_peer) +
+             " tag " + std::to_string(R.wait_tag);
+    return where(r, R.wait_pc) + " waits in collective #" + std::to_string(R.wait_seq) +
+           " on group " + std::to_string(R.wait_group) + " (" + std::to_string(R.wait_count) +
+           " of " + std::to_string(plan_.groups[size_t(R.wait_group)].ranks.size()) +
+           " members arrived)";
   }
 
   void error(const std::string& e) {
@@ -339,7 +340,8 @@ class Engine {
     for (const Operand& o : in.in) readable(r, i, o.tensor);
     int gid = plan_.group_id(in.group, R.dp);
     const ProcessGroup& grp = plan_.groups.at(size_t(gid));
-    if (!std::binary_search(group_sorted_[size_t(gid)].begin(), group_sorted_[size_t(gid)].end(), r)) {
+    if (!std::binary_search(group_sorted_[size_t(gid)].begin(), group_sorted_[size_t(gid)].end(),
+                            r)) {
       error(where(r, i) + " uses group " + std::to_string(gid) + " which does not contain it");
       ++R.pc;
       return true;
@@ -347,17 +349,20 @@ class Engine {
     int seq = R.coll_seq[gid]++;
     const Signature sig{in.coll, in.reduce == ReduceOp::kMax, in.bytes};
     Arrival& a = pending_[{gid, seq}];
-    if (a.count == 0) a.signature = sig, a.first_rank = r;
+    if (a.count == 0)
+      a.signature = sig, a.first_rank = r;
     else if (!(a.signature == sig))
       error("group " + std::to_string(gid) + ": collective #" + std::to_string(seq) + " is " +
             signature_str(a.signature) + " on rank " + std::to_string(a.first_rank) + " but " +
-            signature_str(sig) + " on " + where(r, i) + " (members issue collectives in different orders)");
+            signature_str(sig) + " on " + where(r, i) +
+            " (members issue collectives in different orders)");
     a.count++;
     a.ready = std::max(a.ready, R.clock);
     a.ranks.push_back(r);
     if (a.count < int(grp.ranks.size())) {
       R.blocked = true;
-      R.wait_recv = false, R.wait_pc = i, R.wait_seq = seq, R.wait_group = gid, R.wait_count = a.count;
+      R.wait_recv = false, R.wait_pc = i, R.wait_seq = seq, R.wait_group = gid,
+      R.wait_count = a.count;
       return false;
     }
     double d = opt_.cost ? collective_time(in, int(grp.ranks.size()), group_cross_[size_t(gid)]) : 0;

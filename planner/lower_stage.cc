@@ -9,8 +9,8 @@
 
 namespace weft::planner {
 
-StageBuilder::StageBuilder(const GraphInfo& gi, Plan& plan, const CostModel& cost, RvdCache& layouts,
-                           int stage)
+StageBuilder::StageBuilder(const GraphInfo& gi, Plan& plan, const CostModel& cost,
+                           RvdCache& layouts, int stage)
     : gi_(gi),
       g_(gi.g),
       plan_(plan),
@@ -142,7 +142,9 @@ std::vector<int>& StageBuilder::env_slot(int lane, int value, int mb) {
   return by_mb[size_t(mb + 1)];
 }
 
-void StageBuilder::env_add(int lane, int value, int mb, int tensor) { env_slot(lane, value, mb).push_back(tensor); }
+void StageBuilder::env_add(int lane, int value, int mb, int tensor) {
+  env_slot(lane, value, mb).push_back(tensor);
+}
 
 int StageBuilder::team_family(const std::vector<int>& lanes) {
   GroupFamily f;
@@ -211,8 +213,8 @@ std::vector<int> StageBuilder::convert(int value, int mb, const std::vector<int>
   for (const auto& p : need)
     if (p) widen(p->box);
   const core::Value& val = g_.value(value);
-  RvdPath path = rvd_search(from, need, whole, int64_t(core::dtype_size(val.dtype)), cost_, cross_node_,
-                            &layouts_);
+  RvdPath path = rvd_search(from, need, whole, int64_t(core::dtype_size(val.dtype)), cost_,
+                            cross_node_, &layouts_);
   // Collectives are attributed to the op whose output they re-lay (its layer, its unit).
   if (!gi_.writers[size_t(value)].empty()) op = gi_.writers[size_t(value)][0];
   for (const Move& mv : path.moves) {

@@ -18,7 +18,8 @@ namespace weft::planner {
 
 class StageBuilder {
  public:
-  StageBuilder(const GraphInfo& gi, Plan& plan, const CostModel& cost, RvdCache& layouts, int stage);
+  StageBuilder(const GraphInfo& gi, Plan& plan, const CostModel& cost, RvdCache& layouts,
+               int stage);
   void build();
 
  private:

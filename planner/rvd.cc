@@ -3,10 +3,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <tuple>
 #include <map>
 #include <queue>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 
 #include "base/check.h"
@@ -428,7 +428,8 @@ RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piec
   put(key, cm.cores);
   put(key, cm.device_memory);
   std::optional<RvdPath> hit = cache ? cache->find(key) : std::nullopt;
-  RvdPath path = hit ? std::move(*hit) : search(rel_from, rel_need, rel_whole, elem_bytes, cm, cross_node);
+  RvdPath path =
+      hit ? std::move(*hit) : search(rel_from, rel_need, rel_whole, elem_bytes, cm, cross_node);
   if (cache && !hit) cache->insert(key, path);
   for (Move& mv : path.moves)
     for (Piece& p : mv.after) p = shift(p, whole, +1);

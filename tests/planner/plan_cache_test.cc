@@ -132,7 +132,8 @@ TEST(PlanCache, TwoPlannersWithDifferentCostModelsKeepTheirOwnLayoutSearches) {
   EXPECT_GT(a_entries, 0u) << "tp 2 converts layouts between its lanes";
   EXPECT_EQ(b.layout_cache->size(), 0u);
   Plan pb = make_plan(spec, 4, b);
-  EXPECT_EQ(a.layout_cache->size(), a_entries) << "the second planner left the first one's memo alone";
+  EXPECT_EQ(a.layout_cache->size(), a_entries)
+      << "the second planner left the first one's memo alone";
   EXPECT_GT(b.layout_cache->size(), 0u);
   Plan again = make_plan(spec, 4, a);  // every search a hit
   EXPECT_EQ(a.layout_cache->size(), a_entries);
