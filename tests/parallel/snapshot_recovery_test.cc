@@ -273,5 +273,73 @@ TEST(SnapshotRecoveryMultiNode, AFailedWorkerWhoseSnapshotsExistOnlyOnItsNodeIsA
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 
+// The same failure under snapshot.redundancy replica or ec. Node 2's snapshots also live on
+// the other nodes (a replica on node 0, its successor in the ring; or parity on nodes 0 and 1),
+// so node 2 need not hold the job: it leaves at once. The two survivors reshard without it,
+// rank 2's ZeRO-1 shard from its replica or rebuilt from parity; the numbers stay one
+// process's. With replica node 2 has a restart left and joins again with new workers, which
+// receive their state through the router. With ec it has none and stays out: a quick rejoin
+// would replace the survivors' epoch while they still rebuild, and the parity would not be
+// read (the rejoined node then offers its own snapshots; that path is the replica case's).
+void failed_worker_leaves_under(const std::string& redundancy) {
+  const bool ec = redundancy == "ec";
+  live::LiveJob job;
+  job.dir = agent_test_dir("snapshot_recovery", redundancy);
+  job.id = "snap-" + redundancy + "-" + std::to_string(::getpid());
+  job.nnodes = "2:3";
+  job.max_restarts = ec ? 0 : 1;
+  job.steps = 300;
+  job.sets = {"parallel.dp=auto", "parallel.zero=1", "snapshot.every=1",
+              "snapshot.redundancy=" + redundancy};
+  JobSegments segments{checkpoint::job_id_for_run(job.id)};
+  const fs::path ref = live::reference_run(job.dir, job.steps, {"parallel.dp=auto"});
+  job.start_in_order(3);
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return ec ? !job.lines_with(0, "holding parity fragment 2 of stripe").empty() &&
+                        !job.lines_with(1, "holding parity fragment 2 of stripe").empty()
+                  : !job.lines_with(0, "holding replicas of node 2's rank 2 (epoch 1)").empty();
+      },
+      120))
+      << job.all_logs();
+  ASSERT_TRUE(job.wait_steps(40)) << job.all_logs();
+  std::vector<pid_t> victim = children(job.pid(2));
+  ASSERT_EQ(victim.size(), 1u) << job.all_logs();
+  ::kill(victim[0], SIGKILL);
+  for (int k = 0; k < 3; ++k) {
+    std::optional<int> code = job.wait(k);
+    ASSERT_TRUE(code) << job.all_logs();
+    if (!ec || k < 2) {
+      EXPECT_EQ(*code, 0) << job.all_logs();
+    }
+  }
+  EXPECT_NE(job.text(2).find(ec ? "leaves the job (no restarts left"
+                                : "left the job and joins again with new workers"),
+            std::string::npos)
+      << job.text(2);
+  const std::vector<std::string> resizes = live::lines_with(job.text(0), "resize: epoch");
+  ASSERT_EQ(resizes.size(), ec ? 1u : 2u) << job.all_logs();
+  for (const std::string& l : resizes) std::printf("[ says     ] %s\n", l.substr(0, 500).c_str());
+  EXPECT_NE(resizes[0].find("world 3 -> 2"), std::string::npos) << resizes[0];
+  EXPECT_NE(resizes[0].find(ec ? "in-memory snapshots (2 own, 1 rebuilt from parity)"
+                               : "in-memory snapshots (2 own, 1 replica)"),
+            std::string::npos)
+      << resizes[0];
+  if (!ec) {
+    EXPECT_NE(resizes.back().find("world 2 -> 3"), std::string::npos) << resizes.back();
+  }
+  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, live::kRelDp);
+  EXPECT_TRUE(checkpoint::snapshot_segments(segments.job).empty());
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+}
+
+TEST(SnapshotRecoveryMultiNode, AFailedWorkerUnderReplicaLeavesAndItsShardComesFromTheReplica) {
+  failed_worker_leaves_under("replica");
+}
+
+TEST(SnapshotRecoveryMultiNode, AFailedWorkerUnderEcLeavesAndItsShardIsRebuiltFromParity) {
+  failed_worker_leaves_under("ec");
+}
+
 }  // namespace
 }  // namespace weft::test
