@@ -180,61 +180,54 @@ bool run_op(asio::io_context& io, tcp::socket& sock, const std::atomic<bool>& ab
   return run_op(io, sock, aborted, timeout, ec, start, [] { return size_t(0); });
 }
 
+// Reads (kWrite false) or writes n bytes at p, in composed operations of up to kChunkBytes;
+// "" when done, else why not (the socket is then closed or the run aborted).
+template <bool kWrite>
+std::string move_bytes(asio::io_context& io, tcp::socket& sock, const std::atomic<bool>& aborted,
+                       std::chrono::milliseconds timeout, char* p, size_t n) {
+  for (size_t off = 0; off < n;) {
+    const size_t len = std::min(kChunkBytes, n - off);
+    boost::system::error_code ec;
+    size_t moved = 0;  // of this chunk, as the composed operation counts it
+    auto counted = [&moved](const boost::system::error_code& e, size_t k) -> size_t {
+      moved = k;
+      return asio::transfer_all()(e, k);
+    };
+    const bool done = run_op(
+        io, sock, aborted, timeout, ec,
+        [&](auto cb) {
+          auto finished = [cb](boost::system::error_code e, size_t) { cb(e); };
+          if constexpr (kWrite)
+            asio::async_write(sock, asio::buffer(p + off, len), counted, finished);
+          else
+            asio::async_read(sock, asio::buffer(p + off, len), counted, finished);
+        },
+        [&] { return moved; });
+    if (!done)
+      return aborted ? "aborted"
+                     : "no bytes moved for " + std::to_string(timeout.count()) +
+                           " ms (the peer is hung or the link is cut)";
+    if (ec == asio::error::eof) return "closed the connection";
+    if (ec) return std::string(kWrite ? "write" : "read") + " failed: " + ec.message();
+    off += len;
+  }
+  return {};
+}
+
 }  // namespace
 
 void PeerChannel::send_bytes(const void* data, size_t n) {
   if (!open()) fail("the connection is closed");
-  const char* p = static_cast<const char*>(data);
-  for (size_t off = 0; off < n;) {
-    const size_t len = std::min(kChunkBytes, n - off);
-    boost::system::error_code ec;
-    size_t moved = 0;  // of this chunk, as the composed write reports it
-    if (!run_op(
-            io_->io, io_->sock, aborted_, timeout_, ec,
-            [&](auto cb) {
-              asio::async_write(
-                  io_->sock, asio::buffer(p + off, len),
-                  [&moved](const boost::system::error_code& e, size_t k) -> size_t {
-                    moved = k;
-                    return asio::transfer_all()(e, k);
-                  },
-                  [cb](boost::system::error_code e, size_t) { cb(e); });
-            },
-            [&] { return moved; }))
-      fail(aborted_ ? "aborted"
-                    : "no bytes moved for " + std::to_string(timeout_.count()) +
-                          " ms while writing (the peer is hung or the link is cut)");
-    if (ec) fail("write failed: " + ec.message());
-    off += len;
-  }
+  const std::string why = move_bytes<true>(io_->io, io_->sock, aborted_, timeout_,
+                                           const_cast<char*>(static_cast<const char*>(data)), n);
+  if (!why.empty()) fail(why);
 }
 
 void PeerChannel::receive_bytes(void* data, size_t n) {
   if (!open()) fail("the connection is closed");
-  char* p = static_cast<char*>(data);
-  for (size_t off = 0; off < n;) {
-    const size_t len = std::min(kChunkBytes, n - off);
-    boost::system::error_code ec;
-    size_t moved = 0;
-    if (!run_op(
-            io_->io, io_->sock, aborted_, timeout_, ec,
-            [&](auto cb) {
-              asio::async_read(
-                  io_->sock, asio::buffer(p + off, len),
-                  [&moved](const boost::system::error_code& e, size_t k) -> size_t {
-                    moved = k;
-                    return asio::transfer_all()(e, k);
-                  },
-                  [cb](boost::system::error_code e, size_t) { cb(e); });
-            },
-            [&] { return moved; }))
-      fail(aborted_ ? "aborted"
-                    : "no bytes for " + std::to_string(timeout_.count()) +
-                          " ms (the peer is hung or the link is cut)");
-    if (ec == asio::error::eof) fail("closed the connection");
-    if (ec) fail("read failed: " + ec.message());
-    off += len;
-  }
+  const std::string why =
+      move_bytes<false>(io_->io, io_->sock, aborted_, timeout_, static_cast<char*>(data), n);
+  if (!why.empty()) fail(why);
 }
 
 void PeerChannel::send(const json& message) {
