@@ -96,15 +96,6 @@ int64_t untouched_bytes(const std::string& name) {
   return std::max<int64_t>(0, int64_t(st.st_size) - int64_t(st.st_blocks) * 512);
 }
 
-// The bytes a segment of `capacity` takes: a header page, then `slots` slots of a header page,
-// one crc32c per block and the payload. An estimate for the check (the segment's own
-// layout may differ by a few pages); the real size is allocated right after create().
-double segment_bytes(int64_t capacity, int slots) {
-  const double blocks =
-      double((capacity + ckpt::kSnapshotBlockBytes - 1) / ckpt::kSnapshotBlockBytes);
-  return 4096 + slots * (4096 + 4 * blocks + double(capacity));
-}
-
 // How long a new world's `list` waits for the parity's rebuilds (the worker's call allows
 // longer: SnapshotAgentClient::list).
 constexpr std::chrono::seconds kListWaitLimit{60};
@@ -539,7 +530,7 @@ json Agent::reserve(const ckpt::Reservation& r) {
     if (s.bytes > kMaxRankBytes) {
       need = 1e30;  // refused below with the sizes named
     }
-    need += segment_bytes(s.bytes, data_slots());
+    need += snapshot_segment_bytes(s.bytes, data_slots());
     fresh.push_back({name, s.bytes});
     ranks_text += (ranks_text.empty() ? "" : ", ") + std::to_string(s.rank) + " (" +
                   bytes_text(double(s.bytes)) + ")";
@@ -918,6 +909,16 @@ NodeMemory read_node_memory() {
 // peak is the worker's check (planner/memory_estimate, WEFT_MEMORY_GIB), not this one.
 int64_t snapshot_memory_margin(const NodeMemory& m) {
   return std::max<int64_t>(int64_t(256) << 20, m.total / 20);
+}
+
+double snapshot_room(const NodeMemory& m) {
+  return double(std::min(m.available, m.shm_free) - snapshot_memory_margin(m));
+}
+
+double snapshot_segment_bytes(int64_t capacity, int slots) {
+  const double blocks =
+      double((capacity + ckpt::kSnapshotBlockBytes - 1) / ckpt::kSnapshotBlockBytes);
+  return 4096 + slots * (4096 + 4 * blocks + double(capacity));
 }
 
 int run_snapshot_agent(const SnapshotAgentOptions& o, CommittedHandler on_committed) {

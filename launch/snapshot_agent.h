@@ -88,5 +88,11 @@ struct NodeMemory {
 NodeMemory read_node_memory();
 // The margin kept free: 5% of MemTotal, at least 256 MiB (see snapshot_agent.cc).
 int64_t snapshot_memory_margin(const NodeMemory& m);
+// What new segments may take: the lesser of MemAvailable and free /dev/shm, less the margin.
+double snapshot_room(const NodeMemory& m);
+// The bytes a segment of `capacity` payload bytes per slot and `slots` slots takes: a header
+// page, then per slot a header page, one crc32c per block and the payload. An estimate for
+// the memory checks (the segment's own layout may differ by a few pages).
+double snapshot_segment_bytes(int64_t capacity, int slots);
 
 }  // namespace weft::launch

@@ -421,6 +421,17 @@ void SnapshotParity::commit_parity(int64_t epoch, int me, int number, int64_t st
     seg.reset();
   }
   if (!seg) {
+    // The reserve counted this parity in its check; memory may have gone since. A segment
+    // that does not fit is not made (the agent allocates every page of it at once).
+    const double room = snapshot_room(read_node_memory()),
+                 need = snapshot_segment_bytes(payload + 4096, kParitySlots);
+    if (need > room) {
+      if (room_refused_.insert(name).second)
+        log_(str("parity of stripe ", number, " (epoch ", epoch, ") not kept: ",
+                 mib(need), " do not fit in node memory here (", mib(std::max(0.0, room)),
+                 " free beyond the margin); later refusals of it are not logged"));
+      return;
+    }
     try {
       // Room for a manifest somewhat longer than this one (checksums of a grown state).
       seg = std::make_shared<ckpt::SnapshotSegment>(ckpt::SnapshotSegment::create(

@@ -149,6 +149,7 @@ class SnapshotParity {
   mutable std::mutex codes_mu_;
   mutable std::map<int, std::unique_ptr<checkpoint::ErasureCode>> codes_;  // by K
   std::mutex writing_;  // one parity commit at a time
+  std::set<std::string> room_refused_;  // under writing_: parity segments refused for memory, logged
   std::deque<Task> tasks_;
   bool working_ = false, stopped_ = false;
   int64_t retired_below_ = 0;

@@ -35,13 +35,6 @@ std::string mib(double bytes) {
   return b;
 }
 
-// Bytes a segment of `capacity` takes in /dev/shm (as the agent's reserve estimates them).
-double segment_bytes(int64_t capacity) {
-  const double blocks =
-      double((capacity + ckpt::kSnapshotBlockBytes - 1) / ckpt::kSnapshotBlockBytes);
-  return 4096 + 2 * (4096 + 4 * blocks + double(capacity));
-}
-
 }  // namespace
 
 std::optional<int> ReplicaRing::successor() const {
@@ -317,9 +310,8 @@ std::optional<SnapshotReplicas::Held> SnapshotReplicas::replica_for(const ckpt::
     ckpt::SnapshotSegment::unlink(name);
   }
   // The memory check of a new replica: the node's free memory less the reserve's margin.
-  const NodeMemory mem = read_node_memory();
-  const double room = double(std::min(mem.available, mem.shm_free) - snapshot_memory_margin(mem));
-  const double need = segment_bytes(capacity);
+  const double room = snapshot_room(read_node_memory());
+  const double need = snapshot_segment_bytes(capacity, 2);
   if (need > room) {
     *why =
         str("a replica of node ", m.owner_node, "'s rank ", m.rank, " (two slots of ",
