@@ -71,6 +71,32 @@ class SnapshotRecovery : public ::testing::Test {
     return a;
   }
 
+  // SIGKILLs rank 1 of `run` (mid-step, or mid-copy of its snapshot) once `at` steps of
+  // `out`'s metrics are logged, and waits for the job, which must end well. Returns the steps
+  // logged at the kill and the run's log (dir_/run.log); `resumed` the step the log says the
+  // job resumed at.
+  struct Killed {
+    size_t at_kill = 0;
+    std::string log;
+    long resumed = -1;
+  };
+  Killed kill_rank1_at(Agents& agents, pid_t run, const fs::path& out, size_t at) const {
+    Killed k;
+    auto logged = [&] { return metrics_lines(out / "metrics.jsonl"); };
+    EXPECT_TRUE(poll_until([&] { return logged() >= at; }, 120)) << slurp_file(dir_ / "run.log");
+    std::vector<pid_t> workers = children(run);
+    EXPECT_EQ(workers.size(), 3u) << slurp_file(dir_ / "run.log");
+    k.at_kill = logged();
+    EXPECT_LT(k.at_kill, size_t(kSteps)) << "the job ended before the kill: make kSteps larger";
+    if (workers.size() == 3) ::kill(workers[1], SIGKILL);
+    EXPECT_EQ(agents.wait(run), 0) << slurp_file(dir_ / "run.log");
+    k.log = slurp_file(dir_ / "run.log");
+    const size_t r = k.log.find("resumed at step ");
+    EXPECT_NE(r, std::string::npos) << k.log;
+    if (r != std::string::npos) k.resumed = std::stol(k.log.substr(r + 16));
+    return k;
+  }
+
   static constexpr int kSteps = 160;
   fs::path dir_;
 };
@@ -103,23 +129,13 @@ TEST_F(SnapshotRecovery, AKilledWorkerResumesFromTheNodesSnapshotsWithTheSameWei
   ASSERT_TRUE(poll_until([&] {
     return slurp_file(dir_ / "run.log").find("3 segment(s) adopted)") != std::string::npos;
   }, 60)) << slurp_file(dir_ / "run.log");
-  // SIGKILL rank 1 once 40 steps are logged: mid-step, or mid-copy of its snapshot.
-  ASSERT_TRUE(poll_until([&] { return logged() >= 40; }, 120)) << slurp_file(dir_ / "run.log");
-  std::vector<pid_t> workers = children(run);
-  ASSERT_EQ(workers.size(), 3u) << slurp_file(dir_ / "run.log");
-  const size_t at_kill = logged();
-  ASSERT_LT(at_kill, size_t(kSteps)) << "the job ended before the kill: make kSteps larger";
-  ::kill(workers[1], SIGKILL);
-  ASSERT_EQ(agents.wait(run), 0) << slurp_file(dir_ / "run.log");
-  const std::string log = slurp_file(dir_ / "run.log");
-
+  const Killed k = kill_rank1_at(agents, run, out, 40);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  const std::string& log = k.log;
   // Resumed from the snapshots of all three ranks, at most a step or two before the kill,
   // and no disk checkpoint exists to come from.
-  const size_t at = log.find("resumed at step ");
-  ASSERT_NE(at, std::string::npos) << log;
-  const long step = std::stol(log.substr(at + 16));
-  EXPECT_GE(step, long(at_kill) - 2) << log;
-  EXPECT_LE(step, long(at_kill) + 2) << log;
+  EXPECT_GE(k.resumed, long(k.at_kill) - 2) << log;
+  EXPECT_LE(k.resumed, long(k.at_kill) + 2) << log;
   EXPECT_NE(log.find("from the in-memory snapshots of 3 ranks (world 3, epoch 0; 3 own) through the router"),
             std::string::npos)
       << log;
@@ -151,7 +167,6 @@ TEST_F(SnapshotRecovery, EveryAutoChoosesAnIntervalAndTheJobResumesOnIt) {
   JobSegments segments{checkpoint::job_id_for_run(id)};
   const fs::path out = dir_ / "run";
   const pid_t run = agents.start(run_args(id, out, {"snapshot.every=auto"}), dir_ / "run.log");
-  auto logged = [&] { return metrics_lines(out / "metrics.jsonl"); };
   const std::string chose = "snapshot.every auto: a snapshot every ";
   ASSERT_TRUE(poll_until(
       [&] { return slurp_file(dir_ / "run.log").find(chose) != std::string::npos; }, 120))
@@ -162,24 +177,16 @@ TEST_F(SnapshotRecovery, EveryAutoChoosesAnIntervalAndTheJobResumesOnIt) {
               said.substr(said.find(chose), said.find('\n', said.find(chose)) - said.find(chose))
                   .c_str());
   ASSERT_GE(every, 1);
-  // This model's state is a few hundred KiB a rank: its copy is a fraction of a millisecond
-  // against steps of tens, so the interval is small unless the timing went wrong.
-  ASSERT_LE(every, 20) << said;
-  const size_t kill_at = size_t(4 + 3 * every + 5);
-  ASSERT_TRUE(poll_until([&] { return logged() >= kill_at; }, 120)) << slurp_file(dir_ / "run.log");
-  std::vector<pid_t> workers = children(run);
-  ASSERT_EQ(workers.size(), 3u) << slurp_file(dir_ / "run.log");
-  const size_t at_kill = logged();
-  ASSERT_LT(at_kill, size_t(kSteps)) << "the job ended before the kill";
-  ::kill(workers[1], SIGKILL);
-  ASSERT_EQ(agents.wait(run), 0) << slurp_file(dir_ / "run.log");
-  const std::string log = slurp_file(dir_ / "run.log");
-  const size_t at = log.find("resumed at step ");
-  ASSERT_NE(at, std::string::npos) << log;
-  const long step = std::stol(log.substr(at + 16));
+  // This model's state is about 1 MiB a rank: its copy takes about a millisecond against
+  // steps of tens, so the interval is small unless the timing went wrong.
+  ASSERT_LE(every, 40) << said;
+  const Killed k = kill_rank1_at(agents, run, out, size_t(4 + 3 * every + 5));
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  const std::string& log = k.log;
+  const long step = k.resumed;
   EXPECT_TRUE(step == 4 || step % every == 0) << "resumed at " << step << ", every " << every;
-  EXPECT_GE(step, long(at_kill) - 2 * every - 2) << log;
-  EXPECT_LE(step, long(at_kill) + 2) << log;
+  EXPECT_GE(step, long(k.at_kill) - 2 * every - 2) << log;
+  EXPECT_LE(step, long(k.at_kill) + 2) << log;
   EXPECT_NE(log.find("from the in-memory snapshots of 3 ranks"), std::string::npos) << log;
   // The restarted workers (a new world) chose again.
   EXPECT_NE(log.find(chose, log.find(chose) + 1), std::string::npos) << log;
