@@ -44,7 +44,39 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
+// S and M are GPTs (tied head, LayerNorm, GELU); LS is S's Llama twin: same layers, width,
+// heads, sequence, batch and vocabulary, with 2 KV heads serving the 4 query heads, SwiGLU at
+// Llama's width for 256 (688) and an untied head (3.03M parameters against S's 3.22M).
+const TrainBenchConfig kTrainConfigs[] = {
+    {"S", "gpt", 4, 256, 4, 256, 8, 256, 0, 0},
+    {"M", "gpt", 12, 768, 12, 256, 4, 50304, 0, 0},
+    {"LS", "llama", 4, 256, 4, 256, 8, 256, 2, 688},
+};
+
+// The PyTorch script's flags for config c.
+std::string torch_shape(const TrainBenchConfig& c) {
+  std::string s = "--arch " + std::string(c.arch) + " --layers " + std::to_string(c.layers) +
+                  " --dim " + std::to_string(c.dim) + " --heads " + std::to_string(c.heads) +
+                  " --vocab " + std::to_string(c.vocab) + " --seq " + std::to_string(c.seq) +
+                  " --batch " + std::to_string(c.batch);
+  if (std::string(c.arch) == "llama")
+    s += " --kv-heads " + std::to_string(c.kv_heads) + " --ffn-dim " + std::to_string(c.ffn_dim);
+  return s;
+}
+
 }  // namespace
+
+const TrainBenchConfig* find_train_config(const std::string& name) {
+  for (const TrainBenchConfig& c : kTrainConfigs)
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+std::string train_config_names() {
+  std::string names;
+  for (const TrainBenchConfig& c : kTrainConfigs) names += std::string(names.empty() ? "" : ", ") + c.name;
+  return names;
+}
 
 double fma_peak_gflops(int threads) {
   // 8 independent accumulator chains of 16 floats: enough to hide FMA latency; -O3
@@ -77,18 +109,27 @@ double fma_peak_gflops(int threads) {
 }
 
 int run_train_comparison(const Args& a) {
-  std::vector<std::string> configs = split_list(a.get_or("--configs", "S,M"));
+  std::vector<std::string> configs = split_list(a.get_or("--configs", "S,M,LS"));
+  for (const std::string& cfg : configs)
+    if (!find_train_config(cfg))
+      throw ConfigError("--configs", "unknown config '" + cfg + "'; expected one of: " +
+                                         train_config_names());
   std::vector<std::string> threads = split_list(a.get_or("--threads", "1,2"));
   std::string steps = std::to_string(a.get_int("--steps", 5));
   std::string python = a.get_or("--python", "/usr/bin/python3");
   std::string script = a.get_or("--torch-script", std::string(WEFT_SOURCE_DIR) +
                                                       "/bench/train_throughput/torch_gpt.py");
-  bool torch = !a.flag("--no-torch") &&
+  const bool no_torch = a.flag("--no-torch");
+  bool torch = !no_torch &&
                std::system((python + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   std::printf("weft bench train: %s steps after 1 warm-up, OPENBLAS_CORETYPE=%s on both sides\n",
               steps.c_str(), coretype ? coretype : "(unset)");
-  if (!torch) std::printf("(PyTorch not found at %s: install Debian's python3-torch for the comparison)\n", python.c_str());
+  if (no_torch)
+    std::printf("(--no-torch: Weft only)\n");
+  else if (!torch)
+    std::printf("(PyTorch not found at %s: install Debian's python3-torch for the comparison)\n",
+                python.c_str());
 
   std::printf("\n%-3s %3s | %11s %11s %6s | %8s %6s | %9s %9s | %5s %5s %5s\n", "cfg", "thr",
               "weft tok/s", "torch tok/s", "ratio", "GFLOP/s", "%peak", "weft MiB", "torch MiB",
@@ -102,11 +143,9 @@ int run_train_comparison(const Args& a) {
       double peak = fma_peak_gflops(std::stoi(thr));
       double ttps = 0, trss = 0;
       if (torch) {
-        bool m = cfg == "M";
-        std::string shape = m ? "--layers 12 --dim 768 --heads 12 --vocab 50304 --seq 256 --batch 4"
-                              : "--layers 4 --dim 256 --heads 4 --vocab 256 --seq 256 --batch 8";
-        core::io::JsonValue t = run_json("OMP_NUM_THREADS=" + thr + " " + python + " " + script +
-                                         " " + shape + " --threads " + thr + " --steps " + steps);
+        core::io::JsonValue t =
+            run_json("OMP_NUM_THREADS=" + thr + " " + python + " " + script + " " +
+                     torch_shape(*find_train_config(cfg)) + " --threads " + thr + " --steps " + steps);
         ttps = num(t, "tokens_per_s");
         trss = num(t, "peak_rss_mib");
       }

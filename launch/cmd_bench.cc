@@ -30,14 +30,11 @@
 namespace weft::launch {
 namespace {
 
-struct BenchConfig {
-  std::string name;
-  int64_t layers, dim, heads, seq, batch, vocab;
-};
-const BenchConfig kConfigs[] = {{"S", 4, 256, 4, 256, 8, 256}, {"M", 12, 768, 12, 256, 4, 50304}};
-
-core::JobSpec spec_for(const BenchConfig& c, int threads) {
+core::JobSpec spec_for(const TrainBenchConfig& c, int threads) {
   core::JobSpec s;
+  s.model.arch = c.arch;
+  s.model.kv_heads = c.kv_heads;
+  s.model.ffn_dim = c.ffn_dim;
   s.model.layers = c.layers;
   s.model.dim = c.dim;
   s.model.heads = c.heads;
@@ -50,14 +47,18 @@ core::JobSpec spec_for(const BenchConfig& c, int threads) {
 }
 
 // Model FLOPs per token for a training step: 6 per parameter (forward + backward) plus
-// causal attention's score and value products, 6 * L * T * C.
+// causal attention's score and value products, 6 * L * T * C (Llama: C = H * hd as well).
 double flops_per_token(const core::JobSpec& s, int64_t params) {
   return 6.0 * double(params) + 6.0 * double(s.model.layers * s.model.seq_len * s.model.dim);
 }
 
 // The child side: train a few steps and print one JSON line.
 int run_worker(const Args& a) {
-  const BenchConfig& c = kConfigs[a.get("--config") == "M" ? 1 : 0];
+  const TrainBenchConfig* found = find_train_config(a.get("--config"));
+  if (!found)
+    throw ConfigError("--config", "unknown config '" + a.get("--config") + "'; expected one of: " +
+                                      train_config_names());
+  const TrainBenchConfig& c = *found;
   int threads = int(a.get_int("--threads", 1));
   int steps = int(a.get_int("--steps", 5));
   core::JobSpec spec = spec_for(c, threads);
@@ -105,11 +106,13 @@ struct Bench {
 };
 const Bench kBenches[] = {
     {"train",
-     "usage: weft bench train [--configs S,M] [--threads 1,2] [--steps N] [--no-torch]\n"
+     "usage: weft bench train [--configs S,M,LS] [--threads 1,2] [--steps N] [--no-torch]\n"
      "                        [--python PATH] [--torch-script PATH]\n"
-     "  Weft vs PyTorch tokens/s on config S (4x256, seq 256, batch 8, vocab 256) and\n"
-     "  M (GPT-2-124M-like: 12x768, seq 256, batch 4, vocab 50304), each run in its own\n"
-     "  process; GFLOP/s against this CPU's FMA peak, peak RSS, where the time goes.\n"
+     "  Weft vs PyTorch tokens/s on config S (GPT, 4x256, seq 256, batch 8, vocab 256),\n"
+     "  M (GPT-2-124M-like: 12x768, seq 256, batch 4, vocab 50304) and LS (S's Llama twin:\n"
+     "  4 query heads sharing 2 KV heads, rotary, RMSNorm, SwiGLU 688, untied head), each\n"
+     "  run in its own process; GFLOP/s against this CPU's FMA peak, peak RSS, where the\n"
+     "  time goes.\n"
      "  --no-torch   Weft only (also when python3 cannot import torch)\n"},
     {"memory",
      "usage: weft bench memory [--steps N] [--trace FILE]... [--csv] [--no-model]\n"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The PyTorch side of `weft bench train`: the same GPT (tied head, pre-LN, tanh GELU,
-causal attention), the same optimizer (AdamW with clipping) and the same shapes,
-trained on the same kind of data for a few steps. Prints one JSON line:
+causal attention), or with `--arch llama` the same Llama (torch_llama.py: RMSNorm, rotary,
+grouped-query attention, SwiGLU, untied head), the same optimizer (AdamW with clipping) and
+the same shapes, trained on the same kind of data for a few steps. Prints one JSON line:
 {"tokens_per_s": ..., "peak_rss_mib": ..., "torch": version, "threads": n, "blas": ...}
 
 Needs Debian's python3-torch (run with /usr/bin/python3). Not a build dependency.
@@ -56,11 +57,24 @@ def main():
     ap = argparse.ArgumentParser()
     for k in ("layers", "dim", "heads", "vocab", "seq", "batch", "threads", "steps", "warmup"):
         ap.add_argument("--" + k, type=int, required=k not in ("steps", "warmup"))
+    ap.add_argument("--arch", choices=("gpt", "llama"), default="gpt")
+    ap.add_argument("--kv-heads", type=int, help="llama: key/value heads (default: heads)")
+    ap.add_argument("--ffn-dim", type=int, help="llama: SwiGLU width (default: Llama's rule)")
+    ap.add_argument("--rope-theta", type=float, default=10000.0)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = GPT(a.layers, a.dim, a.heads, a.vocab, a.seq)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    if a.arch == "llama":
+        from torch_llama import Llama  # beside this file
+
+        ffn = a.ffn_dim or (8 * a.dim // 3 + 15) // 16 * 16
+        model = Llama(a.layers, a.dim, a.heads, a.kv_heads or a.heads, ffn, a.vocab, a.seq,
+                      a.rope_theta)
+        params = model.param_groups(0.1)
+    else:
+        model = GPT(a.layers, a.dim, a.heads, a.vocab, a.seq)
+        params = model.parameters()
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     g = torch.Generator().manual_seed(1)
     steps, warmup = a.steps or 5, a.warmup if a.warmup is not None else 1
     t0 = None
@@ -74,15 +88,19 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
     dt = time.perf_counter() - t0
+    # The BLAS actually loaded (Debian's torch reports BLAS_INFO=generic and calls libblas.so.3,
+    # which the alternatives system points at OpenBLAS).
     blas = "unknown"
     try:
-        cfg = torch.__config__.show()
-        blas = "openblas" if "OpenBLAS" in cfg or "openblas" in cfg else ("mkl" if "MKL" in cfg else "other")
-    except Exception:
+        with open("/proc/self/maps") as maps:
+            libs = maps.read()
+        blas = next((n for n in ("openblas", "mkl", "blis") if "lib" + n in libs), "other")
+    except OSError:
         pass
     print(json.dumps({"tokens_per_s": steps * a.batch * a.seq / dt,
                       "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
                       "torch": torch.__version__, "threads": torch.get_num_threads(), "blas": blas,
+                      "arch": a.arch, "params": sum(p.numel() for p in model.parameters()),
                       "loss": float(loss)}))
 
 
