@@ -1,6 +1,6 @@
 // Rotary position embedding in the rotate-half convention of Hugging Face's Llama: the
-// first and second halves of each head's dimensions pair up. The cos/sin table is computed
-// in double from the angle t * theta^(-2j/hs), as the float64 reference does;
+// first and second halves of each head's dimensions pair up. The cos/sin table is built
+// per call in double from the angle t * theta^(-2j/hs), as the float64 reference does;
 // transformers builds it in float32, which drifts by ~1e-7 relative for long sequences.
 #include <cmath>
 #include <vector>
@@ -14,39 +14,20 @@ namespace {
 
 // cos and sin (T, hs/2) of pair j at position t.
 template <typename T>
-struct RopeTable {
-  int64_t Tn = -1, half = -1;
-  double theta = 0;
-  std::vector<T> cos_t, sin_t;
-};
-
-// The table for (Tn, half, theta), built on the first call and kept for the next ones with
-// the same shape: every layer's q and k, forward and backward, share it (rebuilt per call,
-// libm's cos and sin showed in a training step's profile). One per calling thread, so
-// threads that run kernels never share one while it is rebuilt; another shape rebuilds it.
-template <typename T>
-const RopeTable<T>& rope_table(int64_t Tn, int64_t half, double theta) {
-  thread_local RopeTable<T> tab;
-  if (tab.Tn == Tn && tab.half == half && tab.theta == theta) return tab;
-  tab.Tn = -1;  // invalid until rebuilt (resize may throw)
+void rope_table(int64_t Tn, int64_t half, double theta, std::vector<T>& cos_t,
+                std::vector<T>& sin_t) {
   std::vector<double> inv_freq(static_cast<size_t>(half));
   for (int64_t j = 0; j < half; ++j)
     inv_freq[size_t(j)] = 1.0 / std::pow(theta, double(2 * j) / double(2 * half));
-  tab.cos_t.resize(size_t(Tn * half));
-  tab.sin_t.resize(size_t(Tn * half));
-  T* cos_t = tab.cos_t.data();
-  T* sin_t = tab.sin_t.data();
+  cos_t.resize(size_t(Tn * half));
+  sin_t.resize(size_t(Tn * half));
 #pragma omp parallel for schedule(static) if (parallel : detail::worth_threads(Tn * half * 16))
   for (int64_t t = 0; t < Tn; ++t)
     for (int64_t j = 0; j < half; ++j) {
       const double angle = double(t) * inv_freq[size_t(j)];
-      cos_t[t * half + j] = T(std::cos(angle));
-      sin_t[t * half + j] = T(std::sin(angle));
+      cos_t[size_t(t * half + j)] = T(std::cos(angle));
+      sin_t[size_t(t * half + j)] = T(std::sin(angle));
     }
-  tab.Tn = Tn;
-  tab.half = half;
-  tab.theta = theta;
-  return tab;
 }
 
 // y = R(sign * angle) x per pair; sign -1 is the transpose (backward). Each pair is read
@@ -59,14 +40,13 @@ void rotate(const T* x, T* y, bool accumulate, int64_t B, int64_t Tn, int64_t he
   WEFT_CHECK(hs % 2 == 0, what, ": head size ", hs, " must be even to pair its halves");
   WEFT_CHECK(theta > 0, what, ": theta must be positive, got ", theta);
   const int64_t half = hs / 2, width = heads * hs;
-  const RopeTable<T>& tab = rope_table<T>(Tn, half, theta);
-  const T* cos_t = tab.cos_t.data();
-  const T* sin_t = tab.sin_t.data();
+  std::vector<T> cos_t, sin_t;
+  rope_table(Tn, half, theta, cos_t, sin_t);
 #pragma omp parallel for schedule(static) if (parallel : detail::worth_threads(B * Tn * width))
   for (int64_t row = 0; row < B * Tn; ++row) {
     const int64_t t = row % Tn;
-    const T* cs = cos_t + t * half;
-    const T* sn = sin_t + t * half;
+    const T* cs = cos_t.data() + t * half;
+    const T* sn = sin_t.data() + t * half;
     for (int64_t h = 0; h < heads; ++h) {
       const T* a = x + row * width + h * hs;  // first half; b = a + half
       T* ya = y + row * width + h * hs;
