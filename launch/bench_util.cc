@@ -158,7 +158,9 @@ int run_train_comparison(const Args& a) {
     }
   }
   std::printf("\nratio = weft / torch tokens/s; %%peak = model GFLOP/s over this CPU's FMA peak at "
-              "that thread count; gemm/attn/rest = share of Weft's kernel time.\n");
+              "that thread count; gemm/attn/rest = share of Weft's kernel time.\n"
+              "S, M: GPT; LS: Llama with S's shapes (4 heads on 2 KV heads, rotary, RMSNorm, SwiGLU "
+              "688, untied head), PyTorch side with K/V repeat_interleave'd per group.\n");
   return 0;
 }
 
