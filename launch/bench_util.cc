@@ -74,7 +74,8 @@ const TrainBenchConfig* find_train_config(const std::string& name) {
 
 std::string train_config_names() {
   std::string names;
-  for (const TrainBenchConfig& c : kTrainConfigs) names += std::string(names.empty() ? "" : ", ") + c.name;
+  for (const TrainBenchConfig& c : kTrainConfigs)
+    names += std::string(names.empty() ? "" : ", ") + c.name;
   return names;
 }
 
@@ -112,16 +113,16 @@ int run_train_comparison(const Args& a) {
   std::vector<std::string> configs = split_list(a.get_or("--configs", "S,M,LS"));
   for (const std::string& cfg : configs)
     if (!find_train_config(cfg))
-      throw ConfigError("--configs", "unknown config '" + cfg + "'; expected one of: " +
-                                         train_config_names());
+      throw ConfigError("--configs",
+                        "unknown config '" + cfg + "'; expected one of: " + train_config_names());
   std::vector<std::string> threads = split_list(a.get_or("--threads", "1,2"));
   std::string steps = std::to_string(a.get_int("--steps", 5));
   std::string python = a.get_or("--python", "/usr/bin/python3");
   std::string script = a.get_or("--torch-script", std::string(WEFT_SOURCE_DIR) +
                                                       "/bench/train_throughput/torch_gpt.py");
   const bool no_torch = a.flag("--no-torch");
-  bool torch = !no_torch &&
-               std::system((python + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
+  bool torch =
+      !no_torch && std::system((python + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   std::printf("weft bench train: %s steps after 1 warm-up, OPENBLAS_CORETYPE=%s on both sides\n",
               steps.c_str(), coretype ? coretype : "(unset)");
@@ -143,9 +144,9 @@ int run_train_comparison(const Args& a) {
       double peak = fma_peak_gflops(std::stoi(thr));
       double ttps = 0, trss = 0;
       if (torch) {
-        core::io::JsonValue t =
-            run_json("OMP_NUM_THREADS=" + thr + " " + python + " " + script + " " +
-                     torch_shape(*find_train_config(cfg)) + " --threads " + thr + " --steps " + steps);
+        core::io::JsonValue t = run_json("OMP_NUM_THREADS=" + thr + " " + python + " " + script +
+                                         " " + torch_shape(*find_train_config(cfg)) +
+                                         " --threads " + thr + " --steps " + steps);
         ttps = num(t, "tokens_per_s");
         trss = num(t, "peak_rss_mib");
       }
@@ -157,10 +158,11 @@ int run_train_comparison(const Args& a) {
       std::fflush(stdout);
     }
   }
-  std::printf("\nratio = weft / torch tokens/s; %%peak = model GFLOP/s over this CPU's FMA peak at "
-              "that thread count; gemm/attn/rest = share of Weft's kernel time.\n"
-              "S, M: GPT; LS: Llama with S's shapes (4 heads on 2 KV heads, rotary, RMSNorm, SwiGLU "
-              "688, untied head), PyTorch side with K/V repeat_interleave'd per group.\n");
+  std::printf(
+      "\nratio = weft / torch tokens/s; %%peak = model GFLOP/s over this CPU's FMA peak at "
+      "that thread count; gemm/attn/rest = share of Weft's kernel time.\n"
+      "S, M: GPT; LS: Llama with S's shapes (4 heads on 2 KV heads, rotary, RMSNorm, SwiGLU "
+      "688, untied head), PyTorch side with K/V repeat_interleave'd per group.\n");
   return 0;
 }
 

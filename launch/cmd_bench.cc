@@ -56,8 +56,8 @@ double flops_per_token(const core::JobSpec& s, int64_t params) {
 int run_worker(const Args& a) {
   const TrainBenchConfig* found = find_train_config(a.get("--config"));
   if (!found)
-    throw ConfigError("--config", "unknown config '" + a.get("--config") + "'; expected one of: " +
-                                      train_config_names());
+    throw ConfigError("--config", "unknown config '" + a.get("--config") +
+                                      "'; expected one of: " + train_config_names());
   const TrainBenchConfig& c = *found;
   int threads = int(a.get_int("--threads", 1));
   int steps = int(a.get_int("--steps", 5));
@@ -165,7 +165,8 @@ const Bench kBenches[] = {
      "            scaled down to what three nodes' snapshots, replicas and parity fit\n"
      "  --parts P,...   the parts to run (default all four, in that order)\n"
      "  --mib N         MiB per fragment and per copy (default 256; k=4 m=2 holds 6 of them)\n"
-     "  --configs C,... the jobs of overhead, recovery, node-loss: S (4 x 256, seq 256, batch 8, 2\n"
+     "  --configs C,... the jobs of overhead, recovery, node-loss: S (4 x 256, seq 256, batch 8, "
+     "2\n"
      "                  ranks) and/or a parameter count: configs/bench-elastic-350m.yaml scaled\n"
      "                  to it (default S,350M; the big one on 2 ranks when two snapshot slots\n"
      "                  per rank and the workers fit in memory, else 1)\n"

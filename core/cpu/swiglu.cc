@@ -34,8 +34,7 @@ namespace {
 // s = sigmoid(g) = 1 / (1 + e), e = e^(-g); silu'(g) = s + g s (1 - s) with 1 - s = e s,
 // which keeps full precision when s is close to 1.
 template <typename T, bool kAccumulate>
-void swiglu_backward_loop(const T* dout, const T* gate, const T* up, T* dgate, T* dup,
-                          int64_t n) {
+void swiglu_backward_loop(const T* dout, const T* gate, const T* up, T* dgate, T* dup, int64_t n) {
   // One loop per value of the flag: a `accumulate ? dgate[i] + dg : dg` inside the loop is a
   // conditional load, which GCC does not vectorise (the loop ran scalar, 8x the forward).
 #pragma omp parallel for simd schedule(static) if (parallel : detail::worth_threads(n))
@@ -59,8 +58,10 @@ void swiglu_backward_loop(const T* dout, const T* gate, const T* up, T* dgate, T
 template <typename T>
 void swiglu_backward(const T* dout, const T* gate, const T* up, T* dgate, T* dup, bool accumulate,
                      int64_t n) {
-  if (accumulate) swiglu_backward_loop<T, true>(dout, gate, up, dgate, dup, n);
-  else swiglu_backward_loop<T, false>(dout, gate, up, dgate, dup, n);
+  if (accumulate)
+    swiglu_backward_loop<T, true>(dout, gate, up, dgate, dup, n);
+  else
+    swiglu_backward_loop<T, false>(dout, gate, up, dgate, dup, n);
 }
 
 template void swiglu_forward<float>(const float*, const float*, float*, int64_t);
