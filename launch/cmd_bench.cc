@@ -106,13 +106,15 @@ struct Bench {
 };
 const Bench kBenches[] = {
     {"train",
-     "usage: weft bench train [--configs S,M,LS] [--threads 1,2] [--steps N] [--no-torch]\n"
-     "                        [--python PATH] [--torch-script PATH]\n"
+     "usage: weft bench train [--configs S,M,LS] [--threads 1,2] [--steps N] [--repeat R]\n"
+     "                        [--no-torch] [--python PATH] [--torch-script PATH]\n"
      "  Weft vs PyTorch tokens/s on config S (GPT, 4x256, seq 256, batch 8, vocab 256),\n"
      "  M (GPT-2-124M-like: 12x768, seq 256, batch 4, vocab 50304) and LS (S's Llama twin:\n"
      "  4 query heads sharing 2 KV heads, rotary, RMSNorm, SwiGLU 688, untied head), each\n"
      "  run in its own process; GFLOP/s against this CPU's FMA peak, peak RSS, where the\n"
      "  time goes.\n"
+     "  --repeat R   run each side R times, alternating, and keep each side's fastest run\n"
+     "               (default 1; for a machine shared with other work)\n"
      "  --no-torch   Weft only (also when python3 cannot import torch)\n"},
     {"memory",
      "usage: weft bench memory [--steps N] [--trace FILE]... [--csv] [--no-model]\n"
@@ -240,7 +242,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (name == "elastic") return run_elastic_bench(rest);
   if (name == "snapshot") return bench_snapshot(rest);
   return run_train_comparison(Args(
-      rest, {"--configs", "--threads", "--steps", "--torch-script", "--python"}, {"--no-torch"}));
+      rest, {"--configs", "--threads", "--steps", "--repeat", "--torch-script", "--python"},
+      {"--no-torch"}));
 }
 
 }  // namespace weft::launch

@@ -57,9 +57,11 @@ bool python_has_torch() {
 }
 
 TEST(BenchTrain, WeftOnlyPrintsAGptAndALlamaRow) {
-  Result r = weft::test::run_weft("bench train --configs S,LS --threads 1 --steps 1 --no-torch");
+  Result r = weft::test::run_weft(
+      "bench train --configs S,LS --threads 1 --steps 1 --repeat 2 --no-torch");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("--no-torch: Weft only"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("each side the best of 2 runs"), std::string::npos) << r.out;
   for (const char* cfg : {"S", "LS"}) {
     Row row = find_row(r.out, cfg, "1");
     ASSERT_TRUE(row.found) << cfg << "\n" << r.out;
@@ -96,6 +98,11 @@ TEST(BenchTrain, UnknownConfigIsRefusedNamingTheChoices) {
             std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("weft tok/s"), std::string::npos) << "refused before measuring\n" << r.out;
+
+  r = weft::test::run_weft("bench train --configs LS --repeat 0 --no-torch");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--repeat: expected an integer in [1, 100], got 0"), std::string::npos)
+      << r.out;
 }
 
 }  // namespace
