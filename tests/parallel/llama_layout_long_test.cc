@@ -50,6 +50,14 @@ TEST(LlamaLayoutMatrix, Tp2RecomputeSelective) {
 TEST(LlamaLayoutMatrix, Pp2RecomputeFull) {
   check({kLlama, 2, {"parallel.dp=1", "parallel.pp=2", "parallel.recompute=full"}, kSteps, kRegroup});
 }
+// Memory planning (memory.allocator: planned): each rank traces its first step and serves
+// the rest from the planned arena; the numbers are the caching allocator's.
+TEST(LlamaLayoutMatrix, Tp2PlannedMemory) {
+  check({kLlama, 2, {"parallel.dp=1", "parallel.tp=2", "memory.allocator=planned"}, kSteps, kSplit});
+}
+TEST(LlamaLayoutMatrix, Pp2PlannedMemory) {
+  check({kLlama, 2, {"parallel.dp=1", "parallel.pp=2", "memory.allocator=planned"}, kSteps, kRegroup});
+}
 // Tied head: embed_tokens is also the LM head, vocabulary-parallel under tp and held by
 // the first and the last stage under pp.
 TEST(LlamaLayoutMatrix, Tp2TiedHead) {
