@@ -50,6 +50,23 @@ struct Builder {
     o.layer = layer;
     return g().add_op(std::move(o));
   }
+  // y (B,T,fan_out) = x w^T [+ bias]: the weight `scope.name.weight` (fan_out, fan_in), the
+  // bias `scope.name.bias` (fan_out, zero-initialised) when `bias`.
+  int linear(const std::string& name, int in, int64_t fan_in, int64_t fan_out, float wstd,
+             bool bias) {
+    const Shape x = g().value(in).shape;  // a copy: param() below grows the value table
+    std::vector<int> ins = {in, param(scope + "." + name + ".weight", {fan_out, fan_in}, wstd)};
+    if (bias) ins.push_back(param(scope + "." + name + ".bias", {fan_out}, 0.0f));
+    int y = act(name + ".out", {x[0], x[1], fan_out});
+    op("linear", std::move(ins), {y});
+    return y;
+  }
+  // The residual sum a + c, named `name`, of a's shape.
+  int residual(const std::string& name, int a, int c) {
+    int y = act(name, g().value(a).shape);
+    op("add", {a, c}, {y});
+    return y;
+  }
 };
 
 }  // namespace weft::core::models_detail

@@ -44,17 +44,9 @@ ModelGraph build_model(const ModelSpec& m, int64_t micro_batch, DType dt) {
     return y;
   };
   auto linear = [&](const std::string& name, int in, int64_t fan_in, int64_t fan_out, float wstd) {
-    int w = b.param(b.scope + "." + name + ".weight", {fan_out, fan_in}, wstd);
-    int bias = b.param(b.scope + "." + name + ".bias", {fan_out}, 0.0f);
-    int y = b.act(name + ".out", {B, T, fan_out});
-    b.op("linear", {in, w, bias}, {y});
-    return y;
+    return b.linear(name, in, fan_in, fan_out, wstd, /*bias=*/true);
   };
-  auto residual = [&](const std::string& name, int a, int c) {
-    int y = b.act(name, {B, T, C});
-    b.op("add", {a, c}, {y});
-    return y;
-  };
+  auto residual = [&](const std::string& name, int a, int c) { return b.residual(name, a, c); };
 
   for (int64_t i = 0; i < m.layers; ++i) {
     b.layer = int(i);

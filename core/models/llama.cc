@@ -42,10 +42,7 @@ ModelGraph build_llama(const ModelSpec& m, int64_t micro_batch, DType dt) {
     return y;
   };
   auto linear = [&](const std::string& name, int in, int64_t fan_in, int64_t fan_out, float wstd) {
-    int w = b.param(b.scope + "." + name + ".weight", {fan_out, fan_in}, wstd);
-    int y = b.act(name + ".out", {B, T, fan_out});
-    b.op("linear", {in, w}, {y});
-    return y;
+    return b.linear(name, in, fan_in, fan_out, wstd, /*bias=*/false);  // Llama has no biases
   };
   auto rope = [&](const std::string& name, int in, int64_t heads) {
     Attrs a;
@@ -56,11 +53,7 @@ ModelGraph build_llama(const ModelSpec& m, int64_t micro_batch, DType dt) {
     b.op("rope", {in}, {y}, a);
     return y;
   };
-  auto residual = [&](const std::string& name, int a, int c) {
-    int y = b.act(name, {B, T, C});
-    b.op("add", {a, c}, {y});
-    return y;
-  };
+  auto residual = [&](const std::string& name, int a, int c) { return b.residual(name, a, c); };
 
   for (int64_t i = 0; i < m.layers; ++i) {
     const std::string layer = "model.layers." + std::to_string(i);
