@@ -79,8 +79,6 @@ class RankSnapshots {
   // of the state, in the background while the next step's forward and backward run;
   // `interval` > 0 is the world's agreed auto interval.
   void after_agreement(bool take, int64_t interval);
-  // The steps between snapshots now (0: auto, not chosen yet).
-  int64_t interval() const { return interval_; }
 
   // Auto: the probe snapshot comes after this many of a world's steps (the first, traced and
   // slower, is not timed), and a snapshot costs this many times its own copy. Measured
