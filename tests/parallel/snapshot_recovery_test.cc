@@ -284,17 +284,16 @@ TEST(SnapshotRecoveryMultiNode, AFailedWorkerWhoseSnapshotsExistOnlyOnItsNodeIsA
 // the other nodes (a replica on node 0, its successor in the ring; or parity on nodes 0 and 1),
 // so node 2 need not hold the job: it leaves at once. The two survivors reshard without it,
 // rank 2's ZeRO-1 shard from its replica or rebuilt from parity; the numbers stay one
-// process's. With replica node 2 has a restart left and joins again with new workers, which
-// receive their state through the router. With ec it has none and stays out: a quick rejoin
-// would replace the survivors' epoch while they still rebuild, and the parity would not be
-// read (the rejoined node then offers its own snapshots; that path is the replica case's).
+// process's. Node 2 has no restarts left and stays out: with one, it may rejoin before the
+// survivors' world of two forms, its epoch replaces theirs and it offers its own snapshots
+// (correct too, and seen under load, but then neither the replica nor the parity is read).
 void failed_worker_leaves_under(const std::string& redundancy) {
   const bool ec = redundancy == "ec";
   live::LiveJob job;
   job.dir = agent_test_dir("snapshot_recovery", redundancy);
   job.id = "snap-" + redundancy + "-" + std::to_string(::getpid());
   job.nnodes = "2:3";
-  job.max_restarts = ec ? 0 : 1;
+  job.max_restarts = 0;
   job.steps = 300;
   job.sets = {"parallel.dp=auto", "parallel.zero=1", "snapshot.every=1",
               "snapshot.redundancy=" + redundancy};
@@ -316,25 +315,20 @@ void failed_worker_leaves_under(const std::string& redundancy) {
   for (int k = 0; k < 3; ++k) {
     std::optional<int> code = job.wait(k);
     ASSERT_TRUE(code) << job.all_logs();
-    if (!ec || k < 2) {
+    if (k < 2) {
       EXPECT_EQ(*code, 0) << job.all_logs();
     }
   }
-  EXPECT_NE(job.text(2).find(ec ? "leaves the job (no restarts left"
-                                : "left the job and joins again with new workers"),
-            std::string::npos)
+  EXPECT_NE(job.text(2).find("leaves the job (no restarts left"), std::string::npos)
       << job.text(2);
   const std::vector<std::string> resizes = live::lines_with(job.text(0), "resize: epoch");
-  ASSERT_EQ(resizes.size(), ec ? 1u : 2u) << job.all_logs();
+  ASSERT_EQ(resizes.size(), 1u) << job.all_logs();
   for (const std::string& l : resizes) std::printf("[ says     ] %s\n", l.substr(0, 500).c_str());
   EXPECT_NE(resizes[0].find("world 3 -> 2"), std::string::npos) << resizes[0];
   EXPECT_NE(resizes[0].find(ec ? "in-memory snapshots (2 own, 1 rebuilt from parity)"
                                : "in-memory snapshots (2 own, 1 replica)"),
             std::string::npos)
       << resizes[0];
-  if (!ec) {
-    EXPECT_NE(resizes.back().find("world 2 -> 3"), std::string::npos) << resizes.back();
-  }
   expect_same_losses(ref, job.metrics(), size_t(job.steps), false, live::kRelDp);
   EXPECT_TRUE(checkpoint::snapshot_segments(segments.job).empty());
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
