@@ -245,21 +245,34 @@ TEST_F(SnapshotRecovery, ACorruptSnapshotIsNotOfferedAndTheOlderCompleteStepServ
 // node 2's snapshots exist only on node 2, so when its worker dies the node does not leave
 // (the others could not restore its shard); a restart round restores every rank from the
 // snapshots of every node, and the run equals one process's.
-TEST(SnapshotRecoveryMultiNode, AFailedWorkerWhoseSnapshotsExistOnlyOnItsNodeIsARestartRound) {
-  live::LiveJob job;
-  job.dir = agent_test_dir("snapshot_recovery", "multinode");
-  job.id = "snap-multi-" + std::to_string(::getpid());
+// Three loopback nodes of one worker each under ZeRO-1 over dp3, a snapshot every step
+// (`extra`: more --set overrides), 300 steps; `name` names the test's folder and job.
+void three_zero1_nodes(live::LiveJob& job, const std::string& name, int max_restarts,
+                       const std::vector<std::string>& extra = {}) {
+  job.dir = agent_test_dir("snapshot_recovery", name);
+  job.id = "snap-" + name + "-" + std::to_string(::getpid());
   job.nnodes = "2:3";
-  job.max_restarts = 1;
+  job.max_restarts = max_restarts;
   job.steps = 300;
   job.sets = {"parallel.dp=auto", "parallel.zero=1", "snapshot.every=1"};
+  job.sets.insert(job.sets.end(), extra.begin(), extra.end());
+}
+
+// SIGKILLs node 2's worker (its weft run and snapshot agent live on).
+void kill_node2_worker(live::LiveJob& job) {
+  std::vector<pid_t> victim = children(job.pid(2));
+  ASSERT_EQ(victim.size(), 1u) << job.all_logs();
+  ::kill(victim[0], SIGKILL);
+}
+
+TEST(SnapshotRecoveryMultiNode, AFailedWorkerWhoseSnapshotsExistOnlyOnItsNodeIsARestartRound) {
+  live::LiveJob job;
+  three_zero1_nodes(job, "multinode", 1);
   JobSegments segments{checkpoint::job_id_for_run(job.id)};
   const fs::path ref = live::reference_run(job.dir, job.steps, {"parallel.dp=auto"});
   job.start_in_order(3);
   ASSERT_TRUE(job.wait_steps(40)) << job.all_logs();
-  std::vector<pid_t> victim = children(job.pid(2));
-  ASSERT_EQ(victim.size(), 1u) << job.all_logs();
-  ::kill(victim[0], SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(kill_node2_worker(job));
   for (int k = 0; k < 3; ++k) {
     std::optional<int> code = job.wait(k);
     ASSERT_TRUE(code) << job.all_logs();
@@ -290,13 +303,7 @@ TEST(SnapshotRecoveryMultiNode, AFailedWorkerWhoseSnapshotsExistOnlyOnItsNodeIsA
 void failed_worker_leaves_under(const std::string& redundancy) {
   const bool ec = redundancy == "ec";
   live::LiveJob job;
-  job.dir = agent_test_dir("snapshot_recovery", redundancy);
-  job.id = "snap-" + redundancy + "-" + std::to_string(::getpid());
-  job.nnodes = "2:3";
-  job.max_restarts = 0;
-  job.steps = 300;
-  job.sets = {"parallel.dp=auto", "parallel.zero=1", "snapshot.every=1",
-              "snapshot.redundancy=" + redundancy};
+  three_zero1_nodes(job, redundancy, 0, {"snapshot.redundancy=" + redundancy});
   JobSegments segments{checkpoint::job_id_for_run(job.id)};
   const fs::path ref = live::reference_run(job.dir, job.steps, {"parallel.dp=auto"});
   job.start_in_order(3);
@@ -309,9 +316,7 @@ void failed_worker_leaves_under(const std::string& redundancy) {
       120))
       << job.all_logs();
   ASSERT_TRUE(job.wait_steps(40)) << job.all_logs();
-  std::vector<pid_t> victim = children(job.pid(2));
-  ASSERT_EQ(victim.size(), 1u) << job.all_logs();
-  ::kill(victim[0], SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(kill_node2_worker(job));
   for (int k = 0; k < 3; ++k) {
     std::optional<int> code = job.wait(k);
     ASSERT_TRUE(code) << job.all_logs();
