@@ -106,22 +106,27 @@ void ErasureCode::encode(const std::vector<const uint8_t*>& data,
 }
 
 void ErasureCode::encode_update(int index, const uint8_t* data,
-                                const std::vector<uint8_t*>& parity, size_t len) const {
+                                const std::vector<uint8_t*>& parity, size_t len,
+                                int first_row) const {
+  const int rows = int(parity.size());
   WEFT_CHECK(index >= 0 && index < k_, "ErasureCode(", k_, ",", m_,
              ")::encode_update: data fragment ", index, " outside [0, ", k_, ")");
-  WEFT_CHECK(int(parity.size()) == m_, "ErasureCode(", k_, ",", m_, ")::encode_update: got ",
-             parity.size(), " parity fragments");
+  WEFT_CHECK(first_row >= 0 && rows >= 1 && first_row + rows <= m_, "ErasureCode(", k_, ",", m_,
+             ")::encode_update: parity rows [", first_row, ", ", first_row + rows,
+             ") outside [0, ", m_, ")");
   WEFT_CHECK(data != nullptr, "ErasureCode::encode_update: null data fragment");
   for (const uint8_t* p : parity)
     WEFT_CHECK(p != nullptr, "ErasureCode::encode_update: null parity fragment");
 #if WEFT_HAVE_ISAL
-  const size_t chunk = chunk_bytes(1, m_);
-  std::vector<unsigned char*> dst(static_cast<size_t>(m_));
-  auto* tables = const_cast<unsigned char*>(encode_->g.data());
+  const size_t chunk = chunk_bytes(1, rows);
+  std::vector<unsigned char*> dst(static_cast<size_t>(rows));
+  // ISA-L's tables hold 32 bytes per (output row, source): row r's start at r * k * 32, so
+  // a subset of consecutive rows is a sub-table and costs only its own rows.
+  auto* tables = const_cast<unsigned char*>(encode_->g.data()) + size_t(first_row) * size_t(k_) * 32;
   for (size_t off = 0; off < len; off += chunk) {
     const size_t n = std::min(chunk, len - off);
-    for (int r = 0; r < m_; ++r) dst[size_t(r)] = parity[size_t(r)] + off;
-    ec_encode_data_update(int(n), k_, m_, index, tables, const_cast<uint8_t*>(data) + off,
+    for (int r = 0; r < rows; ++r) dst[size_t(r)] = parity[size_t(r)] + off;
+    ec_encode_data_update(int(n), k_, rows, index, tables, const_cast<uint8_t*>(data) + off,
                           dst.data());
   }
 #else

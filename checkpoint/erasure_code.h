@@ -46,9 +46,11 @@ class ErasureCode {
   // adding each of the k data fragments once, in any order and over any sub-ranges, gives
   // encode()'s parity: a holder of parity codes fragments as they arrive, one at a time,
   // without keeping them (launch/snapshot_parity.h). A fragment shorter than the others is
-  // added as if padded with zeros. InternalError on a wrong index, count or null pointer.
+  // added as if padded with zeros. `parity` may be a run of rows only, [first_row, first_row
+  // + parity.size()): a holder of one parity fragment computes that row alone, 1/m of the
+  // work. InternalError on a wrong index, row range or null pointer.
   void encode_update(int index, const uint8_t* data, const std::vector<uint8_t*>& parity,
-                     size_t len) const;
+                     size_t len, int first_row = 0) const;
 
   // Rebuilds in place every fragment listed in `erased` (data or parity) from the others.
   // fragments.size() == k + m, data first then parity, each valid for len bytes; erased

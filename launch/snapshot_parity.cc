@@ -89,7 +89,7 @@ struct SnapshotParity::Accumulator {
   std::mutex mu;
   int64_t epoch = 0, step = 0;
   int group = 0, number = 0, fragment = 0, k = 0, nodes = 0, me = 0;
-  std::vector<std::vector<uint8_t>> parity;  // every parity row: encode_update makes all m
+  std::vector<uint8_t> parity;  // this node's parity row of the stripe, fragment - k
   json members = json::object();             // "t" -> {meta, crc32c, chunk}
   bool done = false;
 };
@@ -353,7 +353,7 @@ void SnapshotParity::serve_chunk(ckpt::PeerChannel& ch, const json& h) {
       slot->k = K;
       slot->nodes = int(ring->nodes.size());
       slot->me = ring->node;
-      slot->parity.assign(size_t(o_.m), {});
+      slot->parity.clear();
       // Bounded: a stripe whose chunks of a step never all arrive (a member died) keeps
       // its newest few steps only.
       std::vector<std::string> same;
@@ -375,12 +375,8 @@ void SnapshotParity::serve_chunk(ckpt::PeerChannel& ch, const json& h) {
   {
     std::lock_guard<std::mutex> l(a->mu);
     if (!a->done && !a->members.contains(std::to_string(t))) {
-      std::vector<uint8_t*> rows;
-      for (auto& p : a->parity) {
-        if (int64_t(p.size()) < c) p.resize(size_t(c), 0);
-        rows.push_back(p.data());
-      }
-      code(K).encode_update(t, buf.data(), rows, size_t(c));
+      if (int64_t(a->parity.size()) < c) a->parity.resize(size_t(c), 0);
+      code(K).encode_update(t, buf.data(), {a->parity.data()}, size_t(c), a->fragment - a->k);
       a->members[std::to_string(t)] = {{"meta", ckpt::to_json(meta)}, {"crc32c", crcs}, {"chunk", c}};
       if (int(a->members.size()) == K) {
         commit_parity(a->epoch, a->me, a->number, a->step, *a);
@@ -401,8 +397,7 @@ void SnapshotParity::serve_chunk(ckpt::PeerChannel& ch, const json& h) {
 // Called with a->mu held: writes the stripe's parity of a step into this node's parity
 // segment of the stripe (made, or remade larger, on demand).
 void SnapshotParity::commit_parity(int64_t epoch, int me, int number, int64_t step, Accumulator& a) {
-  const int j = a.fragment - a.k;
-  const std::vector<uint8_t>& row = a.parity[size_t(j)];
+  const std::vector<uint8_t>& row = a.parity;
   const json manifest = {{"group", a.group}, {"stripe", number},      {"k", a.k},
                          {"m", o_.m},         {"fragment", a.fragment}, {"length", row.size()},
                          {"members", a.members}};

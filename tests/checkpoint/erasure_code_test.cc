@@ -236,6 +236,28 @@ TEST(ErasureCode, UpdatesInAnyOrderAndOverSubRangesGiveTheReferenceParity) {
   EXPECT_THROW(ec.encode_update(0, &b, {p, p}, 1), InternalError);
 }
 
+TEST(ErasureCode, AHolderOfOneParityRowComputesThatRowAlone) {
+  REQUIRE_ISAL();
+  // The holder of parity fragment k + j adds every data fragment to row j only: its bytes
+  // must be the reference's row j, and no other row is touched.
+  for (auto [k, m] : kShapes) {
+    ErasureCode ec(k, m);
+    const size_t len = (size_t(1) << 18) + 77;
+    Frags data = random_frags(k, len, uint64_t(k * 13 + m * 7));
+    Frags want = ref_encode(data, m);
+    for (int j = 0; j < m; ++j) {
+      std::vector<uint8_t> row(len, 0);
+      for (int i = 0; i < k; ++i) ec.encode_update(i, data[size_t(i)].data(), {row.data()}, len, j);
+      ASSERT_TRUE(row == want[size_t(j)]) << shape(k, m, len) << " row " << j;
+    }
+  }
+  ErasureCode ec(3, 2);
+  uint8_t b = 0, *p = &b;
+  EXPECT_THROW(ec.encode_update(0, &b, {p}, 1, 2), InternalError);     // row 2 of 2
+  EXPECT_THROW(ec.encode_update(0, &b, {p, p}, 1, 1), InternalError);  // rows 1..2 of 2
+  EXPECT_THROW(ec.encode_update(0, &b, {p}, 1, -1), InternalError);
+}
+
 TEST(ErasureCode, ReconstructsEveryErasurePatternUpToM) {
   REQUIRE_ISAL();
   for (auto [k, m] : kShapes) {
