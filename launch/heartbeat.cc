@@ -10,6 +10,14 @@
 #include <thread>
 
 namespace weft::launch {
+namespace {
+std::atomic<int> g_fd{-1};  // the heartbeat socket once start_agent_heartbeat took it
+}  // namespace
+
+void poke_agent() noexcept {
+  const int fd = g_fd.load();
+  if (fd >= 0) (void)::send(fd, &kPokeByte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
 
 void start_agent_heartbeat() noexcept {
   static std::atomic<bool> started{false};
@@ -18,6 +26,7 @@ void start_agent_heartbeat() noexcept {
   int fd = std::atoi(fd_text);
   if (fd < 0 || ::fcntl(fd, F_GETFD) < 0) return;
   ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  g_fd = fd;
   double interval = 1.0;
   if (const char* s = std::getenv(kHeartbeatIntervalVar)) interval = std::atof(s);
   if (!(interval > 0)) interval = 1.0;
@@ -26,7 +35,7 @@ void start_agent_heartbeat() noexcept {
     std::thread([fd, period] {
       for (;;) {
         // MSG_NOSIGNAL: an agent that is gone must not kill the worker with SIGPIPE.
-        if (::send(fd, "h", 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN &&
+        if (::send(fd, &kBeatByte, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN &&
             errno != EINTR)
           return;
         std::this_thread::sleep_for(period);

@@ -2,6 +2,11 @@
 // WEFT_AGENT_HEARTBEAT_FD, a background thread writes one byte to it every
 // WEFT_AGENT_HEARTBEAT_INTERVAL seconds. A stopped or frozen process stops writing, and the
 // agent names it. The thread is detached: it never holds up the worker's exit.
+//
+// The same socket carries one more message, a poke: a worker whose collective failed (a
+// peer is gone) tells its agent to look at the membership now rather than at its next
+// monitor pass (--monitor-interval, 0.1 s): the lost node's agent has usually left by then,
+// and the survivors' new epoch is posted within milliseconds of the failure.
 #pragma once
 
 namespace weft::launch {
@@ -13,5 +18,12 @@ inline constexpr const char* kHeartbeatIntervalVar = "WEFT_AGENT_HEARTBEAT_INTER
 // nothing). Marks the descriptor close-on-exec so that the worker's own children do not
 // keep it. Never throws.
 void start_agent_heartbeat() noexcept;
+
+// Bytes on the socket: a heartbeat, and a poke (the agent treats any other byte as a beat).
+inline constexpr char kBeatByte = 'h';
+inline constexpr char kPokeByte = 'p';
+
+// Sends a poke when the heartbeat runs (no-op otherwise). Never throws, never blocks.
+void poke_agent() noexcept;
 
 }  // namespace weft::launch

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -147,6 +148,20 @@ std::string make_temp(const char* prefix) {
   return t;
 }
 
+// Which epoch notice a node's workers were sent last: the file's identity and mtime (the
+// agent replaces it by rename, so a new notice is a new inode).
+struct FileStamp {
+  ino_t ino = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const FileStamp&) const = default;
+};
+
+std::optional<FileStamp> file_stamp(const std::string& path) {
+  struct stat st {};
+  if (path.empty() || ::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileStamp{st.st_ino, int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
+}
+
 }  // namespace
 
 bool stop_requested() { return g_interrupts > 0 || g_stop_signal != 0; }
@@ -214,8 +229,23 @@ Outcome supervise(const SupervisorOptions& o) {
   const auto hb_timeout = std::chrono::milliseconds(int64_t(o.heartbeat_timeout_s * 1000));
   // Another node's verdict (monitor): lost or failed there. It is the root cause here.
   std::string remote;
-  auto last_monitor = Clock::now();
   const auto monitor_every = std::chrono::milliseconds(int64_t(o.monitor_interval_s * 1000));
+  auto next_monitor = Clock::now() + monitor_every;
+  // After a worker's poke (a collective failed: a peer is gone), the monitor looks again at
+  // once and then at growing gaps (5, 10, 20, 40, 80 ms) before its usual cadence: the lost
+  // node's agent leaves the membership within milliseconds of its worker's death, and this
+  // agent posts the new epoch as soon as it sees that. A pass that posted an epoch starts
+  // the gaps over: failures come in bursts (several nodes' workers killed by one event, each
+  // agent leaving when it has reaped its own). A few passes per failure, not a faster poll
+  // for the whole job: the store's load stays what --monitor-interval makes it.
+  int close_passes = 0;
+  auto close_gap = std::chrono::milliseconds(5);
+  auto watch_closely = [&](Clock::time_point from) {
+    next_monitor = from;
+    close_passes = 5;
+    close_gap = std::chrono::milliseconds(5);
+  };
+  std::optional<FileStamp> posted = file_stamp(o.epoch_file);  // the last epoch notice seen
 
   for (;;) {
     if (g_interrupts > forwarded) {  // Ctrl-C: weft train stops after the step (each one)
@@ -239,7 +269,12 @@ Outcome supervise(const SupervisorOptions& o) {
       if (w.err->fd() >= 0) pfds.push_back({w.err->fd(), POLLIN, 0});
       if (w.beat_fd >= 0) pfds.push_back({w.beat_fd, POLLIN, 0});
     }
-    ::poll(pfds.data(), pfds.size(), std::max(1, int(o.poll_s * 1000)));
+    int wait_ms = std::max(1, int(o.poll_s * 1000));
+    if (o.monitor && close_passes > 0)  // a close look is due sooner than the next poll
+      wait_ms = std::clamp(int(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   next_monitor - Clock::now()).count()),
+                           1, wait_ms);
+    ::poll(pfds.data(), pfds.size(), wait_ms);
     auto now = Clock::now();
     for (Worker& w : workers) {
       w.out->pump();
@@ -247,7 +282,17 @@ Outcome supervise(const SupervisorOptions& o) {
       if (w.beat_fd >= 0) {
         char buf[256];
         ssize_t k;
-        while ((k = ::read(w.beat_fd, buf, sizeof buf)) > 0) w.beating = true, w.last_beat = now;
+        while ((k = ::read(w.beat_fd, buf, sizeof buf)) > 0) {
+          w.beating = true, w.last_beat = now;
+          if (std::memchr(buf, kPokeByte, size_t(k))) {
+            if (o.monitor && close_passes == 0 && !failing && !agent_signal) {
+              std::fprintf(stderr, "weft run: rank %d lost a peer; looking at the membership now\n",
+                           global(w.rank));
+              std::fflush(stderr);
+            }
+            watch_closely(now);
+          }
+        }
         if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) {
           ::close(w.beat_fd);  // the worker (and its children) closed it
           w.beat_fd = -1;
@@ -283,10 +328,20 @@ Outcome supervise(const SupervisorOptions& o) {
         failures.push_back({w.rank, w.pid, host_name(), now_ms(), what, false});
         new_failure = true;
       }
-    if (o.monitor && remote.empty() && !failing && !agent_signal &&
-        now - last_monitor >= monitor_every) {
-      last_monitor = now;
+    if (o.monitor && remote.empty() && !failing && !agent_signal && now >= next_monitor) {
       remote = o.monitor();
+      const std::optional<FileStamp> now_posted = file_stamp(o.epoch_file);
+      const bool new_epoch = now_posted != posted;
+      posted = now_posted;
+      if (close_passes > 0 && new_epoch) {
+        watch_closely(Clock::now() + std::chrono::milliseconds(5));
+      } else if (close_passes > 0) {
+        --close_passes;
+        next_monitor = Clock::now() + close_gap;
+        close_gap *= 2;
+      } else {
+        next_monitor = Clock::now() + monitor_every;
+      }
       if (!remote.empty()) {
         std::fprintf(stderr, "weft run: %s; stopping the workers\n", remote.c_str());
         stop_all(SIGTERM);

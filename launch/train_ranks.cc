@@ -23,6 +23,7 @@
 #include "core/io/safetensors.h"
 #include "launch/elastic_worker.h"
 #include "launch/epoch_notice.h"
+#include "launch/heartbeat.h"
 #include "launch/live_resize.h"
 #include "launch/nonfinite_guard.h"
 #include "launch/rank_snapshots.h"
@@ -642,6 +643,7 @@ void RankTraining::enter_next_world(std::string why) {
       return;
     } catch (const CommError& e) {
       if (!live_ || leaving_) throw;  // a departing worker gets no later epoch
+      poke_agent();
       std::printf("weft train: rank %d: world of epoch %lld not entered (%s); waiting for the next\n",
                   env_.rank, (long long)env_.rdzv_epoch, e.what());
       std::fflush(stdout);
@@ -671,6 +673,7 @@ int RankTraining::run() {
     } catch (const CommError& e) {
       if (!live_ || leaving_) throw;  // a departing worker gets no later epoch
       change_at_ = Clock::now();
+      poke_agent();  // a peer is likely gone: the agent looks at the membership now
       end = WorldEnd::kFailed;
       torn = trainer_->torn();
       why = e.what();

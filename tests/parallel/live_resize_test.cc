@@ -57,6 +57,11 @@ TEST(LiveResize, Dp4ToDp2ByKillsThenDp3ByAJoinKeepsSurvivorsAndTheNumbers) {
   EXPECT_NE(lead.find("world 4 -> 2"), std::string::npos) << lead;
   EXPECT_NE(lead.find("state from 2 holders through the router"), std::string::npos) << lead;
   EXPECT_NE(lead.find("world 2 -> 3"), std::string::npos) << lead;
+  // A survivor whose collective failed poked its agent, which looked at the membership at
+  // once instead of at its next monitor pass (heartbeat.h).
+  const std::string poke = "lost a peer; looking at the membership now";
+  EXPECT_TRUE(lead.find(poke) != std::string::npos || slurp(job.logs[1]).find(poke) != std::string::npos)
+      << lead;
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);  // kept for a look otherwise
 }
 
