@@ -622,15 +622,16 @@ std::vector<SnapshotParity::StripeSlot> SnapshotParity::stripe_slots(
   return out;
 }
 
-const uint8_t* SnapshotParity::decode_fragment(const ReplicaRing& ring,
-                                                     const ckpt::StripeLayout& l,
-                                                     const ckpt::StripeId& s, int lost,
-                                                     const std::vector<StripeSlot>& at_step,
-                                                     const std::set<int>& gone) {
+void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::StripeLayout& l,
+                                     const ckpt::StripeId& s, int lost,
+                                     const std::vector<StripeSlot>& at_step,
+                                     const std::set<int>& gone, uint8_t* out, int64_t out_len) {
   WEFT_CHECK(!at_step.empty(), "decode_fragment without a parity slot");
   const int K = l.data_fragments(s.group), n = K + o_.m;
   const json& manifest = at_step.front().manifest;
   const int64_t L = manifest.at("length").get<int64_t>(), step = at_step.front().step;
+  WEFT_CHECK(out_len >= 0 && out_len <= L, "decode_fragment: ", out_len, " bytes asked of a ",
+             L, "-byte fragment");
   std::vector<int> erased;
   for (int f = 0; f < n; ++f) {
     const bool have_parity =
@@ -642,54 +643,78 @@ const uint8_t* SnapshotParity::decode_fragment(const ReplicaRing& ring,
     throw IoError(str("stripe ", l.number(s), " step ", step, ": ", erased.size(),
                       " of its fragments are lost or without that step; at most ", o_.m,
                       " can be rebuilt"));
-  // The rebuilder's scratch, reused from chunk to chunk (fresh pages cost more than the
-  // fetch); every byte a decode reads is written by a fetch first.
-  std::vector<std::vector<uint8_t>>& frags = scratch_;
-  frags.resize(static_cast<size_t>(n));
-  std::vector<uint8_t*> ptrs;
-  for (auto& x : frags) {
-    if (x.size() < size_t(L)) x.resize(size_t(L));
-    ptrs.push_back(x.data());
-  }
   // ErasureCode reads the first K fragments not erased: fetch exactly those, each from its
   // node at the same time (they are on distinct nodes: one connection each).
-  std::vector<std::future<void>> fetches;
-  for (int f = 0, got = 0; f < n && got < K; ++f) {
-    if (std::find(erased.begin(), erased.end(), f) != erased.end()) continue;
-    ++got;
-    const int node = l.fragment_node(s, f);
+  struct Source {
+    int f = 0, node = 0;
     std::string segment;
-    int64_t offset = 0, length = L;
+    int64_t offset = 0, length = 0;  // where fragment f's bytes lie in the segment's slot
+  };
+  std::vector<Source> sources;
+  for (int f = 0; f < n && int(sources.size()) < K; ++f) {
+    if (std::find(erased.begin(), erased.end(), f) != erased.end()) continue;
+    Source x{f, l.fragment_node(s, f), "", 0, L};
     if (f < K) {
       const json& member = manifest.at("members").at(std::to_string(f));
       const ckpt::SnapshotMeta m = ckpt::meta_from_json(member.at("meta"));
       const int64_t c = member.at("chunk").get<int64_t>();
-      segment = ckpt::segment_name(o_.auth.job, ckpt::SegmentKind::kData, m.owner_node, m.epoch, m.rank);
-      offset = f * c;
-      length = std::min(c, L);
+      x.segment = ckpt::segment_name(o_.auth.job, ckpt::SegmentKind::kData, m.owner_node, m.epoch, m.rank);
+      x.offset = f * c;
+      x.length = std::min(c, L);
     } else {
-      const StripeSlot& x = *std::find_if(at_step.begin(), at_step.end(),
-                                          [&](const StripeSlot& y) { return y.holder == node; });
-      segment = ckpt::segment_name(o_.auth.job, ckpt::SegmentKind::kParity, node, ring.epoch, l.number(s));
-      offset = x.parity_offset;
+      const StripeSlot& y = *std::find_if(at_step.begin(), at_step.end(),
+                                          [&](const StripeSlot& z) { return z.holder == x.node; });
+      x.segment = ckpt::segment_name(o_.auth.job, ckpt::SegmentKind::kParity, x.node, ring.epoch, l.number(s));
+      x.offset = y.parity_offset;
     }
-    uint8_t* out = frags[size_t(f)].data();
-    fetches.push_back(std::async(std::launch::async, [=, this, &ring] {
-      fetch(ring, node, segment, step, offset, length, out);
-      std::memset(out + length, 0, size_t(L - length));
-    }));
+    sources.push_back(std::move(x));
   }
-  std::exception_ptr failed;
-  for (auto& x : fetches) {
-    try {
-      x.get();
-    } catch (...) {
-      if (!failed) failed = std::current_exception();
+  // Piece by piece, in two sets of small buffers reused throughout: piece i + 1 is fetched
+  // while piece i decodes, and the lost fragment decodes straight into `out`. (It used to
+  // fetch whole fragments into K + m fresh buffers of a chunk each and copy the result: at
+  // 727 MiB a rank, touching that scratch's new pages was a large part of the rebuild.)
+  const int64_t P = std::min<int64_t>(kDecodePieceBytes, std::max<int64_t>(L, 1));
+  std::vector<std::vector<uint8_t>>& bufs = scratch_;
+  bufs.resize(2 * static_cast<size_t>(n));
+  for (auto& b : bufs)
+    if (int64_t(b.size()) < P) b.resize(size_t(P));
+  auto fetch_piece = [&](int64_t o, int set) {
+    std::vector<std::future<void>> f;
+    const int64_t piece = std::min(P, L - o);
+    for (const Source& x : sources) {
+      uint8_t* buf = bufs[size_t(set * n + x.f)].data();
+      const int64_t have = std::clamp<int64_t>(x.length - o, 0, piece);
+      f.push_back(std::async(std::launch::async, [=, this, &ring] {
+        if (have > 0) fetch(ring, x.node, x.segment, step, x.offset + o, have, buf);
+        std::memset(buf + have, 0, size_t(piece - have));  // a short fragment's zero padding
+      }));
     }
+    return f;
+  };
+  auto wait_all = [](std::vector<std::future<void>>& f) {
+    std::exception_ptr failed;
+    for (auto& x : f) {
+      try {
+        x.get();
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
+      }
+    }
+    f.clear();
+    if (failed) std::rethrow_exception(failed);
+  };
+  std::vector<std::future<void>> pending;
+  if (out_len > 0) pending = fetch_piece(0, 0);
+  for (int64_t o = 0, set = 0; o < out_len; o += P, set ^= 1) {
+    wait_all(pending);
+    if (o + P < out_len) pending = fetch_piece(o + P, int(set ^ 1));
+    const int64_t piece = std::min(P, L - o), direct = std::min(piece, out_len - o);
+    std::vector<uint8_t*> ptrs;
+    for (int f = 0; f < n; ++f) ptrs.push_back(bufs[size_t(set * n + f)].data());
+    if (direct == piece) ptrs[size_t(lost)] = out + o;
+    code(K).reconstruct(ptrs, erased, size_t(piece));
+    if (direct < piece) std::memcpy(out + o, ptrs[size_t(lost)], size_t(direct));
   }
-  if (failed) std::rethrow_exception(failed);
-  code(K).reconstruct(ptrs, erased, size_t(L));
-  return frags[size_t(lost)].data();
 }
 
 namespace {
@@ -789,10 +814,8 @@ void SnapshotParity::rebuild(const Task& task) {
         auto* out = static_cast<uint8_t*>(seg->begin(meta));
         for (int t = 0; t < K; ++t) {
           // Chunk t of the lost rank is data fragment t of its t-th stripe.
-          const uint8_t* frag =
-              decode_fragment(*ring, l, stripes[size_t(t)], t, at[size_t(t)], task.gone);
           const int64_t n = std::clamp<int64_t>(payload - t * c, 0, c);
-          if (n > 0) std::memcpy(out + t * c, frag, size_t(n));
+          if (n > 0) decode_fragment(*ring, l, stripes[size_t(t)], t, at[size_t(t)], task.gone, out + t * c, n);
         }
         if (!blocks_match(out, 0, payload, payload, crcs))
           throw IoError("the decoded bytes do not match the rank's checksums");
@@ -853,9 +876,8 @@ void SnapshotParity::repair_now() {
             for (StripeSlot& x : stripe_slots(ring, l, s, {}))
               if (x.step == v->meta.step) at.push_back(std::move(x));
             if (at.empty()) throw IoError(str("no parity of step ", v->meta.step, " for chunk ", t));
-            const uint8_t* frag = decode_fragment(ring, l, s, int(t), at, {});
             const int64_t n = std::clamp<int64_t>(v->meta.payload_bytes - t * c, 0, c);
-            std::memcpy(payload + t * c, frag, size_t(n));
+            if (n > 0) decode_fragment(ring, l, s, int(t), at, {}, payload + t * c, n);
           }
           const std::vector<int64_t> still = seg.corrupt_blocks(*v);
           log_(what + (still.empty() ? str("; repaired from parity (", chunks.size(), " chunk(s))")

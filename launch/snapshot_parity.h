@@ -120,13 +120,14 @@ class SnapshotParity {
   void work();  // the rebuilder's thread
   void rebuild(const Task& t);
   void repair_now();
-  // The chunk of fragment `lost` of stripe `s` at the step of `at_step` (the surviving
-  // holders' parity slots of that step), decoded from K surviving fragments; `gone` are the
-  // ring's lost nodes (never asked). Valid until the next call (the rebuilder's scratch).
-  const uint8_t* decode_fragment(const ReplicaRing& ring, const checkpoint::StripeLayout& l,
-                                       const checkpoint::StripeId& s, int lost,
-                                       const std::vector<StripeSlot>& at_step,
-                                       const std::set<int>& gone);
+  // Decodes the first `out_len` bytes (at most the stripe's fragment length) of fragment
+  // `lost` of stripe `s` at the step of `at_step` (the surviving holders' parity slots of
+  // that step) from K surviving fragments into `out`; `gone` are the ring's lost nodes
+  // (never asked). Fetches and decodes kDecodePieceBytes at a time, overlapped.
+  void decode_fragment(const ReplicaRing& ring, const checkpoint::StripeLayout& l,
+                       const checkpoint::StripeId& s, int lost, const std::vector<StripeSlot>& at_step,
+                       const std::set<int>& gone, uint8_t* out, int64_t out_len);
+  static constexpr int64_t kDecodePieceBytes = int64_t(16) << 20;
   // The parity slots of stripe `s` held by its surviving holders, newest step first.
   std::vector<StripeSlot> stripe_slots(const ReplicaRing& ring, const checkpoint::StripeLayout& l,
                                        const checkpoint::StripeId& s, const std::set<int>& gone);
@@ -161,7 +162,7 @@ class SnapshotParity {
   std::set<int64_t> unprotected_logged_;   // epochs with fewer than k + m nodes
   // The rebuilder's thread: its channels.
   Links fetch_links_;
-  std::vector<std::vector<uint8_t>> scratch_;  // decode_fragment's fragments
+  std::vector<std::vector<uint8_t>> scratch_;  // decode_fragment's two sets of pieces
   std::thread worker_;  // last: starts once the members above exist
 };
 
