@@ -223,14 +223,20 @@ parallel::LaunchEnv env_in_epoch(const parallel::LaunchEnv& base, const EpochNot
 }
 
 LossWatcher::LossWatcher(const EpochWatch& watch, std::vector<comm::Communicator*> comms,
-                         bool any_newer) {
+                         bool any_newer, std::function<void(const EpochNotice&)> ahead) {
   if (watch.path().empty()) return;
-  thread_ = std::thread([this, watch, comms, any_newer] {
+  thread_ = std::thread([this, watch, comms, any_newer, ahead = std::move(ahead)] {
+    int64_t handed = watch.epoch();  // the latest epoch given to `ahead`
     while (!stop_.load()) {
-      if (std::optional<EpochNotice> n = watch.newer(); n && (n->lost || any_newer)) {
+      std::optional<EpochNotice> n = watch.newer();
+      if (n && (n->lost || any_newer)) {
         for (comm::Communicator* c : comms)
           c->abort("the membership changed (epoch " + std::to_string(n->epoch) + "): " + n->why);
         return;
+      }
+      if (n && ahead && n->epoch > handed) {
+        handed = n->epoch;
+        ahead(*n);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }

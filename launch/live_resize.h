@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -114,8 +115,11 @@ class LossWatcher {
  public:
   // `any_newer`: abort on any later epoch, not only one that lost a member (while a world
   // is being entered: a newer epoch means some of its ranks will never come).
+  // `ahead`: called on the watcher's thread, once per epoch, with a later epoch's notice
+  // that lost nobody (a graceful leave, a node admitted), which the world finishes its step
+  // for: its world can be built meanwhile (world_ahead.h). Must not throw.
   LossWatcher(const EpochWatch& watch, std::vector<comm::Communicator*> comms,
-              bool any_newer = false);
+              bool any_newer = false, std::function<void(const EpochNotice&)> ahead = {});
   ~LossWatcher();  // stops and joins the thread
   LossWatcher(const LossWatcher&) = delete;
   LossWatcher& operator=(const LossWatcher&) = delete;

@@ -30,6 +30,7 @@
 #include "launch/run_folder.h"
 #include "launch/train_common.h"
 #include "launch/train_report.h"
+#include "launch/world_ahead.h"
 #include "memory/recycling_allocator.h"
 #include "parallel/trainer.h"
 #include "planner/memory_estimate.h"
@@ -69,7 +70,11 @@ struct Arrival {
   int64_t bytes_adopted = 0;  // this rank's: kept in place (no copy)
   int64_t bytes_local = 0;    // this rank's: copied within the rank
   double wait = 0, comms = 0, plan = 0, fetch = 0, transfer = 0, resume = 0;
+  bool comms_ahead = false;  // the world was connected while the old one ended its step
 };
+
+// How long any wait on a peer may take (a world's connect, a collective).
+comm::Millis comm_timeout() { return comm::Millis(env_int("WEFT_COMM_TIMEOUT_MS", 60'000)); }
 
 // The bytes of every persistent tensor (state roots, gradient accumulators) that rank `rank`
 // of `plan` allocates: what its trainer and the router's destinations ask for.
@@ -195,6 +200,7 @@ class RankTraining {
   // one freed (its gradients, for a data-parallel change), kept until the world is entered.
   memory::RecyclingAllocator persistent_;
 
+  WorldAhead ahead_;  // the next epoch's world, connected while this one ends its step
   std::unique_ptr<parallel::WorkerWorld> world_;
   std::unique_ptr<parallel::ParallelTrainer> trainer_;
   std::unique_ptr<checkpoint::ParallelCheckpoints> ckpt_;
@@ -275,8 +281,9 @@ void RankTraining::enter_world(const std::string& why) {
                      " before its world formed")
                : std::string();
     };
-  world_ = std::make_unique<parallel::WorkerWorld>(
-      env_, comm::Millis(env_int("WEFT_COMM_TIMEOUT_MS", 60'000)), superseded);
+  world_ = live_ && !first_world_ ? ahead_.take(env_.rdzv_epoch) : nullptr;
+  arrival_.comms_ahead = world_ != nullptr;
+  if (!world_) world_ = std::make_unique<parallel::WorkerWorld>(env_, comm_timeout(), superseded);
   comm::Communicator& comm = world_->comm();
   laps.lap("world");
   // Until this world trains, a newer epoch ends it: some of its ranks will never come.
@@ -498,11 +505,11 @@ void RankTraining::print_arrival(const std::string& why, int old_world, int64_t 
   std::printf(
       "resize: epoch %lld -> %lld, world %d -> %d (dp %lld x tp %lld x pp %lld x ep %lld) at "
       "step %lld: %s; %s; training again %.2f s after the change (membership %.2f, "
-      "communicators %.2f, plan %.2f, read snapshots %.2f, transfer %.2f, resume %.2f)\n",
+      "communicators %.2f, plan %.2f, read snapshots %.2f, transfer %.2f, resume %.2f)%s\n",
       (long long)old_epoch, (long long)env_.rdzv_epoch, old_world, train_world_, (long long)d.dp,
       (long long)d.tp, (long long)d.pp, (long long)d.ep, (long long)trainer_->current_step(),
       why.c_str(), from.c_str(), since(change_at_), a.wait, a.comms, a.plan, a.fetch, a.transfer,
-      a.resume);
+      a.resume, a.comms_ahead ? "; its communicator was connected while the old world ended its step" : "");
   std::fflush(stdout);
 }
 
@@ -610,7 +617,10 @@ WorldEnd RankTraining::train_world() {
   // A lost member aborts this world's collectives at once (live only).
   std::vector<comm::Communicator*> comms = {&world_->comm()};
   if (train_comm_) comms.push_back(train_comm_.get());
-  LossWatcher watcher(watch_, comms);
+  // A change that loses nobody is known a step ahead: its world connects meanwhile.
+  LossWatcher watcher(watch_, comms, false, [this](const EpochNotice& n) {
+    ahead_.start(env_in_epoch(base_, n), watch_.path(), comm_timeout());
+  });
   while (trainer_->current_step() < spec_.train.steps)
     if (std::optional<WorldEnd> end = one_step()) return *end;
   return WorldEnd::kDone;
