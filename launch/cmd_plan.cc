@@ -9,6 +9,7 @@
 #include "core/config/job_spec.h"
 #include "launch/args.h"
 #include "launch/commands.h"
+#include "planner/hardware.h"
 #include "planner/plan_json.h"
 #include "planner/planner.h"
 #include "planner/report.h"
@@ -27,7 +28,10 @@ constexpr const char* kHelp = R"(usage: weft plan --config FILE.yaml --world N [
   --out PLAN.json       also write the plan as JSON to this file
   --timeline OUT.svg    draw every rank's schedule
   --per-rank            one report line per rank even for large worlds
-cost model (defaults: a rough H100 node):
+cost model: --hardware h100|h200|FILE (configs/hardware/, docs/planner.md); without it, this
+machine's calibration (`weft calibrate`) when there is one, else a rough H100 node. The
+flags below then set single fields (defaults shown for the rough H100 node):
+  --hardware H          a preset or a hardware description file
   --flops F             sustained FLOP/s per device (4e14)
   --bw-intra B          bytes/s per rank inside a node (1.5e11)   --alpha-intra S (1e-6)
   --bw-inter B          bytes/s per rank across nodes (2.5e10)    --alpha-inter S (1e-5)
@@ -53,8 +57,8 @@ double number(const Args& a, const std::string& opt, double fallback) {
 
 int cmd_plan(const std::vector<std::string>& argv) {
   Args a(argv,
-         {"--config", "--world", "--set", "--out", "--timeline", "--flops", "--bw-intra", "--bw-inter",
-          "--alpha-intra", "--alpha-inter", "--launch", "--ranks-per-node", "--memory-gib"},
+         {"--config", "--world", "--set", "--out", "--timeline", "--hardware", "--flops", "--bw-intra",
+          "--bw-inter", "--alpha-intra", "--alpha-inter", "--launch", "--ranks-per-node", "--memory-gib"},
          {"--json", "--per-rank", "--help"});
   if (a.flag("--help")) {
     std::fputs(kHelp, stdout);
@@ -65,8 +69,11 @@ int cmd_plan(const std::vector<std::string>& argv) {
   if (!a.has("--world") || world < 1) throw ConfigError("--world", "give the number of ranks, e.g. --world 8");
 
   planner::PlanOptions opt;
+  std::string model_used;
+  opt.cost = planner::choose_cost_model(a.get_or("--hardware", ""), spec.train.dtype, &model_used);
   planner::CostModel& cm = opt.cost;
   cm.flops = number(a, "--flops", cm.flops);
+  if (a.has("--flops")) cm.flops_by_size.clear();  // one rate for every op, as asked
   cm.bw_intra = number(a, "--bw-intra", cm.bw_intra);
   cm.bw_inter = number(a, "--bw-inter", cm.bw_inter);
   cm.alpha_intra = number(a, "--alpha-intra", cm.alpha_intra);
@@ -74,6 +81,11 @@ int cmd_plan(const std::vector<std::string>& argv) {
   cm.launch = number(a, "--launch", cm.launch);
   cm.ranks_per_node = int(number(a, "--ranks-per-node", cm.ranks_per_node));
   cm.device_memory = int64_t(number(a, "--memory-gib", double(cm.device_memory) / double(1 << 30)) * double(1 << 30));
+  std::string overridden;
+  for (const char* f : {"--flops", "--bw-intra", "--bw-inter", "--alpha-intra", "--alpha-inter", "--launch",
+                        "--ranks-per-node", "--memory-gib"})
+    if (a.has(f)) overridden += std::string(overridden.empty() ? "" : ", ") + f;
+  if (!overridden.empty()) model_used += "; set by flags: " + overridden;
   opt.simulate = false;
 
   auto t0 = std::chrono::steady_clock::now();
@@ -107,7 +119,9 @@ int cmd_plan(const std::vector<std::string>& argv) {
   if (a.flag("--json")) {
     std::fputs(planner::plan_to_json(plan).c_str(), stdout);
     std::fputc('\n', stdout);
+    std::fprintf(stderr, "cost model: %s\n", model_used.c_str());
   } else {
+    std::printf("cost model: %s\n", model_used.c_str());
     planner::ReportOptions ro;
     ro.per_rank = a.flag("--per-rank");
     std::fputs(planner::plan_report(plan, mg.graph, ro).c_str(), stdout);

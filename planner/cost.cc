@@ -2,6 +2,7 @@
 #include "planner/cost.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace weft::planner {
 namespace {
@@ -58,8 +59,19 @@ double CostModel::p2p(int64_t bytes, bool cross_node, int world) const {
   return a + double(bytes) / (cross_node ? bw_inter : bw_intra) * sharing(world);
 }
 
+double CostModel::flop_rate(double flop) const {
+  const auto& c = flops_by_size;
+  if (c.empty()) return flops;
+  if (flop <= c.front().first) return c.front().second;
+  if (flop >= c.back().first) return c.back().second;
+  size_t i = 1;
+  while (c[i].first < flop) ++i;
+  const double t = std::log(flop / c[i - 1].first) / std::log(c[i].first / c[i - 1].first);
+  return c[i - 1].second + t * (c[i].second - c[i - 1].second);
+}
+
 double CostModel::compute(double flop, double bytes, int world) const {
-  return (op_overhead + std::max(flop / flops, bytes / mem_bw)) * sharing(world);
+  return (op_overhead + std::max(flop / flop_rate(flop), bytes / mem_bw)) * sharing(world);
 }
 
 int64_t wire_bytes(CollKind k, int n, int64_t bytes) {

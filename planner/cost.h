@@ -1,12 +1,15 @@
 // The analytic cost model: an op's work from its local shapes (FLOPs and bytes moved, time
 // = the larger of FLOPs / FLOP rate and bytes / memory bandwidth) and ring collectives
 // under an alpha-beta model with separate intra- and inter-node links. The defaults are a
-// rough H100 node; every number can be set (weft plan --flops, --bw-intra, ...).
+// rough H100 node; planner/hardware.h fills every field from a hardware description (the
+// h100 and h200 presets, a file, or this machine's calibration), and weft plan --flops,
+// --bw-intra, ... set single fields.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/graph/graph.h"
@@ -47,6 +50,12 @@ struct CostModel {
   // in a pipeline bubble leaves its core to the others), so predictions see the sharing
   // the schedule allows rather than world / cores.
   double active_ranks = 0;
+  // Measured sustained FLOP/s by the size of one op in FLOPs, ascending in FLOPs (weft
+  // calibrate: small GEMMs run far below a large one's rate on a CPU, so one rate cannot
+  // fit both a tiny model and a large one). Empty (the default): `flops` for every op.
+  // Read only by compute(): the layout search costs collectives and copies, never compute,
+  // so its memo (RvdCache) need not key on it.
+  std::vector<std::pair<double, double>> flops_by_size;
 
   // Ring algorithms: launch + all_reduce 2(n-1) steps moving 2(n-1)/n of `bytes`;
   // all_gather and reduce_scatter (n-1) steps moving (n-1)/n of the full buffer `bytes`;
@@ -59,6 +68,9 @@ struct CostModel {
     return (op_overhead + double(bytes) / mem_bw) * sharing(world);
   }
   double compute(double flop, double bytes, int world = 0) const;
+  // FLOP/s of one op of `flop` FLOPs: `flops`, or flops_by_size interpolated linearly in
+  // log(FLOPs) and clamped at its ends.
+  double flop_rate(double flop) const;
   // How many times slower a rank computes when `world` ranks share the node's cores: 1 with
   // cores = 0 or no more ranks on a node than cores.
   double sharing(int world) const;
