@@ -26,7 +26,10 @@ constexpr const char* kHelp = R"(usage: weft plan --config FILE.yaml --world N [
   --set a.b=value       override a key (repeatable), e.g. --set parallel.tp=4
   --json                print the plan as JSON instead of the report
   --out PLAN.json       also write the plan as JSON to this file
-  --timeline OUT.svg    draw every rank's schedule
+  --timeline OUT.svg    draw every rank's schedule, under a time axis
+  --timeline-zoom A:B   draw only the window from A to B ms after the step's start
+  --timeline-ranks L    ranks to draw, e.g. 0-7 or 0,4,8 (default: all up to 32, else the
+                        ranks of data-parallel replica 0); rows with many spans are aggregated
   --per-rank            one report line per rank even for large worlds
 cost model: --hardware h100|h200|FILE (configs/hardware/, docs/planner.md); without it, this
 machine's calibration (`weft calibrate`) when there is one, else a rough H100 node. The
@@ -53,12 +56,58 @@ double number(const Args& a, const std::string& opt, double fallback) {
   }
 }
 
+// "0-7", "0,4,8" or a mix: the ranks --timeline-ranks names.
+std::vector<int> rank_list(const std::string& text) {
+  std::vector<int> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    const size_t dash = item.find('-');
+    try {
+      size_t used = 0;
+      const int lo = std::stoi(item.substr(0, dash), &used);
+      if (used != (dash == std::string::npos ? item.size() : dash) || lo < 0) throw std::invalid_argument("");
+      int hi = lo;
+      if (dash != std::string::npos) {
+        hi = std::stoi(item.substr(dash + 1), &used);
+        if (used != item.size() - dash - 1 || hi < lo || hi - lo > (1 << 20)) throw std::invalid_argument("");
+      }
+      for (int r = lo; r <= hi; ++r) out.push_back(r);
+    } catch (const std::exception&) {
+      throw ConfigError("--timeline-ranks", "expected ranks like 0-7 or 0,4,8, got '" + text + "'");
+    }
+    at = comma + 1;
+  }
+  return out;
+}
+
+planner::TimelineOptions timeline_options(const Args& a) {
+  planner::TimelineOptions t;
+  if (a.has("--timeline-zoom")) {
+    const std::string z = a.get("--timeline-zoom");
+    const size_t colon = z.find(':');
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument("");
+      t.zoom_start_s = std::stod(z.substr(0, colon)) * 1e-3;
+      t.zoom_end_s = std::stod(z.substr(colon + 1)) * 1e-3;
+    } catch (const std::exception&) {
+      throw ConfigError("--timeline-zoom", "expected START:END in ms, e.g. 0:2.5, got '" + z + "'");
+    }
+    if (!(t.zoom_end_s > t.zoom_start_s) || t.zoom_start_s < 0)
+      throw ConfigError("--timeline-zoom", "expected 0 <= START < END (ms), got '" + z + "'");
+  }
+  if (a.has("--timeline-ranks")) t.ranks = rank_list(a.get("--timeline-ranks"));
+  return t;
+}
+
 }  // namespace
 
 int cmd_plan(const std::vector<std::string>& argv) {
   Args a(argv,
-         {"--config", "--world", "--set", "--out", "--timeline", "--hardware", "--flops", "--bw-intra",
-          "--bw-inter", "--alpha-intra", "--alpha-inter", "--launch", "--ranks-per-node", "--memory-gib"},
+         {"--config", "--world", "--set", "--out", "--timeline", "--timeline-zoom", "--timeline-ranks",
+          "--hardware", "--flops", "--bw-intra", "--bw-inter", "--alpha-intra", "--alpha-inter", "--launch",
+          "--ranks-per-node", "--memory-gib"},
          {"--json", "--per-rank", "--help"});
   if (a.flag("--help")) {
     std::fputs(kHelp, stdout);
@@ -67,6 +116,10 @@ int cmd_plan(const std::vector<std::string>& argv) {
   core::JobSpec spec = core::load_job_spec(a.required("--config"), a.all("--set"));
   int64_t world = a.get_int("--world", -1);
   if (!a.has("--world") || world < 1) throw ConfigError("--world", "give the number of ranks, e.g. --world 8");
+
+  for (const char* t : {"--timeline-zoom", "--timeline-ranks"})
+    if (a.has(t) && !a.has("--timeline")) throw ConfigError(t, "draws nothing without --timeline OUT.svg");
+  const planner::TimelineOptions timeline_opt = timeline_options(a);
 
   planner::PlanOptions opt;
   std::string model_used;
@@ -112,7 +165,7 @@ int cmd_plan(const std::vector<std::string>& argv) {
   if (a.has("--timeline")) {
     std::ofstream f(a.get("--timeline"));
     if (!f) throw IoError("cannot write " + a.get("--timeline"));
-    f << planner::timeline_svg(plan, timeline);
+    f << planner::timeline_svg(plan, timeline, timeline_opt);
   }
   size_t instrs = 0;
   for (const planner::Role& r : plan.roles) instrs += r.program.size();

@@ -2,10 +2,13 @@
 #include "planner/report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <set>
 #include <sstream>
+
+#include "base/error.h"
 
 namespace weft::planner {
 namespace {
@@ -195,42 +198,160 @@ std::string plan_report(const Plan& p, const core::Graph& g, const ReportOptions
   return os.str();
 }
 
-std::string timeline_svg(const Plan& p, const std::vector<std::vector<Span>>& tl) {
+namespace {
+
+const char* span_color(const Span& s) {
+  if (s.kind == InstrKind::kCollective) return "#f0a030";
+  if (s.kind == InstrKind::kRecv) return "#d0d0d0";
+  if (s.stage == Stage::kStep) return "#9060c0";
+  if (s.recompute) return "#a0e0a0";
+  return s.stage == Stage::kForward ? "#4080e0" : "#30a050";
+}
+
+// One drawn rectangle: [start, end) seconds, a colour, the spans it stands for.
+struct Bar {
+  double start = 0, end = 0;
+  const char* color = nullptr;
+  int mb = -1;    // the micro-batch of every span in it (a compute bar), else -1
+  int count = 1;  // spans merged into it
+};
+
+// A rank's spans inside [t0, t1), clipped, neighbours of one colour and micro-batch merged
+// (fewer elements, same picture).
+std::vector<Bar> exact_bars(const std::vector<Span>& spans, double t0, double t1) {
+  std::vector<Bar> out;
+  for (const Span& s : spans) {
+    if (s.end <= t0 || s.start >= t1) continue;
+    Bar b{std::max(s.start, t0), std::min(s.end, t1), span_color(s),
+          s.kind == InstrKind::kCompute ? s.mb : -1, 1};
+    if (!out.empty() && out.back().color == b.color && out.back().mb == b.mb && b.start - out.back().end < 1e-12) {
+      out.back().end = b.end;
+      ++out.back().count;
+    } else {
+      out.push_back(b);
+    }
+  }
+  return out;
+}
+
+// At most `bins` bars: each bin of the window takes the colour with most time in it; runs of
+// bins of one colour become one bar counting the spans that start in them.
+std::vector<Bar> aggregate(const std::vector<Bar>& bars, double t0, double t1, int bins) {
+  const double w = (t1 - t0) / bins;
+  std::vector<std::map<const char*, double>> time(static_cast<size_t>(bins));
+  std::vector<int> starts(size_t(bins), 0);
+  for (const Bar& b : bars) {
+    int i0 = std::clamp(int((b.start - t0) / w), 0, bins - 1), i1 = std::clamp(int((b.end - t0) / w), 0, bins - 1);
+    starts[size_t(i0)] += b.count;
+    for (int i = i0; i <= i1; ++i) {
+      const double lo = std::max(b.start, t0 + i * w), hi = std::min(b.end, t0 + (i + 1) * w);
+      if (hi > lo) time[size_t(i)][b.color] += hi - lo;
+    }
+  }
+  std::vector<Bar> out;
+  for (int i = 0; i < bins; ++i) {
+    const char* best = nullptr;
+    double most = 0;
+    for (const auto& [c, t] : time[size_t(i)])
+      if (t > most) most = t, best = c;
+    if (!best) continue;
+    if (!out.empty() && out.back().color == best && out.back().end >= t0 + i * w - 1e-15) {
+      out.back().end = t0 + (i + 1) * w;
+      out.back().count += starts[size_t(i)];
+    } else {
+      out.push_back({t0 + i * w, t0 + (i + 1) * w, best, -1, starts[size_t(i)]});
+    }
+  }
+  return out;
+}
+
+// A round tick step (1, 2 or 5 x 10^k seconds) giving 5-12 ticks over `span` seconds.
+double tick_step(double span) {
+  double step = std::pow(10.0, std::floor(std::log10(span / 10)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (span / (step * m) <= 12) return step * m;
+  return step * 10;
+}
+
+std::string time_label(double t, double unit, const char* name) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.6g %s", t / unit, name);
+  return b;
+}
+
+std::vector<int> default_ranks(const Plan& p, size_t rows, std::string& note) {
+  std::vector<int> out;
+  if (rows <= 32) {
+    for (size_t r = 0; r < rows; ++r) out.push_back(int(r));
+    return out;
+  }
+  for (const Role& r : p.roles) out.push_back(p.mesh.rank_of(r.stage, r.lane, 0));
+  std::sort(out.begin(), out.end());
+  const size_t replica = out.size();
+  if (out.size() > 64) out.resize(64);
+  note = "; ranks of data-parallel replica 0 (" + std::to_string(out.size()) +
+         (out.size() < replica ? " of its " + std::to_string(replica) : std::string()) + " of " +
+         std::to_string(rows) + "; the other replicas run the same programs; --timeline-ranks to choose)";
+  return out;
+}
+
+}  // namespace
+
+std::string timeline_svg(const Plan& p, const std::vector<std::vector<Span>>& tl, const TimelineOptions& opt) {
   double end = 0;
   for (const auto& r : tl)
     for (const Span& s : r) end = std::max(end, s.end);
-  const double W = 1400, left = 70, row = tl.size() > 128 ? 6 : 16;
-  const double H = 40 + row * double(tl.size());
+  const bool zoom = opt.zoom_end_s > opt.zoom_start_s;
+  const double t0 = zoom ? opt.zoom_start_s : 0, t1 = zoom ? opt.zoom_end_s : std::max(end, 1e-9);
+  std::string note;
+  std::vector<int> ranks = opt.ranks.empty() ? default_ranks(p, tl.size(), note) : opt.ranks;
+  for (int r : ranks)
+    if (r < 0 || size_t(r) >= tl.size())
+      throw ConfigError("--timeline-ranks", "rank " + std::to_string(r) + " is not in the world of " +
+                                                std::to_string(tl.size()));
+  if (!opt.ranks.empty()) note = "; " + std::to_string(ranks.size()) + " of " + std::to_string(tl.size()) + " ranks";
+
+  const double W = 1400, left = 70, top = 36, row = ranks.size() > 128 ? 6 : 16;
+  const double H = top + row * double(ranks.size());
+  const double scale = (W - left) / (t1 - t0);
+  // Ticks: seconds from 10 s up, ms from 1 ms, us below.
+  const double step = tick_step(t1 - t0);
+  const double unit = t1 - t0 >= 10 ? 1 : t1 - t0 >= 1e-3 ? 1e-3 : 1e-6;
+  const char* unit_name = unit == 1 ? "s" : unit == 1e-3 ? "ms" : "us";
   std::ostringstream os;
-  os << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W + 20 << "' height='" << H + 30
+  os << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W + 20 << "' height='" << H + 40
      << "' font-family='monospace' font-size='10'>\n";
-  os << "<text x='5' y='14'>weft plan: world " << p.world() << ", step " << ms(end)
-     << " ms; blue forward, green backward, light recompute, purple optimizer, orange collective, grey waiting</text>\n";
-  auto color = [](const Span& s) -> const char* {
-    if (s.kind == InstrKind::kCollective) return "#f0a030";
-    if (s.kind == InstrKind::kRecv) return "#d0d0d0";
-    if (s.stage == Stage::kStep) return "#9060c0";
-    if (s.recompute) return "#a0e0a0";
-    return s.stage == Stage::kForward ? "#4080e0" : "#30a050";
-  };
-  double scale = end > 0 ? (W - left) / end : 0;
-  for (size_t r = 0; r < tl.size(); ++r) {
-    double y = 24 + row * double(r);
-    if (row >= 10) os << "<text x='2' y='" << y + row - 4 << "'>rank " << r << "</text>\n";
-    // Merge neighbouring spans of one colour and micro-batch: fewer elements, same picture.
-    const std::vector<Span>& spans = tl[r];
-    for (size_t i = 0; i < spans.size();) {
-      size_t j = i;
-      while (j + 1 < spans.size() && color(spans[j + 1]) == color(spans[i]) && spans[j + 1].mb == spans[i].mb &&
-             spans[j + 1].start - spans[j].end < 1e-12)
-        ++j;
-      double x0 = left + spans[i].start * scale, x1 = left + spans[j].end * scale;
+  os << "<text x='5' y='14'>weft plan: world " << p.world() << ", step " << ms(end) << " ms";
+  if (zoom) os << ", window " << ms(t0) << "-" << ms(t1) << " ms";
+  os << note << "</text>\n";
+  os << "<text x='5' y='27'>blue forward, green backward, light recompute, purple optimizer, orange collective, "
+        "grey waiting; a bar labelled xN merges N spans (--timeline-zoom START:END ms for detail)</text>\n";
+  for (double t = std::ceil(t0 / step - 1e-9) * step; t <= t1 + 1e-12 * (t1 - t0); t += step) {
+    const double x = left + (t - t0) * scale;
+    os << "<line x1='" << fmt("%.2f", x) << "' y1='" << top - 2 << "' x2='" << fmt("%.2f", x) << "' y2='" << H + 4
+       << "' stroke='#e8e8e8'/>\n";
+    os << "<text class='tick' x='" << fmt("%.2f", x) << "' y='" << H + 16 << "' text-anchor='middle'>"
+       << time_label(t, unit, unit_name) << "</text>\n";
+  }
+  os << "<line x1='" << left << "' y1='" << H + 4 << "' x2='" << W << "' y2='" << H + 4 << "' stroke='black'/>\n";
+  os << "<text x='" << W / 2 << "' y='" << H + 30 << "' text-anchor='middle'>time (" << unit_name
+     << ") from the step's start</text>\n";
+  for (size_t k = 0; k < ranks.size(); ++k) {
+    const double y = top + row * double(k);
+    if (row >= 10) os << "<text x='2' y='" << y + row - 4 << "'>rank " << ranks[k] << "</text>\n";
+    std::vector<Bar> bars = exact_bars(tl[size_t(ranks[k])], t0, t1);
+    const bool merged = int(bars.size()) > opt.max_bars;
+    if (merged) bars = aggregate(bars, t0, t1, std::max(1, opt.max_bars));
+    for (const Bar& b : bars) {
+      const double x0 = left + (b.start - t0) * scale, x1 = left + (b.end - t0) * scale;
       os << "<rect x='" << fmt("%.2f", x0) << "' y='" << y << "' width='" << fmt("%.2f", std::max(0.3, x1 - x0))
-         << "' height='" << row - 2 << "' fill='" << color(spans[i]) << "'/>\n";
-      if (row >= 10 && x1 - x0 > 14 && spans[i].mb >= 0 && spans[i].kind == InstrKind::kCompute)
-        os << "<text x='" << fmt("%.1f", x0 + 2) << "' y='" << y + row - 5 << "' fill='white'>" << spans[i].mb
-           << "</text>\n";
-      i = j + 1;
+         << "' height='" << row - 2 << "' fill='" << b.color << "'/>\n";
+      if (row < 10) continue;
+      // Exact bars name their micro-batch; aggregated ones how many spans they merge.
+      const std::string label = merged ? (b.count > 1 ? "x" + std::to_string(b.count) : "")
+                                       : b.mb >= 0 ? std::to_string(b.mb) : "";
+      if (!label.empty() && x1 - x0 > 6.5 * double(label.size()) + 4)
+        os << "<text x='" << fmt("%.1f", x0 + 2) << "' y='" << y + row - 5 << "' fill='white'>" << label << "</text>\n";
     }
   }
   os << "</svg>\n";
