@@ -14,6 +14,8 @@ int cmd_data(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_store(const std::vector<std::string>& args);
 int cmd_plan(const std::vector<std::string>& args);
+// Measures this machine for the cost model and writes its cache (launch/calibration.h).
+int cmd_calibrate(const std::vector<std::string>& args);
 int cmd_ckpt(const std::vector<std::string>& args);
 int cmd_run(const std::vector<std::string>& args);
 int cmd_snapshot(const std::vector<std::string>& args);

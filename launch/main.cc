@@ -32,6 +32,7 @@ const std::map<std::string, Command>& command_table() {
       {"ckpt", {weft::launch::cmd_ckpt, "checkpoints: `weft ckpt export DIR out.safetensors`, `import`, `verify`"}},
       {"snapshot", {weft::launch::cmd_snapshot, "in-memory snapshots on this node: `weft snapshot ls|verify|clean [--job ID]`"}},
       {"plan", {weft::launch::cmd_plan, "plan, validate and simulate a parallel layout: `weft plan --config X.yaml --world N`"}},
+      {"calibrate", {weft::launch::cmd_calibrate, "measure this machine for the planner's cost model (cached; used by weft plan and weft bench scaling)"}},
   };
   return table;
 }

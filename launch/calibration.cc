@@ -1,0 +1,379 @@
+// The measurements behind `weft calibrate` and how they become a hardware description: GEMM
+// rates by size, memcpy, the Gloo probe's latency and bandwidth fits, the executor's cost
+// per instruction. Moved here from `weft bench scaling`, which calibrated in every run and
+// then threw the model away.
+#include "launch/calibration.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "base/check.h"
+#include "base/config.h"
+#include "base/error.h"
+#include "comm/communicator.h"
+#include "comm/registry.h"
+#include "core/cpu/kernels.h"
+#include "core/exec/trainer.h"
+#include "core/tensor.h"
+#include "parallel/launch_env.h"
+#include "parallel/trainer.h"
+#include "planner/planner.h"
+#include "planner/simulate.h"
+
+namespace weft::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  size_t k = v.size() / 2;
+  return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
+}
+
+// Single-thread SGEMM rate (y = a b^T, the linear layers' forward), FLOP/s.
+double gemm_flops(int64_t M, int64_t N, int64_t K) {
+  std::vector<float> a(size_t(M * K), 0.5f), b(size_t(K * N), 0.25f), c(size_t(M * N));
+  auto once = [&] {
+    core::cpu::gemm<float>(false, true, M, N, K, 1.f, a.data(), K, b.data(), K, 0.f, c.data(), N);
+  };
+  once();
+  int iters = 0;
+  auto t0 = Clock::now();
+  while (iters < 3 || since(t0) < 0.1) once(), ++iters;
+  return 2.0 * double(M * N * K) * iters / since(t0);
+}
+
+// Bytes moved per second by memcpy of 32 MiB (read + write).
+double memcpy_bw() {
+  std::vector<char> a(size_t(32) << 20, 1), b(a.size());
+  std::memcpy(b.data(), a.data(), a.size());
+  auto t0 = Clock::now();
+  for (int i = 0; i < 4; ++i) std::memcpy(b.data(), a.data(), a.size());
+  return 2.0 * 4 * double(a.size()) / since(t0);
+}
+
+// Bytes moved per second by the element-wise add kernel on 8 MiB operands (two reads, one
+// write): a memory-bound op, beside memcpy.
+double add_bw() {
+  const int64_t n = int64_t(2) << 20;
+  std::vector<float> a(static_cast<size_t>(n), 1.f), b(a.size(), 2.f), y(a.size());
+  core::cpu::add<float>(a.data(), b.data(), y.data(), n);
+  auto t0 = Clock::now();
+  for (int i = 0; i < 8; ++i) core::cpu::add<float>(a.data(), b.data(), y.data(), n);
+  return 3.0 * 8 * double(n) * sizeof(float) / since(t0);
+}
+
+// Seconds of one call of `op` on every rank: the mean over iterations of each rank's time
+// (a step pays the sum over its calls, and a call's time is bimodal on a busy machine: a
+// wake-up that waits for a scheduler tick or not), then the slowest rank's mean. `filler`
+// (may be empty) runs before each call, untimed: with it, the call is timed while the other
+// processes of the machine compute, as in a step.
+double probe_time(comm::Communicator& world, int iters, const std::function<void()>& filler,
+                  const std::function<void()>& op, bool barrier) {
+  std::vector<double> v;
+  for (int i = 0; i < iters + 3; ++i) {
+    if (barrier) world.barrier().wait();
+    if (filler) filler();
+    auto t0 = Clock::now();
+    op();
+    if (i >= 3) v.push_back(since(t0));
+  }
+  double mean = 0;
+  for (double x : v) mean += x / double(v.size());
+  core::Tensor m = core::Tensor::from_vector<double>({1}, {mean});
+  comm::AllReduceOptions o;
+  o.op = comm::ReduceOp::kMax;
+  world.all_reduce(m, o).wait();
+  return m.data<double>()[0];
+}
+
+double physical_gib() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), size = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && size > 0 ? double(pages) * double(size) / double(int64_t(1) << 30) : 0;
+}
+
+std::string utc_now() {
+  std::time_t t = std::time(nullptr);
+  char b[32];
+  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return b;
+}
+
+// The GEMM shapes measured (tokens x out x in): from the layout models' MLP (64 x 128 x 32)
+// to config S's (2048 x 1024 x 256), so that tiny and large models both find their rate.
+constexpr int64_t kGemmShapes[][3] = {{64, 128, 32},    {64, 32, 128},     {128, 256, 64},
+                                      {256, 512, 128},  {512, 1024, 256},  {2048, 1024, 256}};
+
+// The per-instruction cost of the plan executor: a small model's measured world-1 step
+// through the executor, less the simulated step at the measured rates, per compute and local
+// instruction. 0 (and said so) when the rates alone already overshoot.
+double fit_op_overhead(planner::Hardware& hw, const CalibrationOptions& opt) {
+  core::JobSpec spec = core::load_job_spec(std::string(WEFT_SOURCE_DIR) + "/configs/gpt-layout.yaml",
+                                           {"parallel.dp=1", "train.threads=1", "train.warmup_steps=1"});
+  planner::PlanOptions po;
+  po.cost = hw.cost_model(spec.train.dtype);
+  po.cost.op_overhead = 0;
+  po.simulate = false;
+  core::ModelGraph mg = planner::build_planning_graph(spec);
+  planner::Plan plan = planner::make_plan(spec, mg.graph, 1, po);
+  const double raw_ms = planner::simulate_plan(plan, mg.graph, po.cost).step_s * 1e3;
+  int64_t ops = 0;
+  for (const planner::Instr& in : plan.roles.at(0).program)
+    ops += in.kind == planner::InstrKind::kCompute || in.kind == planner::InstrKind::kLocal;
+  auto t0 = Clock::now();
+  const double measured_ms = world1_step_ms(spec, true, 12);
+  hw.measurements.push_back({"executor_gpt_layout_step_s", measured_ms * 1e-3});
+  hw.measurements.push_back({"executor_gpt_layout_instructions", double(ops)});
+  const double per_op = std::max(0.0, (measured_ms - raw_ms) * 1e-3 / double(std::max<int64_t>(1, ops)));
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "executor: configs/gpt-layout.yaml world-1 step %.2f ms measured, %.2f ms simulated at the "
+                "measured rates, %lld instructions -> op_overhead %.2f us%s (%.1f s)",
+                measured_ms, raw_ms, (long long)ops, per_op * 1e6,
+                measured_ms < raw_ms ? " (the rates alone overshoot)" : "", since(t0));
+  if (opt.progress) opt.progress(line);
+  return per_op;
+}
+
+// The collective terms from the probes (as `weft bench scaling` fitted them): one message
+// step = a one-way 4 B send; launch = the rest of a 4 B all-reduce of 2 computing processes
+// beyond its 2 steps; bandwidth = the slope between the idle 4 B and 1 MiB all-reduces; with
+// more processes than cores, launch_oversub = the median excess of the busy calls.
+void fit_collectives(const std::map<int, std::map<std::string, double>>& pr, planner::Hardware& hw) {
+  auto got = [&](int n, const char* k) {
+    auto w = pr.find(n);
+    if (w == pr.end()) return std::nan("");
+    auto it = w->second.find(k);
+    return it == w->second.end() ? std::nan("") : it->second;
+  };
+  const double p2p2 = got(2, "p2p_4B"), ar2 = got(2, "ar_pair_4B_busy"), big2 = got(2, "ar_world_1MiB");
+  if (!(std::isfinite(p2p2) && std::isfinite(ar2) && std::isfinite(big2) && ar2 > 0))
+    throw Error("weft calibrate: the communication probe at 2 processes gave no all-reduce and send times");
+  hw.intra.latency = std::min(p2p2, 0.5 * ar2);  // no slower than half the 2-step all-reduce
+  hw.launch = std::max(0.0, ar2 - 2 * hw.intra.latency);
+  const double small2 = got(2, "ar_world_4B");
+  hw.intra.bw = double(1 << 20) / std::max(1e-5, big2 - (std::isfinite(small2) ? small2 : 0));
+  std::vector<double> est;
+  for (const auto& [n, m] : pr) {
+    if (n <= hw.cores || m.empty()) continue;
+    const double a = got(n, "ar_pair_4B_busy"), w = got(n, "ar_world_4B_busy"), p = got(n, "p2p_4B_busy");
+    if (std::isfinite(a)) est.push_back(a - hw.launch - 2 * hw.intra.latency);
+    if (std::isfinite(w)) est.push_back(w - hw.launch - 2.0 * (n - 1) * hw.intra.latency);
+    if (std::isfinite(p)) est.push_back(p - hw.intra.latency);
+  }
+  hw.launch_oversub = est.empty() ? 0 : std::max(0.0, median(est));
+  // One machine: no link to another node was measured; cross-node terms repeat the local ones.
+  hw.inter = hw.intra;
+}
+
+}  // namespace
+
+std::string self_exe() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+int probe_worker(const std::string& path) {
+  parallel::LaunchEnv env = parallel::detect_launch_env();
+  parallel::WorkerWorld w(env, comm::Millis(120'000));
+  comm::Communicator& c = w.comm();
+  core::cpu::set_num_threads(1);
+  const int n = c.size(), me = c.rank();
+  WEFT_CHECK(n >= 2 && n % 2 == 0, "weft calibrate probe: an even world of 2 or more");
+  std::unique_ptr<comm::Communicator> pair_owner = n > 2 ? c.split(me / 2, me % 2) : nullptr;
+  comm::Communicator& pair = pair_owner ? *pair_owner : c;
+  // The filler: the layout models' GEMM (64 x 128 x 32), ten times (~0.1-0.2 ms).
+  std::vector<float> a(64 * 32, 0.5f), b(128 * 32, 0.25f), y(64 * 128);
+  auto filler = [&] {
+    for (int k = 0; k < 10; ++k)
+      core::cpu::gemm<float>(false, true, 64, 128, 32, 1.f, a.data(), 32, b.data(), 32, 0.f, y.data(), 128);
+  };
+  core::Tensor small = core::Tensor::zeros({1}, core::DType::kF32);
+  core::Tensor big = core::Tensor::zeros({int64_t(1) << 18}, core::DType::kF32);  // 1 MiB
+  core::Tensor shard = core::Tensor::zeros({(int64_t(1) << 18) / n}, core::DType::kF32);
+  auto ar = [](comm::Communicator& g, core::Tensor& t) { return [&g, &t] { g.all_reduce(t).wait(); }; };
+  // Ping-pong within the pair: even members send first; one-way time = round trip / 2.
+  auto pingpong = [&](core::Tensor& t) {
+    return [&pair, &t] {
+      int peer = 1 - pair.rank();
+      if (pair.rank() == 0) {
+        pair.send(t, peer).wait();
+        pair.recv(t, peer).wait();
+      } else {
+        pair.recv(t, peer).wait();
+        pair.send(t, peer).wait();
+      }
+    };
+  };
+  std::vector<std::pair<std::string, double>> out;
+  out.push_back({"ar_world_4B", probe_time(c, 60, nullptr, ar(c, small), true)});
+  out.push_back({"ar_world_1MiB", probe_time(c, 8, nullptr, ar(c, big), true)});
+  // The other collectives on the same 1 MiB (for the record: the model prices them by ring steps).
+  out.push_back({"ag_world_1MiB", probe_time(c, 8, nullptr, [&] { c.all_gather(big, shard).wait(); }, true)});
+  out.push_back({"rs_world_1MiB", probe_time(c, 8, nullptr, [&] { c.reduce_scatter(shard, big).wait(); }, true)});
+  out.push_back({"ar_pair_4B", probe_time(c, 60, nullptr, ar(pair, small), true)});
+  out.push_back({"ar_world_4B_busy", probe_time(c, 60, filler, ar(c, small), false)});
+  out.push_back({"ar_pair_4B_busy", probe_time(c, 60, filler, ar(pair, small), false)});
+  out.push_back({"p2p_4B", probe_time(c, 60, nullptr, pingpong(small), true) / 2});
+  out.push_back({"p2p_1MiB", probe_time(c, 8, nullptr, pingpong(big), true) / 2});
+  out.push_back({"p2p_4B_busy", probe_time(c, 60, filler, pingpong(small), false) / 2});
+  auto t0 = Clock::now();
+  for (int i = 0; i < 20; ++i) filler();
+  out.push_back({"filler", since(t0) / 20});
+  c.barrier().wait();
+  if (me == 0) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (!f) throw IoError("weft calibrate probe: cannot write " + path);
+    for (const auto& [k, v] : out) std::fprintf(f, "%s %.9g\n", k.c_str(), v);
+    std::fclose(f);
+  }
+  return 0;
+}
+
+std::map<std::string, double> probe_collectives(int n) {
+  std::map<std::string, double> out;
+  char tmpl[] = "/tmp/weft-probe-XXXXXX";
+  if (!::mkdtemp(tmpl)) return out;
+  const std::string dir = tmpl;
+  std::string cmd = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + shell_quote(self_exe()) +
+                    " run --standalone --nproc-per-node " + std::to_string(n) + " -- weft calibrate --probe " +
+                    shell_quote(dir + "/out") + " >" + shell_quote(dir + "/log") + " 2>&1";
+  if (std::system(cmd.c_str()) != 0) {
+    std::fprintf(stderr, "communication probe on %d processes failed; log in %s/log\n", n, dir.c_str());
+    return out;
+  }
+  if (FILE* f = std::fopen((dir + "/out").c_str(), "r")) {
+    char name[64];
+    double v;
+    while (std::fscanf(f, "%63s %lf", name, &v) == 2) out[name] = v;
+    std::fclose(f);
+  }
+  std::filesystem::remove_all(dir);
+  return out;
+}
+
+double world1_step_ms(const core::JobSpec& spec, bool multi_rank, int steps) {
+  core::cpu::set_num_threads(1);
+  core::BatchFn batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
+    for (int64_t i = 0; i < n * spec.model.seq_len; ++i) {
+      x[i] = int32_t((s * 131 + b0 * 17 + i * 7) % 256);
+      y[i] = int32_t((s * 131 + b0 * 17 + i * 7 + 1) % 256);
+    }
+  };
+  std::vector<double> ms;
+  auto run = [&](auto& trainer) {
+    for (int i = 0; i <= steps; ++i) {
+      auto t0 = Clock::now();
+      trainer.step(batch);
+      if (i > 0) ms.push_back(since(t0) * 1e3);
+    }
+  };
+  if (multi_rank) {
+    comm::CommOptions o;
+    o.rank = 0, o.size = 1;
+    auto c = comm::make_communicator(comm::BackendKind::kLoopback, o);
+    parallel::ParallelTrainer t(spec, *c);
+    run(t);
+  } else {
+    core::Trainer t(spec);
+    run(t);
+  }
+  return median(ms);
+}
+
+planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
+  auto say = [&](const std::string& s) {
+    if (opt.progress) opt.progress(s);
+  };
+  char line[256];
+  planner::Hardware hw;
+  hw.name = "calibrated";
+  hw.machine = planner::this_machine();
+  hw.calibrated_at = utc_now();
+  hw.cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  // Every rank of a local run shares this machine: one node, whatever the world.
+  hw.ranks_per_node = 1 << 20;
+  hw.memory_gib = physical_gib();
+  core::cpu::set_num_threads(1);
+
+  auto t0 = Clock::now();
+  hw.memory_bw = memcpy_bw();
+  const double add = add_bw();
+  hw.measurements.push_back({"memcpy_bytes_per_s", hw.memory_bw});
+  hw.measurements.push_back({"add_bytes_per_s", add});
+  std::snprintf(line, sizeof line, "memory: memcpy %.2f GB/s -> memory.bw; add kernel %.2f GB/s (%.1f s)",
+                hw.memory_bw / 1e9, add / 1e9, since(t0));
+  say(line);
+
+  for (const auto& s : kGemmShapes) {
+    t0 = Clock::now();
+    const double rate = gemm_flops(s[0], s[1], s[2]);
+    const double flop = 2.0 * double(s[0] * s[1] * s[2]);
+    hw.measurements.push_back({"gemm_" + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" +
+                                   std::to_string(s[2]) + "_flops",
+                               rate});
+    // Two shapes of equal FLOPs: the curve keeps their mean.
+    auto same = std::find_if(hw.flops_by_size.begin(), hw.flops_by_size.end(),
+                             [&](const auto& p) { return p.first == flop; });
+    if (same != hw.flops_by_size.end())
+      same->second = 0.5 * (same->second + rate);
+    else
+      hw.flops_by_size.push_back({flop, rate});
+    std::snprintf(line, sizeof line, "gemm %lldx%lldx%lld (%.3g FLOPs): %.2f GFLOP/s (%.1f s)", (long long)s[0],
+                  (long long)s[1], (long long)s[2], flop, rate / 1e9, since(t0));
+    say(line);
+  }
+  std::sort(hw.flops_by_size.begin(), hw.flops_by_size.end());
+  double best = 0;
+  for (const auto& p : hw.flops_by_size) best = std::max(best, p.second);
+  // One rate for a model without the curve (bf16 jobs: the CPU kernels were not measured in
+  // bf16): the best measured.
+  hw.flops_f32 = hw.flops_bf16 = best;
+
+  std::map<int, std::map<std::string, double>> pr;
+  for (int n : opt.probe_worlds) {
+    t0 = Clock::now();
+    // A shared machine delays a wake-up now and then: the median of a few probes.
+    std::map<std::string, std::vector<double>> runs;
+    for (int rep = 0; rep < opt.probe_repeats; ++rep) {
+      std::map<std::string, double> one = probe_collectives(n);
+      if (one.empty())
+        throw Error("weft calibrate: the Gloo probe on " + std::to_string(n) + " processes failed (log named above)");
+      for (const auto& [k, v] : one) runs[k].push_back(v);
+    }
+    for (const auto& [k, v] : runs) pr[n][k] = median(v);
+    std::string s = "gloo, " + std::to_string(n) + " processes (median of " + std::to_string(opt.probe_repeats) + "):";
+    for (const auto& [k, v] : pr[n]) {
+      hw.measurements.push_back({"gloo_n" + std::to_string(n) + "_" + k + "_s", v});
+      std::snprintf(line, sizeof line, " %s %.0fus", k.c_str(), v * 1e6);
+      s += line;
+    }
+    std::snprintf(line, sizeof line, " (%.1f s)", since(t0));
+    say(s + line);
+  }
+  fit_collectives(pr, hw);
+  std::snprintf(line, sizeof line,
+                "-> launch %.0f us, latency %.0f us, bw %.2f GB/s, launch_oversub %.0f us (%d cores)",
+                hw.launch * 1e6, hw.intra.latency * 1e6, hw.intra.bw / 1e9, hw.launch_oversub * 1e6, hw.cores);
+  say(line);
+  hw.op_overhead = fit_op_overhead(hw, opt);
+  return hw;
+}
+
+}  // namespace weft::launch
