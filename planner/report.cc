@@ -275,7 +275,7 @@ double tick_step(double span) {
 
 std::string time_label(double t, double unit, const char* name) {
   char b[32];
-  std::snprintf(b, sizeof b, "%.6g %s", t / unit, name);
+  std::snprintf(b, sizeof b, "%.6g %s", t / unit + 0.0, name);  // + 0.0: never "-0"
   return b;
 }
 

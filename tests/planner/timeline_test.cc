@@ -67,7 +67,10 @@ TEST(Timeline, HasALabelledTimeAxis) {
   ASSERT_LE(t.size(), 14u);
   std::smatch m;
   const std::regex label("([0-9.e+-]+) (us|ms|s)");
-  for (const std::string& l : t) EXPECT_TRUE(std::regex_match(l, m, label)) << l;
+  for (const std::string& l : t) {
+    EXPECT_TRUE(std::regex_match(l, m, label)) << l;
+    EXPECT_NE(l[0], '-') << l;  // the first tick is "0", not "-0"
+  }
   EXPECT_EQ(std::stod(t[0]), 0.0);  // the axis starts at the step's start
   // Evenly spaced round values.
   const double step = std::stod(t[1]) - std::stod(t[0]);
