@@ -43,11 +43,15 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
 }
 
-// Single-thread SGEMM rate (y = a b^T, the linear layers' forward), FLOP/s.
-double gemm_flops(int64_t M, int64_t N, int64_t K) {
+// Single-thread SGEMM rate of one M x N x K product, FLOP/s, in the form a linear layer runs
+// it: forward y = x w^T (trans_b), input gradient dx = dy w (plain), weight gradient
+// dw = dy^T x (trans_a).
+enum class GemmForm { kForward, kInputGrad, kWeightGrad };
+double gemm_flops(int64_t M, int64_t N, int64_t K, GemmForm form = GemmForm::kForward) {
   std::vector<float> a(size_t(M * K), 0.5f), b(size_t(K * N), 0.25f), c(size_t(M * N));
+  const bool ta = form == GemmForm::kWeightGrad, tb = form == GemmForm::kForward;
   auto once = [&] {
-    core::cpu::gemm<float>(false, true, M, N, K, 1.f, a.data(), K, b.data(), K, 0.f, c.data(), N);
+    core::cpu::gemm<float>(ta, tb, M, N, K, 1.f, a.data(), ta ? M : K, b.data(), tb ? K : N, 0.f, c.data(), N);
   };
   once();
   int iters = 0;
@@ -327,7 +331,11 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
 
   for (const auto& s : kGemmShapes) {
     t0 = Clock::now();
-    const double rate = gemm_flops(s[0], s[1], s[2]);
+    // The three forms a linear layer runs (forward, input and weight gradient): their time
+    // average, the rate of a training step's GEMMs of this size.
+    const double rate = 3.0 / (1.0 / gemm_flops(s[0], s[1], s[2], GemmForm::kForward) +
+                               1.0 / gemm_flops(s[0], s[1], s[2], GemmForm::kInputGrad) +
+                               1.0 / gemm_flops(s[0], s[1], s[2], GemmForm::kWeightGrad));
     const double flop = 2.0 * double(s[0] * s[1] * s[2]);
     hw.measurements.push_back({"gemm_" + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" +
                                    std::to_string(s[2]) + "_flops",
@@ -339,7 +347,7 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
       same->second = 0.5 * (same->second + rate);
     else
       hw.flops_by_size.push_back({flop, rate});
-    std::snprintf(line, sizeof line, "gemm %lldx%lldx%lld (%.3g FLOPs): %.2f GFLOP/s (%.1f s)", (long long)s[0],
+    std::snprintf(line, sizeof line, "gemm %lldx%lldx%lld (%.3g FLOPs), forward and both gradients: %.2f GFLOP/s (%.1f s)", (long long)s[0],
                   (long long)s[1], (long long)s[2], flop, rate / 1e9, since(t0));
     say(line);
   }
