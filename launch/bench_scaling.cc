@@ -95,8 +95,8 @@ void measure(Row& r, const Family& f, int steps) {
   char tmpl[] = "/tmp/weft-scaling-XXXXXX";
   if (!::mkdtemp(tmpl)) throw IoError("weft bench scaling: cannot create a temporary folder");
   const std::string dir = tmpl;
-  // WEFT_PLAN_EXECUTOR: world 1 runs the plan executor too, so that the calibration point
-  // pays the per-instruction costs the layouts pay.
+  // WEFT_PLAN_EXECUTOR: world 1 runs the plan executor too, so that the world-1 rows pay
+  // the per-instruction costs the layouts pay (and weft calibrate's op_overhead measures).
   std::string cmd = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 WEFT_PLAN_EXECUTOR=1 " + shell_quote(self_exe()) +
                     " run --standalone --nproc-per-node " + std::to_string(r.world) +
                     " -- weft train --config " + shell_quote(f.config);

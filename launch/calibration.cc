@@ -319,6 +319,21 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
   hw.ranks_per_node = 1 << 20;
   hw.memory_gib = physical_gib();
   core::cpu::set_num_threads(1);
+  // Other processes' work lands in every number below (a Gloo wake-up waits for a core):
+  // say so, and keep the load with the measurements.
+  double load = 0;
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load) != 1) load = 0;
+    std::fclose(f);
+  }
+  hw.measurements.push_back({"load_average_1min", load});
+  if (load > 0.5 * hw.cores) {
+    std::snprintf(line, sizeof line,
+                  "warning: this machine is busy (load average %.1f on %d cores): other processes' work "
+                  "inflates what follows, the Gloo times most; calibrate again when it is quiet",
+                  load, hw.cores);
+    say(line);
+  }
 
   auto t0 = Clock::now();
   hw.memory_bw = memcpy_bw();
