@@ -51,7 +51,7 @@ struct CostModel {
   // the schedule allows rather than world / cores.
   double active_ranks = 0;
   // Measured sustained FLOP/s by the size of one op in FLOPs, ascending in FLOPs (weft
-  // calibrate: small GEMMs run far below a large one's rate on a CPU, so one rate cannot
+  // calibrate: small GEMMs run well below a large one's rate on a CPU, so one rate cannot
   // fit both a tiny model and a large one). Empty (the default): `flops` for every op.
   // Read only by compute(): the layout search costs collectives and copies, never compute,
   // so its memo (RvdCache) need not key on it.
