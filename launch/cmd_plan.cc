@@ -163,9 +163,10 @@ int cmd_plan(const std::vector<std::string>& argv) {
 
   if (a.has("--out")) planner::write_plan_file(plan, a.get("--out"));
   if (a.has("--timeline")) {
+    const std::string svg = planner::timeline_svg(plan, timeline, timeline_opt);  // may refuse the ranks
     std::ofstream f(a.get("--timeline"));
     if (!f) throw IoError("cannot write " + a.get("--timeline"));
-    f << planner::timeline_svg(plan, timeline, timeline_opt);
+    f << svg;
   }
   size_t instrs = 0;
   for (const planner::Role& r : plan.roles) instrs += r.program.size();

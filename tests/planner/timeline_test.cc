@@ -3,12 +3,16 @@
 // on the ranks drawn.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
+#include <sstream>
 
 #include "planner/report.h"
 #include "planner/simulate.h"
 #include "tests/planner/util.h"
+#include "tests/support/run_weft.h"
 
 namespace weft::planner {
 namespace {
@@ -149,6 +153,30 @@ TEST(Timeline, LargeWorldsDrawOneReplicaOrTheRanksAsked) {
   EXPECT_NE(svg.find("3 of 64 ranks"), std::string::npos);
   o.ranks = {64};
   EXPECT_EQ(test_util::config_error([&] { timeline_svg(d.plan, d.spans, o); }).field(), "--timeline-ranks");
+}
+
+TEST(Timeline, PlanFlagsZoomAndRefuseBadRanks) {
+  const std::string svg = ::testing::TempDir() + "/weft_timeline_flags.svg";
+  const std::string base = "plan --config " + std::string(WEFT_SOURCE_DIR) +
+                           "/configs/gpt-layout.yaml --world 2 --set parallel.dp=1 --set parallel.pp=2 "
+                           "--hardware h100 --timeline " + svg;
+  std::filesystem::remove(svg);
+  test::CommandResult r = test::run_weft(base + " --timeline-zoom 0:0.01 --timeline-ranks 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream f(svg);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_NE(ss.str().find("window 0.000-0.010 ms"), std::string::npos) << ss.str().substr(0, 400);
+  EXPECT_FALSE(ticks(ss.str()).empty());
+  EXPECT_EQ(per_row(rects(ss.str())).size(), 1u);  // rank 1 only
+  std::filesystem::remove(svg);
+  r = test::run_weft(base + " --timeline-ranks 0-9");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--timeline-ranks"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(svg)) << "a refused timeline writes no file";
+  r = test::run_weft(base + " --timeline-zoom 3:1");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--timeline-zoom"), std::string::npos) << r.out;
 }
 
 }  // namespace
