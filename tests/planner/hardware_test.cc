@@ -230,5 +230,31 @@ TEST(Hardware, PlanNamesTheModelAndRefusesAnUnknownOne) {
   EXPECT_NE(r.out.find("hardware.pcie"), std::string::npos) << r.out;
 }
 
+// `weft calibrate` end to end (it starts 2 and 4 processes for the Gloo probe): its file
+// parses, names this machine, carries the measured curve, and weft plan predicts with it.
+TEST(Hardware, CalibrateWritesACacheThatPlanUses) {
+  const std::string path = temp_path("weft_calibrated.yaml");
+  std::filesystem::remove(path);
+  test::CommandResult r = test::run_weft("calibrate --out " + path);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* progress : {"memory: memcpy", "gemm 64x128x32", "gloo, 2 processes", "gloo, 4 processes",
+                               "executor:", "wrote " })
+    EXPECT_NE(r.out.find(progress), std::string::npos) << progress << "\n" << r.out;
+  std::optional<Hardware> hw = read_machine_cache(path, this_machine());
+  ASSERT_TRUE(hw.has_value());
+  EXPECT_EQ(hw->flops_by_size.size(), 5u);  // six shapes, two of equal FLOPs
+  EXPECT_GT(hw->cores, 0);
+  EXPECT_GT(hw->memory_bw, 0);
+  EXPECT_GT(hw->intra.bw, 0);
+  CostModel m = hw->cost_model("f32");
+  EXPECT_FALSE(m == CostModel{});
+  r = test::run_weft("plan --config " + config("gpt-layout.yaml") + " --world 2 --set parallel.dp=2");
+  EXPECT_NE(r.out.find("cost model: built-in defaults"), std::string::npos) << r.out;  // the test's empty cache
+  r = test::run_command("WEFT_COST_CACHE=" + path + " " + std::string(WEFT_BINARY) + " plan --config " +
+                        config("gpt-layout.yaml") + " --world 2 --set parallel.dp=2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("cost model: this machine's calibration " + path), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace weft::planner
