@@ -13,6 +13,7 @@
 #include "planner/plan_json.h"
 #include "planner/planner.h"
 #include "planner/report.h"
+#include "planner/search.h"
 #include "planner/simulate.h"
 #include "planner/validate.h"
 
@@ -31,6 +32,11 @@ constexpr const char* kHelp = R"(usage: weft plan --config FILE.yaml --world N [
   --timeline-ranks L    ranks to draw, e.g. 0-7 or 0,4,8 (default: all up to 32, else the
                         ranks of data-parallel replica 0); rows with many spans are aggregated
   --per-rank            one report line per rank even for large worlds
+  --compare-megatron    print the searched layout against Megatron-style defaults (tp = a
+                        node, pp from memory, dp the rest) on the same cost model, and stop
+plan search (parallel.plan: search, or auto on tp, pp, ep, zero, schedule, virtual_stages,
+layout, recompute, train.micro_batch): prints the top candidates, then plans the best one;
+the cap per rank is memory.limit_gib, else --memory-gib
 cost model: --hardware h100|h200|FILE (configs/hardware/, docs/planner.md); without it, this
 machine's calibration (`weft calibrate`) when there is one, else a rough H100 node. The
 flags below then set single fields (defaults shown for the rough H100 node):
@@ -108,7 +114,7 @@ int cmd_plan(const std::vector<std::string>& argv) {
          {"--config", "--world", "--set", "--out", "--timeline", "--timeline-zoom", "--timeline-ranks",
           "--hardware", "--flops", "--bw-intra", "--bw-inter", "--alpha-intra", "--alpha-inter", "--launch",
           "--ranks-per-node", "--memory-gib"},
-         {"--json", "--per-rank", "--help"});
+         {"--json", "--per-rank", "--compare-megatron", "--help"});
   if (a.flag("--help")) {
     std::fputs(kHelp, stdout);
     return 0;
@@ -140,6 +146,19 @@ int cmd_plan(const std::vector<std::string>& argv) {
     if (a.has(f)) overridden += std::string(overridden.empty() ? "" : ", ") + f;
   if (!overridden.empty()) model_used += "; set by flags: " + overridden;
   opt.simulate = false;
+
+  if (planner::needs_search(spec) || a.flag("--compare-megatron")) {
+    planner::SearchOptions so;
+    so.cost = cm;
+    planner::SearchResult sr = planner::search_plan(spec, int(world), so);
+    if (!a.flag("--json")) std::fputs(planner::search_table(sr, int(world)).c_str(), stdout);
+    if (a.flag("--compare-megatron")) {
+      std::fputs(planner::compare_table(sr.top[0], planner::megatron_baseline(spec, int(world), so)).c_str(),
+                 stdout);
+      return 0;
+    }
+    spec = planner::apply_layout(spec, sr.top[0].layout);
+  }
 
   auto t0 = std::chrono::steady_clock::now();
   core::ModelGraph mg = planner::build_planning_graph(spec);

@@ -41,6 +41,7 @@
 #include "parallel/trainer.h"
 #include "planner/memory_estimate.h"
 #include "planner/policy.h"
+#include "planner/search.h"
 
 namespace weft::launch {
 namespace {
@@ -195,8 +196,12 @@ int cmd_train(const std::vector<std::string>& argv) {
   // Every world size goes through the planner's validation, one process too: a layout that
   // needs more ranks is refused naming the launcher, never silently trained as one process.
   // elastic.layout: auto trains a world its degrees do not fit in the nearest layout that does.
-  planner::ParallelConfig layout =
-      planner::resolve_parallel(planner::fit_layout(spec, env.world), env.world);
+  // plan: search (or searched keys left auto): fit_layout trains the best candidate, the same
+  // on every rank; rank 0 prints the candidates once.
+  if (planner::needs_search(spec) && env.rank == 0)
+    std::fputs(planner::search_table(planner::search_plan(spec, env.world), env.world).c_str(), stdout);
+  const core::JobSpec fitted = planner::fit_layout(spec, env.world);
+  planner::ParallelConfig layout = planner::resolve_parallel(fitted, env.world);
   if (layout.zero > 0 && layout.deg.dp == 1 && env.rank == 0)
     std::printf("note: parallel.zero=%d shards over the data-parallel ranks and there is one "
                 "(dp=1): the optimizer state stays whole\n",
@@ -207,8 +212,8 @@ int cmd_train(const std::vector<std::string>& argv) {
     if (env.world > 1)
       throw NotSupported("device: cuda on several ranks: the multi-rank executor runs on CPU so far");
     if (args.has("--resume")) throw NotSupported("--resume with device: cuda: not yet");
-    core::cuda::CudaTrainer trainer(spec);
-    return train_single(args, spec, env, trainer);
+    core::cuda::CudaTrainer trainer(fitted);
+    return train_single(args, fitted, env, trainer);
 #else
     throw ConfigError("device", "this build has no CUDA (configure found none); use cpu");
 #endif
@@ -223,9 +228,9 @@ int cmd_train(const std::vector<std::string>& argv) {
       env_int("WEFT_PLAN_EXECUTOR", 0) == 1)
     return train_ranks(args, spec, env);
   core::cpu::set_num_threads(int(spec.train.threads));
-  planner::check_fits_memory(spec, 1, 1);  // before anything is allocated
-  core::Trainer trainer(spec);  // activation arena: memory.allocator (caching | planned)
-  return train_single(args, spec, env, trainer);
+  planner::check_fits_memory(fitted, 1, 1);  // before anything is allocated
+  core::Trainer trainer(fitted);  // activation arena: memory.allocator (caching | planned)
+  return train_single(args, fitted, env, trainer);
 }
 
 

@@ -132,6 +132,37 @@ MemoryEstimate estimate_memory(const core::JobSpec& spec, int world) {
   return e;
 }
 
+MemoryEstimate estimate_stage_memory(const core::ModelSpec& m, const Degrees& deg, int zero,
+                                     int64_t micro_batch, const std::string& recompute,
+                                     const StageShape& st) {
+  const double tp = double(deg.tp), ep = double(deg.ep), dp = double(deg.dp);
+  const double C = double(m.dim), V = double(m.vocab), layers = double(st.layers);
+  const Counts c = count_parameters(m);
+  const double per_layer = c.layer_params / double(m.layers);
+  const double per_layer_experts = c.expert_params / double(m.layers);
+  // embed_params split by stage: the token (and GPT's position) table on the first, the final
+  // norm and the head (untied; or the tied table's copy when it is not also the first) on the last.
+  const double embed = V * C + (m.is_llama() ? 0 : double(m.seq_len) * C);
+  const double norm = m.is_llama() ? C : 2 * C;
+  const bool tied = !m.is_llama() || m.tie_embeddings;
+  const double head = norm + (tied && st.first ? 0 : V * C);
+  const double params = (layers * (per_layer - per_layer_experts + per_layer_experts / ep) +
+                         (st.first ? embed : 0) + (st.last ? head : 0)) /
+                        tp;
+  MemoryEstimate e;
+  e.parameters = kF32 * params / (zero >= 3 ? dp : 1);
+  e.gradients = kF32 * params / (zero >= 2 ? dp : 1);
+  e.optimizer = 2 * kF32 * params / (zero >= 1 ? dp : 1);
+  const double B = double(micro_batch), N = B * double(m.seq_len);
+  const double in_flight = double(st.in_flight);
+  double act = in_flight * layers * layer_activations(m, B, recompute) +
+               layer_activations(m, B, "none");  // one layer's backward, recomputed
+  if (st.first) act += in_flight * N * C;
+  if (st.last) act += N * (C + 2) + 2 * N * V;  // ln_f, logits, probs
+  e.activations = kF32 * act / tp;
+  return e;
+}
+
 int64_t available_memory_bytes() {
   std::ifstream in("/proc/meminfo");
   for (std::string line; std::getline(in, line);) {

@@ -5,7 +5,10 @@
 
 #include <cstdint>
 
+#include <string>
+
 #include "core/config/job_spec.h"
+#include "planner/mesh.h"
 
 namespace weft::planner {
 
@@ -26,6 +29,20 @@ struct MemoryEstimate {
 // estimated, 43 MiB measured); the process's fixed ~200 MiB (libraries, threads), the
 // graph and the data are not counted, so the check only refuses what cannot fit.
 MemoryEstimate estimate_memory(const core::JobSpec& spec, int world);
+
+// One pipeline stage's share, for the plan search, which weighs stages of other sizes than
+// an even split: `layers` of the model's layers (their average size), the embedding when
+// `first`, the final norm and the head when `last` (a tied head keeps its own copy of the
+// embedding on a later stage), and `in_flight` micro-batches of activations saved at once.
+// Same counts as estimate_memory; zero shards over the data-parallel ranks.
+struct StageShape {
+  int64_t layers = 1;
+  bool first = true, last = true;
+  int64_t in_flight = 1;
+};
+MemoryEstimate estimate_stage_memory(const core::ModelSpec& m, const Degrees& deg, int zero,
+                                     int64_t micro_batch, const std::string& recompute,
+                                     const StageShape& stage);
 
 // MemAvailable from /proc/meminfo in bytes; -1 when the file cannot be read.
 int64_t available_memory_bytes();

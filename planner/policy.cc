@@ -7,6 +7,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "planner/search.h"
 
 namespace weft::planner {
 namespace {
@@ -216,10 +217,29 @@ void resolve_balance_order(const core::JobSpec& s, ParallelConfig& pc) {
                           "; use schedule: gpipe, or balance: aux_loss | loss_free");
 }
 
+// A job whose searched keys are still auto has not been through fit_layout (which runs the
+// plan search): planning it as it stands would silently ignore them.
+void refuse_unsearched(const core::JobSpec& s) {
+  const core::ParallelSpec& p = s.parallel;
+  auto refuse = [](const std::string& field) {
+    throw ConfigError(field, "auto is chosen by the plan search, which runs in weft plan and "
+                             "weft train (planner::fit_layout); give a value to plan this job "
+                             "without it");
+  };
+  if (p.plan != "manual" && p.plan != "search") refuse("parallel.plan");
+  if (p.zero == core::ParallelSpec::kAutoZero) refuse("parallel.zero");
+  if (p.recompute == "auto") refuse("parallel.recompute");
+  if (p.pipeline.schedule == "auto") refuse("parallel.pipeline.schedule");
+  if (p.pipeline.virtual_stages == 0) refuse("parallel.pipeline.virtual_stages");
+  if (p.pipeline.layout_auto) refuse("parallel.pipeline.layout");
+  if (s.train.micro_batch == 0) refuse("train.micro_batch");
+}
+
 }  // namespace
 
 ParallelConfig resolve_parallel(const core::JobSpec& s, int world) {
   const core::ParallelSpec& p = s.parallel;
+  refuse_unsearched(s);
   ParallelConfig pc;
   pc.order = parse_order(p.order);
   resolve_degrees(s, world, pc.deg);
@@ -230,8 +250,6 @@ ParallelConfig resolve_parallel(const core::JobSpec& s, int world) {
   if (p.recompute != "none" && p.recompute != "selective" && p.recompute != "full")
     throw ConfigError("parallel.recompute", "expected none|selective|full, got '" + p.recompute + "'");
   pc.recompute = p.recompute;
-  if (p.plan != "manual")
-    throw ConfigError("parallel.plan", "'" + p.plan + "' is not available yet; use manual (degrees may be auto)");
   const std::string& sched = p.pipeline.schedule;
   if (sched != "gpipe" && sched != "1f1b" && sched != "interleaved")
     throw ConfigError("parallel.pipeline.schedule", "expected gpipe|1f1b|interleaved, got '" + sched + "'");
@@ -364,6 +382,9 @@ std::vector<OpDecision> decide_partitions(const core::Graph& g, const ParallelCo
 
 core::JobSpec fit_layout(const core::JobSpec& spec, int world, std::string* changed) {
   if (changed) changed->clear();
+  // Searched keys: the search's best layout for this world (under the default cost model, so
+  // that every rank and every later world choose alike).
+  if (needs_search(spec)) return searched_spec(spec, world);
   try {
     resolve_parallel(spec, world);
     return spec;

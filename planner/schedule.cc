@@ -68,11 +68,17 @@ int max_in_flight(const std::vector<Unit>& units) {
 }
 
 ScheduleTiming time_schedule(const std::string& schedule, int pp, int v, int m,
-                             const std::vector<double>& fwd, const std::vector<double>& bwd) {
+                             const std::vector<double>& fwd, const std::vector<double>& bwd,
+                             const std::vector<double>* bwd_final) {
   int chunks = pp * v;
   WEFT_CHECK(int(fwd.size()) == chunks && int(bwd.size()) == chunks, "one time per chunk");
+  WEFT_CHECK(!bwd_final || int(bwd_final->size()) == chunks, "one final time per chunk");
   std::vector<std::vector<Unit>> order(static_cast<size_t>(pp));
   for (int s = 0; s < pp; ++s) order[size_t(s)] = stage_schedule(schedule, pp, v, m, s);
+  std::vector<int> final_mb(static_cast<size_t>(chunks), -1);  // chunk -> mb of its last backward
+  for (int s = 0; s < pp; ++s)
+    for (const Unit& u : order[size_t(s)])
+      if (u.dir == Dir::kBackward) final_mb[size_t(u.chunk)] = u.mb;
   // done[dir][chunk][mb]: finish time, < 0 until run.
   std::vector<std::vector<std::vector<double>>> done(
       2, std::vector<std::vector<double>>(size_t(chunks), std::vector<double>(size_t(m), -1)));
@@ -93,6 +99,8 @@ ScheduleTiming time_schedule(const std::string& schedule, int pp, int v, int m,
                                         : done[1][size_t(u.chunk + 1)][size_t(u.mb)];
         if (ready < 0) break;
         double cost = u.dir == Dir::kForward ? fwd[size_t(u.chunk)] : bwd[size_t(u.chunk)];
+        if (bwd_final && u.dir == Dir::kBackward && u.mb == final_mb[size_t(u.chunk)])
+          cost += (*bwd_final)[size_t(u.chunk)];
         double start = std::max(clock[size_t(s)], ready);
         clock[size_t(s)] = start + cost;
         t.busy[size_t(s)] += cost;

@@ -33,12 +33,16 @@ int max_in_flight(const std::vector<Unit>& units);
 // Unit-level timing of a schedule: every forward of chunk c takes fwd[c], every backward
 // bwd[c]; a forward waits for the previous chunk's forward of its micro-batch, a backward
 // for the next chunk's backward (the last chunk's for its own forward). No communication.
+// `bwd_final` (optional, per chunk) adds to the backward unit that completes a chunk's
+// gradients (its last in the stage's order): the blocking gradient reduction the lowering
+// emits there, which delays the gradient sent on to the previous stage.
 struct ScheduleTiming {
   double makespan = 0;
   std::vector<double> busy;    // per stage
   std::vector<double> bubble;  // per stage: 1 - busy / makespan
 };
 ScheduleTiming time_schedule(const std::string& schedule, int pp, int v, int m,
-                             const std::vector<double>& fwd, const std::vector<double>& bwd);
+                             const std::vector<double>& fwd, const std::vector<double>& bwd,
+                             const std::vector<double>* bwd_final = nullptr);
 
 }  // namespace weft::planner

@@ -59,6 +59,7 @@ struct DataSpec {
 };
 
 struct TrainSpec {
+  // micro_batch 0: `auto` in YAML, chosen by the plan search (planner/search.h).
   int64_t steps = 100, global_batch = 8, micro_batch = 8;
   double lr = 3e-4, min_lr = 3e-5;
   int64_t warmup_steps = 0;
@@ -82,20 +83,25 @@ struct TrainSpec {
   std::string out_dir = "runs/latest";
 };
 
-// A parallel degree: a number, or auto (0 here) to be filled in by the planner.
+// A parallel degree: a number, or auto (0 here) to be filled in by the planner. dp: auto
+// takes what the world leaves; any other key left auto (tp, pp, ep, zero, schedule,
+// virtual_stages, layout, recompute, train.micro_batch) is chosen by the plan search
+// (planner/search.h), as is every key the file does not set under plan: search.
 struct PipelineSpec {
-  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | auto
   int64_t micro_batches = 0;      // 0: derived from global_batch / (micro_batch * dp)
-  int64_t virtual_stages = 1;
+  int64_t virtual_stages = 1;     // 0: auto
   std::vector<std::vector<int64_t>> layout;  // per stage, the layer indices; empty: even split
+  bool layout_auto = false;                  // `layout: auto`: the search places the layers
 };
 
 struct ParallelSpec {
+  static constexpr int64_t kAutoZero = -1;  // zero: auto
   int64_t dp = 0, tp = 1, pp = 1, ep = 1;  // 0 = auto
-  int64_t zero = 0;
+  int64_t zero = 0;                         // 0..3, or kAutoZero
   std::string order = "tp-ep-dp-pp";
   PipelineSpec pipeline;
-  std::string recompute = "none";  // none | selective | full
+  std::string recompute = "none";  // none | selective | full | auto
   std::string plan = "manual";     // manual | search
 };
 

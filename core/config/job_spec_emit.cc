@@ -81,7 +81,7 @@ std::string job_spec_to_yaml(const JobSpec& s) {
   begin(e, "train");
   kv(e, "steps", t.steps);
   kv(e, "global_batch", t.global_batch);
-  kv(e, "micro_batch", t.micro_batch);
+  kv(e, "micro_batch", degree(t.micro_batch));
   kv(e, "lr", t.lr);
   kv(e, "min_lr", t.min_lr);
   kv(e, "warmup_steps", t.warmup_steps);
@@ -108,19 +108,25 @@ std::string job_spec_to_yaml(const JobSpec& s) {
   kv(e, "tp", degree(p.tp));
   kv(e, "pp", degree(p.pp));
   kv(e, "ep", degree(p.ep));
-  kv(e, "zero", p.zero);
+  if (p.zero == ParallelSpec::kAutoZero) kv(e, "zero", std::string("auto"));
+  else kv(e, "zero", p.zero);
   kv(e, "order", p.order);
   begin(e, "pipeline");
   kv(e, "schedule", p.pipeline.schedule);
   kv(e, "micro_batches", degree(p.pipeline.micro_batches));
-  kv(e, "virtual_stages", p.pipeline.virtual_stages);
-  e << YAML::Key << "layout" << YAML::Value << YAML::Flow << YAML::BeginSeq;
-  for (const auto& stage : p.pipeline.layout) {
-    e << YAML::Flow << YAML::BeginSeq;
-    for (int64_t l : stage) e << l;
+  kv(e, "virtual_stages", degree(p.pipeline.virtual_stages));
+  if (p.pipeline.layout_auto) {
+    kv(e, "layout", std::string("auto"));
+  } else {
+    e << YAML::Key << "layout" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (const auto& stage : p.pipeline.layout) {
+      e << YAML::Flow << YAML::BeginSeq;
+      for (int64_t l : stage) e << l;
+      e << YAML::EndSeq;
+    }
     e << YAML::EndSeq;
   }
-  e << YAML::EndSeq << YAML::EndMap;
+  e << YAML::EndMap;
   kv(e, "recompute", p.recompute);
   kv(e, "plan", p.plan);
   e << YAML::EndMap;

@@ -131,8 +131,8 @@ void validate_model(const ModelSpec& m) {
 void validate_train(const TrainSpec& t) {
   between("train.steps", t.steps, 1, limits::kMaxSteps);
   between("train.global_batch", t.global_batch, 1, limits::kMaxBatch);
-  between("train.micro_batch", t.micro_batch, 1, limits::kMaxBatch);
-  if (t.global_batch % t.micro_batch != 0)
+  between("train.micro_batch", t.micro_batch, 0, limits::kMaxBatch);  // 0: auto (searched)
+  if (t.micro_batch > 0 && t.global_batch % t.micro_batch != 0)
     throw ConfigError("train.micro_batch", "micro_batch (" + num(t.micro_batch) +
                                                ") must divide global_batch (" +
                                                num(t.global_batch) + ")");
@@ -163,7 +163,9 @@ void validate_train(const TrainSpec& t) {
 // data sampler compute in int64; each stays exact (<= 2^53) once the fields are in range.
 void validate_size_products(const JobSpec& s) {
   const ModelSpec& m = s.model;
-  const TrainSpec& t = s.train;
+  // micro_batch: auto may become any divisor of the global batch: bound the largest.
+  TrainSpec t = s.train;
+  if (t.micro_batch == 0) t.micro_batch = t.global_batch;
   const int64_t experts = m.arch == "moe-gpt" ? std::max<int64_t>(m.moe.experts, 1) : 1;
   if (m.is_llama()) {
     // The MLP width is ffn_dim itself (mlp_width: Llama's rule when 0).
@@ -218,8 +220,8 @@ void validate_parallel(const ParallelSpec& p, const JobSpec& s) {
   between("parallel.tp", p.tp, 0, limits::kMaxDegree);
   between("parallel.pp", p.pp, 0, limits::kMaxDegree);
   between("parallel.ep", p.ep, 0, limits::kMaxDegree);
-  if (p.zero < 0 || p.zero > 3)
-    throw ConfigError("parallel.zero", "expected 0, 1, 2 or 3, got " + num(p.zero));
+  if ((p.zero < 0 || p.zero > 3) && p.zero != ParallelSpec::kAutoZero)
+    throw ConfigError("parallel.zero", "expected 0, 1, 2, 3 or auto, got " + num(p.zero));
   // order: each of tp, ep, dp, pp exactly once, '-' separated, first varies fastest.
   std::multiset<std::string> axes;
   std::stringstream ss(p.order);
@@ -229,7 +231,7 @@ void validate_parallel(const ParallelSpec& p, const JobSpec& s) {
                       "expected tp, ep, dp and pp each once, joined by '-' "
                       "(e.g. tp-ep-dp-pp), got '" +
                           p.order + "'");
-  one_of("parallel.recompute", p.recompute, {"none", "selective", "full"});
+  one_of("parallel.recompute", p.recompute, {"none", "selective", "full", "auto"});
   one_of("parallel.plan", p.plan, {"manual", "search"});
 
   const ModelSpec& m = s.model;
@@ -249,16 +251,22 @@ void validate_parallel(const ParallelSpec& p, const JobSpec& s) {
     throw ConfigError("parallel.pp", "pp (" + num(p.pp) + ") exceeds model.layers (" +
                                          num(m.layers) + "): a stage would have no layer");
   const TrainSpec& t = s.train;
-  if (p.dp > 0 && t.global_batch % (t.micro_batch * p.dp) != 0)
+  if (p.dp > 0 && t.micro_batch > 0 && t.global_batch % (t.micro_batch * p.dp) != 0)
     throw ConfigError("parallel.dp", "global_batch (" + num(t.global_batch) +
                                          ") must be a multiple of micro_batch x dp (" +
                                          num(t.micro_batch) + " x " + num(p.dp) + ")");
 
   const PipelineSpec& pl = p.pipeline;
-  one_of("parallel.pipeline.schedule", pl.schedule, {"gpipe", "1f1b", "interleaved"});
+  one_of("parallel.pipeline.schedule", pl.schedule, {"gpipe", "1f1b", "interleaved", "auto"});
   between("parallel.pipeline.micro_batches", pl.micro_batches, 0, limits::kMaxDegree);
-  between("parallel.pipeline.virtual_stages", pl.virtual_stages, 1, limits::kMaxDegree);
-  if (pl.virtual_stages > 1 && pl.schedule != "interleaved")
+  between("parallel.pipeline.virtual_stages", pl.virtual_stages, 0, limits::kMaxDegree);  // 0: auto
+  if (pl.micro_batches > 0 && t.micro_batch == 0)
+    throw ConfigError("parallel.pipeline.micro_batches",
+                      "fixes the micro-batch count while train.micro_batch is auto; set one of "
+                      "them (or leave micro_batches out)");
+  if (pl.layout_auto && !pl.layout.empty())
+    throw ConfigError("parallel.pipeline.layout", "is both auto and a list of stages");
+  if (pl.virtual_stages > 1 && pl.schedule != "interleaved" && pl.schedule != "auto")
     throw ConfigError("parallel.pipeline.virtual_stages",
                       "virtual_stages > 1 needs parallel.pipeline.schedule: interleaved");
   if (!pl.layout.empty()) {

@@ -88,7 +88,7 @@ void read_model(const YamlSection& y, ModelSpec& m) {
 void read_train(const YamlSection& y, TrainSpec& t) {
   y.read("steps", t.steps);
   y.read("global_batch", t.global_batch);
-  y.read("micro_batch", t.micro_batch);
+  y.read_degree("micro_batch", t.micro_batch);  // auto (0): searched
   y.read("lr", t.lr);
   y.read("min_lr", t.min_lr);
   y.read("warmup_steps", t.warmup_steps);
@@ -113,15 +113,27 @@ void read_parallel(const YamlSection& y, ParallelSpec& p) {
   y.read_degree("tp", p.tp);
   y.read_degree("pp", p.pp);
   y.read_degree("ep", p.ep);
-  y.read("zero", p.zero);
+  if (y.is_auto("zero")) p.zero = ParallelSpec::kAutoZero;
+  else y.read("zero", p.zero);
   y.read("order", p.order);
   y.read("recompute", p.recompute);
   y.read("plan", p.plan);
   YamlSection pipe = y.section("pipeline");
   pipe.read("schedule", p.pipeline.schedule);
   pipe.read_degree("micro_batches", p.pipeline.micro_batches);
-  pipe.read("virtual_stages", p.pipeline.virtual_stages);
-  pipe.read("layout", p.pipeline.layout);
+  pipe.read_degree("virtual_stages", p.pipeline.virtual_stages);
+  if (pipe.is_auto("layout")) p.pipeline.layout_auto = true;
+  else pipe.read("layout", p.pipeline.layout);
+  if (p.plan != "search") return;
+  // plan: search searches every key the file leaves out (what it sets stays fixed).
+  if (!y.has("tp")) p.tp = 0;
+  if (!y.has("pp")) p.pp = 0;
+  if (!y.has("ep")) p.ep = 0;
+  if (!y.has("zero")) p.zero = ParallelSpec::kAutoZero;
+  if (!y.has("recompute")) p.recompute = "auto";
+  if (!pipe.has("schedule")) p.pipeline.schedule = "auto";
+  if (!pipe.has("virtual_stages")) p.pipeline.virtual_stages = 0;
+  if (!pipe.has("layout")) p.pipeline.layout_auto = true;
 }
 
 void read_memory(const YamlSection& y, MemorySpec& m) {
@@ -177,6 +189,7 @@ JobSpec spec_from_tree(YAML::Node& root, const std::string& base_dir,
   YamlSection train = top.section("train");
   read_train(train, s.train);
   read_parallel(top.section("parallel"), s.parallel);
+  if (s.parallel.plan == "search" && !train.has("micro_batch")) s.train.micro_batch = 0;
   top.read("device", s.device);
   read_memory(top.section("memory"), s.memory);
 

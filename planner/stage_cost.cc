@@ -1,0 +1,278 @@
+// The search's stage-level costs: per-layer work at local shapes (partition.h's sub-ops,
+// cost.h's op_work and collectives), pipeline timing (schedule.h's time_schedule) and
+// per-stage memory (memory_estimate.h).
+#include "planner/stage_cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "planner/memory_estimate.h"
+#include "planner/partition.h"
+#include "planner/policy.h"
+#include "planner/schedule.h"
+
+namespace weft::planner {
+namespace {
+
+double numel(const core::Shape& s) {
+  double n = 1;
+  for (int64_t d : s) n *= double(d);
+  return n;
+}
+
+std::vector<core::Shape> shapes(const std::vector<SubTensor>& ts) {
+  std::vector<core::Shape> out;
+  out.reserve(ts.size());
+  for (const SubTensor& t : ts) out.push_back(box_shape(t.piece.box));
+  return out;
+}
+
+// `count` collectives of about total/count bytes each (one per parameter, or per bucket).
+double collectives(const CostModel& cost, CollKind k, int64_t n, double total, int64_t count,
+                   bool cross) {
+  if (n <= 1 || count <= 0 || total <= 0) return 0;
+  return double(count) * cost.collective(k, int(n), int64_t(total / double(count)), cross);
+}
+
+// Gradient and parameter collectives go out in buckets of about this many bytes
+// (lower_step.cc's bucket_add), so their launches count per bucket.
+double bucketed(const CostModel& cost, CollKind k, int64_t n, double bytes, bool cross) {
+  const double bucket = double(ParallelConfig{}.bucket_bytes);
+  return collectives(cost, k, n, bytes, std::max<int64_t>(1, int64_t(std::ceil(bytes / bucket))), cross);
+}
+
+}  // namespace
+
+Crossing crossing(const Degrees& deg, const std::vector<Axis>& order, int ranks_per_node) {
+  const Mesh mesh(deg, order);
+  const int rpn = std::max(1, ranks_per_node);
+  auto spans = [&](const std::vector<int>& ranks) {
+    for (int r : ranks)
+      if (r / rpn != ranks[0] / rpn) return true;
+    return false;
+  };
+  std::vector<int> tp, ep, dp, pp;
+  for (int t = 0; t < int(deg.tp); ++t) tp.push_back(mesh.rank_of(0, t, 0));
+  for (int e = 0; e < int(deg.ep); ++e) ep.push_back(mesh.rank_of(0, int(deg.tp) * e, 0));
+  for (int d = 0; d < int(deg.dp); ++d) dp.push_back(mesh.rank_of(0, 0, d));
+  for (int s = 0; s < int(deg.pp); ++s) pp.push_back(mesh.rank_of(s, 0, 0));
+  return Crossing{spans(tp), spans(ep), spans(dp), spans(pp)};
+}
+
+SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t global_batch,
+                       int64_t tp, int64_t ep, int64_t micro_batch, const Crossing& cross) {
+  ParallelConfig pc;
+  pc.deg.tp = tp, pc.deg.ep = ep, pc.deg.dp = 1;
+  pc.global_batch = global_batch, pc.micro_batch = micro_batch;
+  pc.micro_batches = global_batch / (micro_batch * ep);
+  const std::vector<OpDecision> dec = decide_partitions(g, pc);
+  std::map<int, const OpDecision*> by_op;
+  for (const OpDecision& d : dec) by_op[d.op] = &d;
+
+  int layers = 0;
+  for (const core::Op& op : g.ops()) layers = std::max(layers, op.layer + 1);
+  SplitCosts sc;
+  sc.fwd.assign(size_t(layers), 0);
+  sc.bwd.assign(size_t(layers), 0);
+  sc.attn_fwd.assign(size_t(layers), 0);
+  sc.param_bytes.assign(size_t(layers), 0);
+  sc.param_count.assign(size_t(layers), 0);
+  std::map<std::pair<int, int>, bool> seen_param;  // (layer or -1/-2, value)
+
+  for (const core::Op& op : g.ops()) {
+    if (op.phase != core::Phase::kForward && op.phase != core::Phase::kBackward) continue;
+    const bool fwd = op.phase == core::Phase::kForward;
+    const core::Op& f = fwd ? op : g.op(op.mirror);
+    SubOp s = whole_op(g, op.id);
+    std::vector<int32_t> parts_before_tp;
+    if (auto it = by_op.find(f.id); it != by_op.end())
+      for (const AxisSplit& sp : it->second->splits) {
+        if (sp.axis == Axis::kTp)
+          for (const SubTensor& o : s.outs) parts_before_tp.push_back(o.piece.parts);
+        s = partition_one(g, s, sp.symbol, sp.n, 0, sp.groups);
+      }
+    const size_t elem = core::dtype_size(g.value(op.outputs.empty() ? op.inputs[0] : op.outputs[0]).dtype);
+    const OpWork w = op_work(op, "", shapes(s.ins), shapes(s.outs), elem);
+    double t = cost.compute(w.flop, w.bytes);
+    // Tensor parallelism leaves an activation (or its gradient) as partial sums: an
+    // all-reduce over the tp lanes (Megatron's two per layer each way).
+    for (size_t k = 0; k < parts_before_tp.size() && k < s.outs.size(); ++k) {
+      const core::Value& v = g.value(op.outputs[k]);
+      const bool activation = v.role == core::Role::kActivation ||
+                              (v.role == core::Role::kGradient && !(v.grad_of >= 0 &&
+                                g.value(v.grad_of).role == core::Role::kParameter));
+      if (activation && s.outs[k].piece.parts > parts_before_tp[k])
+        t += cost.collective(CollKind::kAllReduce, int(tp), int64_t(s.outs[k].piece.numel()) * int64_t(elem),
+                             cross.tp);
+    }
+    // Vocabulary-parallel cross-entropy: the row max and the sum of exponentials.
+    if (fwd && op.type == "cross_entropy" && tp > 1 && !s.ins.empty()) {
+      const core::Shape x = box_shape(s.ins[0].piece.box);
+      const double rows = x.empty() ? 1 : numel(x) / double(x.back());
+      t += 2 * cost.collective(CollKind::kAllReduce, int(tp), int64_t(rows * 4), cross.tp);
+    }
+    // Expert parallelism: tokens dispatched to their experts and combined back.
+    if (op.type == "moe" || op.type == "moe.bwd") {
+      if (ep > 1 && !s.ins.empty()) {
+        const double tokens = numel(box_shape(s.ins[0].piece.box));  // (B, T, C) of this rank
+        const double k = double(f.attrs.i_or("top_k", 1));
+        t += 2 * cost.collective(CollKind::kAllToAllV, int(ep), int64_t(tokens * k * double(elem)), cross.ep);
+      }
+    }
+    const int layer = f.layer;
+    const bool embed = layer < 0 && f.scope.rfind("embed", 0) == 0;
+    if (layer >= 0) {
+      (fwd ? sc.fwd : sc.bwd)[size_t(layer)] += t;
+      if (fwd && (op.type == "attention" || op.type == "gqa_attention")) sc.attn_fwd[size_t(layer)] += t;
+    } else if (embed) {
+      (fwd ? sc.embed_fwd : sc.embed_bwd) += t;
+    } else {
+      (fwd ? sc.head_fwd : sc.head_bwd) += t;
+    }
+    if (!fwd) continue;
+    for (size_t i = 0; i < op.inputs.size(); ++i) {
+      const core::Value& v = g.value(op.inputs[i]);
+      if (v.role != core::Role::kParameter) continue;
+      const int where = layer >= 0 ? layer : embed ? -1 : -2;
+      if (seen_param[{where, op.inputs[i]}]) continue;
+      seen_param[{where, op.inputs[i]}] = true;
+      const double bytes = double(s.ins[i].piece.numel()) * double(core::dtype_size(v.dtype));
+      sc.grad_elem = double(core::dtype_size(v.dtype));
+      if (layer >= 0) sc.param_bytes[size_t(layer)] += bytes, ++sc.param_count[size_t(layer)];
+      else if (embed) sc.embed_param_bytes += bytes, ++sc.embed_param_count;
+      else sc.head_param_bytes += bytes, ++sc.head_param_count;
+    }
+    // The residual stream between layers crosses a stage boundary (B, T, C) whole on every lane.
+    if (layer == 0 && sc.boundary_bytes == 0 && !s.ins.empty())
+      sc.boundary_bytes = numel(box_shape(s.ins[0].piece.box)) * double(elem);
+  }
+  return sc;
+}
+
+std::vector<int64_t> stage_in_flight(const std::string& schedule, int pp, int v, int m) {
+  std::vector<int64_t> out;
+  for (int s = 0; s < pp; ++s) {
+    // Open (micro-batch, chunk) units, in whole stages' worth of layers (v chunks each).
+    int open = 0, peak = 0;
+    for (const Unit& u : stage_schedule(schedule, pp, v, m, s)) {
+      open += u.dir == Dir::kForward ? 1 : -1;
+      peak = std::max(peak, open);
+    }
+    out.push_back((peak + v - 1) / v);
+  }
+  return out;
+}
+
+ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cost,
+                     const Crossing& cross, int chunk, int64_t begin, int64_t end) {
+  const int chunks = int(l.deg.pp * l.virtual_stages);
+  const int64_t shards = l.deg.dp * l.deg.ep;
+  ChunkTime c;
+  double params = 0;
+  int64_t count = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    c.fwd += sc.fwd[size_t(i)];
+    c.bwd += sc.bwd[size_t(i)];
+    if (l.recompute == "selective") c.bwd += sc.attn_fwd[size_t(i)];
+    if (l.recompute == "full") c.bwd += sc.fwd[size_t(i)];
+    params += sc.param_bytes[size_t(i)];
+    count += sc.param_count[size_t(i)];
+  }
+  if (chunk == 0) {
+    c.fwd += sc.embed_fwd, c.bwd += sc.embed_bwd;
+    params += sc.embed_param_bytes, count += sc.embed_param_count;
+  }
+  if (chunk == chunks - 1) {
+    c.fwd += sc.head_fwd, c.bwd += sc.head_bwd;
+    params += sc.head_param_bytes, count += sc.head_param_count;
+  }
+  // Stage boundaries: the activation arrives before a forward, its gradient before a backward.
+  if (chunk > 0) c.fwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp);
+  if (chunk < chunks - 1) c.bwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp);
+  // ZeRO-3 gathers every parameter in each unit that reads it; ZeRO-2/3 reduce-scatter each
+  // micro-batch's gradients.
+  if (l.zero >= 3) {
+    const double gather = collectives(cost, CollKind::kAllGather, shards, params, count, cross.dp);
+    c.fwd += gather, c.bwd += gather;
+  }
+  if (l.zero >= 2) c.bwd += bucketed(cost, CollKind::kReduceScatter, shards, params, cross.dp);
+  return c;
+}
+
+double stage_memory(const core::ModelSpec& m, const Layout& l, int s, int64_t layers,
+                    int64_t in_flight) {
+  const int chunks = int(l.deg.pp * l.virtual_stages);
+  StageShape st;
+  st.layers = layers;
+  st.first = s == 0;
+  st.last = s == (chunks - 1) % int(l.deg.pp);
+  st.in_flight = in_flight;
+  return estimate_stage_memory(m, l.deg, l.zero, l.micro_batch, l.recompute, st).total();
+}
+
+Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout& l,
+                   const CostModel& cost, const Crossing& cross,
+                   const std::vector<int64_t>& in_flight) {
+  const int pp = int(l.deg.pp), v = int(l.virtual_stages), chunks = pp * v;
+  const int64_t shards = l.deg.dp * l.deg.ep;
+  std::vector<double> fwd, bwd, final, stage_params(size_t(pp), 0);
+  std::vector<int64_t> stage_layers(size_t(pp), 0);
+  int64_t begin = 0;
+  for (int c = 0; c < chunks; ++c) {
+    const int64_t end = begin + l.chunk_layers[size_t(c)];
+    const ChunkTime t = chunk_time(sc, l, cost, cross, c, begin, end);
+    fwd.push_back(t.fwd);
+    bwd.push_back(t.bwd);
+    double p = 0;
+    for (int64_t i = begin; i < end; ++i) p += sc.param_bytes[size_t(i)];
+    if (c == 0) p += sc.embed_param_bytes;
+    if (c == chunks - 1) p += sc.head_param_bytes;
+    // ZeRO-0/1 reduce a chunk's gradients once they are complete, blocking, inside its last
+    // backward unit (lower_step.cc's sync_grad): before the gradient goes on to the previous
+    // stage, so the reductions of successive stages add up along the pipeline's tail.
+    double sync = 0;
+    if (l.zero == 0) sync = bucketed(cost, CollKind::kAllReduce, shards, p, cross.dp);
+    if (l.zero == 1) sync = bucketed(cost, CollKind::kReduceScatter, shards, p, cross.dp);
+    final.push_back(sync);
+    stage_params[size_t(c % pp)] += p;
+    stage_layers[size_t(c % pp)] += end - begin;
+    begin = end;
+  }
+  const ScheduleTiming timing = time_schedule(l.schedule, pp, v, int(l.micro_batches), fwd, bwd, &final);
+
+  // After the pipeline: the tied embedding's sum over its two stages, the gradient norm,
+  // AdamW on this rank's share, ZeRO-1/2's parameter gather.
+  const bool tied = !m.is_llama() || m.tie_embeddings;
+  const double elem = sc.grad_elem;
+  std::vector<double> end_s(size_t(pp), 0);
+  for (int s = 0; s < pp; ++s) {
+    const double bytes = stage_params[size_t(s)];
+    double t = 0;
+    if (l.zero == 1 || l.zero == 2) t += bucketed(cost, CollKind::kAllGather, shards, bytes, cross.dp);
+    if (tied && pp > 1 && (s == 0 || s == (chunks - 1) % pp))
+      t += cost.collective(CollKind::kAllReduce, 2, int64_t(sc.embed_param_bytes), cross.pp);
+    const int64_t replica = l.deg.tp * l.deg.ep * l.deg.pp;
+    const bool replica_cross = cross.pp || cross.tp || cross.ep;
+    t += cost.collective(CollKind::kAllReduce, int(replica), 8, replica_cross);
+    if (l.zero >= 1)
+      t += cost.collective(CollKind::kAllReduce, int(replica * l.deg.dp), 8, replica_cross || cross.dp);
+    const double n = bytes / elem / double(l.zero >= 1 ? shards : 1);
+    t += cost.compute(15 * n, 7 * n * elem);
+    end_s[size_t(s)] = t;
+  }
+  Prediction p;
+  p.pipeline_s = timing.makespan;
+  p.step_s = timing.makespan + *std::max_element(end_s.begin(), end_s.end());
+  double idle = 0;
+  for (int s = 0; s < pp; ++s)
+    idle += p.step_s > 0 ? 1.0 - (timing.busy[size_t(s)] + end_s[size_t(s)]) / p.step_s : 0;
+  p.bubble = idle / double(pp);
+  for (int s = 0; s < pp; ++s) {
+    p.stage_bytes.push_back(stage_memory(m, l, s, stage_layers[size_t(s)], in_flight[size_t(s)]));
+    p.memory_bytes = std::max(p.memory_bytes, p.stage_bytes.back());
+  }
+  return p;
+}
+
+}  // namespace weft::planner

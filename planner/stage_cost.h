@@ -1,0 +1,82 @@
+// The plan search's stage-level cost model: what one rank of a (tp, ep, micro_batch) split
+// spends per layer on one micro-batch (the graph's ops at their local shapes under the
+// CostModel, plus the tensor- and expert-parallel collectives the split implies), and a
+// whole candidate's step time and memory from its stages, its schedule and its gradient
+// traffic. Nothing is lowered to per-rank programs; simulate_plan of the lowered plan is the
+// reference it is tested against (tests/planner/search_test.cc).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config/job_spec.h"
+#include "core/graph/graph.h"
+#include "planner/cost.h"
+#include "planner/mesh.h"
+
+namespace weft::planner {
+
+// Per layer and per micro-batch, seconds on one rank of the split.
+struct SplitCosts {
+  std::vector<double> fwd, bwd;  // compute + tensor/expert-parallel collectives
+  std::vector<double> attn_fwd;  // attention's forward compute (selective recompute re-runs it)
+  double embed_fwd = 0, embed_bwd = 0;  // the embedding (first stage)
+  double head_fwd = 0, head_bwd = 0;    // final norm, head and loss (last stage)
+  // This rank's parameter bytes and tensors, per layer and outside the layers.
+  std::vector<double> param_bytes;
+  std::vector<int> param_count;
+  double embed_param_bytes = 0, head_param_bytes = 0;
+  int embed_param_count = 0, head_param_count = 0;
+  double boundary_bytes = 0;  // the activation one micro-batch sends across a stage boundary
+  double grad_elem = 4;       // bytes per gradient element
+};
+
+// Where a group's collectives run: across nodes or inside one (the mesh's rank order).
+struct Crossing {
+  bool tp = false, ep = false, dp = false, pp = false;
+};
+Crossing crossing(const Degrees& deg, const std::vector<Axis>& order, int ranks_per_node);
+
+// The split's per-layer costs. `g` is the planning graph (batch = global_batch); the batch
+// splits into global_batch / micro_batch pieces of micro_batch sequences.
+SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t global_batch,
+                       int64_t tp, int64_t ep, int64_t micro_batch, const Crossing& cross);
+
+// A candidate's settings once every key is chosen.
+struct Layout {
+  Degrees deg;
+  int zero = 0;
+  std::string schedule = "1f1b", recompute = "none";
+  int64_t virtual_stages = 1, micro_batch = 1, micro_batches = 1;
+  std::vector<int64_t> chunk_layers;  // layers per model chunk (pp x virtual_stages chunks)
+};
+
+struct Prediction {
+  double step_s = 0, bubble = 0;
+  double memory_bytes = 0;          // the largest stage's estimate
+  std::vector<double> stage_bytes;  // per stage
+  double pipeline_s = 0;            // the schedule's makespan (before the step-end work)
+};
+
+// Micro-batches of activations each stage holds at its peak under the schedule.
+std::vector<int64_t> stage_in_flight(const std::string& schedule, int pp, int v, int m);
+
+// One stage's units: each chunk's forward and backward time per micro-batch, from the
+// layers it holds (first..last layer index, exclusive end).
+struct ChunkTime {
+  double fwd = 0, bwd = 0;
+};
+ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cost,
+                     const Crossing& cross, int chunk, int64_t begin, int64_t end);
+
+// Step time, bubble and memory of a full candidate.
+Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout& l,
+                   const CostModel& cost, const Crossing& cross,
+                   const std::vector<int64_t>& in_flight);
+
+// The memory estimate of stage `s` holding `layers` layers (memory_estimate.h).
+double stage_memory(const core::ModelSpec& m, const Layout& l, int s, int64_t layers,
+                    int64_t in_flight);
+
+}  // namespace weft::planner
