@@ -85,7 +85,7 @@ Candidate megatron_baseline(const core::JobSpec& spec, int world, const SearchOp
 }
 
 std::string candidate_header() {
-  return "  dp x tp x pp x ep   schedule        mb  zero recompute  layers/stage       step       "
+  return "  dp x tp x pp x ep   schedule        mb  zero recompute  layers/chunk       step       "
          "tokens/s   GiB/rank  bubble";
 }
 
@@ -112,9 +112,10 @@ std::string candidate_row(const Candidate& c) {
   char degrees[64], row[256];
   std::snprintf(degrees, sizeof degrees, "%lld x %lld x %lld x %lld", (long long)l.deg.dp,
                 (long long)l.deg.tp, (long long)l.deg.pp, (long long)l.deg.ep);
-  std::snprintf(row, sizeof row, "  %-18s %-15s %3lld  %4d %-10s %-14s %8.1f ms %10.4g %10.2f  %5.1f%%",
+  const double ms = c.pred.step_s * 1e3;
+  std::snprintf(row, sizeof row, "  %-18s %-15s %3lld  %4d %-10s %-14s %8.*f ms %10.4g %10.3g  %5.1f%%",
                 degrees, sched.c_str(), (long long)l.micro_batch, l.zero, l.recompute.c_str(),
-                layers.c_str(), c.pred.step_s * 1e3, c.tokens_per_s,
+                layers.c_str(), ms < 10 ? 3 : 1, ms, c.tokens_per_s,
                 c.pred.memory_bytes / double(int64_t(1) << 30), 100 * c.pred.bubble);
   return row;
 }
