@@ -153,7 +153,15 @@ SearchResult search_plan(const core::JobSpec& spec, int world, const SearchOptio
         const int64_t dp = world / (tp * pp * ep);
         if (p.dp && p.dp != dp) continue;
         if (ep > 1 && m.moe.experts % ep != 0) continue;
-        if (G % (dp * ep) != 0) continue;
+        if (G % (dp * ep) != 0) {
+          if (!first_error)
+            first_error = ConfigError("train.global_batch",
+                                      "global_batch (" + std::to_string(G) + ") must be a multiple of dp x ep = " +
+                                          std::to_string(dp * ep) + " (tp " + std::to_string(tp) + ", pp " +
+                                          std::to_string(pp) + " on " + std::to_string(world) +
+                                          " ranks); raise it, or leave more of tp and pp to the search");
+          continue;
+        }
         const Degrees deg{dp, tp, pp, ep};
         const Crossing cross = crossing(deg, order, rpn);
         for (int64_t mb : spec.train.micro_batch ? std::vector<int64_t>{spec.train.micro_batch}

@@ -185,6 +185,26 @@ TEST(Search, PredictionAgreesWithTheSimulatedPlan) {
   }
 }
 
+// One stage holding everything has the parameters estimate_memory counts for the job.
+TEST(Search, StageMemoryOfOneStageIsTheJobsParameters) {
+  for (core::JobSpec s : {medium(), test_util::gpt_spec(4, 128, 8, 1000, 64)}) {
+    s.parallel.tp = 2, s.parallel.dp = 2;
+    const MemoryEstimate job = estimate_memory(s, 4);
+    const MemoryEstimate one = estimate_stage_memory(s.model, Degrees{2, 2, 1, 1}, 0, s.train.micro_batch, "none",
+                                                     StageShape{s.model.layers, true, true, 1});
+    EXPECT_DOUBLE_EQ(one.parameters, job.parameters);
+    EXPECT_DOUBLE_EQ(one.optimizer, job.optimizer);
+  }
+  // Llama, untied: the head is the last stage's, the table the first's.
+  core::JobSpec l = gpt_spec(4, 128, 8, 1000, 64);
+  l.model.arch = "llama", l.model.kv_heads = 4, l.model.mlp_ratio = 4;
+  const double both = estimate_stage_memory(l.model, Degrees{}, 0, 1, "none", StageShape{4, true, true, 1}).parameters;
+  const double first = estimate_stage_memory(l.model, Degrees{}, 0, 1, "none", StageShape{2, true, false, 1}).parameters;
+  const double last = estimate_stage_memory(l.model, Degrees{}, 0, 1, "none", StageShape{2, false, true, 1}).parameters;
+  EXPECT_DOUBLE_EQ(first + last, both);
+  EXPECT_DOUBLE_EQ(both, estimate_memory(l, 1).parameters);
+}
+
 TEST(Search, MegatronBaselineIsOneOfTheCandidatesAndNoFaster) {
   core::JobSpec s = searched(medium());
   const SearchResult r = search_plan(s, 8);
