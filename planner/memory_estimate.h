@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-
 #include <string>
 
 #include "core/config/job_spec.h"

@@ -38,13 +38,14 @@ struct ParallelConfig {
 // unless dp is fixed, then the first of tp, pp, ep takes it; a job's own auto tp, pp and ep
 // are searched by fit_layout before they get here) and validates everything the plan
 // depends on. Refuses the keys only the search fills (zero, schedule, virtual_stages,
-// layout, recompute, train.micro_batch: auto). Throws ConfigError naming the field ("parallel.tp") with a valid
-// alternative ("... try tp=2 or tp=4").
+// layout, recompute, train.micro_batch: auto). Throws ConfigError naming the field
+// ("parallel.tp") with a valid alternative ("... try tp=2 or tp=4").
 ParallelConfig resolve_parallel(const core::JobSpec& spec, int world);
 
 // The job for a world of `world` ranks. A job with searched keys (planner/search.h:
 // plan: search, or tp, pp, ep, zero, schedule, virtual_stages, layout, recompute or
-// train.micro_batch auto) gets the search's best layout for this world, every key set. Else, with elastic.layout: fixed, `spec` itself once
+// train.micro_batch auto) gets the search's best layout for this world, every key set
+// (plan: manual). Else, with elastic.layout: fixed, `spec` itself once
 // resolve_parallel accepts it (its ConfigError otherwise, with a hint at elastic.layout:
 // auto when the world size is what does not fit). With auto and degrees that do not fit:
 // the nearest layout that does (fixed tp, pp and ep lowered to divisors of what was asked,

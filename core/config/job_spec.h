@@ -108,7 +108,8 @@ struct ParallelSpec {
 struct MemorySpec {
   std::string allocator = "caching";  // caching | planned
   // GiB per rank the job may use; 0 (`auto` in YAML): MemAvailable of /proc/meminfo divided
-  // by the ranks on this node. weft train refuses a job whose estimate exceeds it.
+  // by the ranks on this node. weft train refuses a job whose estimate exceeds it. Also the
+  // plan search's cap per rank (planner/search.h; unset: the cost model's device memory).
   double limit_gib = 0;
 };
 
