@@ -79,6 +79,9 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
   sc.param_bytes.assign(size_t(layers), 0);
   sc.param_count.assign(size_t(layers), 0);
   std::map<std::pair<int, int>, bool> seen_param;  // (layer or -1/-2, value)
+  // Values already counted as reduced over tp: several ops accumulate partial sums into one
+  // gradient (q, k and v's into their input's), which is reduced once, where it is read.
+  std::vector<char> reduced(g.values().size(), 0);
 
   for (const core::Op& op : g.ops()) {
     if (op.phase != core::Phase::kForward && op.phase != core::Phase::kBackward) continue;
@@ -102,7 +105,7 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
       const bool activation = v.role == core::Role::kActivation ||
                               (v.role == core::Role::kGradient && !(v.grad_of >= 0 &&
                                 g.value(v.grad_of).role == core::Role::kParameter));
-      if (activation && s.outs[k].piece.parts > parts_before_tp[k])
+      if (activation && s.outs[k].piece.parts > parts_before_tp[k] && !reduced[size_t(op.outputs[k])]++)
         t += cost.collective(CollKind::kAllReduce, int(tp), int64_t(s.outs[k].piece.numel()) * int64_t(elem),
                              cross.tp);
     }
