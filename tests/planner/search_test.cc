@@ -152,7 +152,7 @@ TEST(Search, UnevenStagesWhenTheCapForcesThem) {
 }
 
 // The stage-level prediction against the simulator on the lowered plan of the same layout.
-// Measured on these cases: within 10% (the table in docs/planner.md); asserted within 25%.
+// Measured on these cases: within 8% (docs/planner.md, "Plan search"); asserted within 25%.
 TEST(Search, PredictionAgreesWithTheSimulatedPlan) {
   struct Case {
     const char* what;
