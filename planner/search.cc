@@ -79,35 +79,22 @@ struct Choice {
   int64_t v = 1;
 };
 
-// The (schedule, virtual_stages) pairs to try at pp stages.
+// The (schedule, virtual_stages) pairs to try at pp stages (resolve_parallel refuses the
+// ones that do not fit, e.g. virtual stages without a pipeline).
 std::vector<Choice> schedule_choices(const core::ParallelSpec& p, int64_t pp, int64_t layers) {
   const std::string& s = p.pipeline.schedule;
   const int64_t v = p.pipeline.virtual_stages;  // 0: auto
-  std::vector<int64_t> vs;
-  for (int64_t x = 2; x <= 8; ++x)
-    if (layers % (pp * x) == 0) vs.push_back(x);
-  std::vector<Choice> out;
-  auto add_interleaved = [&] {
-    if (v > 0) out.push_back({"interleaved", v});
-    else for (int64_t x : vs) out.push_back({"interleaved", x});
-  };
-  if (s != "auto") {
-    if (s == "interleaved") {
-      if (v == 0 && vs.empty()) out.push_back({s, 1});
-      add_interleaved();
-    } else {
-      out.push_back({s, v == 0 ? 1 : v});
-    }
-    return out;
-  }
-  if (pp == 1 || (v == 1)) {
-    // One stage: the schedules differ only in order; 1F1B keeps the fewest activations.
-    out.push_back({"1f1b", 1});
-    if (pp > 1) out.push_back({"gpipe", 1});
-    return out;
-  }
-  if (v == 0) out.push_back({"1f1b", 1}), out.push_back({"gpipe", 1});
-  add_interleaved();
+  if (v > 1) return {{s == "auto" ? "interleaved" : s, v}};
+  std::vector<Choice> interleaved;
+  if (v == 0)
+    for (int64_t x = 2; x <= 8; ++x)
+      if (pp > 1 && layers % (pp * x) == 0) interleaved.push_back({"interleaved", x});
+  if (s == "interleaved") return interleaved.empty() ? std::vector<Choice>{{s, 1}} : interleaved;
+  if (s != "auto") return {{s, 1}};
+  // One stage: the schedules differ only in order; 1F1B keeps the fewest activations.
+  if (pp == 1) return {{"1f1b", 1}};
+  std::vector<Choice> out = {{"1f1b", 1}, {"gpipe", 1}};
+  out.insert(out.end(), interleaved.begin(), interleaved.end());
   return out;
 }
 

@@ -108,6 +108,16 @@ TEST(Search, FixedKeysStayFixed) {
       EXPECT_EQ(c.layout.schedule, "gpipe");
     }
   }
+  // Fixed virtual stages: interleaved, with a pipeline, whatever else is searched.
+  s = searched(medium());
+  s.parallel.pipeline.virtual_stages = 2;
+  r = search_plan(s, 8);
+  ASSERT_FALSE(r.top.empty());
+  for (const Candidate& c : r.top) {
+    EXPECT_EQ(c.layout.schedule, "interleaved");
+    EXPECT_EQ(c.layout.virtual_stages, 2);
+    EXPECT_GT(c.layout.deg.pp, 1);
+  }
   // A fixed pp and layout: the layout is used as given.
   s = searched(medium(4));
   s.parallel.pp = 2;
