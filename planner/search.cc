@@ -205,7 +205,13 @@ SearchResult search_plan(const core::JobSpec& spec, int world, const SearchOptio
                 ++r.evaluated;
                 if (c.pred.memory_bytes < least_memory) {
                   least_memory = c.pred.memory_bytes;
-                  least_what = candidate_row(c);
+                  char what[160];
+                  std::snprintf(what, sizeof what,
+                                "dp %lld x tp %lld x pp %lld x ep %lld, micro_batch %lld, zero %d, "
+                                "recompute %s",
+                                (long long)dp, (long long)tp, (long long)pp, (long long)ep,
+                                (long long)mb, l.zero, rc.c_str());
+                  least_what = what;
                 }
                 if (c.pred.memory_bytes > r.cap_bytes) continue;
                 fit.push_back({std::move(c), r.evaluated});
