@@ -61,8 +61,10 @@ std::vector<int64_t> stage_boundaries(const core::ModelSpec& m, const SplitCosts
     for (int64_t e = s + 1; e <= L - (pp - 1 - s); ++e)
       for (int64_t j = std::max<int64_t>(s, e - most[size_t(s)]); j < e; ++j) {
         if (best[size_t(s)][size_t(j)] == kInf) continue;
-        const double t = std::max(best[size_t(s)][size_t(j)], extra[size_t(s)] + prefix[size_t(e)] - prefix[size_t(j)]);
-        if (t < best[size_t(s) + 1][size_t(e)]) best[size_t(s) + 1][size_t(e)] = t, from[size_t(s) + 1][size_t(e)] = j;
+        const double t = std::max(best[size_t(s)][size_t(j)],
+                                  extra[size_t(s)] + prefix[size_t(e)] - prefix[size_t(j)]);
+        if (t < best[size_t(s) + 1][size_t(e)])
+          best[size_t(s) + 1][size_t(e)] = t, from[size_t(s) + 1][size_t(e)] = j;
       }
   if (best[size_t(pp)][size_t(L)] == kInf) return {};
   std::vector<int64_t> layers(static_cast<size_t>(pp));
@@ -105,7 +107,8 @@ SearchResult search_plan(const core::JobSpec& spec, int world, const SearchOptio
   const core::ParallelSpec& p = spec.parallel;
   const core::ModelSpec& m = spec.model;
   const CostModel& cost = opt.cost;
-  if (world < 1) throw ConfigError("--world", "expected a world size >= 1, got " + std::to_string(world));
+  if (world < 1)
+    throw ConfigError("--world", "expected a world size >= 1, got " + std::to_string(world));
   SearchResult r;
   r.cap_bytes = search_cap_bytes(spec, cost);
   r.cap_source = spec.memory.limit_gib > 0 ? "memory.limit_gib" : "the device memory";
@@ -132,22 +135,25 @@ SearchResult search_plan(const core::JobSpec& spec, int world, const SearchOptio
   std::vector<Ranked> fit;
 
   for (int64_t tp : tps)
-    for (int64_t pp : p.pp ? std::vector<int64_t>{p.pp} : divisors(world / std::max<int64_t>(1, tp), L))
+    for (int64_t pp :
+         p.pp ? std::vector<int64_t>{p.pp} : divisors(world / std::max<int64_t>(1, tp), L))
       for (int64_t ep : p.ep ? std::vector<int64_t>{p.ep}
-                             : m.arch == "moe-gpt" && m.moe.experts > 0
-                                   ? divisors(std::max<int64_t>(1, world / (tp * pp)), m.moe.experts)
-                                   : std::vector<int64_t>{1}) {
+                        : m.arch == "moe-gpt" && m.moe.experts > 0
+                            ? divisors(std::max<int64_t>(1, world / (tp * pp)), m.moe.experts)
+                            : std::vector<int64_t>{1}) {
         if (world % (tp * pp * ep) != 0) continue;
         const int64_t dp = world / (tp * pp * ep);
         if (p.dp && p.dp != dp) continue;
         if (ep > 1 && m.moe.experts % ep != 0) continue;
         if (G % (dp * ep) != 0) {
           if (!first_error)
-            first_error = ConfigError("train.global_batch",
-                                      "global_batch (" + std::to_string(G) + ") must be a multiple of dp x ep = " +
-                                          std::to_string(dp * ep) + " (tp " + std::to_string(tp) + ", pp " +
-                                          std::to_string(pp) + " on " + std::to_string(world) +
-                                          " ranks); raise it, or leave more of tp and pp to the search");
+            first_error =
+                ConfigError("train.global_batch",
+                            "global_batch (" + std::to_string(G) +
+                                ") must be a multiple of dp x ep = " + std::to_string(dp * ep) +
+                                " (tp " + std::to_string(tp) + ", pp " + std::to_string(pp) +
+                                " on " + std::to_string(world) +
+                                " ranks); raise it, or leave more of tp and pp to the search");
           continue;
         }
         const Degrees deg{dp, tp, pp, ep};
@@ -158,7 +164,8 @@ SearchResult search_plan(const core::JobSpec& spec, int world, const SearchOptio
             // resolve_parallel is the judge of what the executor can run (divisibility, layout).
             core::JobSpec probe = spec;
             probe.parallel.plan = "manual";
-            probe.parallel.dp = dp, probe.parallel.tp = tp, probe.parallel.pp = pp, probe.parallel.ep = ep;
+            probe.parallel.dp = dp, probe.parallel.tp = tp, probe.parallel.pp = pp,
+            probe.parallel.ep = ep;
             probe.parallel.zero = 0, probe.parallel.recompute = "none";
             probe.parallel.pipeline.schedule = sch.schedule;
             probe.parallel.pipeline.virtual_stages = sch.v;
@@ -175,27 +182,37 @@ SearchResult search_plan(const core::JobSpec& spec, int world, const SearchOptio
             const auto split_key = std::make_tuple(tp, ep, mb, cross.tp, cross.ep);
             auto it = splits.find(split_key);
             if (it == splits.end())
-              it = splits.emplace(split_key, split_costs(mg.graph, cost, G, tp, ep, mb, cross)).first;
+              it = splits.emplace(split_key, split_costs(mg.graph, cost, G, tp, ep, mb, cross))
+                       .first;
             const SplitCosts& sc = it->second;
-            const auto flight_key = std::make_tuple(pc.schedule, pp, pc.virtual_stages, pc.micro_batches);
+            const auto flight_key =
+                std::make_tuple(pc.schedule, pp, pc.virtual_stages, pc.micro_batches);
             auto fl = flights.find(flight_key);
             if (fl == flights.end())
-              fl = flights.emplace(flight_key, stage_in_flight(pc.schedule, int(pp), int(pc.virtual_stages),
-                                                               int(pc.micro_batches))).first;
+              fl = flights
+                       .emplace(flight_key,
+                                stage_in_flight(pc.schedule, int(pp), int(pc.virtual_stages),
+                                                int(pc.micro_batches)))
+                       .first;
             const std::vector<int64_t>& in_flight = fl->second;
             std::vector<int64_t> zeros;
-            if (p.zero != core::ParallelSpec::kAutoZero) zeros = {p.zero};
-            else if (dp * ep > 1) zeros = {0, 1, 2, 3};
-            else zeros = {0};
+            if (p.zero != core::ParallelSpec::kAutoZero)
+              zeros = {p.zero};
+            else if (dp * ep > 1)
+              zeros = {0, 1, 2, 3};
+            else
+              zeros = {0};
             for (int64_t zero : zeros)
               for (const std::string& rc : recomputes) {
                 Layout l;
                 l.deg = deg, l.zero = int(zero), l.schedule = pc.schedule, l.recompute = rc;
-                l.virtual_stages = pc.virtual_stages, l.micro_batch = mb, l.micro_batches = pc.micro_batches;
+                l.virtual_stages = pc.virtual_stages, l.micro_batch = mb,
+                l.micro_batches = pc.micro_batches;
                 for (const auto& c : pc.chunks) l.chunk_layers.push_back(int64_t(c.size()));
                 const bool boundaries = p.pipeline.layout_auto && pp > 1 && pc.virtual_stages == 1;
                 if (boundaries) {
-                  std::vector<int64_t> b = stage_boundaries(m, sc, l, cost, cross, in_flight, r.cap_bytes);
+                  std::vector<int64_t> b =
+                      stage_boundaries(m, sc, l, cost, cross, in_flight, r.cap_bytes);
                   if (!b.empty()) l.chunk_layers = b;  // else the even split, to report its memory
                 }
                 Candidate c;
@@ -231,13 +248,15 @@ SearchResult search_plan(const core::JobSpec& spec, int world, const SearchOptio
                   "%.1f GiB (%s); raise memory.limit_gib, add ranks, or shrink the model or "
                   "train.global_batch",
                   r.cap_bytes / double(int64_t(1) << 30), r.cap_source.c_str(),
-                  (long long)r.evaluated, least_memory / double(int64_t(1) << 30), least_what.c_str());
+                  (long long)r.evaluated, least_memory / double(int64_t(1) << 30),
+                  least_what.c_str());
     throw ConfigError("memory.limit_gib", msg);
   }
   // Fastest first; equal times: less memory, then the enumeration order.
   auto better = [](const Ranked& a, const Ranked& b) {
     if (a.c.pred.step_s != b.c.pred.step_s) return a.c.pred.step_s < b.c.pred.step_s;
-    if (a.c.pred.memory_bytes != b.c.pred.memory_bytes) return a.c.pred.memory_bytes < b.c.pred.memory_bytes;
+    if (a.c.pred.memory_bytes != b.c.pred.memory_bytes)
+      return a.c.pred.memory_bytes < b.c.pred.memory_bytes;
     return a.index < b.index;
   };
   const size_t keep = std::min(fit.size(), size_t(std::max(1, opt.top)));

@@ -41,7 +41,7 @@ struct SearchResult {
   int64_t evaluated = 0;       // candidates costed
   int64_t fitting = 0;         // of which under the cap
   double cap_bytes = 0;
-  std::string cap_source;      // "memory.limit_gib" or "the device memory"
+  std::string cap_source;  // "memory.limit_gib" or "the device memory"
   double seconds = 0;
 };
 

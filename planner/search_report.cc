@@ -113,8 +113,9 @@ std::string candidate_row(const Candidate& c) {
   std::snprintf(degrees, sizeof degrees, "%lld x %lld x %lld x %lld", (long long)l.deg.dp,
                 (long long)l.deg.tp, (long long)l.deg.pp, (long long)l.deg.ep);
   const double ms = c.pred.step_s * 1e3;
-  std::snprintf(row, sizeof row, "  %-18s %-15s %3lld  %4d %-10s %-14s %8.*f ms %10.4g %10.3g  %5.1f%%",
-                degrees, sched.c_str(), (long long)l.micro_batch, l.zero, l.recompute.c_str(),
+  std::snprintf(row, sizeof row,
+                "  %-18s %-15s %3lld  %4d %-10s %-14s %8.*f ms %10.4g %10.3g  %5.1f%%", degrees,
+                sched.c_str(), (long long)l.micro_batch, l.zero, l.recompute.c_str(),
                 layers.c_str(), ms < 10 ? 3 : 1, ms, c.tokens_per_s,
                 c.pred.memory_bytes / double(int64_t(1) << 30), 100 * c.pred.bubble);
   return row;
@@ -135,12 +136,14 @@ std::string search_table(const SearchResult& r, int world) {
 
 std::string compare_table(const Candidate& searched, const Candidate& baseline) {
   char ratio[160];
-  std::snprintf(ratio, sizeof ratio,
-                "predicted tokens/s, searched / Megatron-style: %.3fx (same cost model; a prediction, "
-                "not a measurement)\n",
-                searched.tokens_per_s / baseline.tokens_per_s);
-  return "            " + candidate_header().substr(2) + "\nsearched    " + candidate_row(searched).substr(2) +
-         "\nMegatron    " + candidate_row(baseline).substr(2) + "\n" + ratio;
+  std::snprintf(
+      ratio, sizeof ratio,
+      "predicted tokens/s, searched / Megatron-style: %.3fx (same cost model; a prediction, "
+      "not a measurement)\n",
+      searched.tokens_per_s / baseline.tokens_per_s);
+  return "            " + candidate_header().substr(2) + "\nsearched    " +
+         candidate_row(searched).substr(2) + "\nMegatron    " + candidate_row(baseline).substr(2) +
+         "\n" + ratio;
 }
 
 }  // namespace weft::planner

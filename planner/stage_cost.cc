@@ -39,7 +39,8 @@ double collectives(const CostModel& cost, CollKind k, int64_t n, double total, i
 // (lower_step.cc's bucket_add), so their launches count per bucket.
 double bucketed(const CostModel& cost, CollKind k, int64_t n, double bytes, bool cross) {
   const double bucket = double(ParallelConfig{}.bucket_bytes);
-  return collectives(cost, k, n, bytes, std::max<int64_t>(1, int64_t(std::ceil(bytes / bucket))), cross);
+  return collectives(cost, k, n, bytes, std::max<int64_t>(1, int64_t(std::ceil(bytes / bucket))),
+                     cross);
 }
 
 }  // namespace
@@ -95,19 +96,22 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
           for (const SubTensor& o : s.outs) parts_before_tp.push_back(o.piece.parts);
         s = partition_one(g, s, sp.symbol, sp.n, 0, sp.groups);
       }
-    const size_t elem = core::dtype_size(g.value(op.outputs.empty() ? op.inputs[0] : op.outputs[0]).dtype);
+    const size_t elem =
+        core::dtype_size(g.value(op.outputs.empty() ? op.inputs[0] : op.outputs[0]).dtype);
     const OpWork w = op_work(op, "", shapes(s.ins), shapes(s.outs), elem);
     double t = cost.compute(w.flop, w.bytes);
     // Tensor parallelism leaves an activation (or its gradient) as partial sums: an
     // all-reduce over the tp lanes (Megatron's two per layer each way).
     for (size_t k = 0; k < parts_before_tp.size() && k < s.outs.size(); ++k) {
       const core::Value& v = g.value(op.outputs[k]);
-      const bool activation = v.role == core::Role::kActivation ||
-                              (v.role == core::Role::kGradient && !(v.grad_of >= 0 &&
-                                g.value(v.grad_of).role == core::Role::kParameter));
-      if (activation && s.outs[k].piece.parts > parts_before_tp[k] && !reduced[size_t(op.outputs[k])]++)
-        t += cost.collective(CollKind::kAllReduce, int(tp), int64_t(s.outs[k].piece.numel()) * int64_t(elem),
-                             cross.tp);
+      const bool activation =
+          v.role == core::Role::kActivation ||
+          (v.role == core::Role::kGradient &&
+           !(v.grad_of >= 0 && g.value(v.grad_of).role == core::Role::kParameter));
+      if (activation && s.outs[k].piece.parts > parts_before_tp[k] &&
+          !reduced[size_t(op.outputs[k])]++)
+        t += cost.collective(CollKind::kAllReduce, int(tp),
+                             int64_t(s.outs[k].piece.numel()) * int64_t(elem), cross.tp);
     }
     // Vocabulary-parallel cross-entropy: the row max and the sum of exponentials.
     if (fwd && op.type == "cross_entropy" && tp > 1 && !s.ins.empty()) {
@@ -120,14 +124,16 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
       if (ep > 1 && !s.ins.empty()) {
         const double tokens = numel(box_shape(s.ins[0].piece.box));  // (B, T, C) of this rank
         const double k = double(f.attrs.i_or("top_k", 1));
-        t += 2 * cost.collective(CollKind::kAllToAllV, int(ep), int64_t(tokens * k * double(elem)), cross.ep);
+        t += 2 * cost.collective(CollKind::kAllToAllV, int(ep), int64_t(tokens * k * double(elem)),
+                                 cross.ep);
       }
     }
     const int layer = f.layer;
     const bool embed = layer < 0 && f.scope.rfind("embed", 0) == 0;
     if (layer >= 0) {
       (fwd ? sc.fwd : sc.bwd)[size_t(layer)] += t;
-      if (fwd && (op.type == "attention" || op.type == "gqa_attention")) sc.attn_fwd[size_t(layer)] += t;
+      if (fwd && (op.type == "attention" || op.type == "gqa_attention"))
+        sc.attn_fwd[size_t(layer)] += t;
     } else if (embed) {
       (fwd ? sc.embed_fwd : sc.embed_bwd) += t;
     } else {
@@ -142,9 +148,12 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
       seen_param[{where, op.inputs[i]}] = true;
       const double bytes = double(s.ins[i].piece.numel()) * double(core::dtype_size(v.dtype));
       sc.grad_elem = double(core::dtype_size(v.dtype));
-      if (layer >= 0) sc.param_bytes[size_t(layer)] += bytes, ++sc.param_count[size_t(layer)];
-      else if (embed) sc.embed_param_bytes += bytes, ++sc.embed_param_count;
-      else sc.head_param_bytes += bytes, ++sc.head_param_count;
+      if (layer >= 0)
+        sc.param_bytes[size_t(layer)] += bytes, ++sc.param_count[size_t(layer)];
+      else if (embed)
+        sc.embed_param_bytes += bytes, ++sc.embed_param_count;
+      else
+        sc.head_param_bytes += bytes, ++sc.head_param_count;
     }
     // The residual stream between layers crosses a stage boundary (B, T, C) whole on every lane.
     if (layer == 0 && sc.boundary_bytes == 0 && !s.ins.empty())
@@ -242,7 +251,8 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
     stage_layers[size_t(c % pp)] += end - begin;
     begin = end;
   }
-  const ScheduleTiming timing = time_schedule(l.schedule, pp, v, int(l.micro_batches), fwd, bwd, &final);
+  const ScheduleTiming timing =
+      time_schedule(l.schedule, pp, v, int(l.micro_batches), fwd, bwd, &final);
 
   // After the pipeline: the tied embedding's sum over its two stages, the gradient norm,
   // AdamW on this rank's share, ZeRO-1/2's parameter gather.
@@ -252,14 +262,16 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
   for (int s = 0; s < pp; ++s) {
     const double bytes = stage_params[size_t(s)];
     double t = 0;
-    if (l.zero == 1 || l.zero == 2) t += bucketed(cost, CollKind::kAllGather, shards, bytes, cross.dp);
+    if (l.zero == 1 || l.zero == 2)
+      t += bucketed(cost, CollKind::kAllGather, shards, bytes, cross.dp);
     if (tied && pp > 1 && (s == 0 || s == (chunks - 1) % pp))
       t += cost.collective(CollKind::kAllReduce, 2, int64_t(sc.embed_param_bytes), cross.pp);
     const int64_t replica = l.deg.tp * l.deg.ep * l.deg.pp;
     const bool replica_cross = cross.pp || cross.tp || cross.ep;
     t += cost.collective(CollKind::kAllReduce, int(replica), 8, replica_cross);
     if (l.zero >= 1)
-      t += cost.collective(CollKind::kAllReduce, int(replica * l.deg.dp), 8, replica_cross || cross.dp);
+      t += cost.collective(CollKind::kAllReduce, int(replica * l.deg.dp), 8,
+                           replica_cross || cross.dp);
     const double n = bytes / elem / double(l.zero >= 1 ? shards : 1);
     t += cost.compute(15 * n, 7 * n * elem);
     end_s[size_t(s)] = t;

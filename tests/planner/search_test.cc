@@ -1,6 +1,8 @@
 // The plan search (planner/search.h): what it chooses under a memory cap, that fixed keys
 // stay fixed, that it is deterministic, toy cases whose answer is known by hand, agreement of
 // its stage-level prediction with simulate_plan of the lowered plan, and the YAML keys.
+#include "planner/search.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 #include "planner/memory_estimate.h"
 #include "planner/planner.h"
 #include "planner/policy.h"
-#include "planner/search.h"
 #include "tests/planner/util.h"
 
 namespace weft::planner {
@@ -42,9 +43,9 @@ core::JobSpec medium(int64_t layers = 8) {
 }
 
 bool same(const Layout& a, const Layout& b) {
-  return a.deg == b.deg && a.zero == b.zero && a.schedule == b.schedule && a.recompute == b.recompute &&
-         a.virtual_stages == b.virtual_stages && a.micro_batch == b.micro_batch &&
-         a.chunk_layers == b.chunk_layers;
+  return a.deg == b.deg && a.zero == b.zero && a.schedule == b.schedule &&
+         a.recompute == b.recompute && a.virtual_stages == b.virtual_stages &&
+         a.micro_batch == b.micro_batch && a.chunk_layers == b.chunk_layers;
 }
 
 TEST(Search, SmallModelOnFourDevicesIsPureDataParallel) {
@@ -62,8 +63,9 @@ TEST(Search, ModelTooLargeForOneDeviceSplitsTheModel) {
   // exceed the cap: only tp or pp can make a rank's share fit.
   core::JobSpec s = searched(medium());
   s.parallel.zero = 0;
-  const double replica =
-      estimate_stage_memory(s.model, Degrees{}, 0, 1, "full", StageShape{s.model.layers, true, true, 1}).total();
+  const double replica = estimate_stage_memory(s.model, Degrees{}, 0, 1, "full",
+                                               StageShape{s.model.layers, true, true, 1})
+                             .total();
   s.memory.limit_gib = 0.6 * replica / kGiB;
   SearchResult r = search_plan(s, 4);
   const Layout& l = r.top[0].layout;
@@ -153,7 +155,8 @@ TEST(Search, UnevenStagesWhenTheCapForcesThem) {
   ASSERT_GT(st[0], st[1]);
   s.memory.limit_gib = (st[1] + 0.6 * (st[0] - st[1])) / kGiB;
   SearchResult r = search_plan(s, 2);
-  EXPECT_LT(r.top[0].layout.chunk_layers[0], r.top[0].layout.chunk_layers[1]) << candidate_row(r.top[0]);
+  EXPECT_LT(r.top[0].layout.chunk_layers[0], r.top[0].layout.chunk_layers[1])
+      << candidate_row(r.top[0]);
   EXPECT_LE(r.top[0].pred.memory_bytes, s.memory.limit_gib * kGiB);
   // The written-out job carries that layout and plans.
   core::JobSpec chosen = apply_layout(s, r.top[0].layout);
@@ -171,9 +174,16 @@ TEST(Search, PredictionAgreesWithTheSimulatedPlan) {
   };
   const std::vector<Case> cases = {
       {"searched", 4, [](core::JobSpec&) {}},
-      {"tp 2 pp 2 1f1b", 8, [](core::JobSpec& s) { s.parallel.tp = 2, s.parallel.pp = 2, s.parallel.pipeline.schedule = "1f1b"; }},
-      {"pp 4 gpipe", 4, [](core::JobSpec& s) { s.parallel.pp = 4, s.parallel.tp = 1, s.parallel.pipeline.schedule = "gpipe"; }},
-      {"tp 4 zero 3", 8, [](core::JobSpec& s) { s.parallel.tp = 4, s.parallel.pp = 1, s.parallel.zero = 3; }},
+      {"tp 2 pp 2 1f1b", 8,
+       [](core::JobSpec& s) {
+         s.parallel.tp = 2, s.parallel.pp = 2, s.parallel.pipeline.schedule = "1f1b";
+       }},
+      {"pp 4 gpipe", 4,
+       [](core::JobSpec& s) {
+         s.parallel.pp = 4, s.parallel.tp = 1, s.parallel.pipeline.schedule = "gpipe";
+       }},
+      {"tp 4 zero 3", 8,
+       [](core::JobSpec& s) { s.parallel.tp = 4, s.parallel.pp = 1, s.parallel.zero = 3; }},
       {"pp 2 interleaved, full recompute", 4,
        [](core::JobSpec& s) {
          s.parallel.pp = 2, s.parallel.tp = 1, s.parallel.pipeline.schedule = "interleaved";
@@ -200,17 +210,24 @@ TEST(Search, StageMemoryOfOneStageIsTheJobsParameters) {
   for (core::JobSpec s : {medium(), test_util::gpt_spec(4, 128, 8, 1000, 64)}) {
     s.parallel.tp = 2, s.parallel.dp = 2;
     const MemoryEstimate job = estimate_memory(s, 4);
-    const MemoryEstimate one = estimate_stage_memory(s.model, Degrees{2, 2, 1, 1}, 0, s.train.micro_batch, "none",
-                                                     StageShape{s.model.layers, true, true, 1});
+    const MemoryEstimate one =
+        estimate_stage_memory(s.model, Degrees{2, 2, 1, 1}, 0, s.train.micro_batch, "none",
+                              StageShape{s.model.layers, true, true, 1});
     EXPECT_DOUBLE_EQ(one.parameters, job.parameters);
     EXPECT_DOUBLE_EQ(one.optimizer, job.optimizer);
   }
   // Llama, untied: the head is the last stage's, the table the first's.
   core::JobSpec l = gpt_spec(4, 128, 8, 1000, 64);
   l.model.arch = "llama", l.model.kv_heads = 4, l.model.mlp_ratio = 4;
-  const double both = estimate_stage_memory(l.model, Degrees{}, 0, 1, "none", StageShape{4, true, true, 1}).parameters;
-  const double first = estimate_stage_memory(l.model, Degrees{}, 0, 1, "none", StageShape{2, true, false, 1}).parameters;
-  const double last = estimate_stage_memory(l.model, Degrees{}, 0, 1, "none", StageShape{2, false, true, 1}).parameters;
+  const double both =
+      estimate_stage_memory(l.model, Degrees{}, 0, 1, "none", StageShape{4, true, true, 1})
+          .parameters;
+  const double first =
+      estimate_stage_memory(l.model, Degrees{}, 0, 1, "none", StageShape{2, true, false, 1})
+          .parameters;
+  const double last =
+      estimate_stage_memory(l.model, Degrees{}, 0, 1, "none", StageShape{2, false, true, 1})
+          .parameters;
   EXPECT_DOUBLE_EQ(first + last, both);
   EXPECT_DOUBLE_EQ(both, estimate_memory(l, 1).parameters);
 }
@@ -290,7 +307,8 @@ TEST(SearchSpec, BadAutoValuesNameTheField) {
     EXPECT_EQ(e.field(), "parallel.recompute");
   }
   try {
-    core::parse_job_spec(base + "train: {micro_batch: auto}\nparallel: {pipeline: {micro_batches: 2}}\n", "");
+    core::parse_job_spec(
+        base + "train: {micro_batch: auto}\nparallel: {pipeline: {micro_batches: 2}}\n", "");
     ADD_FAILURE();
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.field(), "parallel.pipeline.micro_batches");
