@@ -11,6 +11,7 @@ namespace weft::launch {
 
 WorldAhead::~WorldAhead() {
   std::lock_guard<std::mutex> l(mu_);
+  for (auto& b : builds_) b->cancelled->store(true);
   for (auto& b : builds_)
     if (b->thread.joinable()) b->thread.join();
 }
@@ -38,7 +39,8 @@ void WorldAhead::start(const parallel::LaunchEnv& env, const std::string& notice
   Build* raw = b.get();
   raw->thread = std::thread([raw, env, notices, timeout] {
     // Its own watch (one thread per EpochWatch), from the epoch it builds.
-    auto superseded = [watch = EpochWatch(notices, env.rdzv_epoch)] {
+    auto superseded = [watch = EpochWatch(notices, env.rdzv_epoch), cancelled = raw->cancelled] {
+      if (cancelled->load()) return std::string("the worker is ending");
       std::optional<EpochNotice> n = watch.newer();
       return n ? str("epoch ", watch.epoch(), " was replaced by epoch ", n->epoch,
                      " before its world formed")

@@ -28,9 +28,10 @@ namespace weft::launch {
 class WorldAhead {
  public:
   WorldAhead() = default;
-  // Joins the builds still running: a replaced one ends within 10 ms (its store waits are
-  // cancelled); one whose peers died while its pairs were connecting, within the
-  // communicator's timeout (Gloo's connect cannot be cancelled).
+  // Cancels the builds still running and joins them: each ends within 10 ms while it waits
+  // on the store for its peers' keys (a worker that ends with its job while a node was being
+  // admitted must not wait out the timeout); one whose pairs were already connecting ends
+  // when they connect or fail (Gloo's connect cannot be cancelled).
   ~WorldAhead();
   WorldAhead(const WorldAhead&) = delete;
   WorldAhead& operator=(const WorldAhead&) = delete;
@@ -52,6 +53,7 @@ class WorldAhead {
     int64_t epoch = 0;
     std::thread thread;
     std::atomic<bool> done{false};
+    std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
     std::unique_ptr<parallel::WorkerWorld> world;  // written by `thread`, read after its join
     std::exception_ptr error;
   };

@@ -86,5 +86,14 @@ TEST(WorldAhead, ABuildWhoseEpochWasReplacedGivesUpAndTakeSaysWhy) {
   fs::remove(notices);
 }
 
+TEST(WorldAhead, AWorkerThatEndsCancelsItsBuildInsteadOfWaitingForPeers) {
+  comm::TCPStoreServer server;
+  const fs::path notices = notice_path("ends");
+  // Rank 1 never comes and no notice replaces epoch 2: only the destructor's cancel can end
+  // this build before its 600 s timeout (past the suite's 60 s limit on this binary).
+  { WorldAhead a; a.start(env_of(0, 2, server.port(), 2), notices, 600s); }
+  SUCCEED();
+}
+
 }  // namespace
 }  // namespace weft::launch
