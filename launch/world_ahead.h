@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -28,39 +29,48 @@ namespace weft::launch {
 class WorldAhead {
  public:
   WorldAhead() = default;
-  // Cancels the builds still running and joins them: each ends within 10 ms while it waits
-  // on the store for its peers' keys (a worker that ends with its job while a node was being
-  // admitted must not wait out the timeout); one whose pairs were already connecting ends
-  // when they connect or fail (Gloo's connect cannot be cancelled).
+  // Cancels the builds not finished and joins the builder: a build ends within 10 ms while
+  // it waits on the store for its peers' keys (a worker that ends with its job while a node
+  // was being admitted must not wait out the timeout); one whose pairs were already
+  // connecting ends when they connect or fail (Gloo's connect cannot be cancelled).
   ~WorldAhead();
   WorldAhead(const WorldAhead&) = delete;
   WorldAhead& operator=(const WorldAhead&) = delete;
 
-  // Starts building the world of `env` (its epoch: env.rdzv_epoch) on a thread, unless a
-  // build of that epoch or a later one was started already. The build gives up when the
-  // notice file `notices` names a later epoch (that world's ranks will not all come).
-  // Thread-safe.
+  // Queues the build of the world of `env` (its epoch: env.rdzv_epoch), unless a build of
+  // that epoch or a later one was queued already. The build gives up when the notice file
+  // `notices` names a later epoch (that world's ranks will not all come). Builds run one at
+  // a time on one thread that lives as long as this object: a thread per build left each
+  // build's allocations in a fresh malloc arena, and a worker's memory grew with every
+  // change (the 20-change soak test saw it). Thread-safe.
   void start(const parallel::LaunchEnv& env, const std::string& notices, comm::Millis timeout);
 
-  // The world of `epoch` if its build was started: waits for it, and rethrows its error
+  // The world of `epoch` if its build was queued: waits for it, and rethrows its error
   // (CommError: the caller then waits for the next epoch, as when building it itself
-  // fails). nullptr when none was started for `epoch`. Drops finished builds of earlier
+  // fails). nullptr when none was queued for `epoch`. Forgets finished builds of earlier
   // epochs.
   std::unique_ptr<parallel::WorkerWorld> take(int64_t epoch);
 
  private:
   struct Build {
     int64_t epoch = 0;
-    std::thread thread;
-    std::atomic<bool> done{false};
+    parallel::LaunchEnv env;
+    std::string notices;
+    comm::Millis timeout{0};
+    bool done = false;  // under mu_
     std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
-    std::unique_ptr<parallel::WorkerWorld> world;  // written by `thread`, read after its join
+    std::unique_ptr<parallel::WorkerWorld> world;  // set by the builder before `done`
     std::exception_ptr error;
   };
-  void drop_finished_before(int64_t epoch);  // with mu_ held
+  void build_loop();
+  static void build(Build& b);
 
   std::mutex mu_;
-  std::vector<std::unique_ptr<Build>> builds_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::vector<std::shared_ptr<Build>> builds_;   // queued, running or finished, not taken
+  std::vector<std::shared_ptr<Build>> pending_;  // queued, in order
+  std::thread builder_;                          // started with the first build
 };
 
 }  // namespace weft::launch
