@@ -5,13 +5,16 @@
 #include <cmath>
 
 namespace weft::planner {
-namespace {
 
-double numel(const core::Shape& s) {
+double shape_elements(const core::Shape& s) {
   double n = 1;
   for (int64_t d : s) n *= double(d);
   return n;
 }
+
+namespace {
+
+double numel(const core::Shape& s) { return shape_elements(s); }
 double last(const core::Shape& s) { return s.empty() ? 1.0 : double(s.back()); }
 double total(const std::vector<core::Shape>& v) {
   double n = 0;

@@ -82,6 +82,10 @@ struct CostModel {
   bool operator==(const CostModel& o) const = default;
 };
 
+// Elements of a shape, as a double: cost arithmetic on large shapes (a vocabulary's logits
+// over a long sequence) never overflows an integer product.
+double shape_elements(const core::Shape& s);
+
 // Bytes a rank sends for one collective of `bytes` over n ranks (what `weft plan` reports
 // as communication volume).
 int64_t wire_bytes(CollKind k, int n, int64_t bytes);

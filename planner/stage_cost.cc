@@ -15,11 +15,7 @@
 namespace weft::planner {
 namespace {
 
-double numel(const core::Shape& s) {
-  double n = 1;
-  for (int64_t d : s) n *= double(d);
-  return n;
-}
+double numel(const core::Shape& s) { return shape_elements(s); }
 
 std::vector<core::Shape> shapes(const std::vector<SubTensor>& ts) {
   std::vector<core::Shape> out;
