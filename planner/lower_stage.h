@@ -1,8 +1,9 @@
 // Internal to lowering: builds the programs of all lanes of one pipeline stage at once, so
 // that collectives among lanes are emitted at the same point of every member's program.
 // Split over lower_stage.cc (operands, units, transfers, recompute), lower_custom.cc
-// (vocab-parallel cross-entropy, expert-parallel MoE) and lower_step.cc (gradient sync,
-// ZeRO, optimizer, frees).
+// (vocab-parallel cross-entropy, expert-parallel MoE), lower_preserve.cc (phase 3's pass
+// for state that spans data-parallel replicas and stages) and lower_step.cc (the edges of
+// gradients and parameters it serves, the optimizer, frees).
 #pragma once
 
 #include <map>
@@ -91,17 +92,42 @@ class StageBuilder {
   void ensure_value(int value, const Ctx& ctx);
   void after_grad_write(int op, const Ctx& ctx);
 
+  // Phase 3 for a dependency whose devices span data-parallel replicas (and stages): the
+  // value is held by every device in one layout and read by some in another; the RVD
+  // search over all replicas' pieces finds the cheapest moves and each team becomes a group
+  // family (lower_preserve.cc). DP gradient reduction, ZeRO's reduce-scatter and gathers,
+  // tp-partial gradients and tied weights across stages are all edges of this one kind.
+  struct Edge {
+    int value = -1;                            // the graph value moved
+    std::vector<std::pair<int, int>> devices;  // (stage, lane) of data-parallel replica 0
+    std::vector<TensorDesc> from;              // per device: its piece (replica 0, with shifts)
+    std::vector<int> have;                     // per device: its tensor here (-1: another stage)
+    std::vector<std::optional<TensorDesc>> need;  // per device: what its consumer reads
+    // Per device (empty: none): the tensor the result is written into (or added to), so a
+    // reduction lands in a gradient accumulator or a gather in the parameter itself.
+    std::vector<Operand> sink;
+    int op = -1;                    // the op served (the optimizer step of the parameter)
+    std::string part;               // label of the moves ("grad.sync", "zero3.gather"...)
+    std::string part_stages;        // label of a move whose teams span stages (else `part`)
+    bool bucket = false;            // the last move joins the buckets of its kind
+  };
+  // Per lane of this stage: the tensor that holds its need (-1 where not a device).
+  std::vector<int> preserve(const Edge& e, const Ctx& ctx);
+  TensorDesc moved_tensor(int value, const GroupLayout& after, int at, int per_block) const;
+  int local_cut(int lane, int from, TensorDesc t, const Ctx& ctx, int op);  // out := the sub-box t of from
+
   // gradients, optimizer, memory (lower_step.cc)
   struct Holders {
-    int family = -1, count = 1, index = 0, shift = 0;  // data-parallel holders of a gradient
+    int count = 1, index = 0, shift = 0;  // data-parallel holders of a gradient: this lane's index
   };
   Holders holders(int param, int lane);
   int param_storage(int lane, int value, const Piece& piece);
   int zero_dim(int param, int lane);
   Piece zero_shard(int param, int lane);
   int grad_tensor(int lane, int param, const Piece& produced, const Ctx& ctx, bool* accumulate);
+  Edge grad_edge(int param, const std::vector<int>& grads, const std::vector<int>& stages);
+  TensorDesc adamw_piece(int param, int lane);
   void sync_grad(int param, const Ctx& ctx);
-  void reduce_partial_tp(int param, const Ctx& ctx, std::vector<int>& cur);
   void scatter_grad_mb(int param, const Ctx& ctx);
   void step_phase();
   void add_frees(int lane);
@@ -133,7 +159,6 @@ class StageBuilder {
   std::vector<Unit> units_;
   std::map<int, int> grad_left_;          // ZeRO-0/1: parameter -> gradient writes left on this stage
   std::map<int, int> grad_left_unit_;     // ZeRO-2/3: parameter -> writes left in this unit
-  std::map<int, int> tp_partial_;         // parameter -> partial factor over tp lanes (router under tp)
   std::vector<Bucket> buckets_;
   // op * lanes + lane -> its sub-op at micro-batch 0 (splits left out: lowering reads the
   // operands only).

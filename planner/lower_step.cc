@@ -1,6 +1,7 @@
-// Gradients and the optimizer step: accumulators, data-parallel reduction (all-reduce, or
-// ZeRO's reduce-scatter), tied-weight reduction across stages, the global gradient norm,
-// AdamW per parameter shard, ZeRO's parameter all-gathers, and the frees.
+// Gradients and the optimizer step: accumulators, the edges from them to what AdamW reads
+// (data-parallel reduction, ZeRO's reduce-scatter, tp-partial gradients, tied weights
+// across stages: phase 3's pass in lower_preserve.cc derives each one's collectives), the
+// global gradient norm, AdamW per parameter shard, ZeRO's parameter gathers, and the frees.
 //
 // Gradient holders: a dense parameter's gradient is summed over every rank of the stage
 // with the same tp index (dp x ep ranks, dp-major); an expert's over the dp ranks only.
@@ -13,19 +14,13 @@
 
 namespace weft::planner {
 
+// Where this lane's addend of a gradient sits among its data-parallel holders: phase 1's
+// description of the batch split (the groups that reduce it are phase 3's to find).
 StageBuilder::Holders StageBuilder::holders(int param, int lane) {
   Holders h;
   const int dp = int(plan_.mesh.degrees().dp);
-  GroupFamily f;
-  f.all_dp = true;
-  if (gi_.expert_param[size_t(param)]) {
-    f.members = {{stage_, lane}};
-    h.count = dp, h.index = 0, h.shift = 1;
-  } else {
-    for (int e = 0; e < ep_; ++e) f.members.push_back({stage_, plan_.mesh.lane_tp(lane) + tp_ * e});
-    h.count = ep_ * dp, h.index = plan_.mesh.lane_ep(lane), h.shift = ep_;
-  }
-  if (h.count > 1) h.family = add_family(plan_, f);
+  if (gi_.expert_param[size_t(param)]) h.count = dp, h.index = 0, h.shift = 1;
+  else h.count = ep_ * dp, h.index = plan_.mesh.lane_ep(lane), h.shift = ep_;
   return h;
 }
 
@@ -56,7 +51,6 @@ int StageBuilder::grad_tensor(int lane, int param, const Piece& produced, const 
   Lane& L = lane_[size_t(lane)];
   const int grad_value = gi_.grad_value[size_t(param)];
   const int q = K_ > 0 && produced.parts % K_ == 0 ? int(produced.parts / K_) : 1;
-  tp_partial_[param] = q;
   const int r = produced.part % q;
   Holders h = holders(param, lane);
   TensorDesc t = value_tensor(grad_value, produced);
@@ -105,31 +99,41 @@ int StageBuilder::param_storage(int lane, int value, const Piece& piece) {
 
 std::vector<int> StageBuilder::provide_param(int value, const std::vector<std::optional<Piece>>& need,
                                              const Ctx& ctx, int op) {
-  std::vector<int> result(size_t(lanes_), -1);
+  std::vector<int> have(size_t(lanes_), -1);
+  // ZeRO-3: a lane computes with the whole piece, gathered from the shards once per unit
+  // and freed after the unit's last use; an edge like any other.
+  Edge gather;
+  gather.value = value;
+  gather.op = op;
+  gather.part = "zero3.gather";
   for (int l = 0; l < lanes_; ++l) {
     if (!need[size_t(l)]) continue;
     Lane& L = lane_[size_t(l)];
-    int have = param_storage(l, value, *need[size_t(l)]);
-    int zd = gi_.pc.zero >= 3 ? zero_dim(value, l) : -1;
-    if (zd >= 0) {
-      // ZeRO-3: gather the whole piece for this unit's uses; freed after the last one.
-      auto it = L.gathered.find(value);
-      if (it == L.gathered.end() || it->second.first != ctx.unit) {
-        TensorDesc t = value_tensor(value, L.param_box.at(value));
-        t.persistent = false;
-        int out = add_tensor(l, t);
-        Instr c = collective(CollKind::kAllGather, holders(value, l).family, have, out, t.bytes, ctx, op,
-                             "zero3.gather", l);
-        c.dim = zd;
-        c.groups = t.piece.box[size_t(zd)].count;
-        emit(l, c, ctx);
-        L.gathered[value] = {ctx.unit, out};
-      }
-      have = L.gathered[value].second;
+    have[size_t(l)] = param_storage(l, value, *need[size_t(l)]);
+    if (gi_.pc.zero < 3 || zero_dim(value, l) < 0) continue;
+    auto it = L.gathered.find(value);
+    if (it != L.gathered.end() && it->second.first == ctx.unit) {
+      have[size_t(l)] = it->second.second;
+      continue;
     }
-    const Piece& got = role(l).tensors[size_t(have)].piece;
-    if (got == *need[size_t(l)]) result[size_t(l)] = have;
-    else if (piece_extractable(got, *need[size_t(l)])) result[size_t(l)] = cut(l, have, *need[size_t(l)], ctx, op);
+    gather.devices.push_back({stage_, l});
+    gather.from.push_back(role(l).tensors[size_t(have[size_t(l)])]);
+    gather.have.push_back(have[size_t(l)]);
+    gather.need.push_back(value_tensor(value, L.param_box.at(value)));
+  }
+  if (!gather.devices.empty()) {
+    std::vector<int> got = preserve(gather, ctx);
+    for (const auto& [stage, l] : gather.devices) {
+      lane_[size_t(l)].gathered[value] = {ctx.unit, got[size_t(l)]};
+      have[size_t(l)] = got[size_t(l)];
+    }
+  }
+  std::vector<int> result(size_t(lanes_), -1);
+  for (int l = 0; l < lanes_; ++l) {
+    if (!need[size_t(l)]) continue;
+    const Piece& got = role(l).tensors[size_t(have[size_t(l)])].piece;
+    if (got == *need[size_t(l)]) result[size_t(l)] = have[size_t(l)];
+    else if (piece_extractable(got, *need[size_t(l)])) result[size_t(l)] = cut(l, have[size_t(l)], *need[size_t(l)], ctx, op);
     else
       throw NotSupported("parameter " + g_.value(value).name + " is held as " + piece_str(got) +
                          " but an op needs " + piece_str(*need[size_t(l)]));
@@ -137,89 +141,70 @@ std::vector<int> StageBuilder::provide_param(int value, const std::vector<std::o
   return result;
 }
 
-void StageBuilder::reduce_partial_tp(int param, const Ctx& ctx, std::vector<int>& cur) {
-  int q = tp_partial_.count(param) ? tp_partial_[param] : 1;
-  if (q <= 1) return;
-  for (int l = 0; l < lanes_; ++l) {
-    std::vector<int> team;
-    for (int i = 0; i < tp_; ++i) team.push_back(i + tp_ * plan_.mesh.lane_ep(l));
-    TensorDesc src = role(l).tensors[size_t(cur[size_t(l)])];
-    TensorDesc t = src;
-    t.piece.part = src.piece.part / q;
-    t.piece.parts = src.piece.parts / q;
-    t.shift_part = src.shift_part / q;
-    t.alias_of = cur[size_t(l)];
-    t.persistent = false;
-    int out = add_tensor(l, t);
-    emit(l, collective(CollKind::kAllReduce, team_family(team), cur[size_t(l)], out, src.bytes, ctx,
-                       gi_.adamw_of[size_t(param)], "grad.tp", l),
-         ctx);
-    cur[size_t(l)] = out;
-  }
+TensorDesc StageBuilder::adamw_piece(int param, int lane) {
+  const int grad_value = gi_.grad_value[size_t(param)];
+  const int zd = zero_dim(param, lane);
+  if (zd < 0) return value_tensor(grad_value, lane_[size_t(lane)].param_box.at(param));
+  TensorDesc t = value_tensor(grad_value, zero_shard(param, lane));
+  t.shift_dim = zd;
+  t.shift = t.piece.box[size_t(zd)].size * holders(param, lane).shift;
+  return t;
 }
 
-void StageBuilder::sync_grad(int param, const Ctx& ctx) {
-  std::vector<int> cur(static_cast<size_t>(lanes_));
-  for (int l = 0; l < lanes_; ++l) cur[size_t(l)] = lane_[size_t(l)].grad.at(param);
-  reduce_partial_tp(param, ctx, cur);
-  std::vector<int> fams;
-  std::vector<Operand> ins, outs;
-  CollKind kind = CollKind::kAllReduce;
-  int64_t bytes = 0;
-  for (int l = 0; l < lanes_; ++l) {
-    Holders h = holders(param, l);
-    TensorDesc src = role(l).tensors[size_t(cur[size_t(l)])];
-    if (h.count > 1) {
-      int zd = zero_dim(param, l);
-      TensorDesc t = src;
-      t.piece.part = 0, t.piece.parts = 1, t.shift_part = 0;
-      if (zd >= 0) {
-        // ZeRO-1: each holder keeps the fully reduced gradient of its shard.
-        kind = CollKind::kReduceScatter;
-        t.piece = zero_shard(param, l);
-        t.bytes = t.piece.numel() * int64_t(core::dtype_size(t.dtype));
-        t.persistent = false, t.alias_of = -1;
-        t.shift_dim = zd, t.shift = t.piece.box[size_t(zd)].size * h.shift;
-      } else {
-        t.alias_of = cur[size_t(l)], t.persistent = false;  // in place
-      }
-      int out = add_tensor(l, t);
-      fams.push_back(h.family);
-      ins.push_back({-1, cur[size_t(l)]});
-      outs.push_back({-1, out});
-      bytes = src.bytes;
-      cur[size_t(l)] = out;
+StageBuilder::Edge StageBuilder::grad_edge(int param, const std::vector<int>& grads, const std::vector<int>& stages) {
+  Edge e;
+  e.value = gi_.grad_value[size_t(param)];
+  e.op = gi_.adamw_of[size_t(param)];
+  const int S = int(stages.size());
+  for (int si = 0; si < S; ++si)
+    for (int l = 0; l < lanes_; ++l) {
+      e.devices.push_back({stages[size_t(si)], l});
+      // A tied weight's copies are split alike on every stage that uses it (the same lane
+      // holds the same piece), and each stage's gradient is one addend of the sum: stage
+      // si's copy is addend si of S on top of its own tp and data-parallel addends.
+      TensorDesc t = role(l).tensors[size_t(grads[size_t(l)])];
+      t.piece.part += t.piece.parts * si;
+      t.piece.parts *= S;
+      e.from.push_back(t);
+      e.have.push_back(stages[size_t(si)] == stage_ ? grads[size_t(l)] : -1);
+      e.need.push_back(adamw_piece(param, l));
     }
-    lane_[size_t(l)].synced[param] = cur[size_t(l)];
-  }
-  if (!fams.empty()) bucket_add(kind, "grad.sync", fams, ins, outs, bytes, gi_.adamw_of[size_t(param)], ctx);
+  e.part = "grad.sync";
+  e.part_stages = "grad.tied";
+  return e;
 }
 
+// The gradient of a parameter used on this stage only, once its last contribution is in:
+// from the accumulators (addends over tp, the batch shards and ep) to what AdamW reads (the
+// whole piece, or the ZeRO-1 shard), bucketed with the other gradients.
+void StageBuilder::sync_grad(int param, const Ctx& ctx) {
+  std::vector<int> grads(static_cast<size_t>(lanes_));
+  for (int l = 0; l < lanes_; ++l) grads[size_t(l)] = lane_[size_t(l)].grad.at(param);
+  Edge e = grad_edge(param, grads, {stage_});
+  e.bucket = true;
+  std::vector<int> got = preserve(e, ctx);
+  for (int l = 0; l < lanes_; ++l) lane_[size_t(l)].synced[param] = got[size_t(l)];
+}
+
+// ZeRO-2/3: one micro-batch's gradient, once complete in this unit, is reduced into each
+// holder's shard accumulator (the edge's destination, added to).
 void StageBuilder::scatter_grad_mb(int param, const Ctx& ctx) {
   const int grad_value = gi_.grad_value[size_t(param)];
-  std::vector<int> cur(static_cast<size_t>(lanes_));
-  for (int l = 0; l < lanes_; ++l) cur[size_t(l)] = env_find(l, grad_value, ctx.mb)->front();
-  reduce_partial_tp(param, ctx, cur);
-  std::vector<int> fams;
-  std::vector<Operand> ins, outs;
-  int64_t bytes = 0;
+  std::vector<int> grads(static_cast<size_t>(lanes_));
+  for (int l = 0; l < lanes_; ++l) grads[size_t(l)] = env_find(l, grad_value, ctx.mb)->front();
+  Edge e = grad_edge(param, grads, {stage_});
+  e.bucket = true;
   for (int l = 0; l < lanes_; ++l) {
     Lane& L = lane_[size_t(l)];
-    Holders h = holders(param, l);
-    int zd = zero_dim(param, l);
     if (!L.grad.count(param)) {
-      TensorDesc t = value_tensor(grad_value, zero_shard(param, l));
+      TensorDesc t = adamw_piece(param, l);
       t.persistent = true;
-      t.shift_dim = zd, t.shift = t.piece.box[size_t(zd)].size * h.shift;
       L.grad[param] = add_tensor(l, t);
     }
-    bytes = role(l).tensors[size_t(cur[size_t(l)])].bytes;
-    fams.push_back(h.family);
-    ins.push_back({-1, cur[size_t(l)]});
-    outs.push_back({-1, L.grad[param], true});  // accumulates over micro-batches
+    e.sink.push_back({-1, L.grad[param], true});  // accumulates over micro-batches
     L.synced[param] = L.grad[param];
   }
-  bucket_add(CollKind::kReduceScatter, "grad.sync", fams, ins, outs, bytes, gi_.adamw_of[size_t(param)], ctx);
+  preserve(e, ctx);
 }
 
 void StageBuilder::bucket_add(CollKind kind, const std::string& part, const std::vector<int>& family,
@@ -280,7 +265,8 @@ void StageBuilder::after_grad_write(int op, const Ctx& ctx) {
     if (p < 0) continue;
     bool per_mb = gi_.pc.zero >= 2 && zero_dim(p, 0) >= 0;
     if (per_mb && --grad_left_unit_[p] == 0) scatter_grad_mb(p, ctx);
-    if (--grad_left_[p] == 0 && !per_mb) sync_grad(p, ctx);
+    // A weight tied across stages is reduced in the step (step_phase).
+    if (--grad_left_[p] == 0 && !per_mb && gi_.param_stages[size_t(p)].size() == 1) sync_grad(p, ctx);
   }
 }
 
@@ -296,22 +282,16 @@ void StageBuilder::step_phase() {
   flush_buckets(ctx);
 
   // Tied parameters (the embedding and the head share wte) live on two stages: their
-  // reduced gradients are summed across those stages.
+  // gradients are summed across the stages too, which only the step can do (the stages
+  // meet nowhere else: a collective mid-backward would wait on a stage that is still
+  // sending activations' gradients down the pipeline).
   for (int p : params) {
     const auto& st = gi_.param_stages[size_t(p)];
     if (st.size() < 2) continue;
-    for (int l = 0; l < lanes_; ++l) {
-      GroupFamily f;
-      for (int s : st) f.members.push_back({s, l});
-      int in = lane_[size_t(l)].synced.at(p);
-      TensorDesc t = role(l).tensors[size_t(in)];
-      t.alias_of = in, t.persistent = false;
-      int out = add_tensor(l, t);
-      emit(l, collective(CollKind::kAllReduce, add_family(plan_, f), in, out, t.bytes, ctx,
-                         gi_.adamw_of[size_t(p)], "grad.tied", l),
-           ctx);
-      lane_[size_t(l)].synced[p] = out;
-    }
+    std::vector<int> grads(static_cast<size_t>(lanes_));
+    for (int l = 0; l < lanes_; ++l) grads[size_t(l)] = lane_[size_t(l)].grad.at(p);
+    std::vector<int> got = preserve(grad_edge(p, grads, st), ctx);
+    for (int l = 0; l < lanes_; ++l) lane_[size_t(l)].synced[p] = got[size_t(l)];
   }
 
   // Global gradient norm: each gradient element counted once. Sharded gradients are
@@ -406,16 +386,20 @@ void StageBuilder::step_phase() {
   }
   // ZeRO-1/2: the updated shards are gathered back into the whole parameters, bucketed.
   for (size_t i = 0; i < lane_gathers[0].size(); ++i) {
-    int p = lane_gathers[0][i].first;
-    std::vector<int> fams;
-    std::vector<Operand> ins, outs;
+    Edge e;
+    e.value = lane_gathers[0][i].first;
+    e.op = gi_.adamw_of[size_t(e.value)];
+    e.part = "param.gather";
+    e.bucket = true;
     for (int l = 0; l < lanes_; ++l) {
-      fams.push_back(holders(p, l).family);
-      ins.push_back({-1, lane_gathers[size_t(l)][i].second});
-      outs.push_back({-1, lane_[size_t(l)].param.at(p)});
+      const int view = lane_gathers[size_t(l)][i].second, whole = lane_[size_t(l)].param.at(e.value);
+      e.devices.push_back({stage_, l});
+      e.from.push_back(role(l).tensors[size_t(view)]);
+      e.have.push_back(view);
+      e.need.push_back(role(l).tensors[size_t(whole)]);
+      e.sink.push_back({-1, whole, false});
     }
-    bucket_add(CollKind::kAllGather, "param.gather", fams, ins, outs,
-               role(0).tensors[size_t(lane_[0].param.at(p))].bytes, gi_.adamw_of[size_t(p)], ctx);
+    preserve(e, ctx);
   }
   flush_buckets(ctx);
 }

@@ -65,6 +65,32 @@ struct Search {
   const CostModel& cm;
   bool cross;
   int n;
+  // Members are `blocks` copies of one device list, block-major (member b * bs + p: the
+  // device at position p of data-parallel replica b). Plans store one program per device
+  // for replica 0 and shift it for the others, so a collective's team must be what a group
+  // family can name: inside one block, or the same positions of every block, block-major.
+  int blocks = 1;
+
+  bool team_ok(const std::vector<int>& team) const {
+    if (blocks == 1) return true;
+    const int bs = n / blocks;
+    bool inside = true;
+    for (int m : team) inside = inside && m / bs == team[0] / bs;
+    if (inside) return true;
+    if (team.size() % size_t(blocks)) return false;
+    const size_t k = team.size() / size_t(blocks);
+    for (size_t j = 0; j < k; ++j)
+      if (team[j] >= bs) return false;
+    for (size_t b = 1; b < size_t(blocks); ++b)
+      for (size_t j = 0; j < k; ++j)
+        if (team[b * k + j] != int(b) * bs + team[j]) return false;
+    return true;
+  }
+  bool teams_ok(const std::vector<std::vector<int>>& t) const {
+    for (const auto& team : t)
+      if (!team_ok(team)) return false;
+    return true;
+  }
 
   int64_t bytes(const Piece& p) const { return p.numel() * elem; }
   int64_t max_bytes(const GroupLayout& l) const {
@@ -160,16 +186,21 @@ struct Search {
     for (int f : factors) {
       std::vector<std::vector<int>> t;
       if (value_teams(l, f, t)) {
-        Move mv{MoveKind::kAllReduce, -1, -1, 1, f, t, l};
+        // A sum does not depend on its members' order: over blocks, the all-reduce's team is
+        // listed in member order, which is block-major as a group family needs.
+        std::vector<std::vector<int>> sorted = t;
+        if (blocks > 1)
+          for (auto& team : sorted) std::sort(team.begin(), team.end());
+        Move mv{MoveKind::kAllReduce, -1, -1, 1, f, sorted, l};
         for (Piece& p : mv.after) p.part /= f, p.parts /= f;
         mv.cost = cm.collective(CollKind::kAllReduce, f, max_bytes(l), cross);
-        out.push_back(mv);
+        if (teams_ok(sorted)) out.push_back(mv);
         for (int d = 0; d < dims; ++d)
           for (int64_t g : group_opts[size_t(d)])
             for (int aligned = 0; aligned < 2; ++aligned) reduce_scatter(l, t, f, d, g, aligned, out);
       }
       for (int d = 0; d < dims; ++d) {
-        if (dim_teams(l, f, d, t)) {
+        if (dim_teams(l, f, d, t) && teams_ok(t)) {
           Move mv{MoveKind::kAllGather, d, -1, l[0].box[size_t(d)].count, f, t, l};
           bool ok = true;
           for (const auto& team : t) {
@@ -216,6 +247,7 @@ struct Search {
         p.part /= f;
         p.parts /= f;
       }
+      if (!team_ok(order)) return;
       mv.teams.push_back(order);
     }
     mv.cost = cm.collective(CollKind::kReduceScatter, f, max_bytes(l), cross);
@@ -266,8 +298,8 @@ Piece shift(Piece p, const Box& whole, int sign) {
 constexpr int kSearchBudget = 4000;
 
 RvdPath search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
-               const Box& whole, int64_t elem, const CostModel& cm, bool cross) {
-  Search s{whole, need, elem, cm, cross, int(from.size())};
+               const Box& whole, int64_t elem, const CostModel& cm, bool cross, int blocks) {
+  Search s{whole, need, elem, cm, cross, int(from.size()), blocks};
   std::vector<GroupLayout> states{from};
   std::vector<std::pair<int, Move>> parent{{-1, Move{}}};
   std::vector<double> best{0};
@@ -401,8 +433,10 @@ void RvdCache::insert(const std::string& key, const RvdPath& path) {
 
 RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
                    const Box& whole, int64_t elem_bytes, const CostModel& cm, bool cross_node,
-                   RvdCache* cache) {
+                   RvdCache* cache, int blocks) {
   WEFT_CHECK(from.size() == need.size() && !from.empty(), "rvd_search: one need per member");
+  WEFT_CHECK(blocks >= 1 && from.size() % size_t(blocks) == 0, "rvd_search: ", from.size(),
+             " members are not ", blocks, " equal blocks");
   for (const DimSlice& d : whole) WEFT_CHECK(d.count == 1, "rvd_search: whole must be a plain box");
   Box rel_whole = whole;
   for (DimSlice& d : rel_whole) d.start = 0;
@@ -415,6 +449,7 @@ RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piec
   for (const DimSlice& d : rel_whole) put(key, d.size);
   put(key, elem_bytes);
   put(key, cross_node);
+  put(key, blocks);
   // Every field of the cost model: the moves' costs read the CPU sharing terms too (cores,
   // ranks_per_node, op_overhead, launch_oversub, active_ranks), and a search under another
   // model must not get this one's path and costs.
@@ -429,7 +464,7 @@ RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piec
   put(key, cm.device_memory);
   std::optional<RvdPath> hit = cache ? cache->find(key) : std::nullopt;
   RvdPath path =
-      hit ? std::move(*hit) : search(rel_from, rel_need, rel_whole, elem_bytes, cm, cross_node);
+      hit ? std::move(*hit) : search(rel_from, rel_need, rel_whole, elem_bytes, cm, cross_node, blocks);
   if (cache && !hit) cache->insert(key, path);
   for (Move& mv : path.moves)
     for (Piece& p : mv.after) p = shift(p, whole, +1);

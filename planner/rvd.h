@@ -80,9 +80,15 @@ class RvdCache {
 // conversion exists": every layout the moves reach was tried) or when the search gives up
 // at its bound of 4000 layouts ("gave up after ...": a longer path may exist); failures
 // are not cached.
+//
+// `blocks` > 1: the members are that many data-parallel replicas of one device list,
+// block-major (member b * size / blocks + p). A team is then kept only where a group family
+// can name it (planner/plan.h): inside one replica, or the same devices of every replica in
+// replica-major order. This is how phase 3 derives the collectives that span data-parallel
+// replicas (gradient reduction, ZeRO's scatters and gathers) with the same search.
 RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
                    const Box& whole, int64_t elem_bytes, const CostModel& cost, bool cross_node,
-                   RvdCache* cache = nullptr);
+                   RvdCache* cache = nullptr, int blocks = 1);
 
 CollKind move_collective(MoveKind k);
 

@@ -1,0 +1,298 @@
+// Phase 3 for dependencies that span data-parallel replicas and pipeline stages: one pass
+// that compares what every device holds with what its consumer reads and inserts the moves
+// the RVD search finds. The plan stores one program per (stage, lane) for replica 0 and
+// shifts it for the others (planner/plan.h), so the search sees every replica's piece
+// (blocks = dp) and keeps only teams a group family can name; the moves are then emitted
+// for this stage's devices of replica 0, each output described with its shift.
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "base/check.h"
+#include "base/error.h"
+#include "planner/lower_stage.h"
+
+namespace weft::planner {
+namespace {
+
+// The piece a device of replica `b` holds, from the replica-0 description and its shifts.
+Piece at_replica(const TensorDesc& t, int b) {
+  Piece p = t.piece;
+  if (t.shift_dim >= 0) p.box[size_t(t.shift_dim)].start += t.shift * b;
+  p.part += t.shift_part * b;
+  return p;
+}
+
+void widen(Box& whole, const Box& b) {
+  for (size_t d = 0; d < whole.size(); ++d) {
+    int64_t lo = std::min(whole[d].start, b[d].start);
+    int64_t hi = std::max(whole[d].start + whole[d].stride * (whole[d].count - 1) + whole[d].size,
+                          b[d].start + b[d].stride * (b[d].count - 1) + b[d].size);
+    whole[d] = DimSlice::range(lo, hi);
+  }
+}
+
+}  // namespace
+
+int StageBuilder::local_cut(int lane, int from, TensorDesc t, const Ctx& ctx, int op) {
+  t.bytes = t.piece.numel() * int64_t(core::dtype_size(t.dtype));
+  const int id = add_tensor(lane, t);
+  Instr c;
+  c.kind = InstrKind::kLocal;
+  c.op = op;
+  c.part = "chunk";
+  c.in = {{-1, from}};
+  c.out = {{-1, id}};
+  emit(lane, c, ctx);
+  return id;
+}
+
+TensorDesc StageBuilder::moved_tensor(int value, const GroupLayout& after, int at, int per_block) const {
+  TensorDesc t = value_tensor(value, after[size_t(at)]);
+  t.persistent = false;
+  const int blocks = int(after.size()) / per_block;
+  if (blocks < 2) return t;
+  // Replica 1's piece says how the piece moves per replica; every later replica must move
+  // by the same step again, or the program written for replica 0 would not serve it.
+  const Piece& next = after[size_t(at + per_block)];
+  t.shift_part = next.part - t.piece.part;
+  for (size_t d = 0; d < t.piece.box.size(); ++d)
+    if (next.box[d].start != t.piece.box[d].start) {
+      WEFT_CHECK(t.shift_dim < 0, "a moved piece of ", g_.value(value).name, " shifts along two dims");
+      t.shift_dim = int(d);
+      t.shift = next.box[d].start - t.piece.box[d].start;
+    }
+  for (int b = 2; b < blocks; ++b)
+    WEFT_CHECK(at_replica(t, b) == after[size_t(at + b * per_block)], "replica ", b, "'s piece of ",
+               g_.value(value).name, " is not replica 0's shifted ", b, " times");
+  return t;
+}
+
+// Bounding ranges of a box (a strided slice spans from its first chunk's start to its last
+// chunk's end).
+Box extent_of(const Box& b) {
+  Box out = b;
+  for (DimSlice& d : out) d = DimSlice::range(d.start, d.start + d.stride * (d.count - 1) + d.size);
+  return out;
+}
+
+bool extents_overlap(const Box& a, const Box& b) {
+  for (size_t d = 0; d < a.size(); ++d)
+    if (a[d].start >= b[d].start + b[d].size || b[d].start >= a[d].start + a[d].size) return false;
+  return true;
+}
+
+std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
+  const int n = int(e.devices.size());
+  const int blocks = int(plan_.mesh.degrees().dp);
+  WEFT_CHECK(n > 0 && int(e.from.size()) == n && int(e.have.size()) == n && int(e.need.size()) == n &&
+                 (e.sink.empty() || int(e.sink.size()) == n),
+             "preserve: one entry per device");
+  const core::Value& val = g_.value(e.value);
+
+  // Devices whose pieces (over every replica) touch no other's are separate problems: the
+  // two halves of an unevenly split vocabulary each gather within their own holders. The
+  // layout search needs pieces that chunk one box evenly, so each part searches alone.
+  std::vector<Box> extent(static_cast<size_t>(n));
+  for (int p = 0; p < n; ++p) {
+    extent[size_t(p)] = extent_of(e.from[size_t(p)].piece.box);
+    for (int b = 0; b < blocks; ++b) {
+      widen(extent[size_t(p)], extent_of(at_replica(e.from[size_t(p)], b).box));
+      if (e.need[size_t(p)]) widen(extent[size_t(p)], extent_of(at_replica(*e.need[size_t(p)], b).box));
+    }
+  }
+  std::vector<int> root(static_cast<size_t>(n));
+  for (int p = 0; p < n; ++p) root[size_t(p)] = p;
+  auto find = [&](int p) {
+    while (root[size_t(p)] != p) p = root[size_t(p)] = root[size_t(root[size_t(p)])];
+    return p;
+  };
+  for (int p = 0; p < n; ++p)
+    for (int q = p + 1; q < n; ++q)
+      if (extents_overlap(extent[size_t(p)], extent[size_t(q)])) root[size_t(find(q))] = find(p);
+
+  struct Part {
+    std::vector<int> pos;  // devices (positions in e.devices), ascending
+    RvdPath path;
+    GroupLayout held;      // every member's piece before the next move
+    size_t last = 0;       // index past the last collective
+    bool direct = true;    // nothing follows the last collective (it may write into the sinks)
+  };
+  std::vector<Part> parts;
+  std::map<int, size_t> part_of_root;
+  for (int p = 0; p < n; ++p) {
+    auto [it, fresh] = part_of_root.emplace(find(p), parts.size());
+    if (fresh) parts.emplace_back();
+    parts[it->second].pos.push_back(p);
+  }
+  for (Part& P : parts) {
+    const int k = int(P.pos.size());
+    GroupLayout from(size_t(k * blocks));
+    std::vector<std::optional<Piece>> need(size_t(k * blocks));
+    Box whole = e.from[size_t(P.pos[0])].piece.box;
+    std::set<int> nodes;
+    for (int b = 0; b < blocks; ++b)
+      for (int i = 0; i < k; ++i) {
+        const int p = P.pos[size_t(i)], m = b * k + i;
+        from[size_t(m)] = at_replica(e.from[size_t(p)], b);
+        widen(whole, from[size_t(m)].box);
+        if (e.need[size_t(p)]) {
+          need[size_t(m)] = at_replica(*e.need[size_t(p)], b);
+          widen(whole, need[size_t(m)]->box);
+        }
+        nodes.insert(plan_.mesh.rank_of(e.devices[size_t(p)].first, e.devices[size_t(p)].second, b) /
+                     cost_.ranks_per_node);
+      }
+    P.path = rvd_search(from, need, whole, int64_t(core::dtype_size(val.dtype)), cost_, nodes.size() > 1,
+                        &layouts_, blocks);
+    P.held = from;
+    P.last = P.path.moves.size();
+    while (P.last > 0 && P.path.moves[P.last - 1].kind == MoveKind::kChunk) --P.last;
+    // The last collective may only be deferred (bucketed) or write into the destination
+    // when nothing follows it: no trailing cut.
+    const GroupLayout& end = P.path.moves.empty() ? from : P.path.moves.back().after;
+    P.direct = P.last > 0 && P.last == P.path.moves.size();
+    for (int i = 0; i < k && P.direct; ++i) {
+      const int p = P.pos[size_t(i)];
+      const bool sink = !e.sink.empty() && e.sink[size_t(p)].tensor >= 0;
+      if (sink)
+        P.direct = end[size_t(i)] == role(e.devices[size_t(p)].second).tensors[size_t(e.sink[size_t(p)].tensor)].piece;
+      else if (e.need[size_t(p)])
+        P.direct = end[size_t(i)] == e.need[size_t(p)]->piece;
+    }
+  }
+
+  std::vector<int> cur(static_cast<size_t>(n), -1);
+  for (int p = 0; p < n; ++p)
+    if (e.devices[size_t(p)].first == stage_) cur[size_t(p)] = e.have[size_t(p)];
+  // The moves go out in step over the parts, so that the same move of every part joins one
+  // bucket (or one program point) on every lane.
+  struct LaneCall {
+    int fam = -1;
+    Operand in, out;
+    int dim = -1, dim2 = -1;
+    int64_t groups = 1;
+  };
+  struct Batch {
+    std::vector<LaneCall> lanes;
+    int64_t bytes = 0;
+    bool final_all = true, spans_stages = false;
+  };
+  size_t steps = 0;
+  for (const Part& P : parts) steps = std::max(steps, P.path.moves.size());
+  for (size_t step = 0; step < steps; ++step) {
+    std::map<CollKind, Batch> batches;
+    for (Part& P : parts) {
+      if (step >= P.path.moves.size()) continue;
+      const Move& mv = P.path.moves[step];
+      const int k = int(P.pos.size());
+      if (mv.kind == MoveKind::kChunk) {
+        for (int i = 0; i < k; ++i) {
+          const int p = P.pos[size_t(i)];
+          if (cur[size_t(p)] >= 0 && !(P.held[size_t(i)] == mv.after[size_t(i)]))
+            cur[size_t(p)] = local_cut(e.devices[size_t(p)].second, cur[size_t(p)],
+                                       moved_tensor(e.value, mv.after, i, k), ctx, e.op);
+        }
+        P.held = mv.after;
+        continue;
+      }
+      const bool into_sink = step + 1 == P.last && P.direct && !e.sink.empty();
+      const CollKind kind = move_collective(mv.kind);
+      Batch& batch = batches[kind];
+      batch.lanes.resize(size_t(lanes_));
+      batch.final_all = batch.final_all && step + 1 == P.last && P.direct;
+      std::vector<int> next = cur;
+      for (const auto& team : mv.teams) {
+        // Only teams with a member here (replica 0, this stage) are this builder's to emit.
+        if (std::none_of(team.begin(), team.end(),
+                         [&](int m) { return m < k && cur[size_t(P.pos[size_t(m)])] >= 0; }))
+          continue;
+        GroupFamily f;
+        for (int m : team) {
+          if (m >= k) {  // the team spans replicas: its replica-0 members name it
+            f.all_dp = true;
+            break;
+          }
+          f.members.push_back(e.devices[size_t(P.pos[size_t(m)])]);
+          batch.spans_stages = batch.spans_stages || f.members.back().first != f.members.front().first;
+        }
+        const int fam = add_family(plan_, f);
+        for (int m : team) {
+          if (m >= k || cur[size_t(P.pos[size_t(m)])] < 0) continue;
+          const int p = P.pos[size_t(m)], l = e.devices[size_t(p)].second;
+          const TensorDesc& src = role(l).tensors[size_t(cur[size_t(p)])];
+          Operand out;
+          if (into_sink && e.sink[size_t(p)].tensor >= 0) {
+            out = e.sink[size_t(p)];
+          } else {
+            TensorDesc t = moved_tensor(e.value, mv.after, m, k);
+            // A reduction in place: the addend is dead once summed (a gradient
+            // accumulator's storage becomes the reduced gradient, as DDP does).
+            if (kind == CollKind::kAllReduce) t.alias_of = cur[size_t(p)];
+            out.tensor = add_tensor(l, t);
+          }
+          batch.bytes = std::max(batch.bytes, kind == CollKind::kAllGather
+                                                  ? role(l).tensors[size_t(out.tensor)].bytes
+                                                  : src.bytes);
+          batch.lanes[size_t(l)] = {fam, {-1, cur[size_t(p)]}, out, mv.dim, mv.dim2, mv.groups};
+          next[size_t(p)] = out.tensor;
+        }
+      }
+      cur = next;
+      P.held = mv.after;
+    }
+    for (auto& [kind, batch] : batches) {
+      const std::string& part = batch.spans_stages && !e.part_stages.empty() ? e.part_stages : e.part;
+      const bool every_lane = std::all_of(batch.lanes.begin(), batch.lanes.end(),
+                                          [](const LaneCall& c) { return c.fam >= 0; });
+      if (e.bucket && batch.final_all && every_lane) {
+        std::vector<int> fams;
+        std::vector<Operand> ins, outs;
+        for (const LaneCall& c : batch.lanes) fams.push_back(c.fam), ins.push_back(c.in), outs.push_back(c.out);
+        bucket_add(kind, part, fams, ins, outs, batch.bytes, e.op, ctx);
+        continue;
+      }
+      for (int l = 0; l < lanes_; ++l) {
+        const LaneCall& lc = batch.lanes[size_t(l)];
+        if (lc.fam < 0) continue;
+        Instr c = collective(kind, lc.fam, lc.in.tensor, lc.out.tensor, batch.bytes, ctx, e.op, part, l);
+        c.out[0].accumulate = lc.out.accumulate;
+        c.dim = lc.dim;
+        c.dim2 = lc.dim2;
+        c.groups = lc.groups;
+        emit(l, c, ctx);
+      }
+    }
+  }
+  // What the moves leave is cut to each consumer's piece, or copied (added) into the
+  // destination when the last collective could not write there itself.
+  for (const Part& P : parts)
+    for (size_t i = 0; i < P.pos.size(); ++i) {
+      const int p = P.pos[i];
+      if (cur[size_t(p)] < 0 || !e.need[size_t(p)]) continue;
+      const int l = e.devices[size_t(p)].second;
+      const bool sink = !e.sink.empty() && e.sink[size_t(p)].tensor >= 0;
+      if (sink && cur[size_t(p)] == e.sink[size_t(p)].tensor) continue;
+      if (!sink && P.held[i] == e.need[size_t(p)]->piece) continue;
+      Instr c;
+      c.kind = InstrKind::kLocal;
+      c.op = e.op;
+      c.part = "chunk";
+      c.in = {{-1, cur[size_t(p)]}};
+      if (sink) {
+        c.out = {e.sink[size_t(p)]};
+        cur[size_t(p)] = e.sink[size_t(p)].tensor;
+        emit(l, c, ctx);
+        continue;
+      }
+      TensorDesc t = *e.need[size_t(p)];
+      t.persistent = false, t.alias_of = -1, t.keep = false;
+      cur[size_t(p)] = local_cut(l, cur[size_t(p)], t, ctx, e.op);
+    }
+  std::vector<int> by_lane(static_cast<size_t>(lanes_), -1);
+  for (int p = 0; p < n; ++p)
+    if (cur[size_t(p)] >= 0) by_lane[size_t(e.devices[size_t(p)].second)] = cur[size_t(p)];
+  return by_lane;
+}
+
+}  // namespace weft::planner
