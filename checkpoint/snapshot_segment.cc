@@ -33,13 +33,16 @@ namespace {
 
 constexpr uint64_t kMagic = 0x50414e5354464557;  // "WEFTSNAP" in little-endian bytes
 // Version 2 records the slot count (`slots`); version 1 had two slots and zeros there.
-constexpr uint32_t kVersion = 2;
+// Version 3 records the guardian (guardian_pid, guardian_pidns); versions 1 and 2 have
+// zeros there (the header page past their fields): no guardian, judged by the owner alone.
+constexpr uint32_t kVersion = kSnapshotFormatVersion;
 constexpr int64_t kMinPage = 4096;
 constexpr const char* kShmDir = "/dev/shm";
 constexpr const char* kPrefix = "weft-snap-";
 
 // Offset 0: what the whole segment is. Written once at create(), magic last; afterwards
-// only owner_pid/owner_pidns change (set_owner_pid).
+// only the owner and guardian fields change (set_owner), and the version of an older
+// segment a new owner takes (it then records a guardian).
 struct SegmentHeader {
   uint64_t magic;
   uint32_t version;
@@ -52,6 +55,8 @@ struct SegmentHeader {
   int64_t slot_bytes;         // slot_header_bytes + capacity rounded up to page_bytes
   int64_t total_bytes;        // page_bytes + slots * slot_bytes
   int64_t slots;              // kMinSnapshotSlots..kMaxSnapshotSlots (0 in version 1: two)
+  int64_t guardian_pid;       // the process that restarts the owner (weft run); 0: none
+  uint64_t guardian_pidns;    // inode of the recorder's /proc/self/ns/pid (0: unknown)
 };
 
 // Offset page_bytes + slot * slot_bytes; the crc table follows it, the payload starts at
@@ -68,7 +73,7 @@ struct SlotHeader {
   int64_t block_count;
   // uint32_t crc32c[table_entries];
 };
-static_assert(std::is_standard_layout_v<SegmentHeader> && sizeof(SegmentHeader) == 80);
+static_assert(std::is_standard_layout_v<SegmentHeader> && sizeof(SegmentHeader) == 96);
 static_assert(std::is_standard_layout_v<SlotHeader> && sizeof(SlotHeader) == 96);
 static_assert(offsetof(SlotHeader, sequence) == 0);
 // The commit word is shared between processes: it must never fall back to a lock.
@@ -97,6 +102,22 @@ uint64_t pid_namespace() {
   return ::stat("/proc/self/ns/pid", &st) == 0 ? uint64_t(st.st_ino) : 0;
 }
 
+// Whether process `pid`, recorded in pid namespace `pidns`, is known to be gone: no process
+// has that pid here, or it is a zombie (exited, not yet reaped: it never acts again). False
+// while it lives and when that cannot be told (recorded in another pid namespace). A pid
+// reused by an unrelated process reads as alive: the error keeps a segment, never loses one.
+bool pid_gone(int64_t recorded, uint64_t pidns) {
+  const pid_t pid = pid_t(recorded);
+  const uint64_t here = pid_namespace();
+  if (pid <= 0 || (pidns && here && pidns != here)) return false;
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  size_t close = s.rfind(')');
+  return close != std::string::npos && close + 2 < s.size() &&
+         (s[close + 2] == 'Z' || s[close + 2] == 'X');
+}
+
 // The pieces of a mapped segment.
 SegmentHeader* header(void* base) { return static_cast<SegmentHeader*>(base); }
 char* slot_base(void* base, int slot) {
@@ -120,9 +141,9 @@ std::atomic_ref<int64_t> sequence_word(void* base, int slot) {
 // copy, its slot count made explicit for version 1 (two).
 std::string header_problem(SegmentHeader& h, int64_t file_bytes) {
   if (h.magic != kMagic) return "is not a weft snapshot segment (no WEFTSNAP magic)";
-  if (h.version != kVersion && h.version != 1)
-    return str("has snapshot format version ", h.version, "; this weft reads versions 1 and ",
-               kVersion);
+  if (h.version < 1 || h.version > kVersion)
+    return str("has snapshot format version ", h.version, "; this weft reads versions 1 to ",
+               kVersion, " (a newer weft made it: inspect or clean it with that weft)");
   if (h.version == 1) h.slots = 2;
   if (h.slots < kMinSnapshotSlots || h.slots > kMaxSnapshotSlots)
     return str("has an invalid header (", h.slots, " slots)");
@@ -180,7 +201,7 @@ bool valid_job_id(const std::string& job_id) {
 }
 
 SnapshotSegment SnapshotSegment::create(const std::string& name, int64_t capacity, int owner_pid,
-                                        int slots) {
+                                        int slots, int guardian_pid) {
   WEFT_CHECK(valid_shm_name(name), "a shared-memory name is '/' and a file name: '", name, "'");
   WEFT_CHECK(capacity >= 0, "snapshot segment ", name, ": capacity ", capacity, " < 0");
   WEFT_CHECK(slots >= kMinSnapshotSlots && slots <= kMaxSnapshotSlots, "snapshot segment ", name,
@@ -218,6 +239,8 @@ SnapshotSegment SnapshotSegment::create(const std::string& name, int64_t capacit
   h->version = kVersion;
   h->owner_pid = owner_pid;
   h->owner_pidns = pid_namespace();
+  h->guardian_pid = std::max(guardian_pid, 0);
+  h->guardian_pidns = h->owner_pidns;
   std::atomic_thread_fence(std::memory_order_release);
   std::atomic_ref<uint64_t>(h->magic).store(kMagic, std::memory_order_release);
   SnapshotSegment s;
@@ -226,6 +249,7 @@ SnapshotSegment SnapshotSegment::create(const std::string& name, int64_t capacit
   s.mapped_bytes_ = g.total_bytes;
   s.writable_ = true;
   s.slots_ = slots;
+  s.version_ = int(kVersion);
   return s;
 }
 
@@ -263,6 +287,7 @@ SnapshotSegment SnapshotSegment::open(const std::string& name, bool writable, bo
   s.mapped_bytes_ = st.st_size;
   s.writable_ = writable;
   s.slots_ = int(h.slots);
+  s.version_ = int(h.version);
   return s;
 }
 
@@ -277,7 +302,8 @@ SnapshotSegment::SnapshotSegment(SnapshotSegment&& o) noexcept
       mapped_bytes_(std::exchange(o.mapped_bytes_, 0)),
       writable_(o.writable_),
       writing_(std::exchange(o.writing_, -1)),
-      slots_(o.slots_) {}
+      slots_(o.slots_),
+      version_(o.version_) {}
 
 SnapshotSegment& SnapshotSegment::operator=(SnapshotSegment&& o) noexcept {
   if (this != &o) {
@@ -288,6 +314,7 @@ SnapshotSegment& SnapshotSegment::operator=(SnapshotSegment&& o) noexcept {
     writable_ = o.writable_;
     writing_ = std::exchange(o.writing_, -1);
     slots_ = o.slots_;
+    version_ = o.version_;
   }
   return *this;
 }
@@ -301,22 +328,43 @@ int SnapshotSegment::owner_pid() const { return int(header(base_)->owner_pid); }
 
 bool SnapshotSegment::owner_gone() const {
   const SegmentHeader* h = header(base_);
-  pid_t pid = pid_t(h->owner_pid);
-  uint64_t here = pid_namespace();
-  if (pid <= 0 || (h->owner_pidns && here && h->owner_pidns != here)) return false;
-  if (::kill(pid, 0) != 0) return errno == ESRCH;
-  // A zombie (exited, not yet reaped) is gone too: it will never write again.
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  size_t close = s.rfind(')');
-  return close != std::string::npos && close + 2 < s.size() &&
-         (s[close + 2] == 'Z' || s[close + 2] == 'X');
+  return pid_gone(h->owner_pid, h->owner_pidns);
 }
 
-void SnapshotSegment::set_owner_pid(int pid) {
+int SnapshotSegment::guardian_pid() const {
+  return version_ >= 3 ? int(header(base_)->guardian_pid) : 0;
+}
+
+bool SnapshotSegment::guardian_gone() const {
+  const SegmentHeader* h = header(base_);
+  if (guardian_pid() <= 0) return true;  // none recorded: nobody will restart the owner
+  return pid_gone(h->guardian_pid, h->guardian_pidns);
+}
+
+bool SnapshotSegment::guarded_by(int pid) const {
+  const SegmentHeader* h = header(base_);
+  const uint64_t here = pid_namespace();
+  return pid > 0 && guardian_pid() == pid &&
+         (h->guardian_pidns == 0 || here == 0 || h->guardian_pidns == here);
+}
+
+bool SnapshotSegment::abandoned() const { return owner_gone() && guardian_gone(); }
+
+void SnapshotSegment::set_owner(int pid, int guardian_pid) {
   WEFT_CHECK(writable_, "snapshot segment ", name_, " is mapped read-only");
-  header(base_)->owner_pid = pid;
-  header(base_)->owner_pidns = pid_namespace();
+  SegmentHeader* h = header(base_);
+  h->owner_pid = pid;
+  h->owner_pidns = pid_namespace();
+  h->guardian_pid = std::max(guardian_pid, 0);
+  h->guardian_pidns = h->owner_pidns;
+  if (version_ < int(kVersion)) {
+    // An older segment taken over (a weft upgraded while its job ran): made current, so that
+    // its guardian counts. Its fields past the old ones were zeros, its layout is the same.
+    if (version_ == 1) h->slots = slots_;
+    std::atomic_thread_fence(std::memory_order_release);
+    std::atomic_ref<uint32_t>(h->version).store(kVersion, std::memory_order_release);
+    version_ = int(kVersion);
+  }
 }
 
 void* SnapshotSegment::begin(const SnapshotMeta& meta) {

@@ -36,6 +36,8 @@ namespace weft::checkpoint {
 
 inline constexpr int64_t kSnapshotBlockBytes = int64_t(1) << 20;  // crc32c granularity
 inline constexpr int kMinSnapshotSlots = 2, kMaxSnapshotSlots = 4;
+// The segment format this build writes; it reads versions 1 up to it (docs/snapshot-format.md).
+inline constexpr uint32_t kSnapshotFormatVersion = 3;
 
 enum class SegmentKind : uint32_t { kData = 1, kReplica = 2, kParity = 3, kRebuilt = 4 };
 
@@ -68,10 +70,11 @@ class SnapshotSegment {
   // payloads of up to `capacity` bytes per slot, every slot empty. Its memory is allocated here
   // (posix_fallocate), so a full /dev/shm fails now, not with a SIGBUS at the first write. IoError
   // naming the segment on failure (it exists, /dev/shm is full: then nothing is left behind). The
-  // agent calls this; `owner_pid` (the agent) is recorded so that `weft snapshot clean` can tell an
-  // abandoned segment (its owner gone) from a live one.
+  // agent calls this; `owner_pid` (the agent) and `guardian_pid` (the process that restarts the
+  // agent when it dies, weft run; 0: none) are recorded so that other agents and `weft snapshot
+  // clean` can tell an abandoned segment (both gone: abandoned()) from a live one.
   static SnapshotSegment create(const std::string& name, int64_t capacity, int owner_pid,
-                                int slots = kMinSnapshotSlots);
+                                int slots = kMinSnapshotSlots, int guardian_pid = 0);
   // Maps an existing segment, read-write when `writable`. IoError naming it when it does not
   // exist, is too short, or its header is not a snapshot segment's (magic, version).
   // `populate`: map every page now (MAP_POPULATE), for a reader of all of it (a restore):
@@ -96,8 +99,23 @@ class SnapshotSegment {
   // zombie) in the pid namespace that created the segment. False while it lives, and when
   // that cannot be told (the segment was made in another pid namespace): never a guess.
   bool owner_gone() const;
-  // A restarted agent takes over the segments its predecessor left (writable views only).
-  void set_owner_pid(int pid);
+  // The guardian: the process that restarts a dead owner (weft run, for its node's agent),
+  // recorded by format version 3; 0 when none was recorded (versions 1 and 2 have none).
+  int guardian_pid() const;
+  // True when no guardian was recorded or it is known to be gone (as owner_gone()).
+  bool guardian_gone() const;
+  // Whether the recorded guardian is process `pid` of this pid namespace (never for pid <= 0):
+  // a restarted agent knows its node's segments by their guardian, whatever index named them.
+  bool guarded_by(int pid) const;
+  // Abandoned: its owner is gone and so is its guardian, so nobody will write it again. An
+  // owner that is dead while its guardian lives is about to be restarted and to adopt the
+  // segment: that one is not abandoned (another job's agent starting meanwhile keeps it).
+  bool abandoned() const;
+  // A restarted agent takes over the segments its predecessor left (writable views only):
+  // it records itself and its guardian. A segment of an older format version is rewritten
+  // as the current one (its header has room: the new fields were zeros).
+  void set_owner(int pid, int guardian_pid);
+  int version() const { return version_; }  // the segment's format version
 
   // Writing. begin() picks a slot that is not the newest committed one, marks it
   // uncommitted (sequence 0) and returns its payload (capacity() bytes, writable until
@@ -139,6 +157,7 @@ class SnapshotSegment {
   bool writable_ = false;
   int writing_ = -1;  // the slot begin() handed out, until commit()
   int slots_ = kMinSnapshotSlots;
+  int version_ = 0;  // the header's format version when mapped (set_owner may raise it)
 };
 
 // Segment names of one job (or every job when `job_id` is empty), from /dev/shm, sorted.

@@ -1,6 +1,7 @@
 // `weft snapshot`: inspect and clean the in-memory snapshot segments of this node: list
 // them with their owner's state, recompute every committed slot's checksums, and remove
-// the segments whose owner (the snapshot agent) is gone. docs/snapshot-format.md.
+// the abandoned segments: their owner (the snapshot agent) is gone and so is its guardian
+// (the weft run that would restart it). docs/snapshot-format.md.
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -21,12 +22,13 @@ constexpr const char* kHelp = R"(usage: weft snapshot <action> [--job ID] ...
   weft snapshot ls [--job ID]
       the snapshot segments in /dev/shm (of one job): kind, owner node, epoch, rank/world
       and step of the newest committed snapshot, its payload, the owner pid and whether
-      that process is alive
+      that process is alive, and its guardian's (the weft run that restarts the owner)
   weft snapshot verify [--job ID]
       recompute the crc32c of every block of every committed snapshot; exit 1 naming the
       corrupt blocks (or unreadable segments)
   weft snapshot clean [--job ID] [--all]
-      remove the segments whose owner process is gone (abandoned by a killed agent).
+      remove the abandoned segments: their owner process is gone (a killed agent) and so
+      is its guardian (while that lives it restarts the agent, which takes them over).
       --all removes live ones too: a running job loses its in-memory snapshots
 
 ID is a job id, 16 hex digits, as in the segment names. docs/snapshot-format.md describes
@@ -58,6 +60,13 @@ std::string job_of(const Args& args) {
 
 std::string of_job(const std::string& job) { return job.empty() ? "" : " of job " + job; }
 
+// " (guardian pid P alive)", or "" when the segment records none.
+std::string guardian_text(const SnapshotSegment& s) {
+  if (s.guardian_pid() <= 0) return "";
+  return " (guardian pid " + std::to_string(s.guardian_pid()) +
+         (s.guardian_gone() ? " gone)" : " alive)");
+}
+
 int ls(const std::string& job) {
   std::vector<std::string> names = checkpoint::snapshot_segments(job);
   if (names.empty()) {
@@ -66,7 +75,7 @@ int ls(const std::string& job) {
   }
   std::printf("%-44s %-7s %4s %5s %10s %8s %11s %s\n", "NAME", "KIND", "NODE", "EPOCH",
               "RANK/WORLD", "STEP", "PAYLOAD MiB", "OWNER");
-  int gone = 0;
+  int gone = 0, guarded = 0;
   for (const std::string& n : names) {
     try {
       SnapshotSegment s = SnapshotSegment::open(n, false);
@@ -74,6 +83,7 @@ int ls(const std::string& job) {
       std::optional<checkpoint::SegmentName> p = checkpoint::parse_segment_name(n);
       bool dead = s.owner_gone();
       gone += dead;
+      guarded += dead && !s.abandoned();
       std::string kind = v ? kind_name(v->meta.kind) : p ? kind_name(p->kind) : "?";
       std::string node = v   ? std::to_string(v->meta.owner_node)
                          : p ? std::to_string(p->owner_node)
@@ -85,15 +95,21 @@ int ls(const std::string& job) {
       std::string step = v ? std::to_string(v->meta.step) : "-";
       char mib[32] = "-";
       if (v) std::snprintf(mib, sizeof mib, "%.1f", double(v->meta.payload_bytes) / (1 << 20));
-      std::printf("%-44s %-7s %4s %5s %10s %8s %11s %d %s\n", n.c_str(), kind.c_str(), node.c_str(),
-                  epoch.c_str(), rank.c_str(), step.c_str(), mib, s.owner_pid(),
-                  dead ? "gone" : "alive");
+      std::printf("%-44s %-7s %4s %5s %10s %8s %11s %d %s%s\n", n.c_str(), kind.c_str(),
+                  node.c_str(), epoch.c_str(), rank.c_str(), step.c_str(), mib, s.owner_pid(),
+                  dead ? "gone" : "alive", guardian_text(s).c_str());
     } catch (const IoError& e) {
       std::printf("%-44s unreadable: %s\n", n.c_str(), e.what());
     }
   }
   std::printf("%zu segments%s", names.size(), of_job(job).c_str());
-  if (gone) std::printf(", %d with their owner gone (`weft snapshot clean` removes them)", gone);
+  if (gone && !guarded)
+    std::printf(", %d with their owner gone (`weft snapshot clean` removes them)", gone);
+  else if (gone)
+    std::printf(
+        ", %d with their owner gone, %d of them kept for the restart their live guardian makes "
+        "(`weft snapshot clean` removes the other %d)",
+        gone, guarded, gone - guarded);
   std::printf("\n");
   return 0;
 }
@@ -151,10 +167,13 @@ int clean(const std::string& job, bool all) {
     bool remove = all;
     try {
       SnapshotSegment s = SnapshotSegment::open(n, false);
-      bool gone = s.owner_gone();
-      why = "owner pid " + std::to_string(s.owner_pid()) + (gone ? " gone" : " alive");
+      // Abandoned: the owner is gone and so is its guardian. A dead owner whose guardian
+      // lives is about to be restarted and to take the segment over: not removed.
+      const bool gone = s.abandoned();
+      why = "owner pid " + std::to_string(s.owner_pid()) + (s.owner_gone() ? " gone" : " alive") +
+            guardian_text(s);
       remove = remove || gone;
-      if (remove && !gone) why = "owner pid " + std::to_string(s.owner_pid()) + " ALIVE: --all";
+      if (remove && !gone) why += ": not abandoned, removed by --all";
       live_removed += remove && !gone;
     } catch (const IoError& e) {
       // A segment being created has no header yet: never removed on a guess.
@@ -172,12 +191,14 @@ int clean(const std::string& job, bool all) {
   std::fflush(stdout);
   if (live_removed)
     std::fprintf(stderr,
-                 "weft snapshot clean: WARNING: --all removed %d segment%s whose owner is "
-                 "ALIVE: a running job lost its in-memory snapshots\n",
+                 "weft snapshot clean: WARNING: --all removed %d segment%s whose owner or its "
+                 "guardian is ALIVE: a running job lost its in-memory snapshots\n",
                  live_removed, live_removed > 1 ? "s" : "");
   std::printf("removed %d snapshot segment%s%s", removed, removed == 1 ? "" : "s",
               of_job(job).c_str());
-  if (kept) std::printf("; kept %d (owner alive or unreadable; --all removes them too)", kept);
+  if (kept)
+    std::printf("; kept %d (owner or its guardian alive, or unreadable; --all removes them too)",
+                kept);
   std::printf("\n");
   return 0;
 }

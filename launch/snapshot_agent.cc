@@ -37,8 +37,6 @@
 #include "base/error.h"
 #include "checkpoint/snapshot_protocol.h"
 #include "comm/store/auth.h"
-#include "launch/args.h"
-#include "launch/commands.h"
 #include "launch/snapshot_parity.h"
 #include "launch/snapshot_replicas.h"
 
@@ -318,7 +316,7 @@ void Agent::adopt() {
       continue;
     }
     const int was = seg->owner_pid();
-    seg->set_owner_pid(int(::getpid()));  // live again: not abandoned
+    seg->set_owner(int(::getpid()), o_.guardian_pid);  // live again: not abandoned
     std::string state;
     try {
       std::optional<ckpt::SnapshotSegment::View> v = seg->latest();
@@ -341,18 +339,27 @@ void Agent::remove_abandoned() {
     if (::stat(("/dev/shm" + name).c_str(), &st) != 0 ||
         double(::time(nullptr) - st.st_ctime) < o_.abandoned_after_s)
       continue;  // gone meanwhile, or too young to judge
-    int owner = 0;
+    int owner = 0, guardian = 0;
     try {
       ckpt::SnapshotSegment seg = ckpt::SnapshotSegment::open(name, false);
       if (!seg.owner_gone()) continue;  // alive, or in another pid namespace: not ours to judge
       owner = seg.owner_pid();
+      guardian = seg.guardian_pid();
+      if (!seg.guardian_gone()) {
+        // Its agent died and the weft run that restarts it lives: the successor adopts this
+        // segment within a monitor tick. Removing it now would lose that job's snapshot.
+        say(str("kept ", name, " of job ", p->job_id, ": its owner, pid ", owner,
+                ", is gone but its guardian, pid ", guardian, ", lives (it restarts the owner)"));
+        continue;
+      }
     } catch (const std::exception&) {
       continue;  // not readable (perhaps being created)
     }
     ckpt::SnapshotSegment::unlink(name);
     removed_jobs.insert(p->job_id);
     say(str("removed ", name, ": abandoned (job ", p->job_id, ": its owner, pid ", owner,
-            ", is gone)"));
+            guardian > 0 ? str(", and its guardian, pid ", guardian, ", are gone)")
+                         : std::string(", is gone; no guardian recorded)")));
   }
   for (const std::string& job : removed_jobs) remove_stale_locks(job);
 }
@@ -513,7 +520,7 @@ json Agent::reserve(const ckpt::Reservation& r) {
     auto it = owned_.find(name);
     if (it == owned_.end() && fs::exists(shm_path(name))) {  // made under another node index
       auto seg = std::make_shared<ckpt::SnapshotSegment>(ckpt::SnapshotSegment::open(name, true));
-      seg->set_owner_pid(int(::getpid()));
+      seg->set_owner(int(::getpid()), o_.guardian_pid);
       say(str("adopted ", name, " (named by a reserve)"));
       it = owned_.emplace(name, Owned{std::move(seg), r.epoch, s.rank}).first;
     }
@@ -577,7 +584,8 @@ json Agent::reserve(const ckpt::Reservation& r) {
       std::shared_ptr<ckpt::SnapshotSegment> seg;
       try {
         seg = std::make_shared<ckpt::SnapshotSegment>(
-            ckpt::SnapshotSegment::create(name, capacity, int(::getpid()), data_slots()));
+            ckpt::SnapshotSegment::create(name, capacity, int(::getpid()), data_slots(),
+                                          o_.guardian_pid));
       } catch (const IoError& e) {
         if (fs::exists(shm_path(name))) throw;  // made meanwhile by someone else
         throw ConfigError("snapshot.every",
@@ -719,10 +727,12 @@ void Agent::start_peers() {
       !comm::auth::is_loopback(ckpt::split_endpoint(o_.listen).first))
     say(str("no job token (WEFT_JOB_TOKEN): peers are accepted from this machine only"));
   if (o_.redundancy == "ec") {
-    parity_ = std::make_unique<SnapshotParity>(ParityOptions{auth, o_.ec_k, o_.ec_m, timeout}, say);
+    parity_ = std::make_unique<SnapshotParity>(
+        ParityOptions{auth, o_.ec_k, o_.ec_m, timeout, o_.guardian_pid}, say);
     parity_->adopt();
   } else {
-    replicas_ = std::make_unique<SnapshotReplicas>(ReplicaOptions{auth, timeout}, say);
+    replicas_ = std::make_unique<SnapshotReplicas>(ReplicaOptions{auth, timeout, o_.guardian_pid},
+                                                   say);
     replicas_->adopt();
   }
   const auto [host, port] = ckpt::split_endpoint(o_.listen);
@@ -807,6 +817,7 @@ int Agent::run() {
   });
   accept();
   say(str("serving job ", o_.job_id, " node ", o_.node, " at ", o_.socket, " (pid ", ::getpid(),
+          o_.guardian_pid > 0 ? str(", guardian pid ", o_.guardian_pid) : std::string(", no guardian"),
           ", ", owned_.size(), " segment(s) adopted)",
           listener_ ? str("; peers reach it at ", listener_->endpoint()) : std::string()));
   io_.run();
@@ -826,34 +837,10 @@ Agent::~Agent() {
   }
 }
 
-constexpr const char* kHelp =
-    R"(usage: weft snapshot-agent --job ID --node N --socket PATH [--listen HOST:PORT]
-
-The node's in-memory snapshot agent (weft run starts one per node for jobs with
-snapshot.every > 0; it can also run alone). It owns the job's shared-memory segments
-(/dev/shm/weft-snap-ID-*), so that they survive the workers; workers talk to it over the
-Unix socket PATH (WEFT_SNAPSHOT_SOCKET), one JSON request per line.
-
-  --job ID       the job id (16 hex digits; weft run: from the run id)
-  --node N       this node's index (segment names; which segments a restart adopts)
-  --socket PATH  the Unix socket to serve
-  --abandoned-after S  other jobs' segments whose owner is gone are removed at start once
-                 older than S whole seconds (default 60)
-  --listen HOST:PORT  accept other nodes' agents on TCP (port 0: any free one; the request
-                 `endpoint` says which): snapshot.redundancy replica or ec. The job token
-                 (WEFT_JOB_TOKEN or WEFT_JOB_TOKEN_FILE) authenticates them both ways
-  --redundancy none|replica|ec  replica: copies of the next node's snapshots; ec: parity
-                 of the group's snapshots (Reed-Solomon, ISA-L); reserve counts either
-  --ec-k K, --ec-m M  ec's data and parity fragments per stripe (default 2 and 1)
-  --insecure     without a job token, accept peers from other machines too
-
-At start it adopts the job's segments of this node and removes those of abandoned jobs.
-SIGTERM or SIGINT: exit 0 keeping the segments; the request `finish` removes them.
-)";
-
 }  // namespace
 
 void adopt_orphans(const std::string& job, const std::vector<ckpt::SegmentKind>& kinds,
+                   int guardian_pid,
                    const std::function<void(const std::string&, const ckpt::SegmentName&,
                                             std::shared_ptr<ckpt::SnapshotSegment>, int)>& take,
                    const std::function<void(const std::string&)>& log) {
@@ -863,8 +850,11 @@ void adopt_orphans(const std::string& job, const std::vector<ckpt::SegmentKind>&
     try {
       auto seg = std::make_shared<ckpt::SnapshotSegment>(ckpt::SnapshotSegment::open(name, true));
       if (!seg->owner_gone()) continue;  // another live agent's (several nodes on one machine)
+      // Its agent is dead but another node's live weft run guards it: that node's restarted
+      // agent takes it over.
+      if (!seg->guarded_by(guardian_pid) && !seg->guardian_gone()) continue;
       const int was = seg->owner_pid();
-      seg->set_owner_pid(int(::getpid()));
+      seg->set_owner(int(::getpid()), guardian_pid);
       take(name, *p, std::move(seg), was);
     } catch (const std::exception& e) {
       log(str(name, " not adopted: ", e.what()));
@@ -925,44 +915,6 @@ int run_snapshot_agent(const SnapshotAgentOptions& o, CommittedHandler on_commit
   std::signal(SIGPIPE, SIG_IGN);
   Agent agent(o, std::move(on_committed));
   return agent.run();
-}
-
-int cmd_snapshot_agent(const std::vector<std::string>& argv) {
-  Args args(argv, {"--job", "--node", "--socket", "--abandoned-after", "--listen", "--redundancy",
-             "--ec-k", "--ec-m"},
-            {"--help", "--insecure"});
-  if (args.flag("--help")) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
-  SnapshotAgentOptions o;
-  o.job_id = args.required("--job");
-  if (!ckpt::valid_job_id(o.job_id))
-    throw ConfigError("--job",
-                      "must be 16 lowercase hex digits (a job id), got '" + o.job_id + "'");
-  o.node = int(args.get_int("--node", -1));
-  if (!args.has("--node") || o.node < 0)
-    throw ConfigError("--node", "is required and must be >= 0");
-  o.socket = args.required("--socket");
-  o.abandoned_after_s = double(args.get_int("--abandoned-after", 60));
-  if (o.abandoned_after_s < 0) throw ConfigError("--abandoned-after", "must be >= 0 seconds");
-  o.listen = args.get_or("--listen", "");
-  if (!o.listen.empty()) {
-    try {
-      ckpt::split_endpoint(o.listen);
-    } catch (const std::invalid_argument& e) {
-      throw ConfigError("--listen", e.what());
-    }
-  }
-  o.redundancy = args.get_or("--redundancy", "none");
-  if (o.redundancy != "none" && o.redundancy != "replica" && o.redundancy != "ec")
-    throw ConfigError("--redundancy", "must be none, replica or ec, got '" + o.redundancy + "'");
-  o.ec_k = int(args.get_int("--ec-k", 2));
-  o.ec_m = int(args.get_int("--ec-m", 1));
-  if (o.ec_k < 1 || o.ec_m < 1 || o.ec_k + o.ec_m > 255)
-    throw ConfigError("--ec-k", "--ec-k and --ec-m must be >= 1 with a sum of at most 255");
-  o.insecure = args.flag("--insecure");
-  return run_snapshot_agent(o);
 }
 
 }  // namespace weft::launch

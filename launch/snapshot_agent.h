@@ -7,9 +7,10 @@
 // At start it takes the agent lock of the job and node (/dev/shm/weft-agent-<job>-n<node>.lock,
 // flock: never two agents for one job and node), adopts the job's data segments of this
 // node that exist (a restarted agent: they keep their data; it becomes their owner), and
-// removes the segments of any other job that is abandoned (their owner process is gone and
-// they are older than --abandoned-after seconds, 60 by default: a segment made a moment ago
-// by a tool or a test that has not yet handed it to its agent is not judged). It logs
+// removes the segments of any other job that is abandoned (their owner process is gone, so
+// is its guardian, the weft run that would restart it, and they are older than
+// --abandoned-after seconds, 60 by default: a segment made a moment ago by a tool or a test
+// that has not yet handed it to its agent is not judged). It logs
 // one line per event to stderr, prefixed
 // "[snapshot-agent]". SIGTERM/SIGINT: it stops serving and exits 0, keeping the segments
 // (the job may restart it); `finish` removes the job's segments and it exits 0.
@@ -32,6 +33,10 @@ struct SnapshotAgentOptions {
   int node = 0;        // the node's index when the agent starts (segment names, adoption)
   std::string socket;  // the Unix socket it serves
   double abandoned_after_s = 60;  // other jobs' ownerless segments younger than this stay
+  // The process that restarts this agent when it dies (weft run; --guardian, else the
+  // agent's parent; 0: none), recorded in every segment it owns: while it lives, a dead
+  // agent's segments are not abandoned (its successor is about to adopt them).
+  int guardian_pid = 0;
   // snapshot.redundancy: replica (snapshot_replicas.h). `listen` ("host:port", port 0: any)
   // is where the other nodes' agents push to it; "" = no peers (it pushes nothing either).
   // The job token (WEFT_JOB_TOKEN) authenticates them; without one only peers on this
@@ -65,10 +70,13 @@ std::optional<checkpoint::SnapshotSegment::View> newest_unsent(
     const CommittedEvent& e, int64_t epoch, const std::map<std::string, int64_t>& sent);
 
 // A restarted agent's adoption of the segments of `kinds` its dead predecessor left for job
-// `job`: each one whose owner is gone is mapped writable, made this process's, and handed to
-// `take(name, parsed name, segment, previous owner pid)`; one it cannot open is logged and
-// left. Live agents' segments (several nodes on one machine) are left alone.
+// `job`: each one whose owner is gone is mapped writable, made this process's (with
+// `guardian_pid` as its guardian), and handed to `take(name, parsed name, segment, previous
+// owner pid)`; one it cannot open is logged and left. Live agents' segments (several nodes on
+// one machine) are left alone, and so are those another live guardian (another node's weft
+// run on this machine) will have its own restarted agent take over.
 void adopt_orphans(const std::string& job, const std::vector<checkpoint::SegmentKind>& kinds,
+                   int guardian_pid,
                    const std::function<void(const std::string&, const checkpoint::SegmentName&,
                                             std::shared_ptr<checkpoint::SnapshotSegment>, int)>& take,
                    const std::function<void(const std::string&)>& log);

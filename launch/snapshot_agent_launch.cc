@@ -109,11 +109,15 @@ SnapshotAgentProcess::~SnapshotAgentProcess() {
 
 void SnapshotAgentProcess::spawn() {
   // Everything the child needs is built before fork: after it, only async-signal-safe calls.
+  // weft run is the agent's guardian (keep_alive restarts it): named in its segments, it
+  // keeps another job's agent from removing them between a kill and the restart.
+  const pid_t parent = ::getpid();
   std::vector<std::string> args = {
       self_exe(),     "snapshot-agent",
       "--job",        plan_.job_id,
       "--node",       std::to_string(plan_.node),
       "--socket",     plan_.socket,
+      "--guardian",   std::to_string(parent),
       "--redundancy", plan_.redundancy};
   if (plan_.redundancy == "ec")
     args.insert(args.end(),
@@ -126,7 +130,6 @@ void SnapshotAgentProcess::spawn() {
   std::fflush(stdout);
   std::fflush(stderr);
   const long max_fd = std::min(::sysconf(_SC_OPEN_MAX), 65536L);  // close_range's fallback
-  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0)
     throw IoError(str("weft run: cannot fork the snapshot agent: ", std::strerror(errno)));

@@ -44,9 +44,10 @@ std::optional<SnapshotAgentPlan> snapshot_agent_plan(const std::vector<std::stri
 class SnapshotAgentProcess {
  public:
   // Starts `weft snapshot-agent` (this binary) in its own process group, with SIGTERM as
-  // its parent-death signal (it keeps the segments), sets WEFT_SNAPSHOT_SOCKET in this
-  // process's environment for the workers, and waits until it answers. IoError when it
-  // exits or does not answer within 10 s.
+  // its parent-death signal (it keeps the segments) and this process as its guardian
+  // (--guardian: recorded in its segments, which stay while a restart is due), sets
+  // WEFT_SNAPSHOT_SOCKET in this process's environment for the workers, and waits until it
+  // answers. IoError when it exits or does not answer within 10 s.
   explicit SnapshotAgentProcess(SnapshotAgentPlan plan);
   ~SnapshotAgentProcess();  // stop() unless finished; never throws
   SnapshotAgentProcess(const SnapshotAgentProcess&) = delete;

@@ -117,7 +117,7 @@ std::optional<ReplicaRing> SnapshotParity::ring_of(int64_t epoch) const {
 
 void SnapshotParity::adopt() {
   adopt_orphans(
-      o_.auth.job, {ckpt::SegmentKind::kParity, ckpt::SegmentKind::kRebuilt},
+      o_.auth.job, {ckpt::SegmentKind::kParity, ckpt::SegmentKind::kRebuilt}, o_.guardian_pid,
       [this](const std::string& name, const ckpt::SegmentName& p,
              std::shared_ptr<ckpt::SnapshotSegment> seg, int was) {
         std::lock_guard<std::mutex> l(mu_);
@@ -430,7 +430,7 @@ void SnapshotParity::commit_parity(int64_t epoch, int me, int number, int64_t st
     try {
       // Room for a manifest somewhat longer than this one (checksums of a grown state).
       seg = std::make_shared<ckpt::SnapshotSegment>(ckpt::SnapshotSegment::create(
-          name, payload + 4096, int(::getpid()), kParitySlots));
+          name, payload + 4096, int(::getpid()), kParitySlots, o_.guardian_pid));
     } catch (const std::exception& e) {
       log_(str("parity of stripe ", number, " (epoch ", epoch, ") not kept: ", e.what()));
       return;
@@ -806,7 +806,8 @@ void SnapshotParity::rebuild(const Task& task) {
         if (!seg) {
           ckpt::SnapshotSegment::unlink(name);  // a half-made one of an earlier try
           seg = std::make_shared<ckpt::SnapshotSegment>(
-              ckpt::SnapshotSegment::create(name, std::max<int64_t>(payload, 1), int(::getpid())));
+              ckpt::SnapshotSegment::create(name, std::max<int64_t>(payload, 1), int(::getpid()),
+                                            ckpt::kMinSnapshotSlots, o_.guardian_pid));
           std::lock_guard<std::mutex> lk(mu_);
           rebuilt_[name] = seg;
         }

@@ -59,6 +59,7 @@ struct ParityOptions {
   checkpoint::PeerAuth auth;
   int k = 2, m = 1;
   std::chrono::milliseconds timeout{10000};  // per network operation
+  int guardian_pid = 0;  // recorded in the parity and rebuilt segments (SnapshotAgentOptions)
 };
 
 class SnapshotParity {

@@ -50,7 +50,7 @@ SnapshotReplicas::~SnapshotReplicas() { stop(); }
 
 void SnapshotReplicas::adopt() {
   adopt_orphans(
-      o_.auth.job, {ckpt::SegmentKind::kReplica},
+      o_.auth.job, {ckpt::SegmentKind::kReplica}, o_.guardian_pid,
       [this](const std::string& name, const ckpt::SegmentName& p,
              std::shared_ptr<ckpt::SnapshotSegment> seg, int was) {
         std::lock_guard<std::mutex> l(mu_);
@@ -298,7 +298,7 @@ std::optional<SnapshotReplicas::Held> SnapshotReplicas::replica_for(const ckpt::
         return std::nullopt;
       }
       if (seg->capacity() >= m.payload_bytes) {
-        seg->set_owner_pid(int(::getpid()));
+        seg->set_owner(int(::getpid()), o_.guardian_pid);
         std::lock_guard<std::mutex> l(mu_);
         auto [it, fresh] = held_.emplace(
             name, Held{std::move(seg), m.epoch, m.rank, std::make_shared<std::mutex>()});
@@ -325,7 +325,8 @@ std::optional<SnapshotReplicas::Held> SnapshotReplicas::replica_for(const ckpt::
   try {
     // Outside the lock: allocating a large segment takes a while, and `list` must not wait.
     seg = std::make_shared<ckpt::SnapshotSegment>(
-        ckpt::SnapshotSegment::create(name, capacity, int(::getpid())));
+        ckpt::SnapshotSegment::create(name, capacity, int(::getpid()), ckpt::kMinSnapshotSlots,
+                                      o_.guardian_pid));
   } catch (const std::exception& e) {
     *why = e.what();
     log_("refused a replica: " + *why);

@@ -32,6 +32,7 @@ namespace weft::launch {
 struct ReplicaOptions {
   checkpoint::PeerAuth auth;  // job, token
   std::chrono::milliseconds timeout{10000};  // per network operation
+  int guardian_pid = 0;  // recorded in the replica segments (SnapshotAgentOptions)
 };
 
 // The ring of one membership epoch, as weft run tells it (`peers`).

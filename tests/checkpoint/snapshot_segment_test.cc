@@ -1,5 +1,6 @@
 // The snapshot segment: create/open/unlink, two slots that alternate with the newer one as
-// the snapshot (three that rotate, and version 1's two), readers in other processes, a writer
+// the snapshot (three that rotate, and version 1's two), owner and guardian (abandoned only
+// when both are gone; version 2 had no guardian), readers in other processes, a writer
 // SIGKILLed mid-write (the previous snapshot stays whole), corruption found at its block, and the
 // names of a job's segments. Each test has its own job id and removes its segments in TearDown,
 // even when it fails.
@@ -252,6 +253,12 @@ TEST_F(SnapshotSegmentTest, AVersionOneSegmentReadsAsTwoSlots) {
   EXPECT_EQ(r.slots(), 2);
   EXPECT_EQ(r.latest()->meta.step, 4);
   EXPECT_EQ(r.slot(r.latest()->slot == 0 ? 1 : 0)->meta.step, 3);
+  // Taken over, it becomes the current version with its slot count written out.
+  SnapshotSegment::open(name(), true).set_owner(::getpid(), 0);
+  SnapshotSegment now = SnapshotSegment::open(name(), false);
+  EXPECT_EQ(now.version(), int(kSnapshotFormatVersion));
+  EXPECT_EQ(now.slots(), 2);
+  EXPECT_EQ(now.latest()->meta.step, 4);
 }
 
 TEST_F(SnapshotSegmentTest, ReaderInAForkedChildSeesTheCommittedData) {
@@ -476,7 +483,7 @@ TEST_F(SnapshotSegmentTest, MisuseIsAnInternalError) {
   EXPECT_THROW(s.commit(std::vector<uint32_t>(2, 0)), InternalError);  // 1 block, 2 crcs
   SnapshotSegment r = SnapshotSegment::open(name(), false);
   EXPECT_THROW(r.begin(meta(3, 10)), InternalError);  // read-only
-  EXPECT_THROW(r.set_owner_pid(1), InternalError);
+  EXPECT_THROW(r.set_owner(1, 0), InternalError);
   EXPECT_THROW(SnapshotSegment::create(name(1), -1, ::getpid()), InternalError);
   // None of that disturbed the snapshot.
   EXPECT_EQ(r.latest()->meta.step, 1);
@@ -533,7 +540,7 @@ TEST_F(SnapshotSegmentTest, OwnerGoneIsTheOwnerProcessGone) {
   Child exited(fork_child([] { return 0; }));
   pid_t dead = exited.pid();
   exited.wait();
-  s.set_owner_pid(dead);
+  s.set_owner(dead, 0);
   EXPECT_EQ(SnapshotSegment::open(name(), false).owner_pid(), dead);
   EXPECT_TRUE(SnapshotSegment::open(name(), false).owner_gone());
   // A zombie (exited, not reaped) is gone as well.
@@ -544,11 +551,69 @@ TEST_F(SnapshotSegmentTest, OwnerGoneIsTheOwnerProcessGone) {
     if (stat.find(") Z") != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  s.set_owner_pid(zombie.pid());
+  s.set_owner(zombie.pid(), 0);
   EXPECT_TRUE(s.owner_gone());
   zombie.wait();
-  s.set_owner_pid(::getpid());
+  s.set_owner(::getpid(), 0);
   EXPECT_FALSE(s.owner_gone());
+}
+
+// Abandoned means the owner and its guardian (the weft run that restarts the owner) are both
+// gone: a dead owner whose guardian lives is about to be restarted. No guardian recorded:
+// the owner alone decides, as before version 3.
+TEST_F(SnapshotSegmentTest, AbandonedOnlyOnceOwnerAndGuardianAreGone) {
+  Child exited(fork_child([] { return 0; }));
+  const pid_t dead = exited.pid();
+  exited.wait();
+  SnapshotSegment s = SnapshotSegment::create(name(), 1, dead, kMinSnapshotSlots, ::getpid());
+  EXPECT_EQ(s.version(), int(kSnapshotFormatVersion));
+  SnapshotSegment r = SnapshotSegment::open(name(), false);
+  EXPECT_EQ(r.owner_pid(), dead);
+  EXPECT_EQ(r.guardian_pid(), ::getpid());
+  EXPECT_TRUE(r.owner_gone());
+  EXPECT_FALSE(r.guardian_gone());
+  EXPECT_FALSE(r.abandoned()) << "its guardian lives: the owner is about to be restarted";
+  s.set_owner(dead, dead);
+  EXPECT_TRUE(r.guardian_gone());
+  EXPECT_TRUE(r.abandoned());
+  s.set_owner(dead, 0);
+  EXPECT_EQ(r.guardian_pid(), 0);
+  EXPECT_TRUE(r.guardian_gone()) << "none recorded";
+  EXPECT_TRUE(r.abandoned());
+  s.set_owner(::getpid(), dead);
+  EXPECT_FALSE(r.abandoned()) << "its owner lives";
+}
+
+// A version-2 segment (a weft before guardians made it) opens with no guardian, so it is
+// judged by its owner alone; an agent that takes it over makes it version 3, guardian
+// recorded, its snapshot untouched.
+TEST_F(SnapshotSegmentTest, AVersionTwoSegmentHasNoGuardianUntilTakenOver) {
+  Child exited(fork_child([] { return 0; }));
+  const pid_t dead = exited.pid();
+  exited.wait();
+  {
+    SnapshotSegment s = SnapshotSegment::create(name(), kMiB, dead, 3);
+    write(s, 5, 700);
+  }
+  const int fd = ::shm_open(name().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  const uint32_t two = 2;
+  ASSERT_EQ(::pwrite(fd, &two, sizeof two, 8), ssize_t(sizeof two));  // version
+  ::close(fd);
+  SnapshotSegment old = SnapshotSegment::open(name(), true);
+  EXPECT_EQ(old.version(), 2);
+  EXPECT_EQ(old.slots(), 3);
+  EXPECT_EQ(old.guardian_pid(), 0) << "version 2 has no guardian field";
+  EXPECT_TRUE(old.abandoned()) << "owner gone, no guardian: abandoned, as version 2 judged";
+  old.set_owner(::getpid(), ::getpid());
+  EXPECT_EQ(old.version(), int(kSnapshotFormatVersion));
+  SnapshotSegment r = SnapshotSegment::open(name(), false);
+  EXPECT_EQ(r.version(), int(kSnapshotFormatVersion));
+  EXPECT_EQ(r.slots(), 3);
+  EXPECT_EQ(r.guardian_pid(), ::getpid());
+  EXPECT_FALSE(r.abandoned());
+  EXPECT_EQ(r.latest()->meta.step, 5);
+  EXPECT_TRUE(holds(r.latest()->payload, 5, 700));
 }
 
 TEST(SnapshotLayoutHash, StableAndSensitiveToEveryBox) {

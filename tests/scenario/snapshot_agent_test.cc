@@ -1,12 +1,14 @@
 // The node's snapshot agent as real processes (issue 15): `weft snapshot-agent` reserving,
 // adopting after a kill -9, refusing what does not fit, retiring an older epoch, finishing,
-// removing an abandoned job's segments, a stopped agent timing its client out; and weft
-// run starting, restarting, finishing and stopping it. Each test has its own job ids; its
+// removing an abandoned job's segments (not while the guardian that restarts a killed agent
+// lives), a stopped agent timing its client out; and weft run starting, restarting,
+// finishing and stopping it, and another job's agent starting while weft run restarts one. Each test has its own job ids; its
 // TearDown kills and reaps every process it started and unlinks every segment of its jobs.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <ctime>
 #include <iterator>
 #include <regex>
 #include <thread>
@@ -161,6 +164,34 @@ class SnapshotAgentTest : public ::testing::Test {
     ADD_FAILURE() << "no " << count << " match(es) of '" << re << "' in " << file << ":\n"
                   << read(file);
     return "";
+  }
+  // A process that only waits (a stand-in for a weft run), killed and reaped by TearDown.
+  pid_t start_sleeper() {
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(1);
+      for (;;) ::pause();
+    }
+    pids_.push_back(pid);
+    return pid;
+  }
+  // Waits until segment `name` is at least `seconds` whole seconds old by the clock an
+  // agent's --abandoned-after reads (its ctime), so that the agent judges it.
+  static void wait_older_than(const std::string& name, int seconds) {
+    struct stat st {};
+    ASSERT_EQ(::stat(("/dev/shm" + name).c_str(), &st), 0) << name;
+    while (::time(nullptr) - st.st_ctime < seconds) std::this_thread::sleep_for(milliseconds(50));
+  }
+  // Polls until the owner recorded in segment `name` is gone (dead, or a zombie nobody reaped).
+  static bool wait_owner_gone(const std::string& name) {
+    const auto until = Clock::now() + milliseconds(20000);
+    while (!SnapshotSegment::open(name, false).owner_gone()) {
+      if (Clock::now() > until) return false;
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    return true;
   }
   Reservation two_ranks(const std::string& job, int64_t epoch) const {
     return Reservation{job, 0, epoch, {{0, 2, kBytes}, {1, 2, kBytes}}, 0};
@@ -327,6 +358,53 @@ TEST_F(SnapshotAgentTest, AbandonedJobsSegmentsAreRemovedAtStart) {
       << read(path("agent.log"));
 }
 
+// A killed agent's segments are kept by another job's agent while the agent's guardian (here
+// a stand-in for weft run) lives, and removed by the next one once the guardian is gone too.
+TEST_F(SnapshotAgentTest, ADeadAgentsSegmentsAreAbandonedOnlyOnceItsGuardianIsGoneToo) {
+  const pid_t guardian = start_sleeper();
+  const pid_t agent = start({"snapshot-agent", "--job", job_, "--node", "0", "--socket", socket_,
+                             "--guardian", std::to_string(guardian)},
+                            path("agent.log"));
+  SnapshotAgentClient client(milliseconds(10000));
+  client.connect(socket_);
+  const std::vector<std::string> names = client.segment(two_ranks(job_, 1));
+  write_snapshot(names[0], job_, 1, 0, 2, 6);
+  client.committed(names[0], 6);
+  EXPECT_EQ(SnapshotSegment::open(names[0], false).guardian_pid(), guardian);
+  kill9(agent);
+  wait_older_than(names[0], 1);
+
+  auto other_agent = [&](const std::string& log) {
+    const pid_t a = start({"snapshot-agent", "--job", job(), "--node", "0", "--socket",
+                           path("other.sock"), "--abandoned-after", "1"},
+                          path(log));
+    SnapshotAgentClient c(milliseconds(10000));
+    c.connect(path("other.sock"));  // it judges other jobs' segments before it listens
+    ::kill(a, SIGTERM);
+    EXPECT_NE(wait_exit(a, 10), -1);
+  };
+  other_agent("kept.log");
+  EXPECT_TRUE(exists(names[0]) && exists(names[1]));
+  EXPECT_NE(read(path("kept.log"))
+                .find("kept " + names[0] + " of job " + job_ + ": its owner, pid " +
+                      std::to_string(agent) + ", is gone but its guardian, pid " +
+                      std::to_string(guardian) + ", lives"),
+            std::string::npos)
+      << read(path("kept.log"));
+
+  ::kill(guardian, SIGKILL);
+  EXPECT_NE(wait_exit(guardian, 10), -1);
+  other_agent("removed.log");
+  EXPECT_FALSE(exists(names[0]));
+  EXPECT_FALSE(exists(names[1]));
+  EXPECT_NE(read(path("removed.log"))
+                .find("removed " + names[0] + ": abandoned (job " + job_ + ": its owner, pid " +
+                      std::to_string(agent) + ", and its guardian, pid " +
+                      std::to_string(guardian) + ", are gone)"),
+            std::string::npos)
+      << read(path("removed.log"));
+}
+
 // A stopped (hung) agent: the call fails with IoError after its timeout instead of
 // hanging; once the agent runs again the next call connects anew and succeeds.
 TEST_F(SnapshotAgentTest, CallToAStoppedAgentTimesOutWithIoError) {
@@ -446,6 +524,65 @@ TEST_F(SnapshotAgentRun, RestartsAKilledAgentAndFinishesAtASuccessfulEnd) {
   EXPECT_FALSE(fs::exists(sock));
   EXPECT_NE(::kill(first, 0), 0);
   EXPECT_NE(::kill(second, 0), 0);  // reaped by weft run, not left behind
+}
+
+// The race of a kill -9 of the agent with another job's agent starting on the node: weft
+// run, the agent's guardian, is stopped so that it cannot restart the agent yet; another job's
+// agent (--abandoned-after 1) starts in that window and keeps the segment (its owner is gone,
+// its guardian lives); weft run, let go on, restarts the agent, which adopts the snapshot.
+// Before guardians the other agent removed the segment here and the restart adopted nothing.
+TEST_F(SnapshotAgentRun, AnotherJobsAgentKeepsAKilledAgentsSegmentsForItsRestart) {
+  pid_t run = start_run();
+  const std::string sock = worker_socket();
+  ASSERT_FALSE(sock.empty()) << read(path("run.log"));
+  const pid_t first =
+      std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))"));
+  SnapshotAgentClient client(milliseconds(10000));
+  client.connect(sock);
+  std::vector<std::string> names = client.segment(Reservation{run_job_, 0, 1, {{0, 1, kBytes}}, 0});
+  write_snapshot(names[0], run_job_, 1, 0, 1, 3);
+  client.committed(names[0], 3);
+  EXPECT_EQ(SnapshotSegment::open(names[0], false).guardian_pid(), run);
+
+  ASSERT_EQ(::kill(run, SIGSTOP), 0);  // no restart until SIGCONT: the window, held open
+  ::kill(first, SIGKILL);
+  ASSERT_TRUE(wait_owner_gone(names[0]));  // a zombie: weft run cannot reap it while stopped
+  wait_older_than(names[0], 1);
+  const pid_t other = start({"snapshot-agent", "--job", job(), "--node", "0", "--socket",
+                             path("other.sock"), "--abandoned-after", "1"},
+                            path("other.log"));
+  {
+    SnapshotAgentClient c(milliseconds(10000));
+    c.connect(path("other.sock"));  // it judges other jobs' segments before it listens
+  }
+  EXPECT_TRUE(exists(names[0])) << read(path("other.log"));
+  EXPECT_NE(read(path("other.log"))
+                .find("kept " + names[0] + " of job " + run_job_ + ": its owner, pid " +
+                      std::to_string(first) + ", is gone but its guardian, pid " +
+                      std::to_string(run) + ", lives"),
+            std::string::npos)
+      << read(path("other.log"));
+  ::kill(other, SIGTERM);
+  EXPECT_NE(wait_exit(other, 10), -1);
+
+  ASSERT_EQ(::kill(run, SIGCONT), 0);
+  wait_for(path("run.log"), "restarting the snapshot agent");
+  const pid_t second =
+      std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))", 2));
+  std::vector<SegmentInfo> listed = client.list();
+  ASSERT_EQ(listed.size(), 1u) << read(path("run.log"));
+  ASSERT_TRUE(listed[0].committed.has_value());
+  EXPECT_EQ(listed[0].committed->step, 3);
+  EXPECT_EQ(listed[0].owner_pid, second);
+  EXPECT_TRUE(holds_step(names[0], 3));
+  EXPECT_NE(read(path("run.log")).find("1 segment(s) adopted)"), std::string::npos)
+      << read(path("run.log"));
+
+  end_workers(0);
+  int status = wait_exit(run, 60);
+  ASSERT_NE(status, -1) << read(path("run.log"));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read(path("run.log"));
+  EXPECT_TRUE(snapshot_segments(run_job_).empty());
 }
 
 // A failed job: weft run stops the agent (SIGTERM) and the segments stay for a restart.
