@@ -2,9 +2,9 @@
 // adopting after a kill -9, refusing what does not fit, retiring an older epoch, finishing,
 // removing an abandoned job's segments (not while the guardian that restarts a killed agent
 // lives), a stopped agent timing its client out; and weft run starting, restarting,
-// finishing and stopping it, and another job's agent starting while weft run restarts one. Each test has its own job ids; its
-// TearDown kills and reaps every process it started and unlinks every segment of its jobs.
-#include <fcntl.h>
+// finishing and stopping it, and another job's agent starting while weft run restarts one.
+// Each test has its own job ids; the fixture (snapshot_fixture.h) kills and reaps every
+// process it started and unlinks every segment of its jobs however the test ends.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -13,157 +13,33 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <ctime>
-#include <iterator>
-#include <regex>
+#include <filesystem>
 #include <thread>
 
 #include "base/error.h"
 #include "checkpoint/job_id.h"
 #include "checkpoint/snapshot_protocol.h"
 #include "checkpoint/snapshot_segment.h"
+#include "tests/scenario/snapshot_fixture.h"
 
 namespace weft::checkpoint {
 namespace {
 
-namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
+constexpr int64_t kRankBytes = (int64_t(1) << 20) + 4096;  // two crc blocks, the last short
 
-constexpr int64_t kBytes = (int64_t(1) << 20) + 4096;  // two crc blocks, the last short
-
-uint8_t pattern(int64_t step, int64_t i) { return uint8_t((i * 131 + step * 7) & 0xff); }
-
-// Writes a snapshot of `step` into segment `name` as a worker does: open writable,
-// begin, fill, commit.
-void write_snapshot(const std::string& name, const std::string& job, int64_t epoch, int rank,
-                    int world, int64_t step) {
-  SnapshotSegment seg = SnapshotSegment::open(name, true);
-  SnapshotMeta m;
-  m.job_id = job;
-  m.epoch = epoch;
-  m.step = step;
-  m.rank = rank;
-  m.world = world;
-  m.layout_hash = 42;
-  m.payload_bytes = kBytes;
-  auto* p = static_cast<uint8_t*>(seg.begin(m));
-  for (int64_t i = 0; i < kBytes; ++i) p[i] = pattern(step, i);
-  seg.commit();
-}
-
-bool holds_step(const std::string& name, int64_t step) {
-  SnapshotSegment seg = SnapshotSegment::open(name, false);
-  auto v = seg.latest();
-  if (!v || v->meta.step != step || !seg.corrupt_blocks(*v).empty()) return false;
-  auto* p = static_cast<const uint8_t*>(v->payload);
-  for (int64_t i = 0; i < kBytes; ++i)
-    if (p[i] != pattern(step, i)) return false;
-  return true;
-}
-
-bool exists(const std::string& name) { return fs::exists("/dev/shm" + name); }
-
-class SnapshotAgentTest : public ::testing::Test {
+// One agent for node 0 at socket_ (the processes, jobs and segments: SnapshotProcessTest).
+class SnapshotAgentTest : public SnapshotProcessTest {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("weft_snapagent_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    job_ = job();
+    SnapshotProcessTest::SetUp();
     socket_ = path("agent.sock");
-  }
-  void TearDown() override {
-    for (pid_t pid : pids_) {  // whatever the test left running, stopped or not
-      ::kill(pid, SIGCONT);
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-    for (const std::string& j : jobs_) {
-      for (const std::string& name : snapshot_segments(j)) SnapshotSegment::unlink(name);
-      std::error_code ec;
-      for (const auto& e : fs::directory_iterator("/dev/shm", ec))
-        if (e.path().filename().string().starts_with("weft-agent-" + j)) fs::remove(e.path(), ec);
-    }
-    fs::remove_all(dir_);
-  }
-
-  std::string path(const std::string& f) const { return (dir_ / f).string(); }
-  // A fresh job id whose segments TearDown removes.
-  std::string job() {
-    jobs_.push_back(new_job_id());
-    return jobs_.back();
-  }
-  std::string read(const std::string& file) const {
-    std::ifstream in(file);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  }
-
-  // `weft ARGS...` with its output in `log`, killed with this test process if it dies.
-  pid_t start(const std::vector<std::string>& args, const std::string& log) {
-    const pid_t parent = ::getpid();
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(1);
-      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::setenv("OMP_NUM_THREADS", "1", 1);
-      std::vector<char*> argv{const_cast<char*>("weft")};
-      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(WEFT_BINARY, argv.data());
-      ::_exit(127);
-    }
-    pids_.push_back(pid);
-    return pid;
   }
   pid_t start_agent(const std::string& job, const std::string& log = "",
                     const std::string& abandoned_after = "60") {
     return start({"snapshot-agent", "--job", job, "--node", "0", "--socket", socket_,
                   "--abandoned-after", abandoned_after},
                  log.empty() ? path("agent.log") : log);
-  }
-  // The exit status of `pid` (reaped), or -1 when it is still running after `seconds`.
-  int wait_exit(pid_t pid, double seconds) {
-    const auto until = Clock::now() + milliseconds(int64_t(seconds * 1000));
-    for (;;) {
-      int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
-        pids_.erase(std::remove(pids_.begin(), pids_.end(), pid), pids_.end());
-        return status;
-      }
-      if (Clock::now() > until) return -1;
-      std::this_thread::sleep_for(milliseconds(10));
-    }
-  }
-  void kill9(pid_t pid) {
-    ::kill(pid, SIGKILL);
-    EXPECT_NE(wait_exit(pid, 10), -1);
-  }
-  // Waits until `file` holds `count` matches of `re`; the last match's first group.
-  std::string wait_for(const std::string& file, const std::string& re, size_t count = 1,
-                       double seconds = 20) {
-    const std::regex r(re);
-    const auto until = Clock::now() + milliseconds(int64_t(seconds * 1000));
-    while (Clock::now() < until) {
-      const std::string text = read(file);
-      std::vector<std::string> found;
-      for (auto it = std::sregex_iterator(text.begin(), text.end(), r);
-           it != std::sregex_iterator(); ++it)
-        found.push_back((*it).size() > 1 ? (*it)[1].str() : (*it)[0].str());
-      if (found.size() >= count) return found[count - 1];
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-    ADD_FAILURE() << "no " << count << " match(es) of '" << re << "' in " << file << ":\n"
-                  << read(file);
-    return "";
   }
   // A process that only waits (a stand-in for a weft run), killed and reaped by TearDown.
   pid_t start_sleeper() {
@@ -194,13 +70,10 @@ class SnapshotAgentTest : public ::testing::Test {
     return true;
   }
   Reservation two_ranks(const std::string& job, int64_t epoch) const {
-    return Reservation{job, 0, epoch, {{0, 2, kBytes}, {1, 2, kBytes}}, 0};
+    return Reservation{job, 0, epoch, {{0, 2, kRankBytes}, {1, 2, kRankBytes}}, 0};
   }
 
-  fs::path dir_;
-  std::string job_, socket_;
-  std::vector<pid_t> pids_;
-  std::vector<std::string> jobs_;
+  std::string socket_;
 };
 
 // Reserve for two ranks, a committed snapshot in one, kill -9 of the agent: a restarted
@@ -213,7 +86,7 @@ TEST_F(SnapshotAgentTest, KillNineThenRestartedAgentAdoptsTheCommittedSnapshot) 
   ASSERT_EQ(names.size(), 2u);
   EXPECT_EQ(names[0], segment_name(job_, SegmentKind::kData, 0, 1, 0));
   EXPECT_EQ(names, client.segment(two_ranks(job_, 1)));  // idempotent
-  write_snapshot(names[0], job_, 1, 0, 2, 7);
+  write_snapshot(names[0], job_, 0, 1, 0, 2, 7, kRankBytes);
   EXPECT_EQ(client.committed(names[0], 7), 7);
 
   std::vector<SegmentInfo> before = client.list();
@@ -272,15 +145,15 @@ TEST_F(SnapshotAgentTest, NewerEpochCommitRetiresTheOlderEpochOnceComplete) {
   client.connect(socket_);
   std::vector<std::string> old_names = client.segment(two_ranks(job_, 1));
   for (int r = 0; r < 2; ++r) {
-    write_snapshot(old_names[size_t(r)], job_, 1, r, 2, 10);
+    write_snapshot(old_names[size_t(r)], job_, 0, 1, r, 2, 10, kRankBytes);
     client.committed(old_names[size_t(r)], 10);
   }
   std::vector<std::string> new_names = client.segment(two_ranks(job_, 2));
-  write_snapshot(new_names[0], job_, 2, 0, 2, 12);
+  write_snapshot(new_names[0], job_, 0, 2, 0, 2, 12, kRankBytes);
   client.committed(new_names[0], 12);
   EXPECT_TRUE(exists(old_names[0]) && exists(old_names[1])) << "epoch 2 is not complete yet";
   EXPECT_EQ(client.list().size(), 4u);
-  write_snapshot(new_names[1], job_, 2, 1, 2, 12);
+  write_snapshot(new_names[1], job_, 0, 2, 1, 2, 12, kRankBytes);
   client.committed(new_names[1], 12);
   EXPECT_FALSE(exists(old_names[0]));
   EXPECT_FALSE(exists(old_names[1]));
@@ -297,7 +170,7 @@ TEST_F(SnapshotAgentTest, FinishRemovesEverySegmentAndTheAgentExitsZero) {
   SnapshotAgentClient client(milliseconds(10000));
   client.connect(socket_);
   std::vector<std::string> names = client.segment(two_ranks(job_, 3));
-  write_snapshot(names[1], job_, 3, 1, 2, 5);
+  write_snapshot(names[1], job_, 0, 3, 1, 2, 5, kRankBytes);
   client.committed(names[1], 5);
   std::vector<std::string> removed = client.finish(job_);
   EXPECT_EQ(removed, names);
@@ -368,7 +241,7 @@ TEST_F(SnapshotAgentTest, ADeadAgentsSegmentsAreAbandonedOnlyOnceItsGuardianIsGo
   SnapshotAgentClient client(milliseconds(10000));
   client.connect(socket_);
   const std::vector<std::string> names = client.segment(two_ranks(job_, 1));
-  write_snapshot(names[0], job_, 1, 0, 2, 6);
+  write_snapshot(names[0], job_, 0, 1, 0, 2, 6, kRankBytes);
   client.committed(names[0], 6);
   EXPECT_EQ(SnapshotSegment::open(names[0], false).guardian_pid(), guardian);
   kill9(agent);
@@ -499,8 +372,9 @@ TEST_F(SnapshotAgentRun, RestartsAKilledAgentAndFinishesAtASuccessfulEnd) {
       std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))"));
   SnapshotAgentClient client(milliseconds(10000));
   client.connect(sock);
-  std::vector<std::string> names = client.segment(Reservation{run_job_, 0, 1, {{0, 1, kBytes}}, 0});
-  write_snapshot(names[0], run_job_, 1, 0, 1, 3);
+  std::vector<std::string> names =
+      client.segment(Reservation{run_job_, 0, 1, {{0, 1, kRankBytes}}, 0});
+  write_snapshot(names[0], run_job_, 0, 1, 0, 1, 3, kRankBytes);
   client.committed(names[0], 3);
 
   ::kill(first, SIGKILL);  // weft run's child: weft run reaps it
@@ -539,8 +413,9 @@ TEST_F(SnapshotAgentRun, AnotherJobsAgentKeepsAKilledAgentsSegmentsForItsRestart
       std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))"));
   SnapshotAgentClient client(milliseconds(10000));
   client.connect(sock);
-  std::vector<std::string> names = client.segment(Reservation{run_job_, 0, 1, {{0, 1, kBytes}}, 0});
-  write_snapshot(names[0], run_job_, 1, 0, 1, 3);
+  std::vector<std::string> names =
+      client.segment(Reservation{run_job_, 0, 1, {{0, 1, kRankBytes}}, 0});
+  write_snapshot(names[0], run_job_, 0, 1, 0, 1, 3, kRankBytes);
   client.committed(names[0], 3);
   EXPECT_EQ(SnapshotSegment::open(names[0], false).guardian_pid(), run);
 
@@ -594,8 +469,9 @@ TEST_F(SnapshotAgentRun, StopsTheAgentAndKeepsTheSegmentsWhenTheJobFails) {
       std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))"));
   SnapshotAgentClient client(milliseconds(10000));
   client.connect(sock);
-  std::vector<std::string> names = client.segment(Reservation{run_job_, 0, 1, {{0, 1, kBytes}}, 0});
-  write_snapshot(names[0], run_job_, 1, 0, 1, 4);
+  std::vector<std::string> names =
+      client.segment(Reservation{run_job_, 0, 1, {{0, 1, kRankBytes}}, 0});
+  write_snapshot(names[0], run_job_, 0, 1, 0, 1, 4, kRankBytes);
   client.committed(names[0], 4);
   end_workers(1);
   int status = wait_exit(run, 60);

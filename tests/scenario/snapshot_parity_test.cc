@@ -15,7 +15,7 @@
 #include "base/error.h"
 #include "checkpoint/snapshot_protocol.h"
 #include "checkpoint/snapshot_segment.h"
-#include "tests/scenario/snapshot_peers_fixture.h"
+#include "tests/scenario/snapshot_fixture.h"
 
 namespace weft::checkpoint {
 namespace {

@@ -27,7 +27,7 @@
 #include "checkpoint/job_id.h"
 #include "checkpoint/snapshot_protocol.h"
 #include "checkpoint/snapshot_segment.h"
-#include "tests/scenario/snapshot_peers_fixture.h"
+#include "tests/scenario/snapshot_fixture.h"
 
 namespace weft::checkpoint {
 namespace {
