@@ -304,17 +304,28 @@ void Agent::take_lock() {
 void Agent::adopt() {
   for (const std::string& name : ckpt::snapshot_segments(o_.job_id)) {
     std::optional<ckpt::SegmentName> p = ckpt::parse_segment_name(name);
-    if (!p || p->kind != ckpt::SegmentKind::kData || p->owner_node != o_.node) continue;
+    if (!p || p->kind != ckpt::SegmentKind::kData) continue;
+    const bool this_index = p->owner_node == o_.node;
     std::shared_ptr<ckpt::SnapshotSegment> seg;
     try {
       seg = std::make_shared<ckpt::SnapshotSegment>(ckpt::SnapshotSegment::open(name, true));
     } catch (const std::exception& e) {
+      if (!this_index) continue;  // another node's, perhaps being made: not ours to judge
       // Not a segment (its creator died before it was one): this job's and node's, so no
       // other process can be making it now.
       ckpt::SnapshotSegment::unlink(name);
       say(str("removed ", name, ": it is not a snapshot segment (", e.what(), ")"));
       continue;
     }
+    // The node's index names its segments, and a resize renumbers the nodes while weft run
+    // restarts its agent with the index it first had: the segments of a later epoch carry
+    // another index. They are this node's when their guardian is this agent's (the same
+    // weft run) and their owner is dead; left unadopted, a new world would not find them
+    // here and would take the same state from a replica or rebuild it from parity. A segment
+    // of this index guarded by another live weft run is another node's on this machine that
+    // has this index now.
+    const bool ours = seg->guarded_by(o_.guardian_pid);
+    if (this_index ? (!ours && !seg->guardian_gone()) : (!ours || !seg->owner_gone())) continue;
     const int was = seg->owner_pid();
     seg->set_owner(int(::getpid()), o_.guardian_pid);  // live again: not abandoned
     std::string state;
@@ -325,7 +336,11 @@ void Agent::adopt() {
       state = str("its newest slot is unreadable: ", e.what());
     }
     say(str("adopted ", name, " (epoch ", p->epoch, ", rank ", p->rank, ", ", state,
-            ", left by pid ", was, ")"));
+            ", left by pid ", was,
+            this_index ? std::string()
+                       : str("; this node's as node ", p->owner_node, " of epoch ", p->epoch,
+                             ", by its guardian pid ", o_.guardian_pid),
+            ")"));
     owned_[name] = {std::move(seg), p->epoch, p->rank};
   }
 }

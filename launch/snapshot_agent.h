@@ -6,7 +6,9 @@
 //
 // At start it takes the agent lock of the job and node (/dev/shm/weft-agent-<job>-n<node>.lock,
 // flock: never two agents for one job and node), adopts the job's data segments of this
-// node that exist (a restarted agent: they keep their data; it becomes their owner), and
+// node that exist (a restarted agent: they keep their data; it becomes their owner): those
+// named by its --node, and those of a later epoch's index (a resize renumbers the nodes)
+// that its guardian guards, and
 // removes the segments of any other job that is abandoned (their owner process is gone, so
 // is its guardian, the weft run that would restart it, and they are older than
 // --abandoned-after seconds, 60 by default: a segment made a moment ago by a tool or a test

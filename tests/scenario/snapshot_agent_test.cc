@@ -278,6 +278,61 @@ TEST_F(SnapshotAgentTest, ADeadAgentsSegmentsAreAbandonedOnlyOnceItsGuardianIsGo
       << read(path("removed.log"));
 }
 
+// weft run restarts its agent with the node index it first had, and a resize renumbers the
+// nodes: a survivor's snapshots of the new epoch are named by its new index. The restarted
+// agent still adopts them (their guardian is its guardian) and lists them, so that a new
+// world restores them from this node's shared memory instead of fetching a replica or
+// rebuilding them from parity. Another node's segment on this machine (another live
+// guardian) is left to that node's agent.
+TEST_F(SnapshotAgentTest, ARestartedAgentAdoptsItsSnapshotsNamedByALaterNodeIndex) {
+  const std::vector<std::string> args = {"snapshot-agent", "--job", job_, "--node", "2",
+                                         "--socket",       socket_};  // guardian: this process
+  const pid_t agent = start(args, path("agent.log"));
+  SnapshotAgentClient client(milliseconds(10000));
+  client.connect(socket_);
+  const std::vector<std::string> e1 =
+      client.segment(Reservation{job_, 2, 1, {{4, 6, kRankBytes}, {5, 6, kRankBytes}}, 0});
+  for (int l = 0; l < 2; ++l) {
+    write_snapshot(e1[size_t(l)], job_, 2, 1, 4 + l, 6, 4, kRankBytes);
+    client.committed(e1[size_t(l)], 4);
+  }
+  // Epoch 2: node 1 of epoch 1 is gone; this node is node 1 now, its ranks 2 and 3 of 4.
+  const std::vector<std::string> e2 =
+      client.segment(Reservation{job_, 1, 2, {{2, 4, kRankBytes}, {3, 4, kRankBytes}}, 0});
+  EXPECT_EQ(e2[0], segment_name(job_, SegmentKind::kData, 1, 2, 2));
+  for (int l = 0; l < 2; ++l) {
+    write_snapshot(e2[size_t(l)], job_, 1, 2, 2 + l, 4, 6, kRankBytes);
+    client.committed(e2[size_t(l)], 6);
+  }
+  EXPECT_FALSE(exists(e1[0])) << "epoch 1 retired once epoch 2 is complete here";
+  const pid_t other_run = start_sleeper();
+  const std::string theirs = segment_name(job_, SegmentKind::kData, 0, 2, 0);
+  { SnapshotSegment::create(theirs, 4096, int(agent), kMinSnapshotSlots, int(other_run)); }
+
+  kill9(agent);
+  const pid_t again = start(args, path("agent.log"));
+  std::vector<SegmentInfo> listed = client.list();  // the client connects again
+  ASSERT_EQ(listed.size(), 2u) << read(path("agent.log"));
+  for (int l = 0; l < 2; ++l) {
+    const SegmentInfo& s = listed[size_t(l)];
+    EXPECT_EQ(s.name, e2[size_t(l)]);
+    ASSERT_TRUE(s.committed.has_value()) << s.name;
+    EXPECT_EQ(s.committed->step, 6);
+    EXPECT_EQ(s.committed->kind, SegmentKind::kData) << "this node's own snapshot";
+    EXPECT_EQ(s.owner_pid, again);
+    EXPECT_TRUE(holds_step(s.name, 6));
+  }
+  EXPECT_NE(read(path("agent.log"))
+                .find("adopted " + e2[0] + " (epoch 2, rank 2, committed step 6, left by pid " +
+                      std::to_string(agent) +
+                      "; this node's as node 1 of epoch 2, by its "
+                      "guardian pid " +
+                      std::to_string(::getpid()) + ")"),
+            std::string::npos)
+      << read(path("agent.log"));
+  EXPECT_EQ(SnapshotSegment::open(theirs, false).owner_pid(), agent) << "another node's: left";
+}
+
 // A stopped (hung) agent: the call fails with IoError after its timeout instead of
 // hanging; once the agent runs again the next call connects anew and succeeds.
 TEST_F(SnapshotAgentTest, CallToAStoppedAgentTimesOutWithIoError) {
