@@ -394,6 +394,43 @@ void StageBuilder::ensure_value(int value, const Ctx& ctx) {
   emit_op(w, rc);
 }
 
+Piece StageBuilder::transfer_piece(const Transfer& t, int mb, int lane, int split_dim) const {
+  const int w = gi_.writers[size_t(t.value)][0];
+  const core::Op& o = g_.op(w);
+  const int slot = int(std::find(o.outputs.begin(), o.outputs.end(), t.value) - o.outputs.begin());
+  Piece p = sub_op(w, mb, lane).outs[size_t(slot)].piece;
+  if (split_dim >= 0)
+    p.box[size_t(split_dim)] = *p.box[size_t(split_dim)].part(plan_.mesh.lane_tp(lane), tp_);
+  return p;
+}
+
+int StageBuilder::transfer_split_dim(const Transfer& t, int mb) const {
+  if (tp_ < 2) return -1;
+  const Piece first = transfer_piece(t, mb, 0, -1);
+  if (first.parts != 1) return -1;  // a partial sum is not a replica: every addend travels
+  for (int l = 1; l < lanes_; ++l)
+    if (!(transfer_piece(t, mb, l, -1) == transfer_piece(t, mb, tp_ * plan_.mesh.lane_ep(l), -1))) return -1;
+  // The last plain dim that tp divides (the hidden size of an activation).
+  int dim = -1;
+  for (size_t d = 0; d < first.box.size(); ++d)
+    if (first.box[d].count == 1 && first.box[d].size % tp_ == 0) dim = int(d);
+  if (dim < 0) return -1;
+  const int src = gi_.pc.chunk_stage(t.src_chunk), dst = gi_.pc.chunk_stage(t.dst_chunk);
+  const int rpn = cost_.ranks_per_node;
+  bool across = false, dst_lanes_across = false;
+  for (int l = 0; l < lanes_; ++l) {
+    across = across || plan_.mesh.rank_of(src, l, 0) / rpn != plan_.mesh.rank_of(dst, l, 0) / rpn;
+    dst_lanes_across = dst_lanes_across || plan_.mesh.rank_of(dst, l, 0) / rpn != plan_.mesh.rank_of(dst, 0, 0) / rpn;
+  }
+  const int64_t bytes = first.numel() * int64_t(core::dtype_size(g_.value(t.value).dtype));
+  const double whole = cost_.p2p(bytes, across);
+  const double split = cost_.p2p(bytes / tp_, across) +
+                       cost_.collective(CollKind::kAllGather, tp_, bytes, dst_lanes_across);
+  // Only a clear gain: on one node both cost the same bytes per link, and a tie keeps the
+  // plain transfer (one message, no collective).
+  return split < 0.9 * whole ? dim : -1;
+}
+
 void StageBuilder::emit_unit(const Unit& u) {
   Ctx ctx;
   ctx.stage = u.dir == Dir::kForward ? Stage::kForward : Stage::kBackward;
@@ -409,9 +446,10 @@ void StageBuilder::emit_unit(const Unit& u) {
     int w = gi_.writers[size_t(t.value)][0];
     int slot = int(std::find(g_.op(w).outputs.begin(), g_.op(w).outputs.end(), t.value) -
                    g_.op(w).outputs.begin());
+    const int split = transfer_split_dim(t, u.mb);
     for (int l = 0; l < lanes_; ++l) {
       SubOp src = sub_op(w, u.mb, l);
-      TensorDesc td = value_tensor(t.value, src.outs[size_t(slot)].piece);
+      TensorDesc td = value_tensor(t.value, transfer_piece(t, u.mb, l, split));
       shift_like(td, t.value, &src.outs[size_t(slot)]);
       int id = add_tensor(l, td);
       Instr r;
@@ -438,15 +476,18 @@ void StageBuilder::emit_unit(const Unit& u) {
   }
   for (const Transfer& t : gi_.transfers) {
     if (t.src_chunk != u.chunk || t.src_dir != u.dir) continue;
+    const int split = transfer_split_dim(t, u.mb);
     for (int l = 0; l < lanes_; ++l) {
       std::vector<int>* have = env_find(l, t.value, u.mb);
       WEFT_CHECK(have, "transfer of ", g_.value(t.value).name, " before it was produced");
+      int out = have->front();
+      if (split >= 0) out = cut(l, out, transfer_piece(t, u.mb, l, split), ctx, gi_.writers[size_t(t.value)][0]);
       Instr s;
       s.kind = InstrKind::kSend;
-      s.in = {{-1, have->front()}};
+      s.in = {{-1, out}};
       s.peer = gi_.pc.chunk_stage(t.dst_chunk);
       s.tag = tag(t);
-      s.bytes = role(l).tensors[size_t(have->front())].bytes;
+      s.bytes = role(l).tensors[size_t(out)].bytes;
       emit(l, s, ctx);
     }
   }

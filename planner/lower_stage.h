@@ -82,6 +82,15 @@ class StageBuilder {
   std::vector<int> outputs(int op, const std::vector<SubOp>& subs, int slot, const Ctx& ctx,
                            std::vector<bool>* accumulate);
 
+  // Pipeline transfers (lower_stage.cc). A value crossing stages travels lane to lane as
+  // each lane holds it, or, when the lanes of every ep group hold the same piece (replicas
+  // over tp) and the cost model prices it lower, as 1/tp of it per lane along `split_dim`:
+  // the receiving stage's layout search then re-forms what its ops read (an all-gather
+  // among its lanes; Megatron's scatter-gather for pipeline traffic across nodes). Both
+  // stages' builders derive the same choice. -1: as is.
+  int transfer_split_dim(const Transfer& t, int mb) const;
+  Piece transfer_piece(const Transfer& t, int mb, int lane, int split_dim) const;
+
   // emission
   void emit_unit(const Unit& u);
   void emit_op(int op, const Ctx& ctx);

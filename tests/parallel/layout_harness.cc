@@ -19,6 +19,7 @@
 #include "core/exec/trainer.h"
 #include "core/io/safetensors.h"
 #include "parallel/trainer.h"
+#include "planner/planner.h"
 #include "tests/support/multiprocess.h"
 
 namespace weft::test {
@@ -94,7 +95,16 @@ LayoutOutcome run_layout(const LayoutCase& c) {
       [&](RankContext& ctx) {
         log_set_rank(ctx.rank());
         RankWorld world = gloo_world(ctx, "layout");
-        parallel::ParallelTrainer pt(spec, *world.comm);
+        parallel::TrainerParts parts;
+        if (c.cost) {
+          planner::PlanOptions po;
+          po.simulate = false;
+          po.cost = *c.cost;
+          parts.graph = std::make_shared<const core::ModelGraph>(planner::build_planning_graph(spec));
+          parts.plan = std::make_shared<const planner::Plan>(
+              planner::make_plan(spec, parts.graph->graph, c.world, po));
+        }
+        parallel::ParallelTrainer pt(spec, *world.comm, parallel::StateInit::kSeed, parts);
         std::ostringstream os;
         os.precision(17);
         for (int s = 0; s < c.steps; ++s) {

@@ -3,10 +3,12 @@
 // comparing every step's loss and the gathered final weights.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/config/job_spec.h"
+#include "planner/cost.h"
 
 namespace weft::test {
 
@@ -26,6 +28,10 @@ struct LayoutCase {
   std::vector<std::string> overrides;  // --set style, e.g. "parallel.tp=2"
   int steps = 6;
   Tolerance tolerance = kRegroup;
+  // Plan with this cost model instead of the trainer's (nodes of a few ranks, no latency):
+  // the choices a multi-node job of large tensors makes (pipeline traffic across nodes)
+  // then run here too, on this model's small tensors.
+  std::optional<planner::CostModel> cost;
 };
 
 struct LayoutOutcome {

@@ -26,6 +26,18 @@ TEST(LayoutInvariance, Tp2) {
 TEST(LayoutInvariance, MoeEp2) {
   check({"moe-layout.yaml", 2, {"parallel.dp=1", "parallel.ep=2"}, 6, kRegroup});
 }
+// Planned as for nodes of two ranks and tensors large enough that latency does not count:
+// each tp pair shares a node, the pipeline's stages are on two nodes, and phase 3 sends
+// each activation as halves re-gathered on the receiving stage
+// (tests/planner/pipeline_transfer_test.cc checks the plan). The numbers stay tp's.
+TEST(LayoutInvariance, Tp2Pp2StagesOnTwoNodesSendHalvesAndGatherThem) {
+  LayoutCase c{"gpt-layout.yaml", 4, {"parallel.dp=1", "parallel.tp=2", "parallel.pp=2"}, 6, kSplit};
+  planner::CostModel cost;
+  cost.ranks_per_node = 2;
+  cost.alpha_intra = cost.alpha_inter = cost.launch = 0;
+  c.cost = cost;
+  check(c);
+}
 
 }  // namespace
 }  // namespace weft::test
