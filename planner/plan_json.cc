@@ -120,6 +120,14 @@ void write_costs(W& w, const CostAnnotations& c) {
   w.i("ranks_per_node", c.model.ranks_per_node), w.i("device_memory", c.model.device_memory);
   w.i("cores", c.model.cores), w.d("op_overhead", c.model.op_overhead);
   w.d("launch_oversub", c.model.launch_oversub);
+  // The calibrated rates by op size: a plan re-read for `weft plan --out` / simulation must
+  // cost compute as the plan that wrote it did.
+  w.key("flops_by_size");
+  w.raw("[");
+  for (size_t i = 0; i < c.model.flops_by_size.size(); ++i)
+    w.raw((i ? ",[" : "[") + json_number(c.model.flops_by_size[i].first) + "," +
+          json_number(c.model.flops_by_size[i].second) + "]");
+  w.raw("]");
   w.raw("}");
   w.d("step_s", c.step_s), w.d("bubble", c.bubble), w.d("pipeline_estimate_s", c.pipeline_estimate_s);
   w.d("planning_s", c.planning_s);
@@ -397,6 +405,11 @@ Plan plan_from_json(const std::string& text) {
     if (const JsonValue* v = cm.find("cores")) k.model.cores = int(v->number);
     if (const JsonValue* v = cm.find("op_overhead")) k.model.op_overhead = v->number;
     if (const JsonValue* v = cm.find("launch_oversub")) k.model.launch_oversub = v->number;
+    if (const JsonValue* v = cm.find("flops_by_size"))  // absent before calibrated rates
+      for (const JsonValue& pt : v->items) {
+        if (pt.items.size() != 2) bad("costs.model.flops_by_size: each entry is [flop, flop/s]");
+        k.model.flops_by_size.push_back({pt.items[0].number, pt.items[1].number});
+      }
     k.step_s = dbl(*co, "step_s"), k.bubble = dbl(*co, "bubble");
     k.pipeline_estimate_s = dbl(*co, "pipeline_estimate_s"), k.planning_s = dbl(*co, "planning_s");
     for (const JsonValue& x : at(*co, "stage_s").items) k.stage_s.push_back(x.number);

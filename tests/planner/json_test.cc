@@ -60,6 +60,24 @@ TEST(PlanJson, DecisionsAreKeptApartFromCosts) {
   EXPECT_TRUE(same_decisions(plan_from_json(a), plan_from_json(b)));
 }
 
+TEST(PlanJson, CalibratedRatesByOpSizeRoundTrip) {
+  core::JobSpec s = test_util::gpt_spec(2);
+  PlanOptions o;
+  o.cost.flops_by_size = {{1e6, 2e9}, {1e9, 4.5e10}};
+  core::ModelGraph mg = build_planning_graph(s);
+  Plan p = make_plan(s, mg.graph, 1, o);
+  ASSERT_EQ(p.costs.model.flops_by_size, o.cost.flops_by_size);
+  Plan q = plan_from_json(plan_to_json(p));
+  EXPECT_EQ(q.costs.model.flops_by_size, o.cost.flops_by_size);
+  EXPECT_EQ(plan_to_json(q), plan_to_json(p));
+  // A plan written before the field reads as uncalibrated.
+  std::string old = plan_to_json(p);
+  const size_t at = old.find(",\"flops_by_size\"");
+  ASSERT_NE(at, std::string::npos);
+  old.erase(at, old.find(']', old.find("]]", at) + 1) + 1 - at);
+  EXPECT_TRUE(plan_from_json(old).costs.model.flops_by_size.empty());
+}
+
 TEST(PlanJson, FilesRoundTripAndStalePlansAreRefused) {
   core::JobSpec s = test_util::gpt_spec(2);
   core::ModelGraph mg = build_planning_graph(s);
