@@ -213,6 +213,10 @@ TEST(BenchSnapshot, NodeLossPartPrintsThreeSidesFromTheFailureKnown) {
       if (l.rfind(prefix, 0) == 0) {
         found = true;
         EXPECT_NE(l.find("survivors' worker processes kept"), std::string::npos) << l;
+        // Under auto, with the interval it chose (a number of steps >= 1).
+        const size_t at = l.find("snapshot.every auto (chose ");
+        EXPECT_NE(at, std::string::npos) << l;
+        if (at != std::string::npos) EXPECT_GE(std::atoll(l.c_str() + at + 27), 1) << l;
         EXPECT_NE(l.find(std::string(side) == "ec" ? "1 rebuilt from parity" : "1 replica"),
                   std::string::npos)
             << l;
