@@ -59,7 +59,8 @@ class Engine {
   EngineResult run() {
     prepare();
     std::deque<int> ready;
-    for (int r = 0; r < plan_.world(); ++r) ready.push_back(r);
+    for (int r = 0; r < plan_.world(); ++r)
+      if (active(r)) ready.push_back(r);
     while (!ready.empty() && int(res_.errors.size()) < opt_.max_errors) {
       int r = ready.front();
       ready.pop_front();
@@ -88,6 +89,8 @@ class Engine {
     int wait_peer = -1, wait_seq = -1, wait_group = -1, wait_count = 0;
     int64_t wait_tag = 0;
   };
+
+  bool active(int r) const { return !opt_.one_replica || plan_.mesh.coord(r).dp == 0; }
 
   std::string waiting(int r) const {
     const Rank& R = ranks_[size_t(r)];
@@ -157,9 +160,12 @@ class Engine {
       s = gr.ranks;
       std::sort(s.begin(), s.end());
     }
+    group_members_.assign(plan_.groups.size(), 0);
     for (const ProcessGroup& gr : plan_.groups)
-      for (int r : gr.ranks)
+      for (int r : gr.ranks) {
         if (r / rpn != gr.ranks[0] / rpn) group_cross_[size_t(gr.id)] = 1;
+        group_members_[size_t(gr.id)] += active(r);
+      }
     ranks_.resize(size_t(plan_.world()));
     res_.ranks.resize(size_t(plan_.world()));
     if (opt_.timeline) res_.timeline.resize(size_t(plan_.world()));
@@ -169,6 +175,7 @@ class Engine {
       R.role = &plan_.roles[size_t(k)];
       R.info = &infos_[size_t(k)];
       R.dp = plan_.mesh.coord(r).dp;
+      if (!active(r)) continue;  // takes its replica-0 twin's results (finish)
       size_t n = R.role->tensors.size();
       R.produced.assign(n, 0);
       R.alive.assign(n, 0);
@@ -359,7 +366,7 @@ class Engine {
     a.count++;
     a.ready = std::max(a.ready, R.clock);
     a.ranks.push_back(r);
-    if (a.count < int(grp.ranks.size())) {
+    if (a.count < group_members_[size_t(gid)]) {
       R.blocked = true;
       R.wait_recv = false, R.wait_pc = i, R.wait_seq = seq, R.wait_group = gid,
       R.wait_count = a.count;
@@ -391,6 +398,7 @@ class Engine {
   void finish() {
     int reported = 0;
     for (int r = 0; r < plan_.world(); ++r) {
+      if (!active(r)) continue;
       Rank& R = ranks_[size_t(r)];
       RankCost& c = res_.ranks[size_t(r)];
       c.step_s = R.clock;
@@ -400,13 +408,22 @@ class Engine {
         error("rank " + std::to_string(r) + " peaks at " + std::to_string(c.peak_bytes) +
               " bytes, over its memory budget of " + std::to_string(opt_.memory_budget) + " bytes");
     }
+    for (int r = 0; r < plan_.world(); ++r) {
+      if (active(r)) continue;
+      const Role& role = *ranks_[size_t(r)].role;
+      const int twin = plan_.mesh.rank_of(role.stage, role.lane, 0);
+      res_.ranks[size_t(r)] = res_.ranks[size_t(twin)];
+      if (opt_.timeline) res_.timeline[size_t(r)] = res_.timeline[size_t(twin)];
+    }
     for (auto& [key, q] : mail_)
       if (!q.empty())
         error("rank " + std::to_string(std::get<0>(key)) + " sends tag " + std::to_string(std::get<2>(key)) +
               " to rank " + std::to_string(std::get<1>(key)) + " but it never receives it");
     for (int r = 0; r < plan_.world(); ++r) {
       RankCost& c = res_.ranks[size_t(r)];
-      c.bubble = res_.fb_end > 0 ? std::max(0.0, 1.0 - ranks_[size_t(r)].busy / res_.fb_end) : 0;
+      const Role& role = *ranks_[size_t(r)].role;
+      const int from = active(r) ? r : plan_.mesh.rank_of(role.stage, role.lane, 0);
+      c.bubble = res_.fb_end > 0 ? std::max(0.0, 1.0 - ranks_[size_t(from)].busy / res_.fb_end) : 0;
     }
   }
 
@@ -417,6 +434,7 @@ class Engine {
   std::vector<RoleInfo> infos_;
   std::vector<Rank> ranks_;
   std::vector<char> group_cross_;
+  std::vector<int> group_members_;  // group -> members the engine runs (all, or replica 0's)
   std::vector<std::vector<int>> group_sorted_;  // group -> its ranks, ascending (membership tests)
   std::map<std::tuple<int, int, int64_t>, std::deque<Message>> mail_;
   std::map<std::tuple<int, int, int64_t>, int> recv_wait_;

@@ -26,6 +26,12 @@ struct EngineOptions {
   int64_t memory_budget = 0;        // bytes per rank; 0: unlimited
   bool timeline = false;            // record a Span per compute/communication instruction
   int max_errors = 20;
+  // Run data-parallel replica 0 only. The other replicas run the same programs on other
+  // rows and shards (planner/plan.h's symmetry), so under a cost model whose groups cross
+  // nodes alike in every replica they keep the same times: a collective completes when
+  // replica 0's members have arrived, and every rank gets its replica-0 twin's results.
+  // Checks (matching, order, memory) then cover replica 0's programs; validation runs all.
+  bool one_replica = false;
 };
 
 struct EngineResult {
