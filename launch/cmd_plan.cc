@@ -35,7 +35,7 @@ constexpr const char* kHelp = R"(usage: weft plan --config FILE.yaml --world N [
   --compare-megatron    print the searched layout against Megatron-style defaults (tp = a
                         node, pp from memory, dp the rest) on the same cost model, and stop
 plan search (parallel.plan: search, or auto on tp, pp, ep, zero, schedule, virtual_stages,
-layout, recompute, train.micro_batch): prints the top candidates, then plans the best one;
+layout, recompute, sequence_parallel, train.micro_batch): prints the top candidates, then plans the best one;
 the cap per rank is memory.limit_gib, else --memory-gib
 cost model: --hardware h100|h200|FILE (configs/hardware/, docs/planner.md); without it, this
 machine's calibration (`weft calibrate`) when there is one, else a rough H100 node. The

@@ -492,6 +492,7 @@ void StageBuilder::emit_unit(const Unit& u) {
     }
   }
   flush_buckets(ctx);
+  if (u.dir == Dir::kForward && gi_.pc.sequence_parallel) drop_gathered_copies(u);
   if (u.dir == Dir::kForward) {
     // Outputs of recomputed ops are not kept: the backward unit makes them again.
     for (int op : gi_.chunk_ops[0][size_t(u.chunk)]) {
@@ -503,6 +504,27 @@ void StageBuilder::emit_unit(const Unit& u) {
       }
     }
   }
+}
+
+// Sequence parallelism saves a norm's output split on the sequence; the whole copy that the
+// forward gathered for the column-parallel matmul would otherwise stay in the environment
+// and live until that matmul's backward, giving back the memory the split saved. Forgetting
+// it here makes the backward gather again from the split primary (Megatron's re-gather of
+// the layer-norm output): one more all_gather per column split, 1/tp of the norm's output
+// kept instead of all of it. Only copies with more elements than their primary go (gathers);
+// a reduce-scattered copy of a partial sum is smaller and stays.
+void StageBuilder::drop_gathered_copies(const Unit& u) {
+  for (int op : gi_.chunk_ops[0][size_t(u.chunk)])
+    for (int v : g_.op(op).outputs)
+      for (int l = 0; l < lanes_; ++l) {
+        std::vector<int>* have = env_find(l, v, value_mb(v, u.mb));
+        if (!have || have->size() < 2) continue;
+        const int64_t primary = role(l).tensors[size_t(have->front())].piece.numel();
+        have->erase(std::remove_if(
+                        have->begin() + 1, have->end(),
+                        [&](int t) { return role(l).tensors[size_t(t)].piece.numel() > primary; }),
+                    have->end());
+      }
 }
 
 void StageBuilder::build() {

@@ -99,6 +99,7 @@ class StageBuilder {
   void emit_moe(int op, const std::vector<SubOp>& subs, const Ctx& ctx);
   void emit_moe_bwd(int op, const std::vector<SubOp>& subs, const Ctx& ctx);
   void ensure_value(int value, const Ctx& ctx);
+  void drop_gathered_copies(const Unit& u);
   void after_grad_write(int op, const Ctx& ctx);
 
   // Phase 3 for a dependency whose devices span data-parallel replicas (and stages): the

@@ -51,35 +51,49 @@ Counts count_parameters(const core::ModelSpec& m) {
   return c;
 }
 
+// Elements one rank holds, by how tensor parallelism lays them: `split` is cut over the tp
+// lanes (heads, MLP columns, vocabulary slices); `whole` is a replica on every lane (the
+// norms' inputs, outputs and statistics, the row-parallel outputs, the residual stream)
+// unless sequence parallelism cuts it over the sequence.
+struct Acts {
+  double split = 0, whole = 0;
+  double per_rank(double tp, bool sp) const { return split / tp + whole / (sp ? tp : 1.0); }
+};
+
 // Values one layer saves for backward for one micro-batch of B sequences, averaged over
 // the layers (MoE layers replace the MLP's by the routed tokens').
-double layer_activations(const core::ModelSpec& m, double B, const std::string& recompute) {
+Acts layer_activations(const core::ModelSpec& m, double B, const std::string& recompute) {
   const double T = double(m.seq_len), C = double(m.dim), F = double(m.mlp_width());
   const double H = double(m.heads), N = B * T;
+  // Full recompute keeps only the layer's input: the residual stream.
+  if (recompute == "full") return {0, N * C};
   if (m.is_llama()) {
-    // norm (out, rstd), q, k, v, rotated q and k, attention out, o_proj, residual, norm,
-    // gate, up, swiglu, down, residual; probs (B,H,T,T) as GPT's.
+    // Whole: two norms (out, rstd), o_proj and down (row-parallel outputs), two residuals.
+    // Split: q, k, v, rotated q and k, attention out, probs (B,H,T,T), gate, up, swiglu.
     const double kv = double(m.kv()) * (C / H);
-    const double attn_part = N * (C + 1) + N * (C + 2 * kv) + N * (C + kv) + 3 * N * C + N * (C + 1);
-    const double probs = B * H * T * T, mlp = 3 * N * F + 2 * N * C;
-    if (recompute == "full") return N * C;
-    return attn_part + probs + mlp - (recompute == "selective" ? probs + N * C : 0);
+    const double probs = B * H * T * T;
+    Acts a{N * (C + 2 * kv) + N * (C + kv) + N * C + probs + 3 * N * F,
+           2 * N * (C + 1) + 4 * N * C};
+    if (recompute == "selective") a.split -= probs + N * C;  // attention is recomputed
+    return a;
   }
-  // ln_1 (out, mean, rstd), qkv, attention out, proj, res_1, ln_2, res_2.
-  const double attn_part = N * (C + 2) + 3 * N * C + N * C + N * C + N * C + N * (C + 2) + N * C;
+  // Whole: ln_1 and ln_2 (out, mean, rstd), the attention and MLP projections, res_1, res_2.
+  // Split: qkv, attention out, probs, fc, gelu.
   const double probs = B * H * T * T;
-  const double mlp = N * F * 2 + N * C;  // fc, gelu, proj
   const double k = double(m.moe.top_k), E = double(m.moe.experts);
-  const double moe =
-      N * C + N * E + N * k * 2 + N * k * (2 * C + F);  // out, probs, route, xe/ye, he
-  double sum = 0;
+  // out (whole); router probs, route, xe/ye, he counted with the split part as before.
+  const double moe = N * E + N * k * 2 + N * k * (2 * C + F);
+  Acts sum;
   for (int64_t i = 0; i < m.layers; ++i) {
-    double layer = attn_part + probs + (m.is_moe_layer(i) ? moe : mlp);
-    if (recompute == "selective") layer -= probs + N * C;  // attention is recomputed
-    if (recompute == "full") layer = N * C;                // only the layer's input is kept
-    sum += layer;
+    Acts layer{3 * N * C + N * C + probs, 2 * N * (C + 2) + 3 * N * C};
+    if (m.is_moe_layer(i))
+      layer.split += moe, layer.whole += N * C;
+    else
+      layer.split += 2 * N * F, layer.whole += N * C;
+    if (recompute == "selective") layer.split -= probs + N * C;  // attention is recomputed
+    sum.split += layer.split, sum.whole += layer.whole;
   }
-  return sum / double(m.layers);
+  return {sum.split / double(m.layers), sum.whole / double(m.layers)};
 }
 
 // GiB with the digits that matter: 136, 18.6, 0.42.
@@ -97,6 +111,7 @@ MemoryEstimate estimate_memory(const core::JobSpec& spec, int world) {
   Degrees deg;
   int64_t micro_batch = spec.train.micro_batch, micro_batches = 1, in_flight = 1, zero = 0;
   std::string recompute = "none";
+  bool sp = false;
   if (world > 1) {
     ParallelConfig pc = resolve_parallel(spec, world);
     deg = pc.deg;
@@ -104,6 +119,7 @@ MemoryEstimate estimate_memory(const core::JobSpec& spec, int world) {
     micro_batches = pc.micro_batches;
     zero = pc.zero;
     recompute = pc.recompute;
+    sp = pc.sequence_parallel;
     // GPipe runs every forward before the first backward; 1F1B (and interleaved) keep at
     // most one micro-batch per stage in flight on the first stage.
     in_flight = pc.schedule == "gpipe" ? micro_batches : std::min(deg.pp, micro_batches);
@@ -123,18 +139,21 @@ MemoryEstimate estimate_memory(const core::JobSpec& spec, int world) {
   e.optimizer = 2 * kF32 * params / (zero >= 1 ? dp : 1);
 
   const double B = double(micro_batch), N = B * double(m.seq_len);
-  const double saved = layer_activations(m, B, recompute);
-  const double working = layer_activations(m, B, "none");  // one layer's backward, recomputed
-  const double head = N * (double(m.dim) + 2) + 2 * N * double(m.vocab);  // ln_f, logits, probs
-  const double first = double(in_flight) * (stage_layers * saved + N * double(m.dim));
+  const double saved = layer_activations(m, B, recompute).per_rank(tp, sp);
+  // One layer's backward, recomputed.
+  const double working = layer_activations(m, B, "none").per_rank(tp, sp);
+  // ln_f (whole) and the vocabulary-parallel logits and probs (split); the embedding's output.
+  const double head = Acts{2 * N * double(m.vocab), N * (double(m.dim) + 2)}.per_rank(tp, sp);
+  const double embed = Acts{0, N * double(m.dim)}.per_rank(tp, sp);
+  const double first = double(in_flight) * (stage_layers * saved + embed);
   const double last = (pp > 1 ? 1.0 : double(in_flight)) * stage_layers * saved + head;
-  e.activations = kF32 * (std::max(first, last) + working) / tp;
+  e.activations = kF32 * (std::max(first, last) + working);
   return e;
 }
 
 MemoryEstimate estimate_stage_memory(const core::ModelSpec& m, const Degrees& deg, int zero,
                                      int64_t micro_batch, const std::string& recompute,
-                                     const StageShape& st) {
+                                     const StageShape& st, bool sequence_parallel) {
   const double tp = double(deg.tp), ep = double(deg.ep), dp = double(deg.dp);
   const double C = double(m.dim), V = double(m.vocab), layers = double(st.layers);
   const Counts c = count_parameters(m);
@@ -155,11 +174,12 @@ MemoryEstimate estimate_stage_memory(const core::ModelSpec& m, const Degrees& de
   e.optimizer = 2 * kF32 * params / (zero >= 1 ? dp : 1);
   const double B = double(micro_batch), N = B * double(m.seq_len);
   const double in_flight = double(st.in_flight);
-  double act = in_flight * layers * layer_activations(m, B, recompute) +
-               layer_activations(m, B, "none");  // one layer's backward, recomputed
-  if (st.first) act += in_flight * N * C;
-  if (st.last) act += N * (C + 2) + 2 * N * V;  // ln_f, logits, probs
-  e.activations = kF32 * act / tp;
+  const bool sp = sequence_parallel;
+  double act = in_flight * layers * layer_activations(m, B, recompute).per_rank(tp, sp) +
+               layer_activations(m, B, "none").per_rank(tp, sp);  // one layer's backward
+  if (st.first) act += in_flight * Acts{0, N * C}.per_rank(tp, sp);
+  if (st.last) act += Acts{2 * N * V, N * (C + 2)}.per_rank(tp, sp);  // ln_f, logits, probs
+  e.activations = kF32 * act;
   return e;
 }
 

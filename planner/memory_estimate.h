@@ -33,7 +33,8 @@ MemoryEstimate estimate_memory(const core::JobSpec& spec, int world);
 // an even split: `layers` of the model's layers (their average size), the embedding when
 // `first`, the final norm and the head when `last` (a tied head keeps its own copy of the
 // embedding on a later stage), and `in_flight` micro-batches of activations saved at once.
-// Same counts as estimate_memory; zero shards over the data-parallel ranks.
+// Same counts as estimate_memory; zero shards over the data-parallel ranks; with
+// `sequence_parallel` the activations tp replicates (norms, residuals) are cut by tp too.
 struct StageShape {
   int64_t layers = 1;
   bool first = true, last = true;
@@ -41,7 +42,7 @@ struct StageShape {
 };
 MemoryEstimate estimate_stage_memory(const core::ModelSpec& m, const Degrees& deg, int zero,
                                      int64_t micro_batch, const std::string& recompute,
-                                     const StageShape& stage);
+                                     const StageShape& stage, bool sequence_parallel = false);
 
 // MemAvailable from /proc/meminfo in bytes; -1 when the file cannot be read.
 int64_t available_memory_bytes();

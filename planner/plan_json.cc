@@ -261,6 +261,7 @@ std::string plan_to_json(const Plan& p) {
   w.i("global_batch", c.global_batch), w.i("micro_batch", c.micro_batch), w.i("micro_batches", c.micro_batches);
   w.str("schedule", c.schedule), w.i("virtual_stages", c.virtual_stages);
   w.str("recompute", c.recompute), w.i("zero", c.zero), w.b("layout_given", c.layout_given);
+  w.b("sequence_parallel", c.sequence_parallel);
   w.i("bucket_bytes", c.bucket_bytes);
   w.key("layout");
   w.raw("[");
@@ -354,6 +355,7 @@ Plan plan_from_json(const std::string& text) {
   c.recompute = at(d, "recompute").text;
   c.zero = int(num(at(d, "zero")));
   c.layout_given = flag(d, "layout_given");
+  c.sequence_parallel = flag(d, "sequence_parallel");
   c.bucket_bytes = num(at(d, "bucket_bytes"));
   for (const JsonValue& k : at(d, "layout").items) {
     std::vector<int64_t> layers;

@@ -217,6 +217,25 @@ void resolve_balance_order(const core::JobSpec& s, ParallelConfig& pc) {
                           "; use schedule: gpipe, or balance: aux_loss | loss_free");
 }
 
+// Checked here as well as in the job spec's validation: tp may have been auto there.
+void resolve_sequence_parallel(const core::JobSpec& s, ParallelConfig& pc) {
+  if (!s.parallel.sequence_parallel) return;
+  const int64_t tp = pc.deg.tp, T = s.model.seq_len;
+  if (tp == 1)
+    throw ConfigError("parallel.sequence_parallel",
+                      "sequence parallelism splits the tensor-parallel regions' norms and residual "
+                      "adds over the tp ranks, so with tp 1 it does nothing; set parallel.tp to 2 "
+                      "or more, or remove parallel.sequence_parallel");
+  if (T % tp != 0)
+    throw ConfigError(
+        "parallel.sequence_parallel",
+        "sequence parallelism splits model.seq_len (" + num(T) + ") over tp (" + num(tp) +
+            "), which must divide it; " +
+            suggest("tp", T, [&](int64_t v) { return v > 1 && tp_fits(s.model, v); }) +
+            ", or remove parallel.sequence_parallel");
+  pc.sequence_parallel = true;
+}
+
 // A job whose searched keys are still auto has not been through fit_layout (which runs the
 // plan search): planning it as it stands would silently ignore them.
 void refuse_unsearched(const core::JobSpec& s) {
@@ -229,6 +248,7 @@ void refuse_unsearched(const core::JobSpec& s) {
   if (p.plan != "manual" && p.plan != "search") refuse("parallel.plan");
   if (p.zero == core::ParallelSpec::kAutoZero) refuse("parallel.zero");
   if (p.recompute == "auto") refuse("parallel.recompute");
+  if (p.sequence_parallel_auto) refuse("parallel.sequence_parallel");
   if (p.pipeline.schedule == "auto") refuse("parallel.pipeline.schedule");
   if (p.pipeline.virtual_stages == 0) refuse("parallel.pipeline.virtual_stages");
   if (p.pipeline.layout_auto) refuse("parallel.pipeline.layout");
@@ -260,6 +280,7 @@ ParallelConfig resolve_parallel(const core::JobSpec& s, int world) {
                       "virtual stages need parallel.pipeline.schedule: interleaved; try virtual_stages=1");
   pc.global_batch = s.train.global_batch;
   pc.micro_batch = s.train.micro_batch;
+  resolve_sequence_parallel(s, pc);
   resolve_layout(s, pc);
   resolve_batch(s, pc);
   resolve_balance_order(s, pc);
@@ -282,6 +303,7 @@ struct TpLayout {
 
 std::vector<OpDecision> decide_partitions(const core::Graph& g, const ParallelConfig& pc) {
   const int64_t tp = pc.deg.tp, ep = pc.deg.ep;
+  const bool sp = pc.sequence_parallel && tp > 1;
   const int64_t batch_parts = pc.data_shards() * pc.micro_batches;
   std::vector<int> fwd = g.ops_in_phase(core::Phase::kForward);
   std::map<int, std::vector<int>> consumers;
@@ -321,6 +343,16 @@ std::vector<OpDecision> decide_partitions(const core::Graph& g, const ParallelCo
       if (ep > 1) d.splits.push_back({Axis::kEp, "e", ep, 1});
       if (tp > 1) add_tp("f", 1);
       lay[op.outputs[0]] = TpLayout{tp > 1 ? 'V' : 'R'};
+    } else if (sp && (t == "layernorm" || t == "rmsnorm" || t == "add")) {
+      // Sequence parallelism (Megatron, Korthikanti et al. 2022): the ops between a row-
+      // parallel output and the next column-parallel input hold 1/tp of the tokens instead
+      // of a replica each. Only the choice is made here: the layout search of lowering turns
+      // the row-parallel partial sums into reduce-scatters on t and gathers t back in front
+      // of each column split (and the mirror in the backward). Norms normalise over c, so t
+      // splits them exactly; their parameter gradients become partial sums over the lanes,
+      // which the gradient sync reduces like the router's under tp.
+      add_tp("t", 1);
+      for (int v : op.outputs) lay[v] = TpLayout{'D', 1, 1};
     } else if (tp > 1 && t == "embedding") {
       add_tp("v", 1);
       lay[op.outputs[0]] = TpLayout{'V'};
@@ -330,7 +362,10 @@ std::vector<OpDecision> decide_partitions(const core::Graph& g, const ParallelCo
       if (x.kind == 'D' && x.dim == last && x.groups == 1) {
         add_tp("k", 1);
         lay[op.outputs[0]] = TpLayout{'V'};
-      } else if (int64_t gr = x.kind == 'R' ? column_groups(op.outputs[0]) : 0) {
+      } else if (int64_t gr = x.kind == 'R' || (sp && x.kind == 'D' && x.dim == 1)
+                                  ? column_groups(op.outputs[0])
+                                  : 0) {
+        // (Under sequence parallelism the input is split on t: lowering gathers it.)
         add_tp("n", gr);
         lay[op.outputs[0]] = TpLayout{'D', last, gr};
       }
@@ -430,7 +465,15 @@ core::JobSpec fit_layout(const core::JobSpec& spec, int world, std::string* chan
       // A pipeline layout written for the asked pp does not fit another one.
       if (c.pp != p.pp) fit.parallel.pipeline = core::PipelineSpec{};
       try {
-        resolve_parallel(fit, world);
+        try {
+          resolve_parallel(fit, world);
+        } catch (const ConfigError& e) {
+          // Sequence parallelism goes with tensor parallelism: where the fallback lowers tp
+          // to 1 (or to a tp that does not divide the sequence), it goes too.
+          if (e.field() != "parallel.sequence_parallel") throw;
+          fit.parallel.sequence_parallel = false;
+          resolve_parallel(fit, world);
+        }
       } catch (const ConfigError&) {
         continue;
       }
@@ -445,6 +488,8 @@ core::JobSpec fit_layout(const core::JobSpec& spec, int world, std::string* chan
         note("tp", p.tp, c.tp);
         note("pp", p.pp, c.pp);
         note("ep", p.ep, c.ep);
+        if (p.sequence_parallel && !fit.parallel.sequence_parallel)
+          s += std::string(s.empty() ? "" : ", ") + "sequence_parallel off";
         *changed = s;
       }
       return fit;

@@ -25,6 +25,10 @@ struct ParallelConfig {
   bool layout_given = false;
   std::string recompute = "none";
   int zero = 0;
+  // Megatron's sequence parallelism (tp > 1 only): decide_partitions splits the norms and
+  // residual adds on the sequence over the tp lanes; lowering's layout search then derives
+  // reduce-scatter / all-gather where plain tp has all-reduce.
+  bool sequence_parallel = false;
   // Gradient (and ZeRO parameter) collectives are grouped into calls of about this size.
   int64_t bucket_bytes = int64_t(25) << 20;
   // Batch shards: the batch splits over dp x ep ranks (expert parallelism is carved out of
@@ -49,8 +53,9 @@ ParallelConfig resolve_parallel(const core::JobSpec& spec, int world);
 // resolve_parallel accepts it (its ConfigError otherwise, with a hint at elastic.layout:
 // auto when the world size is what does not fit). With auto and degrees that do not fit:
 // the nearest layout that does (fixed tp, pp and ep lowered to divisors of what was asked,
-// keeping as much model parallelism as fits, tp before pp before ep; dp becomes auto), and
-// `changed` says what changed ("tp 2 -> 1"); the original error when nothing fits. A pure
+// keeping as much model parallelism as fits, tp before pp before ep; dp becomes auto;
+// sequence_parallel is turned off where tp falls to 1), and `changed` says what changed
+// ("tp 2 -> 1, sequence_parallel off"); the original error when nothing fits. A pure
 // function of (spec, world): every rank and every later world derive the same layout.
 core::JobSpec fit_layout(const core::JobSpec& spec, int world, std::string* changed = nullptr);
 

@@ -124,7 +124,9 @@ std::string plan_report(const Plan& p, const core::Graph& g, const ReportOptions
      << " micro-batches x dp " << d.dp << " x ep " << d.ep << "\n";
   os << "schedule " << c.schedule;
   if (c.virtual_stages > 1) os << " (" << c.virtual_stages << " virtual stages)";
-  os << ", zero " << c.zero << ", recompute " << c.recompute << "\n";
+  os << ", zero " << c.zero << ", recompute " << c.recompute;
+  if (c.sequence_parallel) os << ", sequence parallel (norms and residuals split over tp)";
+  os << "\n";
   os << "pipeline layout (" << (c.layout_given ? "from parallel.pipeline.layout" : "even split") << "):\n"
      << layout_lines(p);
 

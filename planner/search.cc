@@ -123,7 +123,20 @@ SearchResult search_plan(const core::JobSpec& spec, int world, const SearchOptio
   const std::vector<std::string> recomputes =
       p.recompute == "auto" ? std::vector<std::string>{"none", "selective", "full"}
                             : std::vector<std::string>{p.recompute};
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, SplitCosts> splits;
+  // Sequence parallelism: both where auto and tp > 1 divides the sequence (off costs less
+  // time, on less memory); as given otherwise (resolve_parallel refuses it at tp 1).
+  // Paired with each schedule choice, so that the loops below keep their depth.
+  auto with_sequence = [&](const std::vector<Choice>& schedules, int64_t tp) {
+    std::vector<bool> sps = {p.sequence_parallel};
+    if (p.sequence_parallel_auto)
+      sps =
+          tp > 1 && m.seq_len % tp == 0 ? std::vector<bool>{false, true} : std::vector<bool>{false};
+    std::vector<std::pair<Choice, bool>> out;
+    for (const Choice& c : schedules)
+      for (bool sp : sps) out.push_back({c, sp});
+    return out;
+  };
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, bool>, SplitCosts> splits;
   std::map<std::tuple<std::string, int64_t, int64_t, int64_t>, std::vector<int64_t>> flights;
   std::optional<ConfigError> first_error;
   double least_memory = kInf;
@@ -160,10 +173,11 @@ SearchResult search_plan(const core::JobSpec& spec, int world, const SearchOptio
         const Crossing cross = crossing(deg, order, rpn);
         for (int64_t mb : spec.train.micro_batch ? std::vector<int64_t>{spec.train.micro_batch}
                                                  : divisors(G / (dp * ep), G))
-          for (const Choice& sch : schedule_choices(p, pp, L)) {
+          for (const auto& [sch, sp] : with_sequence(schedule_choices(p, pp, L), tp)) {
             // resolve_parallel is the judge of what the executor can run (divisibility, layout).
             core::JobSpec probe = spec;
             probe.parallel.plan = "manual";
+            probe.parallel.sequence_parallel = sp, probe.parallel.sequence_parallel_auto = false;
             probe.parallel.dp = dp, probe.parallel.tp = tp, probe.parallel.pp = pp,
             probe.parallel.ep = ep;
             probe.parallel.zero = 0, probe.parallel.recompute = "none";
@@ -179,10 +193,10 @@ SearchResult search_plan(const core::JobSpec& spec, int world, const SearchOptio
               if (!first_error) first_error = e;
               continue;
             }
-            const auto split_key = std::make_tuple(tp, ep, mb, cross.tp, cross.ep);
+            const auto split_key = std::make_tuple(tp, ep, mb, cross.tp, cross.ep, sp);
             auto it = splits.find(split_key);
             if (it == splits.end())
-              it = splits.emplace(split_key, split_costs(mg.graph, cost, G, tp, ep, mb, cross))
+              it = splits.emplace(split_key, split_costs(mg.graph, cost, G, tp, ep, mb, cross, sp))
                        .first;
             const SplitCosts& sc = it->second;
             const auto flight_key =
@@ -206,6 +220,7 @@ SearchResult search_plan(const core::JobSpec& spec, int world, const SearchOptio
               for (const std::string& rc : recomputes) {
                 Layout l;
                 l.deg = deg, l.zero = int(zero), l.schedule = pc.schedule, l.recompute = rc;
+                l.sequence_parallel = sp;
                 l.virtual_stages = pc.virtual_stages, l.micro_batch = mb,
                 l.micro_batches = pc.micro_batches;
                 for (const auto& c : pc.chunks) l.chunk_layers.push_back(int64_t(c.size()));
@@ -223,11 +238,12 @@ SearchResult search_plan(const core::JobSpec& spec, int world, const SearchOptio
                 if (c.pred.memory_bytes < least_memory) {
                   least_memory = c.pred.memory_bytes;
                   char what[160];
-                  std::snprintf(what, sizeof what,
-                                "dp %lld x tp %lld x pp %lld x ep %lld, micro_batch %lld, zero %d, "
-                                "recompute %s",
-                                (long long)dp, (long long)tp, (long long)pp, (long long)ep,
-                                (long long)mb, l.zero, rc.c_str());
+                  std::snprintf(
+                      what, sizeof what,
+                      "dp %lld x tp %lld x pp %lld x ep %lld%s, micro_batch %lld, zero %d, "
+                      "recompute %s",
+                      (long long)dp, (long long)tp, (long long)pp, (long long)ep,
+                      sp ? " (sequence parallel)" : "", (long long)mb, l.zero, rc.c_str());
                   least_what = what;
                 }
                 if (c.pred.memory_bytes > r.cap_bytes) continue;

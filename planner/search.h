@@ -1,12 +1,12 @@
 // The plan search (`parallel.plan: search`, or `auto` on any of tp, pp, ep, zero, the
-// schedule, virtual_stages, the pipeline layout, recompute and train.micro_batch): the
-// layout with the shortest predicted step that fits a per-rank memory cap, in Alpa's two
-// levels. The inner level enumerates each stage's splits (tp, dp, ep, ZeRO stage, recompute,
-// micro-batch, schedule and virtual stages); the outer one is a dynamic programme over stage
-// boundaries (which layers each pipeline stage holds). Candidates are scored on the stage-
-// level model of stage_cost.h, never lowered. Fixed keys stay fixed; the result is a pure
-// function of (spec, world, cost model), ties broken by enumeration order, so every rank
-// reaches the same choice.
+// schedule, virtual_stages, the pipeline layout, recompute, sequence_parallel and
+// train.micro_batch): the layout with the shortest predicted step that fits a per-rank
+// memory cap, in Alpa's two levels. The inner level enumerates each stage's splits (tp, dp,
+// ep, ZeRO stage, recompute, sequence parallelism, micro-batch, schedule and virtual
+// stages); the outer one is a dynamic programme over stage boundaries (which layers each
+// pipeline stage holds). Candidates are scored on the stage-level model of stage_cost.h,
+// never lowered. Fixed keys stay fixed; the result is a pure function of (spec, world, cost
+// model), ties broken by enumeration order, so every rank reaches the same choice.
 //
 // The executor runs uniform stages only (one tp x ep x dp submesh shape for every stage, the
 // mesh of mesh.h), so the submesh size is world / pp for every stage: the outer level chooses
@@ -67,7 +67,7 @@ core::JobSpec searched_spec(const core::JobSpec& spec, int world, const SearchOp
 // Megatron-style defaults on the same cost model, for comparison: tp = the GPUs of a node
 // (the largest that divides the model), pp = the smallest that fits memory (1F1B, even
 // layout, micro_batch 1, distributed optimizer = ZeRO-1, selective recompute, then full if
-// nothing fits), dp the rest. Throws ConfigError when nothing fits.
+// nothing fits, no sequence parallelism), dp the rest. Throws ConfigError when nothing fits.
 Candidate megatron_baseline(const core::JobSpec& spec, int world, const SearchOptions& opt = {});
 
 // The table `weft plan` and `weft train` print: one line per candidate (degrees, schedule,

@@ -14,7 +14,7 @@ bool needs_search(const core::JobSpec& s) {
   return p.plan == "search" || p.tp == 0 || p.pp == 0 || p.ep == 0 ||
          p.zero == core::ParallelSpec::kAutoZero || p.recompute == "auto" ||
          p.pipeline.schedule == "auto" || p.pipeline.virtual_stages == 0 ||
-         p.pipeline.layout_auto || s.train.micro_batch == 0;
+         p.pipeline.layout_auto || p.sequence_parallel_auto || s.train.micro_batch == 0;
 }
 
 double search_cap_bytes(const core::JobSpec& spec, const CostModel& cost) {
@@ -29,6 +29,7 @@ core::JobSpec apply_layout(const core::JobSpec& spec, const Layout& l) {
   p.dp = l.deg.dp, p.tp = l.deg.tp, p.pp = l.deg.pp, p.ep = l.deg.ep;
   p.zero = l.zero;
   p.recompute = l.recompute;
+  p.sequence_parallel = l.sequence_parallel, p.sequence_parallel_auto = false;
   p.pipeline.schedule = l.schedule;
   p.pipeline.virtual_stages = l.virtual_stages;
   s.train.micro_batch = l.micro_batch;
@@ -70,6 +71,9 @@ Candidate megatron_baseline(const core::JobSpec& spec, int world, const SearchOp
       p.dp = 0, p.tp = tp, p.pp = pp, p.ep = 1;
       p.zero = 1;
       p.recompute = recompute;
+      // Kept as the baseline has always been (no sequence parallelism), so that its figures
+      // stay comparable with earlier runs.
+      p.sequence_parallel = false, p.sequence_parallel_auto = false;
       p.pipeline = core::PipelineSpec{};
       s.train.micro_batch = 1;
       SearchOptions one = opt;
@@ -110,8 +114,9 @@ std::string candidate_row(const Candidate& c) {
     i = j;
   }
   char degrees[64], row[256];
-  std::snprintf(degrees, sizeof degrees, "%lld x %lld x %lld x %lld", (long long)l.deg.dp,
-                (long long)l.deg.tp, (long long)l.deg.pp, (long long)l.deg.ep);
+  std::snprintf(degrees, sizeof degrees, "%lld x %lld x %lld x %lld%s", (long long)l.deg.dp,
+                (long long)l.deg.tp, (long long)l.deg.pp, (long long)l.deg.ep,
+                l.sequence_parallel ? " sp" : "");
   const double ms = c.pred.step_s * 1e3;
   std::snprintf(row, sizeof row,
                 "  %-18s %-15s %3lld  %4d %-10s %-14s %8.*f ms %10.4g %10.3g  %5.1f%%", degrees,

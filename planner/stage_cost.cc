@@ -58,9 +58,11 @@ Crossing crossing(const Degrees& deg, const std::vector<Axis>& order, int ranks_
 }
 
 SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t global_batch,
-                       int64_t tp, int64_t ep, int64_t micro_batch, const Crossing& cross) {
+                       int64_t tp, int64_t ep, int64_t micro_batch, const Crossing& cross,
+                       bool sequence_parallel) {
   ParallelConfig pc;
   pc.deg.tp = tp, pc.deg.ep = ep, pc.deg.dp = 1;
+  pc.sequence_parallel = sequence_parallel && tp > 1;
   pc.global_batch = global_batch, pc.micro_batch = micro_batch;
   pc.micro_batches = global_batch / (micro_batch * ep);
   const std::vector<OpDecision> dec = decide_partitions(g, pc);
@@ -105,9 +107,21 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
           (v.role == core::Role::kGradient &&
            !(v.grad_of >= 0 && g.value(v.grad_of).role == core::Role::kParameter));
       if (activation && s.outs[k].piece.parts > parts_before_tp[k] &&
-          !reduced[size_t(op.outputs[k])]++)
-        t += cost.collective(CollKind::kAllReduce, int(tp),
-                             int64_t(s.outs[k].piece.numel()) * int64_t(elem), cross.tp);
+          !reduced[size_t(op.outputs[k])]++) {
+        const int64_t bytes = int64_t(s.outs[k].piece.numel()) * int64_t(elem);
+        if (pc.sequence_parallel)
+          t += cost.collective(CollKind::kReduceScatter, int(tp), bytes, cross.tp) +
+               cost.collective(CollKind::kAllGather, int(tp), bytes, cross.tp);
+        else
+          t += cost.collective(CollKind::kAllReduce, int(tp), bytes, cross.tp);
+      }
+    }
+    // Sequence parallelism: the backward gathers each norm's output again for the weight
+    // gradients of the column-parallel matmuls that read it.
+    if (!fwd && pc.sequence_parallel && (f.type == "layernorm" || f.type == "rmsnorm")) {
+      const int64_t whole = int64_t(numel(g.value(f.outputs[0]).shape)) * micro_batch /
+                            std::max<int64_t>(1, g.value(f.outputs[0]).shape[0]);
+      t += cost.collective(CollKind::kAllGather, int(tp), whole * int64_t(elem), cross.tp);
     }
     // Vocabulary-parallel cross-entropy: the row max and the sum of exponentials.
     if (fwd && op.type == "cross_entropy" && tp > 1 && !s.ins.empty()) {
@@ -216,7 +230,9 @@ double stage_memory(const core::ModelSpec& m, const Layout& l, int s, int64_t la
   st.first = s == 0;
   st.last = s == (chunks - 1) % int(l.deg.pp);
   st.in_flight = in_flight;
-  return estimate_stage_memory(m, l.deg, l.zero, l.micro_batch, l.recompute, st).total();
+  return estimate_stage_memory(m, l.deg, l.zero, l.micro_batch, l.recompute, st,
+                               l.sequence_parallel)
+      .total();
 }
 
 Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout& l,

@@ -39,15 +39,20 @@ struct Crossing {
 Crossing crossing(const Degrees& deg, const std::vector<Axis>& order, int ranks_per_node);
 
 // The split's per-layer costs. `g` is the planning graph (batch = global_batch); the batch
-// splits into global_batch / micro_batch pieces of micro_batch sequences.
+// splits into global_batch / micro_batch pieces of micro_batch sequences. With
+// `sequence_parallel` the norms and residual adds run on 1/tp of the tokens, each tp
+// all-reduce is a reduce-scatter plus an all-gather, and each norm output is gathered once
+// more in the backward (lower_stage.cc's drop_gathered_copies).
 SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t global_batch,
-                       int64_t tp, int64_t ep, int64_t micro_batch, const Crossing& cross);
+                       int64_t tp, int64_t ep, int64_t micro_batch, const Crossing& cross,
+                       bool sequence_parallel = false);
 
 // A candidate's settings once every key is chosen.
 struct Layout {
   Degrees deg;
   int zero = 0;
   std::string schedule = "1f1b", recompute = "none";
+  bool sequence_parallel = false;
   int64_t virtual_stages = 1, micro_batch = 1, micro_batches = 1;
   std::vector<int64_t> chunk_layers;  // layers per model chunk (pp x virtual_stages chunks)
 };

@@ -103,6 +103,12 @@ struct ParallelSpec {
   PipelineSpec pipeline;
   std::string recompute = "none";  // none | selective | full | auto
   std::string plan = "manual";     // manual | search
+  // Megatron's sequence parallelism: with tp > 1 the norms and residual adds run on 1/tp of
+  // the sequence, and the tp all-reduces become reduce-scatter / all-gather pairs (a phase-1
+  // choice, planner/policy.cc). Refused with tp 1, where it would do nothing. `auto` (and
+  // plan: search without the key): the plan search chooses it per candidate.
+  bool sequence_parallel = false;
+  bool sequence_parallel_auto = false;
 };
 
 struct MemorySpec {

@@ -129,6 +129,8 @@ std::string job_spec_to_yaml(const JobSpec& s) {
   e << YAML::EndMap;
   kv(e, "recompute", p.recompute);
   kv(e, "plan", p.plan);
+  if (p.sequence_parallel_auto) kv(e, "sequence_parallel", std::string("auto"));
+  else kv(e, "sequence_parallel", p.sequence_parallel);
   e << YAML::EndMap;
 
   kv(e, "device", s.device);

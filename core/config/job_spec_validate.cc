@@ -247,6 +247,17 @@ void validate_parallel(const ParallelSpec& p, const JobSpec& s) {
   if (p.ep > 1 && m.moe.experts % p.ep != 0)
     throw ConfigError("parallel.ep", "ep (" + num(p.ep) + ") must divide model.moe.experts (" +
                                          num(m.moe.experts) + ")");
+  // tp auto (0) is checked once the search or resolve_parallel has fixed it.
+  if (p.sequence_parallel && p.tp == 1)
+    throw ConfigError("parallel.sequence_parallel",
+                      "sequence parallelism splits the tensor-parallel regions' norms and residual "
+                      "adds over the tp ranks, so with tp 1 it does nothing; set parallel.tp to 2 "
+                      "or more, or remove parallel.sequence_parallel");
+  if (p.sequence_parallel && p.tp > 1 && m.seq_len % p.tp != 0)
+    throw ConfigError("parallel.sequence_parallel",
+                      "sequence parallelism splits model.seq_len (" + num(m.seq_len) +
+                          ") over tp (" + num(p.tp) + "), which must divide it; change "
+                          "model.seq_len or parallel.tp, or remove parallel.sequence_parallel");
   if (p.pp > m.layers)
     throw ConfigError("parallel.pp", "pp (" + num(p.pp) + ") exceeds model.layers (" +
                                          num(m.layers) + "): a stage would have no layer");

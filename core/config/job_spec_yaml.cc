@@ -29,7 +29,8 @@ const YamlSchema& job_spec_schema() {
        {"steps", "global_batch", "micro_batch", "lr", "min_lr", "warmup_steps", "schedule",
         "weight_decay", "betas", "eps", "grad_clip", "seed", "dtype", "threads", "eval_every",
         "eval_batches", "log_every", "out_dir", "on_nonfinite", "max_skipped"}},
-      {"parallel", {"dp", "tp", "pp", "ep", "zero", "order", "pipeline", "recompute", "plan"}},
+      {"parallel",
+       {"dp", "tp", "pp", "ep", "zero", "order", "pipeline", "recompute", "plan", "sequence_parallel"}},
       {"parallel.pipeline", {"schedule", "micro_batches", "virtual_stages", "layout"}},
       {"memory", {"allocator", "limit_gib"}},
       {"checkpoint", {"dir", "every", "keep", "async"}},
@@ -118,6 +119,8 @@ void read_parallel(const YamlSection& y, ParallelSpec& p) {
   y.read("order", p.order);
   y.read("recompute", p.recompute);
   y.read("plan", p.plan);
+  if (y.is_auto("sequence_parallel")) p.sequence_parallel_auto = true;
+  else y.read("sequence_parallel", p.sequence_parallel);
   YamlSection pipe = y.section("pipeline");
   pipe.read("schedule", p.pipeline.schedule);
   pipe.read_degree("micro_batches", p.pipeline.micro_batches);
@@ -131,6 +134,7 @@ void read_parallel(const YamlSection& y, ParallelSpec& p) {
   if (!y.has("ep")) p.ep = 0;
   if (!y.has("zero")) p.zero = ParallelSpec::kAutoZero;
   if (!y.has("recompute")) p.recompute = "auto";
+  if (!y.has("sequence_parallel")) p.sequence_parallel_auto = true;
   if (!pipe.has("schedule")) p.pipeline.schedule = "auto";
   if (!pipe.has("virtual_stages")) p.pipeline.virtual_stages = 0;
   if (!pipe.has("layout")) p.pipeline.layout_auto = true;
