@@ -21,6 +21,7 @@
 #include "core/config/job_spec.h"
 #include "core/io/metrics.h"
 #include "launch/args.h"
+#include "launch/bench_util.h"
 #include "launch/calibration.h"
 #include "planner/hardware.h"
 #include "planner/planner.h"
@@ -33,20 +34,6 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  size_t k = v.size() / 2;
-  return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
-}
-
-// The lower quartile (nearest rank).
-double quartile1(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  return v[(v.size() - 1) / 4];
 }
 
 // A model family: its YAML and the overrides that give its shapes. Calibration is per family
@@ -82,60 +69,23 @@ std::vector<std::string> all_sets(const Family& f, const Row& r, int steps,
                                   const std::string& out) {
   std::vector<std::string> s = f.sets;
   s.insert(s.end(), r.sets.begin(), r.sets.end());
-  // Short runs: warmup below the step count (validation wants it), no evaluation, no spam.
-  s.insert(s.end(),
-           {"train.steps=" + std::to_string(steps), "train.warmup_steps=1", "train.eval_every=0",
-            "train.log_every=1000000", "train.threads=1", "train.out_dir=" + out});
+  for (const std::string& x : short_run_sets(steps, out)) s.push_back(x);
   return s;
 }
 
-// Runs the row's job on `world` local processes and fills the times and tokens/s from the
-// steps after the first (the first pays for first-touch and connections).
+// Runs the row's job on `world` local processes (bench_util.h run_layout) and fills the
+// times and tokens/s from the steps after the first.
 void measure(Row& r, const Family& f, int steps) {
-  char tmpl[] = "/tmp/weft-scaling-XXXXXX";
-  if (!::mkdtemp(tmpl)) throw IoError("weft bench scaling: cannot create a temporary folder");
-  const std::string dir = tmpl;
-  // WEFT_PLAN_EXECUTOR: world 1 runs the plan executor too, so that the world-1 rows pay
-  // the per-instruction costs the layouts pay (and weft calibrate's op_overhead measures).
-  std::string cmd = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 WEFT_PLAN_EXECUTOR=1 " + shell_quote(self_exe()) +
-                    " run --standalone --nproc-per-node " + std::to_string(r.world) +
-                    " -- weft train --config " + shell_quote(f.config);
-  for (const std::string& s : all_sets(f, r, steps, dir + "/run")) cmd += " --set " + shell_quote(s);
-  cmd += " >" + shell_quote(dir + "/log") + " 2>&1";
-  int status = std::system(cmd.c_str());
-  const bool ok = status == 0;
-  const std::string failed = "the run failed (exit " +
-                             std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) +
-                             "); log kept in " + dir + "/log";
-  try {
-    std::vector<double> ms, tps, cms, wms;
-    int64_t last = -1;
-    if (std::filesystem::exists(dir + "/run/metrics.jsonl"))
-      for (const core::io::MetricsRow& m : core::io::read_metrics(dir + "/run/metrics.jsonl")) {
-        if (m.is_validation() || !m.has("step_ms")) continue;
-        last = std::max(last, int64_t(m.at("step")));
-        if (m.at("step") < 1) continue;
-        ms.push_back(m.at("step_ms"));
-        tps.push_back(m.at("tokens_per_s"));
-        if (m.has("compute_ms")) cms.push_back(m.at("compute_ms"));
-        if (m.has("comm_ms")) wms.push_back(m.at("comm_ms"));
-      }
-    // A rank that crashes while shutting down, after every step was written, does not make
-    // the timings wrong: keep them and say so (the log stays for whoever fixes the crash).
-    if (!ok && last + 1 < steps) throw IoError(failed);
-    if (ms.empty()) throw IoError("no step after the first in " + dir + "/run/metrics.jsonl");
-    r.measured_ms = quartile1(ms);
-    r.median_ms = median(ms);
-    r.tokens_per_s = median(tps);
-    r.compute_ms = quartile1(cms);
-    r.comm_ms = quartile1(wms);
-    if (ok)
-      std::filesystem::remove_all(dir);
-    else
-      r.warning = "after its last step, " + failed;
-  } catch (const std::exception& e) {
-    r.error = e.what();
-  }
+  std::vector<std::string> sets = f.sets;
+  sets.insert(sets.end(), r.sets.begin(), r.sets.end());
+  const LayoutTimes t = run_layout(f.config, sets, r.world, steps, "scaling");
+  r.measured_ms = t.q1_ms;
+  r.median_ms = t.median_ms;
+  r.tokens_per_s = t.tokens_per_s;
+  r.compute_ms = t.compute_ms;
+  r.comm_ms = t.comm_ms;
+  r.error = t.error;
+  r.warning = t.warning;
 }
 
 // The predicted step; `split` (optional) receives rank 0's compute and comm + wait, ms.
@@ -151,12 +101,8 @@ double predict_ms(const Row& r, const Family& f, const planner::CostModel& cm,
   double ms = c.step_s * 1e3;
   if (split && !c.ranks.empty())
     *split = {c.ranks[0].compute_s * 1e3, (c.ranks[0].comm_s + c.ranks[0].wait_s) * 1e3};
-  // step_ms also covers what the multi-rank trainer does after the plan's program: the loss
-  // and gradient norm gathered from every rank (parallel/trainer.cc all_gather_values: one
-  // all_gather of the counts, one of the values).
-  if (r.world > 1)
-    ms += 2e3 * cm.collective(planner::CollKind::kAllGather, r.world, 64 * r.world, false, r.world);
-  return ms;
+  // step_ms also covers what the multi-rank trainer does after the plan's program.
+  return ms + 1e3 * trainer_step_end_s(cm, r.world);
 }
 
 constexpr const char* kHelp = R"(usage: weft bench scaling [--quick] [--steps N]

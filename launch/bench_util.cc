@@ -1,9 +1,14 @@
-// `weft bench train` driver: child processes, PyTorch side, FMA peak and the table.
+// `weft bench train` driver: child processes, PyTorch side, FMA peak and the table; and the
+// layout runs `weft bench scaling` and `weft bench search` time.
 #include "launch/bench_util.h"
 
 #include <omp.h>
+#include <stdlib.h>
+#include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +18,8 @@
 
 #include "base/error.h"
 #include "core/io/json.h"
+#include "core/io/metrics.h"
+#include "launch/calibration.h"
 
 namespace weft::launch {
 namespace {
@@ -179,6 +186,86 @@ int run_train_comparison(const Args& a) {
       "S, M: GPT; LS: Llama with S's shapes (4 heads on 2 KV heads, rotary, RMSNorm, SwiGLU "
       "688, untied head), PyTorch side with K/V repeat_interleave'd per group.\n");
   return 0;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  size_t k = v.size() / 2;
+  return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
+}
+
+double quartile1(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  return v[(v.size() - 1) / 4];
+}
+
+std::vector<std::string> short_run_sets(int steps, const std::string& out) {
+  return {"train.steps=" + std::to_string(steps), "train.warmup_steps=1", "train.eval_every=0",
+          "train.log_every=1000000", "train.threads=1", "train.out_dir=" + out};
+}
+
+LayoutTimes run_layout(const std::string& config, const std::vector<std::string>& sets, int world,
+                       int steps, const std::string& tag) {
+  const double nan = std::nan("");
+  LayoutTimes r{nan, nan, nan, nan, nan, "", ""};
+  std::string tmpl = "/tmp/weft-" + tag + "-XXXXXX";
+  if (!::mkdtemp(tmpl.data())) {
+    r.error = "cannot create a temporary folder " + tmpl;
+    return r;
+  }
+  const std::string dir = tmpl;
+  // WEFT_PLAN_EXECUTOR: world 1 runs the plan executor too, so that the world-1 rows pay
+  // the per-instruction costs the layouts pay (and weft calibrate's op_overhead measures).
+  std::string cmd = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 WEFT_PLAN_EXECUTOR=1 " +
+                    shell_quote(self_exe()) + " run --standalone --nproc-per-node " +
+                    std::to_string(world) + " -- weft train --config " + shell_quote(config);
+  std::vector<std::string> all = sets;
+  for (const std::string& s : short_run_sets(steps, dir + "/run")) all.push_back(s);
+  for (const std::string& s : all) cmd += " --set " + shell_quote(s);
+  cmd += " >" + shell_quote(dir + "/log") + " 2>&1";
+  // std::system waits for `weft run`, which reaps its workers before it exits.
+  const int status = std::system(cmd.c_str());
+  const bool ok = status == 0;
+  const std::string failed = "the run failed (exit " +
+                             std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) +
+                             "); log kept in " + dir + "/log";
+  try {
+    std::vector<double> ms, tps, cms, wms;
+    int64_t last = -1;
+    if (std::filesystem::exists(dir + "/run/metrics.jsonl"))
+      for (const core::io::MetricsRow& m : core::io::read_metrics(dir + "/run/metrics.jsonl")) {
+        if (m.is_validation() || !m.has("step_ms")) continue;
+        last = std::max(last, int64_t(m.at("step")));
+        if (m.at("step") < 1) continue;
+        ms.push_back(m.at("step_ms"));
+        tps.push_back(m.at("tokens_per_s"));
+        if (m.has("compute_ms")) cms.push_back(m.at("compute_ms"));
+        if (m.has("comm_ms")) wms.push_back(m.at("comm_ms"));
+      }
+    // A rank that crashes while shutting down, after every step was written, does not make
+    // the timings wrong: keep them and say so (the log stays for whoever fixes the crash).
+    if (!ok && last + 1 < steps) throw IoError(failed);
+    if (ms.empty()) throw IoError("no step after the first in " + dir + "/run/metrics.jsonl");
+    r.q1_ms = quartile1(ms);
+    r.median_ms = median(ms);
+    r.tokens_per_s = median(tps);
+    r.compute_ms = quartile1(cms);
+    r.comm_ms = quartile1(wms);
+    if (ok)
+      std::filesystem::remove_all(dir);
+    else
+      r.warning = "after its last step, " + failed;
+  } catch (const std::exception& e) {
+    r.error = e.what();
+  }
+  return r;
+}
+
+double trainer_step_end_s(const planner::CostModel& cm, int world) {
+  if (world <= 1) return 0;
+  return 2 * cm.collective(planner::CollKind::kAllGather, world, 64 * world, false, world);
 }
 
 }  // namespace weft::launch
