@@ -21,6 +21,7 @@
 #include "launch/bench_elastic.h"
 #include "launch/bench_memory_traces.h"
 #include "launch/bench_scaling.h"
+#include "launch/bench_search.h"
 #include "launch/bench_snapshot.h"
 #include "launch/bench_store.h"
 #include "launch/bench_util.h"
@@ -97,9 +98,9 @@ int run_worker(const Args& a) {
   return 0;
 }
 
-// Every benchmark a user can name, with its help. comm, scaling, store and elastic print their
-// own longer help (bench_comm.cc, bench_scaling.cc, bench_store_scale.cc, bench_elastic.cc); the
-// others' is here.
+// Every benchmark a user can name, with its help. comm, scaling, search, store and elastic print
+// their own longer help (bench_comm.cc, bench_scaling.cc, bench_search.cc, bench_store_scale.cc,
+// bench_elastic.cc); the others' is here.
 struct Bench {
   const char* name;
   const char* help;  // nullptr: the benchmark prints its own on --help
@@ -133,6 +134,7 @@ const Bench kBenches[] = {
      "  memcpy.\n"
      "  --quick   small models, a few seconds     --dir DIR  scratch folder (default $TMPDIR)\n"},
     {"scaling", nullptr},
+    {"search", nullptr},
     {"store", nullptr},
     {"elastic", nullptr},
     {"snapshot",
@@ -208,6 +210,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
         "  Gloo/MPI all-reduce and all-gather bus bandwidth vs memcpy; store latency.\n"
         "usage: weft bench scaling [--quick] [--steps N]\n"
         "  config S world 1 vs dp2 tokens/s; each layout's measured vs predicted step time.\n"
+        "usage: weft bench search [--quick] [--steps N] [--config FILE] [--world N] [--top K]\n"
+        "  the plan search's top candidates (and Megatron-style defaults) trained on real ranks:\n"
+        "  predicted vs measured step, both rankings, searched plan / best measured.\n"
         "usage: weft bench store [--clients 1000,10000] [--seconds S] [--load-clients N]\n"
         "  1K and 10K authenticated clients completing a rendezvous (time, vs PyTorch's libuv\n"
         "  TCPStore); set/get/add ops/s under 1K concurrent clients.\n"
@@ -238,6 +243,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (name == "comm") return cmd_bench_comm(argv);
   if (name == "checkpoint") return run_checkpoint_bench(rest);
   if (name == "scaling") return run_scaling(argv);
+  if (name == "search") return run_search_bench(argv);
   if (name == "store") return run_store_benchmark(rest);
   if (name == "elastic") return run_elastic_bench(rest);
   if (name == "snapshot") return bench_snapshot(rest);
