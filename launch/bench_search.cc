@@ -5,6 +5,7 @@
 #include "launch/bench_search.h"
 
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -29,20 +30,24 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kHelp = R"(usage: weft bench search [--quick] [--steps N] [--config FILE] [--world N] [--top K]
-                         [--set KEY=VALUE]... [--all-variants]
+                         [--rounds R] [--set KEY=VALUE]... [--all-variants]
   runs the plan search for a small GPT (every searched key auto: tp, pp, zero, recompute,
   schedule, virtual stages, pipeline layout, micro-batch), trains its top K candidates and
   the Megatron-style default (tp = a node, 1F1B, micro_batch 1, ZeRO-1, selective recompute)
   when it is not among them, each on real local ranks (`weft run --standalone`, one process
   and one BLAS thread per rank), and prints per candidate the predicted step (the search's
   stage model plus the trainer's per-step gathers), the measured step (the median step_ms
-  after the first step), the error and both rankings; then the searched (top-predicted)
-  plan's measured step over the best measured one, and the median |error|.
+  after the first step; with rounds, the least of the rounds' medians), the error and both
+  rankings; then the searched (top-predicted) plan's measured step over the best measured
+  one, and the median |error|.
   Cost model: `weft plan`'s, this machine's calibration (`weft calibrate`) when there is one,
   else the rough H100 defaults; the `cost model:` line says which. The runs inherit the
   environment as it is (OPENBLAS_CORETYPE included), as the calibration did.
-  --quick          configs/gpt-layout.yaml (8 x 32, seq 16, batch 16), top 2, 3 steps
+  --quick          configs/gpt-layout.yaml (8 x 32, seq 16, batch 16), top 2, 3 steps, 1 round
   --steps N        steps per run (default 20; the first is not timed)
+  --rounds R       run every candidate R times, in alternating order, and keep each one's
+                   least median (default 2): on a shared machine another process's burst
+                   slows a run, never speeds one up
   --config FILE    the model and training keys (default configs/gpt-small.yaml: 4 x 128,
                    seq 128, batch 16); its parallel keys are searched
   --world N        ranks, one process each (default 2: this machine's 2 cores)
@@ -116,6 +121,14 @@ void rank_rows(std::vector<Row>& rows, Key key, int Row::*out) {
   for (size_t r = 0; r < idx.size(); ++r) rows[idx[r]].*out = int(r) + 1;
 }
 
+// CPU seconds of the reaped children (std::system's `weft run` and, through it, the ranks).
+double children_cpu_s() {
+  struct rusage u;
+  ::getrusage(RUSAGE_CHILDREN, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 double load_1min() {
   double l[1] = {-1};
   return ::getloadavg(l, 1) == 1 ? l[0] : -1;
@@ -125,7 +138,7 @@ double load_1min() {
 
 int run_search_bench(const std::vector<std::string>& argv) {
   Args a(std::vector<std::string>(argv.begin() + 1, argv.end()),
-         {"--steps", "--config", "--world", "--top", "--set"}, {"--quick", "--help", "--all-variants"});
+         {"--steps", "--rounds", "--config", "--world", "--top", "--set"}, {"--quick", "--help", "--all-variants"});
   if (a.flag("--help")) {
     std::fputs(kHelp, stdout);
     return 0;
@@ -133,6 +146,8 @@ int run_search_bench(const std::vector<std::string>& argv) {
   const bool quick = a.flag("--quick");
   const int steps = int(a.get_int("--steps", quick ? 3 : 20));
   if (steps < 2) throw ConfigError("--steps", "give at least 2: the first step is not timed");
+  const int64_t rounds = a.get_int("--rounds", quick ? 1 : 2);
+  if (rounds < 1 || rounds > 20) throw ConfigError("--rounds", "expected 1..20 rounds");
   const int64_t world = a.get_int("--world", 2);
   if (world < 1 || world > 64) throw ConfigError("--world", "expected 1..64 local ranks");
   const int64_t top = a.get_int("--top", quick ? 2 : 5);
@@ -192,36 +207,51 @@ int run_search_bench(const std::vector<std::string>& argv) {
   std::string tmpl = "/tmp/weft-search-XXXXXX";
   if (!::mkdtemp(tmpl.data())) throw IoError("weft bench search: cannot create a temporary folder");
   const std::string dir = tmpl;
-  std::printf("\n== runs (%d steps each on %lld ranks)\n", steps, (long long)world);
+  std::printf("\n== runs (%d steps each on %lld ranks, %lld round%s)\n", steps, (long long)world,
+              (long long)rounds, rounds > 1 ? "s, alternating order" : "");
   std::fflush(stdout);
   for (size_t i = 0; i < rows.size(); ++i) {
-    Row& r = rows[i];
-    const auto t0 = Clock::now();
     const std::string path = dir + "/candidate-" + std::to_string(i + 1) + ".yaml";
-    {
-      std::ofstream f(path);
-      f << core::job_spec_to_yaml(planner::apply_layout(spec, r.cand.layout));
-      if (!f) throw IoError("cannot write " + path);
-    }
-    const LayoutTimes t = run_layout(path, {}, int(world), steps, "search");
-    r.measured_ms = t.median_ms;
-    r.error = t.error;
-    r.warning = t.warning;
-    char measured[64];
-    std::snprintf(measured, sizeof measured, "%.2f ms", r.measured_ms);
-    std::printf("[%zu/%zu] %s: predicted %.2f ms, measured %s (%.1f s)\n", i + 1, rows.size(),
-                label(r.cand.layout).c_str(), r.predicted_ms,
-                r.error.empty() ? measured : ("FAILED: " + r.error).c_str(), since(t0));
-    std::fflush(stdout);
+    std::ofstream f(path);
+    f << core::job_spec_to_yaml(planner::apply_layout(spec, rows[i].cand.layout));
+    if (!f) throw IoError("cannot write " + path);
   }
+  for (int64_t round = 0; round < rounds; ++round)
+    for (size_t k = 0; k < rows.size(); ++k) {
+      // Odd rounds run backwards, so that a slow spell of the machine does not always fall
+      // on the same candidates.
+      const size_t i = round % 2 ? rows.size() - 1 - k : k;
+      Row& r = rows[i];
+      if (!r.error.empty()) continue;  // failed once: not run again
+      const auto t0 = Clock::now();
+      const double cpu0 = children_cpu_s();
+      const LayoutTimes t = run_layout(dir + "/candidate-" + std::to_string(i + 1) + ".yaml", {},
+                                       int(world), steps, "search");
+      // fmin ignores the NaN a row starts with; a failed round fails the row.
+      r.measured_ms = t.error.empty() ? std::fmin(r.measured_ms, t.median_ms) : std::nan("");
+      r.error = t.error;
+      if (!t.warning.empty()) r.warning = t.warning;
+      char measured[64];
+      std::snprintf(measured, sizeof measured, "%.2f ms", t.median_ms);
+      // How much CPU the run got: on a shared machine, a run whose ranks had less than a core
+      // each was slowed by others' work, which no cost model sees.
+      const double wall = since(t0), cores = (children_cpu_s() - cpu0) / wall;
+      std::printf("[%zu/%zu]%s %s: predicted %.2f ms, measured %s (%.1f s; its processes used "
+                  "%.2f cores, load average %.1f)\n",
+                  i + 1, rows.size(), rounds > 1 ? (" round " + std::to_string(round + 1)).c_str() : "",
+                  label(r.cand.layout).c_str(), r.predicted_ms,
+                  r.error.empty() ? measured : ("FAILED: " + r.error).c_str(), wall, cores,
+                  load_1min());
+      std::fflush(stdout);
+    }
   std::filesystem::remove_all(dir);
 
   // ---- the table ----
   rank_rows(rows, [](const Row& r) { return r.predicted_ms; }, &Row::rank_pred);
   rank_rows(rows, [](const Row& r) { return r.measured_ms; }, &Row::rank_meas);
   std::printf("\n== candidates (predicted: the search's stage model + %.2f ms of the trainer's "
-              "gathers; measured: median step_ms of steps 1..%d; error = (pred - meas) / meas)\n",
-              end_ms, steps - 1);
+              "gathers; measured: median step_ms of steps 1..%d%s; error = (pred - meas) / meas)\n",
+              end_ms, steps - 1, rounds > 1 ? ", the least of the rounds'" : "");
   std::printf("%-3s | %-62s | %12s | %11s | %8s | %9s | %9s\n", "#", "layout", "predicted ms",
               "measured ms", "error", "pred rank", "meas rank");
   std::vector<double> errs;
