@@ -4,22 +4,17 @@
 // (launch/calibration.h, cached by `weft calibrate`).
 #include "launch/bench_scaling.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <optional>
 #include <thread>
 
 #include "base/config.h"
 #include "base/error.h"
 #include "core/config/job_spec.h"
-#include "core/io/metrics.h"
 #include "launch/args.h"
 #include "launch/bench_util.h"
 #include "launch/calibration.h"
