@@ -4,7 +4,7 @@
 // uses (this machine's calibration when there is one).
 #include "launch/bench_search.h"
 
-#include <stdlib.h>
+#include <stdlib.h>  // getloadavg
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -14,7 +14,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 
 #include "base/config.h"
 #include "base/error.h"
@@ -32,8 +31,8 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kHelp =
     R"(usage: weft bench search [--quick] [--steps N] [--config FILE] [--world N] [--top K]
                          [--rounds R] [--set KEY=VALUE]... [--all-variants]
-  runs the plan search for a small GPT (every searched key auto: tp, pp, zero, recompute,
-  schedule, virtual stages, pipeline layout, micro-batch), trains its top K candidates and
+  runs the plan search for a small GPT (every searched key auto: tp, pp, ep, zero,
+  recompute, schedule, virtual stages, pipeline layout, micro-batch), trains its top K candidates and
   the Megatron-style default (tp = a node, 1F1B, micro_batch 1, ZeRO-1, selective recompute)
   when it is not among them, each on real local ranks (`weft run --standalone`, one process
   and one BLAS thread per rank), and prints per candidate the predicted step (the search's
@@ -51,7 +50,7 @@ constexpr const char* kHelp =
                    slows a run, never speeds one up
   --config FILE    the model and training keys (default configs/gpt-small.yaml: 4 x 128,
                    seq 128, batch 16); its parallel keys are searched
-  --world N        ranks, one process each (default 2: this machine's 2 cores)
+  --world N        ranks, one process each (default 2: a rank per core on a 2-core machine)
   --top K          candidates taken from the search (default 5)
   --set KEY=VALUE  fix a key instead of searching it, e.g. --set parallel.zero=0 (repeatable)
   --all-variants   the search's raw top K; by default only the best-predicted candidate of
@@ -63,9 +62,9 @@ constexpr const char* kHelp =
 // Every key the search may choose, left to it (the file's values would otherwise stay fixed).
 const std::vector<std::string> kSearchAll = {
     "parallel.plan=search", "parallel.dp=auto", "parallel.tp=auto", "parallel.pp=auto",
-    "parallel.zero=auto", "parallel.recompute=auto", "parallel.pipeline.schedule=auto",
-    "parallel.pipeline.virtual_stages=auto", "parallel.pipeline.layout=auto",
-    "train.micro_batch=auto",
+    "parallel.ep=auto", "parallel.zero=auto", "parallel.recompute=auto",
+    "parallel.pipeline.schedule=auto", "parallel.pipeline.virtual_stages=auto",
+    "parallel.pipeline.layout=auto", "train.micro_batch=auto",
     // The calibration and the runs are one BLAS thread per rank.
     "train.threads=1"};
 
