@@ -245,7 +245,13 @@ int run_search_bench(const std::vector<std::string>& argv) {
           r.error.empty() ? measured : ("FAILED: " + r.error).c_str(), wall, cores, load_1min());
       std::fflush(stdout);
     }
-  std::filesystem::remove_all(dir);
+  bool failed = false;
+  for (const Row& r : rows) failed = failed || !r.error.empty();
+  // A failed run's log (kept by run_layout) names its candidate's job file: keep those too.
+  if (failed)
+    std::printf("candidates' job files kept in %s\n", dir.c_str());
+  else
+    std::filesystem::remove_all(dir);
 
   // ---- the table ----
   rank_rows(
@@ -283,8 +289,6 @@ int run_search_bench(const std::vector<std::string>& argv) {
   const Row* best = nullptr;
   for (const Row& r : rows)
     if (r.rank_meas == 1) best = &r;
-  bool failed = false;
-  for (const Row& r : rows) failed = failed || !r.error.empty();
   if (searched && best && std::isfinite(searched->measured_ms)) {
     const double ratio = searched->measured_ms / best->measured_ms;
     std::printf(
@@ -295,7 +299,11 @@ int run_search_bench(const std::vector<std::string>& argv) {
   } else {
     std::printf("searched / best measured: not measured (a run failed)\n");
   }
-  std::printf("median |prediction error|: %.1f%% over %zu candidates\n", median(errs), errs.size());
+  if (errs.empty())
+    std::printf("median |prediction error|: - (no candidate measured)\n");
+  else
+    std::printf("median |prediction error|: %.1f%% over %zu candidates\n", median(errs),
+                errs.size());
   std::printf("load average %.1f at the end; total %.1f s\n", load_1min(), since(t_all));
   return failed ? 1 : 0;
 }
