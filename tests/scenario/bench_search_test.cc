@@ -118,4 +118,18 @@ TEST(BenchSearch, QuickTableIsConsistent) {
   EXPECT_NEAR(after(r.out, "median |prediction error|: "), med, 0.1) << r.out;
 }
 
+TEST(BenchSearch, HelpAndBadInput) {
+  weft::test::CommandResult help = weft::test::run_weft("bench search --help");
+  ASSERT_EQ(help.code, 0) << help.out;
+  for (const char* opt : {"--quick", "--steps", "--config", "--world", "--top", "--rounds", "--set",
+                          "--all-variants"})
+    EXPECT_NE(help.out.find(opt), std::string::npos) << opt;
+  weft::test::CommandResult all = weft::test::run_weft("bench --help");
+  EXPECT_NE(all.out.find("weft bench search"), std::string::npos) << all.out;
+  // Refused before anything runs: exit 2, naming the option.
+  weft::test::CommandResult bad = weft::test::run_weft("bench search --steps 1");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--steps"), std::string::npos) << bad.out;
+}
+
 }  // namespace
