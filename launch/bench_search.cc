@@ -32,14 +32,14 @@ constexpr const char* kHelp =
     R"(usage: weft bench search [--quick] [--steps N] [--config FILE] [--world N] [--top K]
                          [--rounds R] [--set KEY=VALUE]... [--all-variants]
   runs the plan search for a small GPT (every searched key auto: tp, pp, ep, zero,
-  recompute, schedule, virtual stages, pipeline layout, micro-batch), trains its top K candidates and
-  the Megatron-style default (tp = a node, 1F1B, micro_batch 1, ZeRO-1, selective recompute)
-  when it is not among them, each on real local ranks (`weft run --standalone`, one process
-  and one BLAS thread per rank), and prints per candidate the predicted step (the search's
-  stage model plus the trainer's per-step gathers), the measured step (the median step_ms
-  after the first step; with rounds, the least of the rounds' medians), the error and both
-  rankings; then the searched (top-predicted) plan's measured step over the best measured
-  one, and the median |error|.
+  recompute, sequence parallelism, schedule, virtual stages, pipeline layout, micro-batch),
+  trains its top K candidates and the Megatron-style default (tp = a node, 1F1B,
+  micro_batch 1, ZeRO-1, selective recompute) when it is not among them, each on real local
+  ranks (`weft run --standalone`, one process and one BLAS thread per rank), and prints per
+  candidate the predicted step (the search's stage model plus the trainer's per-step
+  gathers), the measured step (the median step_ms after the first step; with rounds, the
+  least of the rounds' medians), the error and both rankings; then the searched
+  (top-predicted) plan's measured step over the best measured one, and the median |error|.
   Cost model: `weft plan`'s, this machine's calibration (`weft calibrate`) when there is one,
   else the rough H100 defaults; the `cost model:` line says which. The runs inherit the
   environment as it is (OPENBLAS_CORETYPE included), as the calibration did.
@@ -54,9 +54,10 @@ constexpr const char* kHelp =
   --top K          candidates taken from the search (default 5)
   --set KEY=VALUE  fix a key instead of searching it, e.g. --set parallel.zero=0 (repeatable)
   --all-variants   the search's raw top K; by default only the best-predicted candidate of
-                   each shape (degrees, schedule, virtual stages, micro-batch) is taken: ZeRO
-                   stages and recompute modes of one shape are predicted within a few % of
-                   each other at these sizes, closer than run-to-run noise here
+                   each shape (degrees, schedule, virtual stages, sequence parallelism,
+                   micro-batch) is taken: ZeRO stages and recompute modes of one shape are
+                   predicted within a few % of each other at these sizes, closer than
+                   run-to-run noise here
 )";
 
 // Every key the search may choose, left to it (the file's values would otherwise stay fixed).
@@ -64,7 +65,7 @@ const std::vector<std::string> kSearchAll = {
     "parallel.plan=search", "parallel.dp=auto", "parallel.tp=auto", "parallel.pp=auto",
     "parallel.ep=auto", "parallel.zero=auto", "parallel.recompute=auto",
     "parallel.pipeline.schedule=auto", "parallel.pipeline.virtual_stages=auto",
-    "parallel.pipeline.layout=auto", "train.micro_batch=auto",
+    "parallel.pipeline.layout=auto", "parallel.sequence_parallel=auto", "train.micro_batch=auto",
     // The calibration and the runs are one BLAS thread per rank.
     "train.threads=1"};
 
@@ -75,12 +76,13 @@ double since(Clock::time_point t) {
 bool same_layout(const planner::Layout& a, const planner::Layout& b) {
   return a.deg == b.deg && a.zero == b.zero && a.schedule == b.schedule &&
          a.recompute == b.recompute && a.virtual_stages == b.virtual_stages &&
-         a.micro_batch == b.micro_batch && a.chunk_layers == b.chunk_layers;
+         a.micro_batch == b.micro_batch && a.chunk_layers == b.chunk_layers &&
+         a.sequence_parallel == b.sequence_parallel;
 }
 
 bool same_shape(const planner::Layout& a, const planner::Layout& b) {
   return a.deg == b.deg && a.schedule == b.schedule && a.virtual_stages == b.virtual_stages &&
-         a.micro_batch == b.micro_batch;
+         a.micro_batch == b.micro_batch && a.sequence_parallel == b.sequence_parallel;
 }
 
 // "dp2 tp1 pp2 1f1b mb4 zero0 none layers 3/1": everything the trainer is given.
@@ -90,6 +92,7 @@ std::string label(const planner::Layout& l) {
   if (l.deg.ep > 1) s += " ep" + std::to_string(l.deg.ep);
   s += " " + l.schedule;
   if (l.virtual_stages > 1) s += " v" + std::to_string(l.virtual_stages);
+  if (l.sequence_parallel) s += " sp";
   s += " mb" + std::to_string(l.micro_batch) + " zero" + std::to_string(l.zero) + " " + l.recompute;
   if (l.deg.pp > 1) {
     s += " layers ";
