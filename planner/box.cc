@@ -83,6 +83,15 @@ core::Shape box_shape(const Box& b) {
   return s;
 }
 
+void cover(Box& whole, const Box& b) {
+  for (size_t d = 0; d < whole.size(); ++d) {
+    const int64_t lo = std::min(whole[d].start, b[d].start);
+    const int64_t hi = std::max(whole[d].start + whole[d].stride * (whole[d].count - 1) + whole[d].size,
+                                b[d].start + b[d].stride * (b[d].count - 1) + b[d].size);
+    whole[d] = DimSlice::range(lo, hi);
+  }
+}
+
 bool box_contains(const Box& outer, const Box& inner) {
   if (outer.size() != inner.size()) return false;
   for (size_t d = 0; d < outer.size(); ++d)

@@ -43,6 +43,9 @@ Box full_box(const core::Shape& shape);
 int64_t box_numel(const Box& b);
 core::Shape box_shape(const Box& b);  // per dim count*size: the dense local tensor
 bool box_contains(const Box& outer, const Box& inner);
+// Grows `whole` (plain ranges, one per dim) until it covers every index of `b`: the slice a
+// layout conversion works within.
+void cover(Box& whole, const Box& b);
 std::string box_str(const Box& b);
 
 // A sub-tensor of a global value: `box` holds the partial-sum addend `part` of `parts`

@@ -23,15 +23,6 @@ Piece at_replica(const TensorDesc& t, int b) {
   return p;
 }
 
-void widen(Box& whole, const Box& b) {
-  for (size_t d = 0; d < whole.size(); ++d) {
-    int64_t lo = std::min(whole[d].start, b[d].start);
-    int64_t hi = std::max(whole[d].start + whole[d].stride * (whole[d].count - 1) + whole[d].size,
-                          b[d].start + b[d].stride * (b[d].count - 1) + b[d].size);
-    whole[d] = DimSlice::range(lo, hi);
-  }
-}
-
 }  // namespace
 
 int StageBuilder::local_cut(int lane, int from, TensorDesc t, const Ctx& ctx, int op) {
@@ -68,11 +59,13 @@ TensorDesc StageBuilder::moved_tensor(int value, const GroupLayout& after, int a
   return t;
 }
 
+namespace {
+
 // Bounding ranges of a box (a strided slice spans from its first chunk's start to its last
 // chunk's end).
 Box extent_of(const Box& b) {
   Box out = b;
-  for (DimSlice& d : out) d = DimSlice::range(d.start, d.start + d.stride * (d.count - 1) + d.size);
+  cover(out, b);
   return out;
 }
 
@@ -81,6 +74,8 @@ bool extents_overlap(const Box& a, const Box& b) {
     if (a[d].start >= b[d].start + b[d].size || b[d].start >= a[d].start + a[d].size) return false;
   return true;
 }
+
+}  // namespace
 
 std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
   const int n = int(e.devices.size());
@@ -97,8 +92,8 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
   for (int p = 0; p < n; ++p) {
     extent[size_t(p)] = extent_of(e.from[size_t(p)].piece.box);
     for (int b = 0; b < blocks; ++b) {
-      widen(extent[size_t(p)], extent_of(at_replica(e.from[size_t(p)], b).box));
-      if (e.need[size_t(p)]) widen(extent[size_t(p)], extent_of(at_replica(*e.need[size_t(p)], b).box));
+      cover(extent[size_t(p)], extent_of(at_replica(e.from[size_t(p)], b).box));
+      if (e.need[size_t(p)]) cover(extent[size_t(p)], extent_of(at_replica(*e.need[size_t(p)], b).box));
     }
   }
   std::vector<int> root(static_cast<size_t>(n));
@@ -135,10 +130,10 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
       for (int i = 0; i < k; ++i) {
         const int p = P.pos[size_t(i)], m = b * k + i;
         from[size_t(m)] = at_replica(e.from[size_t(p)], b);
-        widen(whole, from[size_t(m)].box);
+        cover(whole, from[size_t(m)].box);
         if (e.need[size_t(p)]) {
           need[size_t(m)] = at_replica(*e.need[size_t(p)], b);
-          widen(whole, need[size_t(m)]->box);
+          cover(whole, need[size_t(m)]->box);
         }
         nodes.insert(plan_.mesh.rank_of(e.devices[size_t(p)].first, e.devices[size_t(p)].second, b) /
                      cost_.ranks_per_node);

@@ -201,17 +201,9 @@ std::vector<int> StageBuilder::convert(int value, int mb, const std::vector<int>
   }
   // The conversion happens within the slice the pieces cover.
   Box whole = from[0].box;
-  auto widen = [&](const Box& b) {
-    for (size_t d = 0; d < whole.size(); ++d) {
-      int64_t lo = std::min(whole[d].start, b[d].start);
-      int64_t hi = std::max(whole[d].start + whole[d].stride * (whole[d].count - 1) + whole[d].size,
-                            b[d].start + b[d].stride * (b[d].count - 1) + b[d].size);
-      whole[d] = DimSlice::range(lo, hi);
-    }
-  };
-  for (const Piece& p : from) widen(p.box);
+  for (const Piece& p : from) cover(whole, p.box);
   for (const auto& p : need)
-    if (p) widen(p->box);
+    if (p) cover(whole, p->box);
   const core::Value& val = g_.value(value);
   RvdPath path = rvd_search(from, need, whole, int64_t(core::dtype_size(val.dtype)), cost_,
                             cross_node_, &layouts_);

@@ -412,6 +412,26 @@ class SnapshotAgentRun : public SnapshotAgentTest {
     return s;
   }
   void end_workers(int code) { std::ofstream(path("go")) << code << "\n"; }
+  // The worker's agent (its pid, from run.log) holding one committed snapshot of `step` in
+  // rank 0's segment, made through `client` (connected here to the worker's socket).
+  struct Committed {
+    pid_t agent = -1;
+    std::string segment;
+  };
+  Committed commit_one(SnapshotAgentClient& client, int64_t step) {
+    Committed c;
+    const std::string sock = worker_socket();
+    if (sock.empty()) {
+      ADD_FAILURE() << "no worker socket\n" << read(path("run.log"));
+      return c;
+    }
+    c.agent = std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))"));
+    client.connect(sock);
+    c.segment = client.segment(Reservation{run_job_, 0, 1, {{0, 1, kRankBytes}}, 0}).at(0);
+    write_snapshot(c.segment, run_job_, 0, 1, 0, 1, step, kRankBytes);
+    client.committed(c.segment, step);
+    return c;
+  }
   std::string run_id_, run_job_;
 };
 
@@ -420,17 +440,12 @@ class SnapshotAgentRun : public SnapshotAgentTest {
 // successful end weft run sends finish: the segments are gone and every process reaped.
 TEST_F(SnapshotAgentRun, RestartsAKilledAgentAndFinishesAtASuccessfulEnd) {
   pid_t run = start_run();
-  const std::string sock = worker_socket();
-  ASSERT_FALSE(sock.empty()) << read(path("run.log"));
-  EXPECT_NE(sock.find(run_job_), std::string::npos) << sock;
-  const pid_t first =
-      std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))"));
   SnapshotAgentClient client(milliseconds(10000));
-  client.connect(sock);
-  std::vector<std::string> names =
-      client.segment(Reservation{run_job_, 0, 1, {{0, 1, kRankBytes}}, 0});
-  write_snapshot(names[0], run_job_, 0, 1, 0, 1, 3, kRankBytes);
-  client.committed(names[0], 3);
+  const Committed c = commit_one(client, 3);
+  ASSERT_FALSE(c.segment.empty());
+  EXPECT_NE(worker_socket().find(run_job_), std::string::npos) << worker_socket();
+  const pid_t first = c.agent;
+  const std::vector<std::string> names = {c.segment};
 
   ::kill(first, SIGKILL);  // weft run's child: weft run reaps it
   wait_for(path("run.log"), "restarting the snapshot agent");
@@ -450,7 +465,7 @@ TEST_F(SnapshotAgentRun, RestartsAKilledAgentAndFinishesAtASuccessfulEnd) {
   const std::string log = read(path("run.log"));
   EXPECT_NE(log.find("the snapshot agent removed its 1 segment(s)"), std::string::npos) << log;
   EXPECT_TRUE(snapshot_segments(run_job_).empty());
-  EXPECT_FALSE(fs::exists(sock));
+  EXPECT_FALSE(fs::exists(worker_socket()));
   EXPECT_NE(::kill(first, 0), 0);
   EXPECT_NE(::kill(second, 0), 0);  // reaped by weft run, not left behind
 }
@@ -462,16 +477,11 @@ TEST_F(SnapshotAgentRun, RestartsAKilledAgentAndFinishesAtASuccessfulEnd) {
 // Before guardians the other agent removed the segment here and the restart adopted nothing.
 TEST_F(SnapshotAgentRun, AnotherJobsAgentKeepsAKilledAgentsSegmentsForItsRestart) {
   pid_t run = start_run();
-  const std::string sock = worker_socket();
-  ASSERT_FALSE(sock.empty()) << read(path("run.log"));
-  const pid_t first =
-      std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))"));
   SnapshotAgentClient client(milliseconds(10000));
-  client.connect(sock);
-  std::vector<std::string> names =
-      client.segment(Reservation{run_job_, 0, 1, {{0, 1, kRankBytes}}, 0});
-  write_snapshot(names[0], run_job_, 0, 1, 0, 1, 3, kRankBytes);
-  client.committed(names[0], 3);
+  const Committed c = commit_one(client, 3);
+  ASSERT_FALSE(c.segment.empty());
+  const pid_t first = c.agent;
+  const std::vector<std::string> names = {c.segment};
   EXPECT_EQ(SnapshotSegment::open(names[0], false).guardian_pid(), run);
 
   ASSERT_EQ(::kill(run, SIGSTOP), 0);  // no restart until SIGCONT: the window, held open
@@ -518,16 +528,11 @@ TEST_F(SnapshotAgentRun, AnotherJobsAgentKeepsAKilledAgentsSegmentsForItsRestart
 // A failed job: weft run stops the agent (SIGTERM) and the segments stay for a restart.
 TEST_F(SnapshotAgentRun, StopsTheAgentAndKeepsTheSegmentsWhenTheJobFails) {
   pid_t run = start_run();
-  const std::string sock = worker_socket();
-  ASSERT_FALSE(sock.empty()) << read(path("run.log"));
-  const pid_t agent =
-      std::stoi(wait_for(path("run.log"), R"(started the snapshot agent \(pid (\d+)\))"));
   SnapshotAgentClient client(milliseconds(10000));
-  client.connect(sock);
-  std::vector<std::string> names =
-      client.segment(Reservation{run_job_, 0, 1, {{0, 1, kRankBytes}}, 0});
-  write_snapshot(names[0], run_job_, 0, 1, 0, 1, 4, kRankBytes);
-  client.committed(names[0], 4);
+  const Committed c = commit_one(client, 4);
+  ASSERT_FALSE(c.segment.empty());
+  const pid_t agent = c.agent;
+  const std::vector<std::string> names = {c.segment};
   end_workers(1);
   int status = wait_exit(run, 60);
   ASSERT_NE(status, -1) << read(path("run.log"));
