@@ -4,6 +4,7 @@
 #include "parallel/router.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <tuple>
 
@@ -169,6 +170,65 @@ std::vector<Transfer> cover_indexed(const StateSpace& space, const Layout& a,
   return out;
 }
 
+// The order in which states move. Between two states a rank holds the new tensors of the
+// states moved so far and the old tensors of the others; what it holds at that point is the
+// base every wave adds its destinations and staging to, so the base should not rise above the
+// larger of the rank's two holdings (`cap`). When no rank has states that grow and others that
+// shrink, any order keeps the base between its old and new holding: state order. Otherwise
+// state order can stack the growth before the shrink (tp2 x dp2 -> dp4 ZeRO-1: every
+// parameter grows from a half to a whole before the moments shrink from a half to a quarter,
+// 0.9 GB above either holding on each rank of a 355M-parameter GPT), so the states go
+// greedily: the lowest state that keeps every rank it touches within its cap, else the one
+// that raises the highest excess least (the lowest of equals).
+std::vector<StateId> memory_order(const StateSpace& space, const Layout& a, const Layout& b) {
+  const size_t n = size_t(space.size()), world = size_t(a.world());
+  std::vector<std::vector<int64_t>> delta(n, std::vector<int64_t>(world, 0));
+  std::vector<int64_t> held(world, 0), cap(world, 0);
+  for (size_t r = 0; r < world; ++r) {
+    int64_t before = 0, after = 0;
+    for (const LocalTensor& l : a.ranks[r].locals)
+      delta[size_t(l.state)][r] -= l.bytes(), before += l.bytes();
+    for (const LocalTensor& l : b.ranks[r].locals)
+      delta[size_t(l.state)][r] += l.bytes(), after += l.bytes();
+    held[r] = before, cap[r] = std::max(before, after);
+  }
+  std::vector<StateId> order(n);
+  for (size_t s = 0; s < n; ++s) order[s] = StateId(s);
+  bool mixed = false;
+  for (size_t r = 0; r < world && !mixed; ++r) {
+    bool grows = false, shrinks = false;
+    for (size_t s = 0; s < n; ++s)
+      grows = grows || delta[s][r] > 0, shrinks = shrinks || delta[s][r] < 0;
+    mixed = grows && shrinks;
+  }
+  if (!mixed) return order;
+  // The ranks each state changes, with the change.
+  std::vector<std::vector<std::pair<size_t, int64_t>>> touches(n);
+  for (size_t s = 0; s < n; ++s)
+    for (size_t r = 0; r < world; ++r)
+      if (delta[s][r] != 0) touches[s].push_back({r, delta[s][r]});
+  order.clear();
+  std::vector<char> done(n, 0);
+  for (size_t taken = 0; taken < n; ++taken) {
+    size_t pick = n;
+    int64_t least = 0;
+    for (size_t s = 0; s < n; ++s) {
+      if (done[s]) continue;
+      int64_t excess = std::numeric_limits<int64_t>::min();
+      for (auto [r, d] : touches[s]) excess = std::max(excess, held[r] + d - cap[r]);
+      if (excess <= 0) {
+        pick = s;
+        break;
+      }
+      if (pick == n || excess < least) pick = s, least = excess;
+    }
+    done[pick] = 1;
+    order.push_back(StateId(pick));
+    for (auto [r, d] : touches[pick]) held[r] += d;
+  }
+  return order;
+}
+
 }  // namespace
 
 std::vector<Transfer> cover_rank(const StateSpace& space, const Layout& a, const Layout& b, int dst,
@@ -223,7 +283,8 @@ TransferPlan transition(const StateSpace& space, const Layout& a, const Layout& 
       }
     }
 
-  // Waves: consecutive states while every rank's new destination bytes stay within budget/2.
+  // Waves: consecutive states (in memory order) while every rank's new destination bytes stay
+  // within budget/2.
   std::vector<std::vector<int64_t>> dst_bytes(size_t(space.size()),
                                               std::vector<int64_t>(size_t(world), 0));
   for (int r = 0; r < world; ++r)
@@ -231,7 +292,7 @@ TransferPlan transition(const StateSpace& space, const Layout& a, const Layout& 
       dst_bytes[size_t(l.state)][size_t(r)] += l.bytes();
   std::vector<int> wave_of(size_t(space.size()), 0);
   std::vector<int64_t> used(size_t(world), 0);
-  for (StateId s = 0; s < space.size(); ++s) {
+  for (StateId s : memory_order(space, a, b)) {
     bool fits = true;
     for (int r = 0; r < world; ++r)
       fits = fits && used[size_t(r)] + dst_bytes[size_t(s)][size_t(r)] <= opt.budget_bytes / 2;
@@ -290,8 +351,65 @@ TransferPlan transition(const StateSpace& space, const Layout& a, const Layout& 
 }
 
 std::vector<RankOp> rank_ops(const TransferPlan& plan, const Layout& a, const Layout& b, int rank) {
+  const RankLayout& ra = a.ranks.at(size_t(rank));
+  const RankLayout& rb = b.ranks.at(size_t(rank));
+  // This rank's steps in plan order: its local copies of a wave (first), then each round of
+  // the wave in which it sends or receives.
+  struct Step {
+    int wave = 0, copy = -1, round = -1;
+    const Message *send = nullptr, *recv = nullptr;
+    int si = -1, ri = -1;
+  };
+  std::vector<Step> steps;
+  for (size_t w = 0; w < plan.waves.size(); ++w) {
+    const Wave& wave = plan.waves[w];
+    for (int t : wave.local_copies)
+      if (plan.transfers[size_t(t)].dst == rank) steps.push_back({int(w), t});
+    for (size_t r = 0; r < wave.rounds.size(); ++r) {
+      Step st{int(w), -1, int(r)};
+      for (size_t i = 0; i < wave.rounds[r].messages.size(); ++i) {
+        const Message& m = wave.rounds[r].messages[i];
+        if (m.src == rank) st.send = &m, st.si = int(i);
+        if (m.dst == rank) st.recv = &m, st.ri = int(i);
+      }
+      if (st.send || st.recv) steps.push_back(st);
+    }
+  }
+  // Each B local is allocated right before the step that first writes it and each A local
+  // released right after the step that last reads it, so that a wave holds only what its
+  // remaining steps need: a rank's peak is its base plus what is in flight, not plus the
+  // whole wave's old and new tensors. (Sources go after the round's wait: a shared-memory
+  // message is packed while the round completes.)
+  std::vector<int> first_write(rb.locals.size(), -1), last_read(ra.locals.size(), -1);
+  auto read = [&](int t, int i) {
+    last_read[size_t(ra.boxes.at(size_t(plan.transfers[size_t(t)].src_box)).local)] = i;
+  };
+  auto write = [&](int t, int i) {
+    int& f = first_write[size_t(rb.boxes.at(size_t(plan.transfers[size_t(t)].dst_box)).local)];
+    if (f < 0) f = i;
+  };
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& st = steps[i];
+    if (st.copy >= 0) read(st.copy, int(i)), write(st.copy, int(i));
+    if (st.send)
+      for (int t : st.send->transfers) read(t, int(i));
+    if (st.recv)
+      for (int t : st.recv->transfers) write(t, int(i));
+  }
+  std::vector<std::vector<int>> alloc_at(steps.size()), release_at(steps.size());
+  for (size_t l = 0; l < rb.locals.size(); ++l)
+    if (first_write[l] >= 0) alloc_at[size_t(first_write[l])].push_back(int(l));
+  for (size_t l = 0; l < ra.locals.size(); ++l)
+    if (last_read[l] >= 0) release_at[size_t(last_read[l])].push_back(int(l));
+
   std::vector<RankOp> ops;
+  // Sources no transfer reads (a replica that another rank serves, state the new layout does
+  // not keep here) go before anything is allocated.
+  for (size_t l = 0; l < ra.locals.size(); ++l)
+    if (last_read[l] < 0)
+      ops.push_back({RankOp::kRelease, 0, -1, -1, int(l), ra.locals[l].bytes()});
   std::vector<char> in_wave;
+  size_t next = 0;
   for (size_t w = 0; w < plan.waves.size(); ++w) {
     const Wave& wave = plan.waves[w];
     StateId top = 0;
@@ -299,39 +417,39 @@ std::vector<RankOp> rank_ops(const TransferPlan& plan, const Layout& a, const La
     in_wave.assign(size_t(top) + 1, 0);
     for (StateId s : wave.states) in_wave[size_t(s)] = 1;
     auto member = [&](StateId s) { return s < StateId(in_wave.size()) && in_wave[size_t(s)]; };
-    const RankLayout& rb = b.ranks.at(size_t(rank));
+    // A B local that no transfer writes (no element of it is state) is allocated with its wave.
     for (size_t l = 0; l < rb.locals.size(); ++l)
-      if (member(rb.locals[l].state))
+      if (first_write[l] < 0 && member(rb.locals[l].state))
         ops.push_back({RankOp::kAlloc, int(w), -1, -1, int(l), rb.locals[l].bytes()});
-    for (int t : wave.local_copies)
-      if (plan.transfers[size_t(t)].dst == rank)
-        ops.push_back({RankOp::kCopy, int(w), -1, rank, t, plan.transfers[size_t(t)].bytes});
-    for (size_t r = 0; r < wave.rounds.size(); ++r) {
-      const Message *send = nullptr, *recv = nullptr;
-      int si = -1, ri = -1;
-      for (size_t i = 0; i < wave.rounds[r].messages.size(); ++i) {
-        const Message& m = wave.rounds[r].messages[i];
-        if (m.src == rank) send = &m, si = int(i);
-        if (m.dst == rank) recv = &m, ri = int(i);
+    for (; next < steps.size() && steps[next].wave == int(w); ++next) {
+      const Step& st = steps[next];
+      for (int l : alloc_at[next])
+        ops.push_back({RankOp::kAlloc, int(w), st.round, -1, l, rb.locals[size_t(l)].bytes()});
+      if (st.copy >= 0) {
+        ops.push_back(
+            {RankOp::kCopy, int(w), -1, rank, st.copy, plan.transfers[size_t(st.copy)].bytes});
+      } else {
+        RankOp s{RankOp::kSend, int(w),
+                 st.round,      st.send ? st.send->dst : -1,
+                 st.si,         st.send ? st.send->bytes : 0};
+        RankOp v{RankOp::kRecv, int(w),
+                 st.round,      st.recv ? st.recv->src : -1,
+                 st.ri,         st.recv ? st.recv->bytes : 0};
+        if (st.send && st.recv) {
+          if (st.send->dst < rank)
+            ops.push_back(v), ops.push_back(s);
+          else
+            ops.push_back(s), ops.push_back(v);
+        } else if (st.send) {
+          ops.push_back(s);
+        } else {
+          ops.push_back(v);
+        }
+        ops.push_back({RankOp::kWait, int(w), st.round, -1, -1, 0});
       }
-      RankOp s{RankOp::kSend, int(w), int(r), send ? send->dst : -1, si, send ? send->bytes : 0};
-      RankOp v{RankOp::kRecv, int(w), int(r), recv ? recv->src : -1, ri, recv ? recv->bytes : 0};
-      if (send && recv) {
-        if (send->dst < rank)
-          ops.push_back(v), ops.push_back(s);
-        else
-          ops.push_back(s), ops.push_back(v);
-      } else if (send) {
-        ops.push_back(s);
-      } else if (recv) {
-        ops.push_back(v);
-      }
-      if (send || recv) ops.push_back({RankOp::kWait, int(w), int(r), -1, -1, 0});
+      for (int l : release_at[next])
+        ops.push_back({RankOp::kRelease, int(w), st.round, -1, l, ra.locals[size_t(l)].bytes()});
     }
-    const RankLayout& ra = a.ranks.at(size_t(rank));
-    for (size_t l = 0; l < ra.locals.size(); ++l)
-      if (member(ra.locals[l].state))
-        ops.push_back({RankOp::kRelease, int(w), -1, -1, int(l), ra.locals[l].bytes()});
   }
   return ops;
 }
@@ -376,6 +494,50 @@ std::vector<int> adopted_locals(const TransferPlan& plan, const Layout& a, const
     out[l] = f;
   }
   return out;
+}
+
+RankMemory rank_memory(const TransferPlan& plan, const Layout& a, const Layout& b, int rank) {
+  const RankLayout& ra = a.ranks.at(size_t(rank));
+  const RankLayout& rb = b.ranks.at(size_t(rank));
+  const std::vector<int> adopt = adopted_locals(plan, a, b, rank);
+  std::vector<char> adopted_src(ra.locals.size(), 0);
+  for (int f : adopt)
+    if (f >= 0) adopted_src[size_t(f)] = 1;
+  RankMemory m;
+  for (const LocalTensor& l : ra.locals) m.before += l.bytes();
+  for (const LocalTensor& l : rb.locals) m.after += l.bytes();
+  // Staging as run_transition keeps it: one buffer per direction, of the largest message,
+  // from the first message in that direction to the end.
+  const std::vector<RankOp> ops = rank_ops(plan, a, b, rank);
+  int64_t send_cap = 0, recv_cap = 0;
+  for (const RankOp& op : ops) {
+    if (op.kind == RankOp::kSend) send_cap = std::max(send_cap, op.bytes);
+    if (op.kind == RankOp::kRecv) recv_cap = std::max(recv_cap, op.bytes);
+  }
+  bool sending = false, receiving = false;
+  int64_t held = m.before;
+  m.peak = held;
+  for (const RankOp& op : ops) {
+    switch (op.kind) {
+      case RankOp::kAlloc:
+        if (adopt[size_t(op.index)] < 0) held += op.bytes;
+        break;
+      case RankOp::kRelease:  // an adopted source lives on as its B tensor
+        if (!adopted_src[size_t(op.index)]) held -= op.bytes;
+        break;
+      case RankOp::kSend:
+        if (op.bytes > 0 && !sending) held += send_cap, sending = true;
+        break;
+      case RankOp::kRecv:
+        if (op.bytes > 0 && !receiving) held += recv_cap, receiving = true;
+        break;
+      case RankOp::kWait:
+      case RankOp::kCopy:
+        break;
+    }
+    m.peak = std::max(m.peak, held);
+  }
+  return m;
 }
 
 }  // namespace weft::parallel

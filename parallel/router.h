@@ -2,21 +2,30 @@
 // function of (A, B, options), so every rank computes the same transfer plan without
 // exchanging it; run_transition() executes one rank's part over a communicator.
 //
-// Memory model (per rank, budget equal on all ranks). States are processed in waves: a
-// wave's destination tensors are allocated when it starts (at most budget/2 bytes per rank,
-// unless one state alone is larger: then it is a wave of its own) and its source tensors
-// are released when it ends, before the next wave allocates. Within a wave, rounds move
-// messages; in one round a rank sends at most one message and receives at most one, each
-// at most budget/4 bytes (so staging stays under budget/2). Peak on a rank is therefore
-// the state not yet moved + the state already moved + at most one budget.
+// Memory model (per rank, budget equal on all ranks). States are processed in waves of at
+// most budget/2 bytes of new tensors per rank (unless one state alone is larger: then it is a
+// wave of its own). Within a wave a rank allocates each new tensor right before the first
+// local copy or round that writes it and releases each old one right after the last that
+// reads it (an old tensor that no transfer reads is released before anything is allocated);
+// rounds move messages, and in one round a rank sends at most one message and receives at
+// most one, each at most budget/4 bytes (so staging, a buffer per direction, stays under
+// budget/2). Between waves a rank holds the new tensors of the states moved so far and the
+// old ones of the rest; the states go in an order that keeps this within the larger of the
+// rank's old and new holding where it can (memory_order in router.cc), so the peak is that
+// plus at most one budget: rank_memory() computes it. Past that bound where one state is
+// large against the budget: a tensor that a rank keeps in part and re-lays out (a replicated
+// embedding becoming its TP half) holds its old and its new form at once, and no schedule of
+// whole tensors avoids that; or where ranks pull the order different ways (pp2 -> tp2) so
+// that every remaining state raises some rank above its cap: then by about one state.
 //
 // Adoption: a B local tensor that one local copy of a whole A local tensor of the same rank
 // would fill (same state, dense shape and dtype, box for box identical) is that A tensor: no
-// allocation, no copy, and its wave's end does not free it. Survivors of a shrink from dp4 to
+// allocation, no copy, and its release does not free it. Survivors of a shrink from dp4 to
 // dp2 keep every byte where it is. Same-host messages move through shared memory
 // (parallel/shm_channel.h) rather than the communicator when the layouts' hosts say so.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -97,6 +106,22 @@ struct RankOp {
 };
 std::vector<RankOp> rank_ops(const TransferPlan& plan, const Layout& a, const Layout& b, int rank);
 
+// What rank `rank` holds while it runs its ops (rank_ops), counted as run_transition holds
+// it when its handles on the sources are the only ones: its A local tensors until their
+// kRelease, its B local tensors from their kAlloc (an adopted one is its A tensor's storage,
+// counted once), and the communicator's staging: a buffer per direction of the rank's largest
+// message, from its first kSend (kRecv) to the end. Messages that go through
+// shared memory stage in channels instead (TransitionStats::bytes_shm_reserved), so this counts
+// more than such a run holds in tensors, never less.
+struct RankMemory {
+  int64_t before = 0;  // A local tensors
+  int64_t after = 0;   // B local tensors
+  int64_t peak = 0;    // the most held at once
+  // What a transition may hold: the larger of the two layouts' holdings plus the budget.
+  int64_t bound(int64_t budget) const { return std::max(before, after) + budget; }
+};
+RankMemory rank_memory(const TransferPlan& plan, const Layout& a, const Layout& b, int rank);
+
 // For each of rank `rank`'s B local tensors, the index of the A local tensor of the same rank
 // that it adopts (see the top of this file), else -1. Every transfer into it must be a local
 // copy of an identical box (state, start, extent, local_start) of that one A tensor, the two
@@ -113,6 +138,12 @@ struct TransitionStats {
   int64_t bytes_copied = 0;   // local copies (src == dst) into newly allocated tensors
   int64_t bytes_sent_shm = 0, bytes_received_shm = 0;    // same host, shared memory
   int64_t bytes_sent_comm = 0, bytes_received_comm = 0;  // through the communicator
+  // What the transition held in tensors, counted as rank_memory counts it (sources until
+  // released, destinations from allocation, an adopted tensor once, the communicator's
+  // staging): at the start and at the most. The sources count as freed when the
+  // router drops its handles; a caller that keeps other handles on them holds more.
+  int64_t bytes_held_start = 0, bytes_held_peak = 0;
+  int64_t bytes_shm_reserved = 0;  // this rank's shared-memory segment, for the whole call
 };
 
 struct TransitionOptions {
@@ -133,11 +164,15 @@ struct TransitionOptions {
   // allocator. A memory::RecyclingAllocator with the destinations' blocks reserved ahead
   // spares the transition the page faults of fresh memory. Must outlive the tensors.
   memory::Allocator* destinations = nullptr;
+  // Serves the communicator's staging tensors (one outgoing and one incoming message at a
+  // time); null: the host allocator. Tests count the transition's memory through it.
+  memory::Allocator* staging = nullptr;
 };
 
 // Executes rank `rank`'s part over `comm` (whose ranks are the layouts' ranks). `src` holds
-// this rank's A local tensors (A.ranks[rank].locals order, host memory); they are released
-// (reset) at the end of their wave, except that an adopted one lives on as a B tensor. Returns
+// this rank's A local tensors (A.ranks[rank].locals order, host memory); each is released
+// (reset) after its last use (see the memory model above), except that an adopted one lives on
+// as a B tensor; memory is freed only where these are the only handles. Returns
 // this rank's B local tensors and fills `stats` when not null (also when it throws). Collective
 // over the communicator when shared memory is used (two all_gathers at the start), else over
 // the ranks that appear in the plan, point-to-point only. Shared-memory staging is one channel

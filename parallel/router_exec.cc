@@ -1,6 +1,7 @@
 // Running a transfer plan: one rank walks its ops (rank_ops), packs each outgoing message
-// from its source tensors, unpacks each incoming one into its destination tensors, and
-// frees a wave's sources before the next wave allocates. Same-host messages go through
+// from its source tensors, unpacks each incoming one into its destination tensors,
+// allocates each destination right before its first write and frees each source right after
+// its last read. Same-host messages go through
 // shared memory (parallel/shm_channel.h), packed straight into its slots; the others through
 // the communicator's staging tensors. Adopted tensors (router.h) are neither allocated nor
 // copied.
@@ -223,10 +224,41 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
     if (opt.on_progress) opt.on_progress(st);
   };
   std::unique_ptr<ShmTransport> shm = connect_shm(plan, a, b, comm, opt);
+  if (shm) st.bytes_shm_reserved = shm->bytes_reserved();
+  // Bytes held in tensors (TransitionStats::bytes_held_peak); `adopter` marks the sources that
+  // live on as a destination, whose release frees nothing.
+  std::vector<char> adopter(src.size(), 0);
+  int64_t held = 0;
+  for (const core::Tensor& x : src) held += x.defined() ? int64_t(x.nbytes()) : 0;
+  st.bytes_held_start = st.bytes_held_peak = held;
+  auto hold = [&](int64_t n) {
+    held += n;
+    st.bytes_held_peak = std::max(st.bytes_held_peak, held);
+  };
   auto via_shm = [&](const Message& m) { return shm && shm->usable(m.src, m.dst); };
 
   std::vector<core::Tensor> dst(rb.locals.size());
-  core::Tensor send_buf, recv_buf;
+  // Communicator staging: one outgoing and one incoming buffer, each of this rank's largest such
+  // message, allocated at its first use, reused by every round and dropped at the end. The
+  // communicator's waiter thread drops its handle on a buffer a moment after the wait returns,
+  // so a buffer per round (or one dropped before later allocations) could outlive its use
+  // while the next is allocated: memory above what the plan's count says.
+  core::Tensor send_stage, recv_stage, send_buf, recv_buf;
+  int64_t send_cap = 0, recv_cap = 0;
+  for (const Wave& wave : plan.waves)
+    for (const Round& round : wave.rounds)
+      for (const Message& m : round.messages) {
+        if (m.bytes == 0 || via_shm(m)) continue;
+        if (m.src == rank) send_cap = std::max(send_cap, m.bytes);
+        if (m.dst == rank) recv_cap = std::max(recv_cap, m.bytes);
+      }
+  auto stage = [&](core::Tensor& buf, int64_t cap, int64_t n) {
+    if (!buf.defined()) {
+      buf = core::Tensor::empty({cap}, core::DType::kU8, opt.staging);
+      hold(cap);
+    }
+    return buf.slice(0, 0, n);
+  };
   comm::Work send_work, recv_work;
   const Message *incoming = nullptr, *shm_out = nullptr, *shm_in = nullptr;
   int64_t comm_out = 0;
@@ -238,10 +270,11 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           const int from = adopt[l];
           if (from >= 0 && src[size_t(from)].defined()) {
             dst[l] = src[size_t(from)];  // shares the storage; kRelease drops only src's handle
-            adopted[l] = 1;
+            adopted[l] = 1, adopter[size_t(from)] = 1;
             st.bytes_adopted += rb.locals[l].bytes();
           } else {
             dst[l] = new_local(rb, l, opt.destinations);
+            hold(int64_t(dst[l].nbytes()));
           }
           break;
         }
@@ -262,7 +295,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
             shm_out = &m;
             break;
           }
-          send_buf = core::Tensor::empty({m.bytes}, core::DType::kU8);
+          send_buf = stage(send_stage, send_cap, m.bytes);
           MessageBytes(plan, m, a, src, true)
               .move(0, static_cast<char*>(send_buf.raw_data()), m.bytes, true);
           send_work = comm.send(send_buf, m.dst, {.tag = op.round % (comm::kMaxTag + 1)});
@@ -278,7 +311,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
             break;
           }
           incoming = &m;
-          recv_buf = core::Tensor::empty({m.bytes}, core::DType::kU8);
+          recv_buf = stage(recv_stage, recv_cap, m.bytes);
           recv_work = comm.recv(recv_buf, m.src, {.tag = op.round % (comm::kMaxTag + 1)});
           break;
         }
@@ -319,9 +352,12 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           send_work = recv_work = comm::Work();
           break;
         }
-        case RankOp::kRelease:
-          src[size_t(op.index)] = core::Tensor();
+        case RankOp::kRelease: {
+          core::Tensor& x = src[size_t(op.index)];
+          if (x.defined() && !adopter[size_t(op.index)]) hold(-int64_t(x.nbytes()));
+          x = core::Tensor();
           break;
+        }
       }
     }
   } catch (...) {
@@ -329,6 +365,9 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
     if (stats) *stats = st;
     throw;
   }
+  hold(-int64_t(send_stage.defined() ? send_cap : 0) -
+       int64_t(recv_stage.defined() ? recv_cap : 0));
+  send_stage = recv_stage = core::Tensor();
   if (stats) *stats = st;
   // Which transport carried what (WEFT_LOG_LEVEL=debug WEFT_LOG_SUBSYS=router): the resize
   // line reports only the plan's totals; tests of ranks on different hosts check that nothing

@@ -322,6 +322,10 @@ bool ShmTransport::usable(int src, int dst) const {
   return usable_[size_t(src) * size_t(world_) + size_t(dst)];
 }
 
+int64_t ShmTransport::bytes_reserved() const {
+  return rank_ >= 0 && size_t(rank_) < peers_.size() ? int64_t(peers_[size_t(rank_)].size) : 0;
+}
+
 void ShmTransport::abort() noexcept {
   if (aborted_) return;
   aborted_ = true;

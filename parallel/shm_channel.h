@@ -50,6 +50,10 @@ class ShmTransport {
   // True when both ends of s -> d mapped each other's segments: the same answer on every rank.
   bool usable(int src, int dst) const;
 
+  // The bytes of this rank's own segment (its header and its incoming channels, reserved in
+  // /dev/shm for the transport's life); 0 when it has none.
+  int64_t bytes_reserved() const;
+
   // pack(offset, out, n) writes bytes [offset, offset + n) of the outgoing message to `out`;
   // unpack(offset, in, n) consumes bytes [offset, offset + n) of the incoming one.
   struct Send {

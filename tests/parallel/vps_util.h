@@ -287,6 +287,42 @@ inline void check_plan(const StateSpace& space, const Layout& a, const Layout& b
     }
     for (auto& [k, v] : staging)
       EXPECT_LE(v, plan.budget_bytes / 2) << "rank " << r << " wave " << k.first;
+    // Each A local is live from the start until its kRelease, each B local from its kAlloc
+    // on: every copy and message reads live sources and writes allocated destinations.
+    const RankLayout &ra = a.ranks[size_t(r)], &rb = b.ranks[size_t(r)];
+    std::vector<char> src_live(ra.locals.size(), 1), dst_live(rb.locals.size(), 0);
+    auto uses = [&](int t) {
+      const Transfer& x = plan.transfers[size_t(t)];
+      if (x.src == r) {
+        EXPECT_TRUE(src_live[size_t(ra.boxes[size_t(x.src_box)].local)])
+            << "rank " << r << " reads a released source (transfer " << t << ")";
+      }
+      if (x.dst == r) {
+        EXPECT_TRUE(dst_live[size_t(rb.boxes[size_t(x.dst_box)].local)])
+            << "rank " << r << " writes an unallocated destination (transfer " << t << ")";
+      }
+    };
+    for (const RankOp& op : rank_ops(plan, a, b, r)) {
+      if (op.kind == RankOp::kAlloc) {
+        EXPECT_FALSE(dst_live[size_t(op.index)]) << "rank " << r << " allocates twice";
+        dst_live[size_t(op.index)] = 1;
+      }
+      if (op.kind == RankOp::kRelease) {
+        EXPECT_TRUE(src_live[size_t(op.index)]) << "rank " << r << " releases twice";
+        src_live[size_t(op.index)] = 0;
+      }
+      if (op.kind == RankOp::kCopy) uses(op.index);
+      if ((op.kind == RankOp::kSend || op.kind == RankOp::kRecv) && op.index >= 0)
+        for (int t : plan.waves[size_t(op.wave)]
+                         .rounds[size_t(op.round)]
+                         .messages[size_t(op.index)]
+                         .transfers)
+          uses(t);
+    }
+    for (size_t l = 0; l < rb.locals.size(); ++l)
+      EXPECT_TRUE(dst_live[l]) << "rank " << r << " never allocates B local " << l;
+    for (size_t l = 0; l < ra.locals.size(); ++l)
+      EXPECT_FALSE(src_live[l]) << "rank " << r << " never releases A local " << l;
   }
   // 5. No wait cycle under blocking semantics.
   EXPECT_EQ(replay(plan, a, b), "");
