@@ -393,6 +393,7 @@ parallel::Layout layout_for(core::JobSpec s, const parallel::StateSpace& space, 
 struct ReshardRun {
   double secs = 0;                  // slowest rank, between two barriers
   parallel::TransitionStats total;  // summed over the ranks
+  std::vector<int64_t> held_peak;   // per rank: the router's count (TransitionStats)
 };
 
 // Four ranks as threads of this process, each with its own Gloo communicator over 127.0.0.1
@@ -433,6 +434,7 @@ ReshardRun run_reshard(const parallel::TransferPlan& plan, const parallel::Layou
   ReshardRun run;
   run.secs = *std::max_element(secs.begin(), secs.end());
   for (const parallel::TransitionStats& st : stats) {
+    run.held_peak.push_back(st.bytes_held_peak);
     run.total.bytes_adopted += st.bytes_adopted, run.total.bytes_copied += st.bytes_copied;
     run.total.bytes_sent_shm += st.bytes_sent_shm, run.total.bytes_sent_comm += st.bytes_sent_comm;
     run.total.bytes_received_shm += st.bytes_received_shm;
@@ -545,6 +547,18 @@ void bench_reshard(const core::JobSpec& spec, int64_t budget, int64_t channel_by
       double(t.bytes_sent_shm) / double(1 << 20), double(t.bytes_sent_comm) / double(1 << 20),
       double(remote) / double(1 << 20), double(t.bytes_copied) / double(1 << 20),
       double(t.bytes_adopted) / double(1 << 20));
+  // Memory per rank: the router's count of the tensors it held (sources until their last read,
+  // destinations from their first write, staging) against the larger of the rank's two
+  // holdings plus the budget.
+  std::printf(
+      "   peak per rank (router's count, MiB; the Gloo run / the shm run / the larger holding"
+      " + budget):\n  ");
+  for (int r = 0; r < a.world(); ++r) {
+    const parallel::RankMemory m = parallel::rank_memory(plan, a, b, r);
+    std::printf(" r%d %.1f / %.1f / %.1f%s", r, double(gloo.held_peak[size_t(r)]) / (1 << 20),
+                double(shm.held_peak[size_t(r)]) / (1 << 20), double(m.bound(budget)) / (1 << 20),
+                r + 1 < a.world() ? ";" : "\n");
+  }
   std::fflush(stdout);  // a section at a time, for whoever watches a long run
 }
 

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -77,6 +78,17 @@ TEST(BenchCheckpoint, QuickRunPrintsEveryRowWithPositiveNumbers) {
   expect_positive(reshard, "shm channel, 2 ranks, warm memory", 4, r.out);
   expect_positive(reshard, "shm speed-up over gloo (x)", 1, r.out);
   expect_positive(reshard, "shm all bytes vs fresh memcpy", 1, r.out);
+  // The router's peak per rank, each run's within the larger holding plus the budget (all
+  // three rounded alike, so the order survives the rounding).
+  const std::regex peak(R"(r(\d) ([\d.]+) / ([\d.]+) / ([\d.]+))");
+  int ranks = 0;
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), peak), end; it != end; ++it, ++ranks) {
+    const double gloo = std::stod((*it)[2]), shm = std::stod((*it)[3]), bound = std::stod((*it)[4]);
+    EXPECT_GT(gloo, 0.0) << it->str();
+    EXPECT_LE(gloo, bound) << it->str();
+    EXPECT_LE(shm, bound) << it->str();
+  }
+  EXPECT_EQ(ranks, 4) << "no peak per rank for each of the 4 ranks\n" << r.out;
 
   EXPECT_TRUE(fs::is_empty(tmp)) << "scratch files left under " << tmp;
   fs::remove_all(tmp);
