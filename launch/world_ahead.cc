@@ -9,6 +9,8 @@
 
 namespace weft::launch {
 
+WorldAhead::WorldAhead() : builder_([this] { build_loop(); }) {}
+
 WorldAhead::~WorldAhead() {
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -70,7 +72,6 @@ void WorldAhead::start(const parallel::LaunchEnv& env, const std::string& notice
     b->timeout = timeout;
     builds_.push_back(b);
     pending_.push_back(std::move(b));
-    if (!builder_.joinable()) builder_ = std::thread([this] { build_loop(); });
   }
   cv_.notify_all();
 }

@@ -28,7 +28,10 @@ namespace weft::launch {
 
 class WorldAhead {
  public:
-  WorldAhead() = default;
+  // Starts the builder thread: with the worker, not with its first build, so that the
+  // worker's threads are the same whether or not (and whenever) a change is known ahead
+  // (LiveResizeSoak counts them after every change).
+  WorldAhead();
   // Cancels the builds not finished and joins the builder: a build ends within 10 ms while
   // it waits on the store for its peers' keys (a worker that ends with its job while a node
   // was being admitted must not wait out the timeout); one whose pairs were already
@@ -70,7 +73,7 @@ class WorldAhead {
   bool stopping_ = false;
   std::vector<std::shared_ptr<Build>> builds_;   // queued, running or finished, not taken
   std::vector<std::shared_ptr<Build>> pending_;  // queued, in order
-  std::thread builder_;                          // started with the first build
+  std::thread builder_;                          // from construction to destruction
 };
 
 }  // namespace weft::launch
