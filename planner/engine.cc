@@ -17,6 +17,24 @@ std::vector<core::Shape> operand_shapes(const std::vector<TensorDesc>& tensors,
   return s;
 }
 
+PlanWork plan_work(const Plan& plan, const core::Graph& g) {
+  PlanWork work(plan.roles.size());
+  for (size_t k = 0; k < plan.roles.size(); ++k) {
+    const Role& role = plan.roles[k];
+    work[k].assign(role.program.size(), OpWork{});
+    for (size_t i = 0; i < role.program.size(); ++i) {
+      const Instr& in = role.program[i];
+      if (in.kind != InstrKind::kCompute) continue;
+      size_t elem = 4;
+      if (!in.out.empty()) elem = core::dtype_size(role.tensors[size_t(in.out[0].tensor)].dtype);
+      else if (!in.in.empty()) elem = core::dtype_size(role.tensors[size_t(in.in[0].tensor)].dtype);
+      work[k][i] = op_work(g.op(in.op), in.part, operand_shapes(role.tensors, in.in),
+                           operand_shapes(role.tensors, in.out), elem);
+    }
+  }
+  return work;
+}
+
 namespace {
 
 struct RoleInfo {
@@ -137,15 +155,12 @@ class Engine {
       }
       info.compute.assign(role.program.size(), 0);
       if (!opt_.cost) continue;
+      if (!opt_.work && own_work_.empty()) own_work_ = plan_work(plan_, g_);
+      const std::vector<OpWork>& work = (opt_.work ? *opt_.work : own_work_)[k];
       for (size_t i = 0; i < role.program.size(); ++i) {
         const Instr& in = role.program[i];
         if (in.kind == InstrKind::kCompute) {
-          size_t elem = 4;
-          if (!in.out.empty()) elem = core::dtype_size(role.tensors[size_t(in.out[0].tensor)].dtype);
-          else if (!in.in.empty()) elem = core::dtype_size(role.tensors[size_t(in.in[0].tensor)].dtype);
-          OpWork w = op_work(g_.op(in.op), in.part, operand_shapes(role.tensors, in.in),
-                             operand_shapes(role.tensors, in.out), elem);
-          info.compute[i] = opt_.cost->compute(w.flop, w.bytes, plan_.world());
+          info.compute[i] = opt_.cost->compute(work[i].flop, work[i].bytes, plan_.world());
         } else if (in.kind == InstrKind::kLocal) {
           info.compute[i] =
               opt_.cost->local_copy(role.tensors[size_t(in.out[0].tensor)].bytes, plan_.world());
@@ -432,6 +447,7 @@ class Engine {
   EngineOptions opt_;
   EngineResult res_;
   std::vector<RoleInfo> infos_;
+  PlanWork own_work_;  // when the caller gave none
   std::vector<Rank> ranks_;
   std::vector<char> group_cross_;
   std::vector<int> group_members_;  // group -> members the engine runs (all, or replica 0's)

@@ -21,6 +21,11 @@ struct Span {
   bool recompute = false;
 };
 
+// The work (FLOPs, bytes) of every compute instruction, per role and instruction (zero for
+// other kinds): operand shapes resolved once, priced under each cost model a caller runs.
+using PlanWork = std::vector<std::vector<OpWork>>;
+PlanWork plan_work(const Plan& plan, const core::Graph& g);
+
 struct EngineOptions {
   const CostModel* cost = nullptr;  // null: no timing (all instructions take no time)
   int64_t memory_budget = 0;        // bytes per rank; 0: unlimited
@@ -32,6 +37,9 @@ struct EngineOptions {
   // replica 0's members have arrived, and every rank gets its replica-0 twin's results.
   // Checks (matching, order, memory) then cover replica 0's programs; validation runs all.
   bool one_replica = false;
+  // The compute instructions' work from plan_work (null: resolved here). A simulation that
+  // runs the engine several times, or also prices the plan otherwise, resolves it once.
+  const PlanWork* work = nullptr;
 };
 
 struct EngineResult {

@@ -7,17 +7,12 @@
 namespace weft::planner {
 namespace {
 
-double instr_time(const Plan& plan, const core::Graph& g, const Role& role, const Instr& in,
+double instr_time(const Plan& plan, const Role& role, const Instr& in, const OpWork& w,
                   const CostModel& cost) {
   const int self = plan.mesh.rank_of(role.stage, role.lane, 0);
   switch (in.kind) {
-    case InstrKind::kCompute: {
-      size_t elem = 4;
-      if (!in.out.empty()) elem = core::dtype_size(role.tensors[size_t(in.out[0].tensor)].dtype);
-      OpWork w = op_work(g.op(in.op), in.part, operand_shapes(role.tensors, in.in),
-                         operand_shapes(role.tensors, in.out), elem);
+    case InstrKind::kCompute:
       return cost.compute(w.flop, w.bytes, plan.world());
-    }
     case InstrKind::kLocal:
       return cost.local_copy(role.tensors[size_t(in.out[0].tensor)].bytes, plan.world());
     case InstrKind::kCollective: {
@@ -37,7 +32,7 @@ double instr_time(const Plan& plan, const core::Graph& g, const Role& role, cons
 
 }  // namespace
 
-double pipeline_estimate(const Plan& plan, const core::Graph& g, const CostModel& cost,
+double pipeline_estimate(const Plan& plan, const PlanWork& work, const CostModel& cost,
                          std::vector<double>* stage_s) {
   const int pp = int(plan.mesh.degrees().pp), lanes = plan.mesh.lanes();
   std::vector<double> stage(size_t(pp), 0);
@@ -46,8 +41,10 @@ double pipeline_estimate(const Plan& plan, const core::Graph& g, const CostModel
     for (int l = 0; l < lanes; ++l) {
       const Role& role = plan.roles[size_t(s * lanes + l)];
       double unit = 0, opt = 0;
-      for (const Instr& in : role.program) {
-        double t = instr_time(plan, g, role, in, cost);
+      const std::vector<OpWork>& w = work[size_t(s * lanes + l)];
+      for (size_t i = 0; i < role.program.size(); ++i) {
+        const Instr& in = role.program[i];
+        double t = instr_time(plan, role, in, w[i], cost);
         // Gradient synchronisation happens once per step, whichever unit it sits in.
         if (in.stage == Stage::kStep || in.part.rfind("grad.", 0) == 0) opt += t;
         else if (in.mb == 0) unit += t;
@@ -70,6 +67,8 @@ CostAnnotations simulate_plan(const Plan& plan, const core::Graph& g, const Cost
   // Replica 0 stands for every data-parallel replica (validate_plan checks them all): at
   // 512 ranks of dp 8 the simulation runs an eighth of the programs.
   opt.one_replica = true;
+  const PlanWork work = plan_work(plan, g);  // once, for every run below and the estimate
+  opt.work = &work;
   EngineResult r = run_programs(plan, g, opt);
   // Processor sharing, mean-field: with more ranks than cores on a node, compute slows by
   // (ranks computing at once) / cores, and how many compute at once depends on the slowdown
@@ -99,7 +98,7 @@ CostAnnotations simulate_plan(const Plan& plan, const core::Graph& g, const Cost
     bubble += rc.bubble;
   }
   c.bubble = c.ranks.empty() ? 0 : bubble / double(c.ranks.size());
-  c.pipeline_estimate_s = pipeline_estimate(plan, g, cost, &c.stage_s);
+  c.pipeline_estimate_s = pipeline_estimate(plan, work, cost, &c.stage_s);
   if (timeline) *timeline = std::move(r.timeline);
   return c;
 }

@@ -20,7 +20,8 @@ CostAnnotations simulate_plan(const Plan& plan, const core::Graph& g, const Cost
 // stage, plus the optimizer step: the classic pipeline estimate (exact for GPipe and 1F1B
 // when stages are compute-bound and communication is free).
 // `stage_s` (optional) receives each stage's per-micro-batch time.
-double pipeline_estimate(const Plan& plan, const core::Graph& g, const CostModel& cost,
+// `work`: the compute instructions' work (plan_work).
+double pipeline_estimate(const Plan& plan, const PlanWork& work, const CostModel& cost,
                          std::vector<double>* stage_s = nullptr);
 
 }  // namespace weft::planner
