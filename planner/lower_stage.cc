@@ -167,22 +167,14 @@ Instr StageBuilder::collective(CollKind k, int family, int in, int out, int64_t 
 }
 
 int StageBuilder::cut(int lane, int from, const Piece& need, const Ctx& ctx, int op) {
-  TensorDesc src = role(lane).tensors.at(size_t(from));
-  TensorDesc t = src;
+  TensorDesc t = role(lane).tensors.at(size_t(from));
+  const int value = t.value;
   t.piece = need;
-  t.bytes = need.numel() * int64_t(core::dtype_size(src.dtype));
   t.persistent = false;
   t.alias_of = -1;
   t.keep = false;
-  int id = add_tensor(lane, t);
-  Instr c;
-  c.kind = InstrKind::kLocal;
-  c.op = op;
-  c.part = "chunk";
-  c.in = {{-1, from}};
-  c.out = {{-1, id}};
-  emit(lane, c, ctx);
-  if (src.value >= 0 && !g_.value(src.value).persistent) env_add(lane, src.value, ctx.mb, id);
+  const int id = local_cut(lane, from, t, ctx, op);
+  if (value >= 0 && !g_.value(value).persistent) env_add(lane, value, ctx.mb, id);
   return id;
 }
 

@@ -18,6 +18,7 @@ namespace {
 
 using test_util::Degrees;
 using test_util::fill;
+using test_util::layouts;
 using test_util::mismatches;
 using test_util::plan_for;
 using test_util::space_for;
@@ -59,19 +60,6 @@ class CountingAllocator final : public memory::Allocator {
   std::map<void*, size_t> sizes_;
   size_t live_ = 0, peak_ = 0, allocs_ = 0, frees_ = 0;
 };
-
-// Both plans' layouts over the union world, ranks kept.
-std::pair<Layout, Layout> layouts(const StateSpace& space, const core::JobSpec& spec, Degrees from,
-                                  Degrees to) {
-  Layout a = layout_of(space, plan_for(spec, from)), b = layout_of(space, plan_for(spec, to));
-  const int world = std::max(a.world(), b.world());
-  auto ids = [](int n) {
-    std::vector<int> v(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) v[size_t(i)] = i;
-    return v;
-  };
-  return {remap_ranks(a, ids(a.world()), world), remap_ranks(b, ids(b.world()), world)};
-}
 
 std::string mib(int64_t bytes) { return std::to_string(double(bytes) / double(1 << 20)) + " MiB"; }
 

@@ -28,19 +28,6 @@ Layout on_hosts(Layout l, std::vector<int> hosts) {
   return l;
 }
 
-// Both plans' layouts over the union world, ranks kept.
-std::pair<Layout, Layout> layouts(const StateSpace& space, const core::JobSpec& spec, Degrees from,
-                                  Degrees to) {
-  Layout a = layout_of(space, plan_for(spec, from)), b = layout_of(space, plan_for(spec, to));
-  const int world = std::max(a.world(), b.world());
-  auto ids = [](int n) {
-    std::vector<int> v(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) v[size_t(i)] = i;
-    return v;
-  };
-  return {remap_ranks(a, ids(a.world()), world), remap_ranks(b, ids(b.world()), world)};
-}
-
 // What rank `r` must send and receive, split by transport as run_transition decides.
 TransitionStats expected(const TransferPlan& plan, const Layout& a, const Layout& b, int r,
                          bool shm) {

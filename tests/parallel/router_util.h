@@ -2,7 +2,9 @@
 // value defined by its global coordinates, so a destination can be checked on its own.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "parallel/vps.h"
@@ -48,6 +50,19 @@ inline int64_t mismatches(const StateSpace& space, const RankLayout& rl,
     bad += std::memcmp(a.raw_data(), e.raw_data(), a.nbytes()) != 0;
   }
   return bad;
+}
+
+// Both plans' layouts over the union world, ranks kept.
+inline std::pair<Layout, Layout> layouts(const StateSpace& space, const core::JobSpec& spec,
+                                         Degrees from, Degrees to) {
+  Layout a = layout_of(space, plan_for(spec, from)), b = layout_of(space, plan_for(spec, to));
+  const int world = std::max(a.world(), b.world());
+  auto ids = [](int n) {
+    std::vector<int> v(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) v[size_t(i)] = i;
+    return v;
+  };
+  return {remap_ranks(a, ids(a.world()), world), remap_ranks(b, ids(b.world()), world)};
 }
 
 }  // namespace weft::parallel::test_util
