@@ -388,17 +388,21 @@ Piece StageBuilder::transfer_piece(const Transfer& t, int mb, int lane, int spli
   return p;
 }
 
-int StageBuilder::transfer_split_dim(const Transfer& t, int mb) const {
-  if (tp_ < 2) return -1;
+int StageBuilder::transfer_split_dim(const Transfer& t) {
+  int& known = transfer_split_[size_t(&t - gi_.transfers.data())];
+  if (known != -2) return known;
+  known = -1;
+  const int mb = 0;
+  if (tp_ < 2) return known;
   const Piece first = transfer_piece(t, mb, 0, -1);
-  if (first.parts != 1) return -1;  // a partial sum is not a replica: every addend travels
+  if (first.parts != 1) return known;  // a partial sum is not a replica: every addend travels
   for (int l = 1; l < lanes_; ++l)
-    if (!(transfer_piece(t, mb, l, -1) == transfer_piece(t, mb, tp_ * plan_.mesh.lane_ep(l), -1))) return -1;
+    if (!(transfer_piece(t, mb, l, -1) == transfer_piece(t, mb, tp_ * plan_.mesh.lane_ep(l), -1))) return known;
   // The last plain dim that tp divides (the hidden size of an activation).
   int dim = -1;
   for (size_t d = 0; d < first.box.size(); ++d)
     if (first.box[d].count == 1 && first.box[d].size % tp_ == 0) dim = int(d);
-  if (dim < 0) return -1;
+  if (dim < 0) return known;
   const int src = gi_.pc.chunk_stage(t.src_chunk), dst = gi_.pc.chunk_stage(t.dst_chunk);
   const int rpn = cost_.ranks_per_node;
   bool across = false, dst_lanes_across = false;
@@ -412,7 +416,8 @@ int StageBuilder::transfer_split_dim(const Transfer& t, int mb) const {
                        cost_.collective(CollKind::kAllGather, tp_, bytes, dst_lanes_across);
   // Only a clear gain: on one node both cost the same bytes per link, and a tie keeps the
   // plain transfer (one message, no collective).
-  return split < 0.9 * whole ? dim : -1;
+  if (split < 0.9 * whole) known = dim;
+  return known;
 }
 
 void StageBuilder::emit_unit(const Unit& u) {
@@ -430,7 +435,7 @@ void StageBuilder::emit_unit(const Unit& u) {
     int w = gi_.writers[size_t(t.value)][0];
     int slot = int(std::find(g_.op(w).outputs.begin(), g_.op(w).outputs.end(), t.value) -
                    g_.op(w).outputs.begin());
-    const int split = transfer_split_dim(t, u.mb);
+    const int split = transfer_split_dim(t);
     for (int l = 0; l < lanes_; ++l) {
       SubOp src = sub_op(w, u.mb, l);
       TensorDesc td = value_tensor(t.value, transfer_piece(t, u.mb, l, split));
@@ -460,7 +465,7 @@ void StageBuilder::emit_unit(const Unit& u) {
   }
   for (const Transfer& t : gi_.transfers) {
     if (t.src_chunk != u.chunk || t.src_dir != u.dir) continue;
-    const int split = transfer_split_dim(t, u.mb);
+    const int split = transfer_split_dim(t);
     for (int l = 0; l < lanes_; ++l) {
       std::vector<int>* have = env_find(l, t.value, u.mb);
       WEFT_CHECK(have, "transfer of ", g_.value(t.value).name, " before it was produced");
@@ -515,6 +520,7 @@ void StageBuilder::build() {
   lane_.assign(size_t(lanes_), Lane{});
   for (Lane& l : lane_) l.env.resize(g_.values().size());
   sub_cache_.assign(g_.ops().size() * size_t(lanes_), std::nullopt);
+  transfer_split_.assign(gi_.transfers.size(), -2);
   for (const Unit& u : units_) {
     if (u.dir != Dir::kBackward) continue;
     for (int op : gi_.chunk_ops[1][size_t(u.chunk)])

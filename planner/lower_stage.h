@@ -88,7 +88,9 @@ class StageBuilder {
   // the receiving stage's layout search then re-forms what its ops read (an all-gather
   // among its lanes; Megatron's scatter-gather for pipeline traffic across nodes). Both
   // stages' builders derive the same choice. -1: as is.
-  int transfer_split_dim(const Transfer& t, int mb) const;
+  // Decided once per transfer (micro-batches differ only in batch rows, which change
+  // neither the replicas nor the bytes) and kept in transfer_split_.
+  int transfer_split_dim(const Transfer& t);
   Piece transfer_piece(const Transfer& t, int mb, int lane, int split_dim) const;
 
   // emission
@@ -174,6 +176,7 @@ class StageBuilder {
   // operands only).
   mutable std::vector<std::optional<SubOp>> sub_cache_;
   std::vector<SubOp> subs_;  // emit_op's sub-ops (emit_op does not nest)
+  std::vector<int> transfer_split_;  // per gi_.transfers entry: its split dim, -2 until decided
   bool in_emit_op_ = false;
 };
 
