@@ -217,7 +217,7 @@ ForeignFailure GlooCommunicator::classify(const std::string& m) const {
     return {FailureKind::kPeerLost, peer};
   if (has("closed by peer") || has("Connection reset") || has("Socket closed") ||
       has("Broken pipe") || has("Read error") || has("writev") || has("Connection refused"))
-    return {FailureKind::kPeerLost, -1};
+    return {FailureKind::kPeerLost, links_ ? links_->lost_peer() : -1};
   return {FailureKind::kComm, -1};
 }
 

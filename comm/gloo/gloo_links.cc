@@ -6,6 +6,7 @@
 #include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/address.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -118,6 +119,22 @@ int GlooLinks::peer_in_message(const std::string& message) const {
     }
   }
   return -1;
+}
+
+int GlooLinks::lost_peer() const {
+  int lost = -1;
+  for (size_t r = 0; r < fds_.size(); ++r) {
+    if (int(r) == rank_ || fds_[r] < 0) continue;
+    bool gone = !is_connection(fds_[r], local_[r], remote_[r]);  // Gloo closed it
+    if (!gone) {
+      pollfd p{fds_[r], POLLRDHUP, 0};
+      gone = ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+    }
+    if (!gone) continue;
+    if (lost >= 0) return -1;  // several: the message cannot be pinned on one
+    lost = int(r);
+  }
+  return lost;
 }
 
 void GlooLinks::shut_down() noexcept {

@@ -24,6 +24,11 @@ class GlooLinks {
   // The rank whose connection a Gloo error message names, or -1.
   int peer_in_message(const std::string& message) const;
 
+  // The one rank whose connection is gone (closed, or hung up or reset by the peer), or -1
+  // when none or several are. Gloo's message is not enough: under load it can name an
+  // address that is neither end of any connection this process has (seen in CI).
+  int lost_peer() const;
+
   // Shuts every connection down (both directions). Gloo's event loop then sees end-of-file
   // on each and fails every transfer waiting on it at once, and the peers see the same.
   // Connections without a known socket are closed through Gloo instead, which releases the
