@@ -67,6 +67,15 @@ std::vector<HolderReport> exchange_reports(comm::Communicator& world, const Held
   return reports;
 }
 
+bool snapshot_backs(const HeldState& held, const std::vector<HolderReport>& reports) {
+  if (!held.valid) return false;
+  for (const HolderReport& r : reports)
+    if (r.source != HolderReport::kLive && r.valid && r.epoch == held.epoch &&
+        r.rank == held.rank && r.world == held.world && r.step == held.step)
+      return true;
+  return false;
+}
+
 int64_t host_key() {
   char ns[128] = {0};
   const ssize_t n = ::readlink("/proc/self/ns/net", ns, sizeof ns - 1);

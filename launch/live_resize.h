@@ -70,6 +70,15 @@ std::vector<HolderReport> exchange_reports(comm::Communicator& world, const Held
                                            int64_t host,
                                            const std::vector<HolderReport>& offers = {});
 
+// Whether a committed snapshot of `held` (its epoch, old rank and step) is among the
+// reports: the node's own, a replica or one rebuilt from parity. Then the router may take the
+// only handles on the live state and free each source as soon as it has moved (the memory
+// model of router.h: the old and the new state are never held whole at once), since an
+// entry that fails midway (a newer epoch, a lost peer) leaves the next world that snapshot,
+// of the same step: nothing is redone. Without one, the live state stays held until the world
+// is entered, which is the only copy the next world could take it from.
+bool snapshot_backs(const HeldState& held, const std::vector<HolderReport>& reports);
+
 // This machine: its host name and network namespace (ranks in different namespaces of one
 // machine stand for different hosts and never share memory in a transfer).
 int64_t host_key();

@@ -71,7 +71,16 @@ struct Arrival {
   int64_t bytes_local = 0;    // this rank's: copied within the rank
   double wait = 0, comms = 0, plan = 0, fetch = 0, transfer = 0, resume = 0;
   bool comms_ahead = false;  // the world was connected while the old one ended its step
+  // This rank's old state went to the router as the only handles, freed as it moved: a
+  // snapshot of the same step backs it (snapshot_backs).
+  bool freed_as_moved = false;
 };
+
+std::string freed_note(const Arrival& a) {
+  return a.freed_as_moved ? "; rank 0 freed its old state as it moved, a snapshot of the same "
+                            "step backing it"
+                          : "";
+}
 
 // How long any wait on a peer may take (a world's connect, a collective).
 comm::Millis comm_timeout() { return comm::Millis(env_int("WEFT_COMM_TIMEOUT_MS", 60'000)); }
@@ -364,24 +373,32 @@ void RankTraining::enter_world(const std::string& why) {
     laps.lap("transition");
     arrival_.plan = since(t);
     t = Clock::now();
+    // The live state's handles: copies, so that held_ keeps it until this world is entered.
+    // A newer epoch aborts the entry on every rank at once (the entering LossWatcher); had the
+    // router or the trainer taken the only handles, no rank would hold anything in the next
+    // world, and a DP job would start over from the checkpoint or the seed (found by the
+    // resize soak test). The cost: a reshape holds the old state and the new one whole.
+    // Unless a snapshot of the same step backs it: then the router takes the only handles and
+    // frees each source once it has moved, and an aborted entry leaves the snapshot.
+    const bool backed = snapshot_backs(held_, reports);
     std::vector<core::Tensor> src;
     for (size_t r = 0; r < holders.new_rank_of.size(); ++r) {
       if (holders.new_rank_of[r] != env_.rank) continue;
       const HolderReport& from = reports[size_t(holders.report_of[r])];
-      std::vector<core::Tensor> t =
-          from.source == HolderReport::kLive
-              ? held_.tensors
-              : snaps_.read(int(r), holders.step, holders.old.ranks[r]);
-      src.insert(src.end(), t.begin(), t.end());
+      const bool live = from.source == HolderReport::kLive;
+      std::vector<core::Tensor> t = !live  ? snaps_.read(int(r), holders.step, holders.old.ranks[r])
+                                    : backed ? std::move(held_.tensors)
+                                             : held_.tensors;
+      arrival_.freed_as_moved = live && backed;
+      src.insert(src.end(), std::make_move_iterator(t.begin()), std::make_move_iterator(t.end()));
+    }
+    if (backed) {  // from here on, its snapshot is what this rank offers
+      held_.tensors.clear();
+      held_.valid = false;
     }
     arrival_.fetch = since(t);  // reading the snapshots this rank serves (memcpy + checksums)
     laps.lap("fetch");
     t = Clock::now();
-    // Handles only: held_ keeps the state until this world is entered. A newer epoch aborts
-    // the entry on every rank at once (the entering LossWatcher); had the router or the
-    // trainer taken the only handles, no rank would hold anything in the next world, and a
-    // DP job would start over from the checkpoint or the seed (found by the resize soak test).
-    // The cost: what the router does not adopt is freed at the end of the entry, not per wave.
     // Same-host pairs move through shared memory; survivors keep (adopt) what they hold.
     parallel::TransitionStats ts;
     parallel::TransitionOptions to;
@@ -490,13 +507,13 @@ void RankTraining::print_arrival(const std::string& why, int old_world, int64_t 
           ? str("state from ", a.holders, " holder", a.holders == 1 ? "" : "s",
                 " through the router (", mib(size_t(a.bytes_sent)), " MiB between ranks; rank 0 kept ",
                 mib(size_t(a.bytes_adopted)), " MiB in place and copied ", mib(size_t(a.bytes_local)),
-                " MiB)")
+                " MiB", freed_note(a), ")")
       : a.source == "snapshots"
           ? str("nobody alive holds all of the state: resumed at step ", trainer_->current_step(),
                 " (", a.went_back, " steps back) from ", a.holders, " holders, ", a.snapshots,
                 " of them in-memory snapshots (", snapshot_origins(a), "), through the router (",
                 mib(size_t(a.bytes_sent)),
-                " MiB between ranks)")
+                " MiB between ranks", freed_note(a), ")")
       : a.source == "checkpoint"
           ? str("nobody alive holds all of the state: resumed from the latest checkpoint at step ",
                 trainer_->current_step(), ", ", a.went_back, " steps back")

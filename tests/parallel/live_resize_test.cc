@@ -57,6 +57,8 @@ TEST(LiveResize, Dp4ToDp2ByKillsThenDp3ByAJoinKeepsSurvivorsAndTheNumbers) {
   EXPECT_NE(lead.find("world 4 -> 2"), std::string::npos) << lead;
   EXPECT_NE(lead.find("state from 2 holders through the router"), std::string::npos) << lead;
   EXPECT_NE(lead.find("world 2 -> 3"), std::string::npos) << lead;
+  // No snapshots: the live state is the only copy, held until each new world was entered.
+  EXPECT_EQ(lead.find("freed its old state as it moved"), std::string::npos) << lead;
   // A survivor whose collective failed poked its agent, which looked at the membership at
   // once instead of at its next monitor pass (heartbeat.h).
   const std::string poke = "lost a peer; looking at the membership now";

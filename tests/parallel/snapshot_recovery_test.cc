@@ -293,6 +293,40 @@ TEST(SnapshotRecoveryMultiNode, AFailedWorkerWhoseSnapshotsExistOnlyOnItsNodeIsA
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 
+// A node joins a job of two that snapshots every step: the state each survivor holds when
+// its world ends is also its node's latest snapshot, so the router takes the only handles on
+// it and frees each old tensor as soon as it has moved (an entry that failed midway would
+// leave the next world that snapshot, of the same step). The numbers stay one process's.
+TEST(SnapshotRecoveryMultiNode, AGrowFreesTheSurvivorsOldStateAsItMovesWhenASnapshotBacksIt) {
+  live::LiveJob job;
+  three_zero1_nodes(job, "grow", 0);
+  job.steps = 120;
+  JobSegments segments{checkpoint::job_id_for_run(job.id)};
+  const fs::path ref = live::reference_run(job.dir, job.steps, {"parallel.dp=auto"});
+  job.start_in_order(2);
+  ASSERT_TRUE(job.wait_steps(30)) << job.all_logs();
+  job.start();
+  ASSERT_TRUE(job.wait_world(3, 10)) << job.all_logs();
+  for (int k = 0; k < 3; ++k) {
+    std::optional<int> code = job.wait(k);
+    ASSERT_TRUE(code) << job.all_logs();
+    EXPECT_EQ(*code, 0) << job.all_logs();
+  }
+  const std::vector<std::string> resizes = live::lines_with(job.text(0), "resize: epoch");
+  ASSERT_EQ(resizes.size(), 1u) << job.all_logs();
+  std::printf("[ says     ] %s\n", resizes[0].c_str());
+  EXPECT_NE(resizes[0].find("world 2 -> 3"), std::string::npos) << resizes[0];
+  EXPECT_NE(resizes[0].find("state from 2 holders through the router"), std::string::npos)
+      << resizes[0];
+  EXPECT_NE(resizes[0].find("rank 0 freed its old state as it moved, a snapshot of the same "
+                            "step backing it"),
+            std::string::npos)
+      << resizes[0];
+  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, live::kRelDp);
+  EXPECT_TRUE(checkpoint::snapshot_segments(segments.job).empty());
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+}
+
 // The same failure under snapshot.redundancy replica or ec. Node 2's snapshots also live on
 // the other nodes (a replica on node 0, its successor in the ring; or parity on nodes 0 and 1),
 // so node 2 need not hold the job: it leaves at once. The two survivors reshard without it,
