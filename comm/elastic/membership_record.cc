@@ -75,6 +75,7 @@ std::string encode(const MembershipRecord& r) {
   for (const auto& id : r.left) os << "left " << id << "\n";
   for (const auto& id : r.hands_over) os << "hands_over " << id << "\n";
   for (const auto& [id, rank] : r.departed) os << "departed " << rank << " " << id << "\n";
+  for (const auto& [local, id] : r.replaced) os << "replaced " << local << " " << id << "\n";
   if (r.closed) {
     std::string reason = r.close_reason;
     std::replace_if(
@@ -116,6 +117,8 @@ MembershipRecord decode(const std::string& text, const std::string& key) {
       if (field == "member" && !ranks.insert(rank).second) bad(key, n, line, "rank given twice");
       auto& into = field == "member" ? r.members : r.departed;
       if (!into.emplace(id, rank).second) bad(key, n, line, "node given twice");
+    } else if (field == "replaced") {
+      r.replaced.push_back(ranked_node(rest, field, key, n, line));
     } else if (field == "spare" || field == "left" || field == "hands_over") {
       if (!valid_id(rest)) bad(key, n, line, "bad node id");
       auto& seen = field == "spare" ? seen_spares : field == "left" ? seen_left : seen_handing;
@@ -135,6 +138,8 @@ MembershipRecord decode(const std::string& text, const std::string& key) {
     if (!r.members.count(id)) bad(key, n, "left " + id, "a node that left must be a member");
   for (const auto& id : r.hands_over)
     if (!seen_left.count(id)) bad(key, n, "hands_over " + id, "a node that hands over must have left");
+  for (const auto& [local, id] : r.replaced)
+    if (!r.members.count(id)) bad(key, n, "replaced " + id, "a replaced worker's node must be a member");
   if (r.epoch == 0 && !r.members.empty()) bad(key, n, "", "members before epoch 1");
   return r;
 }

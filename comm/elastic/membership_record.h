@@ -38,6 +38,11 @@ struct MembershipRecord {
   // set by the epoch that follows, cleared by the next. Live workers of a departing node
   // hand their state over in the new epoch's world before they go (docs/run.md).
   std::map<std::string, int> departed;
+  // Workers replaced in place in this epoch (Rendezvous::renew): (local rank, node id) of
+  // each worker that died on a member whose agent started another in its slot. The epoch
+  // has the previous one's members; a live job's workers abort collectives of the old world
+  // at once (a process they wait on is gone). Set by a renewal, cleared by the next epoch.
+  std::vector<std::pair<int, std::string>> replaced;
   bool closed = false;       // the job finished or failed: nobody may join any more
   std::string close_reason;  // one line, why it closed
 
@@ -58,6 +63,7 @@ struct MembershipRecord {
 //   left <node id>               one per member that left
 //   hands_over <node id>         one per member that left and hands its state over
 //   departed <rank> <node id>    one per member of the previous epoch that handed over
+//   replaced <local> <node id>   one per worker replaced in place by this epoch (renew)
 //   closed <reason>              only when closed; the reason runs to the end of the line
 //
 // Node ids contain no whitespace or control characters (check_node_id), so a line splits

@@ -38,6 +38,7 @@ MembershipRecord next_epoch(const MembershipRecord& current, const std::map<std:
       next.departed[id] = it->second;
   next.left.clear();
   next.hands_over.clear();
+  next.replaced.clear();
   next.spares.clear();
   std::set<int> used;
   for (const auto& [id, rank] : keep) used.insert(rank);

@@ -91,6 +91,7 @@ Membership Rendezvous::make_membership(const MembershipRecord& r) const {
   }
   m.store_prefix = str(prefix_, "epoch/", r.epoch);
   for (const auto& [id, rank] : r.departed) m.departed.push_back({id, rank});
+  m.replaced = r.replaced;
   std::sort(m.departed.begin(), m.departed.end(),
             [](const Member& a, const Member& b) { return a.node_rank < b.node_rank; });
   return m;
@@ -236,6 +237,32 @@ std::optional<Membership> Rendezvous::watch(Millis timeout) {
     const auto now = Clock::now();
     if (now >= until) return std::nullopt;
     std::this_thread::sleep_for(std::min<Clock::duration>(options_.poll_interval, until - now));
+  }
+}
+
+std::optional<Membership> Rendezvous::renew(const std::vector<int>& local_ranks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WEFT_CHECK(membership_, "Rendezvous::renew() before join() (or after leave)");
+  const std::string& me = options_.node_id;
+  for (;;) {
+    auto [raw, rec] = read_or_create();
+    if (rec.closed)
+      throw RendezvousClosedError(
+          str("rendezvous ", state_key(), " was closed: ", rec.close_reason));
+    if (rec.epoch != membership_->epoch || !rec.rank_of(me) || !rec.left.empty())
+      return std::nullopt;
+    MembershipRecord next = rec;
+    next.epoch = rec.epoch + 1;
+    next.left.clear();
+    next.hands_over.clear();
+    next.departed.clear();
+    next.replaced.clear();
+    for (int local : local_ranks) next.replaced.emplace_back(local, me);
+    if (!write(raw, next)) continue;  // another write came first: look again
+    WEFT_INFO("elastic", "node ", me, " renewed epoch ", rec.epoch, " as ", next.epoch,
+              ": it replaces ", local_ranks.size(), " worker(s) in place");
+    adopt(next);
+    return membership_;
   }
 }
 

@@ -70,6 +70,9 @@ struct Membership {
   // node rank: live workers of theirs join this epoch's world after the members' ranks to
   // hand their state over, then end.
   std::vector<Member> departed;
+  // Workers replaced in place by this epoch (MembershipRecord::replaced): (local rank, node
+  // id). Not empty: the epoch renewed the previous one's members because a worker died.
+  std::vector<std::pair<int, std::string>> replaced;
   int world() const { return int(members.size()); }
 };
 
@@ -104,6 +107,15 @@ class Rendezvous {
   // poll_change() every poll_interval until it returns a membership or `timeout` passes
   // (then nullopt). Same errors.
   std::optional<Membership> watch(Millis timeout);
+
+  // In-place replacement: a worker of this member died and its agent starts another in its
+  // slot. Writes epoch E+1 with the members of E (spares still waiting stay spares) and
+  // `local_ranks` of this node as `replaced`, so that every agent posts the new epoch to its
+  // live workers as one that lost a process. Returns the new membership; nullopt when the
+  // record is not this node's current epoch any more, or a member left it (a change is
+  // pending: poll_change() forms it, and the caller renews after that). Throws like
+  // poll_change (RendezvousClosedError, store errors). InternalError before join().
+  std::optional<Membership> renew(const std::vector<int>& local_ranks);
 
   // Graceful departure: marks this node as left in the record (or drops it from the
   // spares), then stops the heartbeat and erases its key, so that the others re-form at

@@ -329,6 +329,42 @@ TEST(Rendezvous, GracefulLeaveReformsAtOnceWithoutWaitingForTheTtl) {
   EXPECT_EQ(m3->world(), 1);
 }
 
+// A worker replaced in place: its node renews the epoch with the same members, the others
+// see the renewal (and which worker it replaced) at their next poll, and the next epoch
+// formed by the quorum rules forgets it. A renewal never hides a pending leave.
+TEST(Rendezvous, RenewKeepsTheMembersAndNamesTheReplacedWorker) {
+  InMemoryStore store;
+  auto agents = make_agents(store, 3, 2, 3);
+  std::vector<Membership> ms = join_all(agents);
+  std::optional<Membership> r = agents[1]->renew({1});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->epoch, 2);
+  EXPECT_EQ(r->members, ms[1].members);
+  EXPECT_EQ(r->store_prefix, "rdzv/job/epoch/2");
+  ASSERT_EQ(r->replaced.size(), 1u);
+  EXPECT_EQ(r->replaced[0], (std::pair<int, std::string>{1, "node1"}));
+  for (int i : {0, 2}) {
+    std::optional<Membership> seen = agents[i]->poll_change();
+    ASSERT_TRUE(seen.has_value()) << i;
+    EXPECT_EQ(seen->epoch, 2);
+    EXPECT_EQ(seen->members, ms[i].members);
+    EXPECT_EQ(seen->replaced, r->replaced);
+  }
+  EXPECT_EQ(agents[1]->poll_change(), std::nullopt) << "the renewing node is in epoch 2 already";
+  // A member leaves: renew() refuses to hide it; the epoch the leave forms has no replaced.
+  agents[2]->leave();
+  EXPECT_EQ(agents[0]->renew({0}), std::nullopt);
+  std::optional<Membership> after = agents[0]->poll_change();
+  ASSERT_TRUE(after.has_value());
+  EXPECT_EQ(after->epoch, 3);
+  EXPECT_EQ(after->world(), 2);
+  EXPECT_TRUE(after->replaced.empty());
+  // The record's text keeps the field (decode(encode(r)) == r).
+  comm::MembershipRecord rec = agents[0]->read_record();
+  rec.replaced = {{3, "node0"}};
+  EXPECT_EQ(comm::decode(comm::encode(rec), "k").replaced, rec.replaced);
+}
+
 TEST(Rendezvous, BelowMinAfterALeaveWaitsForANewcomerWhoTakesTheFreeRank) {
   InMemoryStore store;
   auto agents = make_agents(store, 2, 2, 2);
