@@ -1,14 +1,16 @@
 // `weft run --standalone --nproc-per-node N -- weft train ...` and, on each node,
 // `weft run --nnodes N|MIN:MAX --rdzv-endpoint HOST:PORT --rdzv-id ID ...`: parses torchrun's
-// options (run_options.h), refuses what it cannot do yet, and runs the job: on one machine
-// here (the store in this agent, restarts up to --max-restarts), on several through the
-// node agent (node_agent.h: membership, restarts, the exit barrier). The supervisor
-// (supervisor.h) starts, watches and stops each attempt's workers.
+// options (run_options.h), refuses what it cannot do yet, and runs the job through the node
+// agent (node_agent.h: membership, restarts, in-place replacement of a failed worker, the
+// exit barrier). --standalone is a node agent of a one-node job on loopback (torchrun's
+// way), except for workers that cannot reshard live (below): those keep the whole-attempt
+// restart loop here. The supervisor (supervisor.h) starts, watches and stops the workers.
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,6 +20,8 @@
 #include "base/config.h"
 #include "base/error.h"
 #include "base/host.h"
+#include "core/config/job_spec.h"
+#include "launch/args.h"
 #include "comm/store/auth.h"
 #include "comm/store/tcp_store_server.h"
 #include "launch/commands.h"
@@ -46,8 +50,9 @@ int visible_gpus() {
 #endif
 }
 
-// --standalone: one machine, the store in this agent. A failed attempt is restarted (all
-// workers, the next attempt's keys under restart/<n>) while --max-restarts allows.
+// --standalone for workers that do not reshard live, or without restarts: one machine, the
+// store in this agent. A failed attempt is restarted (all workers, the next attempt's keys
+// under restart/<n>) while --max-restarts allows.
 int run_standalone(const RunOptions& o, SupervisorOptions so) {
   comm::TCPStoreServerOptions server_options;
   server_options.host = "127.0.0.1";
@@ -88,6 +93,47 @@ int run_standalone(const RunOptions& o, SupervisorOptions so) {
   }
 }
 
+// Whether `command` is `weft train` of a job whose workers reshard live (elastic.on_change:
+// reshard, the default): those follow epoch notices, so a failed one can be replaced in
+// place while the others keep their processes. Anything else (another program, a job file
+// that cannot be read: the worker says why) restarts whole attempts.
+bool reshards_live(const std::vector<std::string>& command) {
+  if (command.size() < 2 || std::filesystem::path(command[0]).filename() != "weft" ||
+      command[1] != "train")
+    return false;
+  try {
+    Args args(std::vector<std::string>(command.begin() + 2, command.end()),
+              {"--config", "--set", "--init-weights", "--save-weights", "--metrics", "--resume"},
+              {"--help"});
+    if (args.flag("--help") || !args.has("--config")) return false;
+    return core::load_job_spec(args.get("--config"), args.all("--set")).elastic.on_change ==
+           "reshard";
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// --standalone with --max-restarts > 0 and live workers: the node agent of a one-node job,
+// its rendezvous store on loopback at --store-port (0: a free one), under the run's id.
+// A failed worker is replaced in place (node_agent.h) instead of restarting every worker;
+// with no restarts left the job fails naming the worker and --max-restarts.
+int run_standalone_agent(const RunOptions& o, SupervisorOptions so) {
+  RunOptions a = o;
+  a.standalone = false;
+  a.rdzv_backend = RdzvBackend::kC10d;
+  a.rdzv_host = "127.0.0.1";
+  a.rdzv_port = o.store_port;
+  a.rdzv_endpoints = {"127.0.0.1:" + std::to_string(o.store_port)};
+  a.rdzv_id = so.run_id;
+  a.nnodes_min = a.nnodes_max = 1;
+  a.rdzv_conf.is_host = true;
+  // The job token: the user's, else a fresh one; the workers inherit it.
+  const char* given = std::getenv("WEFT_JOB_TOKEN");
+  if (!(given && *given) && !std::getenv("WEFT_JOB_TOKEN_FILE"))
+    ::setenv("WEFT_JOB_TOKEN", comm::auth::generate_token().c_str(), 1);
+  return run_node_agent(a, std::move(so));
+}
+
 }  // namespace
 
 int cmd_run(const std::vector<std::string>& argv) {
@@ -114,6 +160,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   so.run_id = o.rdzv_id.empty() ? default_run_id() : o.rdzv_id;
   so.role = o.role;
   if (!o.standalone) return run_node_agent(o, so);
+  if (o.max_restarts > 0 && reshards_live(o.command)) return run_standalone_agent(o, so);
   return run_standalone(o, so);
 }
 

@@ -99,8 +99,9 @@ std::string node_list(const std::vector<std::string>& ids) {
   return s;
 }
 
-// "membership changed: epoch 2 -> 3, 3 -> 2 nodes (lost a-12)" and whether a node was lost.
-Stop membership_change(const comm::Membership& was, const comm::Membership& now) {
+// "membership changed: epoch 2 -> 3, 3 -> 2 nodes (lost a-12)" and whether a node was lost;
+// a renewal names the workers replaced in place (`nproc` workers per node).
+Stop membership_change(const comm::Membership& was, const comm::Membership& now, int nproc) {
   std::vector<std::string> lost, joined;
   auto has = [](const comm::Membership& m, const std::string& id) {
     for (const comm::Member& x : m.members)
@@ -122,6 +123,12 @@ Stop membership_change(const comm::Membership& was, const comm::Membership& now)
   if (!lost.empty()) s.why += " (lost " + node_list(lost) + ")";
   if (!left.empty()) s.why += " (left " + node_list(left) + ")";
   if (!joined.empty()) s.why += " (joined " + node_list(joined) + ")";
+  for (const auto& [local, id] : now.replaced) {
+    int index = 0;
+    for (size_t i = 0; i < now.members.size(); ++i)
+      if (now.members[i].node_id == id) index = int(i);
+    s.why += str(" (rank ", index * nproc + local, " of node ", id, " replaced by a new worker)");
+  }
   s.restart = true;
   s.failure = !lost.empty();
   s.next = now;
@@ -167,13 +174,15 @@ class NodeAgent {
   void mark_exited(int rc);
   int finish(int rc, const std::string& verdict, bool close, const std::string& reason = "");
   int64_t current_round();
+  bool replace_worker(int local_rank, const std::string& cause);
+  int failures_ = 0;  // restarts used by failures, against --max-restarts
   std::string exited_key(const std::string& node) const { return prefix_ + "/exited/" + node; }
 
   const RunOptions& o_;
   SupervisorOptions so_;
   const std::string me_, token_;
-  const int port_;
-  const std::string where_;
+  int port_;             // 0 with --standalone until the store is served (a free port)
+  std::string where_;
   const comm::RendezvousOptions ro_;
   const bool elastic_;       // restarts or a node range: membership changes restart
   const bool etcd_;          // the rendezvous lives in etcd; node 0 serves the workers' store
@@ -242,6 +251,8 @@ void NodeAgent::serve_store_if_first() {
   sso.insecure = o_.rdzv_conf.insecure.value_or(false) && token_.empty();
   try {
     server_ = std::make_unique<comm::TCPStoreServer>(sso);
+    port_ = server_->port();  // the port it got, when asked for a free one (0)
+    where_ = where(o_, port_);
     std::fprintf(stderr, "weft run: node %s serves the rendezvous store on %s:%d\n", me_.c_str(),
                  sso.host.c_str(), port_);
   } catch (const comm::AddressInUseError& e) {
@@ -397,13 +408,61 @@ Stop NodeAgent::watch_elastic(const comm::Membership& m, int64_t round) {
     quick_growth_ = true;
   }
   if (std::optional<comm::Membership> next = rdzv_->poll_change()) {
-    Stop change = membership_change(m, *next);  // m: the workers' epoch (current_)
+    Stop change = membership_change(m, *next, so_.nproc);  // m: the workers' epoch (current_)
     if (!live_now) return change;
     // Live workers must all see one world per epoch: an epoch a member has already left is
     // re-formed at the next poll, and that one is posted (against the epoch they are in).
-    if (next->settled) post_notice(*next, membership_change(current_, *next));  // the workers reshard at their next step boundary
+    if (next->settled) post_notice(*next, membership_change(current_, *next, so_.nproc));  // the workers reshard at their next step boundary
   }
   return {};
+}
+
+// A worker here failed (supervisor.h `replace`): with live workers (elastic.on_change:
+// reshard) and restarts left, replace it in place. The membership is renewed (epoch E+1,
+// the same nodes, this worker listed as replaced), the notice tells every node's workers that
+// a process of their world is gone (`lost`: their collectives abort at once), and the
+// supervisor starts the replacement in E+1, where it joins as a newcomer and receives its
+// state through the router. Nobody else restarts: the node's other workers and every other
+// node's keep their processes. Each replacement uses one of --max-restarts, like a restart
+// in torchrun. False (the attempt then fails the usual way, below in run()): not live, a
+// graceful leave or the job's end under way, a signal, or no restarts left; then, in a job
+// that can shrink (--nnodes MIN:MAX above MIN) the node leaves and the others go on,
+// otherwise (--standalone, a fixed --nnodes, at MIN) the job fails naming the worker and
+// --max-restarts. Never throws.
+bool NodeAgent::replace_worker(int local_rank, const std::string& cause) {
+  if (!elastic_ || !live() || leaving_ || stop_requested()) return false;
+  if (failures_ >= o_.max_restarts) {
+    std::fprintf(stderr, "weft run: %s; no restarts left to replace it (--max-restarts %d)\n",
+                 cause.c_str(), o_.max_restarts);
+    std::fflush(stderr);
+    return false;
+  }
+  try {
+    if (finishing(current_)) return false;
+    std::optional<comm::Membership> next;
+    // A change already under way (a node left or was lost, and renew() refuses to hide it)
+    // is formed and posted first; then its epoch is renewed. Bounded: a few polls.
+    for (int tries = 0; tries < 100 && !next; ++tries) {
+      next = rdzv_->renew({local_rank});
+      if (next) break;
+      if (std::optional<comm::Membership> other = rdzv_->poll_change())
+        if (other->settled) post_notice(*other, membership_change(current_, *other, so_.nproc));
+      std::this_thread::sleep_for(ro_.poll_interval);
+    }
+    if (!next) return false;
+    ++failures_;
+    Stop why = membership_change(current_, *next, so_.nproc);
+    why.why = str(cause, "; replaced in place (", failures_, " of --max-restarts ",
+                  o_.max_restarts, " used), the other workers keep running: ", why.why);
+    post_notice(*next, why);
+    so_.restart_count = int(next->epoch - 1 + round_);  // the replacement's attempt folder
+    return true;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft run: cannot replace rank %d in place (%s); the attempt fails\n",
+                 so_.node_index * so_.nproc + local_rank, e.what());
+    std::fflush(stderr);
+    return false;
+  }
 }
 
 // The workers of this node go on in `next`: the attempt's settings follow the membership,
@@ -441,6 +500,8 @@ void NodeAgent::post_notice(const comm::Membership& next, const Stop& why) {
     for (const comm::Member& y : next.departed) kept = kept || y.node_id == x.node_id;
     n.lost = n.lost || !kept;
   }
+  // A worker replaced in place: its old process is gone, collectives waiting on it abort.
+  n.lost = n.lost || !next.replaced.empty();
   n.why = why.why;
   write_epoch_notice(epoch_file_, n);
   std::fprintf(stderr, "weft run: %s; node %s is node %d of %d, its workers reshard live\n",
@@ -700,10 +761,12 @@ int NodeAgent::run() {
   so_.nnodes_min = o_.nnodes_min;
   so_.nnodes_max = o_.nnodes_max;
   const std::string round_key = key_ + "round";
-  int failures = 0;  // restarts used by failures, against --max-restarts
   if (elastic_) make_scratch();  // a job that may change size can reshard live
+  so_.replace = [this](int local, const std::string& cause) { return replace_worker(local, cause); };
   so_.on_terminate = [this] {
-    if (!elastic_ || !live()) return false;  // otherwise: stop the workers (the job ends)
+    // Otherwise stop the workers (the job ends): not live, or a job that cannot shrink
+    // (--standalone, at MIN nodes), whose others could never form an epoch without it.
+    if (!elastic_ || !live() || current_.world() <= o_.nnodes_min) return false;
     leaving_ = true;
     return true;
   };
@@ -773,7 +836,7 @@ int NodeAgent::run() {
             rdzv_->leave();
           } catch (const std::exception&) {
           }
-          if (failures >= o_.max_restarts) {
+          if (failures_ >= o_.max_restarts) {
             serve_while_others_run();
             return finish(out.code,
                           out.verdict + str("; node ", me_, " leaves the job (no restarts left: "
@@ -781,11 +844,11 @@ int NodeAgent::run() {
                                             "); the other nodes go on without it"),
                           false);
           }
-          ++failures;
+          ++failures_;
           std::fprintf(stderr,
                        "weft run: %s; node %s left the job and joins again with new workers (%d "
                        "of --max-restarts %d used)\n",
-                       out.cause.c_str(), me_.c_str(), failures, o_.max_restarts);
+                       out.cause.c_str(), me_.c_str(), failures_, o_.max_restarts);
           mark_exited(-1);
           try {
             m = join();
@@ -794,7 +857,7 @@ int NodeAgent::run() {
           }
           continue;
         }
-        if (failures >= o_.max_restarts) {  // say so, here and in the others' reason
+        if (failures_ >= o_.max_restarts) {  // say so, here and in the others' reason
           const std::string left = str("; no restarts left (--max-restarts ", o_.max_restarts, ")");
           return finish(out.code, out.verdict + left, true, out.cause + left);
         }
@@ -812,13 +875,13 @@ int NodeAgent::run() {
         break;
     }
     if (!next.restart) return finish(out.code, out.verdict, true, out.cause);
-    if (next.failure && failures >= o_.max_restarts)
+    if (next.failure && failures_ >= o_.max_restarts)
       return finish(1, next.why + str("; no restarts left (--max-restarts ", o_.max_restarts, ")"),
                     true);
-    if (next.failure) ++failures;
+    if (next.failure) ++failures_;
     if (stop_requested()) return finish(130, "stopped by a signal between attempts", true);
     std::fprintf(stderr, "weft run: %s; restarting the workers (%d of --max-restarts %d used)\n",
-                 next.why.c_str(), failures, o_.max_restarts);
+                 next.why.c_str(), failures_, o_.max_restarts);
     mark_exited(-1);  // this attempt is over here; not "finished"
     try {
       m = next.next ? *next.next : settle();

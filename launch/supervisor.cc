@@ -178,7 +178,6 @@ Outcome supervise(const SupervisorOptions& o) {
   TempDir scratch;
   std::string err_root = log_dir.empty() ? (scratch.path = make_temp("weft_run_")) : log_dir;
   std::set<int> shown = console_ranks(o.output, o.nproc);
-  const std::string attempt = "attempt_" + std::to_string(o.restart_count);
   auto global = [&](int local) { return o.node_index * o.nproc + local; };
 
   struct sigaction sa {};
@@ -191,9 +190,13 @@ Outcome supervise(const SupervisorOptions& o) {
 
   Guardian guardian;
   std::vector<Worker> workers(size_t(o.nproc));
-  for (int r = 0; r < o.nproc; ++r) {
+  // Starts local rank r's worker in its slot: at the attempt's start, and again for a
+  // replacement (o.replace), in the attempt folder of the options' restart count then.
+  auto start_worker = [&](int r) {
     Worker& w = workers[size_t(r)];
+    w = Worker{};
     w.rank = r;
+    const std::string attempt = "attempt_" + std::to_string(o.restart_count);
     fs::path rank_dir = fs::path(err_root) / attempt / ("rank_" + std::to_string(r));
     fs::create_directories(rank_dir);
     w.error_file = (rank_dir / "error.json").string();
@@ -214,7 +217,8 @@ Outcome supervise(const SupervisorOptions& o) {
     w.out->set_fd(s.out_fd);
     w.err->set_fd(s.err_fd);
     w.beat_fd = s.beat_fd;
-  }
+  };
+  for (int r = 0; r < o.nproc; ++r) start_worker(r);
 
   std::vector<Failure> failures;
   bool terminate_handled = false;  // on_terminate took the SIGTERM
@@ -302,6 +306,7 @@ Outcome supervise(const SupervisorOptions& o) {
     // Reap every worker that ended before deciding anything, so that failures seen in the
     // same pass are all candidates for the root cause.
     bool new_failure = false;
+    std::vector<int> replaced;  // local ranks the agent replaces in place (o.replace)
     for (Worker& w : workers) {
       if (!w.running || ::waitpid(w.pid, &w.status, WNOHANG) != w.pid) continue;
       w.running = false;
@@ -309,11 +314,32 @@ Outcome supervise(const SupervisorOptions& o) {
       ::kill(-w.pid, SIGKILL);  // what it left in its group does not outlive it
       guardian.release(w.pid);
       if (w.hung || !failed_by_itself(w)) continue;
+      if (o.replace && !failing && !agent_signal && remote.empty() && !new_failure) {
+        std::optional<ErrorRecord> e = read_error_file(w.error_file);
+        const std::string cause = str("rank ", global(w.rank), " (pid ", w.pid, ", host ",
+                                      host_name(), ") ", describe(w.status),
+                                      e && !e->message.empty() ? ": " + e->message : "");
+        if (o.replace(w.rank, cause)) {
+          replaced.push_back(w.rank);
+          continue;
+        }
+      }
       failures.push_back({w.rank, w.pid, host_name(), w.exit_ms, describe(w.status), false});
       if (!failing && agent_signal != SIGTERM && agent_signal != SIGHUP)
         std::fprintf(stderr, "weft run: rank %d %s; stopping the other workers\n", global(w.rank),
                      describe(w.status).c_str());
       new_failure = true;
+    }
+    // The others go on: what the dead worker wrote is taken, and a new one takes its slot.
+    for (int r : replaced) {
+      Worker& w = workers[size_t(r)];
+      w.out->finish();
+      w.err->finish();
+      if (w.beat_fd >= 0) ::close(w.beat_fd);
+      start_worker(r);
+      std::fprintf(stderr, "weft run: rank %d: a replacement worker (pid %d) joins epoch %lld\n",
+                   global(r), int(w.pid), (long long)o.rdzv_epoch);
+      std::fflush(stderr);
     }
     if (o.heartbeat_timeout_s > 0 && !failing && !agent_signal)
       for (Worker& w : workers) {

@@ -50,6 +50,15 @@ struct SupervisorOptions {
   // Where the agent posts later epochs to running workers (WEFT_EPOCH_FILE,
   // epoch_notice.h); "" = workers get no notices and are restarted on a change.
   std::string epoch_file;
+  // In-place replacement (elastic, live workers): called on the agent's thread when the
+  // worker of `local_rank` failed of its own (it exited non-zero or was killed; not hung,
+  // not stopped by the agent) while nothing else stops the attempt. `cause` is one line
+  // naming it. True: the agent has published the epoch its replacement joins and updated
+  // these options for it (store_prefix, rdzv_epoch, restart_count, node_index, nnodes); the
+  // supervisor starts a new worker in that slot (logs under attempt_<restart_count>) and
+  // leaves the others running. False: the attempt fails as before, the others are stopped.
+  // Must not throw.
+  std::function<bool(int local_rank, const std::string& cause)> replace;
 };
 
 // How one attempt ended.

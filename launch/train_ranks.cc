@@ -425,7 +425,14 @@ void RankTraining::enter_world(const std::string& why) {
     trainer_->load_weights(core::io::load_safetensors(args_.get("--init-weights"), "--init-weights"),
                            "--init-weights");
   if (lead() && first_world_ && !holders.found) print_attempt(spec_, env_, resume);
-  if (lead() && first_world_ && holders.found) {
+  // A new worker that leads (a replaced rank 0, a newcomer node's) and got the survivors'
+  // live state: no snapshot was read, so not the restart line below.
+  if (lead() && first_world_ && holders.found && holders.snapshots == 0)
+    std::printf("weft train: rank 0 is a new worker (membership epoch %lld, world %d): state of "
+                "step %lld from %d holders through the router, %.1f MiB between ranks\n",
+                (long long)env_.rdzv_epoch, env_.world, (long long)trainer_->current_step(),
+                holders.count(), mib(size_t(arrival_.bytes_sent)));
+  if (lead() && first_world_ && holders.found && holders.snapshots > 0) {
     std::printf("weft train: restart %d (membership epoch %lld, world %d): resumed at step %lld "
                 "from the in-memory snapshots of %d rank%s (world %d, epoch %lld; %s) through the "
                 "router, %.1f MiB between ranks; no checkpoint read; ready in %.2f s (communicators %.2f, "

@@ -1,6 +1,7 @@
 // A soak of online resize: one loopback job of three nodes (elastic.on_change: reshard,
 // --nnodes 2:3, --max-restarts 20) whose non-store nodes lose their worker to SIGKILL again and
-// again; each such node leaves (3 -> 2) and rejoins as a newcomer (2 -> 3). After 20
+// again; each such worker is replaced in place (a renewed epoch, world 3 -> 3; before
+// replacement, its node left and rejoined as a newcomer: 3 -> 2 -> 3). After 20
 // membership changes the run must still equal one process's, the store node's worker (which
 // lives through every change) must not grow in descriptors, threads or memory, and no router
 // segment may be left in /dev/shm. Times and usage are printed; every wait is bounded.

@@ -45,8 +45,8 @@ size_t metrics_lines(const fs::path& p) {
 
 // One machine, three workers, ZeRO-1 over dp3: each rank holds the only copy of a third of
 // Adam's moments, so nothing alive covers the state after a kill. The standalone agent
-// restarts every worker (its on_change is a restart: it has no membership changes); the
-// restarted workers find every rank's snapshot in the node's agent and resume from it.
+// replaces the killed worker in place (the others keep their processes); the new world
+// finds every rank's snapshot in the node's agent and resumes from them through the router.
 class SnapshotRecovery : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -136,10 +136,13 @@ TEST_F(SnapshotRecovery, AKilledWorkerResumesFromTheNodesSnapshotsWithTheSameWei
   // and no disk checkpoint exists to come from.
   EXPECT_GE(k.resumed, long(k.at_kill) - 2) << log;
   EXPECT_LE(k.resumed, long(k.at_kill) + 2) << log;
-  EXPECT_NE(log.find("from the in-memory snapshots of 3 ranks (world 3, epoch 0; 3 own) through the router"),
-            std::string::npos)
+  // The holders' choice: the survivors' live state does not cover rank 1's shard, so the
+  // new world resumes from snapshots (rank 1's, with the others' live state when they are
+  // of the same step, else every rank's), and says so.
+  EXPECT_NE(log.find("replaced in place (1 of --max-restarts 1 used)"), std::string::npos) << log;
+  EXPECT_NE(log.find("nobody alive holds all of the state: resumed at step "), std::string::npos)
       << log;
-  EXPECT_NE(log.find("no checkpoint read"), std::string::npos) << log;
+  EXPECT_NE(log.find("of them in-memory snapshots ("), std::string::npos) << log;
   EXPECT_EQ(log.find("resuming from the latest checkpoint"), std::string::npos) << log;
   EXPECT_NE(log.find("weft run: restarting the snapshot agent (it adopts its segments)"),
             std::string::npos)
@@ -187,8 +190,8 @@ TEST_F(SnapshotRecovery, EveryAutoChoosesAnIntervalAndTheJobResumesOnIt) {
   EXPECT_TRUE(step == 4 || step % every == 0) << "resumed at " << step << ", every " << every;
   EXPECT_GE(step, long(k.at_kill) - 2 * every - 2) << log;
   EXPECT_LE(step, long(k.at_kill) + 2) << log;
-  EXPECT_NE(log.find("from the in-memory snapshots of 3 ranks"), std::string::npos) << log;
-  // The restarted workers (a new world) chose again.
+  EXPECT_NE(log.find("of them in-memory snapshots ("), std::string::npos) << log;
+  // The new world chose again.
   EXPECT_NE(log.find(chose, log.find(chose) + 1), std::string::npos) << log;
 }
 
@@ -232,8 +235,8 @@ TEST_F(SnapshotRecovery, ACorruptSnapshotIsNotOfferedAndTheOlderCompleteStepServ
   const std::string log = slurp_file(dir_ / "run.log");
   EXPECT_NE(log.find("snapshot " + rank0 + " (slot "), std::string::npos) << log;
   EXPECT_NE(log.find("step 200) not offered: 1 corrupt block(s)"), std::string::npos) << log;
-  EXPECT_NE(log.find("resumed at step 100 from the in-memory snapshots of 3 ranks"),
-            std::string::npos)
+  EXPECT_NE(log.find("resumed at step 100 ("), std::string::npos) << log;
+  EXPECT_NE(log.find("from 3 holders, 3 of them in-memory snapshots (3 own)"), std::string::npos)
       << log;
   expect_same_losses(dir_ / "ref" / "metrics.jsonl", out / "metrics.jsonl", size_t(steps), false,
                      0.0);
@@ -243,8 +246,9 @@ TEST_F(SnapshotRecovery, ACorruptSnapshotIsNotOfferedAndTheOlderCompleteStepServ
 
 // Three nodes of one worker each (loopback), ZeRO-1 over dp3, snapshot.redundancy: none:
 // node 2's snapshots exist only on node 2, so when its worker dies the node does not leave
-// (the others could not restore its shard); a restart round restores every rank from the
-// snapshots of every node, and the run equals one process's.
+// (the others could not restore its shard): its worker is replaced in place, the other
+// nodes' workers keep their processes, the new world restores rank 2's shard from node 2's
+// snapshots, and the run equals one process's.
 // Three loopback nodes of one worker each under ZeRO-1 over dp3, a snapshot every step
 // (`extra`: more --set overrides), 300 steps; `name` names the test's folder and job.
 void three_zero1_nodes(live::LiveJob& job, const std::string& name, int max_restarts,
@@ -265,27 +269,31 @@ void kill_node2_worker(live::LiveJob& job) {
   ::kill(victim[0], SIGKILL);
 }
 
-TEST(SnapshotRecoveryMultiNode, AFailedWorkerWhoseSnapshotsExistOnlyOnItsNodeIsARestartRound) {
+TEST(SnapshotRecoveryMultiNode, AFailedWorkerWhoseSnapshotsExistOnlyOnItsNodeIsReplacedInPlace) {
   live::LiveJob job;
   three_zero1_nodes(job, "multinode", 1);
   JobSegments segments{checkpoint::job_id_for_run(job.id)};
   const fs::path ref = live::reference_run(job.dir, job.steps, {"parallel.dp=auto"});
   job.start_in_order(3);
   ASSERT_TRUE(job.wait_steps(40)) << job.all_logs();
+  const std::vector<pid_t> survivors = {children(job.pid(0)).at(0), children(job.pid(1)).at(0)};
   ASSERT_NO_FATAL_FAILURE(kill_node2_worker(job));
+  ASSERT_TRUE(job.wait_world(3, 2, 2)) << live::phases_text(job.phases()) << job.all_logs();
+  EXPECT_EQ(children(job.pid(0)), std::vector<pid_t>{survivors[0]}) << job.all_logs();
+  EXPECT_EQ(children(job.pid(1)), std::vector<pid_t>{survivors[1]}) << job.all_logs();
   for (int k = 0; k < 3; ++k) {
     std::optional<int> code = job.wait(k);
     ASSERT_TRUE(code) << job.all_logs();
     EXPECT_EQ(*code, 0) << job.all_logs();
   }
   const std::string lead = slurp(job.logs[0]);
-  EXPECT_NE(job.text(2).find("restarting the workers (1 of --max-restarts 1 used)"),
-            std::string::npos)
+  EXPECT_NE(job.text(2).find("replaced in place (1 of --max-restarts 1 used)"), std::string::npos)
       << job.text(2);
+  EXPECT_EQ(job.all_logs().find("restarting the workers"), std::string::npos) << job.all_logs();
   EXPECT_EQ(job.text(2).find("left the job and joins again"), std::string::npos) << job.text(2);
-  EXPECT_NE(lead.find("from the in-memory snapshots of 3 ranks (world 3, epoch 1; 3 own)"),
-            std::string::npos)
+  EXPECT_NE(lead.find("nobody alive holds all of the state: resumed at step "), std::string::npos)
       << lead;
+  EXPECT_NE(lead.find("of them in-memory snapshots ("), std::string::npos) << lead;
   EXPECT_EQ(lead.find("resuming from the latest checkpoint"), std::string::npos) << lead;
   EXPECT_EQ(lead.find("starting over from step 0"), std::string::npos) << lead;
   expect_same_losses(ref, job.metrics(), size_t(job.steps), false, live::kRelDp);
