@@ -86,23 +86,24 @@ struct StandaloneJob {
   }
 };
 
-// Standalone dp4, rank 2 SIGKILLed mid-run: the three others keep their processes (every
-// worker PID seen while the job runs is one of the four first ones or the replacement's, so
-// a survivor restarted even once fails this test), the replacement joins in epoch 2, the run
-// finishes and equals one process's step by step.
-TEST(LiveReplace, StandaloneKilledWorkerIsReplacedAndNoSurvivorRestarts) {
+// Standalone dp4, rank `rank` SIGKILLed mid-run: the three others keep their processes
+// (every worker PID seen while the job runs is one of the four first ones or the
+// replacement's, so a survivor restarted even once fails the test), the replacement joins in
+// epoch 2, the run finishes and equals one process's step by step. Returns the job's log.
+std::string kill_one_standalone(const std::string& name, int rank) {
   StandaloneJob job;
-  job.dir = agent_test_dir("live_replace", "standalone");
+  job.dir = agent_test_dir("live_replace", name);
   const fs::path ref = reference_run(job.dir, job.steps, {"parallel.dp=auto"});
   job.start();
-  ASSERT_TRUE(poll_until([&] { return job.rows().size() >= 20; })) << slurp(job.log);
+  EXPECT_TRUE(poll_until([&] { return job.rows().size() >= 20; })) << slurp(job.log);
   const std::vector<pid_t> before = children(job.pid);
-  ASSERT_EQ(before.size(), 4u) << slurp(job.log);
-  const pid_t victim = worker_of_rank(job.pid, 2);
-  ASSERT_GT(victim, 0) << slurp(job.log);
+  EXPECT_EQ(before.size(), 4u) << slurp(job.log);
+  const pid_t victim = worker_of_rank(job.pid, rank);
+  EXPECT_GT(victim, 0) << slurp(job.log);
+  if (::testing::Test::HasFailure()) return slurp(job.log);
   std::set<pid_t> seen(before.begin(), before.end());
   const auto t_kill = Clock::now();
-  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  EXPECT_EQ(::kill(victim, SIGKILL), 0);
   double to_new_world = -1;
   // Until the job ends: every worker PID it ever has, and when epoch 2's first step lands.
   int status = 0;
@@ -113,11 +114,11 @@ TEST(LiveReplace, StandaloneKilledWorkerIsReplacedAndNoSurvivorRestarts) {
         return ::waitpid(job.pid, &status, WNOHANG) == job.pid;
       },
       kPatience, 10);
-  ASSERT_TRUE(ended) << slurp(job.log);
-  for (pid_t& p : job.agents.pids) p = -1;
   const std::string log = slurp(job.log);
-  ASSERT_TRUE(WIFEXITED(status)) << log;
-  EXPECT_EQ(WEXITSTATUS(status), 0) << log;
+  EXPECT_TRUE(ended) << log;
+  if (!ended) return log;
+  for (pid_t& p : job.agents.pids) p = -1;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log;
   std::set<pid_t> survivors(before.begin(), before.end());
   survivors.erase(victim);
   std::set<pid_t> extra;
@@ -131,11 +132,29 @@ TEST(LiveReplace, StandaloneKilledWorkerIsReplacedAndNoSurvivorRestarts) {
   print_resize(log);
   EXPECT_NE(log.find("replaced in place (1 of --max-restarts 1 used)"), std::string::npos) << log;
   EXPECT_NE(log.find("a replacement worker (pid "), std::string::npos) << log;
-  EXPECT_NE(log.find("world 4 -> 4"), std::string::npos) << log;
-  EXPECT_NE(log.find("state from 3 holders through the router"), std::string::npos) << log;
   EXPECT_EQ(log.find("restarting the workers"), std::string::npos) << log;
   expect_same_losses(ref, job.metrics(), size_t(job.steps), false, kRel);
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+  return log;
+}
+
+TEST(LiveReplace, StandaloneKilledWorkerIsReplacedAndNoSurvivorRestarts) {
+  const std::string log = kill_one_standalone("standalone", 2);
+  // Rank 0 survived and leads: its resize line says where the state came from.
+  EXPECT_NE(log.find("world 4 -> 4"), std::string::npos) << log;
+  EXPECT_NE(log.find("state from 3 holders through the router"), std::string::npos) << log;
+}
+
+// The lead itself (rank 0, which writes metrics.jsonl) killed: its replacement leads the new
+// world, continues the metrics, and says that it is a new worker fed by the survivors.
+TEST(LiveReplace, StandaloneKilledRankZeroIsReplacedAndItsReplacementLeads) {
+  const std::string log = kill_one_standalone("rank0", 0);
+  EXPECT_NE(log.find("weft train: rank 0 is a new worker (membership epoch 2, world 4): state of "
+                     "step "),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("from 3 holders through the router"), std::string::npos) << log;
+  EXPECT_EQ(log.find("from the in-memory snapshots of 0 ranks"), std::string::npos) << log;
 }
 
 // Standalone with no restarts left: the first failure is replaced, the second ends the job
