@@ -412,7 +412,8 @@ Stop NodeAgent::watch_elastic(const comm::Membership& m, int64_t round) {
     if (!live_now) return change;
     // Live workers must all see one world per epoch: an epoch a member has already left is
     // re-formed at the next poll, and that one is posted (against the epoch they are in).
-    if (next->settled) post_notice(*next, membership_change(current_, *next, so_.nproc));  // the workers reshard at their next step boundary
+    // The workers reshard at their next step boundary.
+    if (next->settled) post_notice(*next, membership_change(current_, *next, so_.nproc));
   }
   return {};
 }
@@ -762,7 +763,9 @@ int NodeAgent::run() {
   so_.nnodes_max = o_.nnodes_max;
   const std::string round_key = key_ + "round";
   if (elastic_) make_scratch();  // a job that may change size can reshard live
-  so_.replace = [this](int local, const std::string& cause) { return replace_worker(local, cause); };
+  so_.replace = [this](int local, const std::string& cause) {
+    return replace_worker(local, cause);
+  };
   so_.on_terminate = [this] {
     // Otherwise stop the workers (the job ends): not live, or a job that cannot shrink
     // (--standalone, at MIN nodes), whose others could never form an epoch without it.

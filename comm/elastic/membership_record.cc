@@ -139,7 +139,8 @@ MembershipRecord decode(const std::string& text, const std::string& key) {
   for (const auto& id : r.hands_over)
     if (!seen_left.count(id)) bad(key, n, "hands_over " + id, "a node that hands over must have left");
   for (const auto& [local, id] : r.replaced)
-    if (!r.members.count(id)) bad(key, n, "replaced " + id, "a replaced worker's node must be a member");
+    if (!r.members.count(id))
+      bad(key, n, "replaced " + id, "a replaced worker's node must be a member");
   if (r.epoch == 0 && !r.members.empty()) bad(key, n, "", "members before epoch 1");
   return r;
 }
