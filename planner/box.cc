@@ -113,12 +113,16 @@ std::string box_str(const Box& b) {
 }
 
 bool piece_extractable(const Piece& have, const Piece& need) {
-  return have.part == need.part && have.parts == need.parts && box_contains(have.box, need.box);
+  return have.part == need.part && have.parts == need.parts && have.reduce == need.reduce &&
+         box_contains(have.box, need.box);
 }
+
+const char* reduce_name(ReduceOp r) { return r == ReduceOp::kMax ? "max" : "sum"; }
 
 std::string piece_str(const Piece& p) {
   std::string s = box_str(p.box);
   if (p.parts > 1) s += "+" + std::to_string(p.part) + "/" + std::to_string(p.parts);
+  if (p.parts > 1 && p.reduce == ReduceOp::kMax) s += "max";
   return s;
 }
 

@@ -1,5 +1,6 @@
 // Sub-tensors: a piece of a global value is a box (an index set per dim) plus a value split
-// (the i-th of n partial-sum addends). Replicas are equal pieces on different devices.
+// (the i-th of n partial addends, combined by a sum or a max). Replicas are equal pieces on
+// different devices.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,12 @@ struct DimSlice {
 
 using Box = std::vector<DimSlice>;
 
+// How the addends of a value split combine into the value: a sum (partial sums: gradients,
+// row-parallel outputs) or an element-wise max (a vocabulary-parallel row max). Also the
+// reduction a collective applies (Instr::reduce).
+enum class ReduceOp : uint8_t { kSum, kMax };
+const char* reduce_name(ReduceOp r);  // "sum", "max"
+
 Box full_box(const core::Shape& shape);
 int64_t box_numel(const Box& b);
 core::Shape box_shape(const Box& b);  // per dim count*size: the dense local tensor
@@ -48,16 +55,19 @@ bool box_contains(const Box& outer, const Box& inner);
 void cover(Box& whole, const Box& b);
 std::string box_str(const Box& b);
 
-// A sub-tensor of a global value: `box` holds the partial-sum addend `part` of `parts`
-// (parts 1: the value itself).
+// A sub-tensor of a global value: `box` holds the addend `part` of `parts` (parts 1: the
+// value itself), the addends combining under `reduce`. A whole value (parts 1) always says
+// kSum, so that equal pieces compare equal whatever split they came from.
 struct Piece {
   Box box;
   int32_t part = 0, parts = 1;
+  ReduceOp reduce = ReduceOp::kSum;
   bool operator==(const Piece& o) const = default;
   int64_t numel() const { return box_numel(box); }
   bool partial() const { return parts > 1; }
 };
-// True when `need` can be cut out of `have` locally: the same addend, a sub-box.
+// True when `need` can be cut out of `have` locally: the same addend (of the same
+// reduction), a sub-box.
 bool piece_extractable(const Piece& have, const Piece& need);
 std::string piece_str(const Piece& p);
 

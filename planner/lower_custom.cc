@@ -1,6 +1,7 @@
-// Custom lowering rules: vocab-parallel cross-entropy (max and sum-exp all-reduced over the
-// tensor-parallel lanes, Megatron-style) and expert-parallel MoE (tokens dispatched to the
-// lanes holding their experts with all_to_all_v and returned the same way).
+// Custom lowering rules: vocab-parallel cross-entropy (its parts, each lane's row max and
+// sums declared as V-max and V-sum values whose joining phase 3 derives: Megatron's max and
+// sum all-reduces over the tensor-parallel lanes) and expert-parallel MoE (tokens dispatched
+// to the lanes holding their experts with all_to_all_v and returned the same way).
 //
 // Parts the executor runs (operands by op slot; scratch operands by name):
 //   ce.max     logits -> ce.max (b,t) local max over the vocabulary slice
@@ -21,11 +22,6 @@
 namespace weft::planner {
 namespace {
 
-std::vector<int> tp_team(const Mesh& m, int lane) {
-  std::vector<int> t;
-  for (int i = 0; i < int(m.degrees().tp); ++i) t.push_back(i + int(m.degrees().tp) * m.lane_ep(lane));
-  return t;
-}
 std::vector<int> ep_team(const Mesh& m, int lane) {
   std::vector<int> t;
   for (int e = 0; e < int(m.degrees().ep); ++e) t.push_back(m.lane_tp(lane) + int(m.degrees().tp) * e);
@@ -48,39 +44,51 @@ void StageBuilder::emit_ce(int op, const std::vector<SubOp>& subs, const Ctx& ct
   std::vector<int> logits = inputs(op, subs, 0, ctx), targets = inputs(op, subs, 1, ctx);
   std::vector<std::vector<bool>> acc(2);
   std::vector<int> loss = outputs(op, subs, 0, ctx, &acc[0]), probs = outputs(op, subs, 1, ctx, &acc[1]);
-  int tv = g_.op(op).inputs[1];
+  const int tv = g_.op(op).inputs[1];
   // The max and the sums in f64 for an f64 model (gradient checks), else f32.
   const core::DType sdt =
       g_.value(g_.op(op).inputs[0]).dtype == core::DType::kF64 ? core::DType::kF64 : core::DType::kF32;
-  for (int l = 0; l < lanes_; ++l) {
-    const TensorDesc tgt = role(l).tensors[size_t(targets[size_t(l)])];
-    int fam = team_family(tp_team(plan_.mesh, l));
-    auto scratch = [&](const std::string& name, bool pair) {
-      Piece p = tgt.piece;
-      if (pair) p.box.insert(p.box.begin(), DimSlice{0, 2, 1, 0});
-      TensorDesc t = scratch_tensor(name, p, sdt);
-      t.shift_dim = pair ? 1 : 0;
-      t.shift = slice_shift(tv, 0);
-      return add_tensor(l, t);
-    };
-    int mx = scratch("ce.max", false), mx_all = scratch("ce.max", false);
-    emit(l, compute(op, "ce.max", {{0, logits[size_t(l)]}}, {{-1, mx}}), ctx);
-    Instr a = collective(CollKind::kAllReduce, fam, mx, mx_all, role(l).tensors[size_t(mx)].bytes, ctx, op,
-                         "ce.max", l);
-    a.reduce = ReduceOp::kMax;
-    emit(l, a, ctx);
-    int sums = scratch("ce.sums", true), sums_all = scratch("ce.sums", true);
-    emit(l, compute(op, "ce.sumexp", {{0, logits[size_t(l)]}, {1, targets[size_t(l)]}, {-1, mx_all}},
-                    {{-1, sums}}),
+  // A lane's row max (b,t) and sums (2,b,t) over its vocabulary slice are addend tp_i of tp
+  // of the whole rows' values: combined by max, and by sum (the sum of exponentials, and the
+  // target's logit, which only the lane holding the target adds). Each is an edge from that
+  // layout to the whole value on every lane; phase 3 derives what joins them.
+  auto scratch = [&](int l, const std::string& name, bool pair, bool whole, ReduceOp r) {
+    Piece p = role(l).tensors[size_t(targets[size_t(l)])].piece;
+    if (pair) p.box.insert(p.box.begin(), DimSlice{0, 2, 1, 0});
+    if (!whole) p.part = plan_.mesh.lane_tp(l), p.parts = tp_, p.reduce = r;
+    TensorDesc t = scratch_tensor(name, p, sdt);
+    t.shift_dim = pair ? 1 : 0;
+    t.shift = slice_shift(tv, 0);
+    return t;
+  };
+  auto edge = [&](const std::string& name, bool pair, ReduceOp r) {
+    Edge e;
+    e.value = -1;
+    e.op = op;
+    e.part = name;
+    for (int l = 0; l < lanes_; ++l) {
+      e.devices.push_back({stage_, l});
+      e.from.push_back(scratch(l, name, pair, false, r));
+      e.have.push_back(add_tensor(l, e.from.back()));
+      e.need.push_back(scratch(l, name, pair, true, r));
+    }
+    return e;
+  };
+  Edge mx = edge("ce.max", false, ReduceOp::kMax);
+  for (int l = 0; l < lanes_; ++l)
+    emit(l, compute(op, "ce.max", {{0, logits[size_t(l)]}}, {{-1, mx.have[size_t(l)]}}), ctx);
+  const std::vector<int> mx_all = preserve(mx, ctx);
+  Edge sums = edge("ce.sums", true, ReduceOp::kSum);
+  for (int l = 0; l < lanes_; ++l)
+    emit(l, compute(op, "ce.sumexp", {{0, logits[size_t(l)]}, {1, targets[size_t(l)]}, {-1, mx_all[size_t(l)]}},
+                    {{-1, sums.have[size_t(l)]}}),
          ctx);
-    emit(l, collective(CollKind::kAllReduce, fam, sums, sums_all, role(l).tensors[size_t(sums)].bytes, ctx,
-                       op, "ce.sums", l),
-         ctx);
+  const std::vector<int> sums_all = preserve(sums, ctx);
+  for (int l = 0; l < lanes_; ++l)
     emit(l, compute(op, "ce.finish",
-                    {{0, logits[size_t(l)]}, {1, targets[size_t(l)]}, {-1, mx_all}, {-1, sums_all}},
+                    {{0, logits[size_t(l)]}, {1, targets[size_t(l)]}, {-1, mx_all[size_t(l)]}, {-1, sums_all[size_t(l)]}},
                     {{0, loss[size_t(l)]}, {1, probs[size_t(l)]}}),
          ctx);
-  }
 }
 
 void StageBuilder::emit_moe(int op, const std::vector<SubOp>& subs, const Ctx& ctx) {

@@ -38,8 +38,10 @@ int StageBuilder::local_cut(int lane, int from, TensorDesc t, const Ctx& ctx, in
   return id;
 }
 
-TensorDesc StageBuilder::moved_tensor(int value, const GroupLayout& after, int at, int per_block) const {
-  TensorDesc t = value_tensor(value, after[size_t(at)]);
+TensorDesc StageBuilder::moved_tensor(const Edge& e, const GroupLayout& after, int at, int per_block) const {
+  const std::string& name = e.value >= 0 ? g_.value(e.value).name : e.from[0].name;
+  TensorDesc t = e.value >= 0 ? value_tensor(e.value, after[size_t(at)])
+                              : scratch_tensor(name, after[size_t(at)], e.from[0].dtype);
   t.persistent = false;
   const int blocks = int(after.size()) / per_block;
   if (blocks < 2) return t;
@@ -49,13 +51,13 @@ TensorDesc StageBuilder::moved_tensor(int value, const GroupLayout& after, int a
   t.shift_part = next.part - t.piece.part;
   for (size_t d = 0; d < t.piece.box.size(); ++d)
     if (next.box[d].start != t.piece.box[d].start) {
-      WEFT_CHECK(t.shift_dim < 0, "a moved piece of ", g_.value(value).name, " shifts along two dims");
+      WEFT_CHECK(t.shift_dim < 0, "a moved piece of ", name, " shifts along two dims");
       t.shift_dim = int(d);
       t.shift = next.box[d].start - t.piece.box[d].start;
     }
   for (int b = 2; b < blocks; ++b)
     WEFT_CHECK(at_replica(t, b) == after[size_t(at + b * per_block)], "replica ", b, "'s piece of ",
-               g_.value(value).name, " is not replica 0's shifted ", b, " times");
+               name, " is not replica 0's shifted ", b, " times");
   return t;
 }
 
@@ -83,7 +85,7 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
   WEFT_CHECK(n > 0 && int(e.from.size()) == n && int(e.have.size()) == n && int(e.need.size()) == n &&
                  (e.sink.empty() || int(e.sink.size()) == n),
              "preserve: one entry per device");
-  const core::Value& val = g_.value(e.value);
+  const core::DType dtype = e.value >= 0 ? g_.value(e.value).dtype : e.from[0].dtype;
 
   // Devices whose pieces (over every replica) touch no other's are separate problems: the
   // two halves of an unevenly split vocabulary each gather within their own holders. The
@@ -138,7 +140,7 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
         nodes.insert(plan_.mesh.rank_of(e.devices[size_t(p)].first, e.devices[size_t(p)].second, b) /
                      cost_.ranks_per_node);
       }
-    P.path = rvd_search(from, need, whole, int64_t(core::dtype_size(val.dtype)), cost_, nodes.size() > 1,
+    P.path = rvd_search(from, need, whole, int64_t(core::dtype_size(dtype)), cost_, nodes.size() > 1,
                         &layouts_, blocks);
     P.held = from;
     P.last = P.path.moves.size();
@@ -169,6 +171,7 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
     int64_t groups = 1;
   };
   struct Batch {
+    ReduceOp reduce = ReduceOp::kSum;
     std::vector<LaneCall> lanes;
     int64_t bytes = 0;
     bool final_all = true, spans_stages = false;
@@ -176,7 +179,8 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
   size_t steps = 0;
   for (const Part& P : parts) steps = std::max(steps, P.path.moves.size());
   for (size_t step = 0; step < steps; ++step) {
-    std::map<CollKind, Batch> batches;
+    // A sum and a max are different calls even where both are all-reduces.
+    std::map<std::pair<CollKind, ReduceOp>, Batch> batches;
     for (Part& P : parts) {
       if (step >= P.path.moves.size()) continue;
       const Move& mv = P.path.moves[step];
@@ -186,14 +190,15 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
           const int p = P.pos[size_t(i)];
           if (cur[size_t(p)] >= 0 && !(P.held[size_t(i)] == mv.after[size_t(i)]))
             cur[size_t(p)] = local_cut(e.devices[size_t(p)].second, cur[size_t(p)],
-                                       moved_tensor(e.value, mv.after, i, k), ctx, e.op);
+                                       moved_tensor(e, mv.after, i, k), ctx, e.op);
         }
         P.held = mv.after;
         continue;
       }
       const bool into_sink = step + 1 == P.last && P.direct && !e.sink.empty();
       const CollKind kind = move_collective(mv.kind);
-      Batch& batch = batches[kind];
+      Batch& batch = batches[{kind, mv.reduce}];
+      batch.reduce = mv.reduce;
       batch.lanes.resize(size_t(lanes_));
       batch.final_all = batch.final_all && step + 1 == P.last && P.direct;
       std::vector<int> next = cur;
@@ -220,8 +225,8 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
           if (into_sink && e.sink[size_t(p)].tensor >= 0) {
             out = e.sink[size_t(p)];
           } else {
-            TensorDesc t = moved_tensor(e.value, mv.after, m, k);
-            // A reduction in place: the addend is dead once summed (a gradient
+            TensorDesc t = moved_tensor(e, mv.after, m, k);
+            // A reduction in place: the addend is dead once combined (a gradient
             // accumulator's storage becomes the reduced gradient, as DDP does).
             if (kind == CollKind::kAllReduce) t.alias_of = cur[size_t(p)];
             out.tensor = add_tensor(l, t);
@@ -236,11 +241,13 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
       cur = next;
       P.held = mv.after;
     }
-    for (auto& [kind, batch] : batches) {
+    for (auto& [key, batch] : batches) {
+      const CollKind kind = key.first;
       const std::string& part = batch.spans_stages && !e.part_stages.empty() ? e.part_stages : e.part;
       const bool every_lane = std::all_of(batch.lanes.begin(), batch.lanes.end(),
                                           [](const LaneCall& c) { return c.fam >= 0; });
-      if (e.bucket && batch.final_all && every_lane) {
+      // Buckets sum (a bucket is one grouped call of one operator, and buckets hold sums).
+      if (e.bucket && batch.final_all && every_lane && batch.reduce == ReduceOp::kSum) {
         std::vector<int> fams;
         std::vector<Operand> ins, outs;
         for (const LaneCall& c : batch.lanes) fams.push_back(c.fam), ins.push_back(c.in), outs.push_back(c.out);
@@ -252,6 +259,7 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
         if (lc.fam < 0) continue;
         Instr c = collective(kind, lc.fam, lc.in.tensor, lc.out.tensor, batch.bytes, ctx, e.op, part, l);
         c.out[0].accumulate = lc.out.accumulate;
+        c.reduce = batch.reduce;
         c.dim = lc.dim;
         c.dim2 = lc.dim2;
         c.groups = lc.groups;

@@ -223,6 +223,7 @@ std::vector<int> StageBuilder::convert(int value, int mb, const std::vector<int>
         CollKind k = move_collective(mv.kind);
         int64_t bytes = k == CollKind::kAllGather ? t.bytes : src.bytes;
         Instr c = collective(k, fam, cur[size_t(i)], out, bytes, ctx, op, "", l);
+        c.reduce = mv.reduce;
         c.dim = mv.dim;
         c.dim2 = mv.dim2;
         c.groups = mv.groups;

@@ -1,9 +1,9 @@
 // Internal to lowering: builds the programs of all lanes of one pipeline stage at once, so
 // that collectives among lanes are emitted at the same point of every member's program.
 // Split over lower_stage.cc (operands, units, transfers, recompute), lower_custom.cc
-// (vocab-parallel cross-entropy, expert-parallel MoE), lower_preserve.cc (phase 3's pass
-// for state that spans data-parallel replicas and stages) and lower_step.cc (the edges of
-// gradients and parameters it serves, the optimizer, frees).
+// (vocab-parallel cross-entropy's parts and edges, expert-parallel MoE), lower_preserve.cc
+// (phase 3's pass for state that spans data-parallel replicas and stages) and lower_step.cc
+// (the edges of gradients and parameters it serves, the optimizer, frees).
 #pragma once
 
 #include <map>
@@ -108,9 +108,12 @@ class StageBuilder {
   // value is held by every device in one layout and read by some in another; the RVD
   // search over all replicas' pieces finds the cheapest moves and each team becomes a group
   // family (lower_preserve.cc). DP gradient reduction, ZeRO's reduce-scatter and gathers,
-  // tp-partial gradients and tied weights across stages are all edges of this one kind.
+  // tp-partial gradients, tied weights across stages and the vocabulary-parallel
+  // cross-entropy's row max (V-max) and sums (V-sum) are all edges of this one kind.
   struct Edge {
-    int value = -1;                            // the graph value moved
+    // The graph value moved; -1: a custom rule's scratch value (the cross-entropy's row max
+    // and sums), named and typed by `from` (every device's TensorDesc of it).
+    int value = -1;
     std::vector<std::pair<int, int>> devices;  // (stage, lane) of data-parallel replica 0
     std::vector<TensorDesc> from;              // per device: its piece (replica 0, with shifts)
     std::vector<int> have;                     // per device: its tensor here (-1: another stage)
@@ -125,7 +128,7 @@ class StageBuilder {
   };
   // Per lane of this stage: the tensor that holds its need (-1 where not a device).
   std::vector<int> preserve(const Edge& e, const Ctx& ctx);
-  TensorDesc moved_tensor(int value, const GroupLayout& after, int at, int per_block) const;
+  TensorDesc moved_tensor(const Edge& e, const GroupLayout& after, int at, int per_block) const;
   int local_cut(int lane, int from, TensorDesc t, const Ctx& ctx, int op);  // out := the sub-box t of from
 
   // gradients, optimizer, memory (lower_step.cc)

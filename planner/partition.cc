@@ -220,8 +220,9 @@ SubOp partition_one(const Graph& g, const SubOp& base, const std::string& symbol
   const std::string& t = op.type;
 
   if ((t == "cross_entropy" || t == "cross_entropy.bwd") && symbol == "v") {
-    // Vocabulary-parallel: each part holds a slice of the logits (or probs); the max and
-    // the sum of exponentials are all-reduced during lowering, so the loss is whole.
+    // Vocabulary-parallel: each part holds a slice of the logits (or probs); its row max
+    // and sum of exponentials are addends (V-max, V-sum) that lowering joins through phase
+    // 3, so the loss is whole.
     // Balanced slices, the same rows as the head's and the embedding's (vocab_symbol).
     split_dim(s.ins[0], 2, n, k, true);
     if (t == "cross_entropy") {

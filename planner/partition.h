@@ -43,8 +43,9 @@ struct SubOp {
   std::vector<SubTensor> ins;   // per op.inputs
   std::vector<SubTensor> outs;  // per op.outputs
   std::vector<Split> splits;    // applied so far, in order
-  // Custom lowering: cross-entropy split over the vocabulary (max and sum-exp all-reduced
-  // across the parts), MoE split over experts (tokens dispatched with all_to_all_v).
+  // Custom lowering: cross-entropy split over the vocabulary (run as parts whose row max and
+  // sums are V-max and V-sum values across the parts; phase 3 derives their joining), MoE
+  // split over experts (tokens dispatched with all_to_all_v).
   bool vocab_parallel = false;
   bool expert_parallel = false;
   int64_t expert_parts = 1, expert_index = 0;

@@ -45,7 +45,6 @@ enum class InstrKind : uint8_t {
 };
 const char* instr_kind_name(InstrKind k);
 
-enum class ReduceOp : uint8_t { kSum, kMax };
 enum class Stage : uint8_t { kForward, kBackward, kStep };
 const char* stage_name(Stage s);
 

@@ -60,6 +60,7 @@ void write_tensor(W& w, const TensorDesc& t) {
   }
   w.raw("]");
   if (t.piece.parts > 1) w.key("part"), w.raw("[" + std::to_string(t.piece.part) + "," + std::to_string(t.piece.parts) + "]");
+  if (t.piece.reduce == ReduceOp::kMax) w.str("reduce", "max");
   w.str("dt", core::dtype_name(t.dtype));
   w.i("bytes", t.bytes);
   if (t.persistent) w.b("persistent", true);
@@ -199,6 +200,7 @@ TensorDesc read_tensor(const JsonValue& o) {
   for (const JsonValue& d : at(o, "box").items)
     t.piece.box.push_back({num(d.items.at(0)), num(d.items.at(1)), num(d.items.at(2)), num(d.items.at(3))});
   if (const JsonValue* p = o.find("part")) t.piece.part = int32_t(num(p->items.at(0))), t.piece.parts = int32_t(num(p->items.at(1)));
+  if (text_or(o, "reduce") == "max") t.piece.reduce = ReduceOp::kMax;
   t.dtype = core::parse_dtype(at(o, "dt").text, "plan tensor dtype");
   t.bytes = num(at(o, "bytes"));
   t.persistent = flag(o, "persistent");

@@ -20,6 +20,7 @@ std::string piece_key(const Piece& p) {
   std::string k;
   put(k, p.part);
   put(k, p.parts);
+  put(k, int64_t(p.reduce));
   for (const DimSlice& s : p.box) {
     put(k, s.start);
     put(k, s.size);
@@ -191,13 +192,26 @@ struct Search {
         std::vector<std::vector<int>> sorted = t;
         if (blocks > 1)
           for (auto& team : sorted) std::sort(team.begin(), team.end());
+        // The all-reduce applies the addends' own operator: a V-max is combined by max, never
+        // summed. Teams group equal keys, and the key holds the operator, so a team is of one
+        // operator; a layout mixing operators across teams is not a move of one collective.
+        const ReduceOp op = l[size_t(t[0][0])].reduce;
+        bool one_op = true;
+        for (const Piece& p : l) one_op = one_op && p.reduce == op;
         Move mv{MoveKind::kAllReduce, -1, -1, 1, f, sorted, l};
-        for (Piece& p : mv.after) p.part /= f, p.parts /= f;
+        mv.reduce = op;
+        for (Piece& p : mv.after) {
+          p.part /= f, p.parts /= f;
+          if (p.parts == 1) p.reduce = ReduceOp::kSum;  // a whole value has no operator
+        }
         mv.cost = cm.collective(CollKind::kAllReduce, f, max_bytes(l), cross);
-        if (teams_ok(sorted)) out.push_back(mv);
-        for (int d = 0; d < dims; ++d)
-          for (int64_t g : group_opts[size_t(d)])
-            for (int aligned = 0; aligned < 2; ++aligned) reduce_scatter(l, t, f, d, g, aligned, out);
+        if (one_op && teams_ok(sorted)) out.push_back(mv);
+        // Reduce-scatter sums (the executor and the collectives it calls scatter by sum only):
+        // a V-max reaches a split only through its max all-reduce and a local chunk.
+        if (one_op && op == ReduceOp::kSum)
+          for (int d = 0; d < dims; ++d)
+            for (int64_t g : group_opts[size_t(d)])
+              for (int aligned = 0; aligned < 2; ++aligned) reduce_scatter(l, t, f, d, g, aligned, out);
       }
       for (int d = 0; d < dims; ++d) {
         if (dim_teams(l, f, d, t) && teams_ok(t)) {
@@ -370,7 +384,7 @@ RvdPath search(const GroupLayout& from, const std::vector<std::optional<Piece>>&
 
 std::string Rvd::str() const {
   std::ostringstream os;
-  os << "R" << r << " V" << v << " D(";
+  os << "R" << r << " V" << v << (v > 1 && reduce == ReduceOp::kMax ? "max" : "") << " D(";
   for (size_t i = 0; i < d.size(); ++i) os << (i ? "," : "") << d[i];
   os << ")";
   return os.str();
@@ -380,6 +394,7 @@ std::optional<Rvd> rvd_of(const GroupLayout& l, const Box& whole) {
   if (l.empty()) return std::nullopt;
   Rvd r;
   r.v = l[0].parts;
+  r.reduce = l[0].reduce;
   for (size_t d = 0; d < whole.size(); ++d) {
     int64_t c, D;
     DimSlice s = l[0].box[d];

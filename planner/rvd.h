@@ -1,11 +1,14 @@
 // Phase 3's search: converting a value's layout over an ordered device group into the
 // layout its consumers need. A layout is the piece each member holds; in RVD terms it is
-// R replicas x V partial-sum addends x D_k chunks per dim. A shortest-path search over
-// layouts (alpha-beta cost) uses the primitive moves, each a real collective within
-// sub-groups of the members:
-//   V -> R  all_reduce          V -> D_k  reduce_scatter      D_k -> R  all_gather
-//   D_i -> D_j  all_to_all      R -> D_k  local chunk (no communication)
-// and ends where every member can cut its needed piece out of what it holds.
+// R replicas x V addends x D_k chunks per dim, where V carries the operator its addends
+// combine under: V-sum (partial sums) or V-max (partial maxima, a vocabulary-parallel row
+// max). A shortest-path search over layouts (alpha-beta cost) uses the primitive moves,
+// each a real collective within sub-groups of the members:
+//   V -> R  all_reduce (sum or max, as V says)    V-sum -> D_k  reduce_scatter
+//   D_k -> R  all_gather    D_i -> D_j  all_to_all    R -> D_k  local chunk (no communication)
+// and ends where every member can cut its needed piece out of what it holds. A V-max value
+// is never summed: its addends only meet in a max all-reduce (the executor reduce-scatters
+// by sum only).
 #pragma once
 
 #include <cstddef>
@@ -25,8 +28,9 @@ using GroupLayout = std::vector<Piece>;  // member -> its piece
 // R, V and the D factor of each dim, when the layout is uniform over `whole`.
 struct Rvd {
   int64_t r = 1, v = 1;
+  ReduceOp reduce = ReduceOp::kSum;  // how the V addends combine (kSum when v == 1)
   std::vector<int64_t> d;
-  std::string str() const;  // "R2 V1 D(1,1,4)"
+  std::string str() const;  // "R2 V1 D(1,1,4)"; a V-max: "R1 V2max D(1,1)"
 };
 std::optional<Rvd> rvd_of(const GroupLayout& layout, const Box& whole);
 
@@ -42,6 +46,7 @@ struct Move {
   std::vector<std::vector<int>> teams;
   GroupLayout after;
   double cost = 0;
+  ReduceOp reduce = ReduceOp::kSum;  // all_reduce: the operator of the addends it combines
 };
 
 struct RvdPath {
