@@ -643,8 +643,7 @@ Stop NodeAgent::watch_fixed(const comm::Membership& m) {
         store_->check({exited_key(x.node_id)}))
       continue;
     std::string why = str("lost node ", x.node_id, " (node rank ", x.node_rank,
-                          "): its heartbeat expired (none for ", seconds(ro_.heartbeat_timeout),
-                          " s)");
+                          "): ", rdzv_->lost_cause(x.node_id));
     rdzv_->close(why);
     return {why};
   }

@@ -7,13 +7,26 @@
 
 namespace weft::comm {
 
-Heartbeat::Heartbeat(Store& store, std::string key, Millis interval, Millis ttl)
-    : store_(store), key_(std::move(key)), interval_(interval), ttl_(ttl) {}
+Heartbeat::Heartbeat(Store& store, std::string key, Millis interval, Millis ttl,
+                     std::string witness_key)
+    : store_(store),
+      key_(std::move(key)),
+      witness_key_(std::move(witness_key)),
+      interval_(interval),
+      ttl_(ttl),
+      bound_(!witness_key_.empty() && store_.binds_to_connection()) {}
 
 Heartbeat::~Heartbeat() { stop(); }
 
 void Heartbeat::beat_once() {
-  store_.set(key_, to_bytes(std::to_string(beats_.load() + 1)), ttl_);
+  const Bytes beat = to_bytes(std::to_string(beats_.load() + 1));
+  if (bound_) {
+    // The witness first: its deadline must not be later than the key's (heartbeat.h).
+    store_.set(witness_key_, beat, ttl_);
+    store_.set(key_, beat, SetOptions{.ttl = ttl_, .bind = true});
+  } else {
+    store_.set(key_, beat, ttl_);
+  }
   beats_.fetch_add(1);
 }
 
@@ -66,6 +79,7 @@ bool Heartbeat::stop_and_erase() {
   stop();
   try {
     store_.erase(key_);
+    if (bound_) store_.erase(witness_key_);
     return true;
   } catch (...) {
     return false;

@@ -20,7 +20,8 @@ Rendezvous::Rendezvous(Store& store, RendezvousOptions options)
       options_((validate(options), std::move(options))),
       prefix_("rdzv/" + options_.run_id + "/"),
       heartbeat_(store, alive_key(options_.node_id), options_.heartbeat_interval,
-                 options_.heartbeat_timeout) {}
+                 options_.heartbeat_timeout,
+                 options_.bind_alive_key ? witness_key(options_.node_id) : std::string()) {}
 
 Rendezvous::~Rendezvous() { heartbeat_.stop(); }
 
@@ -52,9 +53,48 @@ std::set<std::string> Rendezvous::alive_nodes(const MembershipRecord& r) {
   std::set<std::string> alive;
   if (keys.empty()) return alive;
   if (store_.check(keys)) return {ids.begin(), ids.end()};  // the common case: one round trip
-  for (size_t i = 0; i < ids.size(); ++i)
-    if (store_.check({keys[i]})) alive.insert(ids[i]);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (store_.check({keys[i]})) {
+      alive.insert(ids[i]);
+    } else if (r.rank_of(ids[i]) && !lost_causes_.count(ids[i])) {
+      // Seen gone for the first time: say why now, while the witness still tells.
+      lost_causes_[ids[i]] = lost_cause_locked(ids[i]);
+    }
+  }
   return alive;
+}
+
+std::string Rendezvous::lost_cause(const std::string& node_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lost_cause_locked(node_id);
+}
+
+std::string Rendezvous::lost_cause_locked(const std::string& node_id) {
+  auto seen = lost_causes_.find(node_id);
+  if (seen != lost_causes_.end()) return seen->second;
+  if (store_.check({alive_key(node_id)})) return "alive";
+  // The witness outlives the bound key only when the store dropped the key for its closed
+  // connection; by TTL the witness goes first (heartbeat.h).
+  if (store_.check({witness_key(node_id)}))
+    return "its store connection closed (the store dropped its connection-bound alive key: "
+           "its agent's process is gone)";
+  return str("its heartbeat expired (none for ", secs(options_.heartbeat_timeout), ")");
+}
+
+void Rendezvous::note_lost(const MembershipRecord& before, const MembershipRecord& after) {
+  for (const auto& [id, rank] : before.members) {
+    if (id == options_.node_id || after.members.count(id) || before.has_left(id) ||
+        after.departed.count(id))
+      continue;
+    std::string cause;
+    try {
+      cause = lost_cause_locked(id);
+    } catch (const std::exception& e) {
+      cause = str("unknown (", e.what(), ")");
+    }
+    WEFT_INFO("elastic", "node ", options_.node_id, " sees node ", id, " (node rank ", rank,
+              ") lost in epoch ", before.epoch, ": ", cause);
+  }
 }
 
 Decision Rendezvous::decide_now(const MembershipRecord& r, const std::set<std::string>& alive) {
@@ -102,6 +142,8 @@ void Rendezvous::adopt(const MembershipRecord& r) {
   membership_ = make_membership(r);
   last_call_since_.reset();
   too_few_since_.reset();
+  lost_causes_.clear();
+  seen_ = r;
   if (changed)
     WEFT_INFO("elastic", "node ", options_.node_id, " is rank ", membership_->node_rank,
               " of epoch ", r.epoch, " (", membership_->world(), " nodes)");
@@ -113,6 +155,22 @@ Membership Rendezvous::join() {
   const std::string& me = options_.node_id;
   joined_ = true;
   heartbeat_.start();
+  if (!told_liveness_) {
+    told_liveness_ = true;
+    if (heartbeat_.bound())
+      WEFT_INFO("elastic", "node ", me, "'s liveness: ", heartbeat_.key(),
+                " is bound to its store connection (the others know within the store's grace "
+                "once its processes die) with a TTL of ",
+                secs(options_.heartbeat_timeout), " for a host that vanishes");
+    else
+      WEFT_INFO("elastic", "node ", me, "'s liveness: ", heartbeat_.key(), " is a TTL key (",
+                secs(options_.heartbeat_timeout),
+                options_.bind_alive_key
+                    ? "; this store cannot bind keys to a connection): a lost node is known "
+                      "heartbeat_timeout after its last beat"
+                    : "; bind_alive_key is off): a lost node is known heartbeat_timeout after "
+                      "its last beat");
+  }
   std::string waiting_for = "the store";
   for (;;) {
     auto [raw, rec] = read_or_create();
@@ -175,6 +233,7 @@ std::optional<Membership> Rendezvous::poll_change() {
     }
     if (rec.epoch != mine || !rec.rank_of(me)) {
       if (rec.rank_of(me)) {
+        if (seen_ && seen_->epoch == mine) note_lost(*seen_, rec);
         adopt(rec);
         return membership_;
       }
@@ -187,6 +246,7 @@ std::optional<Membership> Rendezvous::poll_change() {
               hb ? "last heartbeat error: " + *hb : "partitioned from the others or too slow",
               "); it stops its workers and may join again"));
     }
+    seen_ = rec;
     Decision d = decide_now(rec, alive_nodes(rec));
     switch (d.verdict) {
       case Verdict::kForm: {
@@ -199,6 +259,7 @@ std::optional<Membership> Rendezvous::poll_change() {
         }
         if (!write(raw, d.next)) continue;  // someone else wrote first: look again
         WEFT_INFO("elastic", "node ", me, " formed epoch ", d.next.epoch, ": ", d.why);
+        note_lost(rec, d.next);
         adopt(d.next);
         return membership_;
       }

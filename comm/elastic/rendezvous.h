@@ -4,7 +4,10 @@
 //
 // Store keys (all under rdzv/<run id>/):
 //   state              the MembershipRecord (membership_record.h), changed only by CAS loops
-//   alive/<node id>    the node's heartbeat, a TTL key (heartbeat.h)
+//   alive/<node id>    the node's heartbeat, a TTL key (heartbeat.h), bound to the node's
+//                      store connection too where the store can (bind_alive_key)
+//   beat/<node id>     the alive key's witness, a TTL key set just before it when bound:
+//                      present while alive/ is gone means the node's connection closed
 //   epoch/<E>/...      free for the layer above (Membership::store_prefix): Gloo/NCCL
 //                      bootstrap of epoch E never collides with epoch E-1's keys
 //
@@ -19,6 +22,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -148,6 +152,13 @@ class Rendezvous {
   const RendezvousOptions& options() const { return options_; }
   std::string state_key() const { return prefix_ + "state"; }
   std::string alive_key(const std::string& node_id) const { return prefix_ + "alive/" + node_id; }
+  std::string witness_key(const std::string& node_id) const { return prefix_ + "beat/" + node_id; }
+  // Why `node_id`'s alive key is gone, for the log: "its store connection closed (...)" when
+  // its witness is still there (the store dropped the bound key: its processes died), else
+  // "its heartbeat expired (none for <heartbeat_timeout>)". The cause this agent saw when it
+  // first found the key gone, if it did since the last epoch; else it looks now (two store
+  // reads). "alive" when the key is there. Throws as the store does.
+  std::string lost_cause(const std::string& node_id);
 
  private:
   // Reads the record, creating an empty one when the key is absent (one round trip).
@@ -160,6 +171,10 @@ class Rendezvous {
   Decision decide_now(const MembershipRecord& r, const std::set<std::string>& alive);
   Membership make_membership(const MembershipRecord& r) const;
   void adopt(const MembershipRecord& r);  // membership_ = r's, timers reset
+  // Logs, for each member of `before` that is not in `after` and did not leave, why it is
+  // lost (lost_cause). Never throws: the log line is not worth a failed poll.
+  void note_lost(const MembershipRecord& before, const MembershipRecord& after);
+  std::string lost_cause_locked(const std::string& node_id);
 
   using Clock = std::chrono::steady_clock;
   Store& store_;
@@ -173,6 +188,11 @@ class Rendezvous {
   std::optional<Clock::time_point> too_few_since_;    // first kTooFew seen as a member
   bool joined_ = false;                               // join() called, leave() not yet
   std::optional<Millis> grow_last_call_;              // set_grow_last_call()
+  // Members whose alive key this agent found gone, with the cause it saw then; cleared when
+  // an epoch is adopted.
+  std::map<std::string, std::string> lost_causes_;
+  std::optional<MembershipRecord> seen_;  // the record of this node's epoch last read
+  bool told_liveness_ = false;            // the liveness path was logged
 };
 
 }  // namespace weft::comm

@@ -17,7 +17,9 @@
 // 600 s (torchrun's last_call_timeout and join_timeout), poll_interval 100 ms (torchrun's
 // --monitor-interval); collective_timeout and step_timeout belong to the worker and are
 // checked only when given. A node is declared lost at most heartbeat_timeout after its last
-// beat, and the survivors' next poll (poll_interval later at most) forms the new epoch.
+// beat, and the survivors' next poll (poll_interval later at most) forms the new epoch; when
+// the node's processes die and their sockets close, within the store's bound_key_grace
+// instead (bind_alive_key).
 #pragma once
 
 #include <chrono>
@@ -37,6 +39,12 @@ struct RendezvousOptions {
   Millis heartbeat_interval{1'000};          // --rdzv-conf heartbeat_interval
   Millis heartbeat_timeout{5'000};           // --rdzv-conf heartbeat_timeout (the alive keys' TTL)
   Millis poll_interval{100};                 // how often join()/watch() re-read the record
+  // Bind the alive key to the agent's store connection where the store can (heartbeat.h):
+  // a node whose processes die is then known lost within the store's bound_key_grace (250 ms
+  // by default) plus a poll_interval, not heartbeat_timeout; the TTL stays the fallback for
+  // a host that vanishes without closing its connection. Over etcd the key is a TTL key
+  // whatever this says (etcd_store.h).
+  bool bind_alive_key = true;
   std::optional<Millis> collective_timeout;  // --rdzv-conf collective_timeout (worker's)
   std::optional<Millis> step_timeout;        // --rdzv-conf step_timeout (worker's)
 };

@@ -22,6 +22,10 @@ class CancellableStore : public Store {
   void set(const std::string& key, const Bytes& value, std::optional<Millis> ttl = {}) override {
     base_->set(key, value, ttl);
   }
+  void set(const std::string& key, const Bytes& value, const SetOptions& options) override {
+    base_->set(key, value, options);
+  }
+  bool binds_to_connection() const override { return base_->binds_to_connection(); }
   Bytes get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override { return base_->add(key, delta); }
   Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override {

@@ -58,6 +58,13 @@ struct EtcdStoreOptions {
 // - add, append and compare_set are read-modify-write txns (compare mod_revision, or
 //   create_revision == 0 for an absent key) retried until they land; they keep the key's
 //   lease (ignore_lease), so they keep its expiry as the contract says.
+// - Keys bound to the connection (SetOptions::bind) are not offered: binds_to_connection()
+//   is false and such a set() throws NotSupported. An etcd lease ends only by its TTL (or
+//   an explicit revoke): etcd does not tie it to a client's connection, and a keep-alive
+//   stream that breaks leaves the lease to run out, so a SIGKILLed holder's keys stay
+//   until their TTL as after a power loss. The agents' liveness keys over etcd are TTL keys
+//   only (comm/elastic/heartbeat.h): a lost node is known heartbeat_timeout after its last
+//   beat, plus etcd's expiry check (above).
 // - multi_set is one txn (atomic), so it is limited to etcd's --max-txn-ops (128 by
 //   default) distinct keys: beyond that etcd refuses it (CommError).
 // - Values: etcd refuses requests over its --max-request-bytes (1.5 MiB by default; values
@@ -78,6 +85,8 @@ class EtcdStore : public Store {
   EtcdStore& operator=(const EtcdStore&) = delete;
 
   void set(const std::string& key, const Bytes& value, std::optional<Millis> ttl = {}) override;
+  // SetOptions::bind: NotSupported (binds_to_connection() is false; see above).
+  using Store::set;
   Bytes get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
   Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;

@@ -17,6 +17,8 @@ class InMemoryStore : public Store {
                                                                                    << 20);
 
   void set(const std::string& key, const Bytes& value, std::optional<Millis> ttl = {}) override;
+  // No connection to bind keys to: SetOptions::bind throws NotSupported (store.h).
+  using Store::set;
   Bytes get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
   Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;

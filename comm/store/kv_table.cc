@@ -21,25 +21,69 @@ void KvTable::clear_deadline(const std::string& key, Entry& e) {
   e.deadline.reset();
 }
 
-void KvTable::set(const std::string& key, Bytes value, std::optional<Millis> ttl) {
+void KvTable::unbind(const std::string& key, Entry& e) {
+  if (e.owner == kNoOwner) return;
+  auto it = owned_.find(e.owner);
+  if (it != owned_.end()) {
+    it->second.erase(key);
+    if (it->second.empty()) owned_.erase(it);
+  }
+  e.owner = kNoOwner;
+}
+
+void KvTable::set_deadline(const std::string& key, Entry& e, Clock::time_point at) {
+  clear_deadline(key, e);
+  e.deadline = at;
+  deadlines_.insert({at, key});
+}
+
+void KvTable::set(const std::string& key, Bytes value, std::optional<Millis> ttl, Owner owner) {
   check_size(key, value.size());
   expire();
   auto [it, fresh] = entries_.try_emplace(key);
   Entry& e = it->second;
   bytes_ -= fresh ? 0 : key.size() + e.value.size();
   clear_deadline(key, e);
+  unbind(key, e);
   e.value = std::move(value);
   bytes_ += key.size() + e.value.size();
-  if (ttl) {
-    // At least 1 ms: a TTL of 0 would make set() a no-op that still wakes waiters.
-    e.deadline = Clock::now() + std::max(clamp_timeout(*ttl), Millis(1));
-    deadlines_.insert({*e.deadline, key});
+  // At least 1 ms: a TTL of 0 would make set() a no-op that still wakes waiters.
+  if (ttl) set_deadline(key, e, Clock::now() + std::max(clamp_timeout(*ttl), Millis(1)));
+  if (owner != kNoOwner) {
+    e.owner = owner;
+    owned_[owner].insert(key);
   }
+}
+
+size_t KvTable::release(Owner owner, Millis grace) {
+  auto it = owned_.find(owner);
+  if (it == owned_.end()) return 0;
+  std::set<std::string> keys = std::move(it->second);
+  owned_.erase(it);
+  const auto at = Clock::now() + clamp_timeout(grace);
+  for (const std::string& key : keys) {
+    auto e = entries_.find(key);
+    if (e == entries_.end()) continue;
+    e->second.owner = kNoOwner;
+    if (grace <= Millis(0)) {
+      clear_deadline(key, e->second);
+      bytes_ -= key.size() + e->second.value.size();
+      entries_.erase(e);
+    } else if (!e->second.deadline || *e->second.deadline > at) {
+      set_deadline(key, e->second, at);
+    }
+  }
+  return keys.size();
+}
+
+size_t KvTable::bound_to(Owner owner) const {
+  auto it = owned_.find(owner);
+  return it == owned_.end() ? 0 : it->second.size();
 }
 
 void KvTable::multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) {
   for (size_t i = 0; i < keys.size(); ++i) check_size(keys[i], values[i].size());
-  for (size_t i = 0; i < keys.size(); ++i) set(keys[i], values[i], std::nullopt);
+  for (size_t i = 0; i < keys.size(); ++i) set(keys[i], values[i], std::nullopt, kNoOwner);
 }
 
 const Bytes* KvTable::find(const std::string& key) {
@@ -103,6 +147,7 @@ bool KvTable::erase(const std::string& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return false;
   clear_deadline(key, it->second);
+  unbind(key, it->second);
   bytes_ -= key.size() + it->second.value.size();
   entries_.erase(it);
   return true;
@@ -134,6 +179,7 @@ std::optional<KvTable::Clock::time_point> KvTable::expire() {
     auto node = deadlines_.extract(deadlines_.begin());
     auto it = entries_.find(node.value().second);
     if (it == entries_.end()) continue;
+    unbind(it->first, it->second);
     bytes_ -= it->first.size() + it->second.value.size();
     entries_.erase(it);
   }

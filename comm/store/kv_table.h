@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -25,8 +26,19 @@ class KvTable {
   // Values longer than max_value_bytes are refused with CommError (set, append, ...).
   explicit KvTable(size_t max_value_bytes) : max_value_bytes_(max_value_bytes) {}
 
-  // A ttl (re)arms the key's expiry at now + ttl; no ttl makes the key permanent.
-  void set(const std::string& key, Bytes value, std::optional<Millis> ttl);
+  // A connection's id, for keys bound to it (SetOptions::bind); kNoOwner: not bound.
+  using Owner = uint64_t;
+  static constexpr Owner kNoOwner = 0;
+
+  // A ttl (re)arms the key's expiry at now + ttl; no ttl makes the key permanent. `owner`
+  // binds the key to that connection, kNoOwner unbinds it (whoever bound it before).
+  void set(const std::string& key, Bytes value, std::optional<Millis> ttl, Owner owner = kNoOwner);
+  // The connection `owner` closed: its bound keys are unbound and expire `grace` from now
+  // (or at their TTL if that comes first); a grace of 0 erases them now. A set() before
+  // then keeps the key (a reconnected client rebinding it). Returns how many it held.
+  size_t release(Owner owner, Millis grace);
+  // Keys bound to `owner` now.
+  size_t bound_to(Owner owner) const;
   // Sets every key (no TTL) or, when any value is too long, none (CommError).
   void multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values);
   // The value, or nullptr when absent. The pointer is valid until the next call.
@@ -55,14 +67,18 @@ class KvTable {
   struct Entry {
     Bytes value;
     std::optional<Clock::time_point> deadline;
+    Owner owner = kNoOwner;
   };
   void check_size(const std::string& key, size_t n) const;
   void clear_deadline(const std::string& key, Entry& e);
+  void unbind(const std::string& key, Entry& e);
+  void set_deadline(const std::string& key, Entry& e, Clock::time_point at);
 
   size_t max_value_bytes_;
   size_t bytes_ = 0;
   std::map<std::string, Entry> entries_;  // ordered, so prefix counts are a range scan
   std::set<std::pair<Clock::time_point, std::string>> deadlines_;
+  std::unordered_map<Owner, std::set<std::string>> owned_;  // bound keys by connection
 };
 
 }  // namespace weft::comm

@@ -21,6 +21,9 @@ std::vector<std::string> PrefixStore::full(const std::vector<std::string>& keys)
 void PrefixStore::set(const std::string& key, const Bytes& value, std::optional<Millis> ttl) {
   base_->set(full(key), value, ttl);
 }
+void PrefixStore::set(const std::string& key, const Bytes& value, const SetOptions& options) {
+  base_->set(full(key), value, options);
+}
 Bytes PrefixStore::get(const std::string& key) { return base_->get(full(key)); }
 int64_t PrefixStore::add(const std::string& key, int64_t delta) {
   return base_->add(full(key), delta);

@@ -18,6 +18,8 @@ class PrefixStore : public Store {
   PrefixStore(std::string prefix, std::shared_ptr<Store> base);
 
   void set(const std::string& key, const Bytes& value, std::optional<Millis> ttl = {}) override;
+  void set(const std::string& key, const Bytes& value, const SetOptions& options) override;
+  bool binds_to_connection() const override { return base_->binds_to_connection(); }
   Bytes get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
   Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;

@@ -31,6 +31,10 @@ const char* op_name(Op op) {
       return "multi_get";
     case Op::kMultiSet:
       return "multi_set";
+    case Op::kSetBound:
+      return "set_bound";
+    case Op::kGoodbye:
+      return "goodbye";
   }
   return "unknown";
 }

@@ -30,9 +30,18 @@ namespace weft::comm::wire {
 // kAppend   key, value                             -
 // kMultiGet keys, i64 timeout_ms                   list of values (blocks server-side)
 // kMultiSet list of (key, value)                   -
+// kSetBound key, value, i64 ttl_ms (0: none)       -     kSet, the key bound to this
+//                                                        connection (SetOptions::bind)
+// kGoodbye  -                                      -     the client is closing on purpose:
+//                                                        its bound keys go now, no grace
+//
+// kSetBound and kGoodbye are sent only to a server whose hello has kHelloBindsKeys (an
+// older server closes a connection that sends an op it does not know); older clients never
+// send them and ignore the flag, so old and new clients and servers mix.
 //
 // Handshake, before any request (same framing):
-//   server -> client  hello:   u8 kHandshakeVersion | u8 flags (kHelloTokenRequired) | nonce
+//   server -> client  hello:   u8 kHandshakeVersion | u8 flags (kHelloTokenRequired,
+//                              kHelloBindsKeys) | nonce
 //   client -> server  proof:   u8 kHandshakeVersion | proof (HMAC-SHA256(token, nonce ||
 //                              auth::kProofContext); empty when the client has no token)
 //   server -> client  verdict: u8 Status (kOk, or kError then a string reason)
@@ -51,13 +60,17 @@ enum class Op : uint8_t {
   kAppend,
   kMultiGet,
   kMultiSet,
+  kSetBound,
+  kGoodbye,
 };
-constexpr uint8_t kMaxOp = static_cast<uint8_t>(Op::kMultiSet);
+constexpr uint8_t kMaxOp = static_cast<uint8_t>(Op::kGoodbye);
 
 enum class Status : uint8_t { kOk = 0, kTimeout = 1, kError = 2 };
 
 constexpr uint8_t kHandshakeVersion = 1;
 constexpr uint8_t kHelloTokenRequired = 1;
+// The server binds keys to connections (kSetBound, kGoodbye).
+constexpr uint8_t kHelloBindsKeys = 2;
 // No handshake frame is longer: the server reads the proof with this bound.
 constexpr size_t kMaxHandshakeBody = 256;
 

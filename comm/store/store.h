@@ -18,6 +18,24 @@ using Millis = std::chrono::milliseconds;
 // a slow rendezvous, short enough that a lost peer fails a job in minutes.
 inline constexpr Millis kDefaultStoreTimeout{60'000};
 
+// How set() keeps a key (the overload that takes options).
+struct SetOptions {
+  // As set()'s ttl: the key disappears `ttl` after this set; none: no expiry of its own.
+  std::optional<Millis> ttl;
+  // An ephemeral key (ZooKeeper's ephemeral nodes, an etcd lease tied to a session): the key
+  // belongs to this client's connection to the store. When that connection closes without
+  // the client's goodbye (its process was killed, crashed, its host's kernel tore its
+  // sockets down) the store drops the key after a short grace (the server's
+  // bound_key_grace, 250 ms by default), unless a set() rebinds it first (a client that
+  // reconnects at once). A clean close (the client's destructor says goodbye) drops its
+  // bound keys at once. Only a closed connection counts: a host that vanishes without
+  // closing anything (power loss) keeps the connection open on the server, so give a bound
+  // key a ttl too when its absence must be noticed then. A later set() without `bind`
+  // unbinds the key; add, append and compare_set keep the binding, as they keep the TTL.
+  // Stores without connections (binds_to_connection() false) refuse it: NotSupported.
+  bool bind = false;
+};
+
 // Contract (every implementation: TCPStore, InMemoryStore, PrefixStore, EtcdStore; the
 // last keeps TTLs at etcd's lease granularity, whole seconds, see etcd_store.h):
 // - Methods are thread-safe; a client may be shared by threads, calls may overlap, and a
@@ -32,11 +50,21 @@ inline constexpr Millis kDefaultStoreTimeout{60'000};
 //   to extend); set() without a ttl makes it permanent; add, append and compare_set keep
 //   whatever expiry the key has. An expired key is absent for every operation.
 // - Writes (set, add, compare_set that writes, append, multi_set) wake blocked readers.
+// - A key set with SetOptions::bind goes with this client's connection (see SetOptions).
 class Store {
  public:
   virtual ~Store() = default;
 
   virtual void set(const std::string& key, const Bytes& value, std::optional<Millis> ttl = {}) = 0;
+  // set() with options. Without `bind` it is set(key, value, options.ttl). With `bind`, a
+  // store that cannot bind (binds_to_connection() false) throws NotSupported naming itself,
+  // never a plain key in silence: the caller that relies on it must know.
+  virtual void set(const std::string& key, const Bytes& value, const SetOptions& options);
+  // Whether set() with SetOptions::bind works on this client: TCPStore against a server that
+  // offers it (said in the handshake; an older server does not); false for the stores
+  // without a connection of their own (InMemoryStore) and for EtcdStore, whose leases end
+  // by TTL only (etcd_store.h). Never blocks.
+  virtual bool binds_to_connection() const { return false; }
   // Blocks until `key` exists (at most timeout()), then returns its value.
   virtual Bytes get(const std::string& key) = 0;
   // Atomically adds `delta` to the integer stored at `key` (absent = 0), returns the result.

@@ -59,6 +59,9 @@ class TCPStore::Connection {
     thread_ = std::thread([this] { io_.run(); });
   }
 
+  // The server offers keys bound to the connection (its hello had kHelloBindsKeys).
+  bool binds() const { return binds_; }
+
   ~Connection() {
     asio::post(io_, [this] {
       closing_ = true;
@@ -167,6 +170,7 @@ class TCPStore::Connection {
       hello.expect_end();
       if (version != wire::kHandshakeVersion)
         return void(failure = "handshake version " + std::to_string(version) + " unsupported");
+      binds_ = (flags & wire::kHelloBindsKeys) != 0;
       if ((flags & wire::kHelloTokenRequired) && o.token.empty())
         return void(failure = "the store requires the job token and this client has none: set "
                               "WEFT_JOB_TOKEN (or WEFT_JOB_TOKEN_FILE) to the job's token");
@@ -267,6 +271,7 @@ class TCPStore::Connection {
   }
 
   std::string where_;
+  bool binds_ = false;  // set by the handshake, before the io thread starts
   asio::io_context io_;
   tcp::socket sock_{io_};
   std::thread thread_;
@@ -292,7 +297,31 @@ TCPStore::TCPStore(TCPStoreOptions options)
 TCPStore::TCPStore(const std::string& host, uint16_t port, Millis timeout)
     : TCPStore(TCPStoreOptions{host, port, timeout}) {}
 
-TCPStore::~TCPStore() = default;
+TCPStore::~TCPStore() {
+  // A clean close: the server drops this connection's bound keys now rather than after its
+  // grace. Best effort; a broken connection or a server that does not answer in time leaves
+  // them to the grace.
+  if (!conn_->binds()) return;
+  try {
+    conn_->call(
+        Op::kGoodbye, [](wire::Writer&) {}, std::min(timeout(), kGoodbyeWait));
+  } catch (...) {
+  }
+}
+
+bool TCPStore::binds_to_connection() const { return conn_->binds(); }
+
+void TCPStore::set(const std::string& key, const Bytes& value, const SetOptions& options) {
+  if (!options.bind) return set(key, value, options.ttl);
+  if (!conn_->binds())
+    throw NotSupported("store " + options_.host + ":" + std::to_string(options_.port) +
+                       ": cannot bind '" + key +
+                       "' to the connection: the store server is older than bound keys (its "
+                       "handshake does not offer them); use a ttl instead");
+  int64_t ttl_ms = options.ttl ? std::max<int64_t>(clamp_timeout(*options.ttl).count(), 1) : 0;
+  conn_->call(
+      Op::kSetBound, [&](wire::Writer& w) { w.str(key).bytes(value).i64(ttl_ms); }, timeout());
+}
 
 void TCPStore::ping() {
   conn_->call(

@@ -11,6 +11,9 @@
 
 namespace weft::comm {
 
+// How long the destructor waits for the server to acknowledge its goodbye.
+inline constexpr Millis kGoodbyeWait{1'000};
+
 struct TCPStoreOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 0;
@@ -30,6 +33,9 @@ struct TCPStoreOptions {
 // and every later call with CommError; the client does not reconnect. Blocking operations
 // are timed by the server, so a timed-out wait costs no extra round trip; the client gives
 // up by itself only if the server's answer is overdue (a hung or partitioned server).
+// Keys set with SetOptions::bind belong to this client's connection (store.h): the
+// destructor says goodbye first (one round trip, at most kGoodbyeWait), so they go at once;
+// a process killed without it leaves them to the server's bound_key_grace.
 // Destroy it only when no call is in flight.
 class TCPStore : public Store {
  public:
@@ -40,6 +46,9 @@ class TCPStore : public Store {
   TCPStore& operator=(const TCPStore&) = delete;
 
   void set(const std::string& key, const Bytes& value, std::optional<Millis> ttl = {}) override;
+  // With `bind`: NotSupported when the server is older than bound keys (its hello said so).
+  void set(const std::string& key, const Bytes& value, const SetOptions& options) override;
+  bool binds_to_connection() const override;
   Bytes get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
   Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;

@@ -74,6 +74,8 @@ class TCPStoreServer::Impl {
   // Called by sessions, on the server thread.
   void handle(const std::shared_ptr<Session>& s, uint64_t req, Op op, wire::Reader& r);
   void forget(Session* s);
+  // The keys bound to connection `owner` go: after `grace` (0: now).
+  void release_bound(KvTable::Owner owner, Millis grace);
   // WEFT_WARN, at most kWarnBurst lines a second: a flood of bad clients must not flood the
   // log too. The next line that gets through says how many were held back.
   void warn(const std::string& line);
@@ -113,8 +115,10 @@ class TCPStoreServer::Impl {
   int warn_count = 0;
   uint64_t warn_suppressed = 0;
   size_t held = 0;  // sum of the sessions' buffers, on the server thread
+  KvTable::Owner next_owner = 1;  // each session's id for the keys it binds
   std::atomic<uint64_t> accepted{0}, open{0}, malformed{0}, over_limit{0}, requests{0}, parked{0};
   std::atomic<uint64_t> timed_out{0}, refused{0}, held_now{0}, held_peak{0}, open_peak{0};
+  std::atomic<uint64_t> goodbyes{0}, released{0};
 
  private:
   void accept();
@@ -132,7 +136,7 @@ class TCPStoreServer::Impl {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(TCPStoreServer::Impl& srv, tcp::socket sock)
-      : srv_(srv), sock_(std::move(sock)), deadline_(srv.io) {
+      : srv_(srv), sock_(std::move(sock)), deadline_(srv.io), owner_(srv.next_owner++) {
     boost::system::error_code ec;
     auto ep = sock_.remote_endpoint(ec);
     peer_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
@@ -146,13 +150,18 @@ class Session : public std::enable_shared_from_this<Session> {
     arm(Deadline::kHandshake, srv_.opts.read_timeout);
     nonce_ = auth::random_bytes(auth::kNonceBytes);
     wire::Writer w;
-    w.u8(wire::kHandshakeVersion).u8(srv_.opts.token.empty() ? 0 : wire::kHelloTokenRequired);
+    w.u8(wire::kHandshakeVersion)
+        .u8((srv_.opts.token.empty() ? 0 : wire::kHelloTokenRequired) | wire::kHelloBindsKeys);
     w.bytes(nonce_);
     send(w.finish());
     read_more();
   }
   const std::string& peer() const { return peer_; }
   bool closed() const { return closed_; }
+  KvTable::Owner owner() const { return owner_; }
+  // The client closes on purpose: its bound keys went already, and any it binds after go
+  // at once too when it closes.
+  void said_goodbye() { goodbye_ = true; }
 
   void reply(uint64_t req, Status status, wire::Writer&& w) {
     (void)req, (void)status;
@@ -197,6 +206,9 @@ class Session : public std::enable_shared_from_this<Session> {
     waiters_.clear();
     waiter_bytes_ = 0;
     for (const auto& w : parked) srv_.finish_waiter(w, /*timed_out=*/false);
+    // Whatever closed it (the client vanished, a limit, a timeout, the server stopping): the
+    // keys it bound outlive it by the grace, unless it said goodbye.
+    srv_.release_bound(owner_, goodbye_ ? Millis(0) : srv_.opts.bound_key_grace);
     // out_ stays (an aborted async_write may still name its front buffer until it unwinds)
     // but is no longer charged: it is freed with the session.
     body_ = Bytes();
@@ -474,6 +486,8 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t waiter_bytes_ = 0;
   size_t charged_ = 0;  // usage() as last reported to srv_.held
   bool closed_ = false;
+  const KvTable::Owner owner_;  // this connection, for the keys it binds
+  bool goodbye_ = false;
 };
 
 TCPStoreServer::Impl::Impl(TCPStoreServerOptions o)
@@ -567,6 +581,16 @@ void TCPStoreServer::Impl::check_room(size_t incoming) const {
 
 void TCPStoreServer::Impl::forget(Session* s) {
   if (sessions.erase(s)) --open;
+}
+
+void TCPStoreServer::Impl::release_bound(KvTable::Owner owner, Millis grace) {
+  size_t n = table.release(owner, grace);
+  if (n == 0) return;
+  released += n;
+  WEFT_DEBUG("store", "released ", n, " bound keys of connection ", owner, " (grace ",
+             grace.count(), " ms)");
+  arm_expiry();
+  note_bytes();
 }
 
 void TCPStoreServer::Impl::warn(const std::string& line) {
@@ -699,16 +723,24 @@ void TCPStoreServer::Impl::handle(const std::shared_ptr<Session>& s, uint64_t re
     case Op::kPing:
       r.expect_end();
       break;
-    case Op::kSet: {
+    case Op::kSet:
+    case Op::kSetBound: {
       std::string key = r.str();
       Bytes value = r.bytes();
       int64_t ttl = r.i64();
       r.expect_end();
       check_room(key.size() + value.size());
-      table.set(key, std::move(value), ttl > 0 ? std::optional<Millis>(Millis(ttl)) : std::nullopt);
+      table.set(key, std::move(value), ttl > 0 ? std::optional<Millis>(Millis(ttl)) : std::nullopt,
+                op == Op::kSetBound ? s->owner() : KvTable::kNoOwner);
       notify(key);
       break;
     }
+    case Op::kGoodbye:
+      r.expect_end();
+      ++goodbyes;
+      s->said_goodbye();
+      release_bound(s->owner(), Millis(0));
+      break;
     case Op::kGet:
     case Op::kWait:
     case Op::kMultiGet: {
@@ -830,6 +862,8 @@ TCPStoreServerStats TCPStoreServer::stats() const {
   s.refused_auth = impl_->refused;
   s.bytes_held = impl_->held_now;
   s.bytes_held_peak = impl_->held_peak;
+  s.goodbyes = impl_->goodbyes;
+  s.bound_keys_released = impl_->released;
   return s;
 }
 

@@ -47,6 +47,14 @@ struct TCPStoreServerOptions {
   // A connection with nothing in flight (no partial frame, no parked wait, no unsent reply)
   // for this long is closed. 0: never (clients hold their connection for a whole job).
   Millis idle_timeout{0};
+  // How long the keys bound to a connection (SetOptions::bind) outlive it when it closes
+  // without the client's goodbye; a set() of the key in that time (the client reconnected
+  // at once) keeps it. 250 ms: a reconnect on a live network (TCPStore's connect, handshake
+  // and first set) takes a few ms, so a quarter second covers a client that reconnects and
+  // rebinds at once with room for a slow scheduler, yet it is small against the second or so
+  // that a lost node may cost the others (detect, agree, resume), and 20x below the 5 s
+  // heartbeat_timeout it replaces when a node's processes die. 0: drop them at once.
+  Millis bound_key_grace{250};
 };
 
 // Counters for tests, `weft store`'s shutdown line and `weft bench store`. Monotonic except
@@ -63,6 +71,8 @@ struct TCPStoreServerStats {
   uint64_t waits_parked = 0;        // get/wait/multi_get blocked on missing keys right now
   uint64_t bytes_held = 0;          // connection buffers + stored keys and values, now
   uint64_t bytes_held_peak = 0;     // the most bytes_held has been
+  uint64_t goodbyes = 0;            // connections that said goodbye (a clean close)
+  uint64_t bound_keys_released = 0;  // bound keys whose connection closed (or said goodbye)
 };
 
 // The address is taken (EADDRINUSE): another process serves that port. `weft run`'s agents
@@ -81,6 +91,8 @@ class AddressInUseError : public CommError {
 // or does (vanishing mid-request, garbage, floods): the damage stays with that connection.
 // Waits are parked server-side with their timeout, so a client blocked in get() costs one
 // timer, not a thread. Data lives in memory only and is lost when the server stops.
+// Keys bound to a connection (SetOptions::bind) go when it closes: after bound_key_grace if
+// the connection just closed or broke, at once if the client said goodbye first.
 class TCPStoreServer {
  public:
   explicit TCPStoreServer(TCPStoreServerOptions options = {});

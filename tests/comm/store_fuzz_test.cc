@@ -122,6 +122,11 @@ class FrameGen {
       case Op::kMultiGet:
         w.strings(keys()).i64(wait_ms());
         break;
+      case Op::kSetBound:
+        w.str(key()).bytes(value()).i64(below(3) == 0 ? static_cast<int64_t>(below(50)) : 0);
+        break;
+      case Op::kGoodbye:
+        break;
       case Op::kMultiSet: {
         uint32_t n = static_cast<uint32_t>(below(4));
         w.u32(n);
