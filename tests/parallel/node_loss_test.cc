@@ -1,0 +1,145 @@
+// A node lost with its processes (agent and workers SIGKILLed; the kernel closes their
+// sockets): the survivors learn it from the store dropping the node's connection-bound alive
+// key, not from its heartbeat expiring, and go on in a new epoch. Three `weft run` agents on
+// this machine; the first hosts the store. No timing thresholds: the cause is asserted (the
+// agents log which of the two paths told them), the time is printed.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/agent_tests.h"
+
+namespace weft::test {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string node_id(pid_t pid) {
+  char h[256] = "host";
+  ::gethostname(h, sizeof h - 1);
+  return std::string(h) + "-" + std::to_string(pid);
+}
+
+// Every process whose parent is `pid` (its workers and its guardian), from /proc.
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string stat = slurp(e.path() / "stat");
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::istringstream in(stat.substr(paren + 1));
+    std::string state;
+    long ppid = 0;
+    in >> state >> ppid;
+    if (ppid == pid) out.push_back(pid_t(std::stol(n)));
+  }
+  return out;
+}
+
+// wait_for(), bounded: a hang guard (the test fails instead of waiting for its ctest timeout,
+// and the Agents destructor reaps everything), never a timing expectation.
+bool wait_for_log(const fs::path& log, const std::string& text, pid_t pid) {
+  const auto until = Clock::now() + std::chrono::seconds(120);
+  return wait_until(
+             [&] { return slurp(log).find(text) != std::string::npos || Clock::now() > until; },
+             pid) &&
+         slurp(log).find(text) != std::string::npos;
+}
+
+TEST(NodeLoss, SurvivorsLearnOfAKilledNodeFromItsClosedStoreConnection) {
+  const fs::path d = agent_test_dir("loss", "closed");
+  Agents agents({"WEFT_JOB_TOKEN=node-loss-test-token"});
+  const int port = free_port();
+  // A worker ends once `done` exists and its node is in epoch 2.
+  const std::string worker = "echo world $GROUP_WORLD_SIZE epoch $WEFT_RDZV_EPOCH; while [ ! -f " +
+                             (d / "done").string() +
+                             " ] || [ $WEFT_RDZV_EPOCH != 2 ]; do sleep 0.05; done";
+  // heartbeat_timeout 10 s: were the connection path broken, the TTL would still form epoch
+  // 2 (in bounded time), and the cause below would fail the test. last_call_timeout 30 s:
+  // epoch 1 waits for all three (it forms as soon as they are there, at max), so that a slow
+  // start cannot make it a 2-node epoch that the third joins later.
+  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  const std::string conf =
+      "heartbeat_interval=0.5,heartbeat_timeout=10,last_call_timeout=30,join_timeout=60";
+  // clang-format off
+  const std::vector<std::string> args = {
+      "run", "--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "1",
+      "--rdzv-backend", "c10d", "--rdzv-id", "loss", "--rdzv-endpoint", endpoint,
+      "--rdzv-conf", conf, "--", "sh", "-c", worker};
+  // clang-format on
+  std::vector<pid_t> p;
+  std::vector<fs::path> logs;
+  for (int i = 0; i < 3; ++i) {
+    logs.push_back(d / (std::to_string(i) + ".log"));
+    p.push_back(agents.start(args, logs.back()));
+    if (i == 0)
+      ASSERT_TRUE(wait_for_log(logs[0], "serves the rendezvous store", p[0])) << slurp(logs[0]);
+  }
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(wait_for_log(logs[size_t(i)], "world 3 epoch 1", p[size_t(i)]))
+        << slurp(logs[size_t(i)]);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_NE(slurp(logs[size_t(i)]).find("is bound to its store connection"), std::string::npos)
+        << slurp(logs[size_t(i)]);
+
+  // Node 2 (not the store's host) loses its agent and its workers at once.
+  const pid_t victim = p[2];
+  const std::vector<pid_t> its = children_of(victim);
+  EXPECT_FALSE(its.empty()) << "the agent's worker was not found";
+  const auto t0 = Clock::now();
+  ::kill(victim, SIGKILL);
+  for (pid_t c : its) ::kill(c, SIGKILL);
+  agents.wait(victim);
+  // Printed, never asserted: SIGKILL -> each survivor's log saying it is in epoch 2.
+  double seen[2] = {-1, -1};
+  while ((seen[0] < 0 || seen[1] < 0) &&
+         std::chrono::duration<double>(Clock::now() - t0).count() < 60) {
+    for (int i = 0; i < 2; ++i)
+      if (seen[i] < 0 && slurp(logs[size_t(i)]).find("of epoch 2 (") != std::string::npos)
+        seen[i] = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::printf(
+      "[ measured ] SIGKILL of node 2's agent and workers -> survivors in epoch 2 after "
+      "%.3f s and %.3f s (heartbeat_timeout 10 s)\n",
+      seen[0], seen[1]);
+  for (int i = 0; i < 2; ++i)
+    ASSERT_TRUE(wait_for_log(logs[size_t(i)], "world 2 epoch 2", p[size_t(i)]))
+        << slurp(logs[size_t(i)]);
+  std::ofstream(d / "done") << "1";
+  const std::string lost = node_id(victim);
+  for (int i = 0; i < 2; ++i) {
+    const int code = agents.wait(p[size_t(i)]);  // then its log is complete
+    const std::string log = slurp(logs[size_t(i)]);
+    EXPECT_EQ(code, 0) << log;
+    EXPECT_NE(log.find("membership changed: epoch 1 -> 2, 3 -> 2 nodes (lost " + lost + ")"),
+              std::string::npos)
+        << log;
+    // Each survivor names the cause: the store dropped the node's bound key when its
+    // connection closed. Never the heartbeat expiry, which is the fallback.
+    const std::string said = "sees node " + lost + " (node rank ";
+    const size_t at = log.find(said);
+    ASSERT_NE(at, std::string::npos) << log;
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    EXPECT_NE(line.find("lost in epoch 1: its store connection closed"), std::string::npos) << line;
+    EXPECT_EQ(log.find("heartbeat expired"), std::string::npos) << log;
+  }
+  fs::remove_all(d);
+}
+
+}  // namespace
+}  // namespace weft::test
