@@ -264,6 +264,23 @@ TEST_F(EtcdStoreTest, TtlKeysExpireAndOthersStay) {
   EXPECT_THROW(s->get("heartbeat"), TimeoutError) << "an expired key is absent for get too";
 }
 
+// etcd's leases end by TTL only: a key bound to the connection is refused, never written as
+// a plain key in silence, and a heartbeat over etcd is a TTL key and says so.
+TEST_F(EtcdStoreTest, KeysBoundToTheConnectionAreRefusedAndHeartbeatsStayTtlKeys) {
+  auto s = client();
+  EXPECT_FALSE(s->binds_to_connection());
+  EXPECT_THROW(s->set("bound", to_bytes("v"), comm::SetOptions{.bind = true}), NotSupported);
+  EXPECT_FALSE(s->check({"bound"}));
+  s->set("ttl", to_bytes("v"), comm::SetOptions{.ttl = Millis(600'000)});
+  EXPECT_TRUE(s->check({"ttl"}));
+  comm::Heartbeat hb(*s, "alive/n", 1s, 5s, "beat/n");
+  EXPECT_FALSE(hb.bound());
+  hb.start();
+  EXPECT_TRUE(s->check({"alive/n"}));
+  EXPECT_FALSE(s->check({"beat/n"})) << "no witness without a bound key";
+  EXPECT_TRUE(hb.stop_and_erase());
+}
+
 TEST_F(EtcdStoreTest, SetWithoutTtlMakesAKeyPermanentAndAddAppendCasKeepTheTtl) {
   auto s = client();
   s->set("k", to_bytes("1"), 1s);
