@@ -48,8 +48,8 @@ class Heartbeat {
   // Beats once on the calling thread (throws that beat's CommError, so a caller learns at
   // once that the store refuses it), then starts the thread. No-op when running.
   void start();
-  // Stops and joins the thread; the key stays until its TTL runs out, as after a crash.
-  // Idempotent; never throws.
+  // Stops and joins the thread; the key stays until its TTL runs out (or, when bound, its
+  // store connection closes), as after a crash. Idempotent; never throws.
   void stop();
   // stop(), then erases the key (and its witness) so that others see the node gone at once
   // (a graceful leave). Best effort: returns false when the store could not be reached.

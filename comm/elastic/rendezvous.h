@@ -85,8 +85,9 @@ class Rendezvous {
   // Validates `options` (ConfigError naming the key, rendezvous_options.h). `store` must
   // outlive this object. Touches the store only when a method is called.
   Rendezvous(Store& store, RendezvousOptions options);
-  // Stops the heartbeat without erasing the key (the node fades out by TTL as after a
-  // crash; call leave() to go at once). Never throws.
+  // Stops the heartbeat without erasing the key (the node fades out by TTL, or when its store
+  // connection closes if the key is bound, as after a crash; call leave() to go at once).
+  // Never throws.
   ~Rendezvous();
   Rendezvous(const Rendezvous&) = delete;
   Rendezvous& operator=(const Rendezvous&) = delete;
