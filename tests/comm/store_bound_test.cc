@@ -3,15 +3,21 @@
 // the grace; the table's rules underneath; the stores that cannot bind say so. Real
 // processes (run_ranks) where a death matters; every wait is a hang guard, never a timing
 // expectation: a grace that must not run out in a test is a minute long.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "base/error.h"
 #include "comm/elastic/heartbeat.h"
@@ -162,6 +168,94 @@ TEST(StoreBound, TcpClientAndPrefixStoreBindAndOldClientsIgnoreTheNewHelloFlag) 
   EXPECT_EQ(r.u64(), 5u);
   EXPECT_EQ(r.u8(), uint8_t(comm::wire::Status::kOk));
   EXPECT_EQ(r.u8(), 1) << "the bound key exists, under the prefix";
+}
+
+// A store server from before bound keys, by hand: its hello has no kHelloBindsKeys; it answers
+// every request kOk and records the ops it got, until the client closes.
+class OldServer {
+ public:
+  OldServer() {
+    listen_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::listen(listen_, 1);
+    socklen_t n = sizeof a;
+    ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &n);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~OldServer() {
+    ::shutdown(listen_, SHUT_RDWR);
+    if (thread_.joinable()) thread_.join();
+    ::close(listen_);
+  }
+  uint16_t port() const { return port_; }
+  // The ops received, once the client has closed (joins the serving thread).
+  std::vector<Op> ops() {
+    if (thread_.joinable()) thread_.join();
+    return ops_;
+  }
+
+ private:
+  static bool read_all(int fd, uint8_t* p, size_t n) {
+    for (size_t off = 0; off < n;) {
+      ssize_t r = ::recv(fd, p + off, n - off, 0);
+      if (r <= 0) return false;
+      off += size_t(r);
+    }
+    return true;
+  }
+  static std::optional<Bytes> frame(int fd) {
+    uint8_t len[4];
+    if (!read_all(fd, len, 4)) return std::nullopt;
+    Bytes body(comm::wire::decode_length(len));
+    if (!read_all(fd, body.data(), body.size())) return std::nullopt;
+    return body;
+  }
+  static void send_all(int fd, const Bytes& b) { ::send(fd, b.data(), b.size(), MSG_NOSIGNAL); }
+  void serve() {
+    int fd = ::accept(listen_, nullptr, nullptr);
+    if (fd < 0) return;
+    timeval guard{20, 0};  // a hang guard: a client that never closes ends the test
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &guard, sizeof guard);
+    comm::wire::Writer hello;
+    hello.u8(comm::wire::kHandshakeVersion).u8(0).bytes(Bytes(32, 7));
+    send_all(fd, hello.finish());
+    if (frame(fd)) {  // the proof
+      comm::wire::Writer ok;
+      ok.u8(uint8_t(comm::wire::Status::kOk));
+      send_all(fd, ok.finish());
+      while (auto body = frame(fd)) {
+        comm::wire::Reader r(body->data(), body->size());
+        uint64_t id = r.u64();
+        ops_.push_back(Op(r.u8()));
+        comm::wire::Writer reply;
+        reply.u64(id).u8(uint8_t(comm::wire::Status::kOk));
+        send_all(fd, reply.finish());
+      }
+    }
+    ::close(fd);
+  }
+  int listen_ = -1;
+  uint16_t port_ = 0;
+  std::vector<Op> ops_;
+  std::thread thread_;
+};
+
+// A new client against an older server: it knows from the hello that the server cannot bind,
+// so binding throws NotSupported (nothing is sent) and its destructor sends no goodbye, an op
+// the older server would close the connection for.
+TEST(StoreBound, NewClientOfAnOlderServerNeitherBindsNorSaysGoodbye) {
+  OldServer old;
+  {
+    TCPStore client("127.0.0.1", old.port(), 10s);
+    EXPECT_FALSE(client.binds_to_connection());
+    EXPECT_THROW(client.set("k", to_bytes("v"), kBound), NotSupported);
+    client.set("k", to_bytes("v"), SetOptions{.ttl = Millis(1000)});  // a plain set works
+  }
+  EXPECT_EQ(old.ops(), (std::vector<Op>{Op::kPing, Op::kSet}));
 }
 
 // --- One server, clients in this process -------------------------------------------------------
