@@ -31,6 +31,8 @@ constexpr const char* kHelp =
     "  --max-total-bytes N   memory the whole store may hold (default 1 GiB)\n"
     "  --read-timeout-ms T   a started frame must arrive whole within T (default 30000)\n"
     "  --idle-timeout-ms T   close connections idle for T (default 0: never)\n"
+    "  --bound-key-grace-ms T  keys bound to a connection outlive its close (without the\n"
+    "                        client's goodbye) by T (default 250; 0: they go with it)\n"
     "\n"
     "Prints `weft store: listening on HOST:PORT` once it accepts connections. Data is kept in\n"
     "memory only and is gone when the store stops.\n";
@@ -52,7 +54,7 @@ int cmd_store(const std::vector<std::string>& args) {
   }
   Args a(args,
          {"--port", "--host", "--token-file", "--max-value-bytes", "--max-client-bytes",
-          "--max-total-bytes", "--read-timeout-ms", "--idle-timeout-ms"},
+          "--max-total-bytes", "--read-timeout-ms", "--idle-timeout-ms", "--bound-key-grace-ms"},
          {"--insecure"});
   if (!a.positional().empty())
     throw ConfigError(a.positional()[0], "unexpected argument (see --help)");
@@ -80,6 +82,10 @@ int cmd_store(const std::vector<std::string>& args) {
   opts.idle_timeout = comm::Millis(a.get_int("--idle-timeout-ms", 0));
   if (opts.idle_timeout.count() < 0)
     throw ConfigError("--idle-timeout-ms", "must be 0 (never) or a positive number of ms");
+  opts.bound_key_grace =
+      comm::Millis(a.get_int("--bound-key-grace-ms", opts.bound_key_grace.count()));
+  if (opts.bound_key_grace.count() < 0)
+    throw ConfigError("--bound-key-grace-ms", "must be 0 (at once) or a positive number of ms");
 
   // Block the stop signals before the server starts its thread (which inherits the mask),
   // so that they are only ever taken here, by sigwait.

@@ -29,6 +29,7 @@
 #include "comm/store/tcp_store_server.h"
 #include "tests/comm/store_raw_client.h"
 #include "tests/support/multiprocess.h"
+#include "tests/support/run_weft.h"
 
 namespace weft::test {
 namespace {
@@ -423,6 +424,13 @@ TEST(StoreBoundProcesses, RendezvousNamesAKilledNodeLostByItsClosedConnection) {
   EXPECT_EQ(result.ranks[2].status, RankStatus::kSignaled) << result.summary();
   for (int r : {0, 1})
     EXPECT_EQ(result.ranks[r].status, RankStatus::kOk) << result.ranks[r].message;
+}
+
+// `weft store --bound-key-grace-ms`: a negative grace is bad input naming the flag.
+TEST(WeftStoreCommand, NegativeBoundKeyGraceIsBadInputNamingTheFlag) {
+  CommandResult r = run_weft("store --port 0 --bound-key-grace-ms -5");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--bound-key-grace-ms"), std::string::npos) << r.out;
 }
 
 }  // namespace
