@@ -141,20 +141,13 @@ void SnapshotParity::set_ring(ReplicaRing r) {
              o_.k + o_.m, " nodes: its snapshots are not erasure-coded in this epoch"));
   }
   std::lock_guard<std::mutex> l(mu_);
-  // The previous ring's nodes absent from this one are lost: their snapshots are rebuilt
-  // from parity (those this node is designated for: rebuild()). An epoch's ring told again
-  // (a peer's agent restarted) queues nothing new.
-  auto prev = rings_.lower_bound(r.epoch);
-  if (!rings_.count(r.epoch) && prev != rings_.begin()) {
-    --prev;
-    const ReplicaRing& old = prev->second;
-    std::set<int> gone;
-    for (int i = 0; i < int(old.nodes.size()); ++i)
-      if (i != old.node &&
-          std::find(r.nodes.begin(), r.nodes.end(), old.nodes[size_t(i)]) == r.nodes.end())
-        gone.insert(i);
-    for (int lost : gone) tasks_.push_back({Task::kRebuild, old.epoch, lost, gone});
-    if (!gone.empty()) cv_.notify_all();
+  // A new epoch: which nodes of the previous one are lost is found on the rebuilder's thread
+  // (new_ring: it asks the nodes, whose endpoints may have changed). An epoch's ring told
+  // again (a peer's agent restarted) queues nothing new. Queued under mu_ with the ring, so
+  // that settled() waits for it.
+  if (!rings_.count(r.epoch)) {
+    tasks_.push_back({Task::kNewRing, r.epoch, -1, {}});
+    cv_.notify_all();
   }
   rings_[r.epoch] = std::move(r);
 }
@@ -228,7 +221,14 @@ void SnapshotParity::push(const CommittedEvent& e) {
           const json done = ch->receive();
           if (!done.value("ok", false)) {
             all = false;
-            continue;  // torn (rewritten while sent): the next commit sends anew
+            // Torn (rewritten while sent): the next commit sends anew. Else the holder took
+            // the chunk but did not keep the stripe's parity: said once until one is kept.
+            if (!done.value("torn", false) && failing_.insert(peer + "/refused").second)
+              log_(str("parity chunk of ", e.name, " step ", v->meta.step, " refused by node ",
+                       holder, " at ", peer, ": ", done.value("error", std::string("(no reason)")),
+                       "; this step of it is not protected (later refusals not logged until "
+                       "one is taken)"));
+            continue;
           }
           sent += real;
           if (failing_.erase(peer) + failing_.erase(peer + "/refused"))
@@ -265,6 +265,10 @@ bool SnapshotParity::serve(ckpt::PeerChannel& ch, const json& h) {
     serve_stripe(ch, h);
   else if (op == "fetch")
     serve_fetch(ch, h);
+  else if (op == "node_in")
+    serve_node_in(ch, h);
+  else if (op == "ring")
+    serve_ring(ch, h);
   else
     return false;
   return true;
@@ -325,7 +329,7 @@ void SnapshotParity::serve_chunk(ckpt::PeerChannel& ch, const json& h) {
   if (real > 0) ch.receive_bytes(buf.data(), size_t(real));
   const json trailer = ch.receive();
   if (!trailer.value("intact", false)) {
-    ch.send({{"ok", false}, {"error", "rewritten at the source while it was sent"}});
+    ch.send({{"ok", false}, {"torn", true}, {"error", "rewritten at the source while it was sent"}});
     return;
   }
   if (!blocks_match(buf.data(), t * c, real, meta.payload_bytes, crcs)) {
@@ -372,6 +376,7 @@ void SnapshotParity::serve_chunk(ckpt::PeerChannel& ch, const json& h) {
     return;
   }
   bool complete = false;
+  std::string not_kept;
   {
     std::lock_guard<std::mutex> l(a->mu);
     if (!a->done && !a->members.contains(std::to_string(t))) {
@@ -379,7 +384,7 @@ void SnapshotParity::serve_chunk(ckpt::PeerChannel& ch, const json& h) {
       code(K).encode_update(t, buf.data(), {a->parity.data()}, size_t(c), a->fragment - a->k);
       a->members[std::to_string(t)] = {{"meta", ckpt::to_json(meta)}, {"crc32c", crcs}, {"chunk", c}};
       if (int(a->members.size()) == K) {
-        commit_parity(a->epoch, a->me, a->number, a->step, *a);
+        not_kept = commit_parity(a->epoch, a->me, a->number, a->step, *a);
         a->done = complete = true;
       }
     }
@@ -391,12 +396,20 @@ void SnapshotParity::serve_chunk(ckpt::PeerChannel& ch, const json& h) {
       it = it->first.starts_with(prefix) && it->second->step <= meta.step ? accumulating_.erase(it)
                                                                           : std::next(it);
   }
+  // The chunk that completed the stripe hears whether its parity was kept: a data node is
+  // told that a step of its is not protected (it logs it), not left to believe it is.
+  if (!not_kept.empty()) {
+    ch.send({{"ok", false}, {"error", not_kept}});
+    return;
+  }
   ch.send({{"ok", true}});
 }
 
 // Called with a->mu held: writes the stripe's parity of a step into this node's parity
-// segment of the stripe (made, or remade larger, on demand).
-void SnapshotParity::commit_parity(int64_t epoch, int me, int number, int64_t step, Accumulator& a) {
+// segment of the stripe (made, or remade larger, on demand). Returns "" when it is kept,
+// else why not (no room in node memory here, or the segment could not be made).
+std::string SnapshotParity::commit_parity(int64_t epoch, int me, int number, int64_t step,
+                                          Accumulator& a) {
   const std::vector<uint8_t>& row = a.parity;
   const json manifest = {{"group", a.group}, {"stripe", number},      {"k", a.k},
                          {"m", o_.m},         {"fragment", a.fragment}, {"length", row.size()},
@@ -421,19 +434,24 @@ void SnapshotParity::commit_parity(int64_t epoch, int me, int number, int64_t st
     const double room = snapshot_room(read_node_memory()),
                  need = snapshot_segment_bytes(payload + 4096, kParitySlots);
     if (need > room) {
+      const std::string why =
+          str("parity of stripe ", number, " (epoch ", epoch, ", step ", step, ") not kept on node ",
+              me, ": ", mib(need), " do not fit in node memory there (", mib(std::max(0.0, room)),
+              " free beyond the margin; snapshot.every: 0, more nodes, or free memory)");
       if (room_refused_.insert(name).second)
-        log_(str("parity of stripe ", number, " (epoch ", epoch, ") not kept: ",
-                 mib(need), " do not fit in node memory here (", mib(std::max(0.0, room)),
-                 " free beyond the margin); later refusals of it are not logged"));
-      return;
+        log_(why + "; later refusals of it are not logged");
+      return why;
     }
     try {
       // Room for a manifest somewhat longer than this one (checksums of a grown state).
       seg = std::make_shared<ckpt::SnapshotSegment>(ckpt::SnapshotSegment::create(
           name, payload + 4096, int(::getpid()), kParitySlots, o_.guardian_pid));
     } catch (const std::exception& e) {
-      log_(str("parity of stripe ", number, " (epoch ", epoch, ") not kept: ", e.what()));
-      return;
+      const std::string why =
+          str("parity of stripe ", number, " (epoch ", epoch, ", step ", step, ") not kept on node ",
+              me, ": ", e.what());
+      log_(why);
+      return why;
     }
     log_(str("holding parity fragment ", a.fragment, " of stripe ", number, " (epoch ", epoch, ") in ",
              name, ": ", kParitySlots, " slots of ", mib(double(payload))));
@@ -456,6 +474,9 @@ void SnapshotParity::commit_parity(int64_t epoch, int me, int number, int64_t st
   std::memset(p + 8 + text.size(), 0, size_t(offset - 8 - int64_t(text.size())));
   std::memcpy(p + offset, row.data(), row.size());
   seg->commit();
+  if (room_refused_.erase(name))
+    log_(str("parity of stripe ", number, " (epoch ", epoch, ") is kept again from step ", step));
+  return {};
 }
 
 std::vector<SnapshotParity::StripeSlot> SnapshotParity::stripe_slots_here(int64_t epoch,
@@ -549,10 +570,12 @@ void SnapshotParity::work() {
     try {
       if (t.kind == Task::kRebuild)
         rebuild(t);
+      else if (t.kind == Task::kNewRing)
+        new_ring(t.epoch);
       else
         repair_now();
     } catch (const std::exception& e) {
-      log_(str(t.kind == Task::kRebuild ? "rebuild" : "repair", " failed: ", e.what()));
+      log_(str(t.kind == Task::kRepair ? "repair" : "rebuild", " failed: ", e.what()));
     }
     std::vector<std::vector<uint8_t>>().swap(scratch_);  // its memory back between tasks
     std::lock_guard<std::mutex> l(mu_);

@@ -9,9 +9,15 @@
 // the parity bytes; its meta is kind kParity, owner_node = the holder, rank = the stripe's
 // number.
 //
-// Rebuild. When a ring of a new epoch arrives and nodes of the previous ring are missing
-// from it, the first surviving node after each lost one in its group rebuilds the lost
-// node's ranks: it asks the stripes' surviving parity holders which steps they hold, picks
+// Rebuild. When a ring of a new epoch arrives, the rebuilder's thread asks each of its
+// nodes which node it was in the previous epoch ("node_in"): a node's endpoint is no
+// identity, since an agent restarted by weft run listens on a new port and a peer may still
+// have its old endpoint in the previous ring (weft run re-tells a ring about once a second,
+// and not at all once the next epoch has formed). The previous ring's nodes nobody claims
+// are lost, and the survivors' current endpoints replace their old ones in it. An agent that
+// knows no previous ring (restarted, then told only the new one) takes it from a peer
+// ("ring") when it holds segments of that epoch. Then the first surviving node after each
+// lost one in its group rebuilds the lost node's ranks: it asks the stripes' surviving parity holders which steps they hold, picks
 // the newest one every chunk has, fetches K surviving fragments of each stripe (the other
 // data members' chunks from their agents' shared memory, parity from the holders), decodes
 // the lost chunks, checks the result against the manifest's block checksums and commits it
@@ -22,10 +28,14 @@
 // Traffic runs over the agents' authenticated transport (checkpoint/snapshot_transport.h):
 //   chunk:  {"op":"chunk","meta","crc32c","group","stripe","fragment","chunk"} then the
 //           chunk's bytes (up to "chunk", the rest zeros), then {"intact":bool}
-//           -> {"ok":true} (before the bytes) ... {"ok":bool} (after)
+//           -> {"ok":true} (before the bytes) ... {"ok":bool} (after; false with "error":
+//           torn ("torn":true), or the stripe's parity, completed by this chunk, not kept)
 //   stripe: {"op":"stripe","epoch","stripe"} -> {"ok":true,"slots":[{"step","manifest"}]}
 //   fetch:  {"op":"fetch","segment":name,"step","offset","length"}
 //           -> {"ok":true} then length bytes (zeros past the payload) then {"intact":bool}
+//   node_in: {"op":"node_in","epoch"} -> {"ok":true,"node":i} (-1: not a node of that epoch
+//           here, as far as this agent knows: its ring of it, else the segments it holds)
+//   ring:   {"op":"ring","epoch"} -> {"ok":true,"nodes":[...]} or {"ok":false} (not known)
 // Pushing runs on the agent's "on committed" stage, receiving on the transport's threads,
 // rebuilding and repairing on a thread of its own: none on the thread that answers workers.
 #pragma once
@@ -73,9 +83,10 @@ class SnapshotParity {
 
   // A restarted agent takes over the parity and rebuilt segments its predecessor left.
   void adopt();
-  // Any thread. The ring of an epoch (every node's agent by index). When the agent knew an
-  // older ring, the nodes of that ring absent from this one are lost: the rebuilds this node
-  // is designated for are queued.
+  // Any thread. The ring of an epoch (every node's agent by index). A ring of a new epoch
+  // queues the search for the previous epoch's lost nodes (see Rebuild above) and the
+  // rebuilds this node is designated for; a ring told again (a peer's agent restarted) only
+  // replaces the endpoints.
   void set_ring(ReplicaRing r);
   // The stage's handler: sends the commit's chunks to their stripes' parity holders.
   void push(const CommittedEvent& e);
@@ -100,11 +111,21 @@ class SnapshotParity {
  private:
   struct Accumulator;  // one stripe's parity of one step, while its chunks arrive
   struct Task {
-    enum Kind { kRebuild, kRepair } kind = kRepair;
-    int64_t epoch = 0;    // the ring the snapshots were taken in
+    enum Kind { kRebuild, kRepair, kNewRing } kind = kRepair;
+    int64_t epoch = 0;    // kRebuild: the ring the snapshots were taken in; kNewRing: the new one
     int lost = -1;        // kRebuild: the node, in that ring
     std::set<int> gone;   // every node of that ring that is lost
   };
+  // kNewRing (snapshot_parity_ring.cc): the previous epoch's ring with its survivors'
+  // current endpoints, its lost nodes, and their rebuilds.
+  void new_ring(int64_t epoch);
+  // This agent's node index in `epoch`: its ring of it, else the data or parity segments
+  // of that epoch this process owns; -1 when neither says.
+  int node_in(int64_t epoch) const;
+  // The newest epoch below `epoch` of a data or parity segment this process owns; -1: none.
+  int64_t newest_held_epoch_below(int64_t epoch) const;
+  void serve_node_in(checkpoint::PeerChannel& ch, const nlohmann::json& h);
+  void serve_ring(checkpoint::PeerChannel& ch, const nlohmann::json& h);
   struct StripeSlot {
     int holder = -1;  // the node holding this parity fragment
     int64_t step = 0;
@@ -116,7 +137,7 @@ class SnapshotParity {
   void serve_chunk(checkpoint::PeerChannel& ch, const nlohmann::json& h);
   void serve_stripe(checkpoint::PeerChannel& ch, const nlohmann::json& h);
   void serve_fetch(checkpoint::PeerChannel& ch, const nlohmann::json& h);
-  void commit_parity(int64_t epoch, int me, int number, int64_t step, Accumulator& a);
+  std::string commit_parity(int64_t epoch, int me, int number, int64_t step, Accumulator& a);
 
   void work();  // the rebuilder's thread
   void rebuild(const Task& t);

@@ -6,11 +6,18 @@
 // own snapshot is repaired from parity before a new world lists it; two lost nodes of three
 // are more than m, and the rebuild says the stripe is lost. Every process is reaped and every
 // segment unlinked however the test ends (SnapshotPeersTest).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <fstream>
 
 #include "base/error.h"
 #include "checkpoint/snapshot_protocol.h"
@@ -74,6 +81,7 @@ class SnapshotParity : public SnapshotPeersTest {
     for (int n = 0; n < kNodes; ++n)
       for (int l = 0; l < kLocals; ++l)
         parity_.push_back(segment_name(job_, SegmentKind::kParity, n, 1, l * 3 + (n + 1) % 3));
+    if (steps.empty()) return;  // reserved only
     ASSERT_TRUE(poll([&] {
       for (const std::string& p : parity_)
         if (newest_step(p) != steps.back()) return false;
@@ -91,7 +99,36 @@ class SnapshotParity : public SnapshotPeersTest {
     }
   }
 
+  // Node `n`'s agent is killed and started again, as its weft run does (it adopts its
+  // segments and listens on a new port): the new endpoint replaces the old in endpoints_.
+  void restart(int n) {
+    ::kill(pids_[size_t(n)], SIGKILL);
+    ::waitpid(pids_[size_t(n)], nullptr, 0);
+    pids_[size_t(n)] = 0;  // reaped
+    start_agent(n, "parity-test-token", {"--redundancy", "ec", "--ec-k", "2", "--ec-m", "1"});
+    clients_[size_t(n)] = client(n);
+    old_endpoints_ = endpoints_;
+    endpoints_[size_t(n)] = clients_[size_t(n)]->endpoint();
+    ASSERT_NE(endpoints_[size_t(n)], old_endpoints_[size_t(n)]);
+  }
+  // Asserts that `node`'s agent lists node `lost`'s two ranks rebuilt at `step`, byte for byte.
+  void expect_rebuilt(int node, int lost, int64_t epoch, int64_t step) {
+    int rebuilt = 0;
+    for (const SegmentInfo& s : clients_[size_t(node)]->list(epoch)) {
+      const auto p = parse_segment_name(s.name);
+      ASSERT_TRUE(p) << s.name;
+      if (p->kind != SegmentKind::kRebuilt) continue;
+      ++rebuilt;
+      ASSERT_TRUE(s.committed) << s.name;
+      EXPECT_EQ(s.committed->owner_node, lost) << s.name;
+      EXPECT_EQ(s.committed->step, step) << s.name;
+      EXPECT_TRUE(holds_pattern(s.name, step, s.committed->rank)) << s.name;
+    }
+    EXPECT_EQ(rebuilt, kLocals) << logs(kNodes);
+  }
+
   std::vector<std::unique_ptr<SnapshotAgentClient>> clients_;
+  std::vector<std::string> old_endpoints_;
   std::vector<std::string> endpoints_, parity_;
   std::vector<std::vector<std::string>> data_;
 };
@@ -182,6 +219,64 @@ TEST_F(SnapshotParity, TwoLostNodesOfThreeAreMoreThanMAndTheRebuildSaysSo) {
       << text;
 }
 
+// An agent restarted moments before a node is lost (issue 15): its weft run tells it the
+// ring of epoch 1 with its new endpoint at once, the other nodes' weft runs only about a
+// second later, and here never, since epoch 2 comes first. Node 0, the designated rebuilder
+// of node 2, still has node 1's old endpoint in epoch 1's ring. Before, it counted node 1
+// lost too (two of three: "more than m") and rebuilt nothing.
+TEST_F(SnapshotParity, ARestartedAgentsNewEndpointIsNotCountedLostWhenANodeIsLostRightAfter) {
+  ASSERT_NO_FATAL_FAILURE(start_three({5, 6}));
+  ASSERT_NO_FATAL_FAILURE(restart(1));
+  clients_[1]->peers(job_, 1, 1, endpoints_);  // its own weft run's ring: the new endpoint
+  lose(2);
+  clients_[0]->peers(job_, 2, 0, {endpoints_[0], endpoints_[1]});
+  clients_[1]->peers(job_, 2, 1, {endpoints_[0], endpoints_[1]});
+  ASSERT_NO_FATAL_FAILURE(expect_rebuilt(0, 2, 2, 6));
+  const std::string text = read(log(0));
+  EXPECT_EQ(text.find("more than m"), std::string::npos) << text;
+  EXPECT_NE(text.find("node 1 of epoch 1 is node 1 at " + endpoints_[1] +
+                      " (its agent restarted: epoch 1's ring had it at " + old_endpoints_[1] + ")"),
+            std::string::npos)
+      << text;
+}
+
+// The same restart with no node lost: the next epoch keeps all three nodes (a restart
+// round). Before, node 2 (the first after node 1) counted node 1 lost by its old endpoint
+// and rebuilt its ranks for nothing.
+TEST_F(SnapshotParity, ARestartedAgentIsNotRebuiltWhenTheNextEpochKeepsItsNode) {
+  ASSERT_NO_FATAL_FAILURE(start_three({5}));
+  ASSERT_NO_FATAL_FAILURE(restart(1));
+  clients_[1]->peers(job_, 1, 1, endpoints_);
+  for (int n = 0; n < kNodes; ++n) clients_[size_t(n)]->peers(job_, 2, n, endpoints_);
+  for (int n = 0; n < kNodes; ++n)
+    for (const SegmentInfo& s : clients_[size_t(n)]->list(2))
+      EXPECT_NE(parse_segment_name(s.name)->kind, SegmentKind::kRebuilt) << s.name << logs(kNodes);
+  for (int n = 0; n < kNodes; ++n)
+    EXPECT_EQ(read(log(n)).find("is lost"), std::string::npos) << logs(kNodes);
+}
+
+// A restarted agent told only the new epoch's ring (its weft run moved to epoch 2 before it
+// could tell the agent epoch 1's): node 1's agent restarts, node 0 is lost, and node 1, the
+// first survivor after node 0, is the one to rebuild it. Before, it knew no previous ring
+// and queued nothing; now it finds epoch 1 in its segments (it was node 1), takes that
+// epoch's ring from node 2 and rebuilds node 0's ranks.
+TEST_F(SnapshotParity, ARestartedAgentToldOnlyTheNewRingRebuildsTheNodeItIsDesignatedFor) {
+  ASSERT_NO_FATAL_FAILURE(start_three({5, 6}));
+  ASSERT_NO_FATAL_FAILURE(restart(1));
+  lose(0);
+  // Epoch 2: nodes 1 and 2 of epoch 1 are nodes 0 and 1.
+  clients_[1]->peers(job_, 2, 0, {endpoints_[1], endpoints_[2]});
+  clients_[2]->peers(job_, 2, 1, {endpoints_[1], endpoints_[2]});
+  ASSERT_NO_FATAL_FAILURE(expect_rebuilt(1, 0, 2, 6));
+  const std::string text = read(log(1));
+  EXPECT_NE(text.find("epoch 2: this agent was not told the ring of epoch 1 (restarted since?); "
+                      "it was its node 1 of 3"),
+            std::string::npos)
+      << text;
+  for (const SegmentInfo& s : clients_[2]->list(2))
+    EXPECT_NE(parse_segment_name(s.name)->kind, SegmentKind::kRebuilt) << s.name;
+}
+
 // How fast parity is made and a lost rank rebuilt on loopback, printed (no threshold): one
 // 96 MiB rank per node, EC(2,1). Coding: from the commits to every parity fragment
 // committed; rebuild: from the new ring to the rebuilt rank listed (asking the holders,
@@ -238,6 +333,138 @@ TEST_F(SnapshotParity, ParityAndRebuildThroughputOnLoopback) {
   const size_t at = text.find("rebuilt node 1's rank 1");
   if (at != std::string::npos)
     std::printf("[ says     ] %s\n", text.substr(at, text.find('\n', at) - at).c_str());
+}
+
+// ---- a parity holder without room --------------------------------------------------------
+
+// The agents of SnapshotParity in a mount namespace of this test process with a small tmpfs
+// on /dev/shm (the agents inherit it), so that a nearly full /dev/shm costs a few MiB of
+// memory and the system's /dev/shm is never touched. Skipped where unshare or mount is not
+// permitted (not root, or a container without CAP_SYS_ADMIN).
+class SnapshotParityRoom : public SnapshotParity {
+ protected:
+  void SetUp() override {
+    SnapshotParity::SetUp();
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    int64_t kib = 0, total = 0, available = 0;
+    std::string rest;
+    while (in >> key >> kib) {
+      std::getline(in, rest);
+      if (key == "MemTotal:") total = kib * 1024;
+      if (key == "MemAvailable:") available = kib * 1024;
+    }
+    // The agent's margin (snapshot_memory_margin): 5% of MemTotal, at least 256 MiB.
+    margin_ = std::max<int64_t>(int64_t(256) << 20, total / 20);
+    const int64_t size = margin_ + (int64_t(128) << 20);
+    if (available < size + (int64_t(512) << 20))
+      GTEST_SKIP() << "MemAvailable is " << (available >> 20) << " MiB: under the " << (size >> 20)
+                   << " MiB tmpfs this test sizes /dev/shm to (it would judge MemAvailable, not "
+                      "/dev/shm)";
+    ns_ = ::open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+    if (ns_ < 0) GTEST_SKIP() << "cannot open /proc/self/ns/mnt: " << std::strerror(errno);
+    if (::unshare(CLONE_NEWNS) != 0) {
+      const int e = errno;
+      ::close(ns_);
+      ns_ = -1;
+      GTEST_SKIP() << "unshare(CLONE_NEWNS) is not permitted here (" << std::strerror(e)
+                   << "): this test needs root (CAP_SYS_ADMIN) for a private /dev/shm";
+    }
+    unshared_ = true;
+    const std::string opts = "size=" + std::to_string(size >> 20) + "m,mode=1777";
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts.c_str()) != 0) {
+      const int e = errno;
+      GTEST_SKIP() << "cannot mount a private tmpfs on /dev/shm (" << std::strerror(e)
+                   << "): this test needs mount permission in its own mount namespace";
+    }
+    mounted_ = true;
+  }
+  void TearDown() override {
+    SnapshotParity::TearDown();  // kills and reaps the agents, unlinks in the private tmpfs
+    if (mounted_) ::umount2("/dev/shm", MNT_DETACH);  // frees what was written there
+    if (unshared_ && ::setns(ns_, CLONE_NEWNS) != 0)
+      ADD_FAILURE() << "cannot return to the test's mount namespace: " << std::strerror(errno);
+    if (ns_ >= 0) ::close(ns_);
+  }
+  // What a new segment may take in /dev/shm now, as the agent judges it (free less margin).
+  int64_t room() const {
+    struct statvfs sv {};
+    EXPECT_EQ(::statvfs("/dev/shm", &sv), 0);
+    return int64_t(sv.f_bavail) * int64_t(sv.f_frsize) - margin_;
+  }
+  // Takes `bytes` of /dev/shm (allocated: the agents' statvfs sees them gone).
+  void fill(int64_t bytes) {
+    const int fd = ::open(filler_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    const int e = ::posix_fallocate(fd, 0, off_t(bytes));
+    ::close(fd);
+    ASSERT_EQ(e, 0) << std::strerror(e);
+  }
+  void commit_all(int64_t step) {
+    for (int n = 0; n < kNodes; ++n)
+      for (int l = 0; l < kLocals; ++l) {
+        const int rank = n * kLocals + l;
+        write_snapshot(data_[size_t(n)][size_t(l)], job_, n, 1, rank, kWorld, step, bytes_of(rank));
+        clients_[size_t(n)]->committed(data_[size_t(n)][size_t(l)], step);
+      }
+  }
+
+  int64_t margin_ = 0;
+  int ns_ = -1;
+  bool unshared_ = false, mounted_ = false;
+  const std::string filler_ = "/dev/shm/weft-test-filler";
+};
+
+// Issue 15: a parity holder must refuse parity it cannot fit, clearly, and neither crash nor
+// corrupt anything. At reserve: a node whose own snapshots fit but not with its share of the
+// other nodes' parity is refused naming snapshot.every and the parity. Later, with /dev/shm
+// nearly full: every holder keeps no parity segment of that step and says so; the data node
+// whose chunk completed a stripe is told (before, it was answered ok and believed its step
+// protected); every agent still serves and every snapshot is intact; once memory is free
+// again the next step's parity is kept.
+TEST_F(SnapshotParityRoom, AHolderWithoutRoomRefusesParityClearlyAndCorruptsNothing) {
+  ASSERT_NO_FATAL_FAILURE(start_three({}));
+  {
+    const int64_t b = room() / 4;  // three data slots fit, with the parity share (2b) they do not
+    try {
+      clients_[0]->segment(Reservation{job_, 0, 2, {{0, kWorld, b}}, 0});
+      ADD_FAILURE() << "a reserve of " << (b >> 20) << " MiB with " << (room() >> 20)
+                    << " MiB of room was taken\n" << read(log(0));
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.field(), "snapshot.every");
+      EXPECT_NE(std::string(e.what()).find(
+                    "of parity of other nodes' snapshots (snapshot.redundancy: ec)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(fill(room() - (int64_t(2) << 20)));  // 2 MiB left: no parity segment fits
+  commit_all(5);
+  for (int n = 0; n < kNodes; ++n)
+    wait_for(log(n), "parity of stripe \\d+ \\(epoch 1, step 5\\) not kept on node " +
+                         std::to_string(n) + ": [0-9.]+ MiB do not fit in node memory there",
+             kLocals);
+  EXPECT_TRUE(poll([&] {
+    return logs(kNodes).find("; this step of it is not protected") != std::string::npos;
+  })) << logs(kNodes);
+  for (int n = 0; n < kNodes; ++n) {
+    EXPECT_EQ(::kill(pids_[size_t(n)], 0), 0) << "agent " << n << " died\n" << logs(kNodes);
+    EXPECT_NO_THROW(clients_[size_t(n)]->list()) << logs(kNodes);
+    for (int l = 0; l < kLocals; ++l)
+      EXPECT_TRUE(holds_pattern(data_[size_t(n)][size_t(l)], 5, n * kLocals + l)) << logs(kNodes);
+  }
+  for (const std::string& p : parity_) EXPECT_FALSE(exists(p)) << p;
+
+  ::unlink(filler_.c_str());
+  commit_all(6);
+  EXPECT_TRUE(poll([&] {
+    for (const std::string& p : parity_)
+      if (newest_step(p) != 6) return false;
+    return true;
+  })) << logs(kNodes);
+  EXPECT_NE(logs(kNodes).find("(epoch 1) is kept again from step 6"), std::string::npos)
+      << logs(kNodes);
 }
 
 }  // namespace

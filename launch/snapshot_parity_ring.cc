@@ -1,0 +1,150 @@
+// Erasure-coded snapshots (snapshot_parity.h): which nodes of the previous epoch a new ring
+// has lost. Asked of the nodes, not read from their endpoints: a restarted agent listens on a
+// new port, and a peer's ring of the previous epoch may still name its old one.
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "base/check.h"
+#include "base/error.h"
+#include "launch/snapshot_parity.h"
+
+namespace weft::launch {
+
+namespace ckpt = checkpoint;
+using json = nlohmann::json;
+
+namespace {
+
+// Calls `f(parsed name)` for each data or parity segment of `job` this process owns (made, or
+// adopted from a dead predecessor: its owner is this process then).
+template <typename F>
+void for_each_owned(const std::string& job, F f) {
+  for (const std::string& name : ckpt::snapshot_segments(job)) {
+    const std::optional<ckpt::SegmentName> p = ckpt::parse_segment_name(name);
+    if (!p || (p->kind != ckpt::SegmentKind::kData && p->kind != ckpt::SegmentKind::kParity))
+      continue;
+    try {
+      if (ckpt::SnapshotSegment::open(name, false).owner_pid() == int(::getpid())) f(*p);
+    } catch (const std::exception&) {  // gone meanwhile, or being made: not this node's
+    }
+  }
+}
+
+}  // namespace
+
+int SnapshotParity::node_in(int64_t epoch) const {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (auto it = rings_.find(epoch); it != rings_.end()) return it->second.node;
+  }
+  int node = -1;
+  for_each_owned(o_.auth.job, [&](const ckpt::SegmentName& p) {
+    if (p.epoch == epoch) node = p.owner_node;  // data: its node; parity: the holder, this one
+  });
+  return node;
+}
+
+int64_t SnapshotParity::newest_held_epoch_below(int64_t epoch) const {
+  int64_t newest = -1;
+  for_each_owned(o_.auth.job, [&](const ckpt::SegmentName& p) {
+    if (p.epoch < epoch) newest = std::max(newest, p.epoch);
+  });
+  return newest;
+}
+
+void SnapshotParity::serve_node_in(ckpt::PeerChannel& ch, const json& h) {
+  ch.send({{"ok", true}, {"node", node_in(h.value("epoch", int64_t(-1)))}});
+}
+
+void SnapshotParity::serve_ring(ckpt::PeerChannel& ch, const json& h) {
+  const std::optional<ReplicaRing> r = ring_of(h.value("epoch", int64_t(-1)));
+  if (!r) {
+    ch.send({{"ok", false}, {"error", "no ring of that epoch here"}});
+    return;
+  }
+  ch.send({{"ok", true}, {"nodes", r->nodes}});
+}
+
+void SnapshotParity::new_ring(int64_t epoch) {
+  const std::optional<ReplicaRing> now = ring_of(epoch);
+  if (!now) return;
+  std::optional<ReplicaRing> old;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (auto it = rings_.lower_bound(epoch); it != rings_.begin()) old = std::prev(it)->second;
+  }
+  // A restarted agent told only the new ring knows the previous epoch from its segments.
+  const int64_t was_epoch = old ? old->epoch : newest_held_epoch_below(epoch);
+  if (was_epoch < 0) return;
+  const int me_then = old ? old->node : node_in(was_epoch);
+  if (me_then < 0) return;  // not a node of that epoch: nothing of it is this node's to rebuild
+  const std::string then = str("epoch ", epoch, ": ");
+  // Which node of the previous epoch each node of this one was: old index -> new index.
+  std::map<int, int> claimed;
+  for (int i = 0; i < int(now->nodes.size()); ++i) {
+    int was = -1;
+    if (i == now->node) {
+      was = me_then;
+    } else {
+      try {
+        const json r = ask(*now, i, {{"op", "node_in"}, {"epoch", was_epoch}});
+        if (!r.value("ok", false)) throw IoError(r.value("error", std::string("refused")));
+        was = r.value("node", -1);
+      } catch (const std::exception& e) {
+        // Not asked (gone again, or an agent without node_in): its endpoint, if the previous
+        // ring names it, is the best left.
+        if (old) {
+          auto f = std::find(old->nodes.begin(), old->nodes.end(), now->nodes[size_t(i)]);
+          if (f != old->nodes.end()) was = int(f - old->nodes.begin());
+        }
+        log_(str(then, "node ", i, " at ", now->nodes[size_t(i)], " was not asked which node it was in epoch ",
+                 was_epoch, " (", e.what(), "); ",
+                 was >= 0 ? str("taken as node ", was, " by its endpoint") : std::string("counted as new")));
+      }
+    }
+    if (was >= 0) claimed.emplace(was, i);
+  }
+  if (!old) {
+    for (int i = 0; i < int(now->nodes.size()) && !old; ++i) {
+      if (i == now->node) continue;
+      try {
+        const json r = ask(*now, i, {{"op", "ring"}, {"epoch", was_epoch}});
+        if (r.value("ok", false) && r.contains("nodes") && r["nodes"].is_array())
+          old = ReplicaRing{was_epoch, me_then, r["nodes"].get<std::vector<std::string>>()};
+      } catch (const std::exception& e) {
+        log_(str(then, "node ", i, " not asked for the ring of epoch ", was_epoch, ": ", e.what()));
+      }
+    }
+    if (!old || me_then >= int(old->nodes.size())) {
+      log_(str(then, "this agent holds segments of epoch ", was_epoch, " as its node ", me_then,
+               " but no node told it that epoch's ring: nothing of it is rebuilt here"));
+      return;
+    }
+    log_(str(then, "this agent was not told the ring of epoch ", was_epoch,
+             " (restarted since?); it was its node ", me_then, " of ", old->nodes.size(),
+             " and took the ring from its peers"));
+  }
+  old->node = me_then;
+  std::set<int> gone;
+  for (int j = 0; j < int(old->nodes.size()); ++j) {
+    auto c = claimed.find(j);
+    if (c == claimed.end()) {
+      if (j != me_then) gone.insert(j);
+      continue;
+    }
+    std::string& at = old->nodes[size_t(j)];
+    const std::string& here = now->nodes[size_t(c->second)];
+    if (at != here && j != me_then)
+      log_(str(then, "node ", j, " of epoch ", was_epoch, " is node ", c->second, " at ", here,
+               " (its agent restarted: epoch ", was_epoch, "'s ring had it at ", at, ")"));
+    at = here;  // fetches of the previous epoch's pieces reach it where it is now
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    rings_[was_epoch] = *old;
+  }
+  for (int lost : gone) rebuild({Task::kRebuild, was_epoch, lost, gone});
+}
+
+}  // namespace weft::launch
