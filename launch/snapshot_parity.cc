@@ -155,13 +155,17 @@ void SnapshotParity::set_ring(ReplicaRing r) {
 // ---- pushing: the data side -------------------------------------------------------------
 
 std::shared_ptr<ckpt::PeerChannel> SnapshotParity::channel(const ReplicaRing& ring, int node,
-                                                           Links& cache) {
+                                                           Links& cache, bool* reused) {
   const std::string& peer = ring.nodes.at(size_t(node));
+  if (reused) *reused = false;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (stopped_) throw IoError("the agent is stopping");
     auto it = cache.find(peer);
-    if (it != cache.end() && it->second->open()) return it->second;
+    if (it != cache.end() && it->second->open()) {
+      if (reused) *reused = true;
+      return it->second;
+    }
   }
   std::shared_ptr<ckpt::PeerChannel> ch =
       ckpt::PeerChannel::connect(peer, o_.auth, ring.node, o_.timeout);
@@ -173,6 +177,24 @@ std::shared_ptr<ckpt::PeerChannel> SnapshotParity::channel(const ReplicaRing& ri
 void SnapshotParity::drop(Links& cache, const std::string& endpoint) {
   std::lock_guard<std::mutex> l(mu_);
   cache.erase(endpoint);
+}
+
+json SnapshotParity::call(const ReplicaRing& ring, int node, Links& cache, const json& request,
+                          std::shared_ptr<ckpt::PeerChannel>* used) {
+  const std::string& peer = ring.nodes.at(size_t(node));
+  for (int attempt = 0;; ++attempt) {
+    bool reused = false;
+    std::shared_ptr<ckpt::PeerChannel> ch = channel(ring, node, cache, &reused);
+    try {
+      ch->send(request);
+      json reply = ch->receive();
+      *used = std::move(ch);
+      return reply;
+    } catch (...) {
+      drop(cache, peer);
+      if (!reused || attempt > 0) throw;
+    }
+  }
 }
 
 void SnapshotParity::push(const CommittedEvent& e) {
@@ -197,16 +219,17 @@ void SnapshotParity::push(const CommittedEvent& e) {
       const std::string& peer = ring->nodes[size_t(holder)];
       const int64_t real = std::clamp<int64_t>(payload - t * c, 0, c);
       try {
-        std::shared_ptr<ckpt::PeerChannel> ch = channel(*ring, holder, push_links_);
+        std::shared_ptr<ckpt::PeerChannel> ch;
+        const json go = call(*ring, holder, push_links_,
+                             {{"op", "chunk"},
+                              {"meta", ckpt::to_json(v->meta)},
+                              {"crc32c", crcs},
+                              {"group", s.group},
+                              {"stripe", layout.number(s)},
+                              {"fragment", t},
+                              {"chunk", c}},
+                             &ch);
         try {
-          ch->send({{"op", "chunk"},
-                    {"meta", ckpt::to_json(v->meta)},
-                    {"crc32c", crcs},
-                    {"group", s.group},
-                    {"stripe", layout.number(s)},
-                    {"fragment", t},
-                    {"chunk", c}});
-          const json go = ch->receive();
           if (!go.value("ok", false)) {
             all = false;
             if (failing_.insert(peer + "/refused").second)
@@ -584,15 +607,8 @@ void SnapshotParity::work() {
 }
 
 json SnapshotParity::ask(const ReplicaRing& ring, int node, const json& request) {
-  const std::string& peer = ring.nodes.at(size_t(node));
-  std::shared_ptr<ckpt::PeerChannel> ch = channel(ring, node, fetch_links_);
-  try {
-    ch->send(request);
-    return ch->receive();
-  } catch (...) {
-    drop(fetch_links_, peer);
-    throw;
-  }
+  std::shared_ptr<ckpt::PeerChannel> ch;
+  return call(ring, node, fetch_links_, request, &ch);
 }
 
 void SnapshotParity::fetch(const ReplicaRing& ring, int node, const std::string& segment,
@@ -603,11 +619,12 @@ void SnapshotParity::fetch(const ReplicaRing& ring, int node, const std::string&
     return;
   }
   const std::string& peer = ring.nodes.at(size_t(node));
-  std::shared_ptr<ckpt::PeerChannel> ch = channel(ring, node, fetch_links_);
+  std::shared_ptr<ckpt::PeerChannel> ch;
+  const json r = call(ring, node, fetch_links_,
+                      {{"op", "fetch"}, {"segment", segment}, {"step", step}, {"offset", offset},
+                       {"length", length}},
+                      &ch);
   try {
-    ch->send({{"op", "fetch"}, {"segment", segment}, {"step", step}, {"offset", offset},
-              {"length", length}});
-    const json r = ch->receive();
     if (!r.value("ok", false))
       throw IoError(str("node ", node, " at ", peer, ": ", r.value("error", std::string("refused"))));
     ch->receive_bytes(out, size_t(length));

@@ -158,7 +158,15 @@ class SnapshotParity {
              int64_t offset, int64_t length, uint8_t* out);
   nlohmann::json ask(const ReplicaRing& ring, int node, const nlohmann::json& request);
   using Links = std::map<std::string, std::shared_ptr<checkpoint::PeerChannel>>;
-  std::shared_ptr<checkpoint::PeerChannel> channel(const ReplicaRing& ring, int node, Links& cache);
+  std::shared_ptr<checkpoint::PeerChannel> channel(const ReplicaRing& ring, int node, Links& cache,
+                                                   bool* reused = nullptr);
+  // Sends `request` to node `node` of `ring` on a channel of `cache` and returns the first
+  // reply, the channel in *used. A cached channel that fails here is replaced by a new one,
+  // once: the peer's listener closes a connection idle for its timeout (10 s by default,
+  // checkpoint/snapshot_transport.h), and commits or rebuilds further apart than that would
+  // otherwise fail every other time. Throws what the new channel's call throws.
+  nlohmann::json call(const ReplicaRing& ring, int node, Links& cache, const nlohmann::json& request,
+                      std::shared_ptr<checkpoint::PeerChannel>* used);
   void drop(Links& cache, const std::string& endpoint);
   const checkpoint::ErasureCode& code(int k) const;
   std::optional<ReplicaRing> ring_of(int64_t epoch) const;

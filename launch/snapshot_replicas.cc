@@ -114,6 +114,7 @@ void SnapshotReplicas::push(const CommittedEvent& e) {
     std::lock_guard<std::mutex> l(mu_);
     link_.reset();
   }
+  const bool reused = bool(link);
   if (!link) {
     if (Clock::now() < retry_at_) return;
     try {
@@ -129,11 +130,29 @@ void SnapshotReplicas::push(const CommittedEvent& e) {
   const auto t0 = Clock::now();
   try {
     const std::vector<uint32_t> crcs = e.segment->block_crc32c(*v);
-    link->send({{"op", "push"},
-                {"meta", ckpt::to_json(v->meta)},
-                {"capacity", e.segment->capacity()},
-                {"crc32c", crcs}});
-    const json go = link->receive();
+    const json header = {{"op", "push"},
+                         {"meta", ckpt::to_json(v->meta)},
+                         {"capacity", e.segment->capacity()},
+                         {"crc32c", crcs}};
+    json go;
+    try {
+      link->send(header);
+      go = link->receive();
+    } catch (const std::exception&) {
+      // The peer's listener closes a connection idle for its timeout (10 s by default): at
+      // snapshot intervals longer than that the kept connection is gone by the next commit.
+      // A new one, once.
+      if (!reused) throw;
+      link = ckpt::PeerChannel::connect(peer, o_.auth, r->node, o_.timeout);
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (stopped_) return;
+        link_ = link;
+        link_peer_ = peer;
+      }
+      link->send(header);
+      go = link->receive();
+    }
     if (!go.value("ok", false)) {
       // Refused before any payload moved (it does not fit there, an epoch retired there):
       // said once per segment and sequence, not retried until the next commit.

@@ -214,8 +214,12 @@ class SnapshotPeersTest : public SnapshotProcessTest {
                                      std::to_string(node), "--socket", socket(node), "--listen",
                                      "127.0.0.1:0"};
     args.insert(args.end(), redundancy.begin(), redundancy.end());
-    return start(args, log(node), {{"WEFT_JOB_TOKEN", token}});
+    std::vector<std::pair<std::string, std::string>> env = {{"WEFT_JOB_TOKEN", token}};
+    env.insert(env.end(), agent_env_.begin(), agent_env_.end());
+    return start(args, log(node), env);
   }
+  // More environment for the agents start_agent starts (e.g. WEFT_SNAPSHOT_TIMEOUT_MS).
+  std::vector<std::pair<std::string, std::string>> agent_env_;
   std::unique_ptr<SnapshotAgentClient> client(int node) {
     auto c = std::make_unique<SnapshotAgentClient>(milliseconds(10000));
     c->connect(socket(node));

@@ -39,6 +39,31 @@ class SnapshotReplica : public SnapshotPeersTest {
   }
 };
 
+// An agent's listener closes a peer connection idle for the transport's timeout (10 s by
+// default, 1 s here): a commit further apart than that still reaches the successor, on a new
+// connection. Before, the kept connection failed at that commit and its replica was not
+// pushed until the next one.
+TEST_F(SnapshotReplica, CommitsFurtherApartThanThePeerTimeoutStillReachTheSuccessor) {
+  agent_env_ = {{"WEFT_SNAPSHOT_TIMEOUT_MS", "1000"}};
+  start_agent(0, "replica-test-token");
+  start_agent(1, "replica-test-token");
+  auto a = client(0), b = client(1);
+  const std::string ea = a->endpoint(), eb = b->endpoint();
+  a->peers(job_, 1, 0, {ea, eb});
+  b->peers(job_, 1, 1, {ea, eb});
+  const std::vector<std::string> da = a->segment(Reservation{job_, 0, 1, {{0, 2, kBytes}}, 0});
+  const std::string ra = segment_name(job_, SegmentKind::kReplica, 0, 1, 0);  // on node 1
+  for (int64_t step : {5, 6, 7}) {
+    if (step > 5) std::this_thread::sleep_for(milliseconds(2500));  // idle: node 1 drops it
+    write_snapshot(da[0], job_, 0, 1, 0, 2, step);
+    a->committed(da[0], step);
+    EXPECT_TRUE(poll([&] { return listed_step(*b, ra) == step; }, 10))
+        << "step " << step << "\n" << read(log(0)) << read(log(1));
+  }
+  EXPECT_TRUE(same_bytes(da[0], ra));
+  EXPECT_EQ(read(log(0)).find("failed"), std::string::npos) << read(log(0));
+}
+
 // Node 0 pushes to node 1 and node 1 to node 0 (a ring of two); the replica is the original
 // rank's snapshot byte for byte, kept two slots deep, retired by a newer epoch's commit and
 // removed by finish.
