@@ -142,10 +142,13 @@ void SnapshotParity::set_ring(ReplicaRing r) {
   }
   std::lock_guard<std::mutex> l(mu_);
   // A new epoch: which nodes of the previous one are lost is found on the rebuilder's thread
-  // (new_ring: it asks the nodes, whose endpoints may have changed). An epoch's ring told
-  // again (a peer's agent restarted) queues nothing new. Queued under mu_ with the ring, so
-  // that settled() waits for it.
-  if (!rings_.count(r.epoch)) {
+  // (new_ring: it asks the nodes, whose endpoints may have changed). The newest epoch's ring
+  // told again with other endpoints (a peer's agent restarted, perhaps during a rebuild that
+  // then could not reach it) is looked at again: new_ring retries only what is not done.
+  // Queued under mu_ with the ring, so that settled() waits for it.
+  auto known = rings_.find(r.epoch);
+  if (known == rings_.end() ||
+      (known->second.nodes != r.nodes && r.epoch == rings_.rbegin()->first)) {
     tasks_.push_back({Task::kNewRing, r.epoch, -1, {}});
     cv_.notify_all();
   }
@@ -773,19 +776,19 @@ std::vector<std::string> own_data(const std::string& job, int node, int64_t epoc
 }
 }  // namespace
 
-void SnapshotParity::rebuild(const Task& task) {
+bool SnapshotParity::rebuild(const Task& task) {
   const std::optional<ReplicaRing> ring = ring_of(task.epoch);
-  if (!ring || int(ring->nodes.size()) < o_.k + o_.m) return;
+  if (!ring || int(ring->nodes.size()) < o_.k + o_.m) return true;
   const ckpt::StripeLayout l(int(ring->nodes.size()), o_.k, o_.m);
   const int g = l.group_of(task.lost);
-  if (l.group_of(ring->node) != g) return;
+  if (l.group_of(ring->node) != g) return true;
   // The first surviving node after the lost one in its group rebuilds it.
   int designated = -1;
   for (int d = 1; d < l.group_size(g) && designated < 0; ++d) {
     const int cand = l.node_at(g, l.position(task.lost) + d);
     if (!task.gone.count(cand)) designated = cand;
   }
-  if (designated != ring->node) return;
+  if (designated != ring->node) return true;
   const int K = l.data_fragments(g);
   const int lost_here = int(std::count_if(task.gone.begin(), task.gone.end(),
                                           [&](int n) { return l.group_of(n) == g; }));
@@ -794,11 +797,12 @@ void SnapshotParity::rebuild(const Task& task) {
              " other(s) of its group: ", lost_here, " nodes, more than m = ", o_.m,
              ", so its snapshots could not be rebuilt from parity (a recovery takes what "
              "survives, else the durable checkpoint)"));
-    return;
+    return false;
   }
   const int locals = int(own_data(o_.auth.job, ring->node, task.epoch).size());
   log_(str("node ", task.lost, " of epoch ", task.epoch, " is lost: rebuilding its ", locals,
            " rank(s)' snapshots from parity"));
+  bool all = true;
   for (int local = 0; local < locals; ++local) {
     const auto t0 = Clock::now();
     std::vector<ckpt::StripeId> stripes;
@@ -874,7 +878,9 @@ void SnapshotParity::rebuild(const Task& task) {
     if (!done)
       log_(str("node ", task.lost, "'s local rank ", local, " (epoch ", task.epoch,
                ") could not be rebuilt from parity: no step has every stripe's fragments"));
+    all = all && done;
   }
+  return all;
 }
 
 void SnapshotParity::repair_now() {

@@ -85,8 +85,8 @@ class SnapshotParity {
   void adopt();
   // Any thread. The ring of an epoch (every node's agent by index). A ring of a new epoch
   // queues the search for the previous epoch's lost nodes (see Rebuild above) and the
-  // rebuilds this node is designated for; a ring told again (a peer's agent restarted) only
-  // replaces the endpoints.
+  // rebuilds this node is designated for; the newest ring told again with other endpoints (a
+  // peer's agent restarted) retries the rebuilds that could not be done.
   void set_ring(ReplicaRing r);
   // The stage's handler: sends the commit's chunks to their stripes' parity holders.
   void push(const CommittedEvent& e);
@@ -140,7 +140,8 @@ class SnapshotParity {
   std::string commit_parity(int64_t epoch, int me, int number, int64_t step, Accumulator& a);
 
   void work();  // the rebuilder's thread
-  void rebuild(const Task& t);
+  // True when nothing of it is left to retry: rebuilt, or not this node's to rebuild.
+  bool rebuild(const Task& t);
   void repair_now();
   // Decodes the first `out_len` bytes (at most the stripe's fragment length) of fragment
   // `lost` of stripe `s` at the step of `at_step` (the surviving holders' parity slots of
@@ -190,8 +191,9 @@ class SnapshotParity {
   std::map<std::string, int64_t> pushed_;  // data segment -> sequence
   std::set<std::string> failing_;          // peers whose failure was logged
   std::set<int64_t> unprotected_logged_;   // epochs with fewer than k + m nodes
-  // The rebuilder's thread: its channels.
+  // The rebuilder's thread: its channels, and the lost nodes (epoch, node) done with.
   Links fetch_links_;
+  std::set<std::pair<int64_t, int>> losses_done_;
   std::vector<std::vector<uint8_t>> scratch_;  // decode_fragment's two sets of pieces
   std::thread worker_;  // last: starts once the members above exist
 };

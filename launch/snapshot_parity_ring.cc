@@ -144,7 +144,9 @@ void SnapshotParity::new_ring(int64_t epoch) {
     std::lock_guard<std::mutex> l(mu_);
     rings_[was_epoch] = *old;
   }
-  for (int lost : gone) rebuild({Task::kRebuild, was_epoch, lost, gone});
+  for (int lost : gone)
+    if (!losses_done_.count({was_epoch, lost}) && rebuild({Task::kRebuild, was_epoch, lost, gone}))
+      losses_done_.insert({was_epoch, lost});
 }
 
 }  // namespace weft::launch

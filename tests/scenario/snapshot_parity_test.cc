@@ -241,6 +241,29 @@ TEST_F(SnapshotParity, ARestartedAgentsNewEndpointIsNotCountedLostWhenANodeIsLos
       << text;
 }
 
+// The restart the other way round: node 1's agent dies just after node 0 was told epoch 2
+// (its weft run published node 1's old endpoint for it), so node 0's rebuild of lost node 2
+// cannot reach node 1's pieces. Moments later node 1's weft run restarts it and node 0 is
+// told epoch 2 again with the new endpoint. Before, a ring told again queued nothing and
+// node 2 stayed unrebuilt; now the rebuild that could not be done is retried.
+TEST_F(SnapshotParity, ARebuildThatCouldNotReachARestartingAgentIsRetriedAtItsNewEndpoint) {
+  ASSERT_NO_FATAL_FAILURE(start_three({5, 6}));
+  ::kill(pids_[1], SIGKILL);
+  ::waitpid(pids_[1], nullptr, 0);
+  pids_[1] = 0;  // reaped
+  lose(2);
+  clients_[0]->peers(job_, 2, 0, {endpoints_[0], endpoints_[1]});
+  for (const SegmentInfo& s : clients_[0]->list(2))  // settled: the rebuild failed
+    ASSERT_NE(parse_segment_name(s.name)->kind, SegmentKind::kRebuilt) << s.name;
+  EXPECT_NE(read(log(0)).find("could not be rebuilt from parity"), std::string::npos) << read(log(0));
+  start_agent(1, "parity-test-token", {"--redundancy", "ec", "--ec-k", "2", "--ec-m", "1"});
+  clients_[1] = client(1);
+  const std::string again = clients_[1]->endpoint();
+  clients_[1]->peers(job_, 2, 1, {endpoints_[0], again});
+  clients_[0]->peers(job_, 2, 0, {endpoints_[0], again});
+  ASSERT_NO_FATAL_FAILURE(expect_rebuilt(0, 2, 2, 6));
+}
+
 // The same restart with no node lost: the next epoch keeps all three nodes (a restart
 // round). Before, node 2 (the first after node 1) counted node 1 lost by its old endpoint
 // and rebuilt its ranks for nothing.
