@@ -127,34 +127,6 @@ void SnapshotParity::adopt() {
       log_);
 }
 
-void SnapshotParity::set_ring(ReplicaRing r) {
-  const int n = int(r.nodes.size());
-  if (n >= o_.k + o_.m) {
-    const ckpt::StripeLayout l(n, o_.k, o_.m);
-    const int g = l.group_of(r.node);
-    log_(str("epoch ", r.epoch, ": this node is node ", r.node, " of ", n,
-             "; its snapshots are erasure-coded with ISA-L over its group of ", l.group_size(g),
-             " nodes (", l.data_fragments(g), " data + ", o_.m,
-             " parity fragments per stripe; any ", o_.m, " of them may be lost)"));
-  } else {
-    log_(str("epoch ", r.epoch, ": this node is node ", r.node, " of ", n, "; fewer than k + m = ",
-             o_.k + o_.m, " nodes: its snapshots are not erasure-coded in this epoch"));
-  }
-  std::lock_guard<std::mutex> l(mu_);
-  // A new epoch: which nodes of the previous one are lost is found on the rebuilder's thread
-  // (new_ring: it asks the nodes, whose endpoints may have changed). The newest epoch's ring
-  // told again with other endpoints (a peer's agent restarted, perhaps during a rebuild that
-  // then could not reach it) is looked at again: new_ring retries only what is not done.
-  // Queued under mu_ with the ring, so that settled() waits for it.
-  auto known = rings_.find(r.epoch);
-  if (known == rings_.end() ||
-      (known->second.nodes != r.nodes && r.epoch == rings_.rbegin()->first)) {
-    tasks_.push_back({Task::kNewRing, r.epoch, -1, {}});
-    cv_.notify_all();
-  }
-  rings_[r.epoch] = std::move(r);
-}
-
 // ---- pushing: the data side -------------------------------------------------------------
 
 std::shared_ptr<ckpt::PeerChannel> SnapshotParity::channel(const ReplicaRing& ring, int node,
@@ -322,8 +294,18 @@ void SnapshotParity::serve_chunk(ckpt::PeerChannel& ch, const json& h) {
   int K = 0, f = -1;
   if (bad.empty() && meta.job_id != o_.auth.job)
     bad = str("a chunk of job ", meta.job_id, "; this agent serves ", o_.auth.job);
-  if (bad.empty() && !(ring = ring_of(meta.epoch)))
-    bad = str("no ring of epoch ", meta.epoch, " here yet");
+  if (bad.empty() && !(ring = ring_of(meta.epoch))) {
+    // Each node's weft run tells its own agent the ring: a data node may have it a moment
+    // before this holder, and a refused chunk is sent again only at its node's next commit.
+    // Waited for until kRingWait after the first such chunk of the epoch, not longer (a
+    // holder that never gets it does not slow every push).
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      const auto until = ring_wait_until_.emplace(meta.epoch, Clock::now() + kRingWait).first->second;
+      cv_.wait_until(l, until, [&] { return stopped_ || rings_.count(meta.epoch) > 0; });
+    }
+    if (!(ring = ring_of(meta.epoch))) bad = str("no ring of epoch ", meta.epoch, " here yet");
+  }
   if (bad.empty()) {
     try {
       layout.emplace(int(ring->nodes.size()), o_.k, o_.m);

@@ -191,6 +191,10 @@ class SnapshotParity {
   std::map<std::string, int64_t> pushed_;  // data segment -> sequence
   std::set<std::string> failing_;          // peers whose failure was logged
   std::set<int64_t> unprotected_logged_;   // epochs with fewer than k + m nodes
+  // serve_chunk: until when a chunk of an epoch whose ring is not here yet waits for it
+  // (kRingWait after the first such chunk).
+  std::map<int64_t, std::chrono::steady_clock::time_point> ring_wait_until_;
+  static constexpr std::chrono::milliseconds kRingWait{3000};
   // The rebuilder's thread: its channels, and the lost nodes (epoch, node) done with.
   Links fetch_links_;
   std::set<std::pair<int64_t, int>> losses_done_;

@@ -1,12 +1,14 @@
-// Erasure-coded snapshots (snapshot_parity.h): which nodes of the previous epoch a new ring
-// has lost. Asked of the nodes, not read from their endpoints: a restarted agent listens on a
-// new port, and a peer's ring of the previous epoch may still name its old one.
+// Erasure-coded snapshots (snapshot_parity.h): the rings of the epochs, and which nodes of
+// the previous epoch a new ring has lost. Asked of the nodes, not read from their endpoints:
+// a restarted agent listens on a new port, and a peer's ring of the previous epoch may still
+// name its old one.
 #include <unistd.h>
 
 #include <algorithm>
 
 #include "base/check.h"
 #include "base/error.h"
+#include "checkpoint/snapshot_stripes.h"
 #include "launch/snapshot_parity.h"
 
 namespace weft::launch {
@@ -32,6 +34,34 @@ void for_each_owned(const std::string& job, F f) {
 }
 
 }  // namespace
+
+void SnapshotParity::set_ring(ReplicaRing r) {
+  const int n = int(r.nodes.size());
+  if (n >= o_.k + o_.m) {
+    const ckpt::StripeLayout l(n, o_.k, o_.m);
+    const int g = l.group_of(r.node);
+    log_(str("epoch ", r.epoch, ": this node is node ", r.node, " of ", n,
+             "; its snapshots are erasure-coded with ISA-L over its group of ", l.group_size(g),
+             " nodes (", l.data_fragments(g), " data + ", o_.m,
+             " parity fragments per stripe; any ", o_.m, " of them may be lost)"));
+  } else {
+    log_(str("epoch ", r.epoch, ": this node is node ", r.node, " of ", n, "; fewer than k + m = ",
+             o_.k + o_.m, " nodes: its snapshots are not erasure-coded in this epoch"));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  // A new epoch: which nodes of the previous one are lost is found on the rebuilder's thread
+  // (new_ring: it asks the nodes, whose endpoints may have changed). The newest epoch's ring
+  // told again with other endpoints (a peer's agent restarted, perhaps during a rebuild that
+  // then could not reach it) is looked at again: new_ring retries only what is not done.
+  // Queued under mu_ with the ring, so that settled() waits for it.
+  auto known = rings_.find(r.epoch);
+  if (known == rings_.end() ||
+      (known->second.nodes != r.nodes && r.epoch == rings_.rbegin()->first)) {
+    tasks_.push_back({Task::kNewRing, r.epoch, -1, {}});
+    cv_.notify_all();
+  }
+  rings_[r.epoch] = std::move(r);
+}
 
 int SnapshotParity::node_in(int64_t epoch) const {
   {

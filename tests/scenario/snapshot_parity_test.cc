@@ -264,6 +264,35 @@ TEST_F(SnapshotParity, ARebuildThatCouldNotReachARestartingAgentIsRetriedAtItsNe
   ASSERT_NO_FATAL_FAILURE(expect_rebuilt(0, 2, 2, 6));
 }
 
+// Each weft run tells its own agent the ring: node 0's arrives after nodes 1 and 2 pushed
+// the chunks of the stripes it holds. Before, it refused them ("no ring of epoch 1 here
+// yet") and they were sent again only at those nodes' next commit: the step stayed
+// unprotected. Now the chunk waits for the ring a little (once per epoch).
+TEST_F(SnapshotParity, AHolderToldItsRingAfterTheDataNodesPushedStillKeepsTheParity) {
+  for (int n = 0; n < kNodes; ++n) {
+    start_agent(n, "parity-test-token", {"--redundancy", "ec", "--ec-k", "2", "--ec-m", "1"});
+    clients_.push_back(client(n));
+    endpoints_.push_back(clients_.back()->endpoint());
+  }
+  for (int n = 1; n < kNodes; ++n) {
+    clients_[size_t(n)]->peers(job_, 1, n, endpoints_);
+    Reservation r{job_, n, 1, {}, 0};
+    for (int l = 0; l < kLocals; ++l) r.ranks.push_back({n * kLocals + l, kWorld, bytes_of(n * kLocals + l)});
+    const std::vector<std::string> d = clients_[size_t(n)]->segment(r);
+    for (int l = 0; l < kLocals; ++l) {
+      write_snapshot(d[size_t(l)], job_, n, 1, n * kLocals + l, kWorld, 5, bytes_of(n * kLocals + l));
+      clients_[size_t(n)]->committed(d[size_t(l)], 5);
+    }
+  }
+  std::this_thread::sleep_for(milliseconds(500));  // the chunks reach node 0 before its ring
+  clients_[0]->peers(job_, 1, 0, endpoints_);
+  // Node 0 holds the parity of stripes l * 3 + 1, whose data members are nodes 1 and 2.
+  for (int l = 0; l < kLocals; ++l) {
+    const std::string p = segment_name(job_, SegmentKind::kParity, 0, 1, l * 3 + 1);
+    EXPECT_TRUE(poll([&] { return newest_step(p) == 5; }, 10)) << p << "\n" << logs(kNodes);
+  }
+}
+
 // The same restart with no node lost: the next epoch keeps all three nodes (a restart
 // round). Before, node 2 (the first after node 1) counted node 1 lost by its old endpoint
 // and rebuilt its ranks for nothing.
