@@ -249,7 +249,8 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
         for (int m : team) {
           if (m >= k || cur[size_t(P.pos[size_t(m)])] < 0) continue;
           const int p = P.pos[size_t(m)], l = e.devices[size_t(p)].second;
-          const TensorDesc& src = role(l).tensors[size_t(cur[size_t(p)])];
+          // A copy: add_tensor below may grow the role's tensors (a reference would dangle).
+          const int64_t src_bytes = role(l).tensors[size_t(cur[size_t(p)])].bytes;
           Operand out;
           if (into_sink && e.sink[size_t(p)].tensor >= 0) {
             out = e.sink[size_t(p)];
@@ -262,7 +263,7 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
           }
           batch.bytes = std::max(batch.bytes, kind == CollKind::kAllGather
                                                   ? role(l).tensors[size_t(out.tensor)].bytes
-                                                  : src.bytes);
+                                                  : src_bytes);
           batch.lanes[size_t(l)] = {fam, {-1, cur[size_t(p)]}, out, mv.dim, mv.dim2, mv.groups};
           next[size_t(p)] = out.tensor;
         }
