@@ -75,7 +75,11 @@ Side run_side(const Options& o, const JobShape& j, bool snapshots) {
   s.victim = j.ranks - 1;
   const std::string label = str("recovery ", j.name, snapshots ? " snapshots" : " checkpoint");
   const fs::path ck = o.dir / str("checkpoints-", j.name);
-  std::vector<std::string> sets = {"train.steps=" + std::to_string(kSteps)};
+  // Both sides restart every worker (elastic.on_change: restart): this part compares the
+  // restart's two sources of state. Under the default (reshard) weft run replaces the failed
+  // worker in place and the survivors keep theirs (tests/parallel/live_replace_test.cc).
+  std::vector<std::string> sets = {"train.steps=" + std::to_string(kSteps),
+                                   "elastic.on_change=restart"};
   if (snapshots) {
     sets.push_back("snapshot.every=1");
   } else {

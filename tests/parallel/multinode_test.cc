@@ -171,8 +171,9 @@ TEST(MultiNode, WorkerFailureOnOneNodeStopsTheOthers) {
 // asks for a new round, both nodes restart their workers, which resume from the latest
 // checkpoint; the metrics equal a single process's, each step once.
 // `on_change`: the job's elastic.on_change ("" = the default, reshard). At a fixed node
-// count a node cannot leave and rejoin (the others could not form an epoch without it), so a
-// failed worker restarts every node's workers from the latest checkpoint either way.
+// count a node cannot leave and rejoin (the others could not form an epoch without it):
+// under restart a failed worker restarts every node's workers from the latest checkpoint;
+// under reshard it is replaced in place (node_agent.h) and the others keep training.
 void failed_worker_restarts_every_node(const std::string& name, const std::string& on_change) {
   fs::path d = temp_dir(name);
   const int steps = 200;
@@ -199,13 +200,22 @@ void failed_worker_restarts_every_node(const std::string& name, const std::strin
   std::string logs = slurp(d / "a.log") + "\n---\n" + slurp(d / "b.log");
   ASSERT_EQ(ca, 0) << logs;
   ASSERT_EQ(cb, 0) << logs;
-  EXPECT_NE(logs.find("failed: exited with code 5; restarting the workers (1 of --max-restarts 1 used)"),
-            std::string::npos)
-      << logs;
-  EXPECT_NE(logs.find("restart round 1 asked for by node "), std::string::npos) << logs;
-  EXPECT_NE(logs.find("weft train: restart 1 (membership epoch 1, world 2): resuming"),
-            std::string::npos)
-      << logs;
+  if (on_change == "restart") {
+    EXPECT_NE(logs.find("failed: exited with code 5; restarting the workers (1 of --max-restarts 1 used)"),
+              std::string::npos)
+        << logs;
+    EXPECT_NE(logs.find("restart round 1 asked for by node "), std::string::npos) << logs;
+    EXPECT_NE(logs.find("weft train: restart 1 (membership epoch 1, world 2): resuming"),
+              std::string::npos)
+        << logs;
+  } else {
+    EXPECT_NE(logs.find("exited with code 5; replaced in place (1 of --max-restarts 1 used), the "
+                        "other workers keep running"),
+              std::string::npos)
+        << logs;
+    EXPECT_NE(logs.find("replaced by a new worker"), std::string::npos) << logs;
+    EXPECT_EQ(logs.find("restart round 1 asked for by node "), std::string::npos) << logs;
+  }
   test::expect_same_losses(d / "one" / "metrics.jsonl", d / "two" / "metrics.jsonl", steps,
                            /*validation=*/false, 2e-7);
   fs::remove_all(d);
@@ -216,8 +226,9 @@ TEST(MultiNode, FailedWorkerRestartsEveryNodeFromTheLatestCheckpoint) {
 }
 
 // The default (reshard) at a fixed --nnodes 2: it hung before, the failed node waiting as a
-// spare of the full epoch it had left while the other could not form one without it.
-TEST(MultiNode, FailedWorkerAtAFixedNodeCountRestartsUnderReshardToo) {
+// spare of the full epoch it had left while the other could not form one without it; then it
+// restarted every node; now the failed worker alone is replaced.
+TEST(MultiNode, FailedWorkerAtAFixedNodeCountIsReplacedInPlaceUnderReshard) {
   failed_worker_restarts_every_node("restart_live", "");
 }
 
