@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/eventually.h"
+
 namespace weft::test {
 
 inline constexpr const char* kEtcdBinary = "/usr/bin/etcd";
@@ -24,19 +26,6 @@ bool etcd_available();
   GTEST_SKIP() << ::weft::test::kEtcdBinary                                   \
                << " is not installed (setup.sh installs it: apt-get install etcd-server)"
 
-// Bound on any "eventually" loop of the etcd tests: a hang guard, never a timing expectation.
-inline constexpr std::chrono::seconds kEventually{20};
-
-// Polls `pred` every 10 ms until it holds or kEventually passed; returns its last value.
-template <typename Pred>
-bool eventually(Pred pred) {
-  const auto until = std::chrono::steady_clock::now() + kEventually;
-  while (std::chrono::steady_clock::now() < until) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return pred();
-}
 
 inline double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();

@@ -30,6 +30,7 @@
 #include "tests/comm/store_raw_client.h"
 #include "tests/support/multiprocess.h"
 #include "tests/support/run_weft.h"
+#include "tests/support/eventually.h"
 
 namespace weft::test {
 namespace {
@@ -46,20 +47,8 @@ using comm::to_bytes;
 using comm::wire::Op;
 using Clock = std::chrono::steady_clock;
 
-// Bound on any "eventually" loop: a hang guard, never a timing expectation.
-constexpr auto kEventually = 20s;
 // A grace that cannot run out while a test looks.
 constexpr Millis kLongGrace{600'000};
-
-template <typename Pred>
-bool eventually(Pred pred) {
-  auto until = Clock::now() + kEventually;
-  while (Clock::now() < until) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return pred();
-}
 
 const SetOptions kBound{.bind = true};
 

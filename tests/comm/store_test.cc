@@ -21,6 +21,7 @@
 #include "comm/store/tcp_store.h"
 #include "comm/store/tcp_store_server.h"
 #include "tests/comm/store_raw_client.h"
+#include "tests/support/eventually.h"
 
 namespace weft::test {
 namespace {
@@ -39,18 +40,6 @@ using comm::wire::Op;
 using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxValue = 64 << 10;
-// Bound on any "eventually" loop: a hang guard, never a timing expectation.
-constexpr auto kEventually = 20s;
-
-template <typename Pred>
-bool eventually(Pred pred) {
-  auto until = Clock::now() + kEventually;
-  while (Clock::now() < until) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return pred();
-}
 
 // --- The contract, on every implementation -------------------------------------------
 

@@ -37,6 +37,22 @@ class SnapshotReplica : public SnapshotPeersTest {
   pid_t start_agent(int node, const std::string& token) {
     return SnapshotPeersTest::start_agent(node, token, {"--redundancy", "replica"});
   }
+  // Two agents, nodes 0 and 1, each told epoch 1's ring (each is the other's successor):
+  // their clients, and node 1's agent's pid.
+  struct Ring {
+    std::unique_ptr<SnapshotAgentClient> a, b;
+    pid_t peer = -1;
+  };
+  Ring ring_of_two() {
+    Ring r;
+    start_agent(0, "replica-test-token");
+    r.peer = start_agent(1, "replica-test-token");
+    r.a = client(0), r.b = client(1);
+    const std::string ea = r.a->endpoint(), eb = r.b->endpoint();
+    r.a->peers(job_, 1, 0, {ea, eb});
+    r.b->peers(job_, 1, 1, {ea, eb});
+    return r;
+  }
 };
 
 // An agent's listener closes a peer connection idle for the transport's timeout (10 s by
@@ -45,12 +61,8 @@ class SnapshotReplica : public SnapshotPeersTest {
 // pushed until the next one.
 TEST_F(SnapshotReplica, CommitsFurtherApartThanThePeerTimeoutStillReachTheSuccessor) {
   agent_env_ = {{"WEFT_SNAPSHOT_TIMEOUT_MS", "1000"}};
-  start_agent(0, "replica-test-token");
-  start_agent(1, "replica-test-token");
-  auto a = client(0), b = client(1);
-  const std::string ea = a->endpoint(), eb = b->endpoint();
-  a->peers(job_, 1, 0, {ea, eb});
-  b->peers(job_, 1, 1, {ea, eb});
+  Ring ring = ring_of_two();
+  auto &a = ring.a, &b = ring.b;
   const std::vector<std::string> da = a->segment(Reservation{job_, 0, 1, {{0, 2, kBytes}}, 0});
   const std::string ra = segment_name(job_, SegmentKind::kReplica, 0, 1, 0);  // on node 1
   for (int64_t step : {5, 6, 7}) {
@@ -143,12 +155,9 @@ TEST_F(SnapshotReplica, ACommitIsListedByTheNextNodesAgentWithTheSameBytes) {
 // `idle` (lockstep snapshots): an agent is idle until told of a commit, busy while its push
 // to a frozen peer (SIGSTOP) waits, and idle again once the peer thaws and the push lands.
 TEST_F(SnapshotReplica, AnAgentIsNotIdleWhileItsPushToAFrozenPeerWaits) {
-  start_agent(0, "replica-test-token");
-  const pid_t peer = start_agent(1, "replica-test-token");
-  auto a = client(0), b = client(1);
-  const std::string ea = a->endpoint(), eb = b->endpoint();
-  a->peers(job_, 1, 0, {ea, eb});
-  b->peers(job_, 1, 1, {ea, eb});
+  Ring ring = ring_of_two();
+  auto &a = ring.a, &b = ring.b;
+  const pid_t peer = ring.peer;
   const std::vector<std::string> da = a->segment(Reservation{job_, 0, 1, {{0, 2, kBytes}}, 0});
   EXPECT_TRUE(a->idle());
   write_snapshot(da[0], job_, 0, 1, 0, 2, 5);
@@ -224,12 +233,8 @@ TEST_F(SnapshotReplica, AWrongTokenIsRefusedAndNothingOfItIsWritten) {
 // only that every commit arrives whole.
 TEST_F(SnapshotReplica, PushThroughputOnLoopback) {
   const int64_t big = int64_t(256) << 20;
-  start_agent(0, "replica-test-token");
-  start_agent(1, "replica-test-token");
-  auto a = client(0), b = client(1);
-  const std::string ea = a->endpoint(), eb = b->endpoint();
-  a->peers(job_, 1, 0, {ea, eb});
-  b->peers(job_, 1, 1, {ea, eb});
+  Ring ring = ring_of_two();
+  auto &a = ring.a, &b = ring.b;
   const std::vector<std::string> da = a->segment(Reservation{job_, 0, 1, {{0, 2, big}}, 0});
   const std::string ra = segment_name(job_, SegmentKind::kReplica, 0, 1, 0);
   double steady_s = 0;
