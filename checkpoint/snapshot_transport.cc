@@ -182,9 +182,12 @@ bool run_op(asio::io_context& io, tcp::socket& sock, const std::atomic<bool>& ab
 
 // Reads (kWrite false) or writes n bytes at p, in composed operations of up to kChunkBytes;
 // "" when done, else why not (the socket is then closed or the run aborted).
+// `started` (when given) says whether any byte moved, so that a caller can tell a peer that
+// never began from one that stopped midway.
 template <bool kWrite>
 std::string move_bytes(asio::io_context& io, tcp::socket& sock, const std::atomic<bool>& aborted,
-                       std::chrono::milliseconds timeout, char* p, size_t n) {
+                       std::chrono::milliseconds timeout, char* p, size_t n,
+                       bool* started = nullptr) {
   for (size_t off = 0; off < n;) {
     const size_t len = std::min(kChunkBytes, n - off);
     boost::system::error_code ec;
@@ -203,6 +206,7 @@ std::string move_bytes(asio::io_context& io, tcp::socket& sock, const std::atomi
             asio::async_read(sock, asio::buffer(p + off, len), counted, finished);
         },
         [&] { return moved; });
+    if (started) *started = *started || off > 0 || moved > 0;
     if (!done)
       return aborted ? "aborted"
                      : "no bytes moved for " + std::to_string(timeout.count()) +
@@ -245,6 +249,24 @@ void PeerChannel::send(const json& message) {
 json PeerChannel::receive() {
   uint8_t frame[4];
   receive_bytes(frame, 4);
+  return receive_body(frame);
+}
+
+json PeerChannel::receive_request() {
+  if (!open()) fail("the connection is closed");
+  uint8_t frame[4];
+  bool started = false;
+  const std::string why = move_bytes<false>(io_->io, io_->sock, aborted_, timeout_,
+                                            reinterpret_cast<char*>(frame), 4, &started);
+  if (why.empty()) return receive_body(frame);
+  if (started || aborted_ || why.rfind("no bytes moved", 0) != 0) fail(why);
+  io_->broken = true;
+  io_->close();
+  throw IdlePeer("snapshot peer " + peer_ + ": no request for " +
+                 std::to_string(timeout_.count()) + " ms: an idle connection, closed");
+}
+
+json PeerChannel::receive_body(const uint8_t frame[4]) {
   uint32_t n = 0;
   for (int i = 0; i < 4; ++i) n |= uint32_t(frame[i]) << (8 * i);
   if (n > kPeerMaxMessageBytes)
@@ -462,6 +484,8 @@ void PeerListener::run_session(Session& s) {
   }
   try {
     serve_(ch);
+  } catch (const IdlePeer&) {
+    // The peer had nothing to send for a while; it connects anew when it has.
   } catch (const std::exception& e) {
     const std::string what = e.what();
     if (!ch.aborted_ && what.find("closed the connection") == std::string::npos)

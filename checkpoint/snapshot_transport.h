@@ -30,6 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/error.h"
+
 namespace weft::checkpoint {
 
 inline constexpr size_t kPeerMaxMessageBytes = size_t(16) << 20;
@@ -45,6 +47,12 @@ struct PeerAuth {
 
 // "host:port" -> (host, port); std::invalid_argument naming the text when it is not one.
 std::pair<std::string, uint16_t> split_endpoint(const std::string& endpoint);
+
+// A served connection whose peer sent no request within the timeout: it is closed quietly.
+class IdlePeer : public IoError {
+ public:
+  using IoError::IoError;
+};
 
 // One authenticated connection. A call fails once `timeout` passes with no bytes moved on
 // the connection (received, written, or drained from its send buffer toward the peer), so
@@ -64,6 +72,11 @@ class PeerChannel {
 
   void send(const nlohmann::json& message);
   nlohmann::json receive();
+  // A served connection's next request: receive(), except that a frame that has not started
+  // when the timeout passes ends the connection as idle (IdlePeer), not as a hung peer. A peer
+  // between snapshots may say nothing for longer than the timeout; it connects anew when it
+  // has something to send.
+  nlohmann::json receive_request();
   void send_bytes(const void* data, size_t n);
   void receive_bytes(void* data, size_t n);
   // The other side: "host:port" (and its node, as it said in the handshake, on a listener).
@@ -79,6 +92,7 @@ class PeerChannel {
   explicit PeerChannel(std::chrono::milliseconds timeout);
   void handshake_as_listener(const PeerAuth& auth);
   void fail(const std::string& what);
+  nlohmann::json receive_body(const uint8_t frame[4]);
   std::unique_ptr<Io> io_;
   std::chrono::milliseconds timeout_;
   std::string peer_;

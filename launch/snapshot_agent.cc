@@ -759,7 +759,7 @@ void Agent::start_peers() {
 // fetch requests, one after another.
 void Agent::serve_peer(ckpt::PeerChannel& ch) {
   for (;;) {
-    const json h = ch.receive();
+    const json h = ch.receive_request();
     if (replicas_ && replicas_->serve(ch, h)) continue;
     if (parity_ && parity_->serve(ch, h)) continue;
     ch.send({{"ok", false},

@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -96,6 +98,61 @@ TEST(SnapshotTransport, AReaderThatStopsFailsTheWriterAfterOneTimeout) {
   }
   EXPECT_FALSE(ch->open());
   release = true;
+}
+
+// A served connection waits for its next request: one that does not start within the timeout
+// ends the connection as idle (IdlePeer, and nothing in the listener's log), while a request
+// that starts and then stops midway is a hung peer (logged, "no bytes moved").
+TEST(SnapshotTransport, AnIdleServedConnectionClosesQuietlyAndAStalledRequestIsLogged) {
+  std::mutex mu;
+  std::vector<std::string> logged;
+  std::atomic<int> idle{0}, served{0};
+  PeerListener listener(
+      "127.0.0.1", 0, test_auth(),
+      [&](PeerChannel& ch) {
+        for (;;) {
+          try {
+            ch.receive_request();
+          } catch (const IdlePeer&) {
+            ++idle;
+            throw;
+          }
+          ++served;
+        }
+      },
+      [&](const std::string& line) {
+        std::lock_guard<std::mutex> l(mu);
+        logged.push_back(line);
+      },
+      kTimeout);
+  auto wait_for = [](const std::atomic<int>& n, int want) {
+    const auto until = Clock::now() + 40 * kTimeout;
+    while (n.load() < want && Clock::now() < until) std::this_thread::sleep_for(10ms);
+    return n.load() >= want;
+  };
+  // Idle: one request, then nothing for several timeouts.
+  std::unique_ptr<PeerChannel> quiet =
+      PeerChannel::connect(listener.endpoint(), test_auth(), 0, kTimeout);
+  quiet->send({{"op", "one"}});
+  ASSERT_TRUE(wait_for(idle, 1));
+  EXPECT_EQ(served.load(), 1);
+  // Stalled: two bytes of a frame's four-byte length, then nothing.
+  std::unique_ptr<PeerChannel> stalled =
+      PeerChannel::connect(listener.endpoint(), test_auth(), 1, kTimeout);
+  const uint8_t half[2] = {8, 0};
+  stalled->send_bytes(half, 2);
+  const auto until = Clock::now() + 40 * kTimeout;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (!logged.empty() || Clock::now() > until) break;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  listener.stop();
+  EXPECT_EQ(idle.load(), 1) << "the stalled request counted as idle";
+  ASSERT_EQ(logged.size(), 1u) << "the idle connection was logged, or the stalled one was not";
+  EXPECT_NE(logged[0].find("no bytes moved for 300 ms"), std::string::npos) << logged[0];
 }
 
 }  // namespace

@@ -74,6 +74,8 @@ TEST_F(SnapshotReplica, CommitsFurtherApartThanThePeerTimeoutStillReachTheSucces
   }
   EXPECT_TRUE(same_bytes(da[0], ra));
   EXPECT_EQ(read(log(0)).find("failed"), std::string::npos) << read(log(0));
+  // Node 1 closed an idle connection, not a hung peer's.
+  EXPECT_EQ(read(log(1)).find("hung"), std::string::npos) << read(log(1));
 }
 
 // Node 0 pushes to node 1 and node 1 to node 0 (a ring of two); the replica is the original
