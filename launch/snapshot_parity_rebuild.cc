@@ -1,0 +1,391 @@
+// Erasure-coded snapshots (snapshot_parity.h): rebuilding a lost node's ranks from the
+// survivors' data and parity, and repairing a corrupt block in place.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <future>
+
+#include "base/check.h"
+#include "base/error.h"
+#include "launch/snapshot_parity.h"
+#include "launch/snapshot_parity_bytes.h"
+
+namespace weft::launch {
+
+namespace ckpt = checkpoint;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+using namespace parity_bytes;
+
+// ---- rebuilding and repairing ---------------------------------------------------------------
+
+void SnapshotParity::repair() {
+  std::lock_guard<std::mutex> l(mu_);
+  for (const Task& t : tasks_)
+    if (t.kind == Task::kRepair) return;  // one queued is enough: it checks everything
+  tasks_.push_back({Task::kRepair, 0, -1, {}});
+  cv_.notify_all();
+}
+
+bool SnapshotParity::settled(int64_t epoch) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return !rings_.empty() && rings_.rbegin()->first >= epoch && tasks_.empty() && !working_;
+}
+
+void SnapshotParity::work() {
+  for (;;) {
+    Task t;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stopped_ || !tasks_.empty(); });
+      if (stopped_) return;
+      t = tasks_.front();
+      tasks_.pop_front();
+      working_ = true;
+    }
+    try {
+      if (t.kind == Task::kRebuild)
+        rebuild(t);
+      else if (t.kind == Task::kNewRing)
+        new_ring(t.epoch);
+      else
+        repair_now();
+    } catch (const std::exception& e) {
+      log_(str(t.kind == Task::kRepair ? "repair" : "rebuild", " failed: ", e.what()));
+    }
+    std::vector<std::vector<uint8_t>>().swap(scratch_);  // its memory back between tasks
+    std::lock_guard<std::mutex> l(mu_);
+    working_ = false;
+  }
+}
+
+json SnapshotParity::ask(const ReplicaRing& ring, int node, const json& request) {
+  std::shared_ptr<ckpt::PeerChannel> ch;
+  return call(ring, node, fetch_links_, request, &ch);
+}
+
+void SnapshotParity::fetch(const ReplicaRing& ring, int node, const std::string& segment,
+                           int64_t step, int64_t offset, int64_t length, uint8_t* out) {
+  if (node == ring.node) {
+    if (!read_range(segment, step, offset, length, out))
+      throw IoError(str(segment, " step ", step, " was rewritten while read"));
+    return;
+  }
+  const std::string& peer = ring.nodes.at(size_t(node));
+  std::shared_ptr<ckpt::PeerChannel> ch;
+  const json r = call(ring, node, fetch_links_,
+                      {{"op", "fetch"}, {"segment", segment}, {"step", step}, {"offset", offset},
+                       {"length", length}},
+                      &ch);
+  try {
+    if (!r.value("ok", false))
+      throw IoError(str("node ", node, " at ", peer, ": ", r.value("error", std::string("refused"))));
+    ch->receive_bytes(out, size_t(length));
+    if (!ch->receive().value("intact", false))
+      throw IoError(str(segment, " step ", step, " was rewritten at node ", node, " while fetched"));
+  } catch (const IoError&) {
+    throw;
+  } catch (...) {
+    drop(fetch_links_, peer);
+    throw;
+  }
+}
+
+std::vector<SnapshotParity::StripeSlot> SnapshotParity::stripe_slots(
+    const ReplicaRing& ring, const ckpt::StripeLayout& l, const ckpt::StripeId& s,
+    const std::set<int>& gone) {
+  std::vector<StripeSlot> out;
+  const int K = l.data_fragments(s.group);
+  for (int j = 0; j < o_.m; ++j) {
+    const int holder = l.fragment_node(s, K + j);
+    if (gone.count(holder)) continue;
+    try {
+      if (holder == ring.node) {
+        for (StripeSlot& x : stripe_slots_here(ring.epoch, l.number(s))) out.push_back(std::move(x));
+        continue;
+      }
+      const json r = ask(ring, holder, {{"op", "stripe"}, {"epoch", ring.epoch}, {"stripe", l.number(s)}});
+      for (const json& x : r.value("slots", json::array()))
+        out.push_back({holder, x.at("step").get<int64_t>(), x.at("manifest"),
+                       x.at("parity_offset").get<int64_t>()});
+    } catch (const std::exception& e) {
+      log_(str("parity holder node ", holder, " of stripe ", l.number(s), " not asked: ", e.what()));
+    }
+  }
+  return out;
+}
+
+void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::StripeLayout& l,
+                                     const ckpt::StripeId& s, int lost,
+                                     const std::vector<StripeSlot>& at_step,
+                                     const std::set<int>& gone, uint8_t* out, int64_t out_len) {
+  WEFT_CHECK(!at_step.empty(), "decode_fragment without a parity slot");
+  const int K = l.data_fragments(s.group), n = K + o_.m;
+  const json& manifest = at_step.front().manifest;
+  const int64_t L = manifest.at("length").get<int64_t>(), step = at_step.front().step;
+  WEFT_CHECK(out_len >= 0 && out_len <= L, "decode_fragment: ", out_len, " bytes asked of a ",
+             L, "-byte fragment");
+  std::vector<int> erased;
+  for (int f = 0; f < n; ++f) {
+    const bool have_parity =
+        f < K || std::any_of(at_step.begin(), at_step.end(),
+                             [&](const StripeSlot& x) { return x.holder == l.fragment_node(s, f); });
+    if (f == lost || gone.count(l.fragment_node(s, f)) || !have_parity) erased.push_back(f);
+  }
+  if (int(erased.size()) > o_.m)
+    throw IoError(str("stripe ", l.number(s), " step ", step, ": ", erased.size(),
+                      " of its fragments are lost or without that step; at most ", o_.m,
+                      " can be rebuilt"));
+  // ErasureCode reads the first K fragments not erased: fetch exactly those, each from its
+  // node at the same time (they are on distinct nodes: one connection each).
+  struct Source {
+    int f = 0, node = 0;
+    std::string segment;
+    int64_t offset = 0, length = 0;  // where fragment f's bytes lie in the segment's slot
+  };
+  std::vector<Source> sources;
+  for (int f = 0; f < n && int(sources.size()) < K; ++f) {
+    if (std::find(erased.begin(), erased.end(), f) != erased.end()) continue;
+    Source x{f, l.fragment_node(s, f), "", 0, L};
+    if (f < K) {
+      const json& member = manifest.at("members").at(std::to_string(f));
+      const ckpt::SnapshotMeta m = ckpt::meta_from_json(member.at("meta"));
+      const int64_t c = member.at("chunk").get<int64_t>();
+      x.segment = ckpt::segment_name(o_.auth.job, ckpt::SegmentKind::kData, m.owner_node, m.epoch, m.rank);
+      x.offset = f * c;
+      x.length = std::min(c, L);
+    } else {
+      const StripeSlot& y = *std::find_if(at_step.begin(), at_step.end(),
+                                          [&](const StripeSlot& z) { return z.holder == x.node; });
+      x.segment = ckpt::segment_name(o_.auth.job, ckpt::SegmentKind::kParity, x.node, ring.epoch, l.number(s));
+      x.offset = y.parity_offset;
+    }
+    sources.push_back(std::move(x));
+  }
+  // Piece by piece, in two sets of small buffers reused throughout: piece i + 1 is fetched
+  // while piece i decodes, and the lost fragment decodes straight into `out`. (It used to
+  // fetch whole fragments into K + m fresh buffers of a chunk each and copy the result: at
+  // 727 MiB a rank, touching that scratch's new pages was a large part of the rebuild.)
+  const int64_t P = std::min<int64_t>(kDecodePieceBytes, std::max<int64_t>(L, 1));
+  std::vector<std::vector<uint8_t>>& bufs = scratch_;
+  bufs.resize(2 * static_cast<size_t>(n));
+  for (auto& b : bufs)
+    if (int64_t(b.size()) < P) b.resize(size_t(P));
+  auto fetch_piece = [&](int64_t o, int set) {
+    std::vector<std::future<void>> f;
+    const int64_t piece = std::min(P, L - o);
+    for (const Source& x : sources) {
+      uint8_t* buf = bufs[size_t(set * n + x.f)].data();
+      const int64_t have = std::clamp<int64_t>(x.length - o, 0, piece);
+      f.push_back(std::async(std::launch::async, [=, this, &ring] {
+        if (have > 0) fetch(ring, x.node, x.segment, step, x.offset + o, have, buf);
+        std::memset(buf + have, 0, size_t(piece - have));  // a short fragment's zero padding
+      }));
+    }
+    return f;
+  };
+  auto wait_all = [](std::vector<std::future<void>>& f) {
+    std::exception_ptr failed;
+    for (auto& x : f) {
+      try {
+        x.get();
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
+      }
+    }
+    f.clear();
+    if (failed) std::rethrow_exception(failed);
+  };
+  std::vector<std::future<void>> pending;
+  if (out_len > 0) pending = fetch_piece(0, 0);
+  for (int64_t o = 0, set = 0; o < out_len; o += P, set ^= 1) {
+    wait_all(pending);
+    if (o + P < out_len) pending = fetch_piece(o + P, int(set ^ 1));
+    const int64_t piece = std::min(P, L - o), direct = std::min(piece, out_len - o);
+    std::vector<uint8_t*> ptrs;
+    for (int f = 0; f < n; ++f) ptrs.push_back(bufs[size_t(set * n + f)].data());
+    if (direct == piece) ptrs[size_t(lost)] = out + o;
+    code(K).reconstruct(ptrs, erased, size_t(piece));
+    if (direct < piece) std::memcpy(out + o, ptrs[size_t(lost)], size_t(direct));
+  }
+}
+
+namespace {
+// The node's own data segments of an epoch, by rank (the local ranks' order).
+std::vector<std::string> own_data(const std::string& job, int node, int64_t epoch) {
+  std::vector<std::pair<int, std::string>> found;
+  for (const std::string& name : ckpt::snapshot_segments(job)) {
+    const std::optional<ckpt::SegmentName> p = ckpt::parse_segment_name(name);
+    if (p && p->kind == ckpt::SegmentKind::kData && p->owner_node == node && p->epoch == epoch)
+      found.push_back({p->rank, name});
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [rank, name] : found) out.push_back(std::move(name));
+  return out;
+}
+}  // namespace
+
+bool SnapshotParity::rebuild(const Task& task) {
+  const std::optional<ReplicaRing> ring = ring_of(task.epoch);
+  if (!ring || int(ring->nodes.size()) < o_.k + o_.m) return true;
+  const ckpt::StripeLayout l(int(ring->nodes.size()), o_.k, o_.m);
+  const int g = l.group_of(task.lost);
+  if (l.group_of(ring->node) != g) return true;
+  // The first surviving node after the lost one in its group rebuilds it.
+  int designated = -1;
+  for (int d = 1; d < l.group_size(g) && designated < 0; ++d) {
+    const int cand = l.node_at(g, l.position(task.lost) + d);
+    if (!task.gone.count(cand)) designated = cand;
+  }
+  if (designated != ring->node) return true;
+  const int K = l.data_fragments(g);
+  const int lost_here = int(std::count_if(task.gone.begin(), task.gone.end(),
+                                          [&](int n) { return l.group_of(n) == g; }));
+  if (lost_here > o_.m) {
+    log_(str("node ", task.lost, " of epoch ", task.epoch, " is lost with ", lost_here - 1,
+             " other(s) of its group: ", lost_here, " nodes, more than m = ", o_.m,
+             ", so its snapshots could not be rebuilt from parity (a recovery takes what "
+             "survives, else the durable checkpoint)"));
+    return false;
+  }
+  const int locals = int(own_data(o_.auth.job, ring->node, task.epoch).size());
+  log_(str("node ", task.lost, " of epoch ", task.epoch, " is lost: rebuilding its ", locals,
+           " rank(s)' snapshots from parity"));
+  bool all = true;
+  for (int local = 0; local < locals; ++local) {
+    const auto t0 = Clock::now();
+    std::vector<ckpt::StripeId> stripes;
+    std::vector<std::vector<StripeSlot>> slots;
+    std::set<int64_t> steps;
+    for (int t = 0; t < K; ++t) {
+      stripes.push_back(l.stripe_of_chunk(task.lost, local, t));
+      slots.push_back(stripe_slots(*ring, l, stripes.back(), task.gone));
+      std::set<int64_t> here;
+      for (const StripeSlot& x : slots.back()) here.insert(x.step);
+      if (t == 0) {
+        steps = here;
+      } else {
+        std::set<int64_t> both;
+        for (int64_t s : steps)
+          if (here.count(s)) both.insert(s);
+        steps = both;
+      }
+    }
+    const double ask_s = since(t0);
+    bool done = false;
+    for (auto it = steps.rbegin(); it != steps.rend() && !done; ++it) {
+      const int64_t step = *it;
+      try {
+        const auto t1 = Clock::now();
+        std::vector<std::vector<StripeSlot>> at(static_cast<size_t>(K));
+        for (int t = 0; t < K; ++t)
+          for (const StripeSlot& x : slots[size_t(t)])
+            if (x.step == step) at[size_t(t)].push_back(x);
+        const json& me = at[0].front().manifest.at("members").at("0");
+        ckpt::SnapshotMeta meta = ckpt::meta_from_json(me.at("meta"));
+        const std::vector<uint32_t> crcs = me.at("crc32c").get<std::vector<uint32_t>>();
+        const int64_t c = me.at("chunk").get<int64_t>(), payload = meta.payload_bytes;
+        const std::string name = ckpt::segment_name(o_.auth.job, ckpt::SegmentKind::kRebuilt,
+                                                    task.lost, task.epoch, meta.rank);
+        std::shared_ptr<ckpt::SnapshotSegment> seg;
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          if (auto f = rebuilt_.find(name); f != rebuilt_.end()) seg = f->second;
+        }
+        if (seg && seg->capacity() < payload) {
+          ckpt::SnapshotSegment::unlink(name);
+          seg.reset();
+        }
+        if (!seg) {
+          ckpt::SnapshotSegment::unlink(name);  // a half-made one of an earlier try
+          seg = std::make_shared<ckpt::SnapshotSegment>(
+              ckpt::SnapshotSegment::create(name, std::max<int64_t>(payload, 1), int(::getpid()),
+                                            ckpt::kMinSnapshotSlots, o_.guardian_pid));
+          std::lock_guard<std::mutex> lk(mu_);
+          rebuilt_[name] = seg;
+        }
+        meta.kind = ckpt::SegmentKind::kRebuilt;
+        auto* out = static_cast<uint8_t*>(seg->begin(meta));
+        for (int t = 0; t < K; ++t) {
+          // Chunk t of the lost rank is data fragment t of its t-th stripe.
+          const int64_t n = std::clamp<int64_t>(payload - t * c, 0, c);
+          if (n > 0) decode_fragment(*ring, l, stripes[size_t(t)], t, at[size_t(t)], task.gone, out + t * c, n);
+        }
+        if (!blocks_match(out, 0, payload, payload, crcs))
+          throw IoError("the decoded bytes do not match the rank's checksums");
+        seg->commit(crcs);
+        log_(str("rebuilt node ", task.lost, "'s rank ", meta.rank, " (epoch ", task.epoch, ", step ",
+                 step, ") from parity into ", name, ": ", mib(double(payload)), " in ",
+                 since(t0) * 1e3, " ms (asking the holders ", ask_s * 1e3, " ms, fetch and decode ",
+                 since(t1) * 1e3, " ms)"));
+        done = true;
+      } catch (const std::exception& e) {
+        log_(str("node ", task.lost, "'s local rank ", local, " not rebuilt at step ", step, ": ",
+                 e.what()));
+      }
+    }
+    if (!done)
+      log_(str("node ", task.lost, "'s local rank ", local, " (epoch ", task.epoch,
+               ") could not be rebuilt from parity: no step has every stripe's fragments"));
+    all = all && done;
+  }
+  return all;
+}
+
+void SnapshotParity::repair_now() {
+  std::map<int64_t, ReplicaRing> rings;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    rings = rings_;
+  }
+  for (const auto& [epoch, ring] : rings) {
+    const std::vector<std::string> own = own_data(o_.auth.job, ring.node, epoch);
+    for (int local = 0; local < int(own.size()); ++local) {
+      ckpt::SnapshotSegment seg = ckpt::SnapshotSegment::open(own[size_t(local)], true);
+      for (int slot = 0; slot < seg.slots(); ++slot) {
+        std::optional<ckpt::SnapshotSegment::View> v;
+        try {
+          v = seg.slot(slot);
+        } catch (const std::exception&) {
+          continue;
+        }
+        if (!v) continue;
+        const std::vector<int64_t> bad = seg.corrupt_blocks(*v);
+        if (bad.empty()) continue;
+        const std::string what = str(own[size_t(local)], " slot ", slot, " (step ", v->meta.step,
+                                     "): ", bad.size(), " corrupt block(s)");
+        if (int(ring.nodes.size()) < o_.k + o_.m) {
+          log_(what + "; epoch " + std::to_string(epoch) + " had no parity: not repaired");
+          continue;
+        }
+        try {
+          const ckpt::StripeLayout l(int(ring.nodes.size()), o_.k, o_.m);
+          const int K = l.data_fragments(l.group_of(ring.node));
+          const int64_t c = ckpt::chunk_bytes(v->meta.payload_bytes, K);
+          std::set<int64_t> chunks;
+          for (int64_t b : bad) chunks.insert(b * ckpt::kSnapshotBlockBytes / c);
+          // The slot is this node's own and committed; no worker writes it during a recovery.
+          auto* payload = static_cast<uint8_t*>(const_cast<void*>(v->payload));
+          for (int64_t t : chunks) {
+            const ckpt::StripeId s = l.stripe_of_chunk(ring.node, local, int(t));
+            std::vector<StripeSlot> at;
+            for (StripeSlot& x : stripe_slots(ring, l, s, {}))
+              if (x.step == v->meta.step) at.push_back(std::move(x));
+            if (at.empty()) throw IoError(str("no parity of step ", v->meta.step, " for chunk ", t));
+            const int64_t n = std::clamp<int64_t>(v->meta.payload_bytes - t * c, 0, c);
+            if (n > 0) decode_fragment(ring, l, s, int(t), at, {}, payload + t * c, n);
+          }
+          const std::vector<int64_t> still = seg.corrupt_blocks(*v);
+          log_(what + (still.empty() ? str("; repaired from parity (", chunks.size(), " chunk(s))")
+                                     : str("; ", still.size(), " still corrupt after decoding")));
+        } catch (const std::exception& e) {
+          log_(what + "; not repaired: " + e.what());
+        }
+      }
+    }
+  }
+}
+
+}  // namespace weft::launch
