@@ -8,22 +8,21 @@
 // segment unlinked however the test ends (SnapshotPeersTest).
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sched.h>
 #include <signal.h>
-#include <sys/mount.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
+#include <memory>
 #include <thread>
 
 #include "base/error.h"
 #include "checkpoint/snapshot_protocol.h"
 #include "checkpoint/snapshot_segment.h"
 #include "tests/scenario/snapshot_fixture.h"
+#include "tests/support/private_shm.h"
 
 namespace weft::checkpoint {
 namespace {
@@ -422,47 +421,16 @@ class SnapshotParityRoom : public SnapshotParity {
  protected:
   void SetUp() override {
     SnapshotParity::SetUp();
-    std::ifstream in("/proc/meminfo");
-    std::string key;
-    int64_t kib = 0, total = 0, available = 0;
-    std::string rest;
-    while (in >> key >> kib) {
-      std::getline(in, rest);
-      if (key == "MemTotal:") total = kib * 1024;
-      if (key == "MemAvailable:") available = kib * 1024;
-    }
-    // The agent's margin (snapshot_memory_margin): 5% of MemTotal, at least 256 MiB.
-    margin_ = std::max<int64_t>(int64_t(256) << 20, total / 20);
-    const int64_t size = margin_ + (int64_t(128) << 20);
-    if (available < size + (int64_t(512) << 20))
-      GTEST_SKIP() << "MemAvailable is " << (available >> 20) << " MiB: under the " << (size >> 20)
-                   << " MiB tmpfs this test sizes /dev/shm to (it would judge MemAvailable, not "
-                      "/dev/shm)";
-    ns_ = ::open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
-    if (ns_ < 0) GTEST_SKIP() << "cannot open /proc/self/ns/mnt: " << std::strerror(errno);
-    if (::unshare(CLONE_NEWNS) != 0) {
-      const int e = errno;
-      ::close(ns_);
-      ns_ = -1;
-      GTEST_SKIP() << "unshare(CLONE_NEWNS) is not permitted here (" << std::strerror(e)
-                   << "): this test needs root (CAP_SYS_ADMIN) for a private /dev/shm";
-    }
-    unshared_ = true;
-    const std::string opts = "size=" + std::to_string(size >> 20) + "m,mode=1777";
-    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
-        ::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts.c_str()) != 0) {
-      const int e = errno;
-      GTEST_SKIP() << "cannot mount a private tmpfs on /dev/shm (" << std::strerror(e)
-                   << "): this test needs mount permission in its own mount namespace";
-    }
-    mounted_ = true;
+    margin_ = test::PrivateShm::snapshot_margin();
+    shm_ = std::make_unique<test::PrivateShm>(margin_ + (int64_t(128) << 20));
+    if (!shm_->skip_reason().empty()) GTEST_SKIP() << shm_->skip_reason();
   }
   void TearDown() override {
     SnapshotParity::TearDown();  // kills and reaps the agents, unlinks in the private tmpfs
-    if (mounted_) ::umount2("/dev/shm", MNT_DETACH);  // frees what was written there
-    if (unshared_ && ::setns(ns_, CLONE_NEWNS) != 0)
-      ADD_FAILURE() << "cannot return to the test's mount namespace: " << std::strerror(errno);
-    if (ns_ >= 0) ::close(ns_);
+    if (shm_) {
+      const std::string error = shm_->leave();  // frees what was written there
+      if (!error.empty()) ADD_FAILURE() << error;
+    }
   }
   // What a new segment may take in /dev/shm now, as the agent judges it (free less margin).
   int64_t room() const {
@@ -488,8 +456,7 @@ class SnapshotParityRoom : public SnapshotParity {
   }
 
   int64_t margin_ = 0;
-  int ns_ = -1;
-  bool unshared_ = false, mounted_ = false;
+  std::unique_ptr<test::PrivateShm> shm_;
   const std::string filler_ = "/dev/shm/weft-test-filler";
 };
 
