@@ -25,6 +25,7 @@
 #include "launch/epoch_notice.h"
 #include "launch/error_file.h"
 #include "launch/heartbeat.h"
+#include "launch/scratch_dir.h"
 #include "launch/worker_spawn.h"
 
 namespace weft::launch {
@@ -133,15 +134,6 @@ std::set<int> console_ranks(const OutputOptions& o, int n) {
   return out;
 }
 
-// A temporary folder removed when the job ends (the error files when there is no log dir).
-struct TempDir {
-  std::string path;
-  ~TempDir() {
-    std::error_code ec;
-    if (!path.empty()) fs::remove_all(path, ec);
-  }
-};
-
 std::string make_temp(const char* prefix) {
   std::string t = (fs::temp_directory_path() / (std::string(prefix) + "XXXXXX")).string();
   if (!::mkdtemp(t.data())) throw IoError("weft run: cannot create a folder under " + t);
@@ -175,8 +167,9 @@ Outcome supervise(const SupervisorOptions& o) {
     log_dir = make_temp("weft_run_logs_");
     std::fprintf(stderr, "weft run: worker logs in %s\n", log_dir.c_str());
   }
-  TempDir scratch;
-  std::string err_root = log_dir.empty() ? (scratch.path = make_temp("weft_run_")) : log_dir;
+  std::optional<ScratchDir> scratch;  // the error files' folder when there is no log folder
+  if (log_dir.empty()) scratch.emplace();
+  const std::string err_root = scratch ? scratch->path() : log_dir;
   std::set<int> shown = console_ranks(o.output, o.nproc);
   auto global = [&](int local) { return o.node_index * o.nproc + local; };
 
