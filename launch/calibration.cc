@@ -24,6 +24,7 @@
 #include "core/cpu/kernels.h"
 #include "core/exec/trainer.h"
 #include "core/tensor.h"
+#include "launch/link_fit.h"
 #include "parallel/launch_env.h"
 #include "parallel/trainer.h"
 #include "planner/planner.h"
@@ -156,24 +157,43 @@ double fit_op_overhead(planner::Hardware& hw, const CalibrationOptions& opt) {
   return per_op;
 }
 
-// The collective terms from the probes (as `weft bench scaling` fitted them): one message
-// step = a one-way 4 B send; launch = the rest of a 4 B all-reduce of 2 computing processes
-// beyond its 2 steps; bandwidth = the slope between the idle 4 B and 1 MiB all-reduces; with
-// more processes than cores, launch_oversub = the median excess of the busy calls.
-void fit_collectives(const std::map<int, std::map<std::string, double>>& pr, planner::Hardware& hw) {
-  auto got = [&](int n, const char* k) {
+// The collective terms from the probes. Latency and bandwidth: the least-squares fit of
+// every idle all-reduce and one-way message, at every size, of the worlds this machine's
+// cores can run without oversubscription (link_fit.h). launch: what a 4 B all-reduce of 2
+// computing processes takes beyond its 2 steps (a step's collectives wait for a core; the
+// idle fit's launch is kept as a measurement). With more processes than cores,
+// launch_oversub = the median excess of the busy calls.
+std::string fit_collectives(const std::map<int, std::map<std::string, double>>& pr,
+                            planner::Hardware& hw) {
+  auto got = [&](int n, const std::string& k) {
     auto w = pr.find(n);
     if (w == pr.end()) return std::nan("");
     auto it = w->second.find(k);
     return it == w->second.end() ? std::nan("") : it->second;
   };
-  const double p2p2 = got(2, "p2p_4B"), ar2 = got(2, "ar_pair_4B_busy"), big2 = got(2, "ar_world_1MiB");
-  if (!(std::isfinite(p2p2) && std::isfinite(ar2) && std::isfinite(big2) && ar2 > 0))
-    throw Error("weft calibrate: the communication probe at 2 processes gave no all-reduce and send times");
-  hw.intra.latency = std::min(p2p2, 0.5 * ar2);  // no slower than half the 2-step all-reduce
+  const double ar2 = got(2, "ar_pair_4B_busy");
+  if (!(std::isfinite(ar2) && ar2 > 0))
+    throw Error("weft calibrate: the communication probe at 2 processes gave no busy all-reduce time");
+  std::vector<LinkSample> samples;
+  const std::pair<const char*, double> sizes[] = {
+      {"4B", 4}, {"64KiB", 65536}, {"256KiB", 262144}, {"1MiB", 1048576}, {"4MiB", 4194304}};
+  for (const auto& [n, m] : pr) {
+    if (n > std::max(2, hw.cores)) continue;  // oversubscribed: launch_oversub's, below
+    for (const auto& [tag, bytes] : sizes) {
+      const double ar = got(n, std::string("ar_world_") + tag), p2p = got(n, std::string("p2p_") + tag);
+      const std::string where = "n" + std::to_string(n) + " ";
+      if (std::isfinite(ar))
+        samples.push_back({1, 2.0 * (n - 1), 2.0 * (n - 1) / n * bytes, ar, where + "all-reduce " + tag});
+      if (std::isfinite(p2p)) samples.push_back({0, 1, bytes, p2p, where + "message " + tag});
+    }
+  }
+  const LinkFit f = fit_link(samples);
+  hw.intra.latency = std::min(f.latency, 0.5 * ar2);  // no slower than half the 2-step all-reduce
+  hw.intra.bw = f.bw;
   hw.launch = std::max(0.0, ar2 - 2 * hw.intra.latency);
-  const double small2 = got(2, "ar_world_4B");
-  hw.intra.bw = double(1 << 20) / std::max(1e-5, big2 - (std::isfinite(small2) ? small2 : 0));
+  hw.measurements.push_back({"link_fit_idle_launch_s", f.launch});
+  hw.measurements.push_back({"link_fit_samples", double(samples.size())});
+  hw.measurements.push_back({"link_fit_rms_relative_error", f.rms_relative_error});
   std::vector<double> est;
   for (const auto& [n, m] : pr) {
     if (n <= hw.cores || m.empty()) continue;
@@ -185,6 +205,13 @@ void fit_collectives(const std::map<int, std::map<std::string, double>>& pr, pla
   hw.launch_oversub = est.empty() ? 0 : std::max(0.0, median(est));
   // One machine: no link to another node was measured; cross-node terms repeat the local ones.
   hw.inter = hw.intra;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "link fit over %zu probes (least squares, relative): latency %.0f us, bw %.2f GB/s, "
+                "idle launch %.0f us; rms error %.0f%%, worst %.0f%% (%s)",
+                samples.size(), f.latency * 1e6, f.bw / 1e9, f.launch * 1e6,
+                100 * f.rms_relative_error, 100 * f.worst_relative_error, f.worst.c_str());
+  return line;
 }
 
 }  // namespace
@@ -214,6 +241,10 @@ int probe_worker(const std::string& path) {
   };
   core::Tensor small = core::Tensor::zeros({1}, core::DType::kF32);
   core::Tensor big = core::Tensor::zeros({int64_t(1) << 18}, core::DType::kF32);  // 1 MiB
+  // The sizes of the link fit (link_fit.h), beside 4 B and 1 MiB.
+  core::Tensor k64 = core::Tensor::zeros({int64_t(1) << 14}, core::DType::kF32);
+  core::Tensor k256 = core::Tensor::zeros({int64_t(1) << 16}, core::DType::kF32);
+  core::Tensor m4 = core::Tensor::zeros({int64_t(1) << 20}, core::DType::kF32);
   core::Tensor shard = core::Tensor::zeros({(int64_t(1) << 18) / n}, core::DType::kF32);
   auto ar = [](comm::Communicator& g, core::Tensor& t) { return [&g, &t] { g.all_reduce(t).wait(); }; };
   // Ping-pong within the pair: even members send first; one-way time = round trip / 2.
@@ -231,7 +262,10 @@ int probe_worker(const std::string& path) {
   };
   std::vector<std::pair<std::string, double>> out;
   out.push_back({"ar_world_4B", probe_time(c, 60, nullptr, ar(c, small), true)});
+  out.push_back({"ar_world_64KiB", probe_time(c, 30, nullptr, ar(c, k64), true)});
+  out.push_back({"ar_world_256KiB", probe_time(c, 20, nullptr, ar(c, k256), true)});
   out.push_back({"ar_world_1MiB", probe_time(c, 16, nullptr, ar(c, big), true)});
+  out.push_back({"ar_world_4MiB", probe_time(c, 8, nullptr, ar(c, m4), true)});
   // The other collectives on the same 1 MiB (for the record: the model prices them by ring steps).
   out.push_back({"ag_world_1MiB", probe_time(c, 8, nullptr, [&] { c.all_gather(big, shard).wait(); }, true)});
   out.push_back({"rs_world_1MiB", probe_time(c, 8, nullptr, [&] { c.reduce_scatter(shard, big).wait(); }, true)});
@@ -239,7 +273,9 @@ int probe_worker(const std::string& path) {
   out.push_back({"ar_world_4B_busy", probe_time(c, 60, filler, ar(c, small), false)});
   out.push_back({"ar_pair_4B_busy", probe_time(c, 60, filler, ar(pair, small), false)});
   out.push_back({"p2p_4B", probe_time(c, 60, nullptr, pingpong(small), true) / 2});
+  out.push_back({"p2p_64KiB", probe_time(c, 30, nullptr, pingpong(k64), true) / 2});
   out.push_back({"p2p_1MiB", probe_time(c, 16, nullptr, pingpong(big), true) / 2});
+  out.push_back({"p2p_4MiB", probe_time(c, 8, nullptr, pingpong(m4), true) / 2});
   out.push_back({"p2p_4B_busy", probe_time(c, 60, filler, pingpong(small), false) / 2});
   auto t0 = Clock::now();
   for (int i = 0; i < 20; ++i) filler();
@@ -394,7 +430,7 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
     std::snprintf(line, sizeof line, " (%.1f s)", since(t0));
     say(s + line);
   }
-  fit_collectives(pr, hw);
+  say(fit_collectives(pr, hw));
   std::snprintf(line, sizeof line,
                 "-> launch %.0f us, latency %.0f us, bw %.2f GB/s, launch_oversub %.0f us (%d cores)",
                 hw.launch * 1e6, hw.intra.latency * 1e6, hw.intra.bw / 1e9, hw.launch_oversub * 1e6, hw.cores);

@@ -239,7 +239,7 @@ TEST(Hardware, CalibrateWritesACacheThatPlanUses) {
   std::filesystem::remove(path);
   test::CommandResult r = test::run_weft("calibrate --out " + path);
   ASSERT_EQ(r.code, 0) << r.out;
-  for (const char* progress : {"memory: memcpy", "gemm 64x128x32", "gloo, 2 processes", "gloo, 4 processes",
+  for (const char* progress : {"memory: memcpy", "gemm 64x128x32", "gloo, 2 processes", "gloo, 4 processes", "link fit over",
                                "executor:", "wrote " })
     EXPECT_NE(r.out.find(progress), std::string::npos) << progress << "\n" << r.out;
   std::optional<Hardware> hw = read_machine_cache(path, this_machine());

@@ -1,0 +1,34 @@
+// The collective terms of the cost model fitted by least squares over message sizes (what
+// `weft calibrate` does with its Gloo probes). Each probe is a sample of the model's form
+//   seconds = launches * launch + steps * latency + bytes / bw
+// (planner/cost.cc: a ring all-reduce of n ranks is 1 launch, 2(n-1) steps and 2(n-1)/n of
+// its bytes on the wire; a one-way message is 0 launches, 1 step and its bytes), so the
+// three terms come from one linear fit over every size and world measured, not from two
+// points each. The fit is on relative error: a 4 B call's 30 us counts as much as a 4 MiB
+// call's milliseconds.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace weft::launch {
+
+struct LinkSample {
+  double launches = 0, steps = 0, bytes = 0;  // the model's coefficients for this call
+  double seconds = 0;                         // measured
+  std::string name;                           // for the report
+};
+
+struct LinkFit {
+  double launch = 0, latency = 0, bw = 0;  // seconds, seconds, bytes per second
+  double rms_relative_error = 0;           // of the fitted model over the samples
+  double worst_relative_error = 0;
+  std::string worst;                       // the sample furthest from the model
+};
+
+// The least-squares terms (each clamped at 0: a term the samples cannot see is 0, and the
+// bandwidth is then taken as the largest sample's bytes over its time). Throws Error naming
+// what is missing when the samples cannot determine the bandwidth (no two sizes).
+LinkFit fit_link(const std::vector<LinkSample>& samples);
+
+}  // namespace weft::launch
