@@ -72,14 +72,16 @@ struct Arrival {
   double wait = 0, comms = 0, plan = 0, fetch = 0, transfer = 0, resume = 0;
   bool comms_ahead = false;  // the world was connected while the old one ended its step
   // This rank's old state went to the router as the only handles, freed as it moved: a
-  // snapshot of the same step backs it (snapshot_backs).
-  bool freed_as_moved = false;
+  // snapshot of the same step backs it (snapshot_backs), or elastic.old_state asks for it.
+  bool freed_as_moved = false, backed = false;
 };
 
 std::string freed_note(const Arrival& a) {
-  return a.freed_as_moved ? "; rank 0 freed its old state as it moved, a snapshot of the same "
-                            "step backing it"
-                          : "";
+  if (!a.freed_as_moved) return "";
+  return a.backed ? "; rank 0 freed its old state as it moved, a snapshot of the same step "
+                    "backing it"
+                  : "; rank 0 freed its old state as it moved (elastic.old_state: "
+                    "free_as_moved; no snapshot of this step backs it)";
 }
 
 // How long any wait on a peer may take (a world's connect, a collective).
@@ -379,20 +381,23 @@ void RankTraining::enter_world(const std::string& why) {
     // world, and a DP job would start over from the checkpoint or the seed (found by the
     // resize soak test). The cost: a reshape holds the old state and the new one whole.
     // Unless a snapshot of the same step backs it: then the router takes the only handles and
-    // frees each source once it has moved, and an aborted entry leaves the snapshot.
-    const bool backed = snapshot_backs(held_, reports);
+    // frees each source once it has moved, and an aborted entry leaves the snapshot. Or
+    // unless the job asks for that anyway (elastic.old_state: free_as_moved): an aborted
+    // entry then leaves whatever older snapshot or checkpoint exists.
+    arrival_.backed = snapshot_backs(held_, reports);
+    const bool free_old = arrival_.backed || spec_.elastic.old_state == "free_as_moved";
     std::vector<core::Tensor> src;
     for (size_t r = 0; r < holders.new_rank_of.size(); ++r) {
       if (holders.new_rank_of[r] != env_.rank) continue;
       const HolderReport& from = reports[size_t(holders.report_of[r])];
       const bool live = from.source == HolderReport::kLive;
       std::vector<core::Tensor> t = !live  ? snaps_.read(int(r), holders.step, holders.old.ranks[r])
-                                    : backed ? std::move(held_.tensors)
+                                    : free_old ? std::move(held_.tensors)
                                              : held_.tensors;
-      arrival_.freed_as_moved = live && backed;
+      arrival_.freed_as_moved = live && free_old;
       src.insert(src.end(), std::make_move_iterator(t.begin()), std::make_move_iterator(t.end()));
     }
-    if (backed) {  // from here on, its snapshot is what this rank offers
+    if (free_old) {  // from here on it holds no live state (its snapshot, if any, is offered)
       held_.tensors.clear();
       held_.valid = false;
     }

@@ -146,6 +146,13 @@ struct ElasticSpec {
   // the job naming them; auto: the nearest layout that fits is used instead (planner::
   // fit_layout), and the job says which degrees changed.
   std::string layout = "fixed";  // fixed | auto
+  // A survivor's old state during a reshard (on_change: reshard only). keep_unless_backed:
+  // held whole until the new world is entered, so that a change during the move finds it
+  // again; freed as it moves when an in-memory snapshot of the same step backs it. Peak:
+  // old plus new, unless backed. free_as_moved: always freed as it moves (peak: the larger
+  // of the two plus the router's budget); a change during the move then goes back to the
+  // latest snapshot or checkpoint.
+  std::string old_state = "keep_unless_backed";  // keep_unless_backed | free_as_moved
 };
 
 struct JobSpec {

@@ -36,7 +36,7 @@ const YamlSchema& job_spec_schema() {
       {"checkpoint", {"dir", "every", "keep", "async"}},
       {"snapshot", {"every", "redundancy", "ec"}},
       {"snapshot.ec", {"k", "m"}},
-      {"elastic", {"min_nodes", "max_nodes", "on_change", "layout"}},
+      {"elastic", {"min_nodes", "max_nodes", "on_change", "layout", "old_state"}},
   };
   return schema;
 }
@@ -223,6 +223,7 @@ JobSpec spec_from_tree(YAML::Node& root, const std::string& base_dir,
   el.read("max_nodes", s.elastic.max_nodes);
   el.read("on_change", s.elastic.on_change);
   el.read("layout", s.elastic.layout);
+  el.read("old_state", s.elastic.old_state);
 
   auto from_file = [&](const std::string& key) { return !overridden.count(key); };
   if (from_file("data.path")) s.data.path = resolve(s.data.path, base_dir);

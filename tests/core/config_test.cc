@@ -85,6 +85,31 @@ TEST(JobSpec, ElasticOnChangeDefaultsToReshard) {
             "restart");
 }
 
+// elastic.old_state: keep_unless_backed by default, free_as_moved when asked, a bad value
+// refused naming the key and its values, and refused under on_change: restart, where no
+// worker holds old state.
+TEST(JobSpec, ElasticOldStateDefaultsToKeepAndIsRefusedWhereItCannotAct) {
+  JobSpec s = parse_job_spec(kMinimal, "/base");
+  EXPECT_EQ(s.elastic.old_state, "keep_unless_backed");
+  JobSpec f = parse_job_spec(std::string(kMinimal) + "elastic: {old_state: free_as_moved}", "/");
+  EXPECT_EQ(f.elastic.old_state, "free_as_moved");
+  EXPECT_EQ(parse_job_spec(job_spec_to_yaml(f), "/").elastic.old_state, "free_as_moved");
+  try {
+    parse_job_spec(kMinimal, "/", {"elastic.old_state=free"});
+    ADD_FAILURE() << "a bad elastic.old_state was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "elastic.old_state");
+    EXPECT_NE(std::string(e.what()).find("free_as_moved"), std::string::npos) << e.what();
+  }
+  try {
+    parse_job_spec(kMinimal, "/", {"elastic.old_state=free_as_moved", "elastic.on_change=restart"});
+    ADD_FAILURE() << "elastic.old_state under on_change: restart was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "elastic.old_state");
+    EXPECT_NE(std::string(e.what()).find("set on_change: reshard"), std::string::npos) << e.what();
+  }
+}
+
 TEST(JobSpec, ReadsEveryKindOfValue) {
   JobSpec s = parse_job_spec(R"(
 model: {arch: moe-gpt, layers: 4, dim: 128, heads: 8, moe: {experts: 8, top_k: 2, every: 2,
