@@ -23,6 +23,9 @@ TEST(LiveResize, Dp4ToDp2ByKillsThenDp3ByAJoinKeepsSurvivorsAndTheNumbers) {
   LiveJob job;
   job.dir = agent_test_dir("live_resize", "dp");
   job.id = "live-dp";
+  // Both changes are over within about 100 steps (the join itself takes 1 to 2 s); the rest
+  // of the run and its reference are only time.
+  job.steps = 300;
   job.sets = {"parallel.dp=auto"};
   const fs::path ref = reference_run(job.dir, job.steps, job.sets);
   job.start_in_order(4);
@@ -76,7 +79,7 @@ TEST(LiveResize, GracefulLeaveHandsItsZeroShardOverAndExitsZero) {
   job.dir = agent_test_dir("live_resize", "leave");
   job.id = "live-leave";
   job.nnodes = "2:3";
-  job.steps = 400;
+  job.steps = 200;  // the leave is over within about 50 steps
   job.sets = {"parallel.dp=auto", "parallel.zero=1"};
   const fs::path ref = reference_run(job.dir, job.steps, job.sets);
   job.start_in_order(3);
