@@ -110,6 +110,7 @@ Outcome kill_then_join(const Case& c) {
     EXPECT_TRUE(grew) << phases_text(job.phases()) << job.all_logs();
   }
   const double grow_s = seconds_since(t_join);
+  const size_t used = job.rows().size();  // what c.steps must leave room for
   // The survivors' workers are the same processes as before both changes.
   for (int k = 0; k < last; ++k)
     EXPECT_EQ(children(job.pid(k)), before[size_t(k)]) << "agent " << k << "\n" << job.all_logs();
@@ -127,9 +128,9 @@ Outcome kill_then_join(const Case& c) {
   EXPECT_EQ(o.resizes.size(), c.join ? 2u : 1u) << o.logs;
   for (const std::string& l : o.resizes) std::printf("%s\n", l.c_str());
   std::printf(
-      "[ timing ] %s: %d steps; kill -> %zu steps at world %d: %.1f s; %s %.1f s; whole "
-      "test %.1f s\n",
-      c.name.c_str(), c.steps, c.between, small, shrink_s,
+      "[ timing ] %s: %d steps, %zu of them logged when the last change was over; kill -> %zu "
+      "steps at world %d: %.1f s; %s %.1f s; whole test %.1f s\n",
+      c.name.c_str(), c.steps, used, c.between, small, shrink_s,
       c.join ? "join -> 10 steps at the full world:" : "then to the end:", grow_s,
       seconds_since(t0));
   return o;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstdio>
 #include <optional>
 
 #include "tests/support/live_job.h"
@@ -43,6 +44,8 @@ TEST(LiveResize, Dp4ToDp2ByKillsThenDp3ByAJoinKeepsSurvivorsAndTheNumbers) {
   }
   job.start();  // a fourth node... the job's third after the losses
   ASSERT_TRUE(job.wait_world(3, 10)) << phases_text(job.phases()) << job.all_logs();
+  std::printf("[ measured ] both changes over with %zu of %d steps logged\n", job.rows().size(),
+              job.steps);
   // The survivors' workers are the same processes as before both changes.
   for (int k : {0, 1}) EXPECT_EQ(children(job.pid(k)), before[size_t(k)]) << "agent " << k;
   for (int k : {0, 1, 4}) {
@@ -88,6 +91,8 @@ TEST(LiveResize, GracefulLeaveHandsItsZeroShardOverAndExitsZero) {
   for (int k = 0; k < 3; ++k) before[size_t(k)] = children(job.pid(k));
   ::kill(job.pid(2), SIGTERM);
   ASSERT_TRUE(job.wait_world(2, 10)) << phases_text(job.phases()) << job.all_logs();
+  std::printf("[ measured ] the leave was over with %zu of %d steps logged\n", job.rows().size(),
+              job.steps);
   std::optional<int> code = job.wait(2);
   ASSERT_TRUE(code) << job.all_logs();
   EXPECT_EQ(*code, 0) << job.all_logs();
