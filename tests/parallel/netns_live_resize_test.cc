@@ -57,7 +57,9 @@ TEST(NetnsLiveResize, HostLostThenAFreshAgentJoinsKeepsSurvivorsAndTheNumbers) {
   job.id = "netns-live";
   job.hosts = &hosts;
   job.nnodes = "2:3";
-  job.steps = 300;  // the join comes near step 50 (three ranks make 60 to 100 steps/s)
+  // The join comes near step 50 (three ranks make 60 to 100 steps/s) and is over by about
+  // step 70; the rest of the run and its reference are only time.
+  job.steps = 180;
   job.token = "netns-live-resize-test-token";
   job.sets = {"parallel.dp=auto"};
   job.env = {"WEFT_LOG_LEVEL=debug", "WEFT_LOG_SUBSYS=router"};  // the router's byte counts
@@ -80,8 +82,10 @@ TEST(NetnsLiveResize, HostLostThenAFreshAgentJoinsKeepsSurvivorsAndTheNumbers) {
   const auto t1 = Clock::now();
   const int k3 = job.start(2);
   ASSERT_TRUE(job.wait_world(3, 10, 3)) << phases_text(job.phases()) << job.all_logs();
-  std::printf("[ measured ] world of 3 trained 10 steps %.2f s after the fresh agent started\n",
-              seconds_since(t1));
+  std::printf(
+      "[ measured ] world of 3 trained 10 steps %.2f s after the fresh agent started, "
+      "%zu of %d steps logged\n",
+      seconds_since(t1), job.rows().size(), job.steps);
   for (int k : {0, 1}) EXPECT_EQ(children(job.pid(k)), before[size_t(k)]) << "agent " << k;
   for (int k : {0, 1, k3}) {
     std::optional<int> code = job.wait(k);
