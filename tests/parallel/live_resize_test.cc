@@ -24,7 +24,7 @@ TEST(LiveResize, Dp4ToDp2ByKillsThenDp3ByAJoinKeepsSurvivorsAndTheNumbers) {
   LiveJob job;
   job.dir = agent_test_dir("live_resize", "dp");
   job.id = "live-dp";
-  // Both changes are over within about 100 steps (the join itself takes 1 to 2 s); the rest
+  // Both changes are over within 60 to 80 steps (the join itself takes 1 to 2 s); the rest
   // of the run and its reference are only time.
   job.steps = 300;
   job.sets = {"parallel.dp=auto"};
