@@ -494,15 +494,10 @@ void NodeAgent::post_notice(const comm::Membership& next, const Stop& why) {
   so_.store_prefix = prefix_;
   so_.rdzv_epoch = next.epoch;
   EpochNotice n = notice_of(next, so_.node_index);
-  // Lost: a member of the workers' epoch that is gone without leaving gracefully.
-  for (const comm::Member& x : was.members) {
-    bool kept = x.node_id == me_;
-    for (const comm::Member& y : next.members) kept = kept || y.node_id == x.node_id;
-    for (const comm::Member& y : next.departed) kept = kept || y.node_id == x.node_id;
-    n.lost = n.lost || !kept;
-  }
-  // A worker replaced in place: its old process is gone, collectives waiting on it abort.
-  n.lost = n.lost || !next.replaced.empty();
+  // Lost: a process of the workers' world is gone (a member lost, or a worker replaced in
+  // place, in any epoch since theirs: several may have formed since this agent's last poll),
+  // so collectives waiting on it abort at once.
+  n.lost = comm::lost_a_process(was, next);
   n.why = why.why;
   write_epoch_notice(epoch_file_, n);
   std::fprintf(stderr, "weft run: %s; node %s is node %d of %d, its workers reshard live\n",

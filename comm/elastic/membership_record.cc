@@ -63,6 +63,13 @@ bool MembershipRecord::has_left(const std::string& node_id) const {
   return std::find(left.begin(), left.end(), node_id) != left.end();
 }
 
+void MembershipRecord::note_process_loss(const std::string& node_id) {
+  std::erase_if(process_losses, [&](const std::pair<int64_t, std::string>& x) {
+    return x.first <= epoch - kProcessLossEpochs || x == std::make_pair(epoch, node_id);
+  });
+  process_losses.emplace_back(epoch, node_id);
+}
+
 std::string encode(const MembershipRecord& r) {
   std::ostringstream os;
   os << kTag << "\nversion " << r.version << "\nwriter " << r.writer << "\nepoch " << r.epoch
@@ -76,6 +83,8 @@ std::string encode(const MembershipRecord& r) {
   for (const auto& id : r.hands_over) os << "hands_over " << id << "\n";
   for (const auto& [id, rank] : r.departed) os << "departed " << rank << " " << id << "\n";
   for (const auto& [local, id] : r.replaced) os << "replaced " << local << " " << id << "\n";
+  for (const auto& [epoch, id] : r.process_losses)
+    os << "process_lost " << epoch << " " << id << "\n";
   if (r.closed) {
     std::string reason = r.close_reason;
     std::replace_if(
@@ -119,6 +128,14 @@ MembershipRecord decode(const std::string& text, const std::string& key) {
       if (!into.emplace(id, rank).second) bad(key, n, line, "node given twice");
     } else if (field == "replaced") {
       r.replaced.push_back(ranked_node(rest, field, key, n, line));
+    } else if (field == "process_lost") {
+      const size_t sp = rest.find(' ');
+      if (sp == std::string::npos) bad(key, n, line, "expected 'process_lost <epoch> <node id>'");
+      const int64_t epoch = parse_int(rest.substr(0, sp), key, n, line);
+      std::string id = rest.substr(sp + 1);
+      if (epoch < 1) bad(key, n, line, "epoch out of range");
+      if (!valid_id(id)) bad(key, n, line, "bad node id");
+      r.process_losses.emplace_back(epoch, std::move(id));
     } else if (field == "spare" || field == "left" || field == "hands_over") {
       if (!valid_id(rest)) bad(key, n, line, "bad node id");
       auto& seen = field == "spare" ? seen_spares : field == "left" ? seen_left : seen_handing;
@@ -141,6 +158,9 @@ MembershipRecord decode(const std::string& text, const std::string& key) {
   for (const auto& [local, id] : r.replaced)
     if (!r.members.count(id))
       bad(key, n, "replaced " + id, "a replaced worker's node must be a member");
+  for (const auto& [epoch, id] : r.process_losses)
+    if (epoch > r.epoch)
+      bad(key, n, str("process_lost ", epoch, " ", id), "a later epoch than the record's");
   if (r.epoch == 0 && !r.members.empty()) bad(key, n, "", "members before epoch 1");
   return r;
 }

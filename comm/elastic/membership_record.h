@@ -43,6 +43,13 @@ struct MembershipRecord {
   // has the previous one's members; a live job's workers abort collectives of the old world
   // at once (a process they wait on is gone). Set by a renewal, cleared by the next epoch.
   std::vector<std::pair<int, std::string>> replaced;
+  // (epoch F, node id) of each node whose process of epoch F-1's world died, noted by the
+  // epoch F that followed: a member of F-1 that F dropped without its state handed over
+  // (lost, or left after its workers failed), and a member with a worker replaced in place
+  // by F. Kept for the latest kProcessLossEpochs epochs, so that an agent that missed
+  // epochs (several formed within one of its polls) can still tell whether its workers'
+  // world lost a process since (Rendezvous lost_a_process).
+  std::vector<std::pair<int64_t, std::string>> process_losses;
   bool closed = false;       // the job finished or failed: nobody may join any more
   std::string close_reason;  // one line, why it closed
 
@@ -50,7 +57,14 @@ struct MembershipRecord {
   std::optional<int> rank_of(const std::string& node_id) const;
   bool is_spare(const std::string& node_id) const;
   bool has_left(const std::string& node_id) const;
+  // Notes that `node_id`'s processes of the previous epoch's world died (this record is the
+  // epoch that follows) and forgets notes older than kProcessLossEpochs epochs.
+  void note_process_loss(const std::string& node_id);
 };
+
+// How many epochs MembershipRecord::process_losses covers: an agent whose workers are more
+// epochs behind than this cannot tell what their world lost, and assumes the worst.
+constexpr int64_t kProcessLossEpochs = 64;
 
 // Text encoding, one field per line, '\n' after each:
 //
@@ -64,6 +78,7 @@ struct MembershipRecord {
 //   hands_over <node id>         one per member that left and hands its state over
 //   departed <rank> <node id>    one per member of the previous epoch that handed over
 //   replaced <local> <node id>   one per worker replaced in place by this epoch (renew)
+//   process_lost <epoch> <node id>  one per note of process_losses, oldest first
 //   closed <reason>              only when closed; the reason runs to the end of the line
 //
 // Node ids contain no whitespace or control characters (check_node_id), so a line splits

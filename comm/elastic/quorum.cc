@@ -36,6 +36,8 @@ MembershipRecord next_epoch(const MembershipRecord& current, const std::map<std:
   for (const auto& id : current.hands_over)
     if (auto it = current.members.find(id); it != current.members.end())
       next.departed[id] = it->second;
+  for (const auto& [id, rank] : current.members)  // gone without handing its state over
+    if (!keep.count(id) && !next.departed.count(id)) next.note_process_loss(id);
   next.left.clear();
   next.hands_over.clear();
   next.replaced.clear();

@@ -115,6 +115,17 @@ Decision Rendezvous::decide_now(const MembershipRecord& r, const std::set<std::s
   return d;
 }
 
+bool lost_a_process(const Membership& was, const Membership& now) {
+  if (now.epoch <= was.epoch) return false;
+  if (now.epoch - was.epoch > kProcessLossEpochs) return true;  // older notes are forgotten
+  for (const auto& [epoch, id] : now.process_losses) {
+    if (epoch <= was.epoch) continue;
+    for (const Member& x : was.members)
+      if (x.node_id == id) return true;
+  }
+  return false;
+}
+
 Membership Rendezvous::make_membership(const MembershipRecord& r) const {
   Membership m;
   m.epoch = r.epoch;
@@ -132,6 +143,7 @@ Membership Rendezvous::make_membership(const MembershipRecord& r) const {
   m.store_prefix = str(prefix_, "epoch/", r.epoch);
   for (const auto& [id, rank] : r.departed) m.departed.push_back({id, rank});
   m.replaced = r.replaced;
+  m.process_losses = r.process_losses;
   std::sort(m.departed.begin(), m.departed.end(),
             [](const Member& a, const Member& b) { return a.node_rank < b.node_rank; });
   return m;
@@ -319,6 +331,7 @@ std::optional<Membership> Rendezvous::renew(const std::vector<int>& local_ranks)
     next.departed.clear();
     next.replaced.clear();
     for (int local : local_ranks) next.replaced.emplace_back(local, me);
+    if (!local_ranks.empty()) next.note_process_loss(me);
     if (!write(raw, next)) continue;  // another write came first: look again
     WEFT_INFO("elastic", "node ", me, " renewed epoch ", rec.epoch, " as ", next.epoch,
               ": it replaces ", local_ranks.size(), " worker(s) in place");

@@ -77,8 +77,19 @@ struct Membership {
   // Workers replaced in place by this epoch (MembershipRecord::replaced): (local rank, node
   // id). Not empty: the epoch renewed the previous one's members because a worker died.
   std::vector<std::pair<int, std::string>> replaced;
+  // The record's notes of nodes whose processes died (MembershipRecord::process_losses).
+  std::vector<std::pair<int64_t, std::string>> process_losses;
   int world() const { return int(members.size()); }
 };
+
+// Whether a process of `was`'s world is gone by `now` (a later epoch of the same job): a
+// member of `was` lost, or with a worker replaced in place, in any epoch after `was` up to
+// `now`, as `now`'s notes say; also true when `now` no longer has notes that far back. An
+// agent that polls once per interval may see `now` several epochs after its workers' `was`
+// (a renewal and a join formed within one poll): the epochs in between decide, not the
+// difference between the two member lists. Live workers told so abort the old world's
+// collectives at once instead of waiting for their timeout.
+bool lost_a_process(const Membership& was, const Membership& now);
 
 class Rendezvous {
  public:

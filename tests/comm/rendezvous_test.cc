@@ -365,6 +365,77 @@ TEST(Rendezvous, RenewKeepsTheMembersAndNamesTheReplacedWorker) {
   EXPECT_EQ(comm::decode(comm::encode(rec), "k").replaced, rec.replaced);
 }
 
+// An agent that polls once while two epochs form (its workers are in epoch 1) must still
+// learn whether their world lost a process: the epochs in between decide (the records'
+// process_lost notes), not the difference between epoch 1's and the newest member lists.
+TEST(Rendezvous, LostAProcessLooksAtEveryEpochSinceTheWorkersOne) {
+  {  // A renewal (a worker of node1 replaced), then node2's graceful leave: epoch 3 has
+     // node1 again and no `replaced`, but node1's old worker was in epoch 1's world.
+    InMemoryStore store;
+    auto agents = make_agents(store, 3, 2, 3);
+    std::vector<Membership> ms = join_all(agents);
+    ASSERT_TRUE(agents[1]->renew({1}).has_value());
+    agents[2]->leave(/*hands_over=*/true);
+    std::optional<Membership> formed = agents[1]->poll_change();
+    ASSERT_TRUE(formed.has_value());
+    ASSERT_EQ(formed->epoch, 3);
+    std::optional<Membership> seen = agents[0]->poll_change();  // node0's first poll since 1
+    ASSERT_TRUE(seen.has_value());
+    EXPECT_EQ(seen->epoch, 3);
+    EXPECT_TRUE(seen->replaced.empty()) << "epoch 3 alone does not say that a worker died";
+    ASSERT_EQ(seen->departed.size(), 1u);
+    EXPECT_TRUE(comm::lost_a_process(ms[0], *seen));
+    EXPECT_FALSE(comm::lost_a_process(*seen, *seen));
+  }
+  {  // node2 hands its state over (epoch 2), then a newcomer joins (epoch 3): no process of
+     // epoch 1's world died, though node2 is neither a member nor departed in epoch 3.
+    InMemoryStore store;
+    auto agents = make_agents(store, 3, 2, 3);
+    std::vector<Membership> ms = join_all(agents);
+    agents[2]->leave(/*hands_over=*/true);
+    ASSERT_TRUE(agents[1]->poll_change().has_value());
+    Rendezvous newcomer(store, options("node3", 2, 3));
+    Membership joined = newcomer.join();  // 2 members + 1 waiting = max: forms at once
+    ASSERT_EQ(joined.epoch, 3);
+    std::optional<Membership> seen = agents[0]->poll_change();
+    ASSERT_TRUE(seen.has_value());
+    EXPECT_EQ(seen->epoch, 3);
+    EXPECT_TRUE(seen->departed.empty());
+    EXPECT_FALSE(comm::lost_a_process(ms[0], *seen));
+  }
+  {  // node1 leaves without handing over (its workers failed) and joins again before node0
+     // polls: epoch 3 has epoch 1's members exactly, yet node1's processes are gone.
+    InMemoryStore store;
+    auto agents = make_agents(store, 3, 2, 3);
+    std::vector<Membership> ms = join_all(agents);
+    agents[1]->leave();
+    ASSERT_TRUE(agents[2]->poll_change().has_value());
+    Membership back = agents[1]->join();
+    ASSERT_EQ(back.epoch, 3);
+    std::optional<Membership> seen = agents[0]->poll_change();
+    ASSERT_TRUE(seen.has_value());
+    EXPECT_EQ(seen->members, ms[0].members);
+    EXPECT_TRUE(comm::lost_a_process(ms[0], *seen));
+    // The notes survive the record's text, name the epoch that dropped node1, and are
+    // forgotten after kProcessLossEpochs epochs (then an agent that far behind assumes a loss).
+    comm::MembershipRecord rec = agents[0]->read_record();
+    ASSERT_EQ(rec.process_losses.size(), 1u);
+    EXPECT_EQ(rec.process_losses[0], (std::pair<int64_t, std::string>{2, "node1"}));
+    EXPECT_EQ(comm::decode(comm::encode(rec), "k").process_losses, rec.process_losses);
+    rec.epoch = 2 + comm::kProcessLossEpochs;
+    rec.note_process_loss("node2");
+    ASSERT_EQ(rec.process_losses.size(), 1u);
+    EXPECT_EQ(rec.process_losses[0].second, "node2");
+    Membership far = *seen, farther = *seen;
+    far.epoch = ms[0].epoch + comm::kProcessLossEpochs;
+    far.process_losses.clear();
+    farther.epoch = far.epoch + 1;
+    farther.process_losses.clear();
+    EXPECT_FALSE(comm::lost_a_process(ms[0], far));
+    EXPECT_TRUE(comm::lost_a_process(ms[0], farther));
+  }
+}
+
 TEST(Rendezvous, BelowMinAfterALeaveWaitsForANewcomerWhoTakesTheFreeRank) {
   InMemoryStore store;
   auto agents = make_agents(store, 2, 2, 2);
