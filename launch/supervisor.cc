@@ -52,6 +52,10 @@ struct Worker {
   bool beating = false;  // sent its first heartbeat: watched from now on
   Clock::time_point last_beat;
   bool hung = false;
+  // Hung, killed by the agent, and to be replaced in place once reaped (o.replace): what
+  // the agent saw ("sent no heartbeat for ...") and when.
+  std::string hang;
+  int64_t hang_ms = 0;
   int sent = 0;  // bit per signal the agent sent its group: 1 INT, 2 TERM, 4 KILL
   std::string error_file;
 };
@@ -306,21 +310,24 @@ Outcome supervise(const SupervisorOptions& o) {
       w.exit_ms = now_ms();
       ::kill(-w.pid, SIGKILL);  // what it left in its group does not outlive it
       guardian.release(w.pid);
-      if (w.hung || !failed_by_itself(w)) continue;
+      const bool hung = !w.hang.empty();  // killed by the agent for its silence
+      if (!hung && (w.hung || !failed_by_itself(w))) continue;
+      const std::string what = hung ? w.hang : describe(w.status);
       if (o.replace && !failing && !agent_signal && remote.empty() && !new_failure) {
         std::optional<ErrorRecord> e = read_error_file(w.error_file);
-        const std::string cause = str("rank ", global(w.rank), " (pid ", w.pid, ", host ",
-                                      host_name(), ") ", describe(w.status),
-                                      e && !e->message.empty() ? ": " + e->message : "");
+        std::string cause =
+            str("rank ", global(w.rank), " (pid ", w.pid, ", host ", host_name(), ") ", what);
+        if (hung) cause += "; killed";
+        else if (e && !e->message.empty()) cause += ": " + e->message;
         if (o.replace(w.rank, cause)) {
           replaced.push_back(w.rank);
           continue;
         }
       }
-      failures.push_back({w.rank, w.pid, host_name(), w.exit_ms, describe(w.status), false});
+      failures.push_back({w.rank, w.pid, host_name(), hung ? w.hang_ms : w.exit_ms, what, false});
       if (!failing && agent_signal != SIGTERM && agent_signal != SIGHUP)
         std::fprintf(stderr, "weft run: rank %d %s; stopping the other workers\n", global(w.rank),
-                     describe(w.status).c_str());
+                     what.c_str());
       new_failure = true;
     }
     // The others go on: what the dead worker wrote is taken, and a new one takes its slot.
@@ -340,10 +347,20 @@ Outcome supervise(const SupervisorOptions& o) {
         double quiet = std::chrono::duration<double>(now - w.last_beat).count();
         char what[160];
         std::snprintf(what, sizeof what, "sent no heartbeat for %.1f s: hung or stopped", quiet);
+        w.hung = true;
+        // SIGKILL: a hung or stopped process may not act on SIGTERM. With in-place
+        // replacement the agent decides once it is reaped (its slot must be free), as for a
+        // worker that died; otherwise the job stops now.
+        signal_group(w, SIGKILL);
+        if (o.replace && remote.empty()) {
+          std::fprintf(stderr, "weft run: rank %d (pid %d) %s; killing it (SIGKILL)\n",
+                       global(w.rank), int(w.pid), what);
+          w.hang = what;
+          w.hang_ms = now_ms();
+          continue;
+        }
         std::fprintf(stderr, "weft run: rank %d (pid %d) %s; stopping the job\n", global(w.rank),
                      int(w.pid), what);
-        w.hung = true;
-        signal_group(w, SIGKILL);
         failures.push_back({w.rank, w.pid, host_name(), now_ms(), what, false});
         new_failure = true;
       }

@@ -51,13 +51,16 @@ struct SupervisorOptions {
   // epoch_notice.h); "" = workers get no notices and are restarted on a change.
   std::string epoch_file;
   // In-place replacement (elastic, live workers): called on the agent's thread when the
-  // worker of `local_rank` failed of its own (it exited non-zero or was killed; not hung,
-  // not stopped by the agent) while nothing else stops the attempt. `cause` is one line
-  // naming it. True: the agent has published the epoch its replacement joins and updated
-  // these options for it (store_prefix, rdzv_epoch, restart_count, node_index, nnodes); the
-  // supervisor starts a new worker in that slot (logs under attempt_<restart_count>) and
-  // leaves the others running. False: the attempt fails as before, the others are stopped.
-  // Must not throw.
+  // worker of `local_rank` failed of its own (it exited non-zero or was killed, not stopped
+  // by the agent) or hung (no heartbeat for heartbeat_timeout_s: the supervisor SIGKILLs its
+  // group and asks once it has reaped it) while nothing else stops the attempt. `cause` is
+  // one line naming it. True: the agent has published the epoch its replacement joins and
+  // updated these options for it (store_prefix, rdzv_epoch, restart_count, node_index,
+  // nnodes, the store's address); the supervisor starts a new worker in that slot (logs
+  // under attempt_<restart_count>), says which epoch it joins, and leaves the others
+  // running. So supervise() must be given the very options object that `replace` updates
+  // (it reads them again for the replacement). False: the attempt fails as before, the
+  // others are stopped. Must not throw.
   std::function<bool(int local_rank, const std::string& cause)> replace;
 };
 

@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 
+#include "base/check.h"
 #include "tests/support/live_job.h"
 #include "tests/support/metrics_compare.h"
 
@@ -56,6 +57,7 @@ struct StandaloneJob {
   fs::path dir;
   int steps = 200;
   int max_restarts = 1;
+  std::vector<std::string> run_flags;  // more `weft run` options
   std::vector<std::string> sets = {"parallel.dp=auto", "elastic.on_change=reshard"};
   Agents agents;
   pid_t pid = -1;
@@ -64,8 +66,9 @@ struct StandaloneJob {
   void start() {
     log = dir / "run.log";
     std::vector<std::string> argv = {"run", "--standalone", "--nproc-per-node", "4",
-                                     "--max-restarts", std::to_string(max_restarts), "--",
-                                     WEFT_BINARY, "train"};
+                                     "--max-restarts", std::to_string(max_restarts)};
+    argv.insert(argv.end(), run_flags.begin(), run_flags.end());
+    for (const char* a : {"--", WEFT_BINARY, "train"}) argv.push_back(a);
     for (const std::string& a : train_args(dir / "out", steps, sets)) argv.push_back(a);
     pid = agents.start(argv, log, {"OMP_NUM_THREADS=1"});
   }
@@ -86,13 +89,16 @@ struct StandaloneJob {
   }
 };
 
-// Standalone dp4, rank `rank` SIGKILLed mid-run: the three others keep their processes
+// Standalone dp4, rank `rank` sent `sig` mid-run (SIGKILL: it dies; SIGSTOP: it hangs, and
+// its agent kills it when its heartbeat is overdue): the three others keep their processes
 // (every worker PID seen while the job runs is one of the four first ones or the
 // replacement's, so a survivor restarted even once fails the test), the replacement joins in
 // epoch 2, the run finishes and equals one process's step by step. Returns the job's log.
-std::string kill_one_standalone(const std::string& name, int rank) {
+std::string kill_one_standalone(const std::string& name, int rank, int sig = SIGKILL,
+                                std::vector<std::string> run_flags = {}) {
   StandaloneJob job;
   job.dir = agent_test_dir("live_replace", name);
+  job.run_flags = std::move(run_flags);
   const fs::path ref = reference_run(job.dir, job.steps, {"parallel.dp=auto"});
   job.start();
   EXPECT_TRUE(poll_until([&] { return job.rows().size() >= 20; })) << slurp(job.log);
@@ -103,7 +109,7 @@ std::string kill_one_standalone(const std::string& name, int rank) {
   if (::testing::Test::HasFailure()) return slurp(job.log);
   std::set<pid_t> seen(before.begin(), before.end());
   const auto t_kill = Clock::now();
-  EXPECT_EQ(::kill(victim, SIGKILL), 0);
+  EXPECT_EQ(::kill(victim, sig), 0);
   double to_new_world = -1;
   // Until the job ends: every worker PID it ever has, and when epoch 2's first step lands.
   int status = 0;
@@ -127,11 +133,17 @@ std::string kill_one_standalone(const std::string& name, int rank) {
   EXPECT_EQ(extra.size(), 1u) << "worker PIDs beyond the 3 survivors and the victim: a survivor "
                                  "was restarted, or more than one replacement started\n"
                               << log;
-  std::printf("[ measured ] kill -> first step of epoch 2 (metrics line seen): %.2f s\n",
-              to_new_world);
+  std::printf("[ measured ] %s -> first step of epoch 2 (metrics line seen): %.2f s\n",
+              sig == SIGSTOP ? "SIGSTOP" : "SIGKILL", to_new_world);
   print_resize(log);
   EXPECT_NE(log.find("replaced in place (1 of --max-restarts 1 used)"), std::string::npos) << log;
-  EXPECT_NE(log.find("a replacement worker (pid "), std::string::npos) << log;
+  // The replacement's line names its own process and the renewed epoch it joins.
+  if (extra.size() == 1) {
+    EXPECT_NE(log.find(str("weft run: rank ", rank, ": a replacement worker (pid ", *extra.begin(),
+                           ") joins epoch 2\n")),
+              std::string::npos)
+        << log;
+  }
   EXPECT_EQ(log.find("restarting the workers"), std::string::npos) << log;
   expect_same_losses(ref, job.metrics(), size_t(job.steps), false, kRel);
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
@@ -142,6 +154,21 @@ TEST(LiveReplace, StandaloneKilledWorkerIsReplacedAndNoSurvivorRestarts) {
   const std::string log = kill_one_standalone("standalone", 2);
   // Rank 0 survived and leads: its resize line says where the state came from.
   EXPECT_NE(log.find("world 4 -> 4"), std::string::npos) << log;
+  EXPECT_NE(log.find("state from 3 holders through the router"), std::string::npos) << log;
+}
+
+// A worker that hangs (SIGSTOP: it sends no heartbeat and answers no collective) is treated
+// like one that died: its agent SIGKILLs it once --worker-heartbeat-timeout passes and
+// replaces it in place; the others abort the collective they wait in at once (the notice
+// says a process is gone) and keep their processes.
+TEST(LiveReplace, StandaloneHungWorkerIsKilledAndReplacedAndNoSurvivorRestarts) {
+  const std::string log = kill_one_standalone(
+      "hung", 1, SIGSTOP,
+      {"--worker-heartbeat-interval", "0.5", "--worker-heartbeat-timeout", "3"});
+  EXPECT_NE(log.find("weft run: rank 1 (pid "), std::string::npos) << log;
+  EXPECT_NE(log.find(": hung or stopped; killing it (SIGKILL)"), std::string::npos) << log;
+  EXPECT_NE(log.find(": hung or stopped; killed; replaced in place"), std::string::npos) << log;
+  EXPECT_EQ(log.find("stopping the job"), std::string::npos) << log;
   EXPECT_NE(log.find("state from 3 holders through the router"), std::string::npos) << log;
 }
 
@@ -238,6 +265,10 @@ TEST(LiveReplace, MultiNodeKilledWorkerIsReplacedAndItsSiblingAndTheOtherNodeKee
   const std::string lead = job.text(0), victims = job.text(1);
   print_resize(lead);
   EXPECT_NE(victims.find("replaced in place (1 of --max-restarts 1 used)"), std::string::npos)
+      << victims;
+  EXPECT_NE(victims.find(str("weft run: rank 3: a replacement worker (pid ", replacement,
+                             ") joins epoch 2\n")),
+            std::string::npos)
       << victims;
   EXPECT_NE(lead.find("(rank 3 of node "), std::string::npos) << lead;
   EXPECT_NE(lead.find("world 4 -> 4"), std::string::npos) << lead;
