@@ -249,12 +249,15 @@ void NodeAgent::serve_store_if_first() {
   sso.port = uint16_t(port_);
   sso.token = token_;
   sso.insecure = o_.rdzv_conf.insecure.value_or(false) && token_.empty();
+  if (o_.rdzv_conf.bound_key_grace) sso.bound_key_grace = millis(*o_.rdzv_conf.bound_key_grace);
   try {
     server_ = std::make_unique<comm::TCPStoreServer>(sso);
     port_ = server_->port();  // the port it got, when asked for a free one (0)
     where_ = where(o_, port_);
-    std::fprintf(stderr, "weft run: node %s serves the rendezvous store on %s:%d\n", me_.c_str(),
-                 sso.host.c_str(), port_);
+    std::fprintf(stderr,
+                 "weft run: node %s serves the rendezvous store on %s:%d (bound_key_grace %g "
+                 "s)\n",
+                 me_.c_str(), sso.host.c_str(), port_, seconds(sso.bound_key_grace));
   } catch (const comm::AddressInUseError& e) {
     // An agent told to host (is_host), or static's node rank 0 (the store's host by
     // definition): anyone else on the port is not this job's store.

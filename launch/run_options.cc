@@ -192,9 +192,9 @@ void parse_endpoint(const std::string& who, const std::string& v, RunOptions& o)
 
 void parse_conf(const std::string& who, const std::string& v, RdzvConf& c) {
   static const std::vector<std::string> kKeys = {
-      "join_timeout",      "last_call_timeout", "close_timeout", "heartbeat_interval",
-      "heartbeat_timeout", "token_file",        "insecure",      "read_timeout",
-      "timeout",           "is_host"};
+      "join_timeout",      "last_call_timeout", "close_timeout",  "heartbeat_interval",
+      "heartbeat_timeout", "token_file",        "insecure",       "read_timeout",
+      "timeout",           "is_host",           "bound_key_grace"};
   if (v.empty()) return;
   for (const std::string& item : split(v, ',')) {
     size_t eq = item.find('=');
@@ -214,6 +214,8 @@ void parse_conf(const std::string& who, const std::string& v, RdzvConf& c) {
       c.token_file = val;
     } else if (key == "insecure") c.insecure = to_bool(at, val);
     else if (key == "is_host") c.is_host = to_bool(at, val);
+    else if (key == "bound_key_grace")
+      c.bound_key_grace = to_seconds(at, val, true);
     else {
       double s = to_seconds(at, val, false);
       if (key == "join_timeout") c.join_timeout = s;
@@ -364,6 +366,12 @@ void validate(RunOptions& o) {
                       "chooses which agent hosts the c10d store; with static, node rank 0 "
                       "hosts it, and with etcd, node 0 of each epoch serves the workers' store: "
                       "drop it");
+  if (o.rdzv_conf.bound_key_grace &&
+      (o.rdzv_backend == RdzvBackend::kEtcd || o.rdzv_backend == RdzvBackend::kEtcdV2))
+    throw ConfigError(o.name("--rdzv-conf") + " bound_key_grace",
+                      "applies to the store an agent hosts (--rdzv-backend c10d or static); "
+                      "over etcd a node's heartbeat ends by its lease's TTL only "
+                      "(heartbeat_timeout): drop it");
   if (o.rdzv_endpoints.size() > 1 && o.rdzv_backend != RdzvBackend::kEtcd)
     throw ConfigError(o.name("--rdzv-endpoint"),
                       "a list of endpoints names an etcd cluster's members; add --rdzv-backend "
@@ -395,10 +403,11 @@ void validate(RunOptions& o) {
 // The first --rdzv-conf key the launcher cannot act on: every key with --standalone (there
 // is no rendezvous), else those that the multi-node agent does not use yet; "" when none.
 std::string unsupported_conf_key(const RunOptions& o) {
-  static const std::set<std::string> kUsed = {"join_timeout", "last_call_timeout",
-                                              "heartbeat_interval", "heartbeat_timeout",
-                                              "insecure", "token_file", "timeout",
-                                              "read_timeout", "is_host"};
+  static const std::set<std::string> kUsed = {
+      "join_timeout",      "last_call_timeout", "heartbeat_interval",
+      "heartbeat_timeout", "insecure",          "token_file",
+      "timeout",           "read_timeout",      "is_host",
+      "bound_key_grace"};
   for (const std::string& k : o.rdzv_conf.keys)
     if (o.standalone || (o.rdzv_host.empty() && o.rdzv_backend != RdzvBackend::kStatic) ||
         !kUsed.count(k))
@@ -474,7 +483,7 @@ const Support kSupport[] = {
     {"--rdzv-conf", false, [](const RunOptions& o) { return !unsupported_conf_key(o).empty(); },
      "this rendezvous setting is not yet supported by weft run (with --rdzv-endpoint it takes "
      "join_timeout (or timeout), last_call_timeout, heartbeat_interval, heartbeat_timeout, "
-     "read_timeout, token_file, insecure and is_host; "
+     "read_timeout, token_file, insecure, is_host and bound_key_grace; "
      "--standalone takes none); drop it"},
 };
 
@@ -669,8 +678,9 @@ PET_NPROC_PER_NODE; the command line wins). Marked * : parsed and checked, refus
                                127.0.0.1) unless --rdzv-conf insecure=1
   --rdzv-conf K=V,...          with --rdzv-endpoint: join_timeout (600), last_call_timeout (30),
                                heartbeat_interval (1), heartbeat_timeout (5: a node silent this
-                               long is lost), insecure; close_timeout, read_timeout, timeout,
-                               token_file, is_host *
+                               long is lost), bound_key_grace (0.25: how long the hosted
+                               store keeps a closed connection's heartbeat key), insecure;
+                               close_timeout, read_timeout, timeout, token_file, is_host *
   --max-restarts K           * restarts of the worker group before failing (default 0)
   --monitor-interval S         seconds between checks of the other nodes (default 0.1;
                                with --standalone *)

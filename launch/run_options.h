@@ -30,6 +30,9 @@ struct StdStreams {
 struct RdzvConf {
   std::optional<double> join_timeout, last_call_timeout, close_timeout, heartbeat_interval,
       heartbeat_timeout, read_timeout, timeout;
+  // How long the store an agent hosts keeps a closed connection's bound keys (the agents'
+  // heartbeats): TCPStoreServerOptions::bound_key_grace, in seconds (0: drop them at once).
+  std::optional<double> bound_key_grace;
   std::optional<std::string> token_file;
   std::optional<bool> insecure, is_host;
   std::vector<std::string> keys;  // the keys given, in order

@@ -261,6 +261,25 @@ TEST(RunOptions, RdzvConfKnowsItsKeys) {
   EXPECT_HAS(error_of("--rdzv-conf insecure=true,token_file=/t -- c"), "insecure");
 }
 
+// bound_key_grace: seconds, 0 allowed (the hosted store drops a closed connection's keys at
+// once); anything else refused naming the key; refused with etcd, whose leases end by TTL.
+TEST(RunOptions, RdzvConfBoundKeyGraceTakesSecondsAndRefusesBadValues) {
+  EXPECT_EQ(parse("--rdzv-conf bound_key_grace=1.5 -- c").rdzv_conf.bound_key_grace, 1.5);
+  EXPECT_EQ(parse("--rdzv-conf bound_key_grace=0 -- c").rdzv_conf.bound_key_grace, 0.0);
+  EXPECT_FALSE(parse("-- c").rdzv_conf.bound_key_grace.has_value());
+  for (const char* bad : {"-1", "x", "", "1s", "inf"}) {
+    const std::string e = error_of(std::string("--rdzv-conf bound_key_grace=") + bad + " -- c");
+    EXPECT_HAS(e, "--rdzv-conf bound_key_grace");
+    EXPECT_HAS(e, "expected a number of seconds >= 0");
+  }
+  EXPECT_HAS(error_of("--rdzv-conf bound_key_grace_ms=5 -- c"), "did you mean bound_key_grace?");
+  EXPECT_HAS(error_of("--rdzv-backend etcd --rdzv-endpoint h --rdzv-conf bound_key_grace=1 -- c"),
+             "--rdzv-conf bound_key_grace");
+  EXPECT_EQ(not_yet("--rdzv-endpoint h --rdzv-conf bound_key_grace=0.1 -- c"), "");
+  EXPECT_EQ(not_yet("--rdzv-backend static --rdzv-conf bound_key_grace=0.1 -- c"), "");
+  EXPECT_NE(not_yet("--standalone --rdzv-conf bound_key_grace=0.1 -- c"), "");
+}
+
 TEST(RunOptions, StdStreamsAndFilters) {
   RunOptions o = parse("--nproc-per-node 2 --redirects 0:1,1:2 --tee=3 -- c");
   EXPECT_EQ(o.redirects.of(0), 1);
