@@ -2,15 +2,16 @@
 // `weft run --nnodes N|MIN:MAX --rdzv-endpoint HOST:PORT --rdzv-id ID ...`: parses torchrun's
 // options (run_options.h), refuses what it cannot do yet, and runs the job through the node
 // agent (node_agent.h: membership, restarts, in-place replacement of a failed worker, the
-// exit barrier). --standalone is a node agent of a one-node job on loopback (torchrun's
-// way), except for workers that cannot reshard live (below): those keep the whole-attempt
-// restart loop here. The supervisor (supervisor.h) starts, watches and stops the workers.
+// exit barrier). --standalone with --max-restarts is a node agent of a one-node job on
+// loopback (torchrun's way): the agent replaces a failed worker in place when the workers
+// reshard live and restarts every worker otherwise, as on several nodes. --standalone without
+// restarts runs its one attempt here. The supervisor (supervisor.h) starts, watches and stops
+// the workers.
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -20,8 +21,6 @@
 #include "base/config.h"
 #include "base/error.h"
 #include "base/host.h"
-#include "core/config/job_spec.h"
-#include "launch/args.h"
 #include "comm/store/auth.h"
 #include "comm/store/tcp_store_server.h"
 #include "launch/commands.h"
@@ -50,9 +49,7 @@ int visible_gpus() {
 #endif
 }
 
-// --standalone for workers that do not reshard live, or without restarts: one machine, the
-// store in this agent. A failed attempt is restarted (all workers, the next attempt's keys
-// under restart/<n>) while --max-restarts allows.
+// --standalone without restarts: one attempt on one machine, the store in this process.
 int run_standalone(const RunOptions& o, SupervisorOptions so) {
   comm::TCPStoreServerOptions server_options;
   server_options.host = "127.0.0.1";
@@ -64,7 +61,6 @@ int run_standalone(const RunOptions& o, SupervisorOptions so) {
   comm::TCPStoreServer server(server_options);
   so.store_host = "127.0.0.1";
   so.store_port = server.port();
-  so.max_restarts = o.max_restarts;
   if (o.given("--monitor-interval")) so.poll_s = o.monitor_interval;
   // The node's snapshot agent, when the job snapshots (snapshot.every > 0): it outlives
   // the attempts, is restarted when it dies, and ends with the job.
@@ -73,50 +69,20 @@ int run_standalone(const RunOptions& o, SupervisorOptions so) {
     snapshots->keep_alive();
     return std::string();
   };
-  for (;;) {
-    if (snapshots) snapshots->keep_alive();
-    Outcome out = supervise(so);
-    if (out.end == Outcome::End::kFailed && so.restart_count < o.max_restarts &&
-        !stop_requested()) {
-      ++so.restart_count;
-      so.store_prefix = "restart/" + std::to_string(so.restart_count);
-      std::fprintf(stderr, "weft run: %s; restarting the workers (%d of --max-restarts %d)\n",
-                   out.cause.c_str(), so.restart_count, o.max_restarts);
-      continue;
-    }
-    if (out.end == Outcome::End::kFailed && o.max_restarts > 0 && !stop_requested())
-      out.verdict += str("; no restarts left (--max-restarts ", o.max_restarts, ")");
-    if (!out.verdict.empty()) std::fprintf(stderr, "weft run: failed: %s\n", out.verdict.c_str());
-    if (snapshots && out.code == 0) snapshots->finish();
-    else if (snapshots) snapshots->stop();  // a failed job keeps its snapshots for a restart
-    return out.code;
-  }
+  if (snapshots) snapshots->keep_alive();
+  const Outcome out = supervise(so);
+  if (!out.verdict.empty()) std::fprintf(stderr, "weft run: failed: %s\n", out.verdict.c_str());
+  if (snapshots && out.code == 0) snapshots->finish();
+  else if (snapshots) snapshots->stop();  // a failed job keeps its snapshots for a restart
+  return out.code;
 }
 
-// Whether `command` is `weft train` of a job whose workers reshard live (elastic.on_change:
-// reshard, the default): those follow epoch notices, so a failed one can be replaced in
-// place while the others keep their processes. Anything else (another program, a job file
-// that cannot be read: the worker says why) restarts whole attempts.
-bool reshards_live(const std::vector<std::string>& command) {
-  if (command.size() < 2 || std::filesystem::path(command[0]).filename() != "weft" ||
-      command[1] != "train")
-    return false;
-  try {
-    Args args(std::vector<std::string>(command.begin() + 2, command.end()),
-              {"--config", "--set", "--init-weights", "--save-weights", "--metrics", "--resume"},
-              {"--help"});
-    if (args.flag("--help") || !args.has("--config")) return false;
-    return core::load_job_spec(args.get("--config"), args.all("--set")).elastic.on_change ==
-           "reshard";
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
-// --standalone with --max-restarts > 0 and live workers: the node agent of a one-node job,
-// its rendezvous store on loopback at --store-port (0: a free one), under the run's id.
-// A failed worker is replaced in place (node_agent.h) instead of restarting every worker;
-// with no restarts left the job fails naming the worker and --max-restarts.
+// --standalone with --max-restarts > 0: the node agent of a one-node job, its rendezvous
+// store on loopback at --store-port (0: a free one), under the run's id. The agent tells
+// from the workers themselves whether they reshard live (they mark the epoch notice they
+// follow, epoch_notice.h): then a failed worker is replaced in place, otherwise every worker
+// restarts in the next round (node_agent.h), the command being weft train or anything else.
+// With no restarts left the job fails naming the worker and --max-restarts.
 int run_standalone_agent(const RunOptions& o, SupervisorOptions so) {
   RunOptions a = o;
   a.standalone = false;
@@ -160,7 +126,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   so.run_id = o.rdzv_id.empty() ? default_run_id() : o.rdzv_id;
   so.role = o.role;
   if (!o.standalone) return run_node_agent(o, so);
-  if (o.max_restarts > 0 && reshards_live(o.command)) return run_standalone_agent(o, so);
+  if (o.max_restarts > 0) return run_standalone_agent(o, so);
   return run_standalone(o, so);
 }
 
