@@ -184,40 +184,66 @@ TEST(LiveReplace, StandaloneKilledRankZeroIsReplacedAndItsReplacementLeads) {
   EXPECT_EQ(log.find("from the in-memory snapshots of 0 ranks"), std::string::npos) << log;
 }
 
-// Standalone with no restarts left: the first failure is replaced, the second ends the job
-// (torchrun's rule for a job that cannot shrink) with the root-cause worker's exit code, a
-// verdict that names it and --max-restarts, and every worker stopped.
-TEST(LiveReplace, StandaloneWithNoRestartsLeftFailsNamingTheWorkerAndTheFlag) {
+// Standalone --max-restarts 1: rank 1 SIGKILLed (replaced), then rank 3 sent `second`.
+// Returns the job's log once it ended, after checking that it exited 1, that the second
+// failure found no restart left, and that every worker was stopped with the job.
+std::string fail_twice_standalone(const std::string& name, int second,
+                                  std::vector<std::string> run_flags = {}) {
   StandaloneJob job;
-  job.dir = agent_test_dir("live_replace", "used_up");
+  job.dir = agent_test_dir("live_replace", name);
   job.steps = 100000;  // ends by the failure, never by the steps
+  job.run_flags = std::move(run_flags);
   job.start();
-  ASSERT_TRUE(poll_until([&] { return job.rows().size() >= 10; })) << slurp(job.log);
+  EXPECT_TRUE(poll_until([&] { return job.rows().size() >= 10; })) << slurp(job.log);
   const pid_t first = worker_of_rank(job.pid, 1);
-  ASSERT_GT(first, 0) << slurp(job.log);
-  ASSERT_EQ(::kill(first, SIGKILL), 0);
-  ASSERT_TRUE(poll_until([&] {
+  EXPECT_GT(first, 0) << slurp(job.log);
+  if (::testing::Test::HasFailure()) return slurp(job.log);
+  EXPECT_EQ(::kill(first, SIGKILL), 0);
+  EXPECT_TRUE(poll_until([&] {
     std::vector<core::io::MetricsRow> r = job.rows();
     return has_epoch(r, 2) && r.size() >= 20;
   })) << slurp(job.log);
   const std::vector<pid_t> workers = children(job.pid);
   EXPECT_EQ(workers.size(), 4u) << slurp(job.log);
-  const pid_t second = worker_of_rank(job.pid, 3);
-  ASSERT_GT(second, 0) << slurp(job.log);
-  ASSERT_EQ(::kill(second, SIGKILL), 0);
+  const pid_t victim = worker_of_rank(job.pid, 3);
+  EXPECT_GT(victim, 0) << slurp(job.log);
+  if (::testing::Test::HasFailure()) return slurp(job.log);
+  EXPECT_EQ(::kill(victim, second), 0);
   std::optional<int> code = job.wait();
   const std::string log = slurp(job.log);
-  ASSERT_TRUE(code) << log;
+  EXPECT_TRUE(code) << log;
+  if (!code) return log;
   EXPECT_EQ(*code, 1) << log;
   EXPECT_NE(log.find("replaced in place (1 of --max-restarts 1 used)"), std::string::npos) << log;
   EXPECT_NE(log.find("no restarts left to replace it (--max-restarts 1)"), std::string::npos)
-      << log;
-  EXPECT_NE(log.find("weft run: failed: lost rank 3 (it was killed by signal"), std::string::npos)
       << log;
   EXPECT_NE(log.find("; no restarts left (--max-restarts 1)"), std::string::npos) << log;
   for (pid_t p : workers)  // stopped with the job (reaped by their agent)
     EXPECT_FALSE(fs::exists("/proc/" + std::to_string(p) + "/environ")) << p << "\n" << log;
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+  return log;
+}
+
+// Standalone with no restarts left: the first failure is replaced, the second ends the job
+// (torchrun's rule for a job that cannot shrink) with the root-cause worker's exit code, a
+// verdict that names it and --max-restarts, and every worker stopped.
+TEST(LiveReplace, StandaloneWithNoRestartsLeftFailsNamingTheWorkerAndTheFlag) {
+  const std::string log = fail_twice_standalone("used_up", SIGKILL);
+  EXPECT_NE(log.find("weft run: failed: lost rank 3 (it was killed by signal"), std::string::npos)
+      << log;
+}
+
+// The same when the second failure is a hang: the worker is killed, no restart is left to
+// replace it, and the job fails naming the hang (not the SIGKILL its agent sent).
+TEST(LiveReplace, StandaloneHungWorkerWithNoRestartsLeftFailsNamingTheHang) {
+  const std::string log = fail_twice_standalone(
+      "used_up_hung", SIGSTOP,
+      {"--worker-heartbeat-interval", "0.5", "--worker-heartbeat-timeout", "3"});
+  EXPECT_NE(log.find(": hung or stopped; killing it (SIGKILL)"), std::string::npos) << log;
+  EXPECT_NE(log.find("weft run: failed: rank 3 hung (no heartbeat); no restarts left"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("lost rank 3"), std::string::npos) << log;
 }
 
 // Two nodes of two workers each (loopback agents, a fixed --nnodes 2, --max-restarts 1):
