@@ -668,6 +668,7 @@ PET_NPROC_PER_NODE; the command line wins). Marked * : parsed and checked, refus
                                job stops on a failure or a signal (default 5)
   --worker-heartbeat-interval S  seconds between a worker's heartbeats to weft run (default 1)
   --worker-heartbeat-timeout S   a worker silent this long is hung: named, killed, job stopped
+                               or, where a failed worker is replaced in place, replaced
                                (default 5; 0 turns the check off)
   --nnodes N|MIN:MAX           nodes (default 1); a fixed N with --rdzv-endpoint (MIN:MAX *)
   --rdzv-backend c10d|static|etcd|etcd-v2  (default c10d; static, etcd *)
