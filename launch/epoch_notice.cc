@@ -18,10 +18,10 @@ void write_epoch_notice(const std::string& path, const EpochNotice& n) {
   {
     std::ofstream f(tmp, std::ios::trunc);
     f << "epoch " << n.epoch << "\nnode_index " << n.node_index << "\nnnodes " << n.nnodes
-      << "\nnproc " << n.nproc << "\nstore_host " << n.store_host << "\nstore_port "
-      << n.store_port << "\nstore_prefix " << n.store_prefix << "\nlost " << (n.lost ? 1 : 0)
-      << "\ntransit_nodes " << n.transit_nodes << "\nleave " << (n.leave ? 1 : 0) << "\nwhy "
-      << n.why << "\n";
+      << "\nnproc " << n.nproc << "\nstore_host " << n.store_host << "\nstore_port " << n.store_port
+      << "\nstore_prefix " << n.store_prefix << "\nlost " << (n.lost ? 1 : 0) << "\nlost_at "
+      << n.lost_at << "\ntransit_nodes " << n.transit_nodes << "\nleave " << (n.leave ? 1 : 0)
+      << "\nwhy " << n.why << "\n";
     if (!f) throw IoError("cannot write the epoch notice " + tmp);
   }
   std::error_code ec;
@@ -47,6 +47,7 @@ std::optional<EpochNotice> read_epoch_notice(const std::string& path) {
       else if (key == "store_port") n.store_port = std::stoi(value), ++seen;
       else if (key == "store_prefix") n.store_prefix = value;
       else if (key == "lost") n.lost = value == "1";
+      else if (key == "lost_at") n.lost_at = std::stoll(value);
       else if (key == "transit_nodes") n.transit_nodes = std::stoi(value);
       else if (key == "leave") n.leave = value == "1";
       else if (key == "why") n.why = value;

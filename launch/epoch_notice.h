@@ -29,6 +29,11 @@ struct EpochNotice {
   // A member of the previous epoch is gone: collectives waiting on it never finish, so a
   // worker aborts them at once instead of waiting out the communicator's timeout.
   bool lost = false;
+  // The latest epoch whose membership record noted a process of the world before it lost
+  // (comm::MembershipRecord::process_losses; 0: none noted). `lost` is decided against the
+  // agent's previous notice, which a worker may never have read (two notices within one of
+  // its looks): a worker in an epoch before `lost_at` decides against its own epoch.
+  int64_t lost_at = 0;
   std::string why;  // "membership changed: epoch 2 -> 3, 4 -> 2 nodes (lost a-12, b-9)"
   // Nodes of the epoch's first world, the transition: the members (node_index < nnodes),
   // then the nodes that left the previous epoch gracefully, whose workers hand their state
@@ -36,6 +41,9 @@ struct EpochNotice {
   int transit_nodes = 0;
   bool leave = false;
   int world() const { return nnodes * nproc; }  // the ranks that train
+  // Whether a worker in `epoch` must abort its world's collectives now: a process of its
+  // world (or of a later one) is gone since.
+  bool loses_process_of(int64_t epoch) const { return lost || lost_at > epoch; }
   int transit_world() const { return std::max(transit_nodes, nnodes) * nproc; }
 };
 

@@ -238,7 +238,7 @@ LossWatcher::LossWatcher(const EpochWatch& watch, std::vector<comm::Communicator
     int64_t handed = watch.epoch();  // the latest epoch given to `ahead`
     while (!stop_.load()) {
       std::optional<EpochNotice> n = watch.newer();
-      if (n && (n->lost || any_newer)) {
+      if (n && (n->loses_process_of(watch.epoch()) || any_newer)) {
         for (comm::Communicator* c : comms)
           c->abort("the membership changed (epoch " + std::to_string(n->epoch) + "): " + n->why);
         return;

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <cstdio>
@@ -501,6 +502,7 @@ void NodeAgent::post_notice(const comm::Membership& next, const Stop& why) {
   // place, in any epoch since theirs: several may have formed since this agent's last poll),
   // so collectives waiting on it abort at once.
   n.lost = comm::lost_a_process(was, next);
+  for (const auto& [epoch, id] : next.process_losses) n.lost_at = std::max(n.lost_at, epoch);
   n.why = why.why;
   write_epoch_notice(epoch_file_, n);
   std::fprintf(stderr, "weft run: %s; node %s is node %d of %d, its workers reshard live\n",
