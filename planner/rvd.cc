@@ -71,6 +71,7 @@ struct Search {
   // for replica 0 and shift it for the others, so a collective's team must be what a group
   // family can name: inside one block, or the same positions of every block, block-major.
   int blocks = 1;
+  int ragged = -1;  // the ragged dim, -1: none
 
   bool team_ok(const std::vector<int>& team) const {
     if (blocks == 1) return true;
@@ -104,6 +105,8 @@ struct Search {
     int64_t copy = 0;
     for (int m = 0; m < n; ++m) {
       if (!need[size_t(m)]) continue;
+      // A ragged piece's rows are known at run time: no static cut can take some of them.
+      if (ragged >= 0 && !(l[size_t(m)] == *need[size_t(m)])) return false;
       if (!piece_extractable(l[size_t(m)], *need[size_t(m)])) return false;
       if (!(l[size_t(m)] == *need[size_t(m)])) copy = std::max(copy, bytes(*need[size_t(m)]));
     }
@@ -183,6 +186,13 @@ struct Search {
       for (const Piece& p : l) add(p.box[size_t(d)].count);
       for (const auto& q : need)
         if (q) add(q->box[size_t(d)].count);
+    }
+    if (ragged >= 0) {
+      std::vector<std::vector<int>> t;
+      for (int f : factors)
+        if (dim_teams(l, f, ragged, t) && teams_ok(t))
+          for (int64_t g : group_opts[size_t(ragged)]) all_to_all_v(l, t, f, g, out);
+      return;
     }
     for (int f : factors) {
       std::vector<std::vector<int>> t;
@@ -286,6 +296,28 @@ struct Search {
     out.push_back(mv);
   }
 
+  // Regroups the ragged dim within each team: the team's chunks merged (the rows of all its
+  // members, source-major) and split again as `g` groups, member u taking part u of every
+  // group. From plain chunks to g = f this hands member u the block u of every member's rows
+  // (their rows bound for u); from those back to g = 1 it returns them.
+  void all_to_all_v(const GroupLayout& l, const std::vector<std::vector<int>>& t, int f, int64_t g,
+                    std::vector<Move>& out) const {
+    const int d = ragged;
+    Move mv{MoveKind::kAllToAllV, d, -1, 1, f, t, l};
+    for (const auto& team : t) {
+      auto merged = merge(l, team, d);
+      if (!merged) return;
+      for (int u = 0; u < f; ++u) {
+        auto s = merged->part(u, f, g);
+        if (!s) return;
+        mv.after[size_t(team[size_t(u)])].box[size_t(d)] = *s;
+      }
+    }
+    if (layout_key(mv.after) == layout_key(l)) return;  // every member keeps its rows
+    mv.cost = cm.collective(CollKind::kAllToAllV, f, max_bytes(l), cross);
+    out.push_back(mv);
+  }
+
   void chunk(const GroupLayout& l, int f, int d, int64_t g, std::vector<Move>& out) const {
     std::map<std::string, std::vector<int>> sets;
     for (int m = 0; m < n; ++m) sets[piece_key(l[size_t(m)])].push_back(m);
@@ -312,8 +344,9 @@ Piece shift(Piece p, const Box& whole, int sign) {
 constexpr int kSearchBudget = 4000;
 
 RvdPath search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
-               const Box& whole, int64_t elem, const CostModel& cm, bool cross, int blocks) {
-  Search s{whole, need, elem, cm, cross, int(from.size()), blocks};
+               const Box& whole, int64_t elem, const CostModel& cm, bool cross, int blocks,
+               int ragged) {
+  Search s{whole, need, elem, cm, cross, int(from.size()), blocks, ragged};
   std::vector<GroupLayout> states{from};
   std::vector<std::pair<int, Move>> parent{{-1, Move{}}};
   std::vector<double> best{0};
@@ -415,6 +448,7 @@ const char* move_name(MoveKind k) {
     case MoveKind::kAllGather: return "all_gather";
     case MoveKind::kReduceScatter: return "reduce_scatter";
     case MoveKind::kAllToAll: return "all_to_all";
+    case MoveKind::kAllToAllV: return "all_to_all_v";
     case MoveKind::kChunk: return "chunk";
   }
   return "?";
@@ -425,6 +459,7 @@ CollKind move_collective(MoveKind k) {
     case MoveKind::kAllGather: return CollKind::kAllGather;
     case MoveKind::kReduceScatter: return CollKind::kReduceScatter;
     case MoveKind::kAllToAll: return CollKind::kAllToAll;
+    case MoveKind::kAllToAllV: return CollKind::kAllToAllV;
     default: return CollKind::kAllReduce;
   }
 }
@@ -448,8 +483,10 @@ void RvdCache::insert(const std::string& key, const RvdPath& path) {
 
 RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
                    const Box& whole, int64_t elem_bytes, const CostModel& cm, bool cross_node,
-                   RvdCache* cache, int blocks) {
+                   RvdCache* cache, int blocks, int ragged_dim) {
   WEFT_CHECK(from.size() == need.size() && !from.empty(), "rvd_search: one need per member");
+  WEFT_CHECK(ragged_dim < int(whole.size()), "rvd_search: ragged dim ", ragged_dim, " of a ",
+             whole.size(), "-dim value");
   WEFT_CHECK(blocks >= 1 && from.size() % size_t(blocks) == 0, "rvd_search: ", from.size(),
              " members are not ", blocks, " equal blocks");
   for (const DimSlice& d : whole) WEFT_CHECK(d.count == 1, "rvd_search: whole must be a plain box");
@@ -465,6 +502,7 @@ RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piec
   put(key, elem_bytes);
   put(key, cross_node);
   put(key, blocks);
+  put(key, ragged_dim);
   // Every field of the cost model: the moves' costs read the CPU sharing terms too (cores,
   // ranks_per_node, op_overhead, launch_oversub, active_ranks), and a search under another
   // model must not get this one's path and costs.
@@ -478,8 +516,9 @@ RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piec
   put(key, cm.cores);
   put(key, cm.device_memory);
   std::optional<RvdPath> hit = cache ? cache->find(key) : std::nullopt;
-  RvdPath path =
-      hit ? std::move(*hit) : search(rel_from, rel_need, rel_whole, elem_bytes, cm, cross_node, blocks);
+  RvdPath path = hit ? std::move(*hit)
+                     : search(rel_from, rel_need, rel_whole, elem_bytes, cm, cross_node, blocks,
+                              ragged_dim);
   if (cache && !hit) cache->insert(key, path);
   for (Move& mv : path.moves)
     for (Piece& p : mv.after) p = shift(p, whole, +1);

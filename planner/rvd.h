@@ -9,6 +9,16 @@
 // and ends where every member can cut its needed piece out of what it holds. A V-max value
 // is never summed: its addends only meet in a max all-reduce (the executor reduce-scatters
 // by sum only).
+//
+// A ragged dim is one whose extents are known only at run time (MoE routing: how many of a
+// lane's routed rows go to each expert). Its static boxes are the sizes under uniform
+// routing, and it has one move, all_to_all_v, which regroups the dim within a team: each
+// member's chunk is cut into one block per member and block u of every member goes to
+// member u (D over the source rows -> D over the destination: the expert dispatch; and
+// back: the return). Rows grouped by destination in source-major order are the strided
+// slices {start u q, size q, count f, stride f q}; the source chunks are plain ranges. A
+// ragged value is never gathered, chunked, reduced or cut locally: its blocks' sizes differ
+// per step.
 #pragma once
 
 #include <cstddef>
@@ -34,12 +44,13 @@ struct Rvd {
 };
 std::optional<Rvd> rvd_of(const GroupLayout& layout, const Box& whole);
 
-enum class MoveKind : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kChunk };
+enum class MoveKind : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kAllToAllV, kChunk };
 const char* move_name(MoveKind k);
 
 struct Move {
   MoveKind kind = MoveKind::kChunk;
-  int dim = -1, dim2 = -1;  // gather/scatter dim; all_to_all: dim split away (dim) and into (dim2)
+  int dim = -1, dim2 = -1;  // gather/scatter dim; all_to_all: dim split away (dim) and into (dim2);
+                            // all_to_all_v: the ragged dim (dim2 -1)
   int64_t groups = 1;       // strided groups along the split dim
   int factor = 1;           // members per collective
   // Every collective's members, in group order = the order of their chunks along the dim.
@@ -91,9 +102,12 @@ class RvdCache {
 // can name it (planner/plan.h): inside one replica, or the same devices of every replica in
 // replica-major order. This is how phase 3 derives the collectives that span data-parallel
 // replicas (gradient reduction, ZeRO's scatters and gathers) with the same search.
+//
+// `ragged_dim` >= 0: that dim is ragged (see above); the path is then made of all_to_all_v
+// moves only and ends where every member holds exactly its need.
 RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
                    const Box& whole, int64_t elem_bytes, const CostModel& cost, bool cross_node,
-                   RvdCache* cache = nullptr, int blocks = 1);
+                   RvdCache* cache = nullptr, int blocks = 1, int ragged_dim = -1);
 
 CollKind move_collective(MoveKind k);
 
