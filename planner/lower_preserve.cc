@@ -170,7 +170,7 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
                      cost_.ranks_per_node);
       }
     P.path = rvd_search(from, need, whole, int64_t(core::dtype_size(dtype)), cost_, nodes.size() > 1,
-                        &layouts_, blocks);
+                        &layouts_, blocks, e.ragged_dim);
     P.held = from;
     P.last = P.path.moves.size();
     while (P.last > 0 && P.path.moves[P.last - 1].kind == MoveKind::kChunk) --P.last;
@@ -181,7 +181,7 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
     for (int i = 0; i < k && P.direct; ++i) {
       const int p = P.pos[size_t(i)];
       const bool sink = !e.sink.empty() && e.sink[size_t(p)].tensor >= 0;
-      if (sink)
+      if (sink && e.ragged_dim < 0)
         P.direct = end[size_t(i)] == role(e.devices[size_t(p)].second).tensors[size_t(e.sink[size_t(p)].tensor)].piece;
       else if (e.need[size_t(p)])
         P.direct = end[size_t(i)] == e.need[size_t(p)]->piece;
@@ -256,6 +256,7 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
             out = e.sink[size_t(p)];
           } else {
             TensorDesc t = moved(mv.after, m, k, p);
+            t.data_dependent = e.ragged_dim >= 0;
             // A reduction in place: the addend is dead once combined (a gradient
             // accumulator's storage becomes the reduced gradient, as DDP does).
             if (kind == CollKind::kAllReduce) t.alias_of = cur[size_t(p)];
@@ -293,6 +294,7 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
         c.dim = lc.dim;
         c.dim2 = lc.dim2;
         c.groups = lc.groups;
+        c.data_dependent = kind == CollKind::kAllToAllV;  // its counts come with the routing
         emit(l, c, ctx);
       }
     }

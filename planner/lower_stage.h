@@ -1,7 +1,7 @@
 // Internal to lowering: builds the programs of all lanes of one pipeline stage at once, so
 // that collectives among lanes are emitted at the same point of every member's program.
 // Split over lower_stage.cc (operands, units, transfers, recompute), lower_custom.cc
-// (vocab-parallel cross-entropy's parts and edges, expert-parallel MoE), lower_preserve.cc
+// (vocab-parallel cross-entropy's and expert-parallel MoE's parts and edges), lower_preserve.cc
 // (phase 3's pass for state that spans data-parallel replicas and stages) and lower_step.cc
 // (the edges of gradients and parameters it serves, the optimizer, frees).
 #pragma once
@@ -100,6 +100,11 @@ class StageBuilder {
   void emit_ce(int op, const std::vector<SubOp>& subs, const Ctx& ctx);
   void emit_moe(int op, const std::vector<SubOp>& subs, const Ctx& ctx);
   void emit_moe_bwd(int op, const std::vector<SubOp>& subs, const Ctx& ctx);
+  // Phase 3's edge of one expert-parallel exchange (lower_custom.cc): `have` -> `sink` per
+  // lane, to the experts' lanes (the dispatch) or back (the return). Returns `sink`.
+  std::vector<int> moe_exchange(int op, const std::string& part, bool to_experts,
+                                const std::vector<int>& have, const std::vector<int>& sink,
+                                const Ctx& ctx);
   void ensure_value(int value, const Ctx& ctx);
   void drop_gathered_copies(const Unit& u);
   void after_grad_write(int op, const Ctx& ctx);
@@ -108,11 +113,13 @@ class StageBuilder {
   // value is held by every device in one layout and read by some in another; the RVD
   // search over all replicas' pieces finds the cheapest moves and each team becomes a group
   // family (lower_preserve.cc). DP gradient reduction, ZeRO's reduce-scatter and gathers,
-  // tp-partial gradients, tied weights across stages and the vocabulary-parallel
-  // cross-entropy's row max (V-max) and sums (V-sum) are all edges of this one kind.
+  // tp-partial gradients, tied weights across stages, the vocabulary-parallel
+  // cross-entropy's row max (V-max) and sums (V-sum) and expert parallelism's dispatch and
+  // return (a ragged dim, all_to_all_v) are all edges of this one kind.
   struct Edge {
     // The graph value moved; -1: a custom rule's scratch value (the cross-entropy's row max
-    // and sums), named and typed by `from` (every device's TensorDesc of it).
+    // and sums, a MoE exchange's rows), named and typed by `from` (every device's TensorDesc
+    // of it).
     int value = -1;
     std::vector<std::pair<int, int>> devices;  // (stage, lane) of data-parallel replica 0
     std::vector<TensorDesc> from;              // per device: its piece (replica 0, with shifts)
@@ -125,6 +132,11 @@ class StageBuilder {
     std::string part;               // label of the moves ("grad.sync", "zero3.gather"...)
     std::string part_stages;        // label of a move whose teams span stages (else `part`)
     bool bucket = false;            // the last move joins the buckets of its kind
+    // A dim of `from` and `need` whose extents are known only at run time (MoE routing), -1
+    // none: the search moves it by all_to_all_v alone (planner/rvd.h). Such an exchange moves
+    // rows by run-time counts, not by boxes, so `from` and `need` may describe the rows in
+    // the edge's own coordinates (the ep team's rows) and each sink takes what `need` names.
+    int ragged_dim = -1;
   };
   // Per lane of this stage: the tensor that holds its need (-1 where not a device).
   std::vector<int> preserve(const Edge& e, const Ctx& ctx);
