@@ -44,7 +44,14 @@ struct Rvd {
 };
 std::optional<Rvd> rvd_of(const GroupLayout& layout, const Box& whole);
 
-enum class MoveKind : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kAllToAllV, kChunk };
+enum class MoveKind : uint8_t {
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kAllToAllV,
+  kChunk
+};
 const char* move_name(MoveKind k);
 
 struct Move {
