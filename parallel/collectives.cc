@@ -57,6 +57,14 @@ Box member_chunk(const Box& full, const Box& mine, int dim, int me, int64_t k, i
     auto own = f.part(me, n, g);
     if (own && *own == mine[size_t(dim)]) return chunk_box(full, dim, k, n, g);
   }
+  // ZeRO's uneven shards: torch.chunk's cut (ceil(size / n) each, the last shorter); the
+  // communicator moves each member's own count, so no padding travels.
+  auto own = f.padded_part(me, n);
+  if (own && *own == mine[size_t(dim)]) {
+    Box b = full;
+    b[size_t(dim)] = *f.padded_part(k, n);
+    return b;
+  }
   throw InternalError("collective chunk: " + planner::box_str(mine) + " is not part " +
                       std::to_string(me) + " of " + std::to_string(n) + " of " +
                       planner::box_str(full) + " along dim " + std::to_string(dim));

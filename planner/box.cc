@@ -58,6 +58,13 @@ std::optional<DimSlice> DimSlice::balanced_part(int64_t k, int64_t n) const {
   return DimSlice{start + k * q + std::min(k, r), q + (k < r ? 1 : 0), 1, 0};
 }
 
+std::optional<DimSlice> DimSlice::padded_part(int64_t k, int64_t n) const {
+  if (n <= 0 || k < 0 || k >= n || count != 1) return std::nullopt;
+  const int64_t c = (size + n - 1) / n;
+  if ((n - 1) * c >= size) return std::nullopt;  // the last part would be empty
+  return DimSlice{start + k * c, std::min(c, size - k * c), 1, 0};
+}
+
 std::optional<DimSlice> DimSlice::merged(const DimSlice& next) const {
   if (count != next.count || (count > 1 && stride != next.stride)) return std::nullopt;
   if (next.start != start + size) return std::nullopt;

@@ -34,6 +34,12 @@ struct DimSlice {
   // when n divides the size. For the vocabulary, which tp need not divide; nullopt for a
   // strided slice or a part that would be empty.
   std::optional<DimSlice> balanced_part(int64_t k, int64_t n) const;
+  // The k-th of n contiguous parts of a plain range as torch.chunk and FSDP cut it: every
+  // part ceil(size / n) elements, the last one shorter (64 over 3 = 22, 22, 20). Part k
+  // starts at k * ceil(size / n), so the parts of equal holders differ by a fixed shift
+  // (ZeRO's uneven shards). Equals part(k, n) when n divides the size; nullopt for a strided
+  // slice or when some part would be empty (4 over 3).
+  std::optional<DimSlice> padded_part(int64_t k, int64_t n) const;
   // This slice followed by `next` within every chunk; nullopt unless adjacent.
   std::optional<DimSlice> merged(const DimSlice& next) const;
 };

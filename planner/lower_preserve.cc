@@ -16,15 +16,23 @@
 namespace weft::planner {
 namespace {
 
-// The piece a device of replica `b` holds, from the replica-0 description and its shifts.
-Piece at_replica(const TensorDesc& t, int b) {
-  Piece p = t.piece;
-  if (t.shift_dim >= 0) p.box[size_t(t.shift_dim)].start += t.shift * b;
-  p.part += t.shift_part * b;
+}  // namespace
+
+Piece StageBuilder::Pad::grow(Piece p) const {
+  if (dim < 0) return p;
+  DimSlice& s = p.box[size_t(dim)];
+  if (s.count == 1 && s.start + s.size == limit) s.size = end - s.start;
   return p;
 }
 
-}  // namespace
+void StageBuilder::Pad::cut(TensorDesc& t) const {
+  if (dim < 0) return;
+  DimSlice& s = t.piece.box[size_t(dim)];
+  if (t.shift_dim == dim) t.shift_limit = limit;
+  if (s.count != 1 || s.start + s.size <= limit) return;
+  s.size = limit - s.start;
+  t.bytes = t.piece.numel() * int64_t(core::dtype_size(t.dtype));
+}
 
 int StageBuilder::local_cut(int lane, int from, TensorDesc t, const Ctx& ctx, int op) {
   t.bytes = t.piece.numel() * int64_t(core::dtype_size(t.dtype));
@@ -39,13 +47,19 @@ int StageBuilder::local_cut(int lane, int from, TensorDesc t, const Ctx& ctx, in
   return id;
 }
 
-TensorDesc StageBuilder::moved_tensor(const Edge& e, const GroupLayout& after, int at, int per_block) const {
+TensorDesc StageBuilder::moved_tensor(const Edge& e, const GroupLayout& after, int at, int per_block,
+                                      const Pad& pad) const {
+  // The piece a device of replica `b` holds, in the search's coordinates.
+  auto at_replica = [&](const TensorDesc& t, int b) { return pad.grow(replica_piece(t, b, false)); };
   const std::string& name = e.value >= 0 ? g_.value(e.value).name : e.from[0].name;
   TensorDesc t = e.value >= 0 ? value_tensor(e.value, after[size_t(at)])
                               : scratch_tensor(name, after[size_t(at)], e.from[0].dtype);
   t.persistent = false;
   const int blocks = int(after.size()) / per_block;
-  if (blocks < 2) return t;
+  if (blocks < 2) {
+    pad.cut(t);
+    return t;
+  }
   // Replica 1's piece says how the piece moves per replica; every later replica must move
   // by the same step again, or the program written for replica 0 would not serve it.
   const Piece& next = after[size_t(at + per_block)];
@@ -59,6 +73,7 @@ TensorDesc StageBuilder::moved_tensor(const Edge& e, const GroupLayout& after, i
   for (int b = 2; b < blocks; ++b)
     WEFT_CHECK(at_replica(t, b) == after[size_t(at + b * per_block)], "replica ", b, "'s piece of ",
                name, " is not replica 0's shifted ", b, " times");
+  pad.cut(t);
   return t;
 }
 
@@ -108,11 +123,37 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
   const core::DType dtype = e.value >= 0 ? g_.value(e.value).dtype : e.from[0].dtype;
   // The replicas the search sees: all of them, or replica 0 alone where they are apart (its
   // results then move per replica as the edge's pieces do).
-  const bool apart = replicas_apart(e.from, e.need, int(plan_.mesh.degrees().dp));
-  const int blocks = apart ? 1 : int(plan_.mesh.degrees().dp);
-  auto moved = [&](const GroupLayout& after, int at, int per_block, int p) {
-    TensorDesc t = moved_tensor(e, after, at, per_block);
-    if (apart) t.shift_dim = e.from[size_t(p)].shift_dim, t.shift = e.from[size_t(p)].shift;
+  const int dp = int(plan_.mesh.degrees().dp);
+  const bool apart = replicas_apart(e.from, e.need, dp);
+  const int blocks = apart ? 1 : dp;
+  // ZeRO's uneven shards: each part (below) is searched in its own padded coordinates.
+  auto pad_of = [&](const std::vector<int>& pos) {
+    Pad pad;
+    auto add = [&](const TensorDesc& t) {
+      if (t.shift_limit <= 0) return;
+      WEFT_CHECK(pad.dim < 0 || (pad.dim == t.shift_dim && pad.limit == t.shift_limit),
+                 "uneven shards of one piece cut along two dims or at two ends");
+      pad.dim = t.shift_dim, pad.limit = t.shift_limit;
+      for (int b = 0; b < dp; ++b) {
+        const DimSlice s = replica_piece(t, b, false).box[size_t(t.shift_dim)];
+        pad.end = std::max(pad.end, s.start + s.size);
+      }
+    };
+    for (int p : pos) {
+      add(e.from[size_t(p)]);
+      if (e.need[size_t(p)]) add(*e.need[size_t(p)]);
+    }
+    return pad;
+  };
+  auto at_replica = [&](const TensorDesc& t, int b, const Pad& pad) {
+    return pad.grow(replica_piece(t, b, false));
+  };
+  auto moved = [&](const GroupLayout& after, int at, int per_block, int p, const Pad& pad) {
+    TensorDesc t = moved_tensor(e, after, at, per_block, pad);
+    if (apart) {
+      t.shift_dim = e.from[size_t(p)].shift_dim, t.shift = e.from[size_t(p)].shift;
+      t.shift_limit = e.from[size_t(p)].shift_limit;
+    }
     return t;
   };
 
@@ -123,8 +164,8 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
   for (int p = 0; p < n; ++p) {
     extent[size_t(p)] = extent_of(e.from[size_t(p)].piece.box);
     for (int b = 0; b < blocks; ++b) {
-      cover(extent[size_t(p)], extent_of(at_replica(e.from[size_t(p)], b).box));
-      if (e.need[size_t(p)]) cover(extent[size_t(p)], extent_of(at_replica(*e.need[size_t(p)], b).box));
+      cover(extent[size_t(p)], extent_of(replica_piece(e.from[size_t(p)], b).box));
+      if (e.need[size_t(p)]) cover(extent[size_t(p)], extent_of(replica_piece(*e.need[size_t(p)], b).box));
     }
   }
   std::vector<int> root(static_cast<size_t>(n));
@@ -143,6 +184,7 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
     GroupLayout held;      // every member's piece before the next move
     size_t last = 0;       // index past the last collective
     bool direct = true;    // nothing follows the last collective (it may write into the sinks)
+    Pad pad;               // uneven ZeRO shards: the padded coordinates it is searched in
   };
   std::vector<Part> parts;
   std::map<int, size_t> part_of_root;
@@ -153,6 +195,7 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
   }
   for (Part& P : parts) {
     const int k = int(P.pos.size());
+    P.pad = pad_of(P.pos);
     GroupLayout from(size_t(k * blocks));
     std::vector<std::optional<Piece>> need(size_t(k * blocks));
     Box whole = e.from[size_t(P.pos[0])].piece.box;
@@ -160,10 +203,10 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
     for (int b = 0; b < blocks; ++b)
       for (int i = 0; i < k; ++i) {
         const int p = P.pos[size_t(i)], m = b * k + i;
-        from[size_t(m)] = at_replica(e.from[size_t(p)], b);
+        from[size_t(m)] = at_replica(e.from[size_t(p)], b, P.pad);
         cover(whole, from[size_t(m)].box);
         if (e.need[size_t(p)]) {
-          need[size_t(m)] = at_replica(*e.need[size_t(p)], b);
+          need[size_t(m)] = at_replica(*e.need[size_t(p)], b, P.pad);
           cover(whole, need[size_t(m)]->box);
         }
         nodes.insert(plan_.mesh.rank_of(e.devices[size_t(p)].first, e.devices[size_t(p)].second, b) /
@@ -182,9 +225,10 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
       const int p = P.pos[size_t(i)];
       const bool sink = !e.sink.empty() && e.sink[size_t(p)].tensor >= 0;
       if (sink && e.ragged_dim < 0)
-        P.direct = end[size_t(i)] == role(e.devices[size_t(p)].second).tensors[size_t(e.sink[size_t(p)].tensor)].piece;
+        P.direct = end[size_t(i)] ==
+                   at_replica(role(e.devices[size_t(p)].second).tensors[size_t(e.sink[size_t(p)].tensor)], 0, P.pad);
       else if (e.need[size_t(p)])
-        P.direct = end[size_t(i)] == e.need[size_t(p)]->piece;
+        P.direct = end[size_t(i)] == at_replica(*e.need[size_t(p)], 0, P.pad);
     }
   }
 
@@ -219,7 +263,7 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
           const int p = P.pos[size_t(i)];
           if (cur[size_t(p)] >= 0 && !(P.held[size_t(i)] == mv.after[size_t(i)]))
             cur[size_t(p)] = local_cut(e.devices[size_t(p)].second, cur[size_t(p)],
-                                       moved(mv.after, i, k, p), ctx, e.op);
+                                       moved(mv.after, i, k, p, P.pad), ctx, e.op);
         }
         P.held = mv.after;
         continue;
@@ -255,7 +299,7 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
           if (into_sink && e.sink[size_t(p)].tensor >= 0) {
             out = e.sink[size_t(p)];
           } else {
-            TensorDesc t = moved(mv.after, m, k, p);
+            TensorDesc t = moved(mv.after, m, k, p, P.pad);
             t.data_dependent = e.ragged_dim >= 0;
             // A reduction in place: the addend is dead once combined (a gradient
             // accumulator's storage becomes the reduced gradient, as DDP does).
@@ -308,7 +352,7 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
       const int l = e.devices[size_t(p)].second;
       const bool sink = !e.sink.empty() && e.sink[size_t(p)].tensor >= 0;
       if (sink && cur[size_t(p)] == e.sink[size_t(p)].tensor) continue;
-      if (!sink && P.held[i] == e.need[size_t(p)]->piece) continue;
+      if (!sink && P.held[i] == at_replica(*e.need[size_t(p)], 0, P.pad)) continue;
       Instr c;
       c.kind = InstrKind::kLocal;
       c.op = e.op;

@@ -140,7 +140,18 @@ class StageBuilder {
   };
   // Per lane of this stage: the tensor that holds its need (-1 where not a device).
   std::vector<int> preserve(const Edge& e, const Ctx& ctx);
-  TensorDesc moved_tensor(const Edge& e, const GroupLayout& after, int at, int per_block) const;
+  // ZeRO's uneven shards (TensorDesc::shift_limit) in the coordinates the search works in:
+  // the search needs pieces that chunk one box evenly, so along `dim` every shard is taken
+  // full-size and every piece that ends at `limit` (where the last shard is cut) is grown
+  // to `end` (the last full-size shard's end). Moved tensors are cut back at `limit`.
+  struct Pad {
+    int dim = -1;
+    int64_t limit = 0, end = 0;
+    Piece grow(Piece p) const;
+    void cut(TensorDesc& t) const;
+  };
+  TensorDesc moved_tensor(const Edge& e, const GroupLayout& after, int at, int per_block,
+                          const Pad& pad) const;
   int local_cut(int lane, int from, TensorDesc t, const Ctx& ctx, int op);  // out := the sub-box t of from
 
   // gradients, optimizer, memory (lower_step.cc)
@@ -151,6 +162,8 @@ class StageBuilder {
   int param_storage(int lane, int value, const Piece& piece);
   int zero_dim(int param, int lane);
   Piece zero_shard(int param, int lane);
+  // A ZeRO shard's replica shift (and, when uneven, where the last holder's shard ends).
+  void zero_shift(TensorDesc& t, int param, int lane);
   int grad_tensor(int lane, int param, const Piece& produced, const Ctx& ctx, bool* accumulate);
   Edge grad_edge(int param, const std::vector<int>& grads, const std::vector<int>& stages);
   TensorDesc adamw_piece(int param, int lane);

@@ -6,7 +6,10 @@
 // Gradient holders: a dense parameter's gradient is summed over every rank of the stage
 // with the same tp index (dp x ep ranks, dp-major); an expert's over the dp ranks only.
 // ZeRO shards a parameter's local piece over those holders along the first dim that
-// divides; a parameter with no such dim stays whole (and is reduced by all-reduce).
+// divides, else (two or more data-parallel replicas) unevenly along the first plain dim as
+// torch.chunk and FSDP do: ceil(n / holders) rows each, the last holder's shorter. Only a
+// parameter no such cut fits (every dim strided, or shorter than the holders would need
+// for a non-empty last part) stays whole (and is reduced by all-reduce).
 #include <algorithm>
 
 #include "base/check.h"
@@ -35,6 +38,12 @@ int StageBuilder::zero_dim(int param, int lane) {
   for (int pass = 0; pass < 2; ++pass)
     for (size_t d = 0; d < b.size(); ++d)
       if ((b[d].count == 1) == (pass == 0) && b[d].part(0, h.count, b[d].count).has_value()) return int(d);
+  // No dim divides: the first plain dim cut as torch.chunk does (zero_shard). The plan
+  // describes replica 0's shards and shifts them for the others, so replica 0's must be
+  // full-size: true with two or more replicas (only the last holders' parts are short).
+  if (plan_.mesh.degrees().dp < 2) return -1;
+  for (size_t d = 0; d < b.size(); ++d)
+    if (b[d].padded_part(0, h.count).has_value()) return int(d);
   return -1;
 }
 
@@ -43,8 +52,24 @@ Piece StageBuilder::zero_shard(int param, int lane) {
   int d = zero_dim(param, lane);
   Piece p = lane_[size_t(lane)].param_box.at(param);
   p.part = 0, p.parts = 1;
-  p.box[size_t(d)] = *p.box[size_t(d)].part(h.index, h.count, p.box[size_t(d)].count);
+  const DimSlice s = p.box[size_t(d)];
+  std::optional<DimSlice> even = s.part(h.index, h.count, s.count);
+  if (even) {
+    p.box[size_t(d)] = *even;
+    return p;
+  }
+  p.box[size_t(d)] = *s.padded_part(h.index, h.count);
+  WEFT_CHECK(p.box[size_t(d)].size == s.padded_part(0, h.count)->size, "ZeRO shard ", h.index,
+             " of ", g_.value(param).name, " is short on replica 0");
   return p;
+}
+
+void StageBuilder::zero_shift(TensorDesc& t, int param, int lane) {
+  const int d = zero_dim(param, lane);
+  t.shift_dim = d;
+  t.shift = t.piece.box[size_t(d)].size * holders(param, lane).shift;
+  const DimSlice& whole = lane_[size_t(lane)].param_box.at(param).box[size_t(d)];
+  if (!whole.part(0, holders(param, lane).count, whole.count)) t.shift_limit = whole.start + whole.size;
 }
 
 int StageBuilder::grad_tensor(int lane, int param, const Piece& produced, const Ctx& ctx, bool* acc) {
@@ -91,7 +116,7 @@ int StageBuilder::param_storage(int lane, int value, const Piece& piece) {
   int zd = gi_.pc.zero >= 3 ? zero_dim(value, lane) : -1;
   TensorDesc t = value_tensor(value, zd >= 0 ? zero_shard(value, lane) : L.param_box.at(value));
   t.persistent = true;
-  if (zd >= 0) t.shift_dim = zd, t.shift = t.piece.box[size_t(zd)].size * holders(value, lane).shift;
+  if (zd >= 0) zero_shift(t, value, lane);
   int id = add_tensor(lane, t);
   L.param[value] = id;
   return id;
@@ -146,8 +171,7 @@ TensorDesc StageBuilder::adamw_piece(int param, int lane) {
   const int zd = zero_dim(param, lane);
   if (zd < 0) return value_tensor(grad_value, lane_[size_t(lane)].param_box.at(param));
   TensorDesc t = value_tensor(grad_value, zero_shard(param, lane));
-  t.shift_dim = zd;
-  t.shift = t.piece.box[size_t(zd)].size * holders(param, lane).shift;
+  zero_shift(t, param, lane);
   return t;
 }
 
@@ -364,7 +388,7 @@ void StageBuilder::step_phase() {
         view.bytes = view.piece.numel() * int64_t(core::dtype_size(view.dtype));
         view.alias_of = pt;
         view.persistent = true;
-        view.shift_dim = zd, view.shift = view.piece.box[size_t(zd)].size * holders(p, l).shift;
+        zero_shift(view, p, l);
         shard_like = view;
         pt = add_tensor(l, view);
         gathers.push_back({p, pt});
@@ -374,6 +398,7 @@ void StageBuilder::step_phase() {
         TensorDesc s = value_tensor(value, piece);
         s.persistent = true;
         s.shift_dim = shard_like.shift_dim, s.shift = shard_like.shift;
+        s.shift_limit = shard_like.shift_limit;
         return add_tensor(l, s);
       };
       Instr c;

@@ -1,6 +1,8 @@
 // Plan queries: role lookup, group families, per-rank materialisation.
 #include "planner/plan.h"
 
+#include <algorithm>
+
 #include "base/check.h"
 
 namespace weft::planner {
@@ -44,10 +46,25 @@ int Plan::peer_rank(int rank, int peer_stage) const {
   return mesh.rank(c);
 }
 
+Piece replica_piece(const TensorDesc& t, int dp, bool clip) {
+  Piece p = t.piece;
+  if (t.shift_dim >= 0) {
+    DimSlice& s = p.box.at(size_t(t.shift_dim));
+    s.start += t.shift * dp;
+    if (clip && t.shift_limit > 0) s.size = std::min(s.size, t.shift_limit - s.start);
+  }
+  p.part += t.shift_part * dp;
+  return p;
+}
+
 TensorDesc Plan::tensor_for(const TensorDesc& t, int dp) const {
+  if (dp == 0) return t;
   TensorDesc out = t;
-  if (dp != 0 && t.shift_dim >= 0) out.piece.box.at(size_t(t.shift_dim)).start += t.shift * dp;
-  if (dp != 0) out.piece.part += t.shift_part * dp;
+  out.piece = replica_piece(t, dp);
+  if (out.piece.numel() != t.piece.numel()) {
+    WEFT_CHECK(out.piece.numel() > 0, "replica ", dp, "'s piece of ", t.name, " is empty");
+    out.bytes = t.bytes / t.piece.numel() * out.piece.numel();
+  }
   return out;
 }
 

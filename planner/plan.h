@@ -91,8 +91,17 @@ struct TensorDesc {
   int shift_dim = -1;
   int64_t shift = 0;
   int32_t shift_part = 0;
+  // > 0: the shifted box ends here at most along shift_dim (global coordinates). ZeRO's
+  // uneven shards: every holder's shard is described as replica 0's (full) one shifted, and
+  // the last holder's is cut at the end of the piece it shards (64 rows: 22, 22, 20).
+  int64_t shift_limit = 0;
   bool operator==(const TensorDesc& o) const = default;
 };
+
+// The piece `t` stands for at data-parallel index `dp`: its box shifted and, with `clip`,
+// cut at t.shift_limit (without: the full-size shard the shift describes, the coordinates
+// phase 3's search works in).
+Piece replica_piece(const TensorDesc& t, int dp, bool clip = true);
 
 // Ranks = { rank(stage, lane, dp) : (stage, lane) in members, dp = own (one group per dp
 // index) or all (one group, dp-major order) }.

@@ -70,6 +70,7 @@ void write_tensor(W& w, const TensorDesc& t) {
   if (t.shift_dim >= 0 || t.shift_part)
     w.key("shift"), w.raw("[" + std::to_string(t.shift_dim) + "," + std::to_string(t.shift) + "," +
                           std::to_string(t.shift_part) + "]");
+  if (t.shift_limit > 0) w.i("shift_limit", t.shift_limit);
   w.raw("}");
 }
 
@@ -209,6 +210,7 @@ TensorDesc read_tensor(const JsonValue& o) {
   t.alias_of = int(num_or(o, "alias_of", -1));
   if (const JsonValue* s = o.find("shift"))
     t.shift_dim = int(num(s->items.at(0))), t.shift = num(s->items.at(1)), t.shift_part = int32_t(num(s->items.at(2)));
+  t.shift_limit = num_or(o, "shift_limit", 0);
   return t;
 }
 
