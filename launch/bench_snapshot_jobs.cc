@@ -183,9 +183,9 @@ JobShape make_node_shape(const std::string& name, const Options& o, std::string*
   j.ranks = kNodes;
   j.threads = std::max(1, int(std::max(1u, std::thread::hardware_concurrency())) / kNodes);
   j.layout_sets = {"parallel.zero=3", "parallel.dp=auto"};
-  // ZeRO shards a tensor along a dimension its holders divide evenly and keeps the others
-  // whole on every rank (planner/lower_step.cc, zero_dim): widths that 3 and 2 divide, so
-  // that every shard of dp 3 and of dp 2 exists once.
+  // ZeRO shards every tensor, unevenly where its holders divide none of its dims
+  // (planner/lower_step.cc, zero_shard), so every shard of dp 3 and of dp 2 exists once
+  // whatever the widths; these divide by 3 and 2 anyway, which keeps the shards equal.
   if (name == "S") {
     j.config = std::string(WEFT_SOURCE_DIR) + "/configs/gpt-layout.yaml";
     // Config S's depth and sequence at width 384 (vocab 384: the bytes and unused ids); a
