@@ -14,9 +14,6 @@
 #include "planner/lower_stage.h"
 
 namespace weft::planner {
-namespace {
-
-}  // namespace
 
 Piece StageBuilder::Pad::grow(Piece p) const {
   if (dim < 0) return p;
@@ -47,10 +44,12 @@ int StageBuilder::local_cut(int lane, int from, TensorDesc t, const Ctx& ctx, in
   return id;
 }
 
-TensorDesc StageBuilder::moved_tensor(const Edge& e, const GroupLayout& after, int at, int per_block,
-                                      const Pad& pad) const {
+TensorDesc StageBuilder::moved_tensor(const Edge& e, const GroupLayout& after, int at,
+                                      int per_block, const Pad& pad) const {
   // The piece a device of replica `b` holds, in the search's coordinates.
-  auto at_replica = [&](const TensorDesc& t, int b) { return pad.grow(replica_piece(t, b, false)); };
+  auto at_replica = [&](const TensorDesc& t, int b) {
+    return pad.grow(replica_piece(t, b, false));
+  };
   const std::string& name = e.value >= 0 ? g_.value(e.value).name : e.from[0].name;
   TensorDesc t = e.value >= 0 ? value_tensor(e.value, after[size_t(at)])
                               : scratch_tensor(name, after[size_t(at)], e.from[0].dtype);
@@ -165,7 +164,8 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
     extent[size_t(p)] = extent_of(e.from[size_t(p)].piece.box);
     for (int b = 0; b < blocks; ++b) {
       cover(extent[size_t(p)], extent_of(replica_piece(e.from[size_t(p)], b).box));
-      if (e.need[size_t(p)]) cover(extent[size_t(p)], extent_of(replica_piece(*e.need[size_t(p)], b).box));
+      if (e.need[size_t(p)])
+        cover(extent[size_t(p)], extent_of(replica_piece(*e.need[size_t(p)], b).box));
     }
   }
   std::vector<int> root(static_cast<size_t>(n));
@@ -225,8 +225,10 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
       const int p = P.pos[size_t(i)];
       const bool sink = !e.sink.empty() && e.sink[size_t(p)].tensor >= 0;
       if (sink && e.ragged_dim < 0)
-        P.direct = end[size_t(i)] ==
-                   at_replica(role(e.devices[size_t(p)].second).tensors[size_t(e.sink[size_t(p)].tensor)], 0, P.pad);
+        P.direct =
+            end[size_t(i)] ==
+            at_replica(role(e.devices[size_t(p)].second).tensors[size_t(e.sink[size_t(p)].tensor)],
+                       0, P.pad);
       else if (e.need[size_t(p)])
         P.direct = end[size_t(i)] == at_replica(*e.need[size_t(p)], 0, P.pad);
     }

@@ -69,7 +69,8 @@ void StageBuilder::zero_shift(TensorDesc& t, int param, int lane) {
   t.shift_dim = d;
   t.shift = t.piece.box[size_t(d)].size * holders(param, lane).shift;
   const DimSlice& whole = lane_[size_t(lane)].param_box.at(param).box[size_t(d)];
-  if (!whole.part(0, holders(param, lane).count, whole.count)) t.shift_limit = whole.start + whole.size;
+  if (!whole.part(0, holders(param, lane).count, whole.count))
+    t.shift_limit = whole.start + whole.size;
 }
 
 int StageBuilder::grad_tensor(int lane, int param, const Piece& produced, const Ctx& ctx, bool* acc) {

@@ -35,13 +35,13 @@ TEST(LayoutMatrix, Dp3Zero3Uneven) {
 // Each tp lane's piece (16 of 32 columns or rows) is sharded over dp 3 on its own (6, 6, 4):
 // the lanes' uneven shards end at different places, and each is searched apart.
 TEST(LayoutMatrix, Dp3Tp2Zero1Uneven) {
-  check({"gpt-layout.yaml", 6, with(kUneven, {"parallel.dp=3", "parallel.tp=2", "parallel.zero=1"}), 6,
-         kSplit});
+  check({"gpt-layout.yaml", 6, with(kUneven, {"parallel.dp=3", "parallel.tp=2", "parallel.zero=1"}),
+         6, kSplit});
 }
 
 TEST(LayoutMatrix, Dp3Tp2Zero3Uneven) {
-  check({"gpt-layout.yaml", 6, with(kUneven, {"parallel.dp=3", "parallel.tp=2", "parallel.zero=3"}), 6,
-         kSplit});
+  check({"gpt-layout.yaml", 6, with(kUneven, {"parallel.dp=3", "parallel.tp=2", "parallel.zero=3"}),
+         6, kSplit});
 }
 
 // The checkpoint's shards are the uneven ZeRO-3 boxes (wte rows 0-86, 86-172, 172-256): the

@@ -21,7 +21,7 @@ TEST(PaddedPart, CutsAsTorchChunkDoes) {
   EXPECT_EQ(*DimSlice::range(10, 42).padded_part(2, 3), (DimSlice{32, 10, 1, 0}));  // 11, 11, 10
   for (int64_t n : {1, 2, 4, 8})  // equal to part() where n divides
     for (int64_t k = 0; k < n; ++k) EXPECT_EQ(*r.padded_part(k, n), *r.part(k, n));
-  EXPECT_FALSE(DimSlice::range(0, 4).padded_part(0, 3).has_value());  // 2, 2, 0: an empty part
+  EXPECT_FALSE(DimSlice::range(0, 4).padded_part(0, 3).has_value());     // 2, 2, 0: an empty part
   EXPECT_FALSE((DimSlice{0, 16, 3, 64}).padded_part(0, 2).has_value());  // strided
   EXPECT_FALSE(r.padded_part(3, 3).has_value());
 }
@@ -29,7 +29,8 @@ TEST(PaddedPart, CutsAsTorchChunkDoes) {
 struct Planned {
   core::ModelGraph mg;
   Plan plan;
-  Planned(const core::JobSpec& s, int world) : mg(build_planning_graph(s)), plan(make_plan(s, mg.graph, world)) {
+  Planned(const core::JobSpec& s, int world)
+      : mg(build_planning_graph(s)), plan(make_plan(s, mg.graph, world)) {
     ValidationReport v = validate_plan(plan, mg.graph);
     for (const std::string& e : v.errors) ADD_FAILURE() << e;
   }
@@ -53,7 +54,8 @@ std::vector<PerValue> held(const Planned& p, core::Role role) {
   for (int rank = 0; rank < p.plan.world(); ++rank) {
     PerValue v;
     for (const TensorDesc& t : p.plan.program(rank).tensors) {
-      if (!t.persistent || t.alias_of >= 0 || t.value < 0 || p.mg.graph.value(t.value).role != role) continue;
+      if (!t.persistent || t.alias_of >= 0 || t.value < 0 || p.mg.graph.value(t.value).role != role)
+        continue;
       EXPECT_EQ(t.bytes, t.piece.numel() * 4) << t.name << " on rank " << rank;
       v[t.value] += t.piece.numel();
     }
@@ -86,7 +88,8 @@ void expect_one_copy_in_thirds(const Planned& p, core::Role role, const char* wh
     int64_t mine = 0;
     for (const auto& [value, n] : ranks[r]) mine += n;
     const double share = double(mine) / double(whole);
-    EXPECT_NEAR(share, 1.0 / 3, 0.011) << what << " on rank " << r << ": " << mine << " of " << whole;
+    EXPECT_NEAR(share, 1.0 / 3, 0.011)
+        << what << " on rank " << r << ": " << mine << " of " << whole;
   }
 }
 
@@ -130,7 +133,8 @@ TEST(ZeroUneven, LastShardIsCutAndTheCutSurvivesJson) {
       }
   EXPECT_EQ(rows, (std::vector<int64_t>{86, 86, 84}));
   Plan q = plan_from_json(plan_to_json(p.plan));
-  for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(q.program(rank).tensors, p.plan.program(rank).tensors);
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_EQ(q.program(rank).tensors, p.plan.program(rank).tensors);
 }
 
 }  // namespace
