@@ -311,14 +311,15 @@ int run_reshard(Options& o, const std::optional<RestartResult>& restart) {
       run.finish_change(c, from);
       changes.push_back(c);
     }
-    {  // failure: a node's agent dies with its worker; noticed when its heartbeat expires
+    {  // failure: a node's agent dies with its worker; noticed when its store connection
+       // closes (a host that vanishes without closing it: when its heartbeat expires)
       Change c{"failure", "", 3, 2};
       const int v = run.victims(1)[0];
       const std::vector<size_t> from = run.marks();
       c.t0 = run.now();
       run.agents_[size_t(v)]->kill();
       run.gone_[v] = true;
-      c.what = str("SIGKILL of node ", run.index_[size_t(v)], "'s agent; noticed by heartbeat expiry");
+      c.what = str("SIGKILL of node ", run.index_[size_t(v)], "'s agent; noticed when its store connection closes");
       note(c.t0, "failure: " + c.what);
       auto d = run.wait_line(from, "detection", [&](int i, const std::string& l) {
         return i != v && has(l, "weft run: membership changed");
