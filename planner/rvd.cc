@@ -101,6 +101,19 @@ struct Search {
     return b;
   }
 
+  // A lower bound of what `l` still costs (A*'s heuristic): a member whose piece lacks
+  // elements of its need, or holds another addend of it, needs a collective (chunks only
+  // cut pieces, and every collective costs at least a launch and one message step); else 0.
+  // Consistent (a chunk never removes the need for a collective), so the first goal popped
+  // is still the cheapest path; it keeps the search from expanding every one-collective
+  // layout cheaper than the answer (a gradient sum over 16 replicas of 4 ep lanes).
+  double at_least(const GroupLayout& l) const {
+    for (int m = 0; m < n; ++m)
+      if (need[size_t(m)] && !piece_extractable(l[size_t(m)], *need[size_t(m)]))
+        return cm.launch + std::min(cm.alpha_intra, cm.alpha_inter);
+    return 0;
+  }
+
   bool satisfied(const GroupLayout& l, double* extra) const {
     int64_t copy = 0;
     for (int m = 0; m < n; ++m) {
@@ -351,16 +364,18 @@ RvdPath search(const GroupLayout& from, const std::vector<std::optional<Piece>>&
   std::vector<std::pair<int, Move>> parent{{-1, Move{}}};
   std::vector<double> best{0};
   std::unordered_map<std::string, int> ids{{layout_key(from), 0}};
-  using Item = std::tuple<double, int, bool>;  // cost, state, goal
+  // A*: a state is ordered by its cost so far plus at_least(); a goal by its whole cost.
+  using Item = std::tuple<double, int, bool>;  // ordering cost, state, goal
   std::priority_queue<Item, std::vector<Item>, std::greater<Item>> pq;
-  pq.push({0, 0, false});
+  pq.push({s.at_least(from), 0, false});
   std::vector<char> done(1, 0);
   int pops = 0;
   bool exhausted = false;
   while (!pq.empty()) {
-    auto [c, id, goal] = pq.top();
+    auto [f, id, goal] = pq.top();
     pq.pop();
     if (goal) {
+      const double c = f;
       RvdPath path;
       path.cost = c;
       for (int at = id; parent[size_t(at)].first >= 0; at = parent[size_t(at)].first)
@@ -370,6 +385,7 @@ RvdPath search(const GroupLayout& from, const std::vector<std::optional<Piece>>&
     }
     if (done[size_t(id)]) continue;
     done[size_t(id)] = 1;
+    const double c = best[size_t(id)];
     if (++pops > kSearchBudget) {
       exhausted = true;
       break;
@@ -396,7 +412,7 @@ RvdPath search(const GroupLayout& from, const std::vector<std::optional<Piece>>&
         best[size_t(nid)] = nc;
         parent[size_t(nid)] = {id, mv};
       }
-      pq.push({nc, nid, false});
+      pq.push({nc + s.at_least(mv.after), nid, false});
     }
   }
   // Two different answers: every layout reachable by the primitive moves was tried and none
