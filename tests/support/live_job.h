@@ -16,6 +16,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <set>
@@ -278,6 +279,26 @@ struct LiveJob {
     if (!poll_until([&] { return ended(k); }, limit)) return std::nullopt;
     if (hosts) return hosts->wait(pid(k));
     return codes_.at(k);
+  }
+  // Waits for each agent of `agents` and expects it to exit with `code` (a failure naming
+  // the logs otherwise).
+  void expect_exits(std::initializer_list<int> agents, int code = 0) {
+    for (int k : agents) {
+      const std::optional<int> got = wait(k);
+      if (!got) ADD_FAILURE() << "agent " << k << " still runs\n" << all_logs();
+      else EXPECT_EQ(*got, code) << "agent " << k << "\n" << all_logs();
+    }
+  }
+  // Agent 0's one resize line, printed for the record; "" (and a failure) unless there is
+  // exactly one.
+  std::string only_resize_line() const {
+    const std::vector<std::string> r = lines_with(0, "resize: epoch");
+    if (r.size() != 1) {
+      ADD_FAILURE() << r.size() << " resize lines, expected one\n" << all_logs();
+      return "";
+    }
+    std::printf("[ says     ] %s\n", r[0].c_str());
+    return r[0];
   }
 
  private:
