@@ -160,6 +160,11 @@ class StageBuilder {
   };
   Holders holders(int param, int lane);
   int param_storage(int lane, int value, const Piece& piece);
+  Edge zero3_gather(int value, const std::vector<std::optional<Piece>>& need, const Ctx& ctx,
+                    int op, std::vector<int>& have);
+  void record_gathered(const Edge& gather, const std::vector<int>& got, const Ctx& ctx,
+                       std::vector<int>* have);
+  void gather_block(int op, const Ctx& ctx);
   int zero_dim(int param, int lane);
   Piece zero_shard(int param, int lane);
   // A ZeRO shard's replica shift (and, when uneven, where the last holder's shard ends).
@@ -184,7 +189,8 @@ class StageBuilder {
   void bucket_add(CollKind kind, const std::string& part, const std::vector<int>& family,
                   const std::vector<Operand>& in, const std::vector<Operand>& out, int64_t bytes,
                   int op, const Ctx& ctx);
-  void flush_buckets(const Ctx& ctx);
+  // Every bucket, or only those of `part` (the others keep filling).
+  void flush_buckets(const Ctx& ctx, const std::string& part = "");
 
   const GraphInfo& gi_;
   const core::Graph& g_;

@@ -123,11 +123,11 @@ int StageBuilder::param_storage(int lane, int value, const Piece& piece) {
   return id;
 }
 
-std::vector<int> StageBuilder::provide_param(int value, const std::vector<std::optional<Piece>>& need,
-                                             const Ctx& ctx, int op) {
-  std::vector<int> have(size_t(lanes_), -1);
-  // ZeRO-3: a lane computes with the whole piece, gathered from the shards once per unit
-  // and freed after the unit's last use; an edge like any other.
+// ZeRO-3: the edge that gathers `value`'s shards into the whole piece each lane computes with,
+// for the lanes that need it and have not gathered it in this unit. have[l]: the lane's
+// tensor of it so far (its shard, its whole piece, or this unit's gathered copy).
+StageBuilder::Edge StageBuilder::zero3_gather(int value, const std::vector<std::optional<Piece>>& need,
+                                              const Ctx& ctx, int op, std::vector<int>& have) {
   Edge gather;
   gather.value = value;
   gather.op = op;
@@ -147,13 +147,71 @@ std::vector<int> StageBuilder::provide_param(int value, const std::vector<std::o
     gather.have.push_back(have[size_t(l)]);
     gather.need.push_back(value_tensor(value, L.param_box.at(value)));
   }
-  if (!gather.devices.empty()) {
-    std::vector<int> got = preserve(gather, ctx);
-    for (const auto& [stage, l] : gather.devices) {
-      lane_[size_t(l)].gathered[value] = {ctx.unit, got[size_t(l)]};
-      have[size_t(l)] = got[size_t(l)];
+  return gather;
+}
+
+void StageBuilder::record_gathered(const Edge& gather, const std::vector<int>& got, const Ctx& ctx,
+                                   std::vector<int>* have) {
+  for (const auto& [stage, l] : gather.devices) {
+    lane_[size_t(l)].gathered[gather.value] = {ctx.unit, got[size_t(l)]};
+    if (have) (*have)[size_t(l)] = got[size_t(l)];
+  }
+}
+
+// ZeRO-3 gathers a block at a time, as FSDP gathers a wrapped module's flat parameter: the
+// first op of a run of ops of one transformer block (or of the embedding or the head) that
+// needs a gather fetches every parameter the run's ops read in this unit, as one grouped call
+// per family: one launch per block instead of one per tensor, the same bytes. The block's
+// parameters are whole from that call until each one's last use, as under FSDP. The
+// cross-entropy's and MoE's own lowerings ask for their parameters themselves (their pieces
+// are theirs to name); a forward op recomputed inside a backward unit gathers alone.
+void StageBuilder::gather_block(int op, const Ctx& ctx) {
+  if (ctx.recompute || ctx.chunk < 0 || ctx.stage == Stage::kStep) return;
+  const int d = ctx.stage == Stage::kForward ? 0 : 1;
+  const std::vector<int>& ops = gi_.chunk_ops[d][size_t(ctx.chunk)];
+  auto at = std::find(ops.begin(), ops.end(), op);
+  if (at == ops.end()) return;
+  const int layer = g_.op(op).layer;
+  std::vector<int> seen, have(size_t(lanes_), -1);
+  std::vector<std::optional<Piece>> need(static_cast<size_t>(lanes_));
+  for (auto it = at; it != ops.end() && g_.op(*it).layer == layer; ++it) {
+    const core::Op& o = g_.op(*it);
+    bool custom = false;
+    for (int l = 0; l < lanes_ && !custom; ++l) {
+      const SubOp& s = sub_op_mb0(*it, l);
+      custom = s.vocab_parallel || s.expert_parallel;
+    }
+    if (custom) continue;
+    for (size_t s = 0; s < o.inputs.size(); ++s) {
+      const int v = o.inputs[s];
+      if (g_.value(v).role != core::Role::kParameter) continue;
+      if (std::find(seen.begin(), seen.end(), v) != seen.end()) continue;
+      seen.push_back(v);
+      for (int l = 0; l < lanes_; ++l) {
+        const SubTensor& st = sub_op_mb0(*it, l).ins[s];
+        need[size_t(l)].reset();
+        if (!st.dropped) need[size_t(l)] = st.piece;
+      }
+      Edge e = zero3_gather(v, need, ctx, *it, have);
+      if (e.devices.empty()) continue;
+      e.bucket = true;
+      record_gathered(e, preserve(e, ctx), ctx, nullptr);
     }
   }
+  flush_buckets(ctx, "zero3.gather");
+}
+
+std::vector<int> StageBuilder::provide_param(int value, const std::vector<std::optional<Piece>>& need,
+                                             const Ctx& ctx, int op) {
+  std::vector<int> have(size_t(lanes_), -1);
+  // ZeRO-3: a lane computes with the whole piece, gathered from the shards once per unit
+  // and freed after the unit's last use; an edge like any other.
+  Edge gather = zero3_gather(value, need, ctx, op, have);
+  if (!gather.devices.empty()) {
+    gather_block(op, ctx);  // this parameter and the rest of its block, when it can
+    gather = zero3_gather(value, need, ctx, op, have);
+  }
+  if (!gather.devices.empty()) record_gathered(gather, preserve(gather, ctx), ctx, &have);
   std::vector<int> result(size_t(lanes_), -1);
   for (int l = 0; l < lanes_; ++l) {
     if (!need[size_t(l)]) continue;
@@ -258,7 +316,15 @@ void StageBuilder::bucket_add(CollKind kind, const std::string& part, const std:
   }
 }
 
-void StageBuilder::flush_buckets(const Ctx& ctx) {
+void StageBuilder::flush_buckets(const Ctx& ctx, const std::string& part) {
+  if (!part.empty()) {  // only that part's buckets; the others keep filling
+    std::vector<Bucket> mine, rest;
+    for (Bucket& b : buckets_) (b.part == part ? mine : rest).push_back(std::move(b));
+    buckets_ = std::move(mine);
+    flush_buckets(ctx);
+    buckets_ = std::move(rest);
+    return;
+  }
   for (Bucket& b : buckets_)
     for (int l = 0; l < lanes_; ++l) {
       Instr c;

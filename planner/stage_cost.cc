@@ -212,10 +212,14 @@ ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cos
   // Stage boundaries: the activation arrives before a forward, its gradient before a backward.
   if (chunk > 0) c.fwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp);
   if (chunk < chunks - 1) c.bwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp);
-  // ZeRO-3 gathers every parameter in each unit that reads it; ZeRO-2/3 reduce-scatter each
-  // micro-batch's gradients.
+  // ZeRO-3 gathers every parameter in each unit that reads it, a block at a time (a layer,
+  // the embedding, the head: lower_step.cc's gather_block), one call per block or per bucket
+  // when a block outgrows one; ZeRO-2/3 reduce-scatter each micro-batch's gradients.
   if (l.zero >= 3) {
-    const double gather = collectives(cost, CollKind::kAllGather, shards, params, count, cross.dp);
+    const int64_t blocks = (end - begin) + (chunk == 0) + (chunk == chunks - 1);
+    const double bucket = double(ParallelConfig{}.bucket_bytes);
+    const int64_t calls = std::min(count, std::max(blocks, int64_t(std::ceil(params / bucket))));
+    const double gather = collectives(cost, CollKind::kAllGather, shards, params, calls, cross.dp);
     c.fwd += gather, c.bwd += gather;
   }
   if (l.zero >= 2) c.bwd += bucketed(cost, CollKind::kReduceScatter, shards, params, cross.dp);
