@@ -57,15 +57,16 @@ void lose_a_node_under_zero3(const std::string& redundancy, int slow_kbit = 0) {
   job.id = id;
   job.hosts = &hosts;
   job.nnodes = "2:3";
-  // ZeRO-3 gathers every layer's shards for each micro-batch: collectives whose latency is
-  // all a step costs here. Two layers (not gpt-layout's 8) and micro-batches of 4 (2 a rank
-  // at dp3, 3 at dp2, not 4 and 6) make a step a few of them; what the test is about (every
-  // shard exists once, the lost rank's comes from elsewhere) does not depend on the depth.
+  // ZeRO-3 gathers every block's shards for each micro-batch (one grouped call a block):
+  // collectives whose latency is most of what a step costs here. Two layers (not
+  // gpt-layout's 8) and micro-batches of 4 (2 a rank at dp3, 3 at dp2, not 4 and 6) make a
+  // step a few of them; what the test is about (every shard exists once, the lost rank's
+  // comes from elsewhere) does not depend on the depth.
   // Host 1 dies once `kill_at` steps are logged (on the slow link, once pushes have held
   // snapshots back for a while). The job ends `kAfterKill` steps later: room for the resume a
   // step or two back, world 2's 10 steps awaited below and a dozen to spare for a late kill.
-  // Few, because a ZeRO-3 step at dp2 costs several times one at dp3 (measured 0.45 s
-  // against 0.1 s on two busy cores: 3 micro-batches of gathers a rank between two peers).
+  // Few, because a ZeRO-3 step is collectives' latency (0.07-0.14 s a step at dp3 and dp2
+  // on two busy cores; 0.45 s at dp2 when each parameter was gathered alone).
   const size_t kill_at = slow_kbit > 0 ? 45 : 25;
   constexpr size_t kAfterKill = 24, kWorld2Lines = 11;
   job.steps = int(kill_at + kAfterKill);
