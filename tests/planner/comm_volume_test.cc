@@ -89,9 +89,9 @@ std::string line_of(const std::string& layout, int rank, const std::map<std::str
   return os.str();
 }
 
-std::map<std::string, std::string> golden() {
+std::map<std::string, std::string> golden(const std::string& file = "comm_volumes.txt") {
   std::map<std::string, std::string> out;  // "layout rank" -> line
-  std::ifstream f(std::string(WEFT_SOURCE_DIR) + "/tests/planner/data/comm_volumes.txt");
+  std::ifstream f(std::string(WEFT_SOURCE_DIR) + "/tests/planner/data/" + file);
   std::string line;
   while (std::getline(f, line)) {
     if (line.empty() || line[0] == '#') continue;
@@ -150,6 +150,59 @@ TEST(CommVolume, EveryLayoutMovesNoMoreThanTheHandWrittenRules) {
       std::printf("%s\n   was %s\n", got.c_str(), it->second.c_str());
     }
   }
+}
+
+// The layout matrix's tp layouts with Megatron's sequence parallelism on, against the volumes
+// recorded in tests/planner/data/comm_volumes_sp.txt (written by this test at 1126e4c with
+// WEFT_WRITE_COMM_VOLUMES_SP=<file>, when SP joined the matrix; never rewritten by a passing
+// run): a later plan may move fewer bytes, never more, and exactly the same activations
+// between stages and experts. What SP moves against plain tp (printed side by side): each
+// all-reduce of a tp-partial activation becomes a reduce-scatter and an all-gather (the same
+// ring bytes), the backward gathers each column-parallel input again (its gathered copy is
+// dropped after the forward for its memory, as Megatron does: a quarter more activation
+// bytes), and the norms' now tp-partial weight gradients are summed over tp.
+TEST(CommVolume, SequenceParallelMovesNoMoreThanWhenItJoinedTheMatrix) {
+  const char* write = std::getenv("WEFT_WRITE_COMM_VOLUMES_SP");
+  std::ofstream dump;
+  if (write) dump.open(write);
+  const std::map<std::string, std::string> want = golden("comm_volumes_sp.txt");
+  if (!write) {
+    ASSERT_FALSE(want.empty()) << "tests/planner/data/comm_volumes_sp.txt is missing";
+  }
+  PlanOptions bandwidth_only;
+  bandwidth_only.cost.alpha_intra = bandwidth_only.cost.alpha_inter = 0;
+  bandwidth_only.cost.launch = bandwidth_only.cost.op_overhead = 0;
+  int layouts = 0;
+  for (const Layout& l : layout_matrix()) {
+    if (l.spec.parallel.tp < 2) continue;
+    ++layouts;
+    SCOPED_TRACE(l.name);
+    core::JobSpec sp = l.spec;
+    sp.parallel.sequence_parallel = true;
+    core::ModelGraph mg = build_planning_graph(l.spec), mg_sp = build_planning_graph(sp);
+    const Plan plain = make_plan(l.spec, mg.graph, l.world, bandwidth_only);
+    const Plan seq = make_plan(sp, mg_sp.graph, l.world, bandwidth_only);
+    for (const std::string& e : validate_plan(seq, mg_sp.graph).errors) ADD_FAILURE() << e;
+    for (int rank = 0; rank < seq.world(); ++rank) {
+      std::map<std::string, double> tp = wire_bytes(plain, rank), w = wire_bytes(seq, rank);
+      const std::string got = line_of(l.name + "-sp", rank, w);
+      if (write) {
+        dump << got << "\n";
+        continue;
+      }
+      auto it = want.find(l.name + "-sp " + std::to_string(rank));
+      ASSERT_NE(it, want.end()) << "no recorded volume for " << l.name << "-sp rank " << rank;
+      EXPECT_LE(w["total"], field(it->second, "total") + 1) << "now: " << got << "\nthen: " << it->second;
+      for (const char* k : {"send", "all_to_all", "all_to_all_v"})
+        EXPECT_EQ(int64_t(w[k] + 0.5), int64_t(field(it->second, k))) << k << "\nnow: " << got
+                                                                     << "\nthen: " << it->second;
+      // Gathers and scatters carry the activations: SP has them wherever tp had a partial
+      // activation to all-reduce.
+      EXPECT_GT(w["reduce_scatter"], 0) << got;
+      std::printf("%s\n   tp %s\n", got.c_str(), line_of(l.name, rank, tp).c_str());
+    }
+  }
+  EXPECT_EQ(layouts, 8);
 }
 
 }  // namespace
