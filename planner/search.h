@@ -67,7 +67,7 @@ core::JobSpec searched_spec(const core::JobSpec& spec, int world, const SearchOp
 // Megatron-style defaults on the same cost model, for comparison: tp = the GPUs of a node
 // (the largest that divides the model), pp = the smallest that fits memory (1F1B, even
 // layout, micro_batch 1, distributed optimizer = ZeRO-1, selective recompute, then full if
-// nothing fits, no sequence parallelism), dp the rest. Throws ConfigError when nothing fits.
+// nothing fits, sequence parallelism when tp > 1), dp the rest. Throws ConfigError when nothing fits.
 Candidate megatron_baseline(const core::JobSpec& spec, int world, const SearchOptions& opt = {});
 
 // The table `weft plan` and `weft train` print: one line per candidate (degrees, schedule,

@@ -71,9 +71,9 @@ Candidate megatron_baseline(const core::JobSpec& spec, int world, const SearchOp
       p.dp = 0, p.tp = tp, p.pp = pp, p.ep = 1;
       p.zero = 1;
       p.recompute = recompute;
-      // Kept as the baseline has always been (no sequence parallelism), so that its figures
-      // stay comparable with earlier runs.
-      p.sequence_parallel = false, p.sequence_parallel_auto = false;
+      // Sequence parallelism with tp > 1, as Megatron-LM is run at scale
+      // (--sequence-parallel): the baseline gets its activation memory back too.
+      p.sequence_parallel = tp > 1, p.sequence_parallel_auto = false;
       p.pipeline = core::PipelineSpec{};
       s.train.micro_batch = 1;
       SearchOptions one = opt;
