@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 #include "base/error.h"
 
@@ -21,13 +22,30 @@ void write_epoch_notice(const std::string& path, const EpochNotice& n) {
       << "\nnproc " << n.nproc << "\nstore_host " << n.store_host << "\nstore_port " << n.store_port
       << "\nstore_prefix " << n.store_prefix << "\nlost " << (n.lost ? 1 : 0) << "\nlost_at "
       << n.lost_at << "\ntransit_nodes " << n.transit_nodes << "\nleave " << (n.leave ? 1 : 0)
-      << "\nwhy " << n.why << "\n";
+      << "\nlost_since";
+    for (const auto& [epoch, lost] : n.lost_since) f << " " << epoch << ":" << (lost ? 1 : 0);
+    f << "\nwhy " << n.why << "\n";
     if (!f) throw IoError("cannot write the epoch notice " + tmp);
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) throw IoError("cannot replace the epoch notice " + path + ": " + ec.message());
 }
+
+namespace {
+// "3:0 4:1" -> {3: false, 4: true}; std::invalid_argument for anything else.
+std::map<int64_t, bool> parse_lost_since(const std::string& value) {
+  std::map<int64_t, bool> out;
+  std::istringstream in(value);
+  for (std::string item; in >> item;) {
+    const size_t colon = item.find(':');
+    const std::string flag = colon == std::string::npos ? "" : item.substr(colon + 1);
+    if (flag != "0" && flag != "1") throw std::invalid_argument(item);
+    out[std::stoll(item.substr(0, colon))] = flag == "1";
+  }
+  return out;
+}
+}  // namespace
 
 std::optional<EpochNotice> read_epoch_notice(const std::string& path) {
   std::ifstream f(path);
@@ -50,6 +68,7 @@ std::optional<EpochNotice> read_epoch_notice(const std::string& path) {
       else if (key == "lost_at") n.lost_at = std::stoll(value);
       else if (key == "transit_nodes") n.transit_nodes = std::stoi(value);
       else if (key == "leave") n.leave = value == "1";
+      else if (key == "lost_since") n.lost_since = parse_lost_since(value);
       else if (key == "why") n.why = value;
     } catch (const std::exception&) {
       throw IoError("epoch notice " + path + ": bad value for " + key + ": '" + value + "'");

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <sys/types.h>
@@ -34,6 +35,12 @@ struct EpochNotice {
   // agent's previous notice, which a worker may never have read (two notices within one of
   // its looks): a worker in an epoch before `lost_at` decides against its own epoch.
   int64_t lost_at = 0;
+  // Per epoch whose membership this node's agent still has (the worlds its workers may be
+  // in: the epochs it started or posted, the latest kProcessLossEpochs): whether that world
+  // lost a process since (comm::lost_a_process against this notice's epoch). A worker in one
+  // of them decides by it, exactly: a node that joined after its epoch and died is not one
+  // of its world's processes. `lost_at` decides for a worker in an epoch not listed.
+  std::map<int64_t, bool> lost_since;
   std::string why;  // "membership changed: epoch 2 -> 3, 4 -> 2 nodes (lost a-12, b-9)"
   // Nodes of the epoch's first world, the transition: the members (node_index < nnodes),
   // then the nodes that left the previous epoch gracefully, whose workers hand their state
@@ -43,7 +50,10 @@ struct EpochNotice {
   int world() const { return nnodes * nproc; }  // the ranks that train
   // Whether a worker in `epoch` must abort its world's collectives now: a process of its
   // world (or of a later one) is gone since.
-  bool loses_process_of(int64_t epoch) const { return lost || lost_at > epoch; }
+  bool loses_process_of(int64_t epoch) const {
+    if (auto it = lost_since.find(epoch); it != lost_since.end()) return it->second;
+    return lost || lost_at > epoch;
+  }
   int transit_world() const { return std::max(transit_nodes, nnodes) * nproc; }
 };
 

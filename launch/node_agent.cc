@@ -205,6 +205,9 @@ class NodeAgent {
   std::string epoch_file_;  // WEFT_EPOCH_FILE
   int64_t round_ = 0;       // the attempt's restart round (store prefixes)
   comm::Membership current_;  // the membership the running workers are in
+  // The worlds this node's workers may still be in (current_ and the epochs posted since;
+  // the latest kProcessLossEpochs), for each notice's exact per-epoch loss verdicts.
+  std::map<int64_t, comm::Membership> worlds_;
   bool quick_growth_ = false;  // set_grow_last_call done
   // A graceful leave (SIGTERM with live workers): leave the membership, wait for the epoch
   // formed without this node, and post it to the workers with `leave`: they hand their
@@ -503,6 +506,11 @@ void NodeAgent::post_notice(const comm::Membership& next, const Stop& why) {
   // so collectives waiting on it abort at once.
   n.lost = comm::lost_a_process(was, next);
   for (const auto& [epoch, id] : next.process_losses) n.lost_at = std::max(n.lost_at, epoch);
+  worlds_[was.epoch] = was;
+  n.lost_since = comm::losses_since(worlds_, next);
+  worlds_[next.epoch] = next;
+  while (!worlds_.empty() && worlds_.begin()->first <= next.epoch - comm::kProcessLossEpochs)
+    worlds_.erase(worlds_.begin());
   n.why = why.why;
   write_epoch_notice(epoch_file_, n);
   std::fprintf(stderr, "weft run: %s; node %s is node %d of %d, its workers reshard live\n",

@@ -126,6 +126,14 @@ bool lost_a_process(const Membership& was, const Membership& now) {
   return false;
 }
 
+std::map<int64_t, bool> losses_since(const std::map<int64_t, Membership>& worlds,
+                                     const Membership& now) {
+  std::map<int64_t, bool> out;
+  for (const auto& [epoch, was] : worlds)
+    if (epoch < now.epoch) out[epoch] = lost_a_process(was, now);
+  return out;
+}
+
 Membership Rendezvous::make_membership(const MembershipRecord& r) const {
   Membership m;
   m.epoch = r.epoch;

@@ -90,6 +90,9 @@ struct Membership {
 // difference between the two member lists. Live workers told so abort the old world's
 // collectives at once instead of waiting for their timeout.
 bool lost_a_process(const Membership& was, const Membership& now);
+// lost_a_process(w, now) for each world `w` of `worlds` (by epoch) before `now`.
+std::map<int64_t, bool> losses_since(const std::map<int64_t, Membership>& worlds,
+                                     const Membership& now);
 
 class Rendezvous {
  public:

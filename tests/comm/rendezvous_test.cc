@@ -436,6 +436,37 @@ TEST(Rendezvous, LostAProcessLooksAtEveryEpochSinceTheWorkersOne) {
   }
 }
 
+// Per epoch an agent's workers may be in, whether that world lost a process: a node that
+// joined after the workers' epoch and died is a loss of the later world only, so workers
+// still in the earlier one finish their step instead of redoing it (the epoch notice's
+// lost_since; a bare "some loss was noted at epoch 3" said yes to both).
+TEST(Rendezvous, LossesSinceNameOnlyTheWorldsThatHadTheLostProcess) {
+  InMemoryStore store;
+  auto quick = [](const std::string& node) {  // forms as soon as min nodes are in
+    RendezvousOptions o = options(node, 2, 3);
+    o.last_call = 0s;
+    return o;
+  };
+  std::vector<std::unique_ptr<Rendezvous>> agents;
+  for (const char* n : {"node0", "node1"}) agents.push_back(std::make_unique<Rendezvous>(store, quick(n)));
+  std::vector<Membership> ms = join_all(agents);  // epoch 1: node0, node1
+  ASSERT_EQ(ms[0].epoch, 1);
+  Rendezvous newcomer(store, quick("node2"));
+  Membership two = newcomer.join();  // epoch 2: node0, node1, node2
+  ASSERT_EQ(two.epoch, 2);
+  std::optional<Membership> seen_two = agents[0]->poll_change();
+  ASSERT_TRUE(seen_two.has_value());
+  ASSERT_EQ(seen_two->epoch, 2);
+  newcomer.leave();  // its workers failed: no hand-over
+  std::optional<Membership> three = agents[0]->poll_change();
+  ASSERT_TRUE(three.has_value());
+  ASSERT_EQ(three->epoch, 3);
+  ASSERT_EQ(three->members.size(), 2u);
+  const std::map<int64_t, bool> lost = comm::losses_since({{1, ms[0]}, {2, two}}, *three);
+  EXPECT_EQ(lost, (std::map<int64_t, bool>{{1, false}, {2, true}}));
+  EXPECT_TRUE(comm::losses_since({{3, *three}}, *three).empty()) << "not before its own epoch";
+}
+
 TEST(Rendezvous, BelowMinAfterALeaveWaitsForANewcomerWhoTakesTheFreeRank) {
   InMemoryStore store;
   auto agents = make_agents(store, 2, 2, 2);

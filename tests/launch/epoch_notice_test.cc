@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 namespace weft::launch {
@@ -45,6 +46,50 @@ TEST(EpochNotice, LostAtSurvivesTheFileAndDecidesAgainstTheWorkersOwnEpoch) {
   EXPECT_FALSE(n.loses_process_of(1));
   n.lost = true;
   EXPECT_TRUE(n.loses_process_of(2));
+  fs::remove_all(dir);
+}
+
+// The agent's per-epoch verdicts (lost_since) decide for the epochs they name, exactly;
+// lost and lost_at only for a worker in an epoch the agent no longer lists.
+TEST(EpochNotice, LostSinceSurvivesTheFileAndDecidesForTheEpochsItNames) {
+  const fs::path dir = fs::temp_directory_path() / ("weft_notice_s_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "epoch").string();
+  // Epoch 2 admitted a node that died in epoch 3: epoch 2's world lost a process, epoch 1's
+  // did not, though the loss was noted at 3 (lost_at 3).
+  EpochNotice n;
+  n.epoch = 3;
+  n.nnodes = 2;
+  n.nproc = 1;
+  n.store_host = "127.0.0.1";
+  n.store_port = 7;
+  n.store_prefix = "rdzv/j/epoch/3/round/0";
+  n.lost = true;
+  n.lost_at = 3;
+  n.lost_since = {{1, false}, {2, true}};
+  write_epoch_notice(path, n);
+  const std::optional<EpochNotice> read = read_epoch_notice(path);
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(read->lost_since, n.lost_since);
+  EXPECT_FALSE(read->loses_process_of(1)) << "the dead node was never in epoch 1's world";
+  EXPECT_TRUE(read->loses_process_of(2));
+  EXPECT_TRUE(read->loses_process_of(0)) << "an epoch not listed: lost_at decides";
+  // A notice without verdicts reads as before.
+  n.lost_since.clear();
+  write_epoch_notice(path, n);
+  EXPECT_TRUE(read_epoch_notice(path)->lost_since.empty());
+  EXPECT_TRUE(read_epoch_notice(path)->loses_process_of(1));
+  // A malformed list is an error naming the key.
+  {
+    std::ofstream f(path, std::ios::app);
+    f << "lost_since 1:x\n";
+  }
+  try {
+    read_epoch_notice(path);
+    ADD_FAILURE() << "a malformed lost_since was read";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("lost_since"), std::string::npos) << e.what();
+  }
   fs::remove_all(dir);
 }
 
