@@ -14,20 +14,36 @@ namespace {
 
 namespace fs = std::filesystem;
 
-TEST(EpochNotice, LostAtSurvivesTheFileAndDecidesAgainstTheWorkersOwnEpoch) {
-  const fs::path dir = fs::temp_directory_path() / ("weft_notice_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const std::string path = (dir / "epoch").string();
-  // Epoch 2 renewed epoch 1 (a worker replaced: noted at 2), then epoch 3 formed (a join)
-  // before this node's workers read epoch 2's notice: the agent's `lost` against epoch 2 is
-  // false, but a worker still in epoch 1 lost a process of its world.
+// Epoch 3's notice for a node of two (nproc workers each), its loss fields left to the test.
+EpochNotice epoch3_notice(int nproc) {
   EpochNotice n;
   n.epoch = 3;
   n.nnodes = 2;
-  n.nproc = 2;
+  n.nproc = nproc;
   n.store_host = "127.0.0.1";
   n.store_port = 7;
   n.store_prefix = "rdzv/j/epoch/3/round/0";
+  return n;
+}
+
+// A fresh folder for the notice file, removed by the destructor.
+struct NoticeDir {
+  fs::path dir;
+  explicit NoticeDir(const std::string& stem)
+      : dir(fs::temp_directory_path() / (stem + std::to_string(::getpid()))) {
+    fs::create_directories(dir);
+  }
+  ~NoticeDir() { fs::remove_all(dir); }
+  std::string path() const { return (dir / "epoch").string(); }
+};
+
+TEST(EpochNotice, LostAtSurvivesTheFileAndDecidesAgainstTheWorkersOwnEpoch) {
+  const NoticeDir dir("weft_notice_");
+  const std::string path = dir.path();
+  // Epoch 2 renewed epoch 1 (a worker replaced: noted at 2), then epoch 3 formed (a join)
+  // before this node's workers read epoch 2's notice: the agent's `lost` against epoch 2 is
+  // false, but a worker still in epoch 1 lost a process of its world.
+  EpochNotice n = epoch3_notice(2);
   n.lost = false;
   n.lost_at = 2;
   write_epoch_notice(path, n);
@@ -46,24 +62,16 @@ TEST(EpochNotice, LostAtSurvivesTheFileAndDecidesAgainstTheWorkersOwnEpoch) {
   EXPECT_FALSE(n.loses_process_of(1));
   n.lost = true;
   EXPECT_TRUE(n.loses_process_of(2));
-  fs::remove_all(dir);
 }
 
 // The agent's per-epoch verdicts (lost_since) decide for the epochs they name, exactly;
 // lost and lost_at only for a worker in an epoch the agent no longer lists.
 TEST(EpochNotice, LostSinceSurvivesTheFileAndDecidesForTheEpochsItNames) {
-  const fs::path dir = fs::temp_directory_path() / ("weft_notice_s_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const std::string path = (dir / "epoch").string();
+  const NoticeDir dir("weft_notice_s_");
+  const std::string path = dir.path();
   // Epoch 2 admitted a node that died in epoch 3: epoch 2's world lost a process, epoch 1's
   // did not, though the loss was noted at 3 (lost_at 3).
-  EpochNotice n;
-  n.epoch = 3;
-  n.nnodes = 2;
-  n.nproc = 1;
-  n.store_host = "127.0.0.1";
-  n.store_port = 7;
-  n.store_prefix = "rdzv/j/epoch/3/round/0";
+  EpochNotice n = epoch3_notice(1);
   n.lost = true;
   n.lost_at = 3;
   n.lost_since = {{1, false}, {2, true}};
@@ -90,7 +98,6 @@ TEST(EpochNotice, LostSinceSurvivesTheFileAndDecidesForTheEpochsItNames) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("lost_since"), std::string::npos) << e.what();
   }
-  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -111,6 +111,16 @@ double field(const std::string& line, const std::string& key) {
   return 0;
 }
 
+// The search minimises predicted time, and these test tensors are tens of KiB: under the
+// default model's latency it may rightly fuse two collectives into one that moves more
+// bytes. With latency and launch costs at zero, time is bytes over bandwidth.
+PlanOptions bandwidth_only() {
+  PlanOptions o;
+  o.cost.alpha_intra = o.cost.alpha_inter = 0;
+  o.cost.launch = o.cost.op_overhead = 0;
+  return o;
+}
+
 TEST(CommVolume, EveryLayoutMovesNoMoreThanTheHandWrittenRules) {
   const char* write = std::getenv("WEFT_WRITE_COMM_VOLUMES");
   std::ofstream dump;
@@ -122,14 +132,8 @@ TEST(CommVolume, EveryLayoutMovesNoMoreThanTheHandWrittenRules) {
   for (const Layout& l : layout_matrix()) {
     SCOPED_TRACE(l.name);
     core::ModelGraph mg = build_planning_graph(l.spec);
-    // The search minimises predicted time, and these test tensors are tens of KiB: under the
-    // default model's latency it may rightly fuse two collectives into one that moves more
-    // bytes. With latency and launch costs at zero, time is bytes over bandwidth, and no
-    // derived plan may move more than the rules did.
-    PlanOptions bandwidth_only;
-    bandwidth_only.cost.alpha_intra = bandwidth_only.cost.alpha_inter = 0;
-    bandwidth_only.cost.launch = bandwidth_only.cost.op_overhead = 0;
-    Plan plan = make_plan(l.spec, mg.graph, l.world, write ? PlanOptions{} : bandwidth_only);
+    // Bandwidth only: no derived plan may move more than the rules did.
+    Plan plan = make_plan(l.spec, mg.graph, l.world, write ? PlanOptions{} : bandwidth_only());
     ValidationReport v = validate_plan(plan, mg.graph);
     for (const std::string& e : v.errors) ADD_FAILURE() << e;
     for (int rank = 0; rank < plan.world(); ++rank) {
@@ -169,9 +173,6 @@ TEST(CommVolume, SequenceParallelMovesNoMoreThanWhenItJoinedTheMatrix) {
   if (!write) {
     ASSERT_FALSE(want.empty()) << "tests/planner/data/comm_volumes_sp.txt is missing";
   }
-  PlanOptions bandwidth_only;
-  bandwidth_only.cost.alpha_intra = bandwidth_only.cost.alpha_inter = 0;
-  bandwidth_only.cost.launch = bandwidth_only.cost.op_overhead = 0;
   int layouts = 0;
   for (const Layout& l : layout_matrix()) {
     if (l.spec.parallel.tp < 2) continue;
@@ -180,8 +181,8 @@ TEST(CommVolume, SequenceParallelMovesNoMoreThanWhenItJoinedTheMatrix) {
     core::JobSpec sp = l.spec;
     sp.parallel.sequence_parallel = true;
     core::ModelGraph mg = build_planning_graph(l.spec), mg_sp = build_planning_graph(sp);
-    const Plan plain = make_plan(l.spec, mg.graph, l.world, bandwidth_only);
-    const Plan seq = make_plan(sp, mg_sp.graph, l.world, bandwidth_only);
+    const Plan plain = make_plan(l.spec, mg.graph, l.world, bandwidth_only());
+    const Plan seq = make_plan(sp, mg_sp.graph, l.world, bandwidth_only());
     for (const std::string& e : validate_plan(seq, mg_sp.graph).errors) ADD_FAILURE() << e;
     for (int rank = 0; rank < seq.world(); ++rank) {
       std::map<std::string, double> tp = wire_bytes(plain, rank), w = wire_bytes(seq, rank);
