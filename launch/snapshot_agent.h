@@ -96,7 +96,7 @@ struct NodeMemory {
   int64_t shm_free = 0;   // free bytes of /dev/shm (statvfs)
 };
 NodeMemory read_node_memory();
-// The margin kept free: 5% of MemTotal, at least 256 MiB (see snapshot_agent.cc).
+// The margin kept free: 5% of MemTotal, at least 256 MiB (see snapshot_agent_reserve.cc).
 int64_t snapshot_memory_margin(const NodeMemory& m);
 // What new segments may take: the lesser of MemAvailable and free /dev/shm, less the margin.
 double snapshot_room(const NodeMemory& m);
