@@ -125,23 +125,28 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
   const int dp = int(plan_.mesh.degrees().dp);
   const bool apart = replicas_apart(e.from, e.need, dp);
   const int blocks = apart ? 1 : dp;
-  // ZeRO's uneven shards: each part (below) is searched in its own padded coordinates.
+  // ZeRO's uneven shards: each part (below) is searched in its own padded coordinates, where
+  // every shard is full-size. A replica's shard is (unclipped); at dp 1 the last ep lane's
+  // role holds its short shard itself (zero_dim), padded here to the others' size.
   auto pad_of = [&](const std::vector<int>& pos) {
     Pad pad;
+    std::vector<DimSlice> shards;
     auto add = [&](const TensorDesc& t) {
       if (t.shift_limit <= 0) return;
       WEFT_CHECK(pad.dim < 0 || (pad.dim == t.shift_dim && pad.limit == t.shift_limit),
                  "uneven shards of one piece cut along two dims or at two ends");
       pad.dim = t.shift_dim, pad.limit = t.shift_limit;
-      for (int b = 0; b < dp; ++b) {
-        const DimSlice s = replica_piece(t, b, false).box[size_t(t.shift_dim)];
-        pad.end = std::max(pad.end, s.start + s.size);
-      }
+      for (int b = 0; b < dp; ++b)
+        shards.push_back(replica_piece(t, b, false).box[size_t(t.shift_dim)]);
     };
     for (int p : pos) {
       add(e.from[size_t(p)]);
       if (e.need[size_t(p)]) add(*e.need[size_t(p)]);
     }
+    int64_t full = 0;
+    for (const DimSlice& s : shards) full = std::max(full, s.size);
+    for (const DimSlice& s : shards)
+      pad.end = std::max(pad.end, s.start + (s.start + s.size == pad.limit ? full : s.size));
     return pad;
   };
   auto at_replica = [&](const TensorDesc& t, int b, const Pad& pad) {

@@ -6,10 +6,10 @@
 // Gradient holders: a dense parameter's gradient is summed over every rank of the stage
 // with the same tp index (dp x ep ranks, dp-major); an expert's over the dp ranks only.
 // ZeRO shards a parameter's local piece over those holders along the first dim that
-// divides, else (two or more data-parallel replicas) unevenly along the first plain dim as
-// torch.chunk and FSDP do: ceil(n / holders) rows each, the last holder's shorter. Only a
-// parameter no such cut fits (every dim strided, or shorter than the holders would need
-// for a non-empty last part) stays whole (and is reduced by all-reduce).
+// divides, else unevenly along the first plain dim as torch.chunk and FSDP do: ceil(n /
+// holders) rows each, the last holder's shorter, else (only strided dims, as many chunks as
+// holders) one whole chunk each. Only a parameter no such cut fits stays whole (and is
+// reduced by all-reduce): zero_dim says which and why.
 #include <algorithm>
 
 #include "base/check.h"
@@ -27,6 +27,24 @@ StageBuilder::Holders StageBuilder::holders(int param, int lane) {
   return h;
 }
 
+namespace {
+
+// Part k of n of one dim of a parameter's piece, as ZeRO cuts it: 1/n of every chunk where
+// n divides them; else, for a plain dim, torch.chunk's cut (the last part shorter); else,
+// for a strided dim of n chunks (a tp lane's q, k and v rows over 3 holders), whole chunk k.
+std::optional<DimSlice> zero_part(const DimSlice& s, int64_t k, int64_t n) {
+  if (std::optional<DimSlice> p = s.part(k, n, s.count)) return p;
+  if (s.count == 1) return s.padded_part(k, n);
+  return s.part(k, n, 1);
+}
+
+// Whether zero_part's parts are all of one size (nothing to cut at TensorDesc::shift_limit).
+bool zero_parts_even(const DimSlice& s, int64_t n) {
+  return s.part(0, n, s.count).has_value() || (s.count > 1 && s.part(0, n, 1).has_value());
+}
+
+}  // namespace
+
 int StageBuilder::zero_dim(int param, int lane) {
   if (gi_.pc.zero == 0) return -1;
   Holders h = holders(param, lane);
@@ -39,11 +57,29 @@ int StageBuilder::zero_dim(int param, int lane) {
     for (size_t d = 0; d < b.size(); ++d)
       if ((b[d].count == 1) == (pass == 0) && b[d].part(0, h.count, b[d].count).has_value()) return int(d);
   // No dim divides: the first plain dim cut as torch.chunk does (zero_shard). The plan
-  // describes replica 0's shards and shifts them for the others, so replica 0's must be
-  // full-size: true with two or more replicas (only the last holders' parts are short).
-  if (plan_.mesh.degrees().dp < 2) return -1;
+  // describes replica 0's shards and shifts them for the others; with two or more replicas
+  // only later replicas hold short parts (cut at TensorDesc::shift_limit), and at dp 1 (the
+  // holders are ep lanes of the one replica) the last lane's role holds its short part as
+  // it is, which phase 3 pads back to full size (lower_preserve.cc, pad_of).
   for (size_t d = 0; d < b.size(); ++d)
     if (b[d].padded_part(0, h.count).has_value()) return int(d);
+  // Only strided dims (the qkv bias of a tp lane: q, k and v rows, 3 chunks of 16): where the
+  // holders are as many as the chunks, each takes one whole chunk (an even cut, 3 over dp 3).
+  for (size_t d = 0; d < b.size(); ++d)
+    if (b[d].count == h.count && b[d].part(0, h.count, 1).has_value()) return int(d);
+  // Still whole, two kinds, both small (bias and norm vectors):
+  // - Only strided dims, and the holders neither divide each chunk nor equal the chunks
+  //   (the qkv bias of a tp lane, 3 chunks of 16, over dp 5). A torch.chunk cut
+  //   within each chunk is a box (every chunk's part has the same offset and size, so
+  //   shift_limit would clip all alike), but phase 3 searches uneven shards in padded
+  //   coordinates, growing a short part past its end: a strided part grown so runs into the
+  //   next tp lane's rows, where the search would take them for this lane's. The executor's
+  //   uneven chunks (parallel/collectives.cc) are plain ranges too.
+  // - Too short for a non-empty last part (4 rows over 3: 2, 2, 0; only dims under
+  //   holders x (holders - 1) rows). Empty shards would need zero-element tensors in every
+  //   rank's program, collective counts of zero and empty boxes in the router, checkpoints
+  //   and snapshots, none of which the plan admits now (Plan::tensor_for refuses an empty
+  //   piece).
   return -1;
 }
 
@@ -53,24 +89,23 @@ Piece StageBuilder::zero_shard(int param, int lane) {
   Piece p = lane_[size_t(lane)].param_box.at(param);
   p.part = 0, p.parts = 1;
   const DimSlice s = p.box[size_t(d)];
-  std::optional<DimSlice> even = s.part(h.index, h.count, s.count);
-  if (even) {
-    p.box[size_t(d)] = *even;
-    return p;
-  }
-  p.box[size_t(d)] = *s.padded_part(h.index, h.count);
-  WEFT_CHECK(p.box[size_t(d)].size == s.padded_part(0, h.count)->size, "ZeRO shard ", h.index,
-             " of ", g_.value(param).name, " is short on replica 0");
+  p.box[size_t(d)] = *zero_part(s, h.index, h.count);
+  // Replica 0's shards are what every other replica's are shifted from: full-size wherever
+  // a replica follows.
+  WEFT_CHECK(plan_.mesh.degrees().dp < 2 || p.box[size_t(d)].size == zero_part(s, 0, h.count)->size,
+             "ZeRO shard ", h.index, " of ", g_.value(param).name, " is short on replica 0");
   return p;
 }
 
 void StageBuilder::zero_shift(TensorDesc& t, int param, int lane) {
   const int d = zero_dim(param, lane);
-  t.shift_dim = d;
-  t.shift = t.piece.box[size_t(d)].size * holders(param, lane).shift;
+  const Holders h = holders(param, lane);
   const DimSlice& whole = lane_[size_t(lane)].param_box.at(param).box[size_t(d)];
-  if (!whole.part(0, holders(param, lane).count, whole.count))
-    t.shift_limit = whole.start + whole.size;
+  // Holder i's part starts i steps on (a part's rows, or a chunk's stride for whole chunks).
+  const int64_t step = zero_part(whole, 1, h.count)->start - zero_part(whole, 0, h.count)->start;
+  t.shift_dim = d;
+  t.shift = step * h.shift;
+  if (!zero_parts_even(whole, h.count)) t.shift_limit = whole.start + whole.size;
 }
 
 int StageBuilder::grad_tensor(int lane, int param, const Piece& produced, const Ctx& ctx, bool* acc) {

@@ -1,7 +1,9 @@
 // ZeRO over holders that divide no dim of a parameter (dp 3 on widths 32, 128 and 256): every
 // parameter is still sharded, torch.chunk's way (ceil(n / 3) rows, the last holder's shorter),
 // so the shards of every rank together hold each element of the state exactly once and each
-// rank about a third of it.
+// rank about a third of it. Also where the holders are the ep lanes of one replica (dp 1, the
+// last lane's role holds the short shard) and where a parameter's only dim is strided (a tp
+// lane's qkv bias over dp 3: one of its q, k, v chunks each).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -135,6 +137,66 @@ TEST(ZeroUneven, LastShardIsCutAndTheCutSurvivesJson) {
   Plan q = plan_from_json(plan_to_json(p.plan));
   for (int rank = 0; rank < 3; ++rank)
     EXPECT_EQ(q.program(rank).tensors, p.plan.program(rank).tensors);
+}
+
+// dp 1, ep 3: a dense parameter's holders are the three ep lanes of the one data-parallel
+// replica, so the short shard (wte's last 84 rows, the ln vectors' last 20 of 64) is held by
+// lane 2's role itself, not by a shifted replica; the experts are split by ep already.
+core::JobSpec ep3_spec(int zero) {
+  core::JobSpec s = test_util::moe_spec(3, 2);
+  s.model.seq_len = 12;  // ep 3 divides each lane's 2 x 12 x top-2 routed rows
+  s.train.global_batch = 12;
+  s.parallel.dp = 1;
+  s.parallel.ep = 3;
+  s.parallel.zero = zero;
+  return s;
+}
+
+TEST(ZeroUneven, Dp1Ep3ShardsEveryParameterMomentAndGradientOnce) {
+  Planned p(ep3_spec(3), 3);
+  expect_one_copy_in_thirds(p, core::Role::kParameter, "parameters");
+  expect_one_copy_in_thirds(p, core::Role::kOptimizerState, "moments");
+  expect_one_copy_in_thirds(p, core::Role::kGradient, "gradients");
+  const int wte = p.mg.graph.find_value("wte.weight");
+  ASSERT_GE(wte, 0);
+  std::vector<int64_t> rows;
+  for (int rank = 0; rank < 3; ++rank)
+    for (const TensorDesc& t : p.plan.program(rank).tensors)
+      if (t.value == wte && t.persistent && t.alias_of < 0) rows.push_back(t.piece.box[0].size);
+  EXPECT_EQ(rows, (std::vector<int64_t>{86, 86, 84}));
+  Plan q = plan_from_json(plan_to_json(p.plan));
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_EQ(q.program(rank).tensors, p.plan.program(rank).tensors);
+}
+
+TEST(ZeroUneven, Dp1Ep3Zero1ShardsEveryMomentOnce) {
+  Planned p(ep3_spec(1), 3);
+  expect_one_copy_in_thirds(p, core::Role::kOptimizerState, "moments");
+}
+
+// dp 3, tp 2: a tp lane's qkv bias is 3 chunks of 16 (its heads' q, k and v rows), a strided
+// dim that 3 divides in neither way 1/3 of each chunk would need; each dp rank holds one
+// whole chunk, so the six ranks hold the 96 values once (before: each held its lane's 48).
+TEST(ZeroUneven, Dp3Tp2ShardsTheQkvBiasByWholeChunks) {
+  core::JobSpec s = uneven_spec(3);
+  s.parallel.tp = 2;
+  Planned p(s, 6);
+  for (const char* name : {"h.0.attn.qkv.bias", "grad:h.0.attn.qkv.bias",
+                           "adam_m:h.0.attn.qkv.bias", "adam_v:h.0.attn.qkv.bias"}) {
+    const int value = p.mg.graph.find_value(name);
+    ASSERT_GE(value, 0) << name;
+    std::map<int64_t, int> copies;  // row -> ranks holding it
+    for (int rank = 0; rank < 6; ++rank)
+      for (const TensorDesc& t : p.plan.program(rank).tensors) {
+        if (t.value != value || !t.persistent || t.alias_of >= 0) continue;
+        const DimSlice& d = t.piece.box[0];
+        EXPECT_EQ(d.numel(), 16) << name << " on rank " << rank << ": " << box_str(t.piece.box);
+        for (int64_t c = 0; c < d.count; ++c)
+          for (int64_t i = 0; i < d.size; ++i) ++copies[d.start + c * d.stride + i];
+      }
+    EXPECT_EQ(copies.size(), 96u) << name;
+    for (const auto& [row, n] : copies) EXPECT_EQ(n, 1) << name << " row " << row;
+  }
 }
 
 }  // namespace
