@@ -73,8 +73,8 @@ double CostModel::flop_rate(double flop) const {
   return c[i - 1].second + t * (c[i].second - c[i - 1].second);
 }
 
-double CostModel::compute(double flop, double bytes, int world) const {
-  return (op_overhead + std::max(flop / flop_rate(flop), bytes / mem_bw)) * sharing(world);
+double CostModel::compute_alone(double flop, double bytes) const {
+  return op_overhead + std::max(flop / flop_rate(flop), bytes / mem_bw);
 }
 
 int64_t wire_bytes(CollKind k, int n, int64_t bytes) {

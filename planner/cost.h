@@ -65,9 +65,15 @@ struct CostModel {
   double collective(CollKind k, int n, int64_t bytes, bool cross_node, int world = 0) const;
   double p2p(int64_t bytes, bool cross_node, int world = 0) const;
   double local_copy(int64_t bytes, int world = 0) const {
-    return (op_overhead + double(bytes) / mem_bw) * sharing(world);
+    return local_copy_alone(bytes) * sharing(world);
   }
-  double compute(double flop, double bytes, int world = 0) const;
+  double compute(double flop, double bytes, int world = 0) const {
+    return compute_alone(flop, bytes) * sharing(world);
+  }
+  // The two above on a node no other rank shares (sharing 1): what a simulation that only
+  // changes active_ranks computes once.
+  double local_copy_alone(int64_t bytes) const { return op_overhead + double(bytes) / mem_bw; }
+  double compute_alone(double flop, double bytes) const;
   // FLOP/s of one op of `flop` FLOPs: `flops`, or flops_by_size interpolated linearly in
   // log(FLOPs) and clamped at its ends.
   double flop_rate(double flop) const;

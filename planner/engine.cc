@@ -19,6 +19,18 @@ std::vector<core::Shape> operand_shapes(const std::vector<TensorDesc>& tensors,
 
 PlanWork plan_work(const Plan& plan, const core::Graph& g) {
   PlanWork work(plan.roles.size());
+  // The operand shapes of one instruction at a time, in buffers reused for the next (a plan
+  // has millions of operands; op_work keeps none of them).
+  std::vector<core::Shape> ins, outs;
+  auto shapes = [](const std::vector<TensorDesc>& tensors, const std::vector<Operand>& ops,
+                   std::vector<core::Shape>& out) {
+    out.resize(ops.size());
+    for (size_t k = 0; k < ops.size(); ++k) {
+      const Box& b = tensors.at(size_t(ops[k].tensor)).piece.box;
+      out[k].resize(b.size());
+      for (size_t d = 0; d < b.size(); ++d) out[k][d] = b[d].numel();
+    }
+  };
   for (size_t k = 0; k < plan.roles.size(); ++k) {
     const Role& role = plan.roles[k];
     work[k].assign(role.program.size(), OpWork{});
@@ -28,11 +40,44 @@ PlanWork plan_work(const Plan& plan, const core::Graph& g) {
       size_t elem = 4;
       if (!in.out.empty()) elem = core::dtype_size(role.tensors[size_t(in.out[0].tensor)].dtype);
       else if (!in.in.empty()) elem = core::dtype_size(role.tensors[size_t(in.in[0].tensor)].dtype);
-      work[k][i] = op_work(g.op(in.op), in.part, operand_shapes(role.tensors, in.in),
-                           operand_shapes(role.tensors, in.out), elem);
+      shapes(role.tensors, in.in, ins);
+      shapes(role.tensors, in.out, outs);
+      work[k][i] = op_work(g.op(in.op), in.part, ins, outs, elem);
     }
   }
   return work;
+}
+
+PlanDurations durations_alone(const Plan& plan, const PlanWork& work, const CostModel& cost) {
+  PlanDurations out(plan.roles.size());
+  for (size_t k = 0; k < plan.roles.size(); ++k) {
+    const Role& role = plan.roles[k];
+    std::vector<double>& d = out[k];
+    d.assign(role.program.size(), 0);
+    for (size_t i = 0; i < role.program.size(); ++i) {
+      const Instr& in = role.program[i];
+      if (in.kind == InstrKind::kCompute)
+        d[i] = cost.compute_alone(work[k][i].flop, work[k][i].bytes);
+      else if (in.kind == InstrKind::kLocal)
+        d[i] = cost.local_copy_alone(role.tensors[size_t(in.out[0].tensor)].bytes);
+    }
+  }
+  return out;
+}
+
+double collective_seconds(const Plan& plan, const core::Graph& g, const CostModel& cost,
+                          const Instr& in, int n, bool cross) {
+  double d = cost.collective(in.coll, n, in.bytes, cross, plan.world());
+  // The executor learns a MoE layer's row counts with an all_gather of one int64 per
+  // expert and member before the forward dispatch of each micro-batch
+  // (parallel/collectives.cc): one more small collective on the same group.
+  if (in.coll == CollKind::kAllToAllV && in.part == "moe.dispatch" && in.stage == Stage::kForward &&
+      !in.recompute) {
+    const core::Op& op = g.op(in.op);
+    const int64_t experts = op.inputs.size() > 1 ? g.value(op.inputs[1]).shape.at(0) : 1;
+    d += cost.collective(CollKind::kAllGather, n, 8 * experts * n, cross, plan.world());
+  }
+  return d;
 }
 
 namespace {
@@ -46,6 +91,7 @@ struct RoleInfo {
 struct Message {
   int64_t bytes;
   double time;
+  int send = 0;  // sends so far, when it was sent (EngineSchedule::recv_send)
 };
 
 // What the members of a collective must agree on; compared as numbers, spelled only for
@@ -63,9 +109,11 @@ std::string signature_str(const Signature& s) {
   return os.str();
 }
 
+// A collective some members of a group have reached. Its members block there until the
+// last arrives, so a group has at most one open at a time (sequence number `seq`).
 struct Arrival {
   Signature signature;
-  int first_rank = -1, count = 0;
+  int seq = -1, first_rank = -1, count = 0;
   double ready = 0;
   std::vector<int> ranks;
 };
@@ -93,11 +141,11 @@ class Engine {
     const Role* role = nullptr;
     const RoleInfo* info = nullptr;
     int dp = 0;
-    size_t pc = 0;
+    size_t pc = 0, recorded_pc = 0;  // recorded_pc: instructions before it are in the schedule
     double clock = 0, busy = 0, fb_end = 0;
     std::vector<char> produced, alive;
     int64_t live = 0;
-    std::map<int, int> coll_seq;  // group -> collectives issued
+    std::vector<int> coll_seq;  // group family -> collectives issued on the rank's group of it
     bool blocked = false, done = false;
     // Why a blocked rank waits, spelled only if it never resumes (a deadlock): at
     // instruction `wait_pc`, for a message from rank `wait_peer` with `wait_tag`, or in
@@ -118,8 +166,8 @@ class Engine {
              " tag " + std::to_string(R.wait_tag);
     return where(r, R.wait_pc) + " waits in collective #" + std::to_string(R.wait_seq) +
            " on group " + std::to_string(R.wait_group) + " (" + std::to_string(R.wait_count) +
-           " of " + std::to_string(plan_.groups[size_t(R.wait_group)].ranks.size()) +
-           " members arrived)";
+           " of " + std::to_string(group_members_[size_t(R.wait_group)]) + " members" +
+           (opt_.one_replica ? " of data-parallel replica 0" : "") + " arrived)";
   }
 
   void error(const std::string& e) {
@@ -155,17 +203,13 @@ class Engine {
       }
       info.compute.assign(role.program.size(), 0);
       if (!opt_.cost) continue;
-      if (!opt_.work && own_work_.empty()) own_work_ = plan_work(plan_, g_);
-      const std::vector<OpWork>& work = (opt_.work ? *opt_.work : own_work_)[k];
-      for (size_t i = 0; i < role.program.size(); ++i) {
-        const Instr& in = role.program[i];
-        if (in.kind == InstrKind::kCompute) {
-          info.compute[i] = opt_.cost->compute(work[i].flop, work[i].bytes, plan_.world());
-        } else if (in.kind == InstrKind::kLocal) {
-          info.compute[i] =
-              opt_.cost->local_copy(role.tensors[size_t(in.out[0].tensor)].bytes, plan_.world());
-        }
+      if (!opt_.alone && own_alone_.empty()) {
+        if (!opt_.work) own_work_ = plan_work(plan_, g_);
+        own_alone_ = durations_alone(plan_, opt_.work ? *opt_.work : own_work_, *opt_.cost);
       }
+      const std::vector<double>& alone = (opt_.alone ? *opt_.alone : own_alone_)[k];
+      const double sharing = opt_.cost->sharing(plan_.world());
+      for (size_t i = 0; i < alone.size(); ++i) info.compute[i] = alone[i] * sharing;
     }
     const int rpn = opt_.cost ? opt_.cost->ranks_per_node : 1 << 30;
     group_cross_.assign(plan_.groups.size(), 0);
@@ -176,6 +220,7 @@ class Engine {
       std::sort(s.begin(), s.end());
     }
     group_members_.assign(plan_.groups.size(), 0);
+    open_.resize(plan_.groups.size());
     for (const ProcessGroup& gr : plan_.groups)
       for (int r : gr.ranks) {
         if (r / rpn != gr.ranks[0] / rpn) group_cross_[size_t(gr.id)] = 1;
@@ -191,6 +236,7 @@ class Engine {
       R.info = &infos_[size_t(k)];
       R.dp = plan_.mesh.coord(r).dp;
       if (!active(r)) continue;  // takes its replica-0 twin's results (finish)
+      R.coll_seq.assign(plan_.families.size(), 0);
       size_t n = R.role->tensors.size();
       R.produced.assign(n, 0);
       R.alive.assign(n, 0);
@@ -288,7 +334,7 @@ class Engine {
         case InstrKind::kSend: {
           readable(r, i, in.in[0].tensor);
           int peer = plan_.peer_rank(r, in.peer);
-          mail_[{r, peer, in.tag}].push_back({in.bytes, R.clock});
+          mail_[{r, peer, in.tag}].push_back({in.bytes, R.clock, sends_++});
           cost.p2p_bytes += in.bytes;
           ++R.pc;
           auto w = recv_wait_.find({r, peer, in.tag});
@@ -307,11 +353,13 @@ class Engine {
             R.blocked = true;
             recv_wait_[{peer, r, in.tag}] = r;
             R.wait_recv = true, R.wait_pc = i, R.wait_peer = peer, R.wait_tag = in.tag;
+            record_run(r);
             return;
           }
           Message m = it->second.front();
           it->second.pop_front();
           if (it->second.empty()) mail_.erase(it);
+          if (opt_.record) opt_.record->recv_send.push_back(m.send);
           if (m.bytes != in.bytes)
             error(where(r, i) + " receives " + std::to_string(in.bytes) + " bytes but rank " +
                   std::to_string(peer) + " sent " + std::to_string(m.bytes));
@@ -329,29 +377,22 @@ class Engine {
           break;
         }
         case InstrKind::kCollective: {
+          record_run(r);
           if (!arrive(r, i, ready)) return;
           break;
         }
       }
     }
+    record_run(r);
     R.done = true;
   }
 
-  double collective_time(const Instr& in, int n, bool cross) const {
-    double d = opt_.cost->collective(in.coll, n, in.bytes, cross, plan_.world());
-    // The executor learns a MoE layer's row counts with an all_gather of one int64 per
-    // expert and member before the forward dispatch of each micro-batch
-    // (parallel/collectives.cc): one more small collective on the same group.
-    if (in.coll == CollKind::kAllToAllV && in.part == "moe.dispatch" && in.stage == Stage::kForward &&
-        !in.recompute)
-      d += opt_.cost->collective(CollKind::kAllGather, n, moe_count_bytes(in, n), cross, plan_.world());
-    return d;
-  }
-
-  int64_t moe_count_bytes(const Instr& in, int n) const {
-    const core::Op& op = g_.op(in.op);
-    int64_t experts = op.inputs.size() > 1 ? g_.value(op.inputs[1]).shape.at(0) : 1;
-    return 8 * experts * n;
+  // Schedules rank r's instructions retired since the last step, as one step.
+  void record_run(int r) {
+    Rank& R = ranks_[size_t(r)];
+    if (!opt_.record || R.pc == R.recorded_pc) return;
+    opt_.record->steps.push_back({r, uint32_t(R.pc)});
+    R.recorded_pc = R.pc;
   }
 
   // Registers rank r at its collective; completes the collective when it is the last
@@ -368,11 +409,13 @@ class Engine {
       ++R.pc;
       return true;
     }
-    int seq = R.coll_seq[gid]++;
+    const int seq = R.coll_seq.at(size_t(in.group))++;
     const Signature sig{in.coll, in.reduce == ReduceOp::kMax, in.bytes};
-    Arrival& a = pending_[{gid, seq}];
+    Arrival& a = open_[size_t(gid)];
+    WEFT_CHECK(a.count == 0 || a.seq == seq, "group ", gid, " has collectives #", a.seq, " and #", seq,
+               " open at once");
     if (a.count == 0)
-      a.signature = sig, a.first_rank = r;
+      a.signature = sig, a.seq = seq, a.first_rank = r, a.ready = 0;
     else if (!(a.signature == sig))
       error("group " + std::to_string(gid) + ": collective #" + std::to_string(seq) + " is " +
             signature_str(a.signature) + " on rank " + std::to_string(a.first_rank) + " but " +
@@ -387,11 +430,18 @@ class Engine {
       R.wait_count = a.count;
       return false;
     }
-    double d = opt_.cost ? collective_time(in, int(grp.ranks.size()), group_cross_[size_t(gid)]) : 0;
+    double d = opt_.cost ? collective_seconds(plan_, g_, *opt_.cost, in, int(grp.ranks.size()),
+                                              group_cross_[size_t(gid)])
+                          : 0;
     double end = a.ready + d;
-    std::vector<int> members = a.ranks;
-    pending_.erase({gid, seq});
-    for (int q : members) {
+    if (opt_.record) {
+      EngineSchedule& s = *opt_.record;
+      s.steps.push_back({-1 - int(s.coll_pricer.size()), 0});
+      s.coll_pricer.push_back(r);
+      s.coll_begin.push_back(int(s.coll_ranks.size()));
+      s.coll_ranks.insert(s.coll_ranks.end(), a.ranks.begin(), a.ranks.end());
+    }
+    for (int q : a.ranks) {
       Rank& Q = ranks_[size_t(q)];
       const Instr& qi = Q.role->program[Q.pc];
       double start = Q.clock;
@@ -402,11 +452,14 @@ class Engine {
       c.comm_bytes[int(qi.coll)] += wire_bytes(qi.coll, int(grp.ranks.size()), qi.bytes);
       for (const Operand& o : qi.out) write(q, Q.pc, o);
       retire(q, qi, start, d);
+      Q.recorded_pc = Q.pc;  // the collective's step above
       if (q != r) {
         Q.blocked = false;
         ready.push_back(q);
       }
     }
+    a.count = 0;
+    a.ranks.clear();
     return true;
   }
 
@@ -447,14 +500,16 @@ class Engine {
   EngineOptions opt_;
   EngineResult res_;
   std::vector<RoleInfo> infos_;
-  PlanWork own_work_;  // when the caller gave none
+  PlanWork own_work_;          // when the caller gave none
+  PlanDurations own_alone_;
   std::vector<Rank> ranks_;
   std::vector<char> group_cross_;
   std::vector<int> group_members_;  // group -> members the engine runs (all, or replica 0's)
   std::vector<std::vector<int>> group_sorted_;  // group -> its ranks, ascending (membership tests)
   std::map<std::tuple<int, int, int64_t>, std::deque<Message>> mail_;
   std::map<std::tuple<int, int, int64_t>, int> recv_wait_;
-  std::map<std::pair<int, int>, Arrival> pending_;
+  std::vector<Arrival> open_;  // group -> its open collective
+  int sends_ = 0;
 };
 
 }  // namespace

@@ -69,7 +69,12 @@ CostAnnotations simulate_plan(const Plan& plan, const core::Graph& g, const Cost
   opt.one_replica = true;
   const PlanWork work = plan_work(plan, g);  // once, for every run below and the estimate
   opt.work = &work;
+  const PlanDurations alone = durations_alone(plan, work, cost);  // active_ranks changes below
+  opt.alone = &alone;
+  EngineSchedule schedule;  // the first run's matching, re-timed by every iteration below
+  opt.record = &schedule;
   EngineResult r = run_programs(plan, g, opt);
+  opt.record = nullptr;
   // Processor sharing, mean-field: with more ranks than cores on a node, compute slows by
   // (ranks computing at once) / cores, and how many compute at once depends on the slowdown
   // (bubbles and waits leave cores idle). Iterate to the fixed point, damped.
@@ -77,6 +82,7 @@ CostAnnotations simulate_plan(const Plan& plan, const core::Graph& g, const Cost
   if (cost.cores > 0 && cost.active_ranks <= 0 && on_node > cost.cores && r.errors.empty()) {
     const double nodes = std::ceil(double(plan.world()) / double(on_node));
     double active = on_node;
+    const EngineResult checked = r;
     for (int it = 0; it < 12; ++it) {
       double step = 0, computing = 0;
       for (const RankCost& rc : r.ranks) step = std::max(step, rc.step_s);
@@ -85,7 +91,7 @@ CostAnnotations simulate_plan(const Plan& plan, const core::Graph& g, const Cost
       if (std::fabs(next - active) < 1e-3 * active) break;
       active = 0.5 * (active + next);
       shared.active_ranks = active;
-      r = run_programs(plan, g, opt);
+      r = retime(plan, g, schedule, checked, opt);
     }
   }
   CostAnnotations c;

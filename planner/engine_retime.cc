@@ -1,0 +1,155 @@
+// Re-timing a recorded engine run under another cost model: the simulator's processor-sharing
+// iterations (simulate.cc) price one schedule many times; matching and checking it once is enough.
+#include <algorithm>
+
+#include "base/check.h"
+#include "planner/engine.h"
+
+namespace weft::planner {
+
+EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule& schedule,
+                    const EngineResult& checked, const EngineOptions& opt) {
+  WEFT_CHECK(opt.cost != nullptr, "retime needs a cost model");
+  WEFT_CHECK(checked.errors.empty(), "retime needs an error-free run");
+  const CostModel& cost = *opt.cost;
+  const int world = plan.world();
+  auto active = [&](int r) { return !opt.one_replica || plan.mesh.coord(r).dp == 0; };
+
+  PlanDurations own_alone;
+  if (!opt.alone && opt.work) own_alone = durations_alone(plan, *opt.work, cost);
+  if (!opt.alone && !opt.work) own_alone = durations_alone(plan, plan_work(plan, g), cost);
+  const PlanDurations& alone = opt.alone ? *opt.alone : own_alone;
+  const double sharing = cost.sharing(world);
+  const int rpn = cost.ranks_per_node;
+  std::vector<char> cross(plan.groups.size(), 0);
+  for (const ProcessGroup& gr : plan.groups)
+    for (int r : gr.ranks) cross[size_t(gr.id)] |= r / rpn != gr.ranks[0] / rpn;
+
+  // The engine's per-rank state that times depend on; the checked run gave the rest.
+  struct Rank {
+    const Role* role = nullptr;
+    const std::vector<double>* alone = nullptr;
+    int dp = 0;
+    size_t pc = 0;
+    double clock = 0, busy = 0, fb_end = 0;
+  };
+  EngineResult res;
+  res.ranks = checked.ranks;
+  if (opt.timeline) res.timeline.resize(size_t(world));
+  std::vector<Rank> ranks(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    Rank& R = ranks[size_t(r)];
+    const int k = plan.role_index(r);
+    R.role = &plan.roles[size_t(k)];
+    R.alone = &alone[size_t(k)];
+    R.dp = plan.mesh.coord(r).dp;
+    RankCost& c = res.ranks[size_t(r)];
+    c.step_s = c.compute_s = c.comm_s = c.wait_s = c.bubble = 0;
+  }
+  // As the engine's retire(): the span, then the busy time and end of forward/backward work.
+  auto retire = [&](int r, const Instr& in, double start, double busy) {
+    Rank& R = ranks[size_t(r)];
+    if (opt.timeline && R.clock > start)
+      res.timeline[size_t(r)].push_back(
+          {start, R.clock, in.kind, in.stage, in.mb, in.chunk, in.recompute});
+    if (in.stage != Stage::kStep) {
+      R.busy += busy;
+      R.fb_end = std::max(R.fb_end, R.clock);
+    }
+    ++R.pc;
+  };
+
+  std::vector<double> sent;  // per send, in send order: the sender's clock
+  size_t recvs = 0;
+  for (const EngineSchedule::Step& step : schedule.steps) {
+    if (step.rank < 0) {
+      const size_t k = size_t(-1 - step.rank);
+      const int first = schedule.coll_begin[k];
+      const int last = k + 1 < schedule.coll_begin.size() ? schedule.coll_begin[k + 1]
+                                                          : int(schedule.coll_ranks.size());
+      const Rank& P = ranks[size_t(schedule.coll_pricer[k])];
+      const Instr& in = P.role->program[P.pc];
+      const int gid = plan.group_id(in.group, P.dp);
+      const ProcessGroup& grp = plan.groups[size_t(gid)];
+      double ready = 0;
+      for (int m = first; m < last; ++m)
+        ready = std::max(ready, ranks[size_t(schedule.coll_ranks[size_t(m)])].clock);
+      const double d =
+          collective_seconds(plan, g, cost, in, int(grp.ranks.size()), cross[size_t(gid)]);
+      const double end = ready + d;
+      for (int m = first; m < last; ++m) {
+        const int q = schedule.coll_ranks[size_t(m)];
+        Rank& Q = ranks[size_t(q)];
+        const double start = Q.clock;
+        Q.clock = end;
+        RankCost& c = res.ranks[size_t(q)];
+        c.comm_s += d;
+        c.wait_s += end - start - d;
+        retire(q, Q.role->program[Q.pc], start, d);
+      }
+      continue;
+    }
+    const int r = step.rank;
+    Rank& R = ranks[size_t(r)];
+    RankCost& c = res.ranks[size_t(r)];
+    const std::vector<Instr>& prog = R.role->program;
+    while (R.pc < step.end_pc) {
+      const Instr& in = prog[R.pc];
+      const double start = R.clock;
+      switch (in.kind) {
+        case InstrKind::kLoad:
+        case InstrKind::kCompute:
+        case InstrKind::kLocal: {
+          const double d = (*R.alone)[R.pc] * sharing;
+          R.clock += d;
+          c.compute_s += d;
+          retire(r, in, start, d);
+          break;
+        }
+        case InstrKind::kFree:
+          ++R.pc;
+          break;
+        case InstrKind::kSend:
+          sent.push_back(R.clock);
+          ++R.pc;
+          break;
+        case InstrKind::kRecv: {
+          const int peer = plan.peer_rank(r, in.peer);
+          const double t = sent.at(size_t(schedule.recv_send.at(recvs++)));
+          const double transfer = cost.p2p(in.bytes, r / rpn != peer / rpn, world);
+          R.clock = std::max(R.clock, t + transfer);
+          const double moving = std::min(transfer, R.clock - start);
+          c.comm_s += moving;
+          c.wait_s += R.clock - start - moving;
+          retire(r, in, start, 0);
+          break;
+        }
+        case InstrKind::kCollective:
+          WEFT_CHECK(false, "a schedule's run step holds a collective");
+      }
+    }
+  }
+
+  // As the engine's finish(): step times, then replica 0's results for its twins, then bubbles.
+  for (int r = 0; r < world; ++r) {
+    if (!active(r)) continue;
+    res.ranks[size_t(r)].step_s = ranks[size_t(r)].clock;
+    res.fb_end = std::max(res.fb_end, ranks[size_t(r)].fb_end);
+  }
+  auto twin = [&](int r) {
+    const Role& role = *ranks[size_t(r)].role;
+    return plan.mesh.rank_of(role.stage, role.lane, 0);
+  };
+  for (int r = 0; r < world; ++r) {
+    if (active(r)) continue;
+    res.ranks[size_t(r)] = res.ranks[size_t(twin(r))];
+    if (opt.timeline) res.timeline[size_t(r)] = res.timeline[size_t(twin(r))];
+  }
+  for (int r = 0; r < world; ++r) {
+    const double busy = ranks[size_t(active(r) ? r : twin(r))].busy;
+    res.ranks[size_t(r)].bubble = res.fb_end > 0 ? std::max(0.0, 1.0 - busy / res.fb_end) : 0;
+  }
+  return res;
+}
+
+}  // namespace weft::planner
