@@ -412,8 +412,8 @@ class Engine {
     const int seq = R.coll_seq.at(size_t(in.group))++;
     const Signature sig{in.coll, in.reduce == ReduceOp::kMax, in.bytes};
     Arrival& a = open_[size_t(gid)];
-    WEFT_CHECK(a.count == 0 || a.seq == seq, "group ", gid, " has collectives #", a.seq, " and #", seq,
-               " open at once");
+    WEFT_CHECK(a.count == 0 || a.seq == seq, "group ", gid, " has collectives #", a.seq,
+               " and #", seq, " open at once");
     if (a.count == 0)
       a.signature = sig, a.seq = seq, a.first_rank = r, a.ready = 0;
     else if (!(a.signature == sig))
