@@ -1,4 +1,4 @@
-// Dijkstra over explicit layouts with the RVD primitive moves.
+// A* over explicit layouts with the RVD primitive moves.
 #include "planner/rvd.h"
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "base/check.h"
+#include "planner/rvd_bound.h"
 
 namespace weft::planner {
 namespace {
@@ -52,11 +53,16 @@ bool chunk_pos(const DimSlice& s, int64_t W, int64_t* c, int64_t* D) {
   return true;
 }
 
-std::vector<int> replica_index(const GroupLayout& l) {
-  std::map<std::string, int> seen;
-  std::vector<int> rho(l.size());
-  for (size_t m = 0; m < l.size(); ++m) rho[m] = seen[piece_key(l[m])]++;
-  return rho;
+// A layout's hash (FNV-1a over every field of every piece): the search finds a layout it has
+// seen by hash, then by comparing pieces, without building a key string per move.
+uint64_t layout_hash(const GroupLayout& l) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](int64_t v) { h = (h ^ uint64_t(v)) * 1099511628211ull; };
+  for (const Piece& p : l) {
+    mix(p.part), mix(p.parts), mix(int64_t(p.reduce));
+    for (const DimSlice& s : p.box) mix(s.start), mix(s.size), mix(s.count), mix(s.stride);
+  }
+  return h;
 }
 
 struct Search {
@@ -88,6 +94,9 @@ struct Search {
         if (team[b * k + j] != int(b) * bs + team[j]) return false;
     return true;
   }
+  // False when no team of f members is one a group family can name (f > a block's members and
+  // not a multiple of the blocks): the collectives of that factor need not be formed at all.
+  bool team_factor(int f) const { return blocks == 1 || f <= n / blocks || f % blocks == 0; }
   bool teams_ok(const std::vector<std::vector<int>>& t) const {
     for (const auto& team : t)
       if (!team_ok(team)) return false;
@@ -101,17 +110,9 @@ struct Search {
     return b;
   }
 
-  // A lower bound of what `l` still costs (A*'s heuristic): a member whose piece lacks
-  // elements of its need, or holds another addend of it, needs a collective (chunks only
-  // cut pieces, and every collective costs at least a launch and one message step); else 0.
-  // Consistent (a chunk never removes the need for a collective), so the first goal popped
-  // is still the cheapest path; it keeps the search from expanding every one-collective
-  // layout cheaper than the answer (a gradient sum over 16 replicas of 4 ep lanes).
+  // A*'s heuristic (planner/rvd_bound.h).
   double at_least(const GroupLayout& l) const {
-    for (int m = 0; m < n; ++m)
-      if (need[size_t(m)] && !piece_extractable(l[size_t(m)], *need[size_t(m)]))
-        return cm.launch + std::min(cm.alpha_intra, cm.alpha_inter);
-    return 0;
+    return rvd_lower_bound(l, need, whole, cm, cross, blocks);
   }
 
   bool satisfied(const GroupLayout& l, double* extra) const {
@@ -130,8 +131,7 @@ struct Search {
   // Teams of f members that share everything but a component indexed by u (0..f-1);
   // `key` returns the grouping key and u, or false when the member cannot join.
   template <typename KeyFn>
-  bool teams(const GroupLayout& l, int f, KeyFn key, std::vector<std::vector<int>>& out) const {
-    std::vector<int> rho = replica_index(l);
+  bool teams(const std::vector<int>& rho, int f, KeyFn key, std::vector<std::vector<int>>& out) const {
     std::map<std::string, std::vector<std::pair<int64_t, int>>> by;
     for (int m = 0; m < n; ++m) {
       std::string k;
@@ -154,8 +154,9 @@ struct Search {
     return true;
   }
 
-  bool value_teams(const GroupLayout& l, int f, std::vector<std::vector<int>>& t) const {
-    return teams(l, f, [&](int m, std::string& k, int64_t& u) {
+  bool value_teams(const GroupLayout& l, const std::vector<int>& rho, int f,
+                   std::vector<std::vector<int>>& t) const {
+    return teams(rho, f, [&](int m, std::string& k, int64_t& u) {
       const Piece& p = l[size_t(m)];
       if (p.parts % f) return false;
       Piece q = p;
@@ -166,8 +167,9 @@ struct Search {
     }, t);
   }
 
-  bool dim_teams(const GroupLayout& l, int f, int d, std::vector<std::vector<int>>& t) const {
-    return teams(l, f, [&](int m, std::string& k, int64_t& u) {
+  bool dim_teams(const GroupLayout& l, const std::vector<int>& rho, int f, int d,
+                 std::vector<std::vector<int>>& t) const {
+    return teams(rho, f, [&](int m, std::string& k, int64_t& u) {
       const Piece& p = l[size_t(m)];
       int64_t c, D;
       if (!chunk_pos(p.box[size_t(d)], whole[size_t(d)].size, &c, &D) || D % f) return false;
@@ -200,16 +202,26 @@ struct Search {
       for (const auto& q : need)
         if (q) add(q->box[size_t(d)].count);
     }
+    // Members holding equal pieces, in member order: rho numbers each one's copy (teams keep
+    // copies apart), and a chunk cuts each set. Computed once for every move of this layout.
+    std::map<std::string, std::vector<int>> by_piece;
+    for (int m = 0; m < n; ++m) by_piece[piece_key(l[size_t(m)])].push_back(m);
+    std::vector<int> rho(size_t(n), 0);
+    std::vector<std::vector<int>> sets;
+    for (auto& [k, members] : by_piece) {
+      for (size_t r = 0; r < members.size(); ++r) rho[size_t(members[r])] = int(r);
+      sets.push_back(std::move(members));
+    }
     if (ragged >= 0) {
       std::vector<std::vector<int>> t;
       for (int f : factors)
-        if (dim_teams(l, f, ragged, t) && teams_ok(t))
+        if (team_factor(f) && dim_teams(l, rho, f, ragged, t) && teams_ok(t))
           for (int64_t g : group_opts[size_t(ragged)]) all_to_all_v(l, t, f, g, out);
       return;
     }
     for (int f : factors) {
       std::vector<std::vector<int>> t;
-      if (value_teams(l, f, t)) {
+      if (team_factor(f) && value_teams(l, rho, f, t)) {
         // A sum does not depend on its members' order: over blocks, the all-reduce's team is
         // listed in member order, which is block-major as a group family needs.
         std::vector<std::vector<int>> sorted = t;
@@ -221,14 +233,16 @@ struct Search {
         const ReduceOp op = l[size_t(t[0][0])].reduce;
         bool one_op = true;
         for (const Piece& p : l) one_op = one_op && p.reduce == op;
-        Move mv{MoveKind::kAllReduce, -1, -1, 1, f, sorted, l};
-        mv.reduce = op;
-        for (Piece& p : mv.after) {
-          p.part /= f, p.parts /= f;
-          if (p.parts == 1) p.reduce = ReduceOp::kSum;  // a whole value has no operator
+        if (one_op && teams_ok(sorted)) {
+          Move mv{MoveKind::kAllReduce, -1, -1, 1, f, sorted, l};
+          mv.reduce = op;
+          for (Piece& p : mv.after) {
+            p.part /= f, p.parts /= f;
+            if (p.parts == 1) p.reduce = ReduceOp::kSum;  // a whole value has no operator
+          }
+          mv.cost = cm.collective(CollKind::kAllReduce, f, max_bytes(l), cross);
+          out.push_back(std::move(mv));
         }
-        mv.cost = cm.collective(CollKind::kAllReduce, f, max_bytes(l), cross);
-        if (one_op && teams_ok(sorted)) out.push_back(mv);
         // Reduce-scatter sums (the executor and the collectives it calls scatter by sum only):
         // a V-max reaches a split only through its max all-reduce and a local chunk.
         if (one_op && op == ReduceOp::kSum)
@@ -237,31 +251,35 @@ struct Search {
               for (int aligned = 0; aligned < 2; ++aligned) reduce_scatter(l, t, f, d, g, aligned, out);
       }
       for (int d = 0; d < dims; ++d) {
-        if (dim_teams(l, f, d, t) && teams_ok(t)) {
-          Move mv{MoveKind::kAllGather, d, -1, l[0].box[size_t(d)].count, f, t, l};
-          bool ok = true;
+        if (team_factor(f) && dim_teams(l, rho, f, d, t) && teams_ok(t)) {
+          std::vector<DimSlice> merged;  // per team
           for (const auto& team : t) {
             auto s = merge(l, team, d);
-            if (!s) ok = false;
-            else
-              for (int m : team) mv.after[size_t(m)].box[size_t(d)] = *s;
+            if (!s) break;
+            merged.push_back(*s);
           }
-          if (ok) {
+          if (merged.size() == t.size()) {
+            Move mv{MoveKind::kAllGather, d, -1, l[0].box[size_t(d)].count, f, t, l};
+            for (size_t i = 0; i < t.size(); ++i)
+              for (int m : t[i]) mv.after[size_t(m)].box[size_t(d)] = merged[i];
             mv.cost = cm.collective(CollKind::kAllGather, f, max_bytes(mv.after), cross);
-            out.push_back(mv);
+            out.push_back(std::move(mv));
           }
           for (int d2 = 0; d2 < dims; ++d2)
             if (d2 != d)
               for (int64_t g : group_opts[size_t(d2)]) all_to_all(l, t, f, d, d2, g, out);
         }
-        for (int64_t g : group_opts[size_t(d)]) chunk(l, f, d, g, out);
+        for (int64_t g : group_opts[size_t(d)]) chunk(l, sets, f, d, g, out);
       }
     }
   }
 
   void reduce_scatter(const GroupLayout& l, const std::vector<std::vector<int>>& t, int f, int d,
                       int64_t g, bool aligned, std::vector<Move>& out) const {
-    Move mv{MoveKind::kReduceScatter, d, -1, g, f, {}, l};
+    // The new slices are collected first and the layout copied only for a move that exists
+    // (most candidates fail, and a layout of 512 members is 512 allocations).
+    std::vector<std::pair<int, DimSlice>> cuts;
+    std::vector<std::vector<int>> teams;
     for (const auto& team : t) {
       std::vector<int> order(size_t(f), -1);  // chunk x -> member
       for (int u = 0; u < f; ++u) {
@@ -279,21 +297,25 @@ struct Search {
         auto s = l[size_t(m)].box[size_t(d)].part(x, f, g);
         if (!s) return;
         order[size_t(x)] = m;
-        Piece& p = mv.after[size_t(m)];
-        p.box[size_t(d)] = *s;
-        p.part /= f;
-        p.parts /= f;
+        cuts.push_back({m, *s});
       }
       if (!team_ok(order)) return;
-      mv.teams.push_back(order);
+      teams.push_back(order);
+    }
+    Move mv{MoveKind::kReduceScatter, d, -1, g, f, std::move(teams), l};
+    for (const auto& [m, slice] : cuts) {
+      Piece& p = mv.after[size_t(m)];
+      p.box[size_t(d)] = slice;
+      p.part /= f;
+      p.parts /= f;
     }
     mv.cost = cm.collective(CollKind::kReduceScatter, f, max_bytes(l), cross);
-    out.push_back(mv);
+    out.push_back(std::move(mv));
   }
 
   void all_to_all(const GroupLayout& l, const std::vector<std::vector<int>>& t, int f, int d, int d2,
                   int64_t g, std::vector<Move>& out) const {
-    Move mv{MoveKind::kAllToAll, d, d2, g, f, t, l};
+    std::vector<std::tuple<int, DimSlice, DimSlice>> cuts;  // member, its dim d, its dim d2
     for (const auto& team : t) {
       auto merged = merge(l, team, d);
       if (!merged) return;
@@ -301,12 +323,16 @@ struct Search {
         int m = team[size_t(u)];
         auto s = l[size_t(m)].box[size_t(d2)].part(u, f, g);
         if (!s) return;
-        mv.after[size_t(m)].box[size_t(d)] = *merged;
-        mv.after[size_t(m)].box[size_t(d2)] = *s;
+        cuts.push_back({m, *merged, *s});
       }
     }
+    Move mv{MoveKind::kAllToAll, d, d2, g, f, t, l};
+    for (const auto& [m, along, across] : cuts) {
+      mv.after[size_t(m)].box[size_t(d)] = along;
+      mv.after[size_t(m)].box[size_t(d2)] = across;
+    }
     mv.cost = cm.collective(CollKind::kAllToAll, f, max_bytes(l), cross);
-    out.push_back(mv);
+    out.push_back(std::move(mv));
   }
 
   // Regroups the ragged dim within each team: the team's chunks merged (the rows of all its
@@ -326,17 +352,17 @@ struct Search {
         mv.after[size_t(team[size_t(u)])].box[size_t(d)] = *s;
       }
     }
-    if (layout_key(mv.after) == layout_key(l)) return;  // every member keeps its rows
+    if (mv.after == l) return;  // every member keeps its rows
     mv.cost = cm.collective(CollKind::kAllToAllV, f, max_bytes(l), cross);
-    out.push_back(mv);
+    out.push_back(std::move(mv));
   }
 
-  void chunk(const GroupLayout& l, int f, int d, int64_t g, std::vector<Move>& out) const {
-    std::map<std::string, std::vector<int>> sets;
-    for (int m = 0; m < n; ++m) sets[piece_key(l[size_t(m)])].push_back(m);
-    Move mv{MoveKind::kChunk, d, -1, g, f, {}, l};
-    for (auto& [k, members] : sets) {
+  void chunk(const GroupLayout& l, const std::vector<std::vector<int>>& sets, int f, int d,
+             int64_t g, std::vector<Move>& out) const {
+    for (const auto& members : sets)
       if (members.size() % size_t(f)) return;
+    Move mv{MoveKind::kChunk, d, -1, g, f, {}, l};
+    for (const auto& members : sets) {
       for (size_t r = 0; r < members.size(); ++r) {
         auto s = l[size_t(members[r])].box[size_t(d)].part(int64_t(r % size_t(f)), f, g);
         if (!s) return;
@@ -344,7 +370,7 @@ struct Search {
       }
     }
     mv.cost = cm.local_copy(max_bytes(mv.after));
-    out.push_back(mv);
+    out.push_back(std::move(mv));
   }
 };
 
@@ -363,7 +389,7 @@ RvdPath search(const GroupLayout& from, const std::vector<std::optional<Piece>>&
   std::vector<GroupLayout> states{from};
   std::vector<std::pair<int, Move>> parent{{-1, Move{}}};
   std::vector<double> best{0};
-  std::unordered_map<std::string, int> ids{{layout_key(from), 0}};
+  std::unordered_multimap<uint64_t, int> ids{{layout_hash(from), 0}};
   // A*: a state is ordered by its cost so far plus at_least(); a goal by its whole cost.
   using Item = std::tuple<double, int, bool>;  // ordering cost, state, goal
   std::priority_queue<Item, std::vector<Item>, std::greater<Item>> pq;
@@ -378,6 +404,7 @@ RvdPath search(const GroupLayout& from, const std::vector<std::optional<Piece>>&
       const double c = f;
       RvdPath path;
       path.cost = c;
+      path.layouts = pops;
       for (int at = id; parent[size_t(at)].first >= 0; at = parent[size_t(at)].first)
         path.moves.push_back(parent[size_t(at)].second);
       std::reverse(path.moves.begin(), path.moves.end());
@@ -396,18 +423,18 @@ RvdPath search(const GroupLayout& from, const std::vector<std::optional<Piece>>&
     s.expand(states[size_t(id)], moves);
     for (Move& mv : moves) {
       double nc = c + mv.cost + 1e-9;  // a tie-break toward fewer moves
-      std::string k = layout_key(mv.after);
-      auto it = ids.find(k);
-      int nid;
-      if (it == ids.end()) {
+      const uint64_t h = layout_hash(mv.after);
+      int nid = -1;
+      for (auto [it, end] = ids.equal_range(h); it != end && nid < 0; ++it)
+        if (states[size_t(it->second)] == mv.after) nid = it->second;
+      if (nid < 0) {
         nid = int(states.size());
-        ids.emplace(k, nid);
+        ids.emplace(h, nid);
         states.push_back(mv.after);
         parent.push_back({id, mv});
         best.push_back(nc);
         done.push_back(0);
       } else {
-        nid = it->second;
         if (done[size_t(nid)] || nc >= best[size_t(nid)]) continue;
         best[size_t(nid)] = nc;
         parent[size_t(nid)] = {id, mv};

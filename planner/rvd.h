@@ -2,8 +2,9 @@
 // layout its consumers need. A layout is the piece each member holds; in RVD terms it is
 // R replicas x V addends x D_k chunks per dim, where V carries the operator its addends
 // combine under: V-sum (partial sums) or V-max (partial maxima, a vocabulary-parallel row
-// max). A shortest-path search over layouts (alpha-beta cost) uses the primitive moves,
-// each a real collective within sub-groups of the members:
+// max). A shortest-path search over layouts (alpha-beta cost; A*, its bound in
+// planner/rvd_bound.h) uses the primitive moves, each a real collective within sub-groups of
+// the members:
 //   V -> R  all_reduce (sum or max, as V says)    V-sum -> D_k  reduce_scatter
 //   D_k -> R  all_gather    D_i -> D_j  all_to_all    R -> D_k  local chunk (no communication)
 // and ends where every member can cut its needed piece out of what it holds. A V-max value
@@ -70,6 +71,7 @@ struct Move {
 struct RvdPath {
   std::vector<Move> moves;
   double cost = 0;  // including the final local cuts
+  int layouts = 0;  // layouts the search expanded to find it (kept with it in an RvdCache)
 };
 
 // A planner's memo of layout searches: the paths found, keyed by the layouts relative to
