@@ -131,7 +131,8 @@ struct Search {
   // Teams of f members that share everything but a component indexed by u (0..f-1);
   // `key` returns the grouping key and u, or false when the member cannot join.
   template <typename KeyFn>
-  bool teams(const std::vector<int>& rho, int f, KeyFn key, std::vector<std::vector<int>>& out) const {
+  bool teams(const std::vector<int>& rho, int f, KeyFn key,
+             std::vector<std::vector<int>>& out) const {
     std::map<std::string, std::vector<std::pair<int64_t, int>>> by;
     for (int m = 0; m < n; ++m) {
       std::string k;

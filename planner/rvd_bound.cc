@@ -45,7 +45,8 @@ bool elements_covered(const std::vector<const Box*>& held, const Box& need) {
   }
   if (total == 0) return true;
   // inside[h][d][c]: cell c of dim d lies in held box h.
-  std::vector<std::vector<std::vector<char>>> inside(held.size(), std::vector<std::vector<char>>(dims));
+  std::vector<std::vector<std::vector<char>>> inside(held.size(),
+                                                     std::vector<std::vector<char>>(dims));
   for (size_t h = 0; h < held.size(); ++h)
     for (size_t d = 0; d < dims; ++d)
       for (const auto& [start, size] : cells[d])
@@ -85,8 +86,9 @@ bool addends_covered(const std::vector<const Piece*>& held, const Piece& need) {
 
 }  // namespace
 
-double rvd_lower_bound(const std::vector<Piece>& layout, const std::vector<std::optional<Piece>>& need,
-                       const Box& whole, const CostModel& cm, bool cross, int blocks) {
+double rvd_lower_bound(const std::vector<Piece>& layout,
+                       const std::vector<std::optional<Piece>>& need, const Box& whole,
+                       const CostModel& cm, bool cross, int blocks) {
   const int n = int(layout.size());
   bool lacking = false;
   for (int m = 0; m < n && !lacking; ++m)
@@ -96,7 +98,8 @@ double rvd_lower_bound(const std::vector<Piece>& layout, const std::vector<std::
   if (blocks < 2) return bound;
   // The fixed parts (no bytes) of the cheapest collectives over one member of every block.
   const double across = cm.collective(CollKind::kReduceScatter, blocks, 0, cross);
-  const double sum_across = std::min(cm.collective(CollKind::kAllReduce, blocks, 0, cross), 2 * across);
+  const double sum_across =
+      std::min(cm.collective(CollKind::kAllReduce, blocks, 0, cross), 2 * across);
   const int bs = n / blocks;
   const int64_t whole_numel = box_numel(whole);
   for (int b = 0; b < blocks; ++b) {

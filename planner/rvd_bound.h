@@ -28,7 +28,8 @@ namespace weft::planner {
 //   an all-reduce across the blocks or two collectives across them. This is what keeps a
 //   gradient summed over 128 replicas of 4 ep lanes from expanding every cheap layout of the
 //   4 lanes before it pays for the sum across the replicas.
-double rvd_lower_bound(const std::vector<Piece>& layout, const std::vector<std::optional<Piece>>& need,
-                       const Box& whole, const CostModel& cost, bool cross_node, int blocks);
+double rvd_lower_bound(const std::vector<Piece>& layout,
+                       const std::vector<std::optional<Piece>>& need, const Box& whole,
+                       const CostModel& cost, bool cross_node, int blocks);
 
 }  // namespace weft::planner

@@ -35,7 +35,8 @@ GradientSum gradient_sum(int blocks, int lanes) {
 std::vector<std::string> collectives_of(const RvdPath& p) {
   std::vector<std::string> out;
   for (const Move& m : p.moves)
-    if (m.kind != MoveKind::kChunk) out.push_back(std::string(move_name(m.kind)) + "/" + std::to_string(m.factor));
+    if (m.kind != MoveKind::kChunk)
+      out.push_back(std::string(move_name(m.kind)) + "/" + std::to_string(m.factor));
   return out;
 }
 
@@ -61,13 +62,14 @@ TEST(RvdBlocks, AGradientOver128ReplicasOf4LanesIsSummedInsideEachReplicaThenAcr
     EXPECT_EQ(across.teams[size_t(lane)], team);
   }
   // Before the bound counted the sum across the blocks, the search gave up after 4000
-  // layouts; it now expands only those that can still beat it.
-  EXPECT_LT(p.layouts, 50);
+  // layouts; it now expands only those that can still beat it (36 here).
+  EXPECT_LE(p.layouts, 40);
 }
 
 TEST(RvdBlocks, TheBoundNeverExceedsWhatTheFoundPathStillPays) {
   CostModel cm;
-  for (auto [blocks, lanes] : {std::pair{128, 4}, std::pair{16, 4}, std::pair{8, 2}, std::pair{4, 8}}) {
+  for (auto [blocks, lanes] :
+       {std::pair{128, 4}, std::pair{16, 4}, std::pair{8, 2}, std::pair{4, 8}}) {
     SCOPED_TRACE(std::to_string(blocks) + " blocks of " + std::to_string(lanes));
     GradientSum s = gradient_sum(blocks, lanes);
     RvdPath p = rvd_search(s.from, s.need, kWhole, 4, cm, true, nullptr, blocks);
@@ -139,9 +141,8 @@ TEST(RvdBlocks, TheMoeLayoutAtWorld512PlansItsGradientsInsideEachReplicaThenAcro
     SCOPED_TRACE("lane " + std::to_string(lane));
     std::map<size_t, int64_t> bytes_by_team_size;
     std::set<std::vector<int>> teams;
-    for (const Instr* in : test_util::collectives(plan.role_of(lane), [](const Instr& c) {
-           return c.part == "grad.sync";
-         })) {
+    for (const Instr* in : test_util::collectives(
+             plan.role_of(lane), [](const Instr& c) { return c.part == "grad.sync"; })) {
       EXPECT_EQ(in->coll, CollKind::kAllReduce);
       const std::vector<int>& ranks = plan.groups.at(size_t(plan.group_id(in->group, 0))).ranks;
       bytes_by_team_size[ranks.size()] += in->bytes;
