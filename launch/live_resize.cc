@@ -8,8 +8,10 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <set>
 #include <tuple>
 
+#include "base/check.h"
 #include "base/error.h"
 #include "base/host.h"
 #include "checkpoint/snapshot_writer.h"
@@ -17,6 +19,13 @@
 #include "planner/planner.h"
 
 namespace weft::launch {
+
+int64_t HeldState::bytes() const {
+  int64_t n = 0;
+  for (const HeldPiece& p : pieces)
+    for (const core::Tensor& t : p.tensors) n += t.defined() ? int64_t(t.nbytes()) : 0;
+  return n;
+}
 
 HeldState hold_state(parallel::ParallelTrainer& trainer, const parallel::StateSpace& space,
                      int64_t epoch, bool torn) {
@@ -26,54 +35,101 @@ HeldState hold_state(parallel::ParallelTrainer& trainer, const parallel::StateSp
   h.world = trainer.world().size();
   h.step = trainer.current_step();
   if (torn) return h;
-  h.tensors = trainer.state_tensors(space, parallel::layout_of(space, trainer.plan(), h.rank));
+  HeldPiece p;
+  p.rank = h.rank;
+  p.world = h.world;
+  p.tensors = trainer.state_tensors(space, parallel::layout_of(space, trainer.plan(), h.rank));
+  h.pieces.push_back(std::move(p));
   h.valid = true;
   return h;
 }
 
+namespace {
+
+// all_gather of `mine` (any length) over `world`: every rank's, in rank order.
+std::vector<std::vector<int64_t>> gather_rows(comm::Communicator& world,
+                                              const std::vector<int64_t>& mine) {
+  const int n = world.size();
+  core::Tensor len_in = core::Tensor::from_vector<int64_t>({1}, {int64_t(mine.size())});
+  core::Tensor lens = core::Tensor::empty({int64_t(n)}, core::DType::kI64);
+  world.all_gather(lens, len_in).wait();
+  int64_t most = 1;
+  for (int r = 0; r < n; ++r) most = std::max(most, lens.data<int64_t>()[r]);
+  std::vector<int64_t> padded(size_t(most), 0);
+  std::copy(mine.begin(), mine.end(), padded.begin());
+  core::Tensor in = core::Tensor::from_vector<int64_t>({most}, padded);
+  core::Tensor out = core::Tensor::empty({int64_t(n) * most}, core::DType::kI64);
+  world.all_gather(out, in).wait();
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    const int64_t* v = out.data<int64_t>() + r * most;
+    rows[size_t(r)].assign(v, v + lens.data<int64_t>()[r]);
+  }
+  return rows;
+}
+
+}  // namespace
+
 std::vector<HolderReport> exchange_reports(comm::Communicator& world, const HeldState& held,
                                            int64_t host, const std::vector<HolderReport>& offers) {
-  constexpr int kFields = 9;
+  constexpr int kFields = 11;
   const int n = world.size();
-  // How many offers each rank makes, then every rank's reports padded to the largest count.
-  core::Tensor count_in = core::Tensor::from_vector<int64_t>({1}, {int64_t(offers.size())});
-  core::Tensor counts = core::Tensor::empty({int64_t(n)}, core::DType::kI64);
-  world.all_gather(counts, count_in).wait();
-  int64_t most = 0;
-  for (int r = 0; r < n; ++r) most = std::max(most, counts.data<int64_t>()[r]);
-  const int64_t per = (1 + most) * kFields;
-  std::vector<int64_t> mine(size_t(per), 0);
-  auto put = [&](size_t at, const HolderReport& r) {
-    const int64_t f[kFields] = {r.valid,         r.epoch,  r.rank,   r.world,      r.step,
-                                host,            world.rank(), r.source, r.layout_hash};
-    std::copy(f, f + kFields, mine.begin() + int64_t(at) * kFields);
-  };
-  HolderReport live{held.valid ? 1 : 0, held.epoch, held.rank, held.world, held.step};
-  put(0, live);
-  for (size_t i = 0; i < offers.size(); ++i) put(1 + i, offers[i]);
-  core::Tensor in = core::Tensor::from_vector<int64_t>({per}, mine);
-  core::Tensor out = core::Tensor::empty({int64_t(n) * per}, core::DType::kI64);
-  world.all_gather(out, in).wait();
-  const int64_t* v = out.data<int64_t>();
-  auto get = [&](int r, int64_t i) {
-    const int64_t* f = v + r * per + i * kFields;
-    HolderReport h{f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8]};
-    return h;
-  };
+  // This rank's reports: a live one per piece (an invalid one when it holds nothing), then
+  // its offers; and the locals lists of its partial pieces, concatenated.
+  std::vector<HolderReport> own;
+  for (size_t i = 0; i < held.pieces.size() && held.valid; ++i) {
+    const HeldPiece& p = held.pieces[i];
+    HolderReport r{1, held.epoch, p.rank, p.world, held.step};
+    r.piece = int64_t(i);
+    r.locals = p.locals;
+    own.push_back(std::move(r));
+  }
+  if (own.empty()) own.push_back(HolderReport{0, held.epoch, held.rank, held.world, held.step});
+  own.insert(own.end(), offers.begin(), offers.end());
+  std::vector<int64_t> fixed, lists;
+  for (const HolderReport& r : own) {
+    const int64_t f[kFields] = {r.valid, r.epoch,       r.rank,  r.world,     r.step,
+                                host,    world.rank(),  r.source, r.layout_hash, r.piece,
+                                int64_t(r.locals.size())};
+    fixed.insert(fixed.end(), f, f + kFields);
+    lists.insert(lists.end(), r.locals.begin(), r.locals.end());
+  }
+  const std::vector<std::vector<int64_t>> rows = gather_rows(world, fixed);
+  // Every rank knows from the fixed part whether anybody has lists: then all exchange them.
+  bool any_lists = false;
+  for (const std::vector<int64_t>& row : rows)
+    for (size_t k = 0; k + kFields <= row.size(); k += kFields) any_lists |= row[k + 10] > 0;
+  std::vector<std::vector<int64_t>> list_rows(static_cast<size_t>(n));
+  if (any_lists) list_rows = gather_rows(world, lists);
+  std::vector<std::vector<HolderReport>> by_rank(static_cast<size_t>(n));
+  for (int q = 0; q < n; ++q) {
+    size_t at = 0;
+    for (size_t k = 0; k + kFields <= rows[size_t(q)].size(); k += kFields) {
+      const int64_t* f = rows[size_t(q)].data() + k;
+      HolderReport h{f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9]};
+      WEFT_CHECK(f[10] >= 0 && at + size_t(f[10]) <= list_rows[size_t(q)].size(),
+                 "rank ", q, " reported ", f[10], " locals it did not send");
+      for (int64_t i = 0; i < f[10]; ++i) h.locals.push_back(int(list_rows[size_t(q)][at++]));
+      by_rank[size_t(q)].push_back(std::move(h));
+    }
+  }
   std::vector<HolderReport> reports;
-  for (int r = 0; r < n; ++r) reports.push_back(get(r, 0));
-  for (int r = 0; r < n; ++r)
-    for (int64_t i = 0; i < counts.data<int64_t>()[r]; ++i) reports.push_back(get(r, 1 + i));
+  for (int q = 0; q < n; ++q) reports.push_back(by_rank[size_t(q)].at(0));
+  for (int q = 0; q < n; ++q)
+    reports.insert(reports.end(), by_rank[size_t(q)].begin() + 1, by_rank[size_t(q)].end());
   return reports;
 }
 
 bool snapshot_backs(const HeldState& held, const std::vector<HolderReport>& reports) {
-  if (!held.valid) return false;
-  for (const HolderReport& r : reports)
-    if (r.source != HolderReport::kLive && r.valid && r.epoch == held.epoch &&
-        r.rank == held.rank && r.world == held.world && r.step == held.step)
-      return true;
-  return false;
+  if (!held.valid || held.pieces.empty()) return false;
+  for (const HeldPiece& p : held.pieces) {
+    bool backed = false;
+    for (const HolderReport& r : reports)
+      backed = backed || (r.source != HolderReport::kLive && r.valid && r.epoch == held.epoch &&
+                          r.rank == p.rank && r.world == p.world && r.step == held.step);
+    if (!backed) return false;
+  }
+  return true;
 }
 
 int64_t host_key() {
@@ -93,42 +149,26 @@ std::vector<int> host_ids(const std::vector<HolderReport>& reports, int world) {
   return out;
 }
 
-int Holders::count() const {
-  int n = 0;
-  for (int r : new_rank_of) n += r >= 0;
-  return n;
-}
-
 namespace {
 
-// Layout A over the new world: the old plan's rank layouts of the holders, each under its
-// new rank (a new rank offering several old ranks holds their boxes one after the other, in
-// old-rank order); every other new rank holds nothing.
-parallel::Layout renamed_layout(const parallel::Layout& old, const std::vector<int>& new_rank_of,
-                                const std::vector<int>& hosts) {
+// Layout A over the new world: each part's boxes under its holder, a holder's parts one after
+// the other in `parts` order; every other new rank holds nothing. Replica numbers are counted
+// again over the new world (the old plans' count ranks of other worlds).
+parallel::Layout parts_layout(const std::vector<Holders::Part>& parts,
+                              const std::vector<int>& hosts) {
   parallel::Layout a;
   a.ranks.resize(hosts.size());
   a.hosts = hosts;
-  bool merged = false;
-  for (size_t r = 0; r < new_rank_of.size(); ++r) {
-    if (new_rank_of[r] < 0) continue;
-    parallel::RankLayout& to = a.ranks[size_t(new_rank_of[r])];
-    const parallel::RankLayout& from = old.ranks[r];
-    if (to.locals.empty()) {
-      to = from;
-      continue;
-    }
-    merged = true;
+  for (const Holders::Part& p : parts) {
+    parallel::RankLayout& to = a.ranks[size_t(p.holder)];
     const int base = int(to.locals.size());
-    to.locals.insert(to.locals.end(), from.locals.begin(), from.locals.end());
-    for (parallel::StateBox b : from.boxes) {
+    to.locals.insert(to.locals.end(), p.layout.locals.begin(), p.layout.locals.end());
+    for (parallel::StateBox b : p.layout.boxes) {
       b.local += base;
       to.boxes.push_back(std::move(b));
     }
   }
-  // The old plan's replica numbers count ranks of the old world; with merged ranks, count
-  // again over the new one.
-  if (merged) parallel::assign_replicas(a);
+  parallel::assign_replicas(a);
   return a;
 }
 
@@ -156,7 +196,8 @@ Holders choose_holders(planner::PlanCache& plans, const parallel::StateSpace& sp
   Holders h;
   // The (step, epoch) groups anybody offers, latest step first, then latest epoch. Live
   // holders differ in step only when a member died during a step's last collective (some
-  // finished it, some did not); snapshots are older steps.
+  // finished it, some did not); snapshots are older steps. A group's pieces are copies of one
+  // state (a move copies, it never trains), whatever layouts they are of.
   std::vector<std::pair<int64_t, int64_t>> groups;
   for (const HolderReport& r : reports)
     if (r.valid) groups.emplace_back(r.step, r.epoch);
@@ -166,56 +207,119 @@ Holders choose_holders(planner::PlanCache& plans, const parallel::StateSpace& sp
   }
   std::sort(groups.rbegin(), groups.rend());
   groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
-  std::map<int, parallel::Layout> old_layouts;  // by old world size
+  std::map<int, parallel::Layout> layouts;  // by world size
+  auto slot = [&](int64_t w, int64_t rank) -> const parallel::RankLayout* {
+    if (w < 1 || rank < 0 || rank >= w) return nullptr;
+    auto it = layouts.find(int(w));
+    if (it == layouts.end())
+      it = layouts.emplace(int(w), parallel::layout_of(space, *plans.plan(int(w)))).first;
+    return &it->second.ranks[size_t(rank)];
+  };
   const std::vector<int> hosts = host_ids(reports, world);
   for (const auto& [step, epoch] : groups) {
-    int old_world = 0;
-    for (const HolderReport& r : reports)
-      if (r.valid && r.epoch == epoch && r.step == step) old_world = int(r.world);
-    auto it = old_layouts.find(old_world);
-    if (it == old_layouts.end())
-      it = old_layouts.emplace(old_world, parallel::layout_of(space, *plans.plan(old_world))).first;
-    const parallel::Layout& old = it->second;
-    std::vector<int> to(size_t(old_world), -1), from(size_t(old_world), -1);
-    // A rank's live state first, then a snapshot on the node that took it, then a replica
-    // on another node, then one rebuilt from parity: the fewest bytes between hosts.
-    for (int64_t source : {HolderReport::kLive, HolderReport::kSnapshot, HolderReport::kReplica,
-                           HolderReport::kRebuilt}) {
+    auto in_group = [&](const HolderReport& r) {
+      return r.valid && r.epoch == epoch && r.step == step && r.holder >= 0 && r.holder < world;
+    };
+    std::vector<Holders::Part> parts;
+    std::set<std::pair<int64_t, int64_t>> whole;  // layout slots some part holds whole
+    // Every live piece: a rank's whole state, or what is left of a layout after a move.
+    for (size_t q = 0; q < reports.size(); ++q) {
+      const HolderReport& r = reports[q];
+      if (r.source != HolderReport::kLive || !in_group(r)) continue;
+      const parallel::RankLayout* full = slot(r.world, r.rank);
+      if (!full) continue;
+      parts.push_back({int(q), int(r.holder),
+                       r.locals.empty() ? *full : parallel::only_locals(*full, r.locals)});
+      if (r.locals.empty()) whole.insert({r.world, r.rank});
+    }
+    // A snapshot of each slot no live piece holds whole: the node's own first, then a
+    // replica on another node, then one rebuilt from parity (the fewest bytes between hosts).
+    for (int64_t source :
+         {HolderReport::kSnapshot, HolderReport::kReplica, HolderReport::kRebuilt}) {
       for (size_t q = 0; q < reports.size(); ++q) {
         const HolderReport& r = reports[q];
-        if (r.source != source || !r.valid || r.epoch != epoch || r.step != step ||
-            r.world != old_world || r.rank < 0 || r.rank >= old_world || to[size_t(r.rank)] >= 0)
-          continue;
-        if (r.source != HolderReport::kLive &&
-            uint64_t(r.layout_hash) != checkpoint::snapshot_layout_hash(old.ranks[size_t(r.rank)]))
+        if (r.source != source || !in_group(r) || whole.count({r.world, r.rank})) continue;
+        const parallel::RankLayout* full = slot(r.world, r.rank);
+        if (!full || uint64_t(r.layout_hash) != checkpoint::snapshot_layout_hash(*full))
           continue;  // a snapshot of other boxes (another plan): never a source
-        to[size_t(r.rank)] = int(r.holder);
-        from[size_t(r.rank)] = int(q);
+        parts.push_back({int(q), int(r.holder), *full});
+        whole.insert({r.world, r.rank});
       }
     }
-    parallel::Layout a = renamed_layout(old, to, hosts);
+    std::stable_sort(parts.begin(), parts.end(), [](const Holders::Part& x, const Holders::Part& y) {
+      return std::tie(x.holder, x.report) < std::tie(y.holder, y.report);
+    });
+    parallel::Layout a = parts_layout(parts, hosts);
     std::string gap;
-    if (!covers(space, a, &gap)) {
-      if (h.why_not.empty()) h.why_not = gap;
+    if (parts.empty() || !covers(space, a, &gap)) {
+      if (h.why_not.empty()) h.why_not = parts.empty() ? "no usable report" : gap;
       continue;
     }
     h.found = true;
     h.epoch = epoch;
     h.step = step;
-    h.old_world = old_world;
-    for (int q : from)
-      if (q >= 0 && reports[size_t(q)].source != HolderReport::kLive) {
-        h.snapshots++;
-        h.replicas += reports[size_t(q)].source == HolderReport::kReplica;
-        h.rebuilt += reports[size_t(q)].source == HolderReport::kRebuilt;
-      }
-    h.new_rank_of = std::move(to);
-    h.report_of = std::move(from);
-    h.old = old;
+    std::set<int64_t> worlds;
+    for (const Holders::Part& p : parts) {
+      const HolderReport& r = reports[size_t(p.report)];
+      worlds.insert(r.world);
+      h.mixed = h.mixed || !r.locals.empty();
+      if (r.source == HolderReport::kLive) continue;
+      h.snapshots++;
+      h.replicas += r.source == HolderReport::kReplica;
+      h.rebuilt += r.source == HolderReport::kRebuilt;
+    }
+    h.mixed = h.mixed || worlds.size() > 1;
+    h.old_world = int(reports[size_t(parts[0].report)].world);
+    h.parts = std::move(parts);
     h.a = std::move(a);
     return h;
   }
   return h;
+}
+
+HeldState held_after_move(const Holders& h, const std::vector<HolderReport>& reports, int rank,
+                          const std::vector<core::Tensor>& src,
+                          const std::vector<core::Tensor>& finished, int new_world, int new_rank) {
+  HeldState held;
+  held.epoch = h.epoch;
+  held.step = h.step;
+  auto keep = [&](HeldPiece p, size_t all) {
+    if (p.tensors.empty()) return;
+    if (p.locals.size() == all) p.locals.clear();  // nothing freed: the whole slot
+    held.pieces.push_back(std::move(p));
+  };
+  size_t at = 0;  // src index of the part's first local
+  for (const Holders::Part& part : h.parts) {
+    if (part.holder != rank) continue;
+    const HolderReport& r = reports[size_t(part.report)];
+    const size_t n = part.layout.locals.size();
+    if (r.source == HolderReport::kLive) {
+      HeldPiece p;
+      p.rank = int(r.rank);
+      p.world = int(r.world);
+      for (size_t k = 0; k < n; ++k) {
+        WEFT_CHECK(at + k < src.size(), "held_after_move: ", src.size(), " sources for rank ",
+                   rank, "'s parts");
+        if (!src[at + k].defined()) continue;
+        p.locals.push_back(r.locals.empty() ? int(k) : r.locals[k]);
+        p.tensors.push_back(src[at + k]);
+      }
+      // A slot whose full local count differs from the part's is partial already.
+      keep(std::move(p), r.locals.empty() ? n : size_t(-1));
+    }
+    at += n;
+  }
+  HeldPiece arrived;
+  arrived.rank = new_rank;
+  arrived.world = new_world;
+  for (size_t l = 0; l < finished.size(); ++l)
+    if (finished[l].defined()) {
+      arrived.locals.push_back(int(l));
+      arrived.tensors.push_back(finished[l]);
+    }
+  keep(std::move(arrived), finished.size());
+  held.valid = !held.pieces.empty();
+  return held;
 }
 
 parallel::LaunchEnv env_in_epoch(const parallel::LaunchEnv& base, const EpochNotice& n) {

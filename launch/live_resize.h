@@ -38,13 +38,26 @@ class ParallelTrainer;
 
 namespace weft::launch {
 
-// What a worker keeps of its trainer when its world ends.
+// One part of what a worker holds: local tensors of rank `rank`'s layout in the plan of a
+// world of `world` ranks (parallel::layout_of(space, plan(world)).ranks[rank]), all of them
+// (`locals` empty) or those listed (ascending), with their tensors in that order.
+struct HeldPiece {
+  int rank = -1, world = 0;
+  std::vector<int> locals;
+  std::vector<core::Tensor> tensors;
+};
+
+// What a worker keeps of the state when its world ends: its trainer's state (one whole
+// piece), or, after a move that a newer epoch stopped midway (held_after_move), the old
+// layout's tensors it had not yet freed and the new layout's that had arrived whole: pieces
+// of several layouts, of one step.
 struct HeldState {
   bool valid = false;  // false: nothing held (a newcomer), or a failed step wrote part of it
-  int64_t epoch = 0;   // the membership epoch the state was trained in
-  int rank = -1, world = 0;  // this worker's place in that epoch's world
+  int64_t epoch = 0;   // the membership epoch the state was trained in (a move keeps it)
+  int rank = -1, world = 0;  // this worker's place in the world it last trained in
   int64_t step = 0;          // the state is that before step `step` (current_step())
-  std::vector<core::Tensor> tensors;  // layout_of(space, plan, rank).locals order (views)
+  std::vector<HeldPiece> pieces;
+  int64_t bytes() const;
 };
 
 // Views of `trainer`'s state (its storage outlives the trainer). `torn`: the last step
@@ -56,27 +69,31 @@ HeldState hold_state(parallel::ParallelTrainer& trainer, const parallel::StateSp
 // not) and the in-memory snapshots of its node's agent that it serves (any number; issue
 // 15): a node's own (kSnapshot), a copy another node pushed (kReplica), or one rebuilt from
 // parity (kRebuilt). `holder` is the offering rank of the new world.
+// A live report is one piece of a rank's HeldState (`piece`, its index there), of the old
+// layout slot (world, rank); `locals` lists the piece's local tensors when it holds only
+// some (a move stopped midway), empty when it holds them all.
 struct HolderReport {
   static constexpr int64_t kLive = 0, kSnapshot = 1, kReplica = 2, kRebuilt = 3;
   int64_t valid = 0, epoch = 0, rank = -1, world = 0, step = 0, host = 0;
   int64_t holder = -1, source = kLive;
   int64_t layout_hash = 0;  // a snapshot's: checkpoint::snapshot_layout_hash of its boxes
+  int64_t piece = -1;       // a live report's: index into its holder's HeldState::pieces
+  std::vector<int> locals;  // a live report's: the piece's locals, or empty for all of them
 };
 
-// Collective over the new world: every rank's live report, in rank order (entry r is rank
-// r's), then every rank's `offers` (snapshots), in rank order. `host` identifies this rank's
-// machine (host_key()); holder and host are filled in here.
+// Collective over the new world: every rank's first live report, in rank order (entry r is
+// rank r's; an invalid one for a rank that holds nothing), then every rank's other pieces
+// and its `offers` (snapshots), in rank order. `host` identifies this rank's machine
+// (host_key()); holder, host and piece are filled in here. The pieces' `locals` lists travel
+// in a second exchange, only when some rank holds a part of a layout slot.
 std::vector<HolderReport> exchange_reports(comm::Communicator& world, const HeldState& held,
                                            int64_t host,
                                            const std::vector<HolderReport>& offers = {});
 
-// Whether a committed snapshot of `held` (its epoch, old rank and step) is among the
-// reports: the node's own, a replica or one rebuilt from parity. Then the router may take the
-// only handles on the live state and free each source as soon as it has moved (the memory
-// model of router.h: the old and the new state are never held whole at once), since an
-// entry that fails midway (a newer epoch, a lost peer) leaves the next world that snapshot,
-// of the same step: nothing is redone. Without one, the live state stays held until the world
-// is entered, which is the only copy the next world could take it from.
+// Whether committed snapshots of every piece of `held` (its epoch, the piece's layout slot,
+// its step) are among the reports: the node's own, replicas or rebuilt from parity. Then the
+// state survives even a rank lost during the move (elastic.old_state: keep_unless_backed
+// frees the old state as it moves only then).
 bool snapshot_backs(const HeldState& held, const std::vector<HolderReport>& reports);
 
 // This machine: its host name and network namespace (ranks in different namespaces of one
@@ -88,30 +105,48 @@ int64_t host_key();
 std::vector<int> host_ids(const std::vector<HolderReport>& reports, int world);
 
 // The holders a new world takes its state from: among the valid reports, grouped by (step,
-// epoch), the latest step (then the latest epoch) whose boxes (the old plan of that epoch's
-// world, each old rank under the new rank that offers it) cover every state tensor. A rank's
-// live state is preferred to a snapshot of the same old rank; one new rank may offer several
-// old ranks (a node's agent holds the snapshots of all its workers). `found` false when no
-// group covers the state.
+// epoch), the latest step (then the latest epoch) whose boxes cover every state tensor. A
+// group takes every live piece it has, whatever layout it is of (a move stopped midway
+// leaves pieces of the old and of the new layout, of the same step), and a snapshot of each
+// layout slot that no live piece holds whole (the node's own, then a replica, then one
+// rebuilt from parity: the fewest bytes between hosts). One new rank may hold several parts
+// (a node's agent holds the snapshots of all its workers). `found` false when no group
+// covers the state.
 struct Holders {
   bool found = false;
   int64_t epoch = 0, step = 0;
-  int old_world = 0;
-  std::vector<int> new_rank_of;  // old rank -> new rank, -1 for a rank nobody holds
-  std::vector<int> report_of;    // old rank -> the index of the report it comes from, or -1
-  parallel::Layout old;          // the old world's layout (old ranks)
-  parallel::Layout a;            // layout A over the new world
-  int count() const;
-  int snapshots = 0;    // old ranks that come from snapshots (any kind)
+  int old_world = 0;  // the world of the first part's layout (the resize line's)
+  // One source of layout A: report `report`, held by new rank `holder`, with the boxes of its
+  // layout slot that it holds (only its listed locals for a partial piece).
+  struct Part {
+    int report = -1, holder = -1;
+    parallel::RankLayout layout;
+  };
+  std::vector<Part> parts;  // by holder, then report: A.ranks[r]'s locals are r's parts' in order
+  parallel::Layout a;       // layout A over the new world
+  int count() const { return int(parts.size()); }
+  bool mixed = false;   // parts of several layouts, or a part of a layout slot
+  int snapshots = 0;    // parts that come from snapshots (any kind)
   int replicas = 0;     // of them, copies on another node than their own
   int rebuilt = 0;      // of them, rebuilt from parity
   std::string why_not;  // when not found: the first gap, for the log
 };
 // `world`: the new world's size (the first `world` reports are the ranks' live ones).
-// `plans` gives the old worlds' plans (a survivor's is the one it trained with; each world
+// `plans` gives the layouts' plans (a survivor's is the one it trained with; each world
 // size's layout is planner::fit_layout's).
 Holders choose_holders(planner::PlanCache& plans, const parallel::StateSpace& space,
                        const std::vector<HolderReport>& reports, int world);
+
+// What rank `rank` holds after its move (run_transition) threw: of each live part it moved
+// from (h.parts with holder `rank`, whose tensors `src` holds in layout A's order), the local
+// tensors not yet released, and the new layout's local tensors that arrived whole
+// (`finished`, run_transition's, as the piece of slot (new_world, new_rank)); the state of
+// step h.step trained in epoch h.epoch. Parts read from snapshots are dropped (their agent
+// still offers them). Not valid when nothing is left; rank and world are left to the caller
+// (the world the worker last trained in).
+HeldState held_after_move(const Holders& h, const std::vector<HolderReport>& reports, int rank,
+                          const std::vector<core::Tensor>& src,
+                          const std::vector<core::Tensor>& finished, int new_world, int new_rank);
 
 // The LaunchEnv of a worker of local rank `base.local_rank` in the notice's epoch: its world
 // is the transition's (members, then the departing nodes' workers).

@@ -74,7 +74,16 @@ struct Arrival {
   // This rank's old state went to the router as the only handles, freed as it moved: a
   // snapshot of the same step backs it (snapshot_backs), or elastic.old_state asks for it.
   bool freed_as_moved = false, backed = false;
+  // The holders' pieces were of several layouts of one step (choose_holders' `mixed`): what
+  // an earlier move, stopped midway by this epoch, left on each rank.
+  bool mixed = false;
 };
+
+std::string mixed_note(const Arrival& a) {
+  return a.mixed ? "; a move that this epoch stopped midway left the state in pieces of the old "
+                   "and the new layout, of this step"
+                 : "";
+}
 
 std::string freed_note(const Arrival& a) {
   if (!a.freed_as_moved) return "";
@@ -190,6 +199,9 @@ class RankTraining {
   void print_arrival(const std::string& why, int old_world, int64_t old_epoch);
   // The world sizes a change most likely leads to next, nearest first (plan_ahead).
   std::vector<int> likely_next_worlds() const;
+  // Tests only: the transfer's progress hook that stops a move midway (WEFT_TEST_STALL_MOVE).
+  std::function<void(const parallel::TransitionStats&)> stall_for_tests(
+      int64_t epoch, const parallel::TransferPlan& plan);
 
   const Args& args_;
   const core::JobSpec& job_;  // as the job file gives it
@@ -333,6 +345,7 @@ void RankTraining::enter_world(const std::string& why) {
     arrival_.snapshots = holders.snapshots;
     arrival_.replicas = holders.replicas;
     arrival_.rebuilt = holders.rebuilt;
+    arrival_.mixed = holders.mixed;
   } else {
     // The first world: --resume, or after a restart of the whole job the latest checkpoint.
     // A later one: the latest checkpoint, since nobody alive holds all of the state.
@@ -371,35 +384,48 @@ void RankTraining::enter_world(const std::string& why) {
         parallel::layout_of(space, *new_plan, {hosts.begin(), hosts.begin() + train_world_});
     b.ranks.resize(size_t(env_.world));
     b.hosts = hosts;
-    const parallel::TransferPlan plan = parallel::transition(space, holders.a, b);
+    // WEFT_ROUTER_BUDGET_BYTES: the router's memory budget per rank (router.h; the same on
+    // every rank), 256 MiB by default; tests make it small for moves of many waves.
+    parallel::RouterOptions budget;
+    budget.budget_bytes = env_int("WEFT_ROUTER_BUDGET_BYTES", budget.budget_bytes);
+    const parallel::TransferPlan plan = parallel::transition(space, holders.a, b, budget);
     laps.lap("transition");
     arrival_.plan = since(t);
     t = Clock::now();
-    // The live state's handles: copies, so that held_ keeps it until this world is entered.
-    // A newer epoch aborts the entry on every rank at once (the entering LossWatcher); had the
-    // router or the trainer taken the only handles, no rank would hold anything in the next
-    // world, and a DP job would start over from the checkpoint or the seed (found by the
-    // resize soak test). The cost: a reshape holds the old state and the new one whole.
-    // Unless a snapshot of the same step backs it: then the router takes the only handles and
-    // frees each source once it has moved, and an aborted entry leaves the snapshot. Or
-    // unless the job asks for that anyway (elastic.old_state: free_as_moved): an aborted
-    // entry then leaves whatever older snapshot or checkpoint exists.
+    // The live state's handles. By default (elastic.old_state: free_as_moved) the router
+    // takes the only ones and frees each source once it has moved, so a reshape peaks at the
+    // larger holding plus the router's budget, not at old plus new. A newer epoch may abort
+    // the entry midway (on every rank at once: the entering LossWatcher): each rank then holds
+    // what it had not yet freed and what had arrived whole (held_after_move), pieces of two
+    // layouts of this one step, and the next world takes the state from those (choose_holders
+    // covers from pieces of any layouts), redoing nothing. keep_unless_backed keeps copies in
+    // held_ until the world is entered (old plus new), unless same-step snapshots back it:
+    // that also survives a rank lost during the move, which takes the only copy of what it
+    // had received.
     arrival_.backed = snapshot_backs(held_, reports);
     const bool free_old = arrival_.backed || spec_.elastic.old_state == "free_as_moved";
     std::vector<core::Tensor> src;
-    for (size_t r = 0; r < holders.new_rank_of.size(); ++r) {
-      if (holders.new_rank_of[r] != env_.rank) continue;
-      const HolderReport& from = reports[size_t(holders.report_of[r])];
-      const bool live = from.source == HolderReport::kLive;
-      std::vector<core::Tensor> t = !live  ? snaps_.read(int(r), holders.step, holders.old.ranks[r])
-                                    : free_old ? std::move(held_.tensors)
-                                             : held_.tensors;
-      arrival_.freed_as_moved = live && free_old;
+    for (const Holders::Part& part : holders.parts) {
+      if (part.holder != env_.rank) continue;
+      const HolderReport& from = reports[size_t(part.report)];
+      std::vector<core::Tensor> t;
+      if (from.source != HolderReport::kLive) {
+        t = snaps_.read(int(from.rank), holders.step, part.layout);
+      } else {
+        std::vector<core::Tensor>& mine = held_.pieces.at(size_t(from.piece)).tensors;
+        t = free_old ? std::move(mine) : mine;
+        arrival_.freed_as_moved = free_old;
+      }
       src.insert(src.end(), std::make_move_iterator(t.begin()), std::make_move_iterator(t.end()));
     }
-    if (free_old) {  // from here on it holds no live state (its snapshot, if any, is offered)
-      held_.tensors.clear();
-      held_.valid = false;
+    // From here on the router holds the only handles (pieces outside the chosen group go
+    // now: older than it, or incomplete); what is left of them if the move stops midway is
+    // held again below.
+    const int held_rank = held_.rank, held_world = held_.world;
+    const int64_t kept_bytes = free_old ? 0 : held_.bytes();
+    if (free_old) {
+      held_ = HeldState{};
+      held_.rank = held_rank, held_.world = held_world;
     }
     arrival_.fetch = since(t);  // reading the snapshots this rank serves (memcpy + checksums)
     laps.lap("fetch");
@@ -408,8 +434,38 @@ void RankTraining::enter_world(const std::string& why) {
     parallel::TransitionStats ts;
     parallel::TransitionOptions to;
     to.destinations = &persistent_;  // the blocks reserved ahead (prefault), or new ones
-    std::vector<core::Tensor> mine =
-        parallel::run_transition(plan, holders.a, b, env_.rank, src, comm, to, &ts);
+    to.on_progress = stall_for_tests(env_.rdzv_epoch, plan);
+    std::vector<core::Tensor> finished, mine;
+    try {
+      mine = parallel::run_transition(plan, holders.a, b, env_.rank, src, comm, to, &ts, &finished);
+    } catch (const CommError&) {
+      if (free_old && !leaving_) {
+        held_ = held_after_move(holders, reports, env_.rank, src, finished, train_world_,
+                                env_.rank);
+        held_.rank = held_rank, held_.world = held_world;
+      }
+      WEFT_DEBUG("resize", "rank ", env_.rank, ": the move stopped midway; it holds ",
+                 held_.pieces.size(), " pieces (", mib(size_t(held_.bytes())), " MiB)");
+      throw;
+    }
+    // The most this rank held in state during the move (tensors and staging): the router's
+    // count when it held the only handles; else the old state whole plus all it allocated.
+    WEFT_DEBUG("resize", "rank ", env_.rank, ": the move held at most ",
+               mib(size_t(free_old ? ts.bytes_held_peak
+                                   : kept_bytes + ts.bytes_allocated + ts.bytes_staging)),
+               " MiB of state (", mib(size_t(ts.bytes_held_start)), " MiB before, ",
+               mib(size_t(ts.bytes_adopted + ts.bytes_allocated)), " MiB after; ",
+               free_old ? "the old state freed as it moved" : "the old state kept whole", ")");
+    // Moved: until this world is entered, what the rank holds is the new layout's state of
+    // this step (an entry that fails from here on leaves it to the next world).
+    if (free_old && !leaving_) {
+      HeldState moved;
+      moved.valid = true;
+      moved.epoch = holders.epoch, moved.step = holders.step;
+      moved.rank = held_rank, moved.world = held_world;
+      moved.pieces.push_back(HeldPiece{env_.rank, train_world_, {}, mine});
+      held_ = std::move(moved);
+    }
     arrival_.bytes_sent = plan.bytes_remote();
     arrival_.bytes_adopted = ts.bytes_adopted;
     arrival_.bytes_local = ts.bytes_copied;
@@ -499,6 +555,39 @@ void RankTraining::enter_world(const std::string& why) {
   if (live_) plans_.plan_ahead(likely_next_worlds());
 }
 
+// WEFT_TEST_STALL_MOVE=<epoch>:<percent>, for tests of a change during a move: in the entry
+// of membership epoch <epoch>, once this rank's transfer has moved <percent> of its bytes in
+// `plan` (copied, sent and received), it waits there until a newer epoch's notice has made
+// the entering LossWatcher abort this world (at most WEFT_RESIZE_TIMEOUT_MS), once: the move
+// stops midway on every rank.
+// Unset (every real run): no hook.
+std::function<void(const parallel::TransitionStats&)> RankTraining::stall_for_tests(
+    int64_t epoch, const parallel::TransferPlan& plan) {
+  const std::string v = env_string("WEFT_TEST_STALL_MOVE", "");
+  const size_t colon = v.find(':');
+  if (v.empty() || colon == std::string::npos || std::stoll(v.substr(0, colon)) != epoch)
+    return {};
+  int64_t total = 0;
+  for (const parallel::Transfer& t : plan.transfers)
+    if (t.src == env_.rank || t.dst == env_.rank) total += t.bytes;
+  const int64_t bytes = total * std::stoll(v.substr(colon + 1)) / 100;
+  return [this, bytes, done = false](const parallel::TransitionStats& st) mutable {
+    const int64_t moved = st.bytes_copied + st.bytes_sent_shm + st.bytes_received_shm +
+                          st.bytes_sent_comm + st.bytes_received_comm;
+    if (done || moved < bytes) return;
+    done = true;
+    std::printf("weft train: rank %d: the move stops after %lld bytes until a newer epoch "
+                "(WEFT_TEST_STALL_MOVE)\n",
+                env_.rank, (long long)moved);
+    std::fflush(stdout);
+    // Until the entering LossWatcher has aborted this world: nothing moves after the stop.
+    const auto limit = std::chrono::milliseconds(env_int("WEFT_RESIZE_TIMEOUT_MS", 120'000));
+    const auto t0 = Clock::now();
+    while (!world_->comm().aborted() && Clock::now() - t0 < limit)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  };
+}
+
 std::vector<int> RankTraining::likely_next_worlds() const {
   // Whole nodes join and leave: the nearest node counts first, within --nnodes MIN:MAX.
   const int per_node = std::max(1, local_count());
@@ -519,13 +608,13 @@ void RankTraining::print_arrival(const std::string& why, int old_world, int64_t 
           ? str("state from ", a.holders, " holder", a.holders == 1 ? "" : "s",
                 " through the router (", mib(size_t(a.bytes_sent)), " MiB between ranks; rank 0 kept ",
                 mib(size_t(a.bytes_adopted)), " MiB in place and copied ", mib(size_t(a.bytes_local)),
-                " MiB", freed_note(a), ")")
+                " MiB", freed_note(a), mixed_note(a), ")")
       : a.source == "snapshots"
           ? str("nobody alive holds all of the state: resumed at step ", trainer_->current_step(),
                 " (", a.went_back, " steps back) from ", a.holders, " holders, ", a.snapshots,
                 " of them in-memory snapshots (", snapshot_origins(a), "), through the router (",
                 mib(size_t(a.bytes_sent)),
-                " MiB between ranks", freed_note(a), ")")
+                " MiB between ranks", freed_note(a), mixed_note(a), ")")
       : a.source == "checkpoint"
           ? str("nobody alive holds all of the state: resumed from the latest checkpoint at step ",
                 trainer_->current_step(), ", ", a.went_back, " steps back")

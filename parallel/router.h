@@ -143,6 +143,9 @@ struct TransitionStats {
   // staging): at the start and at the most. The sources count as freed when the
   // router drops its handles; a caller that keeps other handles on them holds more.
   int64_t bytes_held_start = 0, bytes_held_peak = 0;
+  // Destinations allocated (adopted ones excluded) and the communicator's staging, in all: a
+  // caller that keeps its sources whole holds those on top of them at the end.
+  int64_t bytes_allocated = 0, bytes_staging = 0;
   int64_t bytes_shm_reserved = 0;  // this rank's shared-memory segment, for the whole call
 };
 
@@ -173,7 +176,12 @@ struct TransitionOptions {
 // this rank's A local tensors (A.ranks[rank].locals order, host memory); each is released
 // (reset) after its last use (see the memory model above), except that an adopted one lives on
 // as a B tensor; memory is freed only where these are the only handles. Returns
-// this rank's B local tensors and fills `stats` when not null (also when it throws). Collective
+// this rank's B local tensors and fills `stats` when not null (also when it throws). When it
+// throws, `finished` (when not null) gets, in B.ranks[rank].locals order, each B local tensor
+// every transfer into which had completed (an adopted one from its start), and an undefined
+// tensor for the others; `src` then still holds every source not yet released. Together they
+// are what the rank holds of the moved state (a reshard that a newer epoch aborts reports
+// them: launch/live_resize.h). Collective
 // over the communicator when shared memory is used (two all_gathers at the start), else over
 // the ranks that appear in the plan, point-to-point only. Shared-memory staging is one channel
 // (slots x chunk bytes, reserved in /dev/shm) per same-host rank sending to this one, instead
@@ -184,7 +192,8 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
                                          int rank, std::vector<core::Tensor>& src,
                                          comm::Communicator& comm,
                                          const TransitionOptions& opt = {},
-                                         TransitionStats* stats = nullptr);
+                                         TransitionStats* stats = nullptr,
+                                         std::vector<core::Tensor>* finished = nullptr);
 
 // Copies the box `extent` at `src_start` of a dense row-major `src_shape` tensor into
 // `dst_start` of a dense `dst_shape` tensor, `elem` bytes per element.

@@ -203,7 +203,8 @@ std::unique_ptr<ShmTransport> connect_shm(const TransferPlan& plan, const Layout
 std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout& a, const Layout& b,
                                          int rank, std::vector<core::Tensor>& src,
                                          comm::Communicator& comm, const TransitionOptions& opt,
-                                         TransitionStats* stats) {
+                                         TransitionStats* stats,
+                                         std::vector<core::Tensor>* finished) {
   const RankLayout& ra = a.ranks.at(size_t(rank));
   const RankLayout& rb = b.ranks.at(size_t(rank));
   if (src.size() != ra.locals.size())
@@ -238,6 +239,16 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
   auto via_shm = [&](const Message& m) { return shm && shm->usable(m.src, m.dst); };
 
   std::vector<core::Tensor> dst(rb.locals.size());
+  // Bytes still to arrive in each B local: 0 once every transfer into it completed (`finished`).
+  std::vector<int64_t> pending(rb.locals.size(), 0);
+  for (const Transfer& t : plan.transfers)
+    if (t.dst == rank) pending[size_t(rb.boxes.at(size_t(t.dst_box)).local)] += t.bytes;
+  auto arrived = [&](const Message& m) {
+    for (int ti : m.transfers) {
+      const Transfer& t = plan.transfers[size_t(ti)];
+      pending[size_t(rb.boxes[size_t(t.dst_box)].local)] -= t.bytes;
+    }
+  };
   // Communicator staging: one outgoing and one incoming buffer, each of this rank's largest such
   // message, allocated at its first use, reused by every round and dropped at the end. The
   // communicator's waiter thread drops its handle on a buffer a moment after the wait returns,
@@ -256,6 +267,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
     if (!buf.defined()) {
       buf = core::Tensor::empty({cap}, core::DType::kU8, opt.staging);
       hold(cap);
+      st.bytes_staging += cap;
     }
     return buf.slice(0, 0, n);
   };
@@ -271,10 +283,12 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           if (from >= 0 && src[size_t(from)].defined()) {
             dst[l] = src[size_t(from)];  // shares the storage; kRelease drops only src's handle
             adopted[l] = 1, adopter[size_t(from)] = 1;
+            pending[l] = 0;  // complete from the start: its copies are skipped
             st.bytes_adopted += rb.locals[l].bytes();
           } else {
             dst[l] = new_local(rb, l, opt.destinations);
             hold(int64_t(dst[l].nbytes()));
+            st.bytes_allocated += int64_t(dst[l].nbytes());
           }
           break;
         }
@@ -283,6 +297,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           if (adopted[size_t(rb.boxes[size_t(t.dst_box)].local)]) break;
           Endpoint s = src_end(a, t, src), d = dst_end(b, t, dst);
           copy_box(d.data, d.shape, d.start, s.data, s.shape, s.start, t.extent, elem_of(t));
+          pending[size_t(rb.boxes[size_t(t.dst_box)].local)] -= t.bytes;
           st.bytes_copied += t.bytes;
           progress();
           break;
@@ -336,6 +351,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
                             st.bytes_sent_shm += sent, st.bytes_received_shm += got;
                             progress();
                           });
+            if (shm_in) arrived(*shm_in);  // exchange() returns once every byte is in
           }
           recv_work.wait();
           send_work.wait();
@@ -343,6 +359,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           if (incoming) {
             MessageBytes(plan, *incoming, b, dst, false)
                 .move(0, static_cast<char*>(recv_buf.raw_data()), incoming->bytes, false);
+            arrived(*incoming);
             st.bytes_received_comm += incoming->bytes;
             progress();
           }
@@ -363,6 +380,11 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
   } catch (...) {
     if (shm) shm->abort();
     if (stats) *stats = st;
+    if (finished) {
+      finished->assign(dst.size(), core::Tensor());
+      for (size_t l = 0; l < dst.size(); ++l)
+        if (dst[l].defined() && pending[l] == 0) (*finished)[l] = dst[l];
+    }
     throw;
   }
   hold(-int64_t(send_stage.defined() ? send_cap : 0) -

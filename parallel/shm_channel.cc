@@ -373,7 +373,16 @@ void ShmTransport::exchange(const Send* send, const Recv* recv,
   int64_t sent = 0, got = 0;
   auto last = Clock::now();
   int idle = 0;
-  while (sent < to_send || got < to_recv) {
+  // The outgoing slots still full: the receiver has not unpacked them yet.
+  auto undrained = [&] {
+    if (!out) return false;
+    for (int k = 0; k < out->slots; ++k)
+      if (std::atomic_ref<uint32_t>(out->out_ctl[size_t(k)].full).load(
+              std::memory_order_acquire) != 0)
+        return true;
+    return false;
+  };
+  while (sent < to_send || got < to_recv || undrained()) {
     const uint32_t seen = std::atomic_ref<uint32_t>(*bell).load(std::memory_order_acquire);
     bool moved = false;
     if (sent < to_send) {
@@ -412,7 +421,7 @@ void ShmTransport::exchange(const Send* send, const Recv* recv,
       cpu_relax();
       continue;
     }
-    if (sent < to_send) check_peer(send->peer, "a free slot", last);
+    if (out) check_peer(send->peer, sent < to_send ? "a free slot" : "its last chunks read", last);
     if (got < to_recv) check_peer(recv->peer, "data", last);
     nap(bell, seen);
   }

@@ -68,8 +68,9 @@ class ShmTransport {
   };
 
   // Moves one message out and one in (either may be null or empty) concurrently, chunk by
-  // chunk, and returns when this rank's part of both is done: every outgoing chunk is in a
-  // slot (the receiver may still be draining it) and every incoming byte was unpacked.
+  // chunk, and returns when both are done: every outgoing chunk was unpacked by the receiver
+  // (its slots drained, so that a sender that frees its source after this loses nothing if
+  // the receiver fails later) and every incoming byte was unpacked.
   // on_chunk(sent, received) runs after each chunk. Waits spin briefly, then sleep on the
   // doorbell; throws PeerLostError when the peer waited on died, CommError when it failed
   // (abort()) or the communicator was aborted, TimeoutError when nothing moved for

@@ -266,6 +266,25 @@ std::string box_str(const StateSpace& space, const StateBox& b) {
   return o.str();
 }
 
+RankLayout only_locals(const RankLayout& r, const std::vector<int>& keep) {
+  std::vector<int> at(r.locals.size(), -1);
+  RankLayout out;
+  int prev = -1;
+  for (int l : keep) {
+    WEFT_CHECK(l > prev && l < int(r.locals.size()), "only_locals: local ", l, " after ", prev,
+               " of ", r.locals.size(), " (indices ascending, each once)");
+    prev = l;
+    at[size_t(l)] = int(out.locals.size());
+    out.locals.push_back(r.locals[size_t(l)]);
+  }
+  for (const StateBox& b : r.boxes)
+    if (at[size_t(b.local)] >= 0) {
+      out.boxes.push_back(b);
+      out.boxes.back().local = at[size_t(b.local)];
+    }
+  return out;
+}
+
 Layout remap_ranks(const Layout& layout, const std::vector<int>& to, int world) {
   WEFT_CHECK(int(to.size()) == layout.world(), "remap_ranks: ", to.size(), " targets for ",
              layout.world(), " ranks");

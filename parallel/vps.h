@@ -145,6 +145,11 @@ std::vector<PlainPart> plain_parts(const planner::Box& box);
 // every box lies inside its state and its local tensor; throws InternalError naming the gap.
 void check_covers(const StateSpace& space, const Layout& layout);
 
+// Part of a rank's layout: its local tensors `keep` (indices into r.locals, ascending), in
+// that order, with their boxes renumbered (what a rank still holds of it after a move that
+// stopped midway). InternalError for an index outside r.locals or out of order.
+RankLayout only_locals(const RankLayout& r, const std::vector<int>& keep);
+
 // "h.0.mlp.fc.weight[0:64, 128:256] @local 3+(0, 0)".
 std::string box_str(const StateSpace& space, const StateBox& b);
 

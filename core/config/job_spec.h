@@ -146,13 +146,15 @@ struct ElasticSpec {
   // the job naming them; auto: the nearest layout that fits is used instead (planner::
   // fit_layout), and the job says which degrees changed.
   std::string layout = "fixed";  // fixed | auto
-  // A survivor's old state during a reshard (on_change: reshard only). keep_unless_backed:
-  // held whole until the new world is entered, so that a change during the move finds it
-  // again; freed as it moves when an in-memory snapshot of the same step backs it. Peak:
-  // old plus new, unless backed. free_as_moved: always freed as it moves (peak: the larger
-  // of the two plus the router's budget); a change during the move then goes back to the
-  // latest snapshot or checkpoint.
-  std::string old_state = "keep_unless_backed";  // keep_unless_backed | free_as_moved
+  // A survivor's old state during a reshard (on_change: reshard only). free_as_moved (the
+  // default): freed as it moves (peak: the larger of the old and the new holding plus the
+  // router's budget); a newer epoch that stops the move midway finds the state of the same
+  // step in the pieces of the two layouts the ranks hold then, but a rank lost during the
+  // move may take the only copy of what it had received (then the latest snapshot or
+  // checkpoint). keep_unless_backed: held whole until the new world is entered, which also
+  // survives such a loss (peak: old plus new), unless in-memory snapshots of the same step
+  // back it (then freed as it moves).
+  std::string old_state = "free_as_moved";  // free_as_moved | keep_unless_backed
 };
 
 struct JobSpec {

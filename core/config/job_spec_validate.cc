@@ -344,7 +344,7 @@ void validate_job_spec(const JobSpec& s) {
   one_of("elastic.on_change", s.elastic.on_change, {"reshard", "restart"});
   one_of("elastic.layout", s.elastic.layout, {"fixed", "auto"});
   one_of("elastic.old_state", s.elastic.old_state, {"keep_unless_backed", "free_as_moved"});
-  if (s.elastic.on_change == "restart" && s.elastic.old_state != "keep_unless_backed")
+  if (s.elastic.on_change == "restart" && s.elastic.old_state != "free_as_moved")
     throw ConfigError("elastic.old_state",
                       "old_state " + s.elastic.old_state +
                           " applies to a live reshard; under elastic.on_change: restart every "

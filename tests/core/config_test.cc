@@ -85,15 +85,16 @@ TEST(JobSpec, ElasticOnChangeDefaultsToReshard) {
             "restart");
 }
 
-// elastic.old_state: keep_unless_backed by default, free_as_moved when asked, a bad value
+// elastic.old_state: free_as_moved by default, keep_unless_backed when asked, a bad value
 // refused naming the key and its values, and refused under on_change: restart, where no
 // worker holds old state.
-TEST(JobSpec, ElasticOldStateDefaultsToKeepAndIsRefusedWhereItCannotAct) {
+TEST(JobSpec, ElasticOldStateDefaultsToFreeAsMovedAndIsRefusedWhereItCannotAct) {
   JobSpec s = parse_job_spec(kMinimal, "/base");
-  EXPECT_EQ(s.elastic.old_state, "keep_unless_backed");
-  JobSpec f = parse_job_spec(std::string(kMinimal) + "elastic: {old_state: free_as_moved}", "/");
-  EXPECT_EQ(f.elastic.old_state, "free_as_moved");
-  EXPECT_EQ(parse_job_spec(job_spec_to_yaml(f), "/").elastic.old_state, "free_as_moved");
+  EXPECT_EQ(s.elastic.old_state, "free_as_moved");
+  JobSpec k =
+      parse_job_spec(std::string(kMinimal) + "elastic: {old_state: keep_unless_backed}", "/");
+  EXPECT_EQ(k.elastic.old_state, "keep_unless_backed");
+  EXPECT_EQ(parse_job_spec(job_spec_to_yaml(k), "/").elastic.old_state, "keep_unless_backed");
   try {
     parse_job_spec(kMinimal, "/", {"elastic.old_state=free"});
     ADD_FAILURE() << "a bad elastic.old_state was taken";
@@ -102,7 +103,8 @@ TEST(JobSpec, ElasticOldStateDefaultsToKeepAndIsRefusedWhereItCannotAct) {
     EXPECT_NE(std::string(e.what()).find("free_as_moved"), std::string::npos) << e.what();
   }
   try {
-    parse_job_spec(kMinimal, "/", {"elastic.old_state=free_as_moved", "elastic.on_change=restart"});
+    parse_job_spec(kMinimal, "/",
+                   {"elastic.old_state=keep_unless_backed", "elastic.on_change=restart"});
     ADD_FAILURE() << "elastic.old_state under on_change: restart was taken";
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.field(), "elastic.old_state");

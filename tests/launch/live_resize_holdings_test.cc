@@ -1,11 +1,14 @@
-// What a rank of a forming world may do with the live state it holds: the router frees it as
-// it moves only when a committed snapshot of the very same state (epoch, old rank, world,
-// step) is offered to the world, so an entry that fails midway loses nothing.
+// What a rank of a forming world holds and offers: the pieces of layouts a move stopped
+// midway leaves (choose_holders covers the state from pieces of two layouts of one step, and
+// never from pieces of different steps or epochs), and whether same-step snapshots back what
+// it holds (elastic.old_state: keep_unless_backed frees the old state as it moves only then).
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "launch/live_resize.h"
+#include "parallel/router.h"
+#include "planner/plan_cache.h"
 
 namespace weft::launch {
 namespace {
@@ -17,6 +20,7 @@ HeldState held_at(int64_t epoch, int rank, int world, int64_t step) {
   h.rank = rank;
   h.world = world;
   h.step = step;
+  h.pieces.push_back(HeldPiece{rank, world, {}, {}});
   return h;
 }
 
@@ -56,6 +60,123 @@ TEST(SnapshotBacks, OnlyASnapshotOfTheSameStateOfTheSameRankBacksIt) {
   HeldState torn = held;
   torn.valid = false;
   EXPECT_FALSE(snapshot_backs(torn, {same}));
+  // What a stopped move left: every piece needs its own slot's snapshot.
+  HeldState mixed = held;
+  mixed.pieces.push_back(HeldPiece{2, 3, {0, 1}, {}});
+  EXPECT_FALSE(snapshot_backs(mixed, {same}));
+  EXPECT_TRUE(snapshot_backs(mixed, {same, offer(HolderReport::kSnapshot, 3, 2, 3, 120)}));
+}
+
+// A GPT small enough to plan in milliseconds, data parallel over any world (dp: auto) with
+// its Adam moments sharded (ZeRO-1): a move from 2 to 3 ranks splits them anew.
+core::JobSpec zero1_spec() {
+  core::JobSpec s;
+  s.model.arch = "gpt";
+  s.model.layers = 2, s.model.dim = 64, s.model.heads = 4, s.model.vocab = 256;
+  s.model.seq_len = 16;
+  s.train.global_batch = 12, s.train.micro_batch = 2;
+  s.parallel.zero = 1;
+  return s;
+}
+
+// A live piece of layout slot (world, rank) of step 7 trained in epoch 1, held by new rank
+// `holder` on host 0.
+HolderReport piece(int holder, int world, int rank, std::vector<int> locals, int64_t step = 7,
+                   int64_t epoch = 1) {
+  HolderReport r = offer(HolderReport::kLive, epoch, rank, world, step);
+  r.holder = holder;
+  r.host = 0;
+  r.locals = std::move(locals);
+  return r;
+}
+
+// The locals of `r` whose state is (or is not) an Adam first moment.
+std::vector<int> locals_where(const parallel::StateSpace& space, const parallel::RankLayout& r,
+                              bool adam_m) {
+  std::vector<int> out;
+  for (size_t l = 0; l < r.locals.size(); ++l)
+    if ((space.at(r.locals[l].state).kind == parallel::StateKind::kAdamM) == adam_m)
+      out.push_back(int(l));
+  return out;
+}
+
+// A move from dp2 to dp3 stopped midway: the two old ranks have freed their first moments
+// (moved) but hold the rest; the first moments have arrived whole on the three ranks of the
+// new layout. Neither layout's pieces cover the state; together they do, with nothing read
+// from a snapshot, and the router can move them to the new layout.
+TEST(ChooseHolders, CoversTheStateFromPiecesOfTwoLayoutsOfOneStep) {
+  const core::JobSpec spec = zero1_spec();
+  planner::PlanCache plans(spec);
+  const parallel::StateSpace space = parallel::StateSpace::from_graph(plans.graph()->graph);
+  const parallel::Layout l2 = parallel::layout_of(space, *plans.plan(2));
+  const parallel::Layout l3 = parallel::layout_of(space, *plans.plan(3));
+  std::vector<std::vector<int>> rest(2), moved(3);
+  for (int r = 0; r < 2; ++r) rest[size_t(r)] = locals_where(space, l2.ranks[size_t(r)], false);
+  for (int r = 0; r < 3; ++r) moved[size_t(r)] = locals_where(space, l3.ranks[size_t(r)], true);
+  ASSERT_FALSE(moved[2].empty());
+  // In exchange_reports' order: each rank's first piece, then the others.
+  std::vector<HolderReport> reports = {piece(0, 2, 0, rest[0]), piece(1, 2, 1, rest[1]),
+                                       piece(2, 3, 2, moved[2]), piece(0, 3, 0, moved[0]),
+                                       piece(1, 3, 1, moved[1])};
+  const Holders h = choose_holders(plans, space, reports, 3);
+  ASSERT_TRUE(h.found) << h.why_not;
+  EXPECT_EQ(h.step, 7);
+  EXPECT_EQ(h.epoch, 1);
+  EXPECT_TRUE(h.mixed);
+  EXPECT_EQ(h.snapshots, 0);
+  ASSERT_EQ(h.count(), 5);
+  // Layout A: each holder's parts in report order, their boxes those of the listed locals.
+  const std::vector<std::pair<int, int>> want = {{0, 0}, {0, 3}, {1, 1}, {1, 4}, {2, 2}};
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(h.parts[i].holder, want[i].first) << i;
+    EXPECT_EQ(h.parts[i].report, want[i].second) << i;
+  }
+  EXPECT_EQ(h.a.ranks[0].locals.size(), rest[0].size() + moved[0].size());
+  EXPECT_EQ(h.a.ranks[2].locals.size(), moved[2].size());
+  for (const parallel::StateBox& b : h.a.ranks[2].boxes)
+    EXPECT_EQ(space.at(b.state).kind, parallel::StateKind::kAdamM) << space.at(b.state).name;
+  parallel::Layout b3 = l3;
+  b3.hosts = {0, 0, 0};
+  const parallel::TransferPlan move = parallel::transition(space, h.a, b3);
+  EXPECT_GT(move.transfers.size(), 0u);
+  // What held_after_move gives back for such a part is what the part listed.
+  std::vector<core::Tensor> src(h.a.ranks[2].locals.size());
+  src[0] = core::Tensor::zeros({1}, core::DType::kF32);
+  const HeldState left = held_after_move(h, reports, 2, src, {}, 3, 2);
+  ASSERT_TRUE(left.valid);
+  ASSERT_EQ(left.pieces.size(), 1u);
+  EXPECT_EQ(left.pieces[0].world, 3);
+  EXPECT_EQ(left.pieces[0].locals, std::vector<int>{moved[2][0]});
+
+  // Without the newcomer's piece the first moments it held are nowhere: no holders, naming it.
+  std::vector<HolderReport> lacking = reports;
+  lacking[2].valid = 0;
+  const Holders none = choose_holders(plans, space, lacking, 3);
+  EXPECT_FALSE(none.found);
+  EXPECT_NE(none.why_not.find("adam_m:"), std::string::npos) << none.why_not;
+  // Pieces of another step, or trained in another epoch, are another state: never combined.
+  for (HolderReport other : {piece(2, 3, 2, moved[2], 8), piece(2, 3, 2, moved[2], 7, 2)}) {
+    std::vector<HolderReport> apart = reports;
+    apart[2] = other;
+    EXPECT_FALSE(choose_holders(plans, space, apart, 3).found) << other.step << " " << other.epoch;
+  }
+}
+
+// The common case stays what it was: every survivor's whole state is one part, not mixed.
+TEST(ChooseHolders, WholeStatesOfOneLayoutAreOnePartEach) {
+  const core::JobSpec spec = zero1_spec();
+  planner::PlanCache plans(spec);
+  const parallel::StateSpace space = parallel::StateSpace::from_graph(plans.graph()->graph);
+  std::vector<HolderReport> reports = {piece(0, 2, 0, {}), piece(1, 2, 1, {})};
+  HolderReport newcomer = piece(2, 2, -1, {});
+  newcomer.valid = 0;
+  reports.push_back(newcomer);
+  const Holders h = choose_holders(plans, space, reports, 3);
+  ASSERT_TRUE(h.found) << h.why_not;
+  EXPECT_FALSE(h.mixed);
+  EXPECT_EQ(h.count(), 2);
+  EXPECT_EQ(h.old_world, 2);
+  EXPECT_TRUE(h.a.ranks[2].locals.empty());
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-// elastic.old_state: free_as_moved (issue 14: "release each source before allocating the
-// next destination"). Without any in-memory snapshot, a survivor's old state still goes to
-// the router as the only handles and is freed as it moves; the resize line says so and that
-// no snapshot backs it, and the numbers stay one process's. (The default, keep_unless_backed,
+// elastic.old_state: free_as_moved, the default (issue 14: "release each source before
+// allocating the next destination"). Without any in-memory snapshot, a survivor's old state
+// goes to the router as the only handles and is freed as it moves; the resize line says so,
+// and the numbers stay one process's. A second change that stops the move midway finds the
+// state of the same step in the pieces of both layouts the ranks hold then. (keep_unless_backed
 // is LiveResize.Dp4ToDp2ByKillsThenDp3ByAJoin...: no snapshots, nothing freed as it moves.)
 #include <gtest/gtest.h>
 
@@ -12,15 +13,14 @@ namespace {
 
 using namespace live;
 
-TEST(LiveResizeOldState, FreeAsMovedFreesTheSurvivorsStateWithoutASnapshotAndKeepsTheNumbers) {
+TEST(LiveResizeOldState, TheDefaultFreesTheSurvivorsStateWithoutASnapshotAndKeepsTheNumbers) {
   LiveJob job;
   job.dir = agent_test_dir("live_resize_old_state", "free");
   job.id = "live-old-state-" + std::to_string(::getpid());
   job.nnodes = "2:3";
   job.steps = 120;
   const std::vector<std::string> layout = {"parallel.dp=auto", "parallel.zero=1"};
-  job.sets = layout;
-  job.sets.push_back("elastic.old_state=free_as_moved");
+  job.sets = layout;  // elastic.old_state: free_as_moved by default
   const fs::path ref = reference_run(job.dir, job.steps, layout);
   job.start_in_order(2);
   ASSERT_TRUE(job.wait_steps(30)) << job.all_logs();
@@ -38,6 +38,64 @@ TEST(LiveResizeOldState, FreeAsMovedFreesTheSurvivorsStateWithoutASnapshotAndKee
                             "free_as_moved; no snapshot of this step backs it)"),
             std::string::npos)
       << resize;
+  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, kRelDp);
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+}
+
+// dp2 ZeRO-1 grows to dp3 by a join, no snapshots; the move stops at half of each rank's bytes
+// (WEFT_TEST_STALL_MOVE, with a router budget small enough for many waves) until a fourth node
+// joins. Each rank then holds the old layout's tensors it had not freed and the new layout's
+// that had arrived whole; the world of four takes the state of that same step from those
+// pieces: no step redone, every worker kept (the survivors and the first newcomer), one
+// process's losses.
+TEST(LiveResizeOldState, AMoveStoppedByASecondJoinResumesFromThePiecesOfBothLayouts) {
+  LiveJob job;
+  job.dir = agent_test_dir("live_resize_old_state", "stopped");
+  job.id = "live-stopped-" + std::to_string(::getpid());
+  job.nnodes = "2:4";
+  job.steps = 120;
+  const std::vector<std::string> layout = {"parallel.dp=auto", "parallel.zero=1"};
+  job.sets = layout;
+  job.env = {"WEFT_TEST_STALL_MOVE=2:50", "WEFT_ROUTER_BUDGET_BYTES=65536",
+             "WEFT_LOG_LEVEL=debug", "WEFT_LOG_SUBSYS=resize"};
+  const fs::path ref = reference_run(job.dir, job.steps, layout);
+  job.start_in_order(2);
+  ASSERT_TRUE(job.wait_steps(30)) << job.all_logs();
+  const std::vector<pid_t> survivors = {children(job.pid(0)).at(0), children(job.pid(1)).at(0)};
+  job.start();  // epoch 2: world 3
+  const std::string stop = "the move stops after";
+  ASSERT_TRUE(poll_until([&] {
+    for (int k : {0, 1, 2})
+      if (job.lines_with(k, stop).empty()) return false;
+    return true;
+  })) << job.all_logs();
+  // Nobody trains while the move stands still: the step the next world must resume at.
+  const size_t held_step = job.rows().size();
+  const std::vector<pid_t> newcomer = children(job.pid(2));
+  job.start();  // epoch 3: world 4
+  ASSERT_TRUE(job.wait_world(4, 10)) << phases_text(job.phases()) << job.all_logs();
+  EXPECT_EQ(children(job.pid(0)), std::vector<pid_t>{survivors[0]}) << job.all_logs();
+  EXPECT_EQ(children(job.pid(1)), std::vector<pid_t>{survivors[1]}) << job.all_logs();
+  EXPECT_EQ(children(job.pid(2)), newcomer) << job.all_logs();
+  job.expect_exits({0, 1, 2, 3});
+  // The entry into epoch 2 stopped on every rank; each held pieces of both layouts then.
+  for (int k : {0, 1, 2}) {
+    EXPECT_EQ(job.lines_with(k, "world of epoch 2 not entered").size(), 1u) << job.text(k);
+    const std::vector<std::string> held = job.lines_with(k, "the move stopped midway; it holds");
+    ASSERT_EQ(held.size(), 1u) << job.text(k);
+    std::printf("[ says     ] %s\n", held[0].c_str());
+  }
+  EXPECT_EQ(job.lines_with(0, "the move stopped midway; it holds 2 pieces").size(), 1u)
+      << job.text(0);
+  const std::string resize = job.only_resize_line();
+  ASSERT_FALSE(resize.empty());
+  EXPECT_NE(resize.find("epoch 1 -> 3, world 2 -> 4"), std::string::npos) << resize;
+  EXPECT_NE(resize.find("at step " + std::to_string(held_step) + ":"), std::string::npos) << resize;
+  EXPECT_NE(resize.find("a move that this epoch stopped midway left the state in pieces of the "
+                        "old and the new layout, of this step"),
+            std::string::npos)
+      << resize;
+  EXPECT_EQ(resize.find("steps back"), std::string::npos) << resize;
   expect_same_losses(ref, job.metrics(), size_t(job.steps), false, kRelDp);
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }

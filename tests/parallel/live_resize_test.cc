@@ -29,6 +29,8 @@ TEST(LiveResize, Dp4ToDp2ByKillsThenDp3ByAJoinKeepsSurvivorsAndTheNumbers) {
   job.steps = 300;
   job.sets = {"parallel.dp=auto"};
   const fs::path ref = reference_run(job.dir, job.steps, job.sets);
+  // The old state kept whole until each new world is entered (not the default).
+  job.sets.push_back("elastic.old_state=keep_unless_backed");
   job.start_in_order(4);
   ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
   std::vector<std::vector<pid_t>> before(4);
@@ -63,7 +65,7 @@ TEST(LiveResize, Dp4ToDp2ByKillsThenDp3ByAJoinKeepsSurvivorsAndTheNumbers) {
   EXPECT_NE(lead.find("world 4 -> 2"), std::string::npos) << lead;
   EXPECT_NE(lead.find("state from 2 holders through the router"), std::string::npos) << lead;
   EXPECT_NE(lead.find("world 2 -> 3"), std::string::npos) << lead;
-  // No snapshots: the live state is the only copy, held until each new world was entered.
+  // No snapshots and keep_unless_backed: the live state is held until each world is entered.
   EXPECT_EQ(lead.find("freed its old state as it moved"), std::string::npos) << lead;
   // A survivor whose collective failed poked its agent, which looked at the membership at
   // once instead of at its next monitor pass (heartbeat.h).
