@@ -166,7 +166,7 @@ std::string job_spec_to_yaml(const JobSpec& s) {
   kv(e, "max_nodes", s.elastic.max_nodes);
   kv(e, "on_change", s.elastic.on_change);
   kv(e, "layout", s.elastic.layout);
-  kv(e, "old_state", s.elastic.old_state);
+  if (s.elastic.on_change != "restart") kv(e, "old_state", s.elastic.old_state);  // refused there
   e << YAML::EndMap;
 
   e << YAML::EndMap;

@@ -224,6 +224,14 @@ JobSpec spec_from_tree(YAML::Node& root, const std::string& base_dir,
   el.read("on_change", s.elastic.on_change);
   el.read("layout", s.elastic.layout);
   el.read("old_state", s.elastic.old_state);
+  // Any value acts only on a live reshard: under restart no worker holds old state, and the
+  // default (free_as_moved) could not be told from a value given on purpose after parsing.
+  if (el.has("old_state") && s.elastic.on_change == "restart")
+    throw ConfigError("elastic.old_state",
+                      "old_state " + s.elastic.old_state +
+                          " applies to a live reshard; under elastic.on_change: restart every "
+                          "worker starts anew and holds no old state: remove the key or set "
+                          "on_change: reshard");
 
   auto from_file = [&](const std::string& key) { return !overridden.count(key); };
   if (from_file("data.path")) s.data.path = resolve(s.data.path, base_dir);

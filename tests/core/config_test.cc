@@ -110,6 +110,16 @@ TEST(JobSpec, ElasticOldStateDefaultsToFreeAsMovedAndIsRefusedWhereItCannotAct) 
     EXPECT_EQ(e.field(), "elastic.old_state");
     EXPECT_NE(std::string(e.what()).find("set on_change: reshard"), std::string::npos) << e.what();
   }
+  // The default's value, given on purpose, acts no more under restart: refused too.
+  try {
+    parse_job_spec(kMinimal, "/", {"elastic.old_state=free_as_moved", "elastic.on_change=restart"});
+    ADD_FAILURE() << "elastic.old_state: free_as_moved under on_change: restart was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "elastic.old_state");
+  }
+  // A restart job's YAML leaves the key out, so it reads back.
+  JobSpec r = parse_job_spec(kMinimal, "/", {"elastic.on_change=restart"});
+  EXPECT_EQ(parse_job_spec(job_spec_to_yaml(r), "/").elastic.on_change, "restart");
 }
 
 TEST(JobSpec, ReadsEveryKindOfValue) {
