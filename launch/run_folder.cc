@@ -95,4 +95,13 @@ std::unique_ptr<core::io::MetricsWriter> open_metrics(const RunFolder& folder,
   return std::make_unique<core::io::MetricsWriter>(path, /*append=*/true);
 }
 
+bool append_agreed_line(core::io::MetricsWriter& w, const core::io::StepMetrics& line,
+                        int64_t resume_step) {
+  if (line.step + 1 != resume_step) return false;
+  for (const std::string& l : metrics_lines(w.path()))
+    if (line_step(l) == line.step && l.find("\"val_loss\"") == std::string::npos) return false;
+  w.write_step(line);
+  return true;
+}
+
 }  // namespace weft::launch

@@ -36,4 +36,12 @@ RunFolder choose_run_folder(const std::string& out_dir, const std::string& metri
 std::unique_ptr<core::io::MetricsWriter> open_metrics(const RunFolder& folder,
                                                       std::optional<int64_t> resume_step);
 
+// A world resumed at `resume_step` right after a step whose line its file lacks: every rank
+// agreed that step's statistics, but the lead that writes lines did not finish it (torn by a
+// collective after the agreement) or was lost, while a peer finished it. Appends `line`, a
+// line some rank kept of that step, when it is the step before `resume_step` and the file
+// has none of it; returns whether it wrote.
+bool append_agreed_line(core::io::MetricsWriter& w, const core::io::StepMetrics& line,
+                        int64_t resume_step);
+
 }  // namespace weft::launch

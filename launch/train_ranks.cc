@@ -237,6 +237,11 @@ class RankTraining {
   bool first_world_ = true;
   bool first_step_of_world_ = false;
   double resize_s_ = 0;  // change known -> ready to step, for the first step's metrics line
+  // The metrics line of the last step whose statistics every rank agreed on (this rank's
+  // timings), kept across worlds: see write_agreed_line.
+  std::optional<core::io::StepMetrics> agreed_line_;
+  void keep_agreed_line();
+  void write_agreed_line();
   Clock::time_point change_at_;
   int64_t saved_at_ = 0;
   double total_s_ = 0;
@@ -526,7 +531,10 @@ void RankTraining::enter_world(const std::string& why) {
                                                 : std::nullopt);
     // A rank that becomes the lead, or a restarted one, takes over the run's history for its
     // summary (a restart's summary used to start at the step it resumed from).
-    if (continues) report_ = report_from(metrics_->path(), spec_);
+    if (continues) {
+      write_agreed_line();
+      report_ = report_from(metrics_->path(), spec_);
+    }
     if (first_world_) {
       fs::create_directories(folder_->out);
       std::ofstream(fs::path(folder_->out) / "config.yaml") << core::job_spec_to_yaml(job_);
@@ -682,17 +690,20 @@ std::optional<WorldEnd> RankTraining::one_step() {
   if (verdict == NonfiniteGuard::Verdict::kStop)
     first_bad = trainer_->first_nonfinite_gradient();  // collective, on the failure path only
   double secs = since(t0);
+  // Every rank builds the line (the statistics are the same everywhere): one that becomes
+  // the lead after a change writes it if this lead could not (write_agreed_line).
+  core::io::StepMetrics m =
+      step_metrics(st, secs, train_world_, env_.rdzv_epoch, data_.sampler().epoch(st.step));
+  // This rank's share of the step in kernels and in waiting for communication.
+  const parallel::StepTimes& tt = trainer_->executor().last_step_times();
+  const double mem = mib(trainer_->activation_stats().bytes_live_peak);  // this rank's
+  m.extra = {{"step_ms", secs * 1e3}, {"compute_ms", tt.compute * 1e3},
+             {"comm_ms", tt.comm * 1e3}, {"mem_peak_mib", mem}};
+  if (spec_.model.arch == "moe-gpt") m.extra.insert(m.extra.begin(), {"aux_loss", st.aux_loss});
+  if (!st.applied) m.extra.push_back({"skipped", 1});
+  if (first_step_of_world_) m.extra.push_back({"resize_ms", resize_s_ * 1e3});
+  agreed_line_ = m;
   if (lead()) {
-    core::io::StepMetrics m =
-        step_metrics(st, secs, train_world_, env_.rdzv_epoch, data_.sampler().epoch(st.step));
-    // Rank 0's share of the step in kernels and in waiting for communication.
-    const parallel::StepTimes& tt = trainer_->executor().last_step_times();
-    const double mem = mib(trainer_->activation_stats().bytes_live_peak);  // rank 0's
-    m.extra = {{"step_ms", secs * 1e3}, {"compute_ms", tt.compute * 1e3},
-               {"comm_ms", tt.comm * 1e3}, {"mem_peak_mib", mem}};
-    if (spec_.model.arch == "moe-gpt") m.extra.insert(m.extra.begin(), {"aux_loss", st.aux_loss});
-    if (!st.applied) m.extra.push_back({"skipped", 1});
-    if (first_step_of_world_) m.extra.push_back({"resize_ms", resize_s_ * 1e3});
     metrics_->write_step(m);
     report_.add_step(m);
     if (verdict == NonfiniteGuard::Verdict::kSkipped)
@@ -786,6 +797,34 @@ void RankTraining::enter_next_world(std::string why) {
   }
 }
 
+// A step whose statistics exchange this rank completed before a collective of the step
+// failed: if some rank finished the step, the next world resumes after it, and its line
+// must come from a rank that knows the statistics (the lead may have been torn after the
+// exchange, or lost).
+void RankTraining::keep_agreed_line() {
+  const std::optional<core::StepStats>& st = trainer_->exchanged_stats();
+  if (!st || (agreed_line_ && agreed_line_->step >= st->step)) return;
+  core::io::StepMetrics m =
+      step_metrics(*st, 1, train_world_, env_.rdzv_epoch, data_.sampler().epoch(st->step));
+  // The step's time is unknown (this rank did not finish it): no rate, no step_ms.
+  m.tokens_per_s = 0;
+  m.extra = {{"torn", 1}};
+  if (spec_.model.arch == "moe-gpt") m.extra.insert(m.extra.begin(), {"aux_loss", st->aux_loss});
+  if (!st->applied) m.extra.push_back({"skipped", 1});
+  agreed_line_ = m;
+}
+
+// A new lead whose world resumes right after a step without a line writes that step's line
+// from the statistics it kept (a lead that wrote it leaves nothing to do; a resume at an
+// earlier step dropped it and redoes the step).
+void RankTraining::write_agreed_line() {
+  if (!agreed_line_ ||
+      !append_agreed_line(*metrics_, *agreed_line_, trainer_->current_step()))
+    return;
+  WEFT_DEBUG("resize", "rank ", env_.rank, ": wrote step ", agreed_line_->step,
+             "'s metrics line, which the last world's lead did not");
+}
+
 int RankTraining::run() {
   catch_stop_signals();
   if (live_) mark_following(watch_.path(), env_.local_rank);
@@ -805,6 +844,7 @@ int RankTraining::run() {
       end = WorldEnd::kFailed;
       torn = trainer_->torn();
       why = e.what();
+      keep_agreed_line();
     }
     if (end == WorldEnd::kDone || end == WorldEnd::kStopped) {
       total_s_ = since(t_start);

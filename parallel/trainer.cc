@@ -186,9 +186,13 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
     all = all_gather_values(world_, mine);
   };
   torn_ = false;
+  exchanged_.reset();
   try {
     exec_->run_step(s, load, [&] {
       exchange_statistics();
+      // Every rank now has the step's statistics: kept for a metrics line even if a later
+      // collective of this step tears the rank (exchanged_stats()).
+      exchanged_ = fold_statistics(all, st);
       if (before_update_) before_update_();
     });
   } catch (...) {
@@ -197,6 +201,16 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
   }
   // The rank's state is now complete for the next step.
   ++step_;
+  st = fold_statistics(all, st);
+  if (st.applied && !(std::isfinite(st.loss) && std::isfinite(st.aux_loss)))
+    throw InternalError("step " + std::to_string(st.step) +
+                        ": the loss is not finite but the gradient norm is: the update was "
+                        "applied (the executor's non-finite fold missed it)");
+  return st;
+}
+
+core::StepStats ParallelTrainer::fold_statistics(const std::vector<double>& all,
+                                                 core::StepStats st) const {
   std::map<std::pair<int, int>, std::pair<double, double>>
       seen;  // (kind, addend) -> (value, addends)
   for (size_t i = 0; i + 3 < all.size(); i += 4)
@@ -211,14 +225,10 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
   }
   if (balance_ && balance_->mode() == core::MoeBalance::Mode::kGlobalAux)
     st.aux_loss = balance_->global_aux_loss();  // the per-micro-batch outputs are local
-  st.tokens = B * T;
+  st.tokens = spec_.train.global_batch * spec_.model.seq_len;
   // adamw ran on every rank with the same global norm: finite means applied everywhere.
   st.applied = std::isfinite(st.grad_norm);
   if (!st.applied) st.nonfinite = std::isfinite(st.loss) ? "gradient norm" : "loss";
-  if (st.applied && !(std::isfinite(st.loss) && std::isfinite(st.aux_loss)))
-    throw InternalError("step " + std::to_string(st.step) +
-                        ": the loss is not finite but the gradient norm is: the update was "
-                        "applied (the executor's non-finite fold missed it)");
   return st;
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "comm/communicator.h"
 #include "core/config/job_spec.h"
@@ -93,6 +94,11 @@ class ParallelTrainer {
   // although nothing changed (RankExecutor::state_written: it is set just before a writing
   // instruction runs, and a dropped step's adamw counts), never false when something did.
   bool torn() const { return torn_; }
+  // The statistics of the last step() whose statistics exchange completed on this rank,
+  // also when a later collective of that step then failed (torn or not): every rank agreed
+  // on them, so a step some peer finished gets its metrics line from any rank that knows
+  // them. Empty before the exchange of the last step() (it threw earlier).
+  const std::optional<core::StepStats>& exchanged_stats() const { return exchanged_; }
   // Runs in every later step() right before this rank's first state write (after the step's
   // statistics exchange; the executor's before_update): an in-memory snapshot of the state
   // before the step, copied in the background while the forward and backward ran, is waited
@@ -150,6 +156,8 @@ class ParallelTrainer {
   const TrainerSetupTimes& setup_times() const { return setup_times_; }
 
  private:
+  // The step's statistics from the exchanged (kind, addend, addends, value) records.
+  core::StepStats fold_statistics(const std::vector<double>& all, core::StepStats st) const;
   void check_memory_budget() const;
   // InternalError naming `what` while a kDeferred trainer waits for adopt_state().
   void require_state(const char* what) const;
@@ -170,6 +178,7 @@ class ParallelTrainer {
   int64_t steps_run_ = 0;  // by this process: the activation arena traces its first step
   bool state_pending_ = false;  // kDeferred, adopt_state() not yet called
   bool torn_ = false;
+  std::optional<core::StepStats> exchanged_;
   std::function<void()> before_update_;
   TrainerSetupTimes setup_times_;
 };

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <bit>
+#include <cmath>
+#include <optional>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -380,6 +382,16 @@ void expect_torn(const std::string& config, std::vector<std::string> sets, KillA
   core::JobSpec spec = spec_of(config, sets);
   Data data = load_data(spec);
   constexpr int64_t kDieAt = 2;
+  // One process's statistics of the step the peer dies in: what a torn rank that got
+  // through the step's statistics exchange keeps (exchanged_stats).
+  core::StepStats ref;
+  {
+    core::JobSpec single = spec;
+    single.parallel = core::ParallelSpec();
+    core::Trainer t(single);
+    core::BatchFn b = data.batch();
+    for (int64_t s = 0; s <= kDieAt; ++s) ref = t.step(b);
+  }
   RunOptions ro;
   ro.deadline = std::chrono::milliseconds(300'000);
   RunResult r = run_ranks(
@@ -420,6 +432,18 @@ void expect_torn(const std::string& config, std::vector<std::string> sets, KillA
         EXPECT_EQ(t.executor().state_written(), torn);
         EXPECT_EQ(t.current_step(), kDieAt);
         if (!torn) expect_same_state(space, mine, t.state_tensors(space, mine), before);
+        // Past the exchange (the peer dies at the update), the step's statistics are kept
+        // for its metrics line; before it, none are.
+        const std::optional<core::StepStats>& kept = t.exchanged_stats();
+        if (at == KillAt::kAfterStep) {
+          ASSERT_TRUE(kept.has_value());
+          EXPECT_EQ(kept->step, kDieAt);
+          EXPECT_NEAR(kept->loss, ref.loss, 1e-5 * std::fabs(ref.loss));
+          EXPECT_NEAR(kept->grad_norm, ref.grad_norm, 1e-5 * std::fabs(ref.grad_norm));
+          EXPECT_TRUE(kept->applied);
+        } else {
+          EXPECT_FALSE(kept.has_value());
+        }
       },
       ro);
   ASSERT_EQ(r.ranks.size(), 2u);
