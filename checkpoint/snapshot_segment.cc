@@ -253,7 +253,7 @@ SnapshotSegment SnapshotSegment::create(const std::string& name, int64_t capacit
   return s;
 }
 
-SnapshotSegment SnapshotSegment::open(const std::string& name, bool writable, bool populate) {
+SnapshotSegment SnapshotSegment::open(const std::string& name, bool writable) {
   int fd = ::shm_open(name.c_str(), writable ? O_RDWR : O_RDONLY, 0);
   if (fd < 0) {
     int e = errno;
@@ -268,8 +268,7 @@ SnapshotSegment SnapshotSegment::open(const std::string& name, bool writable, bo
                       " bytes) to be a weft snapshot segment"));
   }
   int prot = PROT_READ | (writable ? PROT_WRITE : 0);
-  void* base = ::mmap(nullptr, size_t(st.st_size), prot, MAP_SHARED | (populate ? MAP_POPULATE : 0),
-                      fd, 0);
+  void* base = ::mmap(nullptr, size_t(st.st_size), prot, MAP_SHARED, fd, 0);
   int e = errno;
   ::close(fd);
   if (base == MAP_FAILED)
@@ -478,6 +477,16 @@ int64_t SnapshotSegment::sequence(int slot) const {
 std::vector<uint32_t> SnapshotSegment::block_crc32c(const View& v) const {
   const uint32_t* table = crc_table(base_, v.slot);
   return std::vector<uint32_t>(table, table + blocks_for(v.meta.payload_bytes));
+}
+
+void SnapshotSegment::populate(const View& v) const {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14; older headers lack the name
+#endif
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t from = reinterpret_cast<uintptr_t>(v.payload) & ~(page - 1);
+  const uintptr_t to = reinterpret_cast<uintptr_t>(v.payload) + uintptr_t(v.meta.payload_bytes);
+  if (to > from) (void)::madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_READ);
 }
 
 std::vector<int64_t> SnapshotSegment::corrupt_blocks(const View& v) const {

@@ -77,11 +77,8 @@ class SnapshotSegment {
                                 int slots = kMinSnapshotSlots, int guardian_pid = 0);
   // Maps an existing segment, read-write when `writable`. IoError naming it when it does not
   // exist, is too short, or its header is not a snapshot segment's (magic, version).
-  // `populate`: map every page now (MAP_POPULATE), for a reader of all of it (a restore):
-  // one call instead of a fault per 4 KiB page, about half the time of faulting a GiB in
-  // here. Not for a writer: populating 2.7 GB of writable shared pages took 6.4 s here,
-  // where the first snapshot's copy faults them in on its own thread.
-  static SnapshotSegment open(const std::string& name, bool writable, bool populate = false);
+  // Maps nothing in yet: a reader of one slot asks for its pages (populate below).
+  static SnapshotSegment open(const std::string& name, bool writable);
   // Removes the name (mapped views stay valid until unmapped). No error when already gone.
   static void unlink(const std::string& name);
 
@@ -148,6 +145,14 @@ class SnapshotSegment {
   // the recorded ones (empty: intact).
   std::vector<int64_t> corrupt_blocks(const View& v) const;
   std::vector<uint32_t> block_crc32c(const View& v) const;  // as recorded
+  // Maps the pages of a view's payload now (MADV_POPULATE_READ), for a reader of all of it
+  // (a restore): one call instead of a fault per 4 KiB page, about half the time of faulting
+  // a GiB in here. Only the view's: the other slots of a segment (uncommitted, or an older
+  // step) are pages that create() allocated but nobody wrote, which the first mapping of
+  // each zeroes; mapping a whole 3-slot segment with MAP_POPULATE zeroed 1.2 GB that nobody
+  // read and held a recovery 2.5 s (issue 15). A kernel without it (before 5.14) leaves the
+  // pages to fault in as they are read.
+  void populate(const View& v) const;
 
  private:
   SnapshotSegment() = default;

@@ -9,6 +9,7 @@
 
 #include "base/env.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "checkpoint/job_id.h"
 #include "core/config/limits.h"
 
@@ -58,9 +59,17 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count,
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weft train: snapshot segments not reserved: %s\n", e.what());
   }
+  using Clock = std::chrono::steady_clock;
+  auto ms_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  const Clock::time_point t_list = Clock::now();
+  double list_ms = 0, map_ms = 0, verify_ms = 0;
+  int64_t mapped = 0;
   std::vector<checkpoint::SegmentInfo> all;
   try {
     all = client_->list(epoch);
+    list_ms = ms_since(t_list);
   } catch (const IoError& e) {
     // A worker without its agent's list offers nothing; the others may still cover the state.
     std::fprintf(stderr, "weft train: snapshot agent not listed: %s\n", e.what());
@@ -74,8 +83,10 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count,
     if (dealt++ % std::max(1, local_count) != local_rank) continue;
     const std::string& entry = e.name;
     try {
+      Clock::time_point t = Clock::now();
       auto seg = std::make_shared<checkpoint::SnapshotSegment>(
-          checkpoint::SnapshotSegment::open(e.name, false, /*populate=*/true));
+          checkpoint::SnapshotSegment::open(e.name, false));
+      map_ms += ms_since(t);
       // Every committed slot: the newer may be of a step some other rank never finished
       // (killed mid-step, or mid-copy), an older one is then the step everybody has.
       for (int slot = 0; slot < seg->slots(); ++slot) {
@@ -85,7 +96,15 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count,
         if (offered_.count(key)) continue;  // two epochs' segments of one rank at one step
         // Verified before it is offered (crc32c runs at about twice memcpy's speed): a rank
         // that found a corrupt block while the router waits on it would stall the world.
-        if (const std::vector<int64_t> bad = seg->corrupt_blocks(*v); !bad.empty()) {
+        // Only the offered slot's pages (populate says why).
+        t = Clock::now();
+        seg->populate(*v);
+        map_ms += ms_since(t);
+        mapped += v->meta.payload_bytes;
+        t = Clock::now();
+        const std::vector<int64_t> bad = seg->corrupt_blocks(*v);
+        verify_ms += ms_since(t);
+        if (!bad.empty()) {
           std::fprintf(stderr,
                        "weft train: snapshot %s (slot %d, step %lld) not offered: %zu corrupt "
                        "block(s), the first at byte %lld\n",
@@ -110,6 +129,9 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count,
       std::fprintf(stderr, "weft train: snapshot %s not offered: %s\n", entry.c_str(), e.what());
     }
   }
+  WEFT_DEBUG("resize", "offers for epoch ", epoch, ": listed ", all.size(), " segments in ",
+             list_ms, " ms; mapped ", mapped >> 20, " MiB of their committed slots in ", map_ms,
+             " ms, verified it in ", verify_ms, " ms; ", out.size(), " offered");
   return out;
 }
 

@@ -321,9 +321,12 @@ void RankTraining::enter_world(const std::string& why) {
   // What every rank holds: its live state (live only) and the snapshots of its node's agent.
   const bool gather = live_ || snaps_.enabled();
   std::vector<HolderReport> reports;
-  if (gather)
-    reports = exchange_reports(comm, held_, host_key(),
-                               snaps_.offers(env_.local_rank, local_count(), env_.rdzv_epoch));
+  if (gather) {
+    const std::vector<HolderReport> offers =
+        snaps_.offers(env_.local_rank, local_count(), env_.rdzv_epoch);
+    laps.lap("offers");
+    reports = exchange_reports(comm, held_, host_key(), offers);
+  }
   laps.lap("reports");
   int64_t latest = -1;  // the latest step anybody alive holds
   for (int r = 0; r < int(reports.size()) && r < env_.world; ++r)
