@@ -270,10 +270,11 @@ TEST_F(SnapshotSegmentTest, PopulateMapsInOnlyTheViewsPayload) {
   EXPECT_LT(before, 1024) << "opening mapped in " << before << " KiB";
   r.populate(*v);
   const int64_t after = rss_kib_of_mapping(v->payload);
-  std::printf("[ measured ] mapped in: %lld KiB after open, %lld KiB after populate (slot %lld "
-              "KiB, segment %lld KiB)\n",
-              (long long)before, (long long)after, (long long)(kCapacity >> 10),
-              (long long)(3 * kCapacity >> 10));
+  std::printf(
+      "[ measured ] mapped in: %lld KiB after open, %lld KiB after populate (slot %lld "
+      "KiB, segment %lld KiB)\n",
+      (long long)before, (long long)after, (long long)(kCapacity >> 10),
+      (long long)(3 * kCapacity >> 10));
   EXPECT_GE(after, kCapacity >> 10) << "the payload is not all mapped in";
   EXPECT_LT(after, (kCapacity >> 10) + 1024) << "more than the payload's slot was mapped in";
   EXPECT_EQ(r.corrupt_blocks(*v), std::vector<int64_t>{});
