@@ -147,11 +147,11 @@ class SnapshotSegment {
   std::vector<uint32_t> block_crc32c(const View& v) const;  // as recorded
   // Maps the pages of a view's payload now (MADV_POPULATE_READ), for a reader of all of it
   // (a restore): one call instead of a fault per 4 KiB page, about half the time of faulting
-  // a GiB in here. Only the view's: the other slots of a segment (uncommitted, or an older
-  // step) are pages that create() allocated but nobody wrote, which the first mapping of
-  // each zeroes; mapping a whole 3-slot segment with MAP_POPULATE zeroed 1.2 GB that nobody
-  // read and held a recovery 2.5 s (issue 15). A kernel without it (before 5.14) leaves the
-  // pages to fault in as they are read.
+  // a GiB in here. Only the view's, never the whole segment: a slot never written holds
+  // pages that create() allocated and the first mapping zeroes, and a slot of another step
+  // may not be read at all. Populating whole 3-slot segments (2 GB per survivor, 1.2 GB of
+  // it never written) held a node-loss recovery 2.5 s (issue 15). A kernel without
+  // MADV_POPULATE_READ (before 5.14) leaves the pages to fault in as they are read.
   void populate(const View& v) const;
 
  private:
