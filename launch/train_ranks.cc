@@ -199,6 +199,9 @@ class RankTraining {
   void print_arrival(const std::string& why, int old_world, int64_t old_epoch);
   // The world sizes a change most likely leads to next, nearest first (plan_ahead).
   std::vector<int> likely_next_worlds() const;
+  // Connections per pair for the router's transfers between hosts (elastic.transfer_connections;
+  // one where no state moves live).
+  int transfer_connections() const { return live_ ? int(job_.elastic.transfer_connections) : 1; }
   // Tests only: the transfer's progress hook that stops a move midway (WEFT_TEST_STALL_MOVE).
   std::function<void(const parallel::TransitionStats&)> stall_for_tests(
       int64_t epoch, const parallel::TransferPlan& plan);
@@ -311,12 +314,18 @@ void RankTraining::enter_world(const std::string& why) {
     };
   world_ = live_ && !first_world_ ? ahead_.take(env_.rdzv_epoch) : nullptr;
   arrival_.comms_ahead = world_ != nullptr;
-  if (!world_) world_ = std::make_unique<parallel::WorkerWorld>(env_, comm_timeout(), superseded);
+  if (!world_)
+    world_ = std::make_unique<parallel::WorkerWorld>(env_, comm_timeout(), superseded,
+                                                     transfer_connections());
   comm::Communicator& comm = world_->comm();
   laps.lap("world");
   // Until this world trains, a newer epoch ends it: some of its ranks will never come.
   std::optional<LossWatcher> entering;
-  if (live_) entering.emplace(watch_, std::vector<comm::Communicator*>{&comm}, true);
+  if (live_) {
+    std::vector<comm::Communicator*> comms = world_->connections();  // the router's stripes too
+    comms.insert(comms.begin(), &comm);
+    entering.emplace(watch_, comms, true);
+  }
   if (live_ && !folder_) open_run_folder();  // every rank, before rank 0 writes anything
   // What every rank holds: its live state (live only) and the snapshots of its node's agent.
   const bool gather = live_ || snaps_.enabled();
@@ -443,6 +452,7 @@ void RankTraining::enter_world(const std::string& why) {
     parallel::TransitionOptions to;
     to.destinations = &persistent_;  // the blocks reserved ahead (prefault), or new ones
     to.on_progress = stall_for_tests(env_.rdzv_epoch, plan);
+    to.connections = world_->connections();  // elastic.transfer_connections, across hosts
     std::vector<core::Tensor> finished, mine;
     try {
       mine = parallel::run_transition(plan, holders.a, b, env_.rank, src, comm, to, &ts, &finished);
@@ -751,7 +761,7 @@ WorldEnd RankTraining::train_world() {
   if (train_comm_) comms.push_back(train_comm_.get());
   // A change that loses nobody is known a step ahead: its world connects meanwhile.
   LossWatcher watcher(watch_, comms, false, [this](const EpochNotice& n) {
-    ahead_.start(env_in_epoch(base_, n), watch_.path(), comm_timeout());
+    ahead_.start(env_in_epoch(base_, n), watch_.path(), comm_timeout(), transfer_connections());
   });
   while (trainer_->current_step() < spec_.train.steps)
     if (std::optional<WorldEnd> end = one_step()) return *end;

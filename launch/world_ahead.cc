@@ -31,7 +31,7 @@ void WorldAhead::build(Build& b) {
              : std::string();
   };
   try {
-    b.world = std::make_unique<parallel::WorkerWorld>(b.env, b.timeout, superseded);
+    b.world = std::make_unique<parallel::WorkerWorld>(b.env, b.timeout, superseded, b.connections);
   } catch (...) {
     b.error = std::current_exception();
   }
@@ -57,7 +57,7 @@ void WorldAhead::build_loop() {
 }
 
 void WorldAhead::start(const parallel::LaunchEnv& env, const std::string& notices,
-                       comm::Millis timeout) {
+                       comm::Millis timeout, int connections) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (stopping_) return;
@@ -70,6 +70,7 @@ void WorldAhead::start(const parallel::LaunchEnv& env, const std::string& notice
     b->env = env;
     b->notices = notices;
     b->timeout = timeout;
+    b->connections = connections;
     builds_.push_back(b);
     pending_.push_back(std::move(b));
   }

@@ -46,7 +46,9 @@ class WorldAhead {
   // a time on one thread that lives as long as this object: a thread per build left each
   // build's allocations in a fresh malloc arena, and a worker's memory grew with every
   // change (the 20-change soak test saw it). Thread-safe.
-  void start(const parallel::LaunchEnv& env, const std::string& notices, comm::Millis timeout);
+  // `connections`: WorkerWorld's (elastic.transfer_connections).
+  void start(const parallel::LaunchEnv& env, const std::string& notices, comm::Millis timeout,
+             int connections = 1);
 
   // The world of `epoch` if its build was queued: waits for it, and rethrows its error
   // (CommError: the caller then waits for the next epoch, as when building it itself
@@ -60,6 +62,7 @@ class WorldAhead {
     parallel::LaunchEnv env;
     std::string notices;
     comm::Millis timeout{0};
+    int connections = 1;
     bool done = false;  // under mu_
     std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
     std::unique_ptr<parallel::WorkerWorld> world;  // set by the builder before `done`

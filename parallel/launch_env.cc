@@ -18,6 +18,7 @@
 #include "comm/store/tcp_store.h"
 #include "comm/store/tcp_store_server.h"
 #include "core/rng.h"
+#include "parallel/transfer_connections.h"
 
 namespace weft::parallel {
 
@@ -232,7 +233,7 @@ LaunchEnv detect_launch_env() {
 }
 
 WorkerWorld::WorkerWorld(const LaunchEnv& env, comm::Millis timeout,
-                         std::function<std::string()> cancelled)
+                         std::function<std::string()> cancelled, int connections)
     : env_(env) {
   if (env_.host_store) {
     comm::TCPStoreServerOptions so;
@@ -257,9 +258,19 @@ WorkerWorld::WorkerWorld(const LaunchEnv& env, comm::Millis timeout,
   o.timeout = timeout;
   o.host = address_toward(env_.store_host, env_.store_port);
   comm_ = comm::make_communicator(comm::BackendKind::kGloo, o);
+  // On one host every pair the router moves between uses shared memory: no extra connection
+  // would carry a byte.
+  if (connections > 1 && spans_hosts(*comm_, o.host)) more_ = connect_more(o, connections - 1);
+}
+
+std::vector<comm::Communicator*> WorkerWorld::connections() const {
+  std::vector<comm::Communicator*> v;
+  for (const auto& c : more_) v.push_back(c.get());
+  return v;
 }
 
 WorkerWorld::~WorkerWorld() {
+  more_.clear();
   comm_.reset();
   store_.reset();
   // The store is only used to connect; once every rank's communicator exists nobody asks

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -70,10 +71,17 @@ class WorkerWorld {
   // `cancelled` (optional): asked while the world is being built; a non-empty reason stops
   // the build with CommError (a live worker whose epoch a newer one replaced: some of its
   // ranks will never come).
+  // `connections` (elastic.transfer_connections): when above 1 and the ranks are on more
+  // than one host, connections - 1 more communicators over the same ranks are connected too,
+  // for the state router's striped messages (parallel/transfer_connections.h); they go with
+  // this world (its epoch).
   WorkerWorld(const LaunchEnv& env, comm::Millis timeout,
-              std::function<std::string()> cancelled = {});
+              std::function<std::string()> cancelled = {}, int connections = 1);
   ~WorkerWorld();
   comm::Communicator& comm() { return *comm_; }
+  // The extra connections (empty with one connection or on one host), for
+  // TransitionOptions::connections.
+  std::vector<comm::Communicator*> connections() const;
   const LaunchEnv& env() const { return env_; }
 
  private:
@@ -81,6 +89,7 @@ class WorkerWorld {
   std::unique_ptr<comm::TCPStoreServer> server_;
   std::shared_ptr<comm::Store> store_;
   std::unique_ptr<comm::Communicator> comm_;
+  std::vector<std::unique_ptr<comm::Communicator>> more_;
 };
 
 // Every rank's `stop` or-ed over the world (a Ctrl-C on one rank stops all at the same step).

@@ -138,6 +138,9 @@ struct TransitionStats {
   int64_t bytes_copied = 0;   // local copies (src == dst) into newly allocated tensors
   int64_t bytes_sent_shm = 0, bytes_received_shm = 0;    // same host, shared memory
   int64_t bytes_sent_comm = 0, bytes_received_comm = 0;  // through the communicator
+  // Of those, the bytes of messages cut into stripes over several connections
+  // (TransitionOptions::connections); a message of one stripe is not counted here.
+  int64_t bytes_sent_striped = 0, bytes_received_striped = 0;
   // What the transition held in tensors, counted as rank_memory counts it (sources until
   // released, destinations from allocation, an adopted tensor once, the communicator's
   // staging): at the start and at the most. The sources count as freed when the
@@ -159,6 +162,17 @@ struct TransitionOptions {
   // 2-core EPYC VM (memcpy 14 GB/s), against 5 GB/s with 4 MiB x 2.
   int64_t shm_chunk_bytes = int64_t(512) << 10;
   int shm_slots = 4;
+  // More connections to the same ranks as the communicator that run_transition is given (each
+  // a communicator of its own over the same members in the same rank order: its own TCP
+  // connection per pair and its own event loop, parallel/worker_world's extra connections).
+  // A communicator-bound message of at least `stripe_min_bytes` is cut into 1 + size()
+  // contiguous stripes of equal size (to within a byte), posted at once, the first on the
+  // communicator and the others on these; smaller ones go on the communicator alone. One TCP
+  // stream rarely fills a link between hosts (per-flow limits, one core's copies, congestion
+  // control); several do, as NCCL's sockets per peer. Must be the same on every rank (both
+  // ends cut a message alike). Shared-memory messages are not affected.
+  std::vector<comm::Communicator*> connections;
+  int64_t stripe_min_bytes = int64_t(256) << 10;
   // Called on the rank's thread after every local copy, message and shared-memory chunk, with
   // the running totals (progress reports; tests stop a rank at a chosen point). May throw:
   // the transition then fails like a transport error.

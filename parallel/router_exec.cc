@@ -11,6 +11,14 @@
 // progresses both directions in one loop and only waits on this round's peers; the
 // communicator's operations progress without this thread. So the rule of rank_ops (no cycle
 // of waits within a round, rounds in order) holds for each transport and for the mix.
+//
+// Striped messages (TransitionOptions::connections): a large communicator-bound message is
+// cut into stripes, one per connection, all posted (never blocking) before the round's wait.
+// Both ends cut it alike and skip the same empty stripes, so each connection carries a
+// subsequence of the round-ordered point-to-point operations of rank_ops, between the same
+// pairs in the same order: the rule above holds for each connection on its own, each
+// progresses on its own threads, and a rank waiting on all of a round's stripes waits on
+// operations that are all posted, on every rank, before anybody waits. So no cycle forms.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -271,7 +279,35 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
     }
     return buf.slice(0, 0, n);
   };
-  comm::Work send_work, recv_work;
+  // The connections a message is striped over: the communicator first (a message too small
+  // to cut goes on it alone), then the extra ones.
+  std::vector<comm::Communicator*> links = {&comm};
+  for (comm::Communicator* c : opt.connections) {
+    WEFT_CHECK(c != nullptr && c->size() == comm.size() && c->rank() == comm.rank(),
+               "router: an extra connection's communicator must have the members of the "
+               "communicator (rank ",
+               comm.rank(), " of ", comm.size(), ")");
+    links.push_back(c);
+  }
+  auto stripes = [&](const Message& m) {
+    return m.bytes >= opt.stripe_min_bytes ? int64_t(links.size()) : int64_t(1);
+  };
+  // Posts stripe i of n of `buf` (m.bytes long) on links[i]; empty stripes (a message shorter
+  // than n bytes) are skipped at both ends.
+  auto post = [&](const Message& m, const core::Tensor& buf, int round, bool sending,
+                  std::vector<comm::Work>& works) {
+    const int64_t n = stripes(m);
+    const int tag = round % (comm::kMaxTag + 1);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t lo = m.bytes * i / n, hi = m.bytes * (i + 1) / n;
+      if (hi == lo) continue;
+      core::Tensor part = n == 1 ? buf : buf.slice(0, lo, hi - lo);
+      works.push_back(sending ? links[size_t(i)]->send(part, m.dst, {.tag = tag})
+                              : links[size_t(i)]->recv(part, m.src, {.tag = tag}));
+    }
+  };
+  std::vector<comm::Work> send_work, recv_work;
+  bool out_striped = false;
   const Message *incoming = nullptr, *shm_out = nullptr, *shm_in = nullptr;
   int64_t comm_out = 0;
   try {
@@ -313,8 +349,9 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           send_buf = stage(send_stage, send_cap, m.bytes);
           MessageBytes(plan, m, a, src, true)
               .move(0, static_cast<char*>(send_buf.raw_data()), m.bytes, true);
-          send_work = comm.send(send_buf, m.dst, {.tag = op.round % (comm::kMaxTag + 1)});
+          post(m, send_buf, op.round, true, send_work);
           comm_out = m.bytes;
+          out_striped = stripes(m) > 1;
           break;
         }
         case RankOp::kRecv: {
@@ -327,7 +364,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           }
           incoming = &m;
           recv_buf = stage(recv_stage, recv_cap, m.bytes);
-          recv_work = comm.recv(recv_buf, m.src, {.tag = op.round % (comm::kMaxTag + 1)});
+          post(m, recv_buf, op.round, false, recv_work);
           break;
         }
         case RankOp::kWait: {
@@ -353,10 +390,12 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
                           });
             if (shm_in) arrived(*shm_in);  // exchange() returns once every byte is in
           }
-          recv_work.wait();
-          send_work.wait();
+          for (comm::Work& w : recv_work) w.wait();
+          for (comm::Work& w : send_work) w.wait();
+          if (out_striped) st.bytes_sent_striped += comm_out;
           if (comm_out) st.bytes_sent_comm += comm_out, progress();
           if (incoming) {
+            if (stripes(*incoming) > 1) st.bytes_received_striped += incoming->bytes;
             MessageBytes(plan, *incoming, b, dst, false)
                 .move(0, static_cast<char*>(recv_buf.raw_data()), incoming->bytes, false);
             arrived(*incoming);
@@ -365,8 +404,9 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           }
           incoming = shm_out = shm_in = nullptr;
           comm_out = 0;
+          out_striped = false;
           send_buf = recv_buf = core::Tensor();
-          send_work = recv_work = comm::Work();
+          send_work.clear(), recv_work.clear();
           break;
         }
         case RankOp::kRelease: {
@@ -396,8 +436,10 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
   // crossed shared memory.
   WEFT_DEBUG("router", "router transition (rank ", rank, "): ", st.bytes_sent_comm, " B out, ",
              st.bytes_received_comm, " B in through the communicator; ", st.bytes_sent_shm,
-             " B out, ", st.bytes_received_shm, " B in through shared memory; ", st.bytes_adopted,
-             " B adopted, ", st.bytes_copied, " B copied");
+             " B out, ", st.bytes_received_shm, " B in through shared memory; ",
+             st.bytes_sent_striped, " B out, ", st.bytes_received_striped, " B in striped over ",
+             links.size(), " connections; ", st.bytes_adopted, " B adopted, ", st.bytes_copied,
+             " B copied");
   return dst;
 }
 

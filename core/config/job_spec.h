@@ -155,6 +155,12 @@ struct ElasticSpec {
   // survives such a loss (peak: old plus new), unless in-memory snapshots of the same step
   // back it (then freed as it moves).
   std::string old_state = "free_as_moved";  // free_as_moved | keep_unless_backed
+  // TCP connections per pair of ranks that carry the state between hosts during a reshard
+  // (on_change: reshard only): messages of 256 KiB and more are cut into this many stripes
+  // sent at once (parallel/transfer_connections.h), as NCCL's several sockets per peer. One
+  // stream rarely fills a link between hosts; pairs on one host use shared memory, and a
+  // world on one host connects no extra ones. 1..16.
+  int64_t transfer_connections = 4;
 };
 
 struct JobSpec {

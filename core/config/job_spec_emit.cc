@@ -166,7 +166,10 @@ std::string job_spec_to_yaml(const JobSpec& s) {
   kv(e, "max_nodes", s.elastic.max_nodes);
   kv(e, "on_change", s.elastic.on_change);
   kv(e, "layout", s.elastic.layout);
-  if (s.elastic.on_change != "restart") kv(e, "old_state", s.elastic.old_state);  // refused there
+  if (s.elastic.on_change != "restart") {  // refused there
+    kv(e, "old_state", s.elastic.old_state);
+    kv(e, "transfer_connections", s.elastic.transfer_connections);
+  }
   e << YAML::EndMap;
 
   e << YAML::EndMap;

@@ -344,6 +344,8 @@ void validate_job_spec(const JobSpec& s) {
   one_of("elastic.on_change", s.elastic.on_change, {"reshard", "restart"});
   one_of("elastic.layout", s.elastic.layout, {"fixed", "auto"});
   one_of("elastic.old_state", s.elastic.old_state, {"keep_unless_backed", "free_as_moved"});
+  between("elastic.transfer_connections", s.elastic.transfer_connections, 1,
+          limits::kMaxTransferConnections);
   if (s.elastic.on_change == "restart" && s.elastic.old_state != "free_as_moved")
     throw ConfigError("elastic.old_state",
                       "old_state " + s.elastic.old_state +

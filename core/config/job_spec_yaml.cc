@@ -36,7 +36,8 @@ const YamlSchema& job_spec_schema() {
       {"checkpoint", {"dir", "every", "keep", "async"}},
       {"snapshot", {"every", "redundancy", "ec"}},
       {"snapshot.ec", {"k", "m"}},
-      {"elastic", {"min_nodes", "max_nodes", "on_change", "layout", "old_state"}},
+      {"elastic",
+       {"min_nodes", "max_nodes", "on_change", "layout", "old_state", "transfer_connections"}},
   };
   return schema;
 }
@@ -224,6 +225,13 @@ JobSpec spec_from_tree(YAML::Node& root, const std::string& base_dir,
   el.read("on_change", s.elastic.on_change);
   el.read("layout", s.elastic.layout);
   el.read("old_state", s.elastic.old_state);
+  el.read("transfer_connections", s.elastic.transfer_connections);
+  // Only a live reshard moves state between ranks (see old_state below).
+  if (el.has("transfer_connections") && s.elastic.on_change == "restart")
+    throw ConfigError("elastic.transfer_connections",
+                      "transfer_connections applies to a live reshard's transfers; under "
+                      "elastic.on_change: restart nothing moves between ranks: remove the key "
+                      "or set on_change: reshard");
   // Any value acts only on a live reshard: under restart no worker holds old state, and the
   // default (free_as_moved) could not be told from a value given on purpose after parsing.
   if (el.has("old_state") && s.elastic.on_change == "restart")

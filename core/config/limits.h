@@ -30,6 +30,9 @@ constexpr int64_t kMaxDegree = int64_t(1) << 16;
 constexpr int64_t kMaxKeep = 1'000'000;
 constexpr int64_t kMaxEcBlocks = 255;  // Reed-Solomon over GF(2^8): k + m <= 255
 constexpr int64_t kMaxNodes = int64_t(1) << 16;
+// elastic.transfer_connections: each is a Gloo context (a socket per peer and two threads) per
+// epoch; NCCL allows 64 sockets per peer, but past a core each few more buy nothing.
+constexpr int64_t kMaxTransferConnections = 16;
 
 // Products of sizes (parameter counts, activation elements, token offsets): at most 2^53,
 // so they are exact in int64 and in double alike.

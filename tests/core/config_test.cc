@@ -122,6 +122,32 @@ TEST(JobSpec, ElasticOldStateDefaultsToFreeAsMovedAndIsRefusedWhereItCannotAct) 
   EXPECT_EQ(parse_job_spec(job_spec_to_yaml(r), "/").elastic.on_change, "restart");
 }
 
+// elastic.transfer_connections: 4 by default, read back from the YAML, refused outside
+// 1..16 naming the key and the range, and refused under on_change: restart (nothing moves
+// between ranks there).
+TEST(JobSpec, ElasticTransferConnectionsIsValidatedAndRefusedWhereItCannotAct) {
+  EXPECT_EQ(parse_job_spec(kMinimal, "/").elastic.transfer_connections, 4);
+  JobSpec k = parse_job_spec(kMinimal, "/", {"elastic.transfer_connections=8"});
+  EXPECT_EQ(k.elastic.transfer_connections, 8);
+  EXPECT_EQ(parse_job_spec(job_spec_to_yaml(k), "/").elastic.transfer_connections, 8);
+  for (const char* bad : {"elastic.transfer_connections=0", "elastic.transfer_connections=17"}) {
+    try {
+      parse_job_spec(kMinimal, "/", {bad});
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.field(), "elastic.transfer_connections");
+      EXPECT_NE(std::string(e.what()).find("[1, 16]"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    parse_job_spec(kMinimal, "/", {"elastic.transfer_connections=2", "elastic.on_change=restart"});
+    ADD_FAILURE() << "elastic.transfer_connections under on_change: restart was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "elastic.transfer_connections");
+    EXPECT_NE(std::string(e.what()).find("set on_change: reshard"), std::string::npos) << e.what();
+  }
+}
+
 TEST(JobSpec, ReadsEveryKindOfValue) {
   JobSpec s = parse_job_spec(R"(
 model: {arch: moe-gpt, layers: 4, dim: 128, heads: 8, moe: {experts: 8, top_k: 2, every: 2,

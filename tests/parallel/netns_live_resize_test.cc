@@ -30,6 +30,7 @@ bool gone(pid_t pid) {
 // One rank's router line (WEFT_LOG_SUBSYS=router at debug level, parallel/router_exec.cc).
 struct RouterLine {
   long long rank = -1, comm_out = 0, comm_in = 0, shm_out = 0, shm_in = 0;
+  long long striped_out = 0, striped_in = 0, connections = 0;
 };
 std::vector<RouterLine> router_lines(const std::string& log) {
   std::vector<RouterLine> out;
@@ -37,23 +38,30 @@ std::vector<RouterLine> router_lines(const std::string& log) {
     RouterLine r;
     if (std::sscanf(line.c_str() + line.find("router transition (rank "),
                     "router transition (rank %lld): %lld B out, %lld B in through the "
-                    "communicator; %lld B out, %lld B in through shared memory",
-                    &r.rank, &r.comm_out, &r.comm_in, &r.shm_out, &r.shm_in) == 5)
+                    "communicator; %lld B out, %lld B in through shared memory; %lld B out, "
+                    "%lld B in striped over %lld connections",
+                    &r.rank, &r.comm_out, &r.comm_in, &r.shm_out, &r.shm_in, &r.striped_out,
+                    &r.striped_in, &r.connections) == 8)
       out.push_back(r);
   }
   return out;
 }
 
 // (3, epoch 1) -> host 2's agent SIGKILLed -> (2, epoch 2) -> a fresh agent on host 2 joins
-// -> (3, epoch 3).
-TEST(NetnsLiveResize, HostLostThenAFreshAgentJoinsKeepsSurvivorsAndTheNumbers) {
+// -> (3, epoch 3). With elastic.transfer_connections 1 and 4 (the default): the state
+// crosses hosts over one connection per pair or striped over four, and the numbers are the
+// same either way (those of one process).
+class NetnsLiveResize : public ::testing::TestWithParam<int> {};
+
+TEST_P(NetnsLiveResize, HostLostThenAFreshAgentJoinsKeepsSurvivorsAndTheNumbers) {
+  const int connections = GetParam();
   std::string why;
   if (!VirtualHosts::available(&why)) GTEST_SKIP() << why;
   ASSERT_EQ(::access(WEFT_BINARY, X_OK), 0) << WEFT_BINARY << " is built with the tests";
   const auto t_test = Clock::now();
   VirtualHosts hosts(3);
   LiveJob job;
-  job.dir = agent_test_dir("netns_live_resize", "323");
+  job.dir = agent_test_dir("netns_live_resize", "323-k" + std::to_string(connections));
   job.id = "netns-live";
   job.hosts = &hosts;
   job.nnodes = "2:3";
@@ -61,9 +69,9 @@ TEST(NetnsLiveResize, HostLostThenAFreshAgentJoinsKeepsSurvivorsAndTheNumbers) {
   // step 70; the rest of the run and its reference are only time.
   job.steps = 180;
   job.token = "netns-live-resize-test-token";
-  job.sets = {"parallel.dp=auto"};
+  job.sets = {"parallel.dp=auto", "elastic.transfer_connections=" + std::to_string(connections)};
   job.env = {"WEFT_LOG_LEVEL=debug", "WEFT_LOG_SUBSYS=router"};  // the router's byte counts
-  const fs::path ref = reference_run(job.dir, job.steps, job.sets);
+  const fs::path ref = reference_run(job.dir, job.steps, {"parallel.dp=auto"});
   ASSERT_NO_FATAL_FAILURE(job.start_in_order(3));
   ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
   std::vector<std::vector<pid_t>> before(3);
@@ -119,11 +127,22 @@ TEST(NetnsLiveResize, HostLostThenAFreshAgentJoinsKeepsSurvivorsAndTheNumbers) {
   const std::vector<RouterLine> joined = router_lines(job.text(k3));
   ASSERT_EQ(joined.size(), 1u) << job.text(k3);
   EXPECT_GT(joined[0].comm_in, 0) << job.text(k3);
-  std::printf("[ measured ] the newcomer received %lld B through the communicator, 0 B through "
-              "shared memory\n",
-              joined[0].comm_in);
+  // Striped over every connection, or over one (then nothing counts as striped).
+  EXPECT_EQ(joined[0].connections, connections) << job.text(k3);
+  if (connections > 1) {
+    EXPECT_GT(joined[0].striped_in, 0) << job.text(k3);
+  } else {
+    EXPECT_EQ(joined[0].striped_in, 0) << job.text(k3);
+  }
+  std::printf(
+      "[ measured ] the newcomer received %lld B through the communicator (%lld B of it "
+      "striped over %lld connections), 0 B through shared memory\n",
+      joined[0].comm_in, joined[0].striped_in, joined[0].connections);
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);  // kept for a look otherwise
 }
+
+INSTANTIATE_TEST_SUITE_P(Connections, NetnsLiveResize, ::testing::Values(1, 4),
+                         [](const auto& info) { return "K" + std::to_string(info.param); });
 
 }  // namespace
 }  // namespace weft::test

@@ -217,25 +217,6 @@ TEST(RouterAdopt, Dp2ToDp2Zero1AdoptsParametersAndCopiesShards) {
 
 // ---- hand-built layouts: one f32 state -------------------------------------------------------
 
-StateSpace one_state(core::Shape shape) {
-  core::Graph g;
-  core::Value v;
-  v.name = "w";
-  v.shape = std::move(shape);
-  v.dtype = core::DType::kF32;
-  v.role = core::Role::kParameter;
-  v.persistent = true;
-  g.add_value(v);
-  return StateSpace::from_graph(g);
-}
-
-void hold(Layout& l, int rank, std::vector<int64_t> start, std::vector<int64_t> extent) {
-  RankLayout& rl = l.ranks[size_t(rank)];
-  rl.locals.push_back(LocalTensor{0, extent, core::DType::kF32, -1});
-  rl.boxes.push_back(StateBox{0, std::move(start), extent, int(rl.locals.size()) - 1,
-                              std::vector<int64_t>(extent.size(), 0)});
-}
-
 // Rows of a [300, 77] state to columns on two ranks of one host: each rank sends the other
 // 150 x 38 or 39 floats (rows of 308 bytes) in one round, both directions at once through
 // 3 slots of 1 KiB (deadlocks if one direction waited for the other); then a round of

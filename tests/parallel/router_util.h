@@ -52,6 +52,26 @@ inline int64_t mismatches(const StateSpace& space, const RankLayout& rl,
   return bad;
 }
 
+// One f32 parameter of `shape`, the only state of its space.
+inline StateSpace one_state(core::Shape shape) {
+  core::Graph g;
+  core::Value v;
+  v.name = "w";
+  v.shape = std::move(shape);
+  v.dtype = core::DType::kF32;
+  v.role = core::Role::kParameter;
+  v.persistent = true;
+  g.add_value(v);
+  return StateSpace::from_graph(g);
+}
+
+inline void hold(Layout& l, int rank, std::vector<int64_t> start, std::vector<int64_t> extent) {
+  RankLayout& rl = l.ranks[size_t(rank)];
+  rl.locals.push_back(LocalTensor{0, extent, core::DType::kF32, -1});
+  rl.boxes.push_back(StateBox{0, std::move(start), extent, int(rl.locals.size()) - 1,
+                              std::vector<int64_t>(extent.size(), 0)});
+}
+
 // Both plans' layouts over the union world, ranks kept.
 inline std::pair<Layout, Layout> layouts(const StateSpace& space, const core::JobSpec& spec,
                                          Degrees from, Degrees to) {
