@@ -7,6 +7,7 @@
 // every byte arrives exact (no timing thresholds). The figures are in docs/run.md.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -66,8 +67,9 @@ void cap_every_flow(const test::VirtualHosts& hosts, int i, int mbit) {
   fs::remove(batch);
 }
 
-// Seconds that host 1's rank took to receive the state, by connection count; one run_ranks
-// (a world of two with seven extra connections), every count in turn.
+// Seconds that host 1's rank took to receive the state, by connection count, the best of
+// three (the counts interleaved: the machine is shared, and a burst of other work slows
+// whichever run it meets); one run_ranks (a world of two with seven extra connections).
 std::map<int, double> measure(const test::VirtualHosts& hosts, const std::string& what) {
   const StateSpace space = one_state({kFloats});
   Layout a, b;
@@ -94,31 +96,36 @@ std::map<int, double> measure(const test::VirtualHosts& hosts, const std::string
         });
         std::ofstream log;
         if (r == 1) log.open(out);
-        for (int k : kConnections) {
-          TransitionOptions opt;
-          for (int i = 0; i + 1 < k; ++i) opt.connections.push_back(more[size_t(i)].get());
-          std::vector<core::Tensor> src = allocate_locals(a.ranks[size_t(r)]);
-          if (r == 0) {
-            float* x = src[0].data<float>();
-            for (int64_t e = 0; e < kFloats; ++e) x[e] = float(e % 1000003) * 0.5f;
+        for (int rep = 0; rep < 3; ++rep)
+          for (int k : kConnections) {
+            TransitionOptions opt;
+            for (int i = 0; i + 1 < k; ++i) opt.connections.push_back(more[size_t(i)].get());
+            std::vector<core::Tensor> src = allocate_locals(a.ranks[size_t(r)]);
+            if (r == 0) {
+              float* x = src[0].data<float>();
+              for (int64_t e = 0; e < kFloats; ++e) x[e] = float(e % 1000003) * 0.5f;
+            }
+            agree_stop(*comm, false);  // both ready: the clock measures the transfer alone
+            const auto t0 = Clock::now();
+            std::vector<core::Tensor> got = run_transition(plan, a, b, r, src, *comm, opt);
+            const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+            if (r != 1) continue;
+            const float* y = got.at(0).data<float>();
+            int64_t bad = 0;
+            for (int64_t e = 0; e < kFloats; ++e) bad += y[e] != float(e % 1000003) * 0.5f;
+            EXPECT_EQ(bad, 0) << what << ", " << k << " connections";
+            log << k << " " << s << "\n";
           }
-          agree_stop(*comm, false);  // both ready: the clock measures the transfer alone
-          const auto t0 = Clock::now();
-          std::vector<core::Tensor> got = run_transition(plan, a, b, r, src, *comm, opt);
-          const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-          if (r != 1) continue;
-          const float* y = got.at(0).data<float>();
-          int64_t bad = 0;
-          for (int64_t e = 0; e < kFloats; ++e) bad += y[e] != float(e % 1000003) * 0.5f;
-          EXPECT_EQ(bad, 0) << what << ", " << k << " connections";
-          log << k << " " << s << "\n";
-        }
       },
       ro);
   EXPECT_TRUE(result.ok()) << result.summary();
   std::map<int, double> seconds;
   std::ifstream in(out);
-  for (int k; in >> k;) in >> seconds[k];
+  for (int k; in >> k;) {
+    double s = 0;
+    in >> s;
+    seconds[k] = seconds.count(k) ? std::min(seconds[k], s) : s;
+  }
   fs::remove(out);
   return seconds;
 }
@@ -142,7 +149,7 @@ TEST(RouterStripesThroughput, OneToEightConnectionsBetweenTwoHostsPlainAndPerFlo
   ASSERT_EQ(capped.size(), kConnections.size());
   std::printf(
       "[ measured ] 256 MiB from host 0 to host 1 through the router (4 messages of "
-      "64 MiB)\n");
+      "64 MiB), best of 3\n");
   print("plain veth", plain);
   print("200 Mbit/s per flow", capped);
 }
