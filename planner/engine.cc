@@ -5,6 +5,7 @@
 #include <deque>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 #include "base/check.h"
 
@@ -84,6 +85,7 @@ namespace {
 
 struct RoleInfo {
   std::vector<int> root;        // tensor -> storage root
+  std::vector<int64_t> bytes;   // tensor -> its bytes (read at every allocation and free)
   std::vector<double> compute;  // instruction -> duration of compute/local work
   int64_t persistent = 0;
 };
@@ -199,6 +201,7 @@ class Engine {
         int x = int(t);
         while (role.tensors[size_t(x)].alias_of >= 0) x = role.tensors[size_t(x)].alias_of;
         info.root.push_back(x);
+        info.bytes.push_back(role.tensors[t].bytes);
         if (role.tensors[t].persistent && role.tensors[t].alias_of < 0) info.persistent += role.tensors[t].bytes;
       }
       info.compute.assign(role.program.size(), 0);
@@ -210,6 +213,17 @@ class Engine {
       const std::vector<double>& alone = (opt_.alone ? *opt_.alone : own_alone_)[k];
       const double sharing = opt_.cost->sharing(plan_.world());
       for (size_t i = 0; i < alone.size(); ++i) info.compute[i] = alone[i] * sharing;
+    }
+    if (opt_.record) {
+      opt_.record->codes.resize(plan_.roles.size());
+      for (size_t k = 0; k < plan_.roles.size(); ++k) {
+        std::vector<uint8_t>& codes = opt_.record->codes[k];
+        codes.clear();
+        codes.reserve(plan_.roles[k].program.size());
+        for (const Instr& in : plan_.roles[k].program)
+          codes.push_back(uint8_t(in.kind) |
+                          (in.stage == Stage::kStep ? EngineSchedule::kStepWork : uint8_t(0)));
+      }
     }
     const int rpn = opt_.cost ? opt_.cost->ranks_per_node : 1 << 30;
     group_cross_.assign(plan_.groups.size(), 0);
@@ -275,7 +289,7 @@ class Engine {
     int root = R.info->root[size_t(o.tensor)];
     if (!R.alive[size_t(root)]) {
       R.alive[size_t(root)] = 1;
-      R.live += R.role->tensors[size_t(root)].bytes;
+      R.live += R.info->bytes[size_t(root)];
       RankCost& c = res_.ranks[size_t(r)];
       c.peak_bytes = std::max(c.peak_bytes, R.live);
     }
@@ -326,7 +340,7 @@ class Engine {
               continue;
             }
             R.alive[size_t(root)] = 0;
-            R.live -= R.role->tensors[size_t(root)].bytes;
+            R.live -= R.info->bytes[size_t(root)];
           }
           ++R.pc;
           break;
@@ -359,7 +373,11 @@ class Engine {
           Message m = it->second.front();
           it->second.pop_front();
           if (it->second.empty()) mail_.erase(it);
-          if (opt_.record) opt_.record->recv_send.push_back(m.send);
+          if (opt_.record) {
+            opt_.record->recv_send.push_back(m.send);
+            opt_.record->recv_peer.push_back(peer);
+            opt_.record->recv_bytes.push_back(in.bytes);
+          }
           if (m.bytes != in.bytes)
             error(where(r, i) + " receives " + std::to_string(in.bytes) + " bytes but rank " +
                   std::to_string(peer) + " sent " + std::to_string(m.bytes));
@@ -385,6 +403,20 @@ class Engine {
     }
     record_run(r);
     R.done = true;
+  }
+
+  // The price class of collective `in` on group `gid` (EngineSchedule::coll_class): what
+  // collective_seconds reads of it besides the group.
+  int price_class(const Instr& in, int gid) {
+    const bool dispatch = in.coll == CollKind::kAllToAllV && in.part == "moe.dispatch" &&
+                          in.stage == Stage::kForward && !in.recompute;
+    const auto key = std::make_tuple(gid, int(in.coll), in.bytes, dispatch ? in.op : -1);
+    auto [it, added] = classes_.try_emplace(key, int(opt_.record->class_instr.size()));
+    if (added) {
+      opt_.record->class_instr.push_back(&in);
+      opt_.record->class_group.push_back(gid);
+    }
+    return it->second;
   }
 
   // Schedules rank r's instructions retired since the last step, as one step.
@@ -438,6 +470,7 @@ class Engine {
       EngineSchedule& s = *opt_.record;
       s.steps.push_back({-1 - int(s.coll_pricer.size()), 0});
       s.coll_pricer.push_back(r);
+      s.coll_class.push_back(price_class(in, gid));
       s.coll_begin.push_back(int(s.coll_ranks.size()));
       s.coll_ranks.insert(s.coll_ranks.end(), a.ranks.begin(), a.ranks.end());
     }
@@ -508,6 +541,7 @@ class Engine {
   std::vector<std::vector<int>> group_sorted_;  // group -> its ranks, ascending (membership tests)
   std::map<std::tuple<int, int, int64_t>, std::deque<Message>> mail_;
   std::map<std::tuple<int, int, int64_t>, int> recv_wait_;
+  std::map<std::tuple<int, int, int64_t, int>, int> classes_;  // price_class's key -> class
   std::vector<Arrival> open_;  // group -> its open collective
   int sends_ = 0;
 };

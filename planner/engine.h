@@ -41,9 +41,22 @@ struct EngineSchedule {
   };
   std::vector<Step> steps;
   std::vector<int> recv_send;  // per receive, in retire order: the send (in send order) it takes
+  std::vector<int> recv_peer;  // ... and its peer rank and bytes
+  std::vector<int64_t> recv_bytes;
   std::vector<int> coll_begin;  // collective k's members: coll_ranks from coll_begin[k]
   std::vector<int> coll_ranks;  // to coll_begin[k + 1] (or the end)
   std::vector<int> coll_pricer;  // per collective, the member whose instruction prices it
+  // Per collective, its price class: collectives of one class (the same group and kind,
+  // bytes and extras of collective_seconds) take the same time under any cost model, so a
+  // re-timing prices each class once, from an instruction of it (class_instr) on its group.
+  std::vector<int> coll_class;
+  std::vector<const Instr*> class_instr;
+  std::vector<int> class_group;
+  // Per role and instruction, what retime() reads of most instructions: the kind (low bits)
+  // and kStepWork for optimizer-step work. A byte per instruction to walk in each re-timing
+  // instead of the instruction itself (152 bytes: most of a re-timing was its cache misses).
+  static constexpr uint8_t kStepWork = 0x80;
+  std::vector<std::vector<uint8_t>> codes;
 };
 
 struct EngineOptions {

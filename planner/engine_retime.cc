@@ -25,11 +25,19 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
   for (const ProcessGroup& gr : plan.groups)
     for (int r : gr.ranks) cross[size_t(gr.id)] |= r / rpn != gr.ranks[0] / rpn;
 
+  // Every price class's collective time (EngineSchedule::coll_class).
+  std::vector<double> class_s(schedule.class_instr.size());
+  for (size_t k = 0; k < class_s.size(); ++k) {
+    const int gid = schedule.class_group[k];
+    class_s[k] = collective_seconds(plan, g, cost, *schedule.class_instr[k],
+                                    int(plan.groups[size_t(gid)].ranks.size()), cross[size_t(gid)]);
+  }
+
   // The engine's per-rank state that times depend on; the checked run gave the rest.
   struct Rank {
     const Role* role = nullptr;
     const std::vector<double>* alone = nullptr;
-    int dp = 0;
+    const uint8_t* codes = nullptr;  // schedule.codes of the role
     size_t pc = 0;
     double clock = 0, busy = 0, fb_end = 0;
   };
@@ -42,17 +50,20 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
     const int k = plan.role_index(r);
     R.role = &plan.roles[size_t(k)];
     R.alone = &alone[size_t(k)];
-    R.dp = plan.mesh.coord(r).dp;
+    R.codes = schedule.codes.at(size_t(k)).data();
     RankCost& c = res.ranks[size_t(r)];
     c.step_s = c.compute_s = c.comm_s = c.wait_s = c.bubble = 0;
   }
   // As the engine's retire(): the span, then the busy time and end of forward/backward work.
-  auto retire = [&](int r, const Instr& in, double start, double busy) {
+  // The instruction is read only for a timeline's span.
+  auto retire = [&](int r, double start, double busy) {
     Rank& R = ranks[size_t(r)];
-    if (opt.timeline && R.clock > start)
+    if (opt.timeline && R.clock > start) {
+      const Instr& in = R.role->program[R.pc];
       res.timeline[size_t(r)].push_back(
           {start, R.clock, in.kind, in.stage, in.mb, in.chunk, in.recompute});
-    if (in.stage != Stage::kStep) {
+    }
+    if (!(R.codes[R.pc] & EngineSchedule::kStepWork)) {
       R.busy += busy;
       R.fb_end = std::max(R.fb_end, R.clock);
     }
@@ -67,15 +78,10 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
       const int first = schedule.coll_begin[k];
       const int last = k + 1 < schedule.coll_begin.size() ? schedule.coll_begin[k + 1]
                                                           : int(schedule.coll_ranks.size());
-      const Rank& P = ranks[size_t(schedule.coll_pricer[k])];
-      const Instr& in = P.role->program[P.pc];
-      const int gid = plan.group_id(in.group, P.dp);
-      const ProcessGroup& grp = plan.groups[size_t(gid)];
       double ready = 0;
       for (int m = first; m < last; ++m)
         ready = std::max(ready, ranks[size_t(schedule.coll_ranks[size_t(m)])].clock);
-      const double d =
-          collective_seconds(plan, g, cost, in, int(grp.ranks.size()), cross[size_t(gid)]);
+      const double d = class_s[size_t(schedule.coll_class[k])];
       const double end = ready + d;
       for (int m = first; m < last; ++m) {
         const int q = schedule.coll_ranks[size_t(m)];
@@ -85,25 +91,23 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
         RankCost& c = res.ranks[size_t(q)];
         c.comm_s += d;
         c.wait_s += end - start - d;
-        retire(q, Q.role->program[Q.pc], start, d);
+        retire(q, start, d);
       }
       continue;
     }
     const int r = step.rank;
     Rank& R = ranks[size_t(r)];
     RankCost& c = res.ranks[size_t(r)];
-    const std::vector<Instr>& prog = R.role->program;
     while (R.pc < step.end_pc) {
-      const Instr& in = prog[R.pc];
       const double start = R.clock;
-      switch (in.kind) {
+      switch (InstrKind(R.codes[R.pc] & ~EngineSchedule::kStepWork)) {
         case InstrKind::kLoad:
         case InstrKind::kCompute:
         case InstrKind::kLocal: {
           const double d = (*R.alone)[R.pc] * sharing;
           R.clock += d;
           c.compute_s += d;
-          retire(r, in, start, d);
+          retire(r, start, d);
           break;
         }
         case InstrKind::kFree:
@@ -114,14 +118,15 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
           ++R.pc;
           break;
         case InstrKind::kRecv: {
-          const int peer = plan.peer_rank(r, in.peer);
+          const int peer = schedule.recv_peer[recvs];
+          const int64_t bytes = schedule.recv_bytes[recvs];
           const double t = sent.at(size_t(schedule.recv_send.at(recvs++)));
-          const double transfer = cost.p2p(in.bytes, r / rpn != peer / rpn, world);
+          const double transfer = cost.p2p(bytes, r / rpn != peer / rpn, world);
           R.clock = std::max(R.clock, t + transfer);
           const double moving = std::min(transfer, R.clock - start);
           c.comm_s += moving;
           c.wait_s += R.clock - start - moving;
-          retire(r, in, start, 0);
+          retire(r, start, 0);
           break;
         }
         case InstrKind::kCollective:

@@ -3,6 +3,7 @@
 #include "planner/lower_stage.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "base/check.h"
 #include "base/error.h"
@@ -84,7 +85,7 @@ void StageBuilder::shift_like(TensorDesc& t, int value, const SubTensor* st) con
 
 SubOp StageBuilder::sub_op(int op, int mb, int lane) const {
   SubOp s = sub_op_mb0(op, lane);
-  shift_to_mb(s, mb);
+  shift_by_mbs(s, mb);
   return s;
 }
 
@@ -108,22 +109,30 @@ const SubOp& StageBuilder::sub_op_mb0(int op, int lane) const {
   return *cached;
 }
 
-void StageBuilder::shift_to_mb(SubOp& s, int mb) const {
-  if (mb == 0) return;
+void StageBuilder::shift_by_mbs(SubOp& s, int delta) const {
+  if (delta == 0) return;
+  // Additive, so shifting a sub-op already at micro-batch a by b - a gives micro-batch b's.
   auto shift = [&](SubTensor& t) {
-    if (t.batch_dim >= 0) t.piece.box[size_t(t.batch_dim)].start += mb * t.piece.box[size_t(t.batch_dim)].size;
-    else if (t.batch_partial) t.piece.part += int32_t(mb * (t.piece.parts / K_));
+    if (t.batch_dim >= 0)
+      t.piece.box[size_t(t.batch_dim)].start += delta * t.piece.box[size_t(t.batch_dim)].size;
+    else if (t.batch_partial)
+      t.piece.part += int32_t(delta * (t.piece.parts / K_));
   };
   for (SubTensor& t : s.ins) shift(t);
   for (SubTensor& t : s.outs) shift(t);
 }
 
-void StageBuilder::sub_ops(int op, int mb, std::vector<SubOp>& out) const {
-  out.resize(size_t(lanes_));
-  for (int l = 0; l < lanes_; ++l) {
-    out[size_t(l)] = sub_op_mb0(op, l);
-    shift_to_mb(out[size_t(l)], mb);
+const std::vector<SubOp>& StageBuilder::sub_ops(int op, int mb) {
+  std::vector<SubOp>& subs = shifted_[size_t(op)];
+  int& at = shifted_mb_[size_t(op)];
+  if (subs.empty()) {
+    subs.reserve(size_t(lanes_));
+    for (int l = 0; l < lanes_; ++l) subs.push_back(sub_op_mb0(op, l));
+    at = 0;
   }
+  for (SubOp& s : subs) shift_by_mbs(s, mb - at);
+  at = mb;
+  return subs;
 }
 
 int StageBuilder::value_mb(int value, int mb) const { return g_.value(value).persistent ? -1 : mb; }
@@ -173,7 +182,7 @@ int StageBuilder::cut(int lane, int from, const Piece& need, const Ctx& ctx, int
   t.persistent = false;
   t.alias_of = -1;
   t.keep = false;
-  const int id = local_cut(lane, from, t, ctx, op);
+  const int id = local_cut(lane, from, std::move(t), ctx, op);
   if (value >= 0 && !g_.value(value).persistent) env_add(lane, value, ctx.mb, id);
   return id;
 }
@@ -215,13 +224,13 @@ std::vector<int> StageBuilder::convert(int value, int mb, const std::vector<int>
       int fam = team_family(team_lanes);
       for (int i : team) {
         int l = lanes[size_t(i)];
-        TensorDesc src = role(l).tensors[size_t(cur[size_t(i)])];
+        const TensorDesc& src = role(l).tensors[size_t(cur[size_t(i)])];
         TensorDesc t = value_tensor(value, mv.after[size_t(i)]);
         t.shift_dim = src.shift_dim, t.shift = src.shift, t.shift_part = src.shift_part;
         if (t.piece.parts < src.piece.parts) t.shift_part = 0;
-        int out = add_tensor(l, t);
         CollKind k = move_collective(mv.kind);
-        int64_t bytes = k == CollKind::kAllGather ? t.bytes : src.bytes;
+        const int64_t bytes = k == CollKind::kAllGather ? t.bytes : src.bytes;
+        int out = add_tensor(l, std::move(t));  // (src dangles from here: tensors grew)
         Instr c = collective(k, fam, cur[size_t(i)], out, bytes, ctx, op, "", l);
         c.reduce = mv.reduce;
         c.dim = mv.dim;
@@ -261,7 +270,7 @@ std::vector<int> StageBuilder::provide(int value, int mb, const std::vector<std:
       TensorDesc t = value_tensor(value, want);
       SubTensor st;
       shift_like(t, value, &st);
-      int id = add_tensor(l, t);
+      int id = add_tensor(l, std::move(t));
       Instr ld;
       ld.kind = InstrKind::kLoad;
       ld.op = op;
@@ -288,14 +297,23 @@ std::vector<int> StageBuilder::provide(int value, int mb, const std::vector<std:
 }
 
 std::vector<int> StageBuilder::inputs(int op, const std::vector<SubOp>& subs, int slot, const Ctx& ctx) {
-  std::vector<std::optional<Piece>> need(static_cast<size_t>(lanes_));
+  // The previous call's pieces, assigned over (their boxes' storage reused); a nested call
+  // finds the spare moved out and starts a fresh one.
+  std::vector<std::optional<Piece>> need = std::move(need_spare_);
+  need.resize(size_t(lanes_));
   for (int l = 0; l < lanes_; ++l) {
     const SubTensor& st = subs[size_t(l)].ins[size_t(slot)];
-    if (!st.dropped) need[size_t(l)] = st.piece;
-    else if (g_.value(st.value).role == core::Role::kParameter)
+    if (!st.dropped) {
+      need[size_t(l)] = st.piece;
+      continue;
+    }
+    need[size_t(l)].reset();
+    if (g_.value(st.value).role == core::Role::kParameter)
       param_storage(l, st.value, st.piece);  // held (and updated) even where not added
   }
-  return provide(g_.op(op).inputs[size_t(slot)], ctx.mb, need, ctx, op);
+  std::vector<int> got = provide(g_.op(op).inputs[size_t(slot)], ctx.mb, need, ctx, op);
+  need_spare_ = std::move(need);
+  return got;
 }
 
 std::vector<int> StageBuilder::outputs(int op, const std::vector<SubOp>& subs, int slot, const Ctx& ctx,
@@ -329,7 +347,7 @@ std::vector<int> StageBuilder::outputs(int op, const std::vector<SubOp>& subs, i
     TensorDesc t = value_tensor(value, st.piece);
     shift_like(t, value, &st);
     t.keep = gi_.keep[size_t(value)];
-    int id = add_tensor(l, t);
+    int id = add_tensor(l, std::move(t));
     env_slot(l, value, key_mb) = {id};
     ids[size_t(l)] = id;
   }
@@ -346,6 +364,8 @@ void StageBuilder::emit_generic(int op, const std::vector<SubOp>& subs, const Ct
     Instr c;
     c.kind = InstrKind::kCompute;
     c.op = op;
+    c.in.reserve(ins.size());  // one block each, not one per growth step
+    c.out.reserve(outs.size());
     for (size_t s = 0; s < ins.size(); ++s)
       if (ins[s][size_t(l)] >= 0) c.in.push_back({int(s), ins[s][size_t(l)]});
     for (size_t s = 0; s < outs.size(); ++s) c.out.push_back({int(s), outs[s][size_t(l)], acc[s][size_t(l)]});
@@ -356,8 +376,7 @@ void StageBuilder::emit_generic(int op, const std::vector<SubOp>& subs, const Ct
 void StageBuilder::emit_op(int op, const Ctx& ctx) {
   WEFT_CHECK(!in_emit_op_, "emit_op nested: its sub-op scratch would be overwritten");
   in_emit_op_ = true;
-  std::vector<SubOp>& subs = subs_;
-  sub_ops(op, ctx.mb, subs);
+  const std::vector<SubOp>& subs = sub_ops(op, ctx.mb);
   const std::string& t = g_.op(op).type;
   if (subs[0].vocab_parallel && t == "cross_entropy") emit_ce(op, subs, ctx);
   else if (subs[0].expert_parallel && t == "moe") emit_moe(op, subs, ctx);
@@ -441,13 +460,13 @@ void StageBuilder::emit_unit(const Unit& u) {
       SubOp src = sub_op(w, u.mb, l);
       TensorDesc td = value_tensor(t.value, transfer_piece(t, u.mb, l, split));
       shift_like(td, t.value, &src.outs[size_t(slot)]);
-      int id = add_tensor(l, td);
       Instr r;
       r.kind = InstrKind::kRecv;
-      r.out = {{-1, id}};
       r.peer = gi_.pc.chunk_stage(t.src_chunk);
       r.tag = tag(t);
       r.bytes = td.bytes;
+      int id = add_tensor(l, std::move(td));
+      r.out = {{-1, id}};
       emit(l, r, ctx);
       env_add(l, t.value, u.mb, id);
     }
@@ -521,6 +540,8 @@ void StageBuilder::build() {
   lane_.assign(size_t(lanes_), Lane{});
   for (Lane& l : lane_) l.env.resize(g_.values().size());
   sub_cache_.assign(g_.ops().size() * size_t(lanes_), std::nullopt);
+  shifted_.assign(g_.ops().size(), {});
+  shifted_mb_.assign(g_.ops().size(), 0);
   transfer_split_.assign(gi_.transfers.size(), -2);
   for (const Unit& u : units_) {
     if (u.dir != Dir::kBackward) continue;

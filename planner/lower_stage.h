@@ -57,11 +57,14 @@ class StageBuilder {
   // sub-ops, environment
   SubOp sub_op(int op, int mb, int lane) const;
   const SubOp& sub_op_mb0(int op, int lane) const;  // partitioned once, then cached
-  // Every lane's sub-op of `op` at micro-batch `mb`, written into `out` (resized to the
-  // lanes). Assigning over the previous op's sub-ops reuses their storage: emit_op, the
-  // only caller, would otherwise allocate every operand's box anew for every lane.
-  void sub_ops(int op, int mb, std::vector<SubOp>& out) const;
-  void shift_to_mb(SubOp& s, int mb) const;
+  // Every lane's sub-op of `op` at micro-batch `mb`. Each op keeps one copy of its lanes'
+  // sub-ops, shifted in place from the micro-batch it was last asked for: a shift only adds
+  // to a few coordinates, where copying the cached sub-ops for every op x micro-batch copied
+  // every operand's box (a seventh of lowering at 512 ranks). Valid until the next call for
+  // the same op; emit_op, the only caller, does not nest.
+  const std::vector<SubOp>& sub_ops(int op, int mb);
+  // Moves the batch rows (or a loss's addend index) of `s` by `delta` micro-batches.
+  void shift_by_mbs(SubOp& s, int delta) const;
   std::vector<int>* env_find(int lane, int value, int mb);
   std::vector<int>& env_slot(int lane, int value, int mb);  // created empty if absent
   void env_add(int lane, int value, int mb, int tensor);
@@ -209,7 +212,10 @@ class StageBuilder {
   // op * lanes + lane -> its sub-op at micro-batch 0 (splits left out: lowering reads the
   // operands only).
   mutable std::vector<std::optional<SubOp>> sub_cache_;
-  std::vector<SubOp> subs_;  // emit_op's sub-ops (emit_op does not nest)
+  // sub_ops' copies: per op, every lane's sub-op at micro-batch shifted_mb_[op].
+  std::vector<std::vector<SubOp>> shifted_;
+  std::vector<int> shifted_mb_;
+  std::vector<std::optional<Piece>> need_spare_;  // inputs()' per-lane pieces, kept for reuse
   std::vector<int> transfer_split_;  // per gi_.transfers entry: its split dim, -2 until decided
   bool in_emit_op_ = false;
 };
