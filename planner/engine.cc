@@ -23,26 +23,39 @@ PlanWork plan_work(const Plan& plan, const core::Graph& g) {
   // The operand shapes of one instruction at a time, in buffers reused for the next (a plan
   // has millions of operands; op_work keeps none of them).
   std::vector<core::Shape> ins, outs;
-  auto shapes = [](const std::vector<TensorDesc>& tensors, const std::vector<Operand>& ops,
-                   std::vector<core::Shape>& out) {
+  // Every tensor's dense shape, read in one pass in table order: operands refer to tensors
+  // all over the table, and reading each operand's description and box where it lies cost
+  // two cache misses per operand. dims[first[t], first[t + 1]) is tensor t's shape.
+  std::vector<int64_t> dims;
+  std::vector<size_t> first;
+  std::vector<uint8_t> elem_of;  // tensor -> its element's bytes
+  auto shapes = [&](const std::vector<Operand>& ops, std::vector<core::Shape>& out) {
     out.resize(ops.size());
     for (size_t k = 0; k < ops.size(); ++k) {
-      const Box& b = tensors.at(size_t(ops[k].tensor)).piece.box;
-      out[k].resize(b.size());
-      for (size_t d = 0; d < b.size(); ++d) out[k][d] = b[d].numel();
+      const size_t t = size_t(ops[k].tensor);
+      WEFT_CHECK(t + 1 < first.size(), "operand tensor ", ops[k].tensor, " outside the table");
+      out[k].assign(dims.begin() + ptrdiff_t(first[t]), dims.begin() + ptrdiff_t(first[t + 1]));
     }
   };
   for (size_t k = 0; k < plan.roles.size(); ++k) {
     const Role& role = plan.roles[k];
+    dims.clear();
+    first.assign(1, 0);
+    elem_of.clear();
+    for (const TensorDesc& t : role.tensors) {
+      for (const DimSlice& d : t.piece.box) dims.push_back(d.numel());
+      first.push_back(dims.size());
+      elem_of.push_back(uint8_t(core::dtype_size(t.dtype)));
+    }
     work[k].assign(role.program.size(), OpWork{});
     for (size_t i = 0; i < role.program.size(); ++i) {
       const Instr& in = role.program[i];
       if (in.kind != InstrKind::kCompute) continue;
+      shapes(in.in, ins);  // (checks the operands' tensor ids)
+      shapes(in.out, outs);
       size_t elem = 4;
-      if (!in.out.empty()) elem = core::dtype_size(role.tensors[size_t(in.out[0].tensor)].dtype);
-      else if (!in.in.empty()) elem = core::dtype_size(role.tensors[size_t(in.in[0].tensor)].dtype);
-      shapes(role.tensors, in.in, ins);
-      shapes(role.tensors, in.out, outs);
+      if (!in.out.empty()) elem = elem_of[size_t(in.out[0].tensor)];
+      else if (!in.in.empty()) elem = elem_of[size_t(in.in[0].tensor)];
       work[k][i] = op_work(g.op(in.op), in.part, ins, outs, elem);
     }
   }
