@@ -218,7 +218,7 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
                      cost_.ranks_per_node);
       }
     P.path = rvd_search(from, need, whole, int64_t(core::dtype_size(dtype)), cost_, nodes.size() > 1,
-                        &layouts_, blocks, e.ragged_dim);
+                        &layouts_, blocks, e.ragged_dim, plan_.world());
     P.held = from;
     P.last = P.path.moves.size();
     while (P.last > 0 && P.path.moves[P.last - 1].kind == MoveKind::kChunk) --P.last;

@@ -207,7 +207,7 @@ std::vector<int> StageBuilder::convert(int value, int mb, const std::vector<int>
     if (p) cover(whole, p->box);
   const core::Value& val = g_.value(value);
   RvdPath path = rvd_search(from, need, whole, int64_t(core::dtype_size(val.dtype)), cost_,
-                            cross_node_, &layouts_);
+                            cross_node_, &layouts_, 1, -1, plan_.world());
   // Collectives are attributed to the op whose output they re-lay (its layer, its unit).
   if (!gi_.writers[size_t(value)].empty()) op = gi_.writers[size_t(value)][0];
   for (const Move& mv : path.moves) {
@@ -431,9 +431,10 @@ int StageBuilder::transfer_split_dim(const Transfer& t) {
     dst_lanes_across = dst_lanes_across || plan_.mesh.rank_of(dst, l, 0) / rpn != plan_.mesh.rank_of(dst, 0, 0) / rpn;
   }
   const int64_t bytes = first.numel() * int64_t(core::dtype_size(g_.value(t.value).dtype));
-  const double whole = cost_.p2p(bytes, across);
-  const double split = cost_.p2p(bytes / tp_, across) +
-                       cost_.collective(CollKind::kAllGather, tp_, bytes, dst_lanes_across);
+  const int world = plan_.world();  // priced as the simulator will price them
+  const double whole = cost_.p2p(bytes, across, world);
+  const double split = cost_.p2p(bytes / tp_, across, world) +
+                       cost_.collective(CollKind::kAllGather, tp_, bytes, dst_lanes_across, world);
   // Only a clear gain: on one node both cost the same bytes per link, and a tie keeps the
   // plain transfer (one message, no collective).
   if (split < 0.9 * whole) known = dim;

@@ -78,6 +78,12 @@ struct Search {
   // family can name: inside one block, or the same positions of every block, block-major.
   int blocks = 1;
   int ragged = -1;  // the ragged dim, -1: none
+  int world = 0;    // the plan's ranks: moves are priced at it, as the simulator prices them
+
+  double collective(CollKind k, int f, int64_t b) const {
+    return cm.collective(k, f, b, cross, world);
+  }
+  double copy(int64_t b) const { return cm.local_copy(b, world); }
 
   bool team_ok(const std::vector<int>& team) const {
     if (blocks == 1) return true;
@@ -112,19 +118,19 @@ struct Search {
 
   // A*'s heuristic (planner/rvd_bound.h).
   double at_least(const GroupLayout& l) const {
-    return rvd_lower_bound(l, need, whole, cm, cross, blocks);
+    return rvd_lower_bound(l, need, whole, cm, cross, blocks, world);
   }
 
   bool satisfied(const GroupLayout& l, double* extra) const {
-    int64_t copy = 0;
+    int64_t copied = 0;
     for (int m = 0; m < n; ++m) {
       if (!need[size_t(m)]) continue;
       // A ragged piece's rows are known at run time: no static cut can take some of them.
       if (ragged >= 0 && !(l[size_t(m)] == *need[size_t(m)])) return false;
       if (!piece_extractable(l[size_t(m)], *need[size_t(m)])) return false;
-      if (!(l[size_t(m)] == *need[size_t(m)])) copy = std::max(copy, bytes(*need[size_t(m)]));
+      if (!(l[size_t(m)] == *need[size_t(m)])) copied = std::max(copied, bytes(*need[size_t(m)]));
     }
-    *extra = copy ? cm.local_copy(copy) : 0;
+    *extra = copied ? copy(copied) : 0;
     return true;
   }
 
@@ -241,7 +247,7 @@ struct Search {
             p.part /= f, p.parts /= f;
             if (p.parts == 1) p.reduce = ReduceOp::kSum;  // a whole value has no operator
           }
-          mv.cost = cm.collective(CollKind::kAllReduce, f, max_bytes(l), cross);
+          mv.cost = collective(CollKind::kAllReduce, f, max_bytes(l));
           out.push_back(std::move(mv));
         }
         // Reduce-scatter sums (the executor and the collectives it calls scatter by sum only):
@@ -263,7 +269,7 @@ struct Search {
             Move mv{MoveKind::kAllGather, d, -1, l[0].box[size_t(d)].count, f, t, l};
             for (size_t i = 0; i < t.size(); ++i)
               for (int m : t[i]) mv.after[size_t(m)].box[size_t(d)] = merged[i];
-            mv.cost = cm.collective(CollKind::kAllGather, f, max_bytes(mv.after), cross);
+            mv.cost = collective(CollKind::kAllGather, f, max_bytes(mv.after));
             out.push_back(std::move(mv));
           }
           for (int d2 = 0; d2 < dims; ++d2)
@@ -310,7 +316,7 @@ struct Search {
       p.part /= f;
       p.parts /= f;
     }
-    mv.cost = cm.collective(CollKind::kReduceScatter, f, max_bytes(l), cross);
+    mv.cost = collective(CollKind::kReduceScatter, f, max_bytes(l));
     out.push_back(std::move(mv));
   }
 
@@ -332,7 +338,7 @@ struct Search {
       mv.after[size_t(m)].box[size_t(d)] = along;
       mv.after[size_t(m)].box[size_t(d2)] = across;
     }
-    mv.cost = cm.collective(CollKind::kAllToAll, f, max_bytes(l), cross);
+    mv.cost = collective(CollKind::kAllToAll, f, max_bytes(l));
     out.push_back(std::move(mv));
   }
 
@@ -354,7 +360,7 @@ struct Search {
       }
     }
     if (mv.after == l) return;  // every member keeps its rows
-    mv.cost = cm.collective(CollKind::kAllToAllV, f, max_bytes(l), cross);
+    mv.cost = collective(CollKind::kAllToAllV, f, max_bytes(l));
     out.push_back(std::move(mv));
   }
 
@@ -370,7 +376,7 @@ struct Search {
         mv.after[size_t(members[r])].box[size_t(d)] = *s;
       }
     }
-    mv.cost = cm.local_copy(max_bytes(mv.after));
+    mv.cost = copy(max_bytes(mv.after));
     out.push_back(std::move(mv));
   }
 };
@@ -385,8 +391,8 @@ constexpr int kSearchBudget = 4000;
 
 RvdPath search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
                const Box& whole, int64_t elem, const CostModel& cm, bool cross, int blocks,
-               int ragged) {
-  Search s{whole, need, elem, cm, cross, int(from.size()), blocks, ragged};
+               int ragged, int world) {
+  Search s{whole, need, elem, cm, cross, int(from.size()), blocks, ragged, world};
   std::vector<GroupLayout> states{from};
   std::vector<std::pair<int, Move>> parent{{-1, Move{}}};
   std::vector<double> best{0};
@@ -527,7 +533,7 @@ void RvdCache::insert(const std::string& key, const RvdPath& path) {
 
 RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
                    const Box& whole, int64_t elem_bytes, const CostModel& cm, bool cross_node,
-                   RvdCache* cache, int blocks, int ragged_dim) {
+                   RvdCache* cache, int blocks, int ragged_dim, int world) {
   WEFT_CHECK(from.size() == need.size() && !from.empty(), "rvd_search: one need per member");
   WEFT_CHECK(ragged_dim < int(whole.size()), "rvd_search: ragged dim ", ragged_dim, " of a ",
              whole.size(), "-dim value");
@@ -549,9 +555,12 @@ RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piec
   put(key, ragged_dim);
   // Every field of the cost model: the moves' costs read the CPU sharing terms too (cores,
   // ranks_per_node, op_overhead, launch_oversub, active_ranks), and a search under another
-  // model must not get this one's path and costs.
+  // model must not get this one's path and costs. The world enters the prices only through
+  // sharing() and oversub_weight(), so those are keyed rather than the world: on GPUs (both
+  // 1 and 0 at every world) a cache shared by several worlds keeps one entry per conversion.
   for (double x : {cm.flops, cm.mem_bw, cm.launch, cm.alpha_intra, cm.bw_intra, cm.alpha_inter,
-                   cm.bw_inter, cm.op_overhead, cm.launch_oversub, cm.active_ranks}) {
+                   cm.bw_inter, cm.op_overhead, cm.launch_oversub, cm.active_ranks,
+                   cm.sharing(world), cm.oversub_weight(world)}) {
     int64_t bits;
     std::memcpy(&bits, &x, sizeof bits);
     put(key, bits);
@@ -562,7 +571,7 @@ RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piec
   std::optional<RvdPath> hit = cache ? cache->find(key) : std::nullopt;
   RvdPath path = hit ? std::move(*hit)
                      : search(rel_from, rel_need, rel_whole, elem_bytes, cm, cross_node, blocks,
-                              ragged_dim);
+                              ragged_dim, world);
   if (cache && !hit) cache->insert(key, path);
   for (Move& mv : path.moves)
     for (Piece& p : mv.after) p = shift(p, whole, +1);

@@ -75,11 +75,13 @@ struct RvdPath {
 };
 
 // A planner's memo of layout searches: the paths found, keyed by the layouts relative to
-// the slice they cover, the element size, whether the group crosses nodes and every field
-// of the cost model. Owned by whoever plans (make_plan makes one per plan unless
-// PlanOptions::layout_cache names one; a PlanCache keeps one for all its worlds); nothing
-// is process-wide, so two planners never see each other's entries. Thread-safe: a
-// PlanCache plans ahead on a background thread while its caller plans.
+// the slice they cover, the element size, whether the group crosses nodes, every field of
+// the cost model and the two terms the plan's world sets in it (processor sharing and
+// launch_oversub's weight, so plans of several worlds share entries where those agree).
+// Owned by whoever plans (make_plan makes one per plan unless PlanOptions::layout_cache
+// names one; a PlanCache keeps one for all its worlds); nothing is process-wide, so two
+// planners never see each other's entries. Thread-safe: a PlanCache plans ahead on a
+// background thread while its caller plans.
 class RvdCache {
  public:
   RvdCache() = default;
@@ -114,9 +116,15 @@ class RvdCache {
 //
 // `ragged_dim` >= 0: that dim is ragged (see above); the path is then made of all_to_all_v
 // moves only and ends where every member holds exactly its need.
+//
+// `world`: the plan's ranks. Every move is priced as the simulator prices what it becomes
+// (CostModel::collective and local_copy at that world): on an oversubscribed CPU host each
+// collective pays launch_oversub and its bytes are time-shared, so a split that saves
+// latency steps for more launches is chosen only where it is cheaper there. 0: unknown
+// (priced as on a node no other rank shares).
 RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
                    const Box& whole, int64_t elem_bytes, const CostModel& cost, bool cross_node,
-                   RvdCache* cache = nullptr, int blocks = 1, int ragged_dim = -1);
+                   RvdCache* cache = nullptr, int blocks = 1, int ragged_dim = -1, int world = 0);
 
 CollKind move_collective(MoveKind k);
 

@@ -88,18 +88,21 @@ bool addends_covered(const std::vector<const Piece*>& held, const Piece& need) {
 
 double rvd_lower_bound(const std::vector<Piece>& layout,
                        const std::vector<std::optional<Piece>>& need, const Box& whole,
-                       const CostModel& cm, bool cross, int blocks) {
+                       const CostModel& cm, bool cross, int blocks, int world) {
   const int n = int(layout.size());
   bool lacking = false;
   for (int m = 0; m < n && !lacking; ++m)
     lacking = need[size_t(m)] && !piece_extractable(layout[size_t(m)], *need[size_t(m)]);
   if (!lacking) return 0;
-  double bound = cm.launch + std::min(cm.alpha_intra, cm.alpha_inter);
+  // The fixed part of any collective at this world: its launch (with the wait for a core where
+  // the node is oversubscribed) and one message step.
+  double bound = cm.launch + cm.launch_oversub * cm.oversub_weight(world) +
+                 std::min(cm.alpha_intra, cm.alpha_inter);
   if (blocks < 2) return bound;
   // The fixed parts (no bytes) of the cheapest collectives over one member of every block.
-  const double across = cm.collective(CollKind::kReduceScatter, blocks, 0, cross);
+  const double across = cm.collective(CollKind::kReduceScatter, blocks, 0, cross, world);
   const double sum_across =
-      std::min(cm.collective(CollKind::kAllReduce, blocks, 0, cross), 2 * across);
+      std::min(cm.collective(CollKind::kAllReduce, blocks, 0, cross, world), 2 * across);
   const int bs = n / blocks;
   const int64_t whole_numel = box_numel(whole);
   for (int b = 0; b < blocks; ++b) {

@@ -28,8 +28,11 @@ namespace weft::planner {
 //   an all-reduce across the blocks or two collectives across them. This is what keeps a
 //   gradient summed over 128 replicas of 4 ep lanes from expanding every cheap layout of the
 //   4 lanes before it pays for the sum across the replicas.
+// Both are priced at `world` as the search prices its moves (the fixed part of a collective
+// there includes launch_oversub where the node is oversubscribed; a collective's byte term
+// is never negative, so leaving it out keeps the bound below any path).
 double rvd_lower_bound(const std::vector<Piece>& layout,
                        const std::vector<std::optional<Piece>>& need, const Box& whole,
-                       const CostModel& cost, bool cross_node, int blocks);
+                       const CostModel& cost, bool cross_node, int blocks, int world = 0);
 
 }  // namespace weft::planner
