@@ -431,10 +431,11 @@ int StageBuilder::transfer_split_dim(const Transfer& t) {
     dst_lanes_across = dst_lanes_across || plan_.mesh.rank_of(dst, l, 0) / rpn != plan_.mesh.rank_of(dst, 0, 0) / rpn;
   }
   const int64_t bytes = first.numel() * int64_t(core::dtype_size(g_.value(t.value).dtype));
-  const int world = plan_.world();  // priced as the simulator will price them
-  const double whole = cost_.p2p(bytes, across, world);
-  const double split = cost_.p2p(bytes / tp_, across, world) +
-                       cost_.collective(CollKind::kAllGather, tp_, bytes, dst_lanes_across, world);
+  const double whole = cost_.p2p(bytes, across);
+  // The gather's wait for a core at the plan's world counts, as in the layout search (rvd.cc).
+  const double split = cost_.p2p(bytes / tp_, across) +
+                       cost_.collective(CollKind::kAllGather, tp_, bytes, dst_lanes_across) +
+                       cost_.launch_oversub * cost_.oversub_weight(plan_.world());
   // Only a clear gain: on one node both cost the same bytes per link, and a tie keeps the
   // plain transfer (one message, no collective).
   if (split < 0.9 * whole) known = dim;

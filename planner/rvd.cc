@@ -78,12 +78,20 @@ struct Search {
   // family can name: inside one block, or the same positions of every block, block-major.
   int blocks = 1;
   int ragged = -1;  // the ragged dim, -1: none
-  int world = 0;    // the plan's ranks: moves are priced at it, as the simulator prices them
+  int world = 0;    // the plan's ranks: a collective's fixed part is priced at it
 
+  // A collective as the simulator prices it at `world`, but for processor sharing: its launch,
+  // launch_oversub where the node runs more ranks than cores, its message steps, and its
+  // bytes at one rank per core. The sharing the simulator applies to the bytes is a fixed
+  // point of how many ranks compute at once, which the plan being made decides; priced at
+  // its bound (every rank of the node computing: x256 at 512 ranks on 2 cores) it made
+  // MoE gradients reduce-scatter inside a replica to save bytes across the replicas that
+  // the simulation then charged far less for (docs/planner.md, "Where the instructions come
+  // from"). Local copies likewise at one rank per core.
   double collective(CollKind k, int f, int64_t b) const {
-    return cm.collective(k, f, b, cross, world);
+    return cm.collective(k, f, b, cross) + cm.launch_oversub * cm.oversub_weight(world);
   }
-  double copy(int64_t b) const { return cm.local_copy(b, world); }
+  double copy(int64_t b) const { return cm.local_copy(b); }
 
   bool team_ok(const std::vector<int>& team) const {
     if (blocks == 1) return true;
@@ -556,11 +564,11 @@ RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piec
   // Every field of the cost model: the moves' costs read the CPU sharing terms too (cores,
   // ranks_per_node, op_overhead, launch_oversub, active_ranks), and a search under another
   // model must not get this one's path and costs. The world enters the prices only through
-  // sharing() and oversub_weight(), so those are keyed rather than the world: on GPUs (both
-  // 1 and 0 at every world) a cache shared by several worlds keeps one entry per conversion.
+  // oversub_weight(), so that is keyed rather than the world: on GPUs (0 at every world), or
+  // at any two worlds that both oversubscribe the node, one entry serves every world.
   for (double x : {cm.flops, cm.mem_bw, cm.launch, cm.alpha_intra, cm.bw_intra, cm.alpha_inter,
                    cm.bw_inter, cm.op_overhead, cm.launch_oversub, cm.active_ranks,
-                   cm.sharing(world), cm.oversub_weight(world)}) {
+                   cm.oversub_weight(world)}) {
     int64_t bits;
     std::memcpy(&bits, &x, sizeof bits);
     put(key, bits);

@@ -76,12 +76,12 @@ struct RvdPath {
 
 // A planner's memo of layout searches: the paths found, keyed by the layouts relative to
 // the slice they cover, the element size, whether the group crosses nodes, every field of
-// the cost model and the two terms the plan's world sets in it (processor sharing and
-// launch_oversub's weight, so plans of several worlds share entries where those agree).
-// Owned by whoever plans (make_plan makes one per plan unless PlanOptions::layout_cache
-// names one; a PlanCache keeps one for all its worlds); nothing is process-wide, so two
-// planners never see each other's entries. Thread-safe: a PlanCache plans ahead on a
-// background thread while its caller plans.
+// the cost model and the one term the plan's world sets in the prices (launch_oversub's
+// weight, so plans of several worlds share entries where it agrees). Owned by whoever plans
+// (make_plan makes one per plan unless PlanOptions::layout_cache names one; a PlanCache
+// keeps one for all its worlds); nothing is process-wide, so two planners never see each
+// other's entries. Thread-safe: a PlanCache plans ahead on a background thread while its
+// caller plans.
 class RvdCache {
  public:
   RvdCache() = default;
@@ -117,11 +117,12 @@ class RvdCache {
 // `ragged_dim` >= 0: that dim is ragged (see above); the path is then made of all_to_all_v
 // moves only and ends where every member holds exactly its need.
 //
-// `world`: the plan's ranks. Every move is priced as the simulator prices what it becomes
-// (CostModel::collective and local_copy at that world): on an oversubscribed CPU host each
-// collective pays launch_oversub and its bytes are time-shared, so a split that saves
-// latency steps for more launches is chosen only where it is cheaper there. 0: unknown
-// (priced as on a node no other rank shares).
+// `world`: the plan's ranks. A move is priced as the simulator prices what it becomes at
+// that world, but for processor sharing: on an oversubscribed CPU host each collective pays
+// launch_oversub, so a split that saves message steps for more launches is chosen only where
+// it is cheaper there; bytes are priced at one rank per core (the sharing the simulator
+// applies is a fixed point of the finished plan; see Search::collective in rvd.cc). 0:
+// unknown (no launch_oversub).
 RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piece>>& need,
                    const Box& whole, int64_t elem_bytes, const CostModel& cost, bool cross_node,
                    RvdCache* cache = nullptr, int blocks = 1, int ragged_dim = -1, int world = 0);

@@ -1,8 +1,9 @@
 // Phase 3's layout search prices its moves at the plan's world, as the simulator prices the
 // collectives they become: on an oversubscribed CPU host (more ranks on a node than cores)
-// every collective pays launch_oversub and its bytes are time-shared. Priced at world 0 the
-// search split a tensor-parallel all-reduce over 8 into three collectives that the simulator
-// then charged more than the one it replaced.
+// every collective pays launch_oversub. Bytes are priced at one rank per core (the
+// simulator's sharing is a fixed point of the finished plan). Priced at world 0 the search
+// split a tensor-parallel all-reduce over 8 into three collectives that the simulator then
+// charged more than the one it replaced.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,6 +34,13 @@ CostModel vm_like() {
   cm.cores = 2;
   cm.op_overhead = 2.17e-5;
   cm.launch_oversub = 2.6e-3;
+  return cm;
+}
+
+// The simulator's prices where one rank per core computes (its processor-sharing fixed point
+// at its low end): the search prices bytes so, and every other term at the plan's world.
+CostModel one_rank_per_core(CostModel cm) {
+  cm.active_ranks = cm.cores;
   return cm;
 }
 
@@ -97,12 +105,18 @@ TEST(RvdWorld, ATpAllReduceOver8StaysOneAllReduceWhereTheSimulatorPricesTheSplit
   // At 512 ranks each launch also waits 2.6 ms for a core: one all-reduce.
   const RvdPath at512 = rvd_search(s.from, s.need, kActivation, 4, cm, false, nullptr, 1, -1, 512);
   EXPECT_EQ(collectives_of(at512), std::vector<std::string>{"all_reduce/8"});
-  // The search's cost is what the simulator charges for it; the split would have cost more.
-  const double one = cm.collective(CollKind::kAllReduce, 8, box_numel(kActivation) * 4, false, 512);
+  // The search's cost is what the simulator charges for it when one rank per core computes;
+  // with more computing at once only the bytes cost more, and the split moves the same bytes.
+  const CostModel sim = one_rank_per_core(cm);
+  const int64_t bytes = box_numel(kActivation) * 4;
+  const double one = sim.collective(CollKind::kAllReduce, 8, bytes, false, 512);
   EXPECT_NEAR(at512.cost, one, 1e-8);
-  EXPECT_NEAR(simulator_price(at512, s.from, cm, 512), one, 1e-12);
-  const double split_at512 = simulator_price(at0, s.from, cm, 512);
-  EXPECT_NEAR(split_at512 - one, 2 * (cm.launch + cm.launch_oversub) - 6 * cm.alpha_intra, 1e-9);
+  EXPECT_NEAR(simulator_price(at512, s.from, sim, 512), one, 1e-12);
+  const double more = 2 * (cm.launch + cm.launch_oversub) - 6 * cm.alpha_intra;
+  EXPECT_NEAR(simulator_price(at0, s.from, sim, 512) - one, more, 1e-9);
+  EXPECT_NEAR(simulator_price(at0, s.from, cm, 512) - simulator_price(at512, s.from, cm, 512), more,
+              1e-9);
+  EXPECT_GT(cm.sharing(512), 100);  // every rank computing: bytes 256 times dearer
   // World 0 prices the split below the single all-reduce: the reason it was chosen.
   EXPECT_LT(at0.cost, cm.collective(CollKind::kAllReduce, 8, box_numel(kActivation) * 4, false));
 }
@@ -118,9 +132,9 @@ TEST(RvdWorld, ACacheKeepsTheWorldsThatPriceDifferentlyApartAndSharesTheOnesThat
   const RvdPath at512 = rvd_search(s.from, s.need, kActivation, 4, cm, false, &cache, 1, -1, 512);
   EXPECT_EQ(cache.size(), 2u);
   EXPECT_EQ(collectives_of(at512), std::vector<std::string>{"all_reduce/8"});
-  // 64 and 512 ranks put different shares of the node on its cores: different byte prices.
+  // 64 ranks oversubscribe the cores too: the same prices, the same entry.
   rvd_search(s.from, s.need, kActivation, 4, cm, false, &cache, 1, -1, 64);
-  EXPECT_EQ(cache.size(), 3u);
+  EXPECT_EQ(cache.size(), 2u);
   // On GPUs the world changes no price: one entry for every world.
   const CostModel gpu;
   RvdCache gpu_cache;
@@ -197,7 +211,7 @@ TEST(RvdWorld, TheBoundNeverExceedsTheSearchsOptimumOnRandomConversionsAtAnOvers
           double collectives = 0;
           for (const Move& m : p.moves)
             if (m.kind != MoveKind::kChunk) collectives += m.cost;
-          EXPECT_NEAR(collectives, simulator_price(p, from, cm, world), 1e-12);
+          EXPECT_NEAR(collectives, simulator_price(p, from, one_rank_per_core(cm), world), 1e-12);
         }
   // Most conversions have a path, and most need a collective.
   EXPECT_GE(searched, 60);
@@ -228,7 +242,8 @@ TEST(RvdWorld, ATp8PlanOnTwoCoresSumsEachActivationInOneAllReducePricedAsTheSimu
          })) {
       const ProcessGroup& grp = plan.groups.at(size_t(plan.group_id(in->group, 0)));
       ASSERT_EQ(grp.ranks.size(), 8u);
-      const double simulated = collective_seconds(plan, mg.graph, opt.cost, *in, 8, false);
+      const double simulated =
+          collective_seconds(plan, mg.graph, one_rank_per_core(opt.cost), *in, 8, false);
       // The same conversion searched alone at the plan's world costs what the simulator charges.
       const Box value = full_box({in->bytes / 4});
       GroupLayout from;
