@@ -31,15 +31,6 @@ GradientSum gradient_sum(int blocks, int lanes) {
   return s;
 }
 
-// The path's collectives as "kind/factor", in order.
-std::vector<std::string> collectives_of(const RvdPath& p) {
-  std::vector<std::string> out;
-  for (const Move& m : p.moves)
-    if (m.kind != MoveKind::kChunk)
-      out.push_back(std::string(move_name(m.kind)) + "/" + std::to_string(m.factor));
-  return out;
-}
-
 TEST(RvdBlocks, AGradientOver128ReplicasOf4LanesIsSummedInsideEachReplicaThenAcrossThem) {
   CostModel cm;  // launch 10 us, 10 us a message step across nodes: the 512 members are 64 nodes
   GradientSum s = gradient_sum(128, 4);
@@ -47,7 +38,7 @@ TEST(RvdBlocks, AGradientOver128ReplicasOf4LanesIsSummedInsideEachReplicaThenAcr
   // Two pairwise sums inside each replica (2 launches + 4 steps) are cheaper than one over its
   // 4 lanes (1 launch + 6 steps); then one all-reduce over the 128 replicas, which a team can
   // only span whole. One all-reduce over all 512 would pay 1022 steps.
-  EXPECT_EQ(collectives_of(p),
+  EXPECT_EQ(test_util::collectives_of(p),
             (std::vector<std::string>{"all_reduce/2", "all_reduce/2", "all_reduce/128"}));
   const int64_t bytes = box_numel(kWhole) * 4;
   const double want = 2 * cm.collective(CollKind::kAllReduce, 2, bytes, true) +
@@ -123,7 +114,7 @@ TEST(RvdBlocks, ElementsNoMoveInsideABlockHoldsNeedOneCollectiveAcrossTheBlocks)
   EXPECT_DOUBLE_EQ(rvd_lower_bound(from, need, kWhole, cm, true, 8),
                    cm.collective(CollKind::kAllGather, 8, 0, true));
   RvdPath p = rvd_search(from, need, kWhole, 4, cm, true, nullptr, 8);
-  EXPECT_EQ(collectives_of(p), (std::vector<std::string>{"all_gather/8"}));
+  EXPECT_EQ(test_util::collectives_of(p), (std::vector<std::string>{"all_gather/8"}));
 }
 
 // The MoE layout at world 512 (ep 4 x dp 128), which gave up in the search of a dense

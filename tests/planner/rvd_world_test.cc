@@ -44,14 +44,6 @@ CostModel one_rank_per_core(CostModel cm) {
   return cm;
 }
 
-std::vector<std::string> collectives_of(const RvdPath& p) {
-  std::vector<std::string> out;
-  for (const Move& m : p.moves)
-    if (m.kind != MoveKind::kChunk)
-      out.push_back(std::string(move_name(m.kind)) + "/" + std::to_string(m.factor));
-  return out;
-}
-
 // What the simulator charges for a path's collectives at `world`: each move's collective over
 // its factor, of the buffer the lowering gives it (an all-gather's output, else the input).
 double simulator_price(const RvdPath& p, const GroupLayout& from, const CostModel& cm, int world) {
@@ -104,7 +96,7 @@ TEST(RvdWorld, ATpAllReduceOver8StaysOneAllReduceWhereTheSimulatorPricesTheSplit
   EXPECT_EQ(kinds(rvd_search(s.from, s.need, kActivation, 4, cm, false, nullptr, 1, -1, 2)), split);
   // At 512 ranks each launch also waits 2.6 ms for a core: one all-reduce.
   const RvdPath at512 = rvd_search(s.from, s.need, kActivation, 4, cm, false, nullptr, 1, -1, 512);
-  EXPECT_EQ(collectives_of(at512), std::vector<std::string>{"all_reduce/8"});
+  EXPECT_EQ(test_util::collectives_of(at512), std::vector<std::string>{"all_reduce/8"});
   // The search's cost is what the simulator charges for it when one rank per core computes;
   // with more computing at once only the bytes cost more, and the split moves the same bytes.
   const CostModel sim = one_rank_per_core(cm);
@@ -131,7 +123,7 @@ TEST(RvdWorld, ACacheKeepsTheWorldsThatPriceDifferentlyApartAndSharesTheOnesThat
   EXPECT_EQ(cache.size(), 1u);
   const RvdPath at512 = rvd_search(s.from, s.need, kActivation, 4, cm, false, &cache, 1, -1, 512);
   EXPECT_EQ(cache.size(), 2u);
-  EXPECT_EQ(collectives_of(at512), std::vector<std::string>{"all_reduce/8"});
+  EXPECT_EQ(test_util::collectives_of(at512), std::vector<std::string>{"all_reduce/8"});
   // 64 ranks oversubscribe the cores too: the same prices, the same entry.
   rvd_search(s.from, s.need, kActivation, 4, cm, false, &cache, 1, -1, 64);
   EXPECT_EQ(cache.size(), 2u);
@@ -250,7 +242,7 @@ TEST(RvdWorld, ATp8PlanOnTwoCoresSumsEachActivationInOneAllReducePricedAsTheSimu
       std::vector<std::optional<Piece>> need;
       for (int m = 0; m < 8; ++m) from.push_back(Piece{value, m, 8}), need.push_back(Piece{value});
       const RvdPath p = rvd_search(from, need, value, 4, opt.cost, false, nullptr, 1, -1, 8);
-      EXPECT_EQ(collectives_of(p), std::vector<std::string>{"all_reduce/8"});
+      EXPECT_EQ(test_util::collectives_of(p), std::vector<std::string>{"all_reduce/8"});
       EXPECT_NEAR(p.cost, simulated, 1e-8);
       ++sums;
     }

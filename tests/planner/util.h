@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "core/config/job_spec.h"
 #include "planner/planner.h"
+#include "planner/rvd.h"
 
 namespace weft::planner::test_util {
 
@@ -54,6 +55,16 @@ inline ConfigError config_error(const std::function<void()>& fn) {
   }
   ADD_FAILURE() << "expected a ConfigError";
   return ConfigError("", "");
+}
+
+// An RVD path's collectives as "kind/factor", in order (its chunks, which move nothing, left
+// out).
+inline std::vector<std::string> collectives_of(const RvdPath& p) {
+  std::vector<std::string> out;
+  for (const Move& m : p.moves)
+    if (m.kind != MoveKind::kChunk)
+      out.push_back(std::string(move_name(m.kind)) + "/" + std::to_string(m.factor));
+  return out;
 }
 
 }  // namespace weft::planner::test_util
