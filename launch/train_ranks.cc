@@ -245,6 +245,8 @@ class RankTraining {
   std::optional<core::io::StepMetrics> agreed_line_;
   void keep_agreed_line();
   void write_agreed_line();
+  core::io::StepMetrics step_line(const core::StepStats& st, double secs,
+                                  std::vector<std::pair<std::string, double>> extra) const;
   Clock::time_point change_at_;
   int64_t saved_at_ = 0;
   double total_s_ = 0;
@@ -705,15 +707,13 @@ std::optional<WorldEnd> RankTraining::one_step() {
   double secs = since(t0);
   // Every rank builds the line (the statistics are the same everywhere): one that becomes
   // the lead after a change writes it if this lead could not (write_agreed_line).
-  core::io::StepMetrics m =
-      step_metrics(st, secs, train_world_, env_.rdzv_epoch, data_.sampler().epoch(st.step));
   // This rank's share of the step in kernels and in waiting for communication.
   const parallel::StepTimes& tt = trainer_->executor().last_step_times();
   const double mem = mib(trainer_->activation_stats().bytes_live_peak);  // this rank's
-  m.extra = {{"step_ms", secs * 1e3}, {"compute_ms", tt.compute * 1e3},
-             {"comm_ms", tt.comm * 1e3}, {"mem_peak_mib", mem}};
-  if (spec_.model.arch == "moe-gpt") m.extra.insert(m.extra.begin(), {"aux_loss", st.aux_loss});
-  if (!st.applied) m.extra.push_back({"skipped", 1});
+  core::io::StepMetrics m = step_line(st, secs, {{"step_ms", secs * 1e3},
+                                                 {"compute_ms", tt.compute * 1e3},
+                                                 {"comm_ms", tt.comm * 1e3},
+                                                 {"mem_peak_mib", mem}});
   if (first_step_of_world_) m.extra.push_back({"resize_ms", resize_s_ * 1e3});
   agreed_line_ = m;
   if (lead()) {
@@ -817,14 +817,22 @@ void RankTraining::enter_next_world(std::string why) {
 void RankTraining::keep_agreed_line() {
   const std::optional<core::StepStats>& st = trainer_->exchanged_stats();
   if (!st || (agreed_line_ && agreed_line_->step >= st->step)) return;
-  core::io::StepMetrics m =
-      step_metrics(*st, 1, train_world_, env_.rdzv_epoch, data_.sampler().epoch(st->step));
   // The step's time is unknown (this rank did not finish it): no rate, no step_ms.
-  m.tokens_per_s = 0;
-  m.extra = {{"torn", 1}};
-  if (spec_.model.arch == "moe-gpt") m.extra.insert(m.extra.begin(), {"aux_loss", st->aux_loss});
-  if (!st->applied) m.extra.push_back({"skipped", 1});
-  agreed_line_ = m;
+  agreed_line_ = step_line(*st, 0, {{"torn", 1}});
+}
+
+// A step's metrics line: the statistics, then aux_loss (MoE), `extra`, and skipped when the
+// update was dropped. `secs` 0: the step's time is unknown (tokens_per_s 0).
+core::io::StepMetrics RankTraining::step_line(
+    const core::StepStats& st, double secs,
+    std::vector<std::pair<std::string, double>> extra) const {
+  core::io::StepMetrics m = step_metrics(st, secs > 0 ? secs : 1, train_world_, env_.rdzv_epoch,
+                                         data_.sampler().epoch(st.step));
+  if (secs <= 0) m.tokens_per_s = 0;
+  m.extra = std::move(extra);
+  if (spec_.model.arch == "moe-gpt") m.extra.insert(m.extra.begin(), {"aux_loss", st.aux_loss});
+  if (!st.applied) m.extra.push_back({"skipped", 1});
+  return m;
 }
 
 // A new lead whose world resumes right after a step without a line writes that step's line

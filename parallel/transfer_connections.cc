@@ -4,24 +4,16 @@
 #include <cstdint>
 
 #include "comm/registry.h"
+#include "core/rng.h"
 #include "core/tensor.h"
 
 namespace weft::parallel {
 
-namespace {
-
-// FNV-1a: the same on every rank and build (std::hash need not be).
-int64_t fingerprint(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return int64_t(h);
-}
-
-}  // namespace
-
 bool spans_hosts(comm::Communicator& comm, const std::string& address) {
   if (comm.size() <= 1) return false;
-  core::Tensor mine = core::Tensor::from_vector<int64_t>({1}, {fingerprint(address)});
+  // The address's FNV-1a: the same on every rank and build (std::hash need not be).
+  core::Tensor mine =
+      core::Tensor::from_vector<int64_t>({1}, {int64_t(core::stable_hash(address))});
   core::Tensor all = core::Tensor::zeros({comm.size()}, core::DType::kI64);
   comm.all_gather(all, mine).wait();
   const int64_t* v = all.data<int64_t>();
