@@ -45,6 +45,32 @@ void refuse_unsupported_job_settings(const core::JobSpec& spec, const parallel::
   };
   check("elastic.min_nodes", spec.elastic.min_nodes, env.nnodes_min, "MIN");
   check("elastic.max_nodes", spec.elastic.max_nodes, env.nnodes_max, "MAX");
+  refuse_elastic_keys_of_a_fixed_world(spec.elastic, env.launcher);
+}
+
+void refuse_elastic_keys_of_a_fixed_world(const core::ElasticSpec& el, const std::string& launcher) {
+  if (launcher == "weft run") return;
+  // Only weft run supervises workers and lets the world change. Under mpirun, srun or as one
+  // process the world is fixed and a lost process ends the job, so these keys would parse
+  // and do nothing. A key at its default asks for nothing beyond that default (the shipped
+  // configs spell on_change: reshard out, and run as one process too), so only a value that
+  // differs from it is refused. elastic.layout is not among them: fit_layout chooses the
+  // layout of any world, fixed ones included.
+  const core::ElasticSpec d;
+  const char* key = el.min_nodes != d.min_nodes                         ? "elastic.min_nodes"
+                    : el.max_nodes != d.max_nodes                       ? "elastic.max_nodes"
+                    : el.on_change != d.on_change                       ? "elastic.on_change"
+                    : el.old_state != d.old_state                       ? "elastic.old_state"
+                    : el.transfer_connections != d.transfer_connections ? "elastic.transfer_connections"
+                                                                        : nullptr;
+  if (!key) return;
+  const std::string how = launcher == "single" ? "runs as one process without a launcher"
+                                               : "was started by " + launcher;
+  throw ConfigError(key, std::string("acts only under weft run, which supervises the workers and "
+                                     "lets the world change; this job ") +
+                             how +
+                             ", whose world is fixed (a lost process ends the job): launch it "
+                             "with `weft run` (it takes torchrun's flags), or drop the key");
 }
 
 std::string resume_source(const core::JobSpec& spec, const parallel::LaunchEnv& env,

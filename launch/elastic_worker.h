@@ -9,12 +9,17 @@
 
 namespace weft::launch {
 
-// ConfigError ("... not yet ...", naming the key) for a job-file setting the trainer cannot
-// act on yet: snapshot.redundancy: ec, and snapshot.ec (erasure-coded copies of snapshots on
-// other nodes); and naming snapshot.redundancy for replica without snapshots or on fewer
-// than 2 nodes (--nnodes MAX). Also checks elastic.min_nodes/max_nodes, when set, against
-// the node range weft run was started with (--nnodes MIN:MAX): they must agree.
+// ConfigError, naming the key, for a job-file setting that would do nothing where this
+// worker runs: snapshot.redundancy without snapshots, replica on fewer than 2 nodes, ec on
+// fewer than k + m (--nnodes MAX), snapshot.ec without redundancy: ec, and the elastic keys
+// of a fixed world (below). Also checks elastic.min_nodes/max_nodes, when set, against the
+// node range weft run was started with (--nnodes MIN:MAX): they must agree.
 void refuse_unsupported_job_settings(const core::JobSpec& spec, const parallel::LaunchEnv& env);
+
+// ConfigError naming the first elastic key (min_nodes, max_nodes, on_change, old_state,
+// transfer_connections) set to other than its default when `launcher` (LaunchEnv::launcher)
+// is not weft run: mpirun, srun and a lone process have a fixed world, where they do nothing.
+void refuse_elastic_keys_of_a_fixed_world(const core::ElasticSpec& el, const std::string& launcher);
 
 // The checkpoint this worker resumes from: `resume_flag` (--resume) when given; else, in an
 // attempt after a restart (TORCHELASTIC_RESTART_COUNT > 0), checkpoint.dir when it holds a

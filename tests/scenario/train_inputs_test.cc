@@ -66,6 +66,51 @@ TEST_F(TrainInputs, OnChangeDefaultsToReshardInHelpAndRunFolder) {
   EXPECT_NE(config.find("on_change: reshard"), std::string::npos) << config;
 }
 
+// elastic.* keys act only under weft run: as one process or under mpirun the world is fixed,
+// so a key set to other than its default is refused naming it, before anything trains. At
+// its default (the shipped configs spell on_change: reshard out) it runs, and
+// elastic.layout, which fits the layout of any world, is never refused.
+TEST_F(TrainInputs, ElasticKeysThatCannotActInAFixedWorldAreRefused) {
+  const std::string ran = path("run") + "/metrics.jsonl";
+  for (const std::string key : {"elastic.on_change=restart", "elastic.transfer_connections=8",
+                                "elastic.old_state=keep_unless_backed", "elastic.min_nodes=2",
+                                "elastic.max_nodes=2"}) {
+    Result r = train("--set " + key);
+    EXPECT_EQ(r.code, 2) << key << ": " << r.out;
+    const std::string name = key.substr(0, key.find('='));
+    EXPECT_NE(r.out.find(name + ": acts only under weft run"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("this job runs as one process without a launcher"), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("launch it with `weft run`"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(ran)) << key;
+  }
+  if (std::system("command -v mpirun > /dev/null 2>&1") == 0) {
+    const std::string root = ::geteuid() == 0 ? " --allow-run-as-root" : "";
+    Result mpi = weft::test::run_command("mpirun" + root + " --oversubscribe -np 1 " + kWeft +
+                                         " train --config " + kTiny + " --set train.out_dir=" +
+                                         path("run") + " --set elastic.transfer_connections=2");
+    EXPECT_NE(mpi.code, 0) << mpi.out;
+    EXPECT_NE(mpi.out.find("elastic.transfer_connections: acts only under weft run, which "
+                           "supervises the workers and lets the world change; this job was "
+                           "started by mpirun"),
+              std::string::npos)
+        << mpi.out;
+    EXPECT_FALSE(fs::exists(ran));
+  }
+  // Defaults spelled out, and elastic.layout: one process trains.
+  Result plain = train("--set train.steps=1 --set train.warmup_steps=0 --set elastic.on_change=reshard "
+                       "--set elastic.transfer_connections=4 --set elastic.layout=auto");
+  EXPECT_EQ(plain.code, 0) << plain.out;
+  EXPECT_TRUE(fs::exists(ran));
+  // Under weft run the same key acts (restart is its supervised path) and trains.
+  Result supervised = run("run --standalone -- " + kWeft + " train --config " + kTiny +
+                          " --set train.out_dir=" + path("run2") +
+                          " --set train.steps=1 --set train.warmup_steps=0 --set train.eval_every=0"
+                          " --set elastic.on_change=restart");
+  EXPECT_EQ(supervised.code, 0) << supervised.out;
+  EXPECT_TRUE(fs::exists(path("run2") + "/metrics.jsonl"));
+}
+
 // Snapshot copies on other nodes need other nodes (a `weft train` alone is one), and a key
 // that would do nothing is refused, never silently ignored.
 TEST_F(TrainInputs, SnapshotCopiesOnOtherNodesNeedThoseNodes) {
