@@ -58,7 +58,8 @@ constexpr const char* kHelp =
     "  --mode both     the restart baseline on the same job first (3 nodes, one agent killed:\n"
     "                  3 -> 2, like reshard's failure), then reshard, and the ratio restart /\n"
     "                  reshard per change (shrink and grow against the restart's downtime less\n"
-    "                  its detection: measured restarts of those changes are not in yet).\n"
+    "                  its detection: measured restarts of those changes are not in yet), to\n"
+    "                  the first step logged and, without that step, to ready to step.\n"
     "  --nodes N       restart: agents (default 3, at least 3: 2 survivors of 3 keep a\n"
     "                  majority); reshard and both run 4\n"
     "  --config FILE   weft train's job (default configs/bench-elastic-350m.yaml: a gpt of\n"
@@ -530,7 +531,7 @@ std::optional<RestartResult> run_restart(Options& o) {
     std::printf("logs (agent-<i>.log, lines stamped in seconds) and checkpoints kept in %s\n",
                 o.dir.c_str());
   }
-  return RestartResult{ph.detect->t - t_kill, ph.first_step->t - t_kill};
+  return RestartResult{ph.detect->t - t_kill, ph.load->t - t_kill, ph.first_step->t - t_kill};
 }
 
 }  // namespace bench

@@ -36,7 +36,9 @@ struct Options {
 
 // What the restart run measured (seconds from the kill).
 struct RestartResult {
-  double detect = 0, total = 0;
+  // From the kill: a survivor names the lost node; the new world is ready to step (its
+  // checkpoint resumed); it logged its first step (the step itself included).
+  double detect = 0, ready = 0, total = 0;
 };
 
 // "350M", "1.5B", "2.5e6" -> a count; ConfigError naming --params otherwise.

@@ -1,6 +1,7 @@
 // `weft bench elastic` end to end with a tiny model: --mode restart (three agents, one killed
-// after the first checkpoint, a table with the five phases and the total) and --mode reshard
-// (one live job shrinks, grows and loses a node; a row per change in each table). Structure
+// after the first checkpoint, a table with the five phases and the total) and --mode both
+// (that baseline, then one live job shrinks, grows and loses a node; a row per change in each
+// table, with its ratios to the baseline). Structure
 // and non-negative times, not timing.
 #include <gtest/gtest.h>
 
@@ -64,11 +65,13 @@ TEST(BenchElastic, TinyRestartPrintsFivePhasesAndTheTotal) {
   EXPECT_NE(ref[2].find("x (total)"), std::string::npos) << ref[2];
 }
 
-TEST(BenchElastic, TinyReshardPrintsEveryChangeAndEndsOk) {
+// --mode both: the restart baseline first, then the live job, with both ratios per change.
+TEST(BenchElastic, TinyBothPrintsEveryChangeBothRatiosAndEndsOk) {
   weft::test::CommandResult r = weft::test::run_weft(
-      "bench elastic --mode reshard --set model.layers=2 --set model.dim=32 --set model.heads=2 "
+      "bench elastic --mode both --set model.layers=2 --set model.dim=32 --set model.heads=2 "
       "--set model.vocab=256 --heartbeat-timeout 2 --timeout 240");
   ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("weft bench elastic --mode restart"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("weft run --nnodes 2:4 --max-restarts 0"), std::string::npos) << r.out;
   for (const char* table : {"change", "phases", "bytes"})
     EXPECT_FALSE(row(r.out, table).empty()) << table;
@@ -81,17 +84,37 @@ TEST(BenchElastic, TinyReshardPrintsEveryChangeAndEndsOk) {
     EXPECT_EQ(d[1], world) << name;
     EXPECT_GT(std::stod(d[2]), 0) << name;
     if (std::string(name) == "failure") EXPECT_GE(std::stod(d[3]), 0);
+    // The ratio is the restart's time (to the first step logged) over this downtime.
+    ASSERT_EQ(d[5].back(), 'x') << name;
+    EXPECT_NEAR(std::stod(d[5]), std::stod(d[4]) / std::stod(d[2]), 0.051) << name;
   }
   // The phases and the bytes: the rows after the tables' headers.
   std::stringstream lines(r.out);
-  int phases = 0, bytes = 0;
+  int phases = 0, bytes = 0, ready = 0;
   std::string table;
   for (std::string l; std::getline(lines, l);) {
-    if (l.rfind("phases ", 0) == 0 || l.rfind("bytes ", 0) == 0 || l.rfind("change ", 0) == 0)
+    if (l.rfind("phases ", 0) == 0 || l.rfind("bytes ", 0) == 0 || l.rfind("change ", 0) == 0 ||
+        l.rfind("ready ", 0) == 0)
       table = l.substr(0, l.find(' '));
     else if (l.empty())
       table.clear();
-    else if (table == "phases") {
+    else if (table == "ready") {
+      // change | reshard | restart | ratio | what each side counts: without the first step,
+      // so the live side's ready is within its downtime above.
+      std::stringstream parts(l);
+      std::vector<std::string> cells;
+      for (std::string c; std::getline(parts, c, '|');) cells.push_back(c);
+      ASSERT_EQ(cells.size(), 5u) << l;
+      const double ours = std::stod(cells[1]), base = std::stod(cells[2]);
+      EXPECT_GT(ours, 0) << l;
+      EXPECT_GT(base, 0) << l;
+      std::string name = cells[0].substr(0, cells[0].find(' '));
+      EXPECT_LE(ours, std::stod(row(r.out, name)[2])) << l;
+      // The ratio of the unrounded times, to one decimal; the cells are rounded to 1 ms.
+      const double slack = 0.051 + base / ours * (0.0005 / ours + 0.0005 / base);
+      EXPECT_NEAR(std::stod(cells[3]), base / ours, slack) << l;
+      ++ready;
+    } else if (table == "phases") {
       std::stringstream parts(l);
       std::vector<std::string> cells;
       for (std::string c; std::getline(parts, c, '|');) cells.push_back(c);
@@ -117,6 +140,7 @@ TEST(BenchElastic, TinyReshardPrintsEveryChangeAndEndsOk) {
   }
   EXPECT_EQ(phases, 3) << r.out;
   EXPECT_EQ(bytes, 3) << r.out;
+  EXPECT_EQ(ready, 3) << r.out;
   EXPECT_NE(r.out.find("job: ok: every change resharded live"), std::string::npos) << r.out;
 }
 
