@@ -452,6 +452,57 @@ void expect_torn(const std::string& config, std::vector<std::string> sets, KillA
   EXPECT_EQ(r.ranks[1].signal, SIGKILL) << r.summary();
 }
 
+// A lost member aborts the world (the LossWatcher, launch/live_resize.h) while a rank
+// computes: the rank stops its step at the next instruction, not at its next collective,
+// which here comes only after both micro-batches' forward and backward. Rank 0 aborts its own
+// world while loading its first micro-batch of step 2: it loads no second one, its state is
+// that of step 2 and untorn, and rank 1, released by the abort, fails its step the same way.
+TEST(TrainerTorn, AnAbortedWorldStopsTheStepAtTheNextInstruction) {
+  core::JobSpec spec = spec_of("gpt-layout.yaml", {"parallel.dp=2", "parallel.zero=1"});
+  Data data = load_data(spec);
+  constexpr int64_t kAbortAt = 2;
+  RunOptions ro;
+  ro.deadline = std::chrono::milliseconds(300'000);
+  RunResult r = run_ranks(
+      2,
+      [&](RankContext& ctx) {
+        const int rank = ctx.rank();
+        RankWorld w = gloo_world(ctx, "abort", std::chrono::milliseconds(20'000));
+        int loads = 0;
+        core::BatchFn batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
+          if (s == kAbortAt) {
+            ++loads;
+            if (rank == 0) w.comm->abort("a member was lost (test)");
+          }
+          data.set.fill_train(s, b0, n, x, y);
+        };
+        ParallelTrainer t(spec, *w.comm);
+        for (int64_t s = 0; s < kAbortAt; ++s) ASSERT_TRUE(t.step(batch).applied);
+        const StateSpace space = space_of(t);
+        const RankLayout mine = layout_of(t);
+        const std::vector<core::Tensor> before = clones(t.state_tensors(space, mine));
+        try {
+          t.step(batch);
+          ADD_FAILURE() << "rank " << rank << ": step " << kAbortAt << " survived the abort";
+        } catch (const CommError& e) {
+          std::printf("[abort] rank %d: %s\n", rank, e.what());
+          if (rank == 0)
+            EXPECT_NE(std::string(e.what()).find("rank 0 stopped its step before instruction"),
+                      std::string::npos)
+                << e.what();
+        }
+        if (rank == 0) EXPECT_EQ(loads, 1);  // 2 micro-batches a rank; the abort came in the first
+        EXPECT_FALSE(t.torn());
+        EXPECT_FALSE(t.executor().state_written());
+        EXPECT_EQ(t.current_step(), kAbortAt);
+        expect_same_state(space, mine, t.state_tensors(space, mine), before);
+      },
+      ro);
+  ASSERT_EQ(r.ranks.size(), 2u);
+  EXPECT_TRUE(r.ranks[0].ok()) << r.summary();
+  EXPECT_TRUE(r.ranks[1].ok()) << r.summary();
+}
+
 TEST(TrainerTorn, PeerLostInTheForwardLeavesTheStateOfTheStepDp2Zero1) {
   expect_torn("gpt-layout.yaml", {"parallel.dp=2", "parallel.zero=1"}, KillAt::kForward, false);
 }
