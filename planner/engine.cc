@@ -12,7 +12,7 @@
 namespace weft::planner {
 
 std::vector<core::Shape> operand_shapes(const std::vector<TensorDesc>& tensors,
-                                        const std::vector<Operand>& ops) {
+                                        const OperandList& ops) {
   std::vector<core::Shape> s;
   for (const Operand& o : ops) s.push_back(box_shape(tensors.at(size_t(o.tensor)).piece.box));
   return s;
@@ -29,7 +29,7 @@ PlanWork plan_work(const Plan& plan, const core::Graph& g) {
   std::vector<int64_t> dims;
   std::vector<size_t> first;
   std::vector<uint8_t> elem_of;  // tensor -> its element's bytes
-  auto shapes = [&](const std::vector<Operand>& ops, std::vector<core::Shape>& out) {
+  auto shapes = [&](const OperandList& ops, std::vector<core::Shape>& out) {
     out.resize(ops.size());
     for (size_t k = 0; k < ops.size(); ++k) {
       const size_t t = size_t(ops[k].tensor);

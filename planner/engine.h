@@ -54,7 +54,7 @@ struct EngineSchedule {
   std::vector<int> class_group;
   // Per role and instruction, what retime() reads of most instructions: the kind (low bits)
   // and kStepWork for optimizer-step work. A byte per instruction to walk in each re-timing
-  // instead of the instruction itself (152 bytes: most of a re-timing was its cache misses).
+  // instead of the instruction itself (168 bytes: most of a re-timing was its cache misses).
   static constexpr uint8_t kStepWork = 0x80;
   std::vector<std::vector<uint8_t>> codes;
 };
@@ -108,6 +108,6 @@ double collective_seconds(const Plan& plan, const core::Graph& g, const CostMode
 
 // Local dense shapes of an instruction's operands.
 std::vector<core::Shape> operand_shapes(const std::vector<TensorDesc>& tensors,
-                                        const std::vector<Operand>& ops);
+                                        const OperandList& ops);
 
 }  // namespace weft::planner

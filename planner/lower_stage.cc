@@ -137,14 +137,14 @@ const std::vector<SubOp>& StageBuilder::sub_ops(int op, int mb) {
 
 int StageBuilder::value_mb(int value, int mb) const { return g_.value(value).persistent ? -1 : mb; }
 
-std::vector<int>* StageBuilder::env_find(int lane, int value, int mb) {
+StageBuilder::TensorIds* StageBuilder::env_find(int lane, int value, int mb) {
   const auto& by_mb = lane_[size_t(lane)].env[size_t(value)];
   if (by_mb.empty()) return nullptr;
   auto& have = lane_[size_t(lane)].env[size_t(value)][size_t(mb + 1)];
   return have.empty() ? nullptr : &have;
 }
 
-std::vector<int>& StageBuilder::env_slot(int lane, int value, int mb) {
+StageBuilder::TensorIds& StageBuilder::env_slot(int lane, int value, int mb) {
   auto& by_mb = lane_[size_t(lane)].env[size_t(value)];
   if (by_mb.empty()) by_mb.resize(size_t(m_) + 1);
   WEFT_CHECK(mb >= -1 && mb < m_, "micro-batch ", mb, " outside 0..", m_ - 1);
@@ -193,7 +193,7 @@ std::vector<int> StageBuilder::convert(int value, int mb, const std::vector<int>
   std::vector<int> cur;
   GroupLayout from;
   for (int l : lanes) {
-    std::vector<int>* have = env_find(l, value, mb);
+    TensorIds* have = env_find(l, value, mb);
     if (!have)
       throw NotSupported("value " + g_.value(value).name + " is needed on lane " + std::to_string(l) +
                          " of stage " + std::to_string(stage_) + " but produced on no lane there");
@@ -259,7 +259,7 @@ std::vector<int> StageBuilder::provide(int value, int mb, const std::vector<std:
   for (int l = 0; l < lanes_; ++l) {
     if (!need[size_t(l)]) continue;
     const Piece& want = *need[size_t(l)];
-    if (std::vector<int>* have = env_find(l, value, key_mb)) {
+    if (TensorIds* have = env_find(l, value, key_mb)) {
       for (int t : *have)
         if (role(l).tensors[size_t(t)].piece == want) result[size_t(l)] = t;
       if (result[size_t(l)] < 0)
@@ -332,7 +332,7 @@ std::vector<int> StageBuilder::outputs(int op, const std::vector<SubOp>& subs, i
       continue;
     }
     int key_mb = value_mb(value, ctx.mb);
-    std::vector<int>* have = env_find(l, value, key_mb);
+    TensorIds* have = env_find(l, value, key_mb);
     if (o.accumulate[size_t(slot)] && have && !ctx.recompute) {
       int primary = have->front();
       if (!(role(l).tensors[size_t(primary)].piece == st.piece))
@@ -489,7 +489,7 @@ void StageBuilder::emit_unit(const Unit& u) {
     if (t.src_chunk != u.chunk || t.src_dir != u.dir) continue;
     const int split = transfer_split_dim(t);
     for (int l = 0; l < lanes_; ++l) {
-      std::vector<int>* have = env_find(l, t.value, u.mb);
+      TensorIds* have = env_find(l, t.value, u.mb);
       WEFT_CHECK(have, "transfer of ", g_.value(t.value).name, " before it was produced");
       int out = have->front();
       if (split >= 0) out = cut(l, out, transfer_piece(t, u.mb, l, split), ctx, gi_.writers[size_t(t.value)][0]);
@@ -528,7 +528,7 @@ void StageBuilder::drop_gathered_copies(const Unit& u) {
   for (int op : gi_.chunk_ops[0][size_t(u.chunk)])
     for (int v : g_.op(op).outputs)
       for (int l = 0; l < lanes_; ++l) {
-        std::vector<int>* have = env_find(l, v, value_mb(v, u.mb));
+        TensorIds* have = env_find(l, v, value_mb(v, u.mb));
         if (!have || have->size() < 2) continue;
         const int64_t primary = role(l).tensors[size_t(have->front())].piece.numel();
         have->erase(std::remove_if(

@@ -14,11 +14,13 @@
 #include "planner/lower.h"
 #include "planner/partition.h"
 #include "planner/rvd.h"
+#include "planner/small_vector.h"
 
 namespace weft::planner {
 
 class StageBuilder {
  public:
+  using TensorIds = SmallVector<int, 2>;
   StageBuilder(const GraphInfo& gi, Plan& plan, const CostModel& cost, RvdCache& layouts,
                int stage);
   void build();
@@ -36,7 +38,8 @@ class StageBuilder {
     // value -> [mb + 1] -> tensors, primary first (mb -1: persistent values). Indexed, not
     // hashed: the lookups are the hottest path of lowering. The per-value vector is sized
     // once (m + 1) when the value first appears, so pointers into it stay valid.
-    std::vector<std::vector<std::vector<int>>> env;
+    // A slot's tensors live inline (SmallVector): most hold one, a few a cut or two.
+    std::vector<std::vector<TensorIds>> env;
     std::map<int, int> param;        // parameter -> its persistent tensor (ZeRO-3: the shard)
     std::map<int, Piece> param_box;  // parameter -> the piece this lane computes with
     std::map<int, std::pair<int, int>> gathered;  // ZeRO-3: parameter -> (unit, tensor)
@@ -65,8 +68,8 @@ class StageBuilder {
   const std::vector<SubOp>& sub_ops(int op, int mb);
   // Moves the batch rows (or a loss's addend index) of `s` by `delta` micro-batches.
   void shift_by_mbs(SubOp& s, int delta) const;
-  std::vector<int>* env_find(int lane, int value, int mb);
-  std::vector<int>& env_slot(int lane, int value, int mb);  // created empty if absent
+  TensorIds* env_find(int lane, int value, int mb);
+  TensorIds& env_slot(int lane, int value, int mb);  // created empty if absent
   void env_add(int lane, int value, int mb, int tensor);
   int value_mb(int value, int mb) const;  // -1 for persistent values
 

@@ -121,7 +121,7 @@ int StageBuilder::grad_tensor(int lane, int param, const Piece& produced, const 
   if (gi_.pc.zero >= 2 && zero_dim(param, lane) >= 0) {
     // ZeRO-2/3: this micro-batch's full gradient is transient; reduce-scattered into the
     // shard accumulator after its last contribution.
-    if (std::vector<int>* have = env_find(lane, grad_value, ctx.mb)) {
+    if (TensorIds* have = env_find(lane, grad_value, ctx.mb)) {
       *acc = true;
       return have->front();
     }

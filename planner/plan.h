@@ -28,6 +28,7 @@
 #include "planner/box.h"
 #include "planner/cost.h"
 #include "planner/mesh.h"
+#include "planner/operands.h"
 #include "planner/policy.h"
 
 namespace weft::planner {
@@ -48,13 +49,6 @@ const char* instr_kind_name(InstrKind k);
 enum class Stage : uint8_t { kForward, kBackward, kStep };
 const char* stage_name(Stage s);
 
-struct Operand {
-  int slot = -1;    // index into the graph op's inputs/outputs; -1: a scratch tensor
-  int tensor = -1;  // local tensor id
-  bool accumulate = false;  // outputs: add into the existing tensor
-  bool operator==(const Operand& o) const = default;
-};
-
 struct Instr {
   InstrKind kind = InstrKind::kCompute;
   Stage stage = Stage::kForward;
@@ -63,7 +57,7 @@ struct Instr {
   int mb = -1, chunk = -1;  // micro-batch and model chunk; -1 for per-step work
   bool recompute = false;   // forward work repeated inside a backward unit
   bool data_dependent = false;  // sizes known at run time (MoE routing); bytes estimate
-  std::vector<Operand> in, out;
+  OperandList in, out;  // stored inline up to OperandList::kInline each (operands.h)
   CollKind coll = CollKind::kAllReduce;
   ReduceOp reduce = ReduceOp::kSum;
   int group = -1;  // role: group family; rank program: process-group id

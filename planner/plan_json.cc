@@ -74,7 +74,7 @@ void write_tensor(W& w, const TensorDesc& t) {
   w.raw("}");
 }
 
-void write_operands(W& w, const char* k, const std::vector<Operand>& ops) {
+void write_operands(W& w, const char* k, const OperandList& ops) {
   w.key(k);
   w.raw("[");
   for (size_t i = 0; i < ops.size(); ++i)
@@ -186,11 +186,16 @@ int index_of(const char* (&names)[N], const std::string& s) {
   bad("unknown name '" + s + "'");
 }
 
-std::vector<Operand> read_operands(const JsonValue* v) {
-  std::vector<Operand> ops;
+OperandList read_operands(const JsonValue* v) {
+  OperandList ops;
   if (!v) return ops;
-  for (const JsonValue& o : v->items)
-    ops.push_back({int(num(o.items.at(0))), int(num(o.items.at(1))), o.items.size() > 2 && num(o.items[2]) != 0});
+  ops.reserve(v->items.size());
+  for (const JsonValue& o : v->items) {
+    const double slot = num(o.items.at(0));
+    // Operand::slot is 16 bits (operands.h): an op's input or output index, or -1.
+    if (slot < -1 || slot > 32767) bad("operand slot " + std::to_string(int64_t(slot)) + " outside -1..32767");
+    ops.push_back({int(slot), int(num(o.items.at(1))), o.items.size() > 2 && num(o.items[2]) != 0});
+  }
   return ops;
 }
 

@@ -100,6 +100,23 @@ TEST(PlanJson, FilesRoundTripAndStalePlansAreRefused) {
   EXPECT_NE(std::string(e.what()).find("shapes"), std::string::npos);
 
   EXPECT_THROW(plan_from_json("{\"format\": \"other\"}"), IoError);
+  {
+    // An operand's slot is stored in 16 bits (planner/operands.h): one outside them is
+    // refused by name, not wrapped around.
+    core::JobSpec s = test_util::gpt_spec(2);
+    core::ModelGraph mg = build_planning_graph(s);
+    std::string text = plan_to_json(make_plan(s, mg.graph, 1));
+    const std::string first = "\"in\":[[0,";
+    const size_t at = text.find(first);
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, first.size(), "\"in\":[[40000,");
+    try {
+      plan_from_json(text);
+      FAIL() << "a slot of 40000 was accepted";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("operand slot 40000 outside -1..32767"), std::string::npos) << e.what();
+    }
+  }
   EXPECT_THROW(plan_from_json("not json"), IoError);
   EXPECT_THROW(read_plan_file("/nonexistent/plan.json"), IoError);
 }
