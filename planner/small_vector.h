@@ -2,6 +2,11 @@
 // trivially copyable elements. Planning builds millions of short lists (an instruction's
 // operands, the tensors that hold a value in a lane); a heap vector each cost an allocation
 // and, for every reader, a cache miss. The interface is the part of std::vector they use.
+// Not boost::container::small_vector: it keeps a pointer, a size and a capacity beside the
+// inline storage, 48 bytes for three operands against 32 here (a uint32 size and capacity,
+// the heap pointer sharing its bytes with the inline elements), and a 512-rank plan holds a
+// million instructions: their bytes are its page faults, a quarter of the command
+// (docs/planner.md).
 #pragma once
 
 #include <algorithm>
