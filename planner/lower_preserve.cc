@@ -258,6 +258,42 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
   };
   size_t steps = 0;
   for (const Part& P : parts) steps = std::max(steps, P.path.moves.size());
+  // Which batches (a step's collectives of one kind and operator, over the parts) wait in a
+  // bucket. A waiting collective's output exists only once its bucket goes out, so a batch
+  // may wait only if everything that reads its output waits too, in a bucket that goes out
+  // after it: each part's next move (in a batch that waits), or, after its last, nothing
+  // (no cut or copy into the destination: `direct`). Buckets sum, and a bucket holds one
+  // call on every lane.
+  using BatchKey = std::pair<CollKind, ReduceOp>;
+  auto key_of = [](const Move& mv) { return BatchKey{move_collective(mv.kind), mv.reduce}; };
+  std::vector<std::map<BatchKey, bool>> waits(steps);
+  if (e.bucket)
+    for (size_t step = steps; step-- > 0;) {
+      std::map<BatchKey, std::vector<char>> lanes_in;  // lanes with a call in the batch
+      std::map<BatchKey, bool> ok;
+      for (const Part& P : parts) {
+        if (step >= P.path.moves.size()) continue;
+        const Move& mv = P.path.moves[step];
+        if (mv.kind == MoveKind::kChunk) continue;
+        const BatchKey key = key_of(mv);
+        const int k = int(P.pos.size());
+        std::vector<char>& in = lanes_in[key];
+        in.resize(size_t(lanes_), 0);
+        for (const auto& team : mv.teams)
+          for (int m : team)
+            if (m < k && e.devices[size_t(P.pos[size_t(m)])].first == stage_)
+              in[size_t(e.devices[size_t(P.pos[size_t(m)])].second)] = 1;
+        bool& batch_ok = ok.emplace(key, mv.reduce == ReduceOp::kSum).first->second;
+        if (step + 1 == P.path.moves.size())
+          batch_ok = batch_ok && P.direct;
+        else {
+          const Move& next = P.path.moves[step + 1];
+          batch_ok = batch_ok && next.kind != MoveKind::kChunk && waits[step + 1][key_of(next)];
+        }
+      }
+      for (auto& [key, in] : lanes_in)
+        waits[step][key] = ok[key] && std::all_of(in.begin(), in.end(), [](char c) { return c != 0; });
+    }
   for (size_t step = 0; step < steps; ++step) {
     // A sum and a max are different calls even where both are all-reduces.
     std::map<std::pair<CollKind, ReduceOp>, Batch> batches;
@@ -328,12 +364,15 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
       const std::string& part = batch.spans_stages && !e.part_stages.empty() ? e.part_stages : e.part;
       const bool every_lane = std::all_of(batch.lanes.begin(), batch.lanes.end(),
                                           [](const LaneCall& c) { return c.fam >= 0; });
-      // Buckets sum (a bucket is one grouped call of one operator, and buckets hold sums).
-      if (e.bucket && batch.final_all && every_lane && batch.reduce == ReduceOp::kSum) {
+      if (waits[step][key]) {
+        WEFT_CHECK(every_lane, "a waiting batch of ", part, " lacks a lane");
         std::vector<int> fams;
         std::vector<Operand> ins, outs;
         for (const LaneCall& c : batch.lanes) fams.push_back(c.fam), ins.push_back(c.in), outs.push_back(c.out);
-        bucket_add(kind, part, fams, ins, outs, batch.bytes, e.op, ctx);
+        // Depth (lower_stage.h's Bucket): a batch of last moves 0, an earlier one more than
+        // any later batch of this edge.
+        const int depth = batch.final_all ? 0 : int(steps - step);
+        bucket_add(kind, part, fams, depth, ins, outs, batch.bytes, e.op, ctx);
         continue;
       }
       for (int l = 0; l < lanes_; ++l) {

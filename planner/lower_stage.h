@@ -183,20 +183,29 @@ class StageBuilder {
   void step_phase();
   void add_frees(int lane);
   // Gradient and parameter collectives wait in buckets and go out as one grouped call per
-  // bucket (as DDP and Megatron do): fewer launches, same bytes.
+  // bucket (as DDP and Megatron do): fewer launches, same bytes. Any move of a path may
+  // wait, not only its last (a MoE gradient's sum inside a replica, then across the
+  // replicas), so a bucket may hold the inputs of another: `depth` orders them. A path's
+  // last moves have depth 0; an earlier move of an edge whose paths take S steps, at step
+  // s, has depth S - s, more than any later move of that edge. A bucket goes out only
+  // after every pending bucket of greater depth, which holds whatever it reads.
   struct Bucket {
     CollKind kind = CollKind::kAllReduce;
     std::string part;
     std::vector<int> family;                  // per lane
+    int depth = 0;
     std::vector<std::vector<Operand>> in, out;  // per lane
     int64_t bytes = 0;
     int op = -1;
   };
-  void bucket_add(CollKind kind, const std::string& part, const std::vector<int>& family,
+  void bucket_add(CollKind kind, const std::string& part, const std::vector<int>& family, int depth,
                   const std::vector<Operand>& in, const std::vector<Operand>& out, int64_t bytes,
                   int op, const Ctx& ctx);
-  // Every bucket, or only those of `part` (the others keep filling).
+  // Every bucket, or only those of `part` and the deeper ones they may read (the others
+  // keep filling); deepest first.
   void flush_buckets(const Ctx& ctx, const std::string& part = "");
+  // Emits `out` (buckets, taken from buckets_), deepest first.
+  void emit_buckets(std::vector<Bucket> out, const Ctx& ctx);
 
   const GraphInfo& gi_;
   const core::Graph& g_;

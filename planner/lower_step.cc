@@ -11,6 +11,7 @@
 // holders) one whole chunk each. Only a parameter no such cut fits stays whole (and is
 // reduced by all-reduce): zero_dim says which and why.
 #include <algorithm>
+#include <limits>
 
 #include "base/check.h"
 #include "planner/lower_stage.h"
@@ -326,13 +327,13 @@ void StageBuilder::scatter_grad_mb(int param, const Ctx& ctx) {
 }
 
 void StageBuilder::bucket_add(CollKind kind, const std::string& part, const std::vector<int>& family,
-                              const std::vector<Operand>& in, const std::vector<Operand>& out, int64_t bytes,
-                              int op, const Ctx& ctx) {
+                              int depth, const std::vector<Operand>& in, const std::vector<Operand>& out,
+                              int64_t bytes, int op, const Ctx& ctx) {
   Bucket* b = nullptr;
   for (Bucket& x : buckets_)
-    if (x.kind == kind && x.part == part && x.family == family) b = &x;
+    if (x.kind == kind && x.part == part && x.family == family && x.depth == depth) b = &x;
   if (!b) {
-    buckets_.push_back(Bucket{kind, part, family, std::vector<std::vector<Operand>>(size_t(lanes_)),
+    buckets_.push_back(Bucket{kind, part, family, depth, std::vector<std::vector<Operand>>(size_t(lanes_)),
                               std::vector<std::vector<Operand>>(size_t(lanes_)), 0, op});
     b = &buckets_.back();
   }
@@ -341,26 +342,30 @@ void StageBuilder::bucket_add(CollKind kind, const std::string& part, const std:
     b->out[size_t(l)].push_back(out[size_t(l)]);
   }
   b->bytes += bytes;
-  if (b->bytes >= gi_.pc.bucket_bytes) {
-    Bucket full = std::move(*b);
-    buckets_.erase(buckets_.begin() + (b - buckets_.data()));
-    std::vector<Bucket> rest = std::move(buckets_);
-    buckets_ = {std::move(full)};
-    flush_buckets(ctx);
-    buckets_ = std::move(rest);
-  }
+  if (b->bytes < gi_.pc.bucket_bytes) return;
+  // A full bucket goes out now, after the deeper ones (which may hold what it reads).
+  std::vector<Bucket> now, rest;
+  const size_t full = size_t(b - buckets_.data());
+  for (size_t i = 0; i < buckets_.size(); ++i)
+    (i == full || buckets_[i].depth > depth ? now : rest).push_back(std::move(buckets_[i]));
+  buckets_ = std::move(rest);
+  emit_buckets(std::move(now), ctx);
 }
 
 void StageBuilder::flush_buckets(const Ctx& ctx, const std::string& part) {
-  if (!part.empty()) {  // only that part's buckets; the others keep filling
-    std::vector<Bucket> mine, rest;
-    for (Bucket& b : buckets_) (b.part == part ? mine : rest).push_back(std::move(b));
-    buckets_ = std::move(mine);
-    flush_buckets(ctx);
-    buckets_ = std::move(rest);
-    return;
-  }
+  int depth = std::numeric_limits<int>::max();  // the shallowest bucket going out
+  for (const Bucket& b : buckets_)
+    if (part.empty() || b.part == part) depth = std::min(depth, b.depth);
+  std::vector<Bucket> now, rest;
   for (Bucket& b : buckets_)
+    (part.empty() || b.part == part || b.depth > depth ? now : rest).push_back(std::move(b));
+  buckets_ = std::move(rest);
+  emit_buckets(std::move(now), ctx);
+}
+
+void StageBuilder::emit_buckets(std::vector<Bucket> out, const Ctx& ctx) {
+  std::stable_sort(out.begin(), out.end(), [](const Bucket& a, const Bucket& z) { return a.depth > z.depth; });
+  for (Bucket& b : out)
     for (int l = 0; l < lanes_; ++l) {
       Instr c;
       c.kind = InstrKind::kCollective;
@@ -381,7 +386,6 @@ void StageBuilder::flush_buckets(const Ctx& ctx, const std::string& part) {
       }
       emit(l, c, ctx);
     }
-  buckets_.clear();
 }
 
 void StageBuilder::after_grad_write(int op, const Ctx& ctx) {
