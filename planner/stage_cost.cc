@@ -26,20 +26,26 @@ std::vector<core::Shape> shapes(const std::vector<SubTensor>& ts) {
 
 // `count` collectives of about total/count bytes each (one per parameter, or per bucket).
 double collectives(const CostModel& cost, CollKind k, int64_t n, double total, int64_t count,
-                   bool cross) {
+                   bool cross, int world) {
   if (n <= 1 || count <= 0 || total <= 0) return 0;
-  return double(count) * cost.collective(k, int(n), int64_t(total / double(count)), cross);
+  return double(count) *
+         collective_at(cost, k, int(n), int64_t(total / double(count)), cross, world);
 }
 
 // Gradient and parameter collectives go out in buckets of about this many bytes
 // (lower_step.cc's bucket_add), so their launches count per bucket.
-double bucketed(const CostModel& cost, CollKind k, int64_t n, double bytes, bool cross) {
+double bucketed(const CostModel& cost, CollKind k, int64_t n, double bytes, bool cross, int world) {
   const double bucket = double(ParallelConfig{}.bucket_bytes);
   return collectives(cost, k, n, bytes, std::max<int64_t>(1, int64_t(std::ceil(bytes / bucket))),
-                     cross);
+                     cross, world);
 }
 
 }  // namespace
+
+double collective_at(const CostModel& cost, CollKind k, int n, int64_t bytes, bool cross_node, int world) {
+  if (n <= 1) return 0;
+  return cost.collective(k, n, bytes, cross_node) + cost.launch_oversub * cost.oversub_weight(world);
+}
 
 Crossing crossing(const Degrees& deg, const std::vector<Axis>& order, int ranks_per_node) {
   const Mesh mesh(deg, order);
@@ -54,7 +60,7 @@ Crossing crossing(const Degrees& deg, const std::vector<Axis>& order, int ranks_
   for (int e = 0; e < int(deg.ep); ++e) ep.push_back(mesh.rank_of(0, int(deg.tp) * e, 0));
   for (int d = 0; d < int(deg.dp); ++d) dp.push_back(mesh.rank_of(0, 0, d));
   for (int s = 0; s < int(deg.pp); ++s) pp.push_back(mesh.rank_of(s, 0, 0));
-  return Crossing{spans(tp), spans(ep), spans(dp), spans(pp)};
+  return Crossing{spans(tp), spans(ep), spans(dp), spans(pp), int(deg.dp * deg.tp * deg.pp * deg.ep)};
 }
 
 SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t global_batch,
@@ -110,10 +116,10 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
           !reduced[size_t(op.outputs[k])]++) {
         const int64_t bytes = int64_t(s.outs[k].piece.numel()) * int64_t(elem);
         if (pc.sequence_parallel)
-          t += cost.collective(CollKind::kReduceScatter, int(tp), bytes, cross.tp) +
-               cost.collective(CollKind::kAllGather, int(tp), bytes, cross.tp);
+          t += collective_at(cost, CollKind::kReduceScatter, int(tp), bytes, cross.tp, cross.world) +
+               collective_at(cost, CollKind::kAllGather, int(tp), bytes, cross.tp, cross.world);
         else
-          t += cost.collective(CollKind::kAllReduce, int(tp), bytes, cross.tp);
+          t += collective_at(cost, CollKind::kAllReduce, int(tp), bytes, cross.tp, cross.world);
       }
     }
     // Sequence parallelism: the backward gathers each norm's output again for the weight
@@ -121,21 +127,21 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
     if (!fwd && pc.sequence_parallel && (f.type == "layernorm" || f.type == "rmsnorm")) {
       const int64_t whole = int64_t(numel(g.value(f.outputs[0]).shape)) * micro_batch /
                             std::max<int64_t>(1, g.value(f.outputs[0]).shape[0]);
-      t += cost.collective(CollKind::kAllGather, int(tp), whole * int64_t(elem), cross.tp);
+      t += collective_at(cost, CollKind::kAllGather, int(tp), whole * int64_t(elem), cross.tp, cross.world);
     }
     // Vocabulary-parallel cross-entropy: the row max and the sum of exponentials.
     if (fwd && op.type == "cross_entropy" && tp > 1 && !s.ins.empty()) {
       const core::Shape x = box_shape(s.ins[0].piece.box);
       const double rows = x.empty() ? 1 : numel(x) / double(x.back());
-      t += 2 * cost.collective(CollKind::kAllReduce, int(tp), int64_t(rows * 4), cross.tp);
+      t += 2 * collective_at(cost, CollKind::kAllReduce, int(tp), int64_t(rows * 4), cross.tp, cross.world);
     }
     // Expert parallelism: tokens dispatched to their experts and combined back.
     if (op.type == "moe" || op.type == "moe.bwd") {
       if (ep > 1 && !s.ins.empty()) {
         const double tokens = numel(box_shape(s.ins[0].piece.box));  // (B, T, C) of this rank
         const double k = double(f.attrs.i_or("top_k", 1));
-        t += 2 * cost.collective(CollKind::kAllToAllV, int(ep), int64_t(tokens * k * double(elem)),
-                                 cross.ep);
+        t += 2 * collective_at(cost, CollKind::kAllToAllV, int(ep), int64_t(tokens * k * double(elem)),
+                               cross.ep, cross.world);
       }
     }
     const int layer = f.layer;
@@ -219,10 +225,10 @@ ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cos
     const int64_t blocks = (end - begin) + (chunk == 0) + (chunk == chunks - 1);
     const double bucket = double(ParallelConfig{}.bucket_bytes);
     const int64_t calls = std::min(count, std::max(blocks, int64_t(std::ceil(params / bucket))));
-    const double gather = collectives(cost, CollKind::kAllGather, shards, params, calls, cross.dp);
+    const double gather = collectives(cost, CollKind::kAllGather, shards, params, calls, cross.dp, cross.world);
     c.fwd += gather, c.bwd += gather;
   }
-  if (l.zero >= 2) c.bwd += bucketed(cost, CollKind::kReduceScatter, shards, params, cross.dp);
+  if (l.zero >= 2) c.bwd += bucketed(cost, CollKind::kReduceScatter, shards, params, cross.dp, cross.world);
   return c;
 }
 
@@ -260,8 +266,8 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
     // backward unit (lower_step.cc's sync_grad): before the gradient goes on to the previous
     // stage, so the reductions of successive stages add up along the pipeline's tail.
     double sync = 0;
-    if (l.zero == 0) sync = bucketed(cost, CollKind::kAllReduce, shards, p, cross.dp);
-    if (l.zero == 1) sync = bucketed(cost, CollKind::kReduceScatter, shards, p, cross.dp);
+    if (l.zero == 0) sync = bucketed(cost, CollKind::kAllReduce, shards, p, cross.dp, cross.world);
+    if (l.zero == 1) sync = bucketed(cost, CollKind::kReduceScatter, shards, p, cross.dp, cross.world);
     final.push_back(sync);
     stage_params[size_t(c % pp)] += p;
     stage_layers[size_t(c % pp)] += end - begin;
@@ -279,15 +285,15 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
     const double bytes = stage_params[size_t(s)];
     double t = 0;
     if (l.zero == 1 || l.zero == 2)
-      t += bucketed(cost, CollKind::kAllGather, shards, bytes, cross.dp);
+      t += bucketed(cost, CollKind::kAllGather, shards, bytes, cross.dp, cross.world);
     if (tied && pp > 1 && (s == 0 || s == (chunks - 1) % pp))
-      t += cost.collective(CollKind::kAllReduce, 2, int64_t(sc.embed_param_bytes), cross.pp);
+      t += collective_at(cost, CollKind::kAllReduce, 2, int64_t(sc.embed_param_bytes), cross.pp, cross.world);
     const int64_t replica = l.deg.tp * l.deg.ep * l.deg.pp;
     const bool replica_cross = cross.pp || cross.tp || cross.ep;
-    t += cost.collective(CollKind::kAllReduce, int(replica), 8, replica_cross);
+    t += collective_at(cost, CollKind::kAllReduce, int(replica), 8, replica_cross, cross.world);
     if (l.zero >= 1)
-      t += cost.collective(CollKind::kAllReduce, int(replica * l.deg.dp), 8,
-                           replica_cross || cross.dp);
+      t += collective_at(cost, CollKind::kAllReduce, int(replica * l.deg.dp), 8,
+                         replica_cross || cross.dp, cross.world);
     const double n = bytes / elem / double(l.zero >= 1 ? shards : 1);
     t += cost.compute(15 * n, 7 * n * elem);
     end_s[size_t(s)] = t;

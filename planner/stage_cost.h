@@ -32,10 +32,18 @@ struct SplitCosts {
   double grad_elem = 4;       // bytes per gradient element
 };
 
-// Where a group's collectives run: across nodes or inside one (the mesh's rank order).
+// Where a group's collectives run: across nodes or inside one (the mesh's rank order), and
+// in a job of how many ranks.
 struct Crossing {
   bool tp = false, ep = false, dp = false, pp = false;
+  // The candidate's ranks (0: unknown). Every collective is priced at it as the RVD search
+  // prices a move (planner/rvd.cc): launch_oversub where a node runs more ranks than cores.
+  int world = 0;
 };
+// One collective of a candidate: CostModel::collective's launch, steps and bytes (the bytes
+// at one rank per core, as the layout search prices them: the simulator's processor
+// sharing is a fixed point of the finished plan), plus launch_oversub at `world`.
+double collective_at(const CostModel& cost, CollKind k, int n, int64_t bytes, bool cross_node, int world);
 Crossing crossing(const Degrees& deg, const std::vector<Axis>& order, int ranks_per_node);
 
 // The split's per-layer costs. `g` is the planning graph (batch = global_batch); the batch
