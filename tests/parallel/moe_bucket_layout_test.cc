@@ -17,7 +17,8 @@ namespace {
 // ranks would pay 6 steps across the nodes; an expert's gradient is summed across the
 // replicas only. Four buckets a rank: the reduce-scatters, the dense halves' sums across,
 // the all-gathers and the experts' sums across (lower_stage.h's Bucket::depth orders them);
-// the plan before issued 2 x 76 + 1 gradient calls a rank.
+// the plan before issued 2 x 76 + 2 gradient calls a rank (each dense gradient's
+// reduce-scatter and sum across alone).
 TEST(MoeBucketLayout, Ep2Dp2SumsInsideEachReplicaThenAcrossInBuckets) {
   LayoutCase c{"moe-layout.yaml", 4, {"parallel.dp=2", "parallel.ep=2"}, 6, kRegroup};
   planner::CostModel cost;
