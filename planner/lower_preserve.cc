@@ -294,6 +294,7 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
       for (auto& [key, in] : lanes_in)
         waits[step][key] = ok[key] && std::all_of(in.begin(), in.end(), [](char c) { return c != 0; });
     }
+  std::string waiting_part;  // the part of this edge's waiting batches (lower_stage.h's Bucket)
   for (size_t step = 0; step < steps; ++step) {
     // A sum and a max are different calls even where both are all-reduces.
     std::map<std::pair<CollKind, ReduceOp>, Batch> batches;
@@ -366,6 +367,11 @@ std::vector<int> StageBuilder::preserve(const Edge& e, const Ctx& ctx) {
                                           [](const LaneCall& c) { return c.fam >= 0; });
       if (waits[step][key]) {
         WEFT_CHECK(every_lane, "a waiting batch of ", part, " lacks a lane");
+        // Buckets flush by part, deepest first: a waiting move must share its part with
+        // the waiting moves it reads.
+        WEFT_CHECK(waiting_part.empty() || waiting_part == part, "waiting moves of one edge in parts ",
+                   waiting_part, " and ", part);
+        waiting_part = part;
         std::vector<int> fams;
         std::vector<Operand> ins, outs;
         for (const LaneCall& c : batch.lanes) fams.push_back(c.fam), ins.push_back(c.in), outs.push_back(c.out);

@@ -187,8 +187,9 @@ class StageBuilder {
   // wait, not only its last (a MoE gradient's sum inside a replica, then across the
   // replicas), so a bucket may hold the inputs of another: `depth` orders them. A path's
   // last moves have depth 0; an earlier move of an edge whose paths take S steps, at step
-  // s, has depth S - s, more than any later move of that edge. A bucket goes out only
-  // after every pending bucket of greater depth, which holds whatever it reads.
+  // s, has depth S - s, more than any later move of that edge. An edge's waiting moves all
+  // have one part (preserve checks), so a bucket goes out only after every pending bucket
+  // of its part of greater depth, which holds whatever it reads.
   struct Bucket {
     CollKind kind = CollKind::kAllReduce;
     std::string part;
@@ -201,8 +202,7 @@ class StageBuilder {
   void bucket_add(CollKind kind, const std::string& part, const std::vector<int>& family, int depth,
                   const std::vector<Operand>& in, const std::vector<Operand>& out, int64_t bytes,
                   int op, const Ctx& ctx);
-  // Every bucket, or only those of `part` and the deeper ones they may read (the others
-  // keep filling); deepest first.
+  // Every bucket, or only those of `part` (the others keep filling); deepest first.
   void flush_buckets(const Ctx& ctx, const std::string& part = "");
   // Emits `out` (buckets, taken from buckets_), deepest first.
   void emit_buckets(std::vector<Bucket> out, const Ctx& ctx);

@@ -11,7 +11,6 @@
 // holders) one whole chunk each. Only a parameter no such cut fits stays whole (and is
 // reduced by all-reduce): zero_dim says which and why.
 #include <algorithm>
-#include <limits>
 
 #include "base/check.h"
 #include "planner/lower_stage.h"
@@ -343,22 +342,20 @@ void StageBuilder::bucket_add(CollKind kind, const std::string& part, const std:
   }
   b->bytes += bytes;
   if (b->bytes < gi_.pc.bucket_bytes) return;
-  // A full bucket goes out now, after the deeper ones (which may hold what it reads).
+  // A full bucket goes out now, after the deeper ones of its part (which may hold what it
+  // reads: an edge's waiting moves all have one part, preserve checks).
   std::vector<Bucket> now, rest;
   const size_t full = size_t(b - buckets_.data());
   for (size_t i = 0; i < buckets_.size(); ++i)
-    (i == full || buckets_[i].depth > depth ? now : rest).push_back(std::move(buckets_[i]));
+    (i == full || (buckets_[i].part == part && buckets_[i].depth > depth) ? now : rest)
+        .push_back(std::move(buckets_[i]));
   buckets_ = std::move(rest);
   emit_buckets(std::move(now), ctx);
 }
 
 void StageBuilder::flush_buckets(const Ctx& ctx, const std::string& part) {
-  int depth = std::numeric_limits<int>::max();  // the shallowest bucket going out
-  for (const Bucket& b : buckets_)
-    if (part.empty() || b.part == part) depth = std::min(depth, b.depth);
   std::vector<Bucket> now, rest;
-  for (Bucket& b : buckets_)
-    (part.empty() || b.part == part || b.depth > depth ? now : rest).push_back(std::move(b));
+  for (Bucket& b : buckets_) (part.empty() || b.part == part ? now : rest).push_back(std::move(b));
   buckets_ = std::move(rest);
   emit_buckets(std::move(now), ctx);
 }
