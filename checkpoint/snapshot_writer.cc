@@ -15,6 +15,10 @@
 namespace weft::checkpoint {
 namespace {
 
+// The copies' unit, in and out: fits in L2 and never crosses a checksum block.
+constexpr int64_t kPiece = 256 * 1024;
+static_assert(kSnapshotBlockBytes % kPiece == 0, "pieces tile checksum blocks");
+
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -67,8 +71,6 @@ void SnapshotWriter::start(SnapshotMeta meta, std::vector<core::Tensor> tensors)
   // the copied ones.
   thread_ = std::thread([this, dst] {
     const auto t0 = std::chrono::steady_clock::now();
-    constexpr int64_t kPiece = 256 * 1024;
-    static_assert(kSnapshotBlockBytes % kPiece == 0, "pieces tile checksum blocks");
     try {
       int64_t at = 0;
       for (const core::Tensor& t : tensors_) {
@@ -111,7 +113,9 @@ std::vector<core::Tensor> read_snapshot(const SnapshotSegment& segment,
     throw IoError(name + ": the snapshot holds " + std::to_string(view.meta.payload_bytes) +
                   " bytes, the rank's layout " + std::to_string(snapshot_payload_bytes(layout)));
   // Copy, then checksum the copies (the bytes taken are the bytes verified), block by block
-  // across tensor boundaries as the writer did.
+  // across tensor boundaries as the writer did, in pieces that fit in L2: each piece is
+  // checksummed while its copy is still in cache, so the payload is read from the segment
+  // once and its copy is not read back from memory.
   const std::vector<uint32_t> recorded = segment.block_crc32c(view);
   std::vector<uint32_t> crcs(recorded.size(), 0);
   std::vector<core::Tensor> out;
@@ -121,10 +125,10 @@ std::vector<core::Tensor> read_snapshot(const SnapshotSegment& segment,
   for (const parallel::LocalTensor& l : layout.locals) {
     core::Tensor t = core::Tensor::empty(l.shape, l.dtype);
     auto* dst = static_cast<uint8_t*>(t.raw_data());
-    std::memcpy(dst, src + at, size_t(l.bytes()));
     for (int64_t left = l.bytes(); left > 0;) {
       const int64_t block = at / kSnapshotBlockBytes;
-      const int64_t n = std::min(left, (block + 1) * kSnapshotBlockBytes - at);
+      const int64_t n = std::min(left, kPiece - at % kPiece);
+      std::memcpy(dst, src + at, size_t(n));
       if (size_t(block) < crcs.size()) crcs[size_t(block)] = crc32c(dst, size_t(n), crcs[size_t(block)]);
       at += n, dst += n, left -= n;
     }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <set>
@@ -275,6 +276,81 @@ Holders choose_holders(planner::PlanCache& plans, const parallel::StateSpace& sp
     return h;
   }
   return h;
+}
+
+namespace {
+
+const char* source_name(int64_t source) {
+  return source == HolderReport::kReplica   ? "a replica"
+         : source == HolderReport::kRebuilt ? "rebuilt from parity"
+                                            : "the node's own";
+}
+
+// Where a choice takes its state from, for the log line of a vote that failed.
+std::string choice_text(const Holders& h) {
+  if (!h.found)
+    return str("no other source in memory covers the state (", h.why_not,
+               "): from the durable checkpoint under checkpoint.dir if there is one, else from "
+               "the seed");
+  return str("step ", h.step, " (epoch ", h.epoch, ") from ", h.count(), " holders, ",
+             h.snapshots, " of them in-memory snapshots (", h.snapshots - h.replicas - h.rebuilt,
+             " own, ", h.replicas, " replica(s), ", h.rebuilt, " rebuilt from parity)");
+}
+
+}  // namespace
+
+Holders choose_and_read(planner::PlanCache& plans, const parallel::StateSpace& space,
+                        std::vector<HolderReport>& reports, int world_size,
+                        comm::Communicator& world, const ReadSnapshot& read,
+                        std::map<int, std::vector<core::Tensor>>& got,
+                        std::vector<std::string>* notes) {
+  Holders h = choose_holders(plans, space, reports, world_size);
+  for (;;) {
+    // Reads of an earlier choice that this one does not use are dropped (an older step's
+    // group replaces them all).
+    std::map<int, std::vector<core::Tensor>> kept;
+    if (h.found)
+      for (const Holders::Part& p : h.parts)
+        if (auto it = got.find(p.report); it != got.end()) kept.emplace(p.report, std::move(it->second));
+    got = std::move(kept);
+    if (!h.found || h.snapshots == 0) return h;  // the same on every rank: no vote
+    // This rank's snapshot parts, each read once; a failed read is voted on, not thrown:
+    // the other ranks would wait for its part in the router until their timeout.
+    core::Tensor failed = core::Tensor::zeros({int64_t(reports.size())}, core::DType::kI64);
+    for (const Holders::Part& p : h.parts) {
+      const HolderReport& r = reports[size_t(p.report)];
+      if (p.holder != world.rank() || r.source == HolderReport::kLive || got.count(p.report))
+        continue;
+      try {
+        got.emplace(p.report, read(r, p, h.step));
+      } catch (const IoError& e) {
+        std::fprintf(stderr, "weft train: rank %d: %s; the world chooses again without it\n",
+                     world.rank(), e.what());
+        std::fflush(stderr);
+        failed.data<int64_t>()[p.report] = 1;
+      }
+    }
+    comm::AllReduceOptions o;
+    o.op = comm::ReduceOp::kMax;
+    world.all_reduce(failed, o).wait();
+    std::string which;
+    for (size_t q = 0; q < reports.size(); ++q) {
+      if (failed.data<int64_t>()[q] == 0) continue;
+      HolderReport& r = reports[q];
+      which += str(which.empty() ? "" : ", ", "old rank ", r.rank, "'s (world ", r.world, ") ",
+                   source_name(r.source), " on rank ", r.holder);
+      r.valid = 0;
+      got.erase(int(q));
+    }
+    if (which.empty()) return h;
+    const int64_t step = h.step;
+    h = choose_holders(plans, space, reports, world_size);
+    if (notes)
+      notes->push_back(str("the in-memory snapshot(s) of step ", step, " chosen for this world "
+                           "failed their read (", which, "; the reading rank's line names the "
+                           "slot and block); chose again without them: ",
+                           choice_text(h)));
+  }
 }
 
 HeldState held_after_move(const Holders& h, const std::vector<HolderReport>& reports, int rank,

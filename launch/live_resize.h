@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -136,6 +137,31 @@ struct Holders {
 // size's layout is planner::fit_layout's).
 Holders choose_holders(planner::PlanCache& plans, const parallel::StateSpace& space,
                        const std::vector<HolderReport>& reports, int world);
+
+// Reads the in-memory snapshot that report `r` offers, part `p` of a choice of step `step`:
+// fresh tensors of p.layout's locals. IoError when it cannot be read (a block that does not
+// match its checksum, a slot rewritten meanwhile): the world then chooses without it.
+using ReadSnapshot = std::function<std::vector<core::Tensor>(
+    const HolderReport& r, const Holders::Part& p, int64_t step)>;
+
+// The holders a new world takes its state from (choose_holders), with the snapshot parts
+// this rank serves in that choice already read: `got` maps their report indices to tensors.
+// Snapshots are offered from their headers alone (checkpoint/snapshot_offers.h), so a
+// corrupt block is found only by the rank that reads it; the world then votes, one
+// all-reduce over `world` of which chosen reads failed anywhere, so that no rank waits in
+// the router for a part that will never come. While any failed, every rank drops those
+// reports (valid = 0 in `reports`, alike everywhere) and chooses again: the next source in
+// the order (another copy of that step: a replica, one rebuilt from parity; then an
+// older step every rank has), and when none covers the state `found` is false and the
+// caller goes to the durable checkpoint. A part chosen again is not read again. Collective
+// only when a choice has snapshot parts (every rank knows that from the reports). `notes`
+// gets a line per failed vote, the same on every rank, for the log: which snapshots failed,
+// where they were, and where the state comes from instead.
+Holders choose_and_read(planner::PlanCache& plans, const parallel::StateSpace& space,
+                        std::vector<HolderReport>& reports, int world_size,
+                        comm::Communicator& world, const ReadSnapshot& read,
+                        std::map<int, std::vector<core::Tensor>>& got,
+                        std::vector<std::string>* notes = nullptr);
 
 // What rank `rank` holds after its move (run_transition) threw: of each live part it moved
 // from (h.parts with holder `rank`, whose tensors `src` holds in layout A's order), the local

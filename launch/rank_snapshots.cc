@@ -64,8 +64,7 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count,
     return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
   };
   const Clock::time_point t_list = Clock::now();
-  double list_ms = 0, map_ms = 0, verify_ms = 0;
-  int64_t mapped = 0;
+  double list_ms = 0, open_ms = 0;
   std::vector<checkpoint::SegmentInfo> all;
   try {
     all = client_->list(epoch);
@@ -77,79 +76,57 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count,
   }
   std::sort(all.begin(), all.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
-  int dealt = 0;
+  int dealt = 0, opened = 0;
   for (const auto& e : all) {
     if (!e.committed || e.committed->job_id != job_id_) continue;
     if (dealt++ % std::max(1, local_count) != local_rank) continue;
-    const std::string& entry = e.name;
+    // From the slot headers only: the choice uses one slot per old rank, and only the chosen
+    // ones are mapped in and verified, when they are read (snapshot_offers.h). A corrupt
+    // block is found then, and the world chooses again without it (choose_and_read).
     try {
-      Clock::time_point t = Clock::now();
-      auto seg = std::make_shared<checkpoint::SnapshotSegment>(
-          checkpoint::SnapshotSegment::open(e.name, false));
-      map_ms += ms_since(t);
-      // Every committed slot: the newer may be of a step some other rank never finished
-      // (killed mid-step, or mid-copy), an older one is then the step everybody has.
-      for (int slot = 0; slot < seg->slots(); ++slot) {
-        std::optional<checkpoint::SnapshotSegment::View> v = seg->slot(slot);
-        if (!v || v->meta.job_id != job_id_) continue;
-        const auto key = std::make_pair(v->meta.rank, v->meta.step);
-        if (offered_.count(key)) continue;  // two epochs' segments of one rank at one step
-        // Verified before it is offered (crc32c runs at about twice memcpy's speed): a rank
-        // that found a corrupt block while the router waits on it would stall the world.
-        // Only the offered slot's pages (populate says why).
-        t = Clock::now();
-        seg->populate(*v);
-        map_ms += ms_since(t);
-        mapped += v->meta.payload_bytes;
-        t = Clock::now();
-        const std::vector<int64_t> bad = seg->corrupt_blocks(*v);
-        verify_ms += ms_since(t);
-        if (!bad.empty()) {
-          std::fprintf(stderr,
-                       "weft train: snapshot %s (slot %d, step %lld) not offered: %zu corrupt "
-                       "block(s), the first at byte %lld\n",
-                       entry.c_str(), slot, (long long)v->meta.step, bad.size(),
-                       (long long)(bad[0] * checkpoint::kSnapshotBlockBytes));
-          continue;
-        }
+      const Clock::time_point t = Clock::now();
+      const std::vector<checkpoint::SnapshotMeta> metas = offers_.add(e.name, job_id_);
+      open_ms += ms_since(t);
+      opened++;
+      for (const checkpoint::SnapshotMeta& m : metas) {
         HolderReport r;
         r.valid = 1;
-        r.epoch = v->meta.epoch;
-        r.rank = v->meta.rank;
-        r.world = v->meta.world;
-        r.step = v->meta.step;
-        r.source = v->meta.kind == checkpoint::SegmentKind::kReplica ? HolderReport::kReplica
-                   : v->meta.kind == checkpoint::SegmentKind::kRebuilt ? HolderReport::kRebuilt
-                                                                       : HolderReport::kSnapshot;
-        r.layout_hash = int64_t(v->meta.layout_hash);
-        offered_.emplace(key, Offered{seg, slot});
+        r.epoch = m.epoch;
+        r.rank = m.rank;
+        r.world = m.world;
+        r.step = m.step;
+        r.source = m.kind == checkpoint::SegmentKind::kReplica ? HolderReport::kReplica
+                   : m.kind == checkpoint::SegmentKind::kRebuilt ? HolderReport::kRebuilt
+                                                                 : HolderReport::kSnapshot;
+        r.layout_hash = int64_t(m.layout_hash);
         out.push_back(r);
       }
-    } catch (const IoError& e) {
-      std::fprintf(stderr, "weft train: snapshot %s not offered: %s\n", entry.c_str(), e.what());
+    } catch (const IoError& err) {
+      std::fprintf(stderr, "weft train: snapshot %s not offered: %s\n", e.name.c_str(),
+                   err.what());
     }
   }
   WEFT_DEBUG("resize", "offers for epoch ", epoch, ": listed ", all.size(), " segments in ",
-             list_ms, " ms; mapped ", mapped >> 20, " MiB of their committed slots in ", map_ms,
-             " ms, verified it in ", verify_ms, " ms; ", out.size(), " offered");
+             list_ms, " ms; opened ", opened, " of them in ", open_ms, " ms and offered ",
+             out.size(), " committed slots from their headers (nothing mapped in or verified)");
   return out;
 }
 
 std::vector<core::Tensor> RankSnapshots::read(int rank, int64_t step,
                                               const parallel::RankLayout& layout) {
-  auto it = offered_.find({rank, step});
-  if (it == offered_.end())
-    throw InternalError("rank " + std::to_string(rank) + "'s snapshot of step " +
-                        std::to_string(step) + " was not offered by this worker");
-  const checkpoint::SnapshotSegment& seg = *it->second.segment;
-  std::optional<checkpoint::SnapshotSegment::View> v = seg.slot(it->second.slot);
-  if (!v || v->meta.step != step || v->meta.rank != rank)
-    throw IoError(seg.name() + ": the snapshot of step " + std::to_string(step) +
-                  " was replaced while the world formed");
-  return checkpoint::read_snapshot(seg, *v, layout);
+  const int64_t bytes = offers_.bytes_read();
+  const double map_s = offers_.map_seconds(), copy_s = offers_.copy_seconds();
+  std::vector<core::Tensor> out = offers_.read(rank, step, layout);
+  WEFT_DEBUG("resize", "read old rank ", rank, "'s snapshot of step ", step, ": ",
+             (offers_.bytes_read() - bytes) >> 20, " MiB mapped in in ",
+             (offers_.map_seconds() - map_s) * 1e3, " ms, copied and verified in ",
+             (offers_.copy_seconds() - copy_s) * 1e3, " ms (this world's reads: ",
+             offers_.bytes_read() >> 20, " MiB so far, of the ", offers_.size(),
+             " slots this worker offered)");
+  return out;
 }
 
-void RankSnapshots::release_offers() { offered_.clear(); }
+void RankSnapshots::release_offers() { offers_.clear(); }
 
 void RankSnapshots::attach(parallel::ParallelTrainer& trainer, const parallel::StateSpace& space,
                            int64_t epoch, int node, int local_rank, int local_count,

@@ -8,12 +8,12 @@
 #include <chrono>
 #include <cstdint>
 #include <future>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "checkpoint/snapshot_offers.h"
 #include "checkpoint/snapshot_protocol.h"
 #include "checkpoint/snapshot_segment.h"
 #include "checkpoint/snapshot_writer.h"
@@ -35,15 +35,22 @@ class RankSnapshots {
   bool enabled() const { return client_ != nullptr; }
   const std::string& job_id() const { return job_id_; }
 
-  // The node's committed snapshots that this local rank serves to a new world: both
-  // committed slots of the agent's segments, the segments dealt round-robin over the node's
-  // `local_count` workers (each is offered once per node). They stay mapped until
-  // release_offers().
+  // The node's committed snapshots that this local rank serves to a new world: every
+  // committed slot of the agent's segments, the segments dealt round-robin over the node's
+  // `local_count` workers (each is offered once per node), known from their slot headers
+  // alone: nothing is mapped in or verified until read() (checkpoint/snapshot_offers.h).
+  // They stay open until release_offers().
   // `epoch` is the forming world's (the agent may rebuild lost snapshots first).
   std::vector<HolderReport> offers(int local_rank, int local_count, int64_t epoch);
   // Fresh tensors of old rank `rank`'s offered snapshot of `step` in `layout` (its layout in
-  // the world the snapshot was taken in). IoError for a corrupted or rewritten snapshot.
+  // the world the snapshot was taken in): that slot mapped in and verified as it is copied
+  // out, once. IoError naming the segment, slot and step for a corrupted or rewritten
+  // snapshot (the world then chooses again without it: live_resize.h, choose_and_read).
   std::vector<core::Tensor> read(int rank, int64_t step, const parallel::RankLayout& layout);
+  // Since offers(): the seconds read() took (mapping in, copying out and verifying), and the
+  // payload bytes it read whole.
+  double read_seconds() const { return offers_.map_seconds() + offers_.copy_seconds(); }
+  int64_t bytes_read() const { return offers_.bytes_read(); }
   void release_offers();
 
   // A new world's trainer: reserves the segments of this node's ranks with the agent
@@ -125,12 +132,7 @@ class RankSnapshots {
   // A background reservation in flight: the only user of client_ until settled.
   std::future<std::unique_ptr<checkpoint::SnapshotWriter>> pending_;
   std::optional<checkpoint::SnapshotMeta> committed_;  // not yet told to the agent
-  // Offered snapshots by (old rank, step): a segment's committed slot, mapped while offered.
-  struct Offered {
-    std::shared_ptr<const checkpoint::SnapshotSegment> segment;
-    int slot = 0;
-  };
-  std::map<std::pair<int, int64_t>, Offered> offered_;
+  checkpoint::SnapshotOffers offers_;  // offered snapshots, open while offered
 };
 
 }  // namespace weft::launch

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -355,8 +356,22 @@ void RankTraining::enter_world(const std::string& why) {
   // plans, each world size's made once in this process (plans_).
   const parallel::StateSpace& space = space_;
   Holders holders;
-  if (gather) holders = choose_holders(plans_, space, reports, env_.world);
-  laps.lap("holders");
+  // The chosen snapshots this rank serves, read and verified while the world chooses: a
+  // corrupt one is voted out and the world chooses again (choose_and_read).
+  std::map<int, std::vector<core::Tensor>> read_parts;
+  if (gather) {
+    std::vector<std::string> notes;
+    holders = choose_and_read(
+        plans_, space, reports, env_.world, comm,
+        [this](const HolderReport& r, const Holders::Part& p, int64_t step) {
+          return snaps_.read(int(r.rank), step, p.layout);
+        },
+        read_parts, &notes);
+    for (const std::string& n : notes)
+      if (lead()) std::printf("weft train: %s\n", n.c_str());
+    std::fflush(stdout);
+  }
+  laps.lap("holders and snapshot reads");
   std::string resume;
   if (holders.found) {
     arrival_.source = holders.snapshots > 0 ? "snapshots" : "survivors";
@@ -409,7 +424,7 @@ void RankTraining::enter_world(const std::string& why) {
     budget.budget_bytes = env_int("WEFT_ROUTER_BUDGET_BYTES", budget.budget_bytes);
     const parallel::TransferPlan plan = parallel::transition(space, holders.a, b, budget);
     laps.lap("transition");
-    arrival_.plan = since(t);
+    arrival_.plan = since(t) - snaps_.read_seconds();
     t = Clock::now();
     // The live state's handles. By default (elastic.old_state: free_as_moved) the router
     // takes the only ones and frees each source once it has moved, so a reshape peaks at the
@@ -429,7 +444,7 @@ void RankTraining::enter_world(const std::string& why) {
       const HolderReport& from = reports[size_t(part.report)];
       std::vector<core::Tensor> t;
       if (from.source != HolderReport::kLive) {
-        t = snaps_.read(int(from.rank), holders.step, part.layout);
+        t = std::move(read_parts.at(part.report));
       } else {
         std::vector<core::Tensor>& mine = held_.pieces.at(size_t(from.piece)).tensors;
         t = free_old ? std::move(mine) : mine;
@@ -446,7 +461,9 @@ void RankTraining::enter_world(const std::string& why) {
       held_ = HeldState{};
       held_.rank = held_rank, held_.world = held_world;
     }
-    arrival_.fetch = since(t);  // reading the snapshots this rank serves (memcpy + checksums)
+    // Reading the snapshots this rank serves (mapping in, memcpy + checksums), done while the
+    // holders were chosen.
+    arrival_.fetch = since(t) + snaps_.read_seconds();
     laps.lap("fetch");
     t = Clock::now();
     // Same-host pairs move through shared memory; survivors keep (adopt) what they hold.

@@ -195,13 +195,15 @@ TEST_F(SnapshotRecovery, EveryAutoChoosesAnIntervalAndTheJobResumesOnIt) {
   EXPECT_NE(log.find(chose, log.find(chose) + 1), std::string::npos) << log;
 }
 
-// A snapshot whose bytes went bad in memory is found by its checksum before it is offered:
-// rank 0's newest snapshot (step 100) gets a flipped byte and rank 1 is killed. Step 100's
-// group then lacks rank 0, so the restarted job resumes from the older slots (step 50),
-// which every rank has whole. The numbers still equal the run that never failed, bit for bit.
+// A snapshot whose bytes went bad in memory is found by its checksum when it is read: rank 0's
+// newest snapshot (step 100) gets a flipped byte and rank 1 is killed. Every slot is offered
+// from its header; step 100's group is chosen, the worker that reads rank 0's snapshot finds
+// the corrupt block, the world votes it out and chooses again: step 100 has no other copy
+// (snapshot.redundancy none), so the older slots (step 50), which every rank has whole, serve.
+// The numbers still equal the run that never failed, bit for bit.
 // (The job ends at step 160, soon after the last snapshot the test may act before: the
 // redone steps and both runs' tails are what this test's time goes to.)
-TEST_F(SnapshotRecovery, ACorruptSnapshotIsNotOfferedAndTheOlderCompleteStepServes) {
+TEST_F(SnapshotRecovery, ACorruptSnapshotIsFoundWhenReadAndTheOlderCompleteStepServes) {
   Agents agents({"OMP_NUM_THREADS=1"});
   const int steps = 160;
   const std::vector<std::string> every = {"snapshot.every=50"};
@@ -235,8 +237,17 @@ TEST_F(SnapshotRecovery, ACorruptSnapshotIsNotOfferedAndTheOlderCompleteStepServ
   ::kill(workers[1], SIGKILL);
   ASSERT_EQ(agents.wait(run), 0) << slurp_file(dir_ / "run.log");
   const std::string log = slurp_file(dir_ / "run.log");
-  EXPECT_NE(log.find("snapshot " + rank0 + " (slot "), std::string::npos) << log;
-  EXPECT_NE(log.find("step 100) not offered: 1 corrupt block(s)"), std::string::npos) << log;
+  // The reading worker names the slot and the block; rank 0 says what failed and where the
+  // state comes from instead.
+  EXPECT_NE(log.find(" of " + rank0 + " (old rank 0, step 100) not read: " + rank0 +
+                     ": 1 corrupt block(s) of 1048576 bytes"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("the in-memory snapshot(s) of step 100 chosen for this world failed their "
+                     "read (old rank 0's (world 3) the node's own on rank "),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("chose again without them: step 50 (epoch "), std::string::npos) << log;
   EXPECT_NE(log.find("resumed at step 50 ("), std::string::npos) << log;
   EXPECT_NE(log.find("from 3 holders, 3 of them in-memory snapshots (3 own)"), std::string::npos)
       << log;

@@ -1,0 +1,76 @@
+// In-memory snapshots, the reader's side when a world forms (snapshot_offers.h).
+#include "checkpoint/snapshot_offers.h"
+
+#include <chrono>
+#include <optional>
+
+#include "base/check.h"
+#include "base/error.h"
+#include "checkpoint/snapshot_writer.h"
+
+namespace weft::checkpoint {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+std::vector<SnapshotMeta> SnapshotOffers::add(const std::string& name, const std::string& job_id) {
+  auto seg = std::make_shared<const SnapshotSegment>(SnapshotSegment::open(name, false));
+  // Every committed slot: the newer may be of a step some other rank never finished (killed
+  // mid-step, or mid-copy), an older one is then the step everybody has. Headers first, all
+  // of them, so that a corrupt header offers nothing of the segment.
+  std::vector<SnapshotSegment::View> views;
+  for (int slot = 0; slot < seg->slots(); ++slot)
+    if (std::optional<SnapshotSegment::View> v = seg->slot(slot); v && v->meta.job_id == job_id)
+      views.push_back(*v);
+  std::vector<SnapshotMeta> out;
+  for (const SnapshotSegment::View& v : views)
+    if (offered_.emplace(std::make_pair(v.meta.rank, v.meta.step), Offered{seg, v.slot}).second)
+      out.push_back(v.meta);
+  return out;
+}
+
+std::vector<core::Tensor> SnapshotOffers::read(int rank, int64_t step,
+                                               const parallel::RankLayout& layout) {
+  auto it = offered_.find({rank, step});
+  if (it == offered_.end())
+    throw InternalError(str("old rank ", rank, "'s snapshot of step ", step,
+                            " was not offered by this worker"));
+  const SnapshotSegment& seg = *it->second.segment;
+  const int slot = it->second.slot;
+  const std::string where = str("snapshot slot ", slot, " of ", seg.name(), " (old rank ", rank,
+                                ", step ", step, ") not read: ");
+  std::optional<SnapshotSegment::View> v;
+  try {
+    v = seg.slot(slot);
+  } catch (const IoError& e) {
+    throw IoError(where + e.what());
+  }
+  if (!v || v->meta.step != step || v->meta.rank != rank)
+    throw IoError(where + "the slot was rewritten while the world formed");
+  // Only this slot's pages (populate says why), in one call rather than a fault per page.
+  auto t = std::chrono::steady_clock::now();
+  seg.populate(*v);
+  map_s_ += seconds_since(t);
+  t = std::chrono::steady_clock::now();
+  try {
+    std::vector<core::Tensor> out = read_snapshot(seg, *v, layout);
+    copy_s_ += seconds_since(t);
+    bytes_read_ += v->meta.payload_bytes;
+    return out;
+  } catch (const IoError& e) {
+    copy_s_ += seconds_since(t);
+    throw IoError(where + e.what());
+  }
+}
+
+void SnapshotOffers::clear() {
+  offered_.clear();
+  bytes_read_ = 0;
+  map_s_ = copy_s_ = 0;
+}
+
+}  // namespace weft::checkpoint

@@ -1,0 +1,62 @@
+// In-memory snapshots, the reader's side when a world forms (issue 15): the committed slots a
+// worker offers, known from their headers alone, and the read of the ones the world chooses.
+//
+// A survivor sees every committed slot of its node's segments (two or three per segment, own
+// and replicas), but the holders' choice (launch/live_resize.h) uses at most one per old rank.
+// Offering from the slot headers touches only the segments' header pages; a chosen slot's
+// payload is mapped in and checksummed once, in the pass that copies it out. A corrupt block
+// is then found by the rank that reads it, which the world learns by its vote and chooses
+// again without that slot (live_resize.h, choose_and_read).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/snapshot_segment.h"
+#include "core/tensor.h"
+#include "parallel/vps.h"
+
+namespace weft::checkpoint {
+
+class SnapshotOffers {
+ public:
+  // Opens segment `name` read-only and offers each committed slot of job `job_id` whose
+  // (rank, step) is not offered yet (two epochs' segments of one rank may hold one step):
+  // their metas, read from the slot headers. No payload page is mapped in and nothing is
+  // checksummed here. IoError naming the segment when it cannot be opened or a committed
+  // slot's header is inconsistent (then none of its slots is offered).
+  std::vector<SnapshotMeta> add(const std::string& name, const std::string& job_id);
+
+  // Fresh tensors of old rank `rank`'s offered snapshot of `step`, `layout`'s locals (the
+  // rank's layout in the world the snapshot was taken in). Maps in that slot's payload only
+  // and verifies each block's checksum on the bytes as they are copied out (read_snapshot):
+  // one pass. IoError naming the segment, the slot and the step when a block does not match
+  // its checksum, the slot was rewritten, or the layout is another; InternalError when the
+  // snapshot was not offered here.
+  std::vector<core::Tensor> read(int rank, int64_t step, const parallel::RankLayout& layout);
+
+  // Unmaps every offered segment.
+  void clear();
+  size_t size() const { return offered_.size(); }
+  // Since the last clear(): the payload bytes of the slots read whole, each verified once (a
+  // read that fails is not counted), and the seconds spent mapping slots in and copying them
+  // out with their checksums.
+  int64_t bytes_read() const { return bytes_read_; }
+  double map_seconds() const { return map_s_; }
+  double copy_seconds() const { return copy_s_; }
+
+ private:
+  struct Offered {
+    std::shared_ptr<const SnapshotSegment> segment;
+    int slot = 0;
+  };
+  std::map<std::pair<int, int64_t>, Offered> offered_;  // by (old rank, step)
+  int64_t bytes_read_ = 0;
+  double map_s_ = 0, copy_s_ = 0;
+};
+
+}  // namespace weft::checkpoint

@@ -1,0 +1,191 @@
+// What a worker offers a forming world from its node's snapshot segments, and what reading a
+// chosen one costs (checkpoint/snapshot_offers.h): every committed slot is offered from its
+// header with no payload page mapped in; a read maps in and verifies only its own slot, once,
+// and a corrupt block of it is an IoError naming the segment, the slot and the block.
+#include "checkpoint/snapshot_offers.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "base/error.h"
+#include "checkpoint/job_id.h"
+#include "checkpoint/snapshot_writer.h"
+
+namespace weft::checkpoint {
+namespace {
+
+constexpr int64_t kMiB = int64_t(1) << 20;
+
+// A rank's layout of two f32 tensors, 4 MiB + 12 bytes in all: five checksum blocks, the
+// last short, and a tensor boundary inside the first block.
+parallel::RankLayout two_tensors() {
+  parallel::RankLayout l;
+  const std::vector<core::Shape> shapes = {{3}, {kMiB}};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    l.locals.push_back({int(i), shapes[i], core::DType::kF32, -1});
+    parallel::StateBox b;
+    b.state = int(i);
+    b.start.assign(shapes[i].size(), 0);
+    b.extent = shapes[i];
+    b.local = int(i);
+    b.local_start.assign(shapes[i].size(), 0);
+    l.boxes.push_back(b);
+  }
+  return l;
+}
+
+// The state of `step`: every step's bytes differ.
+std::vector<core::Tensor> state_of(const parallel::RankLayout& l, int64_t step) {
+  std::mt19937 g{uint32_t(step)};
+  std::vector<core::Tensor> out;
+  for (const parallel::LocalTensor& t : l.locals) {
+    core::Tensor x = core::Tensor::empty(t.shape, t.dtype);
+    auto* b = static_cast<uint8_t*>(x.raw_data());
+    for (size_t i = 0; i < x.nbytes(); ++i) b[i] = uint8_t(g());
+    out.push_back(x);
+  }
+  return out;
+}
+
+// The KiB mapped in (smaps' Rss) of this process's mappings of shared-memory segment `name`,
+// as SnapshotSegmentTest.PopulateMapsInOnlyTheViewsPayload counts them; -1 when none maps it.
+int64_t rss_kib_of_segment(const std::string& name) {
+  std::ifstream smaps("/proc/self/smaps");
+  const std::string file = "/dev/shm" + name;
+  bool inside = false;
+  int64_t total = -1;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t from = 0, to = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &from, &to) == 2 && line.find(':') > line.find(' ')) {
+      inside = line.size() >= file.size() &&
+               line.compare(line.size() - file.size(), file.size(), file) == 0;
+      continue;
+    }
+    long kib = 0;
+    if (inside && std::sscanf(line.c_str(), "Rss: %ld kB", &kib) == 1)
+      total = std::max<int64_t>(total, 0) + kib;
+  }
+  return total;
+}
+
+class SnapshotOffersTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (const std::string& n : snapshot_segments(job_)) SnapshotSegment::unlink(n);
+  }
+  // A 3-slot segment of rank 3 (world 4) whose slots hold the states of steps 10, 11, 12,
+  // committed as a worker's writer does (checksums computed while copying). Nothing of it
+  // stays mapped here: the offers' view is then this process's only mapping of it.
+  void write_three_steps() {
+    const int64_t bytes = snapshot_payload_bytes(layout_);
+    (void)SnapshotSegment::create(name_, bytes, ::getpid(), 3);
+    SnapshotWriter w(SnapshotSegment::open(name_, true));
+    for (int64_t step : {10, 11, 12}) {
+      SnapshotMeta m;
+      m.job_id = job_;
+      m.epoch = 1;
+      m.step = step;
+      m.rank = 3;
+      m.world = 4;
+      m.layout_hash = snapshot_layout_hash(layout_);
+      w.start(m, state_of(layout_, step));
+      ASSERT_TRUE(w.wait().has_value());
+    }
+  }
+  const std::string job_ = new_job_id();
+  const std::string name_ = segment_name(job_, SegmentKind::kData, 0, 1, 3);
+  const parallel::RankLayout layout_ = two_tensors();
+};
+
+// Every committed slot is offered, from its header; the reader's mapping holds no payload
+// page until a read, and the read maps in and verifies that slot's bytes only: the two
+// slots the choice did not use are never mapped in.
+TEST_F(SnapshotOffersTest, OffersEverySlotFromItsHeaderAndReadsOnlyTheChosenOne) {
+  ASSERT_NO_FATAL_FAILURE(write_three_steps());
+  const int64_t bytes = snapshot_payload_bytes(layout_);
+  SnapshotOffers offers;
+  std::vector<SnapshotMeta> metas = offers.add(name_, job_);
+  ASSERT_EQ(metas.size(), 3u);
+  std::vector<int64_t> steps;
+  for (const SnapshotMeta& m : metas) {
+    steps.push_back(m.step);
+    EXPECT_EQ(m.rank, 3);
+    EXPECT_EQ(m.world, 4);
+    EXPECT_EQ(m.payload_bytes, bytes);
+    EXPECT_EQ(m.layout_hash, snapshot_layout_hash(layout_));
+  }
+  std::sort(steps.begin(), steps.end());
+  EXPECT_EQ(steps, (std::vector<int64_t>{10, 11, 12}));
+  // Another job's slots are not this job's offers; the same segment again offers nothing new.
+  EXPECT_TRUE(offers.add(name_, new_job_id()).empty());
+  EXPECT_TRUE(offers.add(name_, job_).empty());
+  EXPECT_EQ(offers.size(), 3u);
+  const int64_t before = rss_kib_of_segment(name_);
+  ASSERT_GE(before, 0) << "no mapping of " << name_;
+  // The headers' pages and what the kernel maps around each on a fault (fault-around, 64 KiB
+  // by default): less than one block, where a verified slot maps in all of its 4 MiB.
+  EXPECT_LT(before, 1024) << "offering mapped in " << before << " KiB";
+  EXPECT_EQ(offers.bytes_read(), 0);
+
+  const std::vector<core::Tensor> got = offers.read(3, 11, layout_);
+  const std::vector<core::Tensor> want = state_of(layout_, 11);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_EQ(std::memcmp(got[i].raw_data(), want[i].raw_data(), want[i].nbytes()), 0) << i;
+  // One slot verified: its payload bytes, no more.
+  EXPECT_EQ(offers.bytes_read(), bytes);
+  const int64_t after = rss_kib_of_segment(name_);
+  std::printf("[ measured ] reader mapped in: %lld KiB after offering 3 slots, %lld KiB after "
+              "reading one (%lld KiB of payload a slot)\n",
+              (long long)before, (long long)after, (long long)(bytes >> 10));
+  EXPECT_GE(after, bytes >> 10) << "the read slot is not all mapped in";
+  EXPECT_LE(after, (bytes >> 10) + 4 + before) << "more than the read slot was mapped in";
+  EXPECT_THROW(offers.read(3, 13, layout_), InternalError);  // never offered
+  offers.clear();
+  EXPECT_EQ(offers.size(), 0u);
+  EXPECT_EQ(offers.bytes_read(), 0);
+}
+
+// A flipped byte in the chosen slot: its read fails naming the segment, the slot, the step
+// and the block, and nothing is counted as read; the other slots still read intact.
+TEST_F(SnapshotOffersTest, ACorruptBlockOfTheChosenSlotFailsItsReadNamingSlotAndBlock) {
+  ASSERT_NO_FATAL_FAILURE(write_three_steps());
+  SnapshotOffers offers;
+  ASSERT_EQ(offers.add(name_, job_).size(), 3u);
+  int slot = -1;
+  {
+    SnapshotSegment seg = SnapshotSegment::open(name_, true);
+    for (int s = 0; s < seg.slots(); ++s)
+      if (auto v = seg.slot(s); v && v->meta.step == 12) {
+        slot = s;
+        const_cast<uint8_t*>(static_cast<const uint8_t*>(v->payload))[3 * kMiB + 5] ^= 0x40;
+      }
+  }
+  ASSERT_GE(slot, 0);
+  try {
+    (void)offers.read(3, 12, layout_);
+    ADD_FAILURE() << "a corrupt slot was read";
+  } catch (const IoError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("snapshot slot " + std::to_string(slot) + " of " + name_ +
+                        " (old rank 3, step 12) not read"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("1 corrupt block(s) of 1048576 bytes, the first at byte 3145728"),
+              std::string::npos)
+        << what;
+  }
+  EXPECT_EQ(offers.bytes_read(), 0);
+  EXPECT_NO_THROW((void)offers.read(3, 11, layout_));
+  EXPECT_EQ(offers.bytes_read(), snapshot_payload_bytes(layout_));
+}
+
+}  // namespace
+}  // namespace weft::checkpoint
