@@ -85,6 +85,9 @@ class PeerChannel {
   bool open() const;
   // Any thread: makes the call in progress (and every later one) fail at once.
   void abort();
+  // The "no bytes moved" timeout of later calls, for a caller that allows its connect and
+  // handshake longer than its transfers.
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
  private:
   friend class PeerListener;

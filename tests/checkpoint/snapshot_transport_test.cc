@@ -71,7 +71,15 @@ TEST(SnapshotTransport, ASlowButSteadyReaderIsNotCutOff) {
 // The reader takes 1 MiB and then reads nothing (for twenty timeouts at most, until the
 // writer has failed): the writer's send fails with "no bytes moved" once the socket buffers
 // are full and a timeout passes, not with the reader's close.
+// Only the writer's timeout is under test. Under load (a 2-core machine at load 12, or this
+// test at nice 19 beside busy loops) a thread may get no CPU for longer than 300 ms, so every
+// wait before the writer blocks gets a timeout no scheduling delay reaches: the reader's
+// (its listener's: the wait for the header and the first MiB; at 300 ms it gave up while the
+// writer was still filling the 64 MiB payload after connecting, closed the connection, and
+// the writer failed with "Broken pipe") and the writer's connect and handshake. The payload
+// is filled before connecting, and the writer's own timeout is 300 ms from its send on.
 TEST(SnapshotTransport, AReaderThatStopsFailsTheWriterAfterOneTimeout) {
+  constexpr auto kNotUnderTest = 100 * kTimeout;
   std::atomic<bool> release{false};
   PeerListener listener(
       "127.0.0.1", 0, test_auth(),
@@ -79,14 +87,15 @@ TEST(SnapshotTransport, AReaderThatStopsFailsTheWriterAfterOneTimeout) {
         ch.receive();
         std::vector<uint8_t> some(size_t(1) << 20);
         ch.receive_bytes(some.data(), some.size());
-        const auto until = Clock::now() + 20 * kTimeout;
+        const auto until = Clock::now() + kNotUnderTest;
         while (!release && Clock::now() < until) std::this_thread::sleep_for(10ms);
       },
-      [](const std::string&) {}, kTimeout);
-  std::unique_ptr<PeerChannel> ch =
-      PeerChannel::connect(listener.endpoint(), test_auth(), 0, kTimeout);
+      [](const std::string&) {}, kNotUnderTest);
   // Larger than every socket buffer on the way: the writer must block on the stopped reader.
   const std::vector<uint8_t> payload = pattern(size_t(64) << 20);
+  std::unique_ptr<PeerChannel> ch =
+      PeerChannel::connect(listener.endpoint(), test_auth(), 0, kNotUnderTest);
+  ch->set_timeout(kTimeout);
   ch->send({{"bytes", payload.size()}});
   try {
     ch->send_bytes(payload.data(), payload.size());
