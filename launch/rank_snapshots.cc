@@ -117,11 +117,12 @@ std::vector<core::Tensor> RankSnapshots::read(int rank, int64_t step,
   const int64_t bytes = offers_.bytes_read();
   const double map_s = offers_.map_seconds(), copy_s = offers_.copy_seconds();
   std::vector<core::Tensor> out = offers_.read(rank, step, layout);
+  constexpr double kMiB = 1 << 20;
   WEFT_DEBUG("resize", "read old rank ", rank, "'s snapshot of step ", step, ": ",
-             (offers_.bytes_read() - bytes) >> 20, " MiB mapped in in ",
+             double(offers_.bytes_read() - bytes) / kMiB, " MiB mapped in in ",
              (offers_.map_seconds() - map_s) * 1e3, " ms, copied and verified in ",
              (offers_.copy_seconds() - copy_s) * 1e3, " ms (this world's reads: ",
-             offers_.bytes_read() >> 20, " MiB so far, of the ", offers_.size(),
+             double(offers_.bytes_read()) / kMiB, " MiB so far, of the ", offers_.size(),
              " slots this worker offered)");
   return out;
 }
