@@ -57,7 +57,8 @@ class SnapshotWriter {
 };
 
 // Fresh tensors holding a committed slot's payload: `layout`'s locals (the rank the slot
-// was taken of, in the world it was taken in), in order. IoError naming the segment when the
+// was taken of, in the world it was taken in), in order; each block's crc32c is computed on
+// the copy of each L2-sized piece right after it is copied, so the slot is read once. IoError naming the segment when the
 // slot's layout hash or payload size is not the layout's, when a block's checksum does not
 // match (a corrupted snapshot), or when the slot was rewritten while being read.
 std::vector<core::Tensor> read_snapshot(const SnapshotSegment& segment,

@@ -47,10 +47,6 @@ class RankSnapshots {
   // out, once. IoError naming the segment, slot and step for a corrupted or rewritten
   // snapshot (the world then chooses again without it: live_resize.h, choose_and_read).
   std::vector<core::Tensor> read(int rank, int64_t step, const parallel::RankLayout& layout);
-  // Since offers(): the seconds read() took (mapping in, copying out and verifying), and the
-  // payload bytes it read whole.
-  double read_seconds() const { return offers_.map_seconds() + offers_.copy_seconds(); }
-  int64_t bytes_read() const { return offers_.bytes_read(); }
   void release_offers();
 
   // A new world's trainer: reserves the segments of this node's ranks with the agent

@@ -359,7 +359,9 @@ void RankTraining::enter_world(const std::string& why) {
   // The chosen snapshots this rank serves, read and verified while the world chooses: a
   // corrupt one is voted out and the world chooses again (choose_and_read).
   std::map<int, std::vector<core::Tensor>> read_parts;
+  double read_s = 0;  // the choice with its reads and votes: the resize line's read snapshots
   if (gather) {
+    const Clock::time_point t_read = Clock::now();
     std::vector<std::string> notes;
     holders = choose_and_read(
         plans_, space, reports, env_.world, comm,
@@ -367,6 +369,9 @@ void RankTraining::enter_world(const std::string& why) {
           return snaps_.read(int(r.rank), step, p.layout);
         },
         read_parts, &notes);
+    // With the wait in the vote for the ranks that read more (the router would wait for them
+    // otherwise); choosing alone takes milliseconds.
+    if (holders.snapshots > 0) read_s = since(t_read);
     for (const std::string& n : notes)
       if (lead()) std::printf("weft train: %s\n", n.c_str());
     std::fflush(stdout);
@@ -424,7 +429,7 @@ void RankTraining::enter_world(const std::string& why) {
     budget.budget_bytes = env_int("WEFT_ROUTER_BUDGET_BYTES", budget.budget_bytes);
     const parallel::TransferPlan plan = parallel::transition(space, holders.a, b, budget);
     laps.lap("transition");
-    arrival_.plan = since(t) - snaps_.read_seconds();
+    arrival_.plan = since(t) - read_s;
     t = Clock::now();
     // The live state's handles. By default (elastic.old_state: free_as_moved) the router
     // takes the only ones and frees each source once it has moved, so a reshape peaks at the
@@ -463,7 +468,7 @@ void RankTraining::enter_world(const std::string& why) {
     }
     // Reading the snapshots this rank serves (mapping in, memcpy + checksums), done while the
     // holders were chosen.
-    arrival_.fetch = since(t) + snaps_.read_seconds();
+    arrival_.fetch = since(t) + read_s;
     laps.lap("fetch");
     t = Clock::now();
     // Same-host pairs move through shared memory; survivors keep (adopt) what they hold.
