@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -396,6 +397,77 @@ TEST(SnapshotRecoveryMultiNode, AFailedWorkerUnderReplicaLeavesAndItsShardComesF
 
 TEST(SnapshotRecoveryMultiNode, AFailedWorkerUnderEcLeavesAndItsShardIsRebuiltFromParity) {
   failed_worker_leaves_under("ec");
+}
+
+// A corrupt block in the slot the choice uses, with another copy of that step elsewhere:
+// three nodes under replica, a snapshot every 50 steps (lockstep: every rank and every
+// replica at the same step S). Between step S + 5 and the next snapshot, rank 0's own slot
+// of step S (on node 0) gets a flipped byte and node 2's worker dies; node 2 leaves, and the
+// survivors' live state lacks rank 2's shard, so step S's snapshots are chosen. Node 0's
+// worker finds the block when it reads rank 0's snapshot; the world votes it out and chooses
+// again at the same step: rank 0's replica on node 1 (the next source in the order),
+// with rank 1's own snapshot and rank 2's replica on node 0. The numbers stay one process's.
+TEST(SnapshotRecoveryMultiNode, ACorruptOwnSnapshotIsReadFromItsReplicaOnTheNextNodeInstead) {
+  live::LiveJob job;
+  three_zero1_nodes(job, "corrupt-replica", 0,
+                    {"snapshot.redundancy=replica", "snapshot.every=50"});
+  JobSegments segments{checkpoint::job_id_for_run(job.id)};
+  const fs::path ref = live::reference_run(job.dir, job.steps, {"parallel.dp=auto"});
+  job.start_in_order(3);
+  const std::string own = checkpoint::segment_name(segments.job, checkpoint::SegmentKind::kData,
+                                                   0, 1, 0);
+  const std::string replica = checkpoint::segment_name(
+      segments.job, checkpoint::SegmentKind::kReplica, 0, 1, 0);
+  // The newest committed step of a segment (-1: none yet, or not there).
+  auto newest = [](const std::string& name) -> int64_t {
+    try {
+      const checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(name, false);
+      const std::optional<checkpoint::SnapshotSegment::View> v = seg.latest();
+      return v ? v->meta.step : -1;
+    } catch (const std::exception&) {
+      return -1;
+    }
+  };
+  ASSERT_TRUE(poll_until([&] { return newest(own) >= 50; }, 120)) << job.all_logs();
+  const int64_t step = newest(own);
+  ASSERT_TRUE(job.wait_steps(size_t(step) + 5)) << job.all_logs();
+  ASSERT_TRUE(poll_until([&] { return newest(replica) == step; }, 60))
+      << "rank 0's replica of step " << step << " is not on node 1\n" << job.all_logs();
+  {
+    checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(own, true);
+    const std::optional<checkpoint::SnapshotSegment::View> v = seg.latest();
+    ASSERT_TRUE(v.has_value());
+    ASSERT_EQ(v->meta.step, step) << "the job took its next snapshot before the test acted";
+    const_cast<uint8_t*>(static_cast<const uint8_t*>(v->payload))[v->meta.payload_bytes / 3] ^= 1;
+  }
+  ASSERT_LT(job.rows().size(), size_t(step) + 50) << "the job ran past its next snapshot";
+  ASSERT_NO_FATAL_FAILURE(kill_node2_worker(job));
+  for (int k = 0; k < 2; ++k) {
+    std::optional<int> code = job.wait(k);
+    ASSERT_TRUE(code) << job.all_logs();
+    EXPECT_EQ(*code, 0) << job.all_logs();
+  }
+  (void)job.wait(2);
+  const std::string lead = job.text(0);
+  EXPECT_NE(lead.find(" of " + own + " (old rank 0, step " + std::to_string(step) +
+                      ") not read: " + own + ": 1 corrupt block(s)"),
+            std::string::npos)
+      << lead;
+  EXPECT_NE(lead.find("chose again without them: step " + std::to_string(step) +
+                      " (epoch 1) from 3 holders, 3 of them in-memory snapshots (1 own, 2 "
+                      "replica(s), 0 rebuilt from parity)"),
+            std::string::npos)
+      << lead;
+  const std::vector<std::string> resizes = live::lines_with(lead, "resize: epoch");
+  ASSERT_EQ(resizes.size(), 1u) << job.all_logs();
+  std::printf("[ says     ] %s\n", resizes[0].substr(0, 500).c_str());
+  EXPECT_NE(resizes[0].find("resumed at step " + std::to_string(step) + " ("), std::string::npos)
+      << resizes[0];
+  EXPECT_NE(resizes[0].find("in-memory snapshots (1 own, 2 replicas)"), std::string::npos)
+      << resizes[0];
+  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, live::kRelDp);
+  EXPECT_TRUE(checkpoint::snapshot_segments(segments.job).empty());
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 
 }  // namespace
