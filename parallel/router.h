@@ -16,7 +16,9 @@
 // large against the budget: a tensor that a rank keeps in part and re-lays out (a replicated
 // embedding becoming its TP half) holds its old and its new form at once, and no schedule of
 // whole tensors avoids that; or where ranks pull the order different ways (pp2 -> tp2) so
-// that every remaining state raises some rank above its cap: then by about one state.
+// that every remaining state raises some rank above its cap: then by about one state. A
+// source that a communicator message read is freed once its receiver has acknowledged the
+// message (TransitionOptions::acknowledge), held meanwhile within that same peak.
 //
 // Adoption: a B local tensor that one local copy of a whole A local tensor of the same rank
 // would fill (same state, dense shape and dtype, box for box identical) is that A tensor: no
@@ -150,6 +152,10 @@ struct TransitionStats {
   // caller that keeps its sources whole holds those on top of them at the end.
   int64_t bytes_allocated = 0, bytes_staging = 0;
   int64_t bytes_shm_reserved = 0;  // this rank's shared-memory segment, for the whole call
+  // Acknowledgements (TransitionOptions::acknowledge): sent for messages received through the
+  // communicator, awaited for those sent; and how often an allocation had to wait for one
+  // (the sources awaiting acknowledgements would have raised the rank above its peak).
+  int64_t acks_sent = 0, acks_awaited = 0, ack_waits = 0;
 };
 
 struct TransitionOptions {
@@ -184,6 +190,27 @@ struct TransitionOptions {
   // Serves the communicator's staging tensors (one outgoing and one incoming message at a
   // time); null: the host allocator. Tests count the transition's memory through it.
   memory::Allocator* staging = nullptr;
+  // A sender frees a source that a communicator message read only once the receiver has
+  // acknowledged that message whole: the receiver sends 8 bytes back (on the communicator,
+  // tags of their own) once it has unpacked it. A send completes when its bytes are in the
+  // kernel or the peer's socket buffer, so without this a receiver stopped before its receive
+  // completed (a newer epoch aborting the move) would lose a piece that its sender had freed;
+  // shared memory closes the same window by waiting until the receiver drained its slots.
+  // Pipelined: the acknowledgement is posted when the message is and awaited only when a
+  // source must go, so rounds do not wait for it: sources awaiting one stay held and count
+  // against the rank's memory (rank_memory's peak; an allocation that would exceed it waits
+  // for the oldest acknowledgements first), and are freed as they arrive, at the latest at
+  // the end. When the move stops, those sources are still in `src`, reported as held.
+  // Off is safe only where the caller keeps other handles on the sources, so that freeing
+  // frees nothing (as under elastic.old_state: keep_unless_backed); tests turn it off to show
+  // the window and to measure what it costs (RouterAckCost). Must be the same on every rank.
+  bool acknowledge = true;
+  // Tests only: called on the rank's thread once a round's operations are posted, before it
+  // waits for them (and before its shared-memory exchange), with the round's incoming
+  // message (null when it receives none in that round). May throw: the transition then fails
+  // like a transport error. Tests stall a receiver there while its senders' sends complete
+  // (RouterStopped).
+  std::function<void(int wave, int round, const Message* incoming)> before_wait;
 };
 
 // Executes rank `rank`'s part over `comm` (whose ranks are the layouts' ranks). `src` holds
@@ -193,7 +220,8 @@ struct TransitionOptions {
 // this rank's B local tensors and fills `stats` when not null (also when it throws). When it
 // throws, `finished` (when not null) gets, in B.ranks[rank].locals order, each B local tensor
 // every transfer into which had completed (an adopted one from its start), and an undefined
-// tensor for the others; `src` then still holds every source not yet released. Together they
+// tensor for the others; `src` then still holds every source not yet released (those whose
+// acknowledgement had not come included: TransitionOptions::acknowledge). Together they
 // are what the rank holds of the moved state (a reshard that a newer epoch aborts reports
 // them: launch/live_resize.h). Collective
 // over the communicator when shared memory is used (two all_gathers at the start), else over

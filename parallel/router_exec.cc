@@ -19,8 +19,19 @@
 // pairs in the same order: the rule above holds for each connection on its own, each
 // progresses on its own threads, and a rank waiting on all of a round's stripes waits on
 // operations that are all posted, on every rank, before anybody waits. So no cycle forms.
+//
+// Acknowledgements (TransitionOptions::acknowledge) add waits outside the rounds: a sender
+// that must free memory (an allocation, the end) waits for the acknowledgement of a message
+// of an earlier round, which its receiver posts right after that round's wait, never
+// blocking (the matching receive was posted with the message). Take the stuck rank whose
+// need is earliest, a rank in a round's wait needing that round and one awaiting an
+// acknowledgement needing its receiver past the message's round: the receiver is then stuck
+// in that round or earlier, so the earliest need is a round's wait whose peers are all in
+// that round (an earlier need would be earlier), where the rule above holds. So no cycle
+// forms with them either.
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <optional>
 
@@ -206,6 +217,16 @@ std::unique_ptr<ShmTransport> connect_shm(const TransferPlan& plan, const Layout
                                         ShmOptions{opt.shm_chunk_bytes, opt.shm_slots});
 }
 
+// Point-to-point tags: a round's messages in the lower half, their acknowledgements in the
+// upper (a pair may exchange messages both ways in a round, and a receive matches the first
+// send of its tag: the two must not share one).
+constexpr int kDataTags = (comm::kMaxTag + 1) / 2;
+int data_tag(int round) { return round % kDataTags; }
+int ack_tag(int round) { return kDataTags + round % kDataTags; }
+
+// What an acknowledgement carries: the message's wave and round, checked by the sender.
+int64_t ack_value(int wave, int round) { return (int64_t(wave) << 32) | int64_t(round); }
+
 }  // namespace
 
 std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout& a, const Layout& b,
@@ -271,8 +292,52 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
         if (m.src == rank) send_cap = std::max(send_cap, m.bytes);
         if (m.dst == rank) recv_cap = std::max(recv_cap, m.bytes);
       }
+  // Acknowledgements. Sent: the receiver's 8-byte messages back, awaited at the end. Awaited:
+  // one per communicator message this rank sent, oldest first, each with the sources
+  // released (kRelease) after it was posted, which stay in `src` until it and every older one
+  // came; `held` counts them until then, and an allocation that would raise it above the
+  // plan's peak for this rank (rank_memory) waits for the oldest ones first.
+  struct Awaited {
+    comm::Work ack;
+    core::Tensor value;
+    int64_t expect = 0;
+    int peer = -1;
+    std::vector<int> sources;
+  };
+  std::deque<Awaited> awaited;
+  std::vector<comm::Work> acks_out;
+  const int64_t held_cap = opt.acknowledge ? rank_memory(plan, a, b, rank).peak : 0;
+  auto release = [&](int l) {
+    core::Tensor& x = src[size_t(l)];
+    if (x.defined() && !adopter[size_t(l)]) hold(-int64_t(x.nbytes()));
+    x = core::Tensor();
+  };
+  auto settle_front = [&] {
+    Awaited& f = awaited.front();
+    f.ack.wait();
+    const int64_t got = *f.value.data<int64_t>();
+    if (got != f.expect)
+      throw InternalError(str("router: rank ", rank, " got acknowledgement ", got, " from rank ",
+                              f.peer, ", expected ", f.expect, " (wave << 32 | round)"));
+    for (int l : f.sources) release(l);
+    awaited.pop_front();
+  };
+  // Frees what the acknowledgements that came allow, never waiting.
+  auto collect = [&] {
+    while (!awaited.empty() && awaited.front().ack.done()) settle_front();
+  };
+  // Before allocating `need` bytes: also waits for more while the sources awaiting them would
+  // raise the rank above its peak.
+  auto settle = [&](int64_t need) {
+    collect();
+    while (!awaited.empty() && held + need > held_cap) {
+      ++st.ack_waits;
+      settle_front();
+    }
+  };
   auto stage = [&](core::Tensor& buf, int64_t cap, int64_t n) {
     if (!buf.defined()) {
+      settle(cap);
       buf = core::Tensor::empty({cap}, core::DType::kU8, opt.staging);
       hold(cap);
       st.bytes_staging += cap;
@@ -297,7 +362,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
   auto post = [&](const Message& m, const core::Tensor& buf, int round, bool sending,
                   std::vector<comm::Work>& works) {
     const int64_t n = stripes(m);
-    const int tag = round % (comm::kMaxTag + 1);
+    const int tag = data_tag(round);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t lo = m.bytes * i / n, hi = m.bytes * (i + 1) / n;
       if (hi == lo) continue;
@@ -322,6 +387,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
             pending[l] = 0;  // complete from the start: its copies are skipped
             st.bytes_adopted += rb.locals[l].bytes();
           } else {
+            settle(rb.locals[l].bytes());
             dst[l] = new_local(rb, l, opt.destinations);
             hold(int64_t(dst[l].nbytes()));
             st.bytes_allocated += int64_t(dst[l].nbytes());
@@ -349,6 +415,16 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           send_buf = stage(send_stage, send_cap, m.bytes);
           MessageBytes(plan, m, a, src, true)
               .move(0, static_cast<char*>(send_buf.raw_data()), m.bytes, true);
+          if (opt.acknowledge) {
+            // Posted before the message, so that the receiver's acknowledgement never waits.
+            Awaited w;
+            w.value = core::Tensor::zeros({1}, core::DType::kI64);
+            w.expect = ack_value(op.wave, op.round);
+            w.peer = m.dst;
+            w.ack = comm.recv(w.value, m.dst, {.tag = ack_tag(op.round)});
+            awaited.push_back(std::move(w));
+            ++st.acks_awaited;
+          }
           post(m, send_buf, op.round, true, send_work);
           comm_out = m.bytes;
           out_striped = stripes(m) > 1;
@@ -368,6 +444,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           break;
         }
         case RankOp::kWait: {
+          if (opt.before_wait) opt.before_wait(op.wave, op.round, incoming ? incoming : shm_in);
           if (shm_out || shm_in) {
             std::optional<MessageBytes> out, in;
             ShmTransport::Send s;
@@ -400,8 +477,22 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
                 .move(0, static_cast<char*>(recv_buf.raw_data()), incoming->bytes, false);
             arrived(*incoming);
             st.bytes_received_comm += incoming->bytes;
+            if (opt.acknowledge) {
+              core::Tensor v =
+                  core::Tensor::from_vector<int64_t>({1}, {ack_value(op.wave, op.round)});
+              acks_out.push_back(comm.send(v, incoming->src, {.tag = ack_tag(op.round)}));
+              ++st.acks_sent;
+            }
             progress();
           }
+          collect();                                // whatever acknowledgements came meanwhile
+          for (size_t i = 0; i < acks_out.size();)  // those delivered: their Works go
+            if (acks_out[i].done()) {
+              acks_out[i].wait();  // rethrows a failed one
+              acks_out[i] = std::move(acks_out.back()), acks_out.pop_back();
+            } else {
+              ++i;
+            }
           incoming = shm_out = shm_in = nullptr;
           comm_out = 0;
           out_striped = false;
@@ -410,13 +501,20 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           break;
         }
         case RankOp::kRelease: {
-          core::Tensor& x = src[size_t(op.index)];
-          if (x.defined() && !adopter[size_t(op.index)]) hold(-int64_t(x.nbytes()));
-          x = core::Tensor();
+          // An adopted source lives on as its destination (reported with `finished`), so
+          // dropping its handle frees nothing; the others wait for the acknowledgements of
+          // every message sent so far (which of them read it is not tracked: the oldest
+          // usually came long ago).
+          if (awaited.empty() || adopter[size_t(op.index)] || !src[size_t(op.index)].defined())
+            release(op.index);
+          else
+            awaited.back().sources.push_back(op.index);
           break;
         }
       }
     }
+    while (!awaited.empty()) settle_front();
+    for (comm::Work& w : acks_out) w.wait();
   } catch (...) {
     if (shm) shm->abort();
     if (stats) *stats = st;
