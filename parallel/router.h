@@ -18,7 +18,8 @@
 // whole tensors avoids that; or where ranks pull the order different ways (pp2 -> tp2) so
 // that every remaining state raises some rank above its cap: then by about one state. A
 // source that a communicator message read is freed once its receiver has acknowledged the
-// message (TransitionOptions::acknowledge), held meanwhile within that same peak.
+// message (TransitionOptions::acknowledge), held meanwhile within the same bound (so a rank
+// may then hold more than rank_memory's peak, never more than the bound or that peak).
 //
 // Adoption: a B local tensor that one local copy of a whole A local tensor of the same rank
 // would fill (same state, dense shape and dtype, box for box identical) is that A tensor: no
@@ -152,8 +153,8 @@ struct TransitionStats {
   // caller that keeps its sources whole holds those on top of them at the end.
   int64_t bytes_allocated = 0, bytes_staging = 0;
   int64_t bytes_shm_reserved = 0;  // this rank's shared-memory segment, for the whole call
-  // Acknowledgements (TransitionOptions::acknowledge): sent for messages received through the
-  // communicator, awaited for those sent; and how often an allocation had to wait for one
+  // Acknowledgements (TransitionOptions::acknowledge) sent for messages received through the
+  // communicator and awaited for those sent; and how often an allocation had to wait for one
   // (the sources awaiting acknowledgements would have raised the rank above its peak).
   int64_t acks_sent = 0, acks_awaited = 0, ack_waits = 0;
 };
@@ -190,20 +191,20 @@ struct TransitionOptions {
   // Serves the communicator's staging tensors (one outgoing and one incoming message at a
   // time); null: the host allocator. Tests count the transition's memory through it.
   memory::Allocator* staging = nullptr;
-  // A sender frees a source that a communicator message read only once the receiver has
-  // acknowledged that message whole: the receiver sends 8 bytes back (on the communicator,
-  // tags of their own) once it has unpacked it. A send completes when its bytes are in the
-  // kernel or the peer's socket buffer, so without this a receiver stopped before its receive
-  // completed (a newer epoch aborting the move) would lose a piece that its sender had freed;
-  // shared memory closes the same window by waiting until the receiver drained its slots.
-  // Pipelined: the acknowledgement is posted when the message is and awaited only when a
-  // source must go, so rounds do not wait for it: sources awaiting one stay held and count
-  // against the rank's memory (rank_memory's peak; an allocation that would exceed it waits
-  // for the oldest acknowledgements first), and are freed as they arrive, at the latest at
-  // the end. When the move stops, those sources are still in `src`, reported as held.
-  // Off is safe only where the caller keeps other handles on the sources, so that freeing
-  // frees nothing (as under elastic.old_state: keep_unless_backed); tests turn it off to show
-  // the window and to measure what it costs (RouterAckCost). Must be the same on every rank.
+  // A sender frees a source that communicator messages read only once their receivers have
+  // acknowledged them whole: a receiver sends 8 bytes back (on the communicator, tags of
+  // their own) once it has unpacked the last message of the pair that reads a source the
+  // sender frees (one per source and receiver: it unpacks a pair's messages in order). A send
+  // completes when its bytes are in the kernel or the peer's socket buffer, so without this a
+  // receiver stopped before its receive completed (a newer epoch aborting the move) would
+  // lose a piece that its sender had freed; shared memory closes the same window by waiting
+  // until the receiver drained its slots. Pipelined: the acknowledgement's receive is posted
+  // with the message and awaited only when the source must go, so rounds do not wait for it:
+  // a source awaiting one stays held and counts against the rank's budget (an allocation that
+  // would raise the rank above RankMemory::bound, or rank_memory's peak where that is higher,
+  // first waits for the oldest acknowledgement that frees a source), and is freed once they
+  // came, at the latest at the end. When the move stops, those sources are still in `src`,
+  // reported as held.
   bool acknowledge = true;
   // Tests only: called on the rank's thread once a round's operations are posted, before it
   // waits for them (and before its shared-memory exchange), with the round's incoming

@@ -32,8 +32,11 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <tuple>
 
 #include "base/check.h"
 #include "base/error.h"
@@ -227,6 +230,109 @@ int ack_tag(int round) { return kDataTags + round % kDataTags; }
 // What an acknowledgement carries: the message's wave and round, checked by the sender.
 int64_t ack_value(int wave, int round) { return (int64_t(wave) << 32) | int64_t(round); }
 
+// The communicator messages that their receiver acknowledges (TransitionOptions::acknowledge),
+// of those rank `rank` sends or receives. A sender needs to know that a message arrived only
+// for the sources it frees (those no destination adopts: they live on), and only by the time
+// it must hold less: its next allocation (run_transition waits there while the sources
+// awaiting acknowledgements would raise it above its peak) or its end. A receiver unpacks a
+// pair's messages in round order, so one acknowledgement covers every earlier message of the
+// pair. So of the messages of a pair that are the last to read some such source, only the
+// last before each of the sender's allocations, and the last of all, are acknowledged; a
+// source waits for the first acknowledged message of each pair at or after its last reader
+// there. A move of many messages from one rank that allocates nothing meanwhile waits for one
+// acknowledgement per receiver. Both ends of a message find the same (the plan, the layouts
+// and the transports are the same on every rank; the receiver replays its senders' ops).
+struct Acks {
+  std::vector<std::vector<int>> base;     // [wave][round]: the id of the round's first message
+  std::vector<char> acked;                // by message id (plan order)
+  std::vector<std::vector<int>> sources;  // by message id: the sender's sources that wait for it
+  std::vector<int> due;                   // by A local of `rank`: the acknowledgements it waits for
+  int id(int wave, int round, int index) const { return base[size_t(wave)][size_t(round)] + index; }
+};
+
+Acks acknowledged(const TransferPlan& plan, const Layout& a, const Layout& b, int rank,
+                  const std::function<bool(const Message&)>& via_comm) {
+  Acks acks;
+  int n = 0;
+  for (const Wave& wave : plan.waves) {
+    acks.base.emplace_back();
+    for (const Round& round : wave.rounds) {
+      acks.base.back().push_back(n);
+      n += int(round.messages.size());
+    }
+  }
+  acks.acked.assign(size_t(n), 0);
+  acks.sources.resize(size_t(n));
+  acks.due.assign(a.ranks[size_t(rank)].locals.size(), 0);
+  // The senders whose messages concern this rank: itself and those that send it any.
+  std::vector<char> sender(size_t(a.world()), 0);
+  sender[size_t(rank)] = 1;
+  for (const Wave& wave : plan.waves)
+    for (const Round& round : wave.rounds)
+      for (const Message& m : round.messages)
+        if (m.dst == rank && via_comm(m)) sender[size_t(m.src)] = 1;
+  for (int s = 0; s < a.world(); ++s) {
+    if (!sender[size_t(s)]) continue;
+    std::vector<char> adopted(a.ranks[size_t(s)].locals.size(), 0);
+    for (int from : adopted_locals(plan, a, b, s))
+      if (from >= 0) adopted[size_t(from)] = 1;
+    // s's communicator sends in issue order, each with the count of allocations before it.
+    struct Sent {
+      int id, dst, allocs;
+      const Message* m;
+    };
+    std::vector<Sent> sent;
+    int allocs = 0;
+    bool receiving = false;
+    for (const RankOp& op : rank_ops(plan, a, b, s)) {
+      if (op.kind == RankOp::kAlloc) ++allocs;
+      if (op.kind != RankOp::kSend && op.kind != RankOp::kRecv) continue;
+      const Message& m =
+          plan.waves[size_t(op.wave)].rounds[size_t(op.round)].messages[size_t(op.index)];
+      if (!via_comm(m)) continue;
+      if (op.kind == RankOp::kRecv) {  // the first allocates the incoming staging buffer
+        allocs += receiving ? 0 : 1, receiving = true;
+        continue;
+      }
+      if (s == rank || m.dst == rank)
+        sent.push_back({acks.id(op.wave, op.round, op.index), m.dst, allocs, &m});
+    }
+    // Per receiver: the last message that reads each freed source.
+    std::map<std::pair<int, int>, size_t> last;  // (dst, local) -> index into `sent`
+    for (size_t k = 0; k < sent.size(); ++k)
+      for (int ti : sent[k].m->transfers) {
+        const int l = a.ranks[size_t(s)].boxes[size_t(plan.transfers[size_t(ti)].src_box)].local;
+        if (!adopted[size_t(l)]) last[{sent[k].dst, l}] = k;
+      }
+    std::vector<std::vector<int>> freed(sent.size());  // sources whose last reader it is
+    for (const auto& [key, k] : last) freed[k].push_back(key.second);
+    // Per receiver, those readers in order: one is acknowledged when the pair's next comes
+    // after an allocation of the sender's, or none comes; it covers those since the last.
+    std::vector<size_t> next(sent.size(), sent.size());  // the pair's next such reader
+    std::map<int, size_t> after;                         // dst -> the one seen last (backwards)
+    for (size_t k = sent.size(); k-- > 0;) {
+      if (freed[k].empty()) continue;
+      auto it = after.find(sent[k].dst);
+      if (it != after.end()) next[k] = it->second;
+      after[sent[k].dst] = k;
+    }
+    std::map<int, std::vector<int>> waiting;  // dst -> sources awaiting the next acknowledged
+    for (size_t k = 0; k < sent.size(); ++k) {
+      if (freed[k].empty()) continue;
+      std::vector<int>& w = waiting[sent[k].dst];
+      w.insert(w.end(), freed[k].begin(), freed[k].end());
+      if (next[k] == sent.size() || sent[next[k]].allocs > sent[k].allocs) {
+        if (s == rank)
+          for (int l : w) ++acks.due[size_t(l)];
+        acks.acked[size_t(sent[k].id)] = 1;
+        acks.sources[size_t(sent[k].id)] = std::move(w);
+        w.clear();
+      }
+    }
+  }
+  return acks;
+}
+
 }  // namespace
 
 std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout& a, const Layout& b,
@@ -292,47 +398,72 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
         if (m.src == rank) send_cap = std::max(send_cap, m.bytes);
         if (m.dst == rank) recv_cap = std::max(recv_cap, m.bytes);
       }
-  // Acknowledgements. Sent: the receiver's 8-byte messages back, awaited at the end. Awaited:
-  // one per communicator message this rank sent, oldest first, each with the sources
-  // released (kRelease) after it was posted, which stay in `src` until it and every older one
-  // came; `held` counts them until then, and an allocation that would raise it above the
-  // plan's peak for this rank (rank_memory) waits for the oldest ones first.
+  // Acknowledgements. Sent: the receiver's 8 bytes back for each message `acks` marks,
+  // delivered by the end. Awaited: one per such message this rank sent, with the sources that
+  // wait for it; each source waits for `acks_due` of them (Acks::due). A source whose kRelease
+  // comes while some are due stays in `src` (`release_due`) until the last came, and `held`
+  // counts it until then. An allocation that would raise `held` above what the rank may hold
+  // (`held_cap`) first waits for the oldest acknowledgements that a released source awaits.
+  const auto via_comm = [&](const Message& m) {
+    return m.bytes > 0 && m.src != m.dst && !via_shm(m);
+  };
+  const Acks acks = opt.acknowledge ? acknowledged(plan, a, b, rank, via_comm) : Acks{};
   struct Awaited {
     comm::Work ack;
     core::Tensor value;
     int64_t expect = 0;
     int peer = -1;
-    std::vector<int> sources;
+    const std::vector<int>* sources = nullptr;
   };
   std::deque<Awaited> awaited;
   std::vector<comm::Work> acks_out;
-  const int64_t held_cap = opt.acknowledge ? rank_memory(plan, a, b, rank).peak : 0;
+  std::vector<int> acks_due = opt.acknowledge ? acks.due : std::vector<int>(src.size(), 0);
+  std::vector<char> release_due(src.size(), 0);
+  // What the rank may hold: the router's promise (the larger holding plus the budget), or the
+  // plan's own peak where one state alone exceeds that (router.h).
+  const RankMemory plan_memory = opt.acknowledge ? rank_memory(plan, a, b, rank) : RankMemory{};
+  const int64_t held_cap = std::max(plan_memory.peak, plan_memory.bound(plan.budget_bytes));
   auto release = [&](int l) {
     core::Tensor& x = src[size_t(l)];
     if (x.defined() && !adopter[size_t(l)]) hold(-int64_t(x.nbytes()));
     x = core::Tensor();
   };
-  auto settle_front = [&] {
-    Awaited& f = awaited.front();
+  // Waits for acknowledgement `k` (done already, or the oldest that frees a source), frees what
+  // it allows and drops it.
+  auto settle_one = [&](size_t k) {
+    Awaited& f = awaited[k];
     f.ack.wait();
     const int64_t got = *f.value.data<int64_t>();
     if (got != f.expect)
       throw InternalError(str("router: rank ", rank, " got acknowledgement ", got, " from rank ",
                               f.peer, ", expected ", f.expect, " (wave << 32 | round)"));
-    for (int l : f.sources) release(l);
-    awaited.pop_front();
+    for (int l : *f.sources)
+      if (--acks_due[size_t(l)] == 0 && release_due[size_t(l)]) release(l);
+    awaited.erase(awaited.begin() + std::ptrdiff_t(k));
   };
   // Frees what the acknowledgements that came allow, never waiting.
   auto collect = [&] {
-    while (!awaited.empty() && awaited.front().ack.done()) settle_front();
+    for (size_t k = 0; k < awaited.size();)
+      if (awaited[k].ack.done())
+        settle_one(k);
+      else
+        ++k;
   };
-  // Before allocating `need` bytes: also waits for more while the sources awaiting them would
-  // raise the rank above its peak.
+  // Before allocating `need` bytes: also waits while the sources awaiting acknowledgements
+  // would raise the rank above its peak, for the oldest one that a released source awaits.
   auto settle = [&](int64_t need) {
     collect();
-    while (!awaited.empty() && held + need > held_cap) {
+    while (held + need > held_cap) {
+      size_t k = 0;
+      auto frees = [&](const Awaited& f) {
+        for (int l : *f.sources)
+          if (release_due[size_t(l)]) return true;  // its last one, or one of them
+        return false;
+      };
+      while (k < awaited.size() && !frees(awaited[k])) ++k;
+      if (k == awaited.size()) break;
       ++st.ack_waits;
-      settle_front();
+      settle_one(k);
     }
   };
   auto stage = [&](core::Tensor& buf, int64_t cap, int64_t n) {
@@ -374,6 +505,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
   std::vector<comm::Work> send_work, recv_work;
   bool out_striped = false;
   const Message *incoming = nullptr, *shm_out = nullptr, *shm_in = nullptr;
+  int incoming_id = -1;  // its message id (Acks) when acknowledgements are on
   int64_t comm_out = 0;
   try {
     for (const RankOp& op : rank_ops(plan, a, b, rank)) {
@@ -415,12 +547,14 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           send_buf = stage(send_stage, send_cap, m.bytes);
           MessageBytes(plan, m, a, src, true)
               .move(0, static_cast<char*>(send_buf.raw_data()), m.bytes, true);
-          if (opt.acknowledge) {
+          if (const int id = opt.acknowledge ? acks.id(op.wave, op.round, op.index) : -1;
+              id >= 0 && acks.acked[size_t(id)]) {
             // Posted before the message, so that the receiver's acknowledgement never waits.
             Awaited w;
             w.value = core::Tensor::zeros({1}, core::DType::kI64);
             w.expect = ack_value(op.wave, op.round);
             w.peer = m.dst;
+            w.sources = &acks.sources[size_t(id)];
             w.ack = comm.recv(w.value, m.dst, {.tag = ack_tag(op.round)});
             awaited.push_back(std::move(w));
             ++st.acks_awaited;
@@ -439,6 +573,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
             break;
           }
           incoming = &m;
+          incoming_id = opt.acknowledge ? acks.id(op.wave, op.round, op.index) : -1;
           recv_buf = stage(recv_stage, recv_cap, m.bytes);
           post(m, recv_buf, op.round, false, recv_work);
           break;
@@ -477,7 +612,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
                 .move(0, static_cast<char*>(recv_buf.raw_data()), incoming->bytes, false);
             arrived(*incoming);
             st.bytes_received_comm += incoming->bytes;
-            if (opt.acknowledge) {
+            if (incoming_id >= 0 && acks.acked[size_t(incoming_id)]) {
               core::Tensor v =
                   core::Tensor::from_vector<int64_t>({1}, {ack_value(op.wave, op.round)});
               acks_out.push_back(comm.send(v, incoming->src, {.tag = ack_tag(op.round)}));
@@ -501,19 +636,16 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           break;
         }
         case RankOp::kRelease: {
-          // An adopted source lives on as its destination (reported with `finished`), so
-          // dropping its handle frees nothing; the others wait for the acknowledgements of
-          // every message sent so far (which of them read it is not tracked: the oldest
-          // usually came long ago).
-          if (awaited.empty() || adopter[size_t(op.index)] || !src[size_t(op.index)].defined())
+          // A source that awaits acknowledgements stays held until they came.
+          if (acks_due[size_t(op.index)] == 0)
             release(op.index);
           else
-            awaited.back().sources.push_back(op.index);
+            release_due[size_t(op.index)] = 1;
           break;
         }
       }
     }
-    while (!awaited.empty()) settle_front();
+    while (!awaited.empty()) settle_one(0);
     for (comm::Work& w : acks_out) w.wait();
   } catch (...) {
     if (shm) shm->abort();
