@@ -3,11 +3,12 @@
 // the setup of RouterStripesThroughput (two network-namespace hosts, 256 MiB from host 0 to
 // host 1 through run_transition over Gloo), moved with the acknowledgement off and on,
 // interleaved, best of five: one tensor with the default 256 MiB budget (4 messages of 64 MiB,
-// one acknowledgement), the same over 4 connections, and the worst case, 1024 tensors of
-// 256 KiB with a 1 MiB budget (1024 messages, each the last to read its source: an
-// acknowledgement each). Printed side by side as "off vs on: x s vs y s (ratio)"; what is
-// asserted is only that every byte arrives exact and the acknowledgements counted (no timing
-// thresholds). The figures are in docs/run.md.
+// one acknowledgement), the same over 4 connections, and 1024 tensors of 256 KiB swapped
+// between the two ranks, which then allocate between their messages: with a 1 MiB budget
+// (1024 messages of 256 KiB, an acknowledgement each: the worst case) and with 16 MiB.
+// Printed side by side as "off vs on: x s vs y s (ratio)"; what is asserted is only that
+// every byte arrives exact and the acknowledgements counted (no timing thresholds). The
+// figures are in docs/run.md.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -180,13 +181,15 @@ TEST(RouterAckCost, MoveTimeWithAndWithoutTheAcknowledgementBetweenTwoHosts) {
   std::string why;
   if (!test::VirtualHosts::available(&why)) GTEST_SKIP() << why;
   test::VirtualHosts hosts(2);
-  Acks acks[3];
+  Acks acks[4];
   const std::map<bool, double> big = measure(hosts, 1, false, int64_t(256) << 20, 1, &acks[0]);
   const std::map<bool, double> striped = measure(hosts, 1, false, int64_t(256) << 20, 4, &acks[1]);
   const std::map<bool, double> swap = measure(hosts, 1024, true, int64_t(1) << 20, 1, &acks[2]);
   ASSERT_EQ(big.size(), 2u);
   ASSERT_EQ(striped.size(), 2u);
+  const std::map<bool, double> swap16 = measure(hosts, 1024, true, int64_t(16) << 20, 1, &acks[3]);
   ASSERT_EQ(swap.size(), 2u);
+  ASSERT_EQ(swap16.size(), 2u);
   auto with = [&](const std::string& what, const Acks& c) {
     return what + ", " + std::to_string(c.acks) + " acks (" + std::to_string(c.waits) +
            " allocations waited for one)";
@@ -198,6 +201,8 @@ TEST(RouterAckCost, MoveTimeWithAndWithoutTheAcknowledgementBetweenTwoHosts) {
   print(with("1 tensor 0 -> 1, 4 messages of 64 MiB, 4 connections", acks[1]), striped);
   print(with("1024 tensors of 256 KiB swapped 0 <-> 1, budget 1 MiB (1024 messages)", acks[2]),
         swap);
+  print(with("1024 tensors of 256 KiB swapped 0 <-> 1, budget 16 MiB (64 messages)", acks[3]),
+        swap16);
 }
 
 }  // namespace
