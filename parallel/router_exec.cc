@@ -234,7 +234,7 @@ int64_t ack_value(int wave, int round) { return (int64_t(wave) << 32) | int64_t(
 // of those rank `rank` sends or receives. A sender needs to know that a message arrived only
 // for the sources it frees (those no destination adopts: they live on), and only by the time
 // it must hold less: its next allocation (run_transition waits there while the sources
-// awaiting acknowledgements would raise it above its peak) or its end. A receiver unpacks a
+// awaiting acknowledgements would raise it above what it may hold) or its end. A receiver unpacks a
 // pair's messages in round order, so one acknowledgement covers every earlier message of the
 // pair. So of the messages of a pair that are the last to read some such source, only the
 // last before each of the sender's allocations, and the last of all, are acknowledged; a
@@ -450,7 +450,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
         ++k;
   };
   // Before allocating `need` bytes: also waits while the sources awaiting acknowledgements
-  // would raise the rank above its peak, for the oldest one that a released source awaits.
+  // would raise the rank above `held_cap`, for the oldest one that a released source awaits.
   auto settle = [&](int64_t need) {
     collect();
     while (held + need > held_cap) {
