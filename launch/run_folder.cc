@@ -2,11 +2,15 @@
 #include "launch/run_folder.h"
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "base/error.h"
+#include "comm/communicator.h"
 #include "core/io/json.h"
+#include "core/tensor.h"
 
 namespace weft::launch {
 namespace {
@@ -102,6 +106,63 @@ bool append_agreed_line(core::io::MetricsWriter& w, const core::io::StepMetrics&
     if (line_step(l) == line.step && l.find("\"val_loss\"") == std::string::npos) return false;
   w.write_step(line);
   return true;
+}
+
+std::string format_step_line(const core::io::StepMetrics& m) {
+  std::ostringstream o;
+  o << std::hexfloat << m.step << ' ' << m.loss << ' ' << m.lr << ' ' << m.grad_norm << ' '
+    << m.tokens_per_s << ' ' << m.world << ' ' << m.epoch << ' ' << m.data_epoch << ' '
+    << m.extra.size();
+  for (const auto& [key, value] : m.extra) o << ' ' << key << ' ' << value;
+  return o.str();
+}
+
+core::io::StepMetrics parse_step_line(const std::string& text) {
+  // std::hexfloat's output is not read back by operator>> (libstdc++): strtod reads it.
+  std::istringstream in(text);
+  auto number = [&]() {
+    std::string w;
+    if (!(in >> w)) throw InternalError("a kept step line ends early: '" + text + "'");
+    char* end = nullptr;
+    const double v = std::strtod(w.c_str(), &end);
+    if (end != w.c_str() + w.size())
+      throw InternalError("a kept step line has '" + w + "' for a number: '" + text + "'");
+    return v;
+  };
+  core::io::StepMetrics m;
+  m.step = int64_t(number());
+  m.loss = number(), m.lr = number(), m.grad_norm = number(), m.tokens_per_s = number();
+  m.world = int64_t(number()), m.epoch = int64_t(number()), m.data_epoch = int64_t(number());
+  const int64_t n = int64_t(number());
+  for (int64_t i = 0; i < n; ++i) {
+    std::string key;
+    if (!(in >> key)) throw InternalError("a kept step line ends early: '" + text + "'");
+    m.extra.emplace_back(key, number());
+  }
+  return m;
+}
+
+std::optional<core::io::StepMetrics> share_agreed_line(
+    comm::Communicator& world, const std::optional<core::io::StepMetrics>& mine, int64_t step) {
+  const bool has = mine && mine->step == step;
+  // The lowest rank that has the line (the world's size when none has).
+  core::Tensor who = core::Tensor::from_vector<int64_t>({1}, {has ? world.rank() : world.size()});
+  world.all_reduce(who, {.op = comm::ReduceOp::kMin}).wait();
+  const int64_t from = *who.data<int64_t>();
+  if (from == 0 || from == world.size()) return mine;  // the lead has it, or nobody does
+  // Fixed size, so that no length travels first: a line is about 200 bytes of text.
+  constexpr int64_t kBytes = 4096;
+  core::Tensor buf = core::Tensor::zeros({kBytes}, core::DType::kU8);
+  if (world.rank() == from) {
+    const std::string text = format_step_line(*mine);
+    if (int64_t(text.size()) >= kBytes)
+      throw InternalError("a kept step line of " + std::to_string(text.size()) +
+                          " bytes does not fit the " + std::to_string(kBytes) + " sent");
+    std::memcpy(buf.raw_data(), text.data(), text.size());
+  }
+  world.broadcast(buf, {.root = int(from)}).wait();
+  if (world.rank() != 0) return mine;
+  return parse_step_line(std::string(static_cast<const char*>(buf.raw_data())));
 }
 
 }  // namespace weft::launch

@@ -9,6 +9,10 @@
 
 #include "core/io/metrics.h"
 
+namespace weft::comm {
+class Communicator;
+}
+
 namespace weft::launch {
 
 struct RunFolder {
@@ -43,5 +47,21 @@ std::unique_ptr<core::io::MetricsWriter> open_metrics(const RunFolder& folder,
 // has none of it; returns whether it wrote.
 bool append_agreed_line(core::io::MetricsWriter& w, const core::io::StepMetrics& line,
                         int64_t resume_step);
+
+// Collective over a new world (every rank, departing ones too): hands the lead (rank 0) the
+// line of step `step` (the one before the step the world resumes at) when the lead lacks it
+// and another rank has it. `mine` is the line this rank kept of the last step it finished or
+// whose statistics it agreed. A lead that lost its part of the agreement itself (its
+// statistics all-gather failed when a peer died, while another rank's completed and that
+// rank finished the step) kept nothing of the step; the step's line then comes from the
+// lowest rank that kept it. Returns, on rank 0, that line or its own; elsewhere `mine`. One
+// all-reduce, plus a broadcast only when the lead lacks the line and a peer has it.
+std::optional<core::io::StepMetrics> share_agreed_line(
+    comm::Communicator& world, const std::optional<core::io::StepMetrics>& mine, int64_t step);
+
+// A step's line as text and back, exactly (hexadecimal floating point): what
+// share_agreed_line sends. parse_step_line throws InternalError on text it did not write.
+std::string format_step_line(const core::io::StepMetrics& m);
+core::io::StepMetrics parse_step_line(const std::string& text);
 
 }  // namespace weft::launch

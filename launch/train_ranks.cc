@@ -377,6 +377,9 @@ void RankTraining::enter_world(const std::string& why) {
     std::fflush(stdout);
   }
   laps.lap("holders and snapshot reads");
+  // The line of the step before the state's, for a lead that kept none of it; written
+  // below (write_agreed_line) when the metrics file lacks it.
+  if (holders.found) agreed_line_ = share_agreed_line(comm, agreed_line_, holders.step - 1);
   std::string resume;
   if (holders.found) {
     arrival_.source = holders.snapshots > 0 ? "snapshots" : "survivors";

@@ -5,11 +5,16 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "base/error.h"
+#include "comm/store/tcp_store_server.h"
 #include "core/io/metrics.h"
 #include "launch/run_folder.h"
+#include "parallel/launch_env.h"
 
 namespace weft::launch {
 namespace {
@@ -81,6 +86,91 @@ TEST_F(AgreedLine, AResumeAtOrBeforeTheStepWritesNothing) {
   auto back = open_metrics(folder_, int64_t(20));
   EXPECT_FALSE(append_agreed_line(*back, line_of(29, 7.1), 20));
   EXPECT_EQ(steps_in(folder_.metrics_path).size(), 20u);
+}
+
+// The kept line travels as text and comes back bit for bit (values no decimal text of
+// default precision keeps: a third, a tenth, a denormal).
+TEST(AgreedLineText, ALineComesBackExactly) {
+  core::io::StepMetrics m;
+  m.step = 137, m.loss = 1.0 / 3, m.lr = 7.6883544149242652e-04, m.grad_norm = 0.1;
+  m.tokens_per_s = 0, m.world = 3, m.epoch = 20, m.data_epoch = 2;
+  m.extra = {{"aux_loss", 4.9e-324}, {"step_ms", 20.4}, {"torn", 1}};
+  const core::io::StepMetrics back = parse_step_line(format_step_line(m));
+  EXPECT_EQ(back.step, m.step);
+  EXPECT_EQ(back.loss, m.loss);
+  EXPECT_EQ(back.lr, m.lr);
+  EXPECT_EQ(back.grad_norm, m.grad_norm);
+  EXPECT_EQ(back.tokens_per_s, m.tokens_per_s);
+  EXPECT_EQ(back.world, m.world);
+  EXPECT_EQ(back.epoch, m.epoch);
+  EXPECT_EQ(back.data_epoch, m.data_epoch);
+  EXPECT_EQ(back.extra, m.extra);
+  EXPECT_THROW(parse_step_line("137 0x1p-2"), InternalError);
+}
+
+// Three ranks of a new world as threads: which line the lead ends up with. The case that
+// needs it: the lead failed the step's statistics exchange (a peer died mid all-gather)
+// while another rank completed it and finished the step, so the world resumes after a step
+// the lead knows nothing of (LiveResizeSoak lost step 137's line so once).
+class ShareAgreedLine : public ::testing::Test {
+ protected:
+  // kept[r]: rank r's kept line (a step and a loss that names the rank), or none.
+  std::vector<std::optional<core::io::StepMetrics>> run(
+      const std::vector<std::optional<core::io::StepMetrics>>& kept, int64_t step) {
+    comm::TCPStoreServer server;
+    std::vector<std::optional<core::io::StepMetrics>> out(kept.size());
+    std::vector<std::string> errors(kept.size());
+    auto rank_main = [&](int rank) {
+      try {
+        parallel::LaunchEnv e;
+        e.rank = rank;
+        e.world = int(kept.size());
+        e.launcher = "weft run";
+        e.store_port = server.port();
+        e.rdzv_epoch = 4;
+        e.store_prefix = "rdzv/t/epoch/4/round/0";
+        parallel::WorkerWorld world(e, comm::Millis(30000));
+        out[size_t(rank)] = share_agreed_line(world.comm(), kept[size_t(rank)], step);
+      } catch (const std::exception& ex) {
+        errors[size_t(rank)] = ex.what();
+      }
+    };
+    std::vector<std::thread> others;
+    for (int r = 1; r < int(kept.size()); ++r) others.emplace_back(rank_main, r);
+    rank_main(0);
+    for (std::thread& t : others) t.join();
+    for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+    return out;
+  }
+  static core::io::StepMetrics kept(int64_t step, double loss) {
+    core::io::StepMetrics m;
+    m.step = step, m.loss = loss, m.world = 3, m.epoch = 20;
+    m.extra = {{"step_ms", 20.4}};
+    return m;
+  }
+};
+
+TEST_F(ShareAgreedLine, ALeadWithoutTheStepTakesItFromTheLowestRankThatKeptIt) {
+  // Rank 0 kept step 136 (its last), ranks 1 and 2 finished 137.
+  auto out = run({kept(136, 0.5), kept(137, 1.0 / 3), kept(137, 0.25)}, 137);
+  ASSERT_TRUE(out[0].has_value());
+  EXPECT_EQ(out[0]->step, 137);
+  EXPECT_EQ(out[0]->loss, 1.0 / 3);  // rank 1's, bit for bit
+  EXPECT_EQ(out[0]->extra, kept(137, 0).extra);
+  EXPECT_EQ(out[1]->loss, 1.0 / 3);  // the others keep their own
+  EXPECT_EQ(out[2]->loss, 0.25);
+}
+
+TEST_F(ShareAgreedLine, ALeadThatKeptTheStepKeepsItsOwnAndNobodysLineIsNone) {
+  auto own = run({kept(137, 0.75), kept(137, 1.0 / 3), std::nullopt}, 137);
+  ASSERT_TRUE(own[0].has_value());
+  EXPECT_EQ(own[0]->loss, 0.75);
+  // Nobody kept step 137 (every rank was torn before the agreement): the lead keeps what it
+  // had, which append_agreed_line will not write for this resume.
+  auto none = run({kept(136, 0.5), std::nullopt, kept(135, 0.25)}, 137);
+  ASSERT_TRUE(none[0].has_value());
+  EXPECT_EQ(none[0]->step, 136);
+  EXPECT_FALSE(none[1].has_value());
 }
 
 }  // namespace

@@ -74,7 +74,9 @@ TEST(LiveResizeOldState, AMoveStoppedByASecondJoinResumesFromThePiecesOfBothLayo
   const size_t held_step = job.rows().size();
   const std::vector<pid_t> newcomer = children(job.pid(2));
   job.start();  // epoch 3: world 4
-  ASSERT_TRUE(job.wait_world(4, 10)) << phases_text(job.phases()) << job.all_logs();
+  // Its first line only: under load the old world may train on close to the job's end
+  // before the joins are formed (CI saw the world of four at step 114 of 120: 6 lines).
+  ASSERT_TRUE(job.wait_world(4)) << phases_text(job.phases()) << job.all_logs();
   EXPECT_EQ(children(job.pid(0)), std::vector<pid_t>{survivors[0]}) << job.all_logs();
   EXPECT_EQ(children(job.pid(1)), std::vector<pid_t>{survivors[1]}) << job.all_logs();
   EXPECT_EQ(children(job.pid(2)), newcomer) << job.all_logs();
