@@ -22,6 +22,7 @@
 #include "comm/registry.h"
 #include "parallel/launch_env.h"
 #include "parallel/transfer_connections.h"
+#include "tests/parallel/host_pair.h"
 #include "tests/parallel/router_util.h"
 #include "tests/support/multiprocess.h"
 #include "tests/support/netns.h"
@@ -106,15 +107,10 @@ std::map<bool, double> measure(const test::VirtualHosts& hosts, int n, bool swap
       [&](test::RankContext& ctx) {
         const int r = ctx.rank();
         std::unique_ptr<comm::Store> store = ctx.store();
-        comm::CommOptions o;
-        o.rank = r, o.size = 2, o.store = store.get(), o.prefix = "router-ack";
-        o.timeout = milliseconds(120'000), o.host = hosts.address(r);
-        std::unique_ptr<comm::Communicator> comm;
-        std::vector<std::unique_ptr<comm::Communicator>> more;
-        hosts.in_host(r, [&] {
-          comm = comm::make_communicator(comm::BackendKind::kGloo, o);
-          more = connect_more(o, connections - 1);
-        });
+        HostPairComms p =
+            connect_host_pair(hosts, r, *store, "router-ack", milliseconds(120'000), connections);
+        std::unique_ptr<comm::Communicator>& comm = p.comm;
+        std::vector<std::unique_ptr<comm::Communicator>>& more = p.more;
         std::ofstream log;
         if (r == 1) log.open(out);
         for (int rep = 0; rep < 5; ++rep)

@@ -19,6 +19,7 @@
 #include "comm/registry.h"
 #include "parallel/launch_env.h"
 #include "parallel/transfer_connections.h"
+#include "tests/parallel/host_pair.h"
 #include "tests/parallel/router_util.h"
 #include "tests/support/multiprocess.h"
 #include "tests/support/netns.h"
@@ -85,15 +86,10 @@ std::map<int, double> measure(const test::VirtualHosts& hosts, const std::string
       [&](test::RankContext& ctx) {
         const int r = ctx.rank();
         std::unique_ptr<comm::Store> store = ctx.store();
-        comm::CommOptions o;
-        o.rank = r, o.size = 2, o.store = store.get(), o.prefix = "throughput";
-        o.timeout = milliseconds(120'000), o.host = hosts.address(r);
-        std::unique_ptr<comm::Communicator> comm;
-        std::vector<std::unique_ptr<comm::Communicator>> more;
-        hosts.in_host(r, [&] {
-          comm = comm::make_communicator(comm::BackendKind::kGloo, o);
-          more = connect_more(o, kConnections.back() - 1);
-        });
+        HostPairComms p = connect_host_pair(hosts, r, *store, "throughput", milliseconds(120'000),
+                                            kConnections.back());
+        std::unique_ptr<comm::Communicator>& comm = p.comm;
+        std::vector<std::unique_ptr<comm::Communicator>>& more = p.more;
         std::ofstream log;
         if (r == 1) log.open(out);
         for (int rep = 0; rep < 3; ++rep)

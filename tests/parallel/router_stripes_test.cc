@@ -13,6 +13,7 @@
 #include "comm/registry.h"
 #include "parallel/launch_env.h"
 #include "parallel/transfer_connections.h"
+#include "tests/parallel/host_pair.h"
 #include "tests/parallel/router_util.h"
 #include "tests/support/multiprocess.h"
 #include "tests/support/netns.h"
@@ -71,18 +72,10 @@ TEST(RouterStripes, NetnsHostsGetExactBytesOverOneToEightConnections) {
   test::RunResult result = test::run_ranks(2, [&](test::RankContext& ctx) {
     const int r = ctx.rank();
     std::unique_ptr<comm::Store> store = ctx.store();  // on the machine's loopback
-    comm::CommOptions o;
-    o.rank = r, o.size = 2, o.store = store.get(), o.prefix = "stripes";
-    o.timeout = milliseconds(30'000);
-    o.host = hosts.address(r);
-    std::unique_ptr<comm::Communicator> comm;
-    std::vector<std::unique_ptr<comm::Communicator>> more;
-    // Sockets made on a thread in host r's namespace stay there.
-    hosts.in_host(r, [&] {
-      comm = comm::make_communicator(comm::BackendKind::kGloo, o);
-      EXPECT_TRUE(spans_hosts(*comm, o.host));
-      more = connect_more(o, 7);
-    });
+    HostPairComms p = connect_host_pair(hosts, r, *store, "stripes", milliseconds(30'000), 8);
+    std::unique_ptr<comm::Communicator>& comm = p.comm;
+    std::vector<std::unique_ptr<comm::Communicator>>& more = p.more;
+    EXPECT_TRUE(spans_hosts(*comm, p.options.host));
     for (const Case& c : cases) {
       const StateSpace& space = *c.space;
       const TransferPlan plan = transition(space, c.a, c.b, ro);
