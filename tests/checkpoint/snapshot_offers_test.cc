@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "checkpoint/job_id.h"
 #include "checkpoint/snapshot_writer.h"
+#include "tests/checkpoint/snapshot_util.h"
 
 namespace weft::checkpoint {
 namespace {
@@ -26,32 +27,12 @@ constexpr int64_t kMiB = int64_t(1) << 20;
 // A rank's layout of two f32 tensors, 4 MiB + 12 bytes in all: five checksum blocks, the
 // last short, and a tensor boundary inside the first block.
 parallel::RankLayout two_tensors() {
-  parallel::RankLayout l;
-  const std::vector<core::Shape> shapes = {{3}, {kMiB}};
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    l.locals.push_back({int(i), shapes[i], core::DType::kF32, -1});
-    parallel::StateBox b;
-    b.state = int(i);
-    b.start.assign(shapes[i].size(), 0);
-    b.extent = shapes[i];
-    b.local = int(i);
-    b.local_start.assign(shapes[i].size(), 0);
-    l.boxes.push_back(b);
-  }
-  return l;
+  return whole_tensors({{{3}, core::DType::kF32}, {{kMiB}, core::DType::kF32}});
 }
 
 // The state of `step`: every step's bytes differ.
 std::vector<core::Tensor> state_of(const parallel::RankLayout& l, int64_t step) {
-  std::mt19937 g{uint32_t(step)};
-  std::vector<core::Tensor> out;
-  for (const parallel::LocalTensor& t : l.locals) {
-    core::Tensor x = core::Tensor::empty(t.shape, t.dtype);
-    auto* b = static_cast<uint8_t*>(x.raw_data());
-    for (size_t i = 0; i < x.nbytes(); ++i) b[i] = uint8_t(g());
-    out.push_back(x);
-  }
-  return out;
+  return random_state(l, uint32_t(step));
 }
 
 // The KiB mapped in (smaps' Rss) of this process's mappings of shared-memory segment `name`,

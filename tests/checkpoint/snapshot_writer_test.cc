@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/job_id.h"
+#include "tests/checkpoint/snapshot_util.h"
 
 namespace weft::checkpoint {
 namespace {
@@ -18,32 +19,8 @@ namespace {
 // A rank's layout of three tensors whose bytes cross checksum blocks unevenly: 300k floats
 // (1.14 MiB), 5 i64 scalars, and 700k floats (2.67 MiB).
 parallel::RankLayout three_tensors() {
-  parallel::RankLayout l;
-  const std::vector<std::pair<core::Shape, core::DType>> ts = {
-      {{300, 1000}, core::DType::kF32}, {{5}, core::DType::kI64}, {{700000}, core::DType::kF32}};
-  for (size_t i = 0; i < ts.size(); ++i) {
-    l.locals.push_back({int(i), ts[i].first, ts[i].second, -1});
-    parallel::StateBox b;
-    b.state = int(i);
-    b.start.assign(ts[i].first.size(), 0);
-    b.extent = ts[i].first;
-    b.local = int(i);
-    b.local_start.assign(ts[i].first.size(), 0);
-    l.boxes.push_back(b);
-  }
-  return l;
-}
-
-std::vector<core::Tensor> random_state(const parallel::RankLayout& l, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::vector<core::Tensor> out;
-  for (const parallel::LocalTensor& t : l.locals) {
-    core::Tensor x = core::Tensor::empty(t.shape, t.dtype);
-    auto* b = static_cast<uint8_t*>(x.raw_data());
-    for (size_t i = 0; i < x.nbytes(); ++i) b[i] = uint8_t(g());
-    out.push_back(x);
-  }
-  return out;
+  return whole_tensors(
+      {{{300, 1000}, core::DType::kF32}, {{5}, core::DType::kI64}, {{700000}, core::DType::kF32}});
 }
 
 bool same_bytes(const core::Tensor& a, const core::Tensor& b) {

@@ -1,0 +1,45 @@
+// What the snapshot tests write: a rank's layout of whole tensors, and random bytes for it.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "parallel/vps.h"
+
+namespace weft::checkpoint {
+
+// A rank's layout holding states 0, 1, ... whole, one local tensor each.
+inline parallel::RankLayout whole_tensors(
+    const std::vector<std::pair<core::Shape, core::DType>>& tensors) {
+  parallel::RankLayout l;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const core::Shape& shape = tensors[i].first;
+    l.locals.push_back({int(i), shape, tensors[i].second, -1});
+    parallel::StateBox b;
+    b.state = int(i);
+    b.start.assign(shape.size(), 0);
+    b.extent = shape;
+    b.local = int(i);
+    b.local_start.assign(shape.size(), 0);
+    l.boxes.push_back(b);
+  }
+  return l;
+}
+
+// Random bytes for `l`'s tensors, the same for the same seed.
+inline std::vector<core::Tensor> random_state(const parallel::RankLayout& l, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<core::Tensor> out;
+  for (const parallel::LocalTensor& t : l.locals) {
+    core::Tensor x = core::Tensor::empty(t.shape, t.dtype);
+    auto* b = static_cast<uint8_t*>(x.raw_data());
+    for (size_t i = 0; i < x.nbytes(); ++i) b[i] = uint8_t(g());
+    out.push_back(x);
+  }
+  return out;
+}
+
+}  // namespace weft::checkpoint
