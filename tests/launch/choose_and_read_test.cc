@@ -22,23 +22,12 @@
 #include "launch/live_resize.h"
 #include "parallel/launch_env.h"
 #include "planner/plan_cache.h"
+#include "tests/launch/zero1_spec.h"
 
 namespace weft::launch {
 namespace {
 
 using namespace std::chrono_literals;
-
-// A GPT small enough to plan in milliseconds, dp over any world with its Adam moments
-// sharded (ZeRO-1): each old rank's snapshot holds state nobody else has.
-core::JobSpec zero1_spec() {
-  core::JobSpec s;
-  s.model.arch = "gpt";
-  s.model.layers = 2, s.model.dim = 64, s.model.heads = 4, s.model.vocab = 256;
-  s.model.seq_len = 16;
-  s.train.global_batch = 12, s.train.micro_batch = 2;
-  s.parallel.zero = 1;
-  return s;
-}
 
 // What one rank saw: its choice, the reports it read (in order), what it got, its notes.
 struct RankResult {

@@ -9,6 +9,7 @@
 #include "launch/live_resize.h"
 #include "parallel/router.h"
 #include "planner/plan_cache.h"
+#include "tests/launch/zero1_spec.h"
 
 namespace weft::launch {
 namespace {
@@ -65,18 +66,6 @@ TEST(SnapshotBacks, OnlyASnapshotOfTheSameStateOfTheSameRankBacksIt) {
   mixed.pieces.push_back(HeldPiece{2, 3, {0, 1}, {}});
   EXPECT_FALSE(snapshot_backs(mixed, {same}));
   EXPECT_TRUE(snapshot_backs(mixed, {same, offer(HolderReport::kSnapshot, 3, 2, 3, 120)}));
-}
-
-// A GPT small enough to plan in milliseconds, data parallel over any world (dp: auto) with
-// its Adam moments sharded (ZeRO-1): a move from 2 to 3 ranks splits them anew.
-core::JobSpec zero1_spec() {
-  core::JobSpec s;
-  s.model.arch = "gpt";
-  s.model.layers = 2, s.model.dim = 64, s.model.heads = 4, s.model.vocab = 256;
-  s.model.seq_len = 16;
-  s.train.global_batch = 12, s.train.micro_batch = 2;
-  s.parallel.zero = 1;
-  return s;
 }
 
 // A live piece of layout slot (world, rank) of step 7 trained in epoch 1, held by new rank
