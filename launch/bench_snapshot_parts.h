@@ -50,8 +50,10 @@ std::string load_average();
 // Single-thread rates (bytes per second) in this process, `bytes` per copy, best of 7:
 // memcpy into already-touched memory, and the snapshot writer's copy (memcpy and a crc32c
 // per 1 MiB block, checkpoint::SnapshotWriter) into a slot of a real shared-memory segment
-// whose both slots were written before (a steady snapshot), and the check a restart makes
-// of a slot before it offers it (crc32c of every block: SnapshotSegment::corrupt_blocks).
+// whose both slots were written before (a steady snapshot), and a check of a whole slot in
+// place (crc32c of every block: SnapshotSegment::corrupt_blocks), as `weft snapshot verify`
+// and the agent's parity repair make it (a restart checks a slot in the pass that copies it
+// out instead: checkpoint/snapshot_offers.h).
 struct CopyRates {
   double memcpy_bps = 0, writer_bps = 0, verify_bps = 0;
   int64_t bytes = 0;
