@@ -69,37 +69,72 @@ std::vector<std::vector<int64_t>> gather_rows(comm::Communicator& world,
   return rows;
 }
 
+// A report's partial boxes as int64s: per box its local, its rank (dimensions), then start,
+// extent and local_start (the state is the local's).
+void put_boxes(const std::vector<parallel::StateBox>& boxes, std::vector<int64_t>& out) {
+  for (const parallel::StateBox& b : boxes) {
+    out.push_back(b.local);
+    out.push_back(int64_t(b.start.size()));
+    for (const std::vector<int64_t>* v : {&b.start, &b.extent, &b.local_start})
+      out.insert(out.end(), v->begin(), v->end());
+  }
+}
+
+std::vector<parallel::StateBox> get_boxes(const int64_t* at, int64_t n, int rank) {
+  std::vector<parallel::StateBox> out;
+  const int64_t* end = at + n;
+  while (at < end) {
+    WEFT_CHECK(end - at >= 2 && at[1] >= 0 && end - at >= 2 + 3 * at[1], "rank ", rank,
+               " reported partial boxes it did not send whole");
+    parallel::StateBox b;
+    b.local = int(at[0]);
+    const int64_t d = at[1];
+    at += 2;
+    for (std::vector<int64_t>* v : {&b.start, &b.extent, &b.local_start}) {
+      v->assign(at, at + d);
+      at += d;
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<HolderReport> exchange_reports(comm::Communicator& world, const HeldState& held,
                                            int64_t host, const std::vector<HolderReport>& offers) {
-  constexpr int kFields = 11;
+  constexpr int kFields = 12;
   const int n = world.size();
   // This rank's reports: a live one per piece (an invalid one when it holds nothing), then
-  // its offers; and the locals lists of its partial pieces, concatenated.
+  // its offers; and the locals lists and partial boxes of its partial pieces, concatenated.
   std::vector<HolderReport> own;
   for (size_t i = 0; i < held.pieces.size() && held.valid; ++i) {
     const HeldPiece& p = held.pieces[i];
     HolderReport r{1, held.epoch, p.rank, p.world, held.step};
     r.piece = int64_t(i);
     r.locals = p.locals;
+    r.partial = p.partial;
     own.push_back(std::move(r));
   }
   if (own.empty()) own.push_back(HolderReport{0, held.epoch, held.rank, held.world, held.step});
   own.insert(own.end(), offers.begin(), offers.end());
   std::vector<int64_t> fixed, lists;
   for (const HolderReport& r : own) {
-    const int64_t f[kFields] = {r.valid, r.epoch,       r.rank,  r.world,     r.step,
-                                host,    world.rank(),  r.source, r.layout_hash, r.piece,
-                                int64_t(r.locals.size())};
-    fixed.insert(fixed.end(), f, f + kFields);
+    const size_t before = lists.size();
     lists.insert(lists.end(), r.locals.begin(), r.locals.end());
+    put_boxes(r.partial, lists);
+    const int64_t f[kFields] = {r.valid,        r.epoch,    r.rank,
+                                r.world,        r.step,     host,
+                                world.rank(),   r.source,   r.layout_hash,
+                                r.piece,        int64_t(r.locals.size()),
+                                int64_t(lists.size() - before - r.locals.size())};
+    fixed.insert(fixed.end(), f, f + kFields);
   }
   const std::vector<std::vector<int64_t>> rows = gather_rows(world, fixed);
   // Every rank knows from the fixed part whether anybody has lists: then all exchange them.
   bool any_lists = false;
   for (const std::vector<int64_t>& row : rows)
-    for (size_t k = 0; k + kFields <= row.size(); k += kFields) any_lists |= row[k + 10] > 0;
+    for (size_t k = 0; k + kFields <= row.size(); k += kFields) any_lists |= row[k + 10] > 0 || row[k + 11] > 0;
   std::vector<std::vector<int64_t>> list_rows(static_cast<size_t>(n));
   if (any_lists) list_rows = gather_rows(world, lists);
   std::vector<std::vector<HolderReport>> by_rank(static_cast<size_t>(n));
@@ -111,6 +146,10 @@ std::vector<HolderReport> exchange_reports(comm::Communicator& world, const Held
       WEFT_CHECK(f[10] >= 0 && at + size_t(f[10]) <= list_rows[size_t(q)].size(),
                  "rank ", q, " reported ", f[10], " locals it did not send");
       for (int64_t i = 0; i < f[10]; ++i) h.locals.push_back(int(list_rows[size_t(q)][at++]));
+      WEFT_CHECK(f[11] >= 0 && at + size_t(f[11]) <= list_rows[size_t(q)].size(), "rank ", q,
+                 " reported ", f[11], " values of partial boxes it did not send");
+      h.partial = get_boxes(list_rows[size_t(q)].data() + at, f[11], q);
+      at += size_t(f[11]);
       by_rank[size_t(q)].push_back(std::move(h));
     }
   }
@@ -173,6 +212,54 @@ parallel::Layout parts_layout(const std::vector<Holders::Part>& parts,
   return a;
 }
 
+// The boxes of slot `full` that live report `r` holds: all of them, or those of its listed
+// locals, of a partly held one only the boxes it reported (each must lie in one of the
+// slot's boxes of that local, at the same place in the tensor: InternalError otherwise).
+parallel::RankLayout piece_layout(const parallel::RankLayout& full, const HolderReport& r) {
+  if (r.locals.empty()) return full;
+  parallel::RankLayout out = parallel::only_locals(full, r.locals);
+  if (r.partial.empty()) return out;
+  std::map<int, int> at;  // slot local -> index in out.locals
+  for (size_t i = 0; i < r.locals.size(); ++i) at[r.locals[i]] = int(i);
+  std::set<int> part;
+  for (const parallel::StateBox& b : r.partial) {
+    auto it = at.find(b.local);
+    WEFT_CHECK(it != at.end(), "holder ", r.holder, " reported boxes of local ", b.local,
+               " it does not list");
+    bool inside = false;
+    for (const parallel::StateBox& fb : full.boxes) {
+      if (fb.local != b.local || fb.start.size() != b.start.size() ||
+          b.extent.size() != b.start.size() || b.local_start.size() != b.start.size())
+        continue;
+      bool in = true;
+      for (size_t d = 0; d < b.start.size() && in; ++d)
+        in = b.extent[d] > 0 && b.start[d] >= fb.start[d] &&
+             b.start[d] + b.extent[d] <= fb.start[d] + fb.extent[d] &&
+             b.local_start[d] == b.start[d] - fb.start[d] + fb.local_start[d];
+      inside = inside || in;
+    }
+    WEFT_CHECK(inside, "holder ", r.holder, " reported a box of local ", b.local,
+               " outside the slot's boxes of it (world ", r.world, ", rank ", r.rank, ")");
+    part.insert(it->second);
+  }
+  std::vector<parallel::StateBox> boxes;
+  for (const parallel::StateBox& b : out.boxes)
+    if (!part.count(b.local)) boxes.push_back(b);
+  for (parallel::StateBox b : r.partial) {
+    b.local = at[b.local];
+    b.state = out.locals[size_t(b.local)].state;
+    b.replica = 0, b.replicas = 1;
+    boxes.push_back(std::move(b));
+  }
+  // Grouped by local tensor, in local order (RankLayout).
+  std::stable_sort(boxes.begin(), boxes.end(),
+                   [](const parallel::StateBox& x, const parallel::StateBox& y) {
+                     return x.local < y.local;
+                   });
+  out.boxes = std::move(boxes);
+  return out;
+}
+
 // Whether `a` holds every element of every state tensor: the router's own cover of a rank
 // that needs the whole state (it throws naming the first box nobody holds).
 bool covers(const parallel::StateSpace& space, const parallel::Layout& a, std::string* gap) {
@@ -229,8 +316,7 @@ Holders choose_holders(planner::PlanCache& plans, const parallel::StateSpace& sp
       if (r.source != HolderReport::kLive || !in_group(r)) continue;
       const parallel::RankLayout* full = slot(r.world, r.rank);
       if (!full) continue;
-      parts.push_back({int(q), int(r.holder),
-                       r.locals.empty() ? *full : parallel::only_locals(*full, r.locals)});
+      parts.push_back({int(q), int(r.holder), piece_layout(*full, r)});
       if (r.locals.empty()) whole.insert({r.world, r.rank});
     }
     // A snapshot of each slot no live piece holds whole: the node's own first, then a
@@ -355,13 +441,13 @@ Holders choose_and_read(planner::PlanCache& plans, const parallel::StateSpace& s
 
 HeldState held_after_move(const Holders& h, const std::vector<HolderReport>& reports, int rank,
                           const std::vector<core::Tensor>& src,
-                          const std::vector<core::Tensor>& finished, int new_world, int new_rank) {
+                          const parallel::Arrived& arrived, int new_world, int new_rank) {
   HeldState held;
   held.epoch = h.epoch;
   held.step = h.step;
   auto keep = [&](HeldPiece p, size_t all) {
     if (p.tensors.empty()) return;
-    if (p.locals.size() == all) p.locals.clear();  // nothing freed: the whole slot
+    if (p.locals.size() == all && p.partial.empty()) p.locals.clear();  // the whole slot
     held.pieces.push_back(std::move(p));
   };
   size_t at = 0;  // src index of the part's first local
@@ -379,21 +465,28 @@ HeldState held_after_move(const Holders& h, const std::vector<HolderReport>& rep
         if (!src[at + k].defined()) continue;
         p.locals.push_back(r.locals.empty() ? int(k) : r.locals[k]);
         p.tensors.push_back(src[at + k]);
+        // A source held in part (an earlier stopped move's) stays so.
+        for (const parallel::StateBox& b : r.partial)
+          if (b.local == p.locals.back()) p.partial.push_back(b);
       }
       // A slot whose full local count differs from the part's is partial already.
       keep(std::move(p), r.locals.empty() ? n : size_t(-1));
     }
     at += n;
   }
-  HeldPiece arrived;
-  arrived.rank = new_rank;
-  arrived.world = new_world;
-  for (size_t l = 0; l < finished.size(); ++l)
-    if (finished[l].defined()) {
-      arrived.locals.push_back(int(l));
-      arrived.tensors.push_back(finished[l]);
+  // What arrived of the new layout: whole tensors and the arrived boxes of partly filled
+  // ones, whose sources may be freed already (the only copy of those boxes).
+  HeldPiece got;
+  got.rank = new_rank;
+  got.world = new_world;
+  for (size_t l = 0; l < arrived.tensors.size(); ++l)
+    if (arrived.tensors[l].defined()) {
+      got.locals.push_back(int(l));
+      got.tensors.push_back(arrived.tensors[l]);
+      if (l < arrived.partial.size())
+        got.partial.insert(got.partial.end(), arrived.partial[l].begin(), arrived.partial[l].end());
     }
-  keep(std::move(arrived), finished.size());
+  keep(std::move(got), arrived.tensors.size());
   held.valid = !held.pieces.empty();
   return held;
 }

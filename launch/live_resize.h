@@ -41,17 +41,21 @@ namespace weft::launch {
 
 // One part of what a worker holds: local tensors of rank `rank`'s layout in the plan of a
 // world of `world` ranks (parallel::layout_of(space, plan(world)).ranks[rank]), all of them
-// (`locals` empty) or those listed (ascending), with their tensors in that order.
+// (`locals` empty) or those listed (ascending), with their tensors in that order. A listed
+// local that `partial` has boxes of holds only those (a destination that a stopped move
+// filled in part: parallel::Arrived): their `local` is the slot's index, as in `locals`.
 struct HeldPiece {
   int rank = -1, world = 0;
   std::vector<int> locals;
   std::vector<core::Tensor> tensors;
+  std::vector<parallel::StateBox> partial;
 };
 
 // What a worker keeps of the state when its world ends: its trainer's state (one whole
 // piece), or, after a move that a newer epoch stopped midway (held_after_move), the old
-// layout's tensors it had not yet freed and the new layout's that had arrived whole: pieces
-// of several layouts, of one step.
+// layout's tensors it had not yet freed and what had arrived of the new layout's (whole
+// tensors, and the arrived boxes of partly filled ones): pieces of several layouts, of one
+// step.
 struct HeldState {
   bool valid = false;  // false: nothing held (a newcomer), or a failed step wrote part of it
   int64_t epoch = 0;   // the membership epoch the state was trained in (a move keeps it)
@@ -72,7 +76,8 @@ HeldState hold_state(parallel::ParallelTrainer& trainer, const parallel::StateSp
 // parity (kRebuilt). `holder` is the offering rank of the new world.
 // A live report is one piece of a rank's HeldState (`piece`, its index there), of the old
 // layout slot (world, rank); `locals` lists the piece's local tensors when it holds only
-// some (a move stopped midway), empty when it holds them all.
+// some (a move stopped midway), empty when it holds them all; `partial` the boxes of its
+// locals that it holds only in part (HeldPiece::partial), empty for none.
 struct HolderReport {
   static constexpr int64_t kLive = 0, kSnapshot = 1, kReplica = 2, kRebuilt = 3;
   int64_t valid = 0, epoch = 0, rank = -1, world = 0, step = 0, host = 0;
@@ -80,13 +85,15 @@ struct HolderReport {
   int64_t layout_hash = 0;  // a snapshot's: checkpoint::snapshot_layout_hash of its boxes
   int64_t piece = -1;       // a live report's: index into its holder's HeldState::pieces
   std::vector<int> locals;  // a live report's: the piece's locals, or empty for all of them
+  std::vector<parallel::StateBox> partial;  // a live report's: boxes of partly held locals
 };
 
 // Collective over the new world: every rank's first live report, in rank order (entry r is
 // rank r's; an invalid one for a rank that holds nothing), then every rank's other pieces
 // and its `offers` (snapshots), in rank order. `host` identifies this rank's machine
 // (host_key()); holder, host and piece are filled in here. The pieces' `locals` lists travel
-// in a second exchange, only when some rank holds a part of a layout slot.
+// and `partial` boxes travel in a second exchange, only when some rank holds a part of a
+// layout slot.
 std::vector<HolderReport> exchange_reports(comm::Communicator& world, const HeldState& held,
                                            int64_t host,
                                            const std::vector<HolderReport>& offers = {});
@@ -118,7 +125,8 @@ struct Holders {
   int64_t epoch = 0, step = 0;
   int old_world = 0;  // the world of the first part's layout (the resize line's)
   // One source of layout A: report `report`, held by new rank `holder`, with the boxes of its
-  // layout slot that it holds (only its listed locals for a partial piece).
+  // layout slot that it holds (only its listed locals for a partial piece, and of a partly
+// held local only its arrived boxes).
   struct Part {
     int report = -1, holder = -1;
     parallel::RankLayout layout;
@@ -165,14 +173,15 @@ Holders choose_and_read(planner::PlanCache& plans, const parallel::StateSpace& s
 
 // What rank `rank` holds after its move (run_transition) threw: of each live part it moved
 // from (h.parts with holder `rank`, whose tensors `src` holds in layout A's order), the local
-// tensors not yet released, and the new layout's local tensors that arrived whole
-// (`finished`, run_transition's, as the piece of slot (new_world, new_rank)); the state of
+// tensors not yet released, and what arrived of the new layout's local tensors (`arrived`,
+// run_transition's: whole ones, and partly filled ones with their arrived boxes, as the
+// piece of slot (new_world, new_rank)); the state of
 // step h.step trained in epoch h.epoch. Parts read from snapshots are dropped (their agent
 // still offers them). Not valid when nothing is left; rank and world are left to the caller
 // (the world the worker last trained in).
 HeldState held_after_move(const Holders& h, const std::vector<HolderReport>& reports, int rank,
                           const std::vector<core::Tensor>& src,
-                          const std::vector<core::Tensor>& finished, int new_world, int new_rank);
+                          const parallel::Arrived& arrived, int new_world, int new_rank);
 
 // The LaunchEnv of a worker of local rank `base.local_rank` in the notice's epoch: its world
 // is the transition's (members, then the departing nodes' workers).

@@ -438,7 +438,8 @@ void RankTraining::enter_world(const std::string& why) {
     // takes the only ones and frees each source once it has moved, so a reshape peaks at the
     // larger holding plus the router's budget, not at old plus new. A newer epoch may abort
     // the entry midway (on every rank at once: the entering LossWatcher): each rank then holds
-    // what it had not yet freed and what had arrived whole (held_after_move), pieces of two
+    // what it had not yet freed and what had arrived (held_after_move: whole tensors, and
+    // the arrived boxes of partly filled ones, router.h's Arrived), pieces of two
     // layouts of this one step, and the next world takes the state from those (choose_holders
     // covers from pieces of any layouts), redoing nothing. keep_unless_backed keeps copies in
     // held_ until the world is entered (old plus new), unless same-step snapshots back it:
@@ -480,12 +481,13 @@ void RankTraining::enter_world(const std::string& why) {
     to.destinations = &persistent_;  // the blocks reserved ahead (prefault), or new ones
     to.on_progress = stall_for_tests(env_.rdzv_epoch, plan);
     to.connections = world_->connections();  // elastic.transfer_connections, across hosts
-    std::vector<core::Tensor> finished, mine;
+    parallel::Arrived arrived;
+    std::vector<core::Tensor> mine;
     try {
-      mine = parallel::run_transition(plan, holders.a, b, env_.rank, src, comm, to, &ts, &finished);
+      mine = parallel::run_transition(plan, holders.a, b, env_.rank, src, comm, to, &ts, &arrived);
     } catch (const CommError&) {
       if (free_old && !leaving_) {
-        held_ = held_after_move(holders, reports, env_.rank, src, finished, train_world_,
+        held_ = held_after_move(holders, reports, env_.rank, src, arrived, train_world_,
                                 env_.rank);
         held_.rank = held_rank, held_.world = held_world;
       }

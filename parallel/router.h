@@ -214,29 +214,50 @@ struct TransitionOptions {
   std::function<void(int wave, int round, const Message* incoming)> before_wait;
 };
 
+// What a rank holds of layout B when run_transition throws (a reshard that a newer epoch
+// aborts reports it: launch/live_resize.h), box by box. A destination filled from several
+// sources may have some of its pieces and not the others when the move stops, and the
+// sources of those it has may be freed already (a local copy's at once, a remote one's once
+// acknowledged): those pieces are then on no other rank, so they are reported as they are.
+// This costs nothing during the move (the destination is held anyway; only which transfers
+// completed is recorded), keeps the memory bound and the schedule as they are, and the next
+// world's planner takes the boxes like any other holder's. (The other way, a sender keeping
+// each source until every destination it feeds is whole at its receiver, would hold sources
+// past their last use, above rank_memory's peak, and wait on receivers' later rounds, which
+// the deadlock argument of router_exec.cc does not cover.)
+struct Arrived {
+  // In B.ranks[rank].locals order: each B local tensor into which some transfer completed
+  // (an adopted one from its start), else an undefined tensor.
+  std::vector<core::Tensor> tensors;
+  // Per local, the same order: empty for a tensor that is whole (every transfer into it
+  // completed) or undefined; else the boxes of it that hold their values: the completed
+  // transfers' boxes (disjoint, in plan order) as StateBoxes of that local (`local` its index,
+  // `local_start` where the box lies in it; replica fields 0/1).
+  std::vector<std::vector<StateBox>> partial;
+  bool whole(size_t l) const { return tensors.at(l).defined() && partial.at(l).empty(); }
+};
+
 // Executes rank `rank`'s part over `comm` (whose ranks are the layouts' ranks). `src` holds
 // this rank's A local tensors (A.ranks[rank].locals order, host memory); each is released
 // (reset) after its last use (see the memory model above), except that an adopted one lives on
 // as a B tensor; memory is freed only where these are the only handles. Returns
 // this rank's B local tensors and fills `stats` when not null (also when it throws). When it
-// throws, `finished` (when not null) gets, in B.ranks[rank].locals order, each B local tensor
-// every transfer into which had completed (an adopted one from its start), and an undefined
-// tensor for the others; `src` then still holds every source not yet released (those whose
-// acknowledgement had not come included: TransitionOptions::acknowledge). Together they
-// are what the rank holds of the moved state (a reshard that a newer epoch aborts reports
-// them: launch/live_resize.h). Collective
-// over the communicator when shared memory is used (two all_gathers at the start), else over
-// the ranks that appear in the plan, point-to-point only. Shared-memory staging is one channel
-// (slots x chunk bytes, reserved in /dev/shm) per same-host rank sending to this one, instead
-// of the communicator's staging tensors. Throws CommError from either transport (TimeoutError
-// when nothing moved for comm.timeout(), PeerLostError naming a dead peer) and InternalError
-// for a src tensor of the wrong shape or dtype.
+// throws, `arrived` (when not null) gets what had arrived of B (Arrived: whole tensors and
+// the completed boxes of partly filled ones); `src` then still holds every source not yet
+// released (those whose acknowledgement had not come included:
+// TransitionOptions::acknowledge). Together they are what the rank holds of the moved state.
+// Collective over the communicator when shared memory is used (two all_gathers at the
+// start), else over the ranks that appear in the plan, point-to-point only. Shared-memory
+// staging is one channel (slots x chunk bytes, reserved in /dev/shm) per same-host rank
+// sending to this one, instead of the communicator's staging tensors. Throws CommError from
+// either transport (TimeoutError when nothing moved for comm.timeout(), PeerLostError naming
+// a dead peer) and InternalError for a src tensor of the wrong shape or dtype.
 std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout& a, const Layout& b,
                                          int rank, std::vector<core::Tensor>& src,
                                          comm::Communicator& comm,
                                          const TransitionOptions& opt = {},
                                          TransitionStats* stats = nullptr,
-                                         std::vector<core::Tensor>* finished = nullptr);
+                                         Arrived* arrived = nullptr);
 
 // Copies the box `extent` at `src_start` of a dense row-major `src_shape` tensor into
 // `dst_start` of a dense `dst_shape` tensor, `elem` bytes per element.

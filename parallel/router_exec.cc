@@ -338,8 +338,7 @@ Acks acknowledged(const TransferPlan& plan, const Layout& a, const Layout& b, in
 std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout& a, const Layout& b,
                                          int rank, std::vector<core::Tensor>& src,
                                          comm::Communicator& comm, const TransitionOptions& opt,
-                                         TransitionStats* stats,
-                                         std::vector<core::Tensor>* finished) {
+                                         TransitionStats* stats, Arrived* arrived_out) {
   const RankLayout& ra = a.ranks.at(size_t(rank));
   const RankLayout& rb = b.ranks.at(size_t(rank));
   if (src.size() != ra.locals.size())
@@ -374,15 +373,22 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
   auto via_shm = [&](const Message& m) { return shm && shm->usable(m.src, m.dst); };
 
   std::vector<core::Tensor> dst(rb.locals.size());
-  // Bytes still to arrive in each B local: 0 once every transfer into it completed (`finished`).
+  // Bytes still to arrive in each B local: 0 once every transfer into it completed; and
+  // which transfers into this rank completed (`landed`), for the boxes of a partly filled one
+  // (Arrived) if the move stops. A transfer lands when its bytes are in the destination: a
+  // local copy at once, a message's once unpacked (the acknowledgement, or the drain of the
+  // shared-memory slots, keeps its source held until then).
   std::vector<int64_t> pending(rb.locals.size(), 0);
+  std::vector<char> landed(plan.transfers.size(), 0);
   for (const Transfer& t : plan.transfers)
     if (t.dst == rank) pending[size_t(rb.boxes.at(size_t(t.dst_box)).local)] += t.bytes;
+  auto land = [&](int ti) {
+    const Transfer& t = plan.transfers[size_t(ti)];
+    pending[size_t(rb.boxes[size_t(t.dst_box)].local)] -= t.bytes;
+    landed[size_t(ti)] = 1;
+  };
   auto arrived = [&](const Message& m) {
-    for (int ti : m.transfers) {
-      const Transfer& t = plan.transfers[size_t(ti)];
-      pending[size_t(rb.boxes[size_t(t.dst_box)].local)] -= t.bytes;
-    }
+    for (int ti : m.transfers) land(ti);
   };
   // Communicator staging: one outgoing and one incoming buffer, each of this rank's largest such
   // message, allocated at its first use, reused by every round and dropped at the end. The
@@ -531,7 +537,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           if (adopted[size_t(rb.boxes[size_t(t.dst_box)].local)]) break;
           Endpoint s = src_end(a, t, src), d = dst_end(b, t, dst);
           copy_box(d.data, d.shape, d.start, s.data, s.shape, s.start, t.extent, elem_of(t));
-          pending[size_t(rb.boxes[size_t(t.dst_box)].local)] -= t.bytes;
+          land(op.index);
           st.bytes_copied += t.bytes;
           progress();
           break;
@@ -650,10 +656,28 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
   } catch (...) {
     if (shm) shm->abort();
     if (stats) *stats = st;
-    if (finished) {
-      finished->assign(dst.size(), core::Tensor());
+    if (arrived_out) {
+      // Whole tensors, and the landed boxes of the partly filled ones: the only copy of a
+      // box whose source was freed (a local copy's, or an acknowledged message's).
+      Arrived& out = *arrived_out;
+      out.tensors.assign(dst.size(), core::Tensor());
+      out.partial.assign(dst.size(), {});
       for (size_t l = 0; l < dst.size(); ++l)
-        if (dst[l].defined() && pending[l] == 0) (*finished)[l] = dst[l];
+        if (dst[l].defined() && pending[l] == 0) out.tensors[l] = dst[l];
+      for (size_t ti = 0; ti < plan.transfers.size(); ++ti) {
+        if (!landed[ti]) continue;
+        const Transfer& t = plan.transfers[ti];
+        const StateBox& db = rb.boxes[size_t(t.dst_box)];
+        const size_t l = size_t(db.local);
+        if (pending[l] == 0) continue;  // whole
+        StateBox piece;
+        piece.state = t.state;
+        piece.start = t.start, piece.extent = t.extent;
+        piece.local = db.local;
+        piece.local_start = local_coords(db, t.start);
+        out.partial[l].push_back(std::move(piece));
+        out.tensors[l] = dst[l];
+      }
     }
     throw;
   }
