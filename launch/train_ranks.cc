@@ -491,8 +491,11 @@ void RankTraining::enter_world(const std::string& why) {
                                 env_.rank);
         held_.rank = held_rank, held_.world = held_world;
       }
+      size_t partial = 0;  // boxes of destinations that arrived in part
+      for (const HeldPiece& p : held_.pieces) partial += p.partial.size();
       WEFT_DEBUG("resize", "rank ", env_.rank, ": the move stopped midway; it holds ",
-                 held_.pieces.size(), " pieces (", mib(size_t(held_.bytes())), " MiB)");
+                 held_.pieces.size(), " pieces (", mib(size_t(held_.bytes())), " MiB; ", partial,
+                 " boxes of tensors that arrived in part)");
       throw;
     }
     // The most this rank held in state during the move (tensors and staging): the router's

@@ -4,7 +4,10 @@
 // it holds (elastic.old_state: keep_unless_backed frees the old state as it moves only then).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
+
+#include "base/error.h"
 
 #include "launch/live_resize.h"
 #include "parallel/router.h"
@@ -149,6 +152,105 @@ TEST(ChooseHolders, CoversTheStateFromPiecesOfTwoLayoutsOfOneStep) {
     apart[2] = other;
     EXPECT_FALSE(choose_holders(plans, space, apart, 3).found) << other.step << " " << other.epoch;
   }
+}
+
+// A destination that a stopped move filled in part (parallel::Arrived) is reported with the
+// boxes that arrived: the newcomer of a dp2 -> dp3 move holds one of its first-moment shards
+// in two halves. Both halves cover the state with the old layout's pieces; one half alone
+// leaves the other on no rank (the planner never takes the rest of that tensor for data); a
+// box that is not the slot's is refused. held_after_move reports such a tensor with its
+// boxes, and keeps them on a partly held source of a move that stops again.
+TEST(ChooseHolders, APartlyFilledDestinationHoldsOnlyItsArrivedBoxes) {
+  const core::JobSpec spec = zero1_spec();
+  planner::PlanCache plans(spec);
+  const parallel::StateSpace space = parallel::StateSpace::from_graph(plans.graph()->graph);
+  const parallel::Layout l2 = parallel::layout_of(space, *plans.plan(2));
+  const parallel::Layout l3 = parallel::layout_of(space, *plans.plan(3));
+  std::vector<std::vector<int>> rest(2), moved(3);
+  for (int r = 0; r < 2; ++r) rest[size_t(r)] = locals_where(space, l2.ranks[size_t(r)], false);
+  for (int r = 0; r < 3; ++r) moved[size_t(r)] = locals_where(space, l3.ranks[size_t(r)], true);
+  // The newcomer's first box of a first moment whose leading extent splits in two.
+  const parallel::RankLayout& slot = l3.ranks[2];
+  const parallel::StateBox* box = nullptr;
+  for (const parallel::StateBox& b : slot.boxes)
+    if (space.at(b.state).kind == parallel::StateKind::kAdamM && !b.extent.empty() &&
+        b.extent[0] >= 2 && slot.locals[size_t(b.local)].shape.size() == b.extent.size()) {
+      box = &b;
+      break;
+    }
+  ASSERT_NE(box, nullptr);
+  int others = 0;  // the slot's other boxes of that local (kept whole)
+  for (const parallel::StateBox& b : slot.boxes) others += b.local == box->local && !(b == *box);
+  parallel::StateBox lo = *box, hi = *box;
+  lo.extent[0] = box->extent[0] / 2;
+  hi.extent[0] = box->extent[0] - lo.extent[0];
+  hi.start[0] += lo.extent[0], hi.local_start[0] += lo.extent[0];
+  std::vector<HolderReport> reports = {piece(0, 2, 0, rest[0]), piece(1, 2, 1, rest[1]),
+                                       piece(2, 3, 2, moved[2]), piece(0, 3, 0, moved[0]),
+                                       piece(1, 3, 1, moved[1])};
+  // The other boxes of the local, whole, then the two halves: the whole local again.
+  for (const parallel::StateBox& b : slot.boxes)
+    if (b.local == box->local && !(b == *box)) reports[2].partial.push_back(b);
+  reports[2].partial.push_back(lo);
+  reports[2].partial.push_back(hi);
+  const Holders h = choose_holders(plans, space, reports, 3);
+  ASSERT_TRUE(h.found) << h.why_not;
+  EXPECT_TRUE(h.mixed);
+  // The part's boxes of that local: the halves (state and place in the tensor the slot's).
+  const auto at = std::find(moved[2].begin(), moved[2].end(), box->local);
+  ASSERT_NE(at, moved[2].end());
+  const int part_local = int(at - moved[2].begin());
+  std::vector<parallel::StateBox> got;
+  for (const parallel::StateBox& b : h.a.ranks[2].boxes)
+    if (b.local == part_local) got.push_back(b);
+  ASSERT_EQ(got.size(), size_t(others) + 2);
+  EXPECT_EQ(got[size_t(others)].start, lo.start);
+  EXPECT_EQ(got[size_t(others)].extent, lo.extent);
+  EXPECT_EQ(got[size_t(others) + 1].local_start, hi.local_start);
+  EXPECT_EQ(got[size_t(others) + 1].state, box->state);
+  // One half alone: the other is on no rank, so no holders, naming the moment.
+  std::vector<HolderReport> half = reports;
+  half[2].partial.pop_back();
+  const Holders none = choose_holders(plans, space, half, 3);
+  EXPECT_FALSE(none.found);
+  EXPECT_NE(none.why_not.find("adam_m:"), std::string::npos) << none.why_not;
+  // A box outside the slot's boxes of that local, or of a local the piece does not list.
+  std::vector<HolderReport> bad = half;
+  bad[2].partial.back().local_start[0] += 1;
+  EXPECT_THROW(choose_holders(plans, space, bad, 3), InternalError);
+  bad = half;
+  const std::vector<int> unlisted = locals_where(space, slot, false);
+  ASSERT_FALSE(unlisted.empty());
+  bad[2].partial.back().local = unlisted[0];
+  EXPECT_THROW(choose_holders(plans, space, bad, 3), InternalError);
+
+  // held_after_move: the newcomer's tensors of the new layout, that local with only `lo`.
+  parallel::Arrived arrived;
+  arrived.tensors.resize(slot.locals.size());
+  arrived.partial.resize(slot.locals.size());
+  for (size_t l = 0; l < slot.locals.size(); ++l)
+    arrived.tensors[l] = core::Tensor::zeros({1}, core::DType::kF32);
+  arrived.partial[size_t(box->local)] = {lo};
+  std::vector<core::Tensor> src(h.a.ranks[2].locals.size());  // its old part all freed
+  HeldState left = held_after_move(h, reports, 2, src, arrived, 3, 2);
+  ASSERT_TRUE(left.valid);
+  ASSERT_EQ(left.pieces.size(), 1u);
+  // Every local is there, one in part: the slot is listed, not held whole.
+  EXPECT_EQ(left.pieces[0].locals.size(), slot.locals.size());
+  ASSERT_EQ(left.pieces[0].partial.size(), 1u);
+  EXPECT_EQ(left.pieces[0].partial[0], lo);
+  // All whole: the whole slot (no list), as before.
+  arrived.partial[size_t(box->local)].clear();
+  left = held_after_move(h, reports, 2, src, arrived, 3, 2);
+  ASSERT_EQ(left.pieces.size(), 1u);
+  EXPECT_TRUE(left.pieces[0].locals.empty());
+  EXPECT_TRUE(left.pieces[0].partial.empty());
+  // The next move stops too, the partly held source not yet released: it stays partial.
+  src[size_t(part_local)] = core::Tensor::zeros({1}, core::DType::kF32);
+  left = held_after_move(h, reports, 2, src, parallel::Arrived{}, 3, 2);
+  ASSERT_EQ(left.pieces.size(), 1u);
+  EXPECT_EQ(left.pieces[0].locals, std::vector<int>{box->local});
+  EXPECT_EQ(left.pieces[0].partial.size(), size_t(others) + 2);
 }
 
 // The common case stays what it was: every survivor's whole state is one part, not mixed.
