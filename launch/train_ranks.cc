@@ -205,7 +205,8 @@ class RankTraining {
   int transfer_connections() const { return live_ ? int(job_.elastic.transfer_connections) : 1; }
   // Tests only: the transfer's progress hook that stops a move midway (WEFT_TEST_STALL_MOVE).
   std::function<void(const parallel::TransitionStats&)> stall_for_tests(
-      int64_t epoch, const parallel::TransferPlan& plan);
+      int64_t epoch, const parallel::TransferPlan& plan, const parallel::Layout& a,
+      const parallel::Layout& b);
 
   const Args& args_;
   const core::JobSpec& job_;  // as the job file gives it
@@ -389,6 +390,8 @@ void RankTraining::enter_world(const std::string& why) {
     arrival_.rebuilt = holders.rebuilt;
     arrival_.mixed = holders.mixed;
   } else {
+    if (gather && !first_world_)  // which box nobody holds (the resize line says the outcome)
+      WEFT_DEBUG("resize", "rank ", env_.rank, ": no holders cover the state: ", holders.why_not);
     // The first world: --resume, or after a restart of the whole job the latest checkpoint.
     // A later one: the latest checkpoint, since nobody alive holds all of the state.
     parallel::LaunchEnv e = env_;
@@ -479,7 +482,7 @@ void RankTraining::enter_world(const std::string& why) {
     parallel::TransitionStats ts;
     parallel::TransitionOptions to;
     to.destinations = &persistent_;  // the blocks reserved ahead (prefault), or new ones
-    to.on_progress = stall_for_tests(env_.rdzv_epoch, plan);
+    to.on_progress = stall_for_tests(env_.rdzv_epoch, plan, holders.a, b);
     to.connections = world_->connections();  // elastic.transfer_connections, across hosts
     parallel::Arrived arrived;
     std::vector<core::Tensor> mine;
@@ -612,19 +615,52 @@ void RankTraining::enter_world(const std::string& why) {
 // of membership epoch <epoch>, once this rank's transfer has moved <percent> of its bytes in
 // `plan` (copied, sent and received), it waits there until a newer epoch's notice has made
 // the entering LossWatcher abort this world (at most WEFT_RESIZE_TIMEOUT_MS), once: the move
-// stops midway on every rank.
+// stops midway on every rank. <epoch>:partial stops it instead right after the rank's first
+// local copy into a tensor that other ranks send the rest of, and once the world is aborted
+// fails there (a partly filled destination at the stop); a rank without one does not stop.
 // Unset (every real run): no hook.
 std::function<void(const parallel::TransitionStats&)> RankTraining::stall_for_tests(
-    int64_t epoch, const parallel::TransferPlan& plan) {
+    int64_t epoch, const parallel::TransferPlan& plan, const parallel::Layout& a,
+    const parallel::Layout& b) {
   const std::string v = env_string("WEFT_TEST_STALL_MOVE", "");
   const size_t colon = v.find(':');
   if (v.empty() || colon == std::string::npos || std::stoll(v.substr(0, colon)) != epoch)
     return {};
-  int64_t total = 0;
-  for (const parallel::Transfer& t : plan.transfers)
-    if (t.src == env_.rank || t.dst == env_.rank) total += t.bytes;
-  const int64_t bytes = total * std::stoll(v.substr(colon + 1)) / 100;
-  return [this, bytes, done = false](const parallel::TransitionStats& st) mutable {
+  int64_t bytes = 0;
+  const bool partial = v.substr(colon + 1) == "partial";
+  if (partial) {
+    // Right after the first local copy into a destination that also receives from another
+    // rank: partly filled at the stop (parallel::Arrived). The rank's counts then are its
+    // local copies so far and every message of the earlier rounds (a wave's copies come
+    // before its rounds). A rank without such a copy does not stop.
+    const parallel::RankLayout& rb = b.ranks[size_t(env_.rank)];
+    std::vector<char> remote(rb.locals.size(), 0);
+    for (const parallel::Transfer& t : plan.transfers)
+      if (t.dst == env_.rank && !t.local()) remote[size_t(rb.boxes[size_t(t.dst_box)].local)] = 1;
+    const std::vector<int> adopt = parallel::adopted_locals(plan, a, b, env_.rank);
+    int64_t moved = 0;
+    for (const parallel::RankOp& op : parallel::rank_ops(plan, a, b, env_.rank)) {
+      if (op.kind == parallel::RankOp::kSend || op.kind == parallel::RankOp::kRecv) {
+        moved += op.bytes;
+      } else if (op.kind == parallel::RankOp::kCopy) {
+        const parallel::Transfer& t = plan.transfers[size_t(op.index)];
+        const size_t l = size_t(rb.boxes[size_t(t.dst_box)].local);
+        if (adopt[l] >= 0) continue;  // adopted: no copy
+        moved += t.bytes;
+        if (remote[l]) {
+          bytes = moved;
+          break;
+        }
+      }
+    }
+    if (bytes == 0) return {};
+  } else {
+    int64_t total = 0;
+    for (const parallel::Transfer& t : plan.transfers)
+      if (t.src == env_.rank || t.dst == env_.rank) total += t.bytes;
+    bytes = total * std::stoll(v.substr(colon + 1)) / 100;
+  }
+  return [this, bytes, partial, done = false](const parallel::TransitionStats& st) mutable {
     const int64_t moved = st.bytes_copied + st.bytes_sent_shm + st.bytes_received_shm +
                           st.bytes_sent_comm + st.bytes_received_comm;
     if (done || moved < bytes) return;
@@ -638,6 +674,9 @@ std::function<void(const parallel::TransitionStats&)> RankTraining::stall_for_te
     const auto t0 = Clock::now();
     while (!world_->comm().aborted() && Clock::now() - t0 < limit)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    // `partial`: the move ends right here, its destination partly filled (returning would let
+    // the shared-memory transfers go on until some wait failed, wherever that is).
+    if (partial) throw CommError("the move was stopped by WEFT_TEST_STALL_MOVE");
   };
 }
 

@@ -601,12 +601,17 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
                      in->move(at, const_cast<char*>(buf), n, false);
                    }};
             }
+            // The incoming message lands with its last chunk, before anything that may throw
+            // (progress(), or the exchange still waiting on its own send): its sender counts it
+            // delivered once the slots are drained and frees the source then, so a receiver
+            // that failed after that point and did not report it would lose it.
+            int64_t shm_got = 0;
             shm->exchange(shm_out ? &s : nullptr, shm_in ? &r : nullptr,
                           [&](int64_t sent, int64_t got) {
                             st.bytes_sent_shm += sent, st.bytes_received_shm += got;
+                            if (got > 0 && (shm_got += got) == shm_in->bytes) arrived(*shm_in);
                             progress();
                           });
-            if (shm_in) arrived(*shm_in);  // exchange() returns once every byte is in
           }
           for (comm::Work& w : recv_work) w.wait();
           for (comm::Work& w : send_work) w.wait();

@@ -106,5 +106,52 @@ TEST(LiveResizeOldState, AMoveStoppedByASecondJoinResumesFromThePiecesOfBothLayo
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 
+// The same join, the move stopped instead right after rank 1 copied its own part of a
+// first-moment shard into its new one, before the rest of that shard came from rank 0
+// (WEFT_TEST_STALL_MOVE=2:partial): rank 1 then holds that tensor in part and reports the
+// boxes that arrived (parallel::Arrived); the world of four plans from them with the other
+// pieces, resumes at the same step and gives one process's losses.
+TEST(LiveResizeOldState, AMoveStoppedWithATensorFilledInPartResumesFromItsArrivedBoxes) {
+  LiveJob job;
+  job.dir = agent_test_dir("live_resize_old_state", "partial");
+  job.id = "live-partial-" + std::to_string(::getpid());
+  job.nnodes = "2:4";
+  job.steps = 120;
+  const std::vector<std::string> layout = {"parallel.dp=auto", "parallel.zero=1"};
+  job.sets = layout;
+  job.env = {"WEFT_TEST_STALL_MOVE=2:partial", "WEFT_ROUTER_BUDGET_BYTES=65536",
+             "WEFT_LOG_LEVEL=debug", "WEFT_LOG_SUBSYS=resize"};
+  const fs::path ref = reference_run(job.dir, job.steps, layout);
+  job.start_in_order(2);
+  ASSERT_TRUE(job.wait_steps(30)) << job.all_logs();
+  job.start();  // epoch 2: world 3
+  ASSERT_TRUE(poll_until([&] { return !job.lines_with(1, "the move stops after").empty(); }))
+      << job.all_logs();
+  const size_t held_step = job.rows().size();
+  job.start();  // epoch 3: world 4
+  ASSERT_TRUE(job.wait_world(4, 10)) << phases_text(job.phases()) << job.all_logs();
+  job.expect_exits({0, 1, 2, 3});
+  const std::vector<std::string> held = job.lines_with(1, "the move stopped midway; it holds");
+  ASSERT_EQ(held.size(), 1u) << job.text(1);
+  std::printf("[ says     ] %s\n", held[0].c_str());
+  const size_t at = held[0].find("MiB; ");
+  ASSERT_NE(at, std::string::npos) << held[0];
+  EXPECT_GT(std::stoll(held[0].substr(at + 5)), 0) << held[0];
+  EXPECT_NE(held[0].find("boxes of tensors that arrived in part"), std::string::npos) << held[0];
+  const std::vector<std::string> lines = job.lines_with(0, "] resize: epoch");
+  ASSERT_EQ(lines.size(), 1u) << job.text(0);
+  const std::string& resize = lines[0];
+  std::printf("[ says     ] %s\n", resize.c_str());
+  EXPECT_NE(resize.find("epoch 1 -> 3, world 2 -> 4"), std::string::npos) << resize;
+  EXPECT_NE(resize.find("at step " + std::to_string(held_step) + ":"), std::string::npos) << resize;
+  EXPECT_NE(resize.find("a move that this epoch stopped midway left the state in pieces of the "
+                        "old and the new layout, of this step"),
+            std::string::npos)
+      << resize;
+  EXPECT_EQ(resize.find("steps back"), std::string::npos) << resize;
+  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, kRelDp);
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+}
+
 }  // namespace
 }  // namespace weft::test
