@@ -123,18 +123,27 @@ std::vector<HolderReport> exchange_reports(comm::Communicator& world, const Held
     const size_t before = lists.size();
     lists.insert(lists.end(), r.locals.begin(), r.locals.end());
     put_boxes(r.partial, lists);
-    const int64_t f[kFields] = {r.valid,        r.epoch,    r.rank,
-                                r.world,        r.step,     host,
-                                world.rank(),   r.source,   r.layout_hash,
-                                r.piece,        int64_t(r.locals.size()),
-                                int64_t(lists.size() - before - r.locals.size())};
+    const int64_t boxes = int64_t(lists.size() - before - r.locals.size());
+    const int64_t f[kFields] = {r.valid,
+                                r.epoch,
+                                r.rank,
+                                r.world,
+                                r.step,
+                                host,
+                                world.rank(),
+                                r.source,
+                                r.layout_hash,
+                                r.piece,
+                                int64_t(r.locals.size()),
+                                boxes};
     fixed.insert(fixed.end(), f, f + kFields);
   }
   const std::vector<std::vector<int64_t>> rows = gather_rows(world, fixed);
   // Every rank knows from the fixed part whether anybody has lists: then all exchange them.
   bool any_lists = false;
   for (const std::vector<int64_t>& row : rows)
-    for (size_t k = 0; k + kFields <= row.size(); k += kFields) any_lists |= row[k + 10] > 0 || row[k + 11] > 0;
+    for (size_t k = 0; k + kFields <= row.size(); k += kFields)
+      any_lists |= row[k + 10] > 0 || row[k + 11] > 0;
   std::vector<std::vector<int64_t>> list_rows(static_cast<size_t>(n));
   if (any_lists) list_rows = gather_rows(world, lists);
   std::vector<std::vector<HolderReport>> by_rank(static_cast<size_t>(n));
@@ -252,10 +261,9 @@ parallel::RankLayout piece_layout(const parallel::RankLayout& full, const Holder
     boxes.push_back(std::move(b));
   }
   // Grouped by local tensor, in local order (RankLayout).
-  std::stable_sort(boxes.begin(), boxes.end(),
-                   [](const parallel::StateBox& x, const parallel::StateBox& y) {
-                     return x.local < y.local;
-                   });
+  std::stable_sort(
+      boxes.begin(), boxes.end(),
+      [](const parallel::StateBox& x, const parallel::StateBox& y) { return x.local < y.local; });
   out.boxes = std::move(boxes);
   return out;
 }
@@ -440,8 +448,8 @@ Holders choose_and_read(planner::PlanCache& plans, const parallel::StateSpace& s
 }
 
 HeldState held_after_move(const Holders& h, const std::vector<HolderReport>& reports, int rank,
-                          const std::vector<core::Tensor>& src,
-                          const parallel::Arrived& arrived, int new_world, int new_rank) {
+                          const std::vector<core::Tensor>& src, const parallel::Arrived& arrived,
+                          int new_world, int new_rank) {
   HeldState held;
   held.epoch = h.epoch;
   held.step = h.step;

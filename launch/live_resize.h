@@ -126,7 +126,7 @@ struct Holders {
   int old_world = 0;  // the world of the first part's layout (the resize line's)
   // One source of layout A: report `report`, held by new rank `holder`, with the boxes of its
   // layout slot that it holds (only its listed locals for a partial piece, and of a partly
-// held local only its arrived boxes).
+  // held local only its arrived boxes).
   struct Part {
     int report = -1, holder = -1;
     parallel::RankLayout layout;
@@ -180,8 +180,8 @@ Holders choose_and_read(planner::PlanCache& plans, const parallel::StateSpace& s
 // still offers them). Not valid when nothing is left; rank and world are left to the caller
 // (the world the worker last trained in).
 HeldState held_after_move(const Holders& h, const std::vector<HolderReport>& reports, int rank,
-                          const std::vector<core::Tensor>& src,
-                          const parallel::Arrived& arrived, int new_world, int new_rank);
+                          const std::vector<core::Tensor>& src, const parallel::Arrived& arrived,
+                          int new_world, int new_rank);
 
 // The LaunchEnv of a worker of local rank `base.local_rank` in the notice's epoch: its world
 // is the transition's (members, then the departing nodes' workers).

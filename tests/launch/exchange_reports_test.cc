@@ -32,9 +32,8 @@ TEST(ExchangeReports, PartlyFilledTensorsTravelWithTheirBoxes) {
   HeldState h0;
   h0.valid = true, h0.epoch = 2, h0.rank = 0, h0.world = 2, h0.step = 41;
   h0.pieces.push_back(HeldPiece{0, 2, {0, 2}, {}, {}});
-  const std::vector<parallel::StateBox> partial = {box(4, {}, {}, {}),
-                                                   box(4, {8, 0}, {4, 16}, {0, 0}),
-                                                   box(4, {32}, {7}, {12})};
+  const std::vector<parallel::StateBox> partial = {
+      box(4, {}, {}, {}), box(4, {8, 0}, {4, 16}, {0, 0}), box(4, {32}, {7}, {12})};
   h0.pieces.push_back(HeldPiece{0, 3, {1, 4}, {}, partial});
   HeldState h1;
   h1.valid = true, h1.epoch = 2, h1.rank = 1, h1.world = 2, h1.step = 41;

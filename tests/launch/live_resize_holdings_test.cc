@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "base/error.h"
-
 #include "launch/live_resize.h"
 #include "parallel/router.h"
 #include "planner/plan_cache.h"

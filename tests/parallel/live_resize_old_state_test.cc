@@ -45,7 +45,7 @@ TEST(LiveResizeOldState, TheDefaultFreesTheSurvivorsStateWithoutASnapshotAndKeep
 // dp2 ZeRO-1 grows to dp3 by a join, no snapshots; the move stops at half of each rank's bytes
 // (WEFT_TEST_STALL_MOVE, with a router budget small enough for many waves; the first rank to
 // get there holds up the others) until a fourth node joins. Each rank then holds the old layout's tensors it had not freed and the new layout's
-// that had arrived whole; the world of four takes the state of that same step from those
+// that had arrived (whole, or in part with its arrived boxes); the world of four takes the state of that same step from those
 // pieces: no step redone, every worker kept (the survivors and the first newcomer), one
 // process's losses.
 TEST(LiveResizeOldState, AMoveStoppedByASecondJoinResumesFromThePiecesOfBothLayouts) {

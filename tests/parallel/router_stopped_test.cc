@@ -84,7 +84,8 @@ RankLayout arrived_layout(const RankLayout& rb, const std::vector<int>& done,
 
 // Copies of `tensors` (rl's locals) that keep only the elements of rl's boxes, zero
 // elsewhere: a partly filled destination has arbitrary bytes outside what arrived.
-std::vector<core::Tensor> boxes_only(const RankLayout& rl, const std::vector<core::Tensor>& tensors) {
+std::vector<core::Tensor> boxes_only(const RankLayout& rl,
+                                     const std::vector<core::Tensor>& tensors) {
   std::vector<core::Tensor> out;
   for (const core::Tensor& x : tensors) out.push_back(core::Tensor::zeros(x.shape(), x.dtype()));
   for (const StateBox& b : rl.boxes) {
@@ -212,8 +213,9 @@ Left run_stopped_move(
         const RankLayout mine = arrived_layout(b.ranks[size_t(r)], done, partial);
         EXPECT_EQ(mismatches(space, only_locals(a.ranks[size_t(r)], kept), kept_t), 0);
         EXPECT_EQ(mismatches(space, mine, boxes_only(mine, done_t)), 0);
-        std::ofstream(held / std::to_string(r))
-            << join(kept) << "\n" << join(done) << "\n" << boxes_line(partial) << "\n";
+        std::ofstream(held / std::to_string(r)) << join(kept) << "\n"
+                                                << join(done) << "\n"
+                                                << boxes_line(partial) << "\n";
       },
       ro);
   EXPECT_TRUE(result.ok()) << result.summary();
@@ -287,15 +289,15 @@ bool stalled_receiver_keeps_everything(bool shared_memory, bool acknowledge) {
   const Join j = join_of(shared_memory);
   const auto [wave, round] = round_before_a_release(j);
   EXPECT_GE(wave, 0) << "no sender frees a source right after a message to the newcomer";
-  const Left left = run_stopped_move(
-      j, shared_memory, acknowledge, [&](TransitionOptions& opt, std::function<void()> stopped) {
-        opt.before_wait = [=](int w, int r, const Message* in) {
-          if (w == wave && r == round) {
-            EXPECT_NE(in, nullptr);
-            stopped();
-          }
-        };
-      });
+  const Left left = run_stopped_move(j, shared_memory, acknowledge,
+                                     [&](TransitionOptions& opt, std::function<void()> stopped) {
+                                       opt.before_wait = [=](int w, int r, const Message* in) {
+                                         if (w == wave && r == round) {
+                                           EXPECT_NE(in, nullptr);
+                                           stopped();
+                                         }
+                                       };
+                                     });
   EXPECT_GT(left.released, 0) << "no source was freed before the stall: nothing to lose";
   try {
     check_covers(j.space, left.with);
@@ -352,8 +354,8 @@ TEST(RouterStopped, AReceiverFailingRightAfterItsLastChunkThroughSharedMemoryRep
   const auto [wave, round] = round_before_a_release(j);
   ASSERT_GE(wave, 0) << "no sender frees a source right after a message to the newcomer";
   const int64_t through = received_through(j, wave, round);
-  const Left left = run_stopped_move(
-      j, true, true, [&](TransitionOptions& opt, std::function<void()> stopped) {
+  const Left left =
+      run_stopped_move(j, true, true, [&](TransitionOptions& opt, std::function<void()> stopped) {
         opt.on_progress = [=](const TransitionStats& st) {
           if (st.bytes_received_shm >= through) stopped();
         };
