@@ -234,7 +234,6 @@ struct Arrived {
   // transfers' boxes (disjoint, in plan order) as StateBoxes of that local (`local` its index,
   // `local_start` where the box lies in it; replica fields 0/1).
   std::vector<std::vector<StateBox>> partial;
-  bool whole(size_t l) const { return tensors.at(l).defined() && partial.at(l).empty(); }
 };
 
 // Executes rank `rank`'s part over `comm` (whose ranks are the layouts' ranks). `src` holds
