@@ -25,6 +25,7 @@
 #include "base/check.h"
 #include "comm/backend.h"
 #include "base/foreign_checks.h"
+#include "comm/gloo/gloo_abortable.h"
 #include "comm/gloo/gloo_links.h"
 #include "comm/gloo/gloo_store.h"
 #include "comm/reduce.h"
@@ -117,7 +118,8 @@ class GlooCommunicator final : public Backend {
   // Records the first failure, tears the transport down so peers and pending transfers fail
   // fast, and returns what the failed operation reports (an abort wins over its echo).
   std::exception_ptr fail_with(std::exception_ptr error) noexcept;
-  // Shuts the connections down so that pending transfers here and at the peers fail now.
+  // Shuts the connections down and interrupts every wait on a transfer, so that pending
+  // transfers here and at the peers fail now.
   void teardown() noexcept;
   ForeignFailure classify(const std::string& message) const;
   Work watch_p2p(std::unique_ptr<gloo::transport::UnboundBuffer> buf, const core::Tensor& tensor,
@@ -129,7 +131,7 @@ class GlooCommunicator final : public Backend {
 
   CommOptions opts_;
   std::shared_ptr<gloo::transport::Device> device_;
-  std::shared_ptr<gloo::Context> context_;
+  std::shared_ptr<AbortableContext> context_;
   std::unique_ptr<GlooLinks> links_;
   SelfMailbox mailbox_;
   int split_seq_ = 0;
@@ -166,10 +168,12 @@ GlooCommunicator::GlooCommunicator(const CommOptions& opts)
     gloo::transport::tcp::attr attr;
     attr.hostname = opts.host;
     WEFT_GLOO_CHECK(device_ = gloo::transport::tcp::CreateDevice(attr), classify_rendezvous);
-    auto context = std::make_shared<gloo::rendezvous::Context>(rank(), size());
+    auto context =
+        std::make_shared<AbortableContext>(rank(), size(), str(kTeardownMarker, ": transfer interrupted"));
     context->setTimeout(opts.timeout);
     GlooStore store(*opts.store, opts.prefix + "/gloo");
     WEFT_GLOO_CHECK(context->connectFullMesh(store, device_), classify_rendezvous);
+    context->track_buffers();
     context_ = context;
     links_ = std::make_unique<GlooLinks>(*context_, *opts.store, opts.prefix + "/gloo");
   }
@@ -223,6 +227,9 @@ ForeignFailure GlooCommunicator::classify(const std::string& m) const {
 
 void GlooCommunicator::teardown() noexcept {
   if (links_) links_->shut_down();
+  // Shutting the connections down fails what is queued on them, but not a transfer whose
+  // bytes are on the wire (gloo_abortable.h): interrupt every wait on this context's buffers.
+  if (context_) context_->abort_transfers();
 }
 
 std::exception_ptr GlooCommunicator::fail_with(std::exception_ptr error) noexcept {
