@@ -101,16 +101,11 @@ void BufferRegistry::abort() noexcept {
   // set until its next wait (Gloo resets them there), so a wait that starts after this
   // returns at once, and TrackedBuffer turns that into the abort's exception.
   std::lock_guard<std::mutex> lock(mu_);
-  aborted_ = true;
+  aborted_.store(true, std::memory_order_release);
   for (UnboundBuffer* b : live_) {
     b->abortWaitRecv();
     b->abortWaitSend();
   }
-}
-
-bool BufferRegistry::aborted() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return aborted_;
 }
 
 AbortableContext::AbortableContext(int rank, int size, std::string abort_message)

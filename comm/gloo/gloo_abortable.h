@@ -16,6 +16,7 @@
 #include <gloo/transport/context.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,13 +32,13 @@ class BufferRegistry {
   void remove(gloo::transport::UnboundBuffer* inner);
   // Every wait on a tracked buffer, now and later, fails with gloo::IoException(message).
   void abort() noexcept;
-  bool aborted() const;
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
   const std::string& message() const { return message_; }
 
  private:
   const std::string message_;
-  mutable std::mutex mu_;
-  bool aborted_ = false;
+  std::mutex mu_;
+  std::atomic<bool> aborted_{false};  // read on every wait: no lock there
   std::unordered_set<gloo::transport::UnboundBuffer*> live_;
 };
 
