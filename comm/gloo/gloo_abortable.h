@@ -2,14 +2,13 @@
 // that Gloo's TCP transport leaves to their timeouts.
 //
 // Why: when a connection ends (a peer lost, or GlooLinks::shut_down), the TCP pair fails the
-// operations queued on it, but not the receive whose bytes its event loop is reading nor a
-// send it is still writing (gloo 0.5's Pair::signalException skips rx_ and the unbound sends
-// in tx_). Their waitRecv/waitSend then ran on to the collective's timeout: after a node
-// loss, a survivor that was moving a large message to or from another survivor sat in an
-// aborted world's collective for the whole 60 s. Gloo's only way to end such a wait is the
-// buffer's abortWaitRecv/abortWaitSend, and the collectives create their buffers (scratch
-// included) through the context; so this context hands out buffers it tracks, and abort()
-// interrupts every wait on them.
+// operations queued on it, but not the receive whose bytes its event loop is reading (Gloo's
+// Pair::signalException walks the pending queues, not the message in rx_). That waitRecv then
+// ran on to the collective's timeout: after a node loss, a survivor receiving a large message
+// from a peer sat in an aborted world's collective for the whole 60 s. Gloo's only way to end
+// such a wait is the buffer's abortWaitRecv (abortWaitSend for sends), and the collectives
+// create their buffers (scratch included) through the context; so this context hands out
+// buffers it tracks, and abort() interrupts every wait on them, sends included.
 #pragma once
 
 #include <gloo/rendezvous/context.h>

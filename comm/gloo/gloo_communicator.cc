@@ -227,7 +227,7 @@ ForeignFailure GlooCommunicator::classify(const std::string& m) const {
 
 void GlooCommunicator::teardown() noexcept {
   if (links_) links_->shut_down();
-  // Shutting the connections down fails what is queued on them, but not a transfer whose
+  // Shutting the connections down fails what is queued on them, but not a receive whose
   // bytes are on the wire (gloo_abortable.h): interrupt every wait on this context's buffers.
   if (context_) context_->abort_transfers();
 }
