@@ -66,11 +66,12 @@ void expect_aborted(Work& w, const std::string& reason) {
 
 // Rank 1 broadcasts 64 MiB to rank 0. Rank 0 freezes rank 1 (SIGSTOP) once the first bytes
 // have arrived, and checks that the last have not: its receive is then on the wire (and rank
-// 1's send, more than the socket buffers hold, unfinished). Each rank aborts its communicator from another thread, as the
-// LossWatcher does, and each wait must end with that abort. A transfer that finished before
-// the freeze took hold is let through and tried again.
-TEST(GlooAbortMidway, AnAbortEndsAReceiveWhoseBytesAreOnTheWire) {
-  test::RunResult result = test::run_ranks(2, [](test::RankContext& ctx) {
+// 1's send, more than the socket buffers hold, unfinished). A transfer that finished before
+// the freeze took hold is let through and tried again. Then, with `kill_sender`, rank 1 dies
+// there (SIGKILL, as a lost node's worker); without, it aborts too once rank 0 has. Rank 0
+// aborts from another thread, as the LossWatcher does, and its wait must end with that abort.
+test::RunResult run_midway(bool kill_sender) {
+  return test::run_ranks(2, [kill_sender](test::RankContext& ctx) {
     auto store = ctx.store();
     CommOptions o;
     o.rank = ctx.rank();
@@ -114,15 +115,32 @@ TEST(GlooAbortMidway, AnAbortEndsAReceiveWhoseBytesAreOnTheWire) {
         w.wait();
         continue;
       }
+      if (kill_sender) ::kill(peer, SIGKILL);
       std::thread aborter([&] { comm->abort("rank 0 aborted midway"); });
       expect_aborted(w, "rank 0 aborted midway");
       aborter.join();
     }
     EXPECT_TRUE(caught) << "no transfer was frozen midway in " << kAttempts << " attempts";
+    if (kill_sender && caught) return;
     store->set_string("abort1", "1");
     ::kill(peer, SIGCONT);
   }, {.deadline = 110s});
+}
+
+TEST(GlooAbortMidway, AnAbortEndsAReceiveWhoseBytesAreOnTheWire) {
+  test::RunResult result = run_midway(false);
   EXPECT_TRUE(result.ok()) << result.summary();
+}
+
+// The node-loss case: the sender dies mid-message. Its connection's end alone does not fail
+// the receive (the stall seen after a node loss: rank 0 receiving from the lost rank); the
+// abort that follows the loss must.
+TEST(GlooAbortMidway, AnAbortEndsAReceiveFromAPeerKilledMidMessage) {
+  test::RunResult result = run_midway(true);
+  ASSERT_EQ(result.ranks.size(), 2u);
+  EXPECT_TRUE(result.ranks[0].ok()) << result.summary();
+  EXPECT_EQ(result.ranks[1].status, test::RankStatus::kSignaled) << result.summary();
+  EXPECT_EQ(result.ranks[1].signal, SIGKILL) << result.summary();
 }
 
 }  // namespace
