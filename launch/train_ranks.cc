@@ -1,6 +1,7 @@
 // The multi-rank training loop, one world at a time (train_ranks.h).
 #include "launch/train_ranks.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -825,9 +826,14 @@ std::optional<WorldEnd> RankTraining::one_step() {
 }
 
 WorldEnd RankTraining::train_world() {
-  // A lost member aborts this world's collectives at once (live only).
+  // A lost member aborts this world's collectives at once (live only), its process groups'
+  // too: aborting the world does not reach the communicators split from it, and a survivor
+  // waiting in a group's collective for one that stopped at the abort would sit out the
+  // timeout there.
   std::vector<comm::Communicator*> comms = {&world_->comm()};
   if (train_comm_) comms.push_back(train_comm_.get());
+  for (comm::Communicator* c : trainer_->groups().communicators())
+    if (std::find(comms.begin(), comms.end(), c) == comms.end()) comms.push_back(c);
   // A change that loses nobody is known a step ahead: its world connects meanwhile.
   LossWatcher watcher(watch_, comms, false, [this](const EpochNotice& n) {
     ahead_.start(env_in_epoch(base_, n), watch_.path(), comm_timeout(), transfer_connections());

@@ -84,4 +84,11 @@ void ProcessGroups::abort_all(const std::string& reason) noexcept {
   for (auto& [id, c] : groups_) c->abort(reason);
 }
 
+std::vector<comm::Communicator*> ProcessGroups::communicators() const {
+  std::vector<comm::Communicator*> out;
+  for (const auto& [id, c] : groups_)
+    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+  return out;
+}
+
 }  // namespace weft::parallel

@@ -44,6 +44,10 @@ class ProcessGroups {
   // Aborts every communicator of this rank's groups (a peer failed): pending operations
   // fail at once. That includes `world` when it serves a group.
   void abort_all(const std::string& reason) noexcept;
+  // The communicators of this rank's groups, each once (`world` too when it serves one): what
+  // a lost member must abort besides the world, since aborting a communicator does not reach
+  // the ones split from it.
+  std::vector<comm::Communicator*> communicators() const;
 
  private:
   std::map<int, comm::Communicator*> groups_;

@@ -144,6 +144,7 @@ class ParallelTrainer {
   const core::Graph& graph() const { return mg_->graph; }
   const core::JobSpec& spec() const { return spec_; }
   comm::Communicator& world() { return world_; }
+  const ProcessGroups& groups() const { return *groups_; }
   // This rank's transient-arena statistics (peak live, peak reserved).
   memory::AllocatorStats activation_stats() const { return memory_->stats(); }
   int64_t num_parameters() const;

@@ -59,5 +59,48 @@ TEST(ProcessGroups, TensorParallelGroupsAreSplit) {
   expect_groups(4, {"parallel.dp=2", "parallel.tp=2"}, false);
 }
 
+// What the LossWatcher aborts in training (launch/train_ranks.cc): the world and
+// communicators(). Under dp2 x tp2 rank 0's tensor-parallel group is a split of the world,
+// which aborting the world does not reach. Rank 0 waits in that group's all-reduce for its
+// partner, which never issues it (it stopped at the abort); aborting communicators() must end
+// the wait with the abort, not leave it to the timeout (the wait is bounded by half of it).
+TEST(ProcessGroups, AbortingTheirCommunicatorsEndsAWaitInASplitGroup) {
+  LayoutCase lc;
+  lc.config = "gpt-layout.yaml";
+  lc.overrides = {"parallel.dp=2", "parallel.tp=2"};
+  const core::JobSpec spec = layout_spec(lc);
+  const planner::Plan plan = planner::make_plan(spec, 4);
+  // Rank 0's group of two ranks that is not the world: a tensor-parallel one.
+  int group = -1;
+  for (const planner::ProcessGroup& g : plan.groups)
+    if (g.ranks.size() == 2 && g.ranks[0] == 0) group = g.id;
+  ASSERT_GE(group, 0) << "rank 0 is in no group of two";
+  RunResult r = run_ranks(4, [&](RankContext& ctx) {
+    const std::chrono::milliseconds timeout(60'000);
+    RankWorld w = gloo_world(ctx, "abort", timeout);
+    parallel::ProcessGroups groups(*w.comm, plan);
+    if (ctx.rank() != 0) {
+      w.store->wait({"rank0-done"}, timeout);
+      return;
+    }
+    const std::vector<comm::Communicator*> comms = groups.communicators();
+    EXPECT_NE(std::find(comms.begin(), comms.end(), &groups.group(group)), comms.end());
+    core::Tensor t = core::Tensor::from_vector<float>({1}, {1.0f});
+    comm::Work pending = groups.group(group).all_reduce(t);
+    w.comm->abort("a member was lost");
+    for (comm::Communicator* c : comms) c->abort("a member was lost");
+    try {
+      pending.wait(timeout / 2);
+      ADD_FAILURE() << "the group's all-reduce succeeded without its partner";
+    } catch (const TimeoutError& e) {
+      ADD_FAILURE() << "the abort did not end the group's wait: " << e.what();
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("a member was lost"), std::string::npos) << e.what();
+    }
+    w.store->set_string("rank0-done", "1");
+  });
+  EXPECT_TRUE(r.ok()) << r.summary();
+}
+
 }  // namespace
 }  // namespace weft::test
