@@ -168,8 +168,8 @@ GlooCommunicator::GlooCommunicator(const CommOptions& opts)
     gloo::transport::tcp::attr attr;
     attr.hostname = opts.host;
     WEFT_GLOO_CHECK(device_ = gloo::transport::tcp::CreateDevice(attr), classify_rendezvous);
-    auto context =
-        std::make_shared<AbortableContext>(rank(), size(), str(kTeardownMarker, ": transfer interrupted"));
+    auto context = std::make_shared<AbortableContext>(
+        rank(), size(), str(kTeardownMarker, ": transfer interrupted"));
     context->setTimeout(opts.timeout);
     GlooStore store(*opts.store, opts.prefix + "/gloo");
     WEFT_GLOO_CHECK(context->connectFullMesh(store, device_), classify_rendezvous);

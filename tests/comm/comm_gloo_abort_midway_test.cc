@@ -71,60 +71,63 @@ void expect_aborted(Work& w, const std::string& reason) {
 // there (SIGKILL, as a lost node's worker); without, it aborts too once rank 0 has. Rank 0
 // aborts from another thread, as the LossWatcher does, and its wait must end with that abort.
 test::RunResult run_midway(bool kill_sender) {
-  return test::run_ranks(2, [kill_sender](test::RankContext& ctx) {
-    auto store = ctx.store();
-    CommOptions o;
-    o.rank = ctx.rank();
-    o.size = ctx.world();
-    o.store = store.get();
-    o.prefix = "midway";
-    o.timeout = kTimeout;
-    std::unique_ptr<Communicator> comm = make_communicator(BackendKind::kGloo, o);
-    if (ctx.rank() == 1) {
-      store->set_string("pid1", std::to_string(::getpid()));
-      std::thread aborter([&] {
-        auto s = ctx.store();
-        s->wait({"abort1"}, 120s);
-        comm->abort("rank 1 aborted midway");
-      });
-      Tensor t = Tensor::empty({kElements}, DType::kF32);
-      std::fill_n(t.data<float>(), kElements, 1.0f);
-      for (int a = 0; a < kAttempts; ++a) {
-        Work w = comm->broadcast(t, {.root = 1});
-        if (store->get_string("caught" + std::to_string(a)) == "1") {
-          expect_aborted(w, "rank 1 aborted midway");
-          break;
+  return test::run_ranks(
+      2,
+      [kill_sender](test::RankContext& ctx) {
+        auto store = ctx.store();
+        CommOptions o;
+        o.rank = ctx.rank();
+        o.size = ctx.world();
+        o.store = store.get();
+        o.prefix = "midway";
+        o.timeout = kTimeout;
+        std::unique_ptr<Communicator> comm = make_communicator(BackendKind::kGloo, o);
+        if (ctx.rank() == 1) {
+          store->set_string("pid1", std::to_string(::getpid()));
+          std::thread aborter([&] {
+            auto s = ctx.store();
+            s->wait({"abort1"}, 120s);
+            comm->abort("rank 1 aborted midway");
+          });
+          Tensor t = Tensor::empty({kElements}, DType::kF32);
+          std::fill_n(t.data<float>(), kElements, 1.0f);
+          for (int a = 0; a < kAttempts; ++a) {
+            Work w = comm->broadcast(t, {.root = 1});
+            if (store->get_string("caught" + std::to_string(a)) == "1") {
+              expect_aborted(w, "rank 1 aborted midway");
+              break;
+            }
+            w.wait();  // missed: rank 0 let it finish
+          }
+          aborter.join();
+          return;
         }
-        w.wait();  // missed: rank 0 let it finish
-      }
-      aborter.join();
-      return;
-    }
-    const pid_t peer = pid_t(std::stoll(store->get_string("pid1")));
-    bool caught = false;
-    for (int a = 0; a < kAttempts && !caught; ++a) {
-      Tensor t = Tensor::zeros({kElements}, DType::kF32);
-      Work w = comm->broadcast(t, {.root = 1});
-      while (word_at(t, 0) == 0 && !w.done()) std::this_thread::yield();
-      ::kill(peer, SIGSTOP);
-      while (!stopped(peer)) std::this_thread::sleep_for(1ms);
-      caught = word_at(t, kElements - 1) == 0 && !w.done();
-      store->set_string("caught" + std::to_string(a), caught ? "1" : "0");
-      if (!caught) {
+        const pid_t peer = pid_t(std::stoll(store->get_string("pid1")));
+        bool caught = false;
+        for (int a = 0; a < kAttempts && !caught; ++a) {
+          Tensor t = Tensor::zeros({kElements}, DType::kF32);
+          Work w = comm->broadcast(t, {.root = 1});
+          while (word_at(t, 0) == 0 && !w.done()) std::this_thread::yield();
+          ::kill(peer, SIGSTOP);
+          while (!stopped(peer)) std::this_thread::sleep_for(1ms);
+          caught = word_at(t, kElements - 1) == 0 && !w.done();
+          store->set_string("caught" + std::to_string(a), caught ? "1" : "0");
+          if (!caught) {
+            ::kill(peer, SIGCONT);
+            w.wait();
+            continue;
+          }
+          if (kill_sender) ::kill(peer, SIGKILL);
+          std::thread aborter([&] { comm->abort("rank 0 aborted midway"); });
+          expect_aborted(w, "rank 0 aborted midway");
+          aborter.join();
+        }
+        EXPECT_TRUE(caught) << "no transfer was frozen midway in " << kAttempts << " attempts";
+        if (kill_sender && caught) return;
+        store->set_string("abort1", "1");
         ::kill(peer, SIGCONT);
-        w.wait();
-        continue;
-      }
-      if (kill_sender) ::kill(peer, SIGKILL);
-      std::thread aborter([&] { comm->abort("rank 0 aborted midway"); });
-      expect_aborted(w, "rank 0 aborted midway");
-      aborter.join();
-    }
-    EXPECT_TRUE(caught) << "no transfer was frozen midway in " << kAttempts << " attempts";
-    if (kill_sender && caught) return;
-    store->set_string("abort1", "1");
-    ::kill(peer, SIGCONT);
-  }, {.deadline = 110s});
+      },
+      {.deadline = 110s});
 }
 
 TEST(GlooAbortMidway, AnAbortEndsAReceiveWhoseBytesAreOnTheWire) {
