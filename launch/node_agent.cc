@@ -579,11 +579,17 @@ void NodeAgent::sync_snapshot_peers() {
     for (const comm::Bytes& b : store_->multi_get(keys)) nodes.push_back(comm::to_string(b));
     if (told && nodes == p.sent) return;
     snapshots_->peers(epoch, node, nodes);
-    if (snapshots_->plan().redundancy == "ec")
+    const int ec_nodes = snapshots_->plan().ec_k + snapshots_->plan().ec_m;
+    if (snapshots_->plan().redundancy == "ec" && n >= ec_nodes)
       std::fprintf(stderr,
                    "weft run: epoch %lld: this node's snapshots are erasure-coded over the "
                    "epoch's %d nodes (k=%d, m=%d; the agent's log says the groups)\n",
                    (long long)epoch, n, snapshots_->plan().ec_k, snapshots_->plan().ec_m);
+    else if (snapshots_->plan().redundancy == "ec")  // as its agent says (snapshot_parity_ring.cc)
+      std::fprintf(stderr,
+                   "weft run: epoch %lld: the epoch's %d node(s) are fewer than k + m = %d: this "
+                   "node's snapshots are not erasure-coded until enough nodes are members\n",
+                   (long long)epoch, n, ec_nodes);
     else if (n > 1)
       std::fprintf(stderr,
                    "weft run: epoch %lld: this node's snapshots are replicated to node %d (%s)\n",
