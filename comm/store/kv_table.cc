@@ -56,11 +56,18 @@ void KvTable::set(const std::string& key, Bytes value, std::optional<Millis> ttl
 }
 
 size_t KvTable::release(Owner owner, Millis grace) {
+  return release(owner, grace, nullptr, nullptr);
+}
+
+size_t KvTable::release(Owner owner, Millis grace, std::vector<std::string>* released,
+                        Clock::time_point* deadline) {
   auto it = owned_.find(owner);
   if (it == owned_.end()) return 0;
   std::set<std::string> keys = std::move(it->second);
   owned_.erase(it);
   const auto at = Clock::now() + clamp_timeout(grace);
+  if (deadline) *deadline = at;
+  if (released) released->assign(keys.begin(), keys.end());
   for (const std::string& key : keys) {
     auto e = entries_.find(key);
     if (e == entries_.end()) continue;
@@ -74,6 +81,20 @@ size_t KvTable::release(Owner owner, Millis grace) {
     }
   }
   return keys.size();
+}
+
+size_t KvTable::drop_released(const std::vector<std::string>& keys, Clock::time_point at) {
+  expire();
+  size_t n = 0;
+  for (const std::string& key : keys) {
+    auto e = entries_.find(key);
+    if (e == entries_.end() || e->second.owner != kNoOwner || e->second.deadline != at) continue;
+    clear_deadline(key, e->second);
+    bytes_ -= key.size() + e->second.value.size();
+    entries_.erase(e);
+    ++n;
+  }
+  return n;
 }
 
 size_t KvTable::bound_to(Owner owner) const {

@@ -27,6 +27,8 @@ const char* op_name(Op op) {
       return "num_keys";
     case Op::kAppend:
       return "append";
+    case Op::kOwner:
+      return "owner";
     case Op::kMultiGet:
       return "multi_get";
     case Op::kMultiSet:

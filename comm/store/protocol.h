@@ -34,14 +34,19 @@ namespace weft::comm::wire {
 //                                                        connection (SetOptions::bind)
 // kGoodbye  -                                      -     the client is closing on purpose:
 //                                                        its bound keys go now, no grace
+// kOwner    i64 pid, u64 pid_ns_dev, u64 pid_ns_ino,   u8 watched: the server will drop
+//           u64 start_ticks (client_process.h)     this connection's bound keys as soon as
+//                                                  that process has exited, not after the
+//                                                  grace (a client on its machine only)
 //
-// kSetBound and kGoodbye are sent only to a server whose hello has kHelloBindsKeys (an
-// older server closes a connection that sends an op it does not know); older clients never
-// send them and ignore the flag, so old and new clients and servers mix.
+// kSetBound and kGoodbye are sent only to a server whose hello has kHelloBindsKeys, kOwner
+// only to one whose hello has kHelloWatchesOwners (an older server closes a connection that
+// sends an op it does not know); older clients never send them and ignore the flags, so old
+// and new clients and servers mix.
 //
 // Handshake, before any request (same framing):
 //   server -> client  hello:   u8 kHandshakeVersion | u8 flags (kHelloTokenRequired,
-//                              kHelloBindsKeys) | nonce
+//                              kHelloBindsKeys, kHelloWatchesOwners) | nonce
 //   client -> server  proof:   u8 kHandshakeVersion | proof (HMAC-SHA256(token, nonce ||
 //                              auth::kProofContext); empty when the client has no token)
 //   server -> client  verdict: u8 Status (kOk, or kError then a string reason)
@@ -62,8 +67,9 @@ enum class Op : uint8_t {
   kMultiSet,
   kSetBound,
   kGoodbye,
+  kOwner,
 };
-constexpr uint8_t kMaxOp = static_cast<uint8_t>(Op::kGoodbye);
+constexpr uint8_t kMaxOp = static_cast<uint8_t>(Op::kOwner);
 
 enum class Status : uint8_t { kOk = 0, kTimeout = 1, kError = 2 };
 
@@ -71,6 +77,9 @@ constexpr uint8_t kHandshakeVersion = 1;
 constexpr uint8_t kHelloTokenRequired = 1;
 // The server binds keys to connections (kSetBound, kGoodbye).
 constexpr uint8_t kHelloBindsKeys = 2;
+// The server takes kOwner: it watches a client process on its machine and drops the keys
+// bound to its connection once it has exited.
+constexpr uint8_t kHelloWatchesOwners = 4;
 // No handshake frame is longer: the server reads the proof with this bound.
 constexpr size_t kMaxHandshakeBody = 256;
 

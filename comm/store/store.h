@@ -27,7 +27,8 @@ struct SetOptions {
   // the client's goodbye (its process was killed, crashed, its host's kernel tore its
   // sockets down) the store drops the key after a short grace (the server's
   // bound_key_grace, 250 ms by default), unless a set() rebinds it first (a client that
-  // reconnects at once). A clean close (the client's destructor says goodbye) drops its
+  // reconnects at once); a TCPStore client on the server's machine is watched instead, and
+  // its keys go as soon as its process has exited (it can never reconnect). A clean close (the client's destructor says goodbye) drops its
   // bound keys at once. Only a closed connection counts: a host that vanishes without
   // closing anything (power loss) keeps the connection open on the server, so give a bound
   // key a ttl too when its absence must be noticed then. A later set() without `bind`

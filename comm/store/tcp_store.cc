@@ -24,6 +24,7 @@
 
 #include "base/error.h"
 #include "comm/store/auth.h"
+#include "comm/store/client_process.h"
 #include "comm/store/protocol.h"
 #include "comm/store/store_util.h"
 
@@ -61,6 +62,8 @@ class TCPStore::Connection {
 
   // The server offers keys bound to the connection (its hello had kHelloBindsKeys).
   bool binds() const { return binds_; }
+  // The server takes kOwner (its hello had kHelloWatchesOwners).
+  bool watches_owners() const { return watches_owners_; }
 
   ~Connection() {
     asio::post(io_, [this] {
@@ -171,6 +174,7 @@ class TCPStore::Connection {
       if (version != wire::kHandshakeVersion)
         return void(failure = "handshake version " + std::to_string(version) + " unsupported");
       binds_ = (flags & wire::kHelloBindsKeys) != 0;
+      watches_owners_ = (flags & wire::kHelloWatchesOwners) != 0;
       if ((flags & wire::kHelloTokenRequired) && o.token.empty())
         return void(failure = "the store requires the job token and this client has none: set "
                               "WEFT_JOB_TOKEN (or WEFT_JOB_TOKEN_FILE) to the job's token");
@@ -272,6 +276,7 @@ class TCPStore::Connection {
 
   std::string where_;
   bool binds_ = false;  // set by the handshake, before the io thread starts
+  bool watches_owners_ = false;  // likewise
   asio::io_context io_;
   tcp::socket sock_{io_};
   std::thread thread_;
@@ -318,6 +323,17 @@ void TCPStore::set(const std::string& key, const Bytes& value, const SetOptions&
                        ": cannot bind '" + key +
                        "' to the connection: the store server is older than bound keys (its "
                        "handshake does not offer them); use a ttl instead");
+  // Before the first bound key: which process this is, so that a server on this machine drops
+  // the keys as soon as the process has exited rather than after its grace. Once per
+  // connection (a second one from a racing thread says the same).
+  if (conn_->watches_owners() && !owner_told_.exchange(true))
+    if (const std::optional<ClientProcess> me = this_client_process())
+      conn_->call(
+          Op::kOwner,
+          [&](wire::Writer& w) {
+            w.i64(me->pid).u64(me->pid_ns_dev).u64(me->pid_ns_ino).u64(me->start_ticks);
+          },
+          timeout());
   int64_t ttl_ms = options.ttl ? std::max<int64_t>(clamp_timeout(*options.ttl).count(), 1) : 0;
   conn_->call(
       Op::kSetBound, [&](wire::Writer& w) { w.str(key).bytes(value).i64(ttl_ms); }, timeout());

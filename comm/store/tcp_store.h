@@ -35,7 +35,9 @@ struct TCPStoreOptions {
 // up by itself only if the server's answer is overdue (a hung or partitioned server).
 // Keys set with SetOptions::bind belong to this client's connection (store.h): the
 // destructor says goodbye first (one round trip, at most kGoodbyeWait), so they go at once;
-// a process killed without it leaves them to the server's bound_key_grace.
+// a process killed without it leaves them to the server's bound_key_grace, or, where the
+// server runs on this machine and takes kOwner (protocol.h), to the moment the server sees
+// this process exit (sent once, before the first bound key).
 // Destroy it only when no call is in flight.
 class TCPStore : public Store {
  public:
@@ -73,6 +75,7 @@ class TCPStore : public Store {
   TCPStoreOptions options_;
   std::atomic<int64_t> timeout_ms_;
   std::unique_ptr<Connection> conn_;
+  std::atomic<bool> owner_told_{false};  // kOwner sent on this connection
 };
 
 }  // namespace weft::comm

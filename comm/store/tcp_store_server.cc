@@ -7,6 +7,8 @@
 // Individual Asio headers: the umbrella pulls in awaitable.hpp, which in Boost 1.74 lacks
 // <utility> and fails under GCC 12's C++20 headers.
 #include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
@@ -14,6 +16,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -23,10 +26,12 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "base/error.h"
 #include "base/log.h"
 #include "comm/store/auth.h"
+#include "comm/store/client_process.h"
 #include "comm/store/kv_table.h"
 #include "comm/store/protocol.h"
 #include "comm/store/store_util.h"
@@ -76,6 +81,10 @@ class TCPStoreServer::Impl {
   void forget(Session* s);
   // The keys bound to connection `owner` go: after `grace` (0: now).
   void release_bound(KvTable::Owner owner, Millis grace);
+  // The connection `owner` closed without a goodbye. `pidfd` >= 0: its client's process
+  // (kOwner), whose exit ends the grace: a process that has exited never reconnects, so its
+  // keys go now if it has, or when it does within the grace. Takes the pidfd.
+  void release_closed(KvTable::Owner owner, int pidfd);
   // WEFT_WARN, at most kWarnBurst lines a second: a flood of bad clients must not flood the
   // log too. The next line that gets through says how many were held back.
   void warn(const std::string& line);
@@ -108,6 +117,19 @@ class TCPStoreServer::Impl {
   KvTable table;
   std::unordered_map<Session*, std::shared_ptr<Session>> sessions;
   std::unordered_map<std::string, std::vector<std::shared_ptr<Waiter>>> waiting;
+  // Closed connections in their grace whose client process is watched (release_closed):
+  // the process's pidfd, the keys the grace keeps and their deadline, and a timer that stops
+  // watching when the grace is over.
+  struct ExitWatch {
+    ExitWatch(asio::io_context& io, int fd) : pidfd(io, fd), timer(io) {}
+    asio::posix::stream_descriptor pidfd;
+    asio::steady_timer timer;
+    std::vector<std::string> keys;
+    KvTable::Clock::time_point at;
+  };
+  std::unordered_map<KvTable::Owner, std::shared_ptr<ExitWatch>> exit_watches;
+  // Waits (again) for `w`'s process to exit, then drops the keys its grace still keeps.
+  void watch_exit(KvTable::Owner owner, const std::shared_ptr<ExitWatch>& w);
   uint16_t port = 0;
   std::thread thread;
   std::atomic<bool> stopped{false};
@@ -118,7 +140,7 @@ class TCPStoreServer::Impl {
   KvTable::Owner next_owner = 1;  // each session's id for the keys it binds
   std::atomic<uint64_t> accepted{0}, open{0}, malformed{0}, over_limit{0}, requests{0}, parked{0};
   std::atomic<uint64_t> timed_out{0}, refused{0}, held_now{0}, held_peak{0}, open_peak{0};
-  std::atomic<uint64_t> goodbyes{0}, released{0};
+  std::atomic<uint64_t> goodbyes{0}, released{0}, dropped_at_exit{0};
 
  private:
   void accept();
@@ -151,7 +173,8 @@ class Session : public std::enable_shared_from_this<Session> {
     nonce_ = auth::random_bytes(auth::kNonceBytes);
     wire::Writer w;
     w.u8(wire::kHandshakeVersion)
-        .u8((srv_.opts.token.empty() ? 0 : wire::kHelloTokenRequired) | wire::kHelloBindsKeys);
+        .u8((srv_.opts.token.empty() ? 0 : wire::kHelloTokenRequired) | wire::kHelloBindsKeys |
+            wire::kHelloWatchesOwners);
     w.bytes(nonce_);
     send(w.finish());
     read_more();
@@ -162,6 +185,19 @@ class Session : public std::enable_shared_from_this<Session> {
   // The client closes on purpose: its bound keys went already, and any it binds after go
   // at once too when it closes.
   void said_goodbye() { goodbye_ = true; }
+  // kOwner: the client's process, watched when it runs on this machine (a loopback peer)
+  // in this server's pid namespace. Whether it is.
+  bool adopt_owner(const ClientProcess& p) {
+    if (!peer_loopback_) return false;
+    const int fd = open_client_process(p);
+    if (fd < 0) return false;
+    if (pidfd_ >= 0) ::close(pidfd_);
+    pidfd_ = fd;
+    return true;
+  }
+  ~Session() {
+    if (pidfd_ >= 0) ::close(pidfd_);
+  }
 
   void reply(uint64_t req, Status status, wire::Writer&& w) {
     (void)req, (void)status;
@@ -207,8 +243,10 @@ class Session : public std::enable_shared_from_this<Session> {
     waiter_bytes_ = 0;
     for (const auto& w : parked) srv_.finish_waiter(w, /*timed_out=*/false);
     // Whatever closed it (the client vanished, a limit, a timeout, the server stopping): the
-    // keys it bound outlive it by the grace, unless it said goodbye.
-    srv_.release_bound(owner_, goodbye_ ? Millis(0) : srv_.opts.bound_key_grace);
+    // keys it bound outlive it by the grace, unless it said goodbye, or its process is known
+    // to have exited (kOwner).
+    if (goodbye_) srv_.release_bound(owner_, Millis(0));
+    else srv_.release_closed(owner_, std::exchange(pidfd_, -1));
     // out_ stays (an aborted async_write may still name its front buffer until it unwinds)
     // but is no longer charged: it is freed with the session.
     body_ = Bytes();
@@ -488,6 +526,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool closed_ = false;
   const KvTable::Owner owner_;  // this connection, for the keys it binds
   bool goodbye_ = false;
+  int pidfd_ = -1;  // the client's process (kOwner), when watched
 };
 
 TCPStoreServer::Impl::Impl(TCPStoreServerOptions o)
@@ -593,6 +632,60 @@ void TCPStoreServer::Impl::release_bound(KvTable::Owner owner, Millis grace) {
   note_bytes();
 }
 
+void TCPStoreServer::Impl::release_closed(KvTable::Owner owner, int pidfd) {
+  const Millis grace = opts.bound_key_grace;
+  if (pidfd < 0) return release_bound(owner, grace);
+  pollfd p{pidfd, POLLIN, 0};
+  const bool exited = ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+  if (exited || grace <= Millis(0) || table.bound_to(owner) == 0) {
+    ::close(pidfd);
+    const size_t n = table.bound_to(owner);
+    release_bound(owner, exited ? Millis(0) : grace);
+    if (exited) dropped_at_exit += n;
+    return;
+  }
+  // Still running (its sockets close in the kernel's exit before the process is reaped, or
+  // it lives and reconnects): the grace as usual, cut short if the process exits within it.
+  auto w = std::make_shared<ExitWatch>(io, pidfd);
+  const size_t n = table.release(owner, grace, &w->keys, &w->at);
+  released += n;
+  WEFT_DEBUG("store", "released ", n, " bound keys of connection ", owner, " (grace ",
+             grace.count(), " ms, or until its process exits)");
+  arm_expiry();
+  note_bytes();
+  exit_watches[owner] = w;
+  watch_exit(owner, w);
+  w->timer.expires_at(w->at);
+  w->timer.async_wait([this, owner, weak = std::weak_ptr<ExitWatch>(w)](boost::system::error_code ec) {
+    auto w = weak.lock();
+    if (ec || !w) return;
+    boost::system::error_code ignored;
+    w->pidfd.cancel(ignored);
+    exit_watches.erase(owner);
+  });
+}
+
+void TCPStoreServer::Impl::watch_exit(KvTable::Owner owner, const std::shared_ptr<ExitWatch>& w) {
+  std::weak_ptr<ExitWatch> weak = w;
+  w->pidfd.async_wait(asio::posix::stream_descriptor::wait_read,
+                      [this, owner, weak](boost::system::error_code ec) {
+                        auto w = weak.lock();
+                        if (ec || !w) return;  // cancelled: the grace ended first
+                        // The reactor may wake a waiter without the pidfd being readable
+                        // (seen here): only a readable pidfd says the process exited.
+                        pollfd p{w->pidfd.native_handle(), POLLIN, 0};
+                        if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLIN))
+                          return watch_exit(owner, w);
+                        const size_t gone = table.drop_released(w->keys, w->at);
+                        dropped_at_exit += gone;
+                        WEFT_DEBUG("store", "connection ", owner, "'s process exited: ", gone,
+                                   " bound keys dropped before the grace ended");
+                        note_bytes();
+                        w->timer.cancel();
+                        exit_watches.erase(owner);
+                      });
+}
+
 void TCPStoreServer::Impl::warn(const std::string& line) {
   auto now = KvTable::Clock::now();
   if (now - warn_window >= std::chrono::seconds(1)) {
@@ -625,6 +718,7 @@ void TCPStoreServer::Impl::stop() {
     expiry.cancel();
     auto all = sessions;
     for (auto& [p, s] : all) s->close("");
+    exit_watches.clear();  // closes their pidfds; their handlers find them gone
     done.set_value();
   });
   // Bounded: if the thread already died the post never runs, so do not wait forever.
@@ -733,6 +827,16 @@ void TCPStoreServer::Impl::handle(const std::shared_ptr<Session>& s, uint64_t re
       table.set(key, std::move(value), ttl > 0 ? std::optional<Millis>(Millis(ttl)) : std::nullopt,
                 op == Op::kSetBound ? s->owner() : KvTable::kNoOwner);
       notify(key);
+      break;
+    }
+    case Op::kOwner: {
+      ClientProcess p;
+      p.pid = r.i64();
+      p.pid_ns_dev = r.u64();
+      p.pid_ns_ino = r.u64();
+      p.start_ticks = r.u64();
+      r.expect_end();
+      ok.u8(s->adopt_owner(p) ? 1 : 0);
       break;
     }
     case Op::kGoodbye:
@@ -864,6 +968,7 @@ TCPStoreServerStats TCPStoreServer::stats() const {
   s.bytes_held_peak = impl_->held_peak;
   s.goodbyes = impl_->goodbyes;
   s.bound_keys_released = impl_->released;
+  s.bound_keys_dropped_at_exit = impl_->dropped_at_exit;
   return s;
 }
 

@@ -54,6 +54,9 @@ struct TCPStoreServerOptions {
   // rebinds at once with room for a slow scheduler, yet it is small against the second or so
   // that a lost node may cost the others (detect, agree, resume), and 20x below the 5 s
   // heartbeat_timeout it replaces when a node's processes die. 0: drop them at once.
+  // A client on this machine that said which process it is (TCPStore does, protocol.h's
+  // kOwner) is watched through a pidfd: once that process has exited its keys go at once,
+  // grace or not (a dead process never reconnects); only a live one's keys wait the grace.
   Millis bound_key_grace{250};
 };
 
@@ -73,6 +76,9 @@ struct TCPStoreServerStats {
   uint64_t bytes_held_peak = 0;     // the most bytes_held has been
   uint64_t goodbyes = 0;            // connections that said goodbye (a clean close)
   uint64_t bound_keys_released = 0;  // bound keys whose connection closed (or said goodbye)
+  // Of those, the keys dropped before their grace ended because the client's process had
+  // exited (kOwner, a client on this machine): it will never reconnect to rebind them.
+  uint64_t bound_keys_dropped_at_exit = 0;
 };
 
 // The address is taken (EADDRINUSE): another process serves that port. `weft run`'s agents

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -22,6 +23,7 @@
 #include "base/error.h"
 #include "comm/elastic/heartbeat.h"
 #include "comm/elastic/rendezvous.h"
+#include "comm/store/client_process.h"
 #include "comm/store/in_memory_store.h"
 #include "comm/store/kv_table.h"
 #include "comm/store/prefix_store.h"
@@ -364,6 +366,99 @@ TEST(StoreBoundProcesses, KeyOfASigkilledClientGoesAndItsUnboundKeysStay) {
   ASSERT_EQ(result.ranks.size(), 2u);
   EXPECT_EQ(result.ranks[0].status, RankStatus::kOk) << result.ranks[0].message;
   EXPECT_EQ(result.ranks[1].status, RankStatus::kSignaled) << result.summary();
+}
+
+// A client process on the server's machine says which process it is (kOwner, before its
+// first bound key): once it is SIGKILLed its bound keys go although the grace is ten minutes
+// (a process that has exited never reconnects), counted as dropped at its exit; its unbound
+// keys stay. Forked before the server starts, so the child copies no running thread.
+TEST(StoreBoundProcesses, KeysOfAnExitedClientProcessGoWithoutWaitingOutTheGrace) {
+  int to_child[2], to_parent[2];
+  ASSERT_EQ(::pipe(to_child), 0);
+  ASSERT_EQ(::pipe(to_parent), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(to_child[1]);
+    ::close(to_parent[0]);
+    uint16_t port = 0;
+    if (::read(to_child[0], &port, sizeof port) != sizeof port) ::_exit(3);
+    try {
+      TCPStore client("127.0.0.1", port, 10s);
+      client.set("bound", to_bytes("v"), kBound);
+      client.set("bound-ttl", to_bytes("v"), SetOptions{.ttl = Millis(600'000), .bind = true});
+      client.set("plain", to_bytes("v"));
+      char ready = 'r';
+      if (::write(to_parent[1], &ready, 1) != 1) ::_exit(4);
+      char kill = 0;
+      if (::read(to_child[0], &kill, 1) != 1) ::_exit(5);
+      ::raise(SIGKILL);
+    } catch (...) {
+    }
+    ::_exit(6);
+  }
+  ::close(to_child[0]);
+  ::close(to_parent[1]);
+  {
+    TCPStoreServer server(with_grace(kLongGrace));
+    const uint16_t port = server.port();
+    ASSERT_EQ(::write(to_child[1], &port, sizeof port), ssize_t(sizeof port));
+    char ready = 0;
+    ASSERT_EQ(::read(to_parent[0], &ready, 1), 1) << "the client process did not bind its keys";
+    TCPStore reader("127.0.0.1", port, 10s);
+    EXPECT_TRUE(reader.check({"bound", "bound-ttl", "plain"}));
+    const char kill = 'k';
+    ASSERT_EQ(::write(to_child[1], &kill, 1), 1);
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    ASSERT_TRUE(eventually([&] { return !reader.check({"bound"}) && !reader.check({"bound-ttl"}); }))
+        << "the keys of an exited process waited for the ten-minute grace";
+    EXPECT_TRUE(reader.check({"plain"}));
+    EXPECT_EQ(server.stats().bound_keys_released, 2u);
+    EXPECT_EQ(server.stats().bound_keys_dropped_at_exit, 2u);
+    EXPECT_EQ(server.stats().goodbyes, 0u);
+  }
+  ::close(to_child[1]);
+  ::close(to_parent[0]);
+}
+
+// The other side: a connection that closes while its process lives (this one: a broken
+// connection whose client may reconnect) keeps its keys for the grace, and an identity that
+// is not a live process of this namespace (a start time that does not match) is not watched.
+TEST(StoreBound, ClosedConnectionOfALiveProcessKeepsItsKeysForTheGrace) {
+  TCPStoreServer server(with_grace(kLongGrace));
+  TCPStore reader("127.0.0.1", server.port(), 10s);
+  const std::optional<comm::ClientProcess> me = comm::this_client_process();
+  ASSERT_TRUE(me.has_value());
+  auto owner = [](uint64_t id, const comm::ClientProcess& p) {
+    return request(id, Op::kOwner).i64(p.pid).u64(p.pid_ns_dev).u64(p.pid_ns_ino).u64(p.start_ticks).finish();
+  };
+  auto watched = [](const std::optional<Bytes>& reply) {
+    comm::wire::Reader r(reply->data(), reply->size());
+    r.u64();
+    EXPECT_EQ(r.u8(), uint8_t(comm::wire::Status::kOk));
+    return r.u8() == 1;
+  };
+  {
+    RawClient raw(server.port());
+    ASSERT_TRUE(raw.send(owner(1, *me)));
+    auto reply = raw.recv_frame();
+    ASSERT_TRUE(reply.has_value());
+    EXPECT_TRUE(watched(reply)) << "this process, on the server's machine, is watched";
+    ASSERT_TRUE(raw.send(request(2, Op::kSetBound).str("k").bytes(to_bytes("v")).i64(0).finish()));
+    ASSERT_TRUE(raw.recv_frame().has_value());
+    comm::ClientProcess other = *me;
+    other.start_ticks += 1;  // the same pid, a different (later) process
+    ASSERT_TRUE(raw.send(owner(3, other)));
+    reply = raw.recv_frame();
+    ASSERT_TRUE(reply.has_value());
+    EXPECT_FALSE(watched(reply)) << "a pid whose start time differs is another process";
+    raw.close();
+  }
+  ASSERT_TRUE(eventually([&] { return server.stats().bound_keys_released == 1; }));
+  EXPECT_TRUE(reader.check({"k"})) << "a live process's key went before its grace";
+  EXPECT_EQ(server.stats().bound_keys_dropped_at_exit, 0u);
 }
 
 // Rendezvous over it: a SIGKILLed member is re-formed away and named lost by its closed
