@@ -24,6 +24,7 @@
 #include "comm/store/tcp_store.h"
 #include "comm/store/tcp_store_server.h"
 #include "launch/epoch_notice.h"
+#include "launch/membership_wake.h"
 #include "parallel/launch_env.h"
 
 namespace weft::launch {
@@ -194,6 +195,8 @@ class NodeAgent {
   std::unique_ptr<comm::TCPStoreServer> workers_server_;  // etcd: the workers' store, if here
   std::unique_ptr<comm::Store> store_;
   std::unique_ptr<comm::Rendezvous> rdzv_;
+  // Wakes the supervisor's monitor when the membership record changes (after join()).
+  std::unique_ptr<MembershipWake> wake_;
   std::string store_node_ = "?";
   std::string prefix_;  // this attempt's store prefix
   std::optional<comm::Membership> last_;  // the membership of the latest attempt
@@ -770,6 +773,14 @@ int NodeAgent::run() {
     return finish(1, e.what(), true);
   }
   so_.monitor_interval_s = o_.monitor_interval;
+  // Parked in slices of two polls: the longest an agent's exit waits for the thread.
+  try {
+    wake_ = std::make_unique<MembershipWake>(*rdzv_, 2 * ro_.poll_interval);
+    so_.wake_fd = wake_->fd();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft run: %s; the agent looks at the membership every %g s only\n",
+                 e.what(), o_.monitor_interval);
+  }
   so_.settle_s = seconds(ro_.heartbeat_timeout) + 2 * seconds(ro_.poll_interval) + 1;
   so_.max_restarts = o_.max_restarts;
   so_.nnodes_min = o_.nnodes_min;

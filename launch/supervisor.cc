@@ -270,6 +270,8 @@ Outcome supervise(const SupervisorOptions& o) {
       if (w.err->fd() >= 0) pfds.push_back({w.err->fd(), POLLIN, 0});
       if (w.beat_fd >= 0) pfds.push_back({w.beat_fd, POLLIN, 0});
     }
+    const bool wake_polled = o.monitor && o.wake_fd >= 0;
+    if (wake_polled) pfds.push_back({o.wake_fd, POLLIN, 0});
     int wait_ms = std::max(1, int(o.poll_s * 1000));
     if (o.monitor && close_passes > 0)  // a close look is due sooner than the next poll
       wait_ms = std::clamp(int(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -277,6 +279,11 @@ Outcome supervise(const SupervisorOptions& o) {
                            1, wait_ms);
     ::poll(pfds.data(), pfds.size(), wait_ms);
     auto now = Clock::now();
+    if (wake_polled && (pfds.back().revents & POLLIN)) {
+      uint64_t n = 0;
+      (void)!::read(o.wake_fd, &n, sizeof n);
+      next_monitor = std::min(next_monitor, now);  // the membership changed: look now
+    }
     for (Worker& w : workers) {
       w.out->pump();
       w.err->pump();

@@ -34,6 +34,10 @@ struct SupervisorOptions {
   // takes that as the root cause. Must not throw.
   std::function<std::string()> monitor;
   double monitor_interval_s = 0.1;
+  // Readable when `monitor` should look now rather than at its next interval (the
+  // membership record changed: membership_wake.h); -1: none. The supervisor drains it (an
+  // eventfd) and runs one monitor pass at once.
+  int wake_fd = -1;
   // How long the agent waits for worker output, heartbeats or exits before it looks again
   // (signals, deadlines): --monitor-interval with --standalone; 20 ms by default.
   double poll_s = 0.02;

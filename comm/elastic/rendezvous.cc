@@ -41,7 +41,27 @@ bool Rendezvous::write(const Bytes& old_raw, MembershipRecord& next) {
   Bytes desired = to_bytes(encode(next));
   // Returns `desired` only when this call wrote: no other writer produces these bytes
   // (writer id), and this one never writes the same version twice.
-  return store_.compare_set(state_key(), old_raw, desired) == desired;
+  if (store_.compare_set(state_key(), old_raw, desired) != desired) return false;
+  // Wakes the agents parked in wait_change() for this version. Best effort: a reader that
+  // misses it still sees the record at its next poll.
+  try {
+    store_.set(change_key(next.version), {}, kChangeKeyTtl);
+  } catch (const std::exception&) {
+  }
+  return true;
+}
+
+int64_t Rendezvous::record_version() {
+  return decode(to_string(store_.get(state_key())), state_key()).version;
+}
+
+bool Rendezvous::wait_change(int64_t after_version, Millis timeout) {
+  try {
+    store_.wait({change_key(after_version + 1)}, timeout);
+    return true;
+  } catch (const TimeoutError&) {
+    return false;
+  }
 }
 
 std::set<std::string> Rendezvous::alive_nodes(const MembershipRecord& r) {

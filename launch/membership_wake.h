@@ -1,0 +1,45 @@
+// Wakes a node agent's supervisor loop as soon as the membership record changes, so that it
+// looks at the membership then rather than at its next --monitor-interval poll: a thread
+// parked in Rendezvous::wait_change (one store wait, held server-side) signals an eventfd
+// that the supervisor polls beside its workers' pipes (SupervisorOptions::wake_fd). Every
+// record write wakes it: a node that left (its agent writes `left` within milliseconds of
+// its worker's death), an epoch another survivor formed, a spare registering, a close.
+// The poll stays as the fallback: a change nobody writes (a member whose alive key went)
+// is still first seen by a poll, and the write of the epoch it forms then wakes the others.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+
+#include "comm/elastic/rendezvous.h"
+
+namespace weft::launch {
+
+class MembershipWake {
+ public:
+  // Starts the thread; `park`: the longest single store wait, which bounds how long the
+  // destructor waits for the thread. `rdzv` (after join()) must outlive this object.
+  // Throws IoError when no eventfd can be made.
+  MembershipWake(comm::Rendezvous& rdzv, comm::Millis park);
+  ~MembershipWake();  // stops and joins the thread (at most one `park`); never throws
+  MembershipWake(const MembershipWake&) = delete;
+  MembershipWake& operator=(const MembershipWake&) = delete;
+
+  // Readable after a change; the reader drains it (read 8 bytes, non-blocking).
+  int fd() const { return fd_; }
+  // Wakes sent so far.
+  uint64_t wakes() const { return wakes_.load(); }
+
+ private:
+  void loop();
+  void wake();
+  comm::Rendezvous& rdzv_;
+  const comm::Millis park_;
+  int fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> wakes_{0};
+  std::thread thread_;
+};
+
+}  // namespace weft::launch
