@@ -1,27 +1,36 @@
 // Wakes a node agent's supervisor loop as soon as the membership record changes, so that it
 // looks at the membership then rather than at its next --monitor-interval poll: a thread
-// parked in Rendezvous::wait_change (one store wait, held server-side) signals an eventfd
-// that the supervisor polls beside its workers' pipes (SupervisorOptions::wake_fd). Every
-// record write wakes it: a node that left (its agent writes `left` within milliseconds of
-// its worker's death), an epoch another survivor formed, a spare registering, a close.
-// The poll stays as the fallback: a change nobody writes (a member whose alive key went)
-// is still first seen by a poll, and the write of the epoch it forms then wakes the others.
+// parked in a store wait on the record's next change key (Rendezvous::change_key, set by
+// every write) signals an eventfd that the supervisor polls beside its workers' pipes
+// (SupervisorOptions::wake_fd). Every record write wakes it: a node that left (its agent
+// writes `left` within milliseconds of its worker's death), an epoch another survivor
+// formed, a spare registering, a close. The poll stays as the fallback: a change nobody
+// writes (a member whose alive key went) is still first seen by a poll, and the write of the
+// epoch it forms then wakes the others.
+//
+// The wait runs on a store connection of its own: a wait parked on the agent's connection
+// would hold a reply in the kernel's send queue while the node is cut off, and after the
+// cable comes back the agent's own calls (its heartbeat, its monitor's reads) would queue
+// behind that reply's retransmission backoff, seconds past heartbeat_timeout.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <thread>
 
 #include "comm/elastic/rendezvous.h"
+#include "comm/store/store.h"
 
 namespace weft::launch {
 
 class MembershipWake {
  public:
   // Starts the thread; `park`: the longest single store wait, which bounds how long the
-  // destructor waits for the thread. `rdzv` (after join()) must outlive this object.
-  // Throws IoError when no eventfd can be made.
-  MembershipWake(comm::Rendezvous& rdzv, comm::Millis park);
+  // destructor waits for the thread. `store` (a connection for this alone) and `rdzv`
+  // (after join(); only its keys are used) must outlive this object. Throws IoError when
+  // no eventfd can be made.
+  MembershipWake(comm::Store& store, const comm::Rendezvous& rdzv, comm::Millis park);
   ~MembershipWake();  // stops and joins the thread (at most one `park`); never throws
   MembershipWake(const MembershipWake&) = delete;
   MembershipWake& operator=(const MembershipWake&) = delete;
@@ -34,7 +43,8 @@ class MembershipWake {
  private:
   void loop();
   void wake();
-  comm::Rendezvous& rdzv_;
+  comm::Store& store_;
+  const comm::Rendezvous& rdzv_;
   const comm::Millis park_;
   int fd_ = -1;
   std::atomic<bool> stop_{false};

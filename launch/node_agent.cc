@@ -166,6 +166,7 @@ class NodeAgent {
   }
   void claim_static_rank();
   void connect_store();
+  std::unique_ptr<comm::Store> another_connection();  // to the rendezvous store
   void place_workers_store(const comm::Membership& m);
   comm::Membership join();
   comm::Membership settle();
@@ -195,7 +196,9 @@ class NodeAgent {
   std::unique_ptr<comm::TCPStoreServer> workers_server_;  // etcd: the workers' store, if here
   std::unique_ptr<comm::Store> store_;
   std::unique_ptr<comm::Rendezvous> rdzv_;
-  // Wakes the supervisor's monitor when the membership record changes (after join()).
+  // Wakes the supervisor's monitor when the membership record changes (after join()), over
+  // a store connection of its own (membership_wake.h says why).
+  std::unique_ptr<comm::Store> wake_store_;
   std::unique_ptr<MembershipWake> wake_;
   std::string store_node_ = "?";
   std::string prefix_;  // this attempt's store prefix
@@ -278,12 +281,11 @@ void NodeAgent::serve_store_if_first() {
   }
 }
 
-void NodeAgent::connect_store() {
-  if (etcd_) {
-    store_ = comm::make_etcd_store(o_.rdzv_endpoints, "/weft/", store_timeout());
-    return;
-  }
-  store_ = std::make_unique<comm::TCPStore>(
+void NodeAgent::connect_store() { store_ = another_connection(); }
+
+std::unique_ptr<comm::Store> NodeAgent::another_connection() {
+  if (etcd_) return comm::make_etcd_store(o_.rdzv_endpoints, "/weft/", store_timeout());
+  return std::make_unique<comm::TCPStore>(
       comm::TCPStoreOptions{host_, uint16_t(port_), store_timeout(), token_});
 }
 
@@ -775,7 +777,9 @@ int NodeAgent::run() {
   so_.monitor_interval_s = o_.monitor_interval;
   // Parked in slices of two polls: the longest an agent's exit waits for the thread.
   try {
-    wake_ = std::make_unique<MembershipWake>(*rdzv_, 2 * ro_.poll_interval);
+    wake_store_ = another_connection();
+    wake_store_->set_timeout(ro_.heartbeat_timeout);
+    wake_ = std::make_unique<MembershipWake>(*wake_store_, *rdzv_, 2 * ro_.poll_interval);
     so_.wake_fd = wake_->fd();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weft run: %s; the agent looks at the membership every %g s only\n",

@@ -42,26 +42,13 @@ bool Rendezvous::write(const Bytes& old_raw, MembershipRecord& next) {
   // Returns `desired` only when this call wrote: no other writer produces these bytes
   // (writer id), and this one never writes the same version twice.
   if (store_.compare_set(state_key(), old_raw, desired) != desired) return false;
-  // Wakes the agents parked in wait_change() for this version. Best effort: a reader that
+  // Wakes the agents parked on this version's change key. Best effort: a reader that
   // misses it still sees the record at its next poll.
   try {
     store_.set(change_key(next.version), {}, kChangeKeyTtl);
   } catch (const std::exception&) {
   }
   return true;
-}
-
-int64_t Rendezvous::record_version() {
-  return decode(to_string(store_.get(state_key())), state_key()).version;
-}
-
-bool Rendezvous::wait_change(int64_t after_version, Millis timeout) {
-  try {
-    store_.wait({change_key(after_version + 1)}, timeout);
-    return true;
-  } catch (const TimeoutError&) {
-    return false;
-  }
 }
 
 std::set<std::string> Rendezvous::alive_nodes(const MembershipRecord& r) {
@@ -112,6 +99,9 @@ void Rendezvous::note_lost(const MembershipRecord& before, const MembershipRecor
     } catch (const std::exception& e) {
       cause = str("unknown (", e.what(), ")");
     }
+    // An epoch drops a member whose key is still there only because it left: this agent,
+    // woken by a later write, never read the record that said so.
+    if (cause == "alive") cause = "it left the membership (its alive key was still there)";
     WEFT_INFO("elastic", "node ", options_.node_id, " sees node ", id, " (node rank ", rank,
               ") lost in epoch ", before.epoch, ": ", cause);
   }

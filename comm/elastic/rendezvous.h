@@ -9,7 +9,7 @@
 //   beat/<node id>     the alive key's witness, a TTL key set just before it when bound:
 //                      present while alive/ is gone means the node's connection closed
 //   changed/<version>  set (with a TTL) by whoever wrote that version of the record, right
-//                      after it: wait_change() parks on the next one
+//                      after it: an agent parks a store wait on the next one
 //   epoch/<E>/...      free for the layer above (Membership::store_prefix): Gloo/NCCL
 //                      bootstrap of epoch E never collides with epoch E-1's keys
 //
@@ -163,15 +163,10 @@ class Rendezvous {
 
   // The latest record (one store read), for status lines and tests.
   MembershipRecord read_record();
-  // Blocks until some agent writes the record's version `after_version` + 1 (a member
-  // leaving, an epoch formed, a spare registering, a close: every write), at most
-  // `timeout`; whether it did. An agent parks here (one store wait, server-side) to look at
-  // the membership as soon as it changes instead of at its next poll. Store errors other
-  // than the timeout propagate. Any thread; takes no lock.
-  bool wait_change(int64_t after_version, Millis timeout);
-  // The record's version now (one store read; the record must exist: after join()). Takes
-  // no lock, like wait_change().
-  int64_t record_version();
+  // The key whoever writes version `version` of the record sets right after it (TTL
+  // kChangeKeyTtl): an agent keeps a store wait parked on the next one to look at the
+  // membership as soon as it changes instead of at its next poll (launch/membership_wake.h).
+  // Every write sets one: a member leaving, an epoch formed, a spare registering, a close.
   std::string change_key(int64_t version) const {
     return prefix_ + "changed/" + std::to_string(version);
   }

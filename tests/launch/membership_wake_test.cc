@@ -58,7 +58,7 @@ TEST(MembershipWake, AnotherAgentsLeaveWakesTheAgentBeforeItPolls) {
   ASSERT_EQ(a.membership()->epoch, b.membership()->epoch);
   (void)mb;
 
-  MembershipWake wake(a, 50ms);
+  MembershipWake wake(store, a, 50ms);
   // The record does not change: several parked slices pass without a wake.
   EXPECT_FALSE(readable(wake.fd(), 300));
   EXPECT_EQ(wake.wakes(), 0u);
