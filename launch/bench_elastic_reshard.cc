@@ -30,6 +30,10 @@ struct Change {
   int from = 0, to = 0;
   double t0 = 0;        // the kill, or (grow) the survivors' notice
   double detect = -1;   // failure: the kill -> a survivor names the change
+  // shrink: the kill -> each killed worker's agent reaped it. A SIGKILLed process's sockets
+  // close and its exit is seen only once the kernel has freed its memory (exit_mm comes
+  // before exit_files), about 2 GB here: the part of the shrink that no agent can wait less.
+  std::vector<double> reaped;
   double admit = -1;    // grow: the agent's start -> the survivors' notice
   double ready = 0;     // t0 -> the resize line (the new world ready to step)
   double downtime = 0;  // t0 -> the new world's first step line
@@ -246,6 +250,14 @@ void print_changes(const Options& o, const std::vector<Change>& cs,
     std::printf("%-8s | %7d | %12.1f | %12.1f | %9.1f | %11.1f | %s\n", c.name.c_str(), c.holders,
                 c.mib_between, min, c.mib_kept, c.mib_copied, hwm.c_str());
   }
+  for (const Change& c : cs) {
+    if (c.reaped.empty()) continue;
+    std::string r;
+    for (double t : c.reaped) r += (r.empty() ? "" : ", ") + fixed(t);
+    std::printf("%s: the kill -> each killed worker reaped by its agent: %s s (the kernel frees a "
+                "SIGKILLed process's memory before its sockets close and its exit is seen)\n",
+                c.name.c_str(), r.c_str());
+  }
   std::printf(
       "minimum: a DP shrink or loss moves nothing (every survivor holds a full replica); a "
       "newcomer needs one\nreplica, 12 B/parameter (f32 weights, Adam's m and v) = %.1f MiB.\n",
@@ -308,9 +320,15 @@ int run_reshard(Options& o, const std::optional<RestartResult>& restart) {
       c.what = str("SIGKILL of 2 workers (nodes ", run.index_[size_t(v[0])], ", ",
                    run.index_[size_t(v[1])], "); their agents leave at once");
       note(c.t0, "shrink: " + c.what);
+
       for (int i = 0; i < 4; ++i)
         if (!run.gone_.count(i)) kept_workers.push_back({i, worker_of(run.agents_[size_t(i)]->pid())});
       run.finish_change(c, from);
+      for (int a : v)  // said before the agent left, so before the new world formed
+        if (auto m = find_from(*run.agents_[size_t(a)], from[size_t(a)], [](const std::string& l) {
+              return has(l, "was killed by signal");
+            }))
+          c.reaped.push_back(m->t - c.t0);
       changes.push_back(c);
     }
     {  // grow: a new agent joins and is admitted about two heartbeat intervals later
