@@ -1,6 +1,12 @@
 // The epoch notice file: a few "key value" lines, replaced atomically.
 #include "launch/epoch_notice.h"
 
+#include <poll.h>
+#include <sys/inotify.h>
+#include <unistd.h>
+
+#include <thread>
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -104,6 +110,35 @@ void mark_following(const std::string& path, int local_rank) {
 bool all_following(const std::string& path, int nproc) {
   for (int r = 0; r < nproc; ++r)
     if (::access((path + ".live." + std::to_string(r)).c_str(), F_OK) != 0) return false;
+  return true;
+}
+
+NoticeWaiter::NoticeWaiter(const std::string& path) {
+  if (path.empty()) return;
+  fd_ = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  if (fd_ < 0) return;
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  // The agent writes a temporary file and renames it over the notice: the rename is the event.
+  if (::inotify_add_watch(fd_, dir.empty() ? "." : dir.c_str(), IN_MOVED_TO) < 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+NoticeWaiter::~NoticeWaiter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool NoticeWaiter::wait(std::chrono::milliseconds max) {
+  if (fd_ < 0) {
+    std::this_thread::sleep_for(max);
+    return false;
+  }
+  pollfd p{fd_, POLLIN, 0};
+  if (::poll(&p, 1, int(max.count())) != 1) return false;
+  alignas(inotify_event) char buf[4096];
+  while (::read(fd_, buf, sizeof buf) > 0) {
+  }
   return true;
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -83,6 +84,24 @@ class EpochWatch {
   mutable ino_t ino_ = 0;
   mutable int64_t mtime_ = 0;
   mutable std::optional<EpochNotice> cached_;
+};
+
+// Sleeps until the notice at `path` may have changed (the agent renamed a new one into its
+// folder: inotify IN_MOVED_TO) or `max` passed, whichever comes first, so that a watcher that
+// looks again after each wait learns of a notice when it is written rather than at its next
+// interval. Without inotify (or with an empty path) a plain sleep of `max`. One thread each.
+class NoticeWaiter {
+ public:
+  explicit NoticeWaiter(const std::string& path);
+  ~NoticeWaiter();
+  NoticeWaiter(const NoticeWaiter&) = delete;
+  NoticeWaiter& operator=(const NoticeWaiter&) = delete;
+  // True when a change in the folder woke it, false when `max` passed (or no inotify).
+  bool wait(std::chrono::milliseconds max);
+  bool watching() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
 };
 
 // Marker files: a worker of local rank `local_rank` follows notices; an agent checks that

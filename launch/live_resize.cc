@@ -517,6 +517,7 @@ LossWatcher::LossWatcher(const EpochWatch& watch, std::vector<comm::Communicator
   if (watch.path().empty()) return;
   thread_ = std::thread([this, watch, comms, any_newer, ahead = std::move(ahead)] {
     int64_t handed = watch.epoch();  // the latest epoch given to `ahead`
+    NoticeWaiter waiter(watch.path());  // wakes on a notice rather than at the next look
     while (!stop_.load()) {
       std::optional<EpochNotice> n = watch.newer();
       if (n && (n->loses_process_of(watch.epoch()) || any_newer)) {
@@ -528,7 +529,7 @@ LossWatcher::LossWatcher(const EpochWatch& watch, std::vector<comm::Communicator
         handed = n->epoch;
         ahead(*n);
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      waiter.wait(std::chrono::milliseconds(20));
     }
   });
 }

@@ -849,6 +849,7 @@ WorldEnd RankTraining::train_world() {
 EpochNotice RankTraining::wait_for_notice() {
   const auto limit = std::chrono::milliseconds(env_int("WEFT_RESIZE_TIMEOUT_MS", 120'000));
   const auto t0 = Clock::now();
+  NoticeWaiter waiter(watch_.path());  // wakes on the agent's notice, not at the next look
   for (;;) {
     if (std::optional<EpochNotice> n = watch_.newer()) return *n;
     if (g_train_stop) throw Error("stopped by a signal while waiting for the next membership epoch");
@@ -856,7 +857,7 @@ EpochNotice RankTraining::wait_for_notice() {
       throw Error(str("no new membership epoch from weft run within ",
                              double(limit.count()) / 1000,
                              " s after this world ended (WEFT_RESIZE_TIMEOUT_MS)"));
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    waiter.wait(std::chrono::milliseconds(5));
   }
 }
 

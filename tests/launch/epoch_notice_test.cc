@@ -102,3 +102,30 @@ TEST(EpochNotice, LostSinceSurvivesTheFileAndDecidesForTheEpochsItNames) {
 
 }  // namespace
 }  // namespace weft::launch
+
+namespace weft::launch {
+namespace {
+
+// NoticeWaiter: a notice written while it waits wakes it (true) well before its long bound;
+// with nothing written it returns false when the bound passes. A bound of minutes makes the
+// first a test of the wake, not of a clock.
+TEST(NoticeWaiter, ANewNoticeWakesItAndNothingElseDoes) {
+  const std::string dir = ::testing::TempDir() + "notice_waiter_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/epoch";
+  NoticeWaiter waiter(path);
+  ASSERT_TRUE(waiter.watching());
+  EXPECT_FALSE(waiter.wait(std::chrono::milliseconds(50))) << "woken with nothing written";
+  EpochNotice n;
+  n.epoch = 2;
+  std::thread writer([&] { write_epoch_notice(path, n); });
+  EXPECT_TRUE(waiter.wait(std::chrono::minutes(5))) << "the notice did not wake it";
+  writer.join();
+  std::optional<EpochNotice> read = read_epoch_notice(path);
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(read->epoch, 2);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace weft::launch
