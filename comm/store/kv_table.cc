@@ -59,7 +59,7 @@ size_t KvTable::release(Owner owner, Millis grace) {
   return release(owner, grace, nullptr, nullptr);
 }
 
-size_t KvTable::release(Owner owner, Millis grace, std::vector<std::string>* released,
+size_t KvTable::release(Owner owner, Millis grace, std::vector<Released>* released,
                         Clock::time_point* deadline) {
   auto it = owned_.find(owner);
   if (it == owned_.end()) return 0;
@@ -67,7 +67,7 @@ size_t KvTable::release(Owner owner, Millis grace, std::vector<std::string>* rel
   owned_.erase(it);
   const auto at = Clock::now() + clamp_timeout(grace);
   if (deadline) *deadline = at;
-  if (released) released->assign(keys.begin(), keys.end());
+  if (released) released->clear();
   for (const std::string& key : keys) {
     auto e = entries_.find(key);
     if (e == entries_.end()) continue;
@@ -76,17 +76,20 @@ size_t KvTable::release(Owner owner, Millis grace, std::vector<std::string>* rel
       clear_deadline(key, e->second);
       bytes_ -= key.size() + e->second.value.size();
       entries_.erase(e);
-    } else if (!e->second.deadline || *e->second.deadline > at) {
-      set_deadline(key, e->second, at);
+    } else {
+      // A key with a TTL that ends sooner keeps it (a heartbeat's alive key: 2 s against a
+      // 30 s grace); drop_released must then know that deadline, not the grace's.
+      if (!e->second.deadline || *e->second.deadline > at) set_deadline(key, e->second, at);
+      if (released) released->push_back({key, *e->second.deadline});
     }
   }
   return keys.size();
 }
 
-size_t KvTable::drop_released(const std::vector<std::string>& keys, Clock::time_point at) {
+size_t KvTable::drop_released(const std::vector<Released>& keys) {
   expire();
   size_t n = 0;
-  for (const std::string& key : keys) {
+  for (const auto& [key, at] : keys) {
     auto e = entries_.find(key);
     if (e == entries_.end() || e->second.owner != kNoOwner || e->second.deadline != at) continue;
     clear_deadline(key, e->second);

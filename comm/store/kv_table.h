@@ -37,13 +37,19 @@ class KvTable {
   // (or at their TTL if that comes first); a grace of 0 erases them now. A set() before
   // then keeps the key (a reconnected client rebinding it). Returns how many it held.
   size_t release(Owner owner, Millis grace);
+  // What release() left of an unbound key: its name and the deadline it then had (the
+  // grace's end, or the key's own TTL where that came sooner).
+  struct Released {
+    std::string key;
+    Clock::time_point deadline;
+  };
   // release() with a grace, also handing back the keys it unbound (into `keys`) and the
-  // deadline it gave them (`*at`), for drop_released().
-  size_t release(Owner owner, Millis grace, std::vector<std::string>* keys, Clock::time_point* at);
-  // Ends the grace of keys that release() unbound with deadline `at`, now: each of `keys`
-  // that is still as it left it (unbound, expiring at `at`; a set() since, a rebind by a
-  // reconnected client or a new TTL, keeps it) is erased. Returns how many went.
-  size_t drop_released(const std::vector<std::string>& keys, Clock::time_point at);
+  // grace's end (`*at`), for drop_released().
+  size_t release(Owner owner, Millis grace, std::vector<Released>* keys, Clock::time_point* at);
+  // Ends the grace of keys that release() unbound, now: each of `keys` that is still as it
+  // left it (unbound, with the deadline it left; a set() since, a rebind by a reconnected
+  // client or a new TTL, keeps it) is erased. Returns how many went.
+  size_t drop_released(const std::vector<Released>& keys);
   // Keys bound to `owner` now.
   size_t bound_to(Owner owner) const;
   // Sets every key (no TTL) or, when any value is too long, none (CommError).

@@ -124,7 +124,7 @@ class TCPStoreServer::Impl {
     ExitWatch(asio::io_context& io, int fd) : pidfd(io, fd), timer(io) {}
     asio::posix::stream_descriptor pidfd;
     asio::steady_timer timer;
-    std::vector<std::string> keys;
+    std::vector<KvTable::Released> keys;
     KvTable::Clock::time_point at;
   };
   std::unordered_map<KvTable::Owner, std::shared_ptr<ExitWatch>> exit_watches;
@@ -676,7 +676,7 @@ void TCPStoreServer::Impl::watch_exit(KvTable::Owner owner, const std::shared_pt
                         pollfd p{w->pidfd.native_handle(), POLLIN, 0};
                         if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLIN))
                           return watch_exit(owner, w);
-                        const size_t gone = table.drop_released(w->keys, w->at);
+                        const size_t gone = table.drop_released(w->keys);
                         dropped_at_exit += gone;
                         WEFT_DEBUG("store", "connection ", owner, "'s process exited: ", gone,
                                    " bound keys dropped before the grace ended");

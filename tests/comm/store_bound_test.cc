@@ -113,6 +113,28 @@ TEST(KvTableBound, ReleasedKeyExpiresAfterTheGraceUnlessSetAgain) {
   EXPECT_EQ(t.bytes(), std::string("kept").size() + 1);
 }
 
+// The end of a grace cut short (the client's process exited): every key release() unbound
+// and nobody touched since goes, including one whose own TTL ends before the grace (an
+// alive key: 2 s against a 30 s grace), which release() leaves at its TTL. A key set again
+// since stays. (drop_released compared each key with the grace's end only, and kept the
+// alive key: NodeLoss.AKilledAgent... then waited for the TTL in 1 run of 3.)
+TEST(KvTableBound, DropReleasedEndsTheGraceOfKeysWithTheirOwnSoonerTtlToo) {
+  KvTable t(1 << 20);
+  t.set("plain", to_bytes("1"), std::nullopt, 1);
+  t.set("alive", to_bytes("1"), Millis(60'000), 1);  // its TTL, sooner than the grace
+  t.set("again", to_bytes("1"), std::nullopt, 1);
+  std::vector<KvTable::Released> released;
+  KvTable::Clock::time_point at;
+  EXPECT_EQ(t.release(1, Millis(600'000), &released, &at), 3u);
+  ASSERT_EQ(released.size(), 3u);
+  t.set("again", to_bytes("2"), std::nullopt);  // set since: not as release left it
+  EXPECT_EQ(t.drop_released(released), 2u);
+  EXPECT_EQ(t.find("plain"), nullptr);
+  EXPECT_EQ(t.find("alive"), nullptr);
+  ASSERT_NE(t.find("again"), nullptr);
+  EXPECT_EQ(comm::to_string(*t.find("again")), "2");
+}
+
 TEST(KvTableBound, EraseAndExpiryForgetTheBinding) {
   KvTable t(1 << 20);
   t.set("e", to_bytes("1"), std::nullopt, 3);
