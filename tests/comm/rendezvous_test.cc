@@ -660,6 +660,7 @@ TEST(RendezvousProcesses, KilledNodeIsReplacedBySpareOverTcpStore) {
       EXPECT_EQ(m.epoch, 2);
       EXPECT_EQ(m.world(), 3);
       store->set_string("spare_rank", std::to_string(m.node_rank));
+      store->wait({"epoch2/node0", "epoch2/node1"}, 30s);  // its exit would be a loss too
       return;
     }
     Membership m1 = r.join();
@@ -667,6 +668,10 @@ TEST(RendezvousProcesses, KilledNodeIsReplacedBySpareOverTcpStore) {
     EXPECT_EQ(m1.world(), 3);
     store->set_string("rank1/" + me, std::to_string(m1.node_rank));
     if (ctx.rank() == 2) {
+      // Killed once every member has its epoch-1 membership: a store on this machine drops a
+      // killed process's key within milliseconds (no grace for a process that has exited),
+      // so a kill before node0's or node1's join returned would give them epoch 2 there.
+      store->wait({"rank1/node0", "rank1/node1"}, 30s);
       while (!r.read_record().is_spare("node3")) std::this_thread::sleep_for(10ms);
       store->set_string("killed_at", std::to_string(Clock::now().time_since_epoch().count()));
       ::raise(SIGKILL);
@@ -683,6 +688,9 @@ TEST(RendezvousProcesses, KilledNodeIsReplacedBySpareOverTcpStore) {
         << "the spare takes the killed node's rank";
     std::printf("[ measure ] node%d: SIGKILL -> epoch 2 over TCP: %.0f ms\n", ctx.rank(), elapsed);
     std::fflush(stdout);
+    // Nobody exits before both survivors saw epoch 2: an exited process is a lost node.
+    store->set_string("epoch2/" + me, "1");
+    store->wait({"epoch2/node0", "epoch2/node1"}, 30s);
   });
   ASSERT_EQ(result.ranks.size(), 4u);
   EXPECT_EQ(result.ranks[2].status, RankStatus::kSignaled) << result.summary();

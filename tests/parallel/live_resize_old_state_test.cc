@@ -129,7 +129,8 @@ TEST(LiveResizeOldState, AMoveStoppedWithATensorFilledInPartResumesFromItsArrive
       << job.all_logs();
   const size_t held_step = job.rows().size();
   job.start();  // epoch 3: world 4
-  ASSERT_TRUE(job.wait_world(4, 10)) << phases_text(job.phases()) << job.all_logs();
+  // Its first line only, as above (the suite saw this world at step 113 of 120).
+  ASSERT_TRUE(job.wait_world(4)) << phases_text(job.phases()) << job.all_logs();
   job.expect_exits({0, 1, 2, 3});
   const std::vector<std::string> held = job.lines_with(1, "the move stopped midway; it holds");
   ASSERT_EQ(held.size(), 1u) << job.text(1);
