@@ -42,6 +42,18 @@ TEST(LiveResizeOldState, TheDefaultFreesTheSurvivorsStateWithoutASnapshotAndKeep
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 
+// dp2 ZeRO-1 on up to four loopback nodes, 120 steps, whose move into epoch 2 stops at
+// `stall` (WEFT_TEST_STALL_MOVE=2:<stall>) with a router budget small enough for many waves.
+void stopped_join(LiveJob& job, const std::string& name, const std::string& stall) {
+  job.dir = agent_test_dir("live_resize_old_state", name);
+  job.id = "live-" + name + "-" + std::to_string(::getpid());
+  job.nnodes = "2:4";
+  job.steps = 120;
+  job.sets = {"parallel.dp=auto", "parallel.zero=1"};
+  job.env = {"WEFT_TEST_STALL_MOVE=2:" + stall, "WEFT_ROUTER_BUDGET_BYTES=65536",
+             "WEFT_LOG_LEVEL=debug", "WEFT_LOG_SUBSYS=resize"};
+}
+
 // dp2 ZeRO-1 grows to dp3 by a join, no snapshots; the move stops at half of each rank's bytes
 // (WEFT_TEST_STALL_MOVE, with a router budget small enough for many waves; the first rank to
 // get there holds up the others) until a fourth node joins. Each rank then holds the old layout's tensors it had not freed and the new layout's
@@ -50,14 +62,8 @@ TEST(LiveResizeOldState, TheDefaultFreesTheSurvivorsStateWithoutASnapshotAndKeep
 // process's losses.
 TEST(LiveResizeOldState, AMoveStoppedByASecondJoinResumesFromThePiecesOfBothLayouts) {
   LiveJob job;
-  job.dir = agent_test_dir("live_resize_old_state", "stopped");
-  job.id = "live-stopped-" + std::to_string(::getpid());
-  job.nnodes = "2:4";
-  job.steps = 120;
-  const std::vector<std::string> layout = {"parallel.dp=auto", "parallel.zero=1"};
-  job.sets = layout;
-  job.env = {"WEFT_TEST_STALL_MOVE=2:50", "WEFT_ROUTER_BUDGET_BYTES=65536",
-             "WEFT_LOG_LEVEL=debug", "WEFT_LOG_SUBSYS=resize"};
+  stopped_join(job, "stopped", "50");
+  const std::vector<std::string> layout = job.sets;
   const fs::path ref = reference_run(job.dir, job.steps, layout);
   job.start_in_order(2);
   ASSERT_TRUE(job.wait_steps(30)) << job.all_logs();
@@ -113,14 +119,8 @@ TEST(LiveResizeOldState, AMoveStoppedByASecondJoinResumesFromThePiecesOfBothLayo
 // pieces, resumes at the same step and gives one process's losses.
 TEST(LiveResizeOldState, AMoveStoppedWithATensorFilledInPartResumesFromItsArrivedBoxes) {
   LiveJob job;
-  job.dir = agent_test_dir("live_resize_old_state", "partial");
-  job.id = "live-partial-" + std::to_string(::getpid());
-  job.nnodes = "2:4";
-  job.steps = 120;
-  const std::vector<std::string> layout = {"parallel.dp=auto", "parallel.zero=1"};
-  job.sets = layout;
-  job.env = {"WEFT_TEST_STALL_MOVE=2:partial", "WEFT_ROUTER_BUDGET_BYTES=65536",
-             "WEFT_LOG_LEVEL=debug", "WEFT_LOG_SUBSYS=resize"};
+  stopped_join(job, "partial", "partial");
+  const std::vector<std::string> layout = job.sets;
   const fs::path ref = reference_run(job.dir, job.steps, layout);
   job.start_in_order(2);
   ASSERT_TRUE(job.wait_steps(30)) << job.all_logs();
