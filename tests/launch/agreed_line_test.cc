@@ -15,6 +15,7 @@
 #include "core/io/metrics.h"
 #include "launch/run_folder.h"
 #include "parallel/launch_env.h"
+#include "tests/launch/world_threads.h"
 
 namespace weft::launch {
 namespace {
@@ -117,28 +118,11 @@ class ShareAgreedLine : public ::testing::Test {
   // kept[r]: rank r's kept line (a step and a loss that names the rank), or none.
   std::vector<std::optional<core::io::StepMetrics>> run(
       const std::vector<std::optional<core::io::StepMetrics>>& kept, int64_t step) {
-    comm::TCPStoreServer server;
     std::vector<std::optional<core::io::StepMetrics>> out(kept.size());
-    std::vector<std::string> errors(kept.size());
-    auto rank_main = [&](int rank) {
-      try {
-        parallel::LaunchEnv e;
-        e.rank = rank;
-        e.world = int(kept.size());
-        e.launcher = "weft run";
-        e.store_port = server.port();
-        e.rdzv_epoch = 4;
-        e.store_prefix = "rdzv/t/epoch/4/round/0";
-        parallel::WorkerWorld world(e, comm::Millis(30000));
-        out[size_t(rank)] = share_agreed_line(world.comm(), kept[size_t(rank)], step);
-      } catch (const std::exception& ex) {
-        errors[size_t(rank)] = ex.what();
-      }
-    };
-    std::vector<std::thread> others;
-    for (int r = 1; r < int(kept.size()); ++r) others.emplace_back(rank_main, r);
-    rank_main(0);
-    for (std::thread& t : others) t.join();
+    const std::vector<std::string> errors =
+        run_world_threads(int(kept.size()), 4, [&](int rank, comm::Communicator& world) {
+          out[size_t(rank)] = share_agreed_line(world, kept[size_t(rank)], step);
+        });
     for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
     return out;
   }

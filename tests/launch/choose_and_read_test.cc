@@ -22,6 +22,7 @@
 #include "launch/live_resize.h"
 #include "parallel/launch_env.h"
 #include "planner/plan_cache.h"
+#include "tests/launch/world_threads.h"
 #include "tests/launch/zero1_spec.h"
 
 namespace weft::launch {
@@ -75,39 +76,25 @@ class ChooseAndRead : public ::testing::Test {
 
   // Both ranks choose and read, the reads of `corrupt` reports failing with an IoError.
   std::vector<RankResult> run(const std::set<int>& corrupt) {
-    comm::TCPStoreServer server;
     std::vector<RankResult> out(2);
-    auto rank_main = [&](int rank) {
-      RankResult& me = out[size_t(rank)];
-      try {
-        parallel::LaunchEnv e;
-        e.rank = rank;
-        e.world = 2;
-        e.launcher = "weft run";
-        e.store_port = server.port();
-        e.rdzv_epoch = 2;
-        e.store_prefix = "rdzv/t/epoch/2/round/0";
-        parallel::WorkerWorld world(e, comm::Millis(30000));
-        std::vector<HolderReport> reports = reports_;
-        ReadSnapshot read = [&](const HolderReport& r, const Holders::Part& p, int64_t step) {
-          const int q = int(&r - reports.data());
-          me.reads.push_back(q);
-          EXPECT_EQ(r.step, step);
-          EXPECT_EQ(p.holder, rank);
-          if (corrupt.count(q))
-            throw IoError("snapshot slot 1 of /test-r" + std::to_string(r.rank) +
-                          " not read: 1 corrupt block(s)");
-          return std::vector<core::Tensor>{core::Tensor::from_vector<int64_t>({1}, {q})};
-        };
-        me.holders = choose_and_read(*plans_, *space_, reports, 2, world.comm(), read, me.got,
-                                     &me.notes);
-      } catch (const std::exception& ex) {
-        me.error = ex.what();
-      }
-    };
-    std::thread other(rank_main, 1);
-    rank_main(0);
-    other.join();
+    const std::vector<std::string> errors =
+        run_world_threads(2, 2, [&](int rank, comm::Communicator& world) {
+          RankResult& me = out[size_t(rank)];
+          std::vector<HolderReport> reports = reports_;
+          ReadSnapshot read = [&](const HolderReport& r, const Holders::Part& p, int64_t step) {
+            const int q = int(&r - reports.data());
+            me.reads.push_back(q);
+            EXPECT_EQ(r.step, step);
+            EXPECT_EQ(p.holder, rank);
+            if (corrupt.count(q))
+              throw IoError("snapshot slot 1 of /test-r" + std::to_string(r.rank) +
+                            " not read: 1 corrupt block(s)");
+            return std::vector<core::Tensor>{core::Tensor::from_vector<int64_t>({1}, {q})};
+          };
+          me.holders =
+              choose_and_read(*plans_, *space_, reports, 2, world, read, me.got, &me.notes);
+        });
+    for (int r = 0; r < 2; ++r) out[size_t(r)].error = errors[size_t(r)];
     return out;
   }
 

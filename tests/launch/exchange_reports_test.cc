@@ -13,6 +13,7 @@
 #include "comm/store/tcp_store_server.h"
 #include "launch/live_resize.h"
 #include "parallel/launch_env.h"
+#include "tests/launch/world_threads.h"
 
 namespace weft::launch {
 namespace {
@@ -42,28 +43,12 @@ TEST(ExchangeReports, PartlyFilledTensorsTravelWithTheirBoxes) {
   offer.valid = 1, offer.source = HolderReport::kSnapshot, offer.epoch = 2, offer.rank = 1;
   offer.world = 2, offer.step = 40, offer.layout_hash = 12345;
 
-  comm::TCPStoreServer server;
   std::vector<std::vector<HolderReport>> got(2);
-  std::vector<std::string> error(2);
-  auto rank_main = [&](int rank) {
-    try {
-      parallel::LaunchEnv e;
-      e.rank = rank;
-      e.world = 2;
-      e.launcher = "weft run";
-      e.store_port = server.port();
-      e.rdzv_epoch = 3;
-      e.store_prefix = "rdzv/t/epoch/3/round/0";
-      parallel::WorkerWorld world(e, comm::Millis(30000));
-      got[size_t(rank)] = rank == 0 ? exchange_reports(world.comm(), h0, 100)
-                                    : exchange_reports(world.comm(), h1, 200, {offer});
-    } catch (const std::exception& ex) {
-      error[size_t(rank)] = ex.what();
-    }
-  };
-  std::thread other(rank_main, 1);
-  rank_main(0);
-  other.join();
+  const std::vector<std::string> error =
+      run_world_threads(2, 3, [&](int rank, comm::Communicator& world) {
+        got[size_t(rank)] = rank == 0 ? exchange_reports(world, h0, 100)
+                                      : exchange_reports(world, h1, 200, {offer});
+      });
   ASSERT_TRUE(error[0].empty()) << error[0];
   ASSERT_TRUE(error[1].empty()) << error[1];
   for (int rank = 0; rank < 2; ++rank) {
