@@ -54,6 +54,25 @@ void stopped_join(LiveJob& job, const std::string& name, const std::string& stal
              "WEFT_LOG_LEVEL=debug", "WEFT_LOG_SUBSYS=resize"};
 }
 
+// The world of four's one resize line (the debug lines of the resize subsystem say "resize:
+// epoch" too): epoch 1 -> 3 at the step the stopped move held, from the pieces of both
+// layouts, no step redone; one process's losses. Removes the job's folder when all held.
+void expect_resumed_from_pieces(const LiveJob& job, size_t held_step, const fs::path& ref) {
+  const std::vector<std::string> lines = job.lines_with(0, "] resize: epoch");
+  ASSERT_EQ(lines.size(), 1u) << job.text(0);
+  const std::string& resize = lines[0];
+  std::printf("[ says     ] %s\n", resize.c_str());
+  EXPECT_NE(resize.find("epoch 1 -> 3, world 2 -> 4"), std::string::npos) << resize;
+  EXPECT_NE(resize.find("at step " + std::to_string(held_step) + ":"), std::string::npos) << resize;
+  EXPECT_NE(resize.find("a move that this epoch stopped midway left the state in pieces of the "
+                        "old and the new layout, of this step"),
+            std::string::npos)
+      << resize;
+  EXPECT_EQ(resize.find("steps back"), std::string::npos) << resize;
+  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, kRelDp);
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+}
+
 // dp2 ZeRO-1 grows to dp3 by a join, no snapshots; the move stops at half of each rank's bytes
 // (WEFT_TEST_STALL_MOVE, with a router budget small enough for many waves; the first rank to
 // get there holds up the others) until a fourth node joins. Each rank then holds the old layout's tensors it had not freed and the new layout's
@@ -96,20 +115,7 @@ TEST(LiveResizeOldState, AMoveStoppedByASecondJoinResumesFromThePiecesOfBothLayo
   }
   EXPECT_EQ(job.lines_with(0, "the move stopped midway; it holds 2 pieces").size(), 1u)
       << job.text(0);
-  // The one resize line (the debug lines of the resize subsystem say "resize: epoch" too).
-  const std::vector<std::string> lines = job.lines_with(0, "] resize: epoch");
-  ASSERT_EQ(lines.size(), 1u) << job.text(0);
-  const std::string& resize = lines[0];
-  std::printf("[ says     ] %s\n", resize.c_str());
-  EXPECT_NE(resize.find("epoch 1 -> 3, world 2 -> 4"), std::string::npos) << resize;
-  EXPECT_NE(resize.find("at step " + std::to_string(held_step) + ":"), std::string::npos) << resize;
-  EXPECT_NE(resize.find("a move that this epoch stopped midway left the state in pieces of the "
-                        "old and the new layout, of this step"),
-            std::string::npos)
-      << resize;
-  EXPECT_EQ(resize.find("steps back"), std::string::npos) << resize;
-  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, kRelDp);
-  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+  ASSERT_NO_FATAL_FAILURE(expect_resumed_from_pieces(job, held_step, ref));
 }
 
 // The same join, the move stopped instead right after rank 1 copied its own part of a
@@ -139,19 +145,7 @@ TEST(LiveResizeOldState, AMoveStoppedWithATensorFilledInPartResumesFromItsArrive
   ASSERT_NE(at, std::string::npos) << held[0];
   EXPECT_GT(std::stoll(held[0].substr(at + 5)), 0) << held[0];
   EXPECT_NE(held[0].find("boxes of tensors that arrived in part"), std::string::npos) << held[0];
-  const std::vector<std::string> lines = job.lines_with(0, "] resize: epoch");
-  ASSERT_EQ(lines.size(), 1u) << job.text(0);
-  const std::string& resize = lines[0];
-  std::printf("[ says     ] %s\n", resize.c_str());
-  EXPECT_NE(resize.find("epoch 1 -> 3, world 2 -> 4"), std::string::npos) << resize;
-  EXPECT_NE(resize.find("at step " + std::to_string(held_step) + ":"), std::string::npos) << resize;
-  EXPECT_NE(resize.find("a move that this epoch stopped midway left the state in pieces of the "
-                        "old and the new layout, of this step"),
-            std::string::npos)
-      << resize;
-  EXPECT_EQ(resize.find("steps back"), std::string::npos) << resize;
-  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, kRelDp);
-  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+  ASSERT_NO_FATAL_FAILURE(expect_resumed_from_pieces(job, held_step, ref));
 }
 
 }  // namespace
