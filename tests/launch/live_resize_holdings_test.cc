@@ -91,19 +91,35 @@ std::vector<int> locals_where(const parallel::StateSpace& space, const parallel:
   return out;
 }
 
+// The layouts of a dp2 -> dp3 move of the small ZeRO-1 job, and which locals each rank
+// holds once the move stopped with the first moments moved: `rest`, the old ranks' other
+// locals; `moved`, the new ranks' first moments.
+struct StoppedDp2ToDp3 {
+  const core::JobSpec spec = zero1_spec();
+  planner::PlanCache plans{spec};  // keeps a reference to spec
+  const parallel::StateSpace space = parallel::StateSpace::from_graph(plans.graph()->graph);
+  const parallel::Layout l2 = parallel::layout_of(space, *plans.plan(2));
+  const parallel::Layout l3 = parallel::layout_of(space, *plans.plan(3));
+  std::vector<std::vector<int>> rest = locals(l2, false), moved = locals(l3, true);
+
+  std::vector<std::vector<int>> locals(const parallel::Layout& l, bool adam_m) const {
+    std::vector<std::vector<int>> out;
+    for (const parallel::RankLayout& r : l.ranks) out.push_back(locals_where(space, r, adam_m));
+    return out;
+  }
+};
+
 // A move from dp2 to dp3 stopped midway: the two old ranks have freed their first moments
 // (moved) but hold the rest; the first moments have arrived whole on the three ranks of the
 // new layout. Neither layout's pieces cover the state; together they do, with nothing read
 // from a snapshot, and the router can move them to the new layout.
 TEST(ChooseHolders, CoversTheStateFromPiecesOfTwoLayoutsOfOneStep) {
-  const core::JobSpec spec = zero1_spec();
-  planner::PlanCache plans(spec);
-  const parallel::StateSpace space = parallel::StateSpace::from_graph(plans.graph()->graph);
-  const parallel::Layout l2 = parallel::layout_of(space, *plans.plan(2));
-  const parallel::Layout l3 = parallel::layout_of(space, *plans.plan(3));
-  std::vector<std::vector<int>> rest(2), moved(3);
-  for (int r = 0; r < 2; ++r) rest[size_t(r)] = locals_where(space, l2.ranks[size_t(r)], false);
-  for (int r = 0; r < 3; ++r) moved[size_t(r)] = locals_where(space, l3.ranks[size_t(r)], true);
+  StoppedDp2ToDp3 m;
+  planner::PlanCache& plans = m.plans;
+  const parallel::StateSpace& space = m.space;
+  const parallel::Layout &l2 = m.l2, &l3 = m.l3;
+  const std::vector<std::vector<int>>& rest = m.rest;
+  const std::vector<std::vector<int>>& moved = m.moved;
   ASSERT_FALSE(moved[2].empty());
   // In exchange_reports' order: each rank's first piece, then the others.
   std::vector<HolderReport> reports = {piece(0, 2, 0, rest[0]), piece(1, 2, 1, rest[1]),
@@ -160,14 +176,12 @@ TEST(ChooseHolders, CoversTheStateFromPiecesOfTwoLayoutsOfOneStep) {
 // box that is not the slot's is refused. held_after_move reports such a tensor with its
 // boxes, and keeps them on a partly held source of a move that stops again.
 TEST(ChooseHolders, APartlyFilledDestinationHoldsOnlyItsArrivedBoxes) {
-  const core::JobSpec spec = zero1_spec();
-  planner::PlanCache plans(spec);
-  const parallel::StateSpace space = parallel::StateSpace::from_graph(plans.graph()->graph);
-  const parallel::Layout l2 = parallel::layout_of(space, *plans.plan(2));
-  const parallel::Layout l3 = parallel::layout_of(space, *plans.plan(3));
-  std::vector<std::vector<int>> rest(2), moved(3);
-  for (int r = 0; r < 2; ++r) rest[size_t(r)] = locals_where(space, l2.ranks[size_t(r)], false);
-  for (int r = 0; r < 3; ++r) moved[size_t(r)] = locals_where(space, l3.ranks[size_t(r)], true);
+  StoppedDp2ToDp3 m;
+  planner::PlanCache& plans = m.plans;
+  const parallel::StateSpace& space = m.space;
+  const parallel::Layout &l2 = m.l2, &l3 = m.l3;
+  const std::vector<std::vector<int>>& rest = m.rest;
+  const std::vector<std::vector<int>>& moved = m.moved;
   // The newcomer's first box of a first moment whose leading extent splits in two.
   const parallel::RankLayout& slot = l3.ranks[2];
   const parallel::StateBox* box = nullptr;
