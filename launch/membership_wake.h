@@ -4,9 +4,12 @@
 // every write) signals an eventfd that the supervisor polls beside its workers' pipes
 // (SupervisorOptions::wake_fd). Every record write wakes it: a node that left (its agent
 // writes `left` within milliseconds of its worker's death), an epoch another survivor
-// formed, a spare registering, a close. The poll stays as the fallback: a change nobody
-// writes (a member whose alive key went) is still first seen by a poll, and the write of the
-// epoch it forms then wakes the others.
+// formed, a spare registering, a close. A change nobody writes, a member or spare whose alive
+// key went (its agent's process died and the store dropped its bound key), wakes it too where
+// the store can wait for a key to go (Store::waits_for_absence: TCPStore): a second thread
+// parks in wait_gone() on the alive keys of the record's members and spares. Elsewhere (etcd,
+// whose alive keys end by TTL only) the poll sees it, and the write of the epoch it forms
+// then wakes the others. The poll stays as the fallback for both.
 //
 // The wait runs on a store connection of its own: a wait parked on the agent's connection
 // would hold a reply in the kernel's send queue while the node is cut off, and after the
@@ -37,11 +40,15 @@ class MembershipWake {
 
   // Readable after a change; the reader drains it (read 8 bytes, non-blocking).
   int fd() const { return fd_; }
-  // Wakes sent so far.
+  // Wakes sent so far, and how many of them were for an alive key that went.
   uint64_t wakes() const { return wakes_.load(); }
+  uint64_t loss_wakes() const { return loss_wakes_.load(); }
+  // Whether the second thread watches alive keys (the store can wait for a key to go).
+  bool watches_losses() const { return losses_.joinable(); }
 
  private:
   void loop();
+  void watch_losses();
   void wake();
   comm::Store& store_;
   const comm::Rendezvous& rdzv_;
@@ -49,7 +56,9 @@ class MembershipWake {
   int fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> wakes_{0};
+  std::atomic<uint64_t> loss_wakes_{0};
   std::thread thread_;
+  std::thread losses_;
 };
 
 }  // namespace weft::launch

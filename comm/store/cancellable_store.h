@@ -1,7 +1,8 @@
 // A store whose blocking calls give up early when the caller's reason to wait is gone: a
 // worker building the communicator of an epoch that a newer one has already replaced (some
-// of its ranks will never come) must not wait out the whole store timeout. get() and wait()
-// wait in short slices and ask `cancelled` between them; everything else forwards.
+// of its ranks will never come) must not wait out the whole store timeout. get(), wait()
+// and wait_gone() wait in short slices and ask `cancelled` between them; everything else
+// forwards.
 #pragma once
 
 #include <functional>
@@ -33,6 +34,8 @@ class CancellableStore : public Store {
   }
   void wait(const std::vector<std::string>& keys, Millis timeout) override;
   bool check(const std::vector<std::string>& keys) override { return base_->check(keys); }
+  std::vector<std::string> wait_gone(const std::vector<std::string>& keys, Millis timeout) override;
+  bool waits_for_absence() const override { return base_->waits_for_absence(); }
   bool erase(const std::string& key) override { return base_->erase(key); }
   int64_t num_keys() override { return base_->num_keys(); }
   int64_t num_keys_with_prefix(const std::string& prefix) override {

@@ -66,8 +66,31 @@ bool InMemoryStore::check(const std::vector<std::string>& keys) {
 }
 
 bool InMemoryStore::erase(const std::string& key) {
-  std::lock_guard lock(mu_);
-  return table_.erase(key);
+  bool existed;
+  {
+    std::lock_guard lock(mu_);
+    existed = table_.erase(key);
+  }
+  if (existed) changed_.notify_all();  // wait_gone
+  return existed;
+}
+
+std::vector<std::string> InMemoryStore::wait_gone(const std::vector<std::string>& keys,
+                                                  Millis timeout) {
+  std::unique_lock lock(mu_);
+  const auto deadline = KvTable::Clock::now() + clamp_timeout(timeout);
+  for (;;) {
+    std::vector<std::string> absent;
+    for (const auto& k : keys)
+      if (!table_.find(k)) absent.push_back(k);
+    if (!absent.empty() || keys.empty()) return absent;
+    // A TTL ends without a call to wake anyone: wake at the next one too.
+    const std::optional<KvTable::Clock::time_point> next = table_.expire();
+    const auto until = next ? std::min(deadline, *next) : deadline;
+    if (changed_.wait_until(lock, until) == std::cv_status::timeout &&
+        KvTable::Clock::now() >= deadline && table_.contains_all(keys))
+      throw TimeoutError(gone_timeout_message(keys, timeout));
+  }
 }
 
 int64_t InMemoryStore::num_keys() { return num_keys_with_prefix(""); }

@@ -24,6 +24,8 @@ class InMemoryStore : public Store {
   Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
   void wait(const std::vector<std::string>& keys, Millis timeout) override;
   bool check(const std::vector<std::string>& keys) override;
+  std::vector<std::string> wait_gone(const std::vector<std::string>& keys, Millis timeout) override;
+  bool waits_for_absence() const override { return true; }
   bool erase(const std::string& key) override;
   int64_t num_keys() override;
   int64_t num_keys_with_prefix(const std::string& prefix) override;

@@ -37,6 +37,14 @@ void KvTable::set_deadline(const std::string& key, Entry& e, Clock::time_point a
   deadlines_.insert({at, key});
 }
 
+void KvTable::remove(std::map<std::string, Entry>::iterator it) {
+  clear_deadline(it->first, it->second);
+  unbind(it->first, it->second);
+  bytes_ -= it->first.size() + it->second.value.size();
+  if (log_removals_) removed_.push_back(it->first);
+  entries_.erase(it);
+}
+
 void KvTable::set(const std::string& key, Bytes value, std::optional<Millis> ttl, Owner owner) {
   check_size(key, value.size());
   expire();
@@ -73,9 +81,7 @@ size_t KvTable::release(Owner owner, Millis grace, std::vector<Released>* releas
     if (e == entries_.end()) continue;
     e->second.owner = kNoOwner;
     if (grace <= Millis(0)) {
-      clear_deadline(key, e->second);
-      bytes_ -= key.size() + e->second.value.size();
-      entries_.erase(e);
+      remove(e);
     } else {
       // A key with a TTL that ends sooner keeps it (a heartbeat's alive key: 2 s against a
       // 30 s grace); drop_released must then know that deadline, not the grace's.
@@ -92,9 +98,7 @@ size_t KvTable::drop_released(const std::vector<Released>& keys) {
   for (const auto& [key, at] : keys) {
     auto e = entries_.find(key);
     if (e == entries_.end() || e->second.owner != kNoOwner || e->second.deadline != at) continue;
-    clear_deadline(key, e->second);
-    bytes_ -= key.size() + e->second.value.size();
-    entries_.erase(e);
+    remove(e);
     ++n;
   }
   return n;
@@ -170,10 +174,7 @@ bool KvTable::erase(const std::string& key) {
   expire();
   auto it = entries_.find(key);
   if (it == entries_.end()) return false;
-  clear_deadline(key, it->second);
-  unbind(key, it->second);
-  bytes_ -= key.size() + it->second.value.size();
-  entries_.erase(it);
+  remove(it);
   return true;
 }
 
@@ -200,12 +201,12 @@ int64_t KvTable::count(const std::string& prefix) {
 std::optional<KvTable::Clock::time_point> KvTable::expire() {
   auto now = Clock::now();
   while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
-    auto node = deadlines_.extract(deadlines_.begin());
-    auto it = entries_.find(node.value().second);
-    if (it == entries_.end()) continue;
-    unbind(it->first, it->second);
-    bytes_ -= it->first.size() + it->second.value.size();
-    entries_.erase(it);
+    auto it = entries_.find(deadlines_.begin()->second);
+    if (it == entries_.end() || it->second.deadline != deadlines_.begin()->first) {
+      deadlines_.erase(deadlines_.begin());
+      continue;
+    }
+    remove(it);  // erases the deadline too
   }
   if (deadlines_.empty()) return std::nullopt;
   return deadlines_.begin()->first;

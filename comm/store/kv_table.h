@@ -72,6 +72,11 @@ class KvTable {
   int64_t count(const std::string& prefix);
   // Drops expired keys now; returns the earliest deadline still pending, if any.
   std::optional<Clock::time_point> expire();
+  // With the log on, every key that goes (erase, its TTL, a bound key's release or drop) is
+  // noted, for a server that wakes wait_gone() callers; take_removed() hands the notes over
+  // and clears them. Off by default, so an owner that never takes them does not grow it.
+  void log_removals(bool on) { log_removals_ = on; }
+  std::vector<std::string> take_removed() { return std::exchange(removed_, {}); }
   size_t max_value_bytes() const { return max_value_bytes_; }
   // Sum of the key and value sizes held now (expired keys count until the next call).
   size_t bytes() const { return bytes_; }
@@ -86,12 +91,16 @@ class KvTable {
   void clear_deadline(const std::string& key, Entry& e);
   void unbind(const std::string& key, Entry& e);
   void set_deadline(const std::string& key, Entry& e, Clock::time_point at);
+  // Removes the entry, its deadline and binding, and notes it when logging.
+  void remove(std::map<std::string, Entry>::iterator it);
 
   size_t max_value_bytes_;
   size_t bytes_ = 0;
   std::map<std::string, Entry> entries_;  // ordered, so prefix counts are a range scan
   std::set<std::pair<Clock::time_point, std::string>> deadlines_;
   std::unordered_map<Owner, std::set<std::string>> owned_;  // bound keys by connection
+  bool log_removals_ = false;
+  std::vector<std::string> removed_;
 };
 
 }  // namespace weft::comm

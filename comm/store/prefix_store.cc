@@ -35,6 +35,13 @@ Bytes PrefixStore::compare_set(const std::string& key, const Bytes& expected,
 void PrefixStore::wait(const std::vector<std::string>& keys, Millis timeout) {
   base_->wait(full(keys), timeout);
 }
+
+std::vector<std::string> PrefixStore::wait_gone(const std::vector<std::string>& keys,
+                                                Millis timeout) {
+  std::vector<std::string> gone = base_->wait_gone(full(keys), timeout);
+  for (auto& k : gone) k.erase(0, prefix_.size() + 1);
+  return gone;
+}
 bool PrefixStore::check(const std::vector<std::string>& keys) { return base_->check(full(keys)); }
 bool PrefixStore::erase(const std::string& key) { return base_->erase(full(key)); }
 int64_t PrefixStore::num_keys() { return base_->num_keys_with_prefix(prefix_ + "/"); }

@@ -37,6 +37,8 @@ const char* op_name(Op op) {
       return "set_bound";
     case Op::kGoodbye:
       return "goodbye";
+    case Op::kWaitGone:
+      return "wait_gone";
   }
   return "unknown";
 }

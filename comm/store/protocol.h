@@ -38,15 +38,19 @@ namespace weft::comm::wire {
 //           u64 start_ticks (client_process.h)     this connection's bound keys as soon as
 //                                                  that process has exited, not after the
 //                                                  grace (a client on its machine only)
+// kWaitGone keys, i64 timeout_ms                   list of the keys absent (blocks server-
+//                                                  side until one is: erased, expired,
+//                                                  a bound key dropped; Store::wait_gone)
 //
 // kSetBound and kGoodbye are sent only to a server whose hello has kHelloBindsKeys, kOwner
-// only to one whose hello has kHelloWatchesOwners (an older server closes a connection that
+// only to one whose hello has kHelloWatchesOwners, kWaitGone only to one whose hello has
+// kHelloWaitsGone (an older server closes a connection that
 // sends an op it does not know); older clients never send them and ignore the flags, so old
 // and new clients and servers mix.
 //
 // Handshake, before any request (same framing):
 //   server -> client  hello:   u8 kHandshakeVersion | u8 flags (kHelloTokenRequired,
-//                              kHelloBindsKeys, kHelloWatchesOwners) | nonce
+//                              kHelloBindsKeys, kHelloWatchesOwners, kHelloWaitsGone) | nonce
 //   client -> server  proof:   u8 kHandshakeVersion | proof (HMAC-SHA256(token, nonce ||
 //                              auth::kProofContext); empty when the client has no token)
 //   server -> client  verdict: u8 Status (kOk, or kError then a string reason)
@@ -68,8 +72,9 @@ enum class Op : uint8_t {
   kSetBound,
   kGoodbye,
   kOwner,
+  kWaitGone,
 };
-constexpr uint8_t kMaxOp = static_cast<uint8_t>(Op::kOwner);
+constexpr uint8_t kMaxOp = static_cast<uint8_t>(Op::kWaitGone);
 
 enum class Status : uint8_t { kOk = 0, kTimeout = 1, kError = 2 };
 
@@ -80,6 +85,8 @@ constexpr uint8_t kHelloBindsKeys = 2;
 // The server takes kOwner: it watches a client process on its machine and drops the keys
 // bound to its connection once it has exited.
 constexpr uint8_t kHelloWatchesOwners = 4;
+// The server takes kWaitGone: a wait until one of some keys is absent.
+constexpr uint8_t kHelloWaitsGone = 8;
 // No handshake frame is longer: the server reads the proof with this bound.
 constexpr size_t kMaxHandshakeBody = 256;
 

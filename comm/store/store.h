@@ -28,12 +28,12 @@ struct SetOptions {
   // sockets down) the store drops the key after a short grace (the server's
   // bound_key_grace, 250 ms by default), unless a set() rebinds it first (a client that
   // reconnects at once); a TCPStore client on the server's machine is watched instead, and
-  // its keys go as soon as its process has exited (it can never reconnect). A clean close (the client's destructor says goodbye) drops its
-  // bound keys at once. Only a closed connection counts: a host that vanishes without
-  // closing anything (power loss) keeps the connection open on the server, so give a bound
-  // key a ttl too when its absence must be noticed then. A later set() without `bind`
-  // unbinds the key; add, append and compare_set keep the binding, as they keep the TTL.
-  // Stores without connections (binds_to_connection() false) refuse it: NotSupported.
+  // its keys go as soon as its process has exited (it can never reconnect). A clean close (the
+  // client's destructor says goodbye) drops its bound keys at once. Only a closed connection
+  // counts: a host that vanishes without closing anything (power loss) keeps the connection open on
+  // the server, so give a bound key a ttl too when its absence must be noticed then. A later set()
+  // without `bind` unbinds the key; add, append and compare_set keep the binding, as they keep the
+  // TTL. Stores without connections (binds_to_connection() false) refuse it: NotSupported.
   bool bind = false;
 };
 
@@ -50,7 +50,8 @@ struct SetOptions {
 // - A key with a TTL disappears `ttl` after the set() that gave it (heartbeats: set again
 //   to extend); set() without a ttl makes it permanent; add, append and compare_set keep
 //   whatever expiry the key has. An expired key is absent for every operation.
-// - Writes (set, add, compare_set that writes, append, multi_set) wake blocked readers.
+// - Writes (set, add, compare_set that writes, append, multi_set) wake blocked readers;
+//   removals (erase, a TTL's end, a bound key's drop) wake wait_gone() callers.
 // - A key set with SetOptions::bind goes with this client's connection (see SetOptions).
 class Store {
  public:
@@ -80,6 +81,16 @@ class Store {
   virtual void wait(const std::vector<std::string>& keys, Millis timeout) = 0;
   // True when every key exists now (never blocks).
   virtual bool check(const std::vector<std::string>& keys) = 0;
+  // The opposite of wait(): blocks until at least one of `keys` is absent, then returns
+  // those absent then, in the order given; throws TimeoutError when all of them still exist
+  // after `timeout`. A key goes by erase(), by its TTL or when the connection it is bound to
+  // closes (SetOptions::bind): the waiter learns of a dead client's bound key when the store
+  // drops it, without polling (ZooKeeper's exists-watch, an etcd watch's DELETE). A store
+  // that cannot (waits_for_absence() false) throws NotSupported.
+  virtual std::vector<std::string> wait_gone(const std::vector<std::string>& keys, Millis timeout);
+  // Whether wait_gone() works on this client: TCPStore against a server that offers it (said
+  // in the handshake), InMemoryStore; false for EtcdStore. Never blocks.
+  virtual bool waits_for_absence() const { return false; }
   // Removes `key`; returns whether it existed.
   virtual bool erase(const std::string& key) = 0;
   // Every key in the store (a PrefixStore counts only its own namespace).

@@ -16,6 +16,14 @@ std::string timeout_message(const std::vector<std::string>& keys, Millis timeout
   return s;
 }
 
+std::string gone_timeout_message(const std::vector<std::string>& keys, Millis timeout) {
+  // "... waiting for key k" -> "... waiting for one of key k to go (...)"
+  const std::string plain = timeout_message(keys, timeout);
+  const std::string at = "waiting for ";
+  const size_t cut = plain.find(at) + at.size();  // timeout_message always says it
+  return plain.substr(0, cut) + "one of " + plain.substr(cut) + " to go (every one still exists)";
+}
+
 void check_multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) {
   if (keys.size() != values.size())
     throw CommError("store: multi_set got " + std::to_string(keys.size()) + " keys and " +

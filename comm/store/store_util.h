@@ -19,6 +19,8 @@ inline Millis clamp_timeout(Millis t) {
 
 // "store: timed out after 500 ms waiting for keys [a, b]" (long lists are shortened).
 std::string timeout_message(const std::vector<std::string>& keys, Millis timeout);
+// wait_gone()'s: every key still existed after `timeout`.
+std::string gone_timeout_message(const std::vector<std::string>& keys, Millis timeout);
 // Throws CommError when keys and values differ in length.
 void check_multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values);
 

@@ -64,6 +64,8 @@ class TCPStore::Connection {
   bool binds() const { return binds_; }
   // The server takes kOwner (its hello had kHelloWatchesOwners).
   bool watches_owners() const { return watches_owners_; }
+  // The server takes kWaitGone (its hello had kHelloWaitsGone).
+  bool waits_gone() const { return waits_gone_; }
 
   ~Connection() {
     asio::post(io_, [this] {
@@ -146,24 +148,26 @@ class TCPStore::Connection {
     bool done = false;
     Bytes frame;
     auto read_frame = [&](size_t max, std::function<void(wire::Reader&)> then) {
-      asio::async_read(sock_, asio::buffer(len_), [&, max, then](boost::system::error_code ec,
-                                                                 size_t) {
-        if (ec) return void(failure = "connection closed during the handshake: " + ec.message());
-        uint32_t len = wire::decode_length(len_.data());
-        if (len < 1 || len > max) return void(failure = "not a weft store (bad handshake)");
-        frame.resize(len);
-        asio::async_read(sock_, asio::buffer(frame), [&, then](boost::system::error_code ec,
-                                                               size_t) {
-          if (ec)
-            return void(failure = "connection closed during the handshake: " + ec.message());
-          try {
-            wire::Reader r(frame.data(), frame.size());
-            then(r);
-          } catch (const wire::ProtocolError&) {
-            failure = "not a weft store (bad handshake)";
-          }
-        });
-      });
+      asio::async_read(
+          sock_, asio::buffer(len_), [&, max, then](boost::system::error_code ec, size_t) {
+            if (ec)
+              return void(failure = "connection closed during the handshake: " + ec.message());
+            uint32_t len = wire::decode_length(len_.data());
+            if (len < 1 || len > max) return void(failure = "not a weft store (bad handshake)");
+            frame.resize(len);
+            asio::async_read(
+                sock_, asio::buffer(frame), [&, then](boost::system::error_code ec, size_t) {
+                  if (ec)
+                    return void(failure =
+                                    "connection closed during the handshake: " + ec.message());
+                  try {
+                    wire::Reader r(frame.data(), frame.size());
+                    then(r);
+                  } catch (const wire::ProtocolError&) {
+                    failure = "not a weft store (bad handshake)";
+                  }
+                });
+          });
     };
     Bytes out;
     read_frame(wire::kMaxHandshakeBody, [&](wire::Reader& hello) {
@@ -175,9 +179,11 @@ class TCPStore::Connection {
         return void(failure = "handshake version " + std::to_string(version) + " unsupported");
       binds_ = (flags & wire::kHelloBindsKeys) != 0;
       watches_owners_ = (flags & wire::kHelloWatchesOwners) != 0;
+      waits_gone_ = (flags & wire::kHelloWaitsGone) != 0;
       if ((flags & wire::kHelloTokenRequired) && o.token.empty())
-        return void(failure = "the store requires the job token and this client has none: set "
-                              "WEFT_JOB_TOKEN (or WEFT_JOB_TOKEN_FILE) to the job's token");
+        return void(failure =
+                        "the store requires the job token and this client has none: set "
+                        "WEFT_JOB_TOKEN (or WEFT_JOB_TOKEN_FILE) to the job's token");
       wire::Writer w;
       w.u8(wire::kHandshakeVersion).bytes(o.token.empty() ? Bytes() : auth::proof(o.token, nonce));
       out = w.finish();
@@ -275,8 +281,9 @@ class TCPStore::Connection {
   }
 
   std::string where_;
-  bool binds_ = false;  // set by the handshake, before the io thread starts
+  bool binds_ = false;           // set by the handshake, before the io thread starts
   bool watches_owners_ = false;  // likewise
+  bool waits_gone_ = false;      // likewise
   asio::io_context io_;
   tcp::socket sock_{io_};
   std::thread thread_;
@@ -378,6 +385,20 @@ void TCPStore::wait(const std::vector<std::string>& keys, Millis timeout) {
   conn_->call(
       Op::kWait, [&](wire::Writer& w) { w.strings(keys).i64(timeout.count()); },
       timeout + kReplyGrace);
+}
+
+bool TCPStore::waits_for_absence() const { return conn_->waits_gone(); }
+
+std::vector<std::string> TCPStore::wait_gone(const std::vector<std::string>& keys, Millis timeout) {
+  if (!conn_->waits_gone())
+    throw NotSupported("store " + options_.host + ":" + std::to_string(options_.port) +
+                       ": cannot wait for keys to go: the store server is older than that wait "
+                       "(its handshake does not offer it); poll check() instead");
+  timeout = clamp_timeout(timeout);
+  Reply r = conn_->call(
+      Op::kWaitGone, [&](wire::Writer& w) { w.strings(keys).i64(timeout.count()); },
+      timeout + kReplyGrace);
+  return r.payload().strings();
 }
 
 bool TCPStore::check(const std::vector<std::string>& keys) {

@@ -51,6 +51,9 @@ class TCPStore : public Store {
   // With `bind`: NotSupported when the server is older than bound keys (its hello said so).
   void set(const std::string& key, const Bytes& value, const SetOptions& options) override;
   bool binds_to_connection() const override;
+  // wait_gone(): against a server whose handshake offers it (kHelloWaitsGone).
+  std::vector<std::string> wait_gone(const std::vector<std::string>& keys, Millis timeout) override;
+  bool waits_for_absence() const override;
   Bytes get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
   Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;

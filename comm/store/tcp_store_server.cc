@@ -58,7 +58,8 @@ constexpr int kWarnBurst = 20;
 class Session;
 
 // A get / multi_get / wait whose keys were missing: parked until they all exist or its
-// timer fires, whichever comes first; `done` makes the loser a no-op.
+// timer fires, whichever comes first; `done` makes the loser a no-op. A wait_gone whose keys
+// all existed: parked until one of them goes.
 struct Waiter {
   Waiter(asio::io_context& io, std::weak_ptr<Session> s) : session(std::move(s)), timer(io) {}
   std::weak_ptr<Session> session;
@@ -89,6 +90,11 @@ class TCPStoreServer::Impl {
   // log too. The next line that gets through says how many were held back.
   void warn(const std::string& line);
   void finish_waiter(const std::shared_ptr<Waiter>& w, bool timed_out);
+  // Finishes the wait_gone waiters of every key the table removed since the last call.
+  void notify_removed();
+  // kWaitGone's reply: those of `keys` absent now. A waiter woken by a removal is answered
+  // in the same handler on this one thread, so the removed key is among them.
+  void put_absent(wire::Writer& out, const std::vector<std::string>& keys);
   size_t max_frame() const {
     return opts.max_frame_bytes ? opts.max_frame_bytes : opts.max_value_bytes + kFrameSlack;
   }
@@ -117,6 +123,8 @@ class TCPStoreServer::Impl {
   KvTable table;
   std::unordered_map<Session*, std::shared_ptr<Session>> sessions;
   std::unordered_map<std::string, std::vector<std::shared_ptr<Waiter>>> waiting;
+  // wait_gone waiters by key: finished when any of their keys goes.
+  std::unordered_map<std::string, std::vector<std::shared_ptr<Waiter>>> waiting_gone;
   // Closed connections in their grace whose client process is watched (release_closed):
   // the process's pidfd, the keys the grace keeps and their deadline, and a timer that stops
   // watching when the grace is over.
@@ -136,7 +144,7 @@ class TCPStoreServer::Impl {
   KvTable::Clock::time_point warn_window{};
   int warn_count = 0;
   uint64_t warn_suppressed = 0;
-  size_t held = 0;  // sum of the sessions' buffers, on the server thread
+  size_t held = 0;                // sum of the sessions' buffers, on the server thread
   KvTable::Owner next_owner = 1;  // each session's id for the keys it binds
   std::atomic<uint64_t> accepted{0}, open{0}, malformed{0}, over_limit{0}, requests{0}, parked{0};
   std::atomic<uint64_t> timed_out{0}, refused{0}, held_now{0}, held_peak{0}, open_peak{0};
@@ -174,7 +182,7 @@ class Session : public std::enable_shared_from_this<Session> {
     wire::Writer w;
     w.u8(wire::kHandshakeVersion)
         .u8((srv_.opts.token.empty() ? 0 : wire::kHelloTokenRequired) | wire::kHelloBindsKeys |
-            wire::kHelloWatchesOwners);
+            wire::kHelloWatchesOwners | wire::kHelloWaitsGone);
     w.bytes(nonce_);
     send(w.finish());
     read_more();
@@ -245,8 +253,10 @@ class Session : public std::enable_shared_from_this<Session> {
     // Whatever closed it (the client vanished, a limit, a timeout, the server stopping): the
     // keys it bound outlive it by the grace, unless it said goodbye, or its process is known
     // to have exited (kOwner).
-    if (goodbye_) srv_.release_bound(owner_, Millis(0));
-    else srv_.release_closed(owner_, std::exchange(pidfd_, -1));
+    if (goodbye_)
+      srv_.release_bound(owner_, Millis(0));
+    else
+      srv_.release_closed(owner_, std::exchange(pidfd_, -1));
     // out_ stays (an aborted async_write may still name its front buffer until it unwinds)
     // but is no longer charged: it is freed with the session.
     body_ = Bytes();
@@ -337,8 +347,7 @@ class Session : public std::enable_shared_from_this<Session> {
     switch (deadline_kind_) {
       case Deadline::kHandshake:
         ++srv_.timed_out;
-        return close(str("no handshake within the read timeout (", o.read_timeout.count(),
-                         " ms)"));
+        return close(str("no handshake within the read timeout (", o.read_timeout.count(), " ms)"));
       case Deadline::kFrame:
         ++srv_.timed_out;
         return close(str("read timeout: a frame started but did not arrive whole within ",
@@ -358,12 +367,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void read_more() {
     if (closed_ || refused_) return;
     if (len_got_ < wire::kLengthBytes) {
-      sock_.async_read_some(
-          asio::buffer(len_.data() + len_got_, wire::kLengthBytes - len_got_),
-          [self = shared_from_this()](boost::system::error_code ec, size_t n) {
-            if (ec || self->closed_) return self->close("");
-            self->on_header_bytes(n);
-          });
+      sock_.async_read_some(asio::buffer(len_.data() + len_got_, wire::kLengthBytes - len_got_),
+                            [self = shared_from_this()](boost::system::error_code ec, size_t n) {
+                              if (ec || self->closed_) return self->close("");
+                              self->on_header_bytes(n);
+                            });
       return;
     }
     if (body_got_ == body_.size()) {
@@ -386,8 +394,8 @@ class Session : public std::enable_shared_from_this<Session> {
     len_got_ += n;
     if (len_got_ < wire::kLengthBytes) return read_more();
     uint32_t len = wire::decode_length(len_.data());
-    size_t max = authed_ ? std::min(srv_.max_frame(), srv_.opts.max_client_bytes)
-                         : wire::kMaxHandshakeBody;
+    size_t max =
+        authed_ ? std::min(srv_.max_frame(), srv_.opts.max_client_bytes) : wire::kMaxHandshakeBody;
     if (len < (authed_ ? wire::kMinBody : 1))
       return drop_malformed("body length " + std::to_string(len) + " below the minimum");
     if (len > max)
@@ -472,6 +480,9 @@ class Session : public std::enable_shared_from_this<Session> {
         // full): the client gets the reason, the connection stays.
         reply_error(req, Status::kError, e.what());
       }
+      // Any op may have removed keys: an erase, or TTLs that ended, which every table call
+      // drops first.
+      srv_.notify_removed();
     } catch (const wire::ProtocolError& e) {
       return drop_malformed(e.what());
     } catch (const std::exception& e) {
@@ -531,6 +542,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
 TCPStoreServer::Impl::Impl(TCPStoreServerOptions o)
     : opts(std::move(o)), table(opts.max_value_bytes) {
+  table.log_removals(true);  // for wait_gone (notify_removed)
   if (opts.token.empty() && !opts.insecure && !auth::is_loopback(opts.host))
     throw ConfigError("WEFT_JOB_TOKEN",
                       "a store listening on " + opts.host +
@@ -550,8 +562,8 @@ TCPStoreServer::Impl::Impl(TCPStoreServerOptions o)
     acceptor.listen(asio::socket_base::max_listen_connections);
     port = acceptor.local_endpoint().port();
   } catch (const boost::system::system_error& e) {
-    std::string what = "store: cannot listen on " + opts.host + ":" + std::to_string(opts.port) +
-                       ": " + e.what();
+    std::string what =
+        "store: cannot listen on " + opts.host + ":" + std::to_string(opts.port) + ": " + e.what();
     if (e.code() == boost::asio::error::address_in_use) throw AddressInUseError(what);
     throw CommError(what);
   }
@@ -656,13 +668,14 @@ void TCPStoreServer::Impl::release_closed(KvTable::Owner owner, int pidfd) {
   exit_watches[owner] = w;
   watch_exit(owner, w);
   w->timer.expires_at(w->at);
-  w->timer.async_wait([this, owner, weak = std::weak_ptr<ExitWatch>(w)](boost::system::error_code ec) {
-    auto w = weak.lock();
-    if (ec || !w) return;
-    boost::system::error_code ignored;
-    w->pidfd.cancel(ignored);
-    exit_watches.erase(owner);
-  });
+  w->timer.async_wait(
+      [this, owner, weak = std::weak_ptr<ExitWatch>(w)](boost::system::error_code ec) {
+        auto w = weak.lock();
+        if (ec || !w) return;
+        boost::system::error_code ignored;
+        w->pidfd.cancel(ignored);
+        exit_watches.erase(owner);
+      });
 }
 
 void TCPStoreServer::Impl::watch_exit(KvTable::Owner owner, const std::shared_ptr<ExitWatch>& w) {
@@ -678,6 +691,7 @@ void TCPStoreServer::Impl::watch_exit(KvTable::Owner owner, const std::shared_pt
                           return watch_exit(owner, w);
                         const size_t gone = table.drop_released(w->keys);
                         dropped_at_exit += gone;
+                        notify_removed();
                         WEFT_DEBUG("store", "connection ", owner, "'s process exited: ", gone,
                                    " bound keys dropped before the grace ended");
                         note_bytes();
@@ -729,6 +743,7 @@ void TCPStoreServer::Impl::stop() {
 
 void TCPStoreServer::Impl::arm_expiry() {
   auto next = table.expire();
+  notify_removed();
   if (!next || (expiry_armed && *expiry_armed <= *next)) return;
   expiry_armed = next;
   expiry.expires_at(*next);
@@ -763,12 +778,34 @@ void TCPStoreServer::Impl::notify(const std::string& key) {
   back.insert(back.end(), still.begin(), still.end());
 }
 
+void TCPStoreServer::Impl::put_absent(wire::Writer& out, const std::vector<std::string>& keys) {
+  std::vector<std::string> absent;
+  for (const auto& k : keys)
+    if (!table.find(k)) absent.push_back(k);
+  out.strings(absent);
+}
+
+void TCPStoreServer::Impl::notify_removed() {
+  for (std::vector<std::string> gone = table.take_removed(); !gone.empty();
+       gone = table.take_removed()) {
+    for (const auto& key : gone) {
+      auto it = waiting_gone.find(key);
+      if (it == waiting_gone.end()) continue;
+      // Taken out whole, as in notify(): each finished waiter's unindex finds nothing here.
+      std::vector<std::shared_ptr<Waiter>> woken = std::move(it->second);
+      waiting_gone.erase(it);
+      for (const auto& w : woken) finish_waiter(w, false);
+    }
+  }
+}
+
 void TCPStoreServer::Impl::unindex(const std::shared_ptr<Waiter>& w) {
+  auto& index = w->op == Op::kWaitGone ? waiting_gone : waiting;
   for (const auto& k : w->keys) {
-    auto it = waiting.find(k);
-    if (it == waiting.end()) continue;
+    auto it = index.find(k);
+    if (it == index.end()) continue;
     std::erase(it->second, w);
-    if (it->second.empty()) waiting.erase(it);
+    if (it->second.empty()) index.erase(it);
   }
 }
 
@@ -783,7 +820,8 @@ void TCPStoreServer::Impl::park(const std::shared_ptr<Session>& s, uint64_t req,
   for (const auto& k : w->keys) w->bytes += k.size() + sizeof(std::string);
   ++parked;  // before charging: a refused charge closes the session, which finishes w
   if (!s->charge_waiter(w)) return;
-  for (const auto& k : w->keys) waiting[k].push_back(w);
+  auto& index = op == Op::kWaitGone ? waiting_gone : waiting;
+  for (const auto& k : w->keys) index[k].push_back(w);
   w->timer.expires_after(w->timeout);
   w->timer.async_wait([this, w](boost::system::error_code ec) {
     if (ec != asio::error::operation_aborted && !w->done) finish_waiter(w, true);
@@ -800,8 +838,11 @@ void TCPStoreServer::Impl::finish_waiter(const std::shared_ptr<Waiter>& w, bool 
   if (!s || s->closed()) return;
   s->release_waiter(w);
   if (timed_out)
-    return s->reply_error(w->request, Status::kTimeout, timeout_message(w->keys, w->timeout));
+    return s->reply_error(w->request, Status::kTimeout,
+                          w->op == Op::kWaitGone ? gone_timeout_message(w->keys, w->timeout)
+                                                 : timeout_message(w->keys, w->timeout));
   auto out = Session::header(w->request, Status::kOk);
+  if (w->op == Op::kWaitGone) put_absent(out, w->keys);
   if (w->op == Op::kGet) out.bytes(*table.find(w->keys[0]));
   if (w->op == Op::kMultiGet) {
     out.u32(static_cast<uint32_t>(w->keys.size()));
@@ -867,6 +908,19 @@ void TCPStoreServer::Impl::handle(const std::shared_ptr<Session>& s, uint64_t re
         for (const auto& k : keys) ok.bytes(*table.find(k));
       }
       return s->reply(req, Status::kOk, std::move(ok));
+    }
+    case Op::kWaitGone: {
+      std::vector<std::string> keys = r.strings();
+      int64_t timeout_ms = r.i64();
+      r.expect_end();
+      ++requests;
+      if (!table.contains_all(keys) || keys.empty()) {
+        put_absent(ok, keys);
+        return s->reply(req, Status::kOk, std::move(ok));
+      }
+      if (timeout_ms <= 0)
+        return s->reply_error(req, Status::kTimeout, gone_timeout_message(keys, Millis(0)));
+      return park(s, req, op, std::move(keys), timeout_ms);
     }
     case Op::kAdd: {
       std::string key = r.str();

@@ -30,9 +30,9 @@
 #include "comm/store/tcp_store.h"
 #include "comm/store/tcp_store_server.h"
 #include "tests/comm/store_raw_client.h"
+#include "tests/support/eventually.h"
 #include "tests/support/multiprocess.h"
 #include "tests/support/run_weft.h"
-#include "tests/support/eventually.h"
 
 namespace weft::test {
 namespace {
@@ -267,6 +267,9 @@ TEST(StoreBound, NewClientOfAnOlderServerNeitherBindsNorSaysGoodbye) {
     TCPStore client("127.0.0.1", old.port(), 10s);
     EXPECT_FALSE(client.binds_to_connection());
     EXPECT_THROW(client.set("k", to_bytes("v"), kBound), NotSupported);
+    // Nor does it wait for a key to go (kWaitGone, newer still): refused, nothing sent.
+    EXPECT_FALSE(client.waits_for_absence());
+    EXPECT_THROW(client.wait_gone({"k"}, 10ms), NotSupported);
     client.set("k", to_bytes("v"), SetOptions{.ttl = Millis(1000)});  // a plain set works
   }
   EXPECT_EQ(old.ops(), (std::vector<Op>{Op::kPing, Op::kSet}));
@@ -434,8 +437,9 @@ TEST(StoreBoundProcesses, KeysOfAnExitedClientProcessGoWithoutWaitingOutTheGrace
     int status = 0;
     ASSERT_EQ(::waitpid(child, &status, 0), child);
     EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
-    ASSERT_TRUE(eventually([&] { return !reader.check({"bound"}) && !reader.check({"bound-ttl"}); }))
-        << "the keys of an exited process waited for the ten-minute grace";
+    ASSERT_TRUE(eventually([&] {
+      return !reader.check({"bound"}) && !reader.check({"bound-ttl"});
+    })) << "the keys of an exited process waited for the ten-minute grace";
     EXPECT_TRUE(reader.check({"plain"}));
     EXPECT_EQ(server.stats().bound_keys_released, 2u);
     EXPECT_EQ(server.stats().bound_keys_dropped_at_exit, 2u);
@@ -454,7 +458,12 @@ TEST(StoreBound, ClosedConnectionOfALiveProcessKeepsItsKeysForTheGrace) {
   const std::optional<comm::ClientProcess> me = comm::this_client_process();
   ASSERT_TRUE(me.has_value());
   auto owner = [](uint64_t id, const comm::ClientProcess& p) {
-    return request(id, Op::kOwner).i64(p.pid).u64(p.pid_ns_dev).u64(p.pid_ns_ino).u64(p.start_ticks).finish();
+    return request(id, Op::kOwner)
+        .i64(p.pid)
+        .u64(p.pid_ns_dev)
+        .u64(p.pid_ns_ino)
+        .u64(p.start_ticks)
+        .finish();
   };
   auto watched = [](const std::optional<Bytes>& reply) {
     comm::wire::Reader r(reply->data(), reply->size());

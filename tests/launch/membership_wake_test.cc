@@ -1,7 +1,7 @@
 // MembershipWake: an agent parked on the membership record learns of another agent's write
-// (here a graceful leave) from its eventfd, before it polls; nothing wakes it while the
-// record stays as it was. Two agents as threads over one InMemoryStore; every wait is a hang
-// guard, never a timing expectation.
+// (here a graceful leave), or of a member's alive key going with nobody writing, from its
+// eventfd, before it polls; nothing wakes it while the record and the keys stay as they were. Two
+// agents as threads over one InMemoryStore; every wait is a hang guard, never a timing expectation.
 #include "launch/membership_wake.h"
 
 #include <gtest/gtest.h>
@@ -73,6 +73,56 @@ TEST(MembershipWake, AnotherAgentsLeaveWakesTheAgentBeforeItPolls) {
   ASSERT_TRUE(next.has_value());
   EXPECT_EQ(next->world(), 1);
   EXPECT_GT(next->epoch, ma.epoch);
+}
+
+// A member dies and nobody writes the record: the store drops its alive key (a bound key of
+// a killed agent's connection; here erased by hand, as InMemoryStore has no connections, after
+// its heartbeat stopped as a killed agent's does). The loss thread, parked in wait_gone on the
+// members' alive keys, wakes the agent without any record write; the key it saw go is not
+// waited on again until the record changes, so it does not wake in a loop.
+TEST(MembershipWake, AMembersAliveKeyGoingWakesTheAgentWithoutARecordWrite) {
+  comm::InMemoryStore store;
+  // Three, so that two survivors keep a majority and may form the next epoch.
+  auto three = [](const std::string& node) {
+    comm::RendezvousOptions o = options(node);
+    o.max_nodes = 3;
+    return o;
+  };
+  comm::Rendezvous a(store, three("a")), b(store, three("b")), c(store, three("c"));
+  {
+    auto ja = std::async(std::launch::async, [&] { return a.join(); });
+    auto jb = std::async(std::launch::async, [&] { return b.join(); });
+    auto jc = std::async(std::launch::async, [&] { return c.join(); });
+    ja.get(), jb.get(), jc.get();
+  }
+  // Whoever joined an epoch the others grew adopts the grown one.
+  for (comm::Rendezvous* r : {&a, &b, &c})
+    while (r->membership()->world() < 3) ASSERT_TRUE(r->watch(20s).has_value());
+  const int64_t epoch = a.membership()->epoch;
+  ASSERT_EQ(b.membership()->epoch, epoch);
+  ASSERT_EQ(c.membership()->epoch, epoch);
+
+  MembershipWake wake(store, a, 50ms);
+  ASSERT_TRUE(wake.watches_losses()) << "InMemoryStore can wait for a key to go";
+  EXPECT_FALSE(readable(wake.fd(), 300));
+  const int64_t version = a.read_record().version;
+
+  c.heartbeat().stop();  // c is killed: no more beats, no leave
+  ASSERT_TRUE(store.erase(a.alive_key("c")));
+  ASSERT_TRUE(readable(wake.fd(), 20'000)) << "no wake when a member's alive key went";
+  EXPECT_EQ(wake.loss_wakes(), 1u);
+  EXPECT_EQ(a.read_record().version, version) << "nobody wrote the record";
+  uint64_t drained = 0;
+  ASSERT_EQ(::read(wake.fd(), &drained, sizeof drained), ssize_t(sizeof drained));
+  // Seen once: several parked slices pass without another wake for the same key.
+  EXPECT_FALSE(readable(wake.fd(), 300));
+  EXPECT_EQ(wake.loss_wakes(), 1u);
+
+  // What woke it is there to see: a's first poll forms the epoch without c.
+  std::optional<comm::Membership> next = a.poll_change();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->world(), 2);
+  EXPECT_GT(next->epoch, epoch);
 }
 
 }  // namespace
