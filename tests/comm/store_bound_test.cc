@@ -29,6 +29,7 @@
 #include "comm/store/prefix_store.h"
 #include "comm/store/tcp_store.h"
 #include "comm/store/tcp_store_server.h"
+#include "tests/comm/killable_client.h"
 #include "tests/comm/store_raw_client.h"
 #include "tests/support/eventually.h"
 #include "tests/support/multiprocess.h"
@@ -398,55 +399,22 @@ TEST(StoreBoundProcesses, KeyOfASigkilledClientGoesAndItsUnboundKeysStay) {
 // (a process that has exited never reconnects), counted as dropped at its exit; its unbound
 // keys stay. Forked before the server starts, so the child copies no running thread.
 TEST(StoreBoundProcesses, KeysOfAnExitedClientProcessGoWithoutWaitingOutTheGrace) {
-  int to_child[2], to_parent[2];
-  ASSERT_EQ(::pipe(to_child), 0);
-  ASSERT_EQ(::pipe(to_parent), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(to_child[1]);
-    ::close(to_parent[0]);
-    uint16_t port = 0;
-    if (::read(to_child[0], &port, sizeof port) != sizeof port) ::_exit(3);
-    try {
-      TCPStore client("127.0.0.1", port, 10s);
-      client.set("bound", to_bytes("v"), kBound);
-      client.set("bound-ttl", to_bytes("v"), SetOptions{.ttl = Millis(600'000), .bind = true});
-      client.set("plain", to_bytes("v"));
-      char ready = 'r';
-      if (::write(to_parent[1], &ready, 1) != 1) ::_exit(4);
-      char kill = 0;
-      if (::read(to_child[0], &kill, 1) != 1) ::_exit(5);
-      ::raise(SIGKILL);
-    } catch (...) {
-    }
-    ::_exit(6);
-  }
-  ::close(to_child[0]);
-  ::close(to_parent[1]);
-  {
-    TCPStoreServer server(with_grace(kLongGrace));
-    const uint16_t port = server.port();
-    ASSERT_EQ(::write(to_child[1], &port, sizeof port), ssize_t(sizeof port));
-    char ready = 0;
-    ASSERT_EQ(::read(to_parent[0], &ready, 1), 1) << "the client process did not bind its keys";
-    TCPStore reader("127.0.0.1", port, 10s);
-    EXPECT_TRUE(reader.check({"bound", "bound-ttl", "plain"}));
-    const char kill = 'k';
-    ASSERT_EQ(::write(to_child[1], &kill, 1), 1);
-    int status = 0;
-    ASSERT_EQ(::waitpid(child, &status, 0), child);
-    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
-    ASSERT_TRUE(eventually([&] {
-      return !reader.check({"bound"}) && !reader.check({"bound-ttl"});
-    })) << "the keys of an exited process waited for the ten-minute grace";
-    EXPECT_TRUE(reader.check({"plain"}));
-    EXPECT_EQ(server.stats().bound_keys_released, 2u);
-    EXPECT_EQ(server.stats().bound_keys_dropped_at_exit, 2u);
-    EXPECT_EQ(server.stats().goodbyes, 0u);
-  }
-  ::close(to_child[1]);
-  ::close(to_parent[0]);
+  KillableClient child([](TCPStore& client) {
+    client.set("bound", to_bytes("v"), kBound);
+    client.set("bound-ttl", to_bytes("v"), SetOptions{.ttl = Millis(600'000), .bind = true});
+    client.set("plain", to_bytes("v"));
+  });
+  TCPStoreServer server(with_grace(kLongGrace));
+  ASSERT_TRUE(child.start(server.port())) << "the client process did not bind its keys";
+  TCPStore reader("127.0.0.1", server.port(), 10s);
+  EXPECT_TRUE(reader.check({"bound", "bound-ttl", "plain"}));
+  EXPECT_TRUE(child.kill_and_reap());
+  ASSERT_TRUE(eventually([&] { return !reader.check({"bound"}) && !reader.check({"bound-ttl"}); }))
+      << "the keys of an exited process waited for the ten-minute grace";
+  EXPECT_TRUE(reader.check({"plain"}));
+  EXPECT_EQ(server.stats().bound_keys_released, 2u);
+  EXPECT_EQ(server.stats().bound_keys_dropped_at_exit, 2u);
+  EXPECT_EQ(server.stats().goodbyes, 0u);
 }
 
 // The other side: a connection that closes while its process lives (this one: a broken

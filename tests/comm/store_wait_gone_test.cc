@@ -3,9 +3,6 @@
 // InMemoryStore alike; the table's removal log underneath. Every wait here is a hang guard:
 // where a test must know the waiter is parked it asks the server, never the clock.
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -23,6 +20,7 @@
 #include "comm/store/prefix_store.h"
 #include "comm/store/tcp_store.h"
 #include "comm/store/tcp_store_server.h"
+#include "tests/comm/killable_client.h"
 #include "tests/support/eventually.h"
 
 namespace weft::test {
@@ -186,55 +184,23 @@ INSTANTIATE_TEST_SUITE_P(Stores, StoreWaitGone, ::testing::Bool(),
 // wait), and the parked waiter returns with it. Forked before the server starts, so the
 // child copies no running thread.
 TEST(StoreWaitGoneProcesses, ABoundKeyOfAKilledClientProcessWakesAParkedWaiter) {
-  int to_child[2], to_parent[2];
-  ASSERT_EQ(::pipe(to_child), 0);
-  ASSERT_EQ(::pipe(to_parent), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(to_child[1]);
-    ::close(to_parent[0]);
-    uint16_t port = 0;
-    if (::read(to_child[0], &port, sizeof port) != sizeof port) ::_exit(3);
-    try {
-      TCPStore client("127.0.0.1", port, 10s);
-      client.set("alive/n1", to_bytes("v"), SetOptions{.ttl = Millis(600'000), .bind = true});
-      char ready = 'r';
-      if (::write(to_parent[1], &ready, 1) != 1) ::_exit(4);
-      char kill = 0;
-      if (::read(to_child[0], &kill, 1) != 1) ::_exit(5);
-      ::raise(SIGKILL);
-    } catch (...) {
-    }
-    ::_exit(6);
-  }
-  ::close(to_child[0]);
-  ::close(to_parent[1]);
-  {
-    TCPStoreServerOptions o;
-    o.bound_key_grace = Millis(600'000);
-    TCPStoreServer server(o);
-    const uint16_t port = server.port();
-    ASSERT_EQ(::write(to_child[1], &port, sizeof port), ssize_t(sizeof port));
-    char ready = 0;
-    ASSERT_EQ(::read(to_parent[0], &ready, 1), 1) << "the client process did not bind its key";
-    TCPStore waiter("127.0.0.1", port, 10s);
-    waiter.set("alive/n2", to_bytes("v"));
-    auto gone = std::async(std::launch::async, [&] {
-      return waiter.wait_gone({"alive/n2", "alive/n1"}, 30s);
-    });
-    ASSERT_TRUE(eventually([&] { return server.stats().waits_parked == 1; }));
-    const char kill = 'k';
-    ASSERT_EQ(::write(to_child[1], &kill, 1), 1);
-    int status = 0;
-    ASSERT_EQ(::waitpid(child, &status, 0), child);
-    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
-    ASSERT_EQ(gone.wait_for(20s), std::future_status::ready) << "the drop did not wake the waiter";
-    EXPECT_EQ(gone.get(), (Keys{"alive/n1"}));
-    EXPECT_EQ(server.stats().bound_keys_dropped_at_exit, 1u);
-  }
-  ::close(to_child[1]);
-  ::close(to_parent[0]);
+  KillableClient child([](TCPStore& client) {
+    client.set("alive/n1", to_bytes("v"), SetOptions{.ttl = Millis(600'000), .bind = true});
+  });
+  TCPStoreServerOptions o;
+  o.bound_key_grace = Millis(600'000);
+  TCPStoreServer server(o);
+  ASSERT_TRUE(child.start(server.port())) << "the client process did not bind its key";
+  TCPStore waiter("127.0.0.1", server.port(), 10s);
+  waiter.set("alive/n2", to_bytes("v"));
+  auto gone = std::async(std::launch::async, [&] {
+    return waiter.wait_gone({"alive/n2", "alive/n1"}, 30s);
+  });
+  ASSERT_TRUE(eventually([&] { return server.stats().waits_parked == 1; }));
+  EXPECT_TRUE(child.kill_and_reap());
+  ASSERT_EQ(gone.wait_for(20s), std::future_status::ready) << "the drop did not wake the waiter";
+  EXPECT_EQ(gone.get(), (Keys{"alive/n1"}));
+  EXPECT_EQ(server.stats().bound_keys_dropped_at_exit, 1u);
 }
 
 }  // namespace
