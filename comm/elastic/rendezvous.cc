@@ -277,7 +277,9 @@ std::optional<Membership> Rendezvous::poll_change() {
               "); it stops its workers and may join again"));
     }
     seen_ = rec;
-    Decision d = decide_now(rec, alive_nodes(rec));
+    const std::set<std::string> alive = alive_nodes(rec);
+    Decision d = decide_now(rec, alive);
+    if (d.verdict == Verdict::kForm && !leaves_settled(rec, alive)) return std::nullopt;
     switch (d.verdict) {
       case Verdict::kForm: {
         if (!d.next.rank_of(me)) {
@@ -319,6 +321,30 @@ std::optional<Membership> Rendezvous::poll_change() {
         return std::nullopt;
     }
   }
+}
+
+// A last call for leaves, as join() has one for arrivals: nodes a scheduler preempts together
+// (SIGTERM to several agents at once) write their leaves a few milliseconds apart, and an
+// epoch formed after the first would hold the second as a member; its leave then forms
+// another epoch at once, the survivors skip the first one's world, and the first leaver,
+// posted only that world, never hands its state over. So while every remaining member is
+// alive (a loss forms its epoch at once) and someone has left, the epoch forms only once the
+// record has stood still for a poll_interval: each further leave starts the wait again. Only
+// leaves that hand state over wait: a node whose workers failed leaves without (leave(false))
+// and its epoch, like a loss's, forms at once.
+bool Rendezvous::leaves_settled(const MembershipRecord& rec, const std::set<std::string>& alive) {
+  if (rec.left.empty()) {
+    leaves_seen_.reset();
+    return true;
+  }
+  for (const auto& id : rec.left)
+    if (std::find(rec.hands_over.begin(), rec.hands_over.end(), id) == rec.hands_over.end())
+      return true;
+  for (const auto& [id, rank] : rec.members)
+    if (!rec.has_left(id) && !alive.count(id)) return true;  // a loss too: no waiting
+  const auto now = Clock::now();
+  if (!leaves_seen_ || leaves_seen_->first != rec.version) leaves_seen_ = {rec.version, now};
+  return now - leaves_seen_->second >= options_.poll_interval;
 }
 
 std::optional<Membership> Rendezvous::watch(Millis timeout) {

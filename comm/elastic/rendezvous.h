@@ -195,6 +195,8 @@ class Rendezvous {
   std::set<std::string> alive_nodes(const MembershipRecord& r);
   // decide() with this agent's last_call clock; updates the clock.
   Decision decide_now(const MembershipRecord& r, const std::set<std::string>& alive);
+  // Whether an epoch that lets `rec`'s leavers go may form now (see leaves_seen_).
+  bool leaves_settled(const MembershipRecord& rec, const std::set<std::string>& alive);
   Membership make_membership(const MembershipRecord& r) const;
   void adopt(const MembershipRecord& r);  // membership_ = r's, timers reset
   // Logs, for each member of `before` that is not in `after` and did not leave, why it is
@@ -212,6 +214,10 @@ class Rendezvous {
   std::optional<Clock::time_point> last_call_since_;  // first kLastCall seen
   int64_t last_call_epoch_ = -1;                      // the epoch it was seen in
   std::optional<Clock::time_point> too_few_since_;    // first kTooFew seen as a member
+  // A record with graceful leaves and no loss: its version and when this node first saw it.
+  // The epoch that lets them go forms only once the record has stood still for a
+  // poll_interval (leaves_settled), so leaves announced together go in one epoch.
+  std::optional<std::pair<int64_t, Clock::time_point>> leaves_seen_;
   bool joined_ = false;                               // join() called, leave() not yet
   std::optional<Millis> grow_last_call_;              // set_grow_last_call()
   // Members whose alive key this agent found gone, with the cause it saw then; cleared when

@@ -329,6 +329,31 @@ TEST(Rendezvous, GracefulLeaveReformsAtOnceWithoutWaitingForTheTtl) {
   EXPECT_EQ(m3->world(), 1);
 }
 
+// Nodes preempted together hand their state over in one epoch: their leaves, written a few
+// milliseconds apart, wait out a last call (a poll_interval in which the record stands still)
+// before a survivor forms the epoch, which then lets both go as departed. Without it the first
+// leave's epoch kept the second leaver as a member and the second leave formed another at once,
+// whose world the first leaver was never posted (its state lost). A leave without a hand-over
+// (its workers failed) forms at once, as a loss does (LossesSinceNameOnlyTheWorldsThat...).
+TEST(Rendezvous, LeavesAnnouncedTogetherHandOverInOneEpochAfterALastCall) {
+  InMemoryStore store;
+  auto agents = make_agents(store, 4, 2, 4);
+  std::vector<Membership> ms = join_all(agents);
+  ASSERT_EQ(ms[0].world(), 4);
+  agents[2]->leave(/*hands_over=*/true);
+  EXPECT_EQ(agents[0]->poll_change(), std::nullopt) << "the first look starts the last call";
+  std::this_thread::sleep_for(2ms);
+  agents[3]->leave(/*hands_over=*/true);  // within it: the wait starts again
+  EXPECT_EQ(agents[1]->poll_change(), std::nullopt);
+  std::optional<Membership> m = agents[0]->watch(5s);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->epoch, 2) << "one epoch for both leaves";
+  EXPECT_EQ(m->world(), 2);
+  std::set<std::string> departed;
+  for (const comm::Member& d : m->departed) departed.insert(d.node_id);
+  EXPECT_EQ(departed, (std::set<std::string>{"node2", "node3"}));
+}
+
 // A worker replaced in place: its node renews the epoch with the same members, the others
 // see the renewal (and which worker it replaced) at their next poll, and the next epoch
 // formed by the quorum rules forgets it. A renewal never hides a pending leave.
@@ -376,7 +401,8 @@ TEST(Rendezvous, LostAProcessLooksAtEveryEpochSinceTheWorkersOne) {
     std::vector<Membership> ms = join_all(agents);
     ASSERT_TRUE(agents[1]->renew({1}).has_value());
     agents[2]->leave(/*hands_over=*/true);
-    std::optional<Membership> formed = agents[1]->poll_change();
+    // A hand-over's epoch forms after its last call (LeavesAnnouncedTogether... below).
+    std::optional<Membership> formed = agents[1]->watch(5s);
     ASSERT_TRUE(formed.has_value());
     ASSERT_EQ(formed->epoch, 3);
     std::optional<Membership> seen = agents[0]->poll_change();  // node0's first poll since 1
@@ -393,7 +419,7 @@ TEST(Rendezvous, LostAProcessLooksAtEveryEpochSinceTheWorkersOne) {
     auto agents = make_agents(store, 3, 2, 3);
     std::vector<Membership> ms = join_all(agents);
     agents[2]->leave(/*hands_over=*/true);
-    ASSERT_TRUE(agents[1]->poll_change().has_value());
+    ASSERT_TRUE(agents[1]->watch(5s).has_value());
     Rendezvous newcomer(store, options("node3", 2, 3));
     Membership joined = newcomer.join();  // 2 members + 1 waiting = max: forms at once
     ASSERT_EQ(joined.epoch, 3);

@@ -119,5 +119,47 @@ TEST(LiveResize, GracefulLeaveHandsItsZeroShardOverAndExitsZero) {
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 
+// Two graceful leaves at once (a scheduler shrinking the job by two nodes: SIGTERM to both
+// agents together) under ZeRO-1, where each leaver holds the only copy of a quarter of Adam's
+// moments. Their two writes may form one epoch or two in a row (the second replacing the
+// first before its move is done); either way both hand their shards over, exit 0, and the two
+// survivors go on as dp2 with one process's numbers.
+TEST(LiveResize, TwoGracefulLeavesAtOnceBothHandOverAndExitZero) {
+  LiveJob job;
+  job.dir = agent_test_dir("live_resize", "leave2");
+  job.id = "live-leave2";
+  job.nnodes = "2:4";
+  job.steps = 200;
+  job.sets = {"parallel.dp=auto", "parallel.zero=1"};
+  const fs::path ref = reference_run(job.dir, job.steps, job.sets);
+  job.start_in_order(4);
+  ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
+  std::vector<std::vector<pid_t>> before(4);
+  for (int k = 0; k < 4; ++k) before[size_t(k)] = children(job.pid(k));
+  ::kill(job.pid(2), SIGTERM);
+  ::kill(job.pid(3), SIGTERM);
+  ASSERT_TRUE(job.wait_world(2, 10)) << phases_text(job.phases()) << job.all_logs();
+  for (int k : {2, 3}) {
+    std::optional<int> code = job.wait(k);
+    ASSERT_TRUE(code) << "leaver " << k << " did not exit\n" << job.all_logs();
+    EXPECT_EQ(*code, 0) << job.all_logs();
+    EXPECT_NE(slurp(job.logs[size_t(k)]).find("left the job after handing its state over"),
+              std::string::npos)
+        << job.text(k);
+  }
+  for (int k : {0, 1}) EXPECT_EQ(children(job.pid(k)), before[size_t(k)]) << "agent " << k;
+  for (int k : {0, 1}) {
+    std::optional<int> c = job.wait(k);
+    ASSERT_TRUE(c) << job.all_logs();
+    EXPECT_EQ(*c, 0) << job.all_logs();
+  }
+  const auto p = job.phases();
+  ASSERT_GE(p.size(), 2u) << phases_text(p);
+  EXPECT_EQ(p[0].first, WorldEpoch(4, 1)) << phases_text(p);
+  EXPECT_EQ(p.back().first.first, 2) << phases_text(p);
+  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, kRelDp);
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+}
+
 }  // namespace
 }  // namespace weft::test
