@@ -128,10 +128,12 @@ class SnapshotSegment {
   // exceeds capacity(), meta.job_id is not a job id (valid_job_id), the view is read-only,
   // begin() was not called, or `block_crc32c` has the wrong count.
   void* begin(const SnapshotMeta& meta);
-  // After begin(): allocates and maps in the pages of the first `bytes` of the slot being
-  // written (MADV_POPULATE_WRITE), so that its writes take no page fault and a full
-  // /dev/shm is an IoError naming the segment now, not a SIGBUS at a write.
-  void populate_writing(int64_t bytes);
+  // After begin(): allocates and maps in the pages of bytes [from, from + bytes) of the slot
+  // being written (posix_fallocate, then MADV_POPULATE_WRITE), so that its writes take no
+  // page fault and a full
+  // /dev/shm is an IoError naming the segment now, not a SIGBUS at a write. A writer may
+  // populate piece by piece, each before it writes there.
+  void populate_writing(int64_t from, int64_t bytes);
   SnapshotMeta commit(const std::vector<uint32_t>& block_crc32c = {});
 
   // Reading: the newest committed slot, if any, and its payload (valid while this object

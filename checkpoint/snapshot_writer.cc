@@ -2,6 +2,9 @@
 // read back.
 #include "checkpoint/snapshot_writer.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +24,22 @@ static_assert(kSnapshotBlockBytes % kPiece == 0, "pieces tile checksum blocks");
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Maps in the pages of a fresh destination in one call (MADV_POPULATE_WRITE, Linux 5.14)
+// rather than a fault per page inside the copy: 403 MiB of fresh tensors took 130-170 ms that way
+// and 200-250 ms as faults in memcpy (load 5); memory already touched (a block the allocator
+// kept) costs a walk of its page table. Any failure leaves the pages to fault in as before.
+void populate_for_write(void* p, int64_t bytes) {
+#ifndef MADV_POPULATE_WRITE
+  constexpr int MADV_POPULATE_WRITE = 23;
+#endif
+  constexpr int64_t kAtLeast = int64_t(1) << 20;
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t from = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  const uintptr_t to = (reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes)) & ~(page - 1);
+  if (bytes >= kAtLeast && to > from)
+    (void)::madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_WRITE);
 }
 
 }  // namespace
@@ -125,6 +144,7 @@ std::vector<core::Tensor> read_snapshot(const SnapshotSegment& segment,
   for (const parallel::LocalTensor& l : layout.locals) {
     core::Tensor t = core::Tensor::empty(l.shape, l.dtype);
     auto* dst = static_cast<uint8_t*>(t.raw_data());
+    populate_for_write(dst, l.bytes());
     for (int64_t left = l.bytes(); left > 0;) {
       const int64_t block = at / kSnapshotBlockBytes;
       const int64_t n = std::min(left, kPiece - at % kPiece);

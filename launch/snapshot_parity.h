@@ -156,9 +156,12 @@ class SnapshotParity {
   // `lost` of stripe `s` at the step of `at_step` (the surviving holders' parity slots of
   // that step) from K surviving fragments into `out`; `gone` are the ring's lost nodes
   // (never asked). Fetches and decodes kDecodePieceBytes at a time, overlapped.
+  // `before_write(o, n)`, when given, is called before bytes [o, o + n) of `out` are written,
+  // while the next piece is fetched (a rebuild allocates the segment's pages there).
   void decode_fragment(const ReplicaRing& ring, const checkpoint::StripeLayout& l,
                        const checkpoint::StripeId& s, int lost, const std::vector<StripeSlot>& at_step,
-                       const std::set<int>& gone, uint8_t* out, int64_t out_len);
+                       const std::set<int>& gone, uint8_t* out, int64_t out_len,
+                       const std::function<void(int64_t, int64_t)>& before_write = {});
   static constexpr int64_t kDecodePieceBytes = int64_t(16) << 20;
   // The parity slots of stripe `s` held by its surviving holders, newest step first.
   std::vector<StripeSlot> stripe_slots(const ReplicaRing& ring, const checkpoint::StripeLayout& l,
@@ -210,7 +213,7 @@ class SnapshotParity {
   std::map<int64_t, std::set<int>> gone_;  // by epoch: its nodes found lost (new_ring)
   std::vector<std::vector<uint8_t>> scratch_;  // decode_fragment's two sets of pieces
   struct Spent {  // seconds of the rebuild of one rank, for its log line
-    double segment = 0, fetch_wait = 0, decode = 0;
+    double segment = 0, populate = 0, fetch_wait = 0, decode = 0;
   } spent_;
   std::thread worker_;  // last: starts once the members above exist
 };

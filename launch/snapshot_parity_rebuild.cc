@@ -118,7 +118,8 @@ std::vector<SnapshotParity::StripeSlot> SnapshotParity::stripe_slots(
 void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::StripeLayout& l,
                                      const ckpt::StripeId& s, int lost,
                                      const std::vector<StripeSlot>& at_step,
-                                     const std::set<int>& gone, uint8_t* out, int64_t out_len) {
+                                     const std::set<int>& gone, uint8_t* out, int64_t out_len,
+                                     const std::function<void(int64_t, int64_t)>& before_write) {
   WEFT_CHECK(!at_step.empty(), "decode_fragment without a parity slot");
   const int K = l.data_fragments(s.group), n = K + o_.m;
   const json& manifest = at_step.front().manifest;
@@ -205,6 +206,12 @@ void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::Stripe
     t = Clock::now();
     if (o + P < out_len) pending = fetch_piece(o + P, int(set ^ 1));
     const int64_t piece = std::min(P, L - o), direct = std::min(piece, out_len - o);
+    if (before_write) {
+      const auto tp = Clock::now();
+      before_write(o, direct);
+      spent_.populate += since(tp);
+      t = Clock::now();
+    }
     std::vector<uint8_t*> ptrs;
     for (int f = 0; f < n; ++f) ptrs.push_back(bufs[size_t(set * n + f)].data());
     if (direct == piece) ptrs[size_t(lost)] = out + o;
@@ -315,24 +322,28 @@ bool SnapshotParity::rebuild(const Task& task) {
         }
         meta.kind = ckpt::SegmentKind::kRebuilt;
         auto* out = static_cast<uint8_t*>(seg->begin(meta));
-        seg->populate_writing(payload);
         spent_.segment = since(t1);
         for (int t = 0; t < K; ++t) {
-          // Chunk t of the lost rank is data fragment t of its t-th stripe.
+          // Chunk t of the lost rank is data fragment t of its t-th stripe. Its pages are
+          // allocated piece by piece while the next piece is fetched.
           const int64_t n = std::clamp<int64_t>(payload - t * c, 0, c);
-          if (n > 0) decode_fragment(*ring, l, stripes[size_t(t)], t, at[size_t(t)], task.gone, out + t * c, n);
+          if (n > 0)
+            decode_fragment(*ring, l, stripes[size_t(t)], t, at[size_t(t)], task.gone, out + t * c, n,
+                            [&](int64_t o, int64_t len) { seg->populate_writing(t * c + o, len); });
         }
         const auto t2 = Clock::now();
         if (!blocks_match(out, 0, payload, payload, crcs))
           throw IoError("the decoded bytes do not match the rank's checksums");
         seg->commit(crcs);
         const double check_s = since(t2);
-        // The parts of "fetch and decode": the segment made (its pages allocated), the waits
-        // for fetches not yet arrived, the decode into the segment, the check of its checksums.
+        // The parts of "fetch and decode": the segment made, its slot's pages allocated, the
+        // waits for fetches not yet arrived, the decode into the segment, the check of its
+        // checksums.
         log_(str("rebuilt node ", task.lost, "'s rank ", meta.rank, " (epoch ", task.epoch, ", step ",
                  step, ") from parity into ", name, ": ", mib(double(payload)), " in ",
                  since(t0) * 1e3, " ms (asking the holders ", ask_s * 1e3, " ms, fetch and decode ",
-                 since(t1) * 1e3, " ms: segment ", spent_.segment * 1e3, ", waiting for fetches ",
+                 since(t1) * 1e3, " ms: segment ", spent_.segment * 1e3, ", allocating its pages ",
+                 spent_.populate * 1e3, ", waiting for fetches ",
                  spent_.fetch_wait * 1e3, ", decoding ", spent_.decode * 1e3, ", checking ",
                  check_s * 1e3, ")"));
         done = true;
