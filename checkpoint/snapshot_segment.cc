@@ -493,7 +493,8 @@ void SnapshotSegment::populate_writing(int64_t from, int64_t bytes) {
   const int64_t page = header(base_)->page_bytes;
   // Whole pages covering the range (the payload starts on a page).
   const int64_t lo = std::clamp<int64_t>(from, 0, capacity()) / page * page;
-  const int64_t hi = round_up(std::clamp<int64_t>(from + std::max<int64_t>(bytes, 0), 0, capacity()), page);
+  const int64_t hi =
+      round_up(std::clamp<int64_t>(from + std::max<int64_t>(bytes, 0), 0, capacity()), page);
   const int64_t n = hi - lo;
   if (n <= 0) return;
   char* p = payload(base_, writing_) + lo;
@@ -501,7 +502,8 @@ void SnapshotSegment::populate_writing(int64_t from, int64_t bytes) {
   // 403 MiB where MADV_POPULATE_WRITE over the holes took 400 ms (load 10), and a fault per
   // page as the writer wrote took 270-430 ms more. Before 5.14 (EINVAL) the writes fault.
   const int fd = ::shm_open(name_.c_str(), O_RDWR, 0);
-  const int err = fd < 0 ? errno : ::posix_fallocate(fd, off_t(p - static_cast<char*>(base_)), off_t(n));
+  const int err =
+      fd < 0 ? errno : ::posix_fallocate(fd, off_t(p - static_cast<char*>(base_)), off_t(n));
   if (fd >= 0) ::close(fd);
   if (err != 0)
     throw IoError(str("cannot allocate ", n >> 20, " MiB of snapshot segment ", name_, " in ",

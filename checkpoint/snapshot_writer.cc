@@ -167,7 +167,8 @@ std::vector<core::Tensor> read_snapshot(const SnapshotSegment& segment,
         const int64_t block = at / kSnapshotBlockBytes;
         const int64_t n = std::min(hi - at, kPiece - at % kPiece);
         std::memcpy(dst, src + at, size_t(n));
-        if (size_t(block) < crcs.size()) crcs[size_t(block)] = crc32c(dst, size_t(n), crcs[size_t(block)]);
+        if (size_t(block) < crcs.size())
+          crcs[size_t(block)] = crc32c(dst, size_t(n), crcs[size_t(block)]);
         at += n, dst += n;
       }
     }

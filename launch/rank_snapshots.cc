@@ -134,8 +134,10 @@ std::vector<core::Tensor> RankSnapshots::read(int rank, int64_t step,
       throw IoError(str(e.what(), "; not repaired from parity: ", r.what()));
     }
     if (repaired == 0) throw;
-    std::fprintf(stderr, "weft train: %s; the node's agent repaired %lld corrupt block(s) from "
-                 "parity: read again\n", e.what(), static_cast<long long>(repaired));
+    std::fprintf(stderr,
+                 "weft train: %s; the node's agent repaired %lld corrupt block(s) from "
+                 "parity: read again\n",
+                 e.what(), static_cast<long long>(repaired));
     std::fflush(stderr);
     out = offers_.read(rank, step, layout);
   }

@@ -198,8 +198,9 @@ json Agent::handle(const std::string& line) {
     }
     if (op == "list") return list();
     if (op == "repair")  // the parity's is answered in respond()
-      return refusal(parity_ ? "bad request: repair needs \"segment\" (string) and \"step\" (integer)"
-                             : "repair: this agent keeps no parity (snapshot.redundancy is not ec)");
+      return refusal(parity_
+                         ? "bad request: repair needs \"segment\" (string) and \"step\" (integer)"
+                         : "repair: this agent keeps no parity (snapshot.redundancy is not ec)");
     if (op == "idle") return {{"ok", true}, {"idle", stage_.idle()}};
     if (op == "peers") return peers(req);
     if (op == "endpoint")

@@ -69,7 +69,7 @@ bool blocks_match(const uint8_t* data, int64_t from, int64_t n, int64_t payload,
 }
 
 std::optional<ckpt::SnapshotSegment::View> newest_of_step(const ckpt::SnapshotSegment& seg,
-                                                         int64_t step) {
+                                                          int64_t step) {
   std::optional<ckpt::SnapshotSegment::View> best;
   for (int s = 0; s < seg.slots(); ++s) {
     std::optional<ckpt::SnapshotSegment::View> v = seg.slot(s);

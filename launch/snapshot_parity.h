@@ -17,15 +17,15 @@
 // are lost, and the survivors' current endpoints replace their old ones in it. An agent that
 // knows no previous ring (restarted, then told only the new one) takes it from a peer
 // ("ring") when it holds segments of that epoch. Then the first surviving node after each
-// lost one in its group rebuilds the lost node's ranks: it asks the stripes' surviving parity holders which steps they hold, picks
-// the newest one every chunk has, fetches K surviving fragments of each stripe (the other
-// data members' chunks from their agents' shared memory, parity from the holders), decodes
-// the lost chunks, checks the result against the manifest's block checksums and commits it
-// into a kRebuilt segment, which `list` offers to the new world like a replica. A node's own
-// snapshot whose blocks no longer match their checksums is repaired the same way, in place,
-// when a worker's read of it finds them (repair(): the agent's `repair` op). Only slots that
-// are read are checked: a sweep of every slot at `list` held each recovery for a checksum of
-// slots nobody reads.
+// lost one in its group rebuilds the lost node's ranks: it asks the stripes' surviving parity
+// holders which steps they hold, picks the newest one every chunk has, fetches K surviving
+// fragments of each stripe (the other data members' chunks from their agents' shared memory, parity
+// from the holders), decodes the lost chunks, checks the result against the manifest's block
+// checksums and commits it into a kRebuilt segment, which `list` offers to the new world like a
+// replica. A node's own snapshot whose blocks no longer match their checksums is repaired the same
+// way, in place, when a worker's read of it finds them (repair(): the agent's `repair` op). Only
+// slots that are read are checked: a sweep of every slot at `list` held each recovery for a
+// checksum of slots nobody reads.
 //
 // Traffic runs over the agents' authenticated transport (checkpoint/snapshot_transport.h):
 //   chunk:  {"op":"chunk","meta","crc32c","group","stripe","fragment","chunk"} then the
@@ -159,8 +159,9 @@ class SnapshotParity {
   // `before_write(o, n)`, when given, is called before bytes [o, o + n) of `out` are written,
   // while the next piece is fetched (a rebuild allocates the segment's pages there).
   void decode_fragment(const ReplicaRing& ring, const checkpoint::StripeLayout& l,
-                       const checkpoint::StripeId& s, int lost, const std::vector<StripeSlot>& at_step,
-                       const std::set<int>& gone, uint8_t* out, int64_t out_len,
+                       const checkpoint::StripeId& s, int lost,
+                       const std::vector<StripeSlot>& at_step, const std::set<int>& gone,
+                       uint8_t* out, int64_t out_len,
                        const std::function<void(int64_t, int64_t)>& before_write = {});
   static constexpr int64_t kDecodePieceBytes = int64_t(16) << 20;
   // The parity slots of stripe `s` held by its surviving holders, newest step first.
@@ -210,7 +211,7 @@ class SnapshotParity {
   // The rebuilder's thread: its channels, and the lost nodes (epoch, node) done with.
   Links fetch_links_;
   std::set<std::pair<int64_t, int>> losses_done_;
-  std::map<int64_t, std::set<int>> gone_;  // by epoch: its nodes found lost (new_ring)
+  std::map<int64_t, std::set<int>> gone_;      // by epoch: its nodes found lost (new_ring)
   std::vector<std::vector<uint8_t>> scratch_;  // decode_fragment's two sets of pieces
   struct Spent {  // seconds of the rebuild of one rank, for its log line
     double segment = 0, populate = 0, fetch_wait = 0, decode = 0;

@@ -328,7 +328,8 @@ bool SnapshotParity::rebuild(const Task& task) {
           // allocated piece by piece while the next piece is fetched.
           const int64_t n = std::clamp<int64_t>(payload - t * c, 0, c);
           if (n > 0)
-            decode_fragment(*ring, l, stripes[size_t(t)], t, at[size_t(t)], task.gone, out + t * c, n,
+            decode_fragment(*ring, l, stripes[size_t(t)], t, at[size_t(t)], task.gone, out + t * c,
+                            n,
                             [&](int64_t o, int64_t len) { seg->populate_writing(t * c + o, len); });
         }
         const auto t2 = Clock::now();
@@ -339,13 +340,12 @@ bool SnapshotParity::rebuild(const Task& task) {
         // The parts of "fetch and decode": the segment made, its slot's pages allocated, the
         // waits for fetches not yet arrived, the decode into the segment, the check of its
         // checksums.
-        log_(str("rebuilt node ", task.lost, "'s rank ", meta.rank, " (epoch ", task.epoch, ", step ",
-                 step, ") from parity into ", name, ": ", mib(double(payload)), " in ",
+        log_(str("rebuilt node ", task.lost, "'s rank ", meta.rank, " (epoch ", task.epoch,
+                 ", step ", step, ") from parity into ", name, ": ", mib(double(payload)), " in ",
                  since(t0) * 1e3, " ms (asking the holders ", ask_s * 1e3, " ms, fetch and decode ",
                  since(t1) * 1e3, " ms: segment ", spent_.segment * 1e3, ", allocating its pages ",
-                 spent_.populate * 1e3, ", waiting for fetches ",
-                 spent_.fetch_wait * 1e3, ", decoding ", spent_.decode * 1e3, ", checking ",
-                 check_s * 1e3, ")"));
+                 spent_.populate * 1e3, ", waiting for fetches ", spent_.fetch_wait * 1e3,
+                 ", decoding ", spent_.decode * 1e3, ", checking ", check_s * 1e3, ")"));
         done = true;
       } catch (const std::exception& e) {
         log_(str("node ", task.lost, "'s local rank ", local, " not rebuilt at step ", step, ": ",
@@ -379,14 +379,15 @@ json SnapshotParity::repair_slot(const Task& task) {
   ckpt::SnapshotSegment seg = ckpt::SnapshotSegment::open(task.segment, true);
   std::optional<ckpt::SnapshotSegment::View> v;
   for (int slot = 0; slot < seg.slots() && !v; ++slot)
-    if (std::optional<ckpt::SnapshotSegment::View> x = seg.slot(slot); x && x->meta.step == task.step)
+    if (std::optional<ckpt::SnapshotSegment::View> x = seg.slot(slot);
+        x && x->meta.step == task.step)
       v = x;
   if (!v) throw IoError(str(task.segment, " holds no committed snapshot of step ", task.step));
   const auto t0 = Clock::now();
   const std::vector<int64_t> bad = seg.corrupt_blocks(*v);
   if (bad.empty()) return {{"ok", true}, {"repaired", 0}};
-  const std::string what = str(task.segment, " slot ", v->slot, " (step ", task.step, "): ",
-                               bad.size(), " corrupt block(s)");
+  const std::string what = str(task.segment, " slot ", v->slot, " (step ", task.step,
+                               "): ", bad.size(), " corrupt block(s)");
   const auto g = gone_.find(name->epoch);
   const std::set<int> gone = g == gone_.end() ? std::set<int>{} : g->second;
   const ckpt::StripeLayout l(int(ring->nodes.size()), o_.k, o_.m);

@@ -130,10 +130,10 @@ TEST_F(SnapshotWriterTest, AReadRefusesACorruptBlockAnotherLayoutAndARewrite) {
 // here 70.6 MiB whose middle tensor straddles the split at block 35. The bytes come back
 // whole, and a corrupt block on either side of the split is counted, the first one named.
 TEST_F(SnapshotWriterTest, ALargeSlotReadInTwoHalvesComesBackWholeAndFindsCorruptBlocksInBoth) {
-  layout_ = whole_tensors({{{3000, 1000}, core::DType::kF32},   // 11.4 MiB
-                           {{12500000}, core::DType::kF32},     // 47.7 MiB: across the split
+  layout_ = whole_tensors({{{3000, 1000}, core::DType::kF32},  // 11.4 MiB
+                           {{12500000}, core::DType::kF32},    // 47.7 MiB: across the split
                            {{7}, core::DType::kI64},
-                           {{3000000}, core::DType::kF32}});    // 11.4 MiB
+                           {{3000000}, core::DType::kF32}});  // 11.4 MiB
   const int64_t bytes = snapshot_payload_bytes(layout_);
   ASSERT_GE(bytes, int64_t(64) << 20);
   SnapshotSegment owner = SnapshotSegment::create(name_, bytes, ::getpid());

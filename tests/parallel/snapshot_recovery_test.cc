@@ -491,8 +491,8 @@ TEST(SnapshotRecoveryMultiNode, ACorruptOwnSnapshotUnderEcIsRepairedFromParityWh
   JobSegments segments{checkpoint::job_id_for_run(job.id)};
   const fs::path ref = live::reference_run(job.dir, job.steps, {"parallel.dp=auto"});
   job.start_in_order(3);
-  const std::string own = checkpoint::segment_name(segments.job, checkpoint::SegmentKind::kData,
-                                                   0, 1, 0);
+  const std::string own =
+      checkpoint::segment_name(segments.job, checkpoint::SegmentKind::kData, 0, 1, 0);
   auto newest = [](const std::string& name) -> int64_t {
     try {
       const checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(name, false);
@@ -518,7 +518,8 @@ TEST(SnapshotRecoveryMultiNode, ACorruptOwnSnapshotUnderEcIsRepairedFromParityWh
         return parity > 0;
       },
       60))
-      << "the parity of step " << step << " is not on its holders\n" << job.all_logs();
+      << "the parity of step " << step << " is not on its holders\n"
+      << job.all_logs();
   {
     checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(own, true);
     const std::optional<checkpoint::SnapshotSegment::View> v = seg.latest();

@@ -371,11 +371,13 @@ TEST_F(SnapshotAgentTest, RepairWithoutParityIsRefusedSayingSo) {
     client.repair(segs[0], 1);
     ADD_FAILURE() << "a repair by an agent without parity was not refused";
   } catch (const IoError& e) {
-    EXPECT_NE(std::string(e.what()).find("this agent keeps no parity (snapshot.redundancy is not ec)"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("this agent keeps no parity (snapshot.redundancy is not ec)"),
+        std::string::npos)
         << e.what();
   }
-  const nlohmann::json bad = client.call({{"op", "repair"}, {"segment", segs[0]}}, milliseconds(10000));
+  const nlohmann::json bad =
+      client.call({{"op", "repair"}, {"segment", segs[0]}}, milliseconds(10000));
   EXPECT_FALSE(bad.value("ok", true));
   EXPECT_NE(bad.value("error", std::string()).find("no parity"), std::string::npos) << bad.dump();
 }

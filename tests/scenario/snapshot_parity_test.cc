@@ -194,7 +194,8 @@ TEST_F(SnapshotParity, ACorruptBlockIsRepairedFromParityWhenAReadFindsIt) {
     clients_[0]->repair(victim, 6);
     ADD_FAILURE() << "a repair of a step the segment does not hold was not refused";
   } catch (const IoError& e) {
-    EXPECT_NE(std::string(e.what()).find("holds no committed snapshot of step 6"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("holds no committed snapshot of step 6"),
+              std::string::npos)
         << e.what();
   }
   try {
