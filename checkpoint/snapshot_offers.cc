@@ -67,6 +67,11 @@ std::vector<core::Tensor> SnapshotOffers::read(int rank, int64_t step,
   }
 }
 
+std::string SnapshotOffers::segment_of(int rank, int64_t step) const {
+  auto it = offered_.find({rank, step});
+  return it == offered_.end() ? std::string() : it->second.segment->name();
+}
+
 void SnapshotOffers::clear() {
   offered_.clear();
   bytes_read_ = 0;

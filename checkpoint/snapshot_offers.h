@@ -39,6 +39,9 @@ class SnapshotOffers {
   // snapshot was not offered here.
   std::vector<core::Tensor> read(int rank, int64_t step, const parallel::RankLayout& layout);
 
+  // The segment that holds old rank `rank`'s offered snapshot of `step` ("" when none does).
+  std::string segment_of(int rank, int64_t step) const;
+
   // Unmaps every offered segment.
   void clear();
   size_t size() const { return offered_.size(); }

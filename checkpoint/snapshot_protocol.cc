@@ -303,6 +303,12 @@ std::vector<SegmentInfo> SnapshotAgentClient::list(std::optional<int64_t> epoch)
   return out;
 }
 
+int64_t SnapshotAgentClient::repair(const std::string& segment, int64_t step) {
+  const json reply = checked({{"op", "repair"}, {"segment", segment}, {"step", step}},
+                             std::max(timeout_, kRepairTimeout));
+  return reply.value("repaired", int64_t(0));
+}
+
 std::string SnapshotAgentClient::endpoint() {
   json reply = checked({{"op", "endpoint"}}, timeout_);
   const json e = reply.value("endpoint", json());

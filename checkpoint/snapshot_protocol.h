@@ -31,8 +31,14 @@
 //     replica; their meta is the original rank's: epoch, rank, world, step, layout hash),
 //     then the snapshots it rebuilt from parity (kind rebuilt; the same meta). With "epoch"
 //     (a world of epoch E forms) an agent with parity (--redundancy ec) answers once it has
-//     the ring of E, has checked its snapshots' blocks (repairing corrupt ones from parity)
-//     and has rebuilt the lost nodes' snapshots it is designated for.
+//     the ring of E and has rebuilt the lost nodes' snapshots it is designated for. It does
+//     not check its own snapshots' blocks first: a read does (repair).
+//   {"op":"repair","segment":name,"step":S} -> {"ok":true,"repaired":blocks (0: none corrupt)}
+//     An agent with parity: checks the committed slot of step S of its own data segment
+//     `name` and decodes the chunks of its corrupt blocks in place from parity (the other
+//     fragments of their stripes, on the other nodes). A worker whose read of that slot
+//     failed its checksums asks, then reads it again. Refused without parity, for another
+//     node's segment, or when the blocks cannot be rebuilt (the error says why).
 //   {"op":"endpoint"} -> {"ok":true,"endpoint":"host:port"}
 //     Where the agent accepts other nodes' agents (--listen, its port as bound); "" when it
 //     was started without one. weft run publishes it in the rendezvous store.
@@ -100,6 +106,9 @@ SegmentInfo segment_info_from_json(const nlohmann::json& j);
 
 // How long a `list` with an epoch may take (the agent gives up waiting after a minute).
 inline constexpr std::chrono::milliseconds kListWaitTimeout{90000};
+// How long a `repair` may take: it queues behind a rebuild in progress, and fetches a chunk
+// of each stripe from the other nodes.
+inline constexpr std::chrono::milliseconds kRepairTimeout{60000};
 
 // The per-call timeout of clients: WEFT_SNAPSHOT_TIMEOUT_MS, default 10000 ms.
 std::chrono::milliseconds default_snapshot_call_timeout();
@@ -134,9 +143,12 @@ class SnapshotAgentClient {
   // idle: whether every commit told so far has been sent to the peers.
   bool idle();
   // list; with `epoch` (a world of that epoch forms), an agent that keeps parity first
-  // repairs corrupt blocks of its snapshots and rebuilds the lost nodes' (up to its own
-  // limit of a minute), so the call waits up to kListWaitTimeout.
+  // rebuilds the lost nodes' snapshots (up to its own limit of a minute), so the call waits
+  // up to kListWaitTimeout.
   std::vector<SegmentInfo> list(std::optional<int64_t> epoch = std::nullopt);
+  // repair: the blocks of `segment`'s snapshot of `step` the agent repaired from parity (0:
+  // none was corrupt). IoError with the agent's reason when it refuses or cannot.
+  int64_t repair(const std::string& segment, int64_t step);
   // finish: the names the agent removed; the agent exits after replying.
   std::vector<std::string> finish(const std::string& job);
   // endpoint: where the agent accepts its peers ("" when it does not).

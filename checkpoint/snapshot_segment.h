@@ -73,8 +73,13 @@ class SnapshotSegment {
   // agent calls this; `owner_pid` (the agent) and `guardian_pid` (the process that restarts the
   // agent when it dies, weft run; 0: none) are recorded so that other agents and `weft snapshot
   // clean` can tell an abandoned segment (both gone: abandoned()) from a live one.
+  // `allocate_slots` false: only the headers are allocated here, and a writer allocates each
+  // slot's payload as it writes it (populate_writing, which fails as clearly): a segment
+  // written once (an agent's rebuild) then costs one slot of memory and one pass over it,
+  // not all of its slots' at create and a page fault per page at the write.
   static SnapshotSegment create(const std::string& name, int64_t capacity, int owner_pid,
-                                int slots = kMinSnapshotSlots, int guardian_pid = 0);
+                                int slots = kMinSnapshotSlots, int guardian_pid = 0,
+                                bool allocate_slots = true);
   // Maps an existing segment, read-write when `writable`. IoError naming it when it does not
   // exist, is too short, or its header is not a snapshot segment's (magic, version).
   // Maps nothing in yet: a reader of one slot asks for its pages (populate below).
@@ -123,6 +128,12 @@ class SnapshotSegment {
   // exceeds capacity(), meta.job_id is not a job id (valid_job_id), the view is read-only,
   // begin() was not called, or `block_crc32c` has the wrong count.
   void* begin(const SnapshotMeta& meta);
+  // After begin(): allocates and maps in the pages of bytes [from, from + bytes) of the slot
+  // being written (posix_fallocate, then MADV_POPULATE_WRITE), so that its writes take no
+  // page fault and a full
+  // /dev/shm is an IoError naming the segment now, not a SIGBUS at a write. A writer may
+  // populate piece by piece, each before it writes there.
+  void populate_writing(int64_t from, int64_t bytes);
   SnapshotMeta commit(const std::vector<uint32_t>& block_crc32c = {});
 
   // Reading: the newest committed slot, if any, and its payload (valid while this object

@@ -52,6 +52,7 @@ struct Side {
          resume = 0;
   // ec: the agent's rebuild line.
   double rebuild_ms = -1, ask_ms = 0, fetch_decode_ms = 0, rebuilt_mib = 0;
+  std::string rebuild_parts;  // of fetch and decode, in ms, as the line names them
   bool kept = false;  // the survivors' worker processes are the ones from before the kill
   // checkpoint: its phases, what was saved and how much of it stayed cached.
   bench::Phases ph;
@@ -85,13 +86,14 @@ bool parse_resize(const std::string& l, Side& s) {
 
 void parse_rebuild(const std::string& l, Side& s) {
   static const std::regex re(
-      R"(rebuilt node \d+'s rank \d+ .*: ([\d.]+) MiB in ([\d.]+) ms \(asking the holders ([\d.]+) ms, fetch and decode ([\d.]+) ms\))");
+      R"(rebuilt node \d+'s rank \d+ .*: ([\d.]+) MiB in ([\d.]+) ms \(asking the holders ([\d.]+) ms, fetch and decode ([\d.]+) ms(?:: ([^)]*))?)");
   std::smatch m;
   if (!std::regex_search(l, m, re)) return;
   s.rebuilt_mib = std::stod(m[1]);
   s.rebuild_ms = std::stod(m[2]);
   s.ask_ms = std::stod(m[3]);
   s.fetch_decode_ms = std::stod(m[4]);
+  s.rebuild_parts = m[5];
 }
 
 class NodeRun {
@@ -362,8 +364,9 @@ void print_table(const JobShape& j, const std::string& note, const std::vector<S
     if (s.name == "ec" && s.rebuild_ms >= 0)
       std::printf(
           "  ec rebuild (the agent's line): %.2f MiB in %.1f ms (asking the holders %.1f ms, "
-          "fetch and decode %.1f ms)\n",
-          s.rebuilt_mib, s.rebuild_ms, s.ask_ms, s.fetch_decode_ms);
+          "fetch and decode %.1f ms%s%s)\n",
+          s.rebuilt_mib, s.rebuild_ms, s.ask_ms, s.fetch_decode_ms,
+          s.rebuild_parts.empty() ? "" : ": ", s.rebuild_parts.c_str());
   std::printf("\n");
   std::fflush(stdout);
 }

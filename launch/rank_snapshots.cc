@@ -116,7 +116,31 @@ std::vector<core::Tensor> RankSnapshots::read(int rank, int64_t step,
                                               const parallel::RankLayout& layout) {
   const int64_t bytes = offers_.bytes_read();
   const double map_s = offers_.map_seconds(), copy_s = offers_.copy_seconds();
-  std::vector<core::Tensor> out = offers_.read(rank, step, layout);
+  std::vector<core::Tensor> out;
+  try {
+    out = offers_.read(rank, step, layout);
+  } catch (const IoError& e) {
+    // Under ec the node's own snapshots have parity on the other nodes: a corrupt block found
+    // here is repaired by the agent from it (only now, for the slot the world chose: a new
+    // world's list checks nothing), and the slot read again. A replica or a rebuilt
+    // snapshot has no parity, and a slot rewritten meanwhile has no corrupt block.
+    const std::string name = offers_.segment_of(rank, step);
+    const std::optional<checkpoint::SegmentName> p = checkpoint::parse_segment_name(name);
+    if (spec_.snapshot.redundancy != "ec" || !p || p->kind != checkpoint::SegmentKind::kData) throw;
+    int64_t repaired = 0;
+    try {
+      repaired = client_->repair(name, step);
+    } catch (const IoError& r) {
+      throw IoError(str(e.what(), "; not repaired from parity: ", r.what()));
+    }
+    if (repaired == 0) throw;
+    std::fprintf(stderr,
+                 "weft train: %s; the node's agent repaired %lld corrupt block(s) from "
+                 "parity: read again\n",
+                 e.what(), static_cast<long long>(repaired));
+    std::fflush(stderr);
+    out = offers_.read(rank, step, layout);
+  }
   constexpr double kMiB = 1 << 20;
   WEFT_DEBUG("resize", "read old rank ", rank, "'s snapshot of step ", step, ": ",
              double(offers_.bytes_read() - bytes) / kMiB, " MiB mapped in in ",

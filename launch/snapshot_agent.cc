@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/asio/post.hpp>
 #include <boost/asio/read_until.hpp>
 #include <boost/asio/streambuf.hpp>
 #include <boost/asio/write.hpp>
@@ -125,14 +126,23 @@ void Agent::accept() {
 }
 
 void Agent::respond(const std::string& line, Reply reply) {
-  // {"op":"list","epoch":E}: a world of epoch E is forming. With parity, its snapshots are
-  // checked (corrupt blocks repaired) and the lost nodes' rebuilt before they are listed.
+  // {"op":"list","epoch":E}: a world of epoch E is forming. With parity, the lost nodes'
+  // snapshots are rebuilt before they are listed. {"op":"repair",...}: a worker's read found
+  // corrupt blocks; answered once the parity's thread has repaired them (or could not).
   if (parity_ && !finished_) {
     try {
       const json req = json::parse(line);
-      if (req.is_object() && req.value("op", std::string()) == "list" && req.contains("epoch") &&
-          req["epoch"].is_number_integer()) {
-        parity_->repair();
+      const std::string op = req.is_object() ? req.value("op", std::string()) : std::string();
+      if (op == "repair" && req.contains("segment") && req["segment"].is_string() &&
+          req.contains("step") && req["step"].is_number_integer()) {
+        // Answered on the io thread: the parity's thread only posts the reply.
+        parity_->repair(req["segment"].get<std::string>(), req["step"].get<int64_t>(),
+                        [this, reply = std::move(reply)](const json& r) {
+                          asio::post(io_, [reply, r] { reply(r); });
+                        });
+        return;
+      }
+      if (op == "list" && req.contains("epoch") && req["epoch"].is_number_integer()) {
         waiting_.push_back({req["epoch"].get<int64_t>(),
                             std::chrono::steady_clock::now() + kListWaitLimit, std::move(reply)});
         if (waiting_.size() == 1) poll_waiting();
@@ -187,6 +197,10 @@ json Agent::handle(const std::string& line) {
       return committed(req["name"].get<std::string>(), req["step"].get<int64_t>());
     }
     if (op == "list") return list();
+    if (op == "repair")  // the parity's is answered in respond()
+      return refusal(parity_
+                         ? "bad request: repair needs \"segment\" (string) and \"step\" (integer)"
+                         : "repair: this agent keeps no parity (snapshot.redundancy is not ec)");
     if (op == "idle") return {{"ok", true}, {"idle", stage_.idle()}};
     if (op == "peers") return peers(req);
     if (op == "endpoint")
@@ -197,7 +211,7 @@ json Agent::handle(const std::string& line) {
       return finish(req["job"].get<std::string>());
     }
     return refusal("bad request: unknown op '" + op +
-                   "' (reserve, committed, idle, list, peers, endpoint, finish)");
+                   "' (reserve, committed, idle, list, repair, peers, endpoint, finish)");
   } catch (const std::invalid_argument& e) {
     return refusal(str("bad request: ", op, ": ", e.what()));
   } catch (const std::exception& e) {

@@ -17,13 +17,15 @@
 // are lost, and the survivors' current endpoints replace their old ones in it. An agent that
 // knows no previous ring (restarted, then told only the new one) takes it from a peer
 // ("ring") when it holds segments of that epoch. Then the first surviving node after each
-// lost one in its group rebuilds the lost node's ranks: it asks the stripes' surviving parity holders which steps they hold, picks
-// the newest one every chunk has, fetches K surviving fragments of each stripe (the other
-// data members' chunks from their agents' shared memory, parity from the holders), decodes
-// the lost chunks, checks the result against the manifest's block checksums and commits it
-// into a kRebuilt segment, which `list` offers to the new world like a replica. A node's own
-// snapshot whose blocks no longer match their checksums is repaired the same way, in place
-// (repair(): the agent asks for it when a new world lists its snapshots).
+// lost one in its group rebuilds the lost node's ranks: it asks the stripes' surviving parity
+// holders which steps they hold, picks the newest one every chunk has, fetches K surviving
+// fragments of each stripe (the other data members' chunks from their agents' shared memory, parity
+// from the holders), decodes the lost chunks, checks the result against the manifest's block
+// checksums and commits it into a kRebuilt segment, which `list` offers to the new world like a
+// replica. A node's own snapshot whose blocks no longer match their checksums is repaired the same
+// way, in place, when a worker's read of it finds them (repair(): the agent's `repair` op). Only
+// slots that are read are checked: a sweep of every slot at `list` held each recovery for a
+// checksum of slots nobody reads.
 //
 // Traffic runs over the agents' authenticated transport (checkpoint/snapshot_transport.h):
 //   chunk:  {"op":"chunk","meta","crc32c","group","stripe","fragment","chunk"} then the
@@ -93,10 +95,14 @@ class SnapshotParity {
   // The transport's handler for chunk, stripe and fetch (false: not one of them).
   bool serve(checkpoint::PeerChannel& ch, const nlohmann::json& header);
 
-  // Queues a check of the node's own snapshots (every committed slot's blocks against their
-  // checksums), repairing corrupt blocks from parity. The agent asks for it when a new
-  // world lists the snapshots.
-  void repair();
+  // Queues the repair of the node's own committed snapshot of `step` in data segment
+  // `segment` (this node's, of an epoch whose ring is known): its blocks are checked against
+  // their checksums and the chunks holding corrupt ones decoded in place from the stripes'
+  // other fragments. `done` is called on the rebuilder's thread with {"ok":true,"repaired":
+  // blocks repaired (0: none was corrupt)} or {"ok":false,"error":why}. The agent's `repair`
+  // op: a worker whose read of the slot failed its checksums asks for it, then reads again.
+  using Done = std::function<void(const nlohmann::json&)>;
+  void repair(const std::string& segment, int64_t step, Done done);
   // True once the ring of `epoch` (or a newer one) is known and no rebuild or repair is
   // queued or running: a new world's `list` waits for it.
   bool settled(int64_t epoch) const;
@@ -115,6 +121,9 @@ class SnapshotParity {
     int64_t epoch = 0;    // kRebuild: the ring the snapshots were taken in; kNewRing: the new one
     int lost = -1;        // kRebuild: the node, in that ring
     std::set<int> gone;   // every node of that ring that is lost
+    std::string segment;  // kRepair: the data segment, the step, and who waits for it
+    int64_t step = -1;
+    Done done;
   };
   // kNewRing (snapshot_parity_ring.cc): the previous epoch's ring with its survivors'
   // current endpoints, its lost nodes, and their rebuilds.
@@ -142,14 +151,18 @@ class SnapshotParity {
   void work();  // the rebuilder's thread
   // True when nothing of it is left to retry: rebuilt, or not this node's to rebuild.
   bool rebuild(const Task& t);
-  void repair_now();
+  nlohmann::json repair_slot(const Task& t);  // kRepair's reply
   // Decodes the first `out_len` bytes (at most the stripe's fragment length) of fragment
   // `lost` of stripe `s` at the step of `at_step` (the surviving holders' parity slots of
   // that step) from K surviving fragments into `out`; `gone` are the ring's lost nodes
   // (never asked). Fetches and decodes kDecodePieceBytes at a time, overlapped.
+  // `before_write(o, n)`, when given, is called before bytes [o, o + n) of `out` are written,
+  // while the next piece is fetched (a rebuild allocates the segment's pages there).
   void decode_fragment(const ReplicaRing& ring, const checkpoint::StripeLayout& l,
-                       const checkpoint::StripeId& s, int lost, const std::vector<StripeSlot>& at_step,
-                       const std::set<int>& gone, uint8_t* out, int64_t out_len);
+                       const checkpoint::StripeId& s, int lost,
+                       const std::vector<StripeSlot>& at_step, const std::set<int>& gone,
+                       uint8_t* out, int64_t out_len,
+                       const std::function<void(int64_t, int64_t)>& before_write = {});
   static constexpr int64_t kDecodePieceBytes = int64_t(16) << 20;
   // The parity slots of stripe `s` held by its surviving holders, newest step first.
   std::vector<StripeSlot> stripe_slots(const ReplicaRing& ring, const checkpoint::StripeLayout& l,
@@ -198,7 +211,11 @@ class SnapshotParity {
   // The rebuilder's thread: its channels, and the lost nodes (epoch, node) done with.
   Links fetch_links_;
   std::set<std::pair<int64_t, int>> losses_done_;
+  std::map<int64_t, std::set<int>> gone_;      // by epoch: its nodes found lost (new_ring)
   std::vector<std::vector<uint8_t>> scratch_;  // decode_fragment's two sets of pieces
+  struct Spent {  // seconds of the rebuild of one rank, for its log line
+    double segment = 0, populate = 0, fetch_wait = 0, decode = 0;
+  } spent_;
   std::thread worker_;  // last: starts once the members above exist
 };
 

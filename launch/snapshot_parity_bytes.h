@@ -5,8 +5,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "checkpoint/snapshot_segment.h"
 
 namespace weft::launch::parity_bytes {
 
@@ -17,6 +20,10 @@ std::string mib(double bytes);
 // them, `from` is block-aligned, `payload` is the rank's whole length.
 bool blocks_match(const uint8_t* data, int64_t from, int64_t n, int64_t payload,
                   const std::vector<uint32_t>& crcs);
+
+// The committed slot of `seg` holding `step`, the newest such (none: nullopt).
+std::optional<checkpoint::SnapshotSegment::View> newest_of_step(
+    const checkpoint::SnapshotSegment& seg, int64_t step);
 
 // The committed slot of `segment` holding `step` (the newest such), read: bytes [offset,
 // offset + length) of its payload into out, zeros past the payload. False when the slot was

@@ -20,11 +20,9 @@ using namespace parity_bytes;
 
 // ---- rebuilding and repairing ---------------------------------------------------------------
 
-void SnapshotParity::repair() {
+void SnapshotParity::repair(const std::string& segment, int64_t step, Done done) {
   std::lock_guard<std::mutex> l(mu_);
-  for (const Task& t : tasks_)
-    if (t.kind == Task::kRepair) return;  // one queued is enough: it checks everything
-  tasks_.push_back({Task::kRepair, 0, -1, {}});
+  tasks_.push_back({Task::kRepair, 0, -1, {}, segment, step, std::move(done)});
   cv_.notify_all();
 }
 
@@ -50,9 +48,10 @@ void SnapshotParity::work() {
       else if (t.kind == Task::kNewRing)
         new_ring(t.epoch);
       else
-        repair_now();
+        t.done(repair_slot(t));
     } catch (const std::exception& e) {
       log_(str(t.kind == Task::kRepair ? "repair" : "rebuild", " failed: ", e.what()));
+      if (t.kind == Task::kRepair) t.done({{"ok", false}, {"error", e.what()}});
     }
     std::vector<std::vector<uint8_t>>().swap(scratch_);  // its memory back between tasks
     std::lock_guard<std::mutex> l(mu_);
@@ -119,7 +118,8 @@ std::vector<SnapshotParity::StripeSlot> SnapshotParity::stripe_slots(
 void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::StripeLayout& l,
                                      const ckpt::StripeId& s, int lost,
                                      const std::vector<StripeSlot>& at_step,
-                                     const std::set<int>& gone, uint8_t* out, int64_t out_len) {
+                                     const std::set<int>& gone, uint8_t* out, int64_t out_len,
+                                     const std::function<void(int64_t, int64_t)>& before_write) {
   WEFT_CHECK(!at_step.empty(), "decode_fragment without a parity slot");
   const int K = l.data_fragments(s.group), n = K + o_.m;
   const json& manifest = at_step.front().manifest;
@@ -200,14 +200,24 @@ void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::Stripe
   std::vector<std::future<void>> pending;
   if (out_len > 0) pending = fetch_piece(0, 0);
   for (int64_t o = 0, set = 0; o < out_len; o += P, set ^= 1) {
+    auto t = Clock::now();
     wait_all(pending);
+    spent_.fetch_wait += since(t);
+    t = Clock::now();
     if (o + P < out_len) pending = fetch_piece(o + P, int(set ^ 1));
     const int64_t piece = std::min(P, L - o), direct = std::min(piece, out_len - o);
+    if (before_write) {
+      const auto tp = Clock::now();
+      before_write(o, direct);
+      spent_.populate += since(tp);
+      t = Clock::now();
+    }
     std::vector<uint8_t*> ptrs;
     for (int f = 0; f < n; ++f) ptrs.push_back(bufs[size_t(set * n + f)].data());
     if (direct == piece) ptrs[size_t(lost)] = out + o;
     code(K).reconstruct(ptrs, erased, size_t(piece));
     if (direct < piece) std::memcpy(out + o, ptrs[size_t(lost)], size_t(direct));
+    spent_.decode += since(t);
   }
 }
 
@@ -279,6 +289,7 @@ bool SnapshotParity::rebuild(const Task& task) {
       const int64_t step = *it;
       try {
         const auto t1 = Clock::now();
+        spent_ = {};
         std::vector<std::vector<StripeSlot>> at(static_cast<size_t>(K));
         for (int t = 0; t < K; ++t)
           for (const StripeSlot& x : slots[size_t(t)])
@@ -300,26 +311,41 @@ bool SnapshotParity::rebuild(const Task& task) {
         }
         if (!seg) {
           ckpt::SnapshotSegment::unlink(name);  // a half-made one of an earlier try
+          // Its slots' pages are allocated as each is written (populate_writing below): a
+          // rebuild writes one, and allocating both at create cost twice the memory's
+          // zeroing, then a page fault per page as the decode wrote.
           seg = std::make_shared<ckpt::SnapshotSegment>(
               ckpt::SnapshotSegment::create(name, std::max<int64_t>(payload, 1), int(::getpid()),
-                                            ckpt::kMinSnapshotSlots, o_.guardian_pid));
+                                            ckpt::kMinSnapshotSlots, o_.guardian_pid, false));
           std::lock_guard<std::mutex> lk(mu_);
           rebuilt_[name] = seg;
         }
         meta.kind = ckpt::SegmentKind::kRebuilt;
         auto* out = static_cast<uint8_t*>(seg->begin(meta));
+        spent_.segment = since(t1);
         for (int t = 0; t < K; ++t) {
-          // Chunk t of the lost rank is data fragment t of its t-th stripe.
+          // Chunk t of the lost rank is data fragment t of its t-th stripe. Its pages are
+          // allocated piece by piece while the next piece is fetched.
           const int64_t n = std::clamp<int64_t>(payload - t * c, 0, c);
-          if (n > 0) decode_fragment(*ring, l, stripes[size_t(t)], t, at[size_t(t)], task.gone, out + t * c, n);
+          if (n > 0)
+            decode_fragment(*ring, l, stripes[size_t(t)], t, at[size_t(t)], task.gone, out + t * c,
+                            n,
+                            [&](int64_t o, int64_t len) { seg->populate_writing(t * c + o, len); });
         }
+        const auto t2 = Clock::now();
         if (!blocks_match(out, 0, payload, payload, crcs))
           throw IoError("the decoded bytes do not match the rank's checksums");
         seg->commit(crcs);
-        log_(str("rebuilt node ", task.lost, "'s rank ", meta.rank, " (epoch ", task.epoch, ", step ",
-                 step, ") from parity into ", name, ": ", mib(double(payload)), " in ",
+        const double check_s = since(t2);
+        // The parts of "fetch and decode": the segment made, its slot's pages allocated, the
+        // waits for fetches not yet arrived, the decode into the segment, the check of its
+        // checksums.
+        log_(str("rebuilt node ", task.lost, "'s rank ", meta.rank, " (epoch ", task.epoch,
+                 ", step ", step, ") from parity into ", name, ": ", mib(double(payload)), " in ",
                  since(t0) * 1e3, " ms (asking the holders ", ask_s * 1e3, " ms, fetch and decode ",
-                 since(t1) * 1e3, " ms)"));
+                 since(t1) * 1e3, " ms: segment ", spent_.segment * 1e3, ", allocating its pages ",
+                 spent_.populate * 1e3, ", waiting for fetches ", spent_.fetch_wait * 1e3,
+                 ", decoding ", spent_.decode * 1e3, ", checking ", check_s * 1e3, ")"));
         done = true;
       } catch (const std::exception& e) {
         log_(str("node ", task.lost, "'s local rank ", local, " not rebuilt at step ", step, ": ",
@@ -334,58 +360,66 @@ bool SnapshotParity::rebuild(const Task& task) {
   return all;
 }
 
-void SnapshotParity::repair_now() {
-  std::map<int64_t, ReplicaRing> rings;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    rings = rings_;
-  }
-  for (const auto& [epoch, ring] : rings) {
-    const std::vector<std::string> own = own_data(o_.auth.job, ring.node, epoch);
-    for (int local = 0; local < int(own.size()); ++local) {
-      ckpt::SnapshotSegment seg = ckpt::SnapshotSegment::open(own[size_t(local)], true);
-      for (int slot = 0; slot < seg.slots(); ++slot) {
-        std::optional<ckpt::SnapshotSegment::View> v;
-        try {
-          v = seg.slot(slot);
-        } catch (const std::exception&) {
-          continue;
-        }
-        if (!v) continue;
-        const std::vector<int64_t> bad = seg.corrupt_blocks(*v);
-        if (bad.empty()) continue;
-        const std::string what = str(own[size_t(local)], " slot ", slot, " (step ", v->meta.step,
-                                     "): ", bad.size(), " corrupt block(s)");
-        if (int(ring.nodes.size()) < o_.k + o_.m) {
-          log_(what + "; epoch " + std::to_string(epoch) + " had no parity: not repaired");
-          continue;
-        }
-        try {
-          const ckpt::StripeLayout l(int(ring.nodes.size()), o_.k, o_.m);
-          const int K = l.data_fragments(l.group_of(ring.node));
-          const int64_t c = ckpt::chunk_bytes(v->meta.payload_bytes, K);
-          std::set<int64_t> chunks;
-          for (int64_t b : bad) chunks.insert(b * ckpt::kSnapshotBlockBytes / c);
-          // The slot is this node's own and committed; no worker writes it during a recovery.
-          auto* payload = static_cast<uint8_t*>(const_cast<void*>(v->payload));
-          for (int64_t t : chunks) {
-            const ckpt::StripeId s = l.stripe_of_chunk(ring.node, local, int(t));
-            std::vector<StripeSlot> at;
-            for (StripeSlot& x : stripe_slots(ring, l, s, {}))
-              if (x.step == v->meta.step) at.push_back(std::move(x));
-            if (at.empty()) throw IoError(str("no parity of step ", v->meta.step, " for chunk ", t));
-            const int64_t n = std::clamp<int64_t>(v->meta.payload_bytes - t * c, 0, c);
-            if (n > 0) decode_fragment(ring, l, s, int(t), at, {}, payload + t * c, n);
-          }
-          const std::vector<int64_t> still = seg.corrupt_blocks(*v);
-          log_(what + (still.empty() ? str("; repaired from parity (", chunks.size(), " chunk(s))")
-                                     : str("; ", still.size(), " still corrupt after decoding")));
-        } catch (const std::exception& e) {
-          log_(what + "; not repaired: " + e.what());
-        }
-      }
+json SnapshotParity::repair_slot(const Task& task) {
+  const std::optional<ckpt::SegmentName> name = ckpt::parse_segment_name(task.segment);
+  if (!name || name->kind != ckpt::SegmentKind::kData || name->job_id != o_.auth.job)
+    throw IoError(str(task.segment, " is not a data segment of job ", o_.auth.job));
+  const std::optional<ReplicaRing> ring = ring_of(name->epoch);
+  if (!ring || ring->node != name->owner_node)
+    throw IoError(str(task.segment, " is not this node's: it is node ", name->owner_node,
+                      "'s of epoch ", name->epoch, ", and this agent ",
+                      ring ? str("was node ", ring->node) : std::string("knows no ring of it")));
+  if (int(ring->nodes.size()) < o_.k + o_.m)
+    throw IoError(str("epoch ", name->epoch, " had ", ring->nodes.size(),
+                      " nodes, fewer than k + m: its snapshots have no parity to repair from"));
+  const std::vector<std::string> own = own_data(o_.auth.job, ring->node, name->epoch);
+  const auto at = std::find(own.begin(), own.end(), task.segment);
+  if (at == own.end()) throw IoError(str(task.segment, " is not among this node's segments"));
+  const int local = int(at - own.begin());
+  ckpt::SnapshotSegment seg = ckpt::SnapshotSegment::open(task.segment, true);
+  std::optional<ckpt::SnapshotSegment::View> v;
+  for (int slot = 0; slot < seg.slots() && !v; ++slot)
+    if (std::optional<ckpt::SnapshotSegment::View> x = seg.slot(slot);
+        x && x->meta.step == task.step)
+      v = x;
+  if (!v) throw IoError(str(task.segment, " holds no committed snapshot of step ", task.step));
+  const auto t0 = Clock::now();
+  const std::vector<int64_t> bad = seg.corrupt_blocks(*v);
+  if (bad.empty()) return {{"ok", true}, {"repaired", 0}};
+  const std::string what = str(task.segment, " slot ", v->slot, " (step ", task.step,
+                               "): ", bad.size(), " corrupt block(s)");
+  const auto g = gone_.find(name->epoch);
+  const std::set<int> gone = g == gone_.end() ? std::set<int>{} : g->second;
+  const ckpt::StripeLayout l(int(ring->nodes.size()), o_.k, o_.m);
+  const int K = l.data_fragments(l.group_of(ring->node));
+  const int64_t c = ckpt::chunk_bytes(v->meta.payload_bytes, K);
+  std::set<int64_t> chunks;
+  for (int64_t b : bad) chunks.insert(b * ckpt::kSnapshotBlockBytes / c);
+  // The slot is this node's own and committed: its worker writes the other slot while it
+  // trains, and a worker reading it waits for this reply.
+  auto* payload = static_cast<uint8_t*>(const_cast<void*>(v->payload));
+  try {
+    for (int64_t t : chunks) {
+      const ckpt::StripeId s = l.stripe_of_chunk(ring->node, local, int(t));
+      std::vector<StripeSlot> at_step;
+      for (StripeSlot& x : stripe_slots(*ring, l, s, gone))
+        if (x.step == task.step) at_step.push_back(std::move(x));
+      if (at_step.empty()) throw IoError(str("no parity of step ", task.step, " for chunk ", t));
+      const int64_t n = std::clamp<int64_t>(v->meta.payload_bytes - t * c, 0, c);
+      if (n > 0) decode_fragment(*ring, l, s, int(t), at_step, gone, payload + t * c, n);
     }
+  } catch (const std::exception& e) {
+    log_(what + "; not repaired: " + e.what());
+    throw IoError(what + "; not repaired: " + e.what());
   }
+  const std::vector<int64_t> still = seg.corrupt_blocks(*v);
+  if (!still.empty()) {
+    log_(str(what, "; ", still.size(), " still corrupt after decoding"));
+    throw IoError(str(what, "; ", still.size(), " still corrupt after decoding from parity"));
+  }
+  log_(str(what, "; repaired from parity (", chunks.size(), " chunk(s)) in ", since(t0) * 1e3,
+           " ms, when a read found them"));
+  return {{"ok", true}, {"repaired", bad.size()}};
 }
 
 }  // namespace weft::launch

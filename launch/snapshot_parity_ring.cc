@@ -174,6 +174,7 @@ void SnapshotParity::new_ring(int64_t epoch) {
     std::lock_guard<std::mutex> l(mu_);
     rings_[was_epoch] = *old;
   }
+  gone_[was_epoch] = gone;  // a repair of this epoch's slots asks none of them
   for (int lost : gone)
     if (!losses_done_.count({was_epoch, lost}) && rebuild({Task::kRebuild, was_epoch, lost, gone}))
       losses_done_.insert({was_epoch, lost});

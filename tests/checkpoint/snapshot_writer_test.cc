@@ -126,6 +126,44 @@ TEST_F(SnapshotWriterTest, AReadRefusesACorruptBlockAnotherLayoutAndARewrite) {
   }
 }
 
+// A slot of 64 MiB or more is read by two threads, each half of the blocks (read_snapshot):
+// here 70.6 MiB whose middle tensor straddles the split at block 35. The bytes come back
+// whole, and a corrupt block on either side of the split is counted, the first one named.
+TEST_F(SnapshotWriterTest, ALargeSlotReadInTwoHalvesComesBackWholeAndFindsCorruptBlocksInBoth) {
+  layout_ = whole_tensors({{{3000, 1000}, core::DType::kF32},  // 11.4 MiB
+                           {{12500000}, core::DType::kF32},    // 47.7 MiB: across the split
+                           {{7}, core::DType::kI64},
+                           {{3000000}, core::DType::kF32}});  // 11.4 MiB
+  const int64_t bytes = snapshot_payload_bytes(layout_);
+  ASSERT_GE(bytes, int64_t(64) << 20);
+  SnapshotSegment owner = SnapshotSegment::create(name_, bytes, ::getpid());
+  SnapshotWriter w(SnapshotSegment::open(name_, true));
+  const std::vector<core::Tensor> state = random_state(layout_, 21);
+  w.start(meta(21), state);
+  w.wait();
+  std::optional<SnapshotSegment::View> v = owner.latest();
+  ASSERT_TRUE(v.has_value());
+  std::vector<core::Tensor> back = read_snapshot(owner, *v, layout_);
+  ASSERT_EQ(back.size(), state.size());
+  for (size_t i = 0; i < back.size(); ++i) EXPECT_TRUE(same_bytes(back[i], state[i])) << i;
+  const int64_t half_block = bytes / 2 / kSnapshotBlockBytes;  // the second thread's first
+  {
+    SnapshotSegment rw = SnapshotSegment::open(name_, true);
+    auto* p = const_cast<uint8_t*>(static_cast<const uint8_t*>(rw.latest()->payload));
+    p[(half_block - 1) * kSnapshotBlockBytes + 3] ^= 0x01;  // the first half's last block
+    p[(half_block + 2) * kSnapshotBlockBytes + 9] ^= 0x80;  // in the second half
+  }
+  try {
+    read_snapshot(owner, *v, layout_);
+    ADD_FAILURE() << "a corrupted snapshot was read";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("2 corrupt block(s) of 1048576 bytes, the first at byte " +
+                                         std::to_string((half_block - 1) * kSnapshotBlockBytes)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(SnapshotWriterTest, AStateLargerThanTheSegmentIsRefusedBeforeAnyByteMoves) {
   SnapshotSegment owner = SnapshotSegment::create(name_, 1000, ::getpid());
   SnapshotWriter w(SnapshotSegment::open(name_, true));

@@ -478,5 +478,85 @@ TEST(SnapshotRecoveryMultiNode, ACorruptOwnSnapshotIsReadFromItsReplicaOnTheNext
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 
+// The same corrupt block under ec, where the slot has parity and no other copy: three nodes,
+// a snapshot every 50 steps, node 2's worker killed and replaced in place (--max-restarts 1:
+// no node is lost, so every stripe keeps its other fragments). The new world chooses step S's
+// own snapshots; node 0's worker finds the flipped byte as it reads rank 0's, asks its agent,
+// which decodes that chunk from the stripe's other fragments in place, and reads it again:
+// the world resumes at step S from its own snapshots without a vote, and the numbers stay
+// one process's. (A new world's list no longer checksums the slots before it answers.)
+TEST(SnapshotRecoveryMultiNode, ACorruptOwnSnapshotUnderEcIsRepairedFromParityWhenReadAndServes) {
+  live::LiveJob job;
+  three_zero1_nodes(job, "corrupt-ec", 1, {"snapshot.redundancy=ec", "snapshot.every=50"});
+  JobSegments segments{checkpoint::job_id_for_run(job.id)};
+  const fs::path ref = live::reference_run(job.dir, job.steps, {"parallel.dp=auto"});
+  job.start_in_order(3);
+  const std::string own =
+      checkpoint::segment_name(segments.job, checkpoint::SegmentKind::kData, 0, 1, 0);
+  auto newest = [](const std::string& name) -> int64_t {
+    try {
+      const checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(name, false);
+      const std::optional<checkpoint::SnapshotSegment::View> v = seg.latest();
+      return v ? v->meta.step : -1;
+    } catch (const std::exception&) {
+      return -1;
+    }
+  };
+  ASSERT_TRUE(poll_until([&] { return newest(own) >= 50; }, 120)) << job.all_logs();
+  const int64_t step = newest(own);
+  ASSERT_TRUE(job.wait_steps(size_t(step) + 5)) << job.all_logs();
+  // Every parity fragment of epoch 1 holds step S (the lockstep keeps it at most one behind).
+  ASSERT_TRUE(poll_until(
+      [&] {
+        int parity = 0;
+        for (const std::string& n : checkpoint::snapshot_segments(segments.job)) {
+          const auto p = checkpoint::parse_segment_name(n);
+          if (!p || p->kind != checkpoint::SegmentKind::kParity) continue;
+          ++parity;
+          if (newest(n) != step) return false;
+        }
+        return parity > 0;
+      },
+      60))
+      << "the parity of step " << step << " is not on its holders\n"
+      << job.all_logs();
+  {
+    checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(own, true);
+    const std::optional<checkpoint::SnapshotSegment::View> v = seg.latest();
+    ASSERT_TRUE(v.has_value());
+    ASSERT_EQ(v->meta.step, step) << "the job took its next snapshot before the test acted";
+    const_cast<uint8_t*>(static_cast<const uint8_t*>(v->payload))[v->meta.payload_bytes / 3] ^= 1;
+    ASSERT_EQ(seg.corrupt_blocks(*v).size(), 1u);
+  }
+  ASSERT_LT(job.rows().size(), size_t(step) + 50) << "the job ran past its next snapshot";
+  ASSERT_NO_FATAL_FAILURE(kill_node2_worker(job));
+  for (int k = 0; k < 3; ++k) {
+    std::optional<int> code = job.wait(k);
+    ASSERT_TRUE(code) << job.all_logs();
+    EXPECT_EQ(*code, 0) << job.all_logs();
+  }
+  const std::string lead = job.text(0);
+  EXPECT_NE(lead.find(" of " + own + " (old rank 0, step " + std::to_string(step) +
+                      ") not read: " + own + ": 1 corrupt block(s)"),
+            std::string::npos)
+      << lead;
+  EXPECT_NE(lead.find("the node's agent repaired 1 corrupt block(s) from parity: read again"),
+            std::string::npos)
+      << lead;
+  EXPECT_NE(lead.find(own + " slot "), std::string::npos) << lead;
+  EXPECT_NE(lead.find("1 corrupt block(s); repaired from parity (1 chunk(s))"), std::string::npos)
+      << lead;
+  EXPECT_EQ(lead.find("chose again without them"), std::string::npos) << lead;
+  const std::vector<std::string> resizes = live::lines_with(lead, "resize: epoch");
+  ASSERT_EQ(resizes.size(), 1u) << job.all_logs();
+  std::printf("[ says     ] %s\n", resizes[0].substr(0, 500).c_str());
+  EXPECT_NE(resizes[0].find("resumed at step " + std::to_string(step) + " ("), std::string::npos)
+      << resizes[0];
+  EXPECT_NE(resizes[0].find("in-memory snapshots (3 own"), std::string::npos) << resizes[0];
+  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, live::kRelDp);
+  EXPECT_TRUE(checkpoint::snapshot_segments(segments.job).empty());
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+}
+
 }  // namespace
 }  // namespace weft::test

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <ctime>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "base/error.h"
@@ -357,6 +358,28 @@ TEST_F(SnapshotAgentTest, CallToAStoppedAgentTimesOutWithIoError) {
   SnapshotAgentClient patient(milliseconds(10000));
   patient.connect(socket_);
   EXPECT_NO_THROW(client.list());
+}
+
+// `repair` is the parity's (snapshot.redundancy ec): an agent without it refuses the request
+// saying so, whatever the request holds.
+TEST_F(SnapshotAgentTest, RepairWithoutParityIsRefusedSayingSo) {
+  start_agent(job_);
+  SnapshotAgentClient client(milliseconds(10000));
+  client.connect(socket_);
+  const std::vector<std::string> segs = client.segment(two_ranks(job_, 1));
+  try {
+    client.repair(segs[0], 1);
+    ADD_FAILURE() << "a repair by an agent without parity was not refused";
+  } catch (const IoError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("this agent keeps no parity (snapshot.redundancy is not ec)"),
+        std::string::npos)
+        << e.what();
+  }
+  const nlohmann::json bad =
+      client.call({{"op", "repair"}, {"segment", segs[0]}}, milliseconds(10000));
+  EXPECT_FALSE(bad.value("ok", true));
+  EXPECT_NE(bad.value("error", std::string()).find("no parity"), std::string::npos) << bad.dump();
 }
 
 // A second agent for the same job and node refuses to start (exit 1), naming the first.
