@@ -32,7 +32,8 @@ namespace weft::launch {
 namespace bench {
 
 constexpr const char* kHelp =
-    "usage: weft bench elastic [--mode restart|reshard|both] [--nodes N] [--config FILE]\n"
+    "usage: weft bench elastic [--mode restart|reshard|both] [--leaves apart|together]\n"
+    "                          [--nodes N] [--config FILE]\n"
     "                          [--params P] [--set KEY=VALUE]... [--threads T]\n"
     "                          [--heartbeat-timeout S] [--timeout S] [--dir DIR] [--keep]\n"
     "  Agents of `weft run` on 127.0.0.1 (one node each, one worker per node) train one job\n"
@@ -47,10 +48,11 @@ constexpr const char* kHelp =
     "                  numbers.\n"
     "  --mode reshard  the issue's planned changes and a failure on one live job\n"
     "                  (elastic.on_change: reshard, parallel.dp auto, zero 0, global_batch 12;\n"
-    "                  weft run --nnodes 2:4 --max-restarts 0, 4 agents): leave (2 agents\n"
-    "                  SIGTERMed: their workers finish the step, hand over and exit 0;\n"
-    "                  dp4 -> dp2, no bytes need to move), join (2 agents started: dp2 -> dp4),\n"
-    "                  failure (an agent SIGKILLed: dp4 -> dp3). Per change: the downtime\n"
+    "                  weft run --nnodes 2:4 --max-restarts 0, 4 agents): two graceful\n"
+    "                  leaves (agents SIGTERMed: their workers finish the step, hand over and\n"
+    "                  exit 0; dp4 -> dp2, no bytes need to move), join (2 agents started:\n"
+    "                  dp2 -> dp4), failure (an agent SIGKILLed: dp4 -> dp3). Per change: the\n"
+    "                  downtime\n"
     "                  in two measures, from the notice (leave: the SIGTERM; join: the\n"
     "                  members' notice; failure: its detection, reported on its own) to the\n"
     "                  new world's first step, and no rank trains (the old world's last step\n"
@@ -62,10 +64,16 @@ constexpr const char* kHelp =
     "                  first checkpoint): a join or a loss restarts every worker from the\n"
     "                  latest checkpoint (a join saves one at the notice); a graceful leave\n"
     "                  stops the whole job (its rendezvous is closed, as torchrun's agent\n"
-    "                  closes it on a signal), and the bench relaunches the 2 remaining nodes\n"
-    "                  with --resume at once; that side's last call is two heartbeat\n"
-    "                  intervals, like the live side's admission. Then reshard, and the\n"
-    "                  ratio restart / reshard per change in both measures.\n"
+    "                  closes it on a signal), and the bench relaunches the remaining nodes\n"
+    "                  with --resume at once; that side's last call is 0.1 s (its best\n"
+    "                  case; torchrun's default is 30 s). Then reshard, and the ratio\n"
+    "                  restart / reshard per change in both measures.\n"
+    "  --leaves apart  (default) the two leaves one at a time: leave-a 4 -> 3, then, once that\n"
+    "                  world trains, leave-b 3 -> 2\n"
+    "  --leaves together  both SIGTERMs at once: leave 4 -> 2. Not reliable yet: when the\n"
+    "                  second leave lands after the survivors formed the first's epoch, the two\n"
+    "                  form two epochs and the first leaver's workers are never told where to\n"
+    "                  hand over (they hang), or the second leaver closes the job\n"
     "  --nodes N       restart: agents (default 3, at least 3: 2 survivors of 3 keep a\n"
     "                  majority); reshard and both run 4\n"
     "  --config FILE   weft train's job (default configs/bench-elastic-350m.yaml: a gpt of\n"
@@ -549,12 +557,17 @@ int run_elastic_bench(const std::vector<std::string>& argv) {
     if (s == "--help" || s == "-h") return std::fputs(kHelp, stdout), 0;
   Args a(argv,
          {"--mode", "--nodes", "--config", "--params", "--set", "--threads", "--heartbeat-timeout",
-          "--timeout", "--dir"},
+          "--timeout", "--dir", "--leaves"},
          {"--keep"});
   Options o;
   o.mode = a.get_or("--mode", "restart");
   if (o.mode != "restart" && o.mode != "reshard" && o.mode != "both")
     throw ConfigError("--mode", "'" + o.mode + "': expected restart, reshard or both");
+  o.leaves = a.get_or("--leaves", "apart");
+  if (o.leaves != "apart" && o.leaves != "together")
+    throw ConfigError("--leaves", "'" + o.leaves + "': expected apart or together");
+  if (o.mode == "restart" && a.has("--leaves"))
+    throw ConfigError("--leaves", "only --mode reshard and both have leaves; leave it out");
   o.nodes = int(a.get_int("--nodes", 3));
   if (o.mode == "restart" && (o.nodes < 3 || o.nodes > 16))
     throw ConfigError("--nodes", str(o.nodes,

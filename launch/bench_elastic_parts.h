@@ -21,6 +21,7 @@ namespace fs = std::filesystem;
 
 struct Options {
   std::string mode = "restart";  // restart | reshard | both
+  std::string leaves = "apart";  // reshard, both: the two leaves one at a time, or "together"
   int nodes = 3;                 // restart: agents at the start
   std::string config;
   std::vector<std::string> sets;  // to weft train, in order

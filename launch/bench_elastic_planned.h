@@ -15,7 +15,7 @@ namespace weft::launch::bench {
 
 // One change on one side, as the bench saw it. Stamps are seconds on the bench's clock.
 struct Change {
-  std::string name;  // leave | join | failure
+  std::string name;  // leave (--leaves together), leave-a and leave-b, join, failure
   std::string what;
   int from = 0, to = 0;
   double cause = 0;     // the SIGTERM, the joiners' start, or the SIGKILL
@@ -33,17 +33,19 @@ struct Change {
   double mib_between = 0, mib_kept = 0, mib_copied = 0;
   int holders = 0;
   std::vector<double> hwm_gib;
-  std::vector<int> exit_codes;  // the agents that left (leave) or were killed (failure)
+  int epochs = 1;  // live: the epochs the resize spanned (its line's "epoch A -> B")
 
   double from_notice() const { return first - notice; }
   double idle() const { return ready - last_step; }  // no rank trains
 };
 
-// One side's run of the four-node job through leave (4 -> 2), join (2 -> 4) and failure
-// (4 -> 3). Throws Error (with the agents' tails on stderr) when a change does not complete.
+// One side's run of the four-node job through the leaves (4 -> 2: 4 -> 3 -> 2 one at a time,
+// or at once with Options::leaves "together"), join (2 -> 4) and failure (4 -> 3). Throws Error (with the agents' tails on stderr) when a change does not complete.
 struct SideResult {
   std::vector<Change> changes;
   bool kept_workers = false;  // live: the two nodes that lived through all kept their workers
+  std::vector<int> leaver_codes;   // the leaving agents' exit codes (-1: still running)
+  std::vector<std::string> stuck;  // live: leaving agents that never said they handed over
 };
 SideResult run_side(Options& o, bool live);
 

@@ -1,6 +1,7 @@
 // `weft bench elastic --mode reshard|both`: one four-node job per side through the issue's
 // planned changes and a failure (launch/bench_elastic_planned.h): two agents SIGTERMed (a
-// graceful leave, 4 -> 2), two agents started (a join, 2 -> 4), one agent SIGKILLed (4 -> 3).
+// graceful leave, 4 -> 2: one after the other, or with --leaves together at once), two agents
+// started (a join, 2 -> 4), one agent SIGKILLed (4 -> 3).
 // The live side (elastic.on_change: reshard) keeps its processes; the restart side does what
 // a user of on_change: restart gets: a join or a loss restarts every worker from the latest
 // checkpoint (a join saves one at the notice), and a graceful leave stops the whole job (the
@@ -15,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -69,11 +71,10 @@ std::vector<std::string> side_argv(const Options& o, bool live, int port, bool r
   // One run id per side (the checkpoints' job id derives from it: the relaunch resumes them).
   v.insert(v.end(), {"--rdzv-id", str("bench-", live ? "reshard-" : "restart-", ::getpid())});
   v.insert(v.end(), {"--rdzv-endpoint", "127.0.0.1:" + std::to_string(port)});
-  // The restart side's last call as short as the live side's admission (two heartbeat
-  // intervals, launch/node_agent.cc set_grow_last_call), not torchrun's 30 s: the relaunch
-  // after a leave forms its 2 nodes at once, its best case.
+  // The restart side's last call 0.1 s, not torchrun's 30 s: a relaunch after a leave forms
+  // with the nodes that came at once (its best case; a join of two fills the job at once).
   v.insert(v.end(), {"--rdzv-conf", str("heartbeat_interval=", hb / 5, ",heartbeat_timeout=", hb,
-                                        live ? "" : str(",last_call_timeout=", 2 * hb / 5))});
+                                        live ? "" : ",last_call_timeout=0.1")});
   v.insert(v.end(), {"--", self, "train", "--config", o.config});
   if (resume) v.insert(v.end(), {"--resume", (o.dir / "checkpoints").string()});
   for (const std::string& s : train_sets(o, int(o.spec.model.layers))) v.insert(v.end(), {"--set", s});
@@ -177,15 +178,22 @@ class Run {
           if (long long s = step_of(l.text); s >= 0) best = {l.t, s};
     return best;
   }
+  // Until rank 0 has logged `n` steps after `from` (find() looks again from `from` each time,
+  // so the steps are counted by number, not by calls).
+  void wait_steps(const std::vector<size_t>& from, size_t n, const std::string& what) {
+    std::set<long long> seen;
+    wait_line(from, what, [&](int, const std::string& l) {
+      if (long long st = step_of(l); st >= 0) seen.insert(st);
+      return seen.size() >= n;
+    });
+  }
   // Waits for the store's host and three steps of the first world.
   void warm_up(const std::vector<size_t>& from) {
     wait_line(from, "the store's host", [&](int i, const std::string& l) {
       if (has(l, "serves the rendezvous store")) host_ = i;
       return host_ >= 0;
     });
-    int warm = 0;
-    wait_line(from, "three steps of the first world",
-              [&](int, const std::string& l) { return step_of(l) >= 0 && ++warm >= 3; });
+    wait_steps(from, 3, "three steps of the first world");
     // The restart side needs a checkpoint to resume (the baseline's rule: the change comes
     // right after the first, the restart's best case).
     if (!live_)
@@ -224,6 +232,8 @@ void parse_resize(Change& c, const std::string& s) {
   c.transfer = std::stod(m[5]) + std::stod(m[6]);  // this bench takes no snapshots: 0 + transfer
   c.resume = std::stod(m[7]);
   c.comms_ahead = has(s, "its communicator was connected while the old world ended its step");
+  static const std::regex epochs(R"(resize: epoch (\d+) -> (\d+),)");
+  if (std::regex_search(s, m, epochs)) c.epochs = int(std::stoll(m[2]) - std::stoll(m[1]));
 }
 
 // The new world of `c` ready and stepping: fills ready, first, last_step and (live) the
@@ -270,10 +280,7 @@ void finish_change(Run& run, Change& c, const std::vector<size_t>& from) {
         if (pid_t w = worker_of(run.agents_[i]->pid()); w > 0) c.hwm_gib.push_back(hwm_gib(w));
   note(c.first, str(run.live_ ? "reshard" : "restart", " ", c.name, ": the world of ", c.to,
                     " logged its first step, ", fixed3(c.from_notice()), " s after the notice"));
-  const std::vector<size_t> m = run.marks();
-  int seen = 0;
-  run.wait_line(m, "two steps of the new world",
-                [&](int, const std::string& s) { return step_of(s) >= 0 && ++seen >= 2; });
+  run.wait_steps(run.marks(), 2, "two steps of the new world");
 }
 
 }  // namespace
@@ -282,63 +289,73 @@ SideResult run_side(Options& o, bool live) {
   Run run(o, live);
   SideResult res;
   const char* side = live ? "reshard" : "restart";
-  std::vector<std::pair<int, pid_t>> kept;  // live: (agent, worker) of the leave's survivors
+  std::map<int, pid_t> first_workers;  // live: each first agent's worker
   std::vector<int> leavers;
+  int world = 4;
+  // A graceful leave of `k` agents (SIGTERM: a preemption notice, a scheduler shrinking the
+  // job): the change `name`, world -> world - k.
+  auto leave = [&](const std::string& name, int k) {
+    Change c{name, "", world, world - k};
+    const std::vector<int> v = run.victims(k);
+    const std::vector<size_t> from = run.marks();
+    c.cause = c.notice = run.now();
+    for (int a : v) {
+      ::kill(run.agents_[size_t(a)]->pid(), SIGTERM);
+      run.gone_[a] = true;
+    }
+    std::string nodes;
+    for (int a : v) nodes += (nodes.empty() ? "" : ", ") + std::to_string(run.index_[size_t(a)]);
+    c.what = str("SIGTERM to ", k, " agent", k == 1 ? "" : "s", " (node", k == 1 ? " " : "s ",
+                 nodes, ")");
+    note(c.cause, str(side, " ", name, ": ", c.what));
+    c.path.push_back({"SIGTERM", c.cause});
+    if (live) {
+      auto l = run.wait_line(from, "the leaving agent's leave", [&](int i, const std::string& s) {
+        return run.gone_.count(i) && has(s, "leaves the job gracefully");
+      });
+      c.path.push_back({"agent leaves", l.line.t});
+      auto n = run.wait_line(from, "the members' notice", [&](int i, const std::string& s) {
+        return !run.gone_.count(i) && has(s, "its workers reshard live");
+      });
+      c.path.push_back({"members' notice", n.line.t});
+      finish_change(run, c, from);
+    } else {
+      // The job stops everywhere; then the remaining nodes are relaunched.
+      const double ended = run.wait_all_ended("end of the stopped job");
+      if (auto s = run.find(from, [](int, const std::string& l) {
+            return has(l, "interrupted: saved checkpoint");
+          }))
+        c.path.push_back({"saved at the notice", s->line.t});
+      c.path.push_back({"every agent ended", ended});
+      for (size_t i = 0; i < run.agents_.size(); ++i) run.gone_[int(i)] = true;
+      run.relaunch_argv();
+      run.host_ = -1;
+      const std::vector<size_t> again = run.marks();
+      for (int i = 0; i < c.to; ++i) run.start();
+      note(run.now(), str("restart ", name, ": the job stopped; relaunched ", c.to,
+                          " agents with --resume"));
+      c.path.push_back({"relaunched", run.now()});
+      run.wait_line(again, "the relaunched store's host", [&](int i, const std::string& l) {
+        if (has(l, "serves the rendezvous store")) run.host_ = i;
+        return run.host_ >= 0;
+      });
+      finish_change(run, c, again);
+    }
+    leavers.insert(leavers.end(), v.begin(), v.end());
+    world = c.to;
+    res.changes.push_back(c);
+  };
   try {
     for (int i = 0; i < 4; ++i) run.start();
     note(run.now(), str(side, ": started 4 agents"));
     run.warm_up({});
-
-    {  // leave: two agents SIGTERMed (a preemption notice, a scheduler shrinking the job)
-      Change c{"leave", "", 4, 2};
-      const std::vector<int> v = run.victims(2);
-      const std::vector<size_t> from = run.marks();
-      c.cause = c.notice = run.now();
-      for (int a : v) {
-        ::kill(run.agents_[size_t(a)]->pid(), SIGTERM);
-        run.gone_[a] = true;
-      }
-      c.what = str("SIGTERM to 2 agents (nodes ", run.index_[size_t(v[0])], ", ",
-                   run.index_[size_t(v[1])], ")");
-      note(c.cause, str(side, " leave: ", c.what));
-      c.path.push_back({"SIGTERM", c.cause});
-      if (live) {
-        for (int i = 0; i < 4; ++i)
-          if (!run.gone_.count(i)) kept.push_back({i, worker_of(run.agents_[size_t(i)]->pid())});
-        auto l = run.wait_line(from, "the leaving agent's leave", [&](int i, const std::string& s) {
-          return run.gone_.count(i) && has(s, "leaves the job gracefully");
-        });
-        c.path.push_back({"agent leaves", l.line.t});
-        auto n = run.wait_line(from, "the members' notice", [&](int i, const std::string& s) {
-          return !run.gone_.count(i) && has(s, "its workers reshard live");
-        });
-        c.path.push_back({"members' notice", n.line.t});
-        finish_change(run, c, from);
-      } else {
-        // The job stops everywhere; then the two remaining nodes are relaunched.
-        const double ended = run.wait_all_ended("end of the stopped job");
-        std::tie(c.last_step, c.last_step_no) = run.last_step_before(ended);
-        if (auto s = run.find(from, [](int, const std::string& l) {
-              return has(l, "interrupted: saved checkpoint");
-            }))
-          c.path.push_back({"saved at the notice", s->line.t});
-        c.path.push_back({"every agent ended", ended});
-        for (size_t i = 0; i < run.agents_.size(); ++i) run.gone_[int(i)] = true;
-        run.relaunch_argv();
-        run.host_ = -1;
-        const std::vector<size_t> again = run.marks();
-        run.start();
-        run.start();
-        note(run.now(), "restart leave: the job stopped; relaunched 2 agents with --resume");
-        c.path.push_back({"relaunched", run.now()});
-        run.wait_line(again, "the relaunched store's host", [&](int i, const std::string& l) {
-          if (has(l, "serves the rendezvous store")) run.host_ = i;
-          return run.host_ >= 0;
-        });
-        finish_change(run, c, again);
-      }
-      leavers = v;
-      res.changes.push_back(c);
+    if (live)
+      for (int i = 0; i < 4; ++i) first_workers[i] = worker_of(run.agents_[size_t(i)]->pid());
+    if (o.leaves == "together") {
+      leave("leave", 2);
+    } else {  // one after the other: the first resize done before the second SIGTERM
+      leave("leave-a", 1);
+      leave("leave-b", 1);
     }
     {  // join: two agents start; the members' notice of them is the change known
       Change c{"join", "", 2, 4};
@@ -385,18 +402,28 @@ SideResult run_side(Options& o, bool live) {
     print_tails(run.agents_, o.dir);
     throw Error(str(side, ": ", e.what(), " (logs in ", o.dir.string(), ")"));
   }
-  bool k = live && kept.size() == 2;
-  for (const auto& [agent, worker] : kept)
-    k = k && worker > 0 && worker_of(run.agents_[size_t(agent)]->pid()) == worker;
-  res.kept_workers = k;
+  // The first agents that lived through every change kept their workers' processes.
+  int lived = 0;
+  bool k = live;
+  for (const auto& [agent, worker] : first_workers)
+    if (!run.gone_.count(agent)) {
+      ++lived;
+      k = k && worker > 0 && worker_of(run.agents_[size_t(agent)]->pid()) == worker;
+    }
+  res.kept_workers = k && lived == 2;
   // The leavers' exit codes (live: they hand over, then their agents exit 0 a little later).
-  for (double until = run.now() + 30; run.now() < until;) {
+  for (double until = run.now() + 10; run.now() < until;) {
     bool any = false;
     for (int a : leavers) any = any || run.agents_[size_t(a)]->running();
     if (!any) break;
     pump_agents(run.agents_, 50);
   }
-  for (int a : leavers) res.changes[0].exit_codes.push_back(run.agents_[size_t(a)]->exit_code());
+  for (int a : leavers) {
+    const BenchAgent& l = *run.agents_[size_t(a)];
+    res.leaver_codes.push_back(l.exit_code());
+    if (live && !find_from(l, 0, [](const std::string& t) { return has(t, "its workers handed their state over"); }))
+      res.stuck.push_back(str("agent ", a, " (pid ", l.pid(), ")"));
+  }
   run.agents_.clear();  // SIGKILL and reap: their workers die with them
   return res;
 }
@@ -407,9 +434,10 @@ int run_reshard(Options& o, bool both) {
               both ? "both" : "reshard", both ? " per side" : "");
   std::printf(
       "  4 nodes x 1 worker on 127.0.0.1: weft run --nnodes 2:4, heartbeat_timeout %g s; "
-      "leave 4 -> 2 (2 agents SIGTERMed), join 2 -> 4 (2 agents started), failure 4 -> 3 (an "
-      "agent SIGKILLed)\n",
-      heartbeat_seconds(o));
+      "%s, join 2 -> 4 (2 agents started), failure 4 -> 3 (an agent SIGKILLed)\n",
+      heartbeat_seconds(o),
+      o.leaves == "together" ? "leave 4 -> 2 (2 agents SIGTERMed at once)"
+                             : "leave-a 4 -> 3 and leave-b 3 -> 2 (an agent SIGTERMed each)");
   std::printf(
       "  model: %s %lld x %lld, vocab %lld, seq %lld: %.2fM parameters, f32, Adam, parallel.zero "
       "%lld, global_batch %lld, train.threads %d\n",
@@ -443,13 +471,11 @@ int run_reshard(Options& o, bool both) {
   }
   print_planned(o, live, restart ? &*restart : nullptr);
   bool graceful = true;
-  for (const Change& c : live.changes)
-    if (c.name == "leave")
-      for (int code : c.exit_codes) graceful = graceful && code == 0;
+  for (int code : live.leaver_codes) graceful = graceful && code == 0;
   const bool ok = live.kept_workers && graceful;
   std::printf("job: %s\n",
               ok ? "ok: every change resharded live through the router; the leaving agents exited "
-                   "0; the two nodes that lived through all three kept their worker processes"
+                   "0; the two nodes that lived through every change kept their worker processes"
                  : !graceful ? "a leaving agent did not exit 0"
                              : "the survivors' workers did not keep their processes");
   if (o.own_dir && !o.keep) {

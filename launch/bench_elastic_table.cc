@@ -79,9 +79,23 @@ void print_planned(const Options& o, const SideResult& live, const SideResult* r
                   "%.3f s%s\n",
                   c.notice - c.cause, r ? str(", restart ", fixed3(r->notice - r->cause), " s").c_str() : "");
   }
+  {
+    std::string codes, spans, stuck;
+    for (int x : live.leaver_codes) codes += (codes.empty() ? "" : ", ") + std::to_string(x);
+    for (const Change& c : live.changes)
+      if (c.name.rfind("leave", 0) == 0) spans += str(spans.empty() ? "" : ", ", c.name, " ", c.epochs);
+    for (const std::string& x : live.stuck) stuck += (stuck.empty() ? "" : ", ") + x;
+    const bool running = std::count(live.leaver_codes.begin(), live.leaver_codes.end(), -1) > 0;
+    std::printf("leaves: epochs per resize %s; the leaving agents exited with %s%s%s\n",
+                spans.c_str(), codes.c_str(), running ? " (-1: still running 10 s after the rest)" : "",
+                stuck.empty() ? ""
+                              : str("; never handed over: ", stuck,
+                                    " (its departure's epoch was replaced by the other leave's "
+                                    "before its workers were told)").c_str());
+  }
   std::printf(
       "targets (issue 14, not asserted): restart / reshard at least 30x on every change, 100x "
-      "where no bytes move (the leave)\n");
+      "where no bytes move (the leaves)\n");
 
   std::printf("\nwhere the time went, seconds from the notice (stamped on arrival here):\n");
   for (const SideResult* s : {&live, restart}) {

@@ -91,8 +91,8 @@ void expect_ratio(const std::string& cell, double base, double ours, const std::
   EXPECT_NEAR(std::stod(cell), base / ours, slack) << where;
 }
 
-// --mode both: one job per side through a graceful leave (4 -> 2), a join (2 -> 4) and a
-// failure (4 -> 3); the downtime side by side in both measures, the path of each change on
+// --mode both: one job per side through two graceful leaves one at a time (4 -> 3 -> 2), a
+// join (2 -> 4) and a failure (4 -> 3); the downtime side by side in both measures, the path of each change on
 // each side, and the live side's phases and bytes.
 TEST(BenchElastic, TinyBothPrintsEveryChangeOnBothSidesAndEndsOk) {
   weft::test::CommandResult r = weft::test::run_weft(
@@ -102,11 +102,11 @@ TEST(BenchElastic, TinyBothPrintsEveryChangeOnBothSidesAndEndsOk) {
   EXPECT_NE(r.out.find("4 nodes x 1 worker on 127.0.0.1: weft run --nnodes 2:4"),
             std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("restart leave: the job stopped; relaunched 2 agents with --resume"),
+  EXPECT_NE(r.out.find("restart leave-a: the job stopped; relaunched 3 agents with --resume"),
             std::string::npos)
       << r.out;
   const std::pair<const char*, const char*> worlds[] = {
-      {"leave", "4 -> 2"}, {"join", "2 -> 4"}, {"failure", "4 -> 3"}};
+      {"leave-a", "4 -> 3"}, {"leave-b", "3 -> 2"}, {"join", "2 -> 4"}, {"failure", "4 -> 3"}};
   // downtime | world | reshard | restart | ratio | reshard | restart | ratio | change: the
   // first row with the name is the downtime table's.
   for (const auto& [name, world] : worlds) {
@@ -156,7 +156,7 @@ TEST(BenchElastic, TinyBothPrintsEveryChangeOnBothSidesAndEndsOk) {
       // Never less than the minimum between ranks (what the new layout needs that its rank
       // does not hold); a DP shrink keeps every byte where it is: nothing moves or is copied.
       EXPECT_GE(std::stod(c[2]), std::stod(c[3]) - 0.05) << l;
-      if (c[0] == "leave" || c[0] == "failure") {
+      if (c[0] == "leave-a" || c[0] == "leave-b" || c[0] == "failure") {
         EXPECT_EQ(std::stod(c[2]), 0) << l;  // between ranks
         EXPECT_EQ(std::stod(c[5]), 0) << l;  // copied
         EXPECT_GT(std::stod(c[4]), 0) << l;  // kept
@@ -165,8 +165,13 @@ TEST(BenchElastic, TinyBothPrintsEveryChangeOnBothSidesAndEndsOk) {
       ++bytes;
     }
   }
-  EXPECT_EQ(phases, 3) << r.out;
-  EXPECT_EQ(bytes, 3) << r.out;
+  EXPECT_EQ(phases, 4) << r.out;
+  EXPECT_EQ(bytes, 4) << r.out;
+  // Each leave was one epoch, and both leaving agents handed over and exited 0.
+  EXPECT_NE(r.out.find("leaves: epochs per resize leave-a 1, leave-b 1; the leaving agents "
+                       "exited with 0, 0\n"),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("job: ok: every change resharded live"), std::string::npos) << r.out;
 }
 
@@ -181,6 +186,10 @@ TEST(BenchElastic, BadOptionsAreRefused) {
   EXPECT_EQ(two.code, 2) << two.out;
   EXPECT_NE(two.out.find("--nodes"), std::string::npos) << two.out;
   // A model this machine cannot hold for its ranks is refused before anything starts.
+  weft::test::CommandResult leaves =
+      weft::test::run_weft("bench elastic --mode both --leaves sideways");
+  EXPECT_EQ(leaves.code, 2) << leaves.out;
+  EXPECT_NE(leaves.out.find("--leaves"), std::string::npos) << leaves.out;
   for (const char* mode : {"restart", "reshard"}) {
     weft::test::CommandResult big =
         weft::test::run_weft(std::string("bench elastic --params 1000B --mode ") + mode);
@@ -192,8 +201,8 @@ TEST(BenchElastic, BadOptionsAreRefused) {
 TEST(BenchElastic, HelpNamesTheOptions) {
   weft::test::CommandResult help = weft::test::run_weft("bench elastic --help");
   ASSERT_EQ(help.code, 0) << help.out;
-  for (const char* opt : {"--mode", "--nodes", "--config", "--params", "--set", "--threads",
-                          "--heartbeat-timeout", "--timeout", "--dir"})
+  for (const char* opt : {"--mode", "--leaves", "--nodes", "--config", "--params", "--set",
+                          "--threads", "--heartbeat-timeout", "--timeout", "--dir"})
     EXPECT_NE(help.out.find(opt), std::string::npos) << opt;
   weft::test::CommandResult all = weft::test::run_weft("bench --help");
   EXPECT_NE(all.out.find("weft bench elastic"), std::string::npos) << all.out;
