@@ -51,6 +51,8 @@ std::string path_of(const Change& c) {
 
 void print_planned(const Options& o, const SideResult& live, const SideResult* restart) {
   const double replica_mib = 12 * o.params / (1024.0 * 1024.0);  // f32 weights, Adam's m and v
+  const core::ParallelSpec& par = o.spec.parallel;
+  const bool replicas = par.zero == 0 && par.tp == 1 && par.pp == 1 && par.ep == 1;
   std::printf(
       "\ndowntime in seconds. notice -> 1st step: from the change known (leave: the SIGTERM; "
       "join: the members'\nnotice; failure: its detection) to the new world's first step "
@@ -124,11 +126,15 @@ void print_planned(const Options& o, const SideResult& live, const SideResult* r
   for (const Change& c : live.changes) {
     std::string hwm;
     for (double g : c.hwm_gib) hwm += (hwm.empty() ? "" : " ") + fixed3(g).substr(0, fixed3(g).size() - 1);
+    // The minimum of full replicas only (dp alone, zero 0); another layout's needs the plans.
     const double min = c.to > c.from ? (c.to - c.from) * replica_mib : 0;
-    std::printf("%-8s | %7d | %12.1f | %12.1f | %9.1f | %11.1f | %s\n", c.name.c_str(), c.holders,
-                c.mib_between, min, c.mib_kept, c.mib_copied, hwm.c_str());
+    char mins[32] = "-";
+    if (replicas) std::snprintf(mins, sizeof mins, "%.1f", min);
+    std::printf("%-8s | %7d | %12.1f | %12s | %9.1f | %11.1f | %s\n", c.name.c_str(), c.holders,
+                c.mib_between, mins, c.mib_kept, c.mib_copied, hwm.c_str());
   }
-  std::printf(
+  if (replicas)
+    std::printf(
       "minimum: a DP shrink or loss moves nothing (every survivor holds a full replica); each "
       "newcomer needs one\nreplica, 12 B/parameter (f32 weights, Adam's m and v) = %.1f MiB.\n",
       replica_mib);
