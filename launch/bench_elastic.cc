@@ -27,6 +27,7 @@
 #include "launch/bench_elastic_agent.h"
 #include "launch/bench_elastic_parts.h"
 #include "planner/memory_estimate.h"
+#include "planner/policy.h"
 
 namespace weft::launch {
 namespace bench {
@@ -193,9 +194,12 @@ void size_job(Options& o, const Args& a, const std::vector<int>& worlds, double 
   if (o.mode == "restart" && o.spec.checkpoint.every <= 0)
     throw ConfigError("checkpoint.every",
                       "must be > 0: a node is killed after the first checkpoint");
+  // Each world in the layout its workers will train (elastic.layout: auto lowers degrees that
+  // do not fit it; fixed ones that do not are refused here, as the workers would).
   double need = 0;
   for (int world : worlds)
-    need = std::max(need, world * planner::estimate_memory(o.spec, world).total());
+    need = std::max(need, world * planner::estimate_memory(planner::fit_layout(o.spec, world),
+                                                           world).total());
   const int64_t avail = planner::available_memory_bytes();
   if (avail > 0 && kMeasuredOverEstimate * need > 0.9 * double(avail))
     throw ConfigError(
