@@ -190,6 +190,12 @@ TEST(BenchElastic, BadOptionsAreRefused) {
       weft::test::run_weft("bench elastic --mode both --leaves sideways");
   EXPECT_EQ(leaves.code, 2) << leaves.out;
   EXPECT_NE(leaves.out.find("--leaves"), std::string::npos) << leaves.out;
+  // A fixed tp that one of the worlds (4, 3, 2) cannot hold is refused before anything
+  // starts, naming the way out; under elastic.layout: auto it would be lowered instead.
+  weft::test::CommandResult tp =
+      weft::test::run_weft("bench elastic --mode reshard --set parallel.tp=2");
+  EXPECT_EQ(tp.code, 2) << tp.out;
+  EXPECT_NE(tp.out.find("elastic.layout: auto"), std::string::npos) << tp.out;
   for (const char* mode : {"restart", "reshard"}) {
     weft::test::CommandResult big =
         weft::test::run_weft(std::string("bench elastic --params 1000B --mode ") + mode);
