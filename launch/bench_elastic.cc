@@ -27,12 +27,14 @@
 #include "launch/bench_elastic_agent.h"
 #include "launch/bench_elastic_parts.h"
 #include "planner/memory_estimate.h"
+#include "planner/policy.h"
 
 namespace weft::launch {
 namespace bench {
 
 constexpr const char* kHelp =
-    "usage: weft bench elastic [--mode restart|reshard|both] [--nodes N] [--config FILE]\n"
+    "usage: weft bench elastic [--mode restart|reshard|both] [--leaves apart|together]\n"
+    "                          [--nodes N] [--config FILE]\n"
     "                          [--params P] [--set KEY=VALUE]... [--threads T]\n"
     "                          [--heartbeat-timeout S] [--timeout S] [--dir DIR] [--keep]\n"
     "  Agents of `weft run` on 127.0.0.1 (one node each, one worker per node) train one job\n"
@@ -45,23 +47,34 @@ constexpr const char* kHelp =
     "                  (every survivor is a node of the new epoch), restart (the new rank 0's\n"
     "                  first line), load (checkpoint resumed) and first step; beside published\n"
     "                  numbers.\n"
-    "  --mode reshard  online resize (elastic.on_change: reshard, parallel.dp auto, zero 0,\n"
-    "                  global_batch 12): 4 agents (--nnodes 2:4 --max-restarts 0), then on one\n"
-    "                  live job: shrink (the workers of 2 nodes SIGKILLed: their agents leave at\n"
-    "                  once; dp4 -> dp2, no bytes need to move), grow (a new agent joins: dp2 ->\n"
-    "                  dp3), failure (a node's agent SIGKILLed, noticed when its store\n"
-    "                  connection closes: dp3 -> dp2). Per change: the downtime (shrink, failure: from the\n"
-    "                  kill; grow: from the survivors' notice, the old world trains while the\n"
-    "                  newcomer starts), detection on its own, the resize line's phases\n"
-    "                  (membership / communicators / plan / transfer / resume), MiB between\n"
-    "                  ranks against the minimum, and the workers' peak RSS (VmHWM); for the\n"
-    "                  shrink also the kill -> each killed worker reaped by its agent (the\n"
-    "                  kernel frees its memory before its exit can be seen).\n"
-    "  --mode both     the restart baseline on the same job first (3 nodes, one agent killed:\n"
-    "                  3 -> 2, like reshard's failure), then reshard, and the ratio restart /\n"
-    "                  reshard per change (shrink and grow against the restart's downtime less\n"
-    "                  its detection: measured restarts of those changes are not in yet), to\n"
-    "                  the first step logged and, without that step, to ready to step.\n"
+    "  --mode reshard  the issue's planned changes and a failure on one live job\n"
+    "                  (elastic.on_change: reshard, parallel.dp auto, zero 0, global_batch 12;\n"
+    "                  weft run --nnodes 2:4 --max-restarts 0, 4 agents): two graceful\n"
+    "                  leaves (agents SIGTERMed: their workers finish the step, hand over and\n"
+    "                  exit 0; dp4 -> dp2, no bytes need to move), join (2 agents started:\n"
+    "                  dp2 -> dp4), failure (an agent SIGKILLed: dp4 -> dp3). Per change: the\n"
+    "                  downtime\n"
+    "                  in two measures, from the notice (leave: the SIGTERM; join: the\n"
+    "                  members' notice; failure: its detection, reported on its own) to the\n"
+    "                  new world's first step, and no rank trains (the old world's last step\n"
+    "                  -> the new world ready); the path of stamped lines from the notice; the\n"
+    "                  resize line's phases (membership / communicators / plan / transfer /\n"
+    "                  resume); MiB between ranks against the minimum; the workers' VmHWM.\n"
+    "  --mode both     first the same job and changes under elastic.on_change: restart\n"
+    "                  (--max-restarts 1, checkpoint every 2 steps, the first change after the\n"
+    "                  first checkpoint): a join or a loss restarts every worker from the\n"
+    "                  latest checkpoint (a join saves one at the notice); a graceful leave\n"
+    "                  stops the whole job (its rendezvous is closed, as torchrun's agent\n"
+    "                  closes it on a signal), and the bench relaunches the remaining nodes\n"
+    "                  with --resume at once; that side's last call is 0.1 s (its best\n"
+    "                  case; torchrun's default is 30 s). Then reshard, and the ratio\n"
+    "                  restart / reshard per change in both measures.\n"
+    "  --leaves apart  (default) the two leaves one at a time: leave-a 4 -> 3, then, once that\n"
+    "                  world trains, leave-b 3 -> 2\n"
+    "  --leaves together  both SIGTERMs at once: leave 4 -> 2. Not reliable yet: when the\n"
+    "                  second leave lands after the survivors formed the first's epoch, the two\n"
+    "                  form two epochs and the first leaver's workers are never told where to\n"
+    "                  hand over (they hang), or the second leaver closes the job\n"
     "  --nodes N       restart: agents (default 3, at least 3: 2 survivors of 3 keep a\n"
     "                  majority); reshard and both run 4\n"
     "  --config FILE   weft train's job (default configs/bench-elastic-350m.yaml: a gpt of\n"
@@ -75,7 +88,8 @@ constexpr const char* kHelp =
     "  --threads T     train.threads of each worker (default: cores / ranks, at least 1)\n"
     "  --heartbeat-timeout S  the agents' --rdzv-conf heartbeat_timeout (default weft run's)\n"
     "  --timeout S     bound on each run (default 3600)\n"
-    "  --dir DIR       scratch folder: checkpoints, run folder, agent-<i>.log (default: a\n"
+    "  --dir DIR       scratch folder: checkpoints, run folder, agent-<i>.log (reshard and\n"
+    "                  both: under reshard/ and restart/) (default: a\n"
     "                  temporary one, removed after a successful run unless --keep)\n"
     "  --keep          keep the temporary scratch folder\n"
     "  The job must fit this machine's memory for its largest world (estimated first; refused\n"
@@ -180,9 +194,12 @@ void size_job(Options& o, const Args& a, const std::vector<int>& worlds, double 
   if (o.mode == "restart" && o.spec.checkpoint.every <= 0)
     throw ConfigError("checkpoint.every",
                       "must be > 0: a node is killed after the first checkpoint");
+  // Each world in the layout its workers will train (elastic.layout: auto lowers degrees that
+  // do not fit it; fixed ones that do not are refused here, as the workers would).
   double need = 0;
   for (int world : worlds)
-    need = std::max(need, world * planner::estimate_memory(o.spec, world).total());
+    need = std::max(need, world * planner::estimate_memory(planner::fit_layout(o.spec, world),
+                                                           world).total());
   const int64_t avail = planner::available_memory_bytes();
   if (avail > 0 && kMeasuredOverEstimate * need > 0.9 * double(avail))
     throw ConfigError(
@@ -544,12 +561,17 @@ int run_elastic_bench(const std::vector<std::string>& argv) {
     if (s == "--help" || s == "-h") return std::fputs(kHelp, stdout), 0;
   Args a(argv,
          {"--mode", "--nodes", "--config", "--params", "--set", "--threads", "--heartbeat-timeout",
-          "--timeout", "--dir"},
+          "--timeout", "--dir", "--leaves"},
          {"--keep"});
   Options o;
   o.mode = a.get_or("--mode", "restart");
   if (o.mode != "restart" && o.mode != "reshard" && o.mode != "both")
     throw ConfigError("--mode", "'" + o.mode + "': expected restart, reshard or both");
+  o.leaves = a.get_or("--leaves", "apart");
+  if (o.leaves != "apart" && o.leaves != "together")
+    throw ConfigError("--leaves", "'" + o.leaves + "': expected apart or together");
+  if (o.mode == "restart" && a.has("--leaves"))
+    throw ConfigError("--leaves", "only --mode reshard and both have leaves; leave it out");
   o.nodes = int(a.get_int("--nodes", 3));
   if (o.mode == "restart" && (o.nodes < 3 || o.nodes > 16))
     throw ConfigError("--nodes", str(o.nodes,
@@ -557,7 +579,7 @@ int run_elastic_bench(const std::vector<std::string>& argv) {
                                      "be a strict majority of the last membership (2 of 3)"));
   if (o.mode != "restart" && a.has("--nodes") && o.nodes != 4)
     throw ConfigError("--nodes", str(o.nodes, ": --mode ", o.mode,
-                                     " runs 4 nodes (dp4 -> dp2 -> dp3 -> dp2); leave --nodes out"));
+                                     " runs 4 nodes (dp4 -> dp2 -> dp4 -> dp3); leave --nodes out"));
   o.config =
       a.get_or("--config", std::string(WEFT_SOURCE_DIR) + "/configs/bench-elastic-350m.yaml");
   o.sets = a.all("--set");
@@ -580,20 +602,7 @@ int run_elastic_bench(const std::vector<std::string>& argv) {
   }
   size_job(o, a, {4, 3, 2}, kReshardDefaultParams);
   make_dir(o, a);
-  std::optional<RestartResult> restart;
-  if (o.mode == "both") {
-    Options r = o;  // the same job, checkpoint-restarted: 3 nodes, one killed (3 -> 2)
-    r.mode = "restart";
-    r.nodes = 3;
-    r.dir = o.dir / "restart";
-    r.own_dir = false;
-    fs::create_directories(r.dir);
-    r.spec = core::load_job_spec(r.config, train_sets(r, int(o.spec.model.layers)));
-    restart = run_restart(r);
-    if (!restart) return 1;
-    std::printf("\n");
-  }
-  return run_reshard(o, restart);
+  return run_reshard(o, o.mode == "both");
 }
 
 }  // namespace weft::launch

@@ -3,9 +3,11 @@
 // Adam, configs/bench-elastic-350m.yaml); right after the first checkpoint one node's agent is
 // killed (SIGKILL), and the time from its death to the first step of the new world is split
 // into detect / rendezvous / restart / load / first step. --mode reshard: one live job
-// (elastic.on_change: reshard) shrinks (dp4 -> dp2), grows (-> dp3) and loses a node (-> dp2);
-// each change's downtime, the resize line's phases and the bytes moved. --mode both: both,
-// side by side. Times come from the agents' output lines, stamped on arrival (steady clock).
+// (elastic.on_change: reshard) through two graceful leaves (dp4 -> dp2), two joins (-> dp4) and
+// a failure (-> dp3); each change's downtime, the resize line's phases and the bytes moved.
+// --mode both: the same job and changes under on_change: restart first, then side by side
+// (launch/bench_elastic_planned.h). Times come from the agents' output lines, stamped on
+// arrival (steady clock).
 #pragma once
 
 #include <string>

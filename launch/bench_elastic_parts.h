@@ -21,6 +21,7 @@ namespace fs = std::filesystem;
 
 struct Options {
   std::string mode = "restart";  // restart | reshard | both
+  std::string leaves = "apart";  // reshard, both: the two leaves one at a time, or "together"
   int nodes = 3;                 // restart: agents at the start
   std::string config;
   std::vector<std::string> sets;  // to weft train, in order
@@ -93,8 +94,8 @@ Phases find_phases(const std::vector<BenchAgent*>& survivors, const std::vector<
 // The restart baseline (one node's agent killed after the first checkpoint), with its table;
 // nullopt when it failed (said on stderr).
 std::optional<RestartResult> run_restart(Options& o);
-// Online resharding: shrink, grow and failure on one live job, with its table; `restart`:
-// the restart run's numbers to set beside (--mode both). Returns the exit code.
-int run_reshard(Options& o, const std::optional<RestartResult>& restart);
+// The planned changes and a failure (launch/bench_elastic_planned.h) on a live job and, with
+// `both`, first on a checkpoint-restarted one; the tables. Returns the exit code.
+int run_reshard(Options& o, bool both);
 
 }  // namespace weft::launch::bench

@@ -255,8 +255,12 @@ Outcome supervise(const SupervisorOptions& o) {
       stop_all(SIGINT);
     }
     if (g_stop_signal == SIGTERM && !agent_signal && !terminate_handled && o.on_terminate &&
-        o.on_terminate())
+        o.on_terminate()) {
       terminate_handled = true;  // the agent leaves gracefully; its workers end on their own
+      // The leave is the monitor's to write: at once, not at its next pass (up to
+      // --monitor-interval later, time the other nodes learn of it later).
+      watch_closely(Clock::now());
+    }
     if (g_stop_signal && agent_signal != g_stop_signal && agent_signal != SIGTERM &&
         agent_signal != SIGHUP && !(terminate_handled && g_stop_signal == SIGTERM)) {
       agent_signal = g_stop_signal;

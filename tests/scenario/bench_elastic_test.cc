@@ -1,8 +1,8 @@
 // `weft bench elastic` end to end with a tiny model: --mode restart (three agents, one killed
 // after the first checkpoint, a table with the five phases and the total) and --mode both
-// (that baseline, then one live job shrinks, grows and loses a node; a row per change in each
-// table, with its ratios to the baseline). Structure
-// and non-negative times, not timing.
+// (one job per side, checkpoint-restart and live, through a graceful leave, a join and a
+// failure; a row per change in each table, each ratio against its cells). Structure,
+// positive times and bytes against the minimum, not timing.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -13,6 +13,13 @@
 #include "tests/support/run_weft.h"
 
 namespace {
+
+template <typename... A>
+std::string str_of(const A&... a) {
+  std::ostringstream s;
+  (s << ... << a);
+  return s.str();
+}
 
 // The cells of the table line whose first cell is `name` ("detect    |  1.791 | 73.2% | a
 // survivor's ..." -> {"detect", "1.791", "73.2%", "a survivor's ..."}); empty when none.
@@ -65,82 +72,106 @@ TEST(BenchElastic, TinyRestartPrintsFivePhasesAndTheTotal) {
   EXPECT_NE(ref[2].find("x (total)"), std::string::npos) << ref[2];
 }
 
-// --mode both: the restart baseline first, then the live job, with both ratios per change.
-TEST(BenchElastic, TinyBothPrintsEveryChangeBothRatiosAndEndsOk) {
+// The cells of a table line split at '|', trimmed.
+std::vector<std::string> cells_of(const std::string& l) {
+  std::vector<std::string> cells;
+  std::stringstream parts(l);
+  for (std::string c; std::getline(parts, c, '|');) {
+    size_t a = c.find_first_not_of(' '), b = c.find_last_not_of(' ');
+    cells.push_back(a == std::string::npos ? "" : c.substr(a, b - a + 1));
+  }
+  return cells;
+}
+
+// "12.3x" of two times printed to 1 ms: the ratio of the unrounded times, to one decimal.
+void expect_ratio(const std::string& cell, double base, double ours, const std::string& where) {
+  ASSERT_FALSE(cell.empty()) << where;
+  ASSERT_EQ(cell.back(), 'x') << where;
+  const double slack = 0.051 + base / ours * (0.0005 / ours + 0.0005 / base);
+  EXPECT_NEAR(std::stod(cell), base / ours, slack) << where;
+}
+
+// --mode both: one job per side through two graceful leaves one at a time (4 -> 3 -> 2), a
+// join (2 -> 4) and a failure (4 -> 3); the downtime side by side in both measures, the path of each change on
+// each side, and the live side's phases and bytes.
+TEST(BenchElastic, TinyBothPrintsEveryChangeOnBothSidesAndEndsOk) {
   weft::test::CommandResult r = weft::test::run_weft(
       "bench elastic --mode both --set model.layers=2 --set model.dim=32 --set model.heads=2 "
       "--set model.vocab=256 --heartbeat-timeout 2 --timeout 240");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("weft bench elastic --mode restart"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("weft run --nnodes 2:4 --max-restarts 0"), std::string::npos) << r.out;
-  for (const char* table : {"change", "phases", "bytes"})
-    EXPECT_FALSE(row(r.out, table).empty()) << table;
-  // Each change has a row in each table (the first row with the name: the downtime table).
+  EXPECT_NE(r.out.find("4 nodes x 1 worker on 127.0.0.1: weft run --nnodes 2:4"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("restart leave-a: the job stopped; relaunched 3 agents with --resume"),
+            std::string::npos)
+      << r.out;
   const std::pair<const char*, const char*> worlds[] = {
-      {"shrink", "4 -> 2"}, {"grow", "2 -> 3"}, {"failure", "3 -> 2"}};
+      {"leave-a", "4 -> 3"}, {"leave-b", "3 -> 2"}, {"join", "2 -> 4"}, {"failure", "4 -> 3"}};
+  // downtime | world | reshard | restart | ratio | reshard | restart | ratio | change: the
+  // first row with the name is the downtime table's.
   for (const auto& [name, world] : worlds) {
     std::vector<std::string> d = row(r.out, name);
-    ASSERT_EQ(d.size(), 7u) << name << "\n" << r.out;
+    ASSERT_EQ(d.size(), 9u) << name << "\n" << r.out;
     EXPECT_EQ(d[1], world) << name;
-    EXPECT_GT(std::stod(d[2]), 0) << name;
-    if (std::string(name) == "failure") EXPECT_GE(std::stod(d[3]), 0);
-    // The ratio is the restart's time (to the first step logged) over this downtime.
-    ASSERT_EQ(d[5].back(), 'x') << name;
-    EXPECT_NEAR(std::stod(d[5]), std::stod(d[4]) / std::stod(d[2]), 0.051) << name;
+    const double live = std::stod(d[2]), restart = std::stod(d[3]);
+    EXPECT_GT(live, 0) << name;
+    EXPECT_GT(restart, 0) << name;
+    expect_ratio(d[4], restart, live, str_of(name, " from the notice"));
+    const double live_idle = std::stod(d[5]), restart_idle = std::stod(d[6]);
+    EXPECT_GT(live_idle, 0) << name;  // the new world is ready after the old one's last step
+    EXPECT_GT(restart_idle, 0) << name;
+    expect_ratio(d[7], restart_idle, live_idle, str_of(name, " no rank trains"));
+    EXPECT_FALSE(d[8].empty()) << name;
+    // Each side's path of the change, from the notice to the first step.
+    for (const char* side : {"reshard", "restart"}) {
+      const std::string head = std::string("  ") + side + " " + name + ":";
+      const size_t at = r.out.find(head);
+      ASSERT_NE(at, std::string::npos) << head << "\n" << r.out;
+      const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+      EXPECT_NE(line.find("last old step ("), std::string::npos) << line;
+      EXPECT_NE(line.find(", first step +"), std::string::npos) << line;
+      // The restart side resumes a checkpoint and says at which step.
+      if (std::string(side) == "restart") EXPECT_NE(line.find("resumed at step "), std::string::npos) << line;
+    }
   }
   // The phases and the bytes: the rows after the tables' headers.
   std::stringstream lines(r.out);
-  int phases = 0, bytes = 0, ready = 0;
+  int phases = 0, bytes = 0;
   std::string table;
   for (std::string l; std::getline(lines, l);) {
-    if (l.rfind("phases ", 0) == 0 || l.rfind("bytes ", 0) == 0 || l.rfind("change ", 0) == 0 ||
-        l.rfind("ready ", 0) == 0)
+    if (l.rfind("phases ", 0) == 0 || l.rfind("bytes ", 0) == 0)
       table = l.substr(0, l.find(' '));
-    else if (l.empty())
+    else if (l.empty() || l.find('|') == std::string::npos)
       table.clear();
-    else if (table == "ready") {
-      // change | reshard | restart | ratio | what each side counts: without the first step,
-      // so the live side's ready is within its downtime above.
-      std::stringstream parts(l);
-      std::vector<std::string> cells;
-      for (std::string c; std::getline(parts, c, '|');) cells.push_back(c);
-      ASSERT_EQ(cells.size(), 5u) << l;
-      const double ours = std::stod(cells[1]), base = std::stod(cells[2]);
-      EXPECT_GT(ours, 0) << l;
-      EXPECT_GT(base, 0) << l;
-      std::string name = cells[0].substr(0, cells[0].find(' '));
-      EXPECT_LE(ours, std::stod(row(r.out, name)[2])) << l;
-      // The ratio of the unrounded times, to one decimal; the cells are rounded to 1 ms.
-      const double slack = 0.051 + base / ours * (0.0005 / ours + 0.0005 / base);
-      EXPECT_NEAR(std::stod(cells[3]), base / ours, slack) << l;
-      ++ready;
-    } else if (table == "phases") {
-      std::stringstream parts(l);
-      std::vector<std::string> cells;
-      for (std::string c; std::getline(parts, c, '|');) cells.push_back(c);
-      ASSERT_EQ(cells.size(), 8u) << l;
-      for (size_t k = 1; k < 7; ++k) EXPECT_GE(std::stod(cells[k]), 0) << l;
+    else if (table == "phases") {
+      std::vector<std::string> c = cells_of(l);
+      ASSERT_EQ(c.size(), 8u) << l;
+      for (size_t k = 1; k < 7; ++k) EXPECT_GE(std::stod(c[k]), 0) << l;
       ++phases;
-    } else if (table == "bytes" && l.find('|') != std::string::npos) {
-      std::stringstream parts(l);
-      std::vector<std::string> cells;
-      for (std::string c; std::getline(parts, c, '|');) cells.push_back(c);
-      ASSERT_EQ(cells.size(), 7u) << l;
-      EXPECT_GT(std::stoi(cells[1]), 0) << l;  // holders
-      for (size_t k = 2; k < 6; ++k) EXPECT_GE(std::stod(cells[k]), 0) << l;
-      // A shrink of data parallelism keeps every byte where it is: nothing moves, nothing
-      // is copied (the router adopts the survivors' tensors).
-      if (cells[0].rfind("shrink", 0) == 0) {
-        EXPECT_EQ(std::stod(cells[2]), 0) << l;  // between ranks
-        EXPECT_EQ(std::stod(cells[5]), 0) << l;  // copied
-        EXPECT_GT(std::stod(cells[4]), 0) << l;  // kept
+    } else if (table == "bytes") {
+      std::vector<std::string> c = cells_of(l);
+      ASSERT_EQ(c.size(), 7u) << l;
+      EXPECT_GT(std::stoi(c[1]), 0) << l;  // holders
+      for (size_t k = 2; k < 6; ++k) EXPECT_GE(std::stod(c[k]), 0) << l;
+      // Never less than the minimum between ranks (what the new layout needs that its rank
+      // does not hold); a DP shrink keeps every byte where it is: nothing moves or is copied.
+      EXPECT_GE(std::stod(c[2]), std::stod(c[3]) - 0.05) << l;
+      if (c[0] == "leave-a" || c[0] == "leave-b" || c[0] == "failure") {
+        EXPECT_EQ(std::stod(c[2]), 0) << l;  // between ranks
+        EXPECT_EQ(std::stod(c[5]), 0) << l;  // copied
+        EXPECT_GT(std::stod(c[4]), 0) << l;  // kept
       }
+      if (c[0] == "join") EXPECT_GT(std::stod(c[3]), 0) << l;  // two newcomers need replicas
       ++bytes;
     }
   }
-  EXPECT_EQ(phases, 3) << r.out;
-  EXPECT_EQ(bytes, 3) << r.out;
-  EXPECT_EQ(ready, 3) << r.out;
+  EXPECT_EQ(phases, 4) << r.out;
+  EXPECT_EQ(bytes, 4) << r.out;
+  // Each leave was one epoch, and both leaving agents handed over and exited 0.
+  EXPECT_NE(r.out.find("leaves: epochs per resize leave-a 1, leave-b 1; the leaving agents "
+                       "exited with 0, 0\n"),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("job: ok: every change resharded live"), std::string::npos) << r.out;
 }
 
@@ -155,6 +186,16 @@ TEST(BenchElastic, BadOptionsAreRefused) {
   EXPECT_EQ(two.code, 2) << two.out;
   EXPECT_NE(two.out.find("--nodes"), std::string::npos) << two.out;
   // A model this machine cannot hold for its ranks is refused before anything starts.
+  weft::test::CommandResult leaves =
+      weft::test::run_weft("bench elastic --mode both --leaves sideways");
+  EXPECT_EQ(leaves.code, 2) << leaves.out;
+  EXPECT_NE(leaves.out.find("--leaves"), std::string::npos) << leaves.out;
+  // A fixed tp that one of the worlds (4, 3, 2) cannot hold is refused before anything
+  // starts, naming the way out; under elastic.layout: auto it would be lowered instead.
+  weft::test::CommandResult tp =
+      weft::test::run_weft("bench elastic --mode reshard --set parallel.tp=2");
+  EXPECT_EQ(tp.code, 2) << tp.out;
+  EXPECT_NE(tp.out.find("elastic.layout: auto"), std::string::npos) << tp.out;
   for (const char* mode : {"restart", "reshard"}) {
     weft::test::CommandResult big =
         weft::test::run_weft(std::string("bench elastic --params 1000B --mode ") + mode);
@@ -166,8 +207,8 @@ TEST(BenchElastic, BadOptionsAreRefused) {
 TEST(BenchElastic, HelpNamesTheOptions) {
   weft::test::CommandResult help = weft::test::run_weft("bench elastic --help");
   ASSERT_EQ(help.code, 0) << help.out;
-  for (const char* opt : {"--mode", "--nodes", "--config", "--params", "--set", "--threads",
-                          "--heartbeat-timeout", "--timeout", "--dir"})
+  for (const char* opt : {"--mode", "--leaves", "--nodes", "--config", "--params", "--set",
+                          "--threads", "--heartbeat-timeout", "--timeout", "--dir"})
     EXPECT_NE(help.out.find(opt), std::string::npos) << opt;
   weft::test::CommandResult all = weft::test::run_weft("bench --help");
   EXPECT_NE(all.out.find("weft bench elastic"), std::string::npos) << all.out;

@@ -1,0 +1,143 @@
+// The tables of `weft bench elastic --mode reshard|both` (launch/bench_elastic_planned.h):
+// downtime side by side in two measures, where each change's time went on each side, and the
+// live side's resize phases and bytes.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "base/check.h"
+#include "launch/bench_elastic_planned.h"
+
+namespace weft::launch::bench {
+
+std::string fixed3(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3f", x);
+  return b;
+}
+
+namespace {
+
+std::string ratio(double base, double ours) {
+  if (!(ours > 0) || base < 0) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1fx", base / ours);
+  return b;
+}
+
+const Change* named(const SideResult* s, const std::string& name) {
+  if (!s) return nullptr;
+  for (const Change& c : s->changes)
+    if (c.name == name) return &c;
+  return nullptr;
+}
+
+// "SIGTERM +0.000, agent leaves +0.004, ..., first step +9.812": the path from the notice,
+// in order of arrival, with the old world's last step among it.
+std::string path_of(const Change& c) {
+  auto p = c.path;
+  p.push_back({str("last old step (", c.last_step_no, ")"), c.last_step});
+  std::stable_sort(p.begin(), p.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  std::string out;
+  for (const auto& [what, t] : p) {
+    char b[32];
+    std::snprintf(b, sizeof b, " %+.3f", t - c.notice);
+    out += (out.empty() ? "" : ",") + std::string(" ") + what + b;
+  }
+  return out;
+}
+
+}  // namespace
+
+void print_planned(const Options& o, const SideResult& live, const SideResult* restart) {
+  const double replica_mib = 12 * o.params / (1024.0 * 1024.0);  // f32 weights, Adam's m and v
+  const core::ParallelSpec& par = o.spec.parallel;
+  const bool replicas = par.zero == 0 && par.tp == 1 && par.pp == 1 && par.ep == 1;
+  std::printf(
+      "\ndowntime in seconds. notice -> 1st step: from the change known (leave: the SIGTERM; "
+      "join: the members'\nnotice; failure: its detection) to the new world's first step "
+      "logged (the issue's downtime; the ratio\nrestart / reshard of the targets). no rank "
+      "trains: from the old world's last step logged to the new\nworld ready (reshard: the "
+      "resize line; restart: \"checkpoint: resumed\").\n");
+  std::printf("%-8s | %-6s | %9s | %9s | %7s | %9s | %9s | %7s | %s\n", "downtime", "world",
+              "reshard", "restart", "ratio", "reshard", "restart", "ratio", "change");
+  std::printf("%-8s | %-6s | %29s | %29s |\n", "", "", "notice -> 1st step      ",
+              "no rank trains         ");
+  for (const Change& c : live.changes) {
+    const Change* r = named(restart, c.name);
+    std::printf("%-8s | %d -> %d | %9.3f | %9s | %7s | %9.3f | %9s | %7s | %s\n", c.name.c_str(),
+                c.from, c.to, c.from_notice(), r ? fixed3(r->from_notice()).c_str() : "-",
+                r ? ratio(r->from_notice(), c.from_notice()).c_str() : "-", c.idle(),
+                r ? fixed3(r->idle()).c_str() : "-", r ? ratio(r->idle(), c.idle()).c_str() : "-",
+                c.what.c_str());
+  }
+  for (const Change& c : live.changes) {
+    const Change* r = named(restart, c.name);
+    if (c.name == "failure")
+      std::printf("failure: the kill -> its detection (not in the downtime): reshard %.3f s%s\n",
+                  c.notice - c.cause, r ? str(", restart ", fixed3(r->notice - r->cause), " s").c_str() : "");
+    if (c.name == "join")
+      std::printf("join: the joiners' start -> the members' notice (not in the downtime): reshard "
+                  "%.3f s%s\n",
+                  c.notice - c.cause, r ? str(", restart ", fixed3(r->notice - r->cause), " s").c_str() : "");
+  }
+  {
+    std::string codes, spans, stuck;
+    for (int x : live.leaver_codes) codes += (codes.empty() ? "" : ", ") + std::to_string(x);
+    for (const Change& c : live.changes)
+      if (c.name.rfind("leave", 0) == 0) spans += str(spans.empty() ? "" : ", ", c.name, " ", c.epochs);
+    for (const std::string& x : live.stuck) stuck += (stuck.empty() ? "" : ", ") + x;
+    const bool running = std::count(live.leaver_codes.begin(), live.leaver_codes.end(), -1) > 0;
+    std::printf("leaves: epochs per resize %s; the leaving agents exited with %s%s%s\n",
+                spans.c_str(), codes.c_str(), running ? " (-1: still running 10 s after the rest)" : "",
+                stuck.empty() ? ""
+                              : str("; never handed over: ", stuck,
+                                    " (its departure's epoch was replaced by the other leave's "
+                                    "before its workers were told)").c_str());
+  }
+  std::printf(
+      "targets (issue 14, not asserted): restart / reshard at least 30x on every change, 100x "
+      "where no bytes move (the leaves)\n");
+
+  std::printf("\nwhere the time went, seconds from the notice (stamped on arrival here):\n");
+  for (const SideResult* s : {&live, restart}) {
+    if (!s) continue;
+    for (const Change& c : s->changes) {
+      std::printf("  %s %s:%s", s == &live ? "reshard" : "restart", c.name.c_str(),
+                  path_of(c).c_str());
+      if (c.resumed_step >= 0)
+        std::printf("; resumed at step %lld after step %lld (%lld redone)", c.resumed_step,
+                    c.last_step_no, std::max(0LL, c.last_step_no + 1 - c.resumed_step));
+      std::printf("\n");
+    }
+  }
+
+  std::printf("\n%-8s | %10s | %11s | %5s | %8s | %6s | %6s | %s\n", "phases", "membership",
+              "communicators", "plan", "transfer", "resume", "total",
+              "reshard, as the new rank 0 saw it (the change known -> ready to step)");
+  for (const Change& c : live.changes)
+    std::printf("%-8s | %10.2f | %11.2f | %5.2f | %8.2f | %6.2f | %6.2f | %s\n", c.name.c_str(),
+                c.membership, c.communicators, c.plan, c.transfer, c.resume, c.again,
+                c.comms_ahead ? "communicator connected while the old world ended its step"
+                              : "communicator connected in the entry");
+  std::printf("\n%-8s | %7s | %12s | %12s | %9s | %11s | %s\n", "bytes", "holders",
+              "MiB between", "MiB minimum", "MiB kept", "MiB copied",
+              "peak RSS per live worker (VmHWM, GiB)");
+  for (const Change& c : live.changes) {
+    std::string hwm;
+    for (double g : c.hwm_gib) hwm += (hwm.empty() ? "" : " ") + fixed3(g).substr(0, fixed3(g).size() - 1);
+    // The minimum of full replicas only (dp alone, zero 0); another layout's needs the plans.
+    const double min = c.to > c.from ? (c.to - c.from) * replica_mib : 0;
+    char mins[32] = "-";
+    if (replicas) std::snprintf(mins, sizeof mins, "%.1f", min);
+    std::printf("%-8s | %7d | %12.1f | %12s | %9.1f | %11.1f | %s\n", c.name.c_str(), c.holders,
+                c.mib_between, mins, c.mib_kept, c.mib_copied, hwm.c_str());
+  }
+  if (replicas)
+    std::printf(
+      "minimum: a DP shrink or loss moves nothing (every survivor holds a full replica); each "
+      "newcomer needs one\nreplica, 12 B/parameter (f32 weights, Adam's m and v) = %.1f MiB.\n",
+      replica_mib);
+}
+
+}  // namespace weft::launch::bench
