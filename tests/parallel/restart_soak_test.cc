@@ -29,12 +29,18 @@ namespace {
 namespace fs = std::filesystem;
 constexpr int kRestarts = 20;
 constexpr int kEarly = 5;  // compared with kRestarts: the first restarts settle caches, pools
-// The agents' resident memory may move this much from restart 5 to restart 20. Measured
-// here (Release, glibc malloc, 5 runs): +0 to +28 KiB (the store host keeps a few keys per
-// round: rdzv/<id>/round_reason/<r>, .../round/<r>/exited/<node>). 512 KiB over 15 restarts
-// catches a leak of 35 KiB or more per restart; checked: 40 KiB malloc'd and touched per
-// attempt in supervise() moved every agent by about 600 KiB and failed this test.
-constexpr long kRssSlackKib = 512;
+// The agents' resident memory may move this much in each half of restarts 5 to 20 (5 -> 12
+// and 13 -> 20), and a leak must show in both halves: a leak grows with every restart, while
+// the allocator may keep a block once (glibc raises its mmap threshold when a large block is
+// freed, and later blocks of that size stay on the heap). Measured here (Release, glibc
+// malloc): +0 to +28 KiB from restart 5 to 20 in 5 runs (the store host keeps a few keys per
+// round: rdzv/<id>/round_reason/<r>, .../round/<r>/exited/<node>); on 2026-12-04 the
+// standalone agent stepped up 700-1000 KiB once, at restart 6, in 14 of 15 runs, at the
+// commit CI had passed (d5376dc) as at later ones, then stayed flat to the kilobyte.
+// 256 KiB over 7 restarts catches a leak of 37 KiB or more per restart; checked: 40 KiB
+// malloc'd and touched per attempt in supervise() moved every agent by about 600 KiB over
+// 15 restarts and failed this test.
+constexpr long kRssSlackKib = 256;
 
 int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -181,8 +187,8 @@ std::vector<Agent> two_nodes(const fs::path& d, const std::string& id, int fail_
   return agents;
 }
 
-// fds and threads equal, children equal (a reaped guardian and worker per attempt), RSS
-// within kRssSlackKib, from restart 5 to restart 20.
+// fds and threads equal, children equal (a reaped guardian and worker per attempt), from
+// restart 5 to restart 20; RSS within kRssSlackKib in at least one half of that span.
 void expect_no_growth(const Agent& a, const std::string& name) {
   ASSERT_EQ(a.samples.size(), size_t(kRestarts + 1)) << name << "\n" << slurp(a.log);
   std::string series;
@@ -199,7 +205,13 @@ void expect_no_growth(const Agent& a, const std::string& name) {
   // every attempt's frees; its LeakSanitizer checks the agents' leaks at exit instead.
   (void)kRssSlackKib;
 #else
-  EXPECT_LE(late.rss_kib, early.rss_kib + kRssSlackKib) << name << "\n" << series;
+  const int mid = (kEarly + kRestarts) / 2;  // 12: 5 -> 12 and 13 -> 20
+  const long first = a.samples[mid].rss_kib - early.rss_kib;
+  const long second = late.rss_kib - a.samples[mid + 1].rss_kib;
+  EXPECT_TRUE(first <= kRssSlackKib || second <= kRssSlackKib)
+      << name << ": RSS grew " << first << " KiB over restarts " << kEarly << "-" << mid
+      << " and " << second << " KiB over " << mid + 1 << "-" << kRestarts << "\n"
+      << series;
 #endif
 }
 
