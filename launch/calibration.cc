@@ -34,6 +34,7 @@ namespace weft::launch {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using planner::CollKind;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -203,6 +204,26 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
     if (std::isfinite(p)) est.push_back(p - hw.intra.latency);
   }
   hw.launch_oversub = est.empty() ? 0 : std::max(0.0, median(est));
+  // Each kind's own wire rate by size, at 2 processes: what a call of that kind and size
+  // took beyond the model's fixed part (launch and steps at the fitted latency), so that the
+  // model gives back each measured call. A size whose call took no longer than the fixed
+  // part says nothing about bytes and is left out.
+  std::string rates;
+  const std::pair<CollKind, const char*> kinds[] = {
+      {CollKind::kAllReduce, "ar"}, {CollKind::kAllGather, "ag"}, {CollKind::kReduceScatter, "rs"}};
+  for (const auto& [kind, tag] : kinds) {
+    auto& curve = hw.coll_bw_by_size[size_t(kind)];
+    const double steps = kind == CollKind::kAllReduce ? 2 : 1;
+    for (const auto& [size, bytes] : sizes) {
+      const double t = got(2, std::string(tag) + "_world_" + size);
+      const double beyond = t - hw.launch - steps * hw.intra.latency;
+      if (!(bytes >= 65536 && std::isfinite(t) && beyond > 0)) continue;
+      curve.push_back({bytes, double(planner::wire_bytes(kind, 2, int64_t(bytes))) / beyond});
+      char one[64];
+      std::snprintf(one, sizeof one, " %s %s %.2f", tag, size, curve.back().second / 1e9);
+      rates += one;
+    }
+  }
   // One machine: no link to another node was measured; cross-node terms repeat the local ones.
   hw.inter = hw.intra;
   char line[256];
@@ -211,7 +232,7 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
                 "idle launch %.0f us; rms error %.0f%%, worst %.0f%% (%s)",
                 samples.size(), f.latency * 1e6, f.bw / 1e9, f.launch * 1e6,
                 100 * f.rms_relative_error, 100 * f.worst_relative_error, f.worst.c_str());
-  return line;
+  return std::string(line) + "\ncollective wire rates by kind and size (GB/s):" + rates;
 }
 
 }  // namespace
@@ -245,7 +266,6 @@ int probe_worker(const std::string& path) {
   core::Tensor k64 = core::Tensor::zeros({int64_t(1) << 14}, core::DType::kF32);
   core::Tensor k256 = core::Tensor::zeros({int64_t(1) << 16}, core::DType::kF32);
   core::Tensor m4 = core::Tensor::zeros({int64_t(1) << 20}, core::DType::kF32);
-  core::Tensor shard = core::Tensor::zeros({(int64_t(1) << 18) / n}, core::DType::kF32);
   auto ar = [](comm::Communicator& g, core::Tensor& t) { return [&g, &t] { g.all_reduce(t).wait(); }; };
   // Ping-pong within the pair: even members send first; one-way time = round trip / 2.
   auto pingpong = [&](core::Tensor& t) {
@@ -266,9 +286,32 @@ int probe_worker(const std::string& path) {
   out.push_back({"ar_world_256KiB", probe_time(c, 20, nullptr, ar(c, k256), true)});
   out.push_back({"ar_world_1MiB", probe_time(c, 16, nullptr, ar(c, big), true)});
   out.push_back({"ar_world_4MiB", probe_time(c, 8, nullptr, ar(c, m4), true)});
-  // The other collectives on the same 1 MiB (for the record: the model prices them by ring steps).
-  out.push_back({"ag_world_1MiB", probe_time(c, 8, nullptr, [&] { c.all_gather(big, shard).wait(); }, true)});
-  out.push_back({"rs_world_1MiB", probe_time(c, 8, nullptr, [&] { c.reduce_scatter(shard, big).wait(); }, true)});
+  // All-gather and reduce-scatter at the same sizes: each collective kind runs its own
+  // algorithm (Gloo's reduce-scatter is a ring all-reduce of the whole input and a slice;
+  // its all-reduce is bcube up to 512 KiB and a ring above), so each gets its own fit.
+  struct Sized {
+    const char* tag;
+    core::Tensor* whole;
+    int iters;
+  };
+  const Sized sized[] = {{"64KiB", &k64, 30}, {"256KiB", &k256, 20}, {"1MiB", &big, 16}, {"4MiB", &m4, 8}};
+  for (const Sized& z : sized) {
+    core::Tensor part = core::Tensor::zeros({z.whole->numel() / n}, core::DType::kF32);
+    core::Tensor& whole = *z.whole;
+    out.push_back({std::string("ag_world_") + z.tag,
+                   probe_time(c, z.iters, nullptr, [&] { c.all_gather(whole, part).wait(); }, true)});
+    out.push_back({std::string("rs_world_") + z.tag,
+                   probe_time(c, z.iters, nullptr, [&] { c.reduce_scatter(part, whole).wait(); }, true)});
+  }
+  // The tensor-parallel pattern: 64 KiB collectives between bursts of compute, no barrier.
+  {
+    core::Tensor part = core::Tensor::zeros({k64.numel() / n}, core::DType::kF32);
+    out.push_back({"ar_world_64KiB_busy", probe_time(c, 30, filler, ar(c, k64), false)});
+    out.push_back({"ag_world_64KiB_busy",
+                   probe_time(c, 30, filler, [&] { c.all_gather(k64, part).wait(); }, false)});
+    out.push_back({"rs_world_64KiB_busy",
+                   probe_time(c, 30, filler, [&] { c.reduce_scatter(part, k64).wait(); }, false)});
+  }
   out.push_back({"ar_pair_4B", probe_time(c, 60, nullptr, ar(pair, small), true)});
   out.push_back({"ar_world_4B_busy", probe_time(c, 60, filler, ar(c, small), false)});
   out.push_back({"ar_pair_4B_busy", probe_time(c, 60, filler, ar(pair, small), false)});

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -56,6 +57,14 @@ struct CostModel {
   // Read only by compute(): the layout search costs collectives and copies, never compute,
   // so its memo (RvdCache) need not key on it.
   std::vector<std::pair<double, double>> flops_by_size;
+  // Measured wire rate (bytes/s) of each collective kind by the size of the call's buffer
+  // (the `bytes` collective() takes), ascending in bytes (weft calibrate, at 2 ranks of one
+  // node). A CPU transport runs each kind its own way (Gloo: all-reduce by bcube up to 512
+  // KiB and by a ring above, reduce-scatter as an all-reduce of the whole buffer and a
+  // slice), so one link bandwidth cannot price them all: a 4 MiB all-reduce ran at a third
+  // of the rate the link fit gives. Empty for a kind (the default): bw_intra. Never used
+  // across nodes (bw_inter), where nothing was measured.
+  std::array<std::vector<std::pair<double, double>>, kCollKinds> coll_bw_by_size;
 
   // Ring algorithms: launch + all_reduce 2(n-1) steps moving 2(n-1)/n of `bytes`;
   // all_gather and reduce_scatter (n-1) steps moving (n-1)/n of the full buffer `bytes`;
@@ -77,6 +86,9 @@ struct CostModel {
   // FLOP/s of one op of `flop` FLOPs: `flops`, or flops_by_size interpolated linearly in
   // log(FLOPs) and clamped at its ends.
   double flop_rate(double flop) const;
+  // Wire bytes/s of one collective of kind k on a buffer of `bytes` inside a node:
+  // coll_bw_by_size[k] interpolated linearly in log(bytes) and clamped at its ends, or bw_intra.
+  double coll_bw(CollKind k, int64_t bytes) const;
   // How many times slower a rank computes when `world` ranks share the node's cores: 1 with
   // cores = 0 or no more ranks on a node than cores.
   double sharing(int world) const;
