@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <map>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -122,6 +124,60 @@ std::string utc_now() {
 // to config S's (2048 x 1024 x 256), so that tiny and large models both find their rate.
 constexpr int64_t kGemmShapes[][3] = {{64, 128, 32},    {64, 32, 128},     {128, 256, 64},
                                       {256, 512, 128},  {512, 1024, 256},  {2048, 1024, 256}};
+
+// Each rated op type's kernel rate (CostModel::op_rates): a small GPT's training steps
+// (config S's width on 2 layers, one micro-batch of 4 x 128 tokens) with the trainer's
+// per-op-type profile, the least time of 8 steps per type, over the FLOPs op_work counts for
+// that type's ops. The same kernels the executor runs, on operands a real step leaves in
+// the caches, so that gelu's tanh, adamw's square roots and attention's softmax are priced
+// at what they take rather than at the GEMM rate or memcpy's bandwidth.
+std::string measure_op_rates(planner::Hardware& hw) {
+  const core::JobSpec spec = core::load_job_spec(
+      std::string(WEFT_SOURCE_DIR) + "/configs/gpt-small.yaml",
+      {"model.layers=2", "train.global_batch=4", "train.micro_batch=4", "parallel.dp=1", "train.threads=1",
+       "train.warmup_steps=1"});
+  core::cpu::set_num_threads(1);
+  core::Trainer t(spec);
+  core::BatchFn batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
+    for (int64_t i = 0; i < n * spec.model.seq_len; ++i) {
+      x[i] = int32_t((s * 131 + b0 * 17 + i * 7) % 256);
+      y[i] = int32_t((s * 131 + b0 * 17 + i * 7 + 1) % 256);
+    }
+  };
+  t.step(batch);  // first touch
+  t.executor().set_profiling(true);
+  std::map<std::string, double> least;
+  for (int k = 0; k < 8; ++k) {
+    const std::map<std::string, double> before = t.executor().profile();
+    t.step(batch);
+    for (const auto& [type, secs] : t.executor().profile()) {
+      auto b = before.find(type);
+      const double d = secs - (b == before.end() ? 0 : b->second);
+      auto it = least.find(type);
+      if (it == least.end() || d < it->second) least[type] = d;
+    }
+  }
+  const core::Graph& g = t.model().graph;
+  std::array<double, planner::kRatedOps> flop{};
+  for (const core::Op& op : g.ops()) {
+    std::vector<core::Shape> ins, outs;
+    for (int v : op.inputs) ins.push_back(g.value(v).shape);
+    for (int v : op.outputs) outs.push_back(g.value(v).shape);
+    const planner::OpWork w = planner::op_work(op, "", ins, outs, core::dtype_size(core::DType::kF32));
+    if (w.rated >= 0) flop[size_t(w.rated)] += w.flop;
+  }
+  std::string out = "op rates (GFLOP/s as the model counts them):";
+  for (int i = 0; i < planner::kRatedOps; ++i) {
+    auto it = least.find(planner::kRatedOpTypes[i]);
+    if (it == least.end() || !(it->second > 0) || !(flop[size_t(i)] > 0)) continue;
+    hw.op_rates[size_t(i)] = flop[size_t(i)] / it->second;
+    hw.measurements.push_back({std::string("op_") + planner::kRatedOpTypes[i] + "_s", it->second});
+    char one[64];
+    std::snprintf(one, sizeof one, " %s %.1f", planner::kRatedOpTypes[i], hw.op_rates[size_t(i)] / 1e9);
+    out += one;
+  }
+  return out;
+}
 
 // The per-instruction cost of the plan executor: a small model's measured world-1 step
 // through the executor, less the simulated step at the measured rates, per compute and local
@@ -478,6 +534,10 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
                 "-> launch %.0f us, latency %.0f us, bw %.2f GB/s, launch_oversub %.0f us (%d cores)",
                 hw.launch * 1e6, hw.intra.latency * 1e6, hw.intra.bw / 1e9, hw.launch_oversub * 1e6, hw.cores);
   say(line);
+  t0 = Clock::now();
+  const std::string rates = measure_op_rates(hw);
+  std::snprintf(line, sizeof line, " (%.1f s)", since(t0));
+  say(rates + line);
   hw.op_overhead = fit_op_overhead(hw, opt);
   return hw;
 }

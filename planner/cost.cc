@@ -24,6 +24,18 @@ double total(const std::vector<core::Shape>& v) {
 
 }  // namespace
 
+const char* const kRatedOpTypes[kRatedOps] = {
+    "attention", "attention.bwd", "gqa_attention", "gqa_attention.bwd", "layernorm",
+    "layernorm.bwd", "rmsnorm", "rmsnorm.bwd", "gelu", "gelu.bwd", "swiglu", "swiglu.bwd",
+    "rope", "rope.bwd", "add", "add.bwd", "cross_entropy", "cross_entropy.bwd", "embedding",
+    "embedding.bwd", "adamw", "global_norm"};
+
+int rated_op(const std::string& type) {
+  for (int i = 0; i < kRatedOps; ++i)
+    if (type == kRatedOpTypes[i]) return i;
+  return -1;
+}
+
 const char* coll_name(CollKind k) {
   switch (k) {
     case CollKind::kAllReduce: return "all_reduce";
@@ -89,6 +101,11 @@ double CostModel::compute_alone(double flop, double bytes) const {
   return op_overhead + std::max(flop / flop_rate(flop), bytes / mem_bw);
 }
 
+double CostModel::compute_alone(const OpWork& w) const {
+  const double rate = w.rated >= 0 ? op_rates[size_t(w.rated)] : 0;
+  return rate > 0 ? op_overhead + w.flop / rate : compute_alone(w.flop, w.bytes);
+}
+
 int64_t wire_bytes(CollKind k, int n, int64_t bytes) {
   if (n <= 1) return 0;
   int64_t share = bytes / n * (n - 1);
@@ -151,6 +168,8 @@ OpWork op_work(const core::Op& op, const std::string& part, const std::vector<co
   } else {
     w.flop = total(ins);
   }
+  // A custom rule's stage (ce.max, norm.sumsq, ...) is not the kernel that was timed.
+  if (part.empty()) w.rated = rated_op(t);
   return w;
 }
 

@@ -155,7 +155,7 @@ CostModel Hardware::cost_model(const std::string& dtype) const {
   m.cores = cores;
   m.op_overhead = op_overhead;
   m.launch_oversub = launch_oversub;
-  if (dtype == "f32") m.flops_by_size = flops_by_size;
+  if (dtype == "f32") m.flops_by_size = flops_by_size, m.op_rates = op_rates;
   m.coll_bw_by_size = coll_bw_by_size;
   return m;
 }
@@ -245,6 +245,12 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
     }
     c.done(kinds);
   }
+  if (f.has("op_rates")) {
+    Fields r = f.sub("op_rates");
+    std::set<std::string> types(std::begin(kRatedOpTypes), std::end(kRatedOpTypes));
+    for (int i = 0; i < kRatedOps; ++i) hw.op_rates[size_t(i)] = r.number(kRatedOpTypes[i], 0.0, 0, false);
+    r.done(types);
+  }
   if (f.has("machine")) {
     Fields m = f.sub("machine");
     hw.machine = MachineKey{m.text("host"), m.text("cpu_model"), m.text("openblas_coretype")};
@@ -259,7 +265,7 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
     }
   }
   f.done({"name", "flops", "flops_efficiency", "memory", "ranks_per_node", "intra_node", "inter_node",
-          "launch", "cpu", "flops_by_size", "collective_bw_by_size", "machine", "calibrated_at", "measurements"});
+          "launch", "cpu", "flops_by_size", "collective_bw_by_size", "op_rates", "machine", "calibrated_at", "measurements"});
   return hw;
 }
 
@@ -299,6 +305,13 @@ std::string hardware_to_yaml(const Hardware& hw) {
       for (size_t i = 0; i < c.size(); ++i) os << (i ? ", [" : "[") << num(c[i].first) << ", " << num(c[i].second) << "]";
       os << "]\n";
     }
+  }
+  bool any_op = false;
+  for (double r : hw.op_rates) any_op = any_op || r > 0;
+  if (any_op) {
+    os << "op_rates:  # measured f32 rate of each kernel, in the cost model's FLOPs of that op per second\n";
+    for (int i = 0; i < kRatedOps; ++i)
+      if (hw.op_rates[size_t(i)] > 0) os << "  " << kRatedOpTypes[i] << ": " << num(hw.op_rates[size_t(i)]) << "\n";
   }
   if (hw.machine)
     os << "machine: {host: " << quoted(hw.machine->host) << ", cpu_model: " << quoted(hw.machine->cpu_model)

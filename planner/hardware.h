@@ -53,6 +53,8 @@ struct Hardware {
   // Wire bytes/s per collective kind by call size (CostModel::coll_bw_by_size), ascending;
   // measured by weft calibrate, empty in the presets.
   std::array<std::vector<std::pair<double, double>>, kCollKinds> coll_bw_by_size;
+  // Measured f32 rate of each rated op type (CostModel::op_rates); 0 where not measured.
+  std::array<double, kRatedOps> op_rates{};
   // A calibration cache's machine and what was measured (for the record: the model reads
   // the fields above). Absent in the presets.
   std::optional<MachineKey> machine;

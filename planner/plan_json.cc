@@ -132,6 +132,14 @@ void write_costs(W& w, const CostAnnotations& c) {
   w.raw("]");
   // The calibrated collective rates, likewise; only when measured, so that a plan under a
   // model without them is written as before.
+  bool any_op = false;
+  for (double r : c.model.op_rates) any_op = any_op || r > 0;
+  if (any_op) {
+    w.key("op_rates");
+    w.raw("[");
+    for (size_t i = 0; i < c.model.op_rates.size(); ++i) w.raw((i ? "," : "") + json_number(c.model.op_rates[i]));
+    w.raw("]");
+  }
   bool any_coll = false;
   for (const auto& cb : c.model.coll_bw_by_size) any_coll = any_coll || !cb.empty();
   if (any_coll) {
@@ -437,6 +445,11 @@ Plan plan_from_json(const std::string& text) {
         if (pt.items.size() != 2) bad("costs.model.flops_by_size: each entry is [flop, flop/s]");
         k.model.flops_by_size.push_back({pt.items[0].number, pt.items[1].number});
       }
+    if (const JsonValue* v = cm.find("op_rates")) {  // only in calibrated plans
+      if (v->items.size() != k.model.op_rates.size())
+        bad("costs.model.op_rates: one rate per rated op type (" + std::to_string(k.model.op_rates.size()) + ")");
+      for (size_t i = 0; i < v->items.size(); ++i) k.model.op_rates[i] = v->items[i].number;
+    }
     if (const JsonValue* v = cm.find("coll_bw_by_size")) {  // only in calibrated plans
       if (v->items.size() != k.model.coll_bw_by_size.size())
         bad("costs.model.coll_bw_by_size: one list per collective kind");
