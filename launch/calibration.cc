@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <map>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -34,6 +36,7 @@ namespace weft::launch {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using planner::CollKind;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -122,6 +125,60 @@ std::string utc_now() {
 constexpr int64_t kGemmShapes[][3] = {{64, 128, 32},    {64, 32, 128},     {128, 256, 64},
                                       {256, 512, 128},  {512, 1024, 256},  {2048, 1024, 256}};
 
+// Each rated op type's kernel rate (CostModel::op_rates): a small GPT's training steps
+// (config S's width on 2 layers, one micro-batch of 4 x 128 tokens) with the trainer's
+// per-op-type profile, the least time of 8 steps per type, over the FLOPs op_work counts for
+// that type's ops. The same kernels the executor runs, on operands a real step leaves in
+// the caches, so that gelu's tanh, adamw's square roots and attention's softmax are priced
+// at what they take rather than at the GEMM rate or memcpy's bandwidth.
+std::string measure_op_rates(planner::Hardware& hw) {
+  const core::JobSpec spec = core::load_job_spec(
+      std::string(WEFT_SOURCE_DIR) + "/configs/gpt-small.yaml",
+      {"model.layers=2", "train.global_batch=4", "train.micro_batch=4", "parallel.dp=1", "train.threads=1",
+       "train.warmup_steps=1"});
+  core::cpu::set_num_threads(1);
+  core::Trainer t(spec);
+  core::BatchFn batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
+    for (int64_t i = 0; i < n * spec.model.seq_len; ++i) {
+      x[i] = int32_t((s * 131 + b0 * 17 + i * 7) % 256);
+      y[i] = int32_t((s * 131 + b0 * 17 + i * 7 + 1) % 256);
+    }
+  };
+  t.step(batch);  // first touch
+  t.executor().set_profiling(true);
+  std::map<std::string, double> least;
+  for (int k = 0; k < 8; ++k) {
+    const std::map<std::string, double> before = t.executor().profile();
+    t.step(batch);
+    for (const auto& [type, secs] : t.executor().profile()) {
+      auto b = before.find(type);
+      const double d = secs - (b == before.end() ? 0 : b->second);
+      auto it = least.find(type);
+      if (it == least.end() || d < it->second) least[type] = d;
+    }
+  }
+  const core::Graph& g = t.model().graph;
+  std::array<double, planner::kRatedOps> flop{};
+  for (const core::Op& op : g.ops()) {
+    std::vector<core::Shape> ins, outs;
+    for (int v : op.inputs) ins.push_back(g.value(v).shape);
+    for (int v : op.outputs) outs.push_back(g.value(v).shape);
+    const planner::OpWork w = planner::op_work(op, "", ins, outs, core::dtype_size(core::DType::kF32));
+    if (w.rated >= 0) flop[size_t(w.rated)] += w.flop;
+  }
+  std::string out = "op rates (GFLOP/s as the model counts them):";
+  for (int i = 0; i < planner::kRatedOps; ++i) {
+    auto it = least.find(planner::kRatedOpTypes[i]);
+    if (it == least.end() || !(it->second > 0) || !(flop[size_t(i)] > 0)) continue;
+    hw.op_rates[size_t(i)] = flop[size_t(i)] / it->second;
+    hw.measurements.push_back({std::string("op_") + planner::kRatedOpTypes[i] + "_s", it->second});
+    char one[64];
+    std::snprintf(one, sizeof one, " %s %.1f", planner::kRatedOpTypes[i], hw.op_rates[size_t(i)] / 1e9);
+    out += one;
+  }
+  return out;
+}
+
 // The per-instruction cost of the plan executor: a small model's measured world-1 step
 // through the executor, less the simulated step at the measured rates, per compute and local
 // instruction. 0 (and said so) when the rates alone already overshoot.
@@ -203,6 +260,26 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
     if (std::isfinite(p)) est.push_back(p - hw.intra.latency);
   }
   hw.launch_oversub = est.empty() ? 0 : std::max(0.0, median(est));
+  // Each kind's own wire rate by size, at 2 processes: what a call of that kind and size
+  // took beyond the model's fixed part (launch and steps at the fitted latency), so that the
+  // model gives back each measured call. A size whose call took no longer than the fixed
+  // part says nothing about bytes and is left out.
+  std::string rates;
+  const std::pair<CollKind, const char*> kinds[] = {
+      {CollKind::kAllReduce, "ar"}, {CollKind::kAllGather, "ag"}, {CollKind::kReduceScatter, "rs"}};
+  for (const auto& [kind, tag] : kinds) {
+    auto& curve = hw.coll_bw_by_size[size_t(kind)];
+    const double steps = kind == CollKind::kAllReduce ? 2 : 1;
+    for (const auto& [size, bytes] : sizes) {
+      const double t = got(2, std::string(tag) + "_world_" + size);
+      const double beyond = t - hw.launch - steps * hw.intra.latency;
+      if (!(bytes >= 65536 && std::isfinite(t) && beyond > 0)) continue;
+      curve.push_back({bytes, double(planner::wire_bytes(kind, 2, int64_t(bytes))) / beyond});
+      char one[64];
+      std::snprintf(one, sizeof one, " %s %s %.2f", tag, size, curve.back().second / 1e9);
+      rates += one;
+    }
+  }
   // One machine: no link to another node was measured; cross-node terms repeat the local ones.
   hw.inter = hw.intra;
   char line[256];
@@ -211,7 +288,7 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
                 "idle launch %.0f us; rms error %.0f%%, worst %.0f%% (%s)",
                 samples.size(), f.latency * 1e6, f.bw / 1e9, f.launch * 1e6,
                 100 * f.rms_relative_error, 100 * f.worst_relative_error, f.worst.c_str());
-  return line;
+  return std::string(line) + "\ncollective wire rates by kind and size (GB/s):" + rates;
 }
 
 }  // namespace
@@ -245,7 +322,6 @@ int probe_worker(const std::string& path) {
   core::Tensor k64 = core::Tensor::zeros({int64_t(1) << 14}, core::DType::kF32);
   core::Tensor k256 = core::Tensor::zeros({int64_t(1) << 16}, core::DType::kF32);
   core::Tensor m4 = core::Tensor::zeros({int64_t(1) << 20}, core::DType::kF32);
-  core::Tensor shard = core::Tensor::zeros({(int64_t(1) << 18) / n}, core::DType::kF32);
   auto ar = [](comm::Communicator& g, core::Tensor& t) { return [&g, &t] { g.all_reduce(t).wait(); }; };
   // Ping-pong within the pair: even members send first; one-way time = round trip / 2.
   auto pingpong = [&](core::Tensor& t) {
@@ -266,9 +342,32 @@ int probe_worker(const std::string& path) {
   out.push_back({"ar_world_256KiB", probe_time(c, 20, nullptr, ar(c, k256), true)});
   out.push_back({"ar_world_1MiB", probe_time(c, 16, nullptr, ar(c, big), true)});
   out.push_back({"ar_world_4MiB", probe_time(c, 8, nullptr, ar(c, m4), true)});
-  // The other collectives on the same 1 MiB (for the record: the model prices them by ring steps).
-  out.push_back({"ag_world_1MiB", probe_time(c, 8, nullptr, [&] { c.all_gather(big, shard).wait(); }, true)});
-  out.push_back({"rs_world_1MiB", probe_time(c, 8, nullptr, [&] { c.reduce_scatter(shard, big).wait(); }, true)});
+  // All-gather and reduce-scatter at the same sizes: each collective kind runs its own
+  // algorithm (Gloo's reduce-scatter is a ring all-reduce of the whole input and a slice;
+  // its all-reduce is bcube up to 512 KiB and a ring above), so each gets its own fit.
+  struct Sized {
+    const char* tag;
+    core::Tensor* whole;
+    int iters;
+  };
+  const Sized sized[] = {{"64KiB", &k64, 30}, {"256KiB", &k256, 20}, {"1MiB", &big, 16}, {"4MiB", &m4, 8}};
+  for (const Sized& z : sized) {
+    core::Tensor part = core::Tensor::zeros({z.whole->numel() / n}, core::DType::kF32);
+    core::Tensor& whole = *z.whole;
+    out.push_back({std::string("ag_world_") + z.tag,
+                   probe_time(c, z.iters, nullptr, [&] { c.all_gather(whole, part).wait(); }, true)});
+    out.push_back({std::string("rs_world_") + z.tag,
+                   probe_time(c, z.iters, nullptr, [&] { c.reduce_scatter(part, whole).wait(); }, true)});
+  }
+  // The tensor-parallel pattern: 64 KiB collectives between bursts of compute, no barrier.
+  {
+    core::Tensor part = core::Tensor::zeros({k64.numel() / n}, core::DType::kF32);
+    out.push_back({"ar_world_64KiB_busy", probe_time(c, 30, filler, ar(c, k64), false)});
+    out.push_back({"ag_world_64KiB_busy",
+                   probe_time(c, 30, filler, [&] { c.all_gather(k64, part).wait(); }, false)});
+    out.push_back({"rs_world_64KiB_busy",
+                   probe_time(c, 30, filler, [&] { c.reduce_scatter(part, k64).wait(); }, false)});
+  }
   out.push_back({"ar_pair_4B", probe_time(c, 60, nullptr, ar(pair, small), true)});
   out.push_back({"ar_world_4B_busy", probe_time(c, 60, filler, ar(c, small), false)});
   out.push_back({"ar_pair_4B_busy", probe_time(c, 60, filler, ar(pair, small), false)});
@@ -435,6 +534,10 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
                 "-> launch %.0f us, latency %.0f us, bw %.2f GB/s, launch_oversub %.0f us (%d cores)",
                 hw.launch * 1e6, hw.intra.latency * 1e6, hw.intra.bw / 1e9, hw.launch_oversub * 1e6, hw.cores);
   say(line);
+  t0 = Clock::now();
+  const std::string rates = measure_op_rates(hw);
+  std::snprintf(line, sizeof line, " (%.1f s)", since(t0));
+  say(rates + line);
   hw.op_overhead = fit_op_overhead(hw, opt);
   return hw;
 }

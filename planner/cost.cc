@@ -24,6 +24,18 @@ double total(const std::vector<core::Shape>& v) {
 
 }  // namespace
 
+const char* const kRatedOpTypes[kRatedOps] = {
+    "attention", "attention.bwd", "gqa_attention", "gqa_attention.bwd", "layernorm",
+    "layernorm.bwd", "rmsnorm", "rmsnorm.bwd", "gelu", "gelu.bwd", "swiglu", "swiglu.bwd",
+    "rope", "rope.bwd", "add", "add.bwd", "cross_entropy", "cross_entropy.bwd", "embedding",
+    "embedding.bwd", "adamw", "global_norm"};
+
+int rated_op(const std::string& type) {
+  for (int i = 0; i < kRatedOps; ++i)
+    if (type == kRatedOpTypes[i]) return i;
+  return -1;
+}
+
 const char* coll_name(CollKind k) {
   switch (k) {
     case CollKind::kAllReduce: return "all_reduce";
@@ -48,7 +60,7 @@ double CostModel::oversub_weight(int world) const {
 
 double CostModel::collective(CollKind k, int n, int64_t bytes, bool cross_node, int world) const {
   if (n <= 1) return 0;
-  double a = cross_node ? alpha_inter : alpha_intra, bw = cross_node ? bw_inter : bw_intra;
+  double a = cross_node ? alpha_inter : alpha_intra, bw = cross_node ? bw_inter : coll_bw(k, bytes);
   double steps = k == CollKind::kAllReduce ? 2.0 * (n - 1) : double(n - 1);
   // The reductions and copies of the bytes are the rank's own work: time-shared too.
   return launch + launch_oversub * oversub_weight(world) + steps * a +
@@ -62,19 +74,36 @@ double CostModel::p2p(int64_t bytes, bool cross_node, int world) const {
   return a + double(bytes) / (cross_node ? bw_inter : bw_intra) * sharing(world);
 }
 
-double CostModel::flop_rate(double flop) const {
-  const auto& c = flops_by_size;
-  if (c.empty()) return flops;
-  if (flop <= c.front().first) return c.front().second;
-  if (flop >= c.back().first) return c.back().second;
+namespace {
+
+// A measured curve at x: linear in log(x) between its points, clamped at its ends.
+double interpolate_log(const std::vector<std::pair<double, double>>& c, double x) {
+  if (x <= c.front().first) return c.front().second;
+  if (x >= c.back().first) return c.back().second;
   size_t i = 1;
-  while (c[i].first < flop) ++i;
-  const double t = std::log(flop / c[i - 1].first) / std::log(c[i].first / c[i - 1].first);
+  while (c[i].first < x) ++i;
+  const double t = std::log(x / c[i - 1].first) / std::log(c[i].first / c[i - 1].first);
   return c[i - 1].second + t * (c[i].second - c[i - 1].second);
+}
+
+}  // namespace
+
+double CostModel::flop_rate(double flop) const {
+  return flops_by_size.empty() ? flops : interpolate_log(flops_by_size, flop);
+}
+
+double CostModel::coll_bw(CollKind k, int64_t bytes) const {
+  const auto& c = coll_bw_by_size[size_t(k)];
+  return c.empty() ? bw_intra : interpolate_log(c, double(std::max<int64_t>(1, bytes)));
 }
 
 double CostModel::compute_alone(double flop, double bytes) const {
   return op_overhead + std::max(flop / flop_rate(flop), bytes / mem_bw);
+}
+
+double CostModel::compute_alone(const OpWork& w) const {
+  const double rate = w.rated >= 0 ? op_rates[size_t(w.rated)] : 0;
+  return rate > 0 ? op_overhead + w.flop / rate : compute_alone(w.flop, w.bytes);
 }
 
 int64_t wire_bytes(CollKind k, int n, int64_t bytes) {
@@ -139,6 +168,8 @@ OpWork op_work(const core::Op& op, const std::string& part, const std::vector<co
   } else {
     w.flop = total(ins);
   }
+  // A custom rule's stage (ce.max, norm.sumsq, ...) is not the kernel that was timed.
+  if (part.empty()) w.rated = rated_op(t);
   return w;
 }
 

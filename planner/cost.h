@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -19,6 +20,15 @@ namespace weft::planner {
 enum class CollKind : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kAllToAllV };
 const char* coll_name(CollKind k);
 constexpr int kCollKinds = 5;
+
+// Op types whose kernels are neither GEMMs nor plain copies (attention's loops, the
+// normalisations, the activations, the loss, the optimizer): weft calibrate times each on
+// its own, since pricing them at the GEMM rate or at memcpy's bandwidth is wrong several-fold
+// either way on a CPU (gelu's tanh, adamw's square roots, attention's softmax).
+constexpr int kRatedOps = 22;
+extern const char* const kRatedOpTypes[kRatedOps];
+// The index of `type` in kRatedOpTypes, or -1.
+int rated_op(const std::string& type);
 
 struct CostModel {
   double flops = 400e12;        // sustained FLOP/s per device
@@ -56,6 +66,18 @@ struct CostModel {
   // Read only by compute(): the layout search costs collectives and copies, never compute,
   // so its memo (RvdCache) need not key on it.
   std::vector<std::pair<double, double>> flops_by_size;
+  // Measured wire rate (bytes/s) of each collective kind by the size of the call's buffer
+  // (the `bytes` collective() takes), ascending in bytes (weft calibrate, at 2 ranks of one
+  // node). A CPU transport runs each kind its own way (Gloo: all-reduce by bcube up to 512
+  // KiB and by a ring above, reduce-scatter as an all-reduce of the whole buffer and a
+  // slice), so one link bandwidth cannot price them all: a 4 MiB all-reduce ran at a third
+  // of the rate the link fit gives. Empty for a kind (the default): bw_intra. Never used
+  // across nodes (bw_inter), where nothing was measured.
+  std::array<std::vector<std::pair<double, double>>, kCollKinds> coll_bw_by_size;
+  // Measured rate of each rated op type (kRatedOpTypes), in op_work's FLOPs per second of
+  // that kernel (weft calibrate, f32); 0 (the default): priced as any op, by FLOPs at
+  // flop_rate() or bytes at mem_bw, whichever is slower.
+  std::array<double, kRatedOps> op_rates{};
 
   // Ring algorithms: launch + all_reduce 2(n-1) steps moving 2(n-1)/n of `bytes`;
   // all_gather and reduce_scatter (n-1) steps moving (n-1)/n of the full buffer `bytes`;
@@ -74,9 +96,15 @@ struct CostModel {
   // changes active_ranks computes once.
   double local_copy_alone(int64_t bytes) const { return op_overhead + double(bytes) / mem_bw; }
   double compute_alone(double flop, double bytes) const;
+  // One op's work: at its type's measured rate when there is one (OpWork::rated), else as above.
+  double compute_alone(const struct OpWork& w) const;
+  double compute(const struct OpWork& w, int world = 0) const { return compute_alone(w) * sharing(world); }
   // FLOP/s of one op of `flop` FLOPs: `flops`, or flops_by_size interpolated linearly in
   // log(FLOPs) and clamped at its ends.
   double flop_rate(double flop) const;
+  // Wire bytes/s of one collective of kind k on a buffer of `bytes` inside a node:
+  // coll_bw_by_size[k] interpolated linearly in log(bytes) and clamped at its ends, or bw_intra.
+  double coll_bw(CollKind k, int64_t bytes) const;
   // How many times slower a rank computes when `world` ranks share the node's cores: 1 with
   // cores = 0 or no more ranks on a node than cores.
   double sharing(int world) const;
@@ -100,6 +128,7 @@ int64_t wire_bytes(CollKind k, int n, int64_t bytes);
 // custom rule ("ce.max", "moe.experts", ...; empty for the whole op).
 struct OpWork {
   double flop = 0, bytes = 0;
+  int rated = -1;  // index in kRatedOpTypes of a whole op of a rated type, else -1
 };
 OpWork op_work(const core::Op& op, const std::string& part, const std::vector<core::Shape>& ins,
                const std::vector<core::Shape>& outs, size_t elem_bytes);

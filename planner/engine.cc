@@ -71,7 +71,7 @@ PlanDurations durations_alone(const Plan& plan, const PlanWork& work, const Cost
     for (size_t i = 0; i < role.program.size(); ++i) {
       const Instr& in = role.program[i];
       if (in.kind == InstrKind::kCompute)
-        d[i] = cost.compute_alone(work[k][i].flop, work[k][i].bytes);
+        d[i] = cost.compute_alone(work[k][i]);
       else if (in.kind == InstrKind::kLocal)
         d[i] = cost.local_copy_alone(role.tensors[size_t(in.out[0].tensor)].bytes);
     }

@@ -155,7 +155,8 @@ CostModel Hardware::cost_model(const std::string& dtype) const {
   m.cores = cores;
   m.op_overhead = op_overhead;
   m.launch_oversub = launch_oversub;
-  if (dtype == "f32") m.flops_by_size = flops_by_size;
+  if (dtype == "f32") m.flops_by_size = flops_by_size, m.op_rates = op_rates;
+  m.coll_bw_by_size = coll_bw_by_size;
   return m;
 }
 
@@ -217,6 +218,39 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
       hw.flops_by_size.push_back({x, r});
     }
   }
+  if (f.has("collective_bw_by_size")) {
+    Fields c = f.sub("collective_bw_by_size");
+    std::set<std::string> kinds;
+    for (int k = 0; k < kCollKinds; ++k) {
+      const std::string kind = coll_name(CollKind(k));
+      kinds.insert(kind);
+      const YAML::Node pts = c.node()[kind];
+      if (!pts) continue;
+      const std::string field = "hardware.collective_bw_by_size." + kind;
+      if (!pts.IsSequence()) f.fail(field, "expected a list of [bytes of one call, wire bytes/s]");
+      auto& out = hw.coll_bw_by_size[size_t(k)];
+      for (size_t i = 0; i < pts.size(); ++i) {
+        const std::string at = field + "[" + std::to_string(i) + "]";
+        double x = 0, r = 0;
+        try {
+          if (!pts[i].IsSequence() || pts[i].size() != 2) throw YAML::Exception(YAML::Mark(), "");
+          x = pts[i][0].as<double>(), r = pts[i][1].as<double>();
+        } catch (const YAML::Exception&) {
+          f.fail(at, "expected [bytes of one call, wire bytes/s]");
+        }
+        if (!(x > 0 && r > 0)) f.fail(at, "both numbers must be > 0");
+        if (!out.empty() && x <= out.back().first) f.fail(at, "the points must be in ascending order of bytes");
+        out.push_back({x, r});
+      }
+    }
+    c.done(kinds);
+  }
+  if (f.has("op_rates")) {
+    Fields r = f.sub("op_rates");
+    std::set<std::string> types(std::begin(kRatedOpTypes), std::end(kRatedOpTypes));
+    for (int i = 0; i < kRatedOps; ++i) hw.op_rates[size_t(i)] = r.number(kRatedOpTypes[i], 0.0, 0, false);
+    r.done(types);
+  }
   if (f.has("machine")) {
     Fields m = f.sub("machine");
     hw.machine = MachineKey{m.text("host"), m.text("cpu_model"), m.text("openblas_coretype")};
@@ -231,7 +265,7 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
     }
   }
   f.done({"name", "flops", "flops_efficiency", "memory", "ranks_per_node", "intra_node", "inter_node",
-          "launch", "cpu", "flops_by_size", "machine", "calibrated_at", "measurements"});
+          "launch", "cpu", "flops_by_size", "collective_bw_by_size", "op_rates", "machine", "calibrated_at", "measurements"});
   return hw;
 }
 
@@ -259,6 +293,25 @@ std::string hardware_to_yaml(const Hardware& hw) {
   if (!hw.flops_by_size.empty()) {
     os << "flops_by_size:  # [FLOPs of one op, sustained f32 FLOP/s]\n";
     for (const auto& [x, r] : hw.flops_by_size) os << "  - [" << num(x) << ", " << num(r) << "]\n";
+  }
+  bool any_coll = false;
+  for (const auto& c : hw.coll_bw_by_size) any_coll = any_coll || !c.empty();
+  if (any_coll) {
+    os << "collective_bw_by_size:  # per kind: [bytes of one call, wire bytes/s], measured at 2 ranks\n";
+    for (int k = 0; k < kCollKinds; ++k) {
+      const auto& c = hw.coll_bw_by_size[size_t(k)];
+      if (c.empty()) continue;
+      os << "  " << coll_name(CollKind(k)) << ": [";
+      for (size_t i = 0; i < c.size(); ++i) os << (i ? ", [" : "[") << num(c[i].first) << ", " << num(c[i].second) << "]";
+      os << "]\n";
+    }
+  }
+  bool any_op = false;
+  for (double r : hw.op_rates) any_op = any_op || r > 0;
+  if (any_op) {
+    os << "op_rates:  # measured f32 rate of each kernel, in the cost model's FLOPs of that op per second\n";
+    for (int i = 0; i < kRatedOps; ++i)
+      if (hw.op_rates[size_t(i)] > 0) os << "  " << kRatedOpTypes[i] << ": " << num(hw.op_rates[size_t(i)]) << "\n";
   }
   if (hw.machine)
     os << "machine: {host: " << quoted(hw.machine->host) << ", cpu_model: " << quoted(hw.machine->cpu_model)

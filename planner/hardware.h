@@ -5,6 +5,7 @@
 // machine's description, measured, to a cache file named after the machine (machine_cache_path).
 #pragma once
 
+#include <array>
 #include <optional>
 #include <string>
 #include <utility>
@@ -49,6 +50,11 @@ struct Hardware {
   // Sustained f32 FLOP/s by the FLOPs of one op (CostModel::flops_by_size), ascending;
   // measured by weft calibrate, empty in the presets.
   std::vector<std::pair<double, double>> flops_by_size;
+  // Wire bytes/s per collective kind by call size (CostModel::coll_bw_by_size), ascending;
+  // measured by weft calibrate, empty in the presets.
+  std::array<std::vector<std::pair<double, double>>, kCollKinds> coll_bw_by_size;
+  // Measured f32 rate of each rated op type (CostModel::op_rates); 0 where not measured.
+  std::array<double, kRatedOps> op_rates{};
   // A calibration cache's machine and what was measured (for the record: the model reads
   // the fields above). Absent in the presets.
   std::optional<MachineKey> machine;

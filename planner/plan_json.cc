@@ -130,6 +130,30 @@ void write_costs(W& w, const CostAnnotations& c) {
     w.raw((i ? ",[" : "[") + json_number(c.model.flops_by_size[i].first) + "," +
           json_number(c.model.flops_by_size[i].second) + "]");
   w.raw("]");
+  // The calibrated collective rates, likewise; only when measured, so that a plan under a
+  // model without them is written as before.
+  bool any_op = false;
+  for (double r : c.model.op_rates) any_op = any_op || r > 0;
+  if (any_op) {
+    w.key("op_rates");
+    w.raw("[");
+    for (size_t i = 0; i < c.model.op_rates.size(); ++i) w.raw((i ? "," : "") + json_number(c.model.op_rates[i]));
+    w.raw("]");
+  }
+  bool any_coll = false;
+  for (const auto& cb : c.model.coll_bw_by_size) any_coll = any_coll || !cb.empty();
+  if (any_coll) {
+    w.key("coll_bw_by_size");
+    w.raw("[");
+    for (size_t k = 0; k < c.model.coll_bw_by_size.size(); ++k) {
+      w.raw(k ? ",[" : "[");
+      const auto& cb = c.model.coll_bw_by_size[k];
+      for (size_t i = 0; i < cb.size(); ++i)
+        w.raw((i ? ",[" : "[") + json_number(cb[i].first) + "," + json_number(cb[i].second) + "]");
+      w.raw("]");
+    }
+    w.raw("]");
+  }
   w.raw("}");
   w.d("step_s", c.step_s), w.d("bubble", c.bubble), w.d("pipeline_estimate_s", c.pipeline_estimate_s);
   w.d("planning_s", c.planning_s);
@@ -421,6 +445,20 @@ Plan plan_from_json(const std::string& text) {
         if (pt.items.size() != 2) bad("costs.model.flops_by_size: each entry is [flop, flop/s]");
         k.model.flops_by_size.push_back({pt.items[0].number, pt.items[1].number});
       }
+    if (const JsonValue* v = cm.find("op_rates")) {  // only in calibrated plans
+      if (v->items.size() != k.model.op_rates.size())
+        bad("costs.model.op_rates: one rate per rated op type (" + std::to_string(k.model.op_rates.size()) + ")");
+      for (size_t i = 0; i < v->items.size(); ++i) k.model.op_rates[i] = v->items[i].number;
+    }
+    if (const JsonValue* v = cm.find("coll_bw_by_size")) {  // only in calibrated plans
+      if (v->items.size() != k.model.coll_bw_by_size.size())
+        bad("costs.model.coll_bw_by_size: one list per collective kind");
+      for (size_t kind = 0; kind < v->items.size(); ++kind)
+        for (const JsonValue& pt : v->items[kind].items) {
+          if (pt.items.size() != 2) bad("costs.model.coll_bw_by_size: each entry is [bytes, bytes/s]");
+          k.model.coll_bw_by_size[kind].push_back({pt.items[0].number, pt.items[1].number});
+        }
+    }
     k.step_s = dbl(*co, "step_s"), k.bubble = dbl(*co, "bubble");
     k.pipeline_estimate_s = dbl(*co, "pipeline_estimate_s"), k.planning_s = dbl(*co, "planning_s");
     for (const JsonValue& x : at(*co, "stage_s").items) k.stage_s.push_back(x.number);

@@ -573,6 +573,15 @@ RvdPath rvd_search(const GroupLayout& from, const std::vector<std::optional<Piec
     std::memcpy(&bits, &x, sizeof bits);
     put(key, bits);
   }
+  for (const auto& curve : cm.coll_bw_by_size) {  // the measured collective rates
+    put(key, int64_t(curve.size()));
+    for (const auto& [bytes, rate] : curve)
+      for (double x : {bytes, rate}) {
+        int64_t bits;
+        std::memcpy(&bits, &x, sizeof bits);
+        put(key, bits);
+      }
+  }
   put(key, cm.ranks_per_node);
   put(key, cm.cores);
   put(key, cm.device_memory);

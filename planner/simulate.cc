@@ -12,7 +12,7 @@ double instr_time(const Plan& plan, const Role& role, const Instr& in, const OpW
   const int self = plan.mesh.rank_of(role.stage, role.lane, 0);
   switch (in.kind) {
     case InstrKind::kCompute:
-      return cost.compute(w.flop, w.bytes, plan.world());
+      return cost.compute(w, plan.world());
     case InstrKind::kLocal:
       return cost.local_copy(role.tensors[size_t(in.out[0].tensor)].bytes, plan.world());
     case InstrKind::kCollective: {

@@ -103,7 +103,7 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
     const size_t elem =
         core::dtype_size(g.value(op.outputs.empty() ? op.inputs[0] : op.outputs[0]).dtype);
     const OpWork w = op_work(op, "", shapes(s.ins), shapes(s.outs), elem);
-    double t = cost.compute(w.flop, w.bytes);
+    double t = cost.compute(w);
     // Tensor parallelism leaves an activation (or its gradient) as partial sums: an
     // all-reduce over the tp lanes (Megatron's two per layer each way).
     for (size_t k = 0; k < parts_before_tp.size() && k < s.outs.size(); ++k) {
@@ -295,7 +295,8 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
       t += collective_at(cost, CollKind::kAllReduce, int(replica * l.deg.dp), 8,
                          replica_cross || cross.dp, cross.world);
     const double n = bytes / elem / double(l.zero >= 1 ? shards : 1);
-    t += cost.compute(15 * n, 7 * n * elem);
+    OpWork adamw{15 * n, 7 * n * elem, rated_op("adamw")};  // op_work's count for adamw
+    t += cost.compute(adamw);
     end_s[size_t(s)] = t;
   }
   Prediction p;

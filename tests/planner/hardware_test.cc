@@ -240,7 +240,7 @@ TEST(Hardware, CalibrateWritesACacheThatPlanUses) {
   test::CommandResult r = test::run_weft("calibrate --out " + path);
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* progress : {"memory: memcpy", "gemm 64x128x32", "gloo, 2 processes", "gloo, 4 processes", "link fit over",
-                               "executor:", "wrote " })
+                               "collective wire rates", "op rates", "executor:", "wrote " })
     EXPECT_NE(r.out.find(progress), std::string::npos) << progress << "\n" << r.out;
   std::optional<Hardware> hw = read_machine_cache(path, this_machine());
   ASSERT_TRUE(hw.has_value());
@@ -248,6 +248,11 @@ TEST(Hardware, CalibrateWritesACacheThatPlanUses) {
   EXPECT_GT(hw->cores, 0);
   EXPECT_GT(hw->memory_bw, 0);
   EXPECT_GT(hw->intra.bw, 0);
+  // Gloo's 4 MiB reduce-scatter (an all-reduce of the whole buffer) always takes longer than
+  // the fixed part, and the small GPT runs every GPT kernel.
+  EXPECT_FALSE(hw->coll_bw_by_size[size_t(CollKind::kReduceScatter)].empty());
+  for (const char* type : {"attention", "attention.bwd", "layernorm", "gelu.bwd", "cross_entropy", "adamw"})
+    EXPECT_GT(hw->op_rates[size_t(rated_op(type))], 0) << type;
   CostModel m = hw->cost_model("f32");
   EXPECT_FALSE(m == CostModel{});
   r = test::run_weft("plan --config " + config("gpt-layout.yaml") + " --world 2 --set parallel.dp=2");
