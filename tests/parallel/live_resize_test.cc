@@ -17,6 +17,18 @@ namespace {
 
 using namespace live;
 
+// After a leave: the agents of nodes 0 and 1 kept their worker processes (`before`: each
+// agent's children before the change) and end with 0.
+void expect_survivors_kept_and_ended_ok(LiveJob& job,
+                                        const std::vector<std::vector<pid_t>>& before) {
+  for (int k : {0, 1}) EXPECT_EQ(children(job.pid(k)), before[size_t(k)]) << "agent " << k;
+  for (int k : {0, 1}) {
+    std::optional<int> c = job.wait(k);
+    ASSERT_TRUE(c) << job.all_logs();
+    EXPECT_EQ(*c, 0) << job.all_logs();
+  }
+}
+
 // dp4 -> dp2 (two workers SIGKILLed; their nodes leave) -> dp3 (a node joins): the survivors
 // keep their processes, take the state from each other (every DP replica holds all of it),
 // and the run equals one process's.
@@ -70,7 +82,8 @@ TEST(LiveResize, Dp4ToDp2ByKillsThenDp3ByAJoinKeepsSurvivorsAndTheNumbers) {
   // A survivor whose collective failed poked its agent, which looked at the membership at
   // once instead of at its next monitor pass (heartbeat.h).
   const std::string poke = "lost a peer; looking at the membership now";
-  EXPECT_TRUE(lead.find(poke) != std::string::npos || slurp(job.logs[1]).find(poke) != std::string::npos)
+  EXPECT_TRUE(lead.find(poke) != std::string::npos ||
+              slurp(job.logs[1]).find(poke) != std::string::npos)
       << lead;
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);  // kept for a look otherwise
 }
@@ -98,12 +111,7 @@ TEST(LiveResize, GracefulLeaveHandsItsZeroShardOverAndExitsZero) {
   std::optional<int> code = job.wait(2);
   ASSERT_TRUE(code) << job.all_logs();
   EXPECT_EQ(*code, 0) << job.all_logs();
-  for (int k : {0, 1}) EXPECT_EQ(children(job.pid(k)), before[size_t(k)]) << "agent " << k;
-  for (int k : {0, 1}) {
-    std::optional<int> c = job.wait(k);
-    ASSERT_TRUE(c) << job.all_logs();
-    EXPECT_EQ(*c, 0) << job.all_logs();
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_survivors_kept_and_ended_ok(job, before));
   const auto p = job.phases();
   ASSERT_EQ(p.size(), 2u) << phases_text(p);
   EXPECT_EQ(p[0].first, WorldEpoch(3, 1)) << phases_text(p);
@@ -147,12 +155,7 @@ TEST(LiveResize, TwoGracefulLeavesAtOnceBothHandOverAndExitZero) {
               std::string::npos)
         << job.text(k);
   }
-  for (int k : {0, 1}) EXPECT_EQ(children(job.pid(k)), before[size_t(k)]) << "agent " << k;
-  for (int k : {0, 1}) {
-    std::optional<int> c = job.wait(k);
-    ASSERT_TRUE(c) << job.all_logs();
-    EXPECT_EQ(*c, 0) << job.all_logs();
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_survivors_kept_and_ended_ok(job, before));
   const auto p = job.phases();
   ASSERT_GE(p.size(), 2u) << phases_text(p);
   EXPECT_EQ(p[0].first, WorldEpoch(4, 1)) << phases_text(p);

@@ -35,6 +35,17 @@ struct JobSegments {
 
 std::string slurp_file(const fs::path& p) { return slurp(p); }
 
+// The newest committed step of a segment (-1: none yet, or not there).
+int64_t newest_step(const std::string& name) {
+  try {
+    const checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(name, false);
+    const std::optional<checkpoint::SnapshotSegment::View> v = seg.latest();
+    return v ? v->meta.step : -1;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
 // The step lines of a metrics file so far (0 while it does not exist).
 size_t metrics_lines(const fs::path& p) {
   try {
@@ -62,9 +73,19 @@ class SnapshotRecovery : public ::testing::Test {
   std::vector<std::string> run_args(const std::string& id, const fs::path& out,
                                     const std::vector<std::string>& extra,
                                     int steps = kSteps) const {
-    std::vector<std::string> a = {"run", "--standalone", "--nproc-per-node", "3",
-                                  "--max-restarts", "1", "--monitor-interval", "0.05",
-                                  "--rdzv-id", id, "--", WEFT_BINARY, "train"};
+    std::vector<std::string> a = {"run",
+                                  "--standalone",
+                                  "--nproc-per-node",
+                                  "3",
+                                  "--max-restarts",
+                                  "1",
+                                  "--monitor-interval",
+                                  "0.05",
+                                  "--rdzv-id",
+                                  id,
+                                  "--",
+                                  WEFT_BINARY,
+                                  "train"};
     std::vector<std::string> sets = {"parallel.zero=1", "snapshot.every=1"};
     sets.insert(sets.end(), extra.begin(), extra.end());
     for (const std::string& x : live::train_args(out, steps, sets)) a.push_back(x);
@@ -127,9 +148,12 @@ TEST_F(SnapshotRecovery, AKilledWorkerResumesFromTheNodesSnapshotsWithTheSameWei
   ASSERT_NE(before.find(started), std::string::npos) << before;
   const pid_t agent = pid_t(std::stol(before.substr(before.find(started) + started.size())));
   ::kill(agent, SIGKILL);
-  ASSERT_TRUE(poll_until([&] {
-    return slurp_file(dir_ / "run.log").find("3 segment(s) adopted)") != std::string::npos;
-  }, 60)) << slurp_file(dir_ / "run.log");
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return slurp_file(dir_ / "run.log").find("3 segment(s) adopted)") != std::string::npos;
+      },
+      60))
+      << slurp_file(dir_ / "run.log");
   const Killed k = kill_rank1_at(agents, run, out, 40);
   ASSERT_FALSE(::testing::Test::HasFailure());
   const std::string& log = k.log;
@@ -177,9 +201,9 @@ TEST_F(SnapshotRecovery, EveryAutoChoosesAnIntervalAndTheJobResumesOnIt) {
       << slurp_file(dir_ / "run.log");
   const std::string said = slurp_file(dir_ / "run.log");
   const long every = std::stol(said.substr(said.find(chose) + chose.size()));
-  std::printf("[ says     ] %s\n",
-              said.substr(said.find(chose), said.find('\n', said.find(chose)) - said.find(chose))
-                  .c_str());
+  std::printf(
+      "[ says     ] %s\n",
+      said.substr(said.find(chose), said.find('\n', said.find(chose)) - said.find(chose)).c_str());
   ASSERT_GE(every, 1);
   // This model's state is about 1 MiB a rank: its copy takes about a millisecond against
   // steps of tens, so the interval is small unless the timing went wrong.
@@ -376,8 +400,7 @@ void failed_worker_leaves_under(const std::string& redundancy) {
       EXPECT_EQ(*code, 0) << job.all_logs();
     }
   }
-  EXPECT_NE(job.text(2).find("leaves the job (no restarts left"), std::string::npos)
-      << job.text(2);
+  EXPECT_NE(job.text(2).find("leaves the job (no restarts left"), std::string::npos) << job.text(2);
   const std::vector<std::string> resizes = live::lines_with(job.text(0), "resize: epoch");
   ASSERT_EQ(resizes.size(), 1u) << job.all_logs();
   for (const std::string& l : resizes) std::printf("[ says     ] %s\n", l.substr(0, 500).c_str());
@@ -422,25 +445,16 @@ TEST(SnapshotRecoveryMultiNode, ACorruptOwnSnapshotIsReadFromItsReplicaOnTheNext
   JobSegments segments{checkpoint::job_id_for_run(job.id)};
   const fs::path ref = live::reference_run(job.dir, job.steps, {"parallel.dp=auto"});
   job.start_in_order(3);
-  const std::string own = checkpoint::segment_name(segments.job, checkpoint::SegmentKind::kData,
-                                                   0, 1, 0);
-  const std::string replica = checkpoint::segment_name(
-      segments.job, checkpoint::SegmentKind::kReplica, 0, 1, 0);
-  // The newest committed step of a segment (-1: none yet, or not there).
-  auto newest = [](const std::string& name) -> int64_t {
-    try {
-      const checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(name, false);
-      const std::optional<checkpoint::SnapshotSegment::View> v = seg.latest();
-      return v ? v->meta.step : -1;
-    } catch (const std::exception&) {
-      return -1;
-    }
-  };
-  ASSERT_TRUE(poll_until([&] { return newest(own) >= 50; }, 120)) << job.all_logs();
-  const int64_t step = newest(own);
+  const std::string own =
+      checkpoint::segment_name(segments.job, checkpoint::SegmentKind::kData, 0, 1, 0);
+  const std::string replica =
+      checkpoint::segment_name(segments.job, checkpoint::SegmentKind::kReplica, 0, 1, 0);
+  ASSERT_TRUE(poll_until([&] { return newest_step(own) >= 50; }, 120)) << job.all_logs();
+  const int64_t step = newest_step(own);
   ASSERT_TRUE(job.wait_steps(size_t(step) + 5)) << job.all_logs();
-  ASSERT_TRUE(poll_until([&] { return newest(replica) == step; }, 60))
-      << "rank 0's replica of step " << step << " is not on node 1\n" << job.all_logs();
+  ASSERT_TRUE(poll_until([&] { return newest_step(replica) == step; }, 60))
+      << "rank 0's replica of step " << step << " is not on node 1\n"
+      << job.all_logs();
   {
     checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(own, true);
     const std::optional<checkpoint::SnapshotSegment::View> v = seg.latest();
@@ -493,17 +507,8 @@ TEST(SnapshotRecoveryMultiNode, ACorruptOwnSnapshotUnderEcIsRepairedFromParityWh
   job.start_in_order(3);
   const std::string own =
       checkpoint::segment_name(segments.job, checkpoint::SegmentKind::kData, 0, 1, 0);
-  auto newest = [](const std::string& name) -> int64_t {
-    try {
-      const checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(name, false);
-      const std::optional<checkpoint::SnapshotSegment::View> v = seg.latest();
-      return v ? v->meta.step : -1;
-    } catch (const std::exception&) {
-      return -1;
-    }
-  };
-  ASSERT_TRUE(poll_until([&] { return newest(own) >= 50; }, 120)) << job.all_logs();
-  const int64_t step = newest(own);
+  ASSERT_TRUE(poll_until([&] { return newest_step(own) >= 50; }, 120)) << job.all_logs();
+  const int64_t step = newest_step(own);
   ASSERT_TRUE(job.wait_steps(size_t(step) + 5)) << job.all_logs();
   // Every parity fragment of epoch 1 holds step S (the lockstep keeps it at most one behind).
   ASSERT_TRUE(poll_until(
@@ -513,7 +518,7 @@ TEST(SnapshotRecoveryMultiNode, ACorruptOwnSnapshotUnderEcIsRepairedFromParityWh
           const auto p = checkpoint::parse_segment_name(n);
           if (!p || p->kind != checkpoint::SegmentKind::kParity) continue;
           ++parity;
-          if (newest(n) != step) return false;
+          if (newest_step(n) != step) return false;
         }
         return parity > 0;
       },
