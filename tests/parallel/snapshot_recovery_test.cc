@@ -35,6 +35,21 @@ struct JobSegments {
 
 std::string slurp_file(const fs::path& p) { return slurp(p); }
 
+// Flips one byte of segment `own`'s newest slot, which must hold `step`: one corrupt block,
+// found by its checksum when the slot is read. The job must not have gone past its next
+// snapshot meanwhile.
+void flip_a_byte_of_the_newest_slot(live::LiveJob& job, const std::string& own, int64_t step) {
+  {
+    checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(own, true);
+    const std::optional<checkpoint::SnapshotSegment::View> v = seg.latest();
+    ASSERT_TRUE(v.has_value());
+    ASSERT_EQ(v->meta.step, step) << "the job took its next snapshot before the test acted";
+    const_cast<uint8_t*>(static_cast<const uint8_t*>(v->payload))[v->meta.payload_bytes / 3] ^= 1;
+    ASSERT_EQ(seg.corrupt_blocks(*v).size(), 1u);
+  }
+  ASSERT_LT(job.rows().size(), size_t(step) + 50) << "the job ran past its next snapshot";
+}
+
 // The newest committed step of a segment (-1: none yet, or not there).
 int64_t newest_step(const std::string& name) {
   try {
@@ -455,14 +470,7 @@ TEST(SnapshotRecoveryMultiNode, ACorruptOwnSnapshotIsReadFromItsReplicaOnTheNext
   ASSERT_TRUE(poll_until([&] { return newest_step(replica) == step; }, 60))
       << "rank 0's replica of step " << step << " is not on node 1\n"
       << job.all_logs();
-  {
-    checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(own, true);
-    const std::optional<checkpoint::SnapshotSegment::View> v = seg.latest();
-    ASSERT_TRUE(v.has_value());
-    ASSERT_EQ(v->meta.step, step) << "the job took its next snapshot before the test acted";
-    const_cast<uint8_t*>(static_cast<const uint8_t*>(v->payload))[v->meta.payload_bytes / 3] ^= 1;
-  }
-  ASSERT_LT(job.rows().size(), size_t(step) + 50) << "the job ran past its next snapshot";
+  ASSERT_NO_FATAL_FAILURE(flip_a_byte_of_the_newest_slot(job, own, step));
   ASSERT_NO_FATAL_FAILURE(kill_node2_worker(job));
   for (int k = 0; k < 2; ++k) {
     std::optional<int> code = job.wait(k);
@@ -525,15 +533,7 @@ TEST(SnapshotRecoveryMultiNode, ACorruptOwnSnapshotUnderEcIsRepairedFromParityWh
       60))
       << "the parity of step " << step << " is not on its holders\n"
       << job.all_logs();
-  {
-    checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(own, true);
-    const std::optional<checkpoint::SnapshotSegment::View> v = seg.latest();
-    ASSERT_TRUE(v.has_value());
-    ASSERT_EQ(v->meta.step, step) << "the job took its next snapshot before the test acted";
-    const_cast<uint8_t*>(static_cast<const uint8_t*>(v->payload))[v->meta.payload_bytes / 3] ^= 1;
-    ASSERT_EQ(seg.corrupt_blocks(*v).size(), 1u);
-  }
-  ASSERT_LT(job.rows().size(), size_t(step) + 50) << "the job ran past its next snapshot";
+  ASSERT_NO_FATAL_FAILURE(flip_a_byte_of_the_newest_slot(job, own, step));
   ASSERT_NO_FATAL_FAILURE(kill_node2_worker(job));
   for (int k = 0; k < 3; ++k) {
     std::optional<int> code = job.wait(k);
