@@ -42,13 +42,16 @@ TEST(LiveResizeOldState, TheDefaultFreesTheSurvivorsStateWithoutASnapshotAndKeep
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 
-// dp2 ZeRO-1 on up to four loopback nodes, 120 steps, whose move into epoch 2 stops at
+// dp2 ZeRO-1 on up to four loopback nodes, 300 steps, whose move into epoch 2 stops at
 // `stall` (WEFT_TEST_STALL_MOVE=2:<stall>) with a router budget small enough for many waves.
 void stopped_join(LiveJob& job, const std::string& name, const std::string& stall) {
   job.dir = agent_test_dir("live_resize_old_state", name);
   job.id = "live-" + name + "-" + std::to_string(::getpid());
   job.nnodes = "2:4";
-  job.steps = 120;
+  // Long enough that the old world still trains when the join is admitted (two heartbeat
+  // intervals after the third agent starts, at step 30 or later): with 120 steps an idle
+  // machine (14 ms a step) ended the job before it, in one suite run of three.
+  job.steps = 300;
   job.sets = {"parallel.dp=auto", "parallel.zero=1"};
   job.env = {"WEFT_TEST_STALL_MOVE=2:" + stall, "WEFT_ROUTER_BUDGET_BYTES=65536",
              "WEFT_LOG_LEVEL=debug", "WEFT_LOG_SUBSYS=resize"};
