@@ -651,9 +651,10 @@ void TCPStoreServer::Impl::release_closed(KvTable::Owner owner, int pidfd) {
   const bool exited = ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
   if (exited || grace <= Millis(0) || table.bound_to(owner) == 0) {
     ::close(pidfd);
-    const size_t n = table.bound_to(owner);
+    // Counted before the release, whose removals answer parked wait_gone calls: a client
+    // woken by one must find the drop counted.
+    if (exited) dropped_at_exit += table.bound_to(owner);
     release_bound(owner, exited ? Millis(0) : grace);
-    if (exited) dropped_at_exit += n;
     return;
   }
   // Still running (its sockets close in the kernel's exit before the process is reaped, or
