@@ -129,7 +129,7 @@ void probe_gloo_allreduce(comm::Communicator& c, comm::Store& store, const Args&
   auto device = gloo::transport::tcp::CreateDevice(attr);
   auto context = std::make_shared<gloo::rendezvous::Context>(c.rank(), c.size());
   context->setTimeout(c.timeout());
-  comm::GlooStore gstore(store, a.get("--prefix") + "/probe");
+  comm::GlooStore gstore(store, a.get("--prefix") + "/probe", c.size());
   context->connectFullMesh(gstore, device);
   uint32_t tag = 0;
   auto run = [&](Tensor& t, gloo::AllreduceOptions::Algorithm alg) {

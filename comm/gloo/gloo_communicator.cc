@@ -171,7 +171,7 @@ GlooCommunicator::GlooCommunicator(const CommOptions& opts)
     auto context = std::make_shared<AbortableContext>(
         rank(), size(), str(kTeardownMarker, ": transfer interrupted"));
     context->setTimeout(opts.timeout);
-    GlooStore store(*opts.store, opts.prefix + "/gloo");
+    GlooStore store(*opts.store, opts.prefix + "/gloo", size());
     WEFT_GLOO_CHECK(context->connectFullMesh(store, device_), classify_rendezvous);
     context->track_buffers();
     context_ = context;

@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/check.h"
+#include "base/error.h"
+
 namespace weft::comm {
 
 namespace {
@@ -57,11 +60,32 @@ std::vector<char> GlooStore::get(const std::string& k) {
 }
 
 void GlooStore::wait(const std::vector<std::string>& ks) {
-  store_.wait(keys(ks), store_.timeout());
+  wait(ks, store_.timeout());
 }
 
 void GlooStore::wait(const std::vector<std::string>& ks, const std::chrono::milliseconds& timeout) {
+  if (mesh_size_ > 0 && !mesh_decided_) wait_for_mesh(timeout);
   store_.wait(keys(ks), timeout);
+}
+
+void GlooStore::wait_for_mesh(std::chrono::milliseconds timeout) {
+  static const Bytes kFormed{'f', 'o', 'r', 'm', 'e', 'd'};
+  static const Bytes kAbandoned{'a', 'b', 'a', 'n', 'd', 'o', 'n', 'e', 'd'};
+  std::vector<std::string> every;
+  for (int r = 0; r < mesh_size_; ++r) every.push_back(key(std::to_string(r)));
+  const std::string fate = key("fate");
+  try {
+    store_.wait(every, timeout);
+  } catch (const CommError&) {
+    // Giving up: nobody may connect to this rank from now on, unless the mesh formed first
+    // (then every address is there and this rank's connects complete: it goes on).
+    if (store_.compare_set(fate, {}, kAbandoned) != kFormed) throw;
+  }
+  if (store_.compare_set(fate, {}, kFormed) == kAbandoned)
+    throw CommError(str("gloo rendezvous under ", prefix_,
+                        ": the world was abandoned by a rank that gave up before every rank "
+                        "had arrived"));
+  mesh_decided_ = true;
 }
 
 std::vector<std::string> GlooStore::keys(const std::vector<std::string>& ks) const {
