@@ -28,7 +28,7 @@ void write_epoch_notice(const std::string& path, const EpochNotice& n) {
       << "\nnproc " << n.nproc << "\nstore_host " << n.store_host << "\nstore_port " << n.store_port
       << "\nstore_prefix " << n.store_prefix << "\nlost " << (n.lost ? 1 : 0) << "\nlost_at "
       << n.lost_at << "\ntransit_nodes " << n.transit_nodes << "\nleave " << (n.leave ? 1 : 0)
-      << "\nlost_since";
+      << "\nreleased " << (n.released ? 1 : 0) << "\nlost_since";
     for (const auto& [epoch, lost] : n.lost_since) f << " " << epoch << ":" << (lost ? 1 : 0);
     f << "\nwhy " << n.why << "\n";
     if (!f) throw IoError("cannot write the epoch notice " + tmp);
@@ -74,6 +74,7 @@ std::optional<EpochNotice> read_epoch_notice(const std::string& path) {
       else if (key == "lost_at") n.lost_at = std::stoll(value);
       else if (key == "transit_nodes") n.transit_nodes = std::stoi(value);
       else if (key == "leave") n.leave = value == "1";
+      else if (key == "released") n.released = value == "1";
       else if (key == "lost_since") n.lost_since = parse_lost_since(value);
       else if (key == "why") n.why = value;
     } catch (const std::exception&) {
@@ -111,6 +112,33 @@ bool all_following(const std::string& path, int nproc) {
   for (int r = 0; r < nproc; ++r)
     if (::access((path + ".live." + std::to_string(r)).c_str(), F_OK) != 0) return false;
   return true;
+}
+
+void mark_handed_over(const std::string& path, int local_rank, int64_t epoch) {
+  const std::string file = path + ".handed." + std::to_string(local_rank);
+  const std::string tmp = file + ".tmp";
+  std::ofstream(tmp, std::ios::trunc) << epoch << "\n";
+  std::error_code ec;
+  std::filesystem::rename(tmp, file, ec);  // whole or absent, for the agent's look
+  if (ec) throw IoError("cannot write " + file + ": " + ec.message());
+}
+
+bool all_handed_over(const std::string& path, int nproc, int64_t epoch) {
+  for (int r = 0; r < nproc; ++r) {
+    std::ifstream f(path + ".handed." + std::to_string(r));
+    int64_t e = -1;
+    if (!(f >> e) || e != epoch) return false;
+  }
+  return true;
+}
+
+bool released_in(const std::string& path, int64_t epoch) {
+  try {
+    std::optional<EpochNotice> n = read_epoch_notice(path);
+    return n && n->released && n->epoch == epoch;
+  } catch (const IoError&) {
+    return false;  // being replaced: the next look sees the whole file
+  }
 }
 
 NoticeWaiter::NoticeWaiter(const std::string& path) {

@@ -48,6 +48,11 @@ struct EpochNotice {
   // over there and end (`leave` on their own notice). 0: nnodes.
   int transit_nodes = 0;
   bool leave = false;
+  // On a departing node's notice of the epoch its workers handed over in: the hand-over is
+  // confirmed (comm::Rendezvous::confirm_handover), the workers end. Written over the same
+  // epoch's notice, so EpochWatch::newer() does not report it; a worker waiting for its
+  // release reads the notice itself (released_in).
+  bool released = false;
   int world() const { return nnodes * nproc; }  // the ranks that train
   // Whether a worker in `epoch` must abort its world's collectives now: a process of its
   // world (or of a later one) is gone since.
@@ -108,5 +113,14 @@ class NoticeWaiter {
 // all `nproc` of its workers do.
 void mark_following(const std::string& path, int local_rank);
 bool all_following(const std::string& path, int nproc);
+
+// A departing worker's word to its agent (`<file>.handed.<local rank>`, holding the epoch):
+// it handed its state over in the world of `epoch` and waits to be released (or to follow a
+// later epoch that still lists its node as departed). The agent confirms once all `nproc`
+// of its workers said so for the epoch it posted.
+void mark_handed_over(const std::string& path, int local_rank, int64_t epoch);
+bool all_handed_over(const std::string& path, int nproc, int64_t epoch);
+// Whether the notice at `path` releases the workers that handed over in `epoch`.
+bool released_in(const std::string& path, int64_t epoch);
 
 }  // namespace weft::launch

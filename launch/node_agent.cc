@@ -217,8 +217,13 @@ class NodeAgent {
   bool quick_growth_ = false;  // set_grow_last_call done
   // A graceful leave (SIGTERM with live workers): leave the membership, wait for the epoch
   // formed without this node, and post it to the workers with `leave`: they hand their
-  // state over in its first world and end.
-  bool leaving_ = false, left_ = false, departure_posted_ = false;
+  // state over in its first world, say so (mark_handed_over), and end once the agent has
+  // confirmed it (`released`); a later epoch that still lists this node as departed (it
+  // formed before the confirmation, e.g. another node left during the move) is posted to
+  // them in turn, and they hand over there.
+  bool leaving_ = false, left_ = false, released_ = false;
+  int64_t departure_epoch_ = 0;  // the epoch last posted to the departing workers
+  EpochNotice departure_notice_;
   Stop depart();
   bool live() const { return !epoch_file_.empty() && all_following(epoch_file_, so_.nproc); }
   void post_notice(const comm::Membership& next, const Stop& why);
@@ -525,7 +530,9 @@ void NodeAgent::post_notice(const comm::Membership& next, const Stop& why) {
 
 // The graceful leave, one monitor pass at a time: leave the membership (the others re-form
 // without this node at their next poll, with it among the epoch's `departed`), then post
-// that epoch to this node's workers as departing nodes of its transition world.
+// that epoch to this node's workers as departing nodes of its transition world; once they
+// all handed over there, confirm it and release them, or post the later epoch that formed
+// before the confirmation and still lists this node.
 Stop NodeAgent::depart() {
   if (!left_) {
     std::fprintf(stderr,
@@ -536,13 +543,20 @@ Stop NodeAgent::depart() {
     rdzv_->leave(/*hands_over=*/true);
     left_ = true;
   }
-  if (departure_posted_) return {};
+  if (released_) return {};
+  if (departure_epoch_ > 0 && all_handed_over(epoch_file_, so_.nproc, departure_epoch_) &&
+      rdzv_->confirm_handover(departure_epoch_) == comm::Rendezvous::HandOver::kReleased) {
+    departure_notice_.released = true;
+    write_epoch_notice(epoch_file_, departure_notice_);
+    released_ = true;
+    return {};
+  }
   const comm::MembershipRecord r = rdzv_->read_record();
   if (r.closed) return Stop{"the job was stopped by another node: " + r.close_reason};
-  if (r.epoch <= current_.epoch) return {};
+  if (r.epoch <= std::max(current_.epoch, departure_epoch_)) return {};
   if (!r.departed.count(me_))
-    return Stop{str("epoch ", r.epoch, " formed without this node among the departed (another "
-                    "change came first): its workers cannot hand their state over")};
+    return Stop{str("epoch ", r.epoch, " formed without this node among the departed (its "
+                    "heartbeat was lost): its workers cannot hand their state over")};
   const comm::Membership next = rdzv_->view(r);
   int slot = 0;
   for (size_t i = 0; i < next.departed.size(); ++i)
@@ -550,10 +564,14 @@ Stop NodeAgent::depart() {
   prefix_ = next.store_prefix + "/round/" + std::to_string(round_);
   EpochNotice n = notice_of(next, next.world() + slot);
   n.leave = true;
-  n.why = str("node ", me_, " leaves the job gracefully (epoch ", current_.epoch, " -> ",
-              next.epoch, ", ", current_.world(), " -> ", next.world(), " nodes)");
+  n.why = departure_epoch_ == 0
+              ? str("node ", me_, " leaves the job gracefully (epoch ", current_.epoch, " -> ",
+                    next.epoch, ", ", current_.world(), " -> ", next.world(), " nodes)")
+              : str("node ", me_, " hands its state over in epoch ", next.epoch, " (epoch ",
+                    departure_epoch_, " was replaced before its hand-over was confirmed)");
   write_epoch_notice(epoch_file_, n);
-  departure_posted_ = true;
+  departure_epoch_ = next.epoch;
+  departure_notice_ = n;
   return {};
 }
 

@@ -490,7 +490,8 @@ void RankTraining::enter_world(const std::string& why) {
     try {
       mine = parallel::run_transition(plan, holders.a, b, env_.rank, src, comm, to, &ts, &arrived);
     } catch (const CommError&) {
-      if (free_old && !leaving_) {
+      // A departing rank keeps what it still holds too: it hands that over in the next epoch.
+      if (free_old) {
         held_ = held_after_move(holders, reports, env_.rank, src, arrived, train_world_,
                                 env_.rank);
         held_.rank = held_rank, held_.world = held_world;
@@ -870,7 +871,9 @@ void RankTraining::enter_next_world(std::string why) {
       enter_world(why);
       return;
     } catch (const CommError& e) {
-      if (!live_ || leaving_) throw;  // a departing worker gets no later epoch
+      // A departing worker too: its node stays departed in the next epoch (its hand-over
+      // was not confirmed), and it hands over there.
+      if (!live_) throw;
       poke_agent();
       std::printf("weft train: rank %d: world of epoch %lld not entered (%s); waiting for the next\n",
                   env_.rank, (long long)env_.rdzv_epoch, e.what());
@@ -935,7 +938,7 @@ int RankTraining::run() {
     try {
       end = train_world();
     } catch (const CommError& e) {
-      if (!live_ || leaving_) throw;  // a departing worker gets no later epoch
+      if (!live_) throw;  // (a departing worker never trains: it is in leave_job)
       change_at_ = Clock::now();
       poke_agent();  // a peer is likely gone: the agent looks at the membership now
       end = WorldEnd::kFailed;
@@ -964,15 +967,39 @@ int RankTraining::run() {
   }
 }
 
-// A departing node's worker after the hand-over: its part of the job is done.
+// A departing node's worker after the hand-over: it says so to its agent and ends once the
+// agent has confirmed it (released_in); a later epoch that formed first still lists its node
+// as departed (the world it handed over in may not have completed its move everywhere), so
+// it hands over again there (holding what it still holds: nothing, after a complete move).
+// Bounded like wait_for_notice.
 int RankTraining::leave_job() {
+  const auto limit = std::chrono::milliseconds(env_int("WEFT_RESIZE_TIMEOUT_MS", 120'000));
+  for (;;) {
+    train_comm_.reset();
+    world_.reset();
+    if (watch_.path().empty()) break;  // not under an agent that sends notices
+    mark_handed_over(watch_.path(), env_.local_rank, env_.rdzv_epoch);
+    const auto t0 = Clock::now();
+    NoticeWaiter waiter(watch_.path());
+    std::optional<EpochNotice> next;
+    while (!released_in(watch_.path(), env_.rdzv_epoch)) {
+      if ((next = watch_.newer())) break;
+      if (g_train_stop) break;  // handed over already: a stop now ends it unconfirmed
+      if (Clock::now() - t0 > limit)
+        throw Error(str("weft run did not confirm the hand-over of epoch ", env_.rdzv_epoch,
+                        " within ", double(limit.count()) / 1000, " s (WEFT_RESIZE_TIMEOUT_MS)"));
+      waiter.wait(std::chrono::milliseconds(5));
+    }
+    if (!next) break;
+    adopt_notice(*next);
+    enter_next_world(next->why);
+    if (!leaving_) throw Error("a departing worker was posted an epoch to train in");
+  }
   std::printf("weft train: rank %d of epoch %lld left the job after handing its state over (%s)\n",
               env_.rank, (long long)env_.rdzv_epoch,
               arrival_.source == "survivors" ? "through the router"
                                              : "nobody needed it: the others resume from a checkpoint");
   std::fflush(stdout);
-  train_comm_.reset();
-  world_.reset();
   return 0;
 }
 

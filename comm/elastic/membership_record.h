@@ -33,10 +33,13 @@ struct MembershipRecord {
   // Those of `left` whose live workers hand their state over in the next epoch (a
   // graceful leave of a live job), as opposed to a node whose workers failed.
   std::vector<std::string> hands_over;
-  // The members of the previous epoch that left it handing their state over (hands_over),
-  // with their node rank there:
-  // set by the epoch that follows, cleared by the next. Live workers of a departing node
-  // hand their state over in the new epoch's world before they go (docs/run.md).
+  // The members of an earlier epoch that left it handing their state over (hands_over),
+  // with their node rank there: set by the epoch that follows, and carried into every later
+  // epoch until the node confirms its hand-over (Rendezvous::confirm_handover removes it
+  // from the current epoch's record) or is gone (its alive key, kept while it departs,
+  // expired). Live workers of a departing node hand their state over in the epoch's first
+  // world before they go (docs/run.md); a leave during that move forms an epoch that still
+  // lists them, and they hand over there.
   std::map<std::string, int> departed;
   // Workers replaced in place in this epoch (Rendezvous::renew): (local rank, node id) of
   // each worker that died on a member whose agent started another in its slot. The epoch
@@ -76,7 +79,7 @@ constexpr int64_t kProcessLossEpochs = 64;
 //   spare <node id>              one per spare, in arrival order
 //   left <node id>               one per member that left
 //   hands_over <node id>         one per member that left and hands its state over
-//   departed <rank> <node id>    one per member of the previous epoch that handed over
+//   departed <rank> <node id>    one per departing node whose hand-over is not confirmed
 //   replaced <local> <node id>   one per worker replaced in place by this epoch (renew)
 //   process_lost <epoch> <node id>  one per note of process_losses, oldest first
 //   closed <reason>              only when closed; the reason runs to the end of the line

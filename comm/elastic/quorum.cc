@@ -1,6 +1,7 @@
 // decide(): the quorum and rank-assignment rules of quorum.h.
 #include "comm/elastic/quorum.h"
 
+#include <set>
 #include <vector>
 
 #include "base/check.h"
@@ -26,13 +27,18 @@ const char* to_string(Verdict v) {
 namespace {
 
 // `base` plus an epoch: members keep their ranks, `joiners` fill the lowest free ranks in
-// order, up to `max_nodes`; joiners that do not fit stay spares.
+// order, up to `max_nodes`; joiners that do not fit stay spares. The departed: the members
+// that left handing over, and the departed of `current` still alive (their hand-over was not
+// confirmed: the world it was to happen in may never have formed, so they hand over again).
 MembershipRecord next_epoch(const MembershipRecord& current, const std::map<std::string, int>& keep,
-                            const std::vector<std::string>& joiners, int max_nodes) {
+                            const std::vector<std::string>& joiners, int max_nodes,
+                            const std::set<std::string>& alive) {
   MembershipRecord next = current;
   next.epoch = current.epoch + 1;
   next.members = keep;
   next.departed.clear();
+  for (const auto& [id, rank] : current.departed)
+    if (alive.count(id)) next.departed[id] = rank;
   for (const auto& id : current.hands_over)
     if (auto it = current.members.find(id); it != current.members.end())
       next.departed[id] = it->second;
@@ -86,7 +92,7 @@ Decision decide(const MembershipRecord& current, const std::set<std::string>& al
       return d;
     }
     d.verdict = Verdict::kForm;
-    d.next = next_epoch(current, {}, spares, max_nodes);
+    d.next = next_epoch(current, {}, spares, max_nodes, alive);
     d.why = str("epoch 1 forms with ", d.next.members.size(), " nodes");
     return d;
   }
@@ -103,6 +109,22 @@ Decision decide(const MembershipRecord& current, const std::set<std::string>& al
   const std::string seen =
       str(n_alive, " of ", n_base, " members of epoch ", current.epoch, " alive");
 
+  // A departing node gone before its hand-over was confirmed: its workers will never come to
+  // the world that waits for them, so the epoch re-forms without it (its state then comes
+  // from another holder, a snapshot or a checkpoint).
+  std::vector<std::string> departed_gone;
+  for (const auto& [id, rank] : current.departed)
+    if (!alive.count(id)) departed_gone.push_back(id);
+  if (n_alive == n_base && current.left.empty() && !departed_gone.empty() &&
+      n_alive + n_spares >= min_nodes) {
+    d.verdict = Verdict::kForm;
+    d.next = next_epoch(current, alive_members, spares, max_nodes, alive);
+    d.why = str(seen, "; departing node ", departed_gone.front(),
+                departed_gone.size() > 1 ? " and others" : "",
+                " gone before its hand-over was confirmed; epoch ", d.next.epoch, " has ",
+                d.next.members.size(), " members");
+    return d;
+  }
   if (n_alive == n_base && current.left.empty()) {
     if (n_spares == 0 || n_members >= max_nodes) {
       d.why = str(seen, "; no change");
@@ -114,7 +136,7 @@ Decision decide(const MembershipRecord& current, const std::set<std::string>& al
       return d;
     }
     d.verdict = Verdict::kForm;
-    d.next = next_epoch(current, alive_members, spares, max_nodes);
+    d.next = next_epoch(current, alive_members, spares, max_nodes, alive);
     d.why = str(seen, "; epoch ", d.next.epoch, " admits ", d.next.members.size() - n_members,
                 " waiting nodes");
     return d;
@@ -131,7 +153,7 @@ Decision decide(const MembershipRecord& current, const std::set<std::string>& al
     return d;
   }
   d.verdict = Verdict::kForm;
-  d.next = next_epoch(current, alive_members, spares, max_nodes);
+  d.next = next_epoch(current, alive_members, spares, max_nodes, alive);
   d.why = str(seen, " (", current.left.size(), " left); epoch ", d.next.epoch, " has ",
               d.next.members.size(), " members");
   return d;

@@ -15,6 +15,12 @@
 //   majority the viewer has lost quorum (a member stops itself); with the majority but
 //   below MIN it waits for joiners.
 //
+// - Departed nodes (members that left handing their state over) stay departed in every
+//   later epoch until their hand-over is confirmed (Rendezvous::confirm_handover removes
+//   them) or they are gone (their alive key, kept until then, expired): a leave during an
+//   earlier leave's move must not drop the earlier leaver's shard. One that is gone forms
+//   a new epoch without it, as a lost member does.
+//
 // Why there is never a split brain (two memberships for one epoch, or two live epochs
 // whose members are disjoint majorities):
 // 1. One history. Every change is compare_set(old bytes -> new bytes) on one key of one
@@ -62,7 +68,8 @@ struct Decision {
   std::string why;
 };
 
-// `alive`: node ids whose heartbeat key exists (members and spares; others are ignored).
+// `alive`: node ids whose heartbeat key exists (members, spares and departed; others are
+// ignored).
 // `last_call_passed`: whether the caller has waited last_call since it first saw kLastCall.
 // Requires 1 <= min_nodes <= max_nodes; a closed record yields kStable.
 Decision decide(const MembershipRecord& current, const std::set<std::string>& alive, int min_nodes,

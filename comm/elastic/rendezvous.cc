@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <thread>
+#include <tuple>
 
 #include "base/check.h"
 #include "base/log.h"
@@ -55,6 +56,7 @@ std::set<std::string> Rendezvous::alive_nodes(const MembershipRecord& r) {
   std::vector<std::string> ids;
   for (const auto& [id, rank] : r.members) ids.push_back(id);
   for (const auto& id : r.spares) ids.push_back(id);
+  for (const auto& [id, rank] : r.departed) ids.push_back(id);
   std::vector<std::string> keys;
   for (const auto& id : ids) keys.push_back(alive_key(id));
   std::set<std::string> alive;
@@ -162,8 +164,10 @@ Membership Rendezvous::make_membership(const MembershipRecord& r) const {
   for (const auto& [id, rank] : r.departed) m.departed.push_back({id, rank});
   m.replaced = r.replaced;
   m.process_losses = r.process_losses;
-  std::sort(m.departed.begin(), m.departed.end(),
-            [](const Member& a, const Member& b) { return a.node_rank < b.node_rank; });
+  // By rank, then id: departed nodes of different epochs may have held the same slot.
+  std::sort(m.departed.begin(), m.departed.end(), [](const Member& a, const Member& b) {
+    return std::tie(a.node_rank, a.node_id) < std::tie(b.node_rank, b.node_id);
+  });
   return m;
 }
 
@@ -372,8 +376,7 @@ std::optional<Membership> Rendezvous::renew(const std::vector<int>& local_ranks)
     next.epoch = rec.epoch + 1;
     next.left.clear();
     next.hands_over.clear();
-    next.departed.clear();
-    next.replaced.clear();
+    next.replaced.clear();  // departed stay: their hand-over is not confirmed
     for (int local : local_ranks) next.replaced.emplace_back(local, me);
     if (!local_ranks.empty()) next.note_process_loss(me);
     if (!write(raw, next)) continue;  // another write came first: look again
@@ -404,11 +407,39 @@ void Rendezvous::leave(bool hands_over) {
     }
     if (!changed || write(raw, next)) break;
   }
+  membership_.reset();
+  if (hands_over) {
+    // The heartbeat goes on until confirm_handover: the others tell a departing node that
+    // died from one that is handing over.
+    WEFT_INFO("elastic", "node ", me, " left the membership; it hands its state over first");
+    return;
+  }
   // After the record says so, never before: see poll_change's consistent snapshot.
   heartbeat_.stop_and_erase();
-  membership_.reset();
   joined_ = false;
   WEFT_INFO("elastic", "node ", me, " left the membership");
+}
+
+Rendezvous::HandOver Rendezvous::confirm_handover(int64_t epoch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string& me = options_.node_id;
+  for (;;) {
+    auto [raw, rec] = read_or_create();
+    const bool listed = !rec.closed && rec.departed.count(me);
+    if (listed && rec.epoch != epoch) return HandOver::kCarried;
+    if (listed) {
+      MembershipRecord next = rec;
+      next.departed.erase(me);
+      if (!write(raw, next)) continue;  // another write came first: look again
+    }
+    break;
+  }
+  // After the record says so, never before: a departed node whose key is gone while the
+  // record lists it is one that died (decide re-forms without it).
+  if (joined_) heartbeat_.stop_and_erase();
+  joined_ = false;
+  WEFT_INFO("elastic", "node ", me, " confirmed its hand-over in epoch ", epoch);
+  return HandOver::kReleased;
 }
 
 void Rendezvous::close(const std::string& reason) {

@@ -72,9 +72,9 @@ struct Membership {
   // without it, which the next poll does): a group that must agree on the world of an
   // epoch (live workers) waits for a settled one.
   bool settled = true;
-  // Members of the previous epoch that left it gracefully (MembershipRecord::departed), by
-  // node rank: live workers of theirs join this epoch's world after the members' ranks to
-  // hand their state over, then end.
+  // Departing nodes whose hand-over is not confirmed (MembershipRecord::departed), by node
+  // rank (then id): live workers of theirs join this epoch's world after the members' ranks
+  // to hand their state over, then end once their agent confirmed it.
   std::vector<Member> departed;
   // Workers replaced in place by this epoch (MembershipRecord::replaced): (local rank, node
   // id). Not empty: the epoch renewed the previous one's members because a worker died.
@@ -139,11 +139,23 @@ class Rendezvous {
   std::optional<Membership> renew(const std::vector<int>& local_ranks);
 
   // Graceful departure: marks this node as left in the record (or drops it from the
-  // spares), then stops the heartbeat and erases its key, so that the others re-form at
-  // their next poll without waiting for the TTL. `hands_over`: its live workers will hand
-  // their state over in the next epoch's first world (the epoch lists it as departed);
-  // false for a node whose workers are gone. Idempotent; no-op if never joined.
+  // spares), so that the others re-form at their next poll without waiting for the TTL.
+  // `hands_over`: its live workers will hand their state over in the next epoch's first
+  // world (the epoch lists it as departed, and so does every later epoch until
+  // confirm_handover); its heartbeat goes on until then, so that the others can tell a
+  // departing node that died (they re-form without it). Otherwise (a node whose workers are
+  // gone) the heartbeat stops and its key goes now. Idempotent; no-op if never joined.
   void leave(bool hands_over = false);
+
+  // After leave(true), once this node's workers handed their state over in the world of
+  // `epoch`: removes this node from that epoch's departed (compare-and-set, so it is ordered
+  // against the formation of the next epoch), then stops the heartbeat. kCarried: a later
+  // epoch formed first and still lists this node as departed: its workers hand over again
+  // there (the world of `epoch` may never have formed), and the caller confirms that epoch
+  // later. kReleased: confirmed (or no epoch lists this node any more, or the job closed):
+  // its workers may end. Throws as the store does.
+  enum class HandOver { kReleased, kCarried };
+  HandOver confirm_handover(int64_t epoch);
 
   // Closes the job for everyone: members' next poll and late joiners throw
   // RendezvousClosedError with `reason`. Idempotent (the first reason stays).
@@ -191,7 +203,7 @@ class Rendezvous {
   std::pair<Bytes, MembershipRecord> read_or_create();
   // CAS from `old_raw` to `next` stamped with version+1 and this writer; true when it wrote.
   bool write(const Bytes& old_raw, MembershipRecord& next);
-  // Node ids of members and spares whose alive key exists.
+  // Node ids of members, spares and departed nodes whose alive key exists.
   std::set<std::string> alive_nodes(const MembershipRecord& r);
   // decide() with this agent's last_call clock; updates the clock.
   Decision decide_now(const MembershipRecord& r, const std::set<std::string>& alive);

@@ -188,6 +188,30 @@ TEST(Quorum, GracefulLeaveIsNotCountedAgainstTheQuorum) {
   EXPECT_EQ(decide(r, {"a"}, 2, 2, false).verdict, Verdict::kTooFew);
 }
 
+// Departed nodes whose hand-over is not confirmed carry into the next epoch while alive,
+// beside the new leaver; one that is gone forms an epoch without it even when nothing else
+// changed (its workers will never come to the world that waits for them).
+TEST(Quorum, DepartedNodesCarryWhileAliveAndOneGoneFormsAnEpoch) {
+  MembershipRecord r = epoch_record(2, {{"a", 0}, {"b", 1}, {"c", 2}}, {}, {"c"});
+  r.hands_over = {"c"};
+  r.departed = {{"d", 3}};
+  Decision d = decide(r, {"a", "b", "c", "d"}, 1, 4, false);
+  ASSERT_EQ(d.verdict, Verdict::kForm) << d.why;
+  EXPECT_EQ(d.next.departed, (std::map<std::string, int>{{"c", 2}, {"d", 3}}));
+  d = decide(r, {"a", "b", "c"}, 1, 4, false);
+  ASSERT_EQ(d.verdict, Verdict::kForm) << d.why;
+  EXPECT_EQ(d.next.departed, (std::map<std::string, int>{{"c", 2}})) << "d is gone: dropped";
+  MembershipRecord quiet = epoch_record(3, {{"a", 0}, {"b", 1}});
+  quiet.departed = {{"d", 3}};
+  EXPECT_EQ(decide(quiet, {"a", "b", "d"}, 1, 4, false).verdict, Verdict::kStable);
+  d = decide(quiet, {"a", "b"}, 1, 4, false);
+  ASSERT_EQ(d.verdict, Verdict::kForm) << d.why;
+  EXPECT_EQ(d.next.epoch, 4);
+  EXPECT_EQ(d.next.members, quiet.members);
+  EXPECT_TRUE(d.next.departed.empty());
+  EXPECT_NE(d.why.find("departing node d gone"), std::string::npos) << d.why;
+}
+
 TEST(Quorum, GrowsBelowMaxAfterLastCallOrAtOnceWhenFull) {
   MembershipRecord r = epoch_record(1, {{"a", 0}, {"b", 1}}, {"c"});
   EXPECT_EQ(decide(r, {"a", "b", "c"}, 2, 4, false).verdict, Verdict::kLastCall);

@@ -354,6 +354,66 @@ TEST(Rendezvous, LeavesAnnouncedTogetherHandOverInOneEpochAfterALastCall) {
   EXPECT_EQ(departed, (std::set<std::string>{"node2", "node3"}));
 }
 
+// A departing node stays departed until it confirms its hand-over: a leave during the first
+// leave's move forms an epoch that lists both (the first one's world may never have formed),
+// the first leaver's confirmation of the replaced epoch is refused (kCarried), and once both
+// confirm the epoch they handed over in, the next epoch lists neither. Its heartbeat goes on
+// until it confirms: the others tell a departing node that died from one handing over.
+TEST(Rendezvous, ADepartedNodeStaysDepartedUntilItConfirmsItsHandOver) {
+  InMemoryStore store;
+  auto agents = make_agents(store, 4, 2, 4);
+  join_all(agents);
+  agents[3]->leave(/*hands_over=*/true);
+  EXPECT_TRUE(store.check({agents[3]->alive_key("node3")})) << "heartbeat on while departing";
+  std::optional<Membership> e2 = agents[0]->watch(5s);
+  ASSERT_TRUE(e2.has_value());
+  ASSERT_EQ(e2->epoch, 2);
+  agents[2]->leave(/*hands_over=*/true);  // during epoch 2's move: node3 did not confirm
+  std::optional<Membership> e3 = agents[0]->watch(5s);
+  ASSERT_TRUE(e3.has_value());
+  ASSERT_EQ(e3->epoch, 3);
+  EXPECT_EQ(e3->world(), 2);
+  std::vector<std::string> departed;
+  for (const comm::Member& d : e3->departed) departed.push_back(d.node_id);
+  EXPECT_EQ(departed, (std::vector<std::string>{"node2", "node3"})) << "by rank";
+  EXPECT_EQ(agents[3]->confirm_handover(2), Rendezvous::HandOver::kCarried);
+  EXPECT_TRUE(store.check({agents[3]->alive_key("node3")}));
+  EXPECT_EQ(agents[3]->confirm_handover(3), Rendezvous::HandOver::kReleased);
+  EXPECT_FALSE(store.check({agents[3]->alive_key("node3")})) << "gone once confirmed";
+  EXPECT_EQ(agents[0]->poll_change(), std::nullopt) << "a confirmation is not a change";
+  EXPECT_EQ(agents[2]->confirm_handover(3), Rendezvous::HandOver::kReleased);
+  EXPECT_TRUE(agents[0]->read_record().departed.empty());
+  // The next change (a member's renewal) lists no departed node.
+  ASSERT_TRUE(agents[1]->poll_change().has_value());  // node1 into epoch 3
+  std::optional<Membership> e4 = agents[1]->renew({0});
+  ASSERT_TRUE(e4.has_value());
+  EXPECT_TRUE(e4->departed.empty());
+}
+
+// A departing node that dies before it confirms (its alive key goes) is dropped: an epoch
+// forms without it at once, as for a lost member, so the world that waited for its workers
+// is replaced instead of waiting out its timeout; a renewal in between keeps it departed.
+TEST(Rendezvous, ADepartingNodeThatDiesIsDroppedByANewEpoch) {
+  InMemoryStore store;
+  auto agents = make_agents(store, 3, 2, 3);
+  join_all(agents);
+  agents[2]->leave(/*hands_over=*/true);
+  std::optional<Membership> e2 = agents[0]->watch(5s);
+  ASSERT_TRUE(e2.has_value());
+  ASSERT_EQ(e2->departed.size(), 1u);
+  ASSERT_TRUE(agents[1]->poll_change().has_value());  // node1 into epoch 2
+  std::optional<Membership> e3 = agents[1]->renew({0});
+  ASSERT_TRUE(e3.has_value());
+  ASSERT_EQ(e3->departed.size(), 1u) << "a renewal keeps a departed node";
+  ASSERT_TRUE(agents[0]->poll_change().has_value());
+  agents[2]->heartbeat().stop_and_erase();  // its agent died
+  std::optional<Membership> e4 = agents[0]->watch(5s);
+  ASSERT_TRUE(e4.has_value());
+  EXPECT_EQ(e4->epoch, 4);
+  EXPECT_EQ(e4->world(), 2);
+  EXPECT_TRUE(e4->departed.empty());
+}
+
 // A worker replaced in place: its node renews the epoch with the same members, the others
 // see the renewal (and which worker it replaced) at their next poll, and the next epoch
 // formed by the quorum rules forgets it. A renewal never hides a pending leave.
@@ -413,13 +473,14 @@ TEST(Rendezvous, LostAProcessLooksAtEveryEpochSinceTheWorkersOne) {
     EXPECT_TRUE(comm::lost_a_process(ms[0], *seen));
     EXPECT_FALSE(comm::lost_a_process(*seen, *seen));
   }
-  {  // node2 hands its state over (epoch 2), then a newcomer joins (epoch 3): no process of
-     // epoch 1's world died, though node2 is neither a member nor departed in epoch 3.
+  {  // node2 hands its state over (epoch 2, confirmed), then a newcomer joins (epoch 3): no
+     // process of epoch 1's world died, though node2 is neither a member nor departed in 3.
     InMemoryStore store;
     auto agents = make_agents(store, 3, 2, 3);
     std::vector<Membership> ms = join_all(agents);
     agents[2]->leave(/*hands_over=*/true);
     ASSERT_TRUE(agents[1]->watch(5s).has_value());
+    EXPECT_EQ(agents[2]->confirm_handover(2), Rendezvous::HandOver::kReleased);
     Rendezvous newcomer(store, options("node3", 2, 3));
     Membership joined = newcomer.join();  // 2 members + 1 waiting = max: forms at once
     ASSERT_EQ(joined.epoch, 3);

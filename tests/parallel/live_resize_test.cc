@@ -164,5 +164,56 @@ TEST(LiveResize, TwoGracefulLeavesAtOnceBothHandOverAndExitZero) {
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 
+// A second leave while the first leave's move still runs (the move into epoch 2 stops at
+// half of each rank's bytes, WEFT_TEST_STALL_MOVE, with a router budget small enough for many
+// waves, until a newer epoch aborts it): epoch 3 still lists the first leaver as departed (its
+// hand-over was never confirmed), so both leavers hand over there, and dp4 -> dp2 goes on from
+// the live state, with no checkpoint, equal to one process. Before, epoch 3 dropped the first
+// leaver, whose quarter of Adam's moments was then in no world: the job started over.
+TEST(LiveResize, ALeaveDuringAnEarlierLeavesMoveHandsBothOver) {
+  LiveJob job;
+  job.dir = agent_test_dir("live_resize", "leavemid");
+  job.id = "live-leavemid";
+  job.nnodes = "2:4";
+  job.steps = 200;
+  job.sets = {"parallel.dp=auto", "parallel.zero=1"};
+  const fs::path ref = reference_run(job.dir, job.steps, job.sets);
+  job.env = {"WEFT_TEST_STALL_MOVE=2:50", "WEFT_ROUTER_BUDGET_BYTES=65536"};
+  job.start_in_order(4);
+  ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
+  std::vector<std::vector<pid_t>> before(4);
+  for (int k = 0; k < 4; ++k) before[size_t(k)] = children(job.pid(k));
+  ::kill(job.pid(3), SIGTERM);  // epoch 2: three members, node 3 departing
+  // The first rank to stop holds up the others (they wait on it), so one line is enough.
+  const std::string stop = "the move stops after";
+  ASSERT_TRUE(poll_until([&] {
+    for (int k = 0; k < 4; ++k)
+      if (!job.lines_with(k, stop).empty()) return true;
+    return false;
+  })) << job.all_logs();
+  ::kill(job.pid(2), SIGTERM);  // epoch 3: two members
+  ASSERT_TRUE(job.wait_world(2, 10)) << phases_text(job.phases()) << job.all_logs();
+  for (int k : {2, 3}) {
+    std::optional<int> code = job.wait(k);
+    ASSERT_TRUE(code) << "leaver " << k << " did not exit\n" << job.all_logs();
+    EXPECT_EQ(*code, 0) << job.all_logs();
+    EXPECT_EQ(job.lines_with(k, "left the job after handing its state over").size(), 1u)
+        << job.text(k);
+  }
+  // The first leaver's world of epoch 2 was replaced; it handed over in epoch 3's.
+  EXPECT_EQ(job.lines_with(3, "world of epoch 2 not entered").size(), 1u) << job.text(3);
+  EXPECT_EQ(job.lines_with(3, "rank 3 of epoch 3 left the job").size(), 1u) << job.text(3);
+  ASSERT_NO_FATAL_FAILURE(expect_survivors_kept_and_ended_ok(job, before));
+  const auto p = job.phases();
+  ASSERT_EQ(p.size(), 2u) << phases_text(p);
+  EXPECT_EQ(p[0].first, WorldEpoch(4, 1)) << phases_text(p);
+  EXPECT_EQ(p[1].first, WorldEpoch(2, 3)) << phases_text(p);
+  const std::string lead = slurp(job.logs[0]);
+  EXPECT_EQ(lead.find("started over"), std::string::npos) << lead;
+  EXPECT_NE(lead.find("through the router"), std::string::npos) << lead;
+  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, kRelDp);
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+}
+
 }  // namespace
 }  // namespace weft::test
