@@ -215,5 +215,51 @@ TEST(LiveResize, ALeaveDuringAnEarlierLeavesMoveHandsBothOver) {
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 
+// A departing node killed (its agent and its worker, SIGKILL) while its hand-over's move
+// stands still (WEFT_TEST_STALL_MOVE=2:50): its heartbeat, kept while it departs, goes with
+// its store connection, so an epoch forms without it at once; the world that waited for its
+// worker is replaced and the survivors resume from the latest checkpoint (its ZeRO shard died
+// with it), equal to one process. Before, its key went at the leave and nobody saw it die:
+// the survivors sat in the stopped move until WEFT_RESIZE_TIMEOUT_MS, then waited as long
+// again for a notice that never came. Both timeouts are set far beyond the test's patience,
+// so such a wait fails it.
+TEST(LiveResize, ADepartingNodeKilledDuringItsHandOverIsDroppedAndTheOthersResume) {
+  LiveJob job;
+  job.dir = agent_test_dir("live_resize", "leavekill");
+  job.id = "live-leavekill";
+  job.nnodes = "2:3";
+  job.steps = 200;
+  job.sets = {"parallel.dp=auto", "parallel.zero=1"};
+  const fs::path ref = reference_run(job.dir, job.steps, job.sets);
+  for (const std::string& s : {"checkpoint.dir=" + (job.dir / "ckpt").string(),
+                               std::string("checkpoint.every=5"),
+                               std::string("checkpoint.async=false")})
+    job.sets.push_back(s);
+  job.env = {"WEFT_TEST_STALL_MOVE=2:50", "WEFT_ROUTER_BUDGET_BYTES=65536",
+             "WEFT_RESIZE_TIMEOUT_MS=600000", "WEFT_COMM_TIMEOUT_MS=600000"};
+  job.start_in_order(3);
+  ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
+  std::vector<std::vector<pid_t>> before(3);
+  for (int k = 0; k < 3; ++k) before[size_t(k)] = children(job.pid(k));
+  ::kill(job.pid(2), SIGTERM);  // epoch 2: two members, node 2 departing
+  const std::string stop = "the move stops after";
+  ASSERT_TRUE(poll_until([&] {
+    for (int k = 0; k < 3; ++k)
+      if (!job.lines_with(k, stop).empty()) return true;
+    return false;
+  })) << job.all_logs();
+  for (pid_t worker : before[2]) ::kill(worker, SIGKILL);
+  ::kill(job.pid(2), SIGKILL);
+  ASSERT_TRUE(job.wait_world(2, 10)) << phases_text(job.phases()) << job.all_logs();
+  const std::string formed = "gone before its hand-over was confirmed";  // whoever formed it
+  EXPECT_NE((job.text(0) + job.text(1)).find(formed), std::string::npos)
+      << job.text(0) << job.text(1);
+  ASSERT_NO_FATAL_FAILURE(expect_survivors_kept_and_ended_ok(job, before));
+  EXPECT_NE(slurp(job.logs[0]).find("resumed from the latest checkpoint"), std::string::npos)
+      << job.text(0);
+  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, kRelDp);
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+}
+
 }  // namespace
 }  // namespace weft::test
