@@ -74,6 +74,9 @@ void MembershipWake::watch_losses() {
       std::vector<std::string> keys;
       for (const auto& [id, rank] : rec.members) keys.push_back(rdzv_.alive_key(id));
       for (const auto& id : rec.spares) keys.push_back(rdzv_.alive_key(id));
+      // A departing node's key goes when it dies before confirming its hand-over (an epoch
+      // then forms without it) or right after it confirmed (a look that finds no change).
+      for (const auto& [id, rank] : rec.departed) keys.push_back(rdzv_.alive_key(id));
       std::erase_if(keys, [&](const std::string& k) { return seen_gone.count(k) > 0; });
       if (keys.empty()) {
         // Nothing to watch until the record changes (a node alone, or every other gone).
