@@ -92,12 +92,7 @@ TEST(LiveResizeOldState, AMoveStoppedByASecondJoinResumesFromThePiecesOfBothLayo
   const std::vector<pid_t> survivors = {children(job.pid(0)).at(0), children(job.pid(1)).at(0)};
   job.start();  // epoch 2: world 3
   // The first rank to stop holds up the others (they wait on it), so one line is enough.
-  const std::string stop = "the move stops after";
-  ASSERT_TRUE(poll_until([&] {
-    for (int k : {0, 1, 2})
-      if (!job.lines_with(k, stop).empty()) return true;
-    return false;
-  })) << job.all_logs();
+  ASSERT_TRUE(job.wait_line_anywhere("the move stops after")) << job.all_logs();
   // Nobody trains while the move stands still: the step the next world must resume at.
   const size_t held_step = job.rows().size();
   const std::vector<pid_t> newcomer = children(job.pid(2));

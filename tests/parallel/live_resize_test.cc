@@ -29,6 +29,21 @@ void expect_survivors_kept_and_ended_ok(LiveJob& job,
   }
 }
 
+// A ZeRO-1 job (dp auto) of 200 steps on up to `nodes` loopback nodes, where each node holds
+// the only copy of its share of Adam's moments; returns its reference run (one process).
+fs::path zero1_job(LiveJob& job, const std::string& name, int nodes) {
+  job.dir = agent_test_dir("live_resize", name);
+  job.id = "live-" + name;
+  job.nnodes = "2:" + std::to_string(nodes);
+  job.steps = 200;
+  job.sets = {"parallel.dp=auto", "parallel.zero=1"};
+  return reference_run(job.dir, job.steps, job.sets);
+}
+
+// The first rank whose move stops (WEFT_TEST_STALL_MOVE) holds up the others (they wait on
+// it), so one such line anywhere is enough.
+const char* const kMoveStopped = "the move stops after";
+
 // dp4 -> dp2 (two workers SIGKILLed; their nodes leave) -> dp3 (a node joins): the survivors
 // keep their processes, take the state from each other (every DP replica holds all of it),
 // and the run equals one process's.
@@ -94,12 +109,7 @@ TEST(LiveResize, Dp4ToDp2ByKillsThenDp3ByAJoinKeepsSurvivorsAndTheNumbers) {
 // state with no checkpoint at all, and equals one process.
 TEST(LiveResize, GracefulLeaveHandsItsZeroShardOverAndExitsZero) {
   LiveJob job;
-  job.dir = agent_test_dir("live_resize", "leave");
-  job.id = "live-leave";
-  job.nnodes = "2:3";
-  job.steps = 200;  // the leave is over within about 50 steps
-  job.sets = {"parallel.dp=auto", "parallel.zero=1"};
-  const fs::path ref = reference_run(job.dir, job.steps, job.sets);
+  const fs::path ref = zero1_job(job, "leave", 3);  // the leave is over within about 50 steps
   job.start_in_order(3);
   ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
   std::vector<std::vector<pid_t>> before(3);
@@ -129,17 +139,13 @@ TEST(LiveResize, GracefulLeaveHandsItsZeroShardOverAndExitsZero) {
 
 // Two graceful leaves at once (a scheduler shrinking the job by two nodes: SIGTERM to both
 // agents together) under ZeRO-1, where each leaver holds the only copy of a quarter of Adam's
-// moments. Their two writes may form one epoch or two in a row (the second replacing the
-// first before its move is done); either way both hand their shards over, exit 0, and the two
-// survivors go on as dp2 with one process's numbers.
+// moments. Their two writes form one epoch (the survivors' last call for leaves; or two in a
+// row, the second listing both leavers, when the second write comes after the first's epoch
+// formed); either way both hand their shards over, exit 0, and the two survivors go on as
+// dp2 with one process's numbers.
 TEST(LiveResize, TwoGracefulLeavesAtOnceBothHandOverAndExitZero) {
   LiveJob job;
-  job.dir = agent_test_dir("live_resize", "leave2");
-  job.id = "live-leave2";
-  job.nnodes = "2:4";
-  job.steps = 200;
-  job.sets = {"parallel.dp=auto", "parallel.zero=1"};
-  const fs::path ref = reference_run(job.dir, job.steps, job.sets);
+  const fs::path ref = zero1_job(job, "leave2", 4);
   job.start_in_order(4);
   ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
   std::vector<std::vector<pid_t>> before(4);
@@ -172,25 +178,14 @@ TEST(LiveResize, TwoGracefulLeavesAtOnceBothHandOverAndExitZero) {
 // leaver, whose quarter of Adam's moments was then in no world: the job started over.
 TEST(LiveResize, ALeaveDuringAnEarlierLeavesMoveHandsBothOver) {
   LiveJob job;
-  job.dir = agent_test_dir("live_resize", "leavemid");
-  job.id = "live-leavemid";
-  job.nnodes = "2:4";
-  job.steps = 200;
-  job.sets = {"parallel.dp=auto", "parallel.zero=1"};
-  const fs::path ref = reference_run(job.dir, job.steps, job.sets);
+  const fs::path ref = zero1_job(job, "leavemid", 4);
   job.env = {"WEFT_TEST_STALL_MOVE=2:50", "WEFT_ROUTER_BUDGET_BYTES=65536"};
   job.start_in_order(4);
   ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
   std::vector<std::vector<pid_t>> before(4);
   for (int k = 0; k < 4; ++k) before[size_t(k)] = children(job.pid(k));
   ::kill(job.pid(3), SIGTERM);  // epoch 2: three members, node 3 departing
-  // The first rank to stop holds up the others (they wait on it), so one line is enough.
-  const std::string stop = "the move stops after";
-  ASSERT_TRUE(poll_until([&] {
-    for (int k = 0; k < 4; ++k)
-      if (!job.lines_with(k, stop).empty()) return true;
-    return false;
-  })) << job.all_logs();
+  ASSERT_TRUE(job.wait_line_anywhere(kMoveStopped)) << job.all_logs();
   ::kill(job.pid(2), SIGTERM);  // epoch 3: two members
   ASSERT_TRUE(job.wait_world(2, 10)) << phases_text(job.phases()) << job.all_logs();
   for (int k : {2, 3}) {
@@ -225,12 +220,7 @@ TEST(LiveResize, ALeaveDuringAnEarlierLeavesMoveHandsBothOver) {
 // so such a wait fails it.
 TEST(LiveResize, ADepartingNodeKilledDuringItsHandOverIsDroppedAndTheOthersResume) {
   LiveJob job;
-  job.dir = agent_test_dir("live_resize", "leavekill");
-  job.id = "live-leavekill";
-  job.nnodes = "2:3";
-  job.steps = 200;
-  job.sets = {"parallel.dp=auto", "parallel.zero=1"};
-  const fs::path ref = reference_run(job.dir, job.steps, job.sets);
+  const fs::path ref = zero1_job(job, "leavekill", 3);
   for (const std::string& s : {"checkpoint.dir=" + (job.dir / "ckpt").string(),
                                std::string("checkpoint.every=5"),
                                std::string("checkpoint.async=false")})
@@ -242,12 +232,7 @@ TEST(LiveResize, ADepartingNodeKilledDuringItsHandOverIsDroppedAndTheOthersResum
   std::vector<std::vector<pid_t>> before(3);
   for (int k = 0; k < 3; ++k) before[size_t(k)] = children(job.pid(k));
   ::kill(job.pid(2), SIGTERM);  // epoch 2: two members, node 2 departing
-  const std::string stop = "the move stops after";
-  ASSERT_TRUE(poll_until([&] {
-    for (int k = 0; k < 3; ++k)
-      if (!job.lines_with(k, stop).empty()) return true;
-    return false;
-  })) << job.all_logs();
+  ASSERT_TRUE(job.wait_line_anywhere(kMoveStopped)) << job.all_logs();
   for (pid_t worker : before[2]) ::kill(worker, SIGKILL);
   ::kill(job.pid(2), SIGKILL);
   ASSERT_TRUE(job.wait_world(2, 10)) << phases_text(job.phases()) << job.all_logs();

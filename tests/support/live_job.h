@@ -191,6 +191,14 @@ struct LiveJob {
   }
   pid_t pid(int k) const { return pids.at(size_t(k)); }
   std::string text(int k) const { return slurp(logs.at(size_t(k))); }
+  // Waits (kPatience) until some agent's log holds `t`.
+  bool wait_line_anywhere(const std::string& t) const {
+    return poll_until([&] {
+      for (int k = 0; k < int(logs.size()); ++k)
+        if (!lines_with(k, t).empty()) return true;
+      return false;
+    });
+  }
   // The lines of agent k's log that hold `text`.
   std::vector<std::string> lines_with(int k, const std::string& t) const {
     std::vector<std::string> out;
