@@ -450,7 +450,10 @@ void RankTraining::enter_world(const std::string& why) {
     // that also survives a rank lost during the move, which takes the only copy of what it
     // had received.
     arrival_.backed = snapshot_backs(held_, reports);
-    const bool free_old = arrival_.backed || spec_.elastic.old_state == "free_as_moved";
+    // A departing rank keeps its state whole until its hand-over is confirmed: it allocates
+    // nothing of the new layout, and a later epoch may need the state again from it.
+    const bool free_old =
+        !leaving_ && (arrival_.backed || spec_.elastic.old_state == "free_as_moved");
     std::vector<core::Tensor> src;
     for (const Holders::Part& part : holders.parts) {
       if (part.holder != env_.rank) continue;
@@ -490,7 +493,6 @@ void RankTraining::enter_world(const std::string& why) {
     try {
       mine = parallel::run_transition(plan, holders.a, b, env_.rank, src, comm, to, &ts, &arrived);
     } catch (const CommError&) {
-      // A departing rank keeps what it still holds too: it hands that over in the next epoch.
       if (free_old) {
         held_ = held_after_move(holders, reports, env_.rank, src, arrived, train_world_,
                                 env_.rank);
@@ -524,6 +526,10 @@ void RankTraining::enter_world(const std::string& why) {
     arrival_.bytes_sent = plan.bytes_remote();
     arrival_.bytes_adopted = ts.bytes_adopted;
     arrival_.bytes_local = ts.bytes_copied;
+    // With departing ranks, every rank waits here until all have what they need: only then
+    // may a departing node confirm its hand-over and go. A rank lost before this point makes
+    // the next epoch, which still lists the departing nodes, take their state again.
+    if (env_.world > train_world_) comm.barrier().wait();
     arrival_.transfer = since(t);
     t = Clock::now();
     laps.lap("transfer");
