@@ -156,10 +156,19 @@ TEST(BenchElastic, TinyBothPrintsEveryChangeOnBothSidesAndEndsOk) {
       // Never less than the minimum between ranks (what the new layout needs that its rank
       // does not hold); a DP shrink keeps every byte where it is: nothing moves or is copied.
       EXPECT_GE(std::stod(c[2]), std::stod(c[3]) - 0.05) << l;
-      if (c[0] == "leave-a" || c[0] == "leave-b" || c[0] == "failure") {
+      // A leave ends the old world at a step boundary: every survivor holds the same step. A
+      // failure may catch the step's statistics exchange done on some survivors and not on
+      // another (the victim died as the last of it went round): those go on to update and
+      // hold the next step, the other stays one behind and is sent a replica (the suite saw
+      // holders 2 of 3 once: 0.4 MiB between ranks, the new rank 0 kept nothing).
+      const bool all_hold = c[0] != "failure" || std::stoi(c[1]) == 3;
+      if (c[0] == "leave-a" || c[0] == "leave-b" || (c[0] == "failure" && all_hold)) {
         EXPECT_EQ(std::stod(c[2]), 0) << l;  // between ranks
         EXPECT_EQ(std::stod(c[5]), 0) << l;  // copied
         EXPECT_GT(std::stod(c[4]), 0) << l;  // kept
+      } else if (c[0] == "failure") {
+        EXPECT_EQ(std::stoi(c[1]), 2) << l;  // two of the three survivors, one behind
+        EXPECT_GT(std::stod(c[2]), 0) << l;  // a replica to the one behind
       }
       if (c[0] == "join") EXPECT_GT(std::stod(c[3]), 0) << l;  // two newcomers need replicas
       ++bytes;
