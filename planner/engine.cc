@@ -158,6 +158,7 @@ class Engine {
     int dp = 0;
     size_t pc = 0, recorded_pc = 0;  // recorded_pc: instructions before it are in the schedule
     double clock = 0, busy = 0, fb_end = 0;
+    double burst = 0;  // compute seconds since the rank's last collective (CostModel::sync_wait)
     std::vector<char> produced, alive;
     int64_t live = 0;
     std::vector<int> coll_seq;  // group family -> collectives issued on the rank's group of it
@@ -341,6 +342,7 @@ class Engine {
           for (const Operand& o : in.out) write(r, i, o);
           double d = R.info->compute[i];
           R.clock += d;
+          R.burst += d;
           cost.compute_s += d;
           retire(r, in, start, d);
           break;
@@ -478,6 +480,10 @@ class Engine {
     double d = opt_.cost ? collective_seconds(plan_, g_, *opt_.cost, in, int(grp.ranks.size()),
                                               group_cross_[size_t(gid)])
                           : 0;
+    // The members' bursts did not end together: the wait the longest one's burst brings.
+    double burst = 0;
+    for (int q : a.ranks) burst = std::max(burst, ranks_[size_t(q)].burst);
+    if (opt_.cost) d += opt_.cost->sync_wait(burst, int(grp.ranks.size()), plan_.world());
     double end = a.ready + d;
     if (opt_.record) {
       EngineSchedule& s = *opt_.record;
@@ -492,6 +498,7 @@ class Engine {
       const Instr& qi = Q.role->program[Q.pc];
       double start = Q.clock;
       Q.clock = end;
+      Q.burst = 0;
       RankCost& c = res_.ranks[size_t(q)];
       c.comm_s += d;
       c.wait_s += end - start - d;
