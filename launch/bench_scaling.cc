@@ -56,6 +56,8 @@ struct Row {
   // rank 0's compute_s and comm_s + wait_s): where a step's error sits.
   double compute_ms = std::nan(""), comm_ms = std::nan(""), pred_compute_ms = std::nan(""),
          pred_comm_ms = std::nan("");
+  // The prediction without CostModel::sync_wait_by_burst (the model before it), beside.
+  double nowait_ms = std::nan("");
   std::string error;
   std::string warning;  // the run exited badly after writing every step: timings kept
 };
@@ -224,6 +226,9 @@ int run_scaling(const std::vector<std::string>& argv) {
       r.predicted_ms = predict_ms(r, f, cm, &split);
       r.pred_compute_ms = split.first;
       r.pred_comm_ms = split.second;
+      planner::CostModel plain = cm;
+      plain.sync_wait_by_burst.clear();
+      r.nowait_ms = predict_ms(r, f, plain);
     } catch (const std::exception& e) {
       if (r.error.empty()) r.error = std::string("plan: ") + e.what();
     }
@@ -233,9 +238,9 @@ int run_scaling(const std::vector<std::string>& argv) {
       "\n== layouts (steps 1..%d; measured = the lower quartile of the step times, median beside "
       "it; error against the quartile; S: 4x256 seq 256 batch 8; others: configs/*-layout.yaml)\n",
       steps - 1);
-  std::printf("%-20s | %5s | %19s | %12s | %8s | %19s | %19s\n", "layout", "world",
+  std::printf("%-20s | %5s | %19s | %12s | %8s | %19s | %19s | %s\n", "layout", "world",
               "step ms q1 / median", "predicted ms", "error", "r0 compute meas/pred",
-              "r0 comm meas/pred");
+              "r0 comm meas/pred", "w/o sync wait: pred, error");
   for (const Row& r : rows) {
     if (!r.error.empty() && !std::isfinite(r.measured_ms)) {
       std::printf("%-20s | %5d | %19s | %12.2f | %8s  (%s)\n", r.name.c_str(), r.world, "failed",
@@ -243,24 +248,27 @@ int run_scaling(const std::vector<std::string>& argv) {
       continue;
     }
     double err = (r.predicted_ms - r.measured_ms) / r.measured_ms * 100;
-    std::printf("%-20s | %5d | %8.2f / %8.2f | %12.2f | %+7.1f%% | %8.2f / %8.2f | %8.2f / %8.2f%s%s%s\n",
+    std::printf("%-20s | %5d | %8.2f / %8.2f | %12.2f | %+7.1f%% | %8.2f / %8.2f | %8.2f / %8.2f | %8.2f %+7.1f%%%s%s%s\n",
                 r.name.c_str(), r.world, r.measured_ms, r.median_ms, r.predicted_ms, err, r.compute_ms,
-                r.pred_compute_ms, r.comm_ms, r.pred_comm_ms,
+                r.pred_compute_ms, r.comm_ms, r.pred_comm_ms, r.nowait_ms,
+                (r.nowait_ms - r.measured_ms) / r.measured_ms * 100,
                 r.fitted ? "  (weft calibrate fits op_overhead on this model at world 1)" : "",
                 unsigned(r.world) > cores ? "  (oversubscribed)" : "",
                 r.warning.empty() ? "" : ("  (warning: " + r.warning + ")").c_str());
   }
   // The accuracy figure: the median of |predicted - measured| / measured over every row that
   // ran, and over those that fit the cores (no time-sharing).
-  std::vector<double> errs, errs_fit;
+  std::vector<double> errs, errs_fit, nowait, nowait_fit;
   for (const Row& r : rows) {
     if (!std::isfinite(r.measured_ms) || !std::isfinite(r.predicted_ms)) continue;
     const double e = std::fabs(r.predicted_ms - r.measured_ms) / r.measured_ms * 100;
-    errs.push_back(e);
-    if (unsigned(r.world) <= cores) errs_fit.push_back(e);
+    const double e0 = std::fabs(r.nowait_ms - r.measured_ms) / r.measured_ms * 100;
+    errs.push_back(e), nowait.push_back(e0);
+    if (unsigned(r.world) <= cores) errs_fit.push_back(e), nowait_fit.push_back(e0);
   }
   std::printf("median |error|: %.1f%% over the %zu layouts that ran; %.1f%% over the %zu within %u cores\n",
               median(errs), errs.size(), median(errs_fit), errs_fit.size(), cores);
+  std::printf("without the measured sync wait: %.1f%% and %.1f%%\n", median(nowait), median(nowait_fit));
   if (!quick)
     std::printf(
         "note: worlds over this machine's %u cores time-share them (one thread per rank); the "

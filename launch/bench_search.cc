@@ -108,6 +108,9 @@ struct Row {
   planner::Candidate cand;
   bool megatron = false;
   double predicted_ms = std::nan(""), measured_ms = std::nan("");
+  // The same candidate under the model without CostModel::sync_wait_by_burst (the model
+  // before it), beside: the measured wait's share of the figures from one set of runs.
+  double nowait_ms = std::nan("");
   int rank_pred = 0, rank_meas = 0;  // 1-based; 0: not ranked (the run failed)
   std::string error, warning;
 };
@@ -206,6 +209,20 @@ int run_search_bench(const std::vector<std::string>& argv) {
   if (!megatron_note.empty()) std::printf("%s\n", megatron_note.c_str());
   const double end_ms = 1e3 * trainer_step_end_s(so.cost, int(world));
   for (Row& r : rows) r.predicted_ms = r.cand.pred.step_s * 1e3 + end_ms;
+  const bool waits = !so.cost.sync_wait_by_burst.empty();
+  if (waits) {
+    planner::SearchOptions plain = so;
+    plain.cost.sync_wait_by_burst.clear();
+    const planner::SearchResult pr = planner::search_plan(spec, int(world), plain);
+    std::vector<planner::Candidate> all = pr.top;
+    try {
+      all.push_back(planner::megatron_baseline(spec, int(world), plain));
+    } catch (const ConfigError&) {
+    }
+    for (Row& r : rows)
+      for (const planner::Candidate& c : all)
+        if (same_layout(c.layout, r.cand.layout)) r.nowait_ms = c.pred.step_s * 1e3 + end_ms;
+  }
 
   // ---- the runs: each candidate's job written out whole, trained for `steps` steps ----
   std::string tmpl = "/tmp/weft-search-XXXXXX";
@@ -265,9 +282,10 @@ int run_search_bench(const std::vector<std::string>& argv) {
       "\n== candidates (predicted: the search's stage model + %.2f ms of the trainer's "
       "gathers; measured: median step_ms of steps 1..%d%s; error = (pred - meas) / meas)\n",
       end_ms, steps - 1, rounds > 1 ? ", the least of the rounds'" : "");
-  std::printf("%-3s | %-62s | %12s | %11s | %8s | %9s | %9s\n", "#", "layout", "predicted ms",
-              "measured ms", "error", "pred rank", "meas rank");
-  std::vector<double> errs;
+  std::printf("%-3s | %-62s | %12s | %11s | %8s | %9s | %9s%s\n", "#", "layout", "predicted ms",
+              "measured ms", "error", "pred rank", "meas rank",
+              waits ? " | w/o sync wait: predicted, error" : "");
+  std::vector<double> errs, errs_nowait;
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::string name = label(r.cand.layout);
@@ -279,8 +297,14 @@ int run_search_bench(const std::vector<std::string>& argv) {
     }
     const double err = (r.predicted_ms - r.measured_ms) / r.measured_ms * 100;
     errs.push_back(std::fabs(err));
-    std::printf("%-3zu | %-62s | %12.3f | %11.3f | %+7.1f%% | %9d | %9d%s\n", i + 1, name.c_str(),
-                r.predicted_ms, r.measured_ms, err, r.rank_pred, r.rank_meas,
+    char nowait[64] = "";
+    if (waits && std::isfinite(r.nowait_ms)) {
+      const double e = (r.nowait_ms - r.measured_ms) / r.measured_ms * 100;
+      errs_nowait.push_back(std::fabs(e));
+      std::snprintf(nowait, sizeof nowait, " | %12.3f %+7.1f%%", r.nowait_ms, e);
+    }
+    std::printf("%-3zu | %-62s | %12.3f | %11.3f | %+7.1f%% | %9d | %9d%s%s\n", i + 1, name.c_str(),
+                r.predicted_ms, r.measured_ms, err, r.rank_pred, r.rank_meas, nowait,
                 r.warning.empty() ? "" : ("  (warning: " + r.warning + ")").c_str());
   }
   std::printf("\n");
@@ -307,6 +331,9 @@ int run_search_bench(const std::vector<std::string>& argv) {
   else
     std::printf("median |prediction error|: %.1f%% over %zu candidates\n", median(errs),
                 errs.size());
+  if (!errs_nowait.empty())
+    std::printf("median |prediction error| without the measured sync wait: %.1f%% over %zu candidates\n",
+                median(errs_nowait), errs_nowait.size());
   std::printf("load average %.1f at the end; total %.1f s\n", load_1min(), since(t_all));
   return failed ? 1 : 0;
 }

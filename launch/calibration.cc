@@ -130,10 +130,12 @@ struct SyncBurst {
   const char* name;
   int iters, burst;
 };
-constexpr SyncBurst kSyncBursts[] = {{"sync_ar_4B_b1", 200, 1},
-                                     {"sync_ar_4B_b4", 150, 4},
-                                     {"sync_ar_4B_b20", 60, 20},
-                                     {"sync_ar_4B_b100", 24, 100},
+// The mean of a few hundred calls still moves with one stall of a scheduler tick (4 ms) more
+// or less: the short bursts, where a call is cheap, get the most calls (about 0.3 s each).
+constexpr SyncBurst kSyncBursts[] = {{"sync_ar_4B_b1", 800, 1},
+                                     {"sync_ar_4B_b4", 400, 4},
+                                     {"sync_ar_4B_b20", 100, 20},
+                                     {"sync_ar_4B_b100", 30, 100},
                                      {"sync_ar_4B_b400", 10, 400}};
 
 // Each rated op type's kernel rate (CostModel::op_rates): a small GPT's training steps
@@ -429,7 +431,7 @@ int probe_worker(const std::string& path) {
   };
   if (n <= int(std::max(1u, std::thread::hardware_concurrency()))) {
     core::Tensor part = core::Tensor::zeros({k64.numel() / n}, core::DType::kF32);
-    sync_mean("sync_ag_64KiB_b2", 200, 2, [&] { c.all_gather(k64, part).wait(); });
+    sync_mean("sync_ag_64KiB_b2", 400, 2, [&] { c.all_gather(k64, part).wait(); });
     for (const auto& [name, iters, burst] : kSyncBursts)
       sync_mean(name, iters, burst, [&] { c.all_reduce(small).wait(); });
   }
