@@ -85,7 +85,8 @@ struct CostModel {
   // or woken late, its peer waits), so what a collective costs in a step grows with the
   // compute between calls until it is about a time slice. Empty (the default, and on GPUs):
   // no wait. Charged by the simulator and the stage model, never by the layout search
-  // (rvd.cc), so that it moves predictions and never a plan.
+  // (rvd.cc), so that it moves predictions and never a plan; a pipeline message pays it as
+  // a collective of two (measured on a 2-rank all-reduce, itself an exchange of messages).
   std::vector<std::pair<double, double>> sync_wait_by_burst;
 
   // Ring algorithms: launch + all_reduce 2(n-1) steps moving 2(n-1)/n of `bytes`;

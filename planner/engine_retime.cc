@@ -40,7 +40,7 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
     const uint8_t* codes = nullptr;  // schedule.codes of the role
     size_t pc = 0;
     double clock = 0, busy = 0, fb_end = 0;
-    double burst = 0;  // compute since the rank's last collective (CostModel::sync_wait)
+    double burst = 0;  // compute since the rank's last collective or receive (CostModel::sync_wait)
   };
   EngineResult res;
   res.ranks = checked.ranks;
@@ -72,6 +72,7 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
   };
 
   std::vector<double> sent;  // per send, in send order: the sender's clock
+  std::vector<double> sent_burst;  // ... and its compute since its last synchronisation
   size_t recvs = 0;
   for (const EngineSchedule::Step& step : schedule.steps) {
     if (step.rank < 0) {
@@ -123,14 +124,18 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
           break;
         case InstrKind::kSend:
           sent.push_back(R.clock);
+          sent_burst.push_back(R.burst);
           ++R.pc;
           break;
         case InstrKind::kRecv: {
           const int peer = schedule.recv_peer[recvs];
           const int64_t bytes = schedule.recv_bytes[recvs];
-          const double t = sent.at(size_t(schedule.recv_send.at(recvs++)));
-          const double transfer = cost.p2p(bytes, r / rpn != peer / rpn, world);
+          const size_t send = size_t(schedule.recv_send.at(recvs++));
+          const double t = sent.at(send);
+          const double transfer = cost.p2p(bytes, r / rpn != peer / rpn, world) +
+                                  cost.sync_wait(std::max(sent_burst[send], R.burst), 2, world);
           R.clock = std::max(R.clock, t + transfer);
+          R.burst = 0;
           const double moving = std::min(transfer, R.clock - start);
           c.comm_s += moving;
           c.wait_s += R.clock - start - moving;

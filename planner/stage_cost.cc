@@ -255,9 +255,14 @@ ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cos
     c.fwd += sc.head_fwd, c.bwd += sc.head_bwd;
     params += sc.head_param_bytes, count += sc.head_param_count;
   }
-  // Stage boundaries: the activation arrives before a forward, its gradient before a backward.
-  if (chunk > 0) c.fwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp);
-  if (chunk < chunks - 1) c.bwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp);
+  // Stage boundaries: the activation arrives before a forward, its gradient before a backward,
+  // each message waiting as a collective of two after the sender's unit (CostModel::sync_wait;
+  // after its last tensor-parallel call when the layers synchronise within the unit).
+  auto message_wait = [&](double unit) {
+    return cost.sync_wait(sc.layer_calls > 0 ? 0.0 : unit, 2, cross.world);
+  };
+  if (chunk > 0) c.fwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp) + message_wait(c.fwd);
+  if (chunk < chunks - 1) c.bwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp) + message_wait(c.bwd);
   // ZeRO-3 gathers every parameter in each unit that reads it, a block at a time (a layer,
   // the embedding, the head: lower_step.cc's gather_block), one call per block or per bucket
   // when a block outgrows one; ZeRO-2/3 reduce-scatter each micro-batch's gradients.

@@ -219,3 +219,69 @@ TEST(SyncWait, BadCurvesNameTheField) {
 
 }  // namespace
 }  // namespace weft::planner
+
+namespace weft::planner {
+namespace {
+
+// A pipeline message waits as a collective of two: in the stage model each unit that
+// receives (a later chunk's forward, an earlier chunk's backward) pays the curve once.
+TEST(SyncWait, TheStageModelChargesEachStageBoundaryMessage) {
+  const core::JobSpec spec = test_util::gpt_spec(4, 64, 4, 256, 16);
+  const core::ModelGraph mg = build_planning_graph(spec);
+  const double w = 4e-4;
+  const CostModel flat = cpu_host({{1e-6, w}, {1.0, w}}), none = cpu_host({});
+  const Degrees deg{1, 1, 2, 1};
+  const Crossing cross = crossing(deg, kOrder, flat.ranks_per_node);
+  Layout l;
+  l.deg = deg;
+  l.micro_batch = 2;
+  l.micro_batches = 4;
+  l.chunk_layers = {2, 2};
+  const int64_t G = spec.train.global_batch;
+  const SplitCosts sa = split_costs(mg.graph, flat, G, 1, 1, 2, cross);
+  const SplitCosts sb = split_costs(mg.graph, none, G, 1, 1, 2, cross);
+  const ChunkTime a0 = chunk_time(sa, l, flat, cross, 0, 0, 2), b0 = chunk_time(sb, l, none, cross, 0, 0, 2);
+  const ChunkTime a1 = chunk_time(sa, l, flat, cross, 1, 2, 4), b1 = chunk_time(sb, l, none, cross, 1, 2, 4);
+  EXPECT_NEAR(a0.fwd - b0.fwd, 0, 1e-15);  // the first stage receives no activation
+  EXPECT_NEAR(a0.bwd - b0.bwd, w, 1e-12);  // but the gradient from the second
+  EXPECT_NEAR(a1.fwd - b1.fwd, w, 1e-12);
+  EXPECT_NEAR(a1.bwd - b1.bwd, 0, 1e-15);  // the last stage's backward starts from its loss
+}
+
+// In the simulator a receive is delayed by the wait when the receiver is there first, never
+// more than once per message: pp 2 grows, by at most the curve times rank 0's receives and
+// collectives, and the re-timing agrees with the engine.
+TEST(SyncWait, TheSimulatorDelaysPipelineMessages) {
+  core::JobSpec s = test_util::gpt_spec(4, 64, 4, 256, 16);
+  s.parallel.pp = 2, s.parallel.dp = 1;
+  s.parallel.pipeline.schedule = "1f1b";
+  const core::ModelGraph mg = build_planning_graph(s);
+  PlanOptions po;
+  po.simulate = false;
+  const Plan p = make_plan(s, mg.graph, 2, po);
+  const double w = 3e-4;
+  const CostModel flat = cpu_host({{1e-6, w}, {1.0, w}}), none = cpu_host({});
+  const CostAnnotations a = simulate_plan(p, mg.graph, flat), b = simulate_plan(p, mg.graph, none);
+  size_t syncs = 0;
+  for (const Role& role : p.roles)
+    for (const Instr& in : role.program) syncs += in.kind == InstrKind::kRecv || in.kind == InstrKind::kCollective;
+  EXPECT_GT(a.step_s - b.step_s, w);
+  EXPECT_LE(a.step_s - b.step_s, double(syncs) * w + 1e-12);
+
+  EngineSchedule schedule;
+  EngineOptions rec;
+  rec.cost = &none;
+  rec.record = &schedule;
+  const EngineResult checked = run_programs(p, mg.graph, rec);
+  ASSERT_TRUE(checked.errors.empty());
+  EngineOptions o;
+  o.cost = &flat;
+  const EngineResult direct = run_programs(p, mg.graph, o), again = retime(p, mg.graph, schedule, checked, o);
+  for (size_t r = 0; r < direct.ranks.size(); ++r) {
+    EXPECT_DOUBLE_EQ(direct.ranks[r].step_s, again.ranks[r].step_s) << "rank " << r;
+    EXPECT_DOUBLE_EQ(direct.ranks[r].wait_s, again.ranks[r].wait_s) << "rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace weft::planner
