@@ -248,13 +248,15 @@ int run_scaling(const std::vector<std::string>& argv) {
       continue;
     }
     double err = (r.predicted_ms - r.measured_ms) / r.measured_ms * 100;
-    std::printf("%-20s | %5d | %8.2f / %8.2f | %12.2f | %+7.1f%% | %8.2f / %8.2f | %8.2f / %8.2f | %8.2f %+7.1f%%%s%s%s\n",
-                r.name.c_str(), r.world, r.measured_ms, r.median_ms, r.predicted_ms, err, r.compute_ms,
-                r.pred_compute_ms, r.comm_ms, r.pred_comm_ms, r.nowait_ms,
-                (r.nowait_ms - r.measured_ms) / r.measured_ms * 100,
-                r.fitted ? "  (weft calibrate fits op_overhead on this model at world 1)" : "",
-                unsigned(r.world) > cores ? "  (oversubscribed)" : "",
-                r.warning.empty() ? "" : ("  (warning: " + r.warning + ")").c_str());
+    std::printf(
+        "%-20s | %5d | %8.2f / %8.2f | %12.2f | %+7.1f%% | %8.2f / %8.2f | %8.2f / %8.2f | %8.2f "
+        "%+7.1f%%%s%s%s\n",
+        r.name.c_str(), r.world, r.measured_ms, r.median_ms, r.predicted_ms, err, r.compute_ms,
+        r.pred_compute_ms, r.comm_ms, r.pred_comm_ms, r.nowait_ms,
+        (r.nowait_ms - r.measured_ms) / r.measured_ms * 100,
+        r.fitted ? "  (weft calibrate fits op_overhead on this model at world 1)" : "",
+        unsigned(r.world) > cores ? "  (oversubscribed)" : "",
+        r.warning.empty() ? "" : ("  (warning: " + r.warning + ")").c_str());
   }
   // The accuracy figure: the median of |predicted - measured| / measured over every row that
   // ran, and over those that fit the cores (no time-sharing).
@@ -268,7 +270,8 @@ int run_scaling(const std::vector<std::string>& argv) {
   }
   std::printf("median |error|: %.1f%% over the %zu layouts that ran; %.1f%% over the %zu within %u cores\n",
               median(errs), errs.size(), median(errs_fit), errs_fit.size(), cores);
-  std::printf("without the measured sync wait: %.1f%% and %.1f%%\n", median(nowait), median(nowait_fit));
+  std::printf("without the measured sync wait: %.1f%% and %.1f%%\n", median(nowait),
+              median(nowait_fit));
   if (!quick)
     std::printf(
         "note: worlds over this machine's %u cores time-share them (one thread per rank); the "

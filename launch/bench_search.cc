@@ -332,8 +332,9 @@ int run_search_bench(const std::vector<std::string>& argv) {
     std::printf("median |prediction error|: %.1f%% over %zu candidates\n", median(errs),
                 errs.size());
   if (!errs_nowait.empty())
-    std::printf("median |prediction error| without the measured sync wait: %.1f%% over %zu candidates\n",
-                median(errs_nowait), errs_nowait.size());
+    std::printf(
+        "median |prediction error| without the measured sync wait: %.1f%% over %zu candidates\n",
+        median(errs_nowait), errs_nowait.size());
   std::printf("load average %.1f at the end; total %.1f s\n", load_1min(), since(t_all));
   return failed ? 1 : 0;
 }

@@ -306,7 +306,8 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
     if (!hw.sync_wait_by_burst.empty() && burst <= hw.sync_wait_by_burst.back().first) continue;
     hw.sync_wait_by_burst.push_back({burst, std::max(0.0, t - price)});
     char one[64];
-    std::snprintf(one, sizeof one, " %.2f ms: %.0f us", burst * 1e3, hw.sync_wait_by_burst.back().second * 1e6);
+    std::snprintf(one, sizeof one, " %.2f ms: %.0f us", burst * 1e3,
+                  hw.sync_wait_by_burst.back().second * 1e6);
     waits += one;
   }
   char line[256];
@@ -316,7 +317,8 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
                 samples.size(), f.latency * 1e6, f.bw / 1e9, f.launch * 1e6,
                 100 * f.rms_relative_error, 100 * f.worst_relative_error, f.worst.c_str());
   return std::string(line) + "\ncollective wire rates by kind and size (GB/s):" + rates +
-         "\na collective's mean wait beyond its price, by the compute before it (2 processes):" + waits;
+         "\na collective's mean wait beyond its price, by the compute before it (2 processes):" +
+         waits;
 }
 
 }  // namespace
@@ -422,7 +424,8 @@ int probe_worker(const std::string& path) {
       bursts += since(tb);
       op();
     }
-    core::Tensor m = core::Tensor::from_vector<double>({2}, {(since(t0) - bursts) / iters, bursts / iters});
+    core::Tensor m =
+        core::Tensor::from_vector<double>({2}, {(since(t0) - bursts) / iters, bursts / iters});
     comm::AllReduceOptions o;
     o.op = comm::ReduceOp::kMax;
     c.all_reduce(m, o).wait();

@@ -159,7 +159,8 @@ class Engine {
     int dp = 0;
     size_t pc = 0, recorded_pc = 0;  // recorded_pc: instructions before it are in the schedule
     double clock = 0, busy = 0, fb_end = 0;
-    double burst = 0;  // compute seconds since the rank's last collective or receive (CostModel::sync_wait)
+    double burst =
+        0;  // compute seconds since the rank's last collective or receive (CostModel::sync_wait)
     std::vector<char> produced, alive;
     int64_t live = 0;
     std::vector<int> coll_seq;  // group family -> collectives issued on the rank's group of it

@@ -469,7 +469,8 @@ Plan plan_from_json(const std::string& text) {
     }
     if (const JsonValue* v = cm.find("sync_wait_by_burst"))  // only in calibrated plans
       for (const JsonValue& pt : v->items) {
-        if (pt.items.size() != 2) bad("costs.model.sync_wait_by_burst: each entry is [burst s, wait s]");
+        if (pt.items.size() != 2)
+          bad("costs.model.sync_wait_by_burst: each entry is [burst s, wait s]");
         k.model.sync_wait_by_burst.push_back({pt.items[0].number, pt.items[1].number});
       }
     k.step_s = dbl(*co, "step_s"), k.bubble = dbl(*co, "bubble");

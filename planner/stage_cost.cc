@@ -46,7 +46,8 @@ double bucketed(const CostModel& cost, CollKind k, int64_t n, double bytes, bool
 // `burst` seconds of the rank's compute, the others back to back.
 double sync_waits(const CostModel& cost, int64_t count, double burst, int64_t n, int world) {
   if (count <= 0 || n <= 1) return 0;
-  return cost.sync_wait(burst, int(n), world) + double(count - 1) * cost.sync_wait(0, int(n), world);
+  return cost.sync_wait(burst, int(n), world) +
+         double(count - 1) * cost.sync_wait(0, int(n), world);
 }
 
 }  // namespace
@@ -131,11 +132,13 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
           !reduced[size_t(op.outputs[k])]++) {
         const int64_t bytes = int64_t(s.outs[k].piece.numel()) * int64_t(elem);
         if (pc.sequence_parallel)
-          t += collective_at(cost, CollKind::kReduceScatter, int(tp), bytes, cross.tp, cross.world) +
-               collective_at(cost, CollKind::kAllGather, int(tp), bytes, cross.tp, cross.world),
+          t +=
+              collective_at(cost, CollKind::kReduceScatter, int(tp), bytes, cross.tp, cross.world) +
+              collective_at(cost, CollKind::kAllGather, int(tp), bytes, cross.tp, cross.world),
               n_calls += 2;
         else
-          t += collective_at(cost, CollKind::kAllReduce, int(tp), bytes, cross.tp, cross.world), ++n_calls;
+          t += collective_at(cost, CollKind::kAllReduce, int(tp), bytes, cross.tp, cross.world),
+              ++n_calls;
       }
     }
     // Sequence parallelism: the backward gathers each norm's output again for the weight
@@ -166,7 +169,10 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
     const int layer = f.layer;
     const bool embed = layer < 0 && f.scope.rfind("embed", 0) == 0;
     {
-      const size_t at = 2 * size_t(layer >= 0 ? layer : embed ? layers : layers + 1) + (fwd ? 0 : 1);
+      const size_t at = 2 * size_t(layer >= 0 ? layer
+                                   : embed    ? layers
+                                              : layers + 1) +
+                        (fwd ? 0 : 1);
       burst_s[at] += compute;
       calls[at] += n_calls;
     }
@@ -204,7 +210,8 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
   const int group = int(std::max(tp, ep));
   for (size_t at = 0; at < calls.size(); ++at) {
     if (calls[at] == 0) continue;
-    const double wait = double(calls[at]) * cost.sync_wait(burst_s[at] / double(calls[at]), group, cross.world);
+    const double wait =
+        double(calls[at]) * cost.sync_wait(burst_s[at] / double(calls[at]), group, cross.world);
     const size_t where = at / 2;
     const bool fwd = at % 2 == 0;
     if (where < size_t(layers))
@@ -262,7 +269,8 @@ ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cos
     return cost.sync_wait(sc.layer_calls > 0 ? 0.0 : unit, 2, cross.world);
   };
   if (chunk > 0) c.fwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp) + message_wait(c.fwd);
-  if (chunk < chunks - 1) c.bwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp) + message_wait(c.bwd);
+  if (chunk < chunks - 1)
+    c.bwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp) + message_wait(c.bwd);
   // ZeRO-3 gathers every parameter in each unit that reads it, a block at a time (a layer,
   // the embedding, the head: lower_step.cc's gather_block), one call per block or per bucket
   // when a block outgrows one; ZeRO-2/3 reduce-scatter each micro-batch's gradients.
@@ -272,8 +280,10 @@ ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cos
     const int64_t calls = std::min(count, std::max(blocks, int64_t(std::ceil(params / bucket))));
     const double gather = collectives(cost, CollKind::kAllGather, shards, params, calls, cross.dp, cross.world);
     // Each block's gather follows the previous block's compute.
-    const double fwd_wait = double(calls) * cost.sync_wait(c.fwd / double(calls), int(shards), cross.world);
-    const double bwd_wait = double(calls) * cost.sync_wait(c.bwd / double(calls), int(shards), cross.world);
+    const double fwd_wait =
+        double(calls) * cost.sync_wait(c.fwd / double(calls), int(shards), cross.world);
+    const double bwd_wait =
+        double(calls) * cost.sync_wait(c.bwd / double(calls), int(shards), cross.world);
     c.fwd += gather + fwd_wait, c.bwd += gather + bwd_wait;
   }
   if (l.zero >= 2)
@@ -348,7 +358,8 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
       t += bucketed(cost, CollKind::kAllGather, shards, bytes, cross.dp, cross.world) +
            sync_waits(cost, buckets(bytes), 0, shards, cross.world);
     if (tied && pp > 1 && (s == 0 || s == (chunks - 1) % pp))
-      t += collective_at(cost, CollKind::kAllReduce, 2, int64_t(sc.embed_param_bytes), cross.pp, cross.world) +
+      t += collective_at(cost, CollKind::kAllReduce, 2, int64_t(sc.embed_param_bytes), cross.pp,
+                         cross.world) +
            sync_waits(cost, 1, 0, 2, cross.world);
     const int64_t replica = l.deg.tp * l.deg.ep * l.deg.pp;
     const bool replica_cross = cross.pp || cross.tp || cross.ep;

@@ -71,7 +71,8 @@ TEST(SyncWait, TheStageModelChargesEachTensorParallelCollectiveOnce) {
     EXPECT_GT(a.layer_calls, 0);
   }
   // Without tensor parallelism no layer synchronises.
-  const SplitCosts dp = split_costs(mg.graph, flat, G, 1, 1, 2, crossing(Degrees{2, 1, 1, 1}, kOrder, 1 << 20));
+  const SplitCosts dp =
+      split_costs(mg.graph, flat, G, 1, 1, 2, crossing(Degrees{2, 1, 1, 1}, kOrder, 1 << 20));
   EXPECT_EQ(dp.layer_calls, 0);
 }
 
@@ -122,8 +123,10 @@ TEST(SyncWait, TheSimulatorChargesEveryCollectiveOnce) {
     const Plan p = make_plan(s, mg.graph, 2, po);
     const double w = 2.5e-4;
     const CostModel flat = cpu_host({{1e-6, w}, {1.0, w}}), none = cpu_host({});
-    const CostAnnotations a = simulate_plan(p, mg.graph, flat), b = simulate_plan(p, mg.graph, none);
-    const size_t calls = test_util::collectives(p.roles.at(0), [](const Instr&) { return true; }).size();
+    const CostAnnotations a = simulate_plan(p, mg.graph, flat),
+                          b = simulate_plan(p, mg.graph, none);
+    const size_t calls =
+        test_util::collectives(p.roles.at(0), [](const Instr&) { return true; }).size();
     ASSERT_GT(calls, 8u);
     EXPECT_NEAR(a.step_s - b.step_s, double(calls) * w, 1e-9);
     EXPECT_NEAR(a.ranks[0].comm_s - b.ranks[0].comm_s, double(calls) * w, 1e-9);
@@ -131,8 +134,9 @@ TEST(SyncWait, TheSimulatorChargesEveryCollectiveOnce) {
   }
 }
 
-// The burst is the rank's own compute since its previous collective: under dp 2 the step grows by the sum, over rank 0's collectives, of the wait at
-// the compute before each (the replicas run the same program, so their bursts are equal).
+// The burst is the rank's own compute since its previous collective: under dp 2 the step grows by
+// the sum, over rank 0's collectives, of the wait at the compute before each (the replicas run the
+// same program, so their bursts are equal).
 TEST(SyncWait, TheSimulatorReadsTheComputeSinceThePreviousCollective) {
   core::JobSpec s = test_util::gpt_spec(2, 64, 4, 256, 16);
   s.parallel.dp = 2;
@@ -175,13 +179,15 @@ TEST(SyncWait, RetimeAgreesWithTheEngine) {
   ASSERT_TRUE(checked.errors.empty());
   EngineOptions o;
   o.cost = &curve;
-  const EngineResult direct = run_programs(p, mg.graph, o), again = retime(p, mg.graph, schedule, checked, o);
+  const EngineResult direct = run_programs(p, mg.graph, o),
+                     again = retime(p, mg.graph, schedule, checked, o);
   ASSERT_EQ(direct.ranks.size(), again.ranks.size());
   for (size_t r = 0; r < direct.ranks.size(); ++r) {
     EXPECT_DOUBLE_EQ(direct.ranks[r].step_s, again.ranks[r].step_s) << "rank " << r;
     EXPECT_DOUBLE_EQ(direct.ranks[r].comm_s, again.ranks[r].comm_s) << "rank " << r;
   }
-  EXPECT_GT(direct.ranks[0].step_s, run_programs(p, mg.graph, EngineOptions{&none}).ranks[0].step_s);
+  EXPECT_GT(direct.ranks[0].step_s,
+            run_programs(p, mg.graph, EngineOptions{&none}).ranks[0].step_s);
 }
 
 TEST(SyncWait, HardwareFileAndPlanJsonCarryTheCurve) {
@@ -198,22 +204,29 @@ TEST(SyncWait, HardwareFileAndPlanJsonCarryTheCurve) {
   PlanOptions po;
   po.cost = cpu_host({{1e-4, 2e-4}, {1e-2, 4e-3}});
   const Plan p = make_plan(s, mg.graph, 2, po);
-  EXPECT_EQ(plan_from_json(plan_to_json(p)).costs.model.sync_wait_by_burst, po.cost.sync_wait_by_burst);
+  EXPECT_EQ(plan_from_json(plan_to_json(p)).costs.model.sync_wait_by_burst,
+            po.cost.sync_wait_by_burst);
   // A plan under a model without the curve is written without the key, as before.
   PlanOptions plain;
-  EXPECT_EQ(plan_to_json(make_plan(s, mg.graph, 2, plain)).find("sync_wait_by_burst"), std::string::npos);
+  EXPECT_EQ(plan_to_json(make_plan(s, mg.graph, 2, plain)).find("sync_wait_by_burst"),
+            std::string::npos);
 }
 
 TEST(SyncWait, BadCurvesNameTheField) {
   const std::string base = hardware_to_yaml(load_hardware("h100"));
   auto err = [&](const std::string& curve) {
-    return std::string(test_util::config_error([&] { hardware_from_yaml(base + curve, "t.yaml"); }).what());
+    return std::string(
+        test_util::config_error([&] { hardware_from_yaml(base + curve, "t.yaml"); }).what());
   };
-  EXPECT_NE(err("sync_wait_by_burst: [[1e-3, 1e-4], [1e-4, 2e-4]]\n").find("hardware.sync_wait_by_burst[1]"),
+  EXPECT_NE(err("sync_wait_by_burst: [[1e-3, 1e-4], [1e-4, 2e-4]]\n")
+                .find("hardware.sync_wait_by_burst[1]"),
             std::string::npos);
-  EXPECT_NE(err("sync_wait_by_burst: [[0, 1e-4]]\n").find("the burst must be > 0"), std::string::npos);
-  EXPECT_NE(err("sync_wait_by_burst: [[1e-3, -1]]\n").find("hardware.sync_wait_by_burst[0]"), std::string::npos);
-  EXPECT_NE(err("sync_wait_by_burst: [1e-3]\n").find("hardware.sync_wait_by_burst[0]"), std::string::npos);
+  EXPECT_NE(err("sync_wait_by_burst: [[0, 1e-4]]\n").find("the burst must be > 0"),
+            std::string::npos);
+  EXPECT_NE(err("sync_wait_by_burst: [[1e-3, -1]]\n").find("hardware.sync_wait_by_burst[0]"),
+            std::string::npos);
+  EXPECT_NE(err("sync_wait_by_burst: [1e-3]\n").find("hardware.sync_wait_by_burst[0]"),
+            std::string::npos);
   EXPECT_NE(err("sync_wait_by_burst: 3\n").find("hardware.sync_wait_by_burst"), std::string::npos);
 }
 
@@ -240,8 +253,10 @@ TEST(SyncWait, TheStageModelChargesEachStageBoundaryMessage) {
   const int64_t G = spec.train.global_batch;
   const SplitCosts sa = split_costs(mg.graph, flat, G, 1, 1, 2, cross);
   const SplitCosts sb = split_costs(mg.graph, none, G, 1, 1, 2, cross);
-  const ChunkTime a0 = chunk_time(sa, l, flat, cross, 0, 0, 2), b0 = chunk_time(sb, l, none, cross, 0, 0, 2);
-  const ChunkTime a1 = chunk_time(sa, l, flat, cross, 1, 2, 4), b1 = chunk_time(sb, l, none, cross, 1, 2, 4);
+  const ChunkTime a0 = chunk_time(sa, l, flat, cross, 0, 0, 2),
+                  b0 = chunk_time(sb, l, none, cross, 0, 0, 2);
+  const ChunkTime a1 = chunk_time(sa, l, flat, cross, 1, 2, 4),
+                  b1 = chunk_time(sb, l, none, cross, 1, 2, 4);
   EXPECT_NEAR(a0.fwd - b0.fwd, 0, 1e-15);  // the first stage receives no activation
   EXPECT_NEAR(a0.bwd - b0.bwd, w, 1e-12);  // but the gradient from the second
   EXPECT_NEAR(a1.fwd - b1.fwd, w, 1e-12);
@@ -264,7 +279,8 @@ TEST(SyncWait, TheSimulatorDelaysPipelineMessages) {
   const CostAnnotations a = simulate_plan(p, mg.graph, flat), b = simulate_plan(p, mg.graph, none);
   size_t syncs = 0;
   for (const Role& role : p.roles)
-    for (const Instr& in : role.program) syncs += in.kind == InstrKind::kRecv || in.kind == InstrKind::kCollective;
+    for (const Instr& in : role.program)
+      syncs += in.kind == InstrKind::kRecv || in.kind == InstrKind::kCollective;
   EXPECT_GT(a.step_s - b.step_s, w);
   EXPECT_LE(a.step_s - b.step_s, double(syncs) * w + 1e-12);
 
@@ -276,7 +292,8 @@ TEST(SyncWait, TheSimulatorDelaysPipelineMessages) {
   ASSERT_TRUE(checked.errors.empty());
   EngineOptions o;
   o.cost = &flat;
-  const EngineResult direct = run_programs(p, mg.graph, o), again = retime(p, mg.graph, schedule, checked, o);
+  const EngineResult direct = run_programs(p, mg.graph, o),
+                     again = retime(p, mg.graph, schedule, checked, o);
   for (size_t r = 0; r < direct.ranks.size(); ++r) {
     EXPECT_DOUBLE_EQ(direct.ranks[r].step_s, again.ranks[r].step_s) << "rank " << r;
     EXPECT_DOUBLE_EQ(direct.ranks[r].wait_s, again.ranks[r].wait_s) << "rank " << r;
