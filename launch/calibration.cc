@@ -125,6 +125,19 @@ std::string utc_now() {
 constexpr int64_t kGemmShapes[][3] = {{64, 128, 32},    {64, 32, 128},     {128, 256, 64},
                                       {256, 512, 128},  {512, 1024, 256},  {2048, 1024, 256}};
 
+// The sync probe's bursts (probe_worker): name, calls, fillers (about 50 us each) before each.
+struct SyncBurst {
+  const char* name;
+  int iters, burst;
+};
+// The mean of a few hundred calls still moves with one stall of a scheduler tick (4 ms) more
+// or less: the short bursts, where a call is cheap, get the most calls (about 0.3 s each).
+constexpr SyncBurst kSyncBursts[] = {{"sync_ar_4B_b1", 800, 1},
+                                     {"sync_ar_4B_b4", 400, 4},
+                                     {"sync_ar_4B_b20", 100, 20},
+                                     {"sync_ar_4B_b100", 30, 100},
+                                     {"sync_ar_4B_b400", 10, 400}};
+
 // Each rated op type's kernel rate (CostModel::op_rates): a small GPT's training steps
 // (config S's width on 2 layers, one micro-batch of 4 x 128 tokens) with the trainer's
 // per-op-type profile, the least time of 8 steps per type, over the FLOPs op_work counts for
@@ -282,13 +295,30 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
   }
   // One machine: no link to another node was measured; cross-node terms repeat the local ones.
   hw.inter = hw.intra;
+  // The wait of a collective by the compute before it: what each synchronisation of the
+  // step-like loop cost on average beyond the model's price of that call (a 4 B all-reduce
+  // at 2 ranks: launch and two steps).
+  std::string waits;
+  const double price = hw.cost_model().collective(CollKind::kAllReduce, 2, 4, false);
+  for (const SyncBurst& b : kSyncBursts) {
+    const double t = got(2, b.name), burst = got(2, std::string(b.name) + "_burst");
+    if (!(std::isfinite(t) && std::isfinite(burst) && burst > 0)) continue;
+    if (!hw.sync_wait_by_burst.empty() && burst <= hw.sync_wait_by_burst.back().first) continue;
+    hw.sync_wait_by_burst.push_back({burst, std::max(0.0, t - price)});
+    char one[64];
+    std::snprintf(one, sizeof one, " %.2f ms: %.0f us", burst * 1e3,
+                  hw.sync_wait_by_burst.back().second * 1e6);
+    waits += one;
+  }
   char line[256];
   std::snprintf(line, sizeof line,
                 "link fit over %zu probes (least squares, relative): latency %.0f us, bw %.2f GB/s, "
                 "idle launch %.0f us; rms error %.0f%%, worst %.0f%% (%s)",
                 samples.size(), f.latency * 1e6, f.bw / 1e9, f.launch * 1e6,
                 100 * f.rms_relative_error, 100 * f.worst_relative_error, f.worst.c_str());
-  return std::string(line) + "\ncollective wire rates by kind and size (GB/s):" + rates;
+  return std::string(line) + "\ncollective wire rates by kind and size (GB/s):" + rates +
+         "\na collective's mean wait beyond its price, by the compute before it (2 processes):" +
+         waits;
 }
 
 }  // namespace
@@ -376,6 +406,38 @@ int probe_worker(const std::string& path) {
   out.push_back({"p2p_1MiB", probe_time(c, 16, nullptr, pingpong(big), true) / 2});
   out.push_back({"p2p_4MiB", probe_time(c, 8, nullptr, pingpong(m4), true) / 2});
   out.push_back({"p2p_4B_busy", probe_time(c, 60, filler, pingpong(small), false) / 2});
+  // A step's pattern as the step pays it: a burst of compute, then a collective, `iters`
+  // times over with no barrier; the mean of what each synchronisation cost beyond the rank's
+  // own compute (the loop's time less its bursts', each burst timed), the slowest rank's.
+  // A step pays every call, the slow ones included, and any skew between the ranks' bursts
+  // (a thread descheduled or woken late) as a wait in the collective: the medians above
+  // leave both out. At bursts from 50 us (tensor parallelism's, between its small
+  // collectives) to 20 ms (a data-parallel step's compute before its gradient all-reduce):
+  // CostModel::sync_wait_by_burst. Only within the cores (above them, launch_oversub's probes).
+  auto sync_mean = [&](const char* name, int iters, int burst, const std::function<void()>& op) {
+    c.barrier().wait();
+    double bursts = 0;
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      auto tb = Clock::now();
+      for (int k = 0; k < burst; ++k) filler();
+      bursts += since(tb);
+      op();
+    }
+    core::Tensor m =
+        core::Tensor::from_vector<double>({2}, {(since(t0) - bursts) / iters, bursts / iters});
+    comm::AllReduceOptions o;
+    o.op = comm::ReduceOp::kMax;
+    c.all_reduce(m, o).wait();
+    out.push_back({std::string(name), m.data<double>()[0]});
+    out.push_back({std::string(name) + "_burst", m.data<double>()[1]});
+  };
+  if (n <= int(std::max(1u, std::thread::hardware_concurrency()))) {
+    core::Tensor part = core::Tensor::zeros({k64.numel() / n}, core::DType::kF32);
+    sync_mean("sync_ag_64KiB_b2", 400, 2, [&] { c.all_gather(k64, part).wait(); });
+    for (const auto& [name, iters, burst] : kSyncBursts)
+      sync_mean(name, iters, burst, [&] { c.all_reduce(small).wait(); });
+  }
   auto t0 = Clock::now();
   for (int i = 0; i < 20; ++i) filler();
   out.push_back({"filler", since(t0) / 20});

@@ -97,6 +97,11 @@ double CostModel::coll_bw(CollKind k, int64_t bytes) const {
   return c.empty() ? bw_intra : interpolate_log(c, double(std::max<int64_t>(1, bytes)));
 }
 
+double CostModel::sync_wait(double burst, int n, int world) const {
+  if (n <= 1 || sync_wait_by_burst.empty() || oversub_weight(world) > 0) return 0;
+  return interpolate_log(sync_wait_by_burst, std::max(burst, 1e-9));
+}
+
 double CostModel::compute_alone(double flop, double bytes) const {
   return op_overhead + std::max(flop / flop_rate(flop), bytes / mem_bw);
 }

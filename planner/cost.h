@@ -78,6 +78,16 @@ struct CostModel {
   // that kernel (weft calibrate, f32); 0 (the default): priced as any op, by FLOPs at
   // flop_rate() or bytes at mem_bw, whichever is slower.
   std::array<double, kRatedOps> op_rates{};
+  // Measured wait of a synchronising collective beyond its price above, by the compute a rank
+  // did since its previous synchronisation (the burst), ascending in burst seconds (weft
+  // calibrate, at 2 ranks of one node, as the mean over many calls: a step pays every one).
+  // On a CPU host the ranks' bursts do not end together (a rank's thread is descheduled
+  // or woken late, its peer waits), so what a collective costs in a step grows with the
+  // compute between calls until it is about a time slice. Empty (the default, and on GPUs):
+  // no wait. Charged by the simulator and the stage model, never by the layout search
+  // (rvd.cc), so that it moves predictions and never a plan; a pipeline message pays it as
+  // a collective of two (measured on a 2-rank all-reduce, itself an exchange of messages).
+  std::vector<std::pair<double, double>> sync_wait_by_burst;
 
   // Ring algorithms: launch + all_reduce 2(n-1) steps moving 2(n-1)/n of `bytes`;
   // all_gather and reduce_scatter (n-1) steps moving (n-1)/n of the full buffer `bytes`;
@@ -105,6 +115,11 @@ struct CostModel {
   // Wire bytes/s of one collective of kind k on a buffer of `bytes` inside a node:
   // coll_bw_by_size[k] interpolated linearly in log(bytes) and clamped at its ends, or bw_intra.
   double coll_bw(CollKind k, int64_t bytes) const;
+  // Seconds a collective waits beyond collective() after `burst` seconds of the ranks' own
+  // compute since their previous one: sync_wait_by_burst interpolated linearly in
+  // log(burst) and clamped at its ends; 0 without the curve, at a group of one and where
+  // the node runs more ranks than cores (launch_oversub prices that regime, measured there).
+  double sync_wait(double burst, int n, int world = 0) const;
   // How many times slower a rank computes when `world` ranks share the node's cores: 1 with
   // cores = 0 or no more ranks on a node than cores.
   double sharing(int world) const;

@@ -107,6 +107,7 @@ struct Message {
   int64_t bytes;
   double time;
   int send = 0;  // sends so far, when it was sent (EngineSchedule::recv_send)
+  double burst = 0;  // the sender's compute since its last synchronisation, at the send
 };
 
 // What the members of a collective must agree on; compared as numbers, spelled only for
@@ -158,6 +159,8 @@ class Engine {
     int dp = 0;
     size_t pc = 0, recorded_pc = 0;  // recorded_pc: instructions before it are in the schedule
     double clock = 0, busy = 0, fb_end = 0;
+    double burst =
+        0;  // compute seconds since the rank's last collective or receive (CostModel::sync_wait)
     std::vector<char> produced, alive;
     int64_t live = 0;
     std::vector<int> coll_seq;  // group family -> collectives issued on the rank's group of it
@@ -341,6 +344,7 @@ class Engine {
           for (const Operand& o : in.out) write(r, i, o);
           double d = R.info->compute[i];
           R.clock += d;
+          R.burst += d;
           cost.compute_s += d;
           retire(r, in, start, d);
           break;
@@ -361,7 +365,7 @@ class Engine {
         case InstrKind::kSend: {
           readable(r, i, in.in[0].tensor);
           int peer = plan_.peer_rank(r, in.peer);
-          mail_[{r, peer, in.tag}].push_back({in.bytes, R.clock, sends_++});
+          mail_[{r, peer, in.tag}].push_back({in.bytes, R.clock, sends_++, R.burst});
           cost.p2p_bytes += in.bytes;
           ++R.pc;
           auto w = recv_wait_.find({r, peer, in.tag});
@@ -398,8 +402,13 @@ class Engine {
           if (opt_.cost) {
             bool cross = r / opt_.cost->ranks_per_node != peer / opt_.cost->ranks_per_node;
             transfer = opt_.cost->p2p(in.bytes, cross, plan_.world());
+            // A message synchronises its two ranks as a collective of two does: it leaves
+            // late by the wait of the longer burst (the receiver waits only if it is there
+            // first).
+            transfer += opt_.cost->sync_wait(std::max(m.burst, R.burst), 2, plan_.world());
           }
           R.clock = std::max(R.clock, t + transfer);
+          R.burst = 0;
           double moving = std::min(transfer, R.clock - start);
           cost.comm_s += moving;
           cost.wait_s += R.clock - start - moving;
@@ -478,6 +487,10 @@ class Engine {
     double d = opt_.cost ? collective_seconds(plan_, g_, *opt_.cost, in, int(grp.ranks.size()),
                                               group_cross_[size_t(gid)])
                           : 0;
+    // The members' bursts did not end together: the wait the longest one's burst brings.
+    double burst = 0;
+    for (int q : a.ranks) burst = std::max(burst, ranks_[size_t(q)].burst);
+    if (opt_.cost) d += opt_.cost->sync_wait(burst, int(grp.ranks.size()), plan_.world());
     double end = a.ready + d;
     if (opt_.record) {
       EngineSchedule& s = *opt_.record;
@@ -492,6 +505,7 @@ class Engine {
       const Instr& qi = Q.role->program[Q.pc];
       double start = Q.clock;
       Q.clock = end;
+      Q.burst = 0;
       RankCost& c = res_.ranks[size_t(q)];
       c.comm_s += d;
       c.wait_s += end - start - d;

@@ -48,7 +48,8 @@ struct EngineSchedule {
   std::vector<int> coll_pricer;  // per collective, the member whose instruction prices it
   // Per collective, its price class: collectives of one class (the same group and kind,
   // bytes and extras of collective_seconds) take the same time under any cost model, so a
-  // re-timing prices each class once, from an instruction of it (class_instr) on its group.
+  // re-timing prices each class once, from an instruction of it (class_instr) on its group,
+  // and adds each collective's CostModel::sync_wait from its members' bursts, as the engine.
   std::vector<int> coll_class;
   std::vector<const Instr*> class_instr;
   std::vector<int> class_group;

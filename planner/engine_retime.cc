@@ -40,6 +40,7 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
     const uint8_t* codes = nullptr;  // schedule.codes of the role
     size_t pc = 0;
     double clock = 0, busy = 0, fb_end = 0;
+    double burst = 0;  // compute since the rank's last collective or receive (CostModel::sync_wait)
   };
   EngineResult res;
   res.ranks = checked.ranks;
@@ -71,6 +72,7 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
   };
 
   std::vector<double> sent;  // per send, in send order: the sender's clock
+  std::vector<double> sent_burst;  // ... and its compute since its last synchronisation
   size_t recvs = 0;
   for (const EngineSchedule::Step& step : schedule.steps) {
     if (step.rank < 0) {
@@ -78,16 +80,22 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
       const int first = schedule.coll_begin[k];
       const int last = k + 1 < schedule.coll_begin.size() ? schedule.coll_begin[k + 1]
                                                           : int(schedule.coll_ranks.size());
-      double ready = 0;
-      for (int m = first; m < last; ++m)
-        ready = std::max(ready, ranks[size_t(schedule.coll_ranks[size_t(m)])].clock);
-      const double d = class_s[size_t(schedule.coll_class[k])];
+      double ready = 0, burst = 0;
+      for (int m = first; m < last; ++m) {
+        const Rank& M = ranks[size_t(schedule.coll_ranks[size_t(m)])];
+        ready = std::max(ready, M.clock);
+        burst = std::max(burst, M.burst);
+      }
+      const int cls = schedule.coll_class[k];
+      const int members = int(plan.groups[size_t(schedule.class_group[size_t(cls)])].ranks.size());
+      const double d = class_s[size_t(cls)] + cost.sync_wait(burst, members, world);
       const double end = ready + d;
       for (int m = first; m < last; ++m) {
         const int q = schedule.coll_ranks[size_t(m)];
         Rank& Q = ranks[size_t(q)];
         const double start = Q.clock;
         Q.clock = end;
+        Q.burst = 0;
         RankCost& c = res.ranks[size_t(q)];
         c.comm_s += d;
         c.wait_s += end - start - d;
@@ -106,6 +114,7 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
         case InstrKind::kLocal: {
           const double d = (*R.alone)[R.pc] * sharing;
           R.clock += d;
+          R.burst += d;
           c.compute_s += d;
           retire(r, start, d);
           break;
@@ -115,14 +124,18 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
           break;
         case InstrKind::kSend:
           sent.push_back(R.clock);
+          sent_burst.push_back(R.burst);
           ++R.pc;
           break;
         case InstrKind::kRecv: {
           const int peer = schedule.recv_peer[recvs];
           const int64_t bytes = schedule.recv_bytes[recvs];
-          const double t = sent.at(size_t(schedule.recv_send.at(recvs++)));
-          const double transfer = cost.p2p(bytes, r / rpn != peer / rpn, world);
+          const size_t send = size_t(schedule.recv_send.at(recvs++));
+          const double t = sent.at(send);
+          const double transfer = cost.p2p(bytes, r / rpn != peer / rpn, world) +
+                                  cost.sync_wait(std::max(sent_burst[send], R.burst), 2, world);
           R.clock = std::max(R.clock, t + transfer);
+          R.burst = 0;
           const double moving = std::min(transfer, R.clock - start);
           c.comm_s += moving;
           c.wait_s += R.clock - start - moving;

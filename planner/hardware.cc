@@ -157,6 +157,7 @@ CostModel Hardware::cost_model(const std::string& dtype) const {
   m.launch_oversub = launch_oversub;
   if (dtype == "f32") m.flops_by_size = flops_by_size, m.op_rates = op_rates;
   m.coll_bw_by_size = coll_bw_by_size;
+  m.sync_wait_by_burst = sync_wait_by_burst;
   return m;
 }
 
@@ -218,6 +219,27 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
       hw.flops_by_size.push_back({x, r});
     }
   }
+  if (const YAML::Node pts = root["sync_wait_by_burst"]) {
+    const char* form = "expected [seconds of compute before the call, seconds of wait]";
+    if (!pts.IsSequence())
+      f.fail("hardware.sync_wait_by_burst", std::string("expected a list of ") + form);
+    for (size_t i = 0; i < pts.size(); ++i) {
+      const std::string field = "hardware.sync_wait_by_burst[" + std::to_string(i) + "]";
+      double x = 0, w = 0;
+      try {
+        if (!pts[i].IsSequence() || pts[i].size() != 2) throw YAML::Exception(YAML::Mark(), "");
+        x = pts[i][0].as<double>(), w = pts[i][1].as<double>();
+      } catch (const YAML::Exception&) {
+        f.fail(field, form);
+      }
+      if (!(x > 0)) f.fail(field, "the burst must be > 0 seconds");
+      if (!(w >= 0 && std::isfinite(w)))
+        f.fail(field, "the wait must be a finite number of seconds >= 0");
+      if (!hw.sync_wait_by_burst.empty() && x <= hw.sync_wait_by_burst.back().first)
+        f.fail(field, "the points must be in ascending order of burst");
+      hw.sync_wait_by_burst.push_back({x, w});
+    }
+  }
   if (f.has("collective_bw_by_size")) {
     Fields c = f.sub("collective_bw_by_size");
     std::set<std::string> kinds;
@@ -264,8 +286,9 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
       hw.measurements.push_back({k, m.number(k, std::nullopt, 0, false)});
     }
   }
-  f.done({"name", "flops", "flops_efficiency", "memory", "ranks_per_node", "intra_node", "inter_node",
-          "launch", "cpu", "flops_by_size", "collective_bw_by_size", "op_rates", "machine", "calibrated_at", "measurements"});
+  f.done({"name", "flops", "flops_efficiency", "memory", "ranks_per_node", "intra_node",
+          "inter_node", "launch", "cpu", "flops_by_size", "collective_bw_by_size",
+          "sync_wait_by_burst", "op_rates", "machine", "calibrated_at", "measurements"});
   return hw;
 }
 
@@ -305,6 +328,12 @@ std::string hardware_to_yaml(const Hardware& hw) {
       for (size_t i = 0; i < c.size(); ++i) os << (i ? ", [" : "[") << num(c[i].first) << ", " << num(c[i].second) << "]";
       os << "]\n";
     }
+  }
+  if (!hw.sync_wait_by_burst.empty()) {
+    os << "sync_wait_by_burst:  # [seconds of compute before a collective, its mean wait beyond "
+          "its price], at 2 ranks\n";
+    for (const auto& [x, w] : hw.sync_wait_by_burst)
+      os << "  - [" << num(x) << ", " << num(w) << "]\n";
   }
   bool any_op = false;
   for (double r : hw.op_rates) any_op = any_op || r > 0;

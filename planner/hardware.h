@@ -53,6 +53,10 @@ struct Hardware {
   // Wire bytes/s per collective kind by call size (CostModel::coll_bw_by_size), ascending;
   // measured by weft calibrate, empty in the presets.
   std::array<std::vector<std::pair<double, double>>, kCollKinds> coll_bw_by_size;
+  // Measured wait of a collective by the compute before it (CostModel::sync_wait_by_burst):
+  // [burst seconds, wait seconds], ascending in burst; measured by weft calibrate, empty in
+  // the presets.
+  std::vector<std::pair<double, double>> sync_wait_by_burst;
   // Measured f32 rate of each rated op type (CostModel::op_rates); 0 where not measured.
   std::array<double, kRatedOps> op_rates{};
   // A calibration cache's machine and what was measured (for the record: the model reads

@@ -154,6 +154,14 @@ void write_costs(W& w, const CostAnnotations& c) {
     }
     w.raw("]");
   }
+  if (!c.model.sync_wait_by_burst.empty()) {  // likewise
+    w.key("sync_wait_by_burst");
+    w.raw("[");
+    for (size_t i = 0; i < c.model.sync_wait_by_burst.size(); ++i)
+      w.raw((i ? ",[" : "[") + json_number(c.model.sync_wait_by_burst[i].first) + "," +
+            json_number(c.model.sync_wait_by_burst[i].second) + "]");
+    w.raw("]");
+  }
   w.raw("}");
   w.d("step_s", c.step_s), w.d("bubble", c.bubble), w.d("pipeline_estimate_s", c.pipeline_estimate_s);
   w.d("planning_s", c.planning_s);
@@ -459,6 +467,12 @@ Plan plan_from_json(const std::string& text) {
           k.model.coll_bw_by_size[kind].push_back({pt.items[0].number, pt.items[1].number});
         }
     }
+    if (const JsonValue* v = cm.find("sync_wait_by_burst"))  // only in calibrated plans
+      for (const JsonValue& pt : v->items) {
+        if (pt.items.size() != 2)
+          bad("costs.model.sync_wait_by_burst: each entry is [burst s, wait s]");
+        k.model.sync_wait_by_burst.push_back({pt.items[0].number, pt.items[1].number});
+      }
     k.step_s = dbl(*co, "step_s"), k.bubble = dbl(*co, "bubble");
     k.pipeline_estimate_s = dbl(*co, "pipeline_estimate_s"), k.planning_s = dbl(*co, "planning_s");
     for (const JsonValue& x : at(*co, "stage_s").items) k.stage_s.push_back(x.number);

@@ -34,10 +34,20 @@ double collectives(const CostModel& cost, CollKind k, int64_t n, double total, i
 
 // Gradient and parameter collectives go out in buckets of about this many bytes
 // (lower_step.cc's bucket_add), so their launches count per bucket.
-double bucketed(const CostModel& cost, CollKind k, int64_t n, double bytes, bool cross, int world) {
+int64_t buckets(double bytes) {
   const double bucket = double(ParallelConfig{}.bucket_bytes);
-  return collectives(cost, k, n, bytes, std::max<int64_t>(1, int64_t(std::ceil(bytes / bucket))),
-                     cross, world);
+  return std::max<int64_t>(1, int64_t(std::ceil(bytes / bucket)));
+}
+double bucketed(const CostModel& cost, CollKind k, int64_t n, double bytes, bool cross, int world) {
+  return collectives(cost, k, n, bytes, buckets(bytes), cross, world);
+}
+
+// CostModel::sync_wait of `count` collectives in a row on a group of n: the first after
+// `burst` seconds of the rank's compute, the others back to back.
+double sync_waits(const CostModel& cost, int64_t count, double burst, int64_t n, int world) {
+  if (count <= 0 || n <= 1) return 0;
+  return cost.sync_wait(burst, int(n), world) +
+         double(count - 1) * cost.sync_wait(0, int(n), world);
 }
 
 }  // namespace
@@ -87,6 +97,10 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
   // Values already counted as reduced over tp: several ops accumulate partial sums into one
   // gradient (q, k and v's into their input's), which is reduced once, where it is read.
   std::vector<char> reduced(g.values().size(), 0);
+  // Per layer (then the embedding, then the head) and direction: the compute and the
+  // tensor/expert-parallel collectives, for each collective's CostModel::sync_wait below.
+  std::vector<double> burst_s(size_t(2 * (layers + 2)), 0);
+  std::vector<int64_t> calls(burst_s.size(), 0);
 
   for (const core::Op& op : g.ops()) {
     if (op.phase != core::Phase::kForward && op.phase != core::Phase::kBackward) continue;
@@ -103,7 +117,9 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
     const size_t elem =
         core::dtype_size(g.value(op.outputs.empty() ? op.inputs[0] : op.outputs[0]).dtype);
     const OpWork w = op_work(op, "", shapes(s.ins), shapes(s.outs), elem);
-    double t = cost.compute(w);
+    const double compute = cost.compute(w);
+    double t = compute;
+    int64_t n_calls = 0;
     // Tensor parallelism leaves an activation (or its gradient) as partial sums: an
     // all-reduce over the tp lanes (Megatron's two per layer each way).
     for (size_t k = 0; k < parts_before_tp.size() && k < s.outs.size(); ++k) {
@@ -116,10 +132,13 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
           !reduced[size_t(op.outputs[k])]++) {
         const int64_t bytes = int64_t(s.outs[k].piece.numel()) * int64_t(elem);
         if (pc.sequence_parallel)
-          t += collective_at(cost, CollKind::kReduceScatter, int(tp), bytes, cross.tp, cross.world) +
-               collective_at(cost, CollKind::kAllGather, int(tp), bytes, cross.tp, cross.world);
+          t +=
+              collective_at(cost, CollKind::kReduceScatter, int(tp), bytes, cross.tp, cross.world) +
+              collective_at(cost, CollKind::kAllGather, int(tp), bytes, cross.tp, cross.world),
+              n_calls += 2;
         else
-          t += collective_at(cost, CollKind::kAllReduce, int(tp), bytes, cross.tp, cross.world);
+          t += collective_at(cost, CollKind::kAllReduce, int(tp), bytes, cross.tp, cross.world),
+              ++n_calls;
       }
     }
     // Sequence parallelism: the backward gathers each norm's output again for the weight
@@ -128,12 +147,14 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
       const int64_t whole = int64_t(numel(g.value(f.outputs[0]).shape)) * micro_batch /
                             std::max<int64_t>(1, g.value(f.outputs[0]).shape[0]);
       t += collective_at(cost, CollKind::kAllGather, int(tp), whole * int64_t(elem), cross.tp, cross.world);
+      ++n_calls;
     }
     // Vocabulary-parallel cross-entropy: the row max and the sum of exponentials.
     if (fwd && op.type == "cross_entropy" && tp > 1 && !s.ins.empty()) {
       const core::Shape x = box_shape(s.ins[0].piece.box);
       const double rows = x.empty() ? 1 : numel(x) / double(x.back());
       t += 2 * collective_at(cost, CollKind::kAllReduce, int(tp), int64_t(rows * 4), cross.tp, cross.world);
+      n_calls += 2;
     }
     // Expert parallelism: tokens dispatched to their experts and combined back.
     if (op.type == "moe" || op.type == "moe.bwd") {
@@ -142,10 +163,19 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
         const double k = double(f.attrs.i_or("top_k", 1));
         t += 2 * collective_at(cost, CollKind::kAllToAllV, int(ep), int64_t(tokens * k * double(elem)),
                                cross.ep, cross.world);
+        n_calls += 2;
       }
     }
     const int layer = f.layer;
     const bool embed = layer < 0 && f.scope.rfind("embed", 0) == 0;
+    {
+      const size_t at = 2 * size_t(layer >= 0 ? layer
+                                   : embed    ? layers
+                                              : layers + 1) +
+                        (fwd ? 0 : 1);
+      burst_s[at] += compute;
+      calls[at] += n_calls;
+    }
     if (layer >= 0) {
       (fwd ? sc.fwd : sc.bwd)[size_t(layer)] += t;
       if (fwd && (op.type == "attention" || op.type == "gqa_attention"))
@@ -174,6 +204,23 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
     // The residual stream between layers crosses a stage boundary (B, T, C) whole on every lane.
     if (layer == 0 && sc.boundary_bytes == 0 && !s.ins.empty())
       sc.boundary_bytes = numel(box_shape(s.ins[0].piece.box)) * double(elem);
+  }
+  // Each tensor/expert-parallel collective waits for the slower member's burst: a layer's
+  // compute split evenly between its calls (their ops alternate with the collectives).
+  const int group = int(std::max(tp, ep));
+  for (size_t at = 0; at < calls.size(); ++at) {
+    if (calls[at] == 0) continue;
+    const double wait =
+        double(calls[at]) * cost.sync_wait(burst_s[at] / double(calls[at]), group, cross.world);
+    const size_t where = at / 2;
+    const bool fwd = at % 2 == 0;
+    if (where < size_t(layers))
+      (fwd ? sc.fwd : sc.bwd)[where] += wait;
+    else if (where == size_t(layers))
+      (fwd ? sc.embed_fwd : sc.embed_bwd) += wait;
+    else
+      (fwd ? sc.head_fwd : sc.head_bwd) += wait;
+    sc.layer_calls += calls[at];
   }
   return sc;
 }
@@ -215,9 +262,15 @@ ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cos
     c.fwd += sc.head_fwd, c.bwd += sc.head_bwd;
     params += sc.head_param_bytes, count += sc.head_param_count;
   }
-  // Stage boundaries: the activation arrives before a forward, its gradient before a backward.
-  if (chunk > 0) c.fwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp);
-  if (chunk < chunks - 1) c.bwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp);
+  // Stage boundaries: the activation arrives before a forward, its gradient before a backward,
+  // each message waiting as a collective of two after the sender's unit (CostModel::sync_wait;
+  // after its last tensor-parallel call when the layers synchronise within the unit).
+  auto message_wait = [&](double unit) {
+    return cost.sync_wait(sc.layer_calls > 0 ? 0.0 : unit, 2, cross.world);
+  };
+  if (chunk > 0) c.fwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp) + message_wait(c.fwd);
+  if (chunk < chunks - 1)
+    c.bwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp) + message_wait(c.bwd);
   // ZeRO-3 gathers every parameter in each unit that reads it, a block at a time (a layer,
   // the embedding, the head: lower_step.cc's gather_block), one call per block or per bucket
   // when a block outgrows one; ZeRO-2/3 reduce-scatter each micro-batch's gradients.
@@ -226,9 +279,16 @@ ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cos
     const double bucket = double(ParallelConfig{}.bucket_bytes);
     const int64_t calls = std::min(count, std::max(blocks, int64_t(std::ceil(params / bucket))));
     const double gather = collectives(cost, CollKind::kAllGather, shards, params, calls, cross.dp, cross.world);
-    c.fwd += gather, c.bwd += gather;
+    // Each block's gather follows the previous block's compute.
+    const double fwd_wait =
+        double(calls) * cost.sync_wait(c.fwd / double(calls), int(shards), cross.world);
+    const double bwd_wait =
+        double(calls) * cost.sync_wait(c.bwd / double(calls), int(shards), cross.world);
+    c.fwd += gather + fwd_wait, c.bwd += gather + bwd_wait;
   }
-  if (l.zero >= 2) c.bwd += bucketed(cost, CollKind::kReduceScatter, shards, params, cross.dp, cross.world);
+  if (l.zero >= 2)
+    c.bwd += bucketed(cost, CollKind::kReduceScatter, shards, params, cross.dp, cross.world) +
+             sync_waits(cost, buckets(params), c.bwd, shards, cross.world);
   return c;
 }
 
@@ -268,6 +328,14 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
     double sync = 0;
     if (l.zero == 0) sync = bucketed(cost, CollKind::kAllReduce, shards, p, cross.dp, cross.world);
     if (l.zero == 1) sync = bucketed(cost, CollKind::kReduceScatter, shards, p, cross.dp, cross.world);
+    // The first bucket waits for the slower replica's burst: every micro-batch's compute of
+    // this chunk when nothing synchronised the ranks within the units (no tp or ep
+    // collective, no ZeRO-2/3 call), else one unit's.
+    if (l.zero <= 1) {
+      const bool units_sync = sc.layer_calls > 0 || l.zero >= 2;
+      const double burst = units_sync ? t.bwd : double(l.micro_batches) * (t.fwd + t.bwd);
+      sync += sync_waits(cost, buckets(p), burst, shards, cross.world);
+    }
     final.push_back(sync);
     stage_params[size_t(c % pp)] += p;
     stage_layers[size_t(c % pp)] += end - begin;
@@ -284,16 +352,23 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
   for (int s = 0; s < pp; ++s) {
     const double bytes = stage_params[size_t(s)];
     double t = 0;
+    // These follow one another with little compute between them: each waits as a call
+    // right after another (CostModel::sync_wait at no burst).
     if (l.zero == 1 || l.zero == 2)
-      t += bucketed(cost, CollKind::kAllGather, shards, bytes, cross.dp, cross.world);
+      t += bucketed(cost, CollKind::kAllGather, shards, bytes, cross.dp, cross.world) +
+           sync_waits(cost, buckets(bytes), 0, shards, cross.world);
     if (tied && pp > 1 && (s == 0 || s == (chunks - 1) % pp))
-      t += collective_at(cost, CollKind::kAllReduce, 2, int64_t(sc.embed_param_bytes), cross.pp, cross.world);
+      t += collective_at(cost, CollKind::kAllReduce, 2, int64_t(sc.embed_param_bytes), cross.pp,
+                         cross.world) +
+           sync_waits(cost, 1, 0, 2, cross.world);
     const int64_t replica = l.deg.tp * l.deg.ep * l.deg.pp;
     const bool replica_cross = cross.pp || cross.tp || cross.ep;
-    t += collective_at(cost, CollKind::kAllReduce, int(replica), 8, replica_cross, cross.world);
+    t += collective_at(cost, CollKind::kAllReduce, int(replica), 8, replica_cross, cross.world) +
+         sync_waits(cost, 1, 0, replica, cross.world);
     if (l.zero >= 1)
       t += collective_at(cost, CollKind::kAllReduce, int(replica * l.deg.dp), 8,
-                         replica_cross || cross.dp, cross.world);
+                         replica_cross || cross.dp, cross.world) +
+           sync_waits(cost, 1, 0, replica * l.deg.dp, cross.world);
     const double n = bytes / elem / double(l.zero >= 1 ? shards : 1);
     OpWork adamw{15 * n, 7 * n * elem, rated_op("adamw")};  // op_work's count for adamw
     t += cost.compute(adamw);

@@ -30,6 +30,9 @@ struct SplitCosts {
   int embed_param_count = 0, head_param_count = 0;
   double boundary_bytes = 0;  // the activation one micro-batch sends across a stage boundary
   double grad_elem = 4;       // bytes per gradient element
+  // Tensor- and expert-parallel collectives of one micro-batch through every layer, the
+  // embedding and the head (0 without tp or ep): whether a rank synchronises within its units.
+  int64_t layer_calls = 0;
 };
 
 // Where a group's collectives run: across nodes or inside one (the mesh's rank order), and

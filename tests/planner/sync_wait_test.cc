@@ -1,0 +1,304 @@
+// CostModel::sync_wait: the measured wait of a collective by the compute its ranks did since
+// their previous one (weft calibrate's step-like probe). What the model does with it: the
+// curve's interpolation, the simulator's charge per collective at the burst before it (the
+// engine and its re-timing alike), the stage model's per layer, the hardware file and the
+// plan JSON carrying it, and nothing at all without it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "planner/engine.h"
+#include "planner/hardware.h"
+#include "planner/plan_json.h"
+#include "planner/planner.h"
+#include "planner/simulate.h"
+#include "planner/stage_cost.h"
+#include "tests/planner/util.h"
+
+namespace weft::planner {
+namespace {
+
+const std::vector<Axis> kOrder{Axis::kTp, Axis::kEp, Axis::kDp, Axis::kPp};
+
+// A 2-core host running every rank on one node.
+CostModel cpu_host(std::vector<std::pair<double, double>> curve) {
+  CostModel cm;
+  cm.cores = 2;
+  cm.ranks_per_node = 1 << 20;
+  cm.sync_wait_by_burst = std::move(curve);
+  return cm;
+}
+
+TEST(SyncWait, InterpolatesInLogBurstAndClampsAtTheEnds) {
+  const CostModel cm = cpu_host({{1e-4, 2e-4}, {1e-2, 4e-3}});
+  EXPECT_DOUBLE_EQ(cm.sync_wait(1e-4, 2, 2), 2e-4);
+  EXPECT_DOUBLE_EQ(cm.sync_wait(1e-2, 2, 2), 4e-3);
+  EXPECT_DOUBLE_EQ(cm.sync_wait(0, 2, 2), 2e-4);    // below the first point
+  EXPECT_DOUBLE_EQ(cm.sync_wait(1.0, 2, 2), 4e-3);  // above the last
+  // 1e-3 lies halfway between the points in log(burst).
+  EXPECT_NEAR(cm.sync_wait(1e-3, 2, 2), 0.5 * (2e-4 + 4e-3), 1e-15);
+}
+
+TEST(SyncWait, NothingWithoutTheCurveAGroupOrWithMoreRanksThanCores) {
+  EXPECT_EQ(CostModel{}.sync_wait(1e-3, 8, 8), 0);
+  const CostModel cm = cpu_host({{1e-4, 2e-4}});
+  EXPECT_EQ(cm.sync_wait(1e-3, 1, 2), 0);  // a group of one synchronises nothing
+  EXPECT_EQ(cm.sync_wait(1e-3, 2, 4), 0);  // 4 ranks on 2 cores: launch_oversub's regime
+  EXPECT_GT(cm.sync_wait(1e-3, 2, 2), 0);
+}
+
+// tp 2 at world 2: each layer's two tensor-parallel all-reduces each way pay the curve's
+// wait once; with sequence parallelism a reduce-scatter and an all-gather each, and the
+// backward gathers each norm's output again (4 calls forward, 6 backward per layer).
+TEST(SyncWait, TheStageModelChargesEachTensorParallelCollectiveOnce) {
+  const core::JobSpec spec = test_util::gpt_spec(2, 64, 4, 256, 16);
+  const core::ModelGraph mg = build_planning_graph(spec);
+  const double w = 3e-4;
+  const CostModel flat = cpu_host({{1e-6, w}, {1.0, w}}), none = cpu_host({});
+  const Crossing cross = crossing(Degrees{1, 2, 1, 1}, kOrder, flat.ranks_per_node);
+  ASSERT_EQ(cross.world, 2);
+  const int64_t G = spec.train.global_batch;
+  for (const bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "plain tp");
+    const SplitCosts a = split_costs(mg.graph, flat, G, 2, 1, 2, cross, sp);
+    const SplitCosts b = split_costs(mg.graph, none, G, 2, 1, 2, cross, sp);
+    ASSERT_EQ(a.fwd.size(), 2u);
+    for (size_t layer = 0; layer < a.fwd.size(); ++layer) {
+      EXPECT_NEAR(a.fwd[layer] - b.fwd[layer], (sp ? 4 : 2) * w, 1e-12) << "layer " << layer;
+      EXPECT_NEAR(a.bwd[layer] - b.bwd[layer], (sp ? 6 : 2) * w, 1e-12) << "layer " << layer;
+    }
+    EXPECT_EQ(a.layer_calls, b.layer_calls);
+    EXPECT_GT(a.layer_calls, 0);
+  }
+  // Without tensor parallelism no layer synchronises.
+  const SplitCosts dp =
+      split_costs(mg.graph, flat, G, 1, 1, 2, crossing(Degrees{2, 1, 1, 1}, kOrder, 1 << 20));
+  EXPECT_EQ(dp.layer_calls, 0);
+}
+
+// The whole candidate under dp 2 (ZeRO-0, no tp): the gradient all-reduce waits at the burst
+// of every micro-batch's compute, the end-of-step norm all-reduce right after another call.
+TEST(SyncWait, TheStageModelPricesTheGradientSyncAtTheStepsBurst) {
+  const core::JobSpec spec = test_util::gpt_spec(2, 64, 4, 256, 16);
+  const core::ModelGraph mg = build_planning_graph(spec);
+  // Steep: 1 ms per second of burst, so that the burst read is visible in the result.
+  const CostModel curve = cpu_host({{1e-6, 1e-9}, {1.0, 1e-3}}), none = cpu_host({});
+  const Degrees deg{2, 1, 1, 1};
+  const Crossing cross = crossing(deg, kOrder, curve.ranks_per_node);
+  Layout l;
+  l.deg = deg;
+  l.micro_batch = 2;
+  l.micro_batches = 2;
+  l.chunk_layers = {2};
+  const int64_t G = spec.train.global_batch;
+  const SplitCosts sa = split_costs(mg.graph, curve, G, 1, 1, 2, cross);
+  const SplitCosts sb = split_costs(mg.graph, none, G, 1, 1, 2, cross);
+  const std::vector<int64_t> in_flight = stage_in_flight(l.schedule, 1, 1, 2);
+  const Prediction a = predict(spec.model, sa, l, curve, cross, in_flight);
+  const Prediction b = predict(spec.model, sb, l, none, cross, in_flight);
+  const ChunkTime t = chunk_time(sb, l, none, cross, 0, 0, 2);
+  // The norm's all-reduce spans tp x ep x pp = 1 rank: no call, no wait.
+  const double expected = curve.sync_wait(2 * (t.fwd + t.bwd), 2, 2);
+  EXPECT_NEAR(a.step_s - b.step_s, expected, 1e-12);
+  EXPECT_GT(expected, 1e-6);  // the burst, not the curve's first point, priced it
+}
+
+core::JobSpec tp_job(int tp, int dp, bool sp) {
+  core::JobSpec s = test_util::gpt_spec(2, 64, 4, 256, 16);
+  s.parallel.tp = tp, s.parallel.dp = dp;
+  s.parallel.sequence_parallel = sp;
+  return s;
+}
+
+// The simulator charges each collective the wait at its members' longest burst since their
+// previous collective: under a flat curve, rank r's step grows by its collectives x the
+// wait (the ranks are symmetric, so no one waits for another's wait).
+TEST(SyncWait, TheSimulatorChargesEveryCollectiveOnce) {
+  for (const bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "tp2 sequence parallel" : "tp2");
+    const core::JobSpec s = tp_job(2, 1, sp);
+    const core::ModelGraph mg = build_planning_graph(s);
+    PlanOptions po;
+    po.simulate = false;
+    const Plan p = make_plan(s, mg.graph, 2, po);
+    const double w = 2.5e-4;
+    const CostModel flat = cpu_host({{1e-6, w}, {1.0, w}}), none = cpu_host({});
+    const CostAnnotations a = simulate_plan(p, mg.graph, flat),
+                          b = simulate_plan(p, mg.graph, none);
+    const size_t calls =
+        test_util::collectives(p.roles.at(0), [](const Instr&) { return true; }).size();
+    ASSERT_GT(calls, 8u);
+    EXPECT_NEAR(a.step_s - b.step_s, double(calls) * w, 1e-9);
+    EXPECT_NEAR(a.ranks[0].comm_s - b.ranks[0].comm_s, double(calls) * w, 1e-9);
+    EXPECT_NEAR(a.ranks[0].compute_s, b.ranks[0].compute_s, 1e-12);
+  }
+}
+
+// The burst is the rank's own compute since its previous collective: under dp 2 the step grows by
+// the sum, over rank 0's collectives, of the wait at the compute before each (the replicas run the
+// same program, so their bursts are equal).
+TEST(SyncWait, TheSimulatorReadsTheComputeSinceThePreviousCollective) {
+  core::JobSpec s = test_util::gpt_spec(2, 64, 4, 256, 16);
+  s.parallel.dp = 2;
+  const core::ModelGraph mg = build_planning_graph(s);
+  PlanOptions po;
+  po.simulate = false;
+  const Plan p = make_plan(s, mg.graph, 2, po);
+  const CostModel curve = cpu_host({{1e-9, 1e-12}, {1.0, 1e-3}}), none = cpu_host({});
+  const PlanDurations d = durations_alone(p, plan_work(p, mg.graph), none);
+  const Role& role = p.roles.at(size_t(p.role_index(0)));
+  double expected = 0, burst = 0;
+  for (size_t i = 0; i < role.program.size(); ++i) {
+    const Instr& in = role.program[i];
+    burst += d.at(size_t(p.role_index(0)))[i] * none.sharing(2);
+    if (in.kind != InstrKind::kCollective) continue;
+    // The gradient all-reduce over the 2 replicas; the norm's over tp x pp, one rank: none.
+    const int members = int(p.groups.at(size_t(p.group_id(in.group, 0))).ranks.size());
+    expected += curve.sync_wait(burst, members, 2), burst = 0;
+  }
+  const CostAnnotations a = simulate_plan(p, mg.graph, curve), b = simulate_plan(p, mg.graph, none);
+  EXPECT_GT(expected, 1e-7);
+  EXPECT_NEAR(a.step_s - b.step_s, expected, 1e-12 + 1e-9 * expected);
+}
+
+// The re-timing of a recorded run gives the engine's numbers under a model with the curve.
+TEST(SyncWait, RetimeAgreesWithTheEngine) {
+  const core::JobSpec s = tp_job(2, 2, true);
+  const core::ModelGraph mg = build_planning_graph(s);
+  PlanOptions po;
+  po.simulate = false;
+  const Plan p = make_plan(s, mg.graph, 4, po);
+  const CostModel none = cpu_host({});
+  CostModel curve = cpu_host({{1e-6, 1e-4}, {1e-2, 2e-3}});
+  curve.cores = 4;  // world 4 within the cores: the curve applies
+  EngineSchedule schedule;
+  EngineOptions rec;
+  rec.cost = &none;
+  rec.record = &schedule;
+  const EngineResult checked = run_programs(p, mg.graph, rec);
+  ASSERT_TRUE(checked.errors.empty());
+  EngineOptions o;
+  o.cost = &curve;
+  const EngineResult direct = run_programs(p, mg.graph, o),
+                     again = retime(p, mg.graph, schedule, checked, o);
+  ASSERT_EQ(direct.ranks.size(), again.ranks.size());
+  for (size_t r = 0; r < direct.ranks.size(); ++r) {
+    EXPECT_DOUBLE_EQ(direct.ranks[r].step_s, again.ranks[r].step_s) << "rank " << r;
+    EXPECT_DOUBLE_EQ(direct.ranks[r].comm_s, again.ranks[r].comm_s) << "rank " << r;
+  }
+  EXPECT_GT(direct.ranks[0].step_s,
+            run_programs(p, mg.graph, EngineOptions{&none}).ranks[0].step_s);
+}
+
+TEST(SyncWait, HardwareFileAndPlanJsonCarryTheCurve) {
+  Hardware hw = load_hardware("h100");
+  hw.sync_wait_by_burst = {{5e-5, 1.3e-4}, {2e-2, 2.5e-3}};
+  const Hardware back = hardware_from_yaml(hardware_to_yaml(hw), "round trip");
+  EXPECT_EQ(back.sync_wait_by_burst, hw.sync_wait_by_burst);
+  EXPECT_EQ(back.cost_model().sync_wait_by_burst, hw.sync_wait_by_burst);
+  // Absent from the presets: their models wait nothing.
+  EXPECT_TRUE(load_hardware("h100").cost_model().sync_wait_by_burst.empty());
+
+  const core::JobSpec s = tp_job(2, 1, false);
+  const core::ModelGraph mg = build_planning_graph(s);
+  PlanOptions po;
+  po.cost = cpu_host({{1e-4, 2e-4}, {1e-2, 4e-3}});
+  const Plan p = make_plan(s, mg.graph, 2, po);
+  EXPECT_EQ(plan_from_json(plan_to_json(p)).costs.model.sync_wait_by_burst,
+            po.cost.sync_wait_by_burst);
+  // A plan under a model without the curve is written without the key, as before.
+  PlanOptions plain;
+  EXPECT_EQ(plan_to_json(make_plan(s, mg.graph, 2, plain)).find("sync_wait_by_burst"),
+            std::string::npos);
+}
+
+TEST(SyncWait, BadCurvesNameTheField) {
+  const std::string base = hardware_to_yaml(load_hardware("h100"));
+  auto err = [&](const std::string& curve) {
+    return std::string(
+        test_util::config_error([&] { hardware_from_yaml(base + curve, "t.yaml"); }).what());
+  };
+  EXPECT_NE(err("sync_wait_by_burst: [[1e-3, 1e-4], [1e-4, 2e-4]]\n")
+                .find("hardware.sync_wait_by_burst[1]"),
+            std::string::npos);
+  EXPECT_NE(err("sync_wait_by_burst: [[0, 1e-4]]\n").find("the burst must be > 0"),
+            std::string::npos);
+  EXPECT_NE(err("sync_wait_by_burst: [[1e-3, -1]]\n").find("hardware.sync_wait_by_burst[0]"),
+            std::string::npos);
+  EXPECT_NE(err("sync_wait_by_burst: [1e-3]\n").find("hardware.sync_wait_by_burst[0]"),
+            std::string::npos);
+  EXPECT_NE(err("sync_wait_by_burst: 3\n").find("hardware.sync_wait_by_burst"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace weft::planner
+
+namespace weft::planner {
+namespace {
+
+// A pipeline message waits as a collective of two: in the stage model each unit that
+// receives (a later chunk's forward, an earlier chunk's backward) pays the curve once.
+TEST(SyncWait, TheStageModelChargesEachStageBoundaryMessage) {
+  const core::JobSpec spec = test_util::gpt_spec(4, 64, 4, 256, 16);
+  const core::ModelGraph mg = build_planning_graph(spec);
+  const double w = 4e-4;
+  const CostModel flat = cpu_host({{1e-6, w}, {1.0, w}}), none = cpu_host({});
+  const Degrees deg{1, 1, 2, 1};
+  const Crossing cross = crossing(deg, kOrder, flat.ranks_per_node);
+  Layout l;
+  l.deg = deg;
+  l.micro_batch = 2;
+  l.micro_batches = 4;
+  l.chunk_layers = {2, 2};
+  const int64_t G = spec.train.global_batch;
+  const SplitCosts sa = split_costs(mg.graph, flat, G, 1, 1, 2, cross);
+  const SplitCosts sb = split_costs(mg.graph, none, G, 1, 1, 2, cross);
+  const ChunkTime a0 = chunk_time(sa, l, flat, cross, 0, 0, 2),
+                  b0 = chunk_time(sb, l, none, cross, 0, 0, 2);
+  const ChunkTime a1 = chunk_time(sa, l, flat, cross, 1, 2, 4),
+                  b1 = chunk_time(sb, l, none, cross, 1, 2, 4);
+  EXPECT_NEAR(a0.fwd - b0.fwd, 0, 1e-15);  // the first stage receives no activation
+  EXPECT_NEAR(a0.bwd - b0.bwd, w, 1e-12);  // but the gradient from the second
+  EXPECT_NEAR(a1.fwd - b1.fwd, w, 1e-12);
+  EXPECT_NEAR(a1.bwd - b1.bwd, 0, 1e-15);  // the last stage's backward starts from its loss
+}
+
+// In the simulator a receive is delayed by the wait when the receiver is there first, never
+// more than once per message: pp 2 grows, by at most the curve times rank 0's receives and
+// collectives, and the re-timing agrees with the engine.
+TEST(SyncWait, TheSimulatorDelaysPipelineMessages) {
+  core::JobSpec s = test_util::gpt_spec(4, 64, 4, 256, 16);
+  s.parallel.pp = 2, s.parallel.dp = 1;
+  s.parallel.pipeline.schedule = "1f1b";
+  const core::ModelGraph mg = build_planning_graph(s);
+  PlanOptions po;
+  po.simulate = false;
+  const Plan p = make_plan(s, mg.graph, 2, po);
+  const double w = 3e-4;
+  const CostModel flat = cpu_host({{1e-6, w}, {1.0, w}}), none = cpu_host({});
+  const CostAnnotations a = simulate_plan(p, mg.graph, flat), b = simulate_plan(p, mg.graph, none);
+  size_t syncs = 0;
+  for (const Role& role : p.roles)
+    for (const Instr& in : role.program)
+      syncs += in.kind == InstrKind::kRecv || in.kind == InstrKind::kCollective;
+  EXPECT_GT(a.step_s - b.step_s, w);
+  EXPECT_LE(a.step_s - b.step_s, double(syncs) * w + 1e-12);
+
+  EngineSchedule schedule;
+  EngineOptions rec;
+  rec.cost = &none;
+  rec.record = &schedule;
+  const EngineResult checked = run_programs(p, mg.graph, rec);
+  ASSERT_TRUE(checked.errors.empty());
+  EngineOptions o;
+  o.cost = &flat;
+  const EngineResult direct = run_programs(p, mg.graph, o),
+                     again = retime(p, mg.graph, schedule, checked, o);
+  for (size_t r = 0; r < direct.ranks.size(); ++r) {
+    EXPECT_DOUBLE_EQ(direct.ranks[r].step_s, again.ranks[r].step_s) << "rank " << r;
+    EXPECT_DOUBLE_EQ(direct.ranks[r].wait_s, again.ranks[r].wait_s) << "rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace weft::planner
