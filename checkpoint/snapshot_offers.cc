@@ -6,6 +6,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "checkpoint/snapshot_views.h"
 #include "checkpoint/snapshot_writer.h"
 
 namespace weft::checkpoint {
@@ -39,7 +40,8 @@ std::vector<core::Tensor> SnapshotOffers::read(int rank, int64_t step,
   if (it == offered_.end())
     throw InternalError(str("old rank ", rank, "'s snapshot of step ", step,
                             " was not offered by this worker"));
-  const SnapshotSegment& seg = *it->second.segment;
+  const std::shared_ptr<const SnapshotSegment>& shared = it->second.segment;
+  const SnapshotSegment& seg = *shared;
   const int slot = it->second.slot;
   const std::string where = str("snapshot slot ", slot, " of ", seg.name(), " (old rank ", rank,
                                 ", step ", step, ") not read: ");
@@ -57,9 +59,10 @@ std::vector<core::Tensor> SnapshotOffers::read(int rank, int64_t step,
   map_s_ += seconds_since(t);
   t = std::chrono::steady_clock::now();
   try {
-    std::vector<core::Tensor> out = read_snapshot(seg, *v, layout);
+    std::vector<core::Tensor> out = view_snapshot(shared, *v, layout);
     copy_s_ += seconds_since(t);
     bytes_read_ += v->meta.payload_bytes;
+    read_.push_back({shared, slot, v->meta.sequence, step});
     return out;
   } catch (const IoError& e) {
     copy_s_ += seconds_since(t);
@@ -72,8 +75,18 @@ std::string SnapshotOffers::segment_of(int rank, int64_t step) const {
   return it == offered_.end() ? std::string() : it->second.segment->name();
 }
 
+std::string SnapshotOffers::rewritten() const {
+  std::string out;
+  for (const Read& r : read_)
+    if (r.segment->sequence(r.slot) != r.sequence)
+      out += str(out.empty() ? "" : "; ", "snapshot slot ", r.slot, " of ", r.segment->name(),
+                 " (step ", r.step, ") was rewritten after it was verified");
+  return out;
+}
+
 void SnapshotOffers::clear() {
   offered_.clear();
+  read_.clear();
   bytes_read_ = 0;
   map_s_ = copy_s_ = 0;
 }

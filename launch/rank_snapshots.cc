@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "checkpoint/job_id.h"
+#include "checkpoint/snapshot_views.h"
 #include "core/config/limits.h"
 
 namespace weft::launch {
@@ -144,11 +145,25 @@ std::vector<core::Tensor> RankSnapshots::read(int rank, int64_t step,
   constexpr double kMiB = 1 << 20;
   WEFT_DEBUG("resize", "read old rank ", rank, "'s snapshot of step ", step, ": ",
              double(offers_.bytes_read() - bytes) / kMiB, " MiB mapped in in ",
-             (offers_.map_seconds() - map_s) * 1e3, " ms, copied and verified in ",
-             (offers_.copy_seconds() - copy_s) * 1e3, " ms (this world's reads: ",
+             (offers_.map_seconds() - map_s) * 1e3, " ms, verified in place in ",
+             (offers_.copy_seconds() - copy_s) * 1e3, " ms, no copy (this world's reads: ",
              double(offers_.bytes_read()) / kMiB, " MiB so far, of the ", offers_.size(),
              " slots this worker offered)");
   return out;
+}
+
+int64_t RankSnapshots::own(std::vector<core::Tensor>& moved, memory::Allocator* alloc) {
+  const auto t = std::chrono::steady_clock::now();
+  const int64_t bytes = checkpoint::own_snapshot_views(moved, alloc);
+  if (bytes > 0)
+    WEFT_DEBUG("resize", "copied ", double(bytes) / double(1 << 20),
+               " MiB of snapshot views that the router adopted whole out of their segments in ",
+               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t)
+                   .count(),
+               " ms");
+  if (const std::string w = offers_.rewritten(); !w.empty())
+    throw IoError(w + ": the state moved from it may not be the verified one");
+  return bytes;
 }
 
 void RankSnapshots::release_offers() { offers_.clear(); }

@@ -42,11 +42,18 @@ class RankSnapshots {
   // They stay open until release_offers().
   // `epoch` is the forming world's (the agent may rebuild lost snapshots first).
   std::vector<HolderReport> offers(int local_rank, int local_count, int64_t epoch);
-  // Fresh tensors of old rank `rank`'s offered snapshot of `step` in `layout` (its layout in
-  // the world the snapshot was taken in): that slot mapped in and verified as it is copied
-  // out, once. IoError naming the segment, slot and step for a corrupted or rewritten
+  // Old rank `rank`'s offered snapshot of `step` in `layout` (its layout in the world the
+  // snapshot was taken in), as read-only views of the slot in place: that slot mapped in and
+  // verified, nothing copied (checkpoint/snapshot_views.h): the router copies out what the
+  // new layout needs. IoError naming the segment, slot and step for a corrupted or rewritten
   // snapshot (the world then chooses again without it: live_resize.h, choose_and_read).
   std::vector<core::Tensor> read(int rank, int64_t step, const parallel::RankLayout& layout);
+  // After the router's move: the tensors of `moved` that are still snapshot views (a source
+  // the router adopted whole as a destination) become copies in memory of `alloc`, and the
+  // slots read must not have been rewritten since they were verified. Returns the bytes
+  // copied. IoError naming the slots when one was rewritten: the views' bytes are then not
+  // the verified ones.
+  int64_t own(std::vector<core::Tensor>& moved, memory::Allocator* alloc);
   void release_offers();
 
   // A new world's trainer: reserves the segments of this node's ranks with the agent
