@@ -19,7 +19,12 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 std::vector<SnapshotMeta> SnapshotOffers::add(const std::string& name, const std::string& job_id) {
-  auto seg = std::make_shared<const SnapshotSegment>(SnapshotSegment::open(name, false));
+  return add(std::make_shared<const SnapshotSegment>(SnapshotSegment::open(name, false)), job_id,
+             false);
+}
+
+std::vector<SnapshotMeta> SnapshotOffers::add(std::shared_ptr<const SnapshotSegment> seg,
+                                              const std::string& job_id, bool mapped_in) {
   // Every committed slot: the newer may be of a step some other rank never finished (killed
   // mid-step, or mid-copy), an older one is then the step everybody has. Headers first, all
   // of them, so that a corrupt header offers nothing of the segment.
@@ -29,7 +34,7 @@ std::vector<SnapshotMeta> SnapshotOffers::add(const std::string& name, const std
       views.push_back(*v);
   std::vector<SnapshotMeta> out;
   for (const SnapshotSegment::View& v : views)
-    if (offered_.emplace(std::make_pair(v.meta.rank, v.meta.step), Offered{seg, v.slot}).second)
+    if (offered_.emplace(std::make_pair(v.meta.rank, v.meta.step), Offered{seg, v.slot, mapped_in}).second)
       out.push_back(v.meta);
   return out;
 }
@@ -55,7 +60,7 @@ std::vector<core::Tensor> SnapshotOffers::read(int rank, int64_t step,
     throw IoError(where + "the slot was rewritten while the world formed");
   // Only this slot's pages (populate says why), in one call rather than a fault per page.
   auto t = std::chrono::steady_clock::now();
-  seg.populate(*v);
+  if (!it->second.mapped_in) seg.populate(*v);
   map_s_ += seconds_since(t);
   t = std::chrono::steady_clock::now();
   try {

@@ -108,6 +108,12 @@ std::optional<SnapshotMeta> SnapshotWriter::wait() {
   return segment_.commit(crcs_);
 }
 
+SnapshotSegment SnapshotWriter::take_segment() {
+  WEFT_CHECK(!thread_.joinable(), "take_segment() of ", segment_.name(),
+             " while a snapshot copy is in flight");
+  return std::move(segment_);
+}
+
 std::vector<core::Tensor> read_snapshot(const SnapshotSegment& segment,
                                         const SnapshotSegment::View& view,
                                         const parallel::RankLayout& layout) {

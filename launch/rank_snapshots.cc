@@ -52,7 +52,7 @@ void RankSnapshots::settle(bool wait) {
 }
 
 std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count, int64_t epoch) {
-  release_offers();
+  offers_.clear();  // an earlier entry's (own_mapping_ stays: this entry reads through it)
   std::vector<HolderReport> out;
   if (!client_) return out;
   try {
@@ -86,7 +86,9 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count,
     // block is found then, and the world chooses again without it (choose_and_read).
     try {
       const Clock::time_point t = Clock::now();
-      const std::vector<checkpoint::SnapshotMeta> metas = offers_.add(e.name, job_id_);
+      const std::vector<checkpoint::SnapshotMeta> metas =
+          own_mapping_ && own_mapping_->name() == e.name ? offers_.add(own_mapping_, job_id_, true)
+                                                         : offers_.add(e.name, job_id_);
       open_ms += ms_since(t);
       opened++;
       for (const checkpoint::SnapshotMeta& m : metas) {
@@ -166,7 +168,10 @@ int64_t RankSnapshots::own(std::vector<core::Tensor>& moved, memory::Allocator* 
   return bytes;
 }
 
-void RankSnapshots::release_offers() { offers_.clear(); }
+void RankSnapshots::release_offers() {
+  offers_.clear();
+  own_mapping_.reset();  // views still alive keep their own handle on it
+}
 
 void RankSnapshots::attach(parallel::ParallelTrainer& trainer, const parallel::StateSpace& space,
                            int64_t epoch, int node, int local_rank, int local_count,
@@ -320,6 +325,10 @@ void RankSnapshots::detach() {
   if (committed_) notify_committed(*std::exchange(committed_, std::nullopt));
   trainer_->set_before_update({});
   trainer_ = nullptr;
+  // Its mapping outlives it until the next world has read what it offers (own_mapping_).
+  if (writer_ && !writer_->in_flight())
+    own_mapping_ =
+        std::make_shared<const checkpoint::SnapshotSegment>(writer_->take_segment());
   writer_.reset();
 }
 

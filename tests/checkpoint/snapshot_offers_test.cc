@@ -240,5 +240,49 @@ TEST_F(SnapshotOffersTest, ASlotRewrittenAfterItsReadIsTold) {
   EXPECT_EQ(r.find("step 12"), std::string::npos) << r;
 }
 
+// A worker's own segment is offered through its last writer's mapping (take_segment): no
+// second mapping of the segment is made, and a read through it views the same bytes.
+TEST_F(SnapshotOffersTest, TheWritersMappingIsOfferedAndReadWithoutASecondMapping) {
+  const int64_t bytes = snapshot_payload_bytes(layout_);
+  (void)SnapshotSegment::create(name_, bytes, ::getpid(), 3);
+  std::shared_ptr<const SnapshotSegment> mine;
+  {
+    SnapshotWriter w(SnapshotSegment::open(name_, true));
+    for (int64_t step : {10, 11}) {
+      SnapshotMeta m;
+      m.job_id = job_;
+      m.epoch = 1;
+      m.step = step;
+      m.rank = 3;
+      m.world = 4;
+      m.layout_hash = snapshot_layout_hash(layout_);
+      w.start(m, state_of(layout_, step));
+      if (step == 11) EXPECT_THROW((void)w.take_segment(), InternalError);  // in flight
+      ASSERT_TRUE(w.wait().has_value());
+    }
+    mine = std::make_shared<const SnapshotSegment>(w.take_segment());
+  }
+  ASSERT_EQ(mine->name(), name_);
+  auto mappings = [&] {  // this process's mappings of the segment
+    std::ifstream maps("/proc/self/maps");
+    int n = 0;
+    for (std::string line; std::getline(maps, line);)
+      n += line.size() >= name_.size() &&
+           line.compare(line.size() - name_.size(), name_.size(), name_) == 0;
+    return n;
+  };
+  EXPECT_EQ(mappings(), 1);
+  SnapshotOffers offers;
+  ASSERT_EQ(offers.add(mine, job_, true).size(), 2u);
+  const std::vector<core::Tensor> got = offers.read(3, 11, layout_);
+  EXPECT_EQ(mappings(), 1);
+  const std::vector<core::Tensor> want = state_of(layout_, 11);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(is_snapshot_view(got[i])) << i;
+    EXPECT_EQ(std::memcmp(got[i].raw_data(), want[i].raw_data(), want[i].nbytes()), 0) << i;
+  }
+}
+
 }  // namespace
 }  // namespace weft::checkpoint
