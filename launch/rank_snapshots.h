@@ -44,7 +44,8 @@ class RankSnapshots {
   // `epoch` is the forming world's (the agent may rebuild lost snapshots first).
   std::vector<HolderReport> offers(int local_rank, int local_count, int64_t epoch);
   // Old rank `rank`'s offered snapshot of `step` in `layout` (its layout in the world the
-  // snapshot was taken in), as read-only views of the slot in place: that slot mapped in and
+  // snapshot was taken in), as views of the slot in place (in a read-only mapping, or in the
+  // last writer's for the rank's own segment: own_mapping_): that slot mapped in and
   // verified, nothing copied (checkpoint/snapshot_views.h): the router copies out what the
   // new layout needs. IoError naming the segment, slot and step for a corrupted or rewritten
   // snapshot (the world then chooses again without it: live_resize.h, choose_and_read).
