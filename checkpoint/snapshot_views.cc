@@ -26,10 +26,11 @@ namespace {
 // costs more than it saves.
 constexpr int64_t kSplitBytes = int64_t(64) << 20;
 
-// The live views' byte ranges, [begin, end) by begin: is_snapshot_view looks a tensor up
-// here (a Tensor does not say which allocator its storage came from).
+// The live views' byte ranges, [begin, end) by begin, with how many views start there (a
+// slot read twice while its first views live): is_snapshot_view looks a tensor up here (a
+// Tensor does not say which allocator its storage came from).
 std::mutex g_mu;
-std::map<uintptr_t, uintptr_t> g_views;
+std::map<uintptr_t, std::pair<uintptr_t, int>> g_views;
 
 // Serves one view tensor: allocate() hands out its place in the mapped slot (once), free()
 // forgets it and deletes this allocator, which kept the segment mapped meanwhile.
@@ -42,13 +43,16 @@ class ViewAllocator final : public memory::Allocator {
                " bytes once (asked for ", bytes, ")");
     handed_ = true;
     std::lock_guard<std::mutex> l(g_mu);
-    g_views[uintptr_t(at_)] = uintptr_t(at_) + bytes_;
+    auto& [end, count] = g_views[uintptr_t(at_)];
+    end = std::max(end, uintptr_t(at_) + bytes_);
+    count++;
     return const_cast<uint8_t*>(at_);  // read-only mapping: the router only reads sources
   }
   void free(void*) override {
     {
       std::lock_guard<std::mutex> l(g_mu);
-      g_views.erase(uintptr_t(at_));
+      auto it = g_views.find(uintptr_t(at_));
+      if (it != g_views.end() && --it->second.second == 0) g_views.erase(it);
     }
     delete this;
   }
@@ -141,7 +145,7 @@ bool is_snapshot_view(const core::Tensor& t) {
   const uintptr_t p = reinterpret_cast<uintptr_t>(t.raw_data());
   std::lock_guard<std::mutex> l(g_mu);
   auto it = g_views.upper_bound(p);
-  return it != g_views.begin() && p < std::prev(it)->second;
+  return it != g_views.begin() && p < std::prev(it)->second.first;
 }
 
 int64_t own_snapshot_views(std::vector<core::Tensor>& tensors, memory::Allocator* alloc) {

@@ -213,6 +213,22 @@ TEST_F(SnapshotOffersTest, AReadViewsTheSlotInPlaceAndOwningCopiesItOut) {
   EXPECT_EQ(own_snapshot_views(moved), 0);  // nothing left to copy
 }
 
+// Two reads of one slot whose views live at once: each is a view while it lives, and the
+// second stays known as one after the first is gone (own_snapshot_views must find it).
+TEST_F(SnapshotOffersTest, ASlotReadTwiceStaysKnownAsAViewUntilBothAreGone) {
+  ASSERT_NO_FATAL_FAILURE(write_three_steps());
+  auto seg = std::make_shared<const SnapshotSegment>(SnapshotSegment::open(name_, false));
+  std::optional<SnapshotSegment::View> v = seg->latest();
+  ASSERT_TRUE(v.has_value());
+  std::vector<core::Tensor> first = view_snapshot(seg, *v, layout_);
+  std::vector<core::Tensor> second = view_snapshot(seg, *v, layout_);
+  ASSERT_EQ(first[0].raw_data(), second[0].raw_data());
+  first.clear();
+  EXPECT_TRUE(is_snapshot_view(second[0]));
+  EXPECT_TRUE(is_snapshot_view(second[1]));
+  EXPECT_EQ(own_snapshot_views(second), snapshot_payload_bytes(layout_));
+}
+
 // A slot read and then rewritten (a writer reusing it for a newer step) is named by
 // rewritten(); a slot that stayed is not.
 TEST_F(SnapshotOffersTest, ASlotRewrittenAfterItsReadIsTold) {
