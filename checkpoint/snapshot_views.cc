@@ -46,7 +46,7 @@ class ViewAllocator final : public memory::Allocator {
     auto& [end, count] = g_views[uintptr_t(at_)];
     end = std::max(end, uintptr_t(at_) + bytes_);
     count++;
-    return const_cast<uint8_t*>(at_);  // read-only mapping: the router only reads sources
+    return const_cast<uint8_t*>(at_);  // often a read-only mapping: the router only reads it
   }
   void free(void*) override {
     {

@@ -12,9 +12,10 @@
 // The bytes verified are the bytes the router reads only while nobody writes the slot: the
 // reader's own data segment is written by its own worker alone (after the world is
 // entered), a replica's or a rebuilt one's by the agent, for a node that is gone or about a
-// snapshot newer than any step a world chooses. slot_unchanged() says whether it held; a
-// view must not outlive the world's entry (own_snapshot_views copies out any that the
-// router hands back, and the mapping is read-only).
+// snapshot newer than any step a world chooses (SnapshotOffers::rewritten() says whether it
+// held). A view must not outlive the world's entry: own_snapshot_views copies out any that
+// the router hands back, whose mapping is read-only (or the agent's slot, for the rank's own
+// writer's mapping).
 #pragma once
 
 #include <cstdint>
