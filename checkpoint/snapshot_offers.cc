@@ -6,6 +6,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "checkpoint/snapshot_views.h"
 #include "checkpoint/snapshot_writer.h"
 
 namespace weft::checkpoint {
@@ -18,7 +19,12 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 std::vector<SnapshotMeta> SnapshotOffers::add(const std::string& name, const std::string& job_id) {
-  auto seg = std::make_shared<const SnapshotSegment>(SnapshotSegment::open(name, false));
+  return add(std::make_shared<const SnapshotSegment>(SnapshotSegment::open(name, false)), job_id,
+             false);
+}
+
+std::vector<SnapshotMeta> SnapshotOffers::add(std::shared_ptr<const SnapshotSegment> seg,
+                                              const std::string& job_id, bool mapped_in) {
   // Every committed slot: the newer may be of a step some other rank never finished (killed
   // mid-step, or mid-copy), an older one is then the step everybody has. Headers first, all
   // of them, so that a corrupt header offers nothing of the segment.
@@ -28,7 +34,7 @@ std::vector<SnapshotMeta> SnapshotOffers::add(const std::string& name, const std
       views.push_back(*v);
   std::vector<SnapshotMeta> out;
   for (const SnapshotSegment::View& v : views)
-    if (offered_.emplace(std::make_pair(v.meta.rank, v.meta.step), Offered{seg, v.slot}).second)
+    if (offered_.emplace(std::make_pair(v.meta.rank, v.meta.step), Offered{seg, v.slot, mapped_in}).second)
       out.push_back(v.meta);
   return out;
 }
@@ -39,7 +45,8 @@ std::vector<core::Tensor> SnapshotOffers::read(int rank, int64_t step,
   if (it == offered_.end())
     throw InternalError(str("old rank ", rank, "'s snapshot of step ", step,
                             " was not offered by this worker"));
-  const SnapshotSegment& seg = *it->second.segment;
+  const std::shared_ptr<const SnapshotSegment>& shared = it->second.segment;
+  const SnapshotSegment& seg = *shared;
   const int slot = it->second.slot;
   const std::string where = str("snapshot slot ", slot, " of ", seg.name(), " (old rank ", rank,
                                 ", step ", step, ") not read: ");
@@ -53,13 +60,14 @@ std::vector<core::Tensor> SnapshotOffers::read(int rank, int64_t step,
     throw IoError(where + "the slot was rewritten while the world formed");
   // Only this slot's pages (populate says why), in one call rather than a fault per page.
   auto t = std::chrono::steady_clock::now();
-  seg.populate(*v);
+  if (!it->second.mapped_in) seg.populate(*v);
   map_s_ += seconds_since(t);
   t = std::chrono::steady_clock::now();
   try {
-    std::vector<core::Tensor> out = read_snapshot(seg, *v, layout);
+    std::vector<core::Tensor> out = view_snapshot(shared, *v, layout);
     copy_s_ += seconds_since(t);
     bytes_read_ += v->meta.payload_bytes;
+    read_.push_back({shared, slot, v->meta.sequence, step});
     return out;
   } catch (const IoError& e) {
     copy_s_ += seconds_since(t);
@@ -72,8 +80,18 @@ std::string SnapshotOffers::segment_of(int rank, int64_t step) const {
   return it == offered_.end() ? std::string() : it->second.segment->name();
 }
 
+std::string SnapshotOffers::rewritten() const {
+  std::string out;
+  for (const Read& r : read_)
+    if (r.segment->sequence(r.slot) != r.sequence)
+      out += str(out.empty() ? "" : "; ", "snapshot slot ", r.slot, " of ", r.segment->name(),
+                 " (step ", r.step, ") was rewritten after it was verified");
+  return out;
+}
+
 void SnapshotOffers::clear() {
   offered_.clear();
+  read_.clear();
   bytes_read_ = 0;
   map_s_ = copy_s_ = 0;
 }

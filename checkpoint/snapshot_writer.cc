@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "base/stream_copy.h"
 #include "checkpoint/crc32c.h"
+#include "checkpoint/snapshot_views.h"
 
 namespace weft::checkpoint {
 namespace {
@@ -27,22 +28,6 @@ constexpr int64_t kSplitBytes = int64_t(64) << 20;
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-// Maps in the pages of a fresh destination in one call (MADV_POPULATE_WRITE, Linux 5.14)
-// rather than a fault per page inside the copy: 403 MiB of fresh tensors took 130-170 ms that way
-// and 200-250 ms as faults in memcpy (load 5); memory already touched (a block the allocator
-// kept) costs a walk of its page table. Any failure leaves the pages to fault in as before.
-void populate_for_write(void* p, int64_t bytes) {
-#ifndef MADV_POPULATE_WRITE
-  constexpr int MADV_POPULATE_WRITE = 23;
-#endif
-  constexpr int64_t kAtLeast = int64_t(1) << 20;
-  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t from = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
-  const uintptr_t to = (reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes)) & ~(page - 1);
-  if (bytes >= kAtLeast && to > from)
-    (void)::madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_WRITE);
 }
 
 }  // namespace
@@ -121,6 +106,12 @@ std::optional<SnapshotMeta> SnapshotWriter::wait() {
   tensors_.clear();  // the state may change from here on
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   return segment_.commit(crcs_);
+}
+
+SnapshotSegment SnapshotWriter::take_segment() {
+  WEFT_CHECK(!thread_.joinable(), "take_segment() of ", segment_.name(),
+             " while a snapshot copy is in flight");
+  return std::move(segment_);
 }
 
 std::vector<core::Tensor> read_snapshot(const SnapshotSegment& segment,

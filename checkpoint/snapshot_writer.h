@@ -46,6 +46,11 @@ class SnapshotWriter {
   double last_copy_s() const { return copy_s_; }
   double last_wait_s() const { return wait_s_; }
   const SnapshotSegment& segment() const { return segment_; }
+  // The segment's mapping, handed over once no copy is in flight (InternalError while one
+  // is): a world's entry reads its rank's own snapshot through it, whose written slots'
+  // pages this process has mapped in already (rank_snapshots.h). The writer writes nothing
+  // after this.
+  SnapshotSegment take_segment();
 
  private:
   SnapshotSegment segment_;

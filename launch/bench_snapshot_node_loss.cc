@@ -333,7 +333,8 @@ void print_table(const JobShape& j, const std::string& note, const std::vector<S
   row("  plan", [](const Side& s) { return s.live() ? secs(s.plan) : "-"; },
       "live: holders chosen, trainer built, transfer planned");
   row("  read snapshots", [](const Side& s) { return s.live() ? secs(s.read) : "-"; },
-      "live: snapshots copied out of shared memory (memcpy + crc32c)");
+      "live: the chosen slots mapped in and verified in place (crc32c), not copied: the "
+      "router reads them");
   row("  transfer", [](const Side& s) { return s.live() ? secs(s.transfer) : "-"; },
       "live: the router moves what another rank holds");
   row("  rendezvous", [](const Side& s) {

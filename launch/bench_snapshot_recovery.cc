@@ -234,7 +234,9 @@ void print_side_by_side(const JobShape& j, const Side& a, const Side& b, const O
   row("  communicators", secs(a.comms), "-",
       "world formed, snapshots listed and verified (crc32c of both slots), reports exchanged");
   row("  plan", secs(a.plan), "-", "holders chosen, trainer built, transfer planned");
-  row("  read snapshots", secs(a.read), "-", "this rank's snapshots copied out (memcpy + crc32c)");
+  row("  read snapshots", secs(a.read), "-",
+      "this rank's snapshots mapped in and verified in place (crc32c; copied out only when "
+      "the router adopts them whole)");
   row("  transfer", secs(a.transfer), "-", "the router: what another rank holds");
   row("  resume", secs(a.resume), "-", "the line's own");
   row("first step", secs(a.t_first - a.t_ready), secs(b.t_first - b.t_ready),

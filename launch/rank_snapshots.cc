@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "checkpoint/job_id.h"
+#include "checkpoint/snapshot_views.h"
 #include "core/config/limits.h"
 
 namespace weft::launch {
@@ -51,7 +52,7 @@ void RankSnapshots::settle(bool wait) {
 }
 
 std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count, int64_t epoch) {
-  release_offers();
+  offers_.clear();  // an earlier entry's (own_mapping_ stays: this entry reads through it)
   std::vector<HolderReport> out;
   if (!client_) return out;
   try {
@@ -85,7 +86,9 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count,
     // block is found then, and the world chooses again without it (choose_and_read).
     try {
       const Clock::time_point t = Clock::now();
-      const std::vector<checkpoint::SnapshotMeta> metas = offers_.add(e.name, job_id_);
+      const std::vector<checkpoint::SnapshotMeta> metas =
+          own_mapping_ && own_mapping_->name() == e.name ? offers_.add(own_mapping_, job_id_, true)
+                                                         : offers_.add(e.name, job_id_);
       open_ms += ms_since(t);
       opened++;
       for (const checkpoint::SnapshotMeta& m : metas) {
@@ -144,14 +147,31 @@ std::vector<core::Tensor> RankSnapshots::read(int rank, int64_t step,
   constexpr double kMiB = 1 << 20;
   WEFT_DEBUG("resize", "read old rank ", rank, "'s snapshot of step ", step, ": ",
              double(offers_.bytes_read() - bytes) / kMiB, " MiB mapped in in ",
-             (offers_.map_seconds() - map_s) * 1e3, " ms, copied and verified in ",
-             (offers_.copy_seconds() - copy_s) * 1e3, " ms (this world's reads: ",
+             (offers_.map_seconds() - map_s) * 1e3, " ms, verified in place in ",
+             (offers_.copy_seconds() - copy_s) * 1e3, " ms, no copy (this world's reads: ",
              double(offers_.bytes_read()) / kMiB, " MiB so far, of the ", offers_.size(),
              " slots this worker offered)");
   return out;
 }
 
-void RankSnapshots::release_offers() { offers_.clear(); }
+int64_t RankSnapshots::own(std::vector<core::Tensor>& moved, memory::Allocator* alloc) {
+  const auto t = std::chrono::steady_clock::now();
+  const int64_t bytes = checkpoint::own_snapshot_views(moved, alloc);
+  if (bytes > 0)
+    WEFT_DEBUG("resize", "copied ", double(bytes) / double(1 << 20),
+               " MiB of snapshot views that the router adopted whole out of their segments in ",
+               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t)
+                   .count(),
+               " ms");
+  if (const std::string w = offers_.rewritten(); !w.empty())
+    throw IoError(w + ": the state moved from it may not be the verified one");
+  return bytes;
+}
+
+void RankSnapshots::release_offers() {
+  offers_.clear();
+  own_mapping_.reset();  // views still alive keep their own handle on it
+}
 
 void RankSnapshots::attach(parallel::ParallelTrainer& trainer, const parallel::StateSpace& space,
                            int64_t epoch, int node, int local_rank, int local_count,
@@ -305,6 +325,10 @@ void RankSnapshots::detach() {
   if (committed_) notify_committed(*std::exchange(committed_, std::nullopt));
   trainer_->set_before_update({});
   trainer_ = nullptr;
+  // Its mapping outlives it until the next world has read what it offers (own_mapping_).
+  if (writer_ && !writer_->in_flight())
+    own_mapping_ =
+        std::make_shared<const checkpoint::SnapshotSegment>(writer_->take_segment());
   writer_.reset();
 }
 

@@ -492,7 +492,11 @@ void RankTraining::enter_world(const std::string& why) {
     std::vector<core::Tensor> mine;
     try {
       mine = parallel::run_transition(plan, holders.a, b, env_.rank, src, comm, to, &ts, &arrived);
+      // Snapshot parts are read-only views of their slots: one the router adopted whole is
+      // copied out here, and a slot rewritten meanwhile stops the entry (rank_snapshots.h).
+      snaps_.own(mine, &persistent_);
     } catch (const CommError&) {
+      snaps_.own(arrived.tensors, &persistent_);
       if (free_old) {
         held_ = held_after_move(holders, reports, env_.rank, src, arrived, train_world_,
                                 env_.rank);

@@ -1,7 +1,9 @@
 // What a worker offers a forming world from its node's snapshot segments, and what reading a
 // chosen one costs (checkpoint/snapshot_offers.h): every committed slot is offered from its
 // header with no payload page mapped in; a read maps in and verifies only its own slot, once,
-// and a corrupt block of it is an IoError naming the segment, the slot and the block.
+// and a corrupt block of it is an IoError naming the segment, the slot and the block. A read
+// hands out views of the slot in place (checkpoint/snapshot_views.h): they outlive the
+// offers, copy out on request, and a rewrite of their slot after the check is told.
 #include "checkpoint/snapshot_offers.h"
 
 #include <gtest/gtest.h>
@@ -11,11 +13,13 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 
 #include "base/error.h"
 #include "checkpoint/job_id.h"
+#include "checkpoint/snapshot_views.h"
 #include "checkpoint/snapshot_writer.h"
 #include "tests/checkpoint/snapshot_util.h"
 
@@ -166,6 +170,134 @@ TEST_F(SnapshotOffersTest, ACorruptBlockOfTheChosenSlotFailsItsReadNamingSlotAnd
   EXPECT_EQ(offers.bytes_read(), 0);
   EXPECT_NO_THROW((void)offers.read(3, 11, layout_));
   EXPECT_EQ(offers.bytes_read(), snapshot_payload_bytes(layout_));
+}
+
+// A read copies nothing: its tensors lie in the slot's payload, in layout order, back to back;
+// they keep the segment mapped after the offers are cleared; own_snapshot_views copies them
+// (the same bytes, outside the segment) and leaves other tensors as they are.
+TEST_F(SnapshotOffersTest, AReadViewsTheSlotInPlaceAndOwningCopiesItOut) {
+  ASSERT_NO_FATAL_FAILURE(write_three_steps());
+  SnapshotOffers offers;
+  ASSERT_EQ(offers.add(name_, job_).size(), 3u);
+  std::vector<core::Tensor> got = offers.read(3, 12, layout_);
+  ASSERT_EQ(got.size(), 2u);
+  std::optional<SnapshotSegment::View> v;
+  SnapshotSegment seg = SnapshotSegment::open(name_, false);
+  for (int s = 0; s < seg.slots(); ++s)
+    if (auto x = seg.slot(s); x && x->meta.step == 12) v = x;
+  ASSERT_TRUE(v.has_value());
+  // Views of the reader's own mapping, not of `seg`'s: their bytes equal the payload's at
+  // the layout's offsets, and they are known as views.
+  const auto* payload = static_cast<const uint8_t*>(v->payload);
+  EXPECT_TRUE(is_snapshot_view(got[0]));
+  EXPECT_TRUE(is_snapshot_view(got[1]));
+  EXPECT_EQ(std::memcmp(got[0].raw_data(), payload, 12), 0);
+  EXPECT_EQ(static_cast<const uint8_t*>(got[1].raw_data()) -
+                static_cast<const uint8_t*>(got[0].raw_data()),
+            12);
+  const std::vector<core::Tensor> want = state_of(layout_, 12);
+  offers.clear();  // the views keep their segment mapped
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_EQ(std::memcmp(got[i].raw_data(), want[i].raw_data(), want[i].nbytes()), 0) << i;
+  core::Tensor other = core::Tensor::zeros({4}, core::DType::kF32);
+  std::vector<core::Tensor> moved = {got[0], core::Tensor(), other, got[1]};
+  const void* other_at = other.raw_data();
+  got.clear();
+  EXPECT_EQ(own_snapshot_views(moved), int64_t(want[0].nbytes() + want[1].nbytes()));
+  EXPECT_FALSE(is_snapshot_view(moved[0]));
+  EXPECT_FALSE(is_snapshot_view(moved[3]));
+  EXPECT_FALSE(moved[1].defined());
+  EXPECT_EQ(moved[2].raw_data(), other_at);
+  EXPECT_EQ(std::memcmp(moved[0].raw_data(), want[0].raw_data(), want[0].nbytes()), 0);
+  EXPECT_EQ(std::memcmp(moved[3].raw_data(), want[1].raw_data(), want[1].nbytes()), 0);
+  EXPECT_EQ(own_snapshot_views(moved), 0);  // nothing left to copy
+}
+
+// Two reads of one slot whose views live at once: each is a view while it lives, and the
+// second stays known as one after the first is gone (own_snapshot_views must find it).
+TEST_F(SnapshotOffersTest, ASlotReadTwiceStaysKnownAsAViewUntilBothAreGone) {
+  ASSERT_NO_FATAL_FAILURE(write_three_steps());
+  auto seg = std::make_shared<const SnapshotSegment>(SnapshotSegment::open(name_, false));
+  std::optional<SnapshotSegment::View> v = seg->latest();
+  ASSERT_TRUE(v.has_value());
+  std::vector<core::Tensor> first = view_snapshot(seg, *v, layout_);
+  std::vector<core::Tensor> second = view_snapshot(seg, *v, layout_);
+  ASSERT_EQ(first[0].raw_data(), second[0].raw_data());
+  first.clear();
+  EXPECT_TRUE(is_snapshot_view(second[0]));
+  EXPECT_TRUE(is_snapshot_view(second[1]));
+  EXPECT_EQ(own_snapshot_views(second), snapshot_payload_bytes(layout_));
+}
+
+// A slot read and then rewritten (a writer reusing it for a newer step) is named by
+// rewritten(); a slot that stayed is not.
+TEST_F(SnapshotOffersTest, ASlotRewrittenAfterItsReadIsTold) {
+  ASSERT_NO_FATAL_FAILURE(write_three_steps());
+  SnapshotOffers offers;
+  ASSERT_EQ(offers.add(name_, job_).size(), 3u);
+  const std::vector<core::Tensor> newest = offers.read(3, 12, layout_);
+  const std::vector<core::Tensor> oldest = offers.read(3, 10, layout_);
+  EXPECT_EQ(offers.rewritten(), "");
+  // The writer takes the oldest slot (step 10's) for step 13.
+  {
+    SnapshotWriter w(SnapshotSegment::open(name_, true));
+    SnapshotMeta m;
+    m.job_id = job_;
+    m.epoch = 1;
+    m.step = 13;
+    m.rank = 3;
+    m.world = 4;
+    m.layout_hash = snapshot_layout_hash(layout_);
+    w.start(m, state_of(layout_, 13));
+    ASSERT_TRUE(w.wait().has_value());
+  }
+  const std::string r = offers.rewritten();
+  EXPECT_NE(r.find("(step 10) was rewritten after it was verified"), std::string::npos) << r;
+  EXPECT_EQ(r.find("step 12"), std::string::npos) << r;
+}
+
+// A worker's own segment is offered through its last writer's mapping (take_segment): no
+// second mapping of the segment is made, and a read through it views the same bytes.
+TEST_F(SnapshotOffersTest, TheWritersMappingIsOfferedAndReadWithoutASecondMapping) {
+  const int64_t bytes = snapshot_payload_bytes(layout_);
+  (void)SnapshotSegment::create(name_, bytes, ::getpid(), 3);
+  std::shared_ptr<const SnapshotSegment> mine;
+  {
+    SnapshotWriter w(SnapshotSegment::open(name_, true));
+    for (int64_t step : {10, 11}) {
+      SnapshotMeta m;
+      m.job_id = job_;
+      m.epoch = 1;
+      m.step = step;
+      m.rank = 3;
+      m.world = 4;
+      m.layout_hash = snapshot_layout_hash(layout_);
+      w.start(m, state_of(layout_, step));
+      if (step == 11) EXPECT_THROW((void)w.take_segment(), InternalError);  // in flight
+      ASSERT_TRUE(w.wait().has_value());
+    }
+    mine = std::make_shared<const SnapshotSegment>(w.take_segment());
+  }
+  ASSERT_EQ(mine->name(), name_);
+  auto mappings = [&] {  // this process's mappings of the segment
+    std::ifstream maps("/proc/self/maps");
+    int n = 0;
+    for (std::string line; std::getline(maps, line);)
+      n += line.size() >= name_.size() &&
+           line.compare(line.size() - name_.size(), name_.size(), name_) == 0;
+    return n;
+  };
+  EXPECT_EQ(mappings(), 1);
+  SnapshotOffers offers;
+  ASSERT_EQ(offers.add(mine, job_, true).size(), 2u);
+  const std::vector<core::Tensor> got = offers.read(3, 11, layout_);
+  EXPECT_EQ(mappings(), 1);
+  const std::vector<core::Tensor> want = state_of(layout_, 11);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(is_snapshot_view(got[i])) << i;
+    EXPECT_EQ(std::memcmp(got[i].raw_data(), want[i].raw_data(), want[i].nbytes()), 0) << i;
+  }
 }
 
 }  // namespace
