@@ -94,18 +94,39 @@ void populate_for_write(void* p, int64_t bytes) {
     (void)::madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_WRITE);
 }
 
-std::vector<core::Tensor> view_snapshot(std::shared_ptr<const SnapshotSegment> segment,
-                                        const SnapshotSegment::View& view,
-                                        const parallel::RankLayout& layout) {
-  const std::string& name = segment->name();
+void check_slot_layout(const SnapshotSegment& segment, const SnapshotSegment::View& view,
+                       const parallel::RankLayout& layout) {
+  const std::string& name = segment.name();
   if (view.meta.layout_hash != snapshot_layout_hash(layout))
     throw IoError(name + ": the snapshot holds other boxes than rank " +
                   std::to_string(view.meta.rank) + " of a world of " +
                   std::to_string(view.meta.world) + " has in this job's plan");
-  const int64_t total = snapshot_payload_bytes(layout);
-  if (view.meta.payload_bytes != total)
+  if (view.meta.payload_bytes != snapshot_payload_bytes(layout))
     throw IoError(name + ": the snapshot holds " + std::to_string(view.meta.payload_bytes) +
-                  " bytes, the rank's layout " + std::to_string(total));
+                  " bytes, the rank's layout " + std::to_string(snapshot_payload_bytes(layout)));
+}
+
+void check_slot_read(const SnapshotSegment& segment, const SnapshotSegment::View& view,
+                     const std::vector<uint32_t>& crcs, const std::vector<uint32_t>& recorded) {
+  const std::string& name = segment.name();
+  int64_t bad = 0, first = -1;
+  for (size_t b = 0; b < crcs.size(); ++b)
+    if (crcs[b] != recorded[b]) bad++, first = first < 0 ? int64_t(b) : first;
+  if (crcs.size() != recorded.size() || bad)
+    throw IoError(name + ": " + std::to_string(bad) + " corrupt block(s) of " +
+                  std::to_string(kSnapshotBlockBytes) + " bytes, the first at byte " +
+                  std::to_string(first * kSnapshotBlockBytes) + " of step " +
+                  std::to_string(view.meta.step) + "'s snapshot");
+  if (segment.sequence(view.slot) != view.meta.sequence)
+    throw IoError(name + ": the snapshot of step " + std::to_string(view.meta.step) +
+                  " was rewritten while it was read");
+}
+
+std::vector<core::Tensor> view_snapshot(std::shared_ptr<const SnapshotSegment> segment,
+                                        const SnapshotSegment::View& view,
+                                        const parallel::RankLayout& layout) {
+  check_slot_layout(*segment, view, layout);
+  const int64_t total = snapshot_payload_bytes(layout);
   // Every block checked in place, each by one thread.
   const std::vector<uint32_t> recorded = segment->block_crc32c(view);
   std::vector<uint32_t> crcs(recorded.size(), 0);
@@ -117,17 +138,7 @@ std::vector<core::Tensor> view_snapshot(std::shared_ptr<const SnapshotSegment> s
         crcs[block] = crc32c(src + at, size_t(std::min(kSnapshotBlockBytes, to - at)));
     }
   });
-  int64_t bad = 0, first = -1;
-  for (size_t b = 0; b < crcs.size(); ++b)
-    if (crcs[b] != recorded[b]) bad++, first = first < 0 ? int64_t(b) : first;
-  if (crcs.size() != recorded.size() || bad)
-    throw IoError(name + ": " + std::to_string(bad) + " corrupt block(s) of " +
-                  std::to_string(kSnapshotBlockBytes) + " bytes, the first at byte " +
-                  std::to_string(first * kSnapshotBlockBytes) + " of step " +
-                  std::to_string(view.meta.step) + "'s snapshot");
-  if (segment->sequence(view.slot) != view.meta.sequence)
-    throw IoError(name + ": the snapshot of step " + std::to_string(view.meta.step) +
-                  " was rewritten while it was read");
+  check_slot_read(*segment, view, crcs, recorded);
   std::vector<core::Tensor> out;
   out.reserve(layout.locals.size());
   int64_t at = 0;

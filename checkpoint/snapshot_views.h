@@ -40,6 +40,15 @@ std::vector<core::Tensor> view_snapshot(std::shared_ptr<const SnapshotSegment> s
                                         const SnapshotSegment::View& view,
                                         const parallel::RankLayout& layout);
 
+// The checks of every read of a slot (view_snapshot here, read_snapshot's copy): before it,
+// that `view` holds `layout`'s boxes (its layout hash and payload size); after it, that
+// `crcs` (computed over the bytes read) equal the slot's `recorded` ones and the slot was
+// not rewritten meanwhile. IoError naming the segment otherwise, as view_snapshot says.
+void check_slot_layout(const SnapshotSegment& segment, const SnapshotSegment::View& view,
+                       const parallel::RankLayout& layout);
+void check_slot_read(const SnapshotSegment& segment, const SnapshotSegment::View& view,
+                     const std::vector<uint32_t>& crcs, const std::vector<uint32_t>& recorded);
+
 // Whether `t`'s bytes lie in a live view that view_snapshot made.
 bool is_snapshot_view(const core::Tensor& t);
 

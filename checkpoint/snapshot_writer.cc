@@ -117,14 +117,7 @@ SnapshotSegment SnapshotWriter::take_segment() {
 std::vector<core::Tensor> read_snapshot(const SnapshotSegment& segment,
                                         const SnapshotSegment::View& view,
                                         const parallel::RankLayout& layout) {
-  const std::string& name = segment.name();
-  if (view.meta.layout_hash != snapshot_layout_hash(layout))
-    throw IoError(name + ": the snapshot holds other boxes than rank " +
-                  std::to_string(view.meta.rank) + " of a world of " +
-                  std::to_string(view.meta.world) + " has in this job's plan");
-  if (view.meta.payload_bytes != snapshot_payload_bytes(layout))
-    throw IoError(name + ": the snapshot holds " + std::to_string(view.meta.payload_bytes) +
-                  " bytes, the rank's layout " + std::to_string(snapshot_payload_bytes(layout)));
+  check_slot_layout(segment, view, layout);
   // Copy, then checksum the copies (the bytes taken are the bytes verified), block by block
   // across tensor boundaries as the writer did, in pieces that fit in L2: each piece is
   // checksummed while its copy is still in cache, so the payload is read from the segment
@@ -177,17 +170,7 @@ std::vector<core::Tensor> read_snapshot(const SnapshotSegment& segment,
   } else {
     copy(0, total);
   }
-  int64_t bad = 0, first = -1;
-  for (size_t b = 0; b < crcs.size(); ++b)
-    if (crcs[b] != recorded[b]) bad++, first = first < 0 ? int64_t(b) : first;
-  if (crcs.size() != recorded.size() || bad)
-    throw IoError(name + ": " + std::to_string(bad) + " corrupt block(s) of " +
-                  std::to_string(kSnapshotBlockBytes) + " bytes, the first at byte " +
-                  std::to_string(first * kSnapshotBlockBytes) + " of step " +
-                  std::to_string(view.meta.step) + "'s snapshot");
-  if (segment.sequence(view.slot) != view.meta.sequence)
-    throw IoError(name + ": the snapshot of step " + std::to_string(view.meta.step) +
-                  " was rewritten while it was read");
+  check_slot_read(segment, view, crcs, recorded);
   return out;
 }
 
