@@ -65,6 +65,17 @@ class SnapshotOffersTest : public ::testing::Test {
   void TearDown() override {
     for (const std::string& n : snapshot_segments(job_)) SnapshotSegment::unlink(n);
   }
+  // The header of step `step`'s snapshot of rank 3 of a world of 4, epoch 1.
+  SnapshotMeta meta(int64_t step) const {
+    SnapshotMeta m;
+    m.job_id = job_;
+    m.epoch = 1;
+    m.step = step;
+    m.rank = 3;
+    m.world = 4;
+    m.layout_hash = snapshot_layout_hash(layout_);
+    return m;
+  }
   // A 3-slot segment of rank 3 (world 4) whose slots hold the states of steps 10, 11, 12,
   // committed as a worker's writer does (checksums computed while copying). Nothing of it
   // stays mapped here: the offers' view is then this process's only mapping of it.
@@ -73,14 +84,7 @@ class SnapshotOffersTest : public ::testing::Test {
     (void)SnapshotSegment::create(name_, bytes, ::getpid(), 3);
     SnapshotWriter w(SnapshotSegment::open(name_, true));
     for (int64_t step : {10, 11, 12}) {
-      SnapshotMeta m;
-      m.job_id = job_;
-      m.epoch = 1;
-      m.step = step;
-      m.rank = 3;
-      m.world = 4;
-      m.layout_hash = snapshot_layout_hash(layout_);
-      w.start(m, state_of(layout_, step));
+      w.start(meta(step), state_of(layout_, step));
       ASSERT_TRUE(w.wait().has_value());
     }
   }
@@ -241,14 +245,7 @@ TEST_F(SnapshotOffersTest, ASlotRewrittenAfterItsReadIsTold) {
   // The writer takes the oldest slot (step 10's) for step 13.
   {
     SnapshotWriter w(SnapshotSegment::open(name_, true));
-    SnapshotMeta m;
-    m.job_id = job_;
-    m.epoch = 1;
-    m.step = 13;
-    m.rank = 3;
-    m.world = 4;
-    m.layout_hash = snapshot_layout_hash(layout_);
-    w.start(m, state_of(layout_, 13));
+    w.start(meta(13), state_of(layout_, 13));
     ASSERT_TRUE(w.wait().has_value());
   }
   const std::string r = offers.rewritten();
@@ -265,14 +262,7 @@ TEST_F(SnapshotOffersTest, TheWritersMappingIsOfferedAndReadWithoutASecondMappin
   {
     SnapshotWriter w(SnapshotSegment::open(name_, true));
     for (int64_t step : {10, 11}) {
-      SnapshotMeta m;
-      m.job_id = job_;
-      m.epoch = 1;
-      m.step = step;
-      m.rank = 3;
-      m.world = 4;
-      m.layout_hash = snapshot_layout_hash(layout_);
-      w.start(m, state_of(layout_, step));
+      w.start(meta(step), state_of(layout_, step));
       if (step == 11) EXPECT_THROW((void)w.take_segment(), InternalError);  // in flight
       ASSERT_TRUE(w.wait().has_value());
     }
