@@ -20,6 +20,29 @@ namespace {
 
 const std::vector<Axis> kOrder{Axis::kTp, Axis::kEp, Axis::kDp, Axis::kPp};
 
+// Runs `p` under `cost` directly, and re-timed from a run recorded under `recorded`
+// (engine_retime.h's fast path), and expects the same step, comm and wait seconds on every
+// rank. Returns the direct run.
+EngineResult expect_retime_equals_engine(const Plan& p, const core::Graph& g,
+                                         const CostModel& recorded, const CostModel& cost) {
+  EngineSchedule schedule;
+  EngineOptions rec;
+  rec.cost = &recorded;
+  rec.record = &schedule;
+  const EngineResult checked = run_programs(p, g, rec);
+  EXPECT_TRUE(checked.errors.empty());
+  EngineOptions o;
+  o.cost = &cost;
+  const EngineResult direct = run_programs(p, g, o), again = retime(p, g, schedule, checked, o);
+  EXPECT_EQ(direct.ranks.size(), again.ranks.size());
+  for (size_t r = 0; r < direct.ranks.size() && r < again.ranks.size(); ++r) {
+    EXPECT_DOUBLE_EQ(direct.ranks[r].step_s, again.ranks[r].step_s) << "rank " << r;
+    EXPECT_DOUBLE_EQ(direct.ranks[r].comm_s, again.ranks[r].comm_s) << "rank " << r;
+    EXPECT_DOUBLE_EQ(direct.ranks[r].wait_s, again.ranks[r].wait_s) << "rank " << r;
+  }
+  return direct;
+}
+
 // A 2-core host running every rank on one node.
 CostModel cpu_host(std::vector<std::pair<double, double>> curve) {
   CostModel cm;
@@ -171,21 +194,7 @@ TEST(SyncWait, RetimeAgreesWithTheEngine) {
   const CostModel none = cpu_host({});
   CostModel curve = cpu_host({{1e-6, 1e-4}, {1e-2, 2e-3}});
   curve.cores = 4;  // world 4 within the cores: the curve applies
-  EngineSchedule schedule;
-  EngineOptions rec;
-  rec.cost = &none;
-  rec.record = &schedule;
-  const EngineResult checked = run_programs(p, mg.graph, rec);
-  ASSERT_TRUE(checked.errors.empty());
-  EngineOptions o;
-  o.cost = &curve;
-  const EngineResult direct = run_programs(p, mg.graph, o),
-                     again = retime(p, mg.graph, schedule, checked, o);
-  ASSERT_EQ(direct.ranks.size(), again.ranks.size());
-  for (size_t r = 0; r < direct.ranks.size(); ++r) {
-    EXPECT_DOUBLE_EQ(direct.ranks[r].step_s, again.ranks[r].step_s) << "rank " << r;
-    EXPECT_DOUBLE_EQ(direct.ranks[r].comm_s, again.ranks[r].comm_s) << "rank " << r;
-  }
+  const EngineResult direct = expect_retime_equals_engine(p, mg.graph, none, curve);
   EXPECT_GT(direct.ranks[0].step_s,
             run_programs(p, mg.graph, EngineOptions{&none}).ranks[0].step_s);
 }
@@ -284,20 +293,7 @@ TEST(SyncWait, TheSimulatorDelaysPipelineMessages) {
   EXPECT_GT(a.step_s - b.step_s, w);
   EXPECT_LE(a.step_s - b.step_s, double(syncs) * w + 1e-12);
 
-  EngineSchedule schedule;
-  EngineOptions rec;
-  rec.cost = &none;
-  rec.record = &schedule;
-  const EngineResult checked = run_programs(p, mg.graph, rec);
-  ASSERT_TRUE(checked.errors.empty());
-  EngineOptions o;
-  o.cost = &flat;
-  const EngineResult direct = run_programs(p, mg.graph, o),
-                     again = retime(p, mg.graph, schedule, checked, o);
-  for (size_t r = 0; r < direct.ranks.size(); ++r) {
-    EXPECT_DOUBLE_EQ(direct.ranks[r].step_s, again.ranks[r].step_s) << "rank " << r;
-    EXPECT_DOUBLE_EQ(direct.ranks[r].wait_s, again.ranks[r].wait_s) << "rank " << r;
-  }
+  expect_retime_equals_engine(p, mg.graph, none, flat);
 }
 
 }  // namespace
