@@ -18,6 +18,14 @@ using core::io::json_quote;
 
 // ---- writing --------------------------------------------------------------------------
 
+// [[x,y],...]: a calibrated curve of the cost model.
+std::string json_pairs(const std::vector<std::pair<double, double>>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i)
+    out += (i ? ",[" : "[") + json_number(v[i].first) + "," + json_number(v[i].second) + "]";
+  return out + "]";
+}
+
 struct W {
   std::string s;
   void raw(const std::string& x) { s += x; }
@@ -125,11 +133,7 @@ void write_costs(W& w, const CostAnnotations& c) {
   // The calibrated rates by op size: a plan re-read for `weft plan --out` / simulation must
   // cost compute as the plan that wrote it did.
   w.key("flops_by_size");
-  w.raw("[");
-  for (size_t i = 0; i < c.model.flops_by_size.size(); ++i)
-    w.raw((i ? ",[" : "[") + json_number(c.model.flops_by_size[i].first) + "," +
-          json_number(c.model.flops_by_size[i].second) + "]");
-  w.raw("]");
+  w.raw(json_pairs(c.model.flops_by_size));
   // The calibrated collective rates, likewise; only when measured, so that a plan under a
   // model without them is written as before.
   bool any_op = false;
@@ -146,21 +150,13 @@ void write_costs(W& w, const CostAnnotations& c) {
     w.key("coll_bw_by_size");
     w.raw("[");
     for (size_t k = 0; k < c.model.coll_bw_by_size.size(); ++k) {
-      w.raw(k ? ",[" : "[");
-      const auto& cb = c.model.coll_bw_by_size[k];
-      for (size_t i = 0; i < cb.size(); ++i)
-        w.raw((i ? ",[" : "[") + json_number(cb[i].first) + "," + json_number(cb[i].second) + "]");
-      w.raw("]");
+      w.raw((k ? "," : "") + json_pairs(c.model.coll_bw_by_size[k]));
     }
     w.raw("]");
   }
   if (!c.model.sync_wait_by_burst.empty()) {  // likewise
     w.key("sync_wait_by_burst");
-    w.raw("[");
-    for (size_t i = 0; i < c.model.sync_wait_by_burst.size(); ++i)
-      w.raw((i ? ",[" : "[") + json_number(c.model.sync_wait_by_burst[i].first) + "," +
-            json_number(c.model.sync_wait_by_burst[i].second) + "]");
-    w.raw("]");
+    w.raw(json_pairs(c.model.sync_wait_by_burst));
   }
   w.raw("}");
   w.d("step_s", c.step_s), w.d("bubble", c.bubble), w.d("pipeline_estimate_s", c.pipeline_estimate_s);
