@@ -65,17 +65,7 @@ class SnapshotOffersTest : public ::testing::Test {
   void TearDown() override {
     for (const std::string& n : snapshot_segments(job_)) SnapshotSegment::unlink(n);
   }
-  // The header of step `step`'s snapshot of rank 3 of a world of 4, epoch 1.
-  SnapshotMeta meta(int64_t step) const {
-    SnapshotMeta m;
-    m.job_id = job_;
-    m.epoch = 1;
-    m.step = step;
-    m.rank = 3;
-    m.world = 4;
-    m.layout_hash = snapshot_layout_hash(layout_);
-    return m;
-  }
+  SnapshotMeta meta(int64_t step) const { return rank3_meta(job_, layout_, step); }
   // A 3-slot segment of rank 3 (world 4) whose slots hold the states of steps 10, 11, 12,
   // committed as a worker's writer does (checksums computed while copying). Nothing of it
   // stays mapped here: the offers' view is then this process's only mapping of it.

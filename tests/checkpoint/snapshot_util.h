@@ -3,9 +3,11 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "checkpoint/snapshot_writer.h"
 #include "core/tensor.h"
 #include "parallel/vps.h"
 
@@ -27,6 +29,20 @@ inline parallel::RankLayout whole_tensors(
     l.boxes.push_back(b);
   }
   return l;
+}
+
+// The header of step `step`'s snapshot of `l` as rank 3 of a world of 4, epoch 1, job `job`:
+// what the snapshot tests' writers commit.
+inline SnapshotMeta rank3_meta(const std::string& job, const parallel::RankLayout& l,
+                               int64_t step) {
+  SnapshotMeta m;
+  m.job_id = job;
+  m.epoch = 1;
+  m.step = step;
+  m.rank = 3;
+  m.world = 4;
+  m.layout_hash = snapshot_layout_hash(l);
+  return m;
 }
 
 // Random bytes for `l`'s tensors, the same for the same seed.

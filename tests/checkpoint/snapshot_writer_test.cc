@@ -37,16 +37,7 @@ class SnapshotWriterTest : public ::testing::Test {
     name_ = segment_name(job_, SegmentKind::kData, 0, 1, 3);
   }
   void TearDown() override { SnapshotSegment::unlink(name_); }
-  SnapshotMeta meta(int64_t step) const {
-    SnapshotMeta m;
-    m.job_id = job_;
-    m.epoch = 1;
-    m.step = step;
-    m.rank = 3;
-    m.world = 4;
-    m.layout_hash = snapshot_layout_hash(layout_);
-    return m;
-  }
+  SnapshotMeta meta(int64_t step) const { return rank3_meta(job_, layout_, step); }
   std::string job_, name_;
   parallel::RankLayout layout_ = three_tensors();
 };
