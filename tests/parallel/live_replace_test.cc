@@ -154,7 +154,7 @@ TEST(LiveReplace, StandaloneKilledWorkerIsReplacedAndNoSurvivorRestarts) {
   const std::string log = kill_one_standalone("standalone", 2);
   // Rank 0 survived and leads: its resize line says where the state came from.
   EXPECT_NE(log.find("world 4 -> 4"), std::string::npos) << log;
-  EXPECT_NE(log.find("state from 3 holders through the router"), std::string::npos) << log;
+  expect_state_from_survivors(log, 3);
 }
 
 // A worker that hangs (SIGSTOP: it sends no heartbeat and answers no collective) is treated
@@ -169,7 +169,7 @@ TEST(LiveReplace, StandaloneHungWorkerIsKilledAndReplacedAndNoSurvivorRestarts) 
   EXPECT_NE(log.find(": hung or stopped; killing it (SIGKILL)"), std::string::npos) << log;
   EXPECT_NE(log.find(": hung or stopped; killed; replaced in place"), std::string::npos) << log;
   EXPECT_EQ(log.find("stopping the job"), std::string::npos) << log;
-  EXPECT_NE(log.find("state from 3 holders through the router"), std::string::npos) << log;
+  expect_state_from_survivors(log, 3);
 }
 
 // The lead itself (rank 0, which writes metrics.jsonl) killed: its replacement leads the new
@@ -180,7 +180,7 @@ TEST(LiveReplace, StandaloneKilledRankZeroIsReplacedAndItsReplacementLeads) {
                      "step "),
             std::string::npos)
       << log;
-  EXPECT_NE(log.find("from 3 holders through the router"), std::string::npos) << log;
+  expect_state_from_survivors(log, 3);
   EXPECT_EQ(log.find("from the in-memory snapshots of 0 ranks"), std::string::npos) << log;
 }
 
@@ -298,7 +298,7 @@ TEST(LiveReplace, MultiNodeKilledWorkerIsReplacedAndItsSiblingAndTheOtherNodeKee
       << victims;
   EXPECT_NE(lead.find("(rank 3 of node "), std::string::npos) << lead;
   EXPECT_NE(lead.find("world 4 -> 4"), std::string::npos) << lead;
-  EXPECT_NE(lead.find("state from 3 holders through the router"), std::string::npos) << lead;
+  expect_state_from_survivors(lead, 3);
   EXPECT_EQ(job.all_logs().find("restarting the workers"), std::string::npos) << job.all_logs();
   expect_same_losses(ref, job.metrics(), size_t(job.steps), false, kRel);
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);

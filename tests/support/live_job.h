@@ -19,6 +19,7 @@
 #include <initializer_list>
 #include <map>
 #include <optional>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -357,6 +358,26 @@ inline std::vector<std::string> lines_with(const std::string& log, const std::st
   for (std::string line; std::getline(in, line);)
     if (line.find(s) != std::string::npos) out.push_back(line);
   return out;
+}
+
+// The resize line after a kill (or a log with that one resize) took the state from the
+// survivors. Usually every survivor holds the newest step. A kill that lands while the step's statistics exchange goes round
+// lets the survivors it reached update to the next step and leaves the others one step
+// behind (parallel/trainer.h, step()): then fewer of them hold the newest step, and the
+// router sends those behind a replica (bytes between ranks). Either is the failure path
+// working; a line with neither is not.
+inline void expect_state_from_survivors(const std::string& line, int survivors) {
+  static const std::regex re(
+      R"(from (\d+) holders? through the router(?: \(|, )([0-9.]+) MiB between ranks)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(line, m, re)) << line;
+  const int holders = std::stoi(m[1]);
+  if (holders == survivors) return;
+  EXPECT_GE(holders, 1) << line;
+  EXPECT_LT(holders, survivors) << line;
+  EXPECT_GT(std::stod(m[2]), 0) << "those one step behind get a replica\n" << line;
+  std::printf("[ says     ] %d of %d survivors held the newest step (the kill caught its "
+              "statistics exchange)\n", holders, survivors);
 }
 
 // The phases' worlds are `worlds` in order, the first in epoch 1, each later one in a later
