@@ -98,8 +98,9 @@ double predict_ms(const Row& r, const Family& f, const planner::CostModel& cm,
   double ms = c.step_s * 1e3;
   if (split && !c.ranks.empty())
     *split = {c.ranks[0].compute_s * 1e3, (c.ranks[0].comm_s + c.ranks[0].wait_s) * 1e3};
-  // step_ms also covers what the multi-rank trainer does after the plan's program.
-  return ms + 1e3 * trainer_step_end_s(cm, r.world);
+  // simulate_plan counts the trainer's statistics exchange (planner/step_end.h), which
+  // step_ms covers too.
+  return ms;
 }
 
 constexpr const char* kHelp = R"(usage: weft bench scaling [--quick] [--steps N]

@@ -36,8 +36,8 @@ constexpr const char* kHelp =
   trains its top K candidates and the Megatron-style default (tp = a node, 1F1B,
   micro_batch 1, ZeRO-1, selective recompute) when it is not among them, each on real local
   ranks (`weft run --standalone`, one process and one BLAS thread per rank), and prints per
-  candidate the predicted step (the search's stage model plus the trainer's per-step
-  gathers), the measured step (the median step_ms after the first step; with rounds, the
+  candidate the predicted step (the search's stage model, which counts the trainer's
+  statistics exchange), the measured step (the median step_ms after the first step; with rounds, the
   least of the rounds' medians), the error and both rankings; then the searched
   (top-predicted) plan's measured step over the best measured one, and the median |error|.
   Cost model: `weft plan`'s, this machine's calibration (`weft calibrate`) when there is one,
@@ -207,8 +207,7 @@ int run_search_bench(const std::vector<std::string>& argv) {
       config.c_str(), (long long)world, (long long)sr.evaluated, (long long)sr.fitting, sr.seconds,
       rows.size(), a.flag("--all-variants") ? "the raw top K" : "the best of each shape");
   if (!megatron_note.empty()) std::printf("%s\n", megatron_note.c_str());
-  const double end_ms = 1e3 * trainer_step_end_s(so.cost, int(world));
-  for (Row& r : rows) r.predicted_ms = r.cand.pred.step_s * 1e3 + end_ms;
+  for (Row& r : rows) r.predicted_ms = r.cand.pred.step_s * 1e3;
   const bool waits = !so.cost.sync_wait_by_burst.empty();
   if (waits) {
     planner::SearchOptions plain = so;
@@ -221,7 +220,7 @@ int run_search_bench(const std::vector<std::string>& argv) {
     }
     for (Row& r : rows)
       for (const planner::Candidate& c : all)
-        if (same_layout(c.layout, r.cand.layout)) r.nowait_ms = c.pred.step_s * 1e3 + end_ms;
+        if (same_layout(c.layout, r.cand.layout)) r.nowait_ms = c.pred.step_s * 1e3;
   }
 
   // ---- the runs: each candidate's job written out whole, trained for `steps` steps ----
@@ -279,9 +278,9 @@ int run_search_bench(const std::vector<std::string>& argv) {
   rank_rows(
       rows, [](const Row& r) { return r.measured_ms; }, &Row::rank_meas);
   std::printf(
-      "\n== candidates (predicted: the search's stage model + %.2f ms of the trainer's "
-      "gathers; measured: median step_ms of steps 1..%d%s; error = (pred - meas) / meas)\n",
-      end_ms, steps - 1, rounds > 1 ? ", the least of the rounds'" : "");
+      "\n== candidates (predicted: the search's stage model, the trainer's statistics exchange "
+      "included; measured: median step_ms of steps 1..%d%s; error = (pred - meas) / meas)\n",
+      steps - 1, rounds > 1 ? ", the least of the rounds'" : "");
   std::printf("%-3s | %-62s | %12s | %11s | %8s | %9s | %9s\n", "#", "layout", "predicted ms",
               "measured ms", "error", "pred rank", "meas rank");
   std::vector<double> errs;

@@ -263,9 +263,4 @@ LayoutTimes run_layout(const std::string& config, const std::vector<std::string>
   return r;
 }
 
-double trainer_step_end_s(const planner::CostModel& cm, int world) {
-  if (world <= 1) return 0;
-  return 2 * cm.collective(planner::CollKind::kAllGather, world, 64 * world, false, world);
-}
-
 }  // namespace weft::launch

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "launch/args.h"
-#include "planner/cost.h"
 
 namespace weft::launch {
 
@@ -52,11 +51,5 @@ struct LayoutTimes {
 // failed. Never throws: failures land in `error`. `tag` names the temporary folder.
 LayoutTimes run_layout(const std::string& config, const std::vector<std::string>& sets, int world,
                        int steps, const std::string& tag);
-
-// What the multi-rank trainer adds to a step after the plan's program, in seconds: the loss
-// and gradient norm gathered from every rank (parallel/trainer.cc all_gather_values: one
-// all_gather of the counts, one of the values). 0 at world 1. Neither simulate_plan nor the
-// search's stage model counts it; metrics step_ms does.
-double trainer_step_end_s(const planner::CostModel& cm, int world);
 
 }  // namespace weft::launch

@@ -139,6 +139,7 @@ struct CostAnnotations {
   std::vector<RankCost> ranks;
   double step_s = 0, bubble = 0;
   double pipeline_estimate_s = 0;  // sum of stage times + (m-1) x the slowest stage
+  double exchange_s = 0;  // the trainer's statistics exchange (step_end.h), in every rank's step
   std::vector<double> stage_s;     // per stage: one micro-batch's forward + backward
   double planning_s = 0;
 };

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "planner/step_end.h"
+
 namespace weft::planner {
 namespace {
 
@@ -94,7 +96,26 @@ CostAnnotations simulate_plan(const Plan& plan, const core::Graph& g, const Cost
       r = retime(plan, g, schedule, checked, opt);
     }
   }
+  // The trainer's statistics exchange before the optimizer (step_end.h), as the stage model
+  // charges it: after the largest role's optimizer compute, added to every rank's step (the
+  // exchange spans the world, so the ranks leave it together; their optimizers differ little).
+  double optimizer = 0;
+  for (size_t ri = 0; ri < plan.roles.size(); ++ri) {
+    double t = 0;
+    const Role& role = plan.roles[ri];
+    for (size_t i = 0; i < role.program.size(); ++i)
+      if (role.program[i].kind == InstrKind::kCompute && g.op(role.program[i].op).type == "adamw")
+        t += shared.compute(work[ri][i], plan.world());
+    optimizer = std::max(optimizer, t);
+  }
+  const double exchange =
+      trainer_exchange_s(cost, plan.world(), optimizer, plan.world() > cost.ranks_per_node);
+  for (RankCost& rc : r.ranks) {
+    rc.step_s += exchange;
+    rc.comm_s += exchange;
+  }
   CostAnnotations c;
+  c.exchange_s = exchange;
   c.valid = r.errors.empty();
   c.model = cost;
   c.ranks = std::move(r.ranks);

@@ -11,6 +11,7 @@
 #include "planner/partition.h"
 #include "planner/policy.h"
 #include "planner/schedule.h"
+#include "planner/step_end.h"
 
 namespace weft::planner {
 namespace {
@@ -200,6 +201,8 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
         sc.embed_param_bytes += bytes, ++sc.embed_param_count;
       else
         sc.head_param_bytes += bytes, ++sc.head_param_count;
+      if (where == -2 && seen_param[{-1, op.inputs[i]}])
+        sc.tied_param_bytes += bytes, ++sc.tied_param_count;
     }
     // The residual stream between layers crosses a stage boundary (B, T, C) whole on every lane.
     if (layer == 0 && sc.boundary_bytes == 0 && !s.ins.empty())
@@ -261,6 +264,7 @@ ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cos
   if (chunk == chunks - 1) {
     c.fwd += sc.head_fwd, c.bwd += sc.head_bwd;
     params += sc.head_param_bytes, count += sc.head_param_count;
+    if (chunk == 0) params -= sc.tied_param_bytes, count -= sc.tied_param_count;
   }
   // Stage boundaries: the activation arrives before a forward, its gradient before a backward,
   // each message waiting as a collective of two after the sender's unit (CostModel::sync_wait;
@@ -322,6 +326,7 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
     for (int64_t i = begin; i < end; ++i) p += sc.param_bytes[size_t(i)];
     if (c == 0) p += sc.embed_param_bytes;
     if (c == chunks - 1) p += sc.head_param_bytes;
+    if (chunks == 1) p -= sc.tied_param_bytes;  // one tensor, its gradient synced once
     // ZeRO-0/1 reduce a chunk's gradients once they are complete, blocking, inside its last
     // backward unit (lower_step.cc's sync_grad): before the gradient goes on to the previous
     // stage, so the reductions of successive stages add up along the pipeline's tail.
@@ -349,6 +354,7 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
   const bool tied = !m.is_llama() || m.tie_embeddings;
   const double elem = sc.grad_elem;
   std::vector<double> end_s(size_t(pp), 0);
+  double optimizer_s = 0;  // the largest stage's AdamW
   for (int s = 0; s < pp; ++s) {
     const double bytes = stage_params[size_t(s)];
     double t = 0;
@@ -371,12 +377,19 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
            sync_waits(cost, 1, 0, replica * l.deg.dp, cross.world);
     const double n = bytes / elem / double(l.zero >= 1 ? shards : 1);
     OpWork adamw{15 * n, 7 * n * elem, rated_op("adamw")};  // op_work's count for adamw
+    optimizer_s = std::max(optimizer_s, cost.compute(adamw));
     t += cost.compute(adamw);
     end_s[size_t(s)] = t;
   }
+  // The trainer's statistics exchange before the optimizer (step_end.h), as simulate_plan
+  // charges it: after the slowest stage's optimizer compute.
+  const int64_t world = l.deg.dp * l.deg.tp * l.deg.pp * l.deg.ep;
+  const double exchange = trainer_exchange_s(cost, int(world), optimizer_s,
+                                             cross.dp || cross.tp || cross.pp || cross.ep);
   Prediction p;
   p.pipeline_s = timing.makespan;
-  p.step_s = timing.makespan + *std::max_element(end_s.begin(), end_s.end());
+  p.exchange_s = exchange;
+  p.step_s = timing.makespan + *std::max_element(end_s.begin(), end_s.end()) + exchange;
   double idle = 0;
   for (int s = 0; s < pp; ++s)
     idle += p.step_s > 0 ? 1.0 - (timing.busy[size_t(s)] + end_s[size_t(s)]) / p.step_s : 0;

@@ -28,6 +28,10 @@ struct SplitCosts {
   std::vector<int> param_count;
   double embed_param_bytes = 0, head_param_bytes = 0;
   int embed_param_count = 0, head_param_count = 0;
+  // Of the head's parameters, those the embedding reads too (a tied embedding): one tensor
+  // where one chunk holds both ends (pp 1), counted in each above.
+  double tied_param_bytes = 0;
+  int tied_param_count = 0;
   double boundary_bytes = 0;  // the activation one micro-batch sends across a stage boundary
   double grad_elem = 4;       // bytes per gradient element
   // Tensor- and expert-parallel collectives of one micro-batch through every layer, the
@@ -73,6 +77,7 @@ struct Prediction {
   double memory_bytes = 0;          // the largest stage's estimate
   std::vector<double> stage_bytes;  // per stage
   double pipeline_s = 0;            // the schedule's makespan (before the step-end work)
+  double exchange_s = 0;            // the trainer's statistics exchange (step_end.h), in step_s
 };
 
 // Micro-batches of activations each stage holds at its peak under the schedule.

@@ -71,6 +71,9 @@ TEST(CollectiveRates, TheStageModelPricesZeroOnesReduceScatterAtItsRate) {
   const SplitCosts sc = split_costs(mg.graph, fast, s.train.global_batch / 2, 1, 1, 2, cross);
   double params = sc.embed_param_bytes + sc.head_param_bytes;
   for (double p : sc.param_bytes) params += p;
+  // The tied embedding is one tensor where one stage holds both ends.
+  EXPECT_EQ(sc.tied_param_bytes, double(s.model.vocab * s.model.dim) * sc.grad_elem);
+  params -= sc.tied_param_bytes;
   const double wire = double(wire_bytes(CollKind::kReduceScatter, 2, int64_t(params)));
   EXPECT_NEAR(step(slow) - step(fast), wire * (10 - 1) / fast.bw_intra, 1e-3 * wire / fast.bw_intra);
 }

@@ -65,6 +65,9 @@ TEST(OpRates, TheOptimizerTermIsPricedAtAdamwsRate) {
   const SplitCosts sc = split_costs(mg.graph, fast, s.train.global_batch, 1, 1, 2, cross);
   double params = sc.embed_param_bytes + sc.head_param_bytes;
   for (double p : sc.param_bytes) params += p;
+  // The tied embedding is one tensor where one stage holds both ends.
+  EXPECT_EQ(sc.tied_param_bytes, double(s.model.vocab * s.model.dim) * sc.grad_elem);
+  params -= sc.tied_param_bytes;
   const double n = params / sc.grad_elem;
   auto step = [&](const CostModel& m) {
     return predict(s.model, sc, l, m, cross, stage_in_flight(l.schedule, 1, 1, 4)).step_s;

@@ -1,0 +1,17 @@
+// The trainer's statistics exchange, priced for simulate_plan and the stage model alike.
+#include "planner/step_end.h"
+
+namespace weft::planner {
+
+double trainer_exchange_s(const CostModel& cost, int world, double optimizer_s, bool cross_node) {
+  if (world <= 1) return 0;
+  // all_gather_values: one int64 count per rank, then that rank's statistics as f64 (the
+  // loss and the gradient norm with their addend indices: 8 values on a dp rank).
+  const int64_t counts = 8 * int64_t(world), values = 64 * int64_t(world);
+  return cost.collective(CollKind::kAllGather, world, counts, cross_node, world) +
+         cost.sync_wait(0, world, world) +
+         cost.collective(CollKind::kAllGather, world, values, cross_node, world) +
+         cost.sync_wait(optimizer_s, world, world);
+}
+
+}  // namespace weft::planner
