@@ -77,11 +77,13 @@ void DestinationPrefault::expect(std::vector<size_t> sizes) {
   faulted_ = 0;
 }
 
-void DestinationPrefault::trim() {
+size_t DestinationPrefault::trim() {
   stop();
   persistent_.trim();
   has_sizes_ = false;
+  const size_t n = faulted_;
   faulted_ = 0;
+  return n;
 }
 
 size_t DestinationPrefault::wait() {

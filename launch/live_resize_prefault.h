@@ -7,7 +7,10 @@
 // known (a graceful leave's or a join's notice, a failure) while the membership is agreed,
 // for the world it expects (the notice's when there is one, else the nearest likely one; a
 // different outcome re-targets the reserve, which trims what the new sizes do not want).
-// One mechanism, memory::RecyclingAllocator::reserve, for both.
+// One mechanism, memory::RecyclingAllocator::reserve, for both. Nobody waits for it: the
+// trainer and the router allocate meanwhile, a block it has faulted in serves its size, the one
+// it is faulting is waited for, and the sizes it has not reached are faulted by their
+// writers (the faults split between the two threads).
 #pragma once
 
 #include <cstdint>
@@ -60,8 +63,9 @@ class DestinationPrefault {
   // wait).
   size_t wait();
   // Stops one in progress and returns every kept block (RecyclingAllocator::trim): the
-  // world is entered, and a later start() for the same sizes faults them in again.
-  void trim();
+  // world is entered, and a later start() for the same sizes faults them in again. Returns
+  // what the last reserve faulted in and kept (its blocks served requests, or were trimmed).
+  size_t trim();
   // Whether a reserve is in progress or done and not yet waited for.
   bool started() const { return thread_.joinable(); }
 

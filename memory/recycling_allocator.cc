@@ -54,6 +54,12 @@ void* RecyclingAllocator::allocate(size_t bytes, Tag tag) {
   void* p = nullptr;
   if (bytes >= min_bytes_) {
     auto it = kept_.find(bytes);
+    // A block of this size being faulted in: waiting for it costs at most what faulting a
+    // new one would (less once it is part done).
+    while (it == kept_.end() && expecting_ && in_flight_[bytes] > 0) {
+      landed_.wait(lock);
+      it = kept_.find(bytes);
+    }
     if (it != kept_.end()) {
       p = it->second;
       kept_.erase(it);
@@ -145,26 +151,46 @@ size_t RecyclingAllocator::reserve(const std::vector<size_t>& sizes, size_t max_
     // Before allocating anything: what goes back lowers the peak that the new blocks raise.
     for (void* p : unwanted) base_.free(p);
   }
+  // Whether a block of `bytes` is still wanted: expected requests of its size outnumber the
+  // kept blocks and those other reserves are faulting in.
+  auto wanted = [&](size_t bytes) {
+    const auto e = expected_.find(bytes);
+    return generation_ == gen && e != expected_.end() &&
+           e->second > kept_.count(bytes) + in_flight_[bytes];
+  };
   size_t added = 0;
   for (size_t bytes : missing) {
     if (bytes > max_new_bytes - added) continue;  // a smaller one later may still fit
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (generation_ != gen) break;  // a newer expectation (or a trim) replaced this one
+      if (!wanted(bytes)) continue;   // requests of its size came first
+      ++in_flight_[bytes];
     }
-    void* p = base_.allocate(bytes, Tag::kOther);
-    fault_in(p, bytes);
+    void* p = nullptr;
+    try {
+      p = base_.allocate(bytes, Tag::kOther);
+      fault_in(p, bytes);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      --in_flight_[bytes];
+      landed_.notify_all();
+      if (p) base_.free(p);
+      throw;
+    }
     std::unique_lock<std::mutex> lock(mu_);
-    const auto e = expected_.find(bytes);
-    if (generation_ != gen || e == expected_.end() || e->second <= kept_.count(bytes)) {
-      lock.unlock();  // taken meanwhile by a request of its size, or no longer expected
-      base_.free(p);
-      continue;
+    --in_flight_[bytes];
+    const bool keep = wanted(bytes);
+    if (keep) {
+      kept_.emplace(bytes, p);
+      bytes_kept_ += bytes;
+      added += bytes;
+      update_reserved_locked();
     }
-    kept_.emplace(bytes, p);
-    bytes_kept_ += bytes;
-    added += bytes;
-    update_reserved_locked();
+    landed_.notify_all();
+    if (keep) continue;
+    lock.unlock();  // no longer expected (a newer expectation, a trim)
+    base_.free(p);
   }
   return added;
 }

@@ -9,6 +9,7 @@
 // memory runs at memcpy speed, 18 GB/s on the bench host; into fresh memory at 2 GB/s).
 #pragma once
 
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -34,7 +35,9 @@ class RecyclingAllocator final : public Allocator {
   // least min_bytes that finds none returns every kept block to `base` first: kept blocks
   // beside a new allocation would raise the peak above what it was without this allocator.
   // With one, every kept block is one that an expected request will take, so none goes back;
-  // the request counts against the expectation of its size. Thread-safe.
+  // the request counts against the expectation of its size, and one whose size a reserve is
+  // faulting in right now waits for that block (it would fault as many pages itself) rather
+  // than allocating another. Thread-safe.
   void* allocate(size_t bytes, Tag tag = Tag::kOther) override;
   // Without an expectation: keeps a block of at least min_bytes, returns a smaller one to
   // `base`. With one: keeps it only while expected requests of its size outnumber the kept
@@ -55,8 +58,11 @@ class RecyclingAllocator final : public Allocator {
   // unspecified. A process that will need that memory and waits for something else (a
   // newcomer of an online resize while the world forms; a survivor while the membership is
   // agreed) calls it from a thread of its own, so that the state it receives lands in pages
-  // that exist. A later call, or trim(), stops a call in progress after its current block.
-  // Returns the bytes it allocated. Thread-safe.
+  // that exist. Requests may come meanwhile, from other threads: a size it has faulted in is
+  // served from its block, the one it is faulting waits for it, and one it has not reached
+  // yet is allocated from `base` and no longer reserved (the faults split between the
+  // threads). Before each block it skips sizes no longer expected; a later call, or trim(),
+  // stops it after its current block. Returns the bytes it allocated and kept. Thread-safe.
   size_t reserve(const std::vector<size_t>& sizes, size_t max_new_bytes = SIZE_MAX);
   // Returns every kept block to `base` and drops the expectation. Thread-safe.
   void trim();
@@ -81,6 +87,8 @@ class RecyclingAllocator final : public Allocator {
   // trim bumps `generation_`, which stops a reserve in progress.
   bool expecting_ = false;
   std::map<size_t, size_t> expected_;
+  std::map<size_t, size_t> in_flight_;  // blocks a reserve is faulting in, by size
+  std::condition_variable landed_;      // a block in flight was kept or dropped
   uint64_t generation_ = 0;
   AllocatorStats stats_;
 };

@@ -10,6 +10,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "base/error.h"
@@ -172,6 +175,45 @@ TEST(RecyclingAllocator, AReservedBlockIsResidentBeforeItsFirstWrite) {
   for (unsigned char v : vec) resident += v & 1;
   EXPECT_EQ(resident, n);
   a.free(p);
+}
+
+// A base allocator whose allocations wait at a gate until the test opens it, counting them.
+class GatedAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes, Tag tag) override {
+    entered = true;
+    while (!open) std::this_thread::yield();
+    ++allocs;
+    return host.allocate(bytes, tag);
+  }
+  void free(void* p) override { host.free(p); }
+  AllocatorStats stats() const override { return host.stats(); }
+  std::string name() const override { return "gated"; }
+  HostAllocator host;
+  std::atomic<bool> entered{false}, open{false};
+  std::atomic<int> allocs{0};
+};
+
+// A request for the size a reserve is faulting in on another thread waits for that block
+// instead of faulting a second one (the router's first destinations while a survivor's
+// reserve is still running); the reserve then keeps nothing for it.
+TEST(RecyclingAllocator, ARequestForTheSizeInFlightWaitsForTheReservedBlock) {
+  GatedAllocator base;
+  RecyclingAllocator a(base, 1024);
+  std::thread reserving([&] { a.reserve({size_t(1) << 20}); });
+  while (!base.entered) std::this_thread::yield();  // the block is in flight now
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // lets the request wait first
+    base.open = true;
+  });
+  void* p = a.allocate(size_t(1) << 20);
+  opener.join();
+  reserving.join();
+  EXPECT_EQ(base.allocs, 1) << "one block, faulted by the reserve";
+  EXPECT_EQ(a.reused(), 1u);
+  EXPECT_EQ(a.bytes_kept(), 0u);
+  a.free(p);
+  EXPECT_EQ(base.host.stats().bytes_live, 0u) << "no longer expected: back to the base";
 }
 
 }  // namespace
