@@ -10,6 +10,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -71,8 +72,8 @@ class RecyclingAllocator final : public Allocator {
   size_t reused() const;
 
  private:
-  // Kept blocks of `bytes` beyond what the expectation wants of that size (all of them
-  // without an expectation): moved to `out` for the caller to free outside the lock.
+  // The kept blocks beyond what the expectation wants of their size (all of them without an
+  // expectation): moved to `out` for the caller to free outside the lock.
   void take_unwanted_locked(std::vector<void*>& out);
   void trim_locked();
   void update_reserved_locked();
