@@ -7,10 +7,10 @@
 // known (a graceful leave's or a join's notice, a failure) while the membership is agreed,
 // for the world it expects (the notice's when there is one, else the nearest likely one; a
 // different outcome re-targets the reserve, which trims what the new sizes do not want).
-// One mechanism, memory::RecyclingAllocator::reserve, for both. Nobody waits for it: the
-// trainer and the router allocate meanwhile, a block it has faulted in serves its size, the one
-// it is faulting is waited for, and the sizes it has not reached are faulted by their
-// writers (the faults split between the two threads).
+// One mechanism, memory::RecyclingAllocator::reserve, for both. Allocations may come while it
+// runs (a block it has faulted in serves its size, the one it is faulting is waited for, the
+// sizes it has not reached are faulted by their writers), but the entry waits for it before
+// building the trainer: the router faulting beside it on the same cores measured slower.
 #pragma once
 
 #include <cstdint>
