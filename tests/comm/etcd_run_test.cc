@@ -186,7 +186,7 @@ TEST(EtcdRun, LiveReshardKeepsTheSurvivorsWhenANodeIsLost) {
   for (int i : {node0, other}) EXPECT_EQ(agents.wait(pids[size_t(i)]), 0) << log_of(i);
   const std::string lead = log_of(node0);
   EXPECT_NE(lead.find("resize: epoch 1 -> 2, world 3 -> 2"), std::string::npos) << lead;
-  EXPECT_NE(lead.find("state from 2 holders through the router"), std::string::npos) << lead;
+  live::expect_state_from_survivors(lead, 2);  // the kill may leave one a step behind
   expect_same_losses(d / "one" / "out" / "metrics.jsonl", d / "out" / "metrics.jsonl", steps,
                      false, 1e-6);
   fs::remove_all(d);

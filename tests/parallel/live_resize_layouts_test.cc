@@ -261,7 +261,9 @@ TEST(LiveResize, Tp2Dp2UnderLayoutAutoShrinksToDp3AndGrowsBackToTp2) {
   const Outcome o = kill_then_join(c);
   if (o.resizes.size() != 2) return;
   EXPECT_TRUE(has(o.resizes[0], "world 4 -> 3 (dp 3 x tp 1 x pp 1")) << o.resizes[0];
-  EXPECT_TRUE(has(o.resizes[0], "state from 3 holders through the router")) << o.resizes[0];
+  // Any two survivors at the newest step hold both tp halves between them (a kill may
+  // leave one a step behind: it is sent what it needs).
+  expect_state_from_survivors(o.resizes[0], 3);
   EXPECT_TRUE(has(o.resizes[1], "world 3 -> 4 (dp 2 x tp 2 x pp 1")) << o.resizes[1];
   EXPECT_NE(o.logs.find("elastic.layout: auto: the job's degrees do not fit a world of 3; "
                         "training it as tp 2 -> 1"),
