@@ -343,7 +343,7 @@ std::string hardware_to_yaml(const Hardware& hw) {
   }
   if (!hw.sync_wait_oversub_by_burst.empty()) {
     os << "sync_wait_oversub_by_burst:  # the same with more ranks than cores (replaces "
-          "launch_oversub there), beyond its price less launch_oversub\n";
+          "launch_oversub there), beyond its price without launch_oversub\n";
     for (const auto& [x, w] : hw.sync_wait_oversub_by_burst)
       os << "  - [" << num(x) << ", " << num(w) << "]\n";
   }
