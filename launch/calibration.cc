@@ -137,6 +137,14 @@ constexpr SyncBurst kSyncBursts[] = {{"sync_ar_4B_b1", 800, 1},
                                      {"sync_ar_4B_b20", 100, 20},
                                      {"sync_ar_4B_b100", 30, 100},
                                      {"sync_ar_4B_b400", 10, 400}};
+// The same loop with more processes than cores, on pairs (every process looping, as the
+// tensor- and pipeline-parallel pairs of an oversubscribed layout run): a call costs a few
+// ms there, so fewer calls give the same 0.3-0.6 s a point; no 400-filler point (a
+// data-parallel step's long bursts: an oversubscribed tiny layout has none).
+constexpr SyncBurst kSyncBurstsOversub[] = {{"sync_pair_4B_b1", 200, 1},
+                                            {"sync_pair_4B_b4", 100, 4},
+                                            {"sync_pair_4B_b20", 30, 20},
+                                            {"sync_pair_4B_b100", 8, 100}};
 
 // Each rated op type's kernel rate (CostModel::op_rates): a small GPT's training steps
 // (config S's width on 2 layers, one micro-batch of 4 x 128 tokens) with the trainer's
@@ -310,6 +318,23 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
                   hw.sync_wait_by_burst.back().second * 1e6);
     waits += one;
   }
+  // The same above the cores, at the first probe world there (its pairs' all-reduce): what
+  // each call cost beyond its price without launch_oversub, which this curve replaces.
+  std::string over;
+  for (const auto& [n, m] : pr) {
+    if (n <= hw.cores || !hw.sync_wait_oversub_by_burst.empty()) continue;
+    for (const SyncBurst& b : kSyncBurstsOversub) {
+      const double t = got(n, b.name), burst = got(n, std::string(b.name) + "_burst");
+      if (!(std::isfinite(t) && std::isfinite(burst) && burst > 0)) continue;
+      auto& curve = hw.sync_wait_oversub_by_burst;
+      if (!curve.empty() && burst <= curve.back().first) continue;
+      curve.push_back({burst, std::max(0.0, t - price)});
+      char one[64];
+      std::snprintf(one, sizeof one, " %.2f ms: %.0f us", burst * 1e3, curve.back().second * 1e6);
+      over += one;
+    }
+    if (!over.empty()) over = " (" + std::to_string(n) + " processes, pairs)" + over;
+  }
   char line[256];
   std::snprintf(line, sizeof line,
                 "link fit over %zu probes (least squares, relative): latency %.0f us, bw %.2f GB/s, "
@@ -318,7 +343,7 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
                 100 * f.rms_relative_error, 100 * f.worst_relative_error, f.worst.c_str());
   return std::string(line) + "\ncollective wire rates by kind and size (GB/s):" + rates +
          "\na collective's mean wait beyond its price, by the compute before it (2 processes):" +
-         waits;
+         waits + (over.empty() ? "" : "\nthe same with more processes than cores" + over);
 }
 
 }  // namespace
@@ -413,7 +438,7 @@ int probe_worker(const std::string& path) {
   // (a thread descheduled or woken late) as a wait in the collective: the medians above
   // leave both out. At bursts from 50 us (tensor parallelism's, between its small
   // collectives) to 20 ms (a data-parallel step's compute before its gradient all-reduce):
-  // CostModel::sync_wait_by_burst. Only within the cores (above them, launch_oversub's probes).
+  // CostModel::sync_wait_by_burst; above the cores on pairs, sync_wait_oversub_by_burst.
   auto sync_mean = [&](const char* name, int iters, int burst, const std::function<void()>& op) {
     c.barrier().wait();
     double bursts = 0;
@@ -437,6 +462,10 @@ int probe_worker(const std::string& path) {
     sync_mean("sync_ag_64KiB_b2", 400, 2, [&] { c.all_gather(k64, part).wait(); });
     for (const auto& [name, iters, burst] : kSyncBursts)
       sync_mean(name, iters, burst, [&] { c.all_reduce(small).wait(); });
+  } else {
+    // More processes than cores: CostModel::sync_wait_oversub_by_burst.
+    for (const auto& [name, iters, burst] : kSyncBurstsOversub)
+      sync_mean(name, iters, burst, [&] { pair.all_reduce(small).wait(); });
   }
   auto t0 = Clock::now();
   for (int i = 0; i < 20; ++i) filler();

@@ -17,7 +17,7 @@ namespace weft::launch {
 
 struct CalibrationOptions {
   // World sizes of the Gloo probe (even, >= 2): 2 fits the link terms; worlds above this
-  // machine's cores fit launch_oversub.
+  // machine's cores fit launch_oversub, and the first of them sync_wait_oversub_by_burst.
   std::vector<int> probe_worlds = {2, 4};
   // Probes per world; each key keeps the median (about 1-2 s a probe).
   int probe_repeats = 3;

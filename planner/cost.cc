@@ -63,7 +63,7 @@ double CostModel::collective(CollKind k, int n, int64_t bytes, bool cross_node, 
   double a = cross_node ? alpha_inter : alpha_intra, bw = cross_node ? bw_inter : coll_bw(k, bytes);
   double steps = k == CollKind::kAllReduce ? 2.0 * (n - 1) : double(n - 1);
   // The reductions and copies of the bytes are the rank's own work: time-shared too.
-  return launch + launch_oversub * oversub_weight(world) + steps * a +
+  return launch + oversub_launch(world) + steps * a +
          double(wire_bytes(k, n, bytes)) / bw * sharing(world);
 }
 
@@ -98,8 +98,9 @@ double CostModel::coll_bw(CollKind k, int64_t bytes) const {
 }
 
 double CostModel::sync_wait(double burst, int n, int world) const {
-  if (n <= 1 || sync_wait_by_burst.empty() || oversub_weight(world) > 0) return 0;
-  return interpolate_log(sync_wait_by_burst, std::max(burst, 1e-9));
+  if (n <= 1) return 0;
+  const auto& curve = oversub_weight(world) > 0 ? sync_wait_oversub_by_burst : sync_wait_by_burst;
+  return curve.empty() ? 0 : interpolate_log(curve, std::max(burst, 1e-9));
 }
 
 double CostModel::compute_alone(double flop, double bytes) const {

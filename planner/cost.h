@@ -88,6 +88,15 @@ struct CostModel {
   // (rvd.cc), so that it moves predictions and never a plan; a pipeline message pays it as
   // a collective of two (measured on a 2-rank all-reduce, itself an exchange of messages).
   std::vector<std::pair<double, double>> sync_wait_by_burst;
+  // The same wait where a node runs more ranks than cores, beyond the call's price less
+  // launch_oversub (which it replaces: `weft calibrate`'s step-like loop on pairs of the
+  // first probe world above the cores, all of them looping). There a woken rank waits for a
+  // time slice of a core others compute on, which the longer its peers' bursts the less it
+  // has to (4 processes on 2 cores: about 3 ms a call after 0.13 ms of compute, 1.4 ms after
+  // 1 ms), where launch_oversub, timed on isolated calls, charges every call alike. Empty
+  // (the default, and on GPUs): launch_oversub as before. Read by the simulator and the
+  // stage model only; the layout search keeps launch_oversub, so no plan changes.
+  std::vector<std::pair<double, double>> sync_wait_oversub_by_burst;
 
   // Ring algorithms: launch + all_reduce 2(n-1) steps moving 2(n-1)/n of `bytes`;
   // all_gather and reduce_scatter (n-1) steps moving (n-1)/n of the full buffer `bytes`;
@@ -118,8 +127,22 @@ struct CostModel {
   // Seconds a collective waits beyond collective() after `burst` seconds of the ranks' own
   // compute since their previous one: sync_wait_by_burst interpolated linearly in
   // log(burst) and clamped at its ends; 0 without the curve, at a group of one and where
-  // the node runs more ranks than cores (launch_oversub prices that regime, measured there).
+  // the node runs more ranks than cores, where sync_wait_oversub_by_burst is read instead
+  // (0 without it: launch_oversub prices that regime).
   double sync_wait(double burst, int n, int world = 0) const;
+  // The wait a pipeline message pays, as a collective of two, after the longer of its two
+  // ranks' bursts: sync_wait within the cores; 0 where the node is oversubscribed (no
+  // launch_oversub either: the executor posts receives ahead, so a message leaves at send
+  // time; the oversubscribed curve was measured on all-reduces).
+  double message_wait(double burst, int world = 0) const {
+    return oversub_weight(world) > 0 ? 0 : sync_wait(burst, 2, world);
+  }
+  // What a collective call pays for oversubscription in its fixed part: launch_oversub where
+  // the node runs more ranks than cores, unless sync_wait_oversub_by_burst prices that
+  // regime (then 0 here and the curve in sync_wait).
+  double oversub_launch(int world) const {
+    return sync_wait_oversub_by_burst.empty() ? launch_oversub * oversub_weight(world) : 0;
+  }
   // How many times slower a rank computes when `world` ranks share the node's cores: 1 with
   // cores = 0 or no more ranks on a node than cores.
   double sharing(int world) const;

@@ -405,7 +405,7 @@ class Engine {
             // A message synchronises its two ranks as a collective of two does: it leaves
             // late by the wait of the longer burst (the receiver waits only if it is there
             // first).
-            transfer += opt_.cost->sync_wait(std::max(m.burst, R.burst), 2, plan_.world());
+            transfer += opt_.cost->message_wait(std::max(m.burst, R.burst), plan_.world());
           }
           R.clock = std::max(R.clock, t + transfer);
           R.burst = 0;

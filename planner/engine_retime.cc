@@ -133,7 +133,7 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
           const size_t send = size_t(schedule.recv_send.at(recvs++));
           const double t = sent.at(send);
           const double transfer = cost.p2p(bytes, r / rpn != peer / rpn, world) +
-                                  cost.sync_wait(std::max(sent_burst[send], R.burst), 2, world);
+                                  cost.message_wait(std::max(sent_burst[send], R.burst), world);
           R.clock = std::max(R.clock, t + transfer);
           R.burst = 0;
           const double moving = std::min(transfer, R.clock - start);

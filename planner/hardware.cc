@@ -158,6 +158,7 @@ CostModel Hardware::cost_model(const std::string& dtype) const {
   if (dtype == "f32") m.flops_by_size = flops_by_size, m.op_rates = op_rates;
   m.coll_bw_by_size = coll_bw_by_size;
   m.sync_wait_by_burst = sync_wait_by_burst;
+  m.sync_wait_oversub_by_burst = sync_wait_oversub_by_burst;
   return m;
 }
 
@@ -219,12 +220,15 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
       hw.flops_by_size.push_back({x, r});
     }
   }
-  if (const YAML::Node pts = root["sync_wait_by_burst"]) {
+  // The two wait curves share a form: [burst s, wait s] points, ascending in burst.
+  auto wait_curve = [&](const char* key, std::vector<std::pair<double, double>>& out) {
+    const YAML::Node pts = root[key];
+    if (!pts) return;
+    const std::string name = std::string("hardware.") + key;
     const char* form = "expected [seconds of compute before the call, seconds of wait]";
-    if (!pts.IsSequence())
-      f.fail("hardware.sync_wait_by_burst", std::string("expected a list of ") + form);
+    if (!pts.IsSequence()) f.fail(name, std::string("expected a list of ") + form);
     for (size_t i = 0; i < pts.size(); ++i) {
-      const std::string field = "hardware.sync_wait_by_burst[" + std::to_string(i) + "]";
+      const std::string field = name + "[" + std::to_string(i) + "]";
       double x = 0, w = 0;
       try {
         if (!pts[i].IsSequence() || pts[i].size() != 2) throw YAML::Exception(YAML::Mark(), "");
@@ -235,11 +239,13 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
       if (!(x > 0)) f.fail(field, "the burst must be > 0 seconds");
       if (!(w >= 0 && std::isfinite(w)))
         f.fail(field, "the wait must be a finite number of seconds >= 0");
-      if (!hw.sync_wait_by_burst.empty() && x <= hw.sync_wait_by_burst.back().first)
+      if (!out.empty() && x <= out.back().first)
         f.fail(field, "the points must be in ascending order of burst");
-      hw.sync_wait_by_burst.push_back({x, w});
+      out.push_back({x, w});
     }
-  }
+  };
+  wait_curve("sync_wait_by_burst", hw.sync_wait_by_burst);
+  wait_curve("sync_wait_oversub_by_burst", hw.sync_wait_oversub_by_burst);
   if (f.has("collective_bw_by_size")) {
     Fields c = f.sub("collective_bw_by_size");
     std::set<std::string> kinds;
@@ -288,7 +294,7 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
   }
   f.done({"name", "flops", "flops_efficiency", "memory", "ranks_per_node", "intra_node",
           "inter_node", "launch", "cpu", "flops_by_size", "collective_bw_by_size",
-          "sync_wait_by_burst", "op_rates", "machine", "calibrated_at", "measurements"});
+          "sync_wait_by_burst", "sync_wait_oversub_by_burst", "op_rates", "machine", "calibrated_at", "measurements"});
   return hw;
 }
 
@@ -333,6 +339,12 @@ std::string hardware_to_yaml(const Hardware& hw) {
     os << "sync_wait_by_burst:  # [seconds of compute before a collective, its mean wait beyond "
           "its price], at 2 ranks\n";
     for (const auto& [x, w] : hw.sync_wait_by_burst)
+      os << "  - [" << num(x) << ", " << num(w) << "]\n";
+  }
+  if (!hw.sync_wait_oversub_by_burst.empty()) {
+    os << "sync_wait_oversub_by_burst:  # the same with more ranks than cores (replaces "
+          "launch_oversub there), beyond its price without launch_oversub\n";
+    for (const auto& [x, w] : hw.sync_wait_oversub_by_burst)
       os << "  - [" << num(x) << ", " << num(w) << "]\n";
   }
   bool any_op = false;

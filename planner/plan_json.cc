@@ -158,6 +158,10 @@ void write_costs(W& w, const CostAnnotations& c) {
     w.key("sync_wait_by_burst");
     w.raw(json_pairs(c.model.sync_wait_by_burst));
   }
+  if (!c.model.sync_wait_oversub_by_burst.empty()) {  // likewise
+    w.key("sync_wait_oversub_by_burst");
+    w.raw(json_pairs(c.model.sync_wait_oversub_by_burst));
+  }
   w.raw("}");
   w.d("step_s", c.step_s), w.d("bubble", c.bubble), w.d("pipeline_estimate_s", c.pipeline_estimate_s);
   w.d("planning_s", c.planning_s);
@@ -468,6 +472,12 @@ Plan plan_from_json(const std::string& text) {
         if (pt.items.size() != 2)
           bad("costs.model.sync_wait_by_burst: each entry is [burst s, wait s]");
         k.model.sync_wait_by_burst.push_back({pt.items[0].number, pt.items[1].number});
+      }
+    if (const JsonValue* v = cm.find("sync_wait_oversub_by_burst"))  // only in calibrated plans
+      for (const JsonValue& pt : v->items) {
+        if (pt.items.size() != 2)
+          bad("costs.model.sync_wait_oversub_by_burst: each entry is [burst s, wait s]");
+        k.model.sync_wait_oversub_by_burst.push_back({pt.items[0].number, pt.items[1].number});
       }
     k.step_s = dbl(*co, "step_s"), k.bubble = dbl(*co, "bubble");
     k.pipeline_estimate_s = dbl(*co, "pipeline_estimate_s"), k.planning_s = dbl(*co, "planning_s");

@@ -55,7 +55,7 @@ double sync_waits(const CostModel& cost, int64_t count, double burst, int64_t n,
 
 double collective_at(const CostModel& cost, CollKind k, int n, int64_t bytes, bool cross_node, int world) {
   if (n <= 1) return 0;
-  return cost.collective(k, n, bytes, cross_node) + cost.launch_oversub * cost.oversub_weight(world);
+  return cost.collective(k, n, bytes, cross_node) + cost.oversub_launch(world);
 }
 
 Crossing crossing(const Degrees& deg, const std::vector<Axis>& order, int ranks_per_node) {
@@ -267,10 +267,10 @@ ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cos
     if (chunk == 0) params -= sc.tied_param_bytes, count -= sc.tied_param_count;
   }
   // Stage boundaries: the activation arrives before a forward, its gradient before a backward,
-  // each message waiting as a collective of two after the sender's unit (CostModel::sync_wait;
+  // each message waiting as a collective of two after the sender's unit (CostModel::message_wait;
   // after its last tensor-parallel call when the layers synchronise within the unit).
   auto message_wait = [&](double unit) {
-    return cost.sync_wait(sc.layer_calls > 0 ? 0.0 : unit, 2, cross.world);
+    return cost.message_wait(sc.layer_calls > 0 ? 0.0 : unit, cross.world);
   };
   if (chunk > 0) c.fwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp) + message_wait(c.fwd);
   if (chunk < chunks - 1)

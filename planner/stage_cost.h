@@ -49,7 +49,8 @@ struct Crossing {
 };
 // One collective of a candidate: CostModel::collective's launch, steps and bytes (the bytes
 // at one rank per core, as the layout search prices them: the simulator's processor
-// sharing is a fixed point of the finished plan), plus launch_oversub at `world`.
+// sharing is a fixed point of the finished plan), plus CostModel::oversub_launch at `world`
+// (launch_oversub, or 0 where sync_wait_oversub_by_burst prices an oversubscribed call).
 double collective_at(const CostModel& cost, CollKind k, int n, int64_t bytes, bool cross_node, int world);
 Crossing crossing(const Degrees& deg, const std::vector<Axis>& order, int ranks_per_node);
 
