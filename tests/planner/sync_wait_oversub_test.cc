@@ -159,18 +159,7 @@ TEST(SyncWaitOversub, HardwareFileAndPlanJsonCarryTheCurve) {
 }
 
 TEST(SyncWaitOversub, BadCurvesNameTheField) {
-  const std::string base = hardware_to_yaml(load_hardware("h100"));
-  auto err = [&](const std::string& curve) {
-    return std::string(
-        test_util::config_error([&] { hardware_from_yaml(base + curve, "t.yaml"); }).what());
-  };
-  EXPECT_NE(err("sync_wait_oversub_by_burst: [[1e-3, 1e-4], [1e-4, 2e-4]]\n")
-                .find("hardware.sync_wait_oversub_by_burst[1]"),
-            std::string::npos);
-  EXPECT_NE(err("sync_wait_oversub_by_burst: [[1e-3, -1]]\n").find("the wait must be"),
-            std::string::npos);
-  EXPECT_NE(err("sync_wait_oversub_by_burst: 3\n").find("hardware.sync_wait_oversub_by_burst"),
-            std::string::npos);
+  test_util::expect_bad_wait_curves_name_the_field("sync_wait_oversub_by_burst");
 }
 
 }  // namespace

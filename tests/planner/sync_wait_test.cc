@@ -228,21 +228,7 @@ TEST(SyncWait, HardwareFileAndPlanJsonCarryTheCurve) {
 }
 
 TEST(SyncWait, BadCurvesNameTheField) {
-  const std::string base = hardware_to_yaml(load_hardware("h100"));
-  auto err = [&](const std::string& curve) {
-    return std::string(
-        test_util::config_error([&] { hardware_from_yaml(base + curve, "t.yaml"); }).what());
-  };
-  EXPECT_NE(err("sync_wait_by_burst: [[1e-3, 1e-4], [1e-4, 2e-4]]\n")
-                .find("hardware.sync_wait_by_burst[1]"),
-            std::string::npos);
-  EXPECT_NE(err("sync_wait_by_burst: [[0, 1e-4]]\n").find("the burst must be > 0"),
-            std::string::npos);
-  EXPECT_NE(err("sync_wait_by_burst: [[1e-3, -1]]\n").find("hardware.sync_wait_by_burst[0]"),
-            std::string::npos);
-  EXPECT_NE(err("sync_wait_by_burst: [1e-3]\n").find("hardware.sync_wait_by_burst[0]"),
-            std::string::npos);
-  EXPECT_NE(err("sync_wait_by_burst: 3\n").find("hardware.sync_wait_by_burst"), std::string::npos);
+  test_util::expect_bad_wait_curves_name_the_field("sync_wait_by_burst");
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "core/config/job_spec.h"
+#include "planner/hardware.h"
 #include "planner/planner.h"
 #include "planner/rvd.h"
 
@@ -55,6 +56,23 @@ inline ConfigError config_error(const std::function<void()>& fn) {
   }
   ADD_FAILURE() << "expected a ConfigError";
   return ConfigError("", "");
+}
+
+// A hardware file's measured wait curve under `key` ([burst s, wait s] points, bursts
+// increasing): out-of-order bursts, a negative wait and a scalar are ConfigErrors naming the
+// key and the point.
+inline void expect_bad_wait_curves_name_the_field(const std::string& key) {
+  const std::string base = hardware_to_yaml(load_hardware("h100"));
+  auto err = [&](const std::string& curve) {
+    return std::string(config_error([&] { hardware_from_yaml(base + curve, "t.yaml"); }).what());
+  };
+  const std::string field = "hardware." + key;
+  EXPECT_NE(err(key + ": [[1e-3, 1e-4], [1e-4, 2e-4]]\n").find(field + "[1]"), std::string::npos);
+  EXPECT_NE(err(key + ": [[0, 1e-4]]\n").find("the burst must be > 0"), std::string::npos);
+  EXPECT_NE(err(key + ": [[1e-3, -1]]\n").find(field + "[0]"), std::string::npos);
+  EXPECT_NE(err(key + ": [[1e-3, -1]]\n").find("the wait must be"), std::string::npos);
+  EXPECT_NE(err(key + ": [1e-3]\n").find(field + "[0]"), std::string::npos);
+  EXPECT_NE(err(key + ": 3\n").find(field), std::string::npos);
 }
 
 // An RVD path's collectives as "kind/factor", in order (its chunks, which move nothing, left
