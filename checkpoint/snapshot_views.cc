@@ -16,15 +16,11 @@
 #include "base/check.h"
 #include "base/error.h"
 #include "checkpoint/crc32c.h"
+#include "checkpoint/split_in_two.h"
 #include "checkpoint/snapshot_writer.h"
 
 namespace weft::checkpoint {
 namespace {
-
-// A slot or a copy at least this large is checked or copied by two threads: a survivor that
-// reads two slots while its peers read one uses the core they leave idle. Below it a thread
-// costs more than it saves.
-constexpr int64_t kSplitBytes = int64_t(64) << 20;
 
 // The live views' byte ranges, [begin, end) by begin, with how many views start there (a
 // slot read twice while its first views live): is_snapshot_view looks a tensor up here (a
@@ -65,20 +61,6 @@ class ViewAllocator final : public memory::Allocator {
   size_t bytes_;
   bool handed_ = false;
 };
-
-// Runs fn(from, to) over [0, total) in pieces cut at multiples of `unit`: two threads when
-// the total is large and the machine has a second core.
-template <typename Fn>
-void split_in_two(int64_t total, int64_t unit, const Fn& fn) {
-  const int64_t half = total / 2 / unit * unit;
-  if (total >= kSplitBytes && half > 0 && std::thread::hardware_concurrency() > 1) {
-    std::thread second([&] { fn(half, total); });
-    fn(0, half);
-    second.join();
-  } else {
-    fn(0, total);
-  }
-}
 
 }  // namespace
 

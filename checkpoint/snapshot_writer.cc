@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "base/stream_copy.h"
 #include "checkpoint/crc32c.h"
+#include "checkpoint/split_in_two.h"
 #include "checkpoint/snapshot_views.h"
 
 namespace weft::checkpoint {
@@ -23,8 +24,6 @@ namespace {
 // The copies' unit, in and out: fits in L2 and never crosses a checksum block.
 constexpr int64_t kPiece = 256 * 1024;
 static_assert(kSnapshotBlockBytes % kPiece == 0, "pieces tile checksum blocks");
-// read_snapshot: a slot at least this large is copied out by two threads.
-constexpr int64_t kSplitBytes = int64_t(64) << 20;
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -157,19 +156,8 @@ std::vector<core::Tensor> read_snapshot(const SnapshotSegment& segment,
       }
     }
   };
-  // A large slot is copied by two threads, each half of its blocks: a survivor that reads
-  // two slots while its peers read one (a replica's or a rebuilt rank's besides its own) then
-  // uses the core they leave idle, and on a machine with more cores the mapping-in of the
-  // fresh destinations (most of a read's time: a page fault's worth per page) runs twice as
-  // wide. Below kSplitBytes a thread costs more than it saves.
-  const int64_t half = total / 2 / kSnapshotBlockBytes * kSnapshotBlockBytes;
-  if (total >= kSplitBytes && half > 0 && std::thread::hardware_concurrency() > 1) {
-    std::thread second([&] { copy(half, total); });
-    copy(0, half);
-    second.join();
-  } else {
-    copy(0, total);
-  }
+  // A large slot is copied by two threads, each half of its blocks (split_in_two.h).
+  split_in_two(total, kSnapshotBlockBytes, copy);
   check_slot_read(segment, view, crcs, recorded);
   return out;
 }
