@@ -316,8 +316,9 @@ int run_scaling(const std::vector<std::string>& argv) {
   if (!quick)
     std::printf(
         "note: worlds over this machine's %u cores time-share them (one thread per rank); the "
-        "model slows their compute by (ranks computing at once)/cores and adds launch_oversub per call, "
-        "or the calibrated sync_wait_oversub_by_burst where there is one\n",
+        "model slows their compute by (ranks runnable at once)/cores and adds launch_oversub per call, "
+        "or the calibrated sync_wait_oversub_by_burst where there is one, as far as the ranks runnable "
+        "(not waiting for a pipeline message) outnumber the cores\n",
         cores);
   const Row &s1 = rows[0], &s2 = rows[1];
   std::printf("\n== config S tokens/s\n");
