@@ -253,6 +253,14 @@ LayoutTimes run_layout(const std::string& config, const std::vector<std::string>
     r.tokens_per_s = median(tps);
     r.compute_ms = quartile1(cms);
     r.comm_ms = quartile1(wms);
+    auto mean = [](const std::vector<double>& v) {
+      double sum = 0;
+      for (double x : v) sum += x;
+      return v.empty() ? std::nan("") : sum / double(v.size());
+    };
+    r.mean_ms = mean(ms);
+    r.compute_mean_ms = mean(cms);
+    r.comm_mean_ms = mean(wms);
     if (ok)
       std::filesystem::remove_all(dir);
     else

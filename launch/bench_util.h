@@ -4,6 +4,7 @@
 // (`weft bench scaling` and `weft bench search`).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -42,6 +43,8 @@ struct LayoutTimes {
   double q1_ms, median_ms, tokens_per_s, compute_ms, comm_ms;  // compute/comm: rank 0's q1
   std::string error;    // non-empty: no usable timings (the log is kept and named)
   std::string warning;  // the run exited badly after writing every step: timings kept
+  // The means of the same steps: step_ms, and rank 0's compute_ms and comm_ms.
+  double mean_ms = std::nan(""), compute_mean_ms = std::nan(""), comm_mean_ms = std::nan("");
 };
 
 // Runs `weft train --config config --set ...` (sets, then short_run_sets(steps)) on `world`

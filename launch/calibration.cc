@@ -333,7 +333,10 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
       std::snprintf(one, sizeof one, " %.2f ms: %.0f us", burst * 1e3, curve.back().second * 1e6);
       over += one;
     }
-    if (!over.empty()) over = " (" + std::to_string(n) + " processes, pairs)" + over;
+    if (!over.empty()) {
+      over = " (" + std::to_string(n) + " processes, pairs)" + over;
+      hw.sync_wait_oversub_ranks = n;  // every one of them looping: all runnable
+    }
   }
   char line[256];
   std::snprintf(line, sizeof line,

@@ -97,10 +97,25 @@ double CostModel::coll_bw(CollKind k, int64_t bytes) const {
   return c.empty() ? bw_intra : interpolate_log(c, double(std::max<int64_t>(1, bytes)));
 }
 
+double CostModel::runnable_weight(int world) const {
+  if (oversub_weight(world) <= 0) return 0;
+  const double on_node = ranks_on_node(world);
+  const double runnable = active_ranks > 0 ? std::min(active_ranks, on_node) : on_node;
+  const double measured =
+      sync_wait_oversub_ranks > cores ? std::min(double(sync_wait_oversub_ranks), on_node) : on_node;
+  return std::clamp((runnable - double(cores)) / (measured - double(cores)), 0.0, 1.0);
+}
+
 double CostModel::sync_wait(double burst, int n, int world) const {
   if (n <= 1) return 0;
-  const auto& curve = oversub_weight(world) > 0 ? sync_wait_oversub_by_burst : sync_wait_by_burst;
-  return curve.empty() ? 0 : interpolate_log(curve, std::max(burst, 1e-9));
+  const double x = std::max(burst, 1e-9);
+  const double within = sync_wait_by_burst.empty() ? 0 : interpolate_log(sync_wait_by_burst, x);
+  if (oversub_weight(world) <= 0) return within;
+  if (sync_wait_oversub_by_burst.empty()) return 0;  // launch_oversub's regime
+  const double over = interpolate_log(sync_wait_oversub_by_burst, x);
+  const double w = runnable_weight(world);
+  // w == 1 exactly where every rank is runnable: the curve as measured, not a rounding of it.
+  return w >= 1 ? over : within + w * (over - within);
 }
 
 double CostModel::compute_alone(double flop, double bytes) const {

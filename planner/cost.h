@@ -55,10 +55,15 @@ struct CostModel {
   // executor posts receives ahead, so a message leaves at send time. 0: never oversubscribed,
   // as on GPUs.
   double launch_oversub = 0;
-  // Ranks of a node computing at the same moment, on average (0: all of them). Not a
-  // setting: simulate_plan finds it (processor sharing: a rank waiting for a message or
-  // in a pipeline bubble leaves its core to the others), so predictions see the sharing
-  // the schedule allows rather than world / cores.
+  // Ranks of a node runnable at the same moment, on average (0: all of them). Not a
+  // setting: simulate_plan finds it, and the search's stage model estimates it from the
+  // pipeline schedule. Runnable: computing or in a collective (the probe that measured
+  // sync_wait_oversub_by_burst had every process in one or the other, and paid a time slice
+  // a call); not runnable: blocked on a pipeline message, in a bubble or past its step's end,
+  // where a rank leaves its core to the others. Where ranks outnumber cores it sets both the
+  // processor sharing (sharing()) and how much of the oversubscribed wait a collective pays
+  // (runnable_weight()), so that a pipeline whose stages wait in turn is priced by the ranks
+  // that compete for the cores rather than by world / cores.
   double active_ranks = 0;
   // Measured sustained FLOP/s by the size of one op in FLOPs, ascending in FLOPs (weft
   // calibrate: small GEMMs run well below a large one's rate on a CPU, so one rate cannot
@@ -97,6 +102,11 @@ struct CostModel {
   // (the default, and on GPUs): launch_oversub as before. Read by the simulator and the
   // stage model only; the layout search keeps launch_oversub, so no plan changes.
   std::vector<std::pair<double, double>> sync_wait_oversub_by_burst;
+  // Ranks of one node in the probe that measured sync_wait_oversub_by_burst, all of them
+  // runnable (weft calibrate: the first probe world above the cores, 4 on 2 cores). The
+  // curve is the wait at that many runnable ranks or more; runnable_weight() scales it down
+  // towards sync_wait_by_burst as fewer are. 0 (unknown): every rank of the node.
+  int sync_wait_oversub_ranks = 0;
 
   // Ring algorithms: launch + all_reduce 2(n-1) steps moving 2(n-1)/n of `bytes`;
   // all_gather and reduce_scatter (n-1) steps moving (n-1)/n of the full buffer `bytes`;
@@ -126,10 +136,18 @@ struct CostModel {
   double coll_bw(CollKind k, int64_t bytes) const;
   // Seconds a collective waits beyond collective() after `burst` seconds of the ranks' own
   // compute since their previous one: sync_wait_by_burst interpolated linearly in
-  // log(burst) and clamped at its ends; 0 without the curve, at a group of one and where
-  // the node runs more ranks than cores, where sync_wait_oversub_by_burst is read instead
-  // (0 without it: launch_oversub prices that regime).
+  // log(burst) and clamped at its ends; 0 without the curve and at a group of one. Where
+  // the node runs more ranks than cores, sync_wait_oversub_by_burst is read instead (0
+  // without it: launch_oversub prices that regime), as far as runnable_weight() says:
+  // within + weight x (oversub - within), the oversubscribed curve with every rank
+  // runnable (active_ranks 0), the within-cores one where no more are runnable than cores.
   double sync_wait(double burst, int n, int world = 0) const;
+  // How much of the oversubscribed regime's extra wait (sync_wait_oversub_by_burst beyond
+  // sync_wait_by_burst) a call pays: 0 within the cores; else (runnable - cores) /
+  // (measured - cores) clamped to [0, 1], with runnable = active_ranks (0: every rank of
+  // the node) and measured = sync_wait_oversub_ranks (0: every rank of the node), both at
+  // most the node's ranks. 1 wherever active_ranks is 0, as before the runnable count.
+  double runnable_weight(int world) const;
   // The wait a pipeline message pays, as a collective of two, after the longer of its two
   // ranks' bursts: sync_wait within the cores; 0 where the node is oversubscribed (no
   // launch_oversub either: the executor posts receives ahead, so a message leaves at send
@@ -139,12 +157,15 @@ struct CostModel {
   }
   // What a collective call pays for oversubscription in its fixed part: launch_oversub where
   // the node runs more ranks than cores, unless sync_wait_oversub_by_burst prices that
-  // regime (then 0 here and the curve in sync_wait).
+  // regime (then 0 here and the curve in sync_wait). Not scaled by runnable_weight:
+  // launch_oversub is the layout search's price too, and the simulator charges what the
+  // search paid (RvdWorld); the runnable ranks scale the measured curve only.
   double oversub_launch(int world) const {
     return sync_wait_oversub_by_burst.empty() ? launch_oversub * oversub_weight(world) : 0;
   }
   // How many times slower a rank computes when `world` ranks share the node's cores: 1 with
-  // cores = 0 or no more ranks on a node than cores.
+  // cores = 0 or no more ranks on a node than cores; else (runnable ranks) / cores, at
+  // least 1, with runnable = active_ranks (0: every rank of the node).
   double sharing(int world) const;
   bool oversubscribed(int world) const { return sharing(world) > 1; }
   // Share of launch_oversub a message pays: 1 with more ranks on the node than cores, even

@@ -412,6 +412,7 @@ class Engine {
           double moving = std::min(transfer, R.clock - start);
           cost.comm_s += moving;
           cost.wait_s += R.clock - start - moving;
+          cost.recv_wait_s += R.clock - start - moving;
           write(r, i, in.out[0]);
           retire(r, in, start, 0);
           break;

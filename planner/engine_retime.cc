@@ -53,7 +53,7 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
     R.alone = &alone[size_t(k)];
     R.codes = schedule.codes.at(size_t(k)).data();
     RankCost& c = res.ranks[size_t(r)];
-    c.step_s = c.compute_s = c.comm_s = c.wait_s = c.bubble = 0;
+    c.step_s = c.compute_s = c.comm_s = c.wait_s = c.recv_wait_s = c.bubble = 0;
   }
   // As the engine's retire(): the span, then the busy time and end of forward/backward work.
   // The instruction is read only for a timeline's span.
@@ -139,6 +139,7 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
           const double moving = std::min(transfer, R.clock - start);
           c.comm_s += moving;
           c.wait_s += R.clock - start - moving;
+          c.recv_wait_s += R.clock - start - moving;
           retire(r, start, 0);
           break;
         }

@@ -159,6 +159,7 @@ CostModel Hardware::cost_model(const std::string& dtype) const {
   m.coll_bw_by_size = coll_bw_by_size;
   m.sync_wait_by_burst = sync_wait_by_burst;
   m.sync_wait_oversub_by_burst = sync_wait_oversub_by_burst;
+  m.sync_wait_oversub_ranks = sync_wait_oversub_ranks;
   return m;
 }
 
@@ -246,6 +247,21 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
   };
   wait_curve("sync_wait_by_burst", hw.sync_wait_by_burst);
   wait_curve("sync_wait_oversub_by_burst", hw.sync_wait_oversub_by_burst);
+  if (f.has("sync_wait_oversub_ranks")) {
+    // Describes the curve above: alone, or at no more ranks than cores, it would do nothing.
+    const std::string field = "hardware.sync_wait_oversub_ranks";
+    const double n = f.number("sync_wait_oversub_ranks", std::nullopt, 2, false);
+    if (n != std::floor(n) || n > double(1 << 30))
+      f.fail(field, "expected a whole number of ranks (the processes on the node when "
+                    "sync_wait_oversub_by_burst was measured)");
+    if (hw.sync_wait_oversub_by_burst.empty())
+      f.fail(field, "given without sync_wait_oversub_by_burst, the curve it describes; add the "
+                    "curve or remove this key");
+    if (n <= double(hw.cores))
+      f.fail(field, "must be more than cpu.cores (" + std::to_string(hw.cores) +
+                        "): the curve is measured with more ranks than cores");
+    hw.sync_wait_oversub_ranks = int(n);
+  }
   if (f.has("collective_bw_by_size")) {
     Fields c = f.sub("collective_bw_by_size");
     std::set<std::string> kinds;
@@ -294,7 +310,7 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
   }
   f.done({"name", "flops", "flops_efficiency", "memory", "ranks_per_node", "intra_node",
           "inter_node", "launch", "cpu", "flops_by_size", "collective_bw_by_size",
-          "sync_wait_by_burst", "sync_wait_oversub_by_burst", "op_rates", "machine", "calibrated_at", "measurements"});
+          "sync_wait_by_burst", "sync_wait_oversub_by_burst", "sync_wait_oversub_ranks", "op_rates", "machine", "calibrated_at", "measurements"});
   return hw;
 }
 
@@ -346,6 +362,9 @@ std::string hardware_to_yaml(const Hardware& hw) {
           "launch_oversub there), beyond its price without launch_oversub\n";
     for (const auto& [x, w] : hw.sync_wait_oversub_by_burst)
       os << "  - [" << num(x) << ", " << num(w) << "]\n";
+    if (hw.sync_wait_oversub_ranks > 0)
+      os << "sync_wait_oversub_ranks: " << hw.sync_wait_oversub_ranks
+         << "  # ranks of the node in that probe, every one runnable\n";
   }
   bool any_op = false;
   for (double r : hw.op_rates) any_op = any_op || r > 0;

@@ -60,6 +60,9 @@ struct Hardware {
   // The same where a node runs more ranks than cores (CostModel::sync_wait_oversub_by_burst,
   // replacing launch_oversub there); measured by weft calibrate, empty in the presets.
   std::vector<std::pair<double, double>> sync_wait_oversub_by_burst;
+  // Ranks of the node in the probe that measured that curve, every one runnable
+  // (CostModel::sync_wait_oversub_ranks); 0: not recorded (every rank of the node).
+  int sync_wait_oversub_ranks = 0;
   // Measured f32 rate of each rated op type (CostModel::op_rates); 0 where not measured.
   std::array<double, kRatedOps> op_rates{};
   // A calibration cache's machine and what was measured (for the record: the model reads

@@ -129,6 +129,10 @@ struct RankProgram {
 struct RankCost {
   // comm_s: time moving data; wait_s: time blocked on peers (pipeline bubbles, stragglers).
   double step_s = 0, compute_s = 0, comm_s = 0, wait_s = 0, bubble = 0;
+  // The part of wait_s blocked on a pipeline message (a receive whose send had not left):
+  // the rank leaves its core to the others (CostModel::active_ranks counts runnable ranks).
+  // The simulator's own figure; not written to plan JSON.
+  double recv_wait_s = 0;
   int64_t peak_bytes = 0, persistent_bytes = 0;
   int64_t comm_bytes[kCollKinds] = {0, 0, 0, 0, 0};  // wire bytes sent, by collective kind
   int64_t p2p_bytes = 0;

@@ -136,7 +136,10 @@ SearchResult search_plan(const core::JobSpec& spec, int world, const SearchOptio
       for (bool sp : sps) out.push_back({c, sp});
     return out;
   };
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, bool>, SplitCosts> splits;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, double>, SplitCosts> splits;
+  // Per (schedule, pp, v, m): the cost model with the schedule's runnable ranks
+  // (schedule_runnable), which only the oversubscribed waits read.
+  std::map<std::tuple<std::string, int64_t, int64_t, int64_t>, CostModel> runnable_costs;
   std::map<std::tuple<std::string, int64_t, int64_t, int64_t>, std::vector<int64_t>> flights;
   std::optional<ConfigError> first_error;
   double least_memory = kInf;
@@ -193,14 +196,24 @@ SearchResult search_plan(const core::JobSpec& spec, int world, const SearchOptio
               if (!first_error) first_error = e;
               continue;
             }
-            const auto split_key = std::make_tuple(tp, ep, mb, cross.tp, cross.ep, sp);
-            auto it = splits.find(split_key);
-            if (it == splits.end())
-              it = splits.emplace(split_key, split_costs(mg.graph, cost, G, tp, ep, mb, cross, sp))
-                       .first;
-            const SplitCosts& sc = it->second;
             const auto flight_key =
                 std::make_tuple(pc.schedule, pp, pc.virtual_stages, pc.micro_batches);
+            auto rc_it = runnable_costs.find(flight_key);
+            if (rc_it == runnable_costs.end()) {
+              CostModel c = cost;
+              const double runnable = schedule_runnable(cost, world, pc.schedule, int(pp),
+                                                        int(pc.virtual_stages), int(pc.micro_batches));
+              if (runnable > 0) c.active_ranks = runnable;
+              rc_it = runnable_costs.emplace(flight_key, std::move(c)).first;
+            }
+            const CostModel& rcost = rc_it->second;  // the model below, with its runnable ranks
+            const auto split_key =
+                std::make_tuple(tp, ep, mb, cross.tp, cross.ep, sp, rcost.active_ranks);
+            auto it = splits.find(split_key);
+            if (it == splits.end())
+              it = splits.emplace(split_key, split_costs(mg.graph, rcost, G, tp, ep, mb, cross, sp))
+                       .first;
+            const SplitCosts& sc = it->second;
             auto fl = flights.find(flight_key);
             if (fl == flights.end())
               fl = flights
@@ -227,12 +240,12 @@ SearchResult search_plan(const core::JobSpec& spec, int world, const SearchOptio
                 const bool boundaries = p.pipeline.layout_auto && pp > 1 && pc.virtual_stages == 1;
                 if (boundaries) {
                   std::vector<int64_t> b =
-                      stage_boundaries(m, sc, l, cost, cross, in_flight, r.cap_bytes);
+                      stage_boundaries(m, sc, l, rcost, cross, in_flight, r.cap_bytes);
                   if (!b.empty()) l.chunk_layers = b;  // else the even split, to report its memory
                 }
                 Candidate c;
                 c.layout = l;
-                c.pred = predict(m, sc, l, cost, cross, in_flight);
+                c.pred = predict(m, sc, l, rcost, cross, in_flight);
                 c.tokens_per_s = double(G * m.seq_len) / c.pred.step_s;
                 ++r.evaluated;
                 if (c.pred.memory_bytes < least_memory) {

@@ -78,18 +78,23 @@ CostAnnotations simulate_plan(const Plan& plan, const core::Graph& g, const Cost
   EngineResult r = run_programs(plan, g, opt);
   opt.record = nullptr;
   // Processor sharing, mean-field: with more ranks than cores on a node, compute slows by
-  // (ranks computing at once) / cores, and how many compute at once depends on the slowdown
-  // (bubbles and waits leave cores idle). Iterate to the fixed point, damped.
+  // (ranks runnable at once) / cores, and the oversubscribed wait of a collective follows
+  // the same count (CostModel::active_ranks, runnable_weight). A rank is runnable while it
+  // computes or sits in a collective (the oversubscribed probe's ranks, every one looping
+  // between the two, paid a time slice a call), not while it waits for a pipeline message
+  // or has finished its step: a pipeline whose stages wait in turn leaves cores free. How
+  // many are runnable depends on the times they give, so iterate to the fixed point, damped.
   const int on_node = cost.ranks_on_node(plan.world());
   if (cost.cores > 0 && cost.active_ranks <= 0 && on_node > cost.cores && r.errors.empty()) {
     const double nodes = std::ceil(double(plan.world()) / double(on_node));
     double active = on_node;
     const EngineResult checked = r;
     for (int it = 0; it < 12; ++it) {
-      double step = 0, computing = 0;
+      double step = 0, runnable = 0;
       for (const RankCost& rc : r.ranks) step = std::max(step, rc.step_s);
-      for (const RankCost& rc : r.ranks) computing += step > 0 ? rc.compute_s / step : 0;
-      const double next = std::clamp(computing / nodes, double(cost.cores), double(on_node));
+      for (const RankCost& rc : r.ranks)
+        runnable += step > 0 ? std::max(0.0, rc.step_s - rc.recv_wait_s) / step : 0;
+      const double next = std::clamp(runnable / nodes, 1.0, double(on_node));
       if (std::fabs(next - active) < 1e-3 * active) break;
       active = 0.5 * (active + next);
       shared.active_ranks = active;

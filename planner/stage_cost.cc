@@ -74,6 +74,19 @@ Crossing crossing(const Degrees& deg, const std::vector<Axis>& order, int ranks_
   return Crossing{spans(tp), spans(ep), spans(dp), spans(pp), int(deg.dp * deg.tp * deg.pp * deg.ep)};
 }
 
+double schedule_runnable(const CostModel& cost, int world, const std::string& schedule, int pp,
+                         int v, int m) {
+  const int on_node = cost.ranks_on_node(world);
+  if (cost.cores <= 0 || on_node <= cost.cores || pp <= 1 || m <= 0) return 0;
+  const int chunks = pp * std::max(1, v);
+  const ScheduleTiming t = time_schedule(schedule, pp, std::max(1, v), m,
+                                         std::vector<double>(size_t(chunks), 1.0),
+                                         std::vector<double>(size_t(chunks), 2.0));
+  double busy = 0;
+  for (double b : t.busy) busy += t.makespan > 0 ? b / t.makespan : 1;
+  return double(on_node) * busy / double(pp);
+}
+
 SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t global_batch,
                        int64_t tp, int64_t ep, int64_t micro_batch, const Crossing& cross,
                        bool sequence_parallel) {

@@ -54,6 +54,16 @@ struct Crossing {
 double collective_at(const CostModel& cost, CollKind k, int n, int64_t bytes, bool cross_node, int world);
 Crossing crossing(const Degrees& deg, const std::vector<Axis>& order, int ranks_per_node);
 
+// The stage model's CostModel::active_ranks for a candidate of `world` ranks: where a node
+// runs more ranks than cores, its ranks times the share of the step a stage is busy in the
+// pipeline schedule (time_schedule with every chunk's forward 1 and backward 2: a stage in
+// its bubble waits for a message and leaves its core to the others, as simulate_plan
+// counts); 0 (every rank runnable) within the cores, without a pipeline, or on GPUs. The
+// search prices a candidate's waits with it (CostModel::runnable_weight), so that a
+// pipeline over the cores is not charged the wait of a probe whose every rank looped.
+double schedule_runnable(const CostModel& cost, int world, const std::string& schedule, int pp,
+                         int v, int m);
+
 // The split's per-layer costs. `g` is the planning graph (batch = global_batch); the batch
 // splits into global_batch / micro_batch pieces of micro_batch sequences. With
 // `sequence_parallel` the norms and residual adds run on 1/tp of the tokens, each tp

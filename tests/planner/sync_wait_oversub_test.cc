@@ -68,19 +68,27 @@ TEST(SyncWaitOversub, ReplacesLaunchOversubOnlyAboveTheCores) {
   EXPECT_EQ(without.oversub_launch(2), 0);
 }
 
-// A flat curve at launch_oversub's value charges every collective what launch_oversub did:
-// the same simulated step to rounding, for tp2 x pp2 at 4 ranks and dp2 x tp2 x pp2 at 8 on
-// 2 cores. A flat curve at twice that moves every oversubscribed step up, and the plan (its
-// programs) is the same under all three models.
+// A flat curve at launch_oversub's value charges every collective what launch_oversub did
+// where every rank is runnable (active_ranks pinned at the world: the curve's full weight,
+// CostModel::runnable_weight): the same simulated step to rounding, for tp2 x pp2 at 4 ranks
+// and dp2 x tp2 x pp2 at 8 on 2 cores. A flat curve at twice that moves every
+// oversubscribed step up, and the plan (its programs) is the same under all three models.
+// (With the runnable ranks left to the simulator, these pipelines run fewer than all, and
+// the curve's wait falls towards the within-cores one: runnable_test.cc.)
 TEST(SyncWaitOversub, AFlatCurveAtLaunchOversubGivesTheOldStep) {
   for (const int dp : {1, 2}) {
     SCOPED_TRACE("dp " + std::to_string(dp));
     const core::JobSpec s = tp_pp_job(dp);
     const core::ModelGraph mg = build_planning_graph(s);
     const int world = 4 * dp;
-    const CostModel without = cpu_host({});
+    auto all_runnable = [&](CostModel cm) {
+      cm.active_ranks = world;
+      return cm;
+    };
+    const CostModel without = all_runnable(cpu_host({}));
     const double w = without.launch_oversub;
-    const CostModel same = cpu_host({{1e-6, w}, {1.0, w}}), more = cpu_host({{1e-6, 2 * w}, {1.0, 2 * w}});
+    const CostModel same = all_runnable(cpu_host({{1e-6, w}, {1.0, w}})),
+                    more = all_runnable(cpu_host({{1e-6, 2 * w}, {1.0, 2 * w}}));
     PlanOptions po;
     po.simulate = false;
     po.cost = without;

@@ -18,7 +18,7 @@ using Result = weft::test::CommandResult;
 Result run(const std::string& args) { return weft::test::run_weft(args); }
 
 // The numeric cells of the table row labelled `label`
-// ("S dp2 | 2 | 10.0 / 10.4 | 9.0 | -10.0% | 8.0 / 7.9 | 1.5 / 1.0").
+// ("S dp2 | 2 | 10.2 / 10.0 / 10.4 | 9.0 | -11.8% | 8.0 / 7.9 | 1.5 / 1.0").
 std::vector<double> row(const std::string& out, const std::string& label) {
   std::stringstream ss(out);
   for (std::string l; std::getline(ss, l);) {
@@ -44,15 +44,18 @@ TEST(BenchScaling, QuickPrintsWorldOneAndDp2) {
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* label : {"S world 1", "S dp2"}) {
     std::vector<double> v = row(r.out, label);
-    // world, step lower quartile / median, predicted, error, rank 0's compute measured /
-    // predicted and communication wait measured / predicted
-    ASSERT_EQ(v.size(), 9u) << label << "\n" << r.out;
+    // world, step mean / lower quartile / median, predicted, error (against the mean),
+    // rank 0's compute measured / predicted and communication wait measured / predicted
+    ASSERT_EQ(v.size(), 10u) << label << "\n" << r.out;
     EXPECT_GT(v[1], 0) << label;
-    EXPECT_GE(v[2], v[1]) << label;  // the median is no faster than the lower quartile
-    EXPECT_GT(v[3], 0) << label;
-    EXPECT_GT(v[5], 0) << label;  // the executor reports its compute time
-    EXPECT_GT(v[6], 0) << label;
+    EXPECT_GT(v[2], 0) << label;
+    EXPECT_GE(v[3], v[2]) << label;  // the median is no faster than the lower quartile
+    EXPECT_GT(v[4], 0) << label;
+    EXPECT_NEAR(v[5], (v[4] - v[1]) / v[1] * 100, 0.06) << label;  // the error is the mean's
+    EXPECT_GT(v[6], 0) << label;  // the executor reports its compute time
+    EXPECT_GT(v[7], 0) << label;
   }
+  EXPECT_NE(r.out.find("measured = the MEAN of the step times"), std::string::npos) << r.out;
   EXPECT_EQ(row(r.out, "S world 1")[0], 1);
   EXPECT_EQ(row(r.out, "S dp2")[0], 2);
   EXPECT_GT(after(r.out, "world 1: "), 0) << r.out;
