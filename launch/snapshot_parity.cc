@@ -128,7 +128,13 @@ void SnapshotParity::adopt() {
       o_.auth.job, {ckpt::SegmentKind::kParity, ckpt::SegmentKind::kRebuilt}, o_.guardian_pid,
       [this](const std::string& name, const ckpt::SegmentName& p,
              std::shared_ptr<ckpt::SnapshotSegment> seg, int was) {
+        bool empty = false;  // a rebuild target made ahead (or a rebuild cut short)
+        try {
+          empty = p.kind == ckpt::SegmentKind::kRebuilt && !seg->latest();
+        } catch (const std::exception&) {
+        }
         std::lock_guard<std::mutex> l(mu_);
+        if (empty) ahead_.insert(name);  // not listed; a rebuild of its node may write it
         (p.kind == ckpt::SegmentKind::kParity ? parity_ : rebuilt_)[name] = std::move(seg);
         log_(str("adopted ", name, " (left by pid ", was, ")"));
       },
@@ -572,6 +578,7 @@ std::vector<ckpt::SegmentInfo> SnapshotParity::list() const {
   std::lock_guard<std::mutex> l(mu_);
   std::vector<ckpt::SegmentInfo> out;
   for (const auto& [name, seg] : rebuilt_) {
+    if (ahead_.count(name)) continue;  // made ahead (prepare): no snapshot, nothing to offer
     const std::optional<ckpt::SegmentName> p = ckpt::parse_segment_name(name);
     ckpt::SegmentInfo s{name, p ? p->epoch : 0, p ? p->rank : -1, seg->capacity(), seg->owner_pid(),
                         std::nullopt};
@@ -597,6 +604,7 @@ std::vector<std::string> SnapshotParity::retire_older_than(int64_t epoch) {
       }
       ckpt::SnapshotSegment::unlink(it->first);
       out.push_back(it->first);
+      ahead_.erase(it->first);
       it = held->erase(it);
     }
   for (auto it = accumulating_.begin(); it != accumulating_.end();)
@@ -622,6 +630,7 @@ void SnapshotParity::clear() {
   std::lock_guard<std::mutex> l(mu_);
   parity_.clear();
   rebuilt_.clear();
+  ahead_.clear();
   accumulating_.clear();
 }
 
