@@ -483,7 +483,7 @@ bool SnapshotParity::rebuild(const Task& task) {
                  ", step ", step, ") from parity into ", name, ": ", mib(double(payload)), " in ",
                  since(t0) * 1e3, " ms (asking the holders ", ask_s * 1e3, " ms, fetch and decode ",
                  since(t1) * 1e3, " ms: segment ", spent_.segment * 1e3,
-                 spent_.ahead ? " (made ahead)" : "", ", allocating its pages ",
+                 spent_.ahead ? " made ahead" : "", ", allocating its pages ",
                  spent_.populate * 1e3, ", scratch buffers ", spent_.scratch * 1e3,
                  ", waiting for fetches ", spent_.fetch_wait * 1e3,
                  ", decoding ", spent_.decode * 1e3, ", checking ", check_s * 1e3, ")"));

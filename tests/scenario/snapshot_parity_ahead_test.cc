@@ -128,7 +128,7 @@ TEST_F(SnapshotParityAhead, TheNextNodeMakesItsPredecessorsTargetsAheadAndTheReb
     wait_for(log(2), "rebuilt node 1's rank " + std::to_string(rank) +
                          " \\(epoch 1, step 6\\) from parity into [^ ]+: [0-9.]+ MiB in [0-9.]+ "
                          "ms \\(asking the holders [0-9.]+ ms, fetch and decode [0-9.]+ ms: "
-                         "segment [0-9.e-]+ \\(made ahead\\), allocating its pages 0,");
+                         "segment [0-9.e-]+ made ahead, allocating its pages 0,");
 }
 
 // Node 1's ranks are not the ones node 2 guessed (2 and 3): the segments made ahead are
@@ -143,7 +143,7 @@ TEST_F(SnapshotParityAhead, ATargetMadeUnderAnotherRanksNameIsRenamed) {
       << logs(kNodes);
   EXPECT_FALSE(exists(rebuilt_name(2))) << "the guessed name was left behind";
   EXPECT_FALSE(exists(rebuilt_name(3))) << "the guessed name was left behind";
-  EXPECT_NE(read(log(2)).find("(made ahead)"), std::string::npos) << read(log(2));
+  EXPECT_NE(read(log(2)).find(" made ahead, allocating"), std::string::npos) << read(log(2));
 }
 
 // Node 1's ranks are larger than node 2's own, which sized what it made ahead: the rebuild
@@ -156,7 +156,7 @@ TEST_F(SnapshotParityAhead, ATargetTooSmallIsNotUsedAndTheRebuildAllocatesItsOwn
   const std::map<int, std::string> got = rebuilt(lose_node_one(), 5);
   EXPECT_EQ(got, (std::map<int, std::string>{{2, rebuilt_name(2)}, {3, rebuilt_name(3)}}))
       << logs(kNodes);
-  EXPECT_EQ(read(log(2)).find("(made ahead)"), std::string::npos) << read(log(2));
+  EXPECT_EQ(read(log(2)).find(" made ahead, allocating"), std::string::npos) << read(log(2));
 }
 
 }  // namespace
