@@ -203,6 +203,9 @@ class SnapshotParity {
   void drop(Links& cache, const std::string& endpoint);
   const checkpoint::ErasureCode& code(int k) const;
   std::optional<ReplicaRing> ring_of(int64_t epoch) const;
+  // This agent's mapping of segment `name` (a parity or rebuilt segment it holds, a data
+  // segment it pushed), whose written pages are mapped in already; null when it has none.
+  std::shared_ptr<const checkpoint::SnapshotSegment> mapped(const std::string& name) const;
 
   const ParityOptions o_;
   const Log log_;
@@ -213,6 +216,9 @@ class SnapshotParity {
   // The rebuilt_ segments made ahead (prepare) and not written yet: their first slot's pages
   // are allocated and mapped in, so a rebuild into one skips populate_writing.
   std::set<std::string> ahead_;
+  // The node's data segments as the agent's stage pushed them (CommittedEvent::segment).
+  std::map<std::string, std::shared_ptr<const checkpoint::SnapshotSegment>> data_;
+  std::set<std::string> served_;  // segments fetches were served of (logged once each)
   std::set<int64_t> prepared_;  // epochs whose prepare ran (made, or found not to fit)
   std::map<int64_t, std::pair<int, int64_t>> to_prepare_;  // prepare()'s, until it ran
   mutable std::mutex codes_mu_;
@@ -242,6 +248,7 @@ class SnapshotParity {
     double segment = 0, populate = 0, fetch_wait = 0, decode = 0;
     double scratch = 0;  // the decode's pieces allocated (none when made ahead)
     bool ahead = false;  // into a segment made ahead (prepare): nothing to populate
+    int local_reads = 0, local_mapped = 0;  // pieces read here, and through a held mapping
   } spent_;
   std::thread worker_;  // last: starts once the members above exist
 };

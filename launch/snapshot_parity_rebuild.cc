@@ -85,7 +85,14 @@ json SnapshotParity::ask(const ReplicaRing& ring, int node, const json& request)
 void SnapshotParity::fetch(const ReplicaRing& ring, int node, const std::string& segment,
                            int64_t step, int64_t offset, int64_t length, uint8_t* out) {
   if (node == ring.node) {
-    if (!read_range(segment, step, offset, length, out))
+    const std::shared_ptr<const ckpt::SnapshotSegment> seg = mapped(segment);
+    {
+      std::lock_guard<std::mutex> l(mu_);  // (the pieces' threads)
+      spent_.local_reads++;
+      spent_.local_mapped += seg != nullptr;
+    }
+    if (!(seg ? read_range(*seg, step, offset, length, out)
+              : read_range(segment, step, offset, length, out)))
       throw IoError(str(segment, " step ", step, " was rewritten while read"));
     return;
   }
@@ -486,7 +493,9 @@ bool SnapshotParity::rebuild(const Task& task) {
                  spent_.ahead ? " made ahead" : "", ", allocating its pages ",
                  spent_.populate * 1e3, ", scratch buffers ", spent_.scratch * 1e3,
                  ", waiting for fetches ", spent_.fetch_wait * 1e3,
-                 ", decoding ", spent_.decode * 1e3, ", checking ", check_s * 1e3, ")"));
+                 ", decoding ", spent_.decode * 1e3, ", checking ", check_s * 1e3,
+                 "; pieces read here ", spent_.local_reads, ", ", spent_.local_mapped,
+                 " of them through this agent's own mapping)"));
         done = true;
       } catch (const std::exception& e) {
         log_(str("node ", task.lost, "'s local rank ", local, " not rebuilt at step ", step, ": ",

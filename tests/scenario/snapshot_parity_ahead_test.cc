@@ -129,6 +129,18 @@ TEST_F(SnapshotParityAhead, TheNextNodeMakesItsPredecessorsTargetsAheadAndTheReb
                          " \\(epoch 1, step 6\\) from parity into [^ ]+: [0-9.]+ MiB in [0-9.]+ "
                          "ms \\(asking the holders [0-9.]+ ms, fetch and decode [0-9.]+ ms: "
                          "segment [0-9.e-]+ made ahead, allocating its pages 0,");
+  // The fragments come through the agents' own mappings (their pages mapped in by the push
+  // or the parity's write), never a mapping made per fetch: node 2 reads its own here...
+  for (int rank : {2, 3}) {
+    const std::string pieces = wait_for(
+        log(2), "rebuilt node 1's rank " + std::to_string(rank) +
+                    " .*; pieces read here ([0-9]+), \\1 of them through this agent's own mapping\\)");
+    EXPECT_NE(pieces, "0") << read(log(2));
+  }
+  // ...and node 0 serves its data and parity to it.
+  wait_for(log(0), "serving fetches of [^ ]+ through this agent's own mapping of it");
+  EXPECT_EQ(read(log(0)).find("through a mapping made for each fetch"), std::string::npos)
+      << read(log(0));
 }
 
 // Node 1's ranks are not the ones node 2 guessed (2 and 3): the segments made ahead are
