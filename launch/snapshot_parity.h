@@ -183,6 +183,8 @@ class SnapshotParity {
                        uint8_t* out, int64_t out_len,
                        const std::function<void(int64_t, int64_t)>& before_write = {});
   static constexpr int64_t kDecodePieceBytes = int64_t(16) << 20;
+  // prepare_ahead allocates a target this much at a time, looking for a newer ring between.
+  static constexpr int64_t kPreparePieceBytes = int64_t(64) << 20;
   // The parity slots of stripe `s` held by its surviving holders, newest step first.
   std::vector<StripeSlot> stripe_slots(const ReplicaRing& ring, const checkpoint::StripeLayout& l,
                                        const checkpoint::StripeId& s, const std::set<int>& gone);

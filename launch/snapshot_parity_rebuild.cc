@@ -328,7 +328,23 @@ void SnapshotParity::prepare_ahead(int64_t epoch) {
       placeholder.rank = rank;
       placeholder.payload_bytes = capacity;
       seg->begin(placeholder);
-      seg->populate_writing(0, capacity);
+      // In pieces, each after a look for a newer ring: a loss in this epoch's first moments
+      // queues its rebuild behind this task, which must not hold it for the rest of the
+      // allocation (seconds while the workers start). A target cut short is dropped whole:
+      // a rebuild skips populate_writing only for one allocated throughout.
+      for (int64_t at = 0; at < capacity; at += kPreparePieceBytes) {
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          if (rings_.rbegin()->first != epoch || stopped_) {
+            ckpt::SnapshotSegment::unlink(name);
+            log_(str("epoch ", epoch, ": making the rebuild targets for node ", lost,
+                     " ahead stopped: epoch ", rings_.rbegin()->first,
+                     "'s ring came (a rebuild of it allocates its pages as it writes)"));
+            return;
+          }
+        }
+        seg->populate_writing(at, std::min(kPreparePieceBytes, capacity - at));
+      }
       std::lock_guard<std::mutex> lk(mu_);
       rebuilt_[name] = seg;
       ahead_.insert(name);
