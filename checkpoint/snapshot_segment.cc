@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -298,6 +299,18 @@ SnapshotSegment SnapshotSegment::open(const std::string& name, bool writable) {
 void SnapshotSegment::unlink(const std::string& name) {
   if (::shm_unlink(name.c_str()) != 0 && errno != ENOENT)
     throw IoError(str("cannot remove snapshot segment ", name, ": ", std::strerror(errno)));
+}
+
+void SnapshotSegment::rename(const std::string& to) {
+  WEFT_CHECK(base_, "rename of a snapshot segment that is not mapped");
+  WEFT_CHECK(valid_shm_name(to), "a shared-memory name is '/' and a file name: '", to, "'");
+  if (to == name_) return;
+  // shm_open's names are files of kShmDir; RENAME_NOREPLACE: never over another segment.
+  const std::string from_path = kShmDir + name_, to_path = kShmDir + to;
+  if (::renameat2(AT_FDCWD, from_path.c_str(), AT_FDCWD, to_path.c_str(), RENAME_NOREPLACE) != 0)
+    throw IoError(str("cannot rename snapshot segment ", name_, " to ", to, ": ",
+                      std::strerror(errno)));
+  name_ = to;
 }
 
 SnapshotSegment::SnapshotSegment(SnapshotSegment&& o) noexcept

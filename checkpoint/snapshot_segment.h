@@ -86,6 +86,11 @@ class SnapshotSegment {
   static SnapshotSegment open(const std::string& name, bool writable);
   // Removes the name (mapped views stay valid until unmapped). No error when already gone.
   static void unlink(const std::string& name);
+  // Gives this segment the name `to` (a shared-memory name that must not exist yet), keeping
+  // its memory and every mapping of it: a segment made ahead under the name it was expected
+  // to need is renamed when another one turns out to be needed (a rebuild target made ahead,
+  // launch/snapshot_parity.h). IoError naming both when `to` exists or the rename fails.
+  void rename(const std::string& to);
 
   SnapshotSegment(SnapshotSegment&&) noexcept;
   SnapshotSegment& operator=(SnapshotSegment&&) noexcept;

@@ -52,6 +52,11 @@ void RankSnapshots::settle(bool wait) {
 }
 
 std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count, int64_t epoch) {
+  using Clock = std::chrono::steady_clock;
+  auto ms_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  const Clock::time_point t_clear = Clock::now();
   offers_.clear();  // an earlier entry's (own_mapping_ stays: this entry reads through it)
   std::vector<HolderReport> out;
   if (!client_) return out;
@@ -60,10 +65,7 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count,
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weft train: snapshot segments not reserved: %s\n", e.what());
   }
-  using Clock = std::chrono::steady_clock;
-  auto ms_since = [](Clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-  };
+  const double settle_ms = ms_since(t_clear);
   const Clock::time_point t_list = Clock::now();
   double list_ms = 0, open_ms = 0;
   std::vector<checkpoint::SegmentInfo> all;
@@ -109,7 +111,8 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count,
                    err.what());
     }
   }
-  WEFT_DEBUG("resize", "offers for epoch ", epoch, ": listed ", all.size(), " segments in ",
+  WEFT_DEBUG("resize", "offers for epoch ", epoch, ": ", settle_ms,
+             " ms clearing the last offers and settling the reservation; listed ", all.size(), " segments in ",
              list_ms, " ms; opened ", opened, " of them in ", open_ms, " ms and offered ",
              out.size(), " committed slots from their headers (nothing mapped in or verified)");
   return out;

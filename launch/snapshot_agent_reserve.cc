@@ -159,6 +159,13 @@ json Agent::reserve(const ckpt::Reservation& r) {
       return {{"ok", false}, {"field", c->field()}, {"error", e.what()}};
     return refusal(e.what());
   }
+  // ec: what this node would rebuild into, were its group's previous node lost, made ahead
+  // on the parity's thread (snapshot_parity.h, prepare).
+  if (parity_) {
+    int64_t largest = 0;
+    for (const ckpt::RankSlot& s : r.ranks) largest = std::max(largest, s.bytes);
+    parity_->prepare(r.epoch, int(r.ranks.size()), largest);
+  }
   return {{"ok", true}, {"segments", names}};
 }
 

@@ -80,9 +80,13 @@ std::optional<ckpt::SnapshotSegment::View> newest_of_step(const ckpt::SnapshotSe
 
 bool read_range(const std::string& segment, int64_t step, int64_t offset, int64_t length,
                 uint8_t* out) {
-  ckpt::SnapshotSegment seg = ckpt::SnapshotSegment::open(segment, false);
+  return read_range(ckpt::SnapshotSegment::open(segment, false), step, offset, length, out);
+}
+
+bool read_range(const ckpt::SnapshotSegment& seg, int64_t step, int64_t offset, int64_t length,
+                uint8_t* out) {
   const std::optional<ckpt::SnapshotSegment::View> best = newest_of_step(seg, step);
-  if (!best) throw IoError(str(segment, " holds no committed snapshot of step ", step));
+  if (!best) throw IoError(str(seg.name(), " holds no committed snapshot of step ", step));
   const int64_t have = std::clamp<int64_t>(best->meta.payload_bytes - offset, 0, length);
   if (have > 0) std::memcpy(out, static_cast<const uint8_t*>(best->payload) + offset, size_t(have));
   std::memset(out + have, 0, size_t(length - have));
@@ -128,7 +132,13 @@ void SnapshotParity::adopt() {
       o_.auth.job, {ckpt::SegmentKind::kParity, ckpt::SegmentKind::kRebuilt}, o_.guardian_pid,
       [this](const std::string& name, const ckpt::SegmentName& p,
              std::shared_ptr<ckpt::SnapshotSegment> seg, int was) {
+        bool empty = false;  // a rebuild target made ahead (or a rebuild cut short)
+        try {
+          empty = p.kind == ckpt::SegmentKind::kRebuilt && !seg->latest();
+        } catch (const std::exception&) {
+        }
         std::lock_guard<std::mutex> l(mu_);
+        if (empty) ahead_.insert(name);  // not listed; a rebuild of its node may write it
         (p.kind == ckpt::SegmentKind::kParity ? parity_ : rebuilt_)[name] = std::move(seg);
         log_(str("adopted ", name, " (left by pid ", was, ")"));
       },
@@ -255,6 +265,10 @@ void SnapshotParity::push(const CommittedEvent& e) {
   if (!all) return;
   const bool first = pushed_.empty();
   pushed_[e.name] = v->meta.sequence;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    data_[e.name] = e.segment;  // mapped in by the push: fetches of it read it here (mapped)
+  }
   if (first)
     log_(str("first parity chunks sent: ", e.name, " step ", v->meta.step, ", ", K, " chunk(s) of ",
              mib(double(c)), " to ", K * o_.m, " holder(s), ", mib(double(sent)), " in ",
@@ -547,10 +561,18 @@ void SnapshotParity::serve_fetch(ckpt::PeerChannel& ch, const json& h) {
   // Sent straight from the slot's mapping, then checked for a rewrite under it ("intact"):
   // a copy into a fresh buffer first cost its page faults and a pass over the bytes, about
   // as much as the send itself on loopback.
-  std::optional<ckpt::SnapshotSegment> seg;
+  // Through this agent's own mapping when it has one (its parity, the data it pushed): those
+  // pages are mapped in already; a fresh mapping took a page fault per 4 KiB sent.
+  std::shared_ptr<const ckpt::SnapshotSegment> seg = mapped(name);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (served_.insert(name).second)
+      log_(str("serving fetches of ", name, seg ? " through this agent's own mapping of it"
+                                               : " through a mapping made for each fetch"));
+  }
   std::optional<ckpt::SnapshotSegment::View> v;
   try {
-    seg.emplace(ckpt::SnapshotSegment::open(name, false));
+    if (!seg) seg = std::make_shared<const ckpt::SnapshotSegment>(ckpt::SnapshotSegment::open(name, false));
     v = newest_of_step(*seg, step);
     if (!v) throw IoError(str(name, " holds no committed snapshot of step ", step));
   } catch (const std::exception& e) {
@@ -568,10 +590,19 @@ void SnapshotParity::serve_fetch(ckpt::PeerChannel& ch, const json& h) {
 
 // ---- bookkeeping ----------------------------------------------------------------------------
 
+std::shared_ptr<const ckpt::SnapshotSegment> SnapshotParity::mapped(const std::string& name) const {
+  std::lock_guard<std::mutex> l(mu_);
+  for (const auto* held : {&parity_, &rebuilt_})
+    if (auto it = held->find(name); it != held->end()) return it->second;
+  if (auto it = data_.find(name); it != data_.end()) return it->second;
+  return nullptr;
+}
+
 std::vector<ckpt::SegmentInfo> SnapshotParity::list() const {
   std::lock_guard<std::mutex> l(mu_);
   std::vector<ckpt::SegmentInfo> out;
   for (const auto& [name, seg] : rebuilt_) {
+    if (ahead_.count(name)) continue;  // made ahead (prepare): no snapshot, nothing to offer
     const std::optional<ckpt::SegmentName> p = ckpt::parse_segment_name(name);
     ckpt::SegmentInfo s{name, p ? p->epoch : 0, p ? p->rank : -1, seg->capacity(), seg->owner_pid(),
                         std::nullopt};
@@ -597,10 +628,15 @@ std::vector<std::string> SnapshotParity::retire_older_than(int64_t epoch) {
       }
       ckpt::SnapshotSegment::unlink(it->first);
       out.push_back(it->first);
+      ahead_.erase(it->first);
       it = held->erase(it);
     }
   for (auto it = accumulating_.begin(); it != accumulating_.end();)
     it = it->second->epoch < epoch ? accumulating_.erase(it) : std::next(it);
+  for (auto it = data_.begin(); it != data_.end();) {  // the agent unlinks those itself
+    const std::optional<ckpt::SegmentName> p = ckpt::parse_segment_name(it->first);
+    it = !p || p->epoch < epoch ? data_.erase(it) : std::next(it);
+  }
   return out;
 }
 
@@ -622,6 +658,8 @@ void SnapshotParity::clear() {
   std::lock_guard<std::mutex> l(mu_);
   parity_.clear();
   rebuilt_.clear();
+  ahead_.clear();
+  data_.clear();
   accumulating_.clear();
 }
 

@@ -30,5 +30,8 @@ std::optional<checkpoint::SnapshotSegment::View> newest_of_step(
 // rewritten meanwhile; IoError when no slot holds that step.
 bool read_range(const std::string& segment, int64_t step, int64_t offset, int64_t length,
                 uint8_t* out);
+// The same through a mapping this process holds already (its pages mapped in, no fault).
+bool read_range(const checkpoint::SnapshotSegment& seg, int64_t step, int64_t offset,
+                int64_t length, uint8_t* out);
 
 }  // namespace weft::launch::parity_bytes

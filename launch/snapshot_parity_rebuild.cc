@@ -26,9 +26,20 @@ void SnapshotParity::repair(const std::string& segment, int64_t step, Done done)
   cv_.notify_all();
 }
 
+void SnapshotParity::prepare(int64_t epoch, int locals, int64_t capacity) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (prepared_.count(epoch) || to_prepare_.count(epoch)) return;  // each worker reserves
+  to_prepare_[epoch] = {locals, capacity};
+  tasks_.push_back({Task::kPrepare, epoch, -1, {}});
+  cv_.notify_all();
+}
+
 bool SnapshotParity::settled(int64_t epoch) const {
   std::lock_guard<std::mutex> l(mu_);
-  return !rings_.empty() && rings_.rbegin()->first >= epoch && tasks_.empty() && !working_;
+  // Rebuild targets being made ahead hold no list: nothing listed comes from them.
+  return !rings_.empty() && rings_.rbegin()->first >= epoch && (!working_ || preparing_) &&
+         std::all_of(tasks_.begin(), tasks_.end(),
+                     [](const Task& t) { return t.kind == Task::kPrepare; });
 }
 
 void SnapshotParity::work() {
@@ -41,20 +52,27 @@ void SnapshotParity::work() {
       t = tasks_.front();
       tasks_.pop_front();
       working_ = true;
+      preparing_ = t.kind == Task::kPrepare;
     }
     try {
       if (t.kind == Task::kRebuild)
         rebuild(t);
       else if (t.kind == Task::kNewRing)
         new_ring(t.epoch);
+      else if (t.kind == Task::kPrepare)
+        prepare_ahead(t.epoch);
       else
         t.done(repair_slot(t));
     } catch (const std::exception& e) {
-      log_(str(t.kind == Task::kRepair ? "repair" : "rebuild", " failed: ", e.what()));
+      log_(str(t.kind == Task::kRepair    ? "repair"
+               : t.kind == Task::kPrepare ? "making the rebuild targets ahead"
+                                          : "rebuild",
+               " failed: ", e.what()));
       if (t.kind == Task::kRepair) t.done({{"ok", false}, {"error", e.what()}});
     }
-    std::vector<std::vector<uint8_t>>().swap(scratch_);  // its memory back between tasks
     std::lock_guard<std::mutex> l(mu_);
+    // Its memory back between tasks, unless made ahead with the rebuild targets (prepare).
+    if (ahead_.empty()) std::vector<std::vector<uint8_t>>().swap(scratch_);
     working_ = false;
   }
 }
@@ -67,7 +85,14 @@ json SnapshotParity::ask(const ReplicaRing& ring, int node, const json& request)
 void SnapshotParity::fetch(const ReplicaRing& ring, int node, const std::string& segment,
                            int64_t step, int64_t offset, int64_t length, uint8_t* out) {
   if (node == ring.node) {
-    if (!read_range(segment, step, offset, length, out))
+    const std::shared_ptr<const ckpt::SnapshotSegment> seg = mapped(segment);
+    {
+      std::lock_guard<std::mutex> l(mu_);  // (the pieces' threads)
+      spent_.local_reads++;
+      spent_.local_mapped += seg != nullptr;
+    }
+    if (!(seg ? read_range(*seg, step, offset, length, out)
+              : read_range(segment, step, offset, length, out)))
       throw IoError(str(segment, " step ", step, " was rewritten while read"));
     return;
   }
@@ -168,10 +193,12 @@ void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::Stripe
   // fetch whole fragments into K + m fresh buffers of a chunk each and copy the result: at
   // 727 MiB a rank, touching that scratch's new pages was a large part of the rebuild.)
   const int64_t P = std::min<int64_t>(kDecodePieceBytes, std::max<int64_t>(L, 1));
+  const auto t_scratch = Clock::now();
   std::vector<std::vector<uint8_t>>& bufs = scratch_;
   bufs.resize(2 * static_cast<size_t>(n));
   for (auto& b : bufs)
     if (int64_t(b.size()) < P) b.resize(size_t(P));
+  spent_.scratch += since(t_scratch);
   auto fetch_piece = [&](int64_t o, int set) {
     std::vector<std::future<void>> f;
     const int64_t piece = std::min(P, L - o);
@@ -237,6 +264,134 @@ std::vector<std::string> own_data(const std::string& job, int node, int64_t epoc
 }
 }  // namespace
 
+void SnapshotParity::prepare_ahead(int64_t epoch) {
+  std::pair<int, int64_t> own;  // the node's ranks of the epoch and the largest one's bytes
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    // Done already, not reserved yet (its reserve queues it again), or an older epoch's (a
+    // newer ring came: a loss now is of that one).
+    auto it = to_prepare_.find(epoch);
+    if (prepared_.count(epoch) || it == to_prepare_.end() || rings_.empty() ||
+        rings_.rbegin()->first != epoch)
+      return;
+    own = it->second;
+  }
+  const std::optional<ReplicaRing> ring = ring_of(epoch);
+  const int n = ring ? int(ring->nodes.size()) : 0;
+  if (!ring || n < o_.k + o_.m) return;
+  const ckpt::StripeLayout l(n, o_.k, o_.m);
+  const int g = l.group_of(ring->node), G = l.group_size(g), K = l.data_fragments(g);
+  // The node this one rebuilds when it is lost alone: the first survivor after it (rebuild).
+  const int lost = l.node_at(g, l.position(ring->node) - 1);
+  const auto [locals, capacity] = own;
+  const int64_t piece = std::min<int64_t>(kDecodePieceBytes, ckpt::chunk_bytes(capacity, K));
+  const double need =
+      locals * snapshot_segment_bytes(capacity, 1) + 2.0 * G * double(piece);
+  const NodeMemory m = read_node_memory();
+  const double room = snapshot_room(m);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    prepared_.insert(epoch);
+    to_prepare_.erase(epoch);
+  }
+  if (need > room) {
+    log_(str("epoch ", epoch, ": no rebuild target made ahead for node ", lost, ": ",
+             mib(need), " do not fit the node's memory (", mib(std::max(0.0, room)),
+             " free less the margin); a rebuild of it allocates its pages as it writes"));
+    return;
+  }
+  const auto t0 = Clock::now();
+  std::vector<std::string> made;
+  try {
+    for (int local = 0; local < locals; ++local) {
+      // Named for the rank that node most likely has (every node runs as many workers); a
+      // rebuild of another rank renames it (take_ahead).
+      const int rank = lost * locals + local;
+      const std::string name =
+          ckpt::segment_name(o_.auth.job, ckpt::SegmentKind::kRebuilt, lost, epoch, rank);
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (rebuilt_.count(name)) continue;  // adopted, or rebuilt already
+      }
+      ckpt::SnapshotSegment::unlink(name);  // a stale one nobody holds
+      auto seg = std::make_shared<ckpt::SnapshotSegment>(ckpt::SnapshotSegment::create(
+          name, std::max<int64_t>(capacity, 1), int(::getpid()), ckpt::kMinSnapshotSlots,
+          o_.guardian_pid, false));
+      // The slot a rebuild's begin() takes (the first: none is committed), begun with a
+      // placeholder and left uncommitted (never listed as a snapshot), its pages allocated
+      // and mapped in through this mapping, which the rebuild writes through.
+      ckpt::SnapshotMeta placeholder;
+      placeholder.job_id = o_.auth.job;
+      placeholder.kind = ckpt::SegmentKind::kRebuilt;
+      placeholder.owner_node = lost;
+      placeholder.epoch = epoch;
+      placeholder.rank = rank;
+      placeholder.payload_bytes = capacity;
+      seg->begin(placeholder);
+      // In pieces, each after a look for a newer ring: a loss in this epoch's first moments
+      // queues its rebuild behind this task, which must not hold it for the rest of the
+      // allocation (seconds while the workers start). A target cut short is dropped whole:
+      // a rebuild skips populate_writing only for one allocated throughout.
+      for (int64_t at = 0; at < capacity; at += kPreparePieceBytes) {
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          if (rings_.rbegin()->first != epoch || stopped_) {
+            ckpt::SnapshotSegment::unlink(name);
+            log_(str("epoch ", epoch, ": making the rebuild targets for node ", lost,
+                     " ahead stopped: epoch ", rings_.rbegin()->first,
+                     "'s ring came (a rebuild of it allocates its pages as it writes)"));
+            return;
+          }
+        }
+        seg->populate_writing(at, std::min(kPreparePieceBytes, capacity - at));
+      }
+      std::lock_guard<std::mutex> lk(mu_);
+      rebuilt_[name] = seg;
+      ahead_.insert(name);
+      made.push_back(name);
+    }
+    // The decode's pieces too (two sets of one per fragment), touched now.
+    scratch_.resize(2 * static_cast<size_t>(G));
+    for (auto& b : scratch_)
+      if (int64_t(b.size()) < piece) b.resize(size_t(piece));
+  } catch (const std::exception& e) {
+    log_(str("epoch ", epoch, ": the rebuild targets made ahead for node ", lost,
+             " stopped: ", e.what(), "; a rebuild allocates its pages as it writes"));
+    return;
+  }
+  if (!made.empty())
+    log_(str("epoch ", epoch, ": made ahead the segment(s) a rebuild of node ", lost,
+             " would write if it were lost: ", made.size(), " of ", mib(double(capacity)),
+             ", their pages allocated in ", since(t0) * 1e3, " ms"));
+}
+
+std::shared_ptr<ckpt::SnapshotSegment> SnapshotParity::take_ahead(int64_t epoch, int lost,
+                                                                  int64_t payload,
+                                                                  const std::string& name) {
+  std::lock_guard<std::mutex> l(mu_);
+  // A segment of that name that is not one made ahead: an earlier try's (rebuild's own path).
+  if (rebuilt_.count(name) && !ahead_.count(name)) return nullptr;
+  std::string pick;
+  for (const std::string& a : ahead_) {
+    const std::optional<ckpt::SegmentName> p = ckpt::parse_segment_name(a);
+    auto it = rebuilt_.find(a);
+    if (!p || p->epoch != epoch || p->owner_node != lost || it == rebuilt_.end() ||
+        it->second->capacity() < payload)
+      continue;
+    if (pick.empty() || a == name) pick = a;
+  }
+  if (pick.empty()) return nullptr;
+  std::shared_ptr<ckpt::SnapshotSegment> seg = rebuilt_.at(pick);
+  if (pick != name) {
+    ckpt::SnapshotSegment::unlink(name);  // a stale one nobody holds
+    seg->rename(name);
+    rebuilt_.erase(pick);
+    rebuilt_[name] = seg;
+  }
+  ahead_.erase(pick);
+  return seg;
+}
+
 bool SnapshotParity::rebuild(const Task& task) {
   const std::optional<ReplicaRing> ring = ring_of(task.epoch);
   if (!ring || int(ring->nodes.size()) < o_.k + o_.m) return true;
@@ -300,13 +455,17 @@ bool SnapshotParity::rebuild(const Task& task) {
         const int64_t c = me.at("chunk").get<int64_t>(), payload = meta.payload_bytes;
         const std::string name = ckpt::segment_name(o_.auth.job, ckpt::SegmentKind::kRebuilt,
                                                     task.lost, task.epoch, meta.rank);
-        std::shared_ptr<ckpt::SnapshotSegment> seg;
-        {
+        std::shared_ptr<ckpt::SnapshotSegment> seg = take_ahead(task.epoch, task.lost, payload, name);
+        spent_.ahead = seg != nullptr;
+        if (!seg) {
           std::lock_guard<std::mutex> lk(mu_);
           if (auto f = rebuilt_.find(name); f != rebuilt_.end()) seg = f->second;
         }
         if (seg && seg->capacity() < payload) {
           ckpt::SnapshotSegment::unlink(name);
+          std::lock_guard<std::mutex> lk(mu_);
+          rebuilt_.erase(name);
+          ahead_.erase(name);
           seg.reset();
         }
         if (!seg) {
@@ -330,7 +489,10 @@ bool SnapshotParity::rebuild(const Task& task) {
           if (n > 0)
             decode_fragment(*ring, l, stripes[size_t(t)], t, at[size_t(t)], task.gone, out + t * c,
                             n,
-                            [&](int64_t o, int64_t len) { seg->populate_writing(t * c + o, len); });
+                            spent_.ahead ? std::function<void(int64_t, int64_t)>()
+                                         : [&](int64_t o, int64_t len) {
+                                             seg->populate_writing(t * c + o, len);
+                                           });
         }
         const auto t2 = Clock::now();
         if (!blocks_match(out, 0, payload, payload, crcs))
@@ -343,9 +505,13 @@ bool SnapshotParity::rebuild(const Task& task) {
         log_(str("rebuilt node ", task.lost, "'s rank ", meta.rank, " (epoch ", task.epoch,
                  ", step ", step, ") from parity into ", name, ": ", mib(double(payload)), " in ",
                  since(t0) * 1e3, " ms (asking the holders ", ask_s * 1e3, " ms, fetch and decode ",
-                 since(t1) * 1e3, " ms: segment ", spent_.segment * 1e3, ", allocating its pages ",
-                 spent_.populate * 1e3, ", waiting for fetches ", spent_.fetch_wait * 1e3,
-                 ", decoding ", spent_.decode * 1e3, ", checking ", check_s * 1e3, ")"));
+                 since(t1) * 1e3, " ms: segment ", spent_.segment * 1e3,
+                 spent_.ahead ? " made ahead" : "", ", allocating its pages ",
+                 spent_.populate * 1e3, ", scratch buffers ", spent_.scratch * 1e3,
+                 ", waiting for fetches ", spent_.fetch_wait * 1e3,
+                 ", decoding ", spent_.decode * 1e3, ", checking ", check_s * 1e3,
+                 "; pieces read here ", spent_.local_reads, ", ", spent_.local_mapped,
+                 " of them through this agent's own mapping)"));
         done = true;
       } catch (const std::exception& e) {
         log_(str("node ", task.lost, "'s local rank ", local, " not rebuilt at step ", step, ": ",

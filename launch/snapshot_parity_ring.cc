@@ -58,6 +58,9 @@ void SnapshotParity::set_ring(ReplicaRing r) {
   if (known == rings_.end() ||
       (known->second.nodes != r.nodes && r.epoch == rings_.rbegin()->first)) {
     tasks_.push_back({Task::kNewRing, r.epoch, -1, {}});
+    // After it: the rebuild targets of this epoch made ahead, when its reserve came first
+    // (prepare(); else the reserve queues it).
+    if (to_prepare_.count(r.epoch)) tasks_.push_back({Task::kPrepare, r.epoch, -1, {}});
     cv_.notify_all();
   }
   rings_[r.epoch] = std::move(r);

@@ -988,14 +988,24 @@ int RankTraining::run() {
     }
     if (end == WorldEnd::kChange) change_at_ = Clock::now();
     // This world is over: keep the state, drop everything else, go to the next epoch.
+    Laps end_laps;  // the resize line's "membership", finer (debug)
     snaps_.detach();  // the copy in flight is of the last complete state
+    end_laps.lap("snapshot detach");
     held_ = hold_state(*trainer_, ckpt_->space(), env_.rdzv_epoch, torn);
+    end_laps.lap("state held");
     metrics_.reset();
     ckpt_.reset();
+    end_laps.lap("metrics and checkpoints dropped");
     trainer_.reset();
+    end_laps.lap("trainer dropped");
     world_.reset();
+    end_laps.lap("world dropped");
     prefault_ahead();  // while the membership is agreed
+    end_laps.lap("prefault started");
     const EpochNotice n = wait_for_notice();
+    end_laps.lap("notice wait");
+    WEFT_DEBUG("resize", "epoch ", env_.rdzv_epoch, " end: ", since(change_at_) * 1e3,
+               " ms after the change was known here: ", end_laps.text());
     adopt_notice(n);
     if (end == WorldEnd::kChange || why.empty()) why = n.why;
     else why = n.why + " (a collective failed: " + why + ")";
