@@ -2,10 +2,18 @@
 // through a POSIX shared-memory ring instead of the communicator. Gloo over 127.0.0.1 copies
 // every byte into a staging tensor, through the kernel's socket buffers twice and out again;
 // here the sender packs straight into a shared chunk and the receiver unpacks straight out of
-// it, two copies that overlap (one slot is filled while the other is drained). A single copy
-// (process_vm_readv) was left out: it needs ptrace rights over the peer, which Yama and the
-// seccomp profiles of common container runtimes deny, and the ring is already bound by the
-// destination's page faults, not by its second copy.
+// it, two copies that overlap (one slot is filled while the other is drained). Its slots
+// (4 x 512 KiB) stay in the last-level cache, so each byte crosses memory once, on two cores.
+// A single copy (cross-memory attach: the receiver reads the sender's sources straight into
+// its destinations with process_vm_readv, as Open MPI's vader does) was built, tested and
+// measured on 2026-12-05 and not kept, because it was slower here: 600 MiB between two
+// processes into touched memory, process_vm_readv 8.2 GB/s (0.43x memcpy's 18-19 GB/s; two
+// threads no faster), the ring 18.8-20.6 GB/s; with two pairs at once 4.5-5.8 against
+// 4.3-9.5 GB/s a receiver; in the benches' moves slower every time (ZeRO-3 survivors'
+// 583-875 MiB 0.14-0.22 s against 0.09-0.15 s; node loss 604 MiB 0.17 / 0.40 s against
+// 0.13 / 0.21 s, replica / ec). It also needs ptrace rights over the peer, which Yama and
+// container seccomp profiles may deny. Where the benches fall short of memcpy it is the
+// destinations' page faults and the cores every rank shares, not the ring's second copy.
 #pragma once
 
 #include <chrono>
