@@ -231,6 +231,18 @@ class SnapshotPeersTest : public SnapshotProcessTest {
       if (s.name == name && s.committed) return s.committed->step;
     return -1;
   }
+  // Node `n` dies whole: its agent (the n-th process started) is killed and its memory goes
+  // with it: the segments it owns (data and parity). Rebuilt segments named for it belong to
+  // the node that rebuilt (or made ahead) them, and stay.
+  void lose(int n) {
+    ::kill(pids_[size_t(n)], SIGKILL);
+    ::waitpid(pids_[size_t(n)], nullptr, 0);
+    pids_[size_t(n)] = 0;  // reaped
+    for (const std::string& name : snapshot_segments(job_)) {
+      const auto p = parse_segment_name(name);
+      if (p && p->owner_node == n && p->kind != SegmentKind::kRebuilt) SnapshotSegment::unlink(name);
+    }
+  }
 };
 
 }  // namespace weft::checkpoint

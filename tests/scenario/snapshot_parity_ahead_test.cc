@@ -62,16 +62,6 @@ class SnapshotParityAhead : public SnapshotPeersTest {
       return true;
     })) << logs(kNodes);
   }
-  void lose(int n) {
-    ::kill(pids_[size_t(n)], SIGKILL);
-    ::waitpid(pids_[size_t(n)], nullptr, 0);
-    pids_[size_t(n)] = 0;  // reaped
-    for (const std::string& name : snapshot_segments(job_)) {
-      const auto p = parse_segment_name(name);
-      // (kRebuilt ones named for node n are the rebuilder's: node 2's made ahead.)
-      if (p && p->owner_node == n && p->kind != SegmentKind::kRebuilt) SnapshotSegment::unlink(name);
-    }
-  }
   // Node 1 lost; epoch 2 of nodes 0 and 2. Node 2's list of epoch 2 (after its rebuild).
   std::vector<SegmentInfo> lose_node_one() {
     lose(1);

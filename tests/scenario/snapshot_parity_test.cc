@@ -88,16 +88,6 @@ class SnapshotParity : public SnapshotPeersTest {
       return true;
     })) << logs(kNodes);
   }
-  // Node `n` dies whole: its agent is killed and its memory (segments) goes with it.
-  void lose(int n) {
-    ::kill(pids_[size_t(n)], SIGKILL);
-    ::waitpid(pids_[size_t(n)], nullptr, 0);
-    pids_[size_t(n)] = 0;  // reaped
-    for (const std::string& name : snapshot_segments(job_)) {
-      const auto p = parse_segment_name(name);
-      if (p && p->owner_node == n && p->kind != SegmentKind::kRebuilt) SnapshotSegment::unlink(name);
-    }
-  }
 
   // Node `n`'s agent is killed and started again, as its weft run does (it adopts its
   // segments and listens on a new port): the new endpoint replaces the old in endpoints_.
