@@ -44,6 +44,15 @@ core::JobSpec job(int dp, int tp, int pp) {
   return s;
 }
 
+// `s` planned for `world` ranks on cpu_host(), not simulated: each test simulates it under
+// the models it compares.
+Plan plan_unsimulated(const core::JobSpec& s, const core::ModelGraph& mg, int world) {
+  PlanOptions po;
+  po.simulate = false;
+  po.cost = cpu_host();
+  return make_plan(s, mg.graph, world, po);
+}
+
 TEST(Runnable, TheWaitRunsFromTheWithinCoresCurveToTheMeasuredOne) {
   const CostModel cm = cpu_host();
   // 4 ranks on 2 cores, the curve measured at 4: every rank runnable reads the curve as
@@ -86,10 +95,7 @@ TEST(Runnable, TheWaitRunsFromTheWithinCoresCurveToTheMeasuredOne) {
 TEST(Runnable, APipelineOverTheCoresRunsFewerRanksThanTheWorld) {
   const core::JobSpec s = job(1, 2, 2);
   const core::ModelGraph mg = build_planning_graph(s);
-  PlanOptions po;
-  po.simulate = false;
-  po.cost = cpu_host();
-  const Plan p = make_plan(s, mg.graph, 4, po);
+  const Plan p = plan_unsimulated(s, mg, 4);
   const CostAnnotations free = simulate_plan(p, mg.graph, cpu_host());
   const CostAnnotations all = simulate_plan(p, mg.graph, pinned(cpu_host(), 4));
   const CostAnnotations two = simulate_plan(p, mg.graph, pinned(cpu_host(), 2));
@@ -105,10 +111,7 @@ TEST(Runnable, APipelineOverTheCoresRunsFewerRanksThanTheWorld) {
 TEST(Runnable, WithoutAPipelineEveryRankIsRunnable) {
   const core::JobSpec s = job(1, 4, 1);
   const core::ModelGraph mg = build_planning_graph(s);
-  PlanOptions po;
-  po.simulate = false;
-  po.cost = cpu_host();
-  const Plan p = make_plan(s, mg.graph, 4, po);
+  const Plan p = plan_unsimulated(s, mg, 4);
   const CostAnnotations free = simulate_plan(p, mg.graph, cpu_host());
   const CostAnnotations all = simulate_plan(p, mg.graph, pinned(cpu_host(), 4));
   ASSERT_TRUE(free.valid && all.valid);
@@ -122,10 +125,7 @@ TEST(Runnable, WithinTheCoresTheSimulatorIgnoresIt) {
   for (const auto& [dp, tp, pp] : {std::tuple{2, 1, 1}, {1, 2, 1}, {1, 1, 2}}) {
     const core::JobSpec s = job(dp, tp, pp);
     const core::ModelGraph mg = build_planning_graph(s);
-    PlanOptions po;
-    po.simulate = false;
-    po.cost = cpu_host();
-    const Plan p = make_plan(s, mg.graph, 2, po);
+    const Plan p = plan_unsimulated(s, mg, 2);
     CostModel none = cpu_host();
     none.sync_wait_oversub_by_burst.clear();
     none.sync_wait_oversub_ranks = 0;
