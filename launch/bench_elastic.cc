@@ -26,6 +26,7 @@
 #include "launch/args.h"
 #include "launch/bench_elastic_agent.h"
 #include "launch/bench_elastic_parts.h"
+#include "launch/bench_elastic_snapshots.h"
 #include "planner/memory_estimate.h"
 #include "planner/policy.h"
 
@@ -58,8 +59,18 @@ constexpr const char* kHelp =
     "                  members' notice; failure: its detection, reported on its own) to the\n"
     "                  new world's first step, and no rank trains (the old world's last step\n"
     "                  -> the new world ready); the path of stamped lines from the notice; the\n"
-    "                  resize line's phases (membership / communicators / plan / transfer /\n"
-    "                  resume); MiB between ranks against the minimum; the workers' VmHWM.\n"
+    "                  resize line's phases (membership / communicators / plan / [read\n"
+    "                  snapshots /] transfer / resume); MiB between ranks against the minimum;\n"
+    "                  the workers' VmHWM.\n"
+    "                  Where the failure's world (4 ranks) holds state on one rank only\n"
+    "                  (from the plan's layout: ZeRO shards, tp, pp or ep without a DP\n"
+    "                  replica), the live side takes in-memory snapshots: snapshot.every auto\n"
+    "                  and snapshot.redundancy replica unless --set gives them (ec with\n"
+    "                  k + m <= 4 too; every 0 or redundancy none is refused: the failure row\n"
+    "                  would start over from step 0). The kill then waits until every node\n"
+    "                  holds a peer's copy of its world's snapshot, and the failure's row says\n"
+    "                  the state came from snapshots and how many steps back. dp alone at\n"
+    "                  zero 0 takes none (a kill loses nothing the survivors lack).\n"
     "  --mode both     first the same job and changes under elastic.on_change: restart\n"
     "                  (--max-restarts 1, checkpoint every 2 steps, the first change after the\n"
     "                  first checkpoint): a join or a loss restarts every worker from the\n"
@@ -159,6 +170,7 @@ std::vector<std::string> train_sets(const Options& o, int layers) {
   if (o.mode == "restart" && !user_sets(o, "checkpoint.every")) s.push_back("checkpoint.every=2");
   if (layers > 0) s.push_back("model.layers=" + std::to_string(layers));
   s.insert(s.end(), o.mode_sets.begin(), o.mode_sets.end());
+  s.insert(s.end(), o.live_sets.begin(), o.live_sets.end());
   s.insert(s.end(), o.sets.begin(), o.sets.end());
   return s;
 }
@@ -601,6 +613,7 @@ int run_elastic_bench(const std::vector<std::string>& argv) {
     return run_restart(o) ? 0 : 1;
   }
   size_job(o, a, {4, 3, 2}, kReshardDefaultParams);
+  choose_snapshots(o);
   make_dir(o, a);
   return run_reshard(o, o.mode == "both");
 }

@@ -26,6 +26,10 @@ struct Options {
   std::string config;
   std::vector<std::string> sets;  // to weft train, in order
   std::vector<std::string> mode_sets;  // the mode's own settings, before the user's
+  // The live side's snapshot settings, after the mode's and before the user's
+  // (launch/bench_elastic_snapshots.h), and the header line that says which and why.
+  std::vector<std::string> live_sets;
+  std::string snapshot_header;
   int threads = 1;
   double heartbeat_timeout = 0;  // 0: weft run's default
   double timeout = 3600;
@@ -46,7 +50,10 @@ struct RestartResult {
 double parse_count(const std::string& s);
 std::string gb(double bytes);
 double param_count(const core::JobSpec& spec);
-// The bench's settings for weft train: its own, the mode's, --params' layers, the user's.
+// Whether the user's --set gives `key`.
+bool user_sets(const Options& o, const std::string& key);
+// The bench's settings for weft train: its own, the mode's, --params' layers, the live
+// side's snapshots (Options::live_sets), the user's.
 std::vector<std::string> train_sets(const Options& o, int layers);
 // Loads the job as the workers will, scaled to --params (or `default_params` when > 0 and
 // --params is absent), and checks it can run: a global batch every world in `worlds`

@@ -28,7 +28,13 @@ struct Change {
   // The path from the notice, in order: (what, stamp). Printed as offsets from the notice.
   std::vector<std::pair<std::string, double>> path;
   // Live only: the resize line's phases and bytes, and the live workers' VmHWM after it.
-  double again = 0, membership = 0, communicators = 0, plan = 0, transfer = 0, resume = 0;
+  double again = 0, membership = 0, communicators = 0, plan = 0, read = 0, transfer = 0,
+         resume = 0;
+  // Live only: where the new world's state came from (the resize line): "survivors",
+  // "snapshots" (origins: "1 own, 2 replicas") or "checkpoint"; the steps it went back.
+  std::string source = "survivors", origins;
+  long long went_back = 0;
+  long long epoch = 0;  // live: the new world's epoch
   bool comms_ahead = false;
   double mib_between = 0, mib_kept = 0, mib_copied = 0;
   int holders = 0;
@@ -43,6 +49,10 @@ struct Change {
 // or at once with Options::leaves "together"), join (2 -> 4) and failure (4 -> 3). Throws Error (with the agents' tails on stderr) when a change does not complete.
 struct SideResult {
   std::vector<Change> changes;
+  // Live with snapshots: rank 0's steady step times (ms) in the first world before its
+  // first snapshot and after it, and rank 0's "snapshot.every auto: ..." line of each world.
+  std::vector<double> steps_before, steps_after;
+  std::vector<std::string> auto_lines;
   bool kept_workers = false;  // live: the two nodes that lived through all kept their workers
   std::vector<int> leaver_codes;   // the leaving agents' exit codes (-1: still running)
   std::vector<std::string> stuck;  // live: leaving agents that never said they handed over

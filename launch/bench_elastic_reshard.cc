@@ -25,6 +25,7 @@
 #include "comm/store/auth.h"
 #include "launch/bench_elastic.h"
 #include "launch/bench_elastic_planned.h"
+#include "launch/bench_snapshot_parts.h"
 #include "planner/memory_estimate.h"
 
 namespace weft::launch::bench {
@@ -61,6 +62,9 @@ double hwm_gib(pid_t pid) {
   return -1;
 }
 
+// One run id per side (the checkpoints' and the snapshots' job id derive from it).
+std::string rdzv_id(bool live) { return str("bench-", live ? "reshard-" : "restart-", ::getpid()); }
+
 // `resume`: the restart side's relaunch after a graceful leave stopped the job (a fresh
 // `weft run`, so its workers are told where the checkpoints are, as a user would).
 std::vector<std::string> side_argv(const Options& o, bool live, int port, bool resume) {
@@ -69,7 +73,7 @@ std::vector<std::string> side_argv(const Options& o, bool live, int port, bool r
   std::vector<std::string> v = {self, "run", "--nnodes", "2:4", "--nproc-per-node", "1",
                                 "--max-restarts", live ? "0" : "1"};
   // One run id per side (the checkpoints' job id derives from it: the relaunch resumes them).
-  v.insert(v.end(), {"--rdzv-id", str("bench-", live ? "reshard-" : "restart-", ::getpid())});
+  v.insert(v.end(), {"--rdzv-id", rdzv_id(live)});
   v.insert(v.end(), {"--rdzv-endpoint", "127.0.0.1:" + std::to_string(port)});
   // The restart side's last call 0.1 s, not torchrun's 30 s: a relaunch after a leave forms
   // with the nodes that came at once (its best case; a join of two fills the job at once).
@@ -79,6 +83,8 @@ std::vector<std::string> side_argv(const Options& o, bool live, int port, bool r
   if (resume) v.insert(v.end(), {"--resume", (o.dir / "checkpoints").string()});
   for (const std::string& s : train_sets(o, int(o.spec.model.layers))) v.insert(v.end(), {"--set", s});
   v.insert(v.end(), {"--set", live ? "elastic.on_change=reshard" : "elastic.on_change=restart"});
+  // The restart side is the checkpoint baseline: no snapshots, whatever --set says.
+  if (!live) v.insert(v.end(), {"--set", "snapshot.every=0"});
   return v;
 }
 
@@ -90,7 +96,8 @@ struct Found {
 
 class Run {
  public:
-  Run(Options& o, bool live) : o_(o), live_(live), origin_(BenchAgent::Clock::now()) {
+  Run(Options& o, bool live)
+      : o_(o), live_(live), origin_(BenchAgent::Clock::now()), rdzv_id_(rdzv_id(live)) {
     argv_ = side_argv(o, live, free_port(), false);
   }
 
@@ -210,30 +217,57 @@ class Run {
   std::vector<int> index_;
   std::map<int, bool> gone_;  // agents that are meant to end
   int host_ = -1;
+  std::string rdzv_id_;
 };
 
 void parse_resize(Change& c, const std::string& s) {
   static const std::regex router(
       R"(state from (\d+) holders? through the router \(([\d.e+-]+) MiB between ranks; rank 0 kept ([\d.e+-]+) MiB in place and copied ([\d.e+-]+) MiB)");
+  // Nobody alive held the whole state (launch/train_ranks.cc, print_arrival).
+  static const std::regex snapshots(
+      R"(resumed at step (\d+) \((\d+) steps back\) from (\d+) holders, \d+ of them in-memory snapshots \(([^)]*)\), through the router \(([\d.e+-]+) MiB between ranks)");
+  static const std::regex checkpoint(R"(resumed from the latest checkpoint at step (\d+), (\d+) steps back)");
+  static const std::regex over(R"(started over from step 0, (\d+) steps back)");
   static const std::regex again(
       R"(training again ([\d.]+) s after the change \(membership ([\d.]+), communicators ([\d.]+), plan ([\d.]+), read snapshots ([\d.]+), transfer ([\d.]+), resume ([\d.]+)\))");
   std::smatch m;
-  if (!std::regex_search(s, m, router))
-    throw Error("the resize did not take its state from the survivors: " + s);
-  c.holders = std::stoi(m[1]);
-  c.mib_between = std::stod(m[2]);
-  c.mib_kept = std::stod(m[3]);
-  c.mib_copied = std::stod(m[4]);
+  if (std::regex_search(s, m, router)) {
+    c.holders = std::stoi(m[1]);
+    c.mib_between = std::stod(m[2]);
+    c.mib_kept = std::stod(m[3]);
+    c.mib_copied = std::stod(m[4]);
+  } else if (std::regex_search(s, m, snapshots)) {
+    c.source = "snapshots";
+    c.resumed_step = std::stoll(m[1]);
+    c.went_back = std::stoll(m[2]);
+    c.holders = std::stoi(m[3]);
+    c.origins = m[4];
+    c.mib_between = std::stod(m[5]);
+  } else if (std::regex_search(s, m, checkpoint)) {
+    c.source = "checkpoint";
+    c.resumed_step = std::stoll(m[1]);
+    c.went_back = std::stoll(m[2]);
+  } else if (std::regex_search(s, m, over)) {
+    throw Error(str("the world of ", c.to, " started over from step 0 (", m[1],
+                    " steps back): nobody alive held the lost state, and no snapshot or "
+                    "checkpoint did: ", s));
+  } else {
+    throw Error("the resize line does not say where its state came from: " + s);
+  }
   if (!std::regex_search(s, m, again)) throw Error("no phases in the resize line: " + s);
   c.again = std::stod(m[1]);
   c.membership = std::stod(m[2]);
   c.communicators = std::stod(m[3]);
   c.plan = std::stod(m[4]);
-  c.transfer = std::stod(m[5]) + std::stod(m[6]);  // this bench takes no snapshots: 0 + transfer
+  c.read = std::stod(m[5]);
+  c.transfer = std::stod(m[6]);
   c.resume = std::stod(m[7]);
   c.comms_ahead = has(s, "its communicator was connected while the old world ended its step");
   static const std::regex epochs(R"(resize: epoch (\d+) -> (\d+),)");
-  if (std::regex_search(s, m, epochs)) c.epochs = int(std::stoll(m[2]) - std::stoll(m[1]));
+  if (std::regex_search(s, m, epochs)) {
+    c.epochs = int(std::stoll(m[2]) - std::stoll(m[1]));
+    c.epoch = std::stoll(m[2]);
+  }
 }
 
 // The new world of `c` ready and stepping: fills ready, first, last_step and (live) the
@@ -283,10 +317,79 @@ void finish_change(Run& run, Change& c, const std::vector<size_t>& from) {
   run.wait_steps(run.marks(), 2, "two steps of the new world");
 }
 
+// The ms of a step line ("... | mem 12.0 MiB | 1234 ms" or "... | 1234 ms | world 3 after a
+// resize of 0.1 s"), or -1.
+double step_ms(const std::string& l) {
+  static const std::regex ms(R"(\| ([\d.]+) ms(?: \||$))");
+  std::smatch m;
+  return std::regex_search(l, m, ms) ? std::stod(m[1]) : -1;
+}
+
+// Rank 0's "snapshot.every auto: a snapshot every N steps in this world, ..." lines.
+bool auto_line(const std::string& l) { return has(l, "snapshot.every auto: a snapshot every "); }
+
+// The live side with snapshots, in its first world: rank 0's steady steps before its first
+// snapshot and after it. snapshot.every auto's probe snapshot is copied beside the world's
+// fifth step, whose line comes right before the auto line; the world's first step (traced)
+// and that one are left out of "before". Waits for the auto line and four steps after it.
+void steady_steps(Run& run, SideResult& res) {
+  const std::vector<size_t> zero(run.agents_.size(), 0);
+  const Found a = run.wait_line(zero, "the first world's snapshot.every auto line",
+                                [](int, const std::string& l) { return auto_line(l); });
+  run.wait_steps(run.marks(), 4, "four steps after the first snapshot");
+  std::vector<std::pair<double, double>> steps;  // (stamp, ms)
+  for (const auto& ag : run.agents_)
+    for (const StampedLine& l : ag->lines())
+      if (step_of(l.text) >= 0 && step_ms(l.text) >= 0) steps.push_back({l.t, step_ms(l.text)});
+  std::sort(steps.begin(), steps.end());
+  std::vector<double> before;
+  for (const auto& [t, ms] : steps) (t < a.line.t ? before : res.steps_after).push_back(ms);
+  if (before.size() > 2) res.steps_before.assign(before.begin() + 1, before.end() - 1);
+}
+
+// Before the failure's kill: every node of the world of `epoch` holds a peer's copy of its
+// snapshot of that epoch (its snapshot agent's "holding replicas of node ..." or "holding
+// parity fragment ..." line), then two more steps, for the copy's bytes to land; a node lost
+// whole then resumes from its copy of this world, not an older world's nor step 0.
+void wait_snapshots_held(Run& run, long long epoch) {
+  const bool ec = run.o_.spec.snapshot.redundancy == "ec";
+  const std::string tag = str("(epoch ", epoch, ")");
+  int members = 0;
+  for (size_t i = 0; i < run.agents_.size(); ++i)
+    members += run.agents_[i]->running() && !run.gone_.count(int(i));
+  std::set<int> held;
+  run.wait_line(std::vector<size_t>(run.agents_.size(), 0),
+                str("every node's snapshot of epoch ", epoch, " held by a peer"),
+                [&](int i, const std::string& l) {
+                  if (!run.gone_.count(i) && has(l, tag.c_str()) &&
+                      has(l, ec ? "holding parity fragment " : "holding replicas of node "))
+                    held.insert(i);
+                  return int(held.size()) >= members;
+                });
+  run.wait_steps(run.marks(), 2, "two steps after the snapshots were held");
+}
+
 }  // namespace
 
 SideResult run_side(Options& o, bool live) {
   Run run(o, live);
+  // The live side's snapshot agents keep their segments when their weft run is killed: the
+  // agents go first, then the job's segments (the bench's, whatever happened).
+  const bool snapshots = live && o.spec.snapshot.enabled();
+  struct Cleanup {
+    Run& run;
+    bool snapshots;
+    ~Cleanup() {
+      // Their snapshot agents die with them, rather than at their own pace after weft run's
+      // death (a SIGTERM), which may come after the segments' removal.
+      if (snapshots)
+        for (const auto& a : run.agents_)
+          if (a->running())
+            for (pid_t k : snapbench::children_of(a->pid())) ::kill(k, SIGKILL);
+      run.agents_.clear();
+      if (snapshots) snapbench::remove_job_segments(run.rdzv_id_, false);
+    }
+  } cleanup{run, snapshots};
   SideResult res;
   const char* side = live ? "reshard" : "restart";
   std::map<int, pid_t> first_workers;  // live: each first agent's worker
@@ -349,6 +452,8 @@ SideResult run_side(Options& o, bool live) {
     for (int i = 0; i < 4; ++i) run.start();
     note(run.now(), str(side, ": started 4 agents"));
     run.warm_up({});
+    // The cost's split needs auto's probe line (a fixed interval from --set has none).
+    if (snapshots && o.spec.snapshot.every == core::SnapshotSpec::kAuto) steady_steps(run, res);
     if (live)
       for (int i = 0; i < 4; ++i) first_workers[i] = worker_of(run.agents_[size_t(i)]->pid());
     if (o.leaves == "together") {
@@ -382,10 +487,18 @@ SideResult run_side(Options& o, bool live) {
     }
     {  // failure: an agent SIGKILLed with its worker; the change is known at its detection
       Change c{"failure", "", 4, 3};
+      // Snapshots kept on their own node only (redundancy none, a --set under a layout that
+      // loses nothing) have no copy to wait for.
+      if (snapshots && o.spec.snapshot.redundancy != "none")
+        wait_snapshots_held(run, res.changes.back().epoch);
       const int v = run.victims(1)[0];
       const std::vector<size_t> from = run.marks();
+      // The node lost whole: its snapshot agent too (weft run's death only SIGTERMs it).
+      const std::vector<pid_t> kids =
+          snapshots ? snapbench::children_of(run.agents_[size_t(v)]->pid()) : std::vector<pid_t>{};
       c.cause = run.now();
       run.agents_[size_t(v)]->kill();
+      for (pid_t k : kids) ::kill(k, SIGKILL);
       run.gone_[v] = true;
       c.what = str("SIGKILL of node ", run.index_[size_t(v)], "'s agent");
       note(c.cause, str(side, " failure: ", c.what));
@@ -424,8 +537,13 @@ SideResult run_side(Options& o, bool live) {
     if (live && !find_from(l, 0, [](const std::string& t) { return has(t, "its workers handed their state over"); }))
       res.stuck.push_back(str("agent ", a, " (pid ", l.pid(), ")"));
   }
-  run.agents_.clear();  // SIGKILL and reap: their workers die with them
-  return res;
+  std::vector<std::pair<double, std::string>> autos;
+  for (const auto& ag : run.agents_)
+    for (const StampedLine& l : ag->lines())
+      if (auto_line(l.text)) autos.push_back({l.t, l.text});
+  std::sort(autos.begin(), autos.end());
+  for (const auto& [t, l] : autos) res.auto_lines.push_back(l);
+  return res;  // Cleanup: SIGKILL and reap the agents (their workers die with them)
 }
 
 int run_reshard(Options& o, bool both) {
@@ -447,6 +565,7 @@ int run_reshard(Options& o, bool both) {
   std::printf("  state: 16 B/parameter = %s per rank; estimated %s for 4 ranks (%s available)\n",
               gb(16 * o.params).c_str(), gb(4 * planner::estimate_memory(s, 4).total()).c_str(),
               gb(double(planner::available_memory_bytes())).c_str());
+  std::printf("  %s\n", o.snapshot_header.c_str());
   std::fflush(stdout);
 
   const std::string token = comm::auth::generate_token();
@@ -457,6 +576,7 @@ int run_reshard(Options& o, bool both) {
     if (both) {
       Options r = o;  // the same job, checkpoint-restarted
       r.mode = "restart";
+      r.live_sets.clear();
       r.dir = o.dir / "restart";
       fs::create_directories(r.dir);
       restart = run_side(r, false);

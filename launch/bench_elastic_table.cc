@@ -47,6 +47,28 @@ std::string path_of(const Change& c) {
   return out;
 }
 
+// Where a live change's state came from when not (only) from the survivors: "; state from
+// in-memory snapshots (1 own, 2 replicas) of step 12, 3 steps back".
+std::string source_of(const Change& c) {
+  if (c.source == "survivors") return "";
+  return str("; state from ", c.source == "snapshots" ? "in-memory snapshots (" + c.origins + ")"
+                                                       : std::string("the latest checkpoint"),
+             " of step ", c.resumed_step, ", ", c.went_back, c.went_back == 1 ? " step" : " steps",
+             " back");
+}
+
+std::string format(const char* f, double x) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, x);
+  return b;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
 }  // namespace
 
 void print_planned(const Options& o, const SideResult& live, const SideResult* restart) {
@@ -65,11 +87,11 @@ void print_planned(const Options& o, const SideResult& live, const SideResult* r
               "no rank trains         ");
   for (const Change& c : live.changes) {
     const Change* r = named(restart, c.name);
-    std::printf("%-8s | %d -> %d | %9.3f | %9s | %7s | %9.3f | %9s | %7s | %s\n", c.name.c_str(),
+    std::printf("%-8s | %d -> %d | %9.3f | %9s | %7s | %9.3f | %9s | %7s | %s%s\n", c.name.c_str(),
                 c.from, c.to, c.from_notice(), r ? fixed3(r->from_notice()).c_str() : "-",
                 r ? ratio(r->from_notice(), c.from_notice()).c_str() : "-", c.idle(),
                 r ? fixed3(r->idle()).c_str() : "-", r ? ratio(r->idle(), c.idle()).c_str() : "-",
-                c.what.c_str());
+                c.what.c_str(), source_of(c).c_str());
   }
   for (const Change& c : live.changes) {
     const Change* r = named(restart, c.name);
@@ -105,19 +127,28 @@ void print_planned(const Options& o, const SideResult& live, const SideResult* r
     for (const Change& c : s->changes) {
       std::printf("  %s %s:%s", s == &live ? "reshard" : "restart", c.name.c_str(),
                   path_of(c).c_str());
-      if (c.resumed_step >= 0)
+      if (s == &live)
+        std::printf("%s", source_of(c).c_str());
+      else if (c.resumed_step >= 0)
         std::printf("; resumed at step %lld after step %lld (%lld redone)", c.resumed_step,
                     c.last_step_no, std::max(0LL, c.last_step_no + 1 - c.resumed_step));
       std::printf("\n");
     }
   }
 
-  std::printf("\n%-8s | %10s | %11s | %5s | %8s | %6s | %6s | %s\n", "phases", "membership",
-              "communicators", "plan", "transfer", "resume", "total",
-              "reshard, as the new rank 0 saw it (the change known -> ready to step)");
+  // "read snapshots" is a column of its own once a change read any (a loss of state only
+  // snapshots held, however short the read); a job that never reads them keeps the table
+  // as it was.
+  bool read = false;
+  for (const Change& c : live.changes) read = read || c.read > 0 || c.source == "snapshots";
+  std::printf("\n%-8s | %10s | %11s | %5s |%s %8s | %6s | %6s | %s\n", "phases", "membership",
+              "communicators", "plan", read ? " read snapshots |" : "", "transfer", "resume",
+              "total", "reshard, as the new rank 0 saw it (the change known -> ready to step)");
   for (const Change& c : live.changes)
-    std::printf("%-8s | %10.2f | %11.2f | %5.2f | %8.2f | %6.2f | %6.2f | %s\n", c.name.c_str(),
-                c.membership, c.communicators, c.plan, c.transfer, c.resume, c.again,
+    std::printf("%-8s | %10.2f | %11.2f | %5.2f |%s %8.2f | %6.2f | %6.2f | %s\n", c.name.c_str(),
+                c.membership, c.communicators, c.plan,
+                read ? format(" %14.2f |", c.read).c_str() : "",
+                c.transfer, c.resume, c.again,
                 c.comms_ahead ? "communicator connected while the old world ended its step"
                               : "communicator connected in the entry");
   std::printf("\n%-8s | %7s | %12s | %12s | %9s | %11s | %s\n", "bytes", "holders",
@@ -130,14 +161,29 @@ void print_planned(const Options& o, const SideResult& live, const SideResult* r
     const double min = c.to > c.from ? (c.to - c.from) * replica_mib : 0;
     char mins[32] = "-";
     if (replicas) std::snprintf(mins, sizeof mins, "%.1f", min);
-    std::printf("%-8s | %7d | %12.1f | %12s | %9.1f | %11.1f | %s\n", c.name.c_str(), c.holders,
-                c.mib_between, mins, c.mib_kept, c.mib_copied, hwm.c_str());
+    // From snapshots the resize line counts the bytes between ranks only.
+    const bool survivors = c.source == "survivors";
+    std::printf("%-8s | %7d | %12.1f | %12s | %9s | %11s | %s\n", c.name.c_str(), c.holders,
+                c.mib_between, mins, survivors ? format("%.1f", c.mib_kept).c_str() : "-",
+                survivors ? format("%.1f", c.mib_copied).c_str() : "-", hwm.c_str());
   }
   if (replicas)
     std::printf(
       "minimum: a DP shrink or loss moves nothing (every survivor holds a full replica); each "
       "newcomer needs one\nreplica, 12 B/parameter (f32 weights, Adam's m and v) = %.1f MiB.\n",
       replica_mib);
+  if (!live.steps_before.empty() && !live.steps_after.empty()) {
+    const double before = median(live.steps_before), after = median(live.steps_after);
+    std::printf(
+        "\nsnapshots' cost on the live side, rank 0's steady step in the first world (world 4): "
+        "%.0f ms before its\nfirst snapshot (median of %zu steps, the world's first and the "
+        "probe's left out), %.0f ms after it (median of %zu,\nat the interval auto chose): "
+        "%+.1f%%\n",
+        before, live.steps_before.size(), after, live.steps_after.size(),
+        before > 0 ? 100 * (after / before - 1) : 0.0);
+  }
+  for (const std::string& l : live.auto_lines)  // one per world, in order
+    std::printf("  %s\n", l.substr(l.find("snapshot.every auto: ")).c_str());
 }
 
 }  // namespace weft::launch::bench

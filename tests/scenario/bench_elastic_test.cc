@@ -102,6 +102,11 @@ TEST(BenchElastic, TinyBothPrintsEveryChangeOnBothSidesAndEndsOk) {
   EXPECT_NE(r.out.find("4 nodes x 1 worker on 127.0.0.1: weft run --nnodes 2:4"),
             std::string::npos)
       << r.out;
+  // dp alone at zero 0: nothing a kill could lose, so no snapshots.
+  EXPECT_NE(r.out.find("snapshots: none on either side: at world 4 every state box is held by 4 "
+                       "ranks"),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("restart leave-a: the job stopped; relaunched 3 agents with --resume"),
             std::string::npos)
       << r.out;
@@ -182,6 +187,81 @@ TEST(BenchElastic, TinyBothPrintsEveryChangeOnBothSidesAndEndsOk) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("job: ok: every change resharded live"), std::string::npos) << r.out;
+}
+
+// --mode reshard under ZeRO-3 (every rank's shards exist once): the bench takes in-memory
+// snapshots on its own (auto, replica), says why in its header, and its failure row resumes
+// from them, at a step after 0, instead of starting over; "read snapshots" is a column.
+TEST(BenchElastic, TinyZero3FailureResumesFromSnapshotsNotFromStepZero) {
+  weft::test::CommandResult r = weft::test::run_weft(
+      "bench elastic --mode reshard --set parallel.zero=3 --set model.layers=2 --set model.dim=32 "
+      "--set model.heads=2 --set model.vocab=256 --heartbeat-timeout 2 --timeout 300");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("snapshots (live side only): snapshot.every auto, snapshot.redundancy "
+                       "replica (the bench's): at world 4 the plan holds "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(" of state on one rank only ("), std::string::npos) << r.out;
+  std::vector<std::string> d = row(r.out, "failure");
+  ASSERT_EQ(d.size(), 9u) << r.out;
+  EXPECT_EQ(d[1], "4 -> 3");
+  EXPECT_GT(std::stod(d[2]), 0);
+  // "...; state from in-memory snapshots (3 own, 1 replica) of step S, N steps back"
+  const size_t at = d[8].find("; state from in-memory snapshots (");
+  ASSERT_NE(at, std::string::npos) << d[8];
+  EXPECT_NE(d[8].find("replica", at), std::string::npos) << d[8];  // the lost node's copy
+  const size_t of = d[8].find(") of step ", at);
+  ASSERT_NE(of, std::string::npos) << d[8];
+  long long step = -1, back = -1;
+  ASSERT_EQ(std::sscanf(d[8].c_str() + of, ") of step %lld, %lld", &step, &back), 2) << d[8];
+  EXPECT_NE(d[8].find(back == 1 ? " step back" : " steps back", of), std::string::npos) << d[8];
+  EXPECT_GT(step, 0) << d[8];  // not started over
+  EXPECT_GE(back, 0) << d[8];
+  // The phases table has "read snapshots" as a column of its own.
+  std::stringstream lines(r.out);
+  bool in_phases = false;
+  int phases = 0;
+  for (std::string l; std::getline(lines, l);) {
+    if (l.rfind("phases ", 0) == 0) {
+      std::vector<std::string> h = cells_of(l);
+      ASSERT_EQ(h.size(), 9u) << l;
+      EXPECT_EQ(h[4], "read snapshots") << l;
+      in_phases = true;
+    } else if (in_phases && l.find('|') != std::string::npos) {
+      std::vector<std::string> c = cells_of(l);
+      ASSERT_EQ(c.size(), 9u) << l;
+      for (size_t k = 1; k < 8; ++k) EXPECT_GE(std::stod(c[k]), 0) << l;
+      ++phases;
+    } else {
+      in_phases = false;
+    }
+  }
+  EXPECT_EQ(phases, 4) << r.out;
+  // The snapshots' cost: the first world's steady steps before and after the first snapshot.
+  EXPECT_NE(r.out.find("snapshots' cost on the live side"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("snapshot.every auto: a snapshot every "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("job: ok: every change resharded live"), std::string::npos) << r.out;
+}
+
+// A snapshot choice that cannot survive the failure row of a layout that shards state is
+// refused before anything starts, naming the key; zero 0 takes no snapshots.
+TEST(BenchElastic, ASnapshotChoiceThatCannotSurviveTheFailureIsRefused) {
+  const std::string tiny =
+      " --set model.layers=2 --set model.dim=32 --set model.heads=2 --set model.vocab=256";
+  for (const char* bad : {"snapshot.redundancy=none", "snapshot.every=0"}) {
+    weft::test::CommandResult r = weft::test::run_weft(
+        std::string("bench elastic --mode reshard --set parallel.zero=3 --set ") + bad + tiny);
+    EXPECT_EQ(r.code, 2) << bad << "\n" << r.out;
+    const std::string key = std::string(bad).substr(0, std::string(bad).find('='));
+    EXPECT_NE(r.out.find(key), std::string::npos) << bad << "\n" << r.out;
+    EXPECT_NE(r.out.find("cannot survive the failure row"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("on one rank only"), std::string::npos) << r.out;
+  }
+  weft::test::CommandResult wide = weft::test::run_weft(
+      "bench elastic --mode reshard --set parallel.zero=1 --set snapshot.redundancy=ec "
+      "--set snapshot.ec.k=4" + tiny);
+  EXPECT_EQ(wide.code, 2) << wide.out;
+  EXPECT_NE(wide.out.find("snapshot.ec"), std::string::npos) << wide.out;
 }
 
 TEST(BenchElastic, BadOptionsAreRefused) {
