@@ -136,7 +136,9 @@ TEST(BenchElastic, TinyBothPrintsEveryChangeOnBothSidesAndEndsOk) {
       EXPECT_NE(line.find("last old step ("), std::string::npos) << line;
       EXPECT_NE(line.find(", first step +"), std::string::npos) << line;
       // The restart side resumes a checkpoint and says at which step.
-      if (std::string(side) == "restart") EXPECT_NE(line.find("resumed at step "), std::string::npos) << line;
+      if (std::string(side) == "restart") {
+        EXPECT_NE(line.find("resumed at step "), std::string::npos) << line;
+      }
     }
   }
   // The phases and the bytes: the rows after the tables' headers.
@@ -175,7 +177,9 @@ TEST(BenchElastic, TinyBothPrintsEveryChangeOnBothSidesAndEndsOk) {
         EXPECT_EQ(std::stoi(c[1]), 2) << l;  // two of the three survivors, one behind
         EXPECT_GT(std::stod(c[2]), 0) << l;  // a replica to the one behind
       }
-      if (c[0] == "join") EXPECT_GT(std::stod(c[3]), 0) << l;  // two newcomers need replicas
+      if (c[0] == "join") {
+        EXPECT_GT(std::stod(c[3]), 0) << l;  // two newcomers need replicas
+      }
       ++bytes;
     }
   }
