@@ -15,12 +15,15 @@ namespace weft::test {
 // Relative tolerances, a few times the deviations measured over 30 steps on every layout of
 // layout_long_test.cc: f32 sums regrouped by a layout (dp, pp, ep, ZeRO) move the loss, the
 // gradient norm and the balance loss by at most 6e-8 and the final weights by 3e-7;
-// splitting a reduction inside a kernel (tp) moves the weights by up to 1.6e-6.
+// splitting a reduction inside a kernel (tp) moves the weights by up to 1.6e-6. On an AMD
+// EPYC host (OpenBLAS's Zen kernels, 2026-12-05) a tp2 step's gradient norm moved by 2.2e-7
+// (NonfiniteLayout.Tp2: 1.9158053 against 1.9158049, two f32 ulps), so kSplit's scalars
+// allow 5e-7: a dropped or doubly applied step moves them by percents.
 struct Tolerance {
   double scalars;  // per step's loss, gradient norm and balance loss: |x - ref| / |ref|
   double weights;  // final weights: max |w - ref| / max |ref| over all parameters
 };
-inline constexpr Tolerance kRegroup{2e-7, 1e-6}, kSplit{2e-7, 5e-6};
+inline constexpr Tolerance kRegroup{2e-7, 1e-6}, kSplit{5e-7, 5e-6};
 
 struct LayoutCase {
   std::string config;  // under configs/
