@@ -33,9 +33,14 @@ HeldState hold_state(parallel::ParallelTrainer& trainer, const parallel::StateSp
   HeldState h;
   h.epoch = epoch;
   h.rank = trainer.rank();
-  h.world = trainer.world().size();
+  h.world = trainer.plan().world();
   h.step = trainer.current_step();
+  if (const std::optional<core::StepStats>& st = trainer.exchanged_stats()) {
+    h.records_step = st->step;
+    h.records = trainer.exchanged_values();
+  }
   if (torn) return h;
+  if (trainer.can_finish_step()) h.unfinished = h.step;
   HeldPiece p;
   p.rank = h.rank;
   p.world = h.world;
@@ -103,7 +108,7 @@ std::vector<parallel::StateBox> get_boxes(const int64_t* at, int64_t n, int rank
 
 std::vector<HolderReport> exchange_reports(comm::Communicator& world, const HeldState& held,
                                            int64_t host, const std::vector<HolderReport>& offers) {
-  constexpr int kFields = 12;
+  constexpr int kFields = 14;
   const int n = world.size();
   // This rank's reports: a live one per piece (an invalid one when it holds nothing), then
   // its offers; and the locals lists and partial boxes of its partial pieces, concatenated.
@@ -117,6 +122,8 @@ std::vector<HolderReport> exchange_reports(comm::Communicator& world, const Held
     own.push_back(std::move(r));
   }
   if (own.empty()) own.push_back(HolderReport{0, held.epoch, held.rank, held.world, held.step});
+  own[0].unfinished = held.unfinished;
+  own[0].records_step = held.records_step;
   own.insert(own.end(), offers.begin(), offers.end());
   std::vector<int64_t> fixed, lists;
   for (const HolderReport& r : own) {
@@ -135,7 +142,9 @@ std::vector<HolderReport> exchange_reports(comm::Communicator& world, const Held
                                 r.layout_hash,
                                 r.piece,
                                 int64_t(r.locals.size()),
-                                boxes};
+                                boxes,
+                                r.unfinished,
+                                r.records_step};
     fixed.insert(fixed.end(), f, f + kFields);
   }
   const std::vector<std::vector<int64_t>> rows = gather_rows(world, fixed);
@@ -152,6 +161,8 @@ std::vector<HolderReport> exchange_reports(comm::Communicator& world, const Held
     for (size_t k = 0; k + kFields <= rows[size_t(q)].size(); k += kFields) {
       const int64_t* f = rows[size_t(q)].data() + k;
       HolderReport h{f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9]};
+      h.unfinished = f[12];
+      h.records_step = f[13];
       WEFT_CHECK(f[10] >= 0 && at + size_t(f[10]) <= list_rows[size_t(q)].size(),
                  "rank ", q, " reported ", f[10], " locals it did not send");
       for (int64_t i = 0; i < f[10]; ++i) h.locals.push_back(int(list_rows[size_t(q)][at++]));

@@ -62,11 +62,21 @@ struct HeldState {
   int rank = -1, world = 0;  // this worker's place in the world it last trained in
   int64_t step = 0;          // the state is that before step `step` (current_step())
   std::vector<HeldPiece> pieces;
+  // Step `step` stopped right before this rank's update (its statistics exchange failed) and
+  // the rest of it needs no peer (ParallelTrainer::can_finish_step): the worker keeps that
+  // trainer, and the next world's entry may finish the step here (roll_forward.h). -1: no.
+  int64_t unfinished = -1;
+  // The statistics records of step `records_step` as this rank's exchange got them
+  // (ParallelTrainer::exchanged_values), for the ranks behind; -1 and empty: none.
+  int64_t records_step = -1;
+  std::vector<double> records;
   int64_t bytes() const;
 };
 
-// Views of `trainer`'s state (its storage outlives the trainer). `torn`: the last step
-// failed after writing state on this rank (ParallelTrainer::torn()): nothing is held then.
+// Views of `trainer`'s state (its storage outlives the trainer), whether its last step can be
+// finished alone, and the statistics records it keeps. `torn`: the last step failed after
+// writing state on this rank (ParallelTrainer::torn()): no state is held then. The trainer's
+// world may be gone.
 HeldState hold_state(parallel::ParallelTrainer& trainer, const parallel::StateSpace& space,
                      int64_t epoch, bool torn);
 
@@ -86,6 +96,8 @@ struct HolderReport {
   int64_t piece = -1;       // a live report's: index into its holder's HeldState::pieces
   std::vector<int> locals;  // a live report's: the piece's locals, or empty for all of them
   std::vector<parallel::StateBox> partial;  // a live report's: boxes of partly held locals
+  // A rank's first live report's: HeldState::unfinished and records_step (else -1).
+  int64_t unfinished = -1, records_step = -1;
 };
 
 // Collective over the new world: every rank's first live report, in rank order (entry r is

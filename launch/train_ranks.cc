@@ -12,6 +12,9 @@
 #include <optional>
 #include <thread>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include "base/env.h"
 #include "base/error.h"
 #include "base/log.h"
@@ -30,6 +33,7 @@
 #include "launch/live_resize_prefault.h"
 #include "launch/nonfinite_guard.h"
 #include "launch/rank_snapshots.h"
+#include "launch/roll_forward.h"
 #include "launch/run_folder.h"
 #include "launch/train_common.h"
 #include "launch/train_report.h"
@@ -80,7 +84,18 @@ struct Arrival {
   // The holders' pieces were of several layouts of one step (choose_holders' `mixed`): what
   // an earlier move, stopped midway by this epoch, left on each rank.
   bool mixed = false;
+  // Ranks behind that finished their step with the records of a rank ahead (roll_forward.h),
+  // and the step they then held.
+  int rolled = 0;
+  int64_t rolled_to = -1;
 };
+
+std::string rolled_note(const Arrival& a) {
+  if (a.rolled == 0) return "";
+  return str("; ", a.rolled, " rank", a.rolled == 1 ? "" : "s",
+             " behind (the member died during the statistics exchange) rolled forward to step ",
+             a.rolled_to, ", finishing the step with the statistics of the ranks ahead");
+}
 
 std::string mixed_note(const Arrival& a) {
   return a.mixed ? "; a move that this epoch stopped midway left the state in pieces of the old "
@@ -201,6 +216,11 @@ class RankTraining {
   std::function<void(const parallel::TransitionStats&)> stall_for_tests(
       int64_t epoch, const parallel::TransferPlan& plan, const parallel::Layout& a,
       const parallel::Layout& b);
+  // Tests only: the trainer's after-exchange hook that splits a step (WEFT_TEST_SPLIT_EXCHANGE).
+  std::function<void()> split_exchange_for_tests();
+  // Finishes this rank's stopped step when `roll` says so (its state is then that of the
+  // step after), and drops the trainer kept for it either way.
+  void finish_behind(const RollForward& roll);
 
   const Args& args_;
   const core::JobSpec& job_;  // as the job file gives it
@@ -226,6 +246,10 @@ class RankTraining {
   WorldAhead ahead_;  // the next epoch's world, connected while this one ends its step
   std::unique_ptr<parallel::WorkerWorld> world_;
   std::unique_ptr<parallel::ParallelTrainer> trainer_;
+  // The last world's trainer when its step stopped right before the update with a local rest
+  // (HeldState::unfinished): kept, its world gone, until the next world's entry has decided
+  // whether it finishes the step (finish_behind).
+  std::unique_ptr<parallel::ParallelTrainer> behind_;
   std::unique_ptr<checkpoint::ParallelCheckpoints> ckpt_;
   std::unique_ptr<core::Trainer> evaluator_;  // rank 0, for validation
   std::optional<RunFolder> folder_;
@@ -337,8 +361,11 @@ void RankTraining::enter_world(const std::string& why) {
         snaps_.offers(env_.local_rank, local_count(), env_.rdzv_epoch);
     laps.lap("offers");
     reports = exchange_reports(comm, held_, host_key(), offers);
+    laps.lap("reports");
+    finish_behind(roll_forward(plans_, space_, reports, env_.world, comm, held_));
+    laps.lap("roll forward");
   }
-  laps.lap("reports");
+  behind_.reset();
   int64_t latest = -1;  // the latest step anybody alive holds
   for (int r = 0; r < int(reports.size()) && r < env_.world; ++r)
     if (reports[size_t(r)].valid) latest = std::max(latest, reports[size_t(r)].step);
@@ -410,9 +437,11 @@ void RankTraining::enter_world(const std::string& why) {
   const bool ready = plans_.has(train_world_);
   const std::shared_ptr<const planner::Plan> new_plan = plans_.plan(train_world_);
   laps.lap(ready ? "plan (cached)" : "plan");
-  if (!leaving_)
+  if (!leaving_) {
     trainer_ = std::make_unique<parallel::ParallelTrainer>(
         spec_, *tc, init, parallel::TrainerParts{plans_.graph(), new_plan, &persistent_});
+    trainer_->set_after_exchange(split_exchange_for_tests());
+  }
   laps.lap("trainer");
   if (trainer_) {
     const parallel::TrainerSetupTimes& st = trainer_->setup_times();
@@ -622,6 +651,46 @@ void RankTraining::enter_world(const std::string& why) {
   if (live_) plans_.plan_ahead(likely_next_worlds());
 }
 
+// WEFT_TEST_SPLIT_EXCHANGE=<step>:<victim>:<behind>, for tests of a member lost during a
+// step's statistics exchange: in membership epoch 1, right after the exchange of step <step>
+// returned, rank <victim> SIGKILLs itself and rank <behind> fails as if its piece of the
+// exchange never came (the split a ring all-gather leaves when its member dies midway, made
+// reproducible: every other rank got everything and runs its update). Unset: no hook.
+std::function<void()> RankTraining::split_exchange_for_tests() {
+  const std::string v = env_string("WEFT_TEST_SPLIT_EXCHANGE", "");
+  if (v.empty() || env_.rdzv_epoch != 1) return {};
+  long long step = -1;
+  int victim = -1, behind = -1;
+  if (std::sscanf(v.c_str(), "%lld:%d:%d", &step, &victim, &behind) != 3)
+    throw ConfigError("WEFT_TEST_SPLIT_EXCHANGE",
+                      "expected <step>:<victim rank>:<behind rank>, got '" + v + "'");
+  if (env_.rank != victim && env_.rank != behind) return {};
+  parallel::ParallelTrainer* t = trainer_.get();
+  const bool die = env_.rank == victim;
+  return [t, step, die] {
+    if (t->current_step() != step) return;
+    if (die) ::kill(::getpid(), SIGKILL);
+    throw CommError(str("rank ", t->rank(), ": the statistics exchange of step ", step,
+                        " lost a member (WEFT_TEST_SPLIT_EXCHANGE)"));
+  };
+}
+
+void RankTraining::finish_behind(const RollForward& roll) {
+  if (roll.step >= 0) {
+    arrival_.rolled = int(roll.ranks.size());
+    arrival_.rolled_to = roll.step + 1;
+  }
+  if (roll.mine) {
+    WEFT_CHECK(behind_ && behind_->current_step() == roll.step, "rank ", env_.rank,
+               " was told to finish step ", roll.step, " which it does not hold unfinished");
+    const core::StepStats st = behind_->finish_step(roll.records);
+    held_ = hold_state(*behind_, space_, held_.epoch, false);
+    WEFT_DEBUG("resize", "rank ", env_.rank, ": finished step ", st.step,
+               " with the records of rank ", roll.source, " (loss ", st.loss, ")");
+  }
+  behind_.reset();  // its gradients and activations: the state is in held_ now
+}
+
 // WEFT_TEST_STALL_MOVE=<epoch>:<percent>, for tests of a change during a move: in the entry
 // of membership epoch <epoch>, once this rank's transfer has moved <percent> of its bytes in
 // `plan` (copied, sent and received), it waits there until a newer epoch's notice has made
@@ -756,8 +825,8 @@ void RankTraining::print_arrival(const std::string& why, int old_world, int64_t 
       "communicators %.2f, plan %.2f, read snapshots %.2f, transfer %.2f, resume %.2f)%s\n",
       (long long)old_epoch, (long long)env_.rdzv_epoch, old_world, train_world_, (long long)d.dp,
       (long long)d.tp, (long long)d.pp, (long long)d.ep, (long long)trainer_->current_step(),
-      why.c_str(), from.c_str(), since(change_at_), a.wait, a.comms, a.plan, a.fetch, a.transfer,
-      a.resume, a.comms_ahead ? "; its communicator was connected while the old world ended its step" : "");
+      why.c_str(), (from + rolled_note(a)).c_str(), since(change_at_), a.wait, a.comms, a.plan,
+      a.fetch, a.transfer, a.resume, a.comms_ahead ? "; its communicator was connected while the old world ended its step" : "");
   std::fflush(stdout);
 }
 
@@ -996,6 +1065,9 @@ int RankTraining::run() {
     metrics_.reset();
     ckpt_.reset();
     end_laps.lap("metrics and checkpoints dropped");
+    // A step stopped right before its update, with a local rest: its trainer (the reduced
+    // gradients, the executor at the update) waits for the next world's entry.
+    if (held_.unfinished >= 0) behind_ = std::move(trainer_);
     trainer_.reset();
     end_laps.lap("trainer dropped");
     world_.reset();

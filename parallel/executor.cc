@@ -56,6 +56,13 @@ RankExecutor::RankExecutor(const planner::Plan& plan, const core::Graph& g, int 
     }
     writes_state_.push_back(writes);
   }
+  local_from_.assign(prog_.program.size() + 1, 1);
+  for (size_t i = prog_.program.size(); i-- > 0;) {
+    const InstrKind k = prog_.program[i].kind;
+    const bool local =
+        k == InstrKind::kCompute || k == InstrKind::kLocal || k == InstrKind::kFree;
+    local_from_[i] = local && local_from_[i + 1];
+  }
 }
 
 void RankExecutor::set_loss_values(const std::vector<int>& values) {
@@ -183,11 +190,19 @@ void reduce_balance(core::MoeBalance& b, comm::Communicator& world) {
 void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load,
                             const std::function<void()>& before_update) {
   state_written_ = false;
+  paused_at_ = kNotPaused;
   bool updating = false;  // before_update ran
-  auto begin_update = [&] {
+  // `at`: the program position about to run (its size at the end). Should before_update
+  // throw, the step stops there with nothing written, and finish_step may resume it.
+  auto begin_update = [&](size_t at) {
     if (updating) return;
     updating = true;
-    if (before_update) before_update();
+    if (!before_update) return;
+    paused_at_ = at;
+    paused_scalars_ = scalars;
+    read_last_norm();  // reduced by now (every adamw waits for it): finish_step's check
+    before_update();
+    paused_at_ = kNotPaused;
   };
   table_->zero_gradients();
   // The last step's losses must not decide this step's fold (below): a dropped step's NaN
@@ -195,7 +210,6 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
   table_->release_kept();
   moe_ = MoeState();
   core::StepScalars s = scalars;
-  const std::vector<int64_t> no_rows;
   core::MoeBalance* balance = s.moe_balance;
   if (balance) balance->begin_step();
   // aux_loss_global: the shares are reduced once every forward of the step ran here, before
@@ -247,7 +261,7 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
                          : &times_.other;
     // After settle(): a bucket this instruction waits for can still fail with the state intact.
     if (writes_state_[size_t(&in - prog_.program.data())]) {
-      begin_update();
+      begin_update(size_t(&in - prog_.program.data()));
       state_written_ = true;
     }
     switch (in.kind) {
@@ -258,38 +272,15 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
         break;
       }
       case InstrKind::kCompute: {
-        s.micro_batch = in.mb;
-        s.record_routing = !in.recompute;
-        const std::vector<int64_t>* rows = &no_rows;
-        std::vector<int64_t> er;
-        if (in.part == "moe.experts") {
-          const core::Op& op = g_.op(in.op);
-          auto it = moe_.all.find({op.type == "moe.bwd" ? op.mirror : in.op, in.mb});
-          WEFT_CHECK(it != moe_.all.end(), "moe.experts before its dispatch");
-          er = it->second.expert_rows();
-          rows = &er;
-        }
-        run_compute_instr(in, *table_, s, nullptr, *rows);
+        compute(in, s);
         if (in.part == "norm.sumsq" && loss_nonfinite())
           for (const planner::Operand& o : in.out)
             table_->read(o.tensor).fill_(std::numeric_limits<double>::quiet_NaN());
-        if (in.part == "moe.route" && g_.op(in.op).type == "moe") {
-          for (const planner::Operand& o : in.out)
-            if (o.slot == 3) {
-              int64_t experts = g_.value(g_.op(in.op).inputs[1]).shape[0];
-              moe_.own[{in.op, in.mb}] = core::moe_expert_counts(table_->read(o.tensor), experts);
-            }
-        }
         break;
       }
-      case InstrKind::kLocal: {
-        const planner::Operand &src = in.in.at(0), &dst = in.out.at(0);
-        const planner::Box& ob = table_->desc(dst.tensor).piece.box;
-        TensorTable::Located from = table_->locate(src.tensor, false, false);
-        TensorTable::Located to = table_->locate(dst.tensor, true, dst.accumulate);
-        copy_region(*to.tensor, *to.box, *from.tensor, *from.box, ob, dst.accumulate);
+      case InstrKind::kLocal:
+        local_copy(in);
         break;
-      }
       case InstrKind::kSend:
         send(in);
         break;
@@ -333,13 +324,9 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
     reduce_balance(*balance, world_);
     balance->freeze_shares();
   }
-  last_norm_ = std::numeric_limits<double>::quiet_NaN();
-  for (size_t i = 0; i < table_->size(); ++i) {
-    const planner::TensorDesc& d = table_->desc(int(i));
-    if (d.value == norm_value_ && d.alias_of < 0 && table_->live(int(i)))
-      last_norm_ = table_->read(int(i)).item();
-  }
-  begin_update();  // a rank with no state to update still takes part (it is collective)
+  read_last_norm();
+  begin_update(prog_.program.size());  // a rank with no state to update still takes part
+                                       // (it is collective)
   if (balance && balance->mode() == core::MoeBalance::Mode::kLossFree) {
     // The bias moves after the step, from the load of the whole global batch; not on a
     // dropped step (the norm is the same on every rank, so all agree).
@@ -349,6 +336,81 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
       balance->update_bias();
     }
   }
+}
+
+void RankExecutor::compute(const Instr& in, core::StepScalars& s) {
+  s.micro_batch = in.mb;
+  s.record_routing = !in.recompute;
+  std::vector<int64_t> rows;
+  if (in.part == "moe.experts") {
+    const core::Op& op = g_.op(in.op);
+    auto it = moe_.all.find({op.type == "moe.bwd" ? op.mirror : in.op, in.mb});
+    WEFT_CHECK(it != moe_.all.end(), "moe.experts before its dispatch");
+    rows = it->second.expert_rows();
+  }
+  run_compute_instr(in, *table_, s, nullptr, rows);
+  if (in.part == "moe.route" && g_.op(in.op).type == "moe") {
+    for (const planner::Operand& o : in.out)
+      if (o.slot == 3) {
+        int64_t experts = g_.value(g_.op(in.op).inputs[1]).shape[0];
+        moe_.own[{in.op, in.mb}] = core::moe_expert_counts(table_->read(o.tensor), experts);
+      }
+  }
+}
+
+void RankExecutor::local_copy(const Instr& in) {
+  const planner::Operand &src = in.in.at(0), &dst = in.out.at(0);
+  const planner::Box& ob = table_->desc(dst.tensor).piece.box;
+  TensorTable::Located from = table_->locate(src.tensor, false, false);
+  TensorTable::Located to = table_->locate(dst.tensor, true, dst.accumulate);
+  copy_region(*to.tensor, *to.box, *from.tensor, *from.box, ob, dst.accumulate);
+}
+
+void RankExecutor::read_last_norm() {
+  last_norm_ = std::numeric_limits<double>::quiet_NaN();
+  for (size_t i = 0; i < table_->size(); ++i) {
+    const planner::TensorDesc& d = table_->desc(int(i));
+    if (d.value == norm_value_ && d.alias_of < 0 && table_->live(int(i)))
+      last_norm_ = table_->read(int(i)).item();
+  }
+}
+
+bool RankExecutor::can_finish_step() const {
+  if (paused_at_ == kNotPaused || !local_from_[paused_at_]) return false;
+  if (!pending_.empty() || !posted_.empty()) return false;
+  const core::MoeBalance* b = paused_scalars_.moe_balance;
+  return !(b && b->mode() == core::MoeBalance::Mode::kLossFree);
+}
+
+void RankExecutor::finish_step() {
+  WEFT_CHECK(can_finish_step(), "finish_step: the last step did not stop before an update whose "
+                                "rest is local (can_finish_step)");
+  // Every send of the step was received: a peer finished its exchange only once every rank
+  // reached its update, and every receive precedes that when the rest is local. Their Works
+  // own their buffers and need no communicator.
+  sends_.clear();
+  core::StepScalars s = paused_scalars_;
+  const size_t from = paused_at_;
+  paused_at_ = kNotPaused;
+  for (size_t at = from; at < prog_.program.size(); ++at) {
+    const Instr& in = prog_.program[at];
+    if (writes_state_[at]) state_written_ = true;
+    switch (in.kind) {
+      case InstrKind::kCompute:
+        compute(in, s);
+        break;
+      case InstrKind::kLocal:
+        local_copy(in);
+        break;
+      case InstrKind::kFree:
+        for (const planner::Operand& o : in.in) table_->release(o.tensor);
+        break;
+      default:
+        throw InternalError(str("finish_step: instruction ", at, " of rank ", prog_.rank,
+                                " needs a peer (can_finish_step let it through)"));
+    }
+  }
+  read_last_norm();
 }
 
 std::vector<int> RankExecutor::roots(const Instr& in) const {

@@ -77,6 +77,19 @@ class RankExecutor {
   // step changed nothing a later step or a checkpoint reads (gradients are zeroed per step).
   bool state_written() const { return state_written_; }
 
+  // A step whose before_update threw (its statistics exchange lost a peer) stopped at the
+  // instruction it was about to run, its gradients reduced and its norm known: whether this
+  // rank can run the rest of that step program alone (finish_step). Decided from the
+  // program: every instruction from there on is local compute, a copy or a free (no send,
+  // receive or collective: ZeRO-1/2's gather of the updated shards is one), nothing is in
+  // flight, and no loss-free bias update (a sum over the world) follows. False after a step
+  // that returned or threw elsewhere.
+  bool can_finish_step() const;
+  // Runs the rest of the stopped step (can_finish_step(), else InternalError) without any
+  // communication, so that the rank holds exactly what it would have held had before_update
+  // returned. The communicators may be gone by then: nothing here touches them.
+  void finish_step();
+
   // The values (the loss, the balance losses) whose non-finite local pieces make the step's
   // gradient norm non-finite, so that adamw drops the step on every rank with no extra
   // collective: the rank folds a NaN into its norm.sumsq partial sums (reduced over the
@@ -111,6 +124,11 @@ class RankExecutor {
   bool local_loss_nonfinite(bool* complete);
   // Writes a NaN into the first float input of `in` (a gradient bucket) that is a view.
   void poison_first_input(const planner::Instr& in);
+  // The instruction kinds that need no peer, shared by run_step and finish_step.
+  void compute(const planner::Instr& in, core::StepScalars& s);
+  void local_copy(const planner::Instr& in);
+  // last_norm_ from the step's grad_norm piece.
+  void read_last_norm();
 
   struct InFlight {
     const planner::Instr* instr;
@@ -145,6 +163,13 @@ class RankExecutor {
   std::vector<int> loss_tensors_;  // table ids holding pieces of set_loss_values() values
   std::vector<char> writes_state_;  // per program position: the instruction changes state
   bool state_written_ = false;      // see state_written()
+  // Per program position p (and one past the end): every instruction from p on needs no peer.
+  std::vector<char> local_from_;
+  // Where the last run_step stopped because its before_update threw (npos: it did not),
+  // and that step's scalars, for finish_step.
+  static constexpr size_t kNotPaused = size_t(-1);
+  size_t paused_at_ = kNotPaused;
+  core::StepScalars paused_scalars_;
   int norm_value_ = -1;            // the grad_norm value
   double last_norm_ = 0;
 };

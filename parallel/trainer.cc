@@ -55,7 +55,7 @@ ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& 
 
 ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& world,
                                  StateInit init, TrainerParts parts)
-    : spec_(spec), world_(world), state_pending_(init == StateInit::kDeferred) {
+    : spec_(spec), world_(world), state_pending_(init == StateInit::kDeferred), rank_(world.rank()) {
   if (spec_.train.dtype != "f32")
     throw ConfigError("train.dtype", "'" + spec_.train.dtype +
                                          "' needs device: cuda; the CPU trainer computes in f32");
@@ -184,15 +184,18 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
                                t.read(int(i)).item()});
     }
     all = all_gather_values(world_, mine);
+    if (after_exchange_) after_exchange_();
   };
   torn_ = false;
   exchanged_.reset();
+  exchanged_values_.clear();
   try {
     exec_->run_step(s, load, [&] {
       exchange_statistics();
       // Every rank now has the step's statistics: kept for a metrics line even if a later
-      // collective of this step tears the rank (exchanged_stats()).
+      // collective of this step tears the rank (exchanged_stats()), and for a rank behind.
       exchanged_ = fold_statistics(all, st);
+      exchanged_values_ = all;
       if (before_update_) before_update_();
     });
   } catch (...) {
@@ -201,6 +204,34 @@ core::StepStats ParallelTrainer::step(const core::BatchFn& batch) {
   }
   // The rank's state is now complete for the next step.
   ++step_;
+  return statistics_of(st.step, all);
+}
+
+core::StepStats ParallelTrainer::finish_step(const std::vector<double>& exchanged) {
+  if (!can_finish_step())
+    throw InternalError(str("finish_step on rank ", rank(), ": step ", step_,
+                            " did not stop before its update with a local rest "
+                            "(can_finish_step)"));
+  const core::StepStats st = statistics_of(step_, exchanged);
+  // The clip and the applied decision come from the norm this rank reduced itself; the
+  // statistics must be of the same step.
+  const double norm = exec_->last_grad_norm();
+  const bool same = std::isfinite(norm) ? norm == st.grad_norm : !std::isfinite(st.grad_norm);
+  if (!same)
+    throw InternalError(str("finish_step on rank ", rank(), ": the statistics given for step ",
+                            step_, " have the gradient norm ", st.grad_norm,
+                            ", this rank reduced ", norm, ": they are not this step's"));
+  exec_->finish_step();
+  ++step_;
+  exchanged_ = st;
+  exchanged_values_ = exchanged;
+  return st;
+}
+
+core::StepStats ParallelTrainer::statistics_of(int64_t step, const std::vector<double>& all) const {
+  core::StepStats st;
+  st.step = step;
+  st.lr = core::learning_rate(spec_.train, step);
   st = fold_statistics(all, st);
   if (st.applied && !(std::isfinite(st.loss) && std::isfinite(st.aux_loss)))
     throw InternalError("step " + std::to_string(st.step) +

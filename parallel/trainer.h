@@ -99,11 +99,34 @@ class ParallelTrainer {
   // on them, so a step some peer finished gets its metrics line from any rank that knows
   // them. Empty before the exchange of the last step() (it threw earlier).
   const std::optional<core::StepStats>& exchanged_stats() const { return exchanged_; }
+  // The exchanged records those statistics were folded from (every rank's, the same on
+  // every rank that completed the exchange): what a rank behind needs (finish_step).
+  const std::vector<double>& exchanged_values() const { return exchanged_values_; }
+  // Whether the last step() stopped right before this rank's first state write because its
+  // statistics exchange (or the before_update hook) threw, and the rest of its step program
+  // needs no peer (RankExecutor::can_finish_step: decided from the program; not under ZeRO-1/2,
+  // whose updated shards are gathered after adamw, nor with loss_free's bias update). The
+  // rank then holds its reduced gradients and the step's norm: finish_step can complete the
+  // step with the statistics a peer got.
+  bool can_finish_step() const { return !torn_ && exec_ && exec_->can_finish_step(); }
+  // Completes the stopped step (can_finish_step()) with `exchanged`, the step's exchanged
+  // records as a rank that completed the exchange got them (exchanged_values()): folds them
+  // as step() would, runs the rest of the step program locally (no communication: the
+  // world may be gone), advances current_step() and returns the step's statistics. The
+  // state is then bit for bit what a step() whose exchange completed leaves. InternalError,
+  // with nothing changed, when the step cannot be finished or when `exchanged` is not this
+  // step's (its gradient norm differs from the one this rank reduced).
+  core::StepStats finish_step(const std::vector<double>& exchanged);
   // Runs in every later step() right before this rank's first state write (after the step's
   // statistics exchange; the executor's before_update): an in-memory snapshot of the state
   // before the step, copied in the background while the forward and backward ran, is waited
   // for there. An exception out of it fails the step before any state changed (not torn).
   void set_before_update(std::function<void()> f) { before_update_ = std::move(f); }
+  // Tests only: runs in every later step() right after this rank's statistics exchange
+  // returned, before the rank keeps the statistics; an exception out of it is the exchange
+  // failing on this rank after its peers got everything (a reproducible split: some ranks
+  // ahead, some behind).
+  void set_after_exchange(std::function<void()> f) { after_exchange_ = std::move(f); }
   // The first parameter (graph order) whose gradient of the last step holds a NaN or an Inf
   // in some rank's local pieces; empty when none does. Collective; the same on every rank.
   std::string first_nonfinite_gradient();
@@ -153,12 +176,15 @@ class ParallelTrainer {
   // The global-batch expert balancing state (aux_loss_global, loss_free); null otherwise.
   // The same on every rank after each step.
   core::MoeBalance* moe_balance() { return balance_.get(); }
-  int rank() const { return world_.rank(); }
+  // Known without the world: a trainer kept for finish_step outlives its world.
+  int rank() const { return rank_; }
   const TrainerSetupTimes& setup_times() const { return setup_times_; }
 
  private:
   // The step's statistics from the exchanged (kind, addend, addends, value) records.
   core::StepStats fold_statistics(const std::vector<double>& all, core::StepStats st) const;
+  // The statistics of step `step` (its learning rate) folded from `all`, checked.
+  core::StepStats statistics_of(int64_t step, const std::vector<double>& all) const;
   void check_memory_budget() const;
   // InternalError naming `what` while a kDeferred trainer waits for adopt_state().
   void require_state(const char* what) const;
@@ -180,7 +206,10 @@ class ParallelTrainer {
   bool state_pending_ = false;  // kDeferred, adopt_state() not yet called
   bool torn_ = false;
   std::optional<core::StepStats> exchanged_;
+  std::vector<double> exchanged_values_;
   std::function<void()> before_update_;
+  std::function<void()> after_exchange_;
+  int rank_ = 0;
   TrainerSetupTimes setup_times_;
 };
 
