@@ -117,7 +117,7 @@ TEST(ChooseHolders, CoversTheStateFromPiecesOfTwoLayoutsOfOneStep) {
   StoppedDp2ToDp3 m;
   planner::PlanCache& plans = m.plans;
   const parallel::StateSpace& space = m.space;
-  const parallel::Layout &l2 = m.l2, &l3 = m.l3;
+  const parallel::Layout& l3 = m.l3;
   const std::vector<std::vector<int>>& rest = m.rest;
   const std::vector<std::vector<int>>& moved = m.moved;
   ASSERT_FALSE(moved[2].empty());
@@ -179,7 +179,7 @@ TEST(ChooseHolders, APartlyFilledDestinationHoldsOnlyItsArrivedBoxes) {
   StoppedDp2ToDp3 m;
   planner::PlanCache& plans = m.plans;
   const parallel::StateSpace& space = m.space;
-  const parallel::Layout &l2 = m.l2, &l3 = m.l3;
+  const parallel::Layout& l3 = m.l3;
   const std::vector<std::vector<int>>& rest = m.rest;
   const std::vector<std::vector<int>>& moved = m.moved;
   // The newcomer's first box of a first moment whose leading extent splits in two.

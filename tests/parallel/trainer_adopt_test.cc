@@ -486,12 +486,15 @@ TEST(TrainerTorn, AnAbortedWorldStopsTheStepAtTheNextInstruction) {
           ADD_FAILURE() << "rank " << rank << ": step " << kAbortAt << " survived the abort";
         } catch (const CommError& e) {
           std::printf("[abort] rank %d: %s\n", rank, e.what());
-          if (rank == 0)
+          if (rank == 0) {
             EXPECT_NE(std::string(e.what()).find("rank 0 stopped its step before instruction"),
                       std::string::npos)
                 << e.what();
+          }
         }
-        if (rank == 0) EXPECT_EQ(loads, 1);  // 2 micro-batches a rank; the abort came in the first
+        if (rank == 0) {
+          EXPECT_EQ(loads, 1);  // 2 micro-batches a rank; the abort came in the first
+        }
         EXPECT_FALSE(t.torn());
         EXPECT_FALSE(t.executor().state_written());
         EXPECT_EQ(t.current_step(), kAbortAt);
