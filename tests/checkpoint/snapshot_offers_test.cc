@@ -253,7 +253,9 @@ TEST_F(SnapshotOffersTest, TheWritersMappingIsOfferedAndReadWithoutASecondMappin
     SnapshotWriter w(SnapshotSegment::open(name_, true));
     for (int64_t step : {10, 11}) {
       w.start(meta(step), state_of(layout_, step));
-      if (step == 11) EXPECT_THROW((void)w.take_segment(), InternalError);  // in flight
+      if (step == 11) {
+        EXPECT_THROW((void)w.take_segment(), InternalError);  // in flight
+      }
       ASSERT_TRUE(w.wait().has_value());
     }
     mine = std::make_shared<const SnapshotSegment>(w.take_segment());

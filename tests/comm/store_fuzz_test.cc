@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "base/check.h"
 #include "base/env.h"
 #include "base/error.h"
@@ -126,6 +128,15 @@ class FrameGen {
         w.str(key()).bytes(value()).i64(below(3) == 0 ? static_cast<int64_t>(below(50)) : 0);
         break;
       case Op::kGoodbye:
+        break;
+      case Op::kOwner:  // mostly a process that is not the client: the server refuses to watch it
+        w.i64(below(2) ? static_cast<int64_t>(::getpid()) : static_cast<int64_t>(rng_()))
+            .u64(rng_())
+            .u64(rng_())
+            .u64(rng_());
+        break;
+      case Op::kWaitGone:
+        w.strings(keys()).i64(wait_ms());
         break;
       case Op::kMultiSet: {
         uint32_t n = static_cast<uint32_t>(below(4));

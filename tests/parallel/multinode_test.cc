@@ -309,7 +309,9 @@ TEST(MultiNode, SpareBeyondMaxIsAdmittedWhenAMemberIsLost) {
   std::vector<pid_t> p;
   for (int i = 0; i < 3; ++i) {
     p.push_back(agents.start(args(), d / (std::to_string(i) + ".log")));
-    if (i == 0) ASSERT_TRUE(wait_for(d / "0.log", "serves the rendezvous store", p[0]));
+    if (i == 0) {
+      ASSERT_TRUE(wait_for(d / "0.log", "serves the rendezvous store", p[0]));
+    }
   }
   for (int i = 0; i < 3; ++i)
     ASSERT_TRUE(wait_for(d / (std::to_string(i) + ".log"), "world 3 epoch 1", p[size_t(i)]))

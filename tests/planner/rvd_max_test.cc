@@ -87,7 +87,9 @@ TEST(RvdMax, MaxAddendsSplitOnADimGatherThenJoinByMax) {
   RvdPath p = rvd_search(from, all(std::vector<Piece>(4, whole())), kRows, 4, cm, false);
   for (const Move& mv : p.moves) {
     EXPECT_NE(mv.kind, MoveKind::kReduceScatter);
-    if (mv.kind == MoveKind::kAllReduce) EXPECT_EQ(mv.reduce, ReduceOp::kMax);
+    if (mv.kind == MoveKind::kAllReduce) {
+      EXPECT_EQ(mv.reduce, ReduceOp::kMax);
+    }
   }
   ASSERT_FALSE(p.moves.empty());
   for (const Piece& q : p.moves.back().after) EXPECT_EQ(q, whole());

@@ -140,9 +140,12 @@ TEST(SequenceParallel, NormsAndResidualsSplitOnTheSequence) {
         EXPECT_EQ(sym, "t");
       }
       // The matmuls keep Megatron's column and row splits.
-      if (op.type == "linear")
+      if (op.type == "linear") {
         EXPECT_TRUE(sym == "n" || sym == "k") << b.g().value(op.outputs[0]).name;
-      if (op.type == "matmul") EXPECT_EQ(sym, "n");
+      }
+      if (op.type == "matmul") {
+        EXPECT_EQ(sym, "n");
+      }
     }
     EXPECT_EQ(norms, 2 * 2 + 1);
     EXPECT_EQ(adds, 2 * 2);

@@ -216,7 +216,9 @@ TEST(BenchSnapshot, NodeLossPartPrintsThreeSidesFromTheFailureKnown) {
         // Under auto, with the interval it chose (a number of steps >= 1).
         const size_t at = l.find("snapshot.every auto (chose ");
         EXPECT_NE(at, std::string::npos) << l;
-        if (at != std::string::npos) EXPECT_GE(std::atoll(l.c_str() + at + 27), 1) << l;
+        if (at != std::string::npos) {
+          EXPECT_GE(std::atoll(l.c_str() + at + 27), 1) << l;
+        }
         EXPECT_NE(l.find(std::string(side) == "ec" ? "1 rebuilt from parity" : "1 replica"),
                   std::string::npos)
             << l;
