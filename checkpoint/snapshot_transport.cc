@@ -192,9 +192,12 @@ std::string move_bytes(asio::io_context& io, tcp::socket& sock, const std::atomi
     const size_t len = std::min(kChunkBytes, n - off);
     boost::system::error_code ec;
     size_t moved = 0;  // of this chunk, as the composed operation counts it
-    auto counted = [&moved](const boost::system::error_code& e, size_t k) -> size_t {
+    // Each system call moves as much as the socket has or takes, up to the rest of the chunk:
+    // asio::transfer_all() caps every read or write at 64 KiB, a wake-up of the connection's
+    // reactor per 64 KiB, which halved loopback throughput against a plain socket's.
+    auto counted = [&moved, len](const boost::system::error_code& e, size_t k) -> size_t {
       moved = k;
-      return asio::transfer_all()(e, k);
+      return e ? 0 : len - k;
     };
     const bool done = run_op(
         io, sock, aborted, timeout, ec,

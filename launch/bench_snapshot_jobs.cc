@@ -25,6 +25,7 @@
 #include "core/graph/moe_balance.h"
 #include "launch/bench_elastic_parts.h"
 #include "launch/bench_snapshot_parts.h"
+#include "launch/snapshot_parity.h"
 #include "parallel/vps.h"
 #include "planner/memory_estimate.h"
 #include "planner/planner.h"
@@ -174,7 +175,9 @@ JobShape make_node_shape(const std::string& name, const Options& o, std::string*
   // old ones still hold the state it resumes from, and its worker grows to a dp2 rank's
   // state. Counted per node: 12 snapshots of a dp3 rank and 1.5 workers. (Stop 23: at 8
   // and one worker, 191M passed the check and the kernel's OOM killer took rank 0 during
-  // the resize.)
+  // the resize.) Under ec each node also holds, from its reserve on, the segment it would
+  // rebuild its group's previous node into, made ahead, and the decode's pieces
+  // (SnapshotParity::ahead_bytes: EC(2,1) over the three nodes, one rank each).
   constexpr double kSnapshotsPerNode = 12;
   constexpr double kWorkersPerNode = 1.5;
   constexpr int kNodes = 3;
@@ -220,12 +223,15 @@ JobShape make_node_shape(const std::string& name, const Options& o, std::string*
       j.payload = payload_bytes(j.spec, kNodes);
     }
     const double worker = kWorkerOverEstimate * planner::estimate_memory(j.spec, kNodes).total();
-    const double need = kNodes * (kWorkersPerNode * worker + kSnapshotsPerNode * double(j.payload));
+    const double ahead = SnapshotParity::ahead_bytes(1, j.payload, kNodes, kNodes - 1);
+    const double need =
+        kNodes * (kWorkersPerNode * worker + kSnapshotsPerNode * double(j.payload) + ahead);
     if (avail <= 0 || need <= kMemoryShare * double(avail)) break;
     if (!scaled || layers == 1)
       throw ConfigError("--configs", str(j.describe(), ": three nodes need about ", bench::gb(need),
-                                         " (", kNodes, " x (", kWorkersPerNode, " workers and ", kSnapshotsPerNode,
-                                         " snapshots of a rank)), more than ",
+                                         " (", kNodes, " x (", kWorkersPerNode, " workers, ", kSnapshotsPerNode,
+                                         " snapshots of a rank and ec's rebuild target made "
+                                         "ahead)), more than ",
                                          int(kMemoryShare * 100), "% of the ",
                                          bench::gb(double(avail)), " available"));
     layers = std::max(1, layers * 4 / 5);

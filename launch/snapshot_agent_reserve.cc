@@ -55,6 +55,17 @@ json Agent::reserve(const ckpt::Reservation& r) {
   }
   const int64_t extra = std::max(r.parity_bytes, replica_bytes);
   double need = 2 * double(extra);
+  // ec: the segments this node would rebuild its group's previous node into, made ahead
+  // once the reserve succeeds (below), and the decode's pieces: counted by the reserve that
+  // asks for them, in a group of k + m nodes as the parity above (snapshot_parity.h).
+  double ahead = 0;
+  if (parity_ && !parity_->prepare_asked(r.epoch)) {
+    int64_t largest = 0;
+    for (const ckpt::RankSlot& s : r.ranks)
+      largest = std::max(largest, std::clamp<int64_t>(s.bytes, 0, kMaxRankBytes));
+    ahead = SnapshotParity::ahead_bytes(int(r.ranks.size()), largest, o_.ec_k + o_.ec_m, o_.ec_k);
+  }
+  need += ahead;
   std::string ranks_text;
   for (const ckpt::RankSlot& s : r.ranks) {
     if (s.world <= 0 || s.rank < 0 || s.rank >= s.world || !seen.insert(s.rank).second)
@@ -90,7 +101,7 @@ json Agent::reserve(const ckpt::Reservation& r) {
     ranks_text += (ranks_text.empty() ? "" : ", ") + std::to_string(s.rank) + " (" +
                   bytes_text(double(s.bytes)) + ")";
   }
-  if (!fresh.empty() || extra > 0) {
+  if (!fresh.empty() || extra > 0 || ahead > 0) {
     const NodeMemory m = read_node_memory();
     int64_t promised = 0;
     for (const auto& [name, x] : owned_) promised += untouched_bytes(name);
@@ -110,6 +121,10 @@ json Agent::reserve(const ckpt::Reservation& r) {
                               ? " of parity of other nodes' snapshots (snapshot.redundancy: ec)"
                               : " of replicas of the previous node's ranks (snapshot.redundancy: "
                                 "replica)")
+                    : "",
+          ahead > 0 ? str(", plus ", bytes_text(ahead),
+                          " for the segments a rebuild of the group's previous node would "
+                          "write, made ahead with the decode's pieces (snapshot.redundancy: ec)")
                     : "",
           ", need ", sizes, " of shared memory, but this node can give ",
           bytes_text(std::max(0.0, room)), " (MemAvailable ", bytes_text(double(m.available)),

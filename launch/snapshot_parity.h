@@ -119,6 +119,13 @@ class SnapshotParity {
   // skipped, and logged, when that does not fit the node's memory (a rebuild then allocates
   // as it writes, as before). Idempotent; a newer epoch's ring drops an older epoch's.
   void prepare(int64_t epoch, int locals, int64_t capacity);
+  // The shared memory prepare() takes for `locals` ranks of up to `capacity` bytes in a
+  // group of `group_size` nodes and `data_fragments` data fragments per stripe: one slot of
+  // a rebuilt segment per rank and the decode's two sets of pieces (one per fragment).
+  static double ahead_bytes(int locals, int64_t capacity, int group_size, int data_fragments);
+  // Whether prepare() of `epoch` was asked for already (queued or run): the reserve that
+  // asked for it counted its bytes, and a later one of that epoch does not again.
+  bool prepare_asked(int64_t epoch) const;
 
   // The rebuilt segments this agent holds, as `list` reports them (not those made ahead).
   std::vector<checkpoint::SegmentInfo> list() const;

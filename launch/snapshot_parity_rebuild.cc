@@ -34,6 +34,18 @@ void SnapshotParity::prepare(int64_t epoch, int locals, int64_t capacity) {
   cv_.notify_all();
 }
 
+double SnapshotParity::ahead_bytes(int locals, int64_t capacity, int group_size,
+                                   int data_fragments) {
+  const int64_t piece =
+      std::min<int64_t>(kDecodePieceBytes, ckpt::chunk_bytes(capacity, data_fragments));
+  return locals * snapshot_segment_bytes(capacity, 1) + 2.0 * group_size * double(piece);
+}
+
+bool SnapshotParity::prepare_asked(int64_t epoch) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return prepared_.count(epoch) > 0 || to_prepare_.count(epoch) > 0;
+}
+
 bool SnapshotParity::settled(int64_t epoch) const {
   std::lock_guard<std::mutex> l(mu_);
   // Rebuild targets being made ahead hold no list: nothing listed comes from them.
@@ -285,8 +297,7 @@ void SnapshotParity::prepare_ahead(int64_t epoch) {
   const int lost = l.node_at(g, l.position(ring->node) - 1);
   const auto [locals, capacity] = own;
   const int64_t piece = std::min<int64_t>(kDecodePieceBytes, ckpt::chunk_bytes(capacity, K));
-  const double need =
-      locals * snapshot_segment_bytes(capacity, 1) + 2.0 * G * double(piece);
+  const double need = ahead_bytes(locals, capacity, G, K);
   const NodeMemory m = read_node_memory();
   const double room = snapshot_room(m);
   {

@@ -3,10 +3,16 @@
 // never stalled keeps the writer alive (the write, and the wait for the reply while the last
 // bytes drain from the send buffer); a reader that stops reading fails the writer after about
 // one timeout. No timing thresholds beyond the timeouts under test.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -162,6 +168,99 @@ TEST(SnapshotTransport, AnIdleServedConnectionClosesQuietlyAndAStalledRequestIsL
   EXPECT_EQ(idle.load(), 1) << "the stalled request counted as idle";
   ASSERT_EQ(logged.size(), 1u) << "the idle connection was logged, or the stalled one was not";
   EXPECT_NE(logged[0].find("no bytes moved for 300 ms"), std::string::npos) << logged[0];
+}
+
+// What the transport costs against a plain blocking TCP socket on loopback, printed side by
+// side (no threshold): 96 MiB sent in one run and received in 16 MiB pieces, as a rebuild's
+// fetch is, three times each, with the wall time and the CPU time of both ends (this
+// process). Each run's bytes are checked. (asio::transfer_all() capped every read and write
+// at 64 KiB, a reactor wake-up each: 18.5k epoll_waits for 576 MiB, 0.38 s of CPU; 760 and
+// 0.28 s once a call moves what the socket has.)
+TEST(SnapshotTransport, ThroughputOnLoopbackAgainstAPlainSocket) {
+  constexpr size_t kBytes = size_t(96) << 20, kPiece = size_t(16) << 20;
+  constexpr int kRuns = 3;
+  const std::vector<uint8_t> payload = pattern(kBytes);
+  std::vector<uint8_t> got(kBytes);
+  auto cpu_s = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+  };
+  struct Took {
+    double wall = 0, cpu = 0;
+  };
+  auto timed = [&](const std::function<void()>& run) {
+    Took t;
+    for (int r = 0; r < kRuns; ++r) {
+      std::fill(got.begin(), got.end(), uint8_t(0));
+      const double c0 = cpu_s();
+      const auto t0 = Clock::now();
+      run();
+      t.wall += std::chrono::duration<double>(Clock::now() - t0).count() / kRuns;
+      t.cpu += (cpu_s() - c0) / kRuns;
+      EXPECT_TRUE(got == payload) << "run " << r << " received other bytes";
+    }
+    return t;
+  };
+
+  PeerListener listener(
+      "127.0.0.1", 0, test_auth(),
+      [&](PeerChannel& ch) {
+        for (;;) {
+          ch.receive_request();
+          ch.send({{"ok", true}});
+          ch.send_bytes(payload.data(), payload.size());
+        }
+      },
+      [](const std::string&) {}, 10s);
+  std::unique_ptr<PeerChannel> ch = PeerChannel::connect(listener.endpoint(), test_auth(), 0, 10s);
+  const Took ours = timed([&] {
+    ch->send({{"op", "fetch"}});
+    ch->receive();
+    for (size_t o = 0; o < kBytes; o += kPiece) ch->receive_bytes(got.data() + o, kPiece);
+  });
+
+  const int server = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(server, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(server, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(server, 1), 0);
+  ASSERT_EQ(::getsockname(server, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  std::thread sender([&] {
+    const int c = ::accept(server, nullptr, nullptr);
+    if (c < 0) return;
+    char go = 0;
+    while (::recv(c, &go, 1, 0) == 1)
+      for (size_t o = 0; o < kBytes;) {
+        const ssize_t k = ::send(c, payload.data() + o, kBytes - o, MSG_NOSIGNAL);
+        if (k <= 0) break;
+        o += size_t(k);
+      }
+    ::close(c);
+  });
+  const int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const Took plain = timed([&] {
+    ASSERT_EQ(::send(client, "x", 1, MSG_NOSIGNAL), 1);
+    for (size_t o = 0; o < kBytes;) {
+      const ssize_t k = ::recv(client, got.data() + o, std::min(kPiece, kBytes - o), 0);
+      ASSERT_GT(k, 0);
+      o += size_t(k);
+    }
+  });
+  ::shutdown(client, SHUT_RDWR);
+  ::close(client);
+  sender.join();
+  ::close(server);
+  std::printf(
+      "[ measured ] 96 MiB on loopback, mean of %d: the transport %.1f ms (%.2f GB/s, CPU %.1f "
+      "ms), a plain socket %.1f ms (%.2f GB/s, CPU %.1f ms): %.2fx the time, %.2fx the CPU\n",
+      kRuns, ours.wall * 1e3, kBytes / ours.wall / 1e9, ours.cpu * 1e3, plain.wall * 1e3,
+      kBytes / plain.wall / 1e9, plain.cpu * 1e3, ours.wall / plain.wall, ours.cpu / plain.cpu);
 }
 
 }  // namespace

@@ -522,5 +522,36 @@ TEST_F(SnapshotParityRoom, AHolderWithoutRoomRefusesParityClearlyAndCorruptsNoth
       << logs(kNodes);
 }
 
+// The ec memory check counts the rebuild targets made ahead (snapshot_parity.h, prepare):
+// a reserve whose room fits its slots and its parity share but not the segments it would
+// rebuild its group's previous node into, with the decode's pieces, is refused naming
+// snapshot.every and those bytes; the same ranks in an epoch whose targets were asked for
+// already (they are in the room's bytes now) are taken.
+TEST_F(SnapshotParityRoom, AReserveWithoutRoomForTheRebuildTargetMadeAheadIsRefusedNamingIt) {
+  ASSERT_NO_FATAL_FAILURE(start_three({}));
+  for (int n = 0; n < kNodes; ++n)  // epoch 1's targets allocated: the room below is settled
+    wait_for(log(n), "epoch 1: made ahead the segment\\(s\\) a rebuild of node");
+  // Three data slots of b and the parity share (2 b) take 5 b of 6; the targets (b and six
+  // pieces of b / 2) do not fit beside them.
+  const int64_t b = room() / 6;
+  const Reservation fresh{job_, 0, 2, {{0, kWorld, b}}, 0};
+  try {
+    clients_[0]->segment(fresh);
+    ADD_FAILURE() << "a reserve of " << (b >> 20) << " MiB with " << (room() >> 20)
+                  << " MiB of room was taken\n" << read(log(0));
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "snapshot.every");
+    EXPECT_NE(std::string(e.what()).find(
+                  " for the segments a rebuild of the group's previous node would write, made "
+                  "ahead with the decode's pieces (snapshot.redundancy: ec)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(exists(segment_name(job_, SegmentKind::kData, 0, 2, 0)));
+  // Epoch 1's targets were made by its first reserve: a rank of b more in it is taken.
+  EXPECT_NO_THROW(clients_[0]->segment(Reservation{job_, 0, 1, {{5, kWorld, b}}, 0}))
+      << read(log(0));
+}
+
 }  // namespace
 }  // namespace weft::checkpoint
