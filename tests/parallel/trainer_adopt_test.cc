@@ -24,6 +24,7 @@
 #include "parallel/trainer.h"
 #include "parallel/vps.h"
 #include "tests/parallel/layout_harness.h"
+#include "tests/support/bitwise.h"
 #include "tests/support/multiprocess.h"
 
 namespace weft::test {
@@ -68,12 +69,6 @@ RankLayout layout_of(ParallelTrainer& t) {
   return parallel::layout_of(space_of(t), t.plan(), t.rank());
 }
 
-bool same_bits(const core::Tensor& a, const core::Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  core::Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
-}
-
 std::vector<core::Tensor> clones(const std::vector<core::Tensor>& v) {
   std::vector<core::Tensor> out;
   for (const core::Tensor& t : v) out.push_back(t.clone());
@@ -87,17 +82,6 @@ void expect_same_state(const StateSpace& space, const RankLayout& layout,
   ASSERT_EQ(b.size(), layout.locals.size());
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_TRUE(same_bits(a[i], b[i])) << space.at(layout.locals[i].state).name;
-}
-
-void expect_same_stats(const core::StepStats& a, const core::StepStats& b) {
-  EXPECT_EQ(a.step, b.step);
-  EXPECT_EQ(std::bit_cast<uint64_t>(a.loss), std::bit_cast<uint64_t>(b.loss))
-      << "step " << a.step << ": loss " << a.loss << " vs " << b.loss;
-  EXPECT_EQ(std::bit_cast<uint64_t>(a.grad_norm), std::bit_cast<uint64_t>(b.grad_norm))
-      << "step " << a.step << ": grad norm " << a.grad_norm << " vs " << b.grad_norm;
-  EXPECT_EQ(std::bit_cast<uint64_t>(a.aux_loss), std::bit_cast<uint64_t>(b.aux_loss))
-      << "step " << a.step;
-  EXPECT_EQ(a.applied, b.applied);
 }
 
 // A resize on the same layout: trainer R runs 6 steps (the reference); trainer X runs 3,

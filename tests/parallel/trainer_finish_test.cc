@@ -20,6 +20,7 @@
 #include "parallel/trainer.h"
 #include "parallel/vps.h"
 #include "tests/parallel/layout_harness.h"
+#include "tests/support/bitwise.h"
 #include "tests/support/multiprocess.h"
 
 namespace weft::test {
@@ -34,12 +35,6 @@ using parallel::StateSpace;
 struct StopBeforeUpdate : std::runtime_error {
   StopBeforeUpdate() : std::runtime_error("stopped before the update (test)") {}
 };
-
-bool same_bits(const core::Tensor& a, const core::Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  core::Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
-}
 
 std::vector<core::Tensor> state_of(ParallelTrainer& t) {
   const StateSpace space = StateSpace::from_graph(t.graph(), t.moe_balance());
@@ -61,18 +56,6 @@ std::string state_diff(ParallelTrainer& t, const std::vector<core::Tensor>& a,
   for (size_t i = 0; i < a.size(); ++i)
     if (!same_bits(a[i], b[i]) && differ++ == 0) first = space.at(mine.locals[i].state).name;
   return differ ? str(differ, " differ, the first ", first) : "";
-}
-
-void expect_same_stats(const core::StepStats& a, const core::StepStats& b) {
-  EXPECT_EQ(a.step, b.step);
-  EXPECT_EQ(std::bit_cast<uint64_t>(a.loss), std::bit_cast<uint64_t>(b.loss))
-      << "step " << a.step << ": loss " << a.loss << " vs " << b.loss;
-  EXPECT_EQ(std::bit_cast<uint64_t>(a.grad_norm), std::bit_cast<uint64_t>(b.grad_norm))
-      << "step " << a.step << ": grad norm " << a.grad_norm << " vs " << b.grad_norm;
-  EXPECT_EQ(std::bit_cast<uint64_t>(a.aux_loss), std::bit_cast<uint64_t>(b.aux_loss))
-      << "step " << a.step;
-  EXPECT_EQ(std::bit_cast<uint64_t>(a.lr), std::bit_cast<uint64_t>(b.lr)) << "step " << a.step;
-  EXPECT_EQ(a.applied, b.applied);
 }
 
 // On `world` ranks: reference trainer R runs steps 0..2 whole. Trainer X runs step 0, then

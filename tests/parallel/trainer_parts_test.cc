@@ -19,6 +19,7 @@
 #include "parallel/vps.h"
 #include "planner/plan_cache.h"
 #include "tests/parallel/layout_harness.h"
+#include "tests/support/bitwise.h"
 #include "tests/support/multiprocess.h"
 
 namespace weft::test {
@@ -34,15 +35,6 @@ core::JobSpec spec_of(const std::vector<std::string>& sets) {
   c.config = "gpt-layout.yaml";
   c.overrides = sets;
   return layout_spec(c);
-}
-
-void expect_same_stats(const core::StepStats& a, const core::StepStats& b) {
-  EXPECT_EQ(a.step, b.step);
-  EXPECT_EQ(std::bit_cast<uint64_t>(a.loss), std::bit_cast<uint64_t>(b.loss))
-      << "step " << a.step << ": loss " << a.loss << " vs " << b.loss;
-  EXPECT_EQ(std::bit_cast<uint64_t>(a.grad_norm), std::bit_cast<uint64_t>(b.grad_norm))
-      << "step " << a.step << ": grad norm " << a.grad_norm << " vs " << b.grad_norm;
-  EXPECT_EQ(a.applied, b.applied);
 }
 
 // Trainer R makes everything itself and runs 6 steps. Trainer X, built from a PlanCache's
