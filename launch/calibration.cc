@@ -146,15 +146,24 @@ constexpr SyncBurst kSyncBurstsOversub[] = {{"sync_pair_4B_b1", 200, 1},
                                             {"sync_pair_4B_b20", 30, 20},
                                             {"sync_pair_4B_b100", 8, 100}};
 
-// Each rated op type's kernel rate (CostModel::op_rates): a small GPT's training steps
+// Each rated op type's kernel rate (CostModel::op_rates): a small model's training steps
 // (config S's width on 2 layers, one micro-batch of 4 x 128 tokens) with the trainer's
 // per-op-type profile, the least time of 8 steps per type, over the FLOPs op_work counts for
 // that type's ops. The same kernels the executor runs, on operands a real step leaves in
 // the caches, so that gelu's tanh, adamw's square roots and attention's softmax are priced
-// at what they take rather than at the GEMM rate or memcpy's bandwidth.
-std::string measure_op_rates(planner::Hardware& hw) {
+// at what they take rather than at the GEMM rate or memcpy's bandwidth. One model per
+// architecture (kOpRateConfigs, under configs/), so that every rated type is run by a model
+// that has it.
+// The GPT first: the types both run (add, the loss, the embedding, AdamW, the gradient norm)
+// keep its rates, as before the Llama was timed. The Llama adds RMSNorm, rotary positions,
+// SwiGLU and grouped-query attention, forward and backward.
+constexpr const char* kOpRateConfigs[] = {"gpt-small.yaml", "llama-small.yaml"};
+
+// One model's least seconds and op_work FLOPs per rated type.
+void profile_rated_ops(const char* config, std::array<double, planner::kRatedOps>& least_s,
+                       std::array<double, planner::kRatedOps>& flop) {
   const core::JobSpec spec = core::load_job_spec(
-      std::string(WEFT_SOURCE_DIR) + "/configs/gpt-small.yaml",
+      std::string(WEFT_SOURCE_DIR) + "/configs/" + config,
       {"model.layers=2", "train.global_batch=4", "train.micro_batch=4", "parallel.dp=1", "train.threads=1",
        "train.warmup_steps=1"});
   core::cpu::set_num_threads(1);
@@ -179,7 +188,7 @@ std::string measure_op_rates(planner::Hardware& hw) {
     }
   }
   const core::Graph& g = t.model().graph;
-  std::array<double, planner::kRatedOps> flop{};
+  flop = {};
   for (const core::Op& op : g.ops()) {
     std::vector<core::Shape> ins, outs;
     for (int v : op.inputs) ins.push_back(g.value(v).shape);
@@ -187,15 +196,27 @@ std::string measure_op_rates(planner::Hardware& hw) {
     const planner::OpWork w = planner::op_work(op, "", ins, outs, core::dtype_size(core::DType::kF32));
     if (w.rated >= 0) flop[size_t(w.rated)] += w.flop;
   }
-  std::string out = "op rates (GFLOP/s as the model counts them):";
   for (int i = 0; i < planner::kRatedOps; ++i) {
     auto it = least.find(planner::kRatedOpTypes[i]);
-    if (it == least.end() || !(it->second > 0) || !(flop[size_t(i)] > 0)) continue;
-    hw.op_rates[size_t(i)] = flop[size_t(i)] / it->second;
-    hw.measurements.push_back({std::string("op_") + planner::kRatedOpTypes[i] + "_s", it->second});
-    char one[64];
-    std::snprintf(one, sizeof one, " %s %.1f", planner::kRatedOpTypes[i], hw.op_rates[size_t(i)] / 1e9);
-    out += one;
+    least_s[size_t(i)] = it == least.end() ? 0 : it->second;
+  }
+}
+
+std::string measure_op_rates(planner::Hardware& hw) {
+  std::string out = "op rates (GFLOP/s as the model counts them):";
+  for (const char* config : kOpRateConfigs) {
+    std::array<double, planner::kRatedOps> secs{}, flop{};
+    profile_rated_ops(config, secs, flop);
+    out += std::string(" [") + config + "]";
+    for (int i = 0; i < planner::kRatedOps; ++i) {
+      const size_t k = size_t(i);
+      if (hw.op_rates[k] > 0 || !(secs[k] > 0) || !(flop[k] > 0)) continue;
+      hw.op_rates[k] = flop[k] / secs[k];
+      hw.measurements.push_back({std::string("op_") + planner::kRatedOpTypes[i] + "_s", secs[k]});
+      char one[64];
+      std::snprintf(one, sizeof one, " %s %.1f", planner::kRatedOpTypes[i], hw.op_rates[k] / 1e9);
+      out += one;
+    }
   }
   return out;
 }

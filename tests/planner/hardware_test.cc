@@ -249,9 +249,11 @@ TEST(Hardware, CalibrateWritesACacheThatPlanUses) {
   EXPECT_GT(hw->memory_bw, 0);
   EXPECT_GT(hw->intra.bw, 0);
   // Gloo's 4 MiB reduce-scatter (an all-reduce of the whole buffer) always takes longer than
-  // the fixed part, and the small GPT runs every GPT kernel.
+  // the fixed part, the small GPT runs every GPT kernel and the small Llama every Llama one.
   EXPECT_FALSE(hw->coll_bw_by_size[size_t(CollKind::kReduceScatter)].empty());
-  for (const char* type : {"attention", "attention.bwd", "layernorm", "gelu.bwd", "cross_entropy", "adamw"})
+  for (const char* type : {"attention", "attention.bwd", "layernorm", "gelu.bwd", "cross_entropy", "adamw", "rmsnorm",
+                           "rmsnorm.bwd", "rope", "rope.bwd", "swiglu", "swiglu.bwd", "gqa_attention",
+                           "gqa_attention.bwd"})
     EXPECT_GT(hw->op_rates[size_t(rated_op(type))], 0) << type;
   CostModel m = hw->cost_model("f32");
   EXPECT_FALSE(m == CostModel{});

@@ -4,6 +4,11 @@
 // hardware file and the plan file keep them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <iterator>
+#include <set>
+
+#include "planner/engine.h"
 #include "planner/hardware.h"
 #include "planner/plan_json.h"
 #include "planner/planner.h"
@@ -115,6 +120,93 @@ TEST(OpRates, TheHardwareAndPlanFilesKeepThem) {
   Plan q = plan_from_json(plan_to_json(p));
   EXPECT_EQ(q.costs.model.op_rates, hw.op_rates);
   EXPECT_EQ(plan_to_json(q), plan_to_json(p));
+}
+
+
+// Llama's own kernels (weft calibrate times them on configs/llama-small.yaml's steps).
+constexpr const char* kLlamaTypes[] = {"rmsnorm", "rmsnorm.bwd", "rope", "rope.bwd", "swiglu", "swiglu.bwd"};
+
+core::JobSpec llama_spec() {
+  core::JobSpec s = test_util::gpt_spec(2, 64, 8);
+  s.model.arch = "llama";
+  s.model.kv_heads = 2;
+  return s;
+}
+
+TEST(OpRates, LlamasKernelsArePricedAtTheirCalibratedRates) {
+  core::JobSpec s = llama_spec();
+  core::ModelGraph mg = build_planning_graph(s);
+  CostModel before;
+  before.op_overhead = 3e-6;
+  CostModel after = before;
+  double rate = 1e9;
+  for (const char* type : kLlamaTypes) after.op_rates[size_t(rated_op(type))] = rate, rate *= 1.5;
+  rate = 1e9;
+  for (const char* type : kLlamaTypes) {
+    const core::Op* op = first_op(mg.graph, type);
+    ASSERT_TRUE(op) << type;
+    const OpWork w = whole_work(mg.graph, *op);
+    EXPECT_EQ(w.rated, rated_op(type)) << type;
+    ASSERT_GT(w.flop, 0) << type;
+    // Without a rate: FLOPs at the GEMM rate or bytes at memory bandwidth, as before.
+    EXPECT_DOUBLE_EQ(before.compute_alone(w), before.compute_alone(w.flop, w.bytes)) << type;
+    // With one: the op's FLOPs at exactly that rate, whatever the other types' rates.
+    EXPECT_DOUBLE_EQ(after.compute_alone(w), 3e-6 + w.flop / rate) << type;
+    CostModel only = before;
+    only.op_rates[size_t(rated_op(type))] = rate;
+    EXPECT_DOUBLE_EQ(only.compute_alone(w), after.compute_alone(w)) << type;
+    rate *= 1.5;
+  }
+}
+
+TEST(OpRates, TheSimulatorPricesALlamaStepFromThem) {
+  // A Llama plan's simulated step moves by exactly what its rmsnorm, rope and swiglu
+  // instructions (forward and backward) take at the calibrated rates instead of before.
+  core::JobSpec s = llama_spec();
+  core::ModelGraph mg = build_planning_graph(s);
+  PlanOptions o;
+  Plan p = make_plan(s, mg.graph, 1, o);
+  const double base = simulate_plan(p, mg.graph, o.cost).step_s;
+  CostModel rated = o.cost;
+  for (const char* type : kLlamaTypes) rated.op_rates[size_t(rated_op(type))] = 2e6;
+  const PlanWork work = plan_work(p, mg.graph);  // each instruction's work on its own shapes
+  double delta = 0;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < p.roles.at(0).program.size(); ++i) {
+    const Instr& in = p.roles.at(0).program[i];
+    if (in.kind != InstrKind::kCompute || !in.part.empty()) continue;
+    const core::Op& op = mg.graph.op(in.op);
+    if (std::find(std::begin(kLlamaTypes), std::end(kLlamaTypes), op.type) == std::end(kLlamaTypes)) continue;
+    delta += rated.compute_alone(work[0][i]) - o.cost.compute_alone(work[0][i]);
+    seen.insert(op.type);
+  }
+  EXPECT_EQ(seen.size(), std::size(kLlamaTypes));
+  ASSERT_GT(delta, 0);
+  EXPECT_NEAR(simulate_plan(p, mg.graph, rated).step_s - base, delta, 1e-3 * delta);
+}
+
+TEST(OpRates, LlamasRatesRoundTripAndAFileWithoutThemKeepsTheOldPricing) {
+  Hardware hw = load_hardware("h100");
+  double rate = 2e9;
+  for (const char* type : kLlamaTypes) hw.op_rates[size_t(rated_op(type))] = rate, rate += 1e9;
+  const std::string yaml = hardware_to_yaml(hw);
+  for (const char* type : kLlamaTypes)
+    EXPECT_NE(yaml.find(std::string("  ") + type + ": "), std::string::npos) << type << "\n" << yaml;
+  EXPECT_EQ(hardware_from_yaml(yaml, "test").op_rates, hw.op_rates);
+
+  // An older cache: op_rates without Llama's types (as weft calibrate wrote before them).
+  const Hardware old =
+      hardware_from_yaml(hardware_to_yaml(load_hardware("h100")) + "op_rates: {gelu: 2.0e10, rmsnorm: 3.0e9}\n", "t");
+  const CostModel m = old.cost_model("f32"), none = load_hardware("h100").cost_model("f32");
+  core::JobSpec s = llama_spec();
+  core::ModelGraph mg = build_planning_graph(s);
+  for (const char* type : kLlamaTypes) {
+    const OpWork w = whole_work(mg.graph, *first_op(mg.graph, type));
+    if (std::string(type) == "rmsnorm")
+      EXPECT_DOUBLE_EQ(m.compute_alone(w), w.flop / 3.0e9);
+    else
+      EXPECT_DOUBLE_EQ(m.compute_alone(w), none.compute_alone(w)) << type;
+  }
 }
 
 }  // namespace
