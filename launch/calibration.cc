@@ -204,13 +204,15 @@ void profile_rated_ops(const char* config, std::array<double, planner::kRatedOps
 
 std::string measure_op_rates(planner::Hardware& hw) {
   std::string out = "op rates (GFLOP/s as the model counts them):";
+  std::array<bool, planner::kRatedOps> rated{};  // by an earlier model of kOpRateConfigs
   for (const char* config : kOpRateConfigs) {
     std::array<double, planner::kRatedOps> secs{}, flop{};
     profile_rated_ops(config, secs, flop);
     out += std::string(" [") + config + "]";
     for (int i = 0; i < planner::kRatedOps; ++i) {
       const size_t k = size_t(i);
-      if (hw.op_rates[k] > 0 || !(secs[k] > 0) || !(flop[k] > 0)) continue;
+      if (rated[k] || !(secs[k] > 0) || !(flop[k] > 0)) continue;
+      rated[k] = true;
       hw.op_rates[k] = flop[k] / secs[k];
       hw.measurements.push_back({std::string("op_") + planner::kRatedOpTypes[i] + "_s", secs[k]});
       char one[64];
