@@ -46,7 +46,8 @@ TEST(WorldAhead, BuildsTheNextEpochsWorldOnAThreadAndTheEntryTakesItConnected) {
   a0.start(env_of(0, 2, server.port(), 2), notices, 30s);
   a1.start(env_of(1, 2, server.port(), 2), notices, 30s);
   a0.start(env_of(0, 2, server.port(), 2), notices, 30s);  // already under way: no second build
-  std::unique_ptr<parallel::WorkerWorld> w0 = a0.take(2), w1 = a1.take(2);
+  std::unique_ptr<EpochWorld> e0 = a0.take(2), e1 = a1.take(2);
+  std::unique_ptr<parallel::WorkerWorld> w0 = std::move(e0->world), w1 = std::move(e1->world);
   ASSERT_NE(w0, nullptr);
   ASSERT_NE(w1, nullptr);
   EXPECT_EQ(w0->comm().rank(), 0);
