@@ -53,7 +53,8 @@ class WorldAhead {
   void start(const parallel::LaunchEnv& env, const std::string& notices, comm::Millis timeout,
              int connections = 1, EpochTrainers trainers = {});
 
-  // The world of `epoch` if its build was queued: waits for it, and rethrows its error
+  // The world of `epoch` (with its trainers' part and process groups) if its build was
+  // queued: waits for it, and rethrows its error
   // (CommError: the caller then waits for the next epoch, as when building it itself
   // fails). nullptr when none was queued for `epoch`. Forgets finished builds of earlier
   // epochs.
