@@ -28,6 +28,7 @@
 #include "core/io/safetensors.h"
 #include "launch/elastic_worker.h"
 #include "launch/epoch_notice.h"
+#include "launch/epoch_world.h"
 #include "launch/heartbeat.h"
 #include "launch/live_resize.h"
 #include "launch/live_resize_prefault.h"
@@ -78,6 +79,7 @@ struct Arrival {
   int64_t bytes_local = 0;    // this rank's: copied within the rank
   double wait = 0, comms = 0, plan = 0, fetch = 0, transfer = 0, resume = 0;
   bool comms_ahead = false;  // the world was connected while the old one ended its step
+  int splits_ahead = 0;       // and that many splits of it (trainers' part, process groups)
   // This rank's old state went to the router as the only handles, freed as it moved: a
   // snapshot of the same step backs it (snapshot_backs), or elastic.old_state asks for it.
   bool freed_as_moved = false, backed = false;
@@ -95,6 +97,17 @@ std::string rolled_note(const Arrival& a) {
   return str("; ", a.rolled, " rank", a.rolled == 1 ? "" : "s",
              " behind (the member died during the statistics exchange) rolled forward to step ",
              a.rolled_to, ", finishing the step with the statistics of the ranks ahead");
+}
+
+// What was connected while the old world ended its step: the world, and with it the
+// trainers' part and process groups (`groups_given`: the trainer took them).
+std::string ahead_note(const Arrival& a, bool groups_given) {
+  if (!a.comms_ahead) return "";
+  std::string s = "; its communicator was connected while the old world ended its step";
+  if (groups_given)
+    s += str(", its process groups too (", a.splits_ahead, " split", a.splits_ahead == 1 ? "" : "s",
+             ")");
+  return s;
 }
 
 std::string mixed_note(const Arrival& a) {
@@ -285,6 +298,11 @@ class RankTraining {
     node_ = n.node_index;
   }
   bool lead() const { return env_.rank == 0; }
+  // The trainers of a world of `world` training ranks: their plan from plans_ (made ahead,
+  // usually), for the process groups connected with the world.
+  EpochTrainers trainers_of(int world) {
+    return {world, [this, world] { return plans_.plan(world); }};
+  }
   // This node's workers (weft run's --nproc-per-node).
   int local_count() const { return int(env_int("LOCAL_WORLD_SIZE", 1)); }
 };
@@ -338,13 +356,23 @@ void RankTraining::enter_world(const std::string& why) {
                      " before its world formed")
                : std::string();
     };
-  world_ = live_ && !first_world_ ? ahead_.take(env_.rdzv_epoch) : nullptr;
-  arrival_.comms_ahead = world_ != nullptr;
-  if (!world_)
-    world_ = std::make_unique<parallel::WorkerWorld>(env_, comm_timeout(), superseded,
-                                                     transfer_connections());
+  // The world, the trainers' part of it and their process groups of this world's plan
+  // (epoch_world.h), connected ahead while the old world ended its step, or here: the same
+  // splits in the same order on every rank either way.
+  std::unique_ptr<EpochWorld> ew = live_ && !first_world_ ? ahead_.take(env_.rdzv_epoch) : nullptr;
+  arrival_.comms_ahead = ew != nullptr;
+  if (!ew)
+    ew = std::make_unique<EpochWorld>(connect_epoch_world(
+        env_, trainers_of(train_world_), comm_timeout(), superseded, transfer_connections()));
+  arrival_.splits_ahead = arrival_.comms_ahead ? ew->splits() : 0;
+  train_comm_.reset();
+  world_ = std::move(ew->world);
+  train_comm_ = std::move(ew->train_comm);
+  std::unique_ptr<parallel::ProcessGroups> groups = std::move(ew->groups);
+  ew.reset();
   comm::Communicator& comm = world_->comm();
-  laps.lap("world");
+  comm::Communicator* tc = train_comm_ ? train_comm_.get() : &comm;
+  laps.lap(arrival_.comms_ahead ? "world and groups (ahead)" : "world and groups");
   // Until this world trains, a newer epoch ends it: some of its ranks will never come.
   std::optional<LossWatcher> entering;
   if (live_) {
@@ -369,12 +397,6 @@ void RankTraining::enter_world(const std::string& why) {
   int64_t latest = -1;  // the latest step anybody alive holds
   for (int r = 0; r < int(reports.size()) && r < env_.world; ++r)
     if (reports[size_t(r)].valid) latest = std::max(latest, reports[size_t(r)].step);
-  // Departing nodes' workers (ranks train_world_ and up) only hand their state over: the
-  // trainers get a communicator of their own.
-  train_comm_.reset();
-  if (env_.world > train_world_) train_comm_ = comm.split(env_.rank < train_world_ ? 0 : -1, env_.rank);
-  comm::Communicator* tc = env_.world > train_world_ ? train_comm_.get() : &comm;
-  laps.lap("split");
   arrival_.comms = since(t);
   t = Clock::now();
 
@@ -439,14 +461,15 @@ void RankTraining::enter_world(const std::string& why) {
   laps.lap(ready ? "plan (cached)" : "plan");
   if (!leaving_) {
     trainer_ = std::make_unique<parallel::ParallelTrainer>(
-        spec_, *tc, init, parallel::TrainerParts{plans_.graph(), new_plan, &persistent_});
+        spec_, *tc, init,
+        parallel::TrainerParts{plans_.graph(), new_plan, &persistent_, std::move(groups)});
     trainer_->set_after_exchange(split_exchange_for_tests());
   }
   laps.lap("trainer");
   if (trainer_) {
     const parallel::TrainerSetupTimes& st = trainer_->setup_times();
     laps.add("of which trainer check", st.graph + st.plan + st.check);
-    laps.add("trainer groups", st.groups);
+    laps.add(trainer_->groups_given() ? "trainer groups (given)" : "trainer groups", st.groups);
     laps.add("trainer executor", st.executor);
     laps.add("trainer init", st.init);
   }
@@ -826,7 +849,7 @@ void RankTraining::print_arrival(const std::string& why, int old_world, int64_t 
       (long long)old_epoch, (long long)env_.rdzv_epoch, old_world, train_world_, (long long)d.dp,
       (long long)d.tp, (long long)d.pp, (long long)d.ep, (long long)trainer_->current_step(),
       why.c_str(), (from + rolled_note(a)).c_str(), since(change_at_), a.wait, a.comms, a.plan,
-      a.fetch, a.transfer, a.resume, a.comms_ahead ? "; its communicator was connected while the old world ended its step" : "");
+      a.fetch, a.transfer, a.resume, ahead_note(a, trainer_->groups_given()).c_str());
   std::fflush(stdout);
 }
 
@@ -942,7 +965,8 @@ WorldEnd RankTraining::train_world() {
     if (std::find(comms.begin(), comms.end(), c) == comms.end()) comms.push_back(c);
   // A change that loses nobody is known a step ahead: its world connects meanwhile.
   LossWatcher watcher(watch_, comms, false, [this](const EpochNotice& n) {
-    ahead_.start(env_in_epoch(base_, n), watch_.path(), comm_timeout(), transfer_connections());
+    ahead_.start(env_in_epoch(base_, n), watch_.path(), comm_timeout(), transfer_connections(),
+                 trainers_of(n.world()));
   });
   while (trainer_->current_step() < spec_.train.steps)
     if (std::optional<WorldEnd> end = one_step()) return *end;

@@ -31,7 +31,8 @@ void WorldAhead::build(Build& b) {
              : std::string();
   };
   try {
-    b.world = std::make_unique<parallel::WorkerWorld>(b.env, b.timeout, superseded, b.connections);
+    b.world = std::make_unique<EpochWorld>(
+        connect_epoch_world(b.env, b.trainers, b.timeout, superseded, b.connections));
   } catch (...) {
     b.error = std::current_exception();
   }
@@ -57,7 +58,7 @@ void WorldAhead::build_loop() {
 }
 
 void WorldAhead::start(const parallel::LaunchEnv& env, const std::string& notices,
-                       comm::Millis timeout, int connections) {
+                       comm::Millis timeout, int connections, EpochTrainers trainers) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (stopping_) return;
@@ -71,13 +72,14 @@ void WorldAhead::start(const parallel::LaunchEnv& env, const std::string& notice
     b->notices = notices;
     b->timeout = timeout;
     b->connections = connections;
+    b->trainers = std::move(trainers);
     builds_.push_back(b);
     pending_.push_back(std::move(b));
   }
   cv_.notify_all();
 }
 
-std::unique_ptr<parallel::WorkerWorld> WorldAhead::take(int64_t epoch) {
+std::unique_ptr<EpochWorld> WorldAhead::take(int64_t epoch) {
   std::unique_lock<std::mutex> l(mu_);
   std::erase_if(builds_, [&](const auto& b) { return b->epoch < epoch && b->done; });
   auto it = std::find_if(builds_.begin(), builds_.end(),

@@ -2,8 +2,9 @@
 // new epoch arrives while the old world is still in its step (a graceful leave, a node
 // admitted: nobody was lost, so nothing is aborted), the worker connects the new epoch's
 // world on a thread, and the old world finishes its step meanwhile. At the step boundary
-// the entry takes the connected world instead of building it: the communicators cost the
-// resize nothing. On GPUs, where a communicator takes seconds to create (NCCL's init), this
+// the entry takes the connected world instead of building it, with its trainers' part and
+// their process groups of the epoch's plan (epoch_world.h: one split each for tp, pp, ep,
+// ZeRO layouts, 15-70 ms of a resize on loopback): the communicators cost the resize nothing. On GPUs, where a communicator takes seconds to create (NCCL's init), this
 // is the point; on loopback Gloo it is tens of milliseconds.
 //
 // A newcomer's world, or one whose change lost a member (its collectives are aborted at
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "launch/epoch_world.h"
 #include "parallel/launch_env.h"
 
 namespace weft::launch {
@@ -46,15 +48,17 @@ class WorldAhead {
   // a time on one thread that lives as long as this object: a thread per build left each
   // build's allocations in a fresh malloc arena, and a worker's memory grew with every
   // change (the 20-change soak test saw it). Thread-safe.
-  // `connections`: WorkerWorld's (elastic.transfer_connections).
+  // `connections`: WorkerWorld's (elastic.transfer_connections). `trainers`: which ranks
+  // train and under which plan (connect_epoch_world); by default all, without groups.
   void start(const parallel::LaunchEnv& env, const std::string& notices, comm::Millis timeout,
-             int connections = 1);
+             int connections = 1, EpochTrainers trainers = {});
 
-  // The world of `epoch` if its build was queued: waits for it, and rethrows its error
+  // The world of `epoch` (with its trainers' part and process groups) if its build was
+  // queued: waits for it, and rethrows its error
   // (CommError: the caller then waits for the next epoch, as when building it itself
   // fails). nullptr when none was queued for `epoch`. Forgets finished builds of earlier
   // epochs.
-  std::unique_ptr<parallel::WorkerWorld> take(int64_t epoch);
+  std::unique_ptr<EpochWorld> take(int64_t epoch);
 
  private:
   struct Build {
@@ -63,9 +67,10 @@ class WorldAhead {
     std::string notices;
     comm::Millis timeout{0};
     int connections = 1;
+    EpochTrainers trainers;
     bool done = false;  // under mu_
     std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
-    std::unique_ptr<parallel::WorkerWorld> world;  // set by the builder before `done`
+    std::unique_ptr<EpochWorld> world;  // set by the builder before `done`
     std::exception_ptr error;
   };
   void build_loop();

@@ -31,7 +31,8 @@ bool whole_world(const planner::Plan& plan, int f, int world) {
 
 }  // namespace
 
-ProcessGroups::ProcessGroups(comm::Communicator& world, const planner::Plan& plan) {
+ProcessGroups::ProcessGroups(comm::Communicator& world, const planner::Plan& plan)
+    : world_(&world), built_for_(plan.groups), programs_(plan.roles.size()) {
   const int me = world.rank();
   WEFT_CHECK(world.size() == plan.world(), "the plan is for ", plan.world(),
              " ranks, the world has ", world.size());
@@ -72,6 +73,16 @@ ProcessGroups::ProcessGroups(comm::Communicator& world, const planner::Plan& pla
       groups_[color] = owned_.back().get();
     }
   }
+}
+
+bool ProcessGroups::fits(const comm::Communicator& world, const planner::Plan& plan) const {
+  if (&world != world_ || plan.roles.size() != programs_ || plan.groups.size() != built_for_.size())
+    return false;
+  for (size_t i = 0; i < built_for_.size(); ++i) {
+    const planner::ProcessGroup &a = built_for_[i], &b = plan.groups[i];
+    if (a.id != b.id || a.family != b.family || a.ranks != b.ranks) return false;
+  }
+  return true;
 }
 
 comm::Communicator& ProcessGroups::group(int id) const {

@@ -33,6 +33,12 @@ class ProcessGroups {
   // `world` must outlive this object.
   ProcessGroups(comm::Communicator& world, const planner::Plan& plan);
 
+  // Whether these groups serve `plan` over `world`: built over that very communicator, for a
+  // plan with the same groups (ids, families, members in order) and the same number of
+  // programs (which decides whether `world` may serve a group). Groups built ahead, with
+  // the next world's communicator, are refused by a trainer whose plan they do not fit.
+  bool fits(const comm::Communicator& world, const planner::Plan& plan) const;
+
   // The communicator of process group `id`; InternalError when this rank is not a member.
   comm::Communicator& group(int id) const;
   bool member(int id) const { return groups_.count(id) > 0; }
@@ -50,6 +56,9 @@ class ProcessGroups {
   std::vector<comm::Communicator*> communicators() const;
 
  private:
+  const comm::Communicator* world_ = nullptr;
+  std::vector<planner::ProcessGroup> built_for_;  // the plan's groups, for fits()
+  size_t programs_ = 0;                           // the plan's roles
   std::map<int, comm::Communicator*> groups_;
   std::vector<std::unique_ptr<comm::Communicator>> owned_;
   int world_groups_ = 0, splits_ = 0;

@@ -10,6 +10,7 @@
 #include "base/check.h"
 #include "base/env.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "core/exec/executor.h"
 #include "core/exec/nonfinite.h"
 #include "parallel/regions.h"
@@ -83,7 +84,17 @@ ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& 
   planner::check_plan_matches(*plan_, spec_, mg_->graph);
   check_memory_budget();
   lap(setup_times_.check);
-  groups_ = std::make_unique<ProcessGroups>(world_, *plan_);
+  if (parts.groups && parts.groups->fits(world_, *plan_)) {
+    groups_ = std::move(parts.groups);
+    groups_given_ = true;
+  } else {
+    if (parts.groups)
+      WEFT_DEBUG("trainer", "rank ", rank_,
+                 ": the process groups given were built for another plan or communicator; "
+                 "splitting them anew");
+    parts.groups.reset();  // before the new splits: their connections go first
+    groups_ = std::make_unique<ProcessGroups>(world_, *plan_);
+  }
   lap(setup_times_.groups);
   exec_ = std::make_unique<RankExecutor>(*plan_, mg_->graph, world_.rank(), world_, *groups_,
                                          state_pending_, parts.persistent);

@@ -57,6 +57,12 @@ struct TrainerParts {
   // host allocator. Must outlive the trainer and every tensor it allocated (state_tensors()
   // views, hold_state).
   memory::Allocator* persistent = nullptr;
+  // The process groups, split ahead over the trainer's `world` (an online resize connects
+  // them with the next world's communicator while the old world ends its step). Taken when
+  // they fit the trainer's plan over `world` (ProcessGroups::fits); otherwise dropped and
+  // split anew, as with null. Every rank must pass groups that fit, or none: the split is
+  // collective.
+  std::unique_ptr<ProcessGroups> groups;
 };
 
 class ParallelTrainer {
@@ -179,6 +185,8 @@ class ParallelTrainer {
   // Known without the world: a trainer kept for finish_step outlives its world.
   int rank() const { return rank_; }
   const TrainerSetupTimes& setup_times() const { return setup_times_; }
+  // Whether the trainer took the process groups TrainerParts gave (built ahead).
+  bool groups_given() const { return groups_given_; }
 
  private:
   // The step's statistics from the exchanged (kind, addend, addends, value) records.
@@ -211,6 +219,7 @@ class ParallelTrainer {
   std::function<void()> after_exchange_;
   int rank_ = 0;
   TrainerSetupTimes setup_times_;
+  bool groups_given_ = false;
 };
 
 }  // namespace weft::parallel

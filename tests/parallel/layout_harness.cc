@@ -104,7 +104,7 @@ LayoutOutcome run_layout(const LayoutCase& c) {
           parts.plan = std::make_shared<const planner::Plan>(
               planner::make_plan(spec, parts.graph->graph, c.world, po));
         }
-        parallel::ParallelTrainer pt(spec, *world.comm, parallel::StateInit::kSeed, parts);
+        parallel::ParallelTrainer pt(spec, *world.comm, parallel::StateInit::kSeed, std::move(parts));
         std::ostringstream os;
         os.precision(17);
         for (int s = 0; s < c.steps; ++s) {

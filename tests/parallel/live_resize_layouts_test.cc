@@ -172,6 +172,52 @@ TEST(LiveResize, Tp2Dp2LosesAReplicaNodeThenRegrowsThroughTheRouter) {
                            "world 2 -> 4 (dp 2 x tp 2 x pp 1 x ep 1)", "2 holders");
 }
 
+// A graceful leave under tp2 x dp2 (elastic.layout: auto): SIGTERM to the agent of one
+// replica's TP pair. The change is known while the old world ends its step, so each worker
+// connects the new epoch's world and, with it, the trainers' part and their process groups
+// of the tp2 plan (the tensor-parallel group is a split); the entry takes them connected and
+// the resize line says so. The departing pair hands over nothing the other replica lacks
+// and exits 0; the run equals one process's.
+TEST(LiveResize, Tp2Dp2GracefulLeaveEntersWithItsProcessGroupsSplitAhead) {
+  LiveJob job;
+  job.dir = agent_test_dir("live_layouts", "tp_leave");
+  job.id = "live-tp-leave";
+  job.nproc = 2;
+  job.nnodes = "1:2";
+  job.steps = 200;
+  // As Tp2Dp2LosesAReplicaNode...: 1 or 2 micro-batches per replica keep a step short.
+  const std::vector<std::string> sets = {"train.micro_batch=12"};
+  const fs::path ref = reference_run(job.dir, job.steps, sets);
+  job.sets = sets;
+  for (const char* s : {"parallel.tp=2", "parallel.dp=auto", "elastic.layout=auto"})
+    job.sets.push_back(s);
+  job.start_in_order(2);
+  ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
+  const std::vector<pid_t> kept = children(job.pid(0));
+  ASSERT_EQ(kept.size(), 2u) << job.all_logs();
+  ::kill(job.pid(1), SIGTERM);
+  ASSERT_TRUE(job.wait_world(2, 10)) << phases_text(job.phases()) << job.all_logs();
+  EXPECT_EQ(job.wait(1), std::optional<int>(0)) << job.all_logs();
+  EXPECT_EQ(children(job.pid(0)), kept) << job.all_logs();
+  EXPECT_EQ(job.wait(0), std::optional<int>(0)) << job.all_logs();
+  expect_phases(job.phases(), {4, 2});
+  expect_losses_by_step(ref, job.metrics(), kRelSplit);
+  const std::vector<std::string> resizes = job.lines_with(0, "resize: ");
+  ASSERT_EQ(resizes.size(), 1u) << job.all_logs();
+  std::printf("%s\n", resizes[0].c_str());
+  EXPECT_TRUE(has(resizes[0], "world 4 -> 2 (dp 1 x tp 2 x pp 1 x ep 1)")) << resizes[0];
+  // Made before the entry: at least the trainers' part of the world (the leaving pair only
+  // hands over) and the tensor-parallel group.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(resizes[0], m,
+                                std::regex("its communicator was connected while the old world "
+                                           "ended its step, its process groups too \\(([0-9]+) "
+                                           "splits\\)")))
+      << resizes[0];
+  EXPECT_GE(std::stoi(m[1].str()), 2) << resizes[0];
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+}
+
 // pp2 x dp2 -> pp2 -> pp2 x dp2, pipeline axis fastest so that a node is one replica's two
 // stages (with the default order a node would be one stage of both replicas, and its loss
 // would take that stage's only copies).
