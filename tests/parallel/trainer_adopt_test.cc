@@ -24,6 +24,7 @@
 #include "parallel/trainer.h"
 #include "parallel/vps.h"
 #include "tests/parallel/layout_harness.h"
+#include "tests/parallel/trainer_data.h"
 #include "tests/support/bitwise.h"
 #include "tests/support/multiprocess.h"
 
@@ -38,28 +39,6 @@ using parallel::StateSpace;
 
 const std::vector<std::string> kLossFree = {
     "model.moe.balance=loss_free", "model.moe.bias_update_rate=0.05", "train.warmup_steps=2"};
-
-core::JobSpec spec_of(const std::string& config, const std::vector<std::string>& sets) {
-  LayoutCase c;
-  c.config = config;
-  c.overrides = sets;
-  return layout_spec(c);
-}
-
-// The training data, loaded in the parent before any fork.
-struct Data {
-  core::data::TokenDataset set;
-  core::BatchFn batch() {
-    return [this](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
-      set.fill_train(s, b0, n, x, y);
-    };
-  }
-};
-
-Data load_data(const core::JobSpec& spec) {
-  core::cpu::set_num_threads(1);  // no OpenMP threads in the parent we fork from
-  return Data{core::data::TokenDataset::load(spec)};
-}
 
 StateSpace space_of(ParallelTrainer& t) {
   return StateSpace::from_graph(t.graph(), t.moe_balance());
@@ -89,8 +68,8 @@ void expect_same_state(const StateSpace& space, const RankLayout& layout,
 // kDeferred, adopts those views and runs steps 3..5, whose statistics and final state must
 // equal R's bit for bit.
 void expect_round_trip(const std::string& config, int world, std::vector<std::string> sets) {
-  core::JobSpec spec = spec_of(config, sets);
-  Data data = load_data(spec);
+  core::JobSpec spec = trainer_spec(config, sets);
+  TrainData data(spec);
   const core::BatchFn batch = data.batch();
   // Odd: on this data loss_free's bias steps flip every step, so after an even number of
   // steps it is back within rounding of zero and a lost bias would go unnoticed.
@@ -177,8 +156,8 @@ TEST(TrainerAdopt, RoundTripMoeLossFreeDp2) {
 // holds exactly the state's bytes less than under kUnseeded. Until adopt_state, a step and
 // state_tensors() refuse; adopt_state checks each tensor before it changes anything.
 TEST(TrainerAdopt, DeferredAllocatesNoStateUntilAdopted) {
-  core::JobSpec spec = spec_of("gpt-layout.yaml", {});
-  Data data = load_data(spec);
+  core::JobSpec spec = trainer_spec("gpt-layout.yaml", {});
+  TrainData data(spec);
   const core::BatchFn batch = data.batch();
   RunResult r = run_ranks(1, [&](RankContext&) {
     comm::CommOptions o;
@@ -363,8 +342,8 @@ enum class KillAt {
 // a CommError, leave current_step() at 2, and report torn() as `torn`; when not torn, its
 // state is bit for bit that of step 2.
 void expect_torn(const std::string& config, std::vector<std::string> sets, KillAt at, bool torn) {
-  core::JobSpec spec = spec_of(config, sets);
-  Data data = load_data(spec);
+  core::JobSpec spec = trainer_spec(config, sets);
+  TrainData data(spec);
   constexpr int64_t kDieAt = 2;
   // One process's statistics of the step the peer dies in: what a torn rank that got
   // through the step's statistics exchange keeps (exchanged_stats).
@@ -442,8 +421,8 @@ void expect_torn(const std::string& config, std::vector<std::string> sets, KillA
 // world while loading its first micro-batch of step 2: it loads no second one, its state is
 // that of step 2 and untorn, and rank 1, released by the abort, fails its step the same way.
 TEST(TrainerTorn, AnAbortedWorldStopsTheStepAtTheNextInstruction) {
-  core::JobSpec spec = spec_of("gpt-layout.yaml", {"parallel.dp=2", "parallel.zero=1"});
-  Data data = load_data(spec);
+  core::JobSpec spec = trainer_spec("gpt-layout.yaml", {"parallel.dp=2", "parallel.zero=1"});
+  TrainData data(spec);
   constexpr int64_t kAbortAt = 2;
   RunOptions ro;
   ro.deadline = std::chrono::milliseconds(300'000);

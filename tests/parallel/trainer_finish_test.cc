@@ -20,6 +20,7 @@
 #include "parallel/trainer.h"
 #include "parallel/vps.h"
 #include "tests/parallel/layout_harness.h"
+#include "tests/parallel/trainer_data.h"
 #include "tests/support/bitwise.h"
 #include "tests/support/multiprocess.h"
 
@@ -65,15 +66,9 @@ std::string state_diff(ParallelTrainer& t, const std::vector<core::Tensor>& a,
 // refused first, with nothing changed. When not `local`, X cannot finish and refuses to.
 void expect_finish(const std::string& config, int world, std::vector<std::string> sets,
                    bool local) {
-  LayoutCase c;
-  c.config = config;
-  c.overrides = std::move(sets);
-  const core::JobSpec spec = layout_spec(c);
-  core::cpu::set_num_threads(1);  // no OpenMP threads in the parent we fork from
-  core::data::TokenDataset data = core::data::TokenDataset::load(spec);
-  const core::BatchFn batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
-    data.fill_train(s, b0, n, x, y);
-  };
+  const core::JobSpec spec = trainer_spec(config, std::move(sets));
+  TrainData data(spec);
+  const core::BatchFn batch = data.batch();
   constexpr int64_t kSplitAt = 1;
   RunOptions ro;
   ro.deadline = std::chrono::milliseconds(300'000);

@@ -17,6 +17,7 @@
 #include "planner/plan_cache.h"
 #include "planner/planner.h"
 #include "tests/parallel/layout_harness.h"
+#include "tests/parallel/trainer_data.h"
 #include "tests/support/bitwise.h"
 #include "tests/support/multiprocess.h"
 
@@ -27,13 +28,6 @@ using parallel::ParallelTrainer;
 using parallel::ProcessGroups;
 using parallel::StateInit;
 using parallel::TrainerParts;
-
-core::JobSpec spec_of(const std::vector<std::string>& sets) {
-  LayoutCase c;
-  c.config = "gpt-layout.yaml";
-  c.overrides = sets;
-  return layout_spec(c);
-}
 
 // How the groups given to the trainer were made.
 enum class Given {
@@ -48,12 +42,9 @@ enum class Given {
 void expect_given_groups(const std::vector<std::string>& sets, Given given,
                          const std::vector<std::string>& other = {}) {
   const int world = 4;
-  const core::JobSpec spec = spec_of(sets);
-  core::cpu::set_num_threads(1);
-  core::data::TokenDataset data = core::data::TokenDataset::load(spec);
-  const core::BatchFn batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
-    data.fill_train(s, b0, n, x, y);
-  };
+  const core::JobSpec spec = trainer_spec("gpt-layout.yaml", sets);
+  TrainData data(spec);
+  const core::BatchFn batch = data.batch();
   RunOptions ro;
   ro.deadline = std::chrono::milliseconds(300'000);
   RunResult r = run_ranks(
@@ -77,7 +68,7 @@ void expect_given_groups(const std::vector<std::string>& sets, Given given,
         if (given == Given::kForItsPlan) {
           groups = std::make_unique<ProcessGroups>(*w.comm, *plan);
         } else if (given == Given::kForAnotherPlan) {
-          const planner::Plan p = planner::make_plan(spec_of(other), world);
+          const planner::Plan p = planner::make_plan(trainer_spec("gpt-layout.yaml", other), world);
           groups = std::make_unique<ProcessGroups>(*w.comm, p);
         } else {
           groups = std::make_unique<ProcessGroups>(*elsewhere.comm, *plan);

@@ -19,6 +19,7 @@
 #include "parallel/vps.h"
 #include "planner/plan_cache.h"
 #include "tests/parallel/layout_harness.h"
+#include "tests/parallel/trainer_data.h"
 #include "tests/support/bitwise.h"
 #include "tests/support/multiprocess.h"
 
@@ -30,24 +31,14 @@ using parallel::StateInit;
 using parallel::StateSpace;
 using parallel::TrainerParts;
 
-core::JobSpec spec_of(const std::vector<std::string>& sets) {
-  LayoutCase c;
-  c.config = "gpt-layout.yaml";
-  c.overrides = sets;
-  return layout_spec(c);
-}
-
 // Trainer R makes everything itself and runs 6 steps. Trainer X, built from a PlanCache's
 // graph and plan with a RecyclingAllocator, runs 3, keeps views of its state and is
 // destroyed; trainer Y (kDeferred) gets the cache's same plan object and the allocator,
 // takes X's gradient blocks back, adopts X's state and runs steps 3..5: R's numbers.
 void expect_resize_in_place(int world, const std::vector<std::string>& sets) {
-  const core::JobSpec spec = spec_of(sets);
-  core::cpu::set_num_threads(1);
-  core::data::TokenDataset data = core::data::TokenDataset::load(spec);
-  const core::BatchFn batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
-    data.fill_train(s, b0, n, x, y);
-  };
+  const core::JobSpec spec = trainer_spec("gpt-layout.yaml", sets);
+  TrainData data(spec);
+  const core::BatchFn batch = data.batch();
   RunOptions ro;
   ro.deadline = std::chrono::milliseconds(300'000);
   RunResult r = run_ranks(
@@ -101,7 +92,7 @@ TEST(TrainerParts, CachedPlanAndRecycledGradientsGiveTheSameNumbersDp2Zero1) {
 
 // The plan must be the world's: another size is refused before anything is built.
 TEST(TrainerParts, APlanForAnotherWorldIsRefused) {
-  const core::JobSpec spec = spec_of({});
+  const core::JobSpec spec = trainer_spec("gpt-layout.yaml", {});
   planner::PlanCache plans(spec);
   comm::CommOptions o;
   o.rank = 0, o.size = 1;

@@ -18,15 +18,10 @@
 namespace weft::planner {
 namespace {
 
-const std::vector<Axis> kOrder{Axis::kTp, Axis::kEp, Axis::kDp, Axis::kPp};
-
 // A 2-core host running every rank on one node: a within-cores curve (0.1 ms) and an
 // oversubscribed one ten times higher, measured at 4 ranks.
 CostModel cpu_host() {
-  CostModel cm;
-  cm.cores = 2;
-  cm.ranks_per_node = 1 << 20;
-  cm.launch_oversub = 2e-3;
+  CostModel cm = test_util::two_core_host(2e-3);
   cm.sync_wait_by_burst = {{1e-6, 1e-4}, {1.0, 1e-4}};
   cm.sync_wait_oversub_by_burst = {{1e-6, 1e-3}, {1.0, 1e-3}};
   cm.sync_wait_oversub_ranks = 4;
@@ -162,7 +157,7 @@ TEST(Runnable, TheSearchPricesAPipelinesWaitsAtItsRunnableRanks) {
   const Layout& l = r.top[0].layout;
   ASSERT_EQ(l.deg.pp, 2);
   const core::ModelGraph mg = build_planning_graph(s);
-  const Crossing cross = crossing(l.deg, kOrder, so.cost.ranks_per_node);
+  const Crossing cross = crossing(l.deg, test_util::kStageOrder, so.cost.ranks_per_node);
   const double runnable = schedule_runnable(so.cost, 4, l.schedule, 2, int(l.virtual_stages),
                                             int(l.micro_batches));
   ASSERT_GT(runnable, 2.0);

@@ -11,17 +11,8 @@
 namespace weft::planner {
 namespace {
 
-const std::vector<Axis> kOrder{Axis::kTp, Axis::kEp, Axis::kDp, Axis::kPp};
-
-// A 2-core host running every rank on one node, each collective 1 ms more when the node is
-// oversubscribed.
-CostModel cpu_host() {
-  CostModel cm;
-  cm.cores = 2;
-  cm.ranks_per_node = 1 << 20;
-  cm.launch_oversub = 1e-3;
-  return cm;
-}
+// Each collective 1 ms more when the node is oversubscribed.
+CostModel cpu_host() { return test_util::two_core_host(1e-3); }
 
 Layout layout_of(const Degrees& deg, int64_t layers) {
   Layout l;
@@ -33,8 +24,8 @@ Layout layout_of(const Degrees& deg, int64_t layers) {
 }
 
 TEST(StageCostWorld, CrossingCarriesTheCandidatesWorld) {
-  EXPECT_EQ(crossing(Degrees{4, 2, 1, 1}, kOrder, 8).world, 8);
-  EXPECT_EQ(crossing(Degrees{2, 2, 3, 2}, kOrder, 8).world, 24);
+  EXPECT_EQ(crossing(Degrees{4, 2, 1, 1}, test_util::kStageOrder, 8).world, 8);
+  EXPECT_EQ(crossing(Degrees{2, 2, 3, 2}, test_util::kStageOrder, 8).world, 24);
 }
 
 // tp 2 x dp 4 = 8 ranks on 2 cores: each of a layer's tensor-parallel all-reduces (two
@@ -46,7 +37,7 @@ TEST(StageCostWorld, ACandidateWithMoreRanksThanCoresPaysTheOversubscribedLaunch
   const core::ModelGraph mg = build_planning_graph(spec);
   const CostModel cm = cpu_host();
   const Degrees deg{4, 2, 1, 1};
-  Crossing at8 = crossing(deg, kOrder, cm.ranks_per_node);
+  Crossing at8 = crossing(deg, test_util::kStageOrder, cm.ranks_per_node);
   ASSERT_EQ(at8.world, 8);
   Crossing unknown = at8;
   unknown.world = 0;
@@ -89,7 +80,7 @@ TEST(StageCostWorld, GpuPresetsPriceEveryWorldAlike) {
     const CostModel cm = load_hardware(preset).cost_model();
     ASSERT_EQ(cm.cores, 0);
     const Degrees deg{4, 2, 1, 1};
-    const Crossing at8 = crossing(deg, kOrder, cm.ranks_per_node);
+    const Crossing at8 = crossing(deg, test_util::kStageOrder, cm.ranks_per_node);
     Crossing unknown = at8;
     unknown.world = 0;
     const SplitCosts a = split_costs(mg.graph, cm, spec.train.global_batch, 2, 1, 2, at8);

@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "core/config/job_spec.h"
+#include "planner/cost.h"
 #include "planner/hardware.h"
 #include "planner/planner.h"
 #include "planner/rvd.h"
@@ -83,6 +84,19 @@ inline std::vector<std::string> collectives_of(const RvdPath& p) {
     if (m.kind != MoveKind::kChunk)
       out.push_back(std::string(move_name(m.kind)) + "/" + std::to_string(m.factor));
   return out;
+}
+
+// The mesh order of the stage-cost tests: tp innermost, then ep, dp, pp.
+inline const std::vector<Axis> kStageOrder{Axis::kTp, Axis::kEp, Axis::kDp, Axis::kPp};
+
+// A 2-core host running every rank on one node (this VM's shape), each collective
+// `launch_oversub` seconds more when the node is oversubscribed.
+inline CostModel two_core_host(double launch_oversub) {
+  CostModel cm;
+  cm.cores = 2;
+  cm.ranks_per_node = 1 << 20;
+  cm.launch_oversub = launch_oversub;
+  return cm;
 }
 
 }  // namespace weft::planner::test_util
