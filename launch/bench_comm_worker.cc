@@ -16,6 +16,7 @@
 #include "comm/registry.h"
 #include "comm/store/tcp_store.h"
 #include "launch/bench_comm.h"
+#include "launch/bench_util.h"
 
 #if WEFT_HAVE_GLOO
 #include <gloo/allreduce.h>
@@ -38,12 +39,6 @@ std::vector<int64_t> parse_sizes(const std::string& list) {
   for (std::string item; std::getline(ss, item, ',');)
     if (!item.empty()) out.push_back(std::stoll(item));
   return out;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t k = v.size() / 2;
-  return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
 }
 
 // Times `iters` calls of `op` after `warmup` untimed ones, each behind a barrier so every rank

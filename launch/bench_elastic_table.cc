@@ -7,6 +7,7 @@
 
 #include "base/check.h"
 #include "launch/bench_elastic_planned.h"
+#include "launch/bench_util.h"
 
 namespace weft::launch::bench {
 
@@ -61,12 +62,6 @@ std::string format(const char* f, double x) {
   char b[64];
   std::snprintf(b, sizeof b, f, x);
   return b;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "launch/bench_elastic_parts.h"
 #include "launch/bench_snapshot_parts.h"
 #include "launch/snapshot_parity.h"
+#include "launch/bench_util.h"
 #include "parallel/vps.h"
 #include "planner/memory_estimate.h"
 #include "planner/planner.h"
@@ -441,13 +442,6 @@ long long step_line(const std::string& s) {
   if (s.rfind("[rank 0] step ", 0) == 0 && s.find("| loss") != std::string::npos)
     std::sscanf(s.c_str() + 14, "%lld", &step);
   return step;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const size_t k = v.size() / 2;
-  return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
 }
 
 }  // namespace weft::launch::snapbench

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/config/job_spec.h"
+#include "launch/bench_util.h"
 #include "launch/bench_elastic_agent.h"
 
 namespace weft::launch::snapbench {
@@ -144,7 +145,7 @@ class JobRun {
 
 // The step of "[rank 0] step     3/40 | loss ...", or -1.
 long long step_line(const std::string& s);
-double median(std::vector<double> v);
+using launch::median;  // launch/bench_util.h
 
 void run_overhead(const Options& o);
 void run_recovery(const Options& o);

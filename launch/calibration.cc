@@ -27,6 +27,7 @@
 #include "core/exec/trainer.h"
 #include "core/tensor.h"
 #include "launch/link_fit.h"
+#include "launch/bench_util.h"
 #include "parallel/launch_env.h"
 #include "parallel/trainer.h"
 #include "planner/planner.h"
@@ -39,13 +40,6 @@ using Clock = std::chrono::steady_clock;
 using planner::CollKind;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  size_t k = v.size() / 2;
-  return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
-}
 
 // Single-thread SGEMM rate of one M x N x K product, FLOP/s, in the form a linear layer runs
 // it: forward y = x w^T (trans_b), input gradient dx = dy w (plain), weight gradient
