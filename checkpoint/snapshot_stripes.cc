@@ -74,4 +74,11 @@ int64_t chunk_bytes(int64_t payload_bytes, int data_fragments) {
   return std::max<int64_t>(1, (blocks + data_fragments - 1) / data_fragments) * b;
 }
 
+GroupBound group_bound(int nodes, int node, int k, int m) {
+  if (nodes == 0) return {2 * (k + m) - 1, k};
+  const StripeLayout l(nodes, k, m);
+  const int g = l.group_of(node);
+  return {l.group_size(g), l.data_fragments(g)};
+}
+
 }  // namespace weft::checkpoint

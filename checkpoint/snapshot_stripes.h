@@ -63,4 +63,14 @@ class StripeLayout {
 // The length of each of the K chunks of a payload: bytes / K rounded up to whole blocks.
 int64_t chunk_bytes(int64_t payload_bytes, int data_fragments);
 
+// The group size G and data fragments K that a node's share of its group's work (a rebuild's
+// decode takes a piece per node of the group, of a chunk's length at most) is counted with
+// in a memory check: `node`'s own group in a ring of `nodes` (>= k + m); before the ring is
+// known (nodes == 0), the most any ring can ask: the last group takes the remainder, up to
+// 2(k + m) - 1 nodes, and K = k gives the longest chunks.
+struct GroupBound {
+  int size = 0, data_fragments = 0;
+};
+GroupBound group_bound(int nodes, int node, int k, int m);
+
 }  // namespace weft::checkpoint

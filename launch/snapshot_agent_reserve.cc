@@ -57,13 +57,13 @@ json Agent::reserve(const ckpt::Reservation& r) {
   double need = 2 * double(extra);
   // ec: the segments this node would rebuild its group's previous node into, made ahead
   // once the reserve succeeds (below), and the decode's pieces: counted by the reserve that
-  // asks for them, in a group of k + m nodes as the parity above (snapshot_parity.h).
+  // asks for them, in this node's group of the epoch's ring (snapshot_parity.h).
   double ahead = 0;
   if (parity_ && !parity_->prepare_asked(r.epoch)) {
     int64_t largest = 0;
     for (const ckpt::RankSlot& s : r.ranks)
       largest = std::max(largest, std::clamp<int64_t>(s.bytes, 0, kMaxRankBytes));
-    ahead = SnapshotParity::ahead_bytes(int(r.ranks.size()), largest, o_.ec_k + o_.ec_m, o_.ec_k);
+    ahead = parity_->ahead_bytes_of(r.epoch, int(r.ranks.size()), largest);
   }
   need += ahead;
   std::string ranks_text;

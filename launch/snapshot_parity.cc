@@ -120,6 +120,14 @@ const ckpt::ErasureCode& SnapshotParity::code(int k) const {
   return *c;
 }
 
+double SnapshotParity::ahead_bytes_of(int64_t epoch, int locals, int64_t capacity) const {
+  const std::optional<ReplicaRing> ring = ring_of(epoch);
+  const int n = ring ? int(ring->nodes.size()) : 0;
+  if (ring && n < o_.k + o_.m) return 0;
+  const ckpt::GroupBound g = ckpt::group_bound(n, ring ? ring->node : 0, o_.k, o_.m);
+  return ahead_bytes(locals, capacity, g.size, g.data_fragments);
+}
+
 std::optional<ReplicaRing> SnapshotParity::ring_of(int64_t epoch) const {
   std::lock_guard<std::mutex> l(mu_);
   auto it = rings_.find(epoch);

@@ -123,6 +123,12 @@ class SnapshotParity {
   // group of `group_size` nodes and `data_fragments` data fragments per stripe: one slot of
   // a rebuilt segment per rank and the decode's two sets of pieces (one per fragment).
   static double ahead_bytes(int locals, int64_t capacity, int group_size, int data_fragments);
+  // What prepare() of `epoch` takes on this node, for the reserve's memory check: in the
+  // node's own group of the epoch's ring where this agent knows it, else in the largest group
+  // a ring can have (checkpoint::group_bound: the last group holds the remainder, up to
+  // 2(k + m) - 1 nodes; counting k + m fell short there by the extra nodes' decode pieces).
+  // A ring of fewer than k + m nodes makes nothing ahead (prepare skips it): 0.
+  double ahead_bytes_of(int64_t epoch, int locals, int64_t capacity) const;
   // Whether prepare() of `epoch` was asked for already (queued or run): the reserve that
   // asked for it counted its bytes, and a later one of that epoch does not again.
   bool prepare_asked(int64_t epoch) const;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -95,6 +96,33 @@ TEST(SnapshotStripes, ChunksAreWholeBlocks) {
   EXPECT_EQ(chunk_bytes(2 * b + 1, 2), 2 * b);
   EXPECT_EQ(chunk_bytes(5 * b, 3), 2 * b);
   EXPECT_EQ(chunk_bytes(0, 3), b);
+}
+
+
+// The memory check of the rebuild targets made ahead counts a node's own group, and before
+// the ring is known a bound no group exceeds: the last group of a ring takes the remainder
+// (up to 2(k + m) - 1 nodes), which counting k + m missed.
+TEST(SnapshotStripes, TheGroupBoundIsTheNodesOwnGroupAndBeforeTheRingNoGroupExceedsIt) {
+  for (const auto& [k, m] : {std::pair{2, 1}, std::pair{3, 2}, std::pair{4, 1}}) {
+    const GroupBound unknown = group_bound(0, 0, k, m);
+    int largest = 0;
+    for (int n = k + m; n <= 4 * (k + m); ++n) {
+      const StripeLayout layout(n, k, m);
+      for (int node = 0; node < n; ++node) {
+        const int g = layout.group_of(node);
+        const GroupBound own = group_bound(n, node, k, m);
+        EXPECT_EQ(own.size, layout.group_size(g)) << "k=" << k << " m=" << m << " n=" << n;
+        EXPECT_EQ(own.data_fragments, layout.data_fragments(g));
+        EXPECT_LE(own.size, unknown.size) << "k=" << k << " m=" << m << " n=" << n;
+        // More data fragments, shorter chunks: the bound's chunks are the longest.
+        EXPECT_GE(chunk_bytes(int64_t(1) << 30, unknown.data_fragments),
+                  chunk_bytes(int64_t(1) << 30, own.data_fragments));
+        largest = std::max(largest, own.size);
+      }
+    }
+    EXPECT_EQ(largest, unknown.size) << "k=" << k << " m=" << m << ": the bound is reached";
+    EXPECT_GT(unknown.size, k + m);
+  }
 }
 
 }  // namespace
