@@ -212,6 +212,7 @@ void size_job(Options& o, const Args& a, const std::vector<int>& worlds, double 
   for (int world : worlds)
     need = std::max(need, world * planner::estimate_memory(planner::fit_layout(o.spec, world),
                                                            world).total());
+  o.workers_bytes = kMeasuredOverEstimate * need;
   const int64_t avail = planner::available_memory_bytes();
   if (avail > 0 && kMeasuredOverEstimate * need > 0.9 * double(avail))
     throw ConfigError(

@@ -37,6 +37,9 @@ struct Options {
   bool own_dir = false, keep = false;
   core::JobSpec spec;
   double params = 0;
+  // What the workers of the largest world take, as size_job checked it (the estimate times
+  // the measured excess): the live side's snapshots are checked beside it (choose_snapshots).
+  double workers_bytes = 0;
 };
 
 // What the restart run measured (seconds from the kill).

@@ -7,8 +7,12 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "checkpoint/snapshot_stripes.h"
 #include "checkpoint/snapshot_writer.h"
 #include "core/graph/moe_balance.h"
+#include "launch/snapshot_agent.h"
+#include "launch/snapshot_parity.h"
+#include "planner/memory_estimate.h"
 #include "parallel/vps.h"
 #include "planner/plan_cache.h"
 
@@ -88,6 +92,33 @@ void choose_snapshots(Options& o) {
                             " ranks, so a SIGKILLed node takes nothing the survivors lack");
     return;
   }
+  // The agents' shared memory at the failure's world, counted as each agent's reserve counts
+  // it (snapshot_agent_reserve.cc): a rank's slots (three under replica or ec), the replicas
+  // or parity it holds for others (two slots' worth), under ec the rebuild target made ahead.
+  // Checked here beside the workers, so that a job that cannot hold both is refused before
+  // anything starts (the workers' own check would stop it with exit 2 after the first world).
+  const int slots = s.redundancy == "none" ? 2 : 3;
+  const double others = s.redundancy == "replica" ? 2.0 * double(ls.payload)
+                        : s.redundancy == "ec" ? 2.0 * double(ls.payload / s.ec_k + 1) * s.ec_m
+                                               : 0;
+  double ahead = 0;  // summed over the nodes: each in its own group of the ring
+  if (s.redundancy == "ec" && ls.world >= s.ec_k + s.ec_m)
+    for (int node = 0; node < ls.world; ++node) {
+      const checkpoint::GroupBound g = checkpoint::group_bound(ls.world, node, s.ec_k, s.ec_m);
+      ahead += SnapshotParity::ahead_bytes(1, ls.payload, g.size, g.data_fragments);
+    }
+  const double snapshots =
+      ls.world * (snapshot_segment_bytes(ls.payload, slots) + others) + ahead;
+  const int64_t avail = planner::available_memory_bytes();
+  if (avail > 0 && o.workers_bytes + snapshots > 0.9 * double(avail))
+    throw ConfigError(
+        "snapshot.every",
+        str("the live side's in-memory snapshots (", s.redundancy, ") take about ", gb(snapshots),
+            " at world ", ls.world, " (", slots, " slots of ", mib(double(ls.payload)),
+            " per rank and what each node holds for the others), which with the workers' ",
+            gb(o.workers_bytes), " is more than 90% of the ", gb(double(avail)),
+            " available: use fewer parameters (--params)",
+            s.redundancy == "replica" ? ", or --set snapshot.redundancy=ec (parity instead of a copy)" : ""));
   const std::string every = s.every == core::SnapshotSpec::kAuto ? "auto" : str(s.every);
   const std::string chose = user_every || user_redundancy ? "--set" : "the bench's";
   std::string why =

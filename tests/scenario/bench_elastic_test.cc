@@ -268,6 +268,30 @@ TEST(BenchElastic, ASnapshotChoiceThatCannotSurviveTheFailureIsRefused) {
   EXPECT_NE(wide.out.find("snapshot.ec"), std::string::npos) << wide.out;
 }
 
+// The live side's snapshots are checked against this machine's memory beside the workers,
+// before anything starts: a ZeRO-3 job whose workers fit but not with their snapshots
+// (replica: three slots of a rank's payload and a copy of the next node's) is refused naming
+// snapshot.every. The size is taken from MemAvailable: about 29 bytes a parameter for the
+// workers and 61 for the snapshots at world 4 (printed by the refusals), so 0.9 x MemAvailable
+// / 50 parameters leaves a wide margin on both sides whatever this machine has free.
+TEST(BenchElastic, LiveSnapshotsThatDoNotFitBesideTheWorkersAreRefusedBeforeAnythingStarts) {
+  const weft::test::CommandResult mem =
+      weft::test::run_command("awk '/^MemAvailable:/ {print $2}' /proc/meminfo");
+  const double avail = std::stod(mem.out) * 1024;
+  ASSERT_GT(avail, 1e9) << mem.out;
+  const long params = long(0.9 * avail / 50);
+  // timeout: were the check gone, the bench would start its jobs; SIGTERM lets it reap them.
+  const weft::test::CommandResult r = weft::test::run_command(
+      str_of("timeout 120 ", WEFT_BINARY, " bench elastic --mode reshard --set parallel.zero=3 ",
+             "--params ", params));
+  EXPECT_EQ(r.code, 2) << params << " parameters\n" << r.out;
+  EXPECT_NE(r.out.find("snapshot.every: the live side's in-memory snapshots (replica) take about"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("with the workers'"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("--params: the job needs"), std::string::npos) << r.out;
+}
+
 TEST(BenchElastic, BadOptionsAreRefused) {
   weft::test::CommandResult r = weft::test::run_weft("bench elastic --mode sideways");
   EXPECT_EQ(r.code, 2) << r.out;
