@@ -160,4 +160,12 @@ LinkFit fit_link(const std::vector<LinkSample>& samples) {
   return f;
 }
 
+BusyLaunch busy_launch(const LinkFit& f, double busy_ar2, double latency) {
+  BusyLaunch b;
+  b.idle_call = f.launch + 2 * f.latency;
+  b.load_outlier = b.idle_call > 0 && busy_ar2 > kLoadOutlier * b.idle_call;
+  b.launch = b.load_outlier ? f.launch : std::max(0.0, busy_ar2 - 2 * latency);
+  return b;
+}
+
 }  // namespace weft::launch

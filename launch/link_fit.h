@@ -44,4 +44,17 @@ struct LinkFit {
 // two sizes).
 LinkFit fit_link(const std::vector<LinkSample>& samples);
 
+// The launch of a collective whose peer computes (CostModel::launch): what `busy_ar2`, a
+// 4 B all-reduce of 2 processes timed between bursts of compute, takes beyond its 2 steps
+// at `latency`. The busy call is a sample like the fit's: where it took more than
+// kLoadOutlier times the fit's idle call (launch + 2 latency), another process held a core
+// through every repeat, and the launch is the fit's (load_outlier set). On an idle machine
+// the busy call is 1.2-1.5x the idle one (its peer computing) and is kept.
+struct BusyLaunch {
+  double launch = 0;
+  bool load_outlier = false;
+  double idle_call = 0;  // the fit's 4 B all-reduce of 2
+};
+BusyLaunch busy_launch(const LinkFit& f, double busy_ar2, double latency);
+
 }  // namespace weft::launch

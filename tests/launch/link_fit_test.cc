@@ -118,6 +118,23 @@ TEST(LinkFit, NothingIsRejectedWithoutLoad) {
   EXPECT_TRUE(fit_link(s).rejected.empty());
 }
 
+// The launch from the busy all-reduce: kept on an idle machine (its peer computing costs a
+// little more than the idle call), the fit's where it is a load outlier (3.8 ms in every
+// repeat of a busy calibration, which fitted the tp2 rows 4x over their measurement).
+TEST(LinkFit, TheBusyAllReduceGivesTheLaunchUnlessLoadHeldIt) {
+  const LinkFit f = fit_link(probes(0));
+  const double idle_call = kLaunch + 2 * kLatency;
+  const BusyLaunch idle = busy_launch(f, 1.4 * idle_call, kLatency);
+  EXPECT_FALSE(idle.load_outlier);
+  EXPECT_NEAR(idle.launch, 1.4 * idle_call - 2 * kLatency, 1e-12);
+  EXPECT_NEAR(idle.idle_call, idle_call, 1e-12);
+  const BusyLaunch edge = busy_launch(f, 0.99 * kLoadOutlier * idle_call, kLatency);
+  EXPECT_FALSE(edge.load_outlier);
+  const BusyLaunch loaded = busy_launch(f, 3.8e-3, kLatency);
+  EXPECT_TRUE(loaded.load_outlier);
+  EXPECT_NEAR(loaded.launch, kLaunch, 1e-12);
+}
+
 TEST(LinkFit, OneSizeCannotGiveABandwidth) {
   try {
     fit_link({{1, 2, 4, 50e-6, "a"}, {0, 1, 4, 20e-6, "b"}});
