@@ -116,7 +116,9 @@ double CostModel::sync_wait(double burst, int n, int world) const {
   const double w = runnable_weight(world);
   // w == 1 exactly where every rank is runnable: the curve as measured, not a rounding of it.
   if (w < 1) return within + w * (over - within);
-  if (sync_wait_oversub_more_by_burst.empty() || sync_wait_oversub_ranks <= cores) return over;
+  if (sync_wait_oversub_more_by_burst.empty() || sync_wait_oversub_ranks <= cores ||
+      sync_wait_oversub_more_ranks <= sync_wait_oversub_ranks)
+    return over;
   // Past the first curve's ranks: towards the curve measured at more.
   const double on_node = ranks_on_node(world);
   const double runnable = active_ranks > 0 ? std::min(active_ranks, on_node) : on_node;
