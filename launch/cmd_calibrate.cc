@@ -15,7 +15,7 @@ namespace {
 
 constexpr const char* kHelp = R"(usage: weft calibrate [--out FILE] [--print]
 
-Measures this machine for the planner's cost model, in about 10-20 s: single-thread GEMM
+Measures this machine for the planner's cost model, in about 30-50 s: single-thread GEMM
 rates at six shapes (the FLOP rate by op size), memcpy and an element-wise kernel, Gloo
 collectives and sends between 2 and 4 processes under `weft run` (latency, bandwidth, the
 cost of more processes than cores; a step-like loop at 8 processes), and the executor's cost per instruction from a small
