@@ -1,7 +1,7 @@
 // Measures this machine for the cost model (what `weft calibrate` writes to the machine's
 // cache and `weft bench scaling` predicts with): single-thread GEMM rates at several shapes,
 // memcpy and a memory-bound kernel, Gloo collectives between processes under `weft run`
-// (one process per rank, as the trainer runs) at 2 and 4 ranks, and the executor's cost per
+// (one process per rank, as the trainer runs) at 2, 4 and 8 ranks, and the executor's cost per
 // instruction from a small model's world-1 steps.
 #pragma once
 
