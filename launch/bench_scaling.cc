@@ -64,6 +64,9 @@ struct Row {
   // The prediction without CostModel::sync_wait_oversub_by_burst (launch_oversub per call
   // where ranks outnumber the cores, the model before it), beside.
   double flat_oversub_ms = std::nan("");
+  // The prediction without CostModel::sync_wait_oversub_more_by_burst (the 4-process curve
+  // for every count above 4, the model before it), beside.
+  double one_curve_ms = std::nan("");
   std::string error;
   std::string warning;  // the run exited badly after writing every step: timings kept
 };
@@ -240,6 +243,9 @@ int run_scaling(const std::vector<std::string>& argv) {
       planner::CostModel flat = cm;
       flat.sync_wait_oversub_by_burst.clear();
       r.flat_oversub_ms = predict_ms(r, f, flat);
+      planner::CostModel one = cm;
+      one.sync_wait_oversub_more_by_burst.clear();
+      r.one_curve_ms = predict_ms(r, f, one);
     } catch (const std::exception& e) {
       if (r.error.empty()) r.error = std::string("plan: ") + e.what();
     }
@@ -312,6 +318,23 @@ int run_scaling(const std::vector<std::string>& argv) {
       if (std::isfinite(r.measured_ms) && std::isfinite(r.flat_oversub_ms) && unsigned(r.world) > cores)
         std::printf("  %s -> predicted %.2f ms, %+.1f%%\n", r.name.c_str(), r.flat_oversub_ms,
                     (r.flat_oversub_ms - r.measured_ms) / r.measured_ms * 100);
+  }
+  // And under the model before sync_wait_oversub_more_by_burst (the rows above its first
+  // curve's ranks move).
+  if (!hw->sync_wait_oversub_more_by_burst.empty()) {
+    std::vector<double> one;
+    for (const Row& r : rows)
+      if (std::isfinite(r.measured_ms) && std::isfinite(r.one_curve_ms))
+        one.push_back(std::fabs(r.one_curve_ms - r.measured_ms) / r.measured_ms * 100);
+    std::printf(
+        "without the oversubscribed curve at %d processes (the same runs predicted under this "
+        "calibration less sync_wait_oversub_more_by_burst): %.1f%% over all\n",
+        hw->sync_wait_oversub_more_ranks, median(one));
+    for (const Row& r : rows)
+      if (std::isfinite(r.measured_ms) && std::isfinite(r.one_curve_ms) && r.world > hw->sync_wait_oversub_ranks)
+        std::printf("  %s -> predicted %.2f ms, %+.1f%% (with it %.2f ms, %+.1f%%)\n", r.name.c_str(),
+                    r.one_curve_ms, (r.one_curve_ms - r.measured_ms) / r.measured_ms * 100, r.predicted_ms,
+                    (r.predicted_ms - r.measured_ms) / r.measured_ms * 100);
   }
   if (!quick)
     std::printf(

@@ -43,7 +43,9 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 
 // Single-thread SGEMM rate of one M x N x K product, FLOP/s, in the form a linear layer runs
 // it: forward y = x w^T (trans_b), input gradient dx = dy w (plain), weight gradient
-// dw = dy^T x (trans_a).
+// dw = dy^T x (trans_a). At the least time of its calls over 0.1 s: a call another process
+// preempted (a shared machine) is not what the product costs (as the kernels' rates take
+// the least of 8 steps).
 enum class GemmForm { kForward, kInputGrad, kWeightGrad };
 double gemm_flops(int64_t M, int64_t N, int64_t K, GemmForm form = GemmForm::kForward) {
   std::vector<float> a(size_t(M * K), 0.5f), b(size_t(K * N), 0.25f), c(size_t(M * N));
@@ -53,18 +55,27 @@ double gemm_flops(int64_t M, int64_t N, int64_t K, GemmForm form = GemmForm::kFo
   };
   once();
   int iters = 0;
-  auto t0 = Clock::now();
-  while (iters < 3 || since(t0) < 0.1) once(), ++iters;
-  return 2.0 * double(M * N * K) * iters / since(t0);
+  double least = 1e30;
+  const auto t0 = Clock::now();
+  while (iters < 3 || since(t0) < 0.1) {
+    const auto t = Clock::now();
+    once(), ++iters;
+    least = std::min(least, since(t));
+  }
+  return 2.0 * double(M * N * K) / least;
 }
 
-// Bytes moved per second by memcpy of 32 MiB (read + write).
+// Bytes moved per second by memcpy of 32 MiB (read + write), at the least of 4 copies.
 double memcpy_bw() {
   std::vector<char> a(size_t(32) << 20, 1), b(a.size());
   std::memcpy(b.data(), a.data(), a.size());
-  auto t0 = Clock::now();
-  for (int i = 0; i < 4; ++i) std::memcpy(b.data(), a.data(), a.size());
-  return 2.0 * 4 * double(a.size()) / since(t0);
+  double least = 1e30;
+  for (int i = 0; i < 4; ++i) {
+    const auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), a.size());
+    least = std::min(least, since(t0));
+  }
+  return 2.0 * double(a.size()) / least;
 }
 
 // Bytes moved per second by the element-wise add kernel on 8 MiB operands (two reads, one
@@ -282,16 +293,26 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
       if (std::isfinite(p2p)) samples.push_back({0, 1, bytes, p2p, where + "message " + tag});
     }
   }
-  const LinkFit f = fit_link(samples);
+  const LinkFit f = fit_link(samples);  // leaves load outliers out (link_fit.h)
   hw.intra.latency = std::min(f.latency, 0.5 * ar2);  // no slower than half the 2-step all-reduce
   hw.intra.bw = f.bw;
-  hw.launch = std::max(0.0, ar2 - 2 * hw.intra.latency);
+  // A busy machine gave the busy call 3.8 ms in every repeat where the fit's call is 0.3 ms.
+  const BusyLaunch busy = busy_launch(f, ar2, hw.intra.latency);
+  const bool busy_loaded = busy.load_outlier;
+  const double idle_ar2 = busy.idle_call;
+  hw.launch = busy.launch;
+  hw.measurements.push_back({"busy_all_reduce_load_outlier", busy_loaded ? 1.0 : 0.0});
   hw.measurements.push_back({"link_fit_idle_launch_s", f.launch});
   hw.measurements.push_back({"link_fit_samples", double(samples.size())});
   hw.measurements.push_back({"link_fit_rms_relative_error", f.rms_relative_error});
+  hw.measurements.push_back({"link_fit_rejected", double(f.rejected.size())});
+  // The first world above the cores (a later one probes the step-like loop only).
+  int first_over = 0;
+  for (const auto& [n, m] : pr)
+    if (n > hw.cores && first_over == 0) first_over = n;
   std::vector<double> est;
   for (const auto& [n, m] : pr) {
-    if (n <= hw.cores || m.empty()) continue;
+    if (n != first_over || m.empty()) continue;
     const double a = got(n, "ar_pair_4B_busy"), w = got(n, "ar_world_4B_busy"), p = got(n, "p2p_4B_busy");
     if (std::isfinite(a)) est.push_back(a - hw.launch - 2 * hw.intra.latency);
     if (std::isfinite(w)) est.push_back(w - hw.launch - 2.0 * (n - 1) * hw.intra.latency);
@@ -335,33 +356,47 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
                   hw.sync_wait_by_burst.back().second * 1e6);
     waits += one;
   }
-  // The same above the cores, at the first probe world there (its pairs' all-reduce): what
-  // each call cost beyond its price without launch_oversub, which this curve replaces.
+  // The same above the cores (the pairs' all-reduce): what each call cost beyond its price
+  // without launch_oversub, which these curves replace; at the first probe world there
+  // (sync_wait_oversub_by_burst) and at the largest beyond it
+  // (sync_wait_oversub_more_by_burst).
   std::string over;
-  for (const auto& [n, m] : pr) {
-    if (n <= hw.cores || !hw.sync_wait_oversub_by_burst.empty()) continue;
+  auto oversub_curve = [&](int n, std::vector<std::pair<double, double>>& curve) {
+    std::string one_world;
     for (const SyncBurst& b : kSyncBurstsOversub) {
       const double t = got(n, b.name), burst = got(n, std::string(b.name) + "_burst");
       if (!(std::isfinite(t) && std::isfinite(burst) && burst > 0)) continue;
-      auto& curve = hw.sync_wait_oversub_by_burst;
       if (!curve.empty() && burst <= curve.back().first) continue;
       curve.push_back({burst, std::max(0.0, t - price)});
       char one[64];
       std::snprintf(one, sizeof one, " %.2f ms: %.0f us", burst * 1e3, curve.back().second * 1e6);
-      over += one;
+      one_world += one;
     }
-    if (!over.empty()) {
-      over = " (" + std::to_string(n) + " processes, pairs)" + over;
-      hw.sync_wait_oversub_ranks = n;  // every one of them looping: all runnable
-    }
+    if (!one_world.empty()) over += " (" + std::to_string(n) + " processes, pairs)" + one_world;
+    return !curve.empty();
+  };
+  if (first_over > 0 && oversub_curve(first_over, hw.sync_wait_oversub_by_burst)) {
+    hw.sync_wait_oversub_ranks = first_over;  // every one of them looping: all runnable
+    const int more = pr.rbegin()->first;
+    if (more > first_over && oversub_curve(more, hw.sync_wait_oversub_more_by_burst))
+      hw.sync_wait_oversub_more_ranks = more;
   }
-  char line[256];
+  char line[512];
   std::snprintf(line, sizeof line,
                 "link fit over %zu probes (least squares, relative): latency %.0f us, bw %.2f GB/s, "
                 "idle launch %.0f us; rms error %.0f%%, worst %.0f%% (%s)",
-                samples.size(), f.latency * 1e6, f.bw / 1e9, f.launch * 1e6,
+                samples.size() - f.rejected.size(), f.latency * 1e6, f.bw / 1e9, f.launch * 1e6,
                 100 * f.rms_relative_error, 100 * f.worst_relative_error, f.worst.c_str());
-  return std::string(line) + "\ncollective wire rates by kind and size (GB/s):" + rates +
+  std::string rejected;
+  for (const std::string& r : f.rejected) rejected += (rejected.empty() ? "" : ", ") + r;
+  if (busy_loaded) {
+    std::snprintf(line + std::strlen(line), sizeof line - std::strlen(line),
+                  "; the busy 4 B all-reduce (%.0f us) is over %.0fx the fit's %.0f us, a load outlier: "
+                  "launch is the fit's",
+                  ar2 * 1e6, kLoadOutlier, idle_ar2 * 1e6);
+  }
+  return std::string(line) + (rejected.empty() ? "" : "; left out as load outliers: " + rejected) +
+         "\ncollective wire rates by kind and size (GB/s):" + rates +
          "\na collective's mean wait beyond its price, by the compute before it (2 processes):" +
          waits + (over.empty() ? "" : "\nthe same with more processes than cores" + over);
 }
@@ -376,7 +411,7 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
-int probe_worker(const std::string& path) {
+int probe_worker(const std::string& path, bool waits_only) {
   parallel::LaunchEnv env = parallel::detect_launch_env();
   parallel::WorkerWorld w(env, comm::Millis(120'000));
   comm::Communicator& c = w.comm();
@@ -412,45 +447,47 @@ int probe_worker(const std::string& path) {
     };
   };
   std::vector<std::pair<std::string, double>> out;
-  out.push_back({"ar_world_4B", probe_time(c, 60, nullptr, ar(c, small), true)});
-  out.push_back({"ar_world_64KiB", probe_time(c, 30, nullptr, ar(c, k64), true)});
-  out.push_back({"ar_world_256KiB", probe_time(c, 20, nullptr, ar(c, k256), true)});
-  out.push_back({"ar_world_1MiB", probe_time(c, 16, nullptr, ar(c, big), true)});
-  out.push_back({"ar_world_4MiB", probe_time(c, 8, nullptr, ar(c, m4), true)});
-  // All-gather and reduce-scatter at the same sizes: each collective kind runs its own
-  // algorithm (Gloo's reduce-scatter is a ring all-reduce of the whole input and a slice;
-  // its all-reduce is bcube up to 512 KiB and a ring above), so each gets its own fit.
-  struct Sized {
-    const char* tag;
-    core::Tensor* whole;
-    int iters;
-  };
-  const Sized sized[] = {{"64KiB", &k64, 30}, {"256KiB", &k256, 20}, {"1MiB", &big, 16}, {"4MiB", &m4, 8}};
-  for (const Sized& z : sized) {
-    core::Tensor part = core::Tensor::zeros({z.whole->numel() / n}, core::DType::kF32);
-    core::Tensor& whole = *z.whole;
-    out.push_back({std::string("ag_world_") + z.tag,
-                   probe_time(c, z.iters, nullptr, [&] { c.all_gather(whole, part).wait(); }, true)});
-    out.push_back({std::string("rs_world_") + z.tag,
-                   probe_time(c, z.iters, nullptr, [&] { c.reduce_scatter(part, whole).wait(); }, true)});
+  if (!waits_only) {
+    out.push_back({"ar_world_4B", probe_time(c, 60, nullptr, ar(c, small), true)});
+    out.push_back({"ar_world_64KiB", probe_time(c, 30, nullptr, ar(c, k64), true)});
+    out.push_back({"ar_world_256KiB", probe_time(c, 20, nullptr, ar(c, k256), true)});
+    out.push_back({"ar_world_1MiB", probe_time(c, 16, nullptr, ar(c, big), true)});
+    out.push_back({"ar_world_4MiB", probe_time(c, 8, nullptr, ar(c, m4), true)});
+    // All-gather and reduce-scatter at the same sizes: each collective kind runs its own
+    // algorithm (Gloo's reduce-scatter is a ring all-reduce of the whole input and a slice;
+    // its all-reduce is bcube up to 512 KiB and a ring above), so each gets its own fit.
+    struct Sized {
+      const char* tag;
+      core::Tensor* whole;
+      int iters;
+    };
+    const Sized sized[] = {{"64KiB", &k64, 30}, {"256KiB", &k256, 20}, {"1MiB", &big, 16}, {"4MiB", &m4, 8}};
+    for (const Sized& z : sized) {
+      core::Tensor part = core::Tensor::zeros({z.whole->numel() / n}, core::DType::kF32);
+      core::Tensor& whole = *z.whole;
+      out.push_back({std::string("ag_world_") + z.tag,
+                     probe_time(c, z.iters, nullptr, [&] { c.all_gather(whole, part).wait(); }, true)});
+      out.push_back({std::string("rs_world_") + z.tag,
+                     probe_time(c, z.iters, nullptr, [&] { c.reduce_scatter(part, whole).wait(); }, true)});
+    }
+    // The tensor-parallel pattern: 64 KiB collectives between bursts of compute, no barrier.
+    {
+      core::Tensor part = core::Tensor::zeros({k64.numel() / n}, core::DType::kF32);
+      out.push_back({"ar_world_64KiB_busy", probe_time(c, 30, filler, ar(c, k64), false)});
+      out.push_back({"ag_world_64KiB_busy",
+                     probe_time(c, 30, filler, [&] { c.all_gather(k64, part).wait(); }, false)});
+      out.push_back({"rs_world_64KiB_busy",
+                     probe_time(c, 30, filler, [&] { c.reduce_scatter(part, k64).wait(); }, false)});
+    }
+    out.push_back({"ar_pair_4B", probe_time(c, 60, nullptr, ar(pair, small), true)});
+    out.push_back({"ar_world_4B_busy", probe_time(c, 60, filler, ar(c, small), false)});
+    out.push_back({"ar_pair_4B_busy", probe_time(c, 60, filler, ar(pair, small), false)});
+    out.push_back({"p2p_4B", probe_time(c, 60, nullptr, pingpong(small), true) / 2});
+    out.push_back({"p2p_64KiB", probe_time(c, 30, nullptr, pingpong(k64), true) / 2});
+    out.push_back({"p2p_1MiB", probe_time(c, 16, nullptr, pingpong(big), true) / 2});
+    out.push_back({"p2p_4MiB", probe_time(c, 8, nullptr, pingpong(m4), true) / 2});
+    out.push_back({"p2p_4B_busy", probe_time(c, 60, filler, pingpong(small), false) / 2});
   }
-  // The tensor-parallel pattern: 64 KiB collectives between bursts of compute, no barrier.
-  {
-    core::Tensor part = core::Tensor::zeros({k64.numel() / n}, core::DType::kF32);
-    out.push_back({"ar_world_64KiB_busy", probe_time(c, 30, filler, ar(c, k64), false)});
-    out.push_back({"ag_world_64KiB_busy",
-                   probe_time(c, 30, filler, [&] { c.all_gather(k64, part).wait(); }, false)});
-    out.push_back({"rs_world_64KiB_busy",
-                   probe_time(c, 30, filler, [&] { c.reduce_scatter(part, k64).wait(); }, false)});
-  }
-  out.push_back({"ar_pair_4B", probe_time(c, 60, nullptr, ar(pair, small), true)});
-  out.push_back({"ar_world_4B_busy", probe_time(c, 60, filler, ar(c, small), false)});
-  out.push_back({"ar_pair_4B_busy", probe_time(c, 60, filler, ar(pair, small), false)});
-  out.push_back({"p2p_4B", probe_time(c, 60, nullptr, pingpong(small), true) / 2});
-  out.push_back({"p2p_64KiB", probe_time(c, 30, nullptr, pingpong(k64), true) / 2});
-  out.push_back({"p2p_1MiB", probe_time(c, 16, nullptr, pingpong(big), true) / 2});
-  out.push_back({"p2p_4MiB", probe_time(c, 8, nullptr, pingpong(m4), true) / 2});
-  out.push_back({"p2p_4B_busy", probe_time(c, 60, filler, pingpong(small), false) / 2});
   // A step's pattern as the step pays it: a burst of compute, then a collective, `iters`
   // times over with no barrier; the mean of what each synchronisation cost beyond the rank's
   // own compute (the loop's time less its bursts', each burst timed), the slowest rank's.
@@ -500,14 +537,14 @@ int probe_worker(const std::string& path) {
   return 0;
 }
 
-std::map<std::string, double> probe_collectives(int n) {
+std::map<std::string, double> probe_collectives(int n, bool waits_only) {
   std::map<std::string, double> out;
   char tmpl[] = "/tmp/weft-probe-XXXXXX";
   if (!::mkdtemp(tmpl)) return out;
   const std::string dir = tmpl;
   std::string cmd = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + shell_quote(self_exe()) +
                     " run --standalone --nproc-per-node " + std::to_string(n) + " -- weft calibrate --probe " +
-                    shell_quote(dir + "/out") + " >" + shell_quote(dir + "/log") + " 2>&1";
+                    shell_quote(dir + "/out") + (waits_only ? " --waits-only" : "") + " >" + shell_quote(dir + "/log") + " 2>&1";
   if (std::system(cmd.c_str()) != 0) {
     std::fprintf(stderr, "communication probe on %d processes failed; log in %s/log\n", n, dir.c_str());
     return out;
@@ -622,16 +659,25 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
   std::map<int, std::map<std::string, double>> pr;
   for (int n : opt.probe_worlds) {
     t0 = Clock::now();
-    // A shared machine delays a wake-up now and then: the median of a few probes.
+    // A shared machine delays a wake-up now and then, and another process's burst of work
+    // can hold a core through a whole probe: a call's time is the least of a few probes (as
+    // the kernels' rates take the least of 8 steps), what the call costs undisturbed. The
+    // step-like loops (sync_*) keep the median: their means are the waits a step pays,
+    // slow calls included (CostModel::sync_wait_by_burst).
     std::map<std::string, std::vector<double>> runs;
+    // Past the first world above the cores, only the step-like loop feeds the model.
+    bool waits_only = false;
+    for (int m : opt.probe_worlds) waits_only = waits_only || (m > hw.cores && m < n);
     for (int rep = 0; rep < opt.probe_repeats; ++rep) {
-      std::map<std::string, double> one = probe_collectives(n);
+      std::map<std::string, double> one = probe_collectives(n, waits_only);
       if (one.empty())
         throw Error("weft calibrate: the Gloo probe on " + std::to_string(n) + " processes failed (log named above)");
       for (const auto& [k, v] : one) runs[k].push_back(v);
     }
-    for (const auto& [k, v] : runs) pr[n][k] = median(v);
-    std::string s = "gloo, " + std::to_string(n) + " processes (median of " + std::to_string(opt.probe_repeats) + "):";
+    for (const auto& [k, v] : runs)
+      pr[n][k] = k.rfind("sync_", 0) == 0 ? median(v) : *std::min_element(v.begin(), v.end());
+    std::string s = "gloo, " + std::to_string(n) + " processes (least of " + std::to_string(opt.probe_repeats) +
+                    "; sync_*: median):";
     for (const auto& [k, v] : pr[n]) {
       hw.measurements.push_back({"gloo_n" + std::to_string(n) + "_" + k + "_s", v});
       std::snprintf(line, sizeof line, " %s %.0fus", k.c_str(), v * 1e6);

@@ -15,10 +15,10 @@ namespace {
 
 constexpr const char* kHelp = R"(usage: weft calibrate [--out FILE] [--print]
 
-Measures this machine for the planner's cost model, in about 10-20 s: single-thread GEMM
+Measures this machine for the planner's cost model, in about 30-50 s: single-thread GEMM
 rates at six shapes (the FLOP rate by op size), memcpy and an element-wise kernel, Gloo
 collectives and sends between 2 and 4 processes under `weft run` (latency, bandwidth, the
-cost of more processes than cores), and the executor's cost per instruction from a small
+cost of more processes than cores; a step-like loop at 8 processes), and the executor's cost per instruction from a small
 model's steps. Writes a hardware description (docs/planner.md) to this machine's cache:
   $WEFT_COST_CACHE, else $XDG_CACHE_HOME/weft/cost-<host>-<cpu hash>-<OPENBLAS_CORETYPE>.yaml,
   else ~/.cache/weft/cost-<...>.yaml
@@ -31,12 +31,13 @@ model's steps. Writes a hardware description (docs/planner.md) to this machine's
 }  // namespace
 
 int cmd_calibrate(const std::vector<std::string>& argv) {
-  Args a(argv, {"--out", "--probe"}, {"--print", "--help"});
+  Args a(argv, {"--out", "--probe"}, {"--print", "--help", "--waits-only"});
   if (a.flag("--help")) {
     std::fputs(kHelp, stdout);
     return 0;
   }
-  if (a.has("--probe")) return probe_worker(a.get("--probe"));  // one rank of the Gloo probe
+  if (a.has("--probe"))  // one rank of the Gloo probe
+    return probe_worker(a.get("--probe"), a.flag("--waits-only"));
   const std::string path = a.get_or("--out", planner::machine_cache_path());
   const auto t0 = std::chrono::steady_clock::now();
   CalibrationOptions opt;

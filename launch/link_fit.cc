@@ -55,27 +55,16 @@ bool least_squares(const std::vector<LinkSample>& s, const std::array<bool, 3>& 
   return solve3(ata, atb, x);
 }
 
-}  // namespace
-
-LinkFit fit_link(const std::vector<LinkSample>& samples) {
-  double small = 0, large = 0;
-  bool seen = false;
-  for (const LinkSample& p : samples) {
-    if (!(p.seconds > 0)) continue;
-    small = seen ? std::min(small, p.bytes) : p.bytes;
-    large = seen ? std::max(large, p.bytes) : p.bytes;
-    seen = true;
-  }
-  if (!seen || !(large > small))
-    throw Error(
-        "weft calibrate: the link fit needs probes of at least two message sizes (it got " +
-        std::to_string(samples.size()) + " samples)");
-  // A term that fits negative is one the samples cannot tell from noise: fix it at 0 and fit
-  // the others again.
+// The terms of the samples with use_sample set (the non-negative fit: a term that fits
+// negative is one the samples cannot tell from noise, fixed at 0 and the others fitted again).
+LinkFit fit_terms(const std::vector<LinkSample>& samples, const std::vector<char>& use_sample) {
+  std::vector<LinkSample> s;
+  for (size_t i = 0; i < samples.size(); ++i)
+    if (use_sample[i]) s.push_back(samples[i]);
   std::array<bool, 3> use = {true, true, true};
   Vec x{};
   for (int round = 0; round < 4; ++round) {
-    if (!least_squares(samples, use, &x)) {
+    if (!least_squares(s, use, &x)) {
       // Singular: a term no sample varies (only one-way messages: no launch to see).
       x = Vec{};
       if (use[0]) use[0] = false;
@@ -94,21 +83,89 @@ LinkFit fit_link(const std::vector<LinkSample>& samples) {
   if (use[2] && x[2] > 0) {
     f.bw = 1.0 / x[2];
   } else {
-    const auto big = std::max_element(samples.begin(), samples.end(),
-                                       [](const LinkSample& a, const LinkSample& b) { return a.bytes < b.bytes; });
+    const auto big = std::max_element(s.begin(), s.end(),
+                                      [](const LinkSample& a, const LinkSample& b) { return a.bytes < b.bytes; });
     f.bw = big->bytes / big->seconds;
   }
+  return f;
+}
+
+double model_seconds(const LinkFit& f, const LinkSample& p) {
+  return p.launches * f.launch + p.steps * f.latency + p.bytes / f.bw;
+}
+
+// Whether the samples with use_sample set still hold two message sizes (the bandwidth).
+bool two_sizes(const std::vector<LinkSample>& samples, const std::vector<char>& use_sample) {
+  double first = -1;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (!use_sample[i]) continue;
+    if (first < 0) first = samples[i].bytes;
+    else if (samples[i].bytes != first) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+LinkFit fit_link(const std::vector<LinkSample>& samples) {
+  double small = 0, large = 0;
+  bool seen = false;
+  std::vector<char> use(samples.size(), 0);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const LinkSample& p = samples[i];
+    if (!(p.seconds > 0)) continue;
+    use[i] = 1;
+    small = seen ? std::min(small, p.bytes) : p.bytes;
+    large = seen ? std::max(large, p.bytes) : p.bytes;
+    seen = true;
+  }
+  if (!seen || !(large > small))
+    throw Error(
+        "weft calibrate: the link fit needs probes of at least two message sizes (it got " +
+        std::to_string(samples.size()) + " samples)");
+  // Load outliers: each sample against the fit of the others (leave one out, so that an
+  // outlier cannot pull the fit towards itself and hide), the furthest above it rejected
+  // while it took more than kLoadOutlier times that prediction; at most a quarter of the
+  // samples, and never the last of a second size.
+  const int usable = int(std::count(use.begin(), use.end(), 1));
+  std::vector<std::string> rejected;
+  for (int dropped = 0; 4 * (dropped + 1) <= usable; ++dropped) {
+    double worst_ratio = 0;
+    size_t worst = 0;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      if (!use[i]) continue;
+      use[i] = 0;
+      if (two_sizes(samples, use)) {
+        const double ratio = samples[i].seconds / model_seconds(fit_terms(samples, use), samples[i]);
+        if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
+      }
+      use[i] = 1;
+    }
+    if (!(worst_ratio > kLoadOutlier)) break;
+    use[worst] = 0;
+    rejected.push_back(samples[worst].name);
+  }
+  LinkFit f = fit_terms(samples, use);
+  f.rejected = std::move(rejected);
   double sq = 0;
   int n = 0;
-  for (const LinkSample& p : samples) {
-    if (!(p.seconds > 0)) continue;
-    const double model = p.launches * f.launch + p.steps * f.latency + p.bytes / f.bw;
-    const double rel = (model - p.seconds) / p.seconds;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (!use[i]) continue;
+    const LinkSample& p = samples[i];
+    const double rel = (model_seconds(f, p) - p.seconds) / p.seconds;
     sq += rel * rel, ++n;
     if (std::abs(rel) > f.worst_relative_error) f.worst_relative_error = std::abs(rel), f.worst = p.name;
   }
   f.rms_relative_error = std::sqrt(sq / std::max(1, n));
   return f;
+}
+
+BusyLaunch busy_launch(const LinkFit& f, double busy_ar2, double latency) {
+  BusyLaunch b;
+  b.idle_call = f.launch + 2 * f.latency;
+  b.load_outlier = b.idle_call > 0 && busy_ar2 > kLoadOutlier * b.idle_call;
+  b.launch = b.load_outlier ? f.launch : std::max(0.0, busy_ar2 - 2 * latency);
+  return b;
 }
 
 }  // namespace weft::launch

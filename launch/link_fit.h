@@ -6,6 +6,11 @@
 // three terms come from one linear fit over every size and world measured, not from two
 // points each. The fit is on relative error: a 4 B call's 30 us counts as much as a 4 MiB
 // call's milliseconds.
+//
+// Robust to load: a sample taken while other processes held the cores waits a time slice
+// (milliseconds) on top of its tens of microseconds, and one such sample fitted a 4 B call's
+// launch at milliseconds. Each sample is compared with the fit of the others, and one that
+// took more than kLoadOutlier times what they predict is left out (LinkFit::rejected).
 #pragma once
 
 #include <string>
@@ -19,16 +24,37 @@ struct LinkSample {
   std::string name;                           // for the report
 };
 
+// How many times the others' prediction a sample must take to be a load outlier: the
+// model's own misfit (Gloo switching algorithm with the size) stays within 2x on an idle
+// machine, a time slice on a call under 1 ms is several times it.
+constexpr double kLoadOutlier = 3.0;
+
 struct LinkFit {
   double launch = 0, latency = 0, bw = 0;  // seconds, seconds, bytes per second
   double rms_relative_error = 0;           // of the fitted model over the samples
   double worst_relative_error = 0;
   std::string worst;                       // the sample furthest from the model
+  std::vector<std::string> rejected;       // samples left out as load outliers
 };
 
 // The least-squares terms (each clamped at 0: a term the samples cannot see is 0, and the
-// bandwidth is then taken as the largest sample's bytes over its time). Throws Error naming
-// what is missing when the samples cannot determine the bandwidth (no two sizes).
+// bandwidth is then taken as the largest sample's bytes over its time) over the samples
+// left after the load outliers (at most a quarter of them; the errors are over those left).
+// Throws Error naming what is missing when the samples cannot determine the bandwidth (no
+// two sizes).
 LinkFit fit_link(const std::vector<LinkSample>& samples);
+
+// The launch of a collective whose peer computes (CostModel::launch): what `busy_ar2`, a
+// 4 B all-reduce of 2 processes timed between bursts of compute, takes beyond its 2 steps
+// at `latency`. The busy call is a sample like the fit's: where it took more than
+// kLoadOutlier times the fit's idle call (launch + 2 latency), another process held a core
+// through every repeat, and the launch is the fit's (load_outlier set). On an idle machine
+// the busy call is 1.2-1.5x the idle one (its peer computing) and is kept.
+struct BusyLaunch {
+  double launch = 0;
+  bool load_outlier = false;
+  double idle_call = 0;  // the fit's 4 B all-reduce of 2
+};
+BusyLaunch busy_launch(const LinkFit& f, double busy_ar2, double latency);
 
 }  // namespace weft::launch

@@ -115,7 +115,19 @@ double CostModel::sync_wait(double burst, int n, int world) const {
   const double over = interpolate_log(sync_wait_oversub_by_burst, x);
   const double w = runnable_weight(world);
   // w == 1 exactly where every rank is runnable: the curve as measured, not a rounding of it.
-  return w >= 1 ? over : within + w * (over - within);
+  if (w < 1) return within + w * (over - within);
+  if (sync_wait_oversub_more_by_burst.empty() || sync_wait_oversub_ranks <= cores ||
+      sync_wait_oversub_more_ranks <= sync_wait_oversub_ranks)
+    return over;
+  // Past the first curve's ranks: towards the curve measured at more.
+  const double on_node = ranks_on_node(world);
+  const double runnable = active_ranks > 0 ? std::min(active_ranks, on_node) : on_node;
+  const double w2 = std::clamp((runnable - double(sync_wait_oversub_ranks)) /
+                                   double(sync_wait_oversub_more_ranks - sync_wait_oversub_ranks),
+                               0.0, 1.0);
+  if (w2 <= 0) return over;
+  const double more = interpolate_log(sync_wait_oversub_more_by_burst, x);
+  return w2 >= 1 ? more : over + w2 * (more - over);
 }
 
 double CostModel::compute_alone(double flop, double bytes) const {

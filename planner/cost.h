@@ -107,6 +107,14 @@ struct CostModel {
   // curve is the wait at that many runnable ranks or more; runnable_weight() scales it down
   // towards sync_wait_by_burst as fewer are. 0 (unknown): every rank of the node.
   int sync_wait_oversub_ranks = 0;
+  // The same loop at more ranks of the node (weft calibrate: the next probe world, 8 on 2
+  // cores), every one runnable, and how many. The wait is not monotone in the ranks (8
+  // processes on 2 cores waited less per call at short bursts than 4), so no factor on the
+  // curve above reaches it: sync_wait() interpolates between the curves by the runnable
+  // ranks, from sync_wait_oversub_ranks' curve to this one, and keeps this one above it.
+  // Empty / 0 (the default): sync_wait_oversub_by_burst for every count above its ranks.
+  std::vector<std::pair<double, double>> sync_wait_oversub_more_by_burst;
+  int sync_wait_oversub_more_ranks = 0;
 
   // Ring algorithms: launch + all_reduce 2(n-1) steps moving 2(n-1)/n of `bytes`;
   // all_gather and reduce_scatter (n-1) steps moving (n-1)/n of the full buffer `bytes`;
@@ -141,6 +149,8 @@ struct CostModel {
   // without it: launch_oversub prices that regime), as far as runnable_weight() says:
   // within + weight x (oversub - within), the oversubscribed curve with every rank
   // runnable (active_ranks 0), the within-cores one where no more are runnable than cores.
+  // Above sync_wait_oversub_ranks runnable, with sync_wait_oversub_more_by_burst: linear in
+  // the runnable ranks from that curve to this one, this one from its own ranks up.
   double sync_wait(double burst, int n, int world = 0) const;
   // How much of the oversubscribed regime's extra wait (sync_wait_oversub_by_burst beyond
   // sync_wait_by_burst) a call pays: 0 within the cores; else (runnable - cores) /

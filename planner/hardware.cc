@@ -160,6 +160,8 @@ CostModel Hardware::cost_model(const std::string& dtype) const {
   m.sync_wait_by_burst = sync_wait_by_burst;
   m.sync_wait_oversub_by_burst = sync_wait_oversub_by_burst;
   m.sync_wait_oversub_ranks = sync_wait_oversub_ranks;
+  m.sync_wait_oversub_more_by_burst = sync_wait_oversub_more_by_burst;
+  m.sync_wait_oversub_more_ranks = sync_wait_oversub_more_ranks;
   return m;
 }
 
@@ -262,6 +264,29 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
                         "): the curve is measured with more ranks than cores");
     hw.sync_wait_oversub_ranks = int(n);
   }
+  wait_curve("sync_wait_oversub_more_by_burst", hw.sync_wait_oversub_more_by_burst);
+  {
+    // The second curve and its ranks come together, above the first curve's ranks.
+    const std::string field = "hardware.sync_wait_oversub_more_ranks";
+    const bool curve = !hw.sync_wait_oversub_more_by_burst.empty();
+    if (curve && !f.has("sync_wait_oversub_more_ranks"))
+      f.fail(field, "missing: sync_wait_oversub_more_by_burst needs the ranks of the node it was "
+                    "measured at (more than sync_wait_oversub_ranks)");
+    if (f.has("sync_wait_oversub_more_ranks")) {
+      const double n = f.number("sync_wait_oversub_more_ranks", std::nullopt, 2, false);
+      if (!curve)
+        f.fail(field, "given without sync_wait_oversub_more_by_burst, the curve it describes; add "
+                      "the curve or remove this key");
+      if (n != std::floor(n) || n > double(1 << 30))
+        f.fail(field, "expected a whole number of ranks (the processes on the node when "
+                      "sync_wait_oversub_more_by_burst was measured)");
+      if (hw.sync_wait_oversub_ranks <= 0 || n <= double(hw.sync_wait_oversub_ranks))
+        f.fail(field, "must be more than sync_wait_oversub_ranks (" +
+                          std::to_string(hw.sync_wait_oversub_ranks) +
+                          "), which must be given: the curve continues that one to more ranks");
+      hw.sync_wait_oversub_more_ranks = int(n);
+    }
+  }
   if (f.has("collective_bw_by_size")) {
     Fields c = f.sub("collective_bw_by_size");
     std::set<std::string> kinds;
@@ -310,7 +335,8 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
   }
   f.done({"name", "flops", "flops_efficiency", "memory", "ranks_per_node", "intra_node",
           "inter_node", "launch", "cpu", "flops_by_size", "collective_bw_by_size",
-          "sync_wait_by_burst", "sync_wait_oversub_by_burst", "sync_wait_oversub_ranks", "op_rates", "machine", "calibrated_at", "measurements"});
+          "sync_wait_by_burst", "sync_wait_oversub_by_burst", "sync_wait_oversub_ranks",
+          "sync_wait_oversub_more_by_burst", "sync_wait_oversub_more_ranks", "op_rates", "machine", "calibrated_at", "measurements"});
   return hw;
 }
 
@@ -365,6 +391,13 @@ std::string hardware_to_yaml(const Hardware& hw) {
     if (hw.sync_wait_oversub_ranks > 0)
       os << "sync_wait_oversub_ranks: " << hw.sync_wait_oversub_ranks
          << "  # ranks of the node in that probe, every one runnable\n";
+  }
+  if (!hw.sync_wait_oversub_more_by_burst.empty()) {
+    os << "sync_wait_oversub_more_by_burst:  # the same at more ranks of the node\n";
+    for (const auto& [x, w] : hw.sync_wait_oversub_more_by_burst)
+      os << "  - [" << num(x) << ", " << num(w) << "]\n";
+    os << "sync_wait_oversub_more_ranks: " << hw.sync_wait_oversub_more_ranks
+       << "  # ranks of the node in that probe, every one runnable\n";
   }
   bool any_op = false;
   for (double r : hw.op_rates) any_op = any_op || r > 0;

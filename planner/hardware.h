@@ -63,6 +63,10 @@ struct Hardware {
   // Ranks of the node in the probe that measured that curve, every one runnable
   // (CostModel::sync_wait_oversub_ranks); 0: not recorded (every rank of the node).
   int sync_wait_oversub_ranks = 0;
+  // The same at more ranks of the node, and how many (CostModel::
+  // sync_wait_oversub_more_by_burst / _ranks); measured by weft calibrate, empty in the presets.
+  std::vector<std::pair<double, double>> sync_wait_oversub_more_by_burst;
+  int sync_wait_oversub_more_ranks = 0;
   // Measured f32 rate of each rated op type (CostModel::op_rates); 0 where not measured.
   std::array<double, kRatedOps> op_rates{};
   // A calibration cache's machine and what was measured (for the record: the model reads

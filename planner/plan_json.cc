@@ -164,6 +164,11 @@ void write_costs(W& w, const CostAnnotations& c) {
     w.raw(json_pairs(c.model.sync_wait_oversub_by_burst));
   }
   if (c.model.sync_wait_oversub_ranks > 0) w.i("sync_wait_oversub_ranks", c.model.sync_wait_oversub_ranks);
+  if (!c.model.sync_wait_oversub_more_by_burst.empty()) {  // likewise
+    w.key("sync_wait_oversub_more_by_burst");
+    w.raw(json_pairs(c.model.sync_wait_oversub_more_by_burst));
+    w.i("sync_wait_oversub_more_ranks", c.model.sync_wait_oversub_more_ranks);
+  }
   w.raw("}");
   w.d("step_s", c.step_s), w.d("bubble", c.bubble), w.d("pipeline_estimate_s", c.pipeline_estimate_s);
   w.d("planning_s", c.planning_s);
@@ -486,6 +491,18 @@ Plan plan_from_json(const std::string& text) {
         bad("costs.model.sync_wait_oversub_ranks: expected a whole number of ranks >= 2, got " +
             json_number(v->number));
       k.model.sync_wait_oversub_ranks = int(v->number);
+    }
+    if (const JsonValue* v = cm.find("sync_wait_oversub_more_by_burst"))  // only in calibrated plans
+      for (const JsonValue& pt : v->items) {
+        if (pt.items.size() != 2)
+          bad("costs.model.sync_wait_oversub_more_by_burst: each entry is [burst s, wait s]");
+        k.model.sync_wait_oversub_more_by_burst.push_back({pt.items[0].number, pt.items[1].number});
+      }
+    if (const JsonValue* v = cm.find("sync_wait_oversub_more_ranks")) {  // only in calibrated plans
+      if (!(v->number >= 2 && v->number == std::floor(v->number) && v->number <= double(1 << 30)))
+        bad("costs.model.sync_wait_oversub_more_ranks: expected a whole number of ranks >= 2, got " +
+            json_number(v->number));
+      k.model.sync_wait_oversub_more_ranks = int(v->number);
     }
     k.step_s = dbl(*co, "step_s"), k.bubble = dbl(*co, "bubble");
     k.pipeline_estimate_s = dbl(*co, "pipeline_estimate_s"), k.planning_s = dbl(*co, "planning_s");

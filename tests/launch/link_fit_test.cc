@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,62 @@ TEST(LinkFit, ATermFittedNegativeIsZeroAndTheRestRefit) {
   EXPECT_EQ(f.latency, 0);
   // The relative fit of rates 1/0.97, 1 and 1 (x kBw): sum(q) / sum(q^2) = 1 / 1.0105.
   EXPECT_NEAR(f.bw / kBw, 1.0105, 0.0005);
+}
+
+// A calibration on a busy machine: two small calls waited for a core (a time slice, 4 ms,
+// on top of their tens of microseconds), as the 4 B all-reduce that once fitted a 3.7 ms
+// launch. The fit leaves both out and recovers the terms as from the clean samples.
+TEST(LinkFit, LoadOutliersAreLeftOutAndTheTermsRecovered) {
+  std::vector<LinkSample> s = probes(0.05);
+  ASSERT_EQ(s[0].name, "ar n2");  // the 4 B all-reduce at 2 ranks
+  ASSERT_EQ(s[10].name, "p2p");   // the 4 B message
+  s[0].seconds += 4e-3, s[0].name = "ar n2 4B (loaded)";
+  s[11].seconds += 4e-3, s[11].name = "p2p 64KiB (loaded)";
+  const LinkFit f = fit_link(s);
+  std::vector<std::string> rejected = f.rejected;
+  std::sort(rejected.begin(), rejected.end());
+  EXPECT_EQ(rejected, (std::vector<std::string>{"ar n2 4B (loaded)", "p2p 64KiB (loaded)"}));
+  // Exactly the fit of the samples that did not wait.
+  std::vector<LinkSample> rest = probes(0.05);
+  rest.erase(rest.begin() + 11);
+  rest.erase(rest.begin());
+  const LinkFit clean = fit_link(rest);
+  EXPECT_NEAR(f.launch / clean.launch, 1.0, 1e-9) << f.launch;
+  EXPECT_NEAR(f.latency / clean.latency, 1.0, 1e-9) << f.latency;
+  EXPECT_NEAR(f.bw / clean.bw, 1.0, 1e-9) << f.bw;
+  EXPECT_LT(f.rms_relative_error, 0.06);
+  EXPECT_NEAR(f.launch / kLaunch, 1.0, 0.25) << f.launch;
+  // The outliers are ones: each took over kLoadOutlier times what the true terms give.
+  EXPECT_GT(s[0].seconds / (kLaunch + 2 * kLatency + s[0].bytes / kBw), kLoadOutlier);
+  EXPECT_GT(s[11].seconds / (kLatency + s[11].bytes / kBw), kLoadOutlier);
+}
+
+// On samples without load, nothing is left out (the model's own misfit stays within
+// kLoadOutlier): the rejection never moves an idle machine's fit.
+TEST(LinkFit, NothingIsRejectedWithoutLoad) {
+  EXPECT_TRUE(fit_link(probes(0)).rejected.empty());
+  EXPECT_TRUE(fit_link(probes(0.05)).rejected.empty());
+  // A misfit of 80% on the largest all-reduce (Gloo's ring above 512 KiB) is no outlier.
+  std::vector<LinkSample> s = probes(0.05);
+  s[4].seconds *= 1.8;
+  EXPECT_TRUE(fit_link(s).rejected.empty());
+}
+
+// The launch from the busy all-reduce: kept on an idle machine (its peer computing costs a
+// little more than the idle call), the fit's where it is a load outlier (3.8 ms in every
+// repeat of a busy calibration, which fitted the tp2 rows 4x over their measurement).
+TEST(LinkFit, TheBusyAllReduceGivesTheLaunchUnlessLoadHeldIt) {
+  const LinkFit f = fit_link(probes(0));
+  const double idle_call = kLaunch + 2 * kLatency;
+  const BusyLaunch idle = busy_launch(f, 1.4 * idle_call, kLatency);
+  EXPECT_FALSE(idle.load_outlier);
+  EXPECT_NEAR(idle.launch, 1.4 * idle_call - 2 * kLatency, 1e-12);
+  EXPECT_NEAR(idle.idle_call, idle_call, 1e-12);
+  const BusyLaunch edge = busy_launch(f, 0.99 * kLoadOutlier * idle_call, kLatency);
+  EXPECT_FALSE(edge.load_outlier);
+  const BusyLaunch loaded = busy_launch(f, 3.8e-3, kLatency);
+  EXPECT_TRUE(loaded.load_outlier);
+  EXPECT_NEAR(loaded.launch, kLaunch, 1e-12);
 }
 
 TEST(LinkFit, OneSizeCannotGiveABandwidth) {

@@ -251,6 +251,15 @@ TEST(Hardware, CalibrateWritesACacheThatPlanUses) {
   // Gloo's 4 MiB reduce-scatter (an all-reduce of the whole buffer) always takes longer than
   // the fixed part, the small GPT runs every GPT kernel and the small Llama every Llama one.
   EXPECT_FALSE(hw->coll_bw_by_size[size_t(CollKind::kReduceScatter)].empty());
+  // Above the cores: the first curve at 4 processes and the one at 8 (this machine's cores
+  // permitting), with the ranks of each probe.
+  if (hw->cores < 4) {
+    EXPECT_NE(r.out.find("gloo, 8 processes"), std::string::npos) << r.out;
+    EXPECT_EQ(hw->sync_wait_oversub_ranks, 4);
+    EXPECT_FALSE(hw->sync_wait_oversub_by_burst.empty());
+    EXPECT_EQ(hw->sync_wait_oversub_more_ranks, 8);
+    EXPECT_FALSE(hw->sync_wait_oversub_more_by_burst.empty());
+  }
   for (const char* type : {"attention", "attention.bwd", "layernorm", "gelu.bwd", "cross_entropy", "adamw", "rmsnorm",
                            "rmsnorm.bwd", "rope", "rope.bwd", "swiglu", "swiglu.bwd", "gqa_attention",
                            "gqa_attention.bwd"})

@@ -84,6 +84,86 @@ TEST(Runnable, TheWaitRunsFromTheWithinCoresCurveToTheMeasuredOne) {
   }
 }
 
+// A second curve, measured at 8 ranks (weft calibrate's next probe world): past the first
+// curve's 4 runnable the wait runs linearly in the runnable ranks to it, and stays there
+// above 8. Not monotone in the ranks (here lower at 8 than at 4, as measured on 2 cores),
+// which no weight on the first curve reaches. Below 4 runnable nothing changes.
+TEST(Runnable, PastTheFirstCurvesRanksTheWaitRunsToTheCurveAtMore) {
+  CostModel cm = cpu_host();
+  cm.sync_wait_oversub_more_by_burst = {{1e-6, 4e-4}, {1.0, 4e-4}};
+  cm.sync_wait_oversub_more_ranks = 8;
+  EXPECT_EQ(cm.sync_wait(1e-4, 2, 8), 4e-4);  // every rank runnable: the curve at 8
+  EXPECT_EQ(pinned(cm, 8).sync_wait(1e-4, 2, 8), 4e-4);
+  EXPECT_DOUBLE_EQ(pinned(cm, 6).sync_wait(1e-4, 2, 8), 1e-3 + 0.5 * (4e-4 - 1e-3));
+  EXPECT_DOUBLE_EQ(pinned(cm, 5).sync_wait(1e-4, 2, 8), 1e-3 + 0.25 * (4e-4 - 1e-3));
+  EXPECT_EQ(pinned(cm, 4).sync_wait(1e-4, 2, 8), 1e-3);
+  EXPECT_EQ(pinned(cm, 12).sync_wait(1e-4, 2, 16), 4e-4);  // clamped above the probe's 8
+  EXPECT_EQ(cm.sync_wait(1e-4, 2, 4), 1e-3);                 // 4 ranks: the first curve
+  const CostModel one = cpu_host();
+  for (const double a : {1.0, 2.0, 3.0, 3.5}) {
+    SCOPED_TRACE(a);
+    EXPECT_EQ(pinned(cm, a).sync_wait(1e-4, 2, 8), pinned(one, a).sync_wait(1e-4, 2, 8));
+    EXPECT_EQ(pinned(cm, a).sync_wait(1e-4, 2, 2), 1e-4);
+  }
+  EXPECT_EQ(pinned(one, 6).sync_wait(1e-4, 2, 8), 1e-3);  // without it: the first curve
+
+  // dp2 x tp2 x pp2 at 8 ranks, simulated (the runnable ranks found by the fixed point):
+  // the step under the lower curve at 8 is below the one under the first curve alone, by
+  // no more than what every collective would save at the whole difference.
+  const core::JobSpec s = job(2, 2, 2);
+  const core::ModelGraph mg = build_planning_graph(s);
+  const Plan p = plan_unsimulated(s, mg, 8);
+  const CostAnnotations with = simulate_plan(p, mg.graph, cm), without = simulate_plan(p, mg.graph, one);
+  ASSERT_GT(without.step_s, 0);
+  EXPECT_LT(with.step_s, without.step_s);
+  EXPECT_GT(with.step_s, without.step_s - 0.5 * double(p.roles.at(0).program.size()) * 6e-4);
+}
+
+TEST(Runnable, HardwareFileAndPlanJsonCarryTheCurveAtMoreRanks) {
+  Hardware hw = load_hardware("h100");
+  hw.cores = 2;
+  hw.sync_wait_oversub_by_burst = {{1.3e-4, 2.9e-3}, {1.1e-3, 1.3e-3}};
+  hw.sync_wait_oversub_ranks = 4;
+  hw.sync_wait_oversub_more_by_burst = {{5e-5, 1.6e-3}, {2e-3, 2.9e-3}};
+  hw.sync_wait_oversub_more_ranks = 8;
+  const Hardware back = hardware_from_yaml(hardware_to_yaml(hw), "round trip");
+  EXPECT_EQ(back.sync_wait_oversub_more_by_burst, hw.sync_wait_oversub_more_by_burst);
+  EXPECT_EQ(back.cost_model().sync_wait_oversub_more_ranks, 8);
+  EXPECT_EQ(back.cost_model().sync_wait_oversub_more_by_burst, hw.sync_wait_oversub_more_by_burst);
+
+  const std::string base = hardware_to_yaml([] {
+    Hardware h = load_hardware("h100");
+    h.cores = 2;
+    return h;
+  }());
+  auto err = [&](const std::string& extra) {
+    return std::string(test_util::config_error([&] { hardware_from_yaml(base + extra, "t.yaml"); }).what());
+  };
+  const std::string first = "sync_wait_oversub_by_burst: [[1e-4, 3e-3]]\nsync_wait_oversub_ranks: 4\n";
+  const std::string more = "sync_wait_oversub_more_by_burst: [[1e-4, 2e-3]]\n";
+  EXPECT_NE(err(first + more).find("hardware.sync_wait_oversub_more_ranks: missing"), std::string::npos)
+      << err(first + more);
+  EXPECT_NE(err(first + more + "sync_wait_oversub_more_ranks: 4\n").find("must be more than sync_wait_oversub_ranks (4)"),
+            std::string::npos);
+  EXPECT_NE(err(more + "sync_wait_oversub_more_ranks: 8\n").find("must be more than sync_wait_oversub_ranks (0)"),
+            std::string::npos);
+  EXPECT_NE(err(first + "sync_wait_oversub_more_ranks: 8\n").find("given without sync_wait_oversub_more_by_burst"),
+            std::string::npos);
+
+  const core::JobSpec s = job(2, 2, 2);
+  const core::ModelGraph mg = build_planning_graph(s);
+  PlanOptions po;
+  po.cost = cpu_host();
+  po.cost.sync_wait_oversub_more_by_burst = {{1e-6, 4e-4}, {1.0, 4e-4}};
+  po.cost.sync_wait_oversub_more_ranks = 8;
+  const Plan p = make_plan(s, mg.graph, 8, po);
+  const Plan back_plan = plan_from_json(plan_to_json(p));
+  EXPECT_EQ(back_plan.costs.model.sync_wait_oversub_more_by_burst, po.cost.sync_wait_oversub_more_by_burst);
+  EXPECT_EQ(back_plan.costs.model.sync_wait_oversub_more_ranks, 8);
+  PlanOptions plain;
+  EXPECT_EQ(plan_to_json(make_plan(s, mg.graph, 8, plain)).find("sync_wait_oversub_more"), std::string::npos);
+}
+
 // tp2 x pp2 on 2 cores: a stage waits for the other's activations and gradients, so the
 // simulator's fixed point finds fewer than 4 runnable, and its step falls below the one with
 // every rank runnable (the curve's whole wait and 2x sharing), above the one with 2.
