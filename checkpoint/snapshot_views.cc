@@ -1,9 +1,6 @@
 // In-memory snapshots, the zero-copy read (snapshot_views.h).
 #include "checkpoint/snapshot_views.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <iterator>

@@ -67,8 +67,8 @@ TEST(SplitInTwo, WorkBelowTheThresholdRunsOnceWholeOnTheCaller) {
 
 TEST(SplitInTwo, ACallThatFindsTheHelperBusyFinishesAloneAndTheOtherWhenReleased) {
   if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "one core: no helper thread";
-  // Call A's piece on the helper blocks until released; A's own first piece waits until the
-  // helper holds one, so the helper is busy with A's work when B comes.
+  // Call A's pieces on the helper block until released; A's own pieces wait until the helper
+  // holds one, so the helper is busy with A's work when B comes.
   std::promise<void> helper_in, release;
   std::shared_future<void> in = helper_in.get_future().share(), go = release.get_future().share();
   const int64_t total = 128 * kMiB;
@@ -94,7 +94,9 @@ TEST(SplitInTwo, ACallThatFindsTheHelperBusyFinishesAloneAndTheOtherWhenReleased
   b_calls.expect_cover(total, kMiB);
   release.set_value();
   a.join();
-  EXPECT_EQ(a_calls.by_thread.size(), 2u);
+  // The helper ran some of A's pieces (it was held in one); the caller may have run none, if
+  // it was descheduled until the released helper had taken the rest.
+  EXPECT_LE(a_calls.by_thread.size(), 2u);
   a_calls.expect_cover(total, kMiB);
 }
 
