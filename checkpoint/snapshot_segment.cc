@@ -25,6 +25,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "base/populate.h"
 #include "checkpoint/crc32c.h"
 #include "core/rng.h"
 
@@ -498,9 +499,6 @@ std::vector<uint32_t> SnapshotSegment::block_crc32c(const View& v) const {
 }
 
 void SnapshotSegment::populate_writing(int64_t from, int64_t bytes) {
-#ifndef MADV_POPULATE_WRITE
-  constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14; older headers lack the name
-#endif
   WEFT_CHECK(base_ && writable_ && writing_ >= 0, "snapshot segment ", name_,
              ": populate_writing() without begin()");
   const int64_t page = header(base_)->page_bytes;
@@ -522,19 +520,19 @@ void SnapshotSegment::populate_writing(int64_t from, int64_t bytes) {
     throw IoError(str("cannot allocate ", n >> 20, " MiB of snapshot segment ", name_, " in ",
                       kShmDir, ": ", std::strerror(err),
                       err == ENOSPC ? " (see `df -h /dev/shm`: free it, or snapshot less)" : ""));
-  if (::madvise(p, size_t(n), MADV_POPULATE_WRITE) != 0 && errno != EINVAL)
+  if (const int e = populate_pages(p, size_t(n), PageAccess::kWrite); e != 0 && e != EINVAL)
     throw IoError(str("cannot map in ", n >> 20, " MiB of snapshot segment ", name_, ": ",
-                      std::strerror(errno)));
+                      std::strerror(e)));
 }
 
 void SnapshotSegment::populate(const View& v) const {
-#ifndef MADV_POPULATE_READ
-  constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14; older headers lack the name
-#endif
+  // The whole pages the payload touches: the mapping is of whole pages.
   const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
   const uintptr_t from = reinterpret_cast<uintptr_t>(v.payload) & ~(page - 1);
-  const uintptr_t to = reinterpret_cast<uintptr_t>(v.payload) + uintptr_t(v.meta.payload_bytes);
-  if (to > from) (void)::madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_READ);
+  const uintptr_t to =
+      (reinterpret_cast<uintptr_t>(v.payload) + uintptr_t(v.meta.payload_bytes) + page - 1) &
+      ~(page - 1);
+  if (to > from) (void)populate_pages(reinterpret_cast<void*>(from), to - from, PageAccess::kRead);
 }
 
 std::vector<int64_t> SnapshotSegment::corrupt_blocks(const View& v) const {

@@ -1,9 +1,6 @@
 // In-memory snapshots, the zero-copy read (snapshot_views.h).
 #include "checkpoint/snapshot_views.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <iterator>
@@ -15,6 +12,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "base/populate.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/split_in_two.h"
 #include "checkpoint/snapshot_writer.h"
@@ -65,15 +63,8 @@ class ViewAllocator final : public memory::Allocator {
 }  // namespace
 
 void populate_for_write(void* p, int64_t bytes) {
-#ifndef MADV_POPULATE_WRITE
-  constexpr int MADV_POPULATE_WRITE = 23;
-#endif
   constexpr int64_t kAtLeast = int64_t(1) << 20;
-  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t from = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
-  const uintptr_t to = (reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes)) & ~(page - 1);
-  if (bytes >= kAtLeast && to > from)
-    (void)::madvise(reinterpret_cast<void*>(from), to - from, MADV_POPULATE_WRITE);
+  if (bytes >= kAtLeast) (void)populate_pages(p, size_t(bytes), PageAccess::kWrite);
 }
 
 void check_slot_layout(const SnapshotSegment& segment, const SnapshotSegment::View& view,

@@ -60,8 +60,8 @@ bool is_snapshot_view(const core::Tensor& t);
 // leave the trainer's state in the agent's read-only segment.
 int64_t own_snapshot_views(std::vector<core::Tensor>& tensors, memory::Allocator* alloc = nullptr);
 
-// Bytes of `n` at `p` mapped in for writing in one call (MADV_POPULATE_WRITE, Linux 5.14)
-// rather than a fault per page inside the copy that follows: 403 MiB of fresh tensors took
+// Bytes of `n` at `p` mapped in for writing ahead (MADV_POPULATE_WRITE, Linux 5.14, in
+// pieces: base/populate.h) rather than a fault per page inside the copy that follows: 403 MiB of fresh tensors took
 // 130-170 ms that way and 200-250 ms as faults in memcpy (load 5); memory already touched
 // costs a walk of its page table. A failure leaves the pages to fault in as they are
 // written. Does nothing below 1 MiB.
