@@ -37,6 +37,7 @@ struct Options {
   bool own_dir = false, keep = false;
   core::JobSpec spec;
   double params = 0;
+  double memcpy_bps = 0;  // reshard, both: one thread's memcpy here, for the transfers' ratio
 };
 
 // What the restart run measured (seconds from the kill).

@@ -17,8 +17,8 @@ size_t page_round(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 // block's last page.
 void* map_huge(size_t bytes) {
   const size_t len = page_round(bytes);
-  void* m = ::mmap(nullptr, len + kHugeBytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* m =
+      ::mmap(nullptr, len + kHugeBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return nullptr;
   const auto at = reinterpret_cast<uintptr_t>(m);
   const uintptr_t start = (at + kHugeBytes - 1) / kHugeBytes * kHugeBytes;

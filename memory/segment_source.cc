@@ -1,4 +1,5 @@
-// HostSegmentSource: host blocks (big ones in huge pages, memory/huge_pages.h) with an optional capacity to emulate a full device.
+// HostSegmentSource: host blocks (big ones in huge pages, memory/huge_pages.h) with an
+// optional capacity to emulate a full device.
 #include "memory/segment_source.h"
 
 #include <cstdint>
