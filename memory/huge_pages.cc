@@ -34,13 +34,13 @@ void* map_huge(size_t bytes) {
 }  // namespace
 
 void* allocate_host_block(size_t bytes, size_t alignment) {
-  if (bytes >= kHugeBytes) return map_huge(bytes);
+  if (bytes >= kHugeMinBytes) return map_huge(bytes);
   return std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
 }
 
 void free_host_block(void* p, size_t bytes) {
   if (!p) return;
-  if (bytes >= kHugeBytes)
+  if (bytes >= kHugeMinBytes)
     ::munmap(p, page_round(bytes));
   else
     std::free(p);

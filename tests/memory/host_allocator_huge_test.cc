@@ -1,7 +1,7 @@
 // Big host blocks (memory/huge_pages.h), as HostAllocator and HostSegmentSource hand them
-// out: each starts at a 2 MiB boundary in a mapping advised MADV_HUGEPAGE (so that it faults
-// in and is walked by the TLB 2 MiB at a time), its bytes are what was written, and freeing
-// it unmaps it; smaller blocks are left to malloc.
+// out: each of at least kHugeMinBytes starts at a 2 MiB boundary in a mapping advised MADV_HUGEPAGE
+// (so that it faults in and is walked by the TLB 2 MiB at a time), its bytes are what was written,
+// and freeing it unmaps it; smaller blocks are left to malloc.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -61,8 +61,8 @@ std::string thp_setting() {
 }
 
 TEST(HostAllocatorHugePages, ABigBlockStartsAtA2MiBBoundaryInAnAdvisedMappingOfItsOwn) {
-  HostAllocator a;                      // keeps nothing: a freed block goes back at once
-  const size_t bytes = 5 * kMiB + 100;  // a tail past the last 2 MiB boundary
+  HostAllocator a;  // keeps nothing: a freed block goes back at once
+  const size_t bytes = kHugeMinBytes + kMiB + 100;  // a tail past the last 2 MiB boundary
   auto* p = static_cast<unsigned char*>(a.allocate(bytes));
   EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % kHugeBytes, 0u);
   const Mapping m = mapping_of(p);
@@ -79,18 +79,18 @@ TEST(HostAllocatorHugePages, ABigBlockStartsAtA2MiBBoundaryInAnAdvisedMappingOfI
   EXPECT_EQ(a.stats().bytes_live, 0u);
 }
 
-TEST(HostAllocatorHugePages, ABlockBelow2MiBIsLeftToMalloc) {
+TEST(HostAllocatorHugePages, ABlockBelowTheThresholdIsLeftToMalloc) {
   HostAllocator a;
-  void* p = a.allocate(kHugeBytes - 4096);
+  void* p = a.allocate(kHugeMinBytes - 4096);
   const Mapping m = mapping_of(p);
   ASSERT_TRUE(m.found);
   EXPECT_FALSE(advised_huge(m)) << "VmFlags:" << m.flags;
   a.free(p);
 }
 
-TEST(HostAllocatorHugePages, AnArenaSegmentOf2MiBOrMoreIsAdvisedToo) {
+TEST(HostAllocatorHugePages, ABigArenaSegmentIsAdvisedToo) {
   HostSegmentSource source;
-  const size_t bytes = 4 * kMiB;
+  const size_t bytes = kHugeMinBytes;
   void* p = source.reserve(bytes);
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % kHugeBytes, 0u);
@@ -108,7 +108,7 @@ TEST(HostAllocatorHugePages, AWrittenBigBlockIsBackedByHugePagesWhereTheHostGive
   if (thp.empty() || thp.find("[never]") != std::string::npos)
     GTEST_SKIP() << "transparent huge pages are off here: " << thp;
   HostAllocator a(true);
-  const size_t bytes = 8 * kMiB;
+  const size_t bytes = kHugeMinBytes + 4 * kMiB;
   void* p = a.allocate(bytes);
   std::memset(p, 1, bytes);
   const Mapping m = mapping_of(p);
@@ -128,7 +128,7 @@ TEST(HostAllocatorHugePages, AWrittenBigBlockIsBackedByHugePagesWhereTheHostGive
 TEST(HostAllocatorHugePages, AReservedBlockIsFaultedInIn4KiBPages) {
   HostAllocator base;
   RecyclingAllocator r(base);
-  const size_t bytes = 8 * kMiB;
+  const size_t bytes = kHugeMinBytes;
   ASSERT_EQ(r.reserve({bytes}), bytes);
   auto* p = static_cast<unsigned char*>(r.allocate(bytes));
   const Mapping m = mapping_of(p);
