@@ -166,8 +166,8 @@ void print_planned(const Options& o, const SideResult& live, const SideResult* r
                 c.holders, c.mib_between, mins,
                 survivors ? format("%.1f", c.mib_kept).c_str() : "-",
                 survivors ? format("%.1f", c.mib_copied).c_str() : "-",
-                bps > 0 ? format("%.2f", bps / 1e9).c_str() : "-",
-                bps > 0 && o.memcpy_bps > 0 ? format("%.2fx", bps / o.memcpy_bps).c_str() : "-",
+                bps > 0 ? format("%.3g", bps / 1e9).c_str() : "-",
+                bps > 0 && o.memcpy_bps > 0 ? format("%.2gx", bps / o.memcpy_bps).c_str() : "-",
                 hwm.c_str());
   }
   if (replicas)
