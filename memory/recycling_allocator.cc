@@ -26,9 +26,9 @@ constexpr size_t kPage = 4096;  // the smallest page size of the hosts Weft runs
 // In 4 KiB pages, although the block was advised MADV_HUGEPAGE (memory/huge_pages.h): a
 // reserve faults in memory that has sat free, and on a VM whose hypervisor takes free memory
 // back (virtio-balloon free page reporting, on the bench host) a fresh 2 MiB page then costs
-// far more than 512 small ones: 781 MiB populated at 0.8-2.5 GB/s in 2 MiB pages against
-// 2.9 GB/s in 4 KiB ones, and in the leave bench the survivors' reserve took 1.3-2.6 s against
-// 0.3-0.5 s. The copies into a reserved block then fault nothing either way.
+// far more than 512 small ones: 781 MiB populated at 0.3-2.5 GB/s in 2 MiB pages against
+// 1.9-2.9 GB/s in 4 KiB ones, and in the leave bench the survivors' reserve took 1.3-2.6 s
+// against 0.24-0.49 s. The copies into a reserved block then fault nothing either way.
 void fault_in(void* p, size_t bytes) {
   const auto at = reinterpret_cast<uintptr_t>(p);
   const uintptr_t lo = (at + kPage - 1) / kPage * kPage, hi = (at + bytes) / kPage * kPage;
