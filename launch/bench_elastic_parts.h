@@ -40,6 +40,7 @@ struct Options {
   // What the workers of the largest world take, as size_job checked it (the estimate times
   // the measured excess): the live side's snapshots are checked beside it (choose_snapshots).
   double workers_bytes = 0;
+  double memcpy_bps = 0;  // reshard, both: one thread's memcpy here, for the transfers' ratio
 };
 
 // What the restart run measured (seconds from the kill).

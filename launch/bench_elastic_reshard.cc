@@ -25,6 +25,7 @@
 #include "comm/store/auth.h"
 #include "launch/bench_elastic.h"
 #include "launch/bench_elastic_planned.h"
+#include "launch/bench_util.h"
 #include "launch/bench_snapshot_parts.h"
 #include "planner/memory_estimate.h"
 
@@ -566,6 +567,10 @@ int run_reshard(Options& o, bool both) {
               gb(16 * o.params).c_str(), gb(4 * planner::estimate_memory(s, 4).total()).c_str(),
               gb(double(planner::available_memory_bytes())).c_str());
   std::printf("  %s\n", o.snapshot_header.c_str());
+  o.memcpy_bps = memcpy_bytes_per_second(size_t(256) << 20);
+  std::printf("  memcpy: %.2f GB/s (one thread, 256 MiB into touched memory, best of 5): the "
+              "transfers' ratio below\n",
+              o.memcpy_bps / 1e9);
   std::fflush(stdout);
 
   const std::string token = comm::auth::generate_token();

@@ -146,8 +146,8 @@ void print_planned(const Options& o, const SideResult& live, const SideResult* r
                 c.transfer, c.resume, c.again,
                 c.comms_ahead ? "communicator connected while the old world ended its step"
                               : "communicator connected in the entry");
-  std::printf("\n%-8s | %7s | %12s | %12s | %9s | %11s | %s\n", "bytes", "holders",
-              "MiB between", "MiB minimum", "MiB kept", "MiB copied",
+  std::printf("\n%-8s | %7s | %12s | %12s | %9s | %11s | %6s | %8s | %s\n", "bytes", "holders",
+              "MiB between", "MiB minimum", "MiB kept", "MiB copied", "GB/s", "x memcpy",
               "peak RSS per live worker (VmHWM, GiB)");
   for (const Change& c : live.changes) {
     std::string hwm;
@@ -158,9 +158,17 @@ void print_planned(const Options& o, const SideResult& live, const SideResult* r
     if (replicas) std::snprintf(mins, sizeof mins, "%.1f", min);
     // From snapshots the resize line counts the bytes between ranks only.
     const bool survivors = c.source == "survivors";
-    std::printf("%-8s | %7d | %12.1f | %12s | %9s | %11s | %s\n", c.name.c_str(), c.holders,
-                c.mib_between, mins, survivors ? format("%.1f", c.mib_kept).c_str() : "-",
-                survivors ? format("%.1f", c.mib_copied).c_str() : "-", hwm.c_str());
+    // Bytes between ranks over rank 0's transfer phase (waiting for the slowest rank to get
+    // there included), against one thread's memcpy.
+    const double bps =
+        c.mib_between > 0 && c.transfer > 0 ? c.mib_between * 1048576 / c.transfer : 0;
+    std::printf("%-8s | %7d | %12.1f | %12s | %9s | %11s | %6s | %8s | %s\n", c.name.c_str(),
+                c.holders, c.mib_between, mins,
+                survivors ? format("%.1f", c.mib_kept).c_str() : "-",
+                survivors ? format("%.1f", c.mib_copied).c_str() : "-",
+                bps > 0 ? format("%.3g", bps / 1e9).c_str() : "-",
+                bps > 0 && o.memcpy_bps > 0 ? format("%.2gx", bps / o.memcpy_bps).c_str() : "-",
+                hwm.c_str());
   }
   if (replicas)
     std::printf(

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -193,6 +194,19 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   size_t k = v.size() / 2;
   return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
+}
+
+double memcpy_bytes_per_second(size_t bytes, int tries) {
+  std::vector<char> src(bytes, 1), dst(bytes, 2);
+  double best = 1e30;
+  for (int i = 0; i < tries; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    const auto t1 = std::chrono::steady_clock::now();
+    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
+    src[size_t(i)] = dst[bytes - 1 - size_t(i)];  // keeps the copies observable
+  }
+  return double(bytes) / best;
 }
 
 double quartile1(std::vector<double> v) {

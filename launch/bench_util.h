@@ -33,6 +33,10 @@ double fma_peak_gflops(int threads);
 double median(std::vector<double> v);
 double quartile1(std::vector<double> v);
 
+// Bytes per second of one thread's memcpy between two buffers of `bytes`, both written
+// before (touched memory: a copy that faults nothing), best of `tries`.
+double memcpy_bytes_per_second(size_t bytes, int tries = 5);
+
 // The overrides of a short timing run: `steps` steps, warm-up below the step count
 // (validation wants it), no evaluation, no log lines, one thread per rank, output in `out`.
 std::vector<std::string> short_run_sets(int steps, const std::string& out);

@@ -8,6 +8,7 @@
 #include <new>
 
 #include "base/check.h"
+#include "memory/huge_pages.h"
 
 namespace weft::memory {
 namespace {
@@ -48,7 +49,7 @@ void* HostAllocator::allocate(size_t bytes, Tag) {
       if (kept_bytes_ > room) release_kept_locked(kept_bytes_ - room);
     }
   }
-  if (!p) p = std::aligned_alloc(kAlignment, rounded);
+  if (!p) p = allocate_host_block(rounded, kAlignment);
   if (!p) throw std::bad_alloc();
   std::lock_guard<std::mutex> lock(mu_);
   sizes_[p] = bytes;
@@ -64,11 +65,13 @@ void* HostAllocator::allocate(size_t bytes, Tag) {
 
 void HostAllocator::free(void* ptr) {
   bool keep = false;
+  size_t rounded = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = sizes_.find(ptr);
     WEFT_CHECK(it != sizes_.end(), "HostAllocator::free of a pointer it did not allocate: ", ptr);
-    const size_t bytes = it->second, rounded = round_block(bytes);
+    const size_t bytes = it->second;
+    rounded = round_block(bytes);
     stats_.bytes_live -= bytes;
     rounded_live_ -= rounded;
     stats_.num_frees++;
@@ -83,7 +86,7 @@ void HostAllocator::free(void* ptr) {
     }
     stats_.bytes_reserved = rounded_live_ + kept_bytes_;
   }
-  if (!keep) std::free(ptr);
+  if (!keep) free_host_block(ptr, rounded);
 }
 
 void HostAllocator::release_kept_locked(size_t want_free) {
@@ -100,7 +103,8 @@ void HostAllocator::release_kept_locked(size_t want_free) {
     kept_.erase(oldest);
     kept_bytes_ -= rounded;
     freed += rounded;
-    std::free(p);  // under the lock: a kept block is no one's, and free does not call back
+    // Under the lock: a kept block is no one's, and freeing it does not call back.
+    free_host_block(p, rounded);
   }
   stats_.bytes_reserved = rounded_live_ + kept_bytes_;
 }

@@ -10,7 +10,8 @@
 // never make the footprint (live plus kept) exceed the most that was ever live, and never
 // exceed 1/32 of the machine's memory: several workers of a node, each holding its own peak
 // for good, plus their snapshot slots, ran a 24 GB machine out of memory (a 354M job at
-// two ranks with snapshot.every 1).
+// two ranks with snapshot.every 1). Blocks of 32 MiB and more are in transparent huge pages
+// (memory/huge_pages.h).
 #pragma once
 
 #include <cstdint>

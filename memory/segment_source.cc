@@ -1,10 +1,12 @@
-// HostSegmentSource: aligned_alloc with an optional capacity to emulate a full device.
+// HostSegmentSource: host blocks (big ones in huge pages, memory/huge_pages.h) with an
+// optional capacity to emulate a full device.
 #include "memory/segment_source.h"
 
 #include <cstdint>
 #include <cstdlib>
 
 #include "base/check.h"
+#include "memory/huge_pages.h"
 
 namespace weft::memory {
 
@@ -16,7 +18,7 @@ void* HostSegmentSource::reserve(size_t bytes) {
     if (bytes > capacity_ - held_) return nullptr;
     held_ += bytes;
   }
-  void* p = std::aligned_alloc(kSegmentAlignment, bytes);
+  void* p = allocate_host_block(bytes, kSegmentAlignment);
   if (!p) {
     std::lock_guard<std::mutex> lock(mu_);
     held_ -= bytes;
@@ -25,7 +27,7 @@ void* HostSegmentSource::reserve(size_t bytes) {
 }
 
 void HostSegmentSource::release(void* ptr, size_t bytes) {
-  std::free(ptr);
+  free_host_block(ptr, bytes);
   std::lock_guard<std::mutex> lock(mu_);
   held_ -= bytes;
 }

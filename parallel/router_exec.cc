@@ -29,7 +29,11 @@
 // in that round or earlier, so the earliest need is a round's wait whose peers are all in
 // that round (an earlier need would be earlier), where the rule above holds. So no cycle
 // forms with them either.
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -80,6 +84,20 @@ void copy_box(void* dst, const std::vector<int64_t>& dst_shape,
 }
 
 namespace {
+
+// Minor page faults the calling thread has taken (its own, not its process's: the router's
+// thread and nothing beside it).
+int64_t thread_minor_faults() {
+  rusage ru{};
+  return ::getrusage(RUSAGE_THREAD, &ru) == 0 ? int64_t(ru.ru_minflt) : 0;
+}
+
+// `x` with `digits` decimals.
+std::string fixed(double x, int digits) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.*f", digits, x);
+  return b;
+}
 
 std::vector<int64_t> local_coords(const StateBox& b, const std::vector<int64_t>& global) {
   std::vector<int64_t> out(global.size());
@@ -355,6 +373,15 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
   const std::vector<int> adopt = adopted_locals(plan, a, b, rank);
   std::vector<char> adopted(rb.locals.size(), 0);  // decided at the local's allocation
   TransitionStats st;
+  using Clock = std::chrono::steady_clock;
+  const auto started = Clock::now();
+  const int64_t faults_before = thread_minor_faults();
+  // Adds the time `f` takes to `into`.
+  auto timed = [](double& into, auto&& f) {
+    const auto t0 = Clock::now();
+    f();
+    into += std::chrono::duration<double>(Clock::now() - t0).count();
+  };
   auto progress = [&] {
     if (opt.on_progress) opt.on_progress(st);
   };
@@ -536,7 +563,9 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           const Transfer& t = plan.transfers[size_t(op.index)];
           if (adopted[size_t(rb.boxes[size_t(t.dst_box)].local)]) break;
           Endpoint s = src_end(a, t, src), d = dst_end(b, t, dst);
-          copy_box(d.data, d.shape, d.start, s.data, s.shape, s.start, t.extent, elem_of(t));
+          timed(st.seconds_local_copy, [&] {
+            copy_box(d.data, d.shape, d.start, s.data, s.shape, s.start, t.extent, elem_of(t));
+          });
           land(op.index);
           st.bytes_copied += t.bytes;
           progress();
@@ -593,12 +622,15 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
             if (shm_out) {
               out.emplace(plan, *shm_out, a, src, true);
               s = {shm_out->dst, shm_out->bytes,
-                   [&](int64_t at, char* buf, int64_t n) { out->move(at, buf, n, true); }};
+                   [&](int64_t at, char* buf, int64_t n) {
+                     timed(st.seconds_packing, [&] { out->move(at, buf, n, true); });
+                   }};
             }
             if (shm_in) {
               in.emplace(plan, *shm_in, b, dst, false);
               r = {shm_in->src, shm_in->bytes, [&](int64_t at, const char* buf, int64_t n) {
-                     in->move(at, const_cast<char*>(buf), n, false);
+                     timed(st.seconds_unpacking,
+                           [&] { in->move(at, const_cast<char*>(buf), n, false); });
                    }};
             }
             // The incoming message lands with its last chunk, before anything that may throw
@@ -660,6 +692,8 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
     for (comm::Work& w : acks_out) w.wait();
   } catch (...) {
     if (shm) shm->abort();
+    st.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    st.page_faults = thread_minor_faults() - faults_before;
     if (stats) *stats = st;
     if (arrived_out) {
       // Whole tensors, and the landed boxes of the partly filled ones: the only copy of a
@@ -689,6 +723,8 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
   hold(-int64_t(send_stage.defined() ? send_cap : 0) -
        int64_t(recv_stage.defined() ? recv_cap : 0));
   send_stage = recv_stage = core::Tensor();
+  st.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  st.page_faults = thread_minor_faults() - faults_before;
   if (stats) *stats = st;
   // Which transport carried what (WEFT_LOG_LEVEL=debug WEFT_LOG_SUBSYS=router): the resize
   // line reports only the plan's totals; tests of ranks on different hosts check that nothing
@@ -698,7 +734,10 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
              " B out, ", st.bytes_received_shm, " B in through shared memory; ",
              st.bytes_sent_striped, " B out, ", st.bytes_received_striped, " B in striped over ",
              links.size(), " connections; ", st.bytes_adopted, " B adopted, ", st.bytes_copied,
-             " B copied");
+             " B copied; ", fixed(st.seconds, 3), " s, of which local copies ",
+             fixed(st.seconds_local_copy, 3), ", packing ", fixed(st.seconds_packing, 3),
+             ", unpacking ", fixed(st.seconds_unpacking, 3), "; ", st.page_faults,
+             " page faults");
   return dst;
 }
 

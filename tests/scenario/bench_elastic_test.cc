@@ -157,9 +157,19 @@ TEST(BenchElastic, TinyBothPrintsEveryChangeOnBothSidesAndEndsOk) {
       ++phases;
     } else if (table == "bytes") {
       std::vector<std::string> c = cells_of(l);
-      ASSERT_EQ(c.size(), 7u) << l;
+      ASSERT_EQ(c.size(), 9u) << l;
       EXPECT_GT(std::stoi(c[1]), 0) << l;  // holders
       for (size_t k = 2; k < 6; ++k) EXPECT_GE(std::stod(c[k]), 0) << l;
+      // The transfer's rate and its ratio to memcpy where bytes moved between ranks, "-" else.
+      if (std::stod(c[2]) > 0 && c[6] != "-") {
+        EXPECT_GT(std::stod(c[6]), 0) << l;
+        ASSERT_FALSE(c[7].empty()) << l;
+        EXPECT_EQ(c[7].back(), 'x') << l;
+        EXPECT_GT(std::stod(c[7]), 0) << l;
+      } else {
+        EXPECT_EQ(c[6], "-") << l;
+        EXPECT_EQ(c[7], "-") << l;
+      }
       // Never less than the minimum between ranks (what the new layout needs that its rank
       // does not hold); a DP shrink keeps every byte where it is: nothing moves or is copied.
       EXPECT_GE(std::stod(c[2]), std::stod(c[3]) - 0.05) << l;
