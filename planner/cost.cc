@@ -201,8 +201,11 @@ OpWork op_work(const core::Op& op, const std::string& part, const std::vector<co
   } else {
     w.flop = total(ins);
   }
-  // A custom rule's stage (ce.max, norm.sumsq, ...) is not the kernel that was timed.
-  if (part.empty()) w.rated = rated_op(t);
+  // A custom rule's stage (ce.max, norm.sumsq, ...) is not the kernel that was timed. The
+  // MoE layer's are: the fused op chains the same stage kernels (core/cpu/moe.h) that its
+  // expert-parallel stages run apart, so each stage's FLOPs at the layer's rate, and the
+  // stages of one layer sum to the whole layer's price.
+  if (part.empty() || t == "moe" || t == "moe.bwd") w.rated = rated_op(t);
   return w;
 }
 

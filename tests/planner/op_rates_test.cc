@@ -288,9 +288,10 @@ TEST(OpRates, TheSimulatorPricesAMoeStepFromThem) {
   EXPECT_NEAR(d.step, d.instrs, 1e-3 * d.instrs);
 }
 
-TEST(OpRates, AnExpertParallelLayersStagesKeepTheirPricing) {
+TEST(OpRates, AnExpertParallelLayersStagesArePricedAtTheLayersRate) {
   // Under ep2 the layer runs as its custom rule's stages (route, experts, combine, with the
-  // all_to_all_v between them), not the kernel that was timed: the rates leave it as it was.
+  // all_to_all_v between them): the fused op's own stage kernels run apart, so each is
+  // priced at the layer's rate by its own FLOPs, and the step moves by what they take more.
   CostModel base;
   base.op_overhead = 3e-6;
   CostModel rated = base;
@@ -299,10 +300,29 @@ TEST(OpRates, AnExpertParallelLayersStagesKeepTheirPricing) {
   core::JobSpec s = test_util::moe_spec(4, 2);
   s.parallel.ep = 2;
   const MoeDelta d = moe_delta(s, 2, base, rated);
-  EXPECT_GT(d.parts, 0);
+  // layers, forward and backward, 3 stages, 2 micro-batches (the batch is split over the ranks)
+  EXPECT_EQ(d.parts, 2 * 2 * 3 * 2);
   EXPECT_EQ(d.whole, 0);
-  EXPECT_EQ(d.instrs, 0);
-  EXPECT_EQ(d.step, 0);
+  ASSERT_GT(d.instrs, 0);
+  EXPECT_NEAR(d.step, d.instrs, 1e-3 * d.instrs);
+
+  // On the whole layer's shapes the three stages' FLOPs are the layer's: at the rate they
+  // cost what the fused op costs, plus an instruction's overhead for each extra stage.
+  core::ModelGraph mg = build_planning_graph(test_util::moe_spec(4, 2));
+  for (const char* type : kMoeTypes) {
+    const core::Op& op = *first_op(mg.graph, type);
+    std::vector<core::Shape> ins, outs;
+    for (int v : op.inputs) ins.push_back(mg.graph.value(v).shape);
+    for (int v : op.outputs) outs.push_back(mg.graph.value(v).shape);
+    double stages = 0;
+    for (const char* part : {"moe.route", "moe.experts", "moe.combine"}) {
+      const OpWork w = op_work(op, part, ins, outs, 4);
+      EXPECT_EQ(w.rated, rated_op(type)) << type << " " << part;
+      EXPECT_DOUBLE_EQ(rated.compute_alone(w), 3e-6 + w.flop / rated.op_rates[size_t(rated_op(type))]);
+      stages += rated.compute_alone(w);
+    }
+    EXPECT_NEAR(stages, rated.compute_alone(whole_work(mg.graph, op)) + 2 * 3e-6, 1e-12) << type;
+  }
 }
 
 TEST(OpRates, MoeRatesRoundTripAndAFileWithoutThemKeepsTheOldPricing) {
