@@ -25,10 +25,12 @@ double total(const std::vector<core::Shape>& v) {
 }  // namespace
 
 const char* const kRatedOpTypes[kRatedOps] = {
-    "attention", "attention.bwd", "gqa_attention", "gqa_attention.bwd", "layernorm",
-    "layernorm.bwd", "rmsnorm", "rmsnorm.bwd", "gelu", "gelu.bwd", "swiglu", "swiglu.bwd",
-    "rope", "rope.bwd", "add", "add.bwd", "cross_entropy", "cross_entropy.bwd", "embedding",
-    "embedding.bwd", "adamw", "global_norm", "moe", "moe.bwd"};
+    "attention",     "attention.bwd",     "gqa_attention", "gqa_attention.bwd",
+    "layernorm",     "layernorm.bwd",     "rmsnorm",       "rmsnorm.bwd",
+    "gelu",          "gelu.bwd",          "swiglu",        "swiglu.bwd",
+    "rope",          "rope.bwd",          "add",           "add.bwd",
+    "cross_entropy", "cross_entropy.bwd", "embedding",     "embedding.bwd",
+    "adamw",         "global_norm",       "moe",           "moe.bwd"};
 
 int rated_op(const std::string& type) {
   for (int i = 0; i < kRatedOps; ++i)

@@ -261,9 +261,9 @@ TEST(Hardware, CalibrateWritesACacheThatPlanUses) {
     EXPECT_EQ(hw->sync_wait_oversub_more_ranks, 8);
     EXPECT_FALSE(hw->sync_wait_oversub_more_by_burst.empty());
   }
-  for (const char* type : {"attention", "attention.bwd", "layernorm", "gelu.bwd", "cross_entropy", "adamw", "rmsnorm",
-                           "rmsnorm.bwd", "rope", "rope.bwd", "swiglu", "swiglu.bwd", "gqa_attention",
-                           "gqa_attention.bwd", "moe", "moe.bwd"})
+  for (const char* type : {"attention", "attention.bwd", "layernorm", "gelu.bwd", "cross_entropy",
+                           "adamw", "rmsnorm", "rmsnorm.bwd", "rope", "rope.bwd", "swiglu",
+                           "swiglu.bwd", "gqa_attention", "gqa_attention.bwd", "moe", "moe.bwd"})
     EXPECT_GT(hw->op_rates[size_t(rated_op(type))], 0) << type;
   CostModel m = hw->cost_model("f32");
   EXPECT_FALSE(m == CostModel{});

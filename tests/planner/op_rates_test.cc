@@ -253,7 +253,8 @@ struct MoeDelta {
   double step = 0, instrs = 0;
   int whole = 0, parts = 0;  // MoE compute instructions of rank 0: whole ops, custom-rule stages
 };
-MoeDelta moe_delta(const core::JobSpec& s, int world, const CostModel& base, const CostModel& rated) {
+MoeDelta moe_delta(const core::JobSpec& s, int world, const CostModel& base,
+                   const CostModel& rated) {
   core::ModelGraph mg = build_planning_graph(s);
   PlanOptions o;
   o.cost = base;
@@ -264,7 +265,8 @@ MoeDelta moe_delta(const core::JobSpec& s, int world, const CostModel& base, con
     const Instr& in = p.roles.at(0).program[i];
     if (in.kind != InstrKind::kCompute) continue;
     const std::string& type = mg.graph.op(in.op).type;
-    if (std::find(std::begin(kMoeTypes), std::end(kMoeTypes), type) == std::end(kMoeTypes)) continue;
+    if (std::find(std::begin(kMoeTypes), std::end(kMoeTypes), type) == std::end(kMoeTypes))
+      continue;
     (in.part.empty() ? d.whole : d.parts)++;
     d.instrs += rated.compute_alone(work[0][i]) - base.compute_alone(work[0][i]);
   }
@@ -318,7 +320,8 @@ TEST(OpRates, AnExpertParallelLayersStagesArePricedAtTheLayersRate) {
     for (const char* part : {"moe.route", "moe.experts", "moe.combine"}) {
       const OpWork w = op_work(op, part, ins, outs, 4);
       EXPECT_EQ(w.rated, rated_op(type)) << type << " " << part;
-      EXPECT_DOUBLE_EQ(rated.compute_alone(w), 3e-6 + w.flop / rated.op_rates[size_t(rated_op(type))]);
+      EXPECT_DOUBLE_EQ(rated.compute_alone(w),
+                       3e-6 + w.flop / rated.op_rates[size_t(rated_op(type))]);
       stages += rated.compute_alone(w);
     }
     EXPECT_NEAR(stages, rated.compute_alone(whole_work(mg.graph, op)) + 2 * 3e-6, 1e-12) << type;
@@ -331,13 +334,15 @@ TEST(OpRates, MoeRatesRoundTripAndAFileWithoutThemKeepsTheOldPricing) {
   hw.op_rates[size_t(rated_op("moe.bwd"))] = 5.2e10;
   const std::string yaml = hardware_to_yaml(hw);
   for (const char* type : kMoeTypes)
-    EXPECT_NE(yaml.find(std::string("  ") + type + ": "), std::string::npos) << type << "\n" << yaml;
+    EXPECT_NE(yaml.find(std::string("  ") + type + ": "), std::string::npos) << type << "\n"
+                                                                             << yaml;
   EXPECT_EQ(hardware_from_yaml(yaml, "test").op_rates, hw.op_rates);
 
   // A cache weft calibrate wrote before the MoE layer was timed: its op_rates name only the
   // other types, and the layer is priced as before (GEMM curve or memory bandwidth).
   const Hardware old = hardware_from_yaml(
-      hardware_to_yaml(load_hardware("h100")) + "op_rates: {gelu: 2.0e10, attention: 7.0e10}\n", "t");
+      hardware_to_yaml(load_hardware("h100")) + "op_rates: {gelu: 2.0e10, attention: 7.0e10}\n",
+      "t");
   const CostModel m = old.cost_model("f32"), none = load_hardware("h100").cost_model("f32");
   core::JobSpec s = test_util::moe_spec(4, 2);
   core::ModelGraph mg = build_planning_graph(s);
