@@ -161,8 +161,14 @@ constexpr SyncBurst kSyncBurstsOversub[] = {{"sync_pair_4B_b1", 200, 1},
 // that has it.
 // The GPT first: the types both run (add, the loss, the embedding, AdamW, the gradient norm)
 // keep its rates, as before the Llama was timed. The Llama adds RMSNorm, rotary positions,
-// SwiGLU and grouped-query attention, forward and backward.
-constexpr const char* kOpRateConfigs[] = {"gpt-small.yaml", "llama-small.yaml"};
+// SwiGLU and grouped-query attention, forward and backward; the MoE-GPT its fused MoE layer
+// (router, top-k, dispatch, expert MLPs, combine, balance loss), forward and backward. The
+// MoE layer is timed at the layout models' shape (configs/moe-layout.yaml: 64 tokens of
+// width 32 a micro-batch, 4 experts, top-2), the smallest this project trains: its rate by
+// op_work's FLOPs depends on the shape more than the other kernels' (per-call work of the
+// router and the gathers; 37 GFLOP/s there, 60 at moe-tiny's 128 tokens of width 64), and
+// a layer priced at a larger shape's rate misses the small ones by a third.
+constexpr const char* kOpRateConfigs[] = {"gpt-small.yaml", "llama-small.yaml", "moe-layout.yaml"};
 
 // One model's least seconds and op_work FLOPs per rated type.
 void profile_rated_ops(const char* config, std::array<double, planner::kRatedOps>& least_s,

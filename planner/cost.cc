@@ -25,10 +25,12 @@ double total(const std::vector<core::Shape>& v) {
 }  // namespace
 
 const char* const kRatedOpTypes[kRatedOps] = {
-    "attention", "attention.bwd", "gqa_attention", "gqa_attention.bwd", "layernorm",
-    "layernorm.bwd", "rmsnorm", "rmsnorm.bwd", "gelu", "gelu.bwd", "swiglu", "swiglu.bwd",
-    "rope", "rope.bwd", "add", "add.bwd", "cross_entropy", "cross_entropy.bwd", "embedding",
-    "embedding.bwd", "adamw", "global_norm"};
+    "attention",     "attention.bwd",     "gqa_attention", "gqa_attention.bwd",
+    "layernorm",     "layernorm.bwd",     "rmsnorm",       "rmsnorm.bwd",
+    "gelu",          "gelu.bwd",          "swiglu",        "swiglu.bwd",
+    "rope",          "rope.bwd",          "add",           "add.bwd",
+    "cross_entropy", "cross_entropy.bwd", "embedding",     "embedding.bwd",
+    "adamw",         "global_norm",       "moe",           "moe.bwd"};
 
 int rated_op(const std::string& type) {
   for (int i = 0; i < kRatedOps; ++i)
@@ -201,8 +203,11 @@ OpWork op_work(const core::Op& op, const std::string& part, const std::vector<co
   } else {
     w.flop = total(ins);
   }
-  // A custom rule's stage (ce.max, norm.sumsq, ...) is not the kernel that was timed.
-  if (part.empty()) w.rated = rated_op(t);
+  // A custom rule's stage (ce.max, norm.sumsq, ...) is not the kernel that was timed. The
+  // MoE layer's are: the fused op chains the same stage kernels (core/cpu/moe.h) that its
+  // expert-parallel stages run apart, so each stage's FLOPs at the layer's rate, and the
+  // stages of one layer sum to the whole layer's price.
+  if (part.empty() || t == "moe" || t == "moe.bwd") w.rated = rated_op(t);
   return w;
 }
 

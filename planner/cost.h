@@ -24,8 +24,11 @@ constexpr int kCollKinds = 5;
 // Op types whose kernels are neither GEMMs nor plain copies (attention's loops, the
 // normalisations, the activations, the loss, the optimizer): weft calibrate times each on
 // its own, since pricing them at the GEMM rate or at memcpy's bandwidth is wrong several-fold
-// either way on a CPU (gelu's tanh, adamw's square roots, attention's softmax).
-constexpr int kRatedOps = 22;
+// either way on a CPU (gelu's tanh, adamw's square roots, attention's softmax). The fused
+// MoE layer too: its FLOPs are the expert GEMMs', but at small shapes its time is the
+// router's softmax and top-k, the dispatch and combine gathers and the per-expert loop
+// (2-3x what the GEMM rate gives). New types go at the end, so that an index keeps its type.
+constexpr int kRatedOps = 24;
 extern const char* const kRatedOpTypes[kRatedOps];
 // The index of `type` in kRatedOpTypes, or -1.
 int rated_op(const std::string& type);

@@ -249,7 +249,8 @@ TEST(Hardware, CalibrateWritesACacheThatPlanUses) {
   EXPECT_GT(hw->memory_bw, 0);
   EXPECT_GT(hw->intra.bw, 0);
   // Gloo's 4 MiB reduce-scatter (an all-reduce of the whole buffer) always takes longer than
-  // the fixed part, the small GPT runs every GPT kernel and the small Llama every Llama one.
+  // the fixed part, the small GPT runs every GPT kernel, the small Llama every Llama one and
+  // the MoE layout model the MoE layer.
   EXPECT_FALSE(hw->coll_bw_by_size[size_t(CollKind::kReduceScatter)].empty());
   // Above the cores: the first curve at 4 processes and the one at 8 (this machine's cores
   // permitting), with the ranks of each probe.
@@ -260,9 +261,9 @@ TEST(Hardware, CalibrateWritesACacheThatPlanUses) {
     EXPECT_EQ(hw->sync_wait_oversub_more_ranks, 8);
     EXPECT_FALSE(hw->sync_wait_oversub_more_by_burst.empty());
   }
-  for (const char* type : {"attention", "attention.bwd", "layernorm", "gelu.bwd", "cross_entropy", "adamw", "rmsnorm",
-                           "rmsnorm.bwd", "rope", "rope.bwd", "swiglu", "swiglu.bwd", "gqa_attention",
-                           "gqa_attention.bwd"})
+  for (const char* type : {"attention", "attention.bwd", "layernorm", "gelu.bwd", "cross_entropy",
+                           "adamw", "rmsnorm", "rmsnorm.bwd", "rope", "rope.bwd", "swiglu",
+                           "swiglu.bwd", "gqa_attention", "gqa_attention.bwd", "moe", "moe.bwd"})
     EXPECT_GT(hw->op_rates[size_t(rated_op(type))], 0) << type;
   CostModel m = hw->cost_model("f32");
   EXPECT_FALSE(m == CostModel{});

@@ -211,3 +211,152 @@ TEST(OpRates, LlamasRatesRoundTripAndAFileWithoutThemKeepsTheOldPricing) {
 
 }  // namespace
 }  // namespace weft::planner
+
+namespace weft::planner {
+namespace {
+
+// The MoE-GPT's fused layer (weft calibrate times it on configs/moe-layout.yaml's steps).
+constexpr const char* kMoeTypes[] = {"moe", "moe.bwd"};
+
+TEST(OpRates, TheMoeLayerIsPricedAtItsCalibratedRate) {
+  core::JobSpec s = test_util::moe_spec(4, 2);
+  core::ModelGraph mg = build_planning_graph(s);
+  CostModel before;
+  before.op_overhead = 3e-6;
+  CostModel after = before;
+  after.op_rates[size_t(rated_op("moe"))] = 3.7e10;
+  after.op_rates[size_t(rated_op("moe.bwd"))] = 5.2e10;
+  for (const char* type : kMoeTypes) {
+    const core::Op* op = first_op(mg.graph, type);
+    ASSERT_TRUE(op) << type;
+    const OpWork w = whole_work(mg.graph, *op);
+    EXPECT_EQ(w.rated, rated_op(type)) << type;
+    ASSERT_GT(w.flop, 0) << type;
+    // Without a rate: FLOPs at the GEMM rate or bytes at memory bandwidth, as before.
+    EXPECT_DOUBLE_EQ(before.compute_alone(w), before.compute_alone(w.flop, w.bytes)) << type;
+    // With one: exactly op_overhead + FLOPs at that rate, whatever the other type's rate.
+    const double rate = after.op_rates[size_t(rated_op(type))];
+    EXPECT_DOUBLE_EQ(after.compute_alone(w), 3e-6 + w.flop / rate) << type;
+    CostModel only = before;
+    only.op_rates[size_t(rated_op(type))] = rate;
+    EXPECT_DOUBLE_EQ(only.compute_alone(w), after.compute_alone(w)) << type;
+  }
+  // The types before them keep their indices (a rate array's old entries mean what they meant).
+  EXPECT_EQ(rated_op("global_norm"), 21);
+  EXPECT_EQ(rated_op("moe"), 22);
+  EXPECT_EQ(rated_op("moe.bwd"), 23);
+}
+
+// The simulated step's change when the MoE layer gets `rated`'s rates, and what the plan's
+// whole MoE instructions take more at them (summed by plan_work on their own shapes).
+struct MoeDelta {
+  double step = 0, instrs = 0;
+  int whole = 0, parts = 0;  // MoE compute instructions of rank 0: whole ops, custom-rule stages
+};
+MoeDelta moe_delta(const core::JobSpec& s, int world, const CostModel& base,
+                   const CostModel& rated) {
+  core::ModelGraph mg = build_planning_graph(s);
+  PlanOptions o;
+  o.cost = base;
+  Plan p = make_plan(s, mg.graph, world, o);
+  const PlanWork work = plan_work(p, mg.graph);
+  MoeDelta d;
+  for (size_t i = 0; i < p.roles.at(0).program.size(); ++i) {
+    const Instr& in = p.roles.at(0).program[i];
+    if (in.kind != InstrKind::kCompute) continue;
+    const std::string& type = mg.graph.op(in.op).type;
+    if (std::find(std::begin(kMoeTypes), std::end(kMoeTypes), type) == std::end(kMoeTypes))
+      continue;
+    (in.part.empty() ? d.whole : d.parts)++;
+    d.instrs += rated.compute_alone(work[0][i]) - base.compute_alone(work[0][i]);
+  }
+  d.step = simulate_plan(p, mg.graph, rated).step_s - simulate_plan(p, mg.graph, base).step_s;
+  return d;
+}
+
+TEST(OpRates, TheSimulatorPricesAMoeStepFromThem) {
+  // At world 1 every MoE layer is one whole op: the step moves by exactly what those
+  // instructions take more at the (slower than the GEMM curve) calibrated rates.
+  CostModel base;
+  base.op_overhead = 3e-6;
+  CostModel rated = base;
+  rated.op_rates[size_t(rated_op("moe"))] = 2e8;
+  rated.op_rates[size_t(rated_op("moe.bwd"))] = 3e8;
+  core::JobSpec s = test_util::moe_spec(4, 2);
+  const MoeDelta d = moe_delta(s, 1, base, rated);
+  EXPECT_EQ(d.whole, 2 * 2 * 4);  // 2 layers, forward and backward, 4 micro-batches
+  EXPECT_EQ(d.parts, 0);
+  ASSERT_GT(d.instrs, 0);
+  EXPECT_NEAR(d.step, d.instrs, 1e-3 * d.instrs);
+}
+
+TEST(OpRates, AnExpertParallelLayersStagesArePricedAtTheLayersRate) {
+  // Under ep2 the layer runs as its custom rule's stages (route, experts, combine, with the
+  // all_to_all_v between them): the fused op's own stage kernels run apart, so each is
+  // priced at the layer's rate by its own FLOPs, and the step moves by what they take more.
+  CostModel base;
+  base.op_overhead = 3e-6;
+  CostModel rated = base;
+  rated.op_rates[size_t(rated_op("moe"))] = 2e8;
+  rated.op_rates[size_t(rated_op("moe.bwd"))] = 3e8;
+  core::JobSpec s = test_util::moe_spec(4, 2);
+  s.parallel.ep = 2;
+  const MoeDelta d = moe_delta(s, 2, base, rated);
+  // layers, forward and backward, 3 stages, 2 micro-batches (the batch is split over the ranks)
+  EXPECT_EQ(d.parts, 2 * 2 * 3 * 2);
+  EXPECT_EQ(d.whole, 0);
+  ASSERT_GT(d.instrs, 0);
+  EXPECT_NEAR(d.step, d.instrs, 1e-3 * d.instrs);
+
+  // On the whole layer's shapes the three stages' FLOPs are the layer's: at the rate they
+  // cost what the fused op costs, plus an instruction's overhead for each extra stage.
+  core::ModelGraph mg = build_planning_graph(test_util::moe_spec(4, 2));
+  for (const char* type : kMoeTypes) {
+    const core::Op& op = *first_op(mg.graph, type);
+    std::vector<core::Shape> ins, outs;
+    for (int v : op.inputs) ins.push_back(mg.graph.value(v).shape);
+    for (int v : op.outputs) outs.push_back(mg.graph.value(v).shape);
+    double stages = 0;
+    for (const char* part : {"moe.route", "moe.experts", "moe.combine"}) {
+      const OpWork w = op_work(op, part, ins, outs, 4);
+      EXPECT_EQ(w.rated, rated_op(type)) << type << " " << part;
+      EXPECT_DOUBLE_EQ(rated.compute_alone(w),
+                       3e-6 + w.flop / rated.op_rates[size_t(rated_op(type))]);
+      stages += rated.compute_alone(w);
+    }
+    EXPECT_NEAR(stages, rated.compute_alone(whole_work(mg.graph, op)) + 2 * 3e-6, 1e-12) << type;
+  }
+}
+
+TEST(OpRates, MoeRatesRoundTripAndAFileWithoutThemKeepsTheOldPricing) {
+  Hardware hw = load_hardware("h100");
+  hw.op_rates[size_t(rated_op("moe"))] = 3.7e10;
+  hw.op_rates[size_t(rated_op("moe.bwd"))] = 5.2e10;
+  const std::string yaml = hardware_to_yaml(hw);
+  for (const char* type : kMoeTypes)
+    EXPECT_NE(yaml.find(std::string("  ") + type + ": "), std::string::npos) << type << "\n"
+                                                                             << yaml;
+  EXPECT_EQ(hardware_from_yaml(yaml, "test").op_rates, hw.op_rates);
+
+  // A cache weft calibrate wrote before the MoE layer was timed: its op_rates name only the
+  // other types, and the layer is priced as before (GEMM curve or memory bandwidth).
+  const Hardware old = hardware_from_yaml(
+      hardware_to_yaml(load_hardware("h100")) + "op_rates: {gelu: 2.0e10, attention: 7.0e10}\n",
+      "t");
+  const CostModel m = old.cost_model("f32"), none = load_hardware("h100").cost_model("f32");
+  core::JobSpec s = test_util::moe_spec(4, 2);
+  core::ModelGraph mg = build_planning_graph(s);
+  for (const char* type : kMoeTypes) {
+    const OpWork w = whole_work(mg.graph, *first_op(mg.graph, type));
+    EXPECT_DOUBLE_EQ(m.compute_alone(w), none.compute_alone(w)) << type;
+    EXPECT_DOUBLE_EQ(m.compute_alone(w), m.compute_alone(w.flop, w.bytes)) << type;
+  }
+  // And the plan file keeps them.
+  PlanOptions o;
+  o.cost.op_rates = hw.op_rates;
+  const Plan p = make_plan(s, mg.graph, 1, o);
+  EXPECT_EQ(plan_from_json(plan_to_json(p)).costs.model.op_rates, hw.op_rates);
+}
+
+}  // namespace
+}  // namespace weft::planner
