@@ -461,8 +461,11 @@ Plan plan_from_json(const std::string& text) {
         k.model.flops_by_size.push_back({pt.items[0].number, pt.items[1].number});
       }
     if (const JsonValue* v = cm.find("op_rates")) {  // only in calibrated plans
-      if (v->items.size() != k.model.op_rates.size())
-        bad("costs.model.op_rates: one rate per rated op type (" + std::to_string(k.model.op_rates.size()) + ")");
+      // New rated types are appended (kRatedOpTypes), so a plan written before some were has
+      // fewer: the rest stay unrated (0: priced as before), as in a hardware file without them.
+      if (v->items.size() > k.model.op_rates.size())
+        bad("costs.model.op_rates: at most one rate per rated op type (" +
+            std::to_string(k.model.op_rates.size()) + "), got " + std::to_string(v->items.size()));
       for (size_t i = 0; i < v->items.size(); ++i) k.model.op_rates[i] = v->items[i].number;
     }
     if (const JsonValue* v = cm.find("coll_bw_by_size")) {  // only in calibrated plans

@@ -356,6 +356,20 @@ TEST(OpRates, MoeRatesRoundTripAndAFileWithoutThemKeepsTheOldPricing) {
   o.cost.op_rates = hw.op_rates;
   const Plan p = make_plan(s, mg.graph, 1, o);
   EXPECT_EQ(plan_from_json(plan_to_json(p)).costs.model.op_rates, hw.op_rates);
+
+  // A plan written before the last two types were appended has two rates fewer: it loads,
+  // those two unrated; one with a rate more than there are types is refused.
+  const std::string json = plan_to_json(p);
+  const size_t at = json.find("\"op_rates\":[");
+  ASSERT_NE(at, std::string::npos);
+  const size_t end = json.find(']', at);
+  std::string rates = json.substr(at, end - at);
+  const std::string shorter = rates.substr(0, rates.rfind(',', rates.rfind(',') - 1));
+  auto want = hw.op_rates;
+  want[want.size() - 1] = want[want.size() - 2] = 0;
+  EXPECT_EQ(plan_from_json(json.substr(0, at) + shorter + json.substr(end)).costs.model.op_rates,
+            want);
+  EXPECT_THROW(plan_from_json(json.substr(0, at) + rates + ",1" + json.substr(end)), Error);
 }
 
 }  // namespace
