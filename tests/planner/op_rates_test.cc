@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <iterator>
 #include <set>
+#include <utility>
 
 #include "planner/engine.h"
 #include "planner/hardware.h"
@@ -274,14 +275,20 @@ MoeDelta moe_delta(const core::JobSpec& s, int world, const CostModel& base,
   return d;
 }
 
-TEST(OpRates, TheSimulatorPricesAMoeStepFromThem) {
-  // At world 1 every MoE layer is one whole op: the step moves by exactly what those
-  // instructions take more at the (slower than the GEMM curve) calibrated rates.
+// A cost model and the same with the MoE layer rated slower than the GEMM curve.
+std::pair<CostModel, CostModel> moe_cost_models() {
   CostModel base;
   base.op_overhead = 3e-6;
   CostModel rated = base;
   rated.op_rates[size_t(rated_op("moe"))] = 2e8;
   rated.op_rates[size_t(rated_op("moe.bwd"))] = 3e8;
+  return {base, rated};
+}
+
+TEST(OpRates, TheSimulatorPricesAMoeStepFromThem) {
+  // At world 1 every MoE layer is one whole op: the step moves by exactly what those
+  // instructions take more at the (slower than the GEMM curve) calibrated rates.
+  const auto [base, rated] = moe_cost_models();
   core::JobSpec s = test_util::moe_spec(4, 2);
   const MoeDelta d = moe_delta(s, 1, base, rated);
   EXPECT_EQ(d.whole, 2 * 2 * 4);  // 2 layers, forward and backward, 4 micro-batches
@@ -294,11 +301,7 @@ TEST(OpRates, AnExpertParallelLayersStagesArePricedAtTheLayersRate) {
   // Under ep2 the layer runs as its custom rule's stages (route, experts, combine, with the
   // all_to_all_v between them): the fused op's own stage kernels run apart, so each is
   // priced at the layer's rate by its own FLOPs, and the step moves by what they take more.
-  CostModel base;
-  base.op_overhead = 3e-6;
-  CostModel rated = base;
-  rated.op_rates[size_t(rated_op("moe"))] = 2e8;
-  rated.op_rates[size_t(rated_op("moe.bwd"))] = 3e8;
+  const auto [base, rated] = moe_cost_models();
   core::JobSpec s = test_util::moe_spec(4, 2);
   s.parallel.ep = 2;
   const MoeDelta d = moe_delta(s, 2, base, rated);
