@@ -113,6 +113,12 @@ PeerChannel::~PeerChannel() { io_->close(); }
 
 bool PeerChannel::open() const { return io_->sock.is_open() && !io_->broken && !aborted_; }
 
+bool PeerChannel::cap_receive_buffer(int bytes) {
+  boost::system::error_code ec;
+  io_->sock.set_option(asio::socket_base::receive_buffer_size(bytes), ec);
+  return !ec;
+}
+
 void PeerChannel::abort() {
   aborted_ = true;
   io_->io.stop();  // thread-safe: the call in progress returns from its run loop

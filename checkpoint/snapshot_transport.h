@@ -88,6 +88,12 @@ class PeerChannel {
   // The "no bytes moved" timeout of later calls, for a caller that allows its connect and
   // handshake longer than its transfers.
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  // Caps the kernel's receive buffer of this connection at about `bytes` (SO_RCVBUF, which
+  // also stops its autotuning). A writer sees its peer read only while bytes wait in its own
+  // send queue: those in the peer's receive buffer (up to tcp_rmem's 32 MiB on loopback)
+  // are beyond it, so a reader slower than the buffer over the timeout looks hung to it.
+  // Tests of a slow reader bound that window with it; returns false when the system refuses.
+  bool cap_receive_buffer(int bytes);
 
  private:
   friend class PeerListener;

@@ -46,6 +46,12 @@ TEST(SnapshotTransport, ASlowButSteadyReaderIsNotCutOff) {
   PeerListener listener(
       "127.0.0.1", 0, test_auth(),
       [&](PeerChannel& ch) {
+        // Bytes in this reader's receive buffer are beyond the writer's sight (its send queue
+        // is empty once they are here): with autotuning the buffer grew to several MiB, more
+        // than this reader takes in a timeout, and the writer's wait for the reply timed out
+        // (2 runs in 12 at load 4). 256 KiB (the kernel doubles it) keeps what the writer
+        // cannot see under 10 ms of this reader's pace.
+        EXPECT_TRUE(ch.cap_receive_buffer(256 << 10));
         const nlohmann::json header = ch.receive();
         const size_t n = header.at("bytes").get<size_t>();
         std::vector<uint8_t> got(n);
