@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "checkpoint/parallel_state.h"
+#include "checkpoint/snapshot_views.h"
 #include "core/cpu/kernels.h"
 #include "core/data/dataset.h"
 #include "core/exec/trainer.h"
@@ -519,6 +520,11 @@ void RankTraining::enter_world(const std::string& why) {
       }
       src.insert(src.end(), std::make_move_iterator(t.begin()), std::make_move_iterator(t.end()));
     }
+    // Snapshot parts read in place: the router counts them as held, but their bytes are the
+    // agent's shared memory, mapped, not this process's (the debug line below says so).
+    int64_t view_bytes = 0;
+    for (const core::Tensor& x : src)
+      if (x.defined() && checkpoint::is_snapshot_view(x)) view_bytes += int64_t(x.nbytes());
     // From here on the router holds the only handles (pieces outside the chosen group go
     // now: older than it, or incomplete); what is left of them if the move stops midway is
     // held again below.
@@ -567,7 +573,12 @@ void RankTraining::enter_world(const std::string& why) {
                                    : kept_bytes + ts.bytes_allocated + ts.bytes_staging)),
                " MiB of state (", mib(size_t(ts.bytes_held_start)), " MiB before, ",
                mib(size_t(ts.bytes_adopted + ts.bytes_allocated)), " MiB after; ",
-               free_old ? "the old state freed as it moved" : "the old state kept whole", ")");
+               free_old ? "the old state freed as it moved" : "the old state kept whole",
+               view_bytes > 0 ? str("; the counts include ", mib(size_t(view_bytes)),
+                                    " MiB of snapshot slots read in place: the agent's shared "
+                                    "memory, mapped, not this process's")
+                              : std::string(),
+               ")");
     // Moved: until this world is entered, what the rank holds is the new layout's state of
     // this step (an entry that fails from here on leaves it to the next world).
     if (free_old && !leaving_) {
