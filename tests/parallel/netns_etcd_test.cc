@@ -386,9 +386,16 @@ void lose_the_store_host(Loss loss, const std::string& name) {
   for (size_t k = 0; k < survivors.size(); ++k) {
     const std::string t = job.text(survivors[k]);
     EXPECT_EQ(codes[k], 0) << "host" << survivors[k] << "\n" << logs;
-    EXPECT_NE(t.find("membership changed: epoch 1 -> 2, 3 -> 2 nodes (lost host" +
-                     std::to_string(lost) + "-"),
-              std::string::npos)
+    // Each survivor's agent sees the lost host go. Its restart is announced as the membership
+    // change, or, where its worker's collective failed on the peer's reset before the lost
+    // node's heartbeat expired (3 s), as that worker's failure naming the lost peer (seen in
+    // a full suite under load); both restart into epoch 2, asserted above and below.
+    const std::string host = "host" + std::to_string(lost) + "-";
+    EXPECT_NE(t.find("sees node " + host), std::string::npos) << "host" << survivors[k] << "\n"
+                                                              << logs;
+    EXPECT_TRUE(t.find("membership changed: epoch 1 -> 2, 3 -> 2 nodes (lost " + host) !=
+                    std::string::npos ||
+                t.find("failed: peer rank 0 lost") != std::string::npos)
         << "host" << survivors[k] << "\n"
         << logs;
   }
