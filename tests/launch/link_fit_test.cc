@@ -100,7 +100,9 @@ TEST(LinkFit, LoadOutliersAreLeftOutAndTheTermsRecovered) {
   EXPECT_NEAR(f.launch / clean.launch, 1.0, 1e-9) << f.launch;
   EXPECT_NEAR(f.latency / clean.latency, 1.0, 1e-9) << f.latency;
   EXPECT_NEAR(f.bw / clean.bw, 1.0, 1e-9) << f.bw;
-  EXPECT_LT(f.rms_relative_error, 0.06);
+  // The fit's misfit over the samples it kept (synthetic times, no clock: the +-5% wobble
+  // of probes() leaves 0.0225); with either outlier kept it would be far larger.
+  EXPECT_NEAR(f.rms_relative_error, 0.0225, 0.001);
   EXPECT_NEAR(f.launch / kLaunch, 1.0, 0.25) << f.launch;
   // The outliers are ones: each took over kLoadOutlier times what the true terms give.
   EXPECT_GT(s[0].seconds / (kLaunch + 2 * kLatency + s[0].bytes / kBw), kLoadOutlier);
