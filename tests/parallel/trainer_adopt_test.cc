@@ -74,8 +74,7 @@ void expect_round_trip(const std::string& config, int world, std::vector<std::st
   // Odd: on this data loss_free's bias steps flip every step, so after an even number of
   // steps it is back within rounding of zero and a lost bias would go unnoticed.
   constexpr int kBefore = 3, kAfter = 3;
-  RunOptions ro;
-  ro.deadline = std::chrono::milliseconds(300'000);
+  const RunOptions ro = trainer_run_options();
   RunResult r = run_ranks(
       world,
       [&](RankContext& ctx) {
@@ -355,8 +354,7 @@ void expect_torn(const std::string& config, std::vector<std::string> sets, KillA
     core::BatchFn b = data.batch();
     for (int64_t s = 0; s <= kDieAt; ++s) ref = t.step(b);
   }
-  RunOptions ro;
-  ro.deadline = std::chrono::milliseconds(300'000);
+  const RunOptions ro = trainer_run_options();
   RunResult r = run_ranks(
       2,
       [&](RankContext& ctx) {
@@ -424,8 +422,7 @@ TEST(TrainerTorn, AnAbortedWorldStopsTheStepAtTheNextInstruction) {
   core::JobSpec spec = trainer_spec("gpt-layout.yaml", {"parallel.dp=2", "parallel.zero=1"});
   TrainData data(spec);
   constexpr int64_t kAbortAt = 2;
-  RunOptions ro;
-  ro.deadline = std::chrono::milliseconds(300'000);
+  const RunOptions ro = trainer_run_options();
   RunResult r = run_ranks(
       2,
       [&](RankContext& ctx) {

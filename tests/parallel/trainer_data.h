@@ -3,6 +3,7 @@
 // every forked rank reads the same batches.
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "core/data/dataset.h"
 #include "core/exec/trainer.h"
 #include "tests/parallel/layout_harness.h"
+#include "tests/support/multiprocess.h"
 
 namespace weft::test {
 
@@ -20,6 +22,14 @@ inline core::JobSpec trainer_spec(const std::string& config, std::vector<std::st
   c.config = config;
   c.overrides = std::move(sets);
   return layout_spec(c);
+}
+
+// The harness's options for these tests' ranks: a trainer's reference run and the run under
+// test, each some steps of a small model on one core shared by `world` processes.
+inline RunOptions trainer_run_options() {
+  RunOptions ro;
+  ro.deadline = std::chrono::milliseconds(300'000);
+  return ro;
 }
 
 struct TrainData {

@@ -70,8 +70,7 @@ void expect_finish(const std::string& config, int world, std::vector<std::string
   TrainData data(spec);
   const core::BatchFn batch = data.batch();
   constexpr int64_t kSplitAt = 1;
-  RunOptions ro;
-  ro.deadline = std::chrono::milliseconds(300'000);
+  const RunOptions ro = trainer_run_options();
   RunResult r = run_ranks(
       world,
       [&](RankContext& ctx) {

@@ -45,8 +45,7 @@ void expect_given_groups(const std::vector<std::string>& sets, Given given,
   const core::JobSpec spec = trainer_spec("gpt-layout.yaml", sets);
   TrainData data(spec);
   const core::BatchFn batch = data.batch();
-  RunOptions ro;
-  ro.deadline = std::chrono::milliseconds(300'000);
+  const RunOptions ro = trainer_run_options();
   RunResult r = run_ranks(
       world,
       [&](RankContext& ctx) {

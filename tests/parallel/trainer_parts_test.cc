@@ -39,8 +39,7 @@ void expect_resize_in_place(int world, const std::vector<std::string>& sets) {
   const core::JobSpec spec = trainer_spec("gpt-layout.yaml", sets);
   TrainData data(spec);
   const core::BatchFn batch = data.batch();
-  RunOptions ro;
-  ro.deadline = std::chrono::milliseconds(300'000);
+  const RunOptions ro = trainer_run_options();
   RunResult r = run_ranks(
       world,
       [&](RankContext& ctx) {

@@ -124,6 +124,26 @@ TEST(OpRates, TheHardwareAndPlanFilesKeepThem) {
 }
 
 
+// The first op of `type` in `g`: a whole op of that rated type, priced as before under
+// `before` (no rate: FLOPs at the GEMM rate or bytes at memory bandwidth) and under `after`
+// at exactly before's op_overhead + its FLOPs at after's rate for it, whatever the other
+// types' rates.
+void expect_priced_at_its_rate(const core::Graph& g, const char* type, const CostModel& before,
+                               const CostModel& after) {
+  const core::Op* op = first_op(g, type);
+  ASSERT_TRUE(op) << type;
+  const OpWork w = whole_work(g, *op);
+  EXPECT_EQ(w.rated, rated_op(type)) << type;
+  ASSERT_GT(w.flop, 0) << type;
+  EXPECT_DOUBLE_EQ(before.compute_alone(w), before.compute_alone(w.flop, w.bytes)) << type;
+  const double rate = after.op_rates[size_t(rated_op(type))];
+  ASSERT_GT(rate, 0) << type;
+  EXPECT_DOUBLE_EQ(after.compute_alone(w), before.op_overhead + w.flop / rate) << type;
+  CostModel only = before;
+  only.op_rates[size_t(rated_op(type))] = rate;
+  EXPECT_DOUBLE_EQ(only.compute_alone(w), after.compute_alone(w)) << type;
+}
+
 // Llama's own kernels (weft calibrate times them on configs/llama-small.yaml's steps).
 constexpr const char* kLlamaTypes[] = {"rmsnorm", "rmsnorm.bwd", "rope", "rope.bwd", "swiglu", "swiglu.bwd"};
 
@@ -142,22 +162,7 @@ TEST(OpRates, LlamasKernelsArePricedAtTheirCalibratedRates) {
   CostModel after = before;
   double rate = 1e9;
   for (const char* type : kLlamaTypes) after.op_rates[size_t(rated_op(type))] = rate, rate *= 1.5;
-  rate = 1e9;
-  for (const char* type : kLlamaTypes) {
-    const core::Op* op = first_op(mg.graph, type);
-    ASSERT_TRUE(op) << type;
-    const OpWork w = whole_work(mg.graph, *op);
-    EXPECT_EQ(w.rated, rated_op(type)) << type;
-    ASSERT_GT(w.flop, 0) << type;
-    // Without a rate: FLOPs at the GEMM rate or bytes at memory bandwidth, as before.
-    EXPECT_DOUBLE_EQ(before.compute_alone(w), before.compute_alone(w.flop, w.bytes)) << type;
-    // With one: the op's FLOPs at exactly that rate, whatever the other types' rates.
-    EXPECT_DOUBLE_EQ(after.compute_alone(w), 3e-6 + w.flop / rate) << type;
-    CostModel only = before;
-    only.op_rates[size_t(rated_op(type))] = rate;
-    EXPECT_DOUBLE_EQ(only.compute_alone(w), after.compute_alone(w)) << type;
-    rate *= 1.5;
-  }
+  for (const char* type : kLlamaTypes) expect_priced_at_its_rate(mg.graph, type, before, after);
 }
 
 TEST(OpRates, TheSimulatorPricesALlamaStepFromThem) {
@@ -227,21 +232,7 @@ TEST(OpRates, TheMoeLayerIsPricedAtItsCalibratedRate) {
   CostModel after = before;
   after.op_rates[size_t(rated_op("moe"))] = 3.7e10;
   after.op_rates[size_t(rated_op("moe.bwd"))] = 5.2e10;
-  for (const char* type : kMoeTypes) {
-    const core::Op* op = first_op(mg.graph, type);
-    ASSERT_TRUE(op) << type;
-    const OpWork w = whole_work(mg.graph, *op);
-    EXPECT_EQ(w.rated, rated_op(type)) << type;
-    ASSERT_GT(w.flop, 0) << type;
-    // Without a rate: FLOPs at the GEMM rate or bytes at memory bandwidth, as before.
-    EXPECT_DOUBLE_EQ(before.compute_alone(w), before.compute_alone(w.flop, w.bytes)) << type;
-    // With one: exactly op_overhead + FLOPs at that rate, whatever the other type's rate.
-    const double rate = after.op_rates[size_t(rated_op(type))];
-    EXPECT_DOUBLE_EQ(after.compute_alone(w), 3e-6 + w.flop / rate) << type;
-    CostModel only = before;
-    only.op_rates[size_t(rated_op(type))] = rate;
-    EXPECT_DOUBLE_EQ(only.compute_alone(w), after.compute_alone(w)) << type;
-  }
+  for (const char* type : kMoeTypes) expect_priced_at_its_rate(mg.graph, type, before, after);
   // The types before them keep their indices (a rate array's old entries mean what they meant).
   EXPECT_EQ(rated_op("global_norm"), 21);
   EXPECT_EQ(rated_op("moe"), 22);
