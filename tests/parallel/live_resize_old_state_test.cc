@@ -120,21 +120,31 @@ TEST(LiveResizeOldState, AMoveStoppedByASecondJoinResumesFromThePiecesOfBothLayo
 // first-moment shard into its new one, before the rest of that shard came from rank 0
 // (WEFT_TEST_STALL_MOVE=2:partial): rank 1 then holds that tensor in part and reports the
 // boxes that arrived (parallel::Arrived); the world of four plans from them with the other
-// pieces, resumes at the same step and gives one process's losses.
-TEST(LiveResizeOldState, AMoveStoppedWithATensorFilledInPartResumesFromItsArrivedBoxes) {
+// pieces, resumes at the same step and gives one process's losses. On loopback the rest of
+// the shard would come through shared memory; with `hosts` (each node a network namespace
+// of its own) through the communicator, whose sender frees a source only once its receiver
+// acknowledged it: the router's lines then show no byte through shared memory.
+void stopped_with_a_tensor_filled_in_part(VirtualHosts* hosts) {
   LiveJob job;
-  stopped_join(job, "partial", "partial");
+  stopped_join(job, hosts ? "partial-hosts" : "partial", "partial");
+  job.hosts = hosts;
+  if (hosts)  // the router's byte counts too
+    for (std::string& e : job.env)
+      if (e.rfind("WEFT_LOG_SUBSYS=", 0) == 0) e = "WEFT_LOG_SUBSYS=resize,router";
   const std::vector<std::string> layout = job.sets;
   const fs::path ref = reference_run(job.dir, job.steps, layout);
   job.start_in_order(2);
   ASSERT_TRUE(job.wait_steps(30)) << job.all_logs();
-  job.start();  // epoch 2: world 3
+  const std::vector<pid_t> survivors = {children(job.pid(0)).at(0), children(job.pid(1)).at(0)};
+  job.start(hosts ? 2 : -1);  // epoch 2: world 3
   ASSERT_TRUE(poll_until([&] { return !job.lines_with(1, "the move stops after").empty(); }))
       << job.all_logs();
   const size_t held_step = job.rows().size();
-  job.start();  // epoch 3: world 4
+  job.start(hosts ? 3 : -1);  // epoch 3: world 4
   // Its first line only, as above (the suite saw this world at step 113 of 120).
   ASSERT_TRUE(job.wait_world(4)) << phases_text(job.phases()) << job.all_logs();
+  EXPECT_EQ(children(job.pid(0)), std::vector<pid_t>{survivors[0]}) << job.all_logs();
+  EXPECT_EQ(children(job.pid(1)), std::vector<pid_t>{survivors[1]}) << job.all_logs();
   job.expect_exits({0, 1, 2, 3});
   const std::vector<std::string> held = job.lines_with(1, "the move stopped midway; it holds");
   ASSERT_EQ(held.size(), 1u) << job.text(1);
@@ -143,7 +153,27 @@ TEST(LiveResizeOldState, AMoveStoppedWithATensorFilledInPartResumesFromItsArrive
   ASSERT_NE(at, std::string::npos) << held[0];
   EXPECT_GT(std::stoll(held[0].substr(at + 5)), 0) << held[0];
   EXPECT_NE(held[0].find("boxes of tensors that arrived in part"), std::string::npos) << held[0];
+  if (hosts) {
+    // Every move's router line on every rank (the move into epoch 3 wrote one on each).
+    for (int k : {0, 1, 2, 3}) {
+      const std::vector<std::string> lines = job.lines_with(k, "router transition (rank ");
+      ASSERT_FALSE(lines.empty()) << job.text(k);
+      for (const std::string& l : lines)
+        EXPECT_NE(l.find("; 0 B out, 0 B in through shared memory"), std::string::npos) << l;
+    }
+  }
   ASSERT_NO_FATAL_FAILURE(expect_resumed_from_pieces(job, held_step, ref));
+}
+
+TEST(LiveResizeOldState, AMoveStoppedWithATensorFilledInPartResumesFromItsArrivedBoxes) {
+  stopped_with_a_tensor_filled_in_part(nullptr);
+}
+
+TEST(LiveResizeOldState, AMoveStoppedBetweenHostsWithATensorFilledInPartResumesFromItsArrivedBoxes) {
+  std::string why;
+  if (!VirtualHosts::available(&why)) GTEST_SKIP() << why;
+  VirtualHosts hosts(4);
+  stopped_with_a_tensor_filled_in_part(&hosts);
 }
 
 }  // namespace
