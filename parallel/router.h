@@ -158,10 +158,13 @@ struct TransitionStats {
   // (the sources awaiting acknowledgements would have raised the rank above its peak).
   int64_t acks_sent = 0, acks_awaited = 0, ack_waits = 0;
   // Where the call's time went, for the debug line (WEFT_LOG_SUBSYS=router): its wall time;
-  // of it the local copies, the packing into and unpacking out of shared memory (the bytes'
-  // copies, page faults of fresh destinations included), the rest waiting for peers; and
-  // the minor page faults the calling thread took meanwhile.
-  double seconds = 0, seconds_local_copy = 0, seconds_packing = 0, seconds_unpacking = 0;
+  // of it the shared-memory setup (collective: it lasts until the last rank reached the
+  // move, so across ranks it shows how far apart they arrived), the local copies, the
+  // packing into and unpacking out of shared memory (the bytes' copies, page faults of
+  // fresh destinations included), the rest waiting for peers in the rounds; and the minor
+  // page faults the calling thread took meanwhile.
+  double seconds = 0, seconds_setup = 0, seconds_local_copy = 0, seconds_packing = 0,
+         seconds_unpacking = 0;
   int64_t page_faults = 0;
 };
 

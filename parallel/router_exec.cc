@@ -385,7 +385,8 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
   auto progress = [&] {
     if (opt.on_progress) opt.on_progress(st);
   };
-  std::unique_ptr<ShmTransport> shm = connect_shm(plan, a, b, comm, opt);
+  std::unique_ptr<ShmTransport> shm;
+  timed(st.seconds_setup, [&] { shm = connect_shm(plan, a, b, comm, opt); });
   if (shm) st.bytes_shm_reserved = shm->bytes_reserved();
   // Bytes held in tensors (TransitionStats::bytes_held_peak); `adopter` marks the sources that
   // live on as a destination, whose release frees nothing.
@@ -734,10 +735,14 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
              " B out, ", st.bytes_received_shm, " B in through shared memory; ",
              st.bytes_sent_striped, " B out, ", st.bytes_received_striped, " B in striped over ",
              links.size(), " connections; ", st.bytes_adopted, " B adopted, ", st.bytes_copied,
-             " B copied; ", fixed(st.seconds, 3), " s, of which local copies ",
+             " B copied; ", fixed(st.seconds, 3), " s, of which shared-memory setup ",
+             fixed(st.seconds_setup, 3), " (until the last rank reached the move), local copies ",
              fixed(st.seconds_local_copy, 3), ", packing ", fixed(st.seconds_packing, 3),
-             ", unpacking ", fixed(st.seconds_unpacking, 3), "; ", st.page_faults,
-             " page faults");
+             ", unpacking ", fixed(st.seconds_unpacking, 3), ", waiting in the rounds ",
+             fixed(std::max(0.0, st.seconds - st.seconds_setup - st.seconds_local_copy -
+                                     st.seconds_packing - st.seconds_unpacking),
+                   3),
+             "; ", st.page_faults, " page faults");
   return dst;
 }
 

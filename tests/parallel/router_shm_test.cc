@@ -258,6 +258,60 @@ std::vector<std::string> shm_left(const fs::path& dir) {
 
 void write_file(const fs::path& p, const std::string& text) { std::ofstream(p) << text; }
 
+// The shared-memory setup is collective: a rank that reaches the move first waits there for
+// the last one, and its stats say so (the router's debug line shows, rank by rank, how far
+// apart the ranks reached the move). Rank 1 calls run_transition 300 ms after rank 0 said it
+// was calling it (steady_clock is the machine's monotonic clock, the same in both
+// processes); rank 0's setup cannot end before rank 1 took part: it lasts the 300 ms less
+// what rank 0 did between saying so and starting it (50 ms allowed for being descheduled
+// there), and its parts of the wall time add up to no more than the wall time.
+TEST(RouterShmStats, SetupLastsUntilTheLastRankReachesTheMove) {
+  StateSpace space = one_state({256, 64});
+  Layout a, b;
+  a.ranks.resize(2), b.ranks.resize(2);
+  a.hosts = b.hosts = {0, 0};
+  hold(a, 0, {0, 0}, {128, 64}), hold(a, 1, {128, 0}, {128, 64});
+  hold(b, 0, {0, 0}, {256, 32}), hold(b, 1, {0, 32}, {256, 32});
+  const TransferPlan plan = transition(space, a, b, RouterOptions{1 << 20});
+  char tmpl[] = "/tmp/weft-router-late-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const fs::path calling = fs::path(tmpl) / "rank0-calling";
+  constexpr double kLate = 0.3;
+  test::RunResult result = test::run_ranks(2, [&](test::RankContext& ctx) {
+    test::RankWorld w = test::gloo_world(ctx, "router", milliseconds(30'000));
+    const int r = ctx.rank();
+    std::vector<core::Tensor> src = allocate_locals(a.ranks[size_t(r)]);
+    fill(space, a.ranks[size_t(r)], src);
+    using Clock = std::chrono::steady_clock;
+    if (r == 0) {
+      write_file(calling.string() + ".tmp",
+                 std::to_string(Clock::now().time_since_epoch().count()));
+      fs::rename(calling.string() + ".tmp", calling);
+    } else {
+      while (!fs::exists(calling)) std::this_thread::sleep_for(milliseconds(1));
+      std::ifstream in(calling);
+      long long t0 = 0;
+      in >> t0;
+      std::this_thread::sleep_until(Clock::time_point(Clock::duration(t0)) +
+                                    std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(kLate)));
+    }
+    TransitionStats st;
+    std::vector<core::Tensor> dst = run_transition(plan, a, b, r, src, *w.comm, {}, &st);
+    EXPECT_EQ(mismatches(space, b.ranks[size_t(r)], dst), 0) << "rank " << r;
+    EXPECT_GT(st.bytes_received_shm, 0) << "rank " << r;
+    EXPECT_LE(st.seconds_setup + st.seconds_local_copy + st.seconds_packing +
+                  st.seconds_unpacking,
+              st.seconds + 1e-9)
+        << "rank " << r;
+    if (r == 0) {
+      EXPECT_GE(st.seconds_setup, kLate - 0.05) << "rank 0 set up before rank 1 reached the move";
+    }
+  });
+  EXPECT_TRUE(result.ok()) << result.summary();
+  fs::remove_all(tmpl);
+}
+
 // Rank 0 holds a [3 * 256Ki] f32 state whole and sends each of ranks 1..3 one third (1 MiB,
 // 16 chunks of 64 KiB) in rounds 0, 1, 2. After its second chunk rank 0 either dies
 // (SIGKILL) or stops until the others have given up. The others must throw a CommError
