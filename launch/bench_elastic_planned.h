@@ -30,6 +30,9 @@ struct Change {
   // Live only: the resize line's phases and bytes, and the live workers' VmHWM after it.
   double again = 0, membership = 0, communicators = 0, plan = 0, read = 0, transfer = 0,
          resume = 0;
+  // Of `transfer`, rank 0's wait until the last rank reached the move (the line's "of the
+  // transfer, X s until the last rank reached the move"; 0 when it says nothing).
+  double transfer_wait = 0;
   // Live only: where the new world's state came from (the resize line): "survivors",
   // "snapshots" (origins: "1 own, 2 replicas") or "checkpoint"; the steps it went back.
   std::string source = "survivors", origins;

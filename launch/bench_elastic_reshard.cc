@@ -255,6 +255,8 @@ void parse_resize(Change& c, const std::string& s) {
   } else {
     throw Error("the resize line does not say where its state came from: " + s);
   }
+  static const std::regex waited(R"(of the transfer, ([\d.]+) s until the last rank reached the move)");
+  if (std::regex_search(s, m, waited)) c.transfer_wait = std::stod(m[1]);
   if (!std::regex_search(s, m, again)) throw Error("no phases in the resize line: " + s);
   c.again = std::stod(m[1]);
   c.membership = std::stod(m[2]);

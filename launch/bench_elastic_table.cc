@@ -146,9 +146,9 @@ void print_planned(const Options& o, const SideResult& live, const SideResult* r
                 c.transfer, c.resume, c.again,
                 c.comms_ahead ? "communicator connected while the old world ended its step"
                               : "communicator connected in the entry");
-  std::printf("\n%-8s | %7s | %12s | %12s | %9s | %11s | %6s | %8s | %s\n", "bytes", "holders",
-              "MiB between", "MiB minimum", "MiB kept", "MiB copied", "GB/s", "x memcpy",
-              "peak RSS per live worker (VmHWM, GiB)");
+  std::printf("\n%-8s | %7s | %12s | %12s | %9s | %11s | %6s | %8s | %12s | %s\n", "bytes",
+              "holders", "MiB between", "MiB minimum", "MiB kept", "MiB copied", "GB/s",
+              "x memcpy", "all ranks in", "peak RSS per live worker (VmHWM, GiB)");
   for (const Change& c : live.changes) {
     std::string hwm;
     for (double g : c.hwm_gib) hwm += (hwm.empty() ? "" : " ") + fixed3(g).substr(0, fixed3(g).size() - 1);
@@ -159,16 +159,22 @@ void print_planned(const Options& o, const SideResult& live, const SideResult* r
     // From snapshots the resize line counts the bytes between ranks only.
     const bool survivors = c.source == "survivors";
     // Bytes between ranks over rank 0's transfer phase (waiting for the slowest rank to get
-    // there included), against one thread's memcpy.
+    // there included), against one thread's memcpy; "all ranks in": over the same phase less
+    // that wait (the resize line's "until the last rank reached the move"), the rate of the
+    // bytes once every rank moves them. The wait itself is another rank's reserve.
     const double bps =
         c.mib_between > 0 && c.transfer > 0 ? c.mib_between * 1048576 / c.transfer : 0;
-    std::printf("%-8s | %7d | %12.1f | %12s | %9s | %11s | %6s | %8s | %s\n", c.name.c_str(),
-                c.holders, c.mib_between, mins,
+    const double moving = c.transfer - c.transfer_wait;
+    const double bps_in = c.mib_between > 0 && moving > 0 ? c.mib_between * 1048576 / moving : 0;
+    auto ratio = [&](double b) {
+      return b > 0 && o.memcpy_bps > 0 ? format("%.2gx", b / o.memcpy_bps) : std::string("-");
+    };
+    std::printf("%-8s | %7d | %12.1f | %12s | %9s | %11s | %6s | %8s | %12s | %s\n",
+                c.name.c_str(), c.holders, c.mib_between, mins,
                 survivors ? format("%.1f", c.mib_kept).c_str() : "-",
                 survivors ? format("%.1f", c.mib_copied).c_str() : "-",
-                bps > 0 ? format("%.3g", bps / 1e9).c_str() : "-",
-                bps > 0 && o.memcpy_bps > 0 ? format("%.2gx", bps / o.memcpy_bps).c_str() : "-",
-                hwm.c_str());
+                bps > 0 ? format("%.3g", bps / 1e9).c_str() : "-", ratio(bps).c_str(),
+                ratio(bps_in).c_str(), hwm.c_str());
   }
   if (replicas)
     std::printf(

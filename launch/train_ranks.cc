@@ -79,6 +79,9 @@ struct Arrival {
   int64_t bytes_adopted = 0;  // this rank's: kept in place (no copy)
   int64_t bytes_local = 0;    // this rank's: copied within the rank
   double wait = 0, comms = 0, plan = 0, fetch = 0, transfer = 0, resume = 0;
+  // Of `transfer`, the router's shared-memory setup: collective, so it lasts until the last
+  // rank reached the move (the others' reserve waits show here, not as bytes moving).
+  double transfer_setup = 0;
   bool comms_ahead = false;  // the world was connected while the old one ended its step
   int splits_ahead = 0;       // and that many splits of it (trainers' part, process groups)
   // This rank's old state went to the router as the only handles, freed as it moved: a
@@ -102,6 +105,16 @@ std::string rolled_note(const Arrival& a) {
 
 // What was connected while the old world ended its step: the world, and with it the
 // trainers' part and process groups (`groups_given`: the trainer took them).
+// The part of the transfer phase that waited for the last rank to reach the move: a rate
+// over the transfer phase alone would count another rank's reserve as slow bytes.
+std::string setup_note(const Arrival& a) {
+  if (a.transfer_setup < 0.005) return "";
+  char b[96];
+  std::snprintf(b, sizeof b, "; of the transfer, %.2f s until the last rank reached the move",
+                a.transfer_setup);
+  return b;
+}
+
 std::string ahead_note(const Arrival& a, bool groups_given) {
   if (!a.comms_ahead) return "";
   std::string s = "; its communicator was connected while the old world ended its step";
@@ -597,6 +610,7 @@ void RankTraining::enter_world(const std::string& why) {
     // the next epoch, which still lists the departing nodes, take their state again.
     if (env_.world > train_world_) comm.barrier().wait();
     arrival_.transfer = since(t);
+    arrival_.transfer_setup = ts.seconds_setup;
     t = Clock::now();
     laps.lap("transfer");
     if (leaving_) {
@@ -860,7 +874,8 @@ void RankTraining::print_arrival(const std::string& why, int old_world, int64_t 
       (long long)old_epoch, (long long)env_.rdzv_epoch, old_world, train_world_, (long long)d.dp,
       (long long)d.tp, (long long)d.pp, (long long)d.ep, (long long)trainer_->current_step(),
       why.c_str(), (from + rolled_note(a)).c_str(), since(change_at_), a.wait, a.comms, a.plan,
-      a.fetch, a.transfer, a.resume, ahead_note(a, trainer_->groups_given()).c_str());
+      a.fetch, a.transfer, a.resume,
+      (setup_note(a) + ahead_note(a, trainer_->groups_given())).c_str());
   std::fflush(stdout);
 }
 
