@@ -81,6 +81,7 @@ int attribute_layout(const std::string& config, const std::vector<std::string>& 
   const LayoutTimes t = run_layout(config, sets, world, steps, "attribute");
   ::unsetenv("WEFT_INSTR_TIMES");
   if (!t.error.empty()) {
+    std::filesystem::remove_all(dir);
     std::fprintf(stderr, "the run failed: %s\n", t.error.c_str());
     return 1;
   }
@@ -150,7 +151,7 @@ int attribute_layout(const std::string& config, const std::vector<std::string>& 
   predicted += sim.exchange_s;
   std::printf("%-44s | %5s | %11.3f | %11s | %12.3f | %+10.3f\n", "sum of the program", "", (measured + tail) * 1e3,
               "", predicted * 1e3, (measured + tail - predicted) * 1e3);
-  std::printf("outside the program (trainer: loads of the batch, statistics exchange, ...): %.3f ms measured\n",
+  std::printf("outside the program (the trainer's batch and metrics): %.3f ms measured\n",
               t.mean_ms - (measured + tail) * 1e3);
   return 0;
 }
