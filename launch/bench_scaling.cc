@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "core/config/job_spec.h"
 #include "launch/args.h"
+#include "launch/bench_attribute.h"
 #include "launch/bench_util.h"
 #include "launch/calibration.h"
 #include "planner/hardware.h"
@@ -124,12 +125,15 @@ constexpr const char* kHelp = R"(usage: weft bench scaling [--quick] [--steps N]
   --recalibrate  measure the machine again (and rewrite its cache) before the runs
   --probe-only   print the Gloo probe at 2, 4 and 8 processes and stop
   --exec-only    print world-1 steps of the layout models, single-process vs executor
+  --attribute ROW  run one row (its name, e.g. "dp2 zero2") under the executor's
+                 per-instruction timing and print its rank's time by instruction group beside
+                 the model's price of each (--rank R, default 0)
 )";
 
 }  // namespace
 
 int run_scaling(const std::vector<std::string>& argv) {
-  Args a(std::vector<std::string>(argv.begin() + 1, argv.end()), {"--steps"},
+  Args a(std::vector<std::string>(argv.begin() + 1, argv.end()), {"--steps", "--attribute", "--rank"},
          {"--quick", "--help", "--probe-only", "--exec-only", "--recalibrate"});
   if (a.flag("--exec-only")) {
     for (const char* f : {"gpt-layout.yaml", "moe-layout.yaml"}) {
@@ -222,6 +226,19 @@ int run_scaling(const std::vector<std::string>& argv) {
               hw->machine ? hw->machine->openblas_coretype.c_str() : "?");
   std::fflush(stdout);
 
+  if (a.has("--attribute")) {
+    const std::string name = a.get("--attribute");
+    for (const Row& r : rows)
+      if (r.name == name) {
+        const Family& f = fam[size_t(r.family)];
+        std::vector<std::string> sets = f.sets;
+        sets.insert(sets.end(), r.sets.begin(), r.sets.end());
+        return attribute_layout(f.config, sets, r.world, steps,
+                                hw->cost_model(core::load_job_spec(f.config, f.sets).train.dtype),
+                                int(a.get_int("--rank", 0)));
+      }
+    throw ConfigError("--attribute", "no row called '" + name + "': give one of the table's layout names");
+  }
   // ---- runs ----
   for (Row& r : rows) {
     auto t0 = Clock::now();

@@ -163,7 +163,7 @@ constexpr const char* kOpRateConfigs[] = {"gpt-small.yaml", "llama-small.yaml", 
 
 // One model's least seconds and op_work FLOPs per rated type.
 void profile_rated_ops(const char* config, std::array<double, planner::kRatedOps>& least_s,
-                       std::array<double, planner::kRatedOps>& flop) {
+                       std::array<double, planner::kRatedOps>& flop, std::array<double, planner::kRatedOps>& ops) {
   const core::JobSpec spec = core::load_job_spec(
       std::string(WEFT_SOURCE_DIR) + "/configs/" + config,
       {"model.layers=2", "train.global_batch=4", "train.micro_batch=4", "parallel.dp=1", "train.threads=1",
@@ -190,13 +190,13 @@ void profile_rated_ops(const char* config, std::array<double, planner::kRatedOps
     }
   }
   const core::Graph& g = t.model().graph;
-  flop = {};
+  flop = {}, ops = {};
   for (const core::Op& op : g.ops()) {
     std::vector<core::Shape> ins, outs;
     for (int v : op.inputs) ins.push_back(g.value(v).shape);
     for (int v : op.outputs) outs.push_back(g.value(v).shape);
     const planner::OpWork w = planner::op_work(op, "", ins, outs, core::dtype_size(core::DType::kF32));
-    if (w.rated >= 0) flop[size_t(w.rated)] += w.flop;
+    if (w.rated >= 0) flop[size_t(w.rated)] += w.flop, ops[size_t(w.rated)] += 1;
   }
   for (int i = 0; i < planner::kRatedOps; ++i) {
     auto it = least.find(planner::kRatedOpTypes[i]);
@@ -208,20 +208,35 @@ std::string measure_op_rates(planner::Hardware& hw) {
   std::string out = "op rates (GFLOP/s as the model counts them):";
   std::array<bool, planner::kRatedOps> rated{};  // by an earlier model of kOpRateConfigs
   for (const char* config : kOpRateConfigs) {
-    std::array<double, planner::kRatedOps> secs{}, flop{};
-    profile_rated_ops(config, secs, flop);
+    std::array<double, planner::kRatedOps> secs{}, flop{}, ops{};
+    profile_rated_ops(config, secs, flop, ops);
     out += std::string(" [") + config + "]";
     for (int i = 0; i < planner::kRatedOps; ++i) {
       const size_t k = size_t(i);
-      if (rated[k] || !(secs[k] > 0) || !(flop[k] > 0)) continue;
-      rated[k] = true;
-      hw.op_rates[k] = flop[k] / secs[k];
-      hw.measurements.push_back({std::string("op_") + planner::kRatedOpTypes[i] + "_s", secs[k]});
-      char one[64];
-      std::snprintf(one, sizeof one, " %s %.1f", planner::kRatedOpTypes[i], hw.op_rates[k] / 1e9);
+      if (!(secs[k] > 0) || !(flop[k] > 0) || !(ops[k] > 0)) continue;
+      // Every model that runs the type adds a point at its size (FLOPs of one op): the
+      // layout models' width runs attention at a third of config S's rate.
+      const double rate = flop[k] / secs[k], per_op = flop[k] / ops[k];
+      auto& curve = hw.op_rates_by_size[k];
+      if (std::none_of(curve.begin(), curve.end(), [&](const auto& p) { return p.first == per_op; }))
+        curve.push_back({per_op, rate});
+      std::sort(curve.begin(), curve.end());
+      char one[96];
+      std::snprintf(one, sizeof one, " %s %.1f", planner::kRatedOpTypes[i], rate / 1e9);
       out += one;
+      const std::string model = std::filesystem::path(config).stem().string();
+      std::string name = std::string("op_") + planner::kRatedOpTypes[i];
+      if (rated[k]) name.append("_").append(model);
+      hw.measurements.push_back({name.append("_s"), secs[k]});
+      if (rated[k]) continue;
+      // The first model's rate stays the type's single rate (read where no curve is).
+      rated[k] = true;
+      hw.op_rates[k] = rate;
     }
   }
+  // One shape is no curve: op_rates holds it.
+  for (auto& curve : hw.op_rates_by_size)
+    if (curve.size() < 2) curve.clear();
   return out;
 }
 

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <set>
 
@@ -63,6 +65,11 @@ RankExecutor::RankExecutor(const planner::Plan& plan, const core::Graph& g, int 
         k == InstrKind::kCompute || k == InstrKind::kLocal || k == InstrKind::kFree;
     local_from_[i] = local && local_from_[i + 1];
   }
+  if (const char* dir = std::getenv("WEFT_INSTR_TIMES"); dir && *dir) {
+    instr_times_dir_ = dir;
+    instr_times_.run_s.assign(prog_.program.size(), 0);
+    instr_times_.settle_s.assign(prog_.program.size(), 0);
+  }
 }
 
 void RankExecutor::set_loss_values(const std::vector<int>& values) {
@@ -103,6 +110,14 @@ void RankExecutor::poison_first_input(const Instr& in) {
 
 RankExecutor::~RankExecutor() {
   // Sends still in flight own their buffers (Work keeps the storage); nothing to release.
+  if (instr_times_dir_.empty() || instr_times_.steps == 0) return;
+  // A debugging aid: a folder that cannot be written loses the file, never the run.
+  std::ofstream f(instr_times_dir_ + "/instr-" + std::to_string(prog_.rank) + ".tsv");
+  const double n = instr_times_.steps;
+  f << "# steps " << instr_times_.steps << " tail_s " << instr_times_.tail_s / n << " update_s "
+    << instr_times_.update_s / n << "\n";
+  for (size_t i = 0; i < prog_.program.size(); ++i)
+    f << i << '\t' << instr_times_.run_s[i] / n << '\t' << instr_times_.settle_s[i] / n << '\n';
 }
 
 void RankExecutor::init_parameters(uint64_t seed) {
@@ -236,6 +251,10 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
   posted_.clear();
   post_receives_ahead(0);
   using Clock = std::chrono::steady_clock;
+  // Per-instruction timing ($WEFT_INSTR_TIMES): every step after the first.
+  const bool time_instrs = !instr_times_dir_.empty() && instr_times_.seen++ > 0;
+  if (time_instrs) ++instr_times_.steps;
+  bool exchange_timed = false;
   for (const Instr& in : prog_.program) {
     // A lost member aborts the world (launch/live_resize.h's LossWatcher). The step cannot
     // commit then, so it stops here instead of computing on until its next collective fails:
@@ -253,7 +272,9 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
       shares_pending = false;
     }
     if (!pending_.empty()) settle(roots(in));
-    times_.comm += seconds_since(t0);
+    const double settled = seconds_since(t0);
+    double update_dt = 0;  // of this instruction's time, before_update's
+    times_.comm += settled;
     t0 = Clock::now();
     double* bucket = in.kind == InstrKind::kCompute ? &times_.compute
                      : in.kind == InstrKind::kRecv || (in.kind == InstrKind::kCollective && in.part != "grad.sync")
@@ -263,6 +284,12 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
     if (writes_state_[size_t(&in - prog_.program.data())]) {
       begin_update(size_t(&in - prog_.program.data()));
       state_written_ = true;
+      // before_update (the trainer's statistics exchange) is not this instruction's time.
+      if (time_instrs && !exchange_timed) {
+        update_dt = seconds_since(t0);
+        instr_times_.update_s += update_dt;
+        exchange_timed = true;
+      }
     }
     switch (in.kind) {
       case InstrKind::kLoad: {
@@ -311,7 +338,13 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
         for (const planner::Operand& o : in.in) table_->release(o.tensor);
         break;
     }
-    *bucket += seconds_since(t0);
+    const double ran = seconds_since(t0);
+    *bucket += ran;
+    if (time_instrs) {
+      const size_t at = size_t(&in - prog_.program.data());
+      instr_times_.run_s[at] += ran - update_dt;
+      instr_times_.settle_s[at] += settled;
+    }
   }
   auto t_end = Clock::now();
   while (!pending_.empty()) {
@@ -320,13 +353,16 @@ void RankExecutor::run_step(const core::StepScalars& scalars, const LoadFn& load
   }
   wait_all_sends();
   times_.comm += seconds_since(t_end);
+  if (time_instrs) instr_times_.tail_s += seconds_since(t_end);
   if (shares_pending) {  // a program without backward work still agrees with its peers
     reduce_balance(*balance, world_);
     balance->freeze_shares();
   }
   read_last_norm();
+  auto t_update = Clock::now();
   begin_update(prog_.program.size());  // a rank with no state to update still takes part
                                        // (it is collective)
+  if (time_instrs && !exchange_timed) instr_times_.update_s += seconds_since(t_update);
   if (balance && balance->mode() == core::MoeBalance::Mode::kLossFree) {
     // The bias moves after the step, from the load of the whole global batch; not on a
     // dropped step (the norm is the same on every rank, so all agree).

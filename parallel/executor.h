@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -102,6 +103,17 @@ class RankExecutor {
 
   const planner::RankProgram& program() const { return prog_; }
   const StepTimes& last_step_times() const { return times_; }
+  // Per-instruction timing, for attributing a step's time against the simulator's price of
+  // each instruction (`weft bench scaling --attribute`): with $WEFT_INSTR_TIMES naming a
+  // folder, every step after the first adds each program position's seconds (its wait for
+  // in-flight buckets apart), and the destructor writes their means to
+  // <folder>/instr-<rank>.tsv. Unset: nothing is timed beyond StepTimes.
+  struct InstrTimes {
+    std::vector<double> run_s, settle_s;  // per program position, summed over timed steps
+    double tail_s = 0;                    // the step's end: buckets and sends completed
+    double update_s = 0;                  // the caller's before_update (statistics exchange)
+    int steps = 0, seen = 0;              // timed steps; steps run (the first is not timed)
+  };
   TensorTable& tensors() { return *table_; }
   void set_transient_allocator(memory::Allocator* a) { table_->set_transient_allocator(a); }
   int rank() const { return prog_.rank; }
@@ -160,6 +172,8 @@ class RankExecutor {
   size_t next_recv_ = 0;                // index into recv_positions_ of the next to post
   std::deque<InFlight> pending_;                  // gradient buckets in flight, issue order
   StepTimes times_;
+  std::string instr_times_dir_;  // $WEFT_INSTR_TIMES; empty: per-instruction timing off
+  InstrTimes instr_times_;
   std::vector<int> loss_tensors_;  // table ids holding pieces of set_loss_values() values
   std::vector<char> writes_state_;  // per program position: the instruction changes state
   bool state_written_ = false;      // see state_written()

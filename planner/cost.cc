@@ -136,8 +136,14 @@ double CostModel::compute_alone(double flop, double bytes) const {
   return op_overhead + std::max(flop / flop_rate(flop), bytes / mem_bw);
 }
 
+double CostModel::op_rate(int rated, double flop) const {
+  if (rated < 0 || rated >= kRatedOps) return 0;
+  const auto& curve = op_rates_by_size[size_t(rated)];
+  return curve.empty() ? op_rates[size_t(rated)] : interpolate_log(curve, std::max(flop, 1.0));
+}
+
 double CostModel::compute_alone(const OpWork& w) const {
-  const double rate = w.rated >= 0 ? op_rates[size_t(w.rated)] : 0;
+  const double rate = op_rate(w.rated, w.flop);
   return rate > 0 ? op_overhead + w.flop / rate : compute_alone(w.flop, w.bytes);
 }
 

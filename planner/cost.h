@@ -86,6 +86,13 @@ struct CostModel {
   // that kernel (weft calibrate, f32); 0 (the default): priced as any op, by FLOPs at
   // flop_rate() or bytes at mem_bw, whichever is slower.
   std::array<double, kRatedOps> op_rates{};
+  // The same rates by the FLOPs of one op, per rated type, ascending in FLOPs (weft
+  // calibrate: each type at every shape its models run it, the layout models' width and
+  // config S's): a kernel's fixed per-call work (attention's per-head loops and softmax
+  // setup, a norm's row loop) weighs more in a small op, so one rate cannot price both (at
+  // width 32 attention ran at a third of its rate at width 256). Interpolated in log(FLOPs)
+  // and clamped at its ends, as flops_by_size; a type without a curve keeps op_rates.
+  std::array<std::vector<std::pair<double, double>>, kRatedOps> op_rates_by_size;
   // Measured wait of a synchronising collective beyond its price above, by the compute a rank
   // did since its previous synchronisation (the burst), ascending in burst seconds (weft
   // calibrate, at 2 ranks of one node, as the mean over many calls: a step pays every one).
@@ -126,6 +133,15 @@ struct CostModel {
   // `world`: ranks of the job (0: unknown), which says how many share a node's cores.
   double collective(CollKind k, int n, int64_t bytes, bool cross_node, int world = 0) const;
   double p2p(int64_t bytes, bool cross_node, int world = 0) const;
+  // What a pipeline send holds its own rank for: on a CPU host (cores > 0) the message's
+  // transfer, p2p(): the executor's send runs on the rank's thread (Gloo writes a message
+  // its receiver has posted from the sender's thread, and loopback delivers it inside that
+  // write), so the sender's next instruction starts when the message has left (`weft bench
+  // scaling --attribute`: 0.11-0.18 ms a send at 4 KiB within and over the cores, priced 0
+  // before). 0 on a GPU, whose copy engine moves it while the sender's stream goes on.
+  double send_s(int64_t bytes, bool cross_node, int world = 0) const {
+    return cores > 0 ? p2p(bytes, cross_node, world) : 0;
+  }
   double local_copy(int64_t bytes, int world = 0) const {
     return local_copy_alone(bytes) * sharing(world);
   }
@@ -136,9 +152,13 @@ struct CostModel {
   // changes active_ranks computes once.
   double local_copy_alone(int64_t bytes) const { return op_overhead + double(bytes) / mem_bw; }
   double compute_alone(double flop, double bytes) const;
-  // One op's work: at its type's measured rate when there is one (OpWork::rated), else as above.
+  // One op's work: at its type's measured rate when there is one (OpWork::rated; by the
+  // op's FLOPs where op_rates_by_size has a curve for the type), else as above.
   double compute_alone(const struct OpWork& w) const;
   double compute(const struct OpWork& w, int world = 0) const { return compute_alone(w) * sharing(world); }
+  // The rate of rated type `rated` (kRatedOpTypes) for one op of `flop` FLOPs: its
+  // op_rates_by_size curve where it has one, else op_rates (0: not rated).
+  double op_rate(int rated, double flop) const;
   // FLOP/s of one op of `flop` FLOPs: `flops`, or flops_by_size interpolated linearly in
   // log(FLOPs) and clamped at its ends.
   double flop_rate(double flop) const;
@@ -162,12 +182,14 @@ struct CostModel {
   // most the node's ranks. 1 wherever active_ranks is 0, as before the runnable count.
   double runnable_weight(int world) const;
   // The wait a pipeline message pays, as a collective of two, after the longer of its two
-  // ranks' bursts: sync_wait within the cores; 0 where the node is oversubscribed (no
-  // launch_oversub either: the executor posts receives ahead, so a message leaves at send
-  // time; the oversubscribed curve was measured on all-reduces).
-  double message_wait(double burst, int world = 0) const {
-    return oversub_weight(world) > 0 ? 0 : sync_wait(burst, 2, world);
-  }
+  // ranks' bursts: sync_wait(burst, 2, world) in every regime. Where the node is
+  // oversubscribed that is the measured curve as far as the runnable ranks allow (a
+  // receiver woken by its message waits for a time slice of a core the runnable ranks hold:
+  // `weft bench scaling --attribute "pp4 interleaved v2"` measured rank 0's 12 receives at
+  // 7.9-15.4 ms a step where the simulator gave them 2.7-3.1 with bubbles, before this), and
+  // 0 without the curve (launch_oversub's regime, which charges no message: the executor
+  // posts receives ahead, so a message leaves at send time).
+  double message_wait(double burst, int world = 0) const { return sync_wait(burst, 2, world); }
   // What a collective call pays for oversubscription in its fixed part: launch_oversub where
   // the node runs more ranks than cores, unless sync_wait_oversub_by_burst prices that
   // regime (then 0 here and the curve in sync_wait). Not scaled by runnable_weight:

@@ -367,7 +367,13 @@ class Engine {
           int peer = plan_.peer_rank(r, in.peer);
           mail_[{r, peer, in.tag}].push_back({in.bytes, R.clock, sends_++, R.burst});
           cost.p2p_bytes += in.bytes;
-          ++R.pc;
+          if (opt_.cost) {  // the sender's own part (CostModel::send_s); the message left at start
+            const double d = opt_.cost->send_s(
+                in.bytes, r / opt_.cost->ranks_per_node != peer / opt_.cost->ranks_per_node, plan_.world());
+            R.clock += d;
+            cost.comm_s += d;
+          }
+          retire(r, in, start, 0);
           auto w = recv_wait_.find({r, peer, in.tag});
           if (w != recv_wait_.end()) {
             int q = w->second;

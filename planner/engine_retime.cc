@@ -122,11 +122,17 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
         case InstrKind::kFree:
           ++R.pc;
           break;
-        case InstrKind::kSend:
+        case InstrKind::kSend: {
           sent.push_back(R.clock);
           sent_burst.push_back(R.burst);
-          ++R.pc;
+          const Instr& in = R.role->program[R.pc];
+          const int peer = plan.peer_rank(r, in.peer);
+          const double d = cost.send_s(in.bytes, r / rpn != peer / rpn, world);  // as the engine
+          R.clock += d;
+          c.comm_s += d;
+          retire(r, start, 0);
           break;
+        }
         case InstrKind::kRecv: {
           const int peer = schedule.recv_peer[recvs];
           const int64_t bytes = schedule.recv_bytes[recvs];

@@ -155,7 +155,7 @@ CostModel Hardware::cost_model(const std::string& dtype) const {
   m.cores = cores;
   m.op_overhead = op_overhead;
   m.launch_oversub = launch_oversub;
-  if (dtype == "f32") m.flops_by_size = flops_by_size, m.op_rates = op_rates;
+  if (dtype == "f32") m.flops_by_size = flops_by_size, m.op_rates = op_rates, m.op_rates_by_size = op_rates_by_size;
   m.coll_bw_by_size = coll_bw_by_size;
   m.sync_wait_by_burst = sync_wait_by_burst;
   m.sync_wait_oversub_by_burst = sync_wait_oversub_by_burst;
@@ -320,6 +320,31 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
     for (int i = 0; i < kRatedOps; ++i) hw.op_rates[size_t(i)] = r.number(kRatedOpTypes[i], 0.0, 0, false);
     r.done(types);
   }
+  if (f.has("op_rates_by_size")) {
+    Fields c = f.sub("op_rates_by_size");
+    std::set<std::string> types(std::begin(kRatedOpTypes), std::end(kRatedOpTypes));
+    for (int k = 0; k < kRatedOps; ++k) {
+      const YAML::Node pts = c.node()[kRatedOpTypes[k]];
+      if (!pts) continue;
+      const std::string field = std::string("hardware.op_rates_by_size.") + kRatedOpTypes[k];
+      if (!pts.IsSequence()) f.fail(field, "expected a list of [FLOPs of one op, FLOP/s]");
+      auto& out = hw.op_rates_by_size[size_t(k)];
+      for (size_t i = 0; i < pts.size(); ++i) {
+        const std::string at = field + "[" + std::to_string(i) + "]";
+        double x = 0, r = 0;
+        try {
+          if (!pts[i].IsSequence() || pts[i].size() != 2) throw YAML::Exception(YAML::Mark(), "");
+          x = pts[i][0].as<double>(), r = pts[i][1].as<double>();
+        } catch (const YAML::Exception&) {
+          f.fail(at, "expected [FLOPs of one op, FLOP/s]");
+        }
+        if (!(x > 0 && r > 0)) f.fail(at, "both numbers must be > 0");
+        if (!out.empty() && x <= out.back().first) f.fail(at, "the points must be in ascending order of FLOPs");
+        out.push_back({x, r});
+      }
+    }
+    c.done(types);
+  }
   if (f.has("machine")) {
     Fields m = f.sub("machine");
     hw.machine = MachineKey{m.text("host"), m.text("cpu_model"), m.text("openblas_coretype")};
@@ -336,7 +361,7 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
   f.done({"name", "flops", "flops_efficiency", "memory", "ranks_per_node", "intra_node",
           "inter_node", "launch", "cpu", "flops_by_size", "collective_bw_by_size",
           "sync_wait_by_burst", "sync_wait_oversub_by_burst", "sync_wait_oversub_ranks",
-          "sync_wait_oversub_more_by_burst", "sync_wait_oversub_more_ranks", "op_rates", "machine", "calibrated_at", "measurements"});
+          "sync_wait_oversub_more_by_burst", "sync_wait_oversub_more_ranks", "op_rates", "op_rates_by_size", "machine", "calibrated_at", "measurements"});
   return hw;
 }
 
@@ -405,6 +430,18 @@ std::string hardware_to_yaml(const Hardware& hw) {
     os << "op_rates:  # measured f32 rate of each kernel, in the cost model's FLOPs of that op per second\n";
     for (int i = 0; i < kRatedOps; ++i)
       if (hw.op_rates[size_t(i)] > 0) os << "  " << kRatedOpTypes[i] << ": " << num(hw.op_rates[size_t(i)]) << "\n";
+  }
+  bool any_curve = false;
+  for (const auto& c : hw.op_rates_by_size) any_curve = any_curve || !c.empty();
+  if (any_curve) {
+    os << "op_rates_by_size:  # per type: [FLOPs of one op, FLOP/s], at each shape it was timed\n";
+    for (int k = 0; k < kRatedOps; ++k) {
+      const auto& c = hw.op_rates_by_size[size_t(k)];
+      if (c.empty()) continue;
+      os << "  " << kRatedOpTypes[k] << ": [";
+      for (size_t i = 0; i < c.size(); ++i) os << (i ? ", [" : "[") << num(c[i].first) << ", " << num(c[i].second) << "]";
+      os << "]\n";
+    }
   }
   if (hw.machine)
     os << "machine: {host: " << quoted(hw.machine->host) << ", cpu_model: " << quoted(hw.machine->cpu_model)

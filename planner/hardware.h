@@ -69,6 +69,9 @@ struct Hardware {
   int sync_wait_oversub_more_ranks = 0;
   // Measured f32 rate of each rated op type (CostModel::op_rates); 0 where not measured.
   std::array<double, kRatedOps> op_rates{};
+  // The same by the FLOPs of one op, per type (CostModel::op_rates_by_size); empty where a
+  // type was timed at one shape only.
+  std::array<std::vector<std::pair<double, double>>, kRatedOps> op_rates_by_size;
   // A calibration cache's machine and what was measured (for the record: the model reads
   // the fields above). Absent in the presets.
   std::optional<MachineKey> machine;

@@ -155,6 +155,15 @@ void write_costs(W& w, const CostAnnotations& c) {
     }
     w.raw("]");
   }
+  bool any_rate_curve = false;
+  for (const auto& rc : c.model.op_rates_by_size) any_rate_curve = any_rate_curve || !rc.empty();
+  if (any_rate_curve) {  // likewise: one list per rated type, in kRatedOpTypes' order
+    w.key("op_rates_by_size");
+    w.raw("[");
+    for (size_t k = 0; k < c.model.op_rates_by_size.size(); ++k)
+      w.raw((k ? "," : "") + json_pairs(c.model.op_rates_by_size[k]));
+    w.raw("]");
+  }
   if (!c.model.sync_wait_by_burst.empty()) {  // likewise
     w.key("sync_wait_by_burst");
     w.raw(json_pairs(c.model.sync_wait_by_burst));
@@ -475,6 +484,16 @@ Plan plan_from_json(const std::string& text) {
         for (const JsonValue& pt : v->items[kind].items) {
           if (pt.items.size() != 2) bad("costs.model.coll_bw_by_size: each entry is [bytes, bytes/s]");
           k.model.coll_bw_by_size[kind].push_back({pt.items[0].number, pt.items[1].number});
+        }
+    }
+    if (const JsonValue* v = cm.find("op_rates_by_size")) {  // only in calibrated plans
+      if (v->items.size() > k.model.op_rates_by_size.size())
+        bad("costs.model.op_rates_by_size: at most one list per rated op type (" +
+            std::to_string(k.model.op_rates_by_size.size()) + "), got " + std::to_string(v->items.size()));
+      for (size_t type = 0; type < v->items.size(); ++type)
+        for (const JsonValue& pt : v->items[type].items) {
+          if (pt.items.size() != 2) bad("costs.model.op_rates_by_size: each entry is [flop, flop/s]");
+          k.model.op_rates_by_size[type].push_back({pt.items[0].number, pt.items[1].number});
         }
     }
     if (const JsonValue* v = cm.find("sync_wait_by_burst"))  // only in calibrated plans

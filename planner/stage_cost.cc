@@ -288,6 +288,9 @@ ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cos
   if (chunk > 0) c.fwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp) + message_wait(c.fwd);
   if (chunk < chunks - 1)
     c.bwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp) + message_wait(c.bwd);
+  // The sender's own part of each message it sends on (CostModel::send_s, 0 on a GPU).
+  if (chunk < chunks - 1) c.fwd += cost.send_s(int64_t(sc.boundary_bytes), cross.pp, cross.world);
+  if (chunk > 0) c.bwd += cost.send_s(int64_t(sc.boundary_bytes), cross.pp, cross.world);
   // ZeRO-3 gathers every parameter in each unit that reads it, a block at a time (a layer,
   // the embedding, the head: lower_step.cc's gather_block), one call per block or per bucket
   // when a block outgrows one; ZeRO-2/3 reduce-scatter each micro-batch's gradients.

@@ -368,3 +368,89 @@ TEST(OpRates, MoeRatesRoundTripAndAFileWithoutThemKeepsTheOldPricing) {
 
 }  // namespace
 }  // namespace weft::planner
+
+namespace weft::planner {
+namespace {
+
+// A rated type timed at two shapes (op_rates_by_size): an op is priced at the curve's rate
+// for its FLOPs, linear in log(FLOPs) between the points and clamped at the ends; op_rates
+// serves a type without a curve, and a curve overrides it for its own type only.
+TEST(OpRates, ARateBySizeIsInterpolatedInLogFlopsAndClampedAtItsEnds) {
+  CostModel m;
+  m.op_overhead = 3e-6;
+  const int att = rated_op("attention"), gelu = rated_op("gelu");
+  m.op_rates[size_t(att)] = 6e10;  // the single rate, config S's
+  m.op_rates[size_t(gelu)] = 2e10;
+  m.op_rates_by_size[size_t(att)] = {{1e5, 6e9}, {1e7, 6e10}};
+  auto priced = [&](int type, double flop) {
+    OpWork w;
+    w.flop = flop, w.bytes = 1, w.rated = type;
+    return m.compute_alone(w);
+  };
+  EXPECT_DOUBLE_EQ(priced(att, 1e5), 3e-6 + 1e5 / 6e9);
+  EXPECT_DOUBLE_EQ(priced(att, 1e7), 3e-6 + 1e7 / 6e10);
+  EXPECT_DOUBLE_EQ(priced(att, 1e6), 3e-6 + 1e6 / (0.5 * (6e9 + 6e10)));  // halfway in log
+  EXPECT_DOUBLE_EQ(priced(att, 1e3), 3e-6 + 1e3 / 6e9);                   // clamped below
+  EXPECT_DOUBLE_EQ(priced(att, 1e9), 3e-6 + 1e9 / 6e10);                  // and above
+  EXPECT_DOUBLE_EQ(priced(gelu, 1e5), 3e-6 + 1e5 / 2e10);                 // no curve: op_rates
+  EXPECT_DOUBLE_EQ(m.op_rate(att, 1e6), 0.5 * (6e9 + 6e10));
+  EXPECT_EQ(m.op_rate(-1, 1e6), 0);
+}
+
+// The simulator reads the curve: a world-1 GPT step under a curve that halves attention's
+// rate at every size moves by exactly the attention instructions' extra time.
+TEST(OpRates, TheSimulatorPricesAttentionByItsSize) {
+  core::JobSpec s = test_util::gpt_spec(2);
+  core::ModelGraph mg = build_planning_graph(s);
+  PlanOptions o;
+  o.simulate = false;
+  o.cost.cores = 1;
+  const int att = rated_op("attention");
+  o.cost.op_rates[size_t(att)] = 4e10;
+  const Plan p = make_plan(s, mg.graph, 1, o);
+  CostModel curve = o.cost;
+  curve.op_rates_by_size[size_t(att)] = {{1.0, 2e10}, {1e12, 2e10}};
+  double extra = 0;
+  const PlanWork work = plan_work(p, mg.graph);
+  for (size_t i = 0; i < p.roles[0].program.size(); ++i)
+    if (work[0][i].rated == att) extra += work[0][i].flop / 2e10 - work[0][i].flop / 4e10;
+  ASSERT_GT(extra, 0);
+  EXPECT_NEAR(simulate_plan(p, mg.graph, curve).step_s - simulate_plan(p, mg.graph, o.cost).step_s, extra,
+              1e-12);
+}
+
+// The hardware file and the plan file keep the curves; a bad point names its field.
+TEST(OpRates, RatesBySizeRoundTripAndBadPointsNameTheField) {
+  Hardware hw = load_hardware("h100");
+  const int att = rated_op("attention");
+  hw.op_rates[size_t(att)] = 6e10;
+  hw.op_rates_by_size[size_t(att)] = {{1.5e5, 6.6e9}, {3.5e7, 6.7e10}};
+  const Hardware back = hardware_from_yaml(hardware_to_yaml(hw), "test");
+  EXPECT_EQ(back.op_rates_by_size, hw.op_rates_by_size);
+  EXPECT_EQ(back.cost_model("f32").op_rates_by_size, hw.op_rates_by_size);
+  EXPECT_EQ(back.cost_model("bf16").op_rates_by_size, CostModel{}.op_rates_by_size);  // f32 only
+  EXPECT_EQ(hardware_to_yaml(load_hardware("h100")).find("op_rates_by_size"), std::string::npos);
+  const std::string base = hardware_to_yaml(load_hardware("h100"));
+  EXPECT_EQ(config_error([&] { hardware_from_yaml(base + "op_rates_by_size: {gelux: [[1, 1]]}\n", "t"); }).field(),
+            "hardware.op_rates_by_size.gelux");
+  EXPECT_EQ(
+      config_error([&] { hardware_from_yaml(base + "op_rates_by_size: {attention: [[2, 1], [1, 1]]}\n", "t"); })
+          .field(),
+      "hardware.op_rates_by_size.attention[1]");
+  EXPECT_EQ(config_error([&] { hardware_from_yaml(base + "op_rates_by_size: {attention: [[1, 0]]}\n", "t"); })
+                .field(),
+            "hardware.op_rates_by_size.attention[0]");
+
+  core::JobSpec s = test_util::gpt_spec(2);
+  core::ModelGraph mg = build_planning_graph(s);
+  PlanOptions o;
+  EXPECT_EQ(plan_to_json(make_plan(s, mg.graph, 1, o)).find("op_rates_by_size"), std::string::npos);
+  o.cost = hw.cost_model("f32");
+  const Plan p = make_plan(s, mg.graph, 1, o);
+  const Plan q = plan_from_json(plan_to_json(p));
+  EXPECT_EQ(q.costs.model.op_rates_by_size, hw.op_rates_by_size);
+  EXPECT_EQ(plan_to_json(q), plan_to_json(p));
+}
+
+}  // namespace
+}  // namespace weft::planner

@@ -2,8 +2,8 @@
 // before it where a node runs more ranks than cores, which replaces launch_oversub there in
 // the simulator and the stage model. What the model does with it: the regime it applies in
 // (never within the cores), the exact replacement (a flat curve at launch_oversub gives the
-// old step), the layout search and the plans left alone, pipeline messages paying nothing,
-// and the hardware file and plan JSON carrying it.
+// old step), the layout search and the plans left alone, pipeline messages paying it as a
+// collective of two, and the hardware file and plan JSON carrying it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -59,9 +59,10 @@ TEST(SyncWaitOversub, ReplacesLaunchOversubOnlyAboveTheCores) {
   EXPECT_DOUBLE_EQ(with.sync_wait(1.0, 8, 8), 1.4e-3);
   EXPECT_NEAR(with.sync_wait(std::sqrt(1e-7), 2, 4), 0.5 * (3e-3 + 1.4e-3), 1e-15);
   EXPECT_EQ(with.sync_wait(1e-4, 1, 4), 0);  // a group of one synchronises nothing
-  // A pipeline message pays no wait there, with the curve or without (receives are posted
-  // ahead), and no launch_oversub either way.
-  EXPECT_EQ(with.message_wait(1e-4, 4), 0);
+  // A pipeline message pays the wait of a collective of two there too (its receiver, woken,
+  // waits for a core), and no launch_oversub either way: nothing without the curve.
+  EXPECT_DOUBLE_EQ(with.message_wait(1e-4, 4), 3e-3);
+  EXPECT_EQ(without.message_wait(1e-4, 4), 0);
   EXPECT_EQ(with.p2p(4096, false, 4), without.p2p(4096, false, 4));
   EXPECT_EQ(with.oversub_launch(4), 0);
   EXPECT_EQ(without.oversub_launch(4), without.launch_oversub);
@@ -70,15 +71,18 @@ TEST(SyncWaitOversub, ReplacesLaunchOversubOnlyAboveTheCores) {
 
 // A flat curve at launch_oversub's value charges every collective what launch_oversub did
 // where every rank is runnable (active_ranks pinned at the world: the curve's full weight,
-// CostModel::runnable_weight): the same simulated step to rounding, for tp2 x pp2 at 4 ranks
-// and dp2 x tp2 x pp2 at 8 on 2 cores. A flat curve at twice that moves every
-// oversubscribed step up, and the plan (its programs) is the same under all three models.
+// CostModel::runnable_weight): the same simulated step to rounding, for dp2 x tp2 at 4 ranks
+// and dp4 x tp2 at 8 on 2 cores, which send no pipeline message (a message pays the curve
+// and no launch_oversub: with pipelines the curve's step is the longer, below). A flat
+// curve at twice that moves every oversubscribed step up, and the plan (its programs) is
+// the same under all three models.
 // (With the runnable ranks left to the simulator, these pipelines run fewer than all, and
 // the curve's wait falls towards the within-cores one: runnable_test.cc.)
 TEST(SyncWaitOversub, AFlatCurveAtLaunchOversubGivesTheOldStep) {
   for (const int dp : {1, 2}) {
     SCOPED_TRACE("dp " + std::to_string(dp));
-    const core::JobSpec s = tp_pp_job(dp);
+    core::JobSpec s = tp_pp_job(2 * dp);
+    s.parallel.pp = 1;
     const core::ModelGraph mg = build_planning_graph(s);
     const int world = 4 * dp;
     auto all_runnable = [&](CostModel cm) {
@@ -99,6 +103,12 @@ TEST(SyncWaitOversub, AFlatCurveAtLaunchOversubGivesTheOldStep) {
     EXPECT_NEAR(b.step_s, a.step_s, 1e-9 * a.step_s);
     EXPECT_NEAR(b.exchange_s, a.exchange_s, 1e-12);
     EXPECT_GT(c.step_s, a.step_s + w);  // every rank has several collectives a step
+    // With pipeline messages (tp2 x pp2 at this world), the curve charges them too.
+    const core::JobSpec piped = tp_pp_job(dp);
+    const core::ModelGraph pg = build_planning_graph(piped);
+    po.cost = without;
+    const Plan pp = make_plan(piped, pg.graph, world, po);
+    EXPECT_GT(simulate_plan(pp, pg.graph, same).step_s, simulate_plan(pp, pg.graph, without).step_s + w);
     // The plan's programs do not depend on the curve (the layout search keeps launch_oversub).
     for (const CostModel& cm : {same, more}) {
       po.cost = cm;
@@ -168,6 +178,46 @@ TEST(SyncWaitOversub, HardwareFileAndPlanJsonCarryTheCurve) {
 
 TEST(SyncWaitOversub, BadCurvesNameTheField) {
   test_util::expect_bad_wait_curves_name_the_field("sync_wait_oversub_by_burst");
+}
+
+}  // namespace
+}  // namespace weft::planner
+
+namespace weft::planner {
+namespace {
+
+// A pipeline's messages pay the oversubscribed wait as collectives of two do. pp 4 GPipe
+// with one micro-batch on 4 ranks of 2 cores (every rank runnable, the curve's full weight)
+// is one serial chain: three forward messages, three backward ones, then the step's
+// collectives. Under a flat curve at W every synchronisation on that chain costs W more
+// than under a flat curve at 0: the step grows by W for each of the six messages and for
+// each collective of the chain's last rank (rank 0, whose backward ends the chain), plus
+// the trainer's exchange (two gathers).
+TEST(SyncWaitOversub, APipelinesMessagesPayTheCurveAsCollectivesOfTwo) {
+  core::JobSpec s = test_util::gpt_spec(4, 64, 4, 256, 16);
+  s.parallel.pp = 4, s.parallel.dp = 1;
+  s.parallel.pipeline.schedule = "gpipe";
+  s.train.micro_batch = s.train.global_batch;
+  const core::ModelGraph mg = build_planning_graph(s);
+  auto flat = [](double w) {
+    CostModel cm = cpu_host({{1e-6, w}, {1.0, w}});
+    cm.sync_wait_by_burst.clear();
+    cm.active_ranks = 4;
+    return cm;
+  };
+  const double w = 1e-3;
+  PlanOptions po;
+  po.simulate = false;
+  po.cost = flat(0);
+  const Plan p = make_plan(s, mg.graph, 4, po);
+  const CostAnnotations zero = simulate_plan(p, mg.graph, flat(0)), one = simulate_plan(p, mg.graph, flat(w));
+  ASSERT_TRUE(zero.valid && one.valid);
+  int recvs = 0, collectives = 0;
+  for (const Role& r : p.roles)
+    for (const Instr& in : r.program) recvs += in.kind == InstrKind::kRecv;
+  for (const Instr& in : p.roles.at(0).program) collectives += in.kind == InstrKind::kCollective;
+  EXPECT_EQ(recvs, 6);
+  EXPECT_NEAR(one.step_s - zero.step_s, w * (recvs + collectives + 2), 1e-9);
 }
 
 }  // namespace
