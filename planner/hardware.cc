@@ -112,6 +112,37 @@ Link read_link(const Fields& f) {
   return l;
 }
 
+// A curve of the file: a list of [x, y] points, ascending in x. `form` names the pair
+// ("[FLOPs of one op, FLOP/s]"), `x_noun` what x counts for the order's message; a rate's y
+// must be > 0, a wait's (`y_is_wait`) a finite number of seconds >= 0 (and its x a burst of
+// seconds > 0). ConfigError naming the point.
+std::vector<std::pair<double, double>> read_curve(const Fields& f, const YAML::Node& pts,
+                                                  const std::string& field, const std::string& form,
+                                                  const std::string& x_noun, bool y_is_wait = false) {
+  std::vector<std::pair<double, double>> out;
+  if (!pts.IsSequence()) f.fail(field, "expected a list of " + form);
+  for (size_t i = 0; i < pts.size(); ++i) {
+    const std::string at = field + "[" + std::to_string(i) + "]";
+    double x = 0, y = 0;
+    try {
+      if (!pts[i].IsSequence() || pts[i].size() != 2) throw YAML::Exception(YAML::Mark(), "");
+      x = pts[i][0].as<double>(), y = pts[i][1].as<double>();
+    } catch (const YAML::Exception&) {
+      f.fail(at, "expected " + form);
+    }
+    if (y_is_wait) {
+      if (!(x > 0)) f.fail(at, "the burst must be > 0 seconds");
+      if (!(y >= 0 && std::isfinite(y))) f.fail(at, "the wait must be a finite number of seconds >= 0");
+    } else if (!(x > 0 && y > 0)) {
+      f.fail(at, "both numbers must be > 0");
+    }
+    if (!out.empty() && x <= out.back().first)
+      f.fail(at, "the points must be in ascending order of " + x_noun);
+    out.push_back({x, y});
+  }
+  return out;
+}
+
 // The shortest text that reads back as the same double: a cache round-trips exactly.
 std::string num(double x) {
   char b[40];
@@ -206,46 +237,13 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
     hw.launch_oversub = c.number("launch_oversub", 0.0, 0, false);
     c.done({"cores", "op_overhead", "launch_oversub"});
   }
-  if (const YAML::Node pts = root["flops_by_size"]) {
-    if (!pts.IsSequence()) f.fail("hardware.flops_by_size", "expected a list of [FLOPs of one op, FLOP/s]");
-    for (size_t i = 0; i < pts.size(); ++i) {
-      const std::string field = "hardware.flops_by_size[" + std::to_string(i) + "]";
-      double x = 0, r = 0;
-      try {
-        if (!pts[i].IsSequence() || pts[i].size() != 2) throw YAML::Exception(YAML::Mark(), "");
-        x = pts[i][0].as<double>(), r = pts[i][1].as<double>();
-      } catch (const YAML::Exception&) {
-        f.fail(field, "expected [FLOPs of one op, FLOP/s]");
-      }
-      if (!(x > 0 && r > 0)) f.fail(field, "both numbers must be > 0");
-      if (!hw.flops_by_size.empty() && x <= hw.flops_by_size.back().first)
-        f.fail(field, "the points must be in ascending order of FLOPs");
-      hw.flops_by_size.push_back({x, r});
-    }
-  }
-  // The two wait curves share a form: [burst s, wait s] points, ascending in burst.
+  if (const YAML::Node pts = root["flops_by_size"])
+    hw.flops_by_size = read_curve(f, pts, "hardware.flops_by_size", "[FLOPs of one op, FLOP/s]", "FLOPs");
+  // The wait curves share a form: [burst s, wait s] points, ascending in burst.
   auto wait_curve = [&](const char* key, std::vector<std::pair<double, double>>& out) {
-    const YAML::Node pts = root[key];
-    if (!pts) return;
-    const std::string name = std::string("hardware.") + key;
-    const char* form = "expected [seconds of compute before the call, seconds of wait]";
-    if (!pts.IsSequence()) f.fail(name, std::string("expected a list of ") + form);
-    for (size_t i = 0; i < pts.size(); ++i) {
-      const std::string field = name + "[" + std::to_string(i) + "]";
-      double x = 0, w = 0;
-      try {
-        if (!pts[i].IsSequence() || pts[i].size() != 2) throw YAML::Exception(YAML::Mark(), "");
-        x = pts[i][0].as<double>(), w = pts[i][1].as<double>();
-      } catch (const YAML::Exception&) {
-        f.fail(field, form);
-      }
-      if (!(x > 0)) f.fail(field, "the burst must be > 0 seconds");
-      if (!(w >= 0 && std::isfinite(w)))
-        f.fail(field, "the wait must be a finite number of seconds >= 0");
-      if (!out.empty() && x <= out.back().first)
-        f.fail(field, "the points must be in ascending order of burst");
-      out.push_back({x, w});
-    }
+    if (const YAML::Node pts = root[key])
+      out = read_curve(f, pts, std::string("hardware.") + key,
+                       "[seconds of compute before the call, seconds of wait]", "burst", true);
   };
   wait_curve("sync_wait_by_burst", hw.sync_wait_by_burst);
   wait_curve("sync_wait_oversub_by_burst", hw.sync_wait_oversub_by_burst);
@@ -293,24 +291,9 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
     for (int k = 0; k < kCollKinds; ++k) {
       const std::string kind = coll_name(CollKind(k));
       kinds.insert(kind);
-      const YAML::Node pts = c.node()[kind];
-      if (!pts) continue;
-      const std::string field = "hardware.collective_bw_by_size." + kind;
-      if (!pts.IsSequence()) f.fail(field, "expected a list of [bytes of one call, wire bytes/s]");
-      auto& out = hw.coll_bw_by_size[size_t(k)];
-      for (size_t i = 0; i < pts.size(); ++i) {
-        const std::string at = field + "[" + std::to_string(i) + "]";
-        double x = 0, r = 0;
-        try {
-          if (!pts[i].IsSequence() || pts[i].size() != 2) throw YAML::Exception(YAML::Mark(), "");
-          x = pts[i][0].as<double>(), r = pts[i][1].as<double>();
-        } catch (const YAML::Exception&) {
-          f.fail(at, "expected [bytes of one call, wire bytes/s]");
-        }
-        if (!(x > 0 && r > 0)) f.fail(at, "both numbers must be > 0");
-        if (!out.empty() && x <= out.back().first) f.fail(at, "the points must be in ascending order of bytes");
-        out.push_back({x, r});
-      }
+      if (const YAML::Node pts = c.node()[kind])
+        hw.coll_bw_by_size[size_t(k)] = read_curve(f, pts, "hardware.collective_bw_by_size." + kind,
+                                                   "[bytes of one call, wire bytes/s]", "bytes");
     }
     c.done(kinds);
   }
@@ -324,24 +307,10 @@ Hardware hardware_from_yaml(const std::string& text, const std::string& source) 
     Fields c = f.sub("op_rates_by_size");
     std::set<std::string> types(std::begin(kRatedOpTypes), std::end(kRatedOpTypes));
     for (int k = 0; k < kRatedOps; ++k) {
-      const YAML::Node pts = c.node()[kRatedOpTypes[k]];
-      if (!pts) continue;
-      const std::string field = std::string("hardware.op_rates_by_size.") + kRatedOpTypes[k];
-      if (!pts.IsSequence()) f.fail(field, "expected a list of [FLOPs of one op, FLOP/s]");
-      auto& out = hw.op_rates_by_size[size_t(k)];
-      for (size_t i = 0; i < pts.size(); ++i) {
-        const std::string at = field + "[" + std::to_string(i) + "]";
-        double x = 0, r = 0;
-        try {
-          if (!pts[i].IsSequence() || pts[i].size() != 2) throw YAML::Exception(YAML::Mark(), "");
-          x = pts[i][0].as<double>(), r = pts[i][1].as<double>();
-        } catch (const YAML::Exception&) {
-          f.fail(at, "expected [FLOPs of one op, FLOP/s]");
-        }
-        if (!(x > 0 && r > 0)) f.fail(at, "both numbers must be > 0");
-        if (!out.empty() && x <= out.back().first) f.fail(at, "the points must be in ascending order of FLOPs");
-        out.push_back({x, r});
-      }
+      if (const YAML::Node pts = c.node()[kRatedOpTypes[k]])
+        hw.op_rates_by_size[size_t(k)] =
+            read_curve(f, pts, std::string("hardware.op_rates_by_size.") + kRatedOpTypes[k],
+                       "[FLOPs of one op, FLOP/s]", "FLOPs");
     }
     c.done(types);
   }
