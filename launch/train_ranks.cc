@@ -450,6 +450,24 @@ void RankTraining::enter_world(const std::string& why) {
   const parallel::StateInit init = holders.found  ? parallel::StateInit::kDeferred
                                    : resume.empty() ? parallel::StateInit::kSeed
                                                     : parallel::StateInit::kUnseeded;
+  // A survivor whose live state the chosen holders do not take (a node loss goes back to an
+  // older step's snapshots) drops it now, where the move would free it anyway, instead of
+  // after the trainer is built: its blocks become the allocator's spares, which the reserve
+  // (and then the router) reshapes into this world's sizes instead of faulting those in anew
+  // (memory::RecyclingAllocator). As the move does, it then holds nothing of the old world.
+  if (holders.found && !leaving_ && held_.valid) {
+    bool taken = false;
+    for (const Holders::Part& part : holders.parts)
+      taken = taken || (part.holder == env_.rank &&
+                        reports[size_t(part.report)].source == HolderReport::kLive);
+    arrival_.backed = snapshot_backs(held_, reports);
+    if (!taken && (arrival_.backed || spec_.elastic.old_state == "free_as_moved")) {
+      const int held_rank = held_.rank, held_world = held_.world;
+      held_ = HeldState{};
+      held_.rank = held_rank, held_.world = held_world;
+      laps.lap("state not chosen dropped");
+    }
+  }
   if (prefault_.started()) {
     const size_t ahead = prefault_.wait();
     laps.lap("prefault wait");
@@ -501,7 +519,7 @@ void RankTraining::enter_world(const std::string& why) {
     // held_ until the world is entered (old plus new), unless same-step snapshots back it:
     // that also survives a rank lost during the move, which takes the only copy of what it
     // had received.
-    arrival_.backed = snapshot_backs(held_, reports);
+    arrival_.backed = arrival_.backed || snapshot_backs(held_, reports);  // (dropped above)
     // A departing rank keeps its state whole until its hand-over is confirmed: it allocates
     // nothing of the new layout, and a later epoch may need the state again from it.
     const bool free_old =
