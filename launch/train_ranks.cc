@@ -401,6 +401,27 @@ void RankTraining::enter_world(const std::string& why) {
   arrival_.comms = since(t);
   t = Clock::now();
 
+  // A survivor whose live state the world's choice of holders does not take (a node loss
+  // goes back to an older step's snapshots, which no vote of choose_and_read undoes: the live
+  // pieces of a later step never cover) drops it now, before the snapshot reads, where the
+  // move would free it anyway: its blocks become the allocator's spares, which the reserve
+  // (and then the router) reshapes into this world's sizes instead of faulting those in anew
+  // (memory::RecyclingAllocator). As after the move, it then holds nothing of the old world.
+  if (gather && held_.valid && !leaving_) {
+    const Holders first = choose_holders(plans_, space_, reports, env_.world);
+    bool taken = false;
+    for (const Holders::Part& part : first.parts)
+      taken = taken || (part.holder == env_.rank &&
+                        reports[size_t(part.report)].source == HolderReport::kLive);
+    arrival_.backed = snapshot_backs(held_, reports);
+    if (first.found && !taken &&
+        (arrival_.backed || spec_.elastic.old_state == "free_as_moved")) {
+      const int held_rank = held_.rank, held_world = held_.world;
+      held_ = HeldState{};
+      held_.rank = held_rank, held_.world = held_world;
+      laps.lap("state not chosen dropped");
+    }
+  }
   // The coordinates of the state, the same for every world of the job (space_), and the
   // plans, each world size's made once in this process (plans_).
   const parallel::StateSpace& space = space_;
@@ -450,29 +471,12 @@ void RankTraining::enter_world(const std::string& why) {
   const parallel::StateInit init = holders.found  ? parallel::StateInit::kDeferred
                                    : resume.empty() ? parallel::StateInit::kSeed
                                                     : parallel::StateInit::kUnseeded;
-  // A survivor whose live state the chosen holders do not take (a node loss goes back to an
-  // older step's snapshots) drops it now, where the move would free it anyway, instead of
-  // after the trainer is built: its blocks become the allocator's spares, which the reserve
-  // (and then the router) reshapes into this world's sizes instead of faulting those in anew
-  // (memory::RecyclingAllocator). As the move does, it then holds nothing of the old world.
-  if (holders.found && !leaving_ && held_.valid) {
-    bool taken = false;
-    for (const Holders::Part& part : holders.parts)
-      taken = taken || (part.holder == env_.rank &&
-                        reports[size_t(part.report)].source == HolderReport::kLive);
-    arrival_.backed = snapshot_backs(held_, reports);
-    if (!taken && (arrival_.backed || spec_.elastic.old_state == "free_as_moved")) {
-      const int held_rank = held_.rank, held_world = held_.world;
-      held_ = HeldState{};
-      held_.rank = held_rank, held_.world = held_world;
-      laps.lap("state not chosen dropped");
-    }
-  }
   if (prefault_.started()) {
     const size_t ahead = prefault_.wait();
     laps.lap("prefault wait");
     WEFT_DEBUG("resize", "rank ", env_.rank, ": ", mib(ahead),
-               " MiB of this world's blocks faulted in ahead");
+               " MiB of this world's blocks faulted in ahead (", persistent_.reshaped(),
+               " blocks of an old layout reshaped into new sizes so far in this process)");
   }
   // Cached: made for an earlier world of this size, or ahead (plan_ahead below).
   const bool ready = plans_.has(train_world_);

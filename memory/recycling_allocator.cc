@@ -235,15 +235,26 @@ size_t RecyclingAllocator::reserve(const std::vector<size_t>& sizes, size_t max_
            e->second > kept_.count(bytes) + in_flight_[bytes];
   };
   size_t added = 0;
-  for (size_t bytes : missing) {
+  // Two passes: a size that a spare could serve but none does yet waits for the second, so
+  // that spares freed meanwhile (a survivor dropping the state it goes back from) serve it
+  // instead of fresh pages; the sizes no spare can serve come first.
+  std::vector<size_t> later;
+  const size_t first_pass = missing.size();
+  for (size_t i = 0; i < first_pass + later.size(); ++i) {
+    const bool first = i < first_pass;
+    const size_t bytes = first ? missing[i] : later[i - first_pass];
     if (bytes > max_new_bytes - added) continue;  // a smaller one later may still fit
     std::pair<void*, size_t> spare{nullptr, 0};
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (generation_ != gen) break;  // a newer expectation (or a trim) replaced this one
       if (!wanted(bytes)) continue;   // requests of its size came first
-      ++in_flight_[bytes];
       spare = take_spare_locked(bytes);
+      if (!spare.first && first && bytes >= spare_bytes_) {
+        later.push_back(bytes);
+        continue;
+      }
+      ++in_flight_[bytes];
     }
     void* p = nullptr;
     try {
