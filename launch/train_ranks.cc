@@ -256,6 +256,10 @@ class RankTraining {
   // one freed (its gradients, for a data-parallel change), kept until the world is entered.
   memory::RecyclingAllocator persistent_;
   DestinationPrefault prefault_{persistent_};  // faults persistent_'s next blocks in ahead
+  // Frees a live state the new world does not take, beside the snapshot reads (enter_world):
+  // its munmaps wait for the prefault's populate between pieces (the mmap lock), 45-100 ms
+  // of the entry on the thread that reads. Joined before the prefault is waited for.
+  std::jthread dropping_;
 
   WorldAhead ahead_;  // the next epoch's world, connected while this one ends its step
   std::unique_ptr<parallel::WorkerWorld> world_;
@@ -403,10 +407,11 @@ void RankTraining::enter_world(const std::string& why) {
 
   // A survivor whose live state the world's choice of holders does not take (a node loss
   // goes back to an older step's snapshots, which no vote of choose_and_read undoes: the live
-  // pieces of a later step never cover) drops it now, before the snapshot reads, where the
-  // move would free it anyway: its blocks become the allocator's spares, which the reserve
-  // (and then the router) reshapes into this world's sizes instead of faulting those in anew
-  // (memory::RecyclingAllocator). As after the move, it then holds nothing of the old world.
+  // pieces of a later step never cover) drops it now, where the move would free it anyway,
+  // on a thread of its own beside the snapshot reads (dropping_): its blocks become the
+  // allocator's spares, which the reserve (and then the router) reshapes into this world's
+  // sizes instead of faulting those in anew (memory::RecyclingAllocator). As after the move,
+  // it then holds nothing of the old world.
   if (gather && held_.valid && !leaving_) {
     const Holders first = choose_holders(plans_, space_, reports, env_.world);
     bool taken = false;
@@ -417,6 +422,7 @@ void RankTraining::enter_world(const std::string& why) {
     if (first.found && !taken &&
         (arrival_.backed || spec_.elastic.old_state == "free_as_moved")) {
       const int held_rank = held_.rank, held_world = held_.world;
+      dropping_ = std::jthread([old = std::move(held_)]() mutable { old = HeldState{}; });
       held_ = HeldState{};
       held_.rank = held_rank, held_.world = held_world;
       laps.lap("state not chosen dropped");
@@ -471,6 +477,10 @@ void RankTraining::enter_world(const std::string& why) {
   const parallel::StateInit init = holders.found  ? parallel::StateInit::kDeferred
                                    : resume.empty() ? parallel::StateInit::kSeed
                                                     : parallel::StateInit::kUnseeded;
+  if (dropping_.joinable()) {
+    dropping_.join();
+    laps.lap("dropped state freed");
+  }
   if (prefault_.started()) {
     const size_t ahead = prefault_.wait();
     laps.lap("prefault wait");
