@@ -16,8 +16,6 @@ namespace weft::memory {
 
 namespace {
 constexpr size_t kPage = 4096;  // the smallest page size of the hosts Weft runs on
-// The piece of a fresh block after which a reserve looks for a spare to take over (reserve).
-constexpr size_t kSwitchPiece = size_t(16) << 20;
 
 // Faults every page of [p, p + bytes) in, writable. MADV_POPULATE_WRITE does it without a
 // trap per page (230 ms for 604 MiB on the bench host against 275 ms for a write per page),
@@ -171,10 +169,8 @@ bool RecyclingAllocator::keeps_spare_locked(size_t bytes) const {
   size_t open = 0, open_bytes = 0;  // expected requests no block covers
   for (const auto& [size, want] : expected_) {
     if (size < spare_bytes_) continue;
-    // A fresh block in flight that a spare may still replace (reserve) counts as open.
-    const auto f = in_flight_.find(size), sw = switchable_.find(size);
-    const size_t have = kept_.count(size) + (f != in_flight_.end() ? f->second : 0) -
-                        (sw != switchable_.end() ? sw->second : 0);
+    const auto f = in_flight_.find(size);
+    const size_t have = kept_.count(size) + (f != in_flight_.end() ? f->second : 0);
     if (want > have) open += want - have, open_bytes += (want - have) * size;
   }
   size_t spares = 0, spare_bytes = 0;
@@ -249,7 +245,6 @@ size_t RecyclingAllocator::reserve(const std::vector<size_t>& sizes, size_t max_
     const size_t bytes = first ? missing[i] : later[i - first_pass];
     if (bytes > max_new_bytes - added) continue;  // a smaller one later may still fit
     std::pair<void*, size_t> spare{nullptr, 0};
-    bool switchable = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (generation_ != gen) break;  // a newer expectation (or a trim) replaced this one
@@ -260,21 +255,7 @@ size_t RecyclingAllocator::reserve(const std::vector<size_t>& sizes, size_t max_
         continue;
       }
       ++in_flight_[bytes];
-      // A fresh block of the second pass: a spare freed while it faults in may replace it.
-      switchable = !spare.first && !first && bytes >= spare_bytes_;
-      if (switchable) ++switchable_[bytes];
     }
-    // Until it is faulted in or replaced, on every way out.
-    struct Done {
-      RecyclingAllocator* a;
-      size_t bytes;
-      bool on;
-      ~Done() {
-        if (!on) return;
-        std::lock_guard<std::mutex> lock(a->mu_);
-        --a->switchable_[bytes];
-      }
-    } done{this, bytes, switchable};
     void* p = nullptr;
     try {
       bool reshaped = false;
@@ -284,38 +265,8 @@ size_t RecyclingAllocator::reserve(const std::vector<size_t>& sizes, size_t max_
         p = base_.allocate(bytes, Tag::kOther);
       }
       // A reshaped spare's pages up to its old size are resident already.
-      size_t have = reshaped ? std::min(spare.second, bytes) : 0;
-      // A fresh block of the second pass is faulted in pieces: a spare that comes meanwhile
-      // (the state a survivor goes back from, dropped while this runs) and holds more pages
-      // than the piece done so far replaces it, and the faults left are the sizes' difference.
-      while (have < bytes) {
-        const size_t n = switchable ? std::min(kSwitchPiece, bytes - have) : bytes - have;
-        fault_in(static_cast<char*>(p) + have, n);
-        have += n;
-        if (!switchable || have >= bytes) continue;
-        std::pair<void*, size_t> late{nullptr, 0};
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          late = take_spare_locked(bytes);
-          if (late.first && late.second <= have) {  // no gain: back among the spares
-            kept_.emplace(late.second, late.first);
-            bytes_kept_ += late.second;
-            late = {nullptr, 0};
-          }
-        }
-        if (!late.first) continue;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          --switchable_[bytes];
-          done.on = false;
-        }
-        base_.free(p);
-        p = nullptr;
-        std::tie(p, reshaped) = reshape_spare(late.first, bytes, Tag::kOther);
-        have = reshaped ? std::min(late.second, bytes) : 0;
-        if (bytes > have) fault_in(static_cast<char*>(p) + have, bytes - have);
-        break;
-      }
+      const size_t have = reshaped ? std::min(spare.second, bytes) : 0;
+      if (bytes > have) fault_in(static_cast<char*>(p) + have, bytes - have);
       if (reshaped) {
         std::lock_guard<std::mutex> lock(mu_);
         ++reshaped_;
@@ -329,7 +280,6 @@ size_t RecyclingAllocator::reserve(const std::vector<size_t>& sizes, size_t max_
     }
     std::unique_lock<std::mutex> lock(mu_);
     --in_flight_[bytes];
-    if (done.on) --switchable_[bytes], done.on = false;
     const bool keep = wanted(bytes);
     if (keep) {
       kept_.emplace(bytes, p);

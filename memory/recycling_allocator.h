@@ -74,9 +74,7 @@ class RecyclingAllocator final : public Allocator {
   // is one (the smallest at least its size, else the largest), reshaped and its added pages
   // faulted in, counted in full against max_new_bytes. A size of at least spare_bytes that
   // finds no spare at its turn is taken after the others, in a second pass, so that spares
-  // freed meanwhile can serve it; a fresh block of that pass is faulted in 16 MiB pieces, and
-  // a spare freed meanwhile that holds more than the pieces done replaces it (free keeps
-  // such a spare: the block counts as not covered until done). A process that will need that memory and waits for something else (a
+  // freed meanwhile can serve it. A process that will need that memory and waits for something else (a
   // newcomer of an online resize while the world forms; a survivor while the membership is
   // agreed) calls it from a thread of its own, so that the state it receives lands in pages
   // that exist. Requests may come meanwhile, from other threads: a size it has faulted in is
@@ -122,7 +120,6 @@ class RecyclingAllocator final : public Allocator {
   bool expecting_ = false;
   std::map<size_t, size_t> expected_;
   std::map<size_t, size_t> in_flight_;  // blocks a reserve is faulting in, by size
-  std::map<size_t, size_t> switchable_;  // of them, fresh ones a spare may still replace
   std::condition_variable landed_;      // a block in flight was kept or dropped
   uint64_t generation_ = 0;
   AllocatorStats stats_;

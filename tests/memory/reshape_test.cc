@@ -10,9 +10,7 @@
 #include <unistd.h>
 
 #include <cstdint>
-#include <atomic>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "base/error.h"
@@ -186,49 +184,6 @@ TEST(RecyclingAllocatorSpares, SparesNeverExceedWhatTheExpectedRequestsAllocate)
   EXPECT_EQ(host.stats().bytes_live, 64 * kMiB) << "the spare became it: nothing beside it";
   r.trim();
   EXPECT_EQ(host.stats().bytes_live, 0u);
-}
-
-// A base whose allocations wait at a gate while it is closed.
-class GatedHost final : public Allocator {
- public:
-  void* allocate(size_t bytes, Tag tag) override {
-    entered = true;
-    while (!open) std::this_thread::yield();
-    return host.allocate(bytes, tag);
-  }
-  void free(void* p) override { host.free(p); }
-  void* reshape(void* p, size_t bytes) override { return host.reshape(p, bytes); }
-  AllocatorStats stats() const override { return host.stats(); }
-  std::string name() const override { return "gated"; }
-  HostAllocator host;
-  std::atomic<bool> entered{false}, open{true};
-};
-
-// A size no spare serves at its turn waits for the second pass; there a fresh block is
-// faulted in pieces, and a spare freed meanwhile (a survivor's dropped state) that holds more
-// than the pieces done takes its place: kept by free() although the size is in flight.
-TEST(RecyclingAllocatorSpares, ASpareFreedWhileAFreshBlockFaultsInReplacesIt) {
-  GatedHost base;
-  RecyclingAllocator r(base);
-  const size_t old_size = 40 * kMiB, size = 48 * kMiB;
-  void* state = r.allocate(old_size);  // the live state, freed once the holders are chosen
-  fill(state, old_size, 13);
-  base.open = false;
-  base.entered = false;
-  size_t added = 0;
-  std::thread reserving([&] { added = r.reserve({size}); });
-  while (!base.entered) std::this_thread::yield();  // the fresh block of the second pass
-  r.free(state);
-  EXPECT_EQ(r.bytes_kept(), old_size) << "kept as a spare for the block in flight";
-  base.open = true;
-  reserving.join();
-  EXPECT_EQ(added, size);
-  EXPECT_EQ(r.reshaped(), 1u);
-  EXPECT_EQ(base.host.stats().bytes_live, size) << "the fresh block went back";
-  void* q = r.allocate(size);
-  EXPECT_EQ(mismatches(q, old_size, 13), 0u) << "the state's pages";
-  r.free(q);
-  r.trim();
 }
 
 // Without an expectation nothing is reshaped: a request of another size returns the kept
