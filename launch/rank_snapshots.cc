@@ -1,6 +1,9 @@
 // In-memory snapshots, one worker's part (rank_snapshots.h).
 #include "launch/rank_snapshots.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +18,34 @@
 #include "core/config/limits.h"
 
 namespace weft::launch {
+namespace {
+
+// The inode of shared-memory segment `name` now (0: none).
+uint64_t segment_inode(const std::string& name) {
+  const int fd = ::shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return 0;
+  struct stat st {};
+  const bool ok = ::fstat(fd, &st) == 0;
+  ::close(fd);
+  return ok ? uint64_t(st.st_ino) : 0;
+}
+
+// The committed segments of `job_id` that local rank `local_rank` of `local_count` offers:
+// dealt round-robin in name order (offers() and premap_replicas() deal alike).
+std::vector<checkpoint::SegmentInfo> dealt_to(std::vector<checkpoint::SegmentInfo> all,
+                                              const std::string& job_id, int local_rank,
+                                              int local_count) {
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::vector<checkpoint::SegmentInfo> out;
+  int dealt = 0;
+  for (auto& e : all) {
+    if (!e.committed || e.committed->job_id != job_id) continue;
+    if (dealt++ % std::max(1, local_count) == local_rank) out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace
 
 RankSnapshots::RankSnapshots(const core::JobSpec& spec, const parallel::LaunchEnv& env)
     : spec_(spec) {
@@ -38,6 +69,7 @@ RankSnapshots::RankSnapshots(const core::JobSpec& spec, const parallel::LaunchEn
 }
 
 RankSnapshots::~RankSnapshots() {
+  if (premapping_.valid()) premapping_.wait();
   try {
     settle(true);
   } catch (const std::exception& e) {
@@ -77,19 +109,33 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count,
     std::fprintf(stderr, "weft train: snapshot agent not listed: %s\n", e.what());
     return out;
   }
-  std::sort(all.begin(), all.end(),
-            [](const auto& a, const auto& b) { return a.name < b.name; });
-  int dealt = 0, opened = 0;
-  for (const auto& e : all) {
-    if (!e.committed || e.committed->job_id != job_id_) continue;
-    if (dealt++ % std::max(1, local_count) != local_rank) continue;
+  const size_t listed = all.size();
+  // Replica segments mapped during training (premap_replicas), where the name still holds
+  // the segment they mapped and every slot committed there now was mapped in.
+  std::map<std::string, Premapped> premapped;
+  {
+    std::lock_guard<std::mutex> lock(premapped_mu_);
+    premapped = premapped_;
+  }
+  int opened = 0, premapped_used = 0;
+  for (const auto& e : dealt_to(std::move(all), job_id_, local_rank, local_count)) {
     // From the slot headers only: the choice uses one slot per old rank, and only the chosen
     // ones are mapped in and verified, when they are read (snapshot_offers.h). A corrupt
     // block is found then, and the world chooses again without it (choose_and_read).
     try {
       const Clock::time_point t = Clock::now();
+      std::shared_ptr<const checkpoint::SnapshotSegment> ahead;
+      if (auto it = premapped.find(e.name);
+          it != premapped.end() && it->second.inode == segment_inode(e.name)) {
+        bool all_in = true;
+        for (int slot = 0; slot < it->second.segment->slots(); ++slot)
+          if (it->second.segment->slot(slot) && !it->second.slots_in.count(slot)) all_in = false;
+        if (all_in) ahead = it->second.segment;
+      }
+      premapped_used += ahead != nullptr;
       const std::vector<checkpoint::SnapshotMeta> metas =
           own_mapping_ && own_mapping_->name() == e.name ? offers_.add(own_mapping_, job_id_, true)
+          : ahead                                        ? offers_.add(ahead, job_id_, true)
                                                          : offers_.add(e.name, job_id_);
       open_ms += ms_since(t);
       opened++;
@@ -112,9 +158,10 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count,
     }
   }
   WEFT_DEBUG("resize", "offers for epoch ", epoch, ": ", settle_ms,
-             " ms clearing the last offers and settling the reservation; listed ", all.size(), " segments in ",
-             list_ms, " ms; opened ", opened, " of them in ", open_ms, " ms and offered ",
-             out.size(), " committed slots from their headers (nothing mapped in or verified)");
+             " ms clearing the last offers and settling the reservation; listed ", listed, " segments in ",
+             list_ms, " ms; opened ", opened, " of them in ", open_ms, " ms (", premapped_used,
+             " mapped in during training) and offered ", out.size(),
+             " committed slots from their headers (nothing else mapped in or verified)");
   return out;
 }
 
@@ -184,6 +231,8 @@ void RankSnapshots::attach(parallel::ParallelTrainer& trainer, const parallel::S
   space_ = &space;
   epoch_ = epoch;
   node_ = node;
+  local_rank_ = local_rank;
+  local_count_ = std::max(1, local_count);
   due_ = waited_ = false;
   // snapshot.every: auto chooses again in every world (its ranks' state and steps differ).
   interval_ = spec_.snapshot.every == core::SnapshotSpec::kAuto ? 0 : spec_.snapshot.every;
@@ -248,6 +297,7 @@ bool RankSnapshots::ready() {
   if (done == spec_.train.steps) due_ = false;  // the job ends: nothing to recover into
   settle(due_);
   if (committed_) notify_committed(*std::exchange(committed_, std::nullopt));
+  premap_replicas();
   if (interval_ == 0 && probe_at_ >= 0 && done == probe_at_ + 1) propose();
   if (!due_ || !writer_) return false;
   if (spec_.snapshot.redundancy == "none") return true;
@@ -268,6 +318,63 @@ bool RankSnapshots::ready() {
                  "later waits are not logged\n",
                  trainer_->rank(), (long long)done, spec_.snapshot.redundancy.c_str());
   return idle;
+}
+
+void RankSnapshots::premap_replicas() {
+  if (spec_.snapshot.redundancy != "replica" || pending_.valid()) return;
+  if (premapping_.valid() &&
+      premapping_.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+    return;  // the last one still runs: the next snapshot looks again
+  std::vector<checkpoint::SegmentInfo> all;
+  try {
+    all = client_->list(epoch_);
+  } catch (const IoError&) {
+    return;  // the recovery maps them in itself
+  }
+  std::vector<std::string> names;
+  bool news = false;  // a replica committed since the last look
+  std::map<std::string, int64_t> seen;
+  for (const auto& e : dealt_to(std::move(all), job_id_, local_rank_, local_count_)) {
+    const std::optional<checkpoint::SegmentName> p = checkpoint::parse_segment_name(e.name);
+    if (!p || p->kind != checkpoint::SegmentKind::kReplica) continue;
+    names.push_back(e.name);
+    seen[e.name] = e.committed->sequence;
+    auto it = premap_seen_.find(e.name);
+    news = news || it == premap_seen_.end() || it->second != e.committed->sequence;
+  }
+  premap_seen_ = std::move(seen);
+  if (!news) return;
+  premapping_ = std::async(std::launch::async, [this, names] {
+    std::map<std::string, Premapped> now;
+    {
+      std::lock_guard<std::mutex> lock(premapped_mu_);
+      for (const std::string& n : names)
+        if (auto it = premapped_.find(n); it != premapped_.end()) now.emplace(n, it->second);
+    }
+    for (const std::string& n : names) {
+      try {
+        Premapped& m = now[n];
+        const uint64_t inode = segment_inode(n);
+        if (!m.segment || m.inode != inode) {
+          m.segment = std::make_shared<const checkpoint::SnapshotSegment>(
+              checkpoint::SnapshotSegment::open(n, false));
+          m.inode = inode;
+          m.slots_in.clear();
+        }
+        for (int slot = 0; slot < m.segment->slots(); ++slot) {
+          if (m.slots_in.count(slot)) continue;
+          if (const std::optional<checkpoint::SnapshotSegment::View> v = m.segment->slot(slot)) {
+            m.segment->populate(*v);
+            m.slots_in.insert(slot);
+          }
+        }
+      } catch (const std::exception&) {
+        now.erase(n);  // gone or being rewritten: the recovery reads it as before
+      }
+    }
+    std::lock_guard<std::mutex> lock(premapped_mu_);
+    premapped_ = std::move(now);  // segments no longer listed are unmapped
+  });
 }
 
 void RankSnapshots::propose() {

@@ -269,6 +269,10 @@ class RankTraining {
   // one freed (its gradients, for a data-parallel change), kept until the world is entered.
   memory::RecyclingAllocator persistent_;
   DestinationPrefault prefault_{persistent_};  // faults persistent_'s next blocks in ahead
+  // Frees a live state the new world does not take, beside the snapshot reads (enter_world):
+  // its munmaps wait for the prefault's populate between pieces (the mmap lock), 45-100 ms
+  // of the entry on the thread that reads. Joined before the prefault is waited for.
+  std::jthread dropping_;
 
   WorldAhead ahead_;  // the next epoch's world, connected while this one ends its step
   std::unique_ptr<parallel::WorkerWorld> world_;
@@ -414,6 +418,29 @@ void RankTraining::enter_world(const std::string& why) {
   arrival_.comms = since(t);
   t = Clock::now();
 
+  // A survivor whose live state the world's choice of holders does not take (a node loss
+  // goes back to an older step's snapshots, which no vote of choose_and_read undoes: the live
+  // pieces of a later step never cover) drops it now, where the move would free it anyway,
+  // on a thread of its own beside the snapshot reads (dropping_): its blocks become the
+  // allocator's spares, which the reserve (and then the router) reshapes into this world's
+  // sizes instead of faulting those in anew (memory::RecyclingAllocator). As after the move,
+  // it then holds nothing of the old world.
+  if (gather && held_.valid && !leaving_) {
+    const Holders first = choose_holders(plans_, space_, reports, env_.world);
+    bool taken = false;
+    for (const Holders::Part& part : first.parts)
+      taken = taken || (part.holder == env_.rank &&
+                        reports[size_t(part.report)].source == HolderReport::kLive);
+    arrival_.backed = snapshot_backs(held_, reports);
+    if (first.found && !taken &&
+        (arrival_.backed || spec_.elastic.old_state == "free_as_moved")) {
+      const int held_rank = held_.rank, held_world = held_.world;
+      dropping_ = std::jthread([old = std::move(held_)]() mutable { old = HeldState{}; });
+      held_ = HeldState{};
+      held_.rank = held_rank, held_.world = held_world;
+      laps.lap("state not chosen dropped");
+    }
+  }
   // The coordinates of the state, the same for every world of the job (space_), and the
   // plans, each world size's made once in this process (plans_).
   const parallel::StateSpace& space = space_;
@@ -463,11 +490,16 @@ void RankTraining::enter_world(const std::string& why) {
   const parallel::StateInit init = holders.found  ? parallel::StateInit::kDeferred
                                    : resume.empty() ? parallel::StateInit::kSeed
                                                     : parallel::StateInit::kUnseeded;
+  if (dropping_.joinable()) {
+    dropping_.join();
+    laps.lap("dropped state freed");
+  }
   if (prefault_.started()) {
     const size_t ahead = prefault_.wait();
     laps.lap("prefault wait");
     WEFT_DEBUG("resize", "rank ", env_.rank, ": ", mib(ahead),
-               " MiB of this world's blocks faulted in ahead");
+               " MiB of this world's blocks faulted in ahead (", persistent_.reshaped(),
+               " blocks of an old layout reshaped into new sizes so far in this process)");
   }
   // Cached: made for an earlier world of this size, or ahead (plan_ahead below).
   const bool ready = plans_.has(train_world_);
@@ -514,7 +546,7 @@ void RankTraining::enter_world(const std::string& why) {
     // held_ until the world is entered (old plus new), unless same-step snapshots back it:
     // that also survives a rank lost during the move, which takes the only copy of what it
     // had received.
-    arrival_.backed = snapshot_backs(held_, reports);
+    arrival_.backed = arrival_.backed || snapshot_backs(held_, reports);  // (dropped above)
     // A departing rank keeps its state whole until its hand-over is confirmed: it allocates
     // nothing of the new layout, and a later epoch may need the state again from it.
     const bool free_old =

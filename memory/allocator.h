@@ -64,6 +64,12 @@ class Allocator {
   virtual AllocatorStats stats() const = 0;
   virtual std::string name() const = 0;
 
+  // Block `p` (live, from this allocator) made a block of `bytes` whose first bytes, up to the
+  // smaller size, are p's and whose pages stay where they were resident; p is then gone and
+  // the result is freed like any block. nullptr, p unchanged, where the allocator cannot
+  // (the default; HostAllocator for blocks in mappings of their own, memory/huge_pages.h).
+  virtual void* reshape(void* p, size_t bytes) { return nullptr; }
+
   // A new step starts: allocation event indices restart at 0 for tracing and planning.
   virtual void begin_step() {}
   // From now on allocations belong to `phase` of micro-batch `micro_batch` (-1: none).

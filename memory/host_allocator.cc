@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 
@@ -87,6 +88,30 @@ void HostAllocator::free(void* ptr) {
     stats_.bytes_reserved = rounded_live_ + kept_bytes_;
   }
   if (!keep) free_host_block(ptr, rounded);
+}
+
+void* HostAllocator::reshape(void* ptr, size_t bytes) {
+  size_t old_bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sizes_.find(ptr);
+    WEFT_CHECK(it != sizes_.end(), "HostAllocator::reshape of a pointer it did not allocate: ", ptr);
+    old_bytes = it->second;
+  }
+  const size_t from = round_block(old_bytes), to = round_block(bytes);
+  // The caller owns the block: nobody else frees or reshapes it meanwhile.
+  void* p = reshape_host_block(ptr, from, to);
+  if (!p) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  sizes_.erase(ptr);
+  sizes_[p] = bytes;
+  rounded_live_ = rounded_live_ - from + to;
+  rounded_live_peak_ = std::max(rounded_live_peak_, rounded_live_);
+  stats_.bytes_live = stats_.bytes_live - old_bytes + bytes;
+  stats_.bytes_reserved = rounded_live_ + kept_bytes_;
+  stats_.bytes_live_peak = std::max(stats_.bytes_live_peak, stats_.bytes_live);
+  stats_.bytes_reserved_peak = std::max(stats_.bytes_reserved_peak, stats_.bytes_reserved);
+  return p;
 }
 
 void HostAllocator::release_kept_locked(size_t want_free) {

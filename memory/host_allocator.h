@@ -39,6 +39,9 @@ class HostAllocator final : public Allocator {
   // raise the footprint above the live peak.
   void* allocate(size_t bytes, Tag tag = Tag::kOther) override;
   void free(void* ptr) override;
+  // Where both sizes are at least kHugeMinBytes (reshape_host_block); InternalError for a
+  // pointer it did not allocate.
+  void* reshape(void* p, size_t bytes) override;
   // bytes_reserved: live blocks (rounded) plus kept ones.
   AllocatorStats stats() const override;
   std::string name() const override { return "host"; }

@@ -24,4 +24,14 @@ void* allocate_host_block(size_t bytes, size_t alignment);
 // A block from allocate_host_block with the same `bytes`.
 void free_host_block(void* p, size_t bytes);
 
+// Block `p` of `old_bytes` from allocate_host_block made a block of `new_bytes` that keeps its
+// pages: the first min(old, new) bytes are p's, resident as they were (a shrink unmaps the
+// tail; a grow extends the mapping, moving it, page tables and all, to a 2 MiB boundary when
+// the range after it is taken, and the added tail is fresh). A freed block of one size and a
+// request of another then cost the pages the sizes differ by, not a whole block of fresh
+// ones (a resize's old and new layouts: memory::RecyclingAllocator). Only where both sizes
+// are at least kHugeMinBytes (a mapping of its own); otherwise, or when the system refuses,
+// nullptr and `p` is unchanged.
+void* reshape_host_block(void* p, size_t old_bytes, size_t new_bytes);
+
 }  // namespace weft::memory

@@ -1,11 +1,13 @@
-// RecyclingAllocator: exact-size reuse of large freed blocks until trim(), and blocks faulted
-// in ahead for the sizes a coming phase is expected to ask for.
+// RecyclingAllocator: exact-size reuse of large freed blocks until trim(), blocks faulted in
+// ahead for the sizes a coming phase is expected to ask for, and freed blocks of other sizes
+// reshaped into those.
 #include "memory/recycling_allocator.h"
 
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 
 #include "base/check.h"
 #include "base/populate.h"
@@ -44,8 +46,8 @@ void fault_in(void* p, size_t bytes) {
 }
 }  // namespace
 
-RecyclingAllocator::RecyclingAllocator(Allocator& base, size_t min_bytes)
-    : base_(base), min_bytes_(min_bytes) {}
+RecyclingAllocator::RecyclingAllocator(Allocator& base, size_t min_bytes, size_t spare_bytes)
+    : base_(base), min_bytes_(min_bytes), spare_bytes_(std::max(min_bytes, spare_bytes)) {}
 
 RecyclingAllocator::~RecyclingAllocator() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -60,6 +62,7 @@ void RecyclingAllocator::update_reserved_locked() {
 void* RecyclingAllocator::allocate(size_t bytes, Tag tag) {
   std::unique_lock<std::mutex> lock(mu_);
   void* p = nullptr;
+  std::pair<void*, size_t> spare{nullptr, 0};
   if (bytes >= min_bytes_) {
     auto it = kept_.find(bytes);
     // A block of this size being faulted in: waiting for it costs at most what faulting a
@@ -75,14 +78,22 @@ void* RecyclingAllocator::allocate(size_t bytes, Tag tag) {
       ++reused_;
     } else if (!expecting_) {
       trim_locked();
+    } else {
+      spare = take_spare_locked(bytes);
     }
     if (expecting_)
       if (auto e = expected_.find(bytes); e != expected_.end() && e->second > 0) --e->second;
   }
   if (!p) {
-    lock.unlock();  // the base may take a while (the system's allocator)
-    p = base_.allocate(bytes, tag);
+    lock.unlock();  // the base may take a while (the system's allocator, a reshape)
+    bool reshaped = false;
+    if (spare.first) {
+      std::tie(p, reshaped) = reshape_spare(spare.first, bytes, tag);
+    } else {
+      p = base_.allocate(bytes, tag);
+    }
     lock.lock();
+    if (reshaped) ++reused_, ++reshaped_;
   }
   live_[p] = bytes;
   stats_.bytes_live += bytes;
@@ -103,7 +114,7 @@ void RecyclingAllocator::free(void* ptr) {
   bool keep = bytes >= min_bytes_;
   if (keep && expecting_) {
     auto e = expected_.find(bytes);
-    keep = e != expected_.end() && e->second > kept_.count(bytes);
+    keep = (e != expected_.end() && e->second > kept_.count(bytes)) || keeps_spare_locked(bytes);
   }
   if (keep) {
     kept_.emplace(bytes, ptr);
@@ -120,22 +131,79 @@ AllocatorStats RecyclingAllocator::stats() const {
   return stats_;
 }
 
+size_t RecyclingAllocator::wanted_of_locked(size_t bytes) const {
+  if (!expecting_) return 0;
+  const auto e = expected_.find(bytes);
+  return e != expected_.end() ? e->second : 0;
+}
+
 void RecyclingAllocator::take_unwanted_locked(std::vector<void*>& out) {
+  std::vector<std::pair<size_t, void*>> extra;  // beyond what their size is expected for
   for (auto it = kept_.begin(); it != kept_.end();) {
     const size_t bytes = it->first;
-    const auto e = expected_.find(bytes);
-    const size_t want = expecting_ && e != expected_.end() ? e->second : 0;
-    const size_t have = kept_.count(bytes);
+    const size_t want = wanted_of_locked(bytes), have = kept_.count(bytes);
     auto next = kept_.upper_bound(bytes);
     for (size_t drop = have > want ? have - want : 0; drop > 0; --drop) {
       auto victim = kept_.find(bytes);
-      out.push_back(victim->second);
+      extra.emplace_back(bytes, victim->second);
       bytes_kept_ -= bytes;
       kept_.erase(victim);
     }
     it = next;
   }
+  // The largest first: the fewest fresh pages for the sizes they become.
+  std::sort(extra.begin(), extra.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [bytes, p] : extra) {
+    if (keeps_spare_locked(bytes)) {
+      kept_.emplace(bytes, p);
+      bytes_kept_ += bytes;
+    } else {
+      out.push_back(p);
+    }
+  }
   stats_.bytes_reserved = stats_.bytes_live + bytes_kept_;
+}
+
+bool RecyclingAllocator::keeps_spare_locked(size_t bytes) const {
+  if (!expecting_ || bytes < spare_bytes_) return false;
+  size_t open = 0, open_bytes = 0;  // expected requests no block covers
+  for (const auto& [size, want] : expected_) {
+    if (size < spare_bytes_) continue;
+    const auto f = in_flight_.find(size);
+    const size_t have = kept_.count(size) + (f != in_flight_.end() ? f->second : 0);
+    if (want > have) open += want - have, open_bytes += (want - have) * size;
+  }
+  size_t spares = 0, spare_bytes = 0;
+  for (auto it = kept_.begin(); it != kept_.end(); it = kept_.upper_bound(it->first)) {
+    const size_t have = kept_.count(it->first), want = wanted_of_locked(it->first);
+    if (have > want) spares += have - want, spare_bytes += (have - want) * it->first;
+  }
+  return spares < open && spare_bytes + bytes <= open_bytes;
+}
+
+std::pair<void*, size_t> RecyclingAllocator::take_spare_locked(size_t bytes) {
+  if (!expecting_ || bytes < spare_bytes_) return {nullptr, 0};
+  size_t best = 0;  // the smallest spare size of at least `bytes`, else the largest
+  for (auto it = kept_.begin(); it != kept_.end(); it = kept_.upper_bound(it->first)) {
+    const size_t size = it->first;
+    if (size < spare_bytes_ || kept_.count(size) <= wanted_of_locked(size)) continue;
+    const bool fits = size >= bytes, best_fits = best >= bytes;
+    if (best == 0 || (fits && (!best_fits || size < best)) || (!fits && !best_fits && size > best))
+      best = size;
+  }
+  if (best == 0) return {nullptr, 0};
+  auto it = kept_.find(best);
+  void* p = it->second;
+  kept_.erase(it);
+  bytes_kept_ -= best;
+  stats_.bytes_reserved = stats_.bytes_live + bytes_kept_;
+  return {p, best};
+}
+
+std::pair<void*, bool> RecyclingAllocator::reshape_spare(void* spare, size_t bytes, Tag tag) {
+  if (void* p = base_.reshape(spare, bytes)) return {p, true};
+  base_.free(spare);  // first: the new block replaces it
+  return {base_.allocate(bytes, tag), false};
 }
 
 size_t RecyclingAllocator::reserve(const std::vector<size_t>& sizes, size_t max_new_bytes) {
@@ -167,18 +235,42 @@ size_t RecyclingAllocator::reserve(const std::vector<size_t>& sizes, size_t max_
            e->second > kept_.count(bytes) + in_flight_[bytes];
   };
   size_t added = 0;
-  for (size_t bytes : missing) {
+  // Two passes: a size that a spare could serve but none does yet waits for the second, so
+  // that spares freed meanwhile (a survivor dropping the state it goes back from) serve it
+  // instead of fresh pages; the sizes no spare can serve come first.
+  std::vector<size_t> later;
+  const size_t first_pass = missing.size();
+  for (size_t i = 0; i < first_pass + later.size(); ++i) {
+    const bool first = i < first_pass;
+    const size_t bytes = first ? missing[i] : later[i - first_pass];
     if (bytes > max_new_bytes - added) continue;  // a smaller one later may still fit
+    std::pair<void*, size_t> spare{nullptr, 0};
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (generation_ != gen) break;  // a newer expectation (or a trim) replaced this one
       if (!wanted(bytes)) continue;   // requests of its size came first
+      spare = take_spare_locked(bytes);
+      if (!spare.first && first && bytes >= spare_bytes_) {
+        later.push_back(bytes);
+        continue;
+      }
       ++in_flight_[bytes];
     }
     void* p = nullptr;
     try {
-      p = base_.allocate(bytes, Tag::kOther);
-      fault_in(p, bytes);
+      bool reshaped = false;
+      if (spare.first) {
+        std::tie(p, reshaped) = reshape_spare(spare.first, bytes, Tag::kOther);
+      } else {
+        p = base_.allocate(bytes, Tag::kOther);
+      }
+      // A reshaped spare's pages up to its old size are resident already.
+      const size_t have = reshaped ? std::min(spare.second, bytes) : 0;
+      if (bytes > have) fault_in(static_cast<char*>(p) + have, bytes - have);
+      if (reshaped) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++reshaped_;
+      }
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
       --in_flight_[bytes];
@@ -226,6 +318,11 @@ size_t RecyclingAllocator::bytes_kept() const {
 size_t RecyclingAllocator::reused() const {
   std::lock_guard<std::mutex> lock(mu_);
   return reused_;
+}
+
+size_t RecyclingAllocator::reshaped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reshaped_;
 }
 
 }  // namespace weft::memory
