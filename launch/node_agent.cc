@@ -846,6 +846,9 @@ int NodeAgent::run() {
       sync_snapshot_peers();
       return monitor(current_, round);
     };
+    // A restart for a failure (a node lost, a worker failed elsewhere): the workers' world is
+    // broken, their step cannot end. A join's restart lets them end it and save.
+    so_.verdict_is_loss = [this] { return stop_.restart && stop_.failure; };
     const Outcome out = supervise(so_);
     m = current_;  // the epoch the workers ended in (later than the attempt's when live)
 

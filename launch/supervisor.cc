@@ -390,8 +390,11 @@ Outcome supervise(const SupervisorOptions& o) {
         next_monitor = Clock::now() + monitor_every;
       }
       if (!remote.empty()) {
-        std::fprintf(stderr, "weft run: %s; stopping the workers\n", remote.c_str());
-        stop_all(SIGTERM);
+        const bool loss = o.verdict_is_loss && o.verdict_is_loss();
+        std::fprintf(stderr, "weft run: %s; stopping the workers%s\n", remote.c_str(),
+                     loss ? " (SIGKILL: their world lost a member, so their step cannot end)"
+                          : "");
+        stop_all(loss ? SIGKILL : SIGTERM);
       }
     }
     if (new_failure && !failing) {

@@ -33,6 +33,12 @@ struct SupervisorOptions {
   // job must stop because of another node (lost, or failed); it then stops the workers and
   // takes that as the root cause. Must not throw.
   std::function<std::string()> monitor;
+  // Called when `monitor` returned a verdict: true when it is a loss (a member of the
+  // workers' world gone, or a peer's worker failed): no step of theirs can end then (its
+  // collectives wait on the lost one), so the graceful stop (SIGTERM: end the step, save a
+  // checkpoint) would only wait out grace_s; they are SIGKILLed at once instead. False or
+  // unset (a node joined, the job closed): SIGTERM and the grace. Must not throw.
+  std::function<bool()> verdict_is_loss;
   double monitor_interval_s = 0.1;
   // Readable when `monitor` should look now rather than at its next interval (the
   // membership record changed: membership_wake.h); -1: none. The supervisor drains it (an

@@ -335,6 +335,54 @@ TEST(MultiNode, SpareBeyondMaxIsAdmittedWhenAMemberIsLost) {
   fs::remove_all(d);
 }
 
+// A member lost under elastic.on_change: restart: the others' workers cannot end their step
+// (its collectives wait on the lost node, or it computes for seconds before the first one
+// fails), so they are SIGKILLed at once rather than SIGTERMed and given --grace. Workers that
+// ignore SIGTERM stand for them: with a grace of 120 s, far beyond the wait below, epoch 2
+// starts only because nobody waits for it.
+TEST(MultiNode, ALostMembersPeersAreKilledAtOnceNotGivenTheGrace) {
+  fs::path d = temp_dir("lostkill");
+  NodeAgents agents;
+  const int port = free_port();
+  const std::string worker = "trap '' TERM; echo world $GROUP_WORLD_SIZE epoch $WEFT_RDZV_EPOCH; "
+                             "while [ ! -f " + (d / "done").string() +
+                             " ] || [ $WEFT_RDZV_EPOCH != 2 ]; do sleep 0.05; done";
+  std::vector<std::string> args = agent_args(
+      port, "lostkill", {"sh", "-c", worker},
+      {"--max-restarts", "1", "--grace", "120", "--rdzv-conf",
+       "heartbeat_interval=0.5,heartbeat_timeout=2,last_call_timeout=0.5,join_timeout=60"});
+  args[2] = "2:3";  // --nnodes
+  std::vector<pid_t> p;
+  for (int i = 0; i < 3; ++i) {
+    p.push_back(agents.start(args, d / (std::to_string(i) + ".log")));
+    if (i == 0) {
+      ASSERT_TRUE(wait_for(d / "0.log", "serves the rendezvous store", p[0]));
+    }
+  }
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(wait_for(d / (std::to_string(i) + ".log"), "world 3 epoch 1", p[size_t(i)]))
+        << slurp(d / (std::to_string(i) + ".log"));
+  const std::string lost = node_id(p[2]);
+  ::kill(p[2], SIGKILL);
+  agents.wait(p[2]);
+  for (int i = 0; i < 2; ++i) {
+    const fs::path log = d / (std::to_string(i) + ".log");
+    const auto t0 = std::chrono::steady_clock::now();
+    while (slurp(log).find("world 2 epoch 2") == std::string::npos &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const std::string text = slurp(log);
+    ASSERT_NE(text.find("world 2 epoch 2"), std::string::npos) << text;
+    EXPECT_NE(text.find("(lost " + lost + "); stopping the workers (SIGKILL: their world lost a "
+                        "member, so their step cannot end)"),
+              std::string::npos)
+        << text;
+  }
+  std::ofstream(d / "done") << "1";
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(agents.wait(p[size_t(i)]), 0) << slurp(d / (std::to_string(i) + ".log"));
+  fs::remove_all(d);
+}
+
 TEST(MultiNode, WrongTokenFailsAtOnceNamingIt) {
   fs::path d = temp_dir("token");
   NodeAgents agents;

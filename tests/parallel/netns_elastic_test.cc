@@ -436,11 +436,16 @@ TEST(NetnsElastic, JoiningNodeGrowsTheWorldWithoutUsingARestart) {
   ASSERT_EQ(c0, 0) << logs;
   ASSERT_EQ(c1, 0) << logs;
   ASSERT_EQ(c2, 0) << logs;
-  for (int k = 0; k < 2; ++k)
+  for (int k = 0; k < 2; ++k) {
     EXPECT_NE(job.text(k).find("weft run: membership changed: epoch 1 -> 2, 2 -> 3 nodes (joined " +
                                joined + "); restarting the workers (0 of --max-restarts 3 used)"),
               std::string::npos)
         << logs;
+    // A join leaves the world whole: the workers end their step (SIGTERM), not killed.
+    EXPECT_NE(job.text(k).find("(joined " + joined + "); stopping the workers\n"),
+              std::string::npos)
+        << logs;
+  }
   EXPECT_NE(job.text(k2).find("is node 2 of 3 (rendezvous"), std::string::npos) << logs;
   expect_fixed_run(job.metrics(), {{2, 1}, {3, 2}}, logs);
   fs::remove_all(d);
