@@ -103,8 +103,6 @@ std::string rolled_note(const Arrival& a) {
              a.rolled_to, ", finishing the step with the statistics of the ranks ahead");
 }
 
-// What was connected while the old world ended its step: the world, and with it the
-// trainers' part and process groups (`groups_given`: the trainer took them).
 // The part of the transfer phase that waited for the last rank to reach the move: a rate
 // over the transfer phase alone would count another rank's reserve as slow bytes.
 std::string setup_note(const Arrival& a) {
@@ -115,6 +113,8 @@ std::string setup_note(const Arrival& a) {
   return b;
 }
 
+// What was connected while the old world ended its step: the world, and with it the
+// trainers' part and process groups (`groups_given`: the trainer took them).
 std::string ahead_note(const Arrival& a, bool groups_given) {
   if (!a.comms_ahead) return "";
   std::string s = "; its communicator was connected while the old world ended its step";
