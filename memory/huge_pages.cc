@@ -13,37 +13,31 @@ constexpr size_t kPage = 4096;
 
 size_t page_round(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 
-// Maps `bytes` plus 2 MiB and unmaps what lies before the first 2 MiB boundary and after the
-// block's last page.
-void* map_huge(size_t bytes) {
-  const size_t len = page_round(bytes);
-  void* m =
-      ::mmap(nullptr, len + kHugeBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+// `len` bytes mapped at a 2 MiB boundary with `prot` and `flags`: maps 2 MiB more and unmaps
+// what lies before the first boundary and after the block's last page.
+void* map_aligned(size_t len, int prot, int flags) {
+  void* m = ::mmap(nullptr, len + kHugeBytes, prot, flags | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return nullptr;
   const auto at = reinterpret_cast<uintptr_t>(m);
   const uintptr_t start = (at + kHugeBytes - 1) / kHugeBytes * kHugeBytes;
   if (start > at) ::munmap(m, start - at);
   if (const uintptr_t end = at + len + kHugeBytes; end > start + len)
     ::munmap(reinterpret_cast<void*>(start + len), end - (start + len));
+  return reinterpret_cast<void*>(start);
+}
+
+void* map_huge(size_t bytes) {
+  const size_t len = page_round(bytes);
+  void* p = map_aligned(len, PROT_READ | PROT_WRITE, 0);
   // Advice only: a kernel without transparent huge pages answers EINVAL, and the block
   // works in 4 KiB pages.
-  ::madvise(reinterpret_cast<void*>(start), len, MADV_HUGEPAGE);
-  return reinterpret_cast<void*>(start);
+  if (p) ::madvise(p, len, MADV_HUGEPAGE);
+  return p;
 }
 
 // `len` bytes of address space at a 2 MiB boundary, reserved (PROT_NONE, no memory), for a
 // mapping to be moved onto.
-void* reserve_aligned(size_t len) {
-  void* m = ::mmap(nullptr, len + kHugeBytes, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (m == MAP_FAILED) return nullptr;
-  const auto at = reinterpret_cast<uintptr_t>(m);
-  const uintptr_t start = (at + kHugeBytes - 1) / kHugeBytes * kHugeBytes;
-  if (start > at) ::munmap(m, start - at);
-  if (const uintptr_t end = at + len + kHugeBytes; end > start + len)
-    ::munmap(reinterpret_cast<void*>(start + len), end - (start + len));
-  return reinterpret_cast<void*>(start);
-}
+void* reserve_aligned(size_t len) { return map_aligned(len, PROT_NONE, MAP_NORESERVE); }
 
 }  // namespace
 

@@ -282,23 +282,6 @@ TEST_F(SnapshotOffersTest, TheWritersMappingIsOfferedAndReadWithoutASecondMappin
   }
 }
 
-// The Rss (KiB) of this process's mapping that contains `p` (smaps), -1 when none does.
-int64_t rss_kib_of_mapping_at(const void* p) {
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  std::ifstream smaps("/proc/self/smaps");
-  bool inside = false;
-  for (std::string line; std::getline(smaps, line);) {
-    uintptr_t from = 0, to = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &from, &to) == 2 && line.find(':') > line.find(' ')) {
-      inside = at >= from && at < to;
-      continue;
-    }
-    long kib = 0;
-    if (inside && std::sscanf(line.c_str(), "Rss: %ld kB", &kib) == 1) return kib;
-  }
-  return -1;
-}
-
 // What a worker's mapping ahead of a replica (launch/rank_snapshots.h, premap_replicas)
 // relies on: slots mapped in once stay mapped in, in that mapping, when a writer rewrites
 // them through another (the same tmpfs pages), and the mapping reads the new bytes.
@@ -313,7 +296,7 @@ TEST_F(SnapshotOffersTest, SlotsMappedInStayMappedInWhenRewrittenThroughAnotherM
     }
   ASSERT_NE(at, nullptr);
   const int64_t payload_kib = snapshot_payload_bytes(layout_) / 1024;
-  const int64_t before = rss_kib_of_mapping_at(at);
+  const int64_t before = rss_kib_of_mapping(at);
   EXPECT_GE(before, 3 * payload_kib) << "three slots mapped in";
   {
     SnapshotWriter w(SnapshotSegment::open(name_, true));
@@ -322,7 +305,7 @@ TEST_F(SnapshotOffersTest, SlotsMappedInStayMappedInWhenRewrittenThroughAnotherM
       ASSERT_TRUE(w.wait().has_value());
     }
   }
-  EXPECT_GE(rss_kib_of_mapping_at(at), before) << "no page of the reader's mapping was dropped";
+  EXPECT_GE(rss_kib_of_mapping(at), before) << "no page of the reader's mapping was dropped";
   SnapshotOffers offers;
   ASSERT_EQ(offers.add(reader, job_, true).size(), 3u);
   const std::vector<core::Tensor> got = offers.read(3, 15, layout_);

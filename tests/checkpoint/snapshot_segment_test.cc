@@ -27,6 +27,7 @@
 #include "base/error.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/job_id.h"
+#include "tests/checkpoint/snapshot_util.h"
 
 namespace weft::checkpoint {
 namespace {
@@ -234,23 +235,6 @@ TEST_F(SnapshotSegmentTest, ThreeSlotsKeepTheThreeNewestCommits) {
   EXPECT_EQ(r.slot(2)->meta.step, 6);
   EXPECT_EQ(r.slot(0)->meta.step, 7);
   EXPECT_THROW(r.slot(3), InternalError);
-}
-
-// The KiB of this process's mapping that contains `p` that are mapped in (smaps' Rss).
-int64_t rss_kib_of_mapping(const void* p) {
-  std::ifstream smaps("/proc/self/smaps");
-  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
-  bool inside = false;
-  for (std::string line; std::getline(smaps, line);) {
-    uintptr_t from = 0, to = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &from, &to) == 2 && line.find(':') > line.find(' ')) {
-      inside = at >= from && at < to;
-      continue;
-    }
-    long kib = 0;
-    if (inside && std::sscanf(line.c_str(), "Rss: %ld kB", &kib) == 1) return kib;
-  }
-  return -1;
 }
 
 // A reader maps in only the slot it reads (populate), never the whole segment: the other

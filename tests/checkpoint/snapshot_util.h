@@ -1,7 +1,10 @@
-// What the snapshot tests write: a rank's layout of whole tensors, and random bytes for it.
+// What the snapshot tests write: a rank's layout of whole tensors, and random bytes for it;
+// how much of a mapping is mapped in.
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <random>
 #include <string>
 #include <utility>
@@ -56,6 +59,24 @@ inline std::vector<core::Tensor> random_state(const parallel::RankLayout& l, uin
     out.push_back(x);
   }
   return out;
+}
+
+// The KiB of this process's mapping that contains `p` that are mapped in (smaps' Rss); -1
+// when no mapping contains it.
+inline int64_t rss_kib_of_mapping(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t from = 0, to = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &from, &to) == 2 && line.find(':') > line.find(' ')) {
+      inside = at >= from && at < to;
+      continue;
+    }
+    long kib = 0;
+    if (inside && std::sscanf(line.c_str(), "Rss: %ld kB", &kib) == 1) return kib;
+  }
+  return -1;
 }
 
 }  // namespace weft::checkpoint
