@@ -359,18 +359,22 @@ std::string hardware_to_yaml(const Hardware& hw) {
     os << "flops_by_size:  # [FLOPs of one op, sustained f32 FLOP/s]\n";
     for (const auto& [x, r] : hw.flops_by_size) os << "  - [" << num(x) << ", " << num(r) << "]\n";
   }
-  bool any_coll = false;
-  for (const auto& c : hw.coll_bw_by_size) any_coll = any_coll || !c.empty();
-  if (any_coll) {
-    os << "collective_bw_by_size:  # per kind: [bytes of one call, wire bytes/s], measured at 2 ranks\n";
-    for (int k = 0; k < kCollKinds; ++k) {
-      const auto& c = hw.coll_bw_by_size[size_t(k)];
+  // Curves per kind or type: a mapping of inline [x, y] lists, the empty ones left out.
+  auto curves = [&](const char* key, const char* comment, const auto& lists, auto name_of) {
+    bool any = false;
+    for (const auto& c : lists) any = any || !c.empty();
+    if (!any) return;
+    os << key << ":  # " << comment << "\n";
+    for (size_t k = 0; k < lists.size(); ++k) {
+      const auto& c = lists[k];
       if (c.empty()) continue;
-      os << "  " << coll_name(CollKind(k)) << ": [";
+      os << "  " << name_of(int(k)) << ": [";
       for (size_t i = 0; i < c.size(); ++i) os << (i ? ", [" : "[") << num(c[i].first) << ", " << num(c[i].second) << "]";
       os << "]\n";
     }
-  }
+  };
+  curves("collective_bw_by_size", "per kind: [bytes of one call, wire bytes/s], measured at 2 ranks",
+         hw.coll_bw_by_size, [](int k) { return coll_name(CollKind(k)); });
   if (!hw.sync_wait_by_burst.empty()) {
     os << "sync_wait_by_burst:  # [seconds of compute before a collective, its mean wait beyond "
           "its price], at 2 ranks\n";
@@ -400,18 +404,8 @@ std::string hardware_to_yaml(const Hardware& hw) {
     for (int i = 0; i < kRatedOps; ++i)
       if (hw.op_rates[size_t(i)] > 0) os << "  " << kRatedOpTypes[i] << ": " << num(hw.op_rates[size_t(i)]) << "\n";
   }
-  bool any_curve = false;
-  for (const auto& c : hw.op_rates_by_size) any_curve = any_curve || !c.empty();
-  if (any_curve) {
-    os << "op_rates_by_size:  # per type: [FLOPs of one op, FLOP/s], at each shape it was timed\n";
-    for (int k = 0; k < kRatedOps; ++k) {
-      const auto& c = hw.op_rates_by_size[size_t(k)];
-      if (c.empty()) continue;
-      os << "  " << kRatedOpTypes[k] << ": [";
-      for (size_t i = 0; i < c.size(); ++i) os << (i ? ", [" : "[") << num(c[i].first) << ", " << num(c[i].second) << "]";
-      os << "]\n";
-    }
-  }
+  curves("op_rates_by_size", "per type: [FLOPs of one op, FLOP/s], at each shape it was timed",
+         hw.op_rates_by_size, [](int k) { return std::string(kRatedOpTypes[k]); });
   if (hw.machine)
     os << "machine: {host: " << quoted(hw.machine->host) << ", cpu_model: " << quoted(hw.machine->cpu_model)
        << ", openblas_coretype: " << quoted(hw.machine->openblas_coretype) << "}\n";

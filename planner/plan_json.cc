@@ -464,11 +464,16 @@ Plan plan_from_json(const std::string& text) {
     if (const JsonValue* v = cm.find("cores")) k.model.cores = int(v->number);
     if (const JsonValue* v = cm.find("op_overhead")) k.model.op_overhead = v->number;
     if (const JsonValue* v = cm.find("launch_oversub")) k.model.launch_oversub = v->number;
-    if (const JsonValue* v = cm.find("flops_by_size"))  // absent before calibrated rates
-      for (const JsonValue& pt : v->items) {
-        if (pt.items.size() != 2) bad("costs.model.flops_by_size: each entry is [flop, flop/s]");
-        k.model.flops_by_size.push_back({pt.items[0].number, pt.items[1].number});
+    // A list of [x, y] points (a curve); `form` names the pair for the error.
+    using Curve = std::vector<std::pair<double, double>>;
+    auto curve = [&](const JsonValue& list, const std::string& name, const char* form, Curve& out) {
+      for (const JsonValue& pt : list.items) {
+        if (pt.items.size() != 2) bad("costs.model." + name + ": each entry is " + form);
+        out.push_back({pt.items[0].number, pt.items[1].number});
       }
+    };
+    if (const JsonValue* v = cm.find("flops_by_size"))  // absent before calibrated rates
+      curve(*v, "flops_by_size", "[flop, flop/s]", k.model.flops_by_size);
     if (const JsonValue* v = cm.find("op_rates")) {  // only in calibrated plans
       // New rated types are appended (kRatedOpTypes), so a plan written before some were has
       // fewer: the rest stay unrated (0: priced as before), as in a hardware file without them.
@@ -481,45 +486,26 @@ Plan plan_from_json(const std::string& text) {
       if (v->items.size() != k.model.coll_bw_by_size.size())
         bad("costs.model.coll_bw_by_size: one list per collective kind");
       for (size_t kind = 0; kind < v->items.size(); ++kind)
-        for (const JsonValue& pt : v->items[kind].items) {
-          if (pt.items.size() != 2) bad("costs.model.coll_bw_by_size: each entry is [bytes, bytes/s]");
-          k.model.coll_bw_by_size[kind].push_back({pt.items[0].number, pt.items[1].number});
-        }
+        curve(v->items[kind], "coll_bw_by_size", "[bytes, bytes/s]", k.model.coll_bw_by_size[kind]);
     }
     if (const JsonValue* v = cm.find("op_rates_by_size")) {  // only in calibrated plans
       if (v->items.size() > k.model.op_rates_by_size.size())
         bad("costs.model.op_rates_by_size: at most one list per rated op type (" +
             std::to_string(k.model.op_rates_by_size.size()) + "), got " + std::to_string(v->items.size()));
       for (size_t type = 0; type < v->items.size(); ++type)
-        for (const JsonValue& pt : v->items[type].items) {
-          if (pt.items.size() != 2) bad("costs.model.op_rates_by_size: each entry is [flop, flop/s]");
-          k.model.op_rates_by_size[type].push_back({pt.items[0].number, pt.items[1].number});
-        }
+        curve(v->items[type], "op_rates_by_size", "[flop, flop/s]", k.model.op_rates_by_size[type]);
     }
-    if (const JsonValue* v = cm.find("sync_wait_by_burst"))  // only in calibrated plans
-      for (const JsonValue& pt : v->items) {
-        if (pt.items.size() != 2)
-          bad("costs.model.sync_wait_by_burst: each entry is [burst s, wait s]");
-        k.model.sync_wait_by_burst.push_back({pt.items[0].number, pt.items[1].number});
-      }
-    if (const JsonValue* v = cm.find("sync_wait_oversub_by_burst"))  // only in calibrated plans
-      for (const JsonValue& pt : v->items) {
-        if (pt.items.size() != 2)
-          bad("costs.model.sync_wait_oversub_by_burst: each entry is [burst s, wait s]");
-        k.model.sync_wait_oversub_by_burst.push_back({pt.items[0].number, pt.items[1].number});
-      }
+    // The wait curves, only in calibrated plans.
+    for (auto& [name, out] : {std::pair<const char*, Curve*>{"sync_wait_by_burst", &k.model.sync_wait_by_burst},
+                              {"sync_wait_oversub_by_burst", &k.model.sync_wait_oversub_by_burst},
+                              {"sync_wait_oversub_more_by_burst", &k.model.sync_wait_oversub_more_by_burst}})
+      if (const JsonValue* v = cm.find(name)) curve(*v, name, "[burst s, wait s]", *out);
     if (const JsonValue* v = cm.find("sync_wait_oversub_ranks")) {  // only in calibrated plans
       if (!(v->number >= 2 && v->number == std::floor(v->number) && v->number <= double(1 << 30)))
         bad("costs.model.sync_wait_oversub_ranks: expected a whole number of ranks >= 2, got " +
             json_number(v->number));
       k.model.sync_wait_oversub_ranks = int(v->number);
     }
-    if (const JsonValue* v = cm.find("sync_wait_oversub_more_by_burst"))  // only in calibrated plans
-      for (const JsonValue& pt : v->items) {
-        if (pt.items.size() != 2)
-          bad("costs.model.sync_wait_oversub_more_by_burst: each entry is [burst s, wait s]");
-        k.model.sync_wait_oversub_more_by_burst.push_back({pt.items[0].number, pt.items[1].number});
-      }
     if (const JsonValue* v = cm.find("sync_wait_oversub_more_ranks")) {  // only in calibrated plans
       if (!(v->number >= 2 && v->number == std::floor(v->number) && v->number <= double(1 << 30)))
         bad("costs.model.sync_wait_oversub_more_ranks: expected a whole number of ranks >= 2, got " +
