@@ -263,8 +263,10 @@ void write_file(const fs::path& p, const std::string& text) { std::ofstream(p) <
 // apart the ranks reached the move). Rank 1 calls run_transition 300 ms after rank 0 said it
 // was calling it (steady_clock is the machine's monotonic clock, the same in both
 // processes); rank 0's setup cannot end before rank 1 took part: it lasts the 300 ms less
-// what rank 0 did between saying so and starting it (50 ms allowed for being descheduled
-// there), and its parts of the wall time add up to no more than the wall time.
+// what rank 0 did between saying so and starting it (microseconds, unless it is descheduled
+// there: half of the 300 ms is allowed for that on a loaded machine, where a setup that did
+// not wait takes a few ms), and its parts of the wall time add up to no more than the wall
+// time.
 TEST(RouterShmStats, SetupLastsUntilTheLastRankReachesTheMove) {
   StateSpace space = one_state({256, 64});
   Layout a, b;
@@ -305,7 +307,7 @@ TEST(RouterShmStats, SetupLastsUntilTheLastRankReachesTheMove) {
               st.seconds + 1e-9)
         << "rank " << r;
     if (r == 0) {
-      EXPECT_GE(st.seconds_setup, kLate - 0.05) << "rank 0 set up before rank 1 reached the move";
+      EXPECT_GE(st.seconds_setup, kLate / 2) << "rank 0 set up before rank 1 reached the move";
     }
   });
   EXPECT_TRUE(result.ok()) << result.summary();
