@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "checkpoint/snapshot_agent_files.h"
 #include "checkpoint/snapshot_segment.h"
 #include "launch/args.h"
 #include "launch/commands.h"
@@ -29,7 +30,9 @@ constexpr const char* kHelp = R"(usage: weft snapshot <action> [--job ID] ...
   weft snapshot clean [--job ID] [--all]
       remove the abandoned segments: their owner process is gone (a killed agent) and so
       is its guardian (while that lives it restarts the agent, which takes them over).
-      --all removes live ones too: a running job loses its in-memory snapshots
+      --all removes live ones too: a running job loses its in-memory snapshots. Also
+      removes the sockets (<tmp>/weft-snapshot-*.sock) and locks (/dev/shm/weft-agent-*)
+      that killed agents left; a live agent's are kept, --all or not
 
 ID is a job id, 16 hex digits, as in the segment names. docs/snapshot-format.md describes
 the segments.
@@ -194,8 +197,13 @@ int clean(const std::string& job, bool all) {
                  "weft snapshot clean: WARNING: --all removed %d segment%s whose owner or its "
                  "guardian is ALIVE: a running job lost its in-memory snapshots\n",
                  live_removed, live_removed > 1 ? "s" : "");
+  const std::vector<std::string> files = checkpoint::remove_stale_agent_files(job);
+  for (const std::string& f : files)
+    std::printf("removed %s (no snapshot agent holds it)\n", f.c_str());
   std::printf("removed %d snapshot segment%s%s", removed, removed == 1 ? "" : "s",
               of_job(job).c_str());
+  if (!files.empty())
+    std::printf(" and %zu file%s killed agents left", files.size(), files.size() == 1 ? "" : "s");
   if (kept)
     std::printf("; kept %d (owner or its guardian alive, or unreadable; --all removes them too)",
                 kept);

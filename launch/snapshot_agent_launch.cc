@@ -6,7 +6,6 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +20,7 @@
 #include "base/check.h"
 #include "base/error.h"
 #include "checkpoint/job_id.h"
+#include "checkpoint/snapshot_agent_files.h"
 #include "checkpoint/snapshot_protocol.h"
 #include "core/config/job_spec.h"
 #include "launch/args.h"
@@ -52,16 +52,6 @@ std::string describe(int status) {
   return "ended";
 }
 
-std::string socket_path(const std::string& job, int node) {
-  const std::string file = "weft-snapshot-" + job + "-n" + std::to_string(node) + ".sock";
-  std::error_code ec;
-  std::string dir = fs::temp_directory_path(ec).string();
-  std::string path = (fs::path(ec ? "/tmp" : dir) / file).string();
-  // A Unix socket path has at most 107 bytes: a long TMPDIR falls back to /tmp.
-  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) path = "/tmp/" + file;
-  return path;
-}
-
 }  // namespace
 
 std::optional<SnapshotAgentPlan> snapshot_agent_plan(const std::vector<std::string>& command,
@@ -85,7 +75,7 @@ std::optional<SnapshotAgentPlan> snapshot_agent_plan(const std::vector<std::stri
   }
   p.job_id = checkpoint::job_id_for_run(run_id);
   p.node = node;
-  p.socket = socket_path(p.job_id, node);
+  p.socket = checkpoint::agent_socket_path(p.job_id, node);
   return p;
 }
 
@@ -239,20 +229,25 @@ void SnapshotAgentProcess::finish() {
 }
 
 void SnapshotAgentProcess::stop() {
-  if (pid_ <= 0) return;
-  const pid_t pid = pid_;
-  ::kill(pid, SIGTERM);
-  const double until = now_s() + 5;
-  while (!reap(false) && now_s() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (pid_ > 0) {
-    ::kill(pid, SIGKILL);
-    reap(true);
+    const pid_t pid = pid_;
+    ::kill(pid, SIGTERM);
+    const double until = now_s() + 5;
+    while (!reap(false) && now_s() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (pid_ > 0) {
+      ::kill(pid, SIGKILL);
+      reap(true);
+    }
+    std::fprintf(stderr,
+                 "weft run: stopped the snapshot agent (pid %d); its segments stay for a restart "
+                 "of job %s\n",
+                 int(pid), plan_.job_id.c_str());
   }
-  std::fprintf(
-      stderr,
-      "weft run: stopped the snapshot agent (pid %d); its segments stay for a restart of job %s\n",
-      int(pid), plan_.job_id.c_str());
+  // An agent that ended by itself removed its socket and lock; one killed (SIGKILL, or the
+  // one given up on) left them, and no later agent of this job and node would reuse them.
+  for (const std::string& path : checkpoint::remove_stale_agent_files(plan_.job_id, plan_.node))
+    std::fprintf(stderr, "weft run: removed %s, left by a killed snapshot agent\n", path.c_str());
 }
 
 std::string SnapshotAgentProcess::endpoint() {

@@ -1,17 +1,22 @@
 // `weft snapshot ls|verify|clean` run as a user would: segments made here, some owned by a
 // process that has exited (abandoned), one by this test process (alive); `ls` lists them,
 // `verify` finds a flipped byte (exit 1), `clean --job` removes only the abandoned ones of
-// that job, `--all` the live one too. Every command names a job of its own: a test never
-// touches another job's segments.
+// that job, `--all` the live one too, and the socket and lock a killed agent left (a live
+// agent's stay). Every command names a job of its own: a test never touches another job's
+// segments.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "checkpoint/job_id.h"
+#include "checkpoint/snapshot_agent_files.h"
 #include "checkpoint/snapshot_segment.h"
+#include "tests/support/eventually.h"
 #include "tests/support/run_weft.h"
 
 namespace weft::checkpoint {
@@ -135,6 +140,53 @@ TEST_F(SnapshotCli, CleanRemovesTheAbandonedAndKeepsTheLive) {
   EXPECT_TRUE(has(all.out, "WARNING") && has(all.out, "ALIVE")) << all.out;
   EXPECT_TRUE(snapshot_segments(job_).empty());
   EXPECT_EQ(snapshot_segments(other_), std::vector<std::string>{foreign});
+}
+
+// Real agents: one SIGKILLed (its socket and lock stay), one alive. clean removes the killed
+// one's files and keeps the live one's, --all or not; the live one, stopped with SIGTERM,
+// removes its own.
+TEST_F(SnapshotCli, CleanRemovesAKilledAgentsSocketAndLockAndKeepsALiveOnes) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("weft_cli_" + job_);
+  std::filesystem::create_directories(dir);
+  std::vector<pid_t> agents;
+  struct Reap {  // every agent reaped however the test ends
+    std::vector<pid_t>& pids;
+    ~Reap() {
+      for (pid_t p : pids) ::kill(p, SIGKILL), ::waitpid(p, nullptr, 0);
+    }
+  } reap{agents};
+  for (int node : {1, 2})
+    agents.push_back(::weft::test::start_weft(
+        {"snapshot-agent", "--job", job_, "--node", std::to_string(node), "--socket",
+         agent_socket_path(job_, node)},
+        dir + "/agent" + std::to_string(node) + ".log"));
+  for (int node : {1, 2})
+    ASSERT_TRUE(::weft::test::eventually([&] {
+      return std::filesystem::exists(agent_socket_path(job_, node)) &&
+             std::filesystem::exists(agent_lock_path(job_, node));
+    })) << "agent " << node << " did not start";
+  ::kill(agents[0], SIGKILL);
+  ::waitpid(agents[0], nullptr, 0);
+  agents.erase(agents.begin());
+  ASSERT_TRUE(std::filesystem::exists(agent_socket_path(job_, 1)));  // what a kill leaves
+  ASSERT_TRUE(std::filesystem::exists(agent_lock_path(job_, 1)));
+
+  CommandResult r = weft("snapshot clean --job " + job_ + " --all");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const std::string& f : {agent_socket_path(job_, 1), agent_lock_path(job_, 1)}) {
+    EXPECT_TRUE(has(line_of(r.out, f), "removed")) << r.out;
+    EXPECT_FALSE(std::filesystem::exists(f)) << f;
+  }
+  EXPECT_TRUE(has(r.out, "and 2 files killed agents left")) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(agent_socket_path(job_, 2))) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(agent_lock_path(job_, 2))) << r.out;
+
+  ::kill(agents[0], SIGTERM);
+  ::waitpid(agents[0], nullptr, 0);
+  agents.clear();
+  EXPECT_FALSE(std::filesystem::exists(agent_socket_path(job_, 2)));
+  EXPECT_FALSE(std::filesystem::exists(agent_lock_path(job_, 2)));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(SnapshotCli, BadArgumentsExitTwoNamingTheFlag) {

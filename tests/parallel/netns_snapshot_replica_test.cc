@@ -16,25 +16,13 @@
 
 #include "checkpoint/job_id.h"
 #include "checkpoint/snapshot_segment.h"
+#include "tests/support/snapshot_leftovers.h"
 #include "tests/support/live_job.h"
 
 namespace weft::test {
 namespace {
 
 using namespace live;
-
-// The job's segments and agent locks go at the end, whatever happened (the killed host's
-// agent leaves its own; a test that fails mid-run leaves everyone's).
-struct JobSegments {
-  std::string job;
-  ~JobSegments() {
-    for (const std::string& n : checkpoint::snapshot_segments(job))
-      checkpoint::SnapshotSegment::unlink(n);
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator("/dev/shm", ec))
-      if (e.path().filename().string().starts_with("weft-agent-" + job)) fs::remove(e.path(), ec);
-  }
-};
 
 // One run: `redundancy` is "replica" or "ec". `slow_kbit` > 0 (replica): once the first
 // replicas exist, host 1's pushes to host 2's agent leave at that rate, each push then taking
@@ -50,7 +38,7 @@ void lose_a_node_under_zero3(const std::string& redundancy, int slow_kbit = 0) {
   const auto t_test = Clock::now();
   // Destroyed last: after every process on the hosts is gone, none can make a segment anew.
   const std::string id = "netns-" + redundancy + "-" + std::to_string(::getpid());
-  JobSegments segments{checkpoint::job_id_for_run(id)};
+  SnapshotLeftovers segments{checkpoint::job_id_for_run(id)};
   VirtualHosts hosts(3);
   LiveJob job;
   job.dir = agent_test_dir("netns_snapshot_" + redundancy, "zero3");

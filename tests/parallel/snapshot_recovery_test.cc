@@ -15,6 +15,7 @@
 #include "checkpoint/job_id.h"
 #include "checkpoint/snapshot_segment.h"
 #include "tests/support/live_job.h"
+#include "tests/support/snapshot_leftovers.h"
 
 namespace weft::test {
 namespace {
@@ -22,16 +23,6 @@ namespace {
 namespace fs = std::filesystem;
 using live::children;
 using live::poll_until;
-
-// Removes the job's segments at the end, whatever happened (a test that fails mid-run
-// SIGKILLs weft run, whose snapshot agent then keeps them for a restart that never comes).
-struct JobSegments {
-  std::string job;
-  ~JobSegments() {
-    for (const std::string& n : checkpoint::snapshot_segments(job))
-      checkpoint::SnapshotSegment::unlink(n);
-  }
-};
 
 std::string slurp_file(const fs::path& p) { return slurp(p); }
 
@@ -144,14 +135,14 @@ TEST_F(SnapshotRecovery, AKilledWorkerResumesFromTheNodesSnapshotsWithTheSameWei
   Agents agents({"OMP_NUM_THREADS=1"});
   // The uninterrupted run on the same layout, snapshots on as well.
   const std::string ref_id = "snaprec-ref-" + std::to_string(::getpid());
-  JobSegments ref_segments{checkpoint::job_id_for_run(ref_id)};
+  SnapshotLeftovers ref_segments{checkpoint::job_id_for_run(ref_id)};
   const pid_t ref = agents.start(run_args(ref_id, dir_ / "ref", {}), dir_ / "ref.log");
   ASSERT_EQ(agents.wait(ref), 0) << slurp_file(dir_ / "ref.log");
   // Finished well: the agent removed the job's segments.
   EXPECT_TRUE(checkpoint::snapshot_segments(ref_segments.job).empty());
 
   const std::string id = "snaprec-" + std::to_string(::getpid());
-  JobSegments segments{checkpoint::job_id_for_run(id)};
+  SnapshotLeftovers segments{checkpoint::job_id_for_run(id)};
   const fs::path out = dir_ / "run";
   const pid_t run = agents.start(run_args(id, out, {}), dir_ / "run.log");
   auto logged = [&] { return metrics_lines(out / "metrics.jsonl"); };
@@ -207,7 +198,7 @@ TEST_F(SnapshotRecovery, AKilledWorkerResumesFromTheNodesSnapshotsWithTheSameWei
 TEST_F(SnapshotRecovery, EveryAutoChoosesAnIntervalAndTheJobResumesOnIt) {
   Agents agents({"OMP_NUM_THREADS=1"});
   const std::string id = "snapauto-" + std::to_string(::getpid());
-  JobSegments segments{checkpoint::job_id_for_run(id)};
+  SnapshotLeftovers segments{checkpoint::job_id_for_run(id)};
   const fs::path out = dir_ / "run";
   const pid_t run = agents.start(run_args(id, out, {"snapshot.every=auto"}), dir_ / "run.log");
   const std::string chose = "snapshot.every auto: a snapshot every ";
@@ -248,12 +239,12 @@ TEST_F(SnapshotRecovery, ACorruptSnapshotIsFoundWhenReadAndTheOlderCompleteStepS
   const int steps = 160;
   const std::vector<std::string> every = {"snapshot.every=50"};
   const std::string ref_id = "snapcor-ref-" + std::to_string(::getpid());
-  JobSegments ref_segments{checkpoint::job_id_for_run(ref_id)};
+  SnapshotLeftovers ref_segments{checkpoint::job_id_for_run(ref_id)};
   const pid_t ref = agents.start(run_args(ref_id, dir_ / "ref", every, steps), dir_ / "ref.log");
   ASSERT_EQ(agents.wait(ref), 0) << slurp_file(dir_ / "ref.log");
 
   const std::string id = "snapcor-" + std::to_string(::getpid());
-  JobSegments segments{checkpoint::job_id_for_run(id)};
+  SnapshotLeftovers segments{checkpoint::job_id_for_run(id)};
   const fs::path out = dir_ / "run";
   const pid_t run = agents.start(run_args(id, out, every, steps), dir_ / "run.log");
   // Between step 105 and 150: every rank's newest snapshot is step 100's, the older 50's.
@@ -326,7 +317,7 @@ void kill_node2_worker(live::LiveJob& job) {
 TEST(SnapshotRecoveryMultiNode, AFailedWorkerWhoseSnapshotsExistOnlyOnItsNodeIsReplacedInPlace) {
   live::LiveJob job;
   three_zero1_nodes(job, "multinode", 1);
-  JobSegments segments{checkpoint::job_id_for_run(job.id)};
+  SnapshotLeftovers segments{checkpoint::job_id_for_run(job.id)};
   const fs::path ref = live::reference_run(job.dir, job.steps, {"parallel.dp=auto"});
   job.start_in_order(3);
   ASSERT_TRUE(job.wait_steps(40)) << job.all_logs();
@@ -364,7 +355,7 @@ TEST(SnapshotRecoveryMultiNode, AGrowFreesTheSurvivorsOldStateAsItMovesWhenASnap
   live::LiveJob job;
   three_zero1_nodes(job, "grow", 0);
   job.steps = 120;
-  JobSegments segments{checkpoint::job_id_for_run(job.id)};
+  SnapshotLeftovers segments{checkpoint::job_id_for_run(job.id)};
   const fs::path ref = live::reference_run(job.dir, job.steps, {"parallel.dp=auto"});
   job.start_in_order(2);
   ASSERT_TRUE(job.wait_steps(30)) << job.all_logs();
@@ -395,7 +386,7 @@ void failed_worker_leaves_under(const std::string& redundancy) {
   const bool ec = redundancy == "ec";
   live::LiveJob job;
   three_zero1_nodes(job, redundancy, 0, {"snapshot.redundancy=" + redundancy});
-  JobSegments segments{checkpoint::job_id_for_run(job.id)};
+  SnapshotLeftovers segments{checkpoint::job_id_for_run(job.id)};
   const fs::path ref = live::reference_run(job.dir, job.steps, {"parallel.dp=auto"});
   job.start_in_order(3);
   ASSERT_TRUE(poll_until(
@@ -457,7 +448,7 @@ TEST(SnapshotRecoveryMultiNode, ACorruptOwnSnapshotIsReadFromItsReplicaOnTheNext
   live::LiveJob job;
   three_zero1_nodes(job, "corrupt-replica", 0,
                     {"snapshot.redundancy=replica", "snapshot.every=50"});
-  JobSegments segments{checkpoint::job_id_for_run(job.id)};
+  SnapshotLeftovers segments{checkpoint::job_id_for_run(job.id)};
   const fs::path ref = live::reference_run(job.dir, job.steps, {"parallel.dp=auto"});
   job.start_in_order(3);
   const std::string own =
@@ -510,7 +501,7 @@ TEST(SnapshotRecoveryMultiNode, ACorruptOwnSnapshotIsReadFromItsReplicaOnTheNext
 TEST(SnapshotRecoveryMultiNode, ACorruptOwnSnapshotUnderEcIsRepairedFromParityWhenReadAndServes) {
   live::LiveJob job;
   three_zero1_nodes(job, "corrupt-ec", 1, {"snapshot.redundancy=ec", "snapshot.every=50"});
-  JobSegments segments{checkpoint::job_id_for_run(job.id)};
+  SnapshotLeftovers segments{checkpoint::job_id_for_run(job.id)};
   const fs::path ref = live::reference_run(job.dir, job.steps, {"parallel.dp=auto"});
   job.start_in_order(3);
   const std::string own =

@@ -567,6 +567,31 @@ TEST_F(SnapshotAgentRun, StopsTheAgentAndKeepsTheSegmentsWhenTheJobFails) {
   EXPECT_NE(::kill(agent, 0), 0);
 }
 
+// An agent that does not stop on SIGTERM (stopped here: hung) is killed after 5 s and leaves
+// its socket and lock; weft run removes them after it reaped it. The segments stay.
+TEST_F(SnapshotAgentRun, RemovesTheSocketAndLockOfAnAgentItHadToKill) {
+  pid_t run = start_run();
+  SnapshotAgentClient client(milliseconds(10000));
+  const Committed c = commit_one(client, 4);
+  ASSERT_FALSE(c.segment.empty());
+  const std::string sock = worker_socket(), lock = "/dev/shm/weft-agent-" + run_job_ + "-n0.lock";
+  ASSERT_TRUE(fs::exists(sock) && fs::exists(lock));
+  ASSERT_EQ(::kill(c.agent, SIGSTOP), 0);
+  end_workers(1);
+  int status = wait_exit(run, 60);
+  ASSERT_NE(status, -1) << read(path("run.log"));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << read(path("run.log"));
+  const std::string log = read(path("run.log"));
+  EXPECT_NE(log.find("removed " + sock + ", left by a killed snapshot agent"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("removed " + lock + ", left by a killed snapshot agent"), std::string::npos)
+      << log;
+  EXPECT_FALSE(fs::exists(sock));
+  EXPECT_FALSE(fs::exists(lock));
+  EXPECT_TRUE(holds_step(c.segment, 4));
+  EXPECT_NE(::kill(c.agent, 0), 0);
+}
+
 // The real worker refuses a snapshot.* key that would do nothing (exit 2); the agent weft run
 // started for it is still stopped and reaped. Replicas on one node are refused by weft run
 // itself, before any agent starts. Without snapshot.every no agent starts.

@@ -1,7 +1,7 @@
 // Real `weft` processes for the snapshot scenario tests (the agent alone, weft run with its
 // agent, agents on loopback with replica or ec peers): a fixture that starts them and always
-// reaps them, stopped or not, and unlinks every segment and agent lock of the test's jobs
-// however the test ends; snapshots with a known byte pattern, written as a worker does.
+// reaps them, stopped or not, and unlinks every segment, agent socket and lock of the test's
+// jobs however the test ends; snapshots with a known byte pattern, written as a worker does.
 #pragma once
 
 #include <fcntl.h>
@@ -28,6 +28,7 @@
 #include "checkpoint/job_id.h"
 #include "checkpoint/snapshot_protocol.h"
 #include "checkpoint/snapshot_segment.h"
+#include "tests/support/snapshot_leftovers.h"
 
 namespace weft::checkpoint {
 
@@ -100,12 +101,7 @@ class SnapshotProcessTest : public ::testing::Test {
       ::kill(pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
     }
-    for (const std::string& j : jobs_) {
-      for (const std::string& name : snapshot_segments(j)) SnapshotSegment::unlink(name);
-      std::error_code ec;
-      for (const auto& e : fs::directory_iterator("/dev/shm", ec))
-        if (e.path().filename().string().starts_with("weft-agent-" + j)) fs::remove(e.path(), ec);
-    }
+    for (const std::string& j : jobs_) weft::test::remove_snapshot_leftovers(j);
     fs::remove_all(dir_);
   }
 
