@@ -141,7 +141,7 @@ LinkFit fit_link(const std::vector<LinkSample>& samples) {
       }
       use[i] = 1;
     }
-    if (!(worst_ratio > kLoadOutlier)) break;
+    if (!is_load_outlier(worst_ratio, 1.0)) break;
     use[worst] = 0;
     rejected.push_back(samples[worst].name);
   }
@@ -160,10 +160,61 @@ LinkFit fit_link(const std::vector<LinkSample>& samples) {
   return f;
 }
 
+LoadRobustLevel load_robust_level(const std::vector<LoadSample>& samples) {
+  std::vector<double> undisturbed;
+  LoadRobustLevel l;
+  for (const LoadSample& s : samples) {
+    if (!(s.value > 0)) continue;
+    undisturbed.push_back(std::max(0.0, s.value - std::max(0.0, s.delay)));
+    l.raw += s.value;
+  }
+  if (undisturbed.empty()) throw Error("weft calibrate: a step-like loop gave no positive time (a probe failed)");
+  l.raw /= double(undisturbed.size());
+  std::vector<double> sorted = undisturbed;
+  std::nth_element(sorted.begin(), sorted.begin() + long(sorted.size() / 2), sorted.end());
+  const double mid = sorted[sorted.size() / 2];
+  double sum = 0;
+  for (double u : undisturbed) {
+    if (is_load_outlier(u, mid)) {
+      ++l.rejected;
+      continue;
+    }
+    sum += u, ++l.kept;
+  }
+  l.value = sum / l.kept;
+  return l;
+}
+
+int refit_non_decreasing(std::vector<std::pair<double, double>>& curve) {
+  // Pool adjacent violators: blocks of (sum, count), merged backwards while one's mean
+  // exceeds the next's.
+  std::vector<std::pair<double, int>> blocks;
+  for (const auto& p : curve) {
+    blocks.push_back({p.second, 1});
+    while (blocks.size() > 1) {
+      const auto& b = blocks.back();
+      const auto& a = blocks[blocks.size() - 2];
+      if (a.first / a.second <= b.first / b.second) break;
+      const std::pair<double, int> merged = {a.first + b.first, a.second + b.second};
+      blocks.pop_back();
+      blocks.back() = merged;
+    }
+  }
+  int moved = 0;
+  size_t i = 0;
+  for (const auto& [sum, count] : blocks)
+    for (int k = 0; k < count; ++k, ++i) {
+      const double v = sum / count;
+      moved += v != curve[i].second;
+      curve[i].second = v;
+    }
+  return moved;
+}
+
 BusyLaunch busy_launch(const LinkFit& f, double busy_ar2, double latency) {
   BusyLaunch b;
   b.idle_call = f.launch + 2 * f.latency;
-  b.load_outlier = b.idle_call > 0 && busy_ar2 > kLoadOutlier * b.idle_call;
+  b.load_outlier = is_load_outlier(busy_ar2, b.idle_call);
   b.launch = b.load_outlier ? f.launch : std::max(0.0, busy_ar2 - 2 * latency);
   return b;
 }
