@@ -554,54 +554,70 @@ int probe_worker(const std::string& path, bool waits_only) {
   // leave both out. At bursts from 50 us (tensor parallelism's, between its small
   // collectives) to 20 ms (a data-parallel step's compute before its gradient all-reduce):
   // CostModel::sync_wait_by_burst; above the cores on pairs, sync_wait_oversub_by_burst.
-  // Each loop is timed in segments (name@k), each with its ranks' wait for a core per call
-  // (name@k_delay: the run delay of the rank's threads, the most of the ranks), so that
-  // `weft calibrate` can leave out the segments another process's work landed in
-  // (load_robust_level) rather than average them in.
-  auto sync_mean = [&](const char* name, int iters, int burst, const std::function<void()>& op) {
+  // Each loop is timed in segments (name@k), each with the wait for a core that other
+  // processes' work added to its calls (name@k_delay), so that `weft calibrate` can take it
+  // out (load_robust_level). Two parts: the time the rank's threads (Gloo's included) were
+  // runnable and not running during the calls (the run delay less the part within the
+  // bursts), the most of the ranks; and each call's skew from the bursts' lost time (a
+  // burst lengthened by a preemption keeps its peers waiting in the call): the longest
+  // burst's lost time less the shortest's, call by call, over the group that synchronises.
+  // `group` is that group (the world, or the pairs over the cores).
+  auto sync_mean = [&](const char* name, int iters, int burst, comm::Communicator& group,
+                       const std::function<void()>& op) {
     const int segments = std::clamp(iters / kSyncCallsPerSegment, 1, kSyncSegments);
     const int calls = iters / segments;
-    // sync per call by segment, then the run delay per call by segment, then the burst per call
+    // sync per call by segment, then the calls' run delay per call by segment, then the burst per call
     std::vector<double> m(2 * size_t(segments) + 1, 0.0);
+    std::vector<double> lost(size_t(segments) * size_t(calls), 0.0);  // each burst's wall less CPU time
     c.barrier().wait();
     for (int s = 0; s < segments; ++s) {
-      double bursts = 0, burst_cpu = 0;
+      double bursts = 0, burst_lost = 0;
       const double delay0 = run_delay_s();
       auto t0 = Clock::now();
       for (int i = 0; i < calls; ++i) {
         const double c0 = thread_cpu_s();
         auto tb = Clock::now();
         for (int k = 0; k < burst; ++k) filler();
-        bursts += since(tb);
-        burst_cpu += thread_cpu_s() - c0;
+        const double wall = since(tb);
+        const double l = std::max(0.0, wall - (thread_cpu_s() - c0));
+        bursts += wall, burst_lost += l;
+        lost[size_t(s) * size_t(calls) + size_t(i)] = l;
         op();
       }
       m[size_t(s)] = (since(t0) - bursts) / calls;
-      // The run delay within the bursts (their wall time less their CPU time) lengthens the
-      // bursts, which the sync time leaves out; the rest is the calls'.
-      m[size_t(segments + s)] = std::max(0.0, run_delay_s() - delay0 - (bursts - burst_cpu)) / calls;
+      m[size_t(segments + s)] = std::max(0.0, run_delay_s() - delay0 - burst_lost) / calls;
       m.back() += bursts / (double(calls) * segments);
     }
     core::Tensor t = core::Tensor::from_vector<double>({int64_t(m.size())}, m);
     comm::AllReduceOptions o;
     o.op = comm::ReduceOp::kMax;
     c.all_reduce(t, o).wait();
+    core::Tensor most = core::Tensor::from_vector<double>({int64_t(lost.size())}, lost);
+    core::Tensor least = core::Tensor::from_vector<double>({int64_t(lost.size())}, lost);
+    group.all_reduce(most, o).wait();
+    comm::AllReduceOptions lo;
+    lo.op = comm::ReduceOp::kMin;
+    group.all_reduce(least, lo).wait();
+    std::vector<double> skew(size_t(segments), 0.0);
+    for (size_t i = 0; i < lost.size(); ++i) skew[i / size_t(calls)] += (most.data<double>()[i] - least.data<double>()[i]) / calls;
+    core::Tensor sk = core::Tensor::from_vector<double>({int64_t(segments)}, skew);
+    c.all_reduce(sk, o).wait();  // the groups' most
     for (int s = 0; s < segments; ++s) {
       const std::string seg = std::string(name) + "@" + std::to_string(s);
       out.push_back({seg, t.data<double>()[s]});
-      out.push_back({seg + "_delay", t.data<double>()[segments + s]});
+      out.push_back({seg + "_delay", t.data<double>()[segments + s] + sk.data<double>()[s]});
     }
     out.push_back({std::string(name) + "_burst", t.data<double>()[2 * segments]});
   };
   if (n <= int(std::max(1u, std::thread::hardware_concurrency()))) {
     core::Tensor part = core::Tensor::zeros({k64.numel() / n}, core::DType::kF32);
-    sync_mean("sync_ag_64KiB_b2", 400, 2, [&] { c.all_gather(k64, part).wait(); });
+    sync_mean("sync_ag_64KiB_b2", 400, 2, c, [&] { c.all_gather(k64, part).wait(); });
     for (const auto& [name, iters, burst] : kSyncBursts)
-      sync_mean(name, iters, burst, [&] { c.all_reduce(small).wait(); });
+      sync_mean(name, iters, burst, c, [&] { c.all_reduce(small).wait(); });
   } else {
     // More processes than cores: CostModel::sync_wait_oversub_by_burst.
     for (const auto& [name, iters, burst] : kSyncBurstsOversub)
-      sync_mean(name, iters, burst, [&] { pair.all_reduce(small).wait(); });
+      sync_mean(name, iters, burst, pair, [&] { pair.all_reduce(small).wait(); });
   }
   auto t0 = Clock::now();
   for (int i = 0; i < 20; ++i) filler();
@@ -773,12 +789,17 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
     for (const auto& [k, v] : runs[n]) {
       const size_t at = k.find('@');
       if (at == std::string::npos || delay_key(k) || pr[n].count(k.substr(0, at))) continue;
-      std::vector<LoadSample> all;  // every segment of this loop, over the repeats
+      // Every segment of this loop, over the repeats. Within the cores every wait for a core
+      // is another process's and comes out; over them the probe's own ranks share the cores,
+      // which is what those curves measure, and the run delay cannot tell the two apart: it
+      // stays in, and only the outlier rule applies.
+      const bool own_cores = n <= hw.cores;
+      std::vector<LoadSample> all;
       for (const auto& [k2, v2] : runs[n]) {
         if (k2.compare(0, at + 1, k, 0, at + 1) != 0 || delay_key(k2)) continue;
         const auto delay = runs[n].find(k2 + "_delay");
         for (size_t r = 0; r < v2.size(); ++r)
-          all.push_back({v2[r], delay != runs[n].end() && r < delay->second.size() ? delay->second[r] : 0.0});
+          all.push_back({v2[r], own_cores && delay != runs[n].end() && r < delay->second.size() ? delay->second[r] : 0.0});
       }
       const LoadRobustLevel l = load_robust_level(all);
       pr[n][k.substr(0, at)] = l.value;
