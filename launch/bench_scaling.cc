@@ -169,7 +169,8 @@ int run_scaling(const std::vector<std::string>& argv) {
                                     {"model.layers=4", "model.dim=256", "model.heads=4",
                                      "model.seq_len=256", "train.global_batch=8"}},
                                    {"gpt", cfg + "gpt-layout.yaml", {}},
-                                   {"moe", cfg + "moe-layout.yaml", {}}};
+                                   {"moe", cfg + "moe-layout.yaml", {}},
+                                   {"llama", cfg + "llama-layout.yaml", {}}};
   std::vector<Row> rows = {{"S world 1", 0, 1, {"parallel.dp=1", "train.micro_batch=8"}},
                            {"S dp2", 0, 2, {"parallel.dp=2", "train.micro_batch=4"}}};
   if (!quick) {
@@ -195,7 +196,14 @@ int run_scaling(const std::vector<std::string>& argv) {
         {"moe world 1", 2, 1, {"parallel.dp=1"}},
         {"ep2 (MoE)", 2, 2, {"parallel.dp=1", "parallel.ep=2"}},
         {"ep4 (MoE)", 2, 4, {"parallel.dp=1", "parallel.ep=4"}},
-        {"ep2xdp2 (MoE)", 2, 4, {"parallel.dp=2", "parallel.ep=2"}}};
+        {"ep2xdp2 (MoE)", 2, 4, {"parallel.dp=2", "parallel.ep=2"}},
+        // The Llama block (RMSNorm, rotary positions, SwiGLU, grouped-query attention) at the
+        // layout models' size: its 2 KV heads allow tp 1 or 2.
+        {"llama world 1", 3, 1, {"parallel.dp=1"}},
+        {"llama dp2", 3, 2, {"parallel.dp=2"}},
+        {"llama tp2", 3, 2, {"parallel.dp=1", "parallel.tp=2"}},
+        {"llama pp2 1f1b", 3, 2, {"parallel.dp=1", "parallel.pp=2", "parallel.pipeline.schedule=1f1b"}},
+        {"llama dp2xtp2", 3, 4, {"parallel.dp=2", "parallel.tp=2"}}};
     rows.insert(rows.end(), layouts.begin(), layouts.end());
   }
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
