@@ -777,8 +777,7 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
     // mean of their segments less the load outliers (load_robust_level): their means are
     // the waits a step pays, slow calls included (CostModel::sync_wait_by_burst).
     std::string s = "gloo, " + std::to_string(n) + " processes (least of " + std::to_string(opt.probe_repeats) +
-                    "; sync_*: the mean of the segments within " + std::to_string(int(kLoadOutlier)) +
-                    "x the least):";
+                    "; sync_*: the mean of the least-delayed quarter of the segments):";
     int kept = 0, rejected = 0;
     auto delay_key = [](const std::string& k) { return k.size() > 6 && k.compare(k.size() - 6, 6, "_delay") == 0; };
     for (const auto& [k, v] : runs[n]) {
@@ -789,26 +788,24 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
     for (const auto& [k, v] : runs[n]) {
       const size_t at = k.find('@');
       if (at == std::string::npos || delay_key(k) || pr[n].count(k.substr(0, at))) continue;
-      // Every segment of this loop, over the repeats. Within the cores every wait for a core
-      // is another process's and comes out; over them the probe's own ranks share the cores,
-      // which is what those curves measure, and the run delay cannot tell the two apart: it
-      // stays in, and only the outlier rule applies.
-      const bool own_cores = n <= hw.cores;
+      // Every segment of this loop, over the repeats. Over the cores the probe's own ranks
+      // add to every segment's delay alike; the least-delayed are still those other
+      // processes disturbed least.
       std::vector<LoadSample> all;
       for (const auto& [k2, v2] : runs[n]) {
         if (k2.compare(0, at + 1, k, 0, at + 1) != 0 || delay_key(k2)) continue;
         const auto delay = runs[n].find(k2 + "_delay");
         for (size_t r = 0; r < v2.size(); ++r)
-          all.push_back({v2[r], own_cores && delay != runs[n].end() && r < delay->second.size() ? delay->second[r] : 0.0});
+          all.push_back({v2[r], delay != runs[n].end() && r < delay->second.size() ? delay->second[r] : 0.0});
       }
       const LoadRobustLevel l = load_robust_level(all);
       pr[n][k.substr(0, at)] = l.value;
-      pr[n][k.substr(0, at) + "_raw"] = l.raw;  // as measured, run delay included
+      pr[n][k.substr(0, at) + "_raw"] = l.raw;  // every segment's mean
       kept += l.kept, rejected += l.rejected;
     }
     hw.measurements.push_back({"gloo_n" + std::to_string(n) + "_sync_segments_kept", double(kept)});
     hw.measurements.push_back({"gloo_n" + std::to_string(n) + "_sync_segments_rejected", double(rejected)});
-    std::snprintf(line, sizeof line, " (sync segments: %d kept, %d left out as load outliers)", kept, rejected);
+    std::snprintf(line, sizeof line, " (sync segments: %d kept, %d left out as delayed or outliers)", kept, rejected);
     s += line;
     for (const auto& [k, v] : pr[n]) {
       hw.measurements.push_back({"gloo_n" + std::to_string(n) + "_" + k + "_s", v});

@@ -161,25 +161,27 @@ LinkFit fit_link(const std::vector<LinkSample>& samples) {
 }
 
 LoadRobustLevel load_robust_level(const std::vector<LoadSample>& samples) {
-  std::vector<double> undisturbed;
+  std::vector<LoadSample> s;
   LoadRobustLevel l;
-  for (const LoadSample& s : samples) {
-    if (!(s.value > 0)) continue;
-    undisturbed.push_back(std::max(0.0, s.value - std::max(0.0, s.delay)));
-    l.raw += s.value;
-  }
-  if (undisturbed.empty()) throw Error("weft calibrate: a step-like loop gave no positive time (a probe failed)");
-  l.raw /= double(undisturbed.size());
-  std::vector<double> sorted = undisturbed;
+  for (const LoadSample& p : samples)
+    if (p.value > 0) s.push_back(p), l.raw += p.value;
+  if (s.empty()) throw Error("weft calibrate: a step-like loop gave no positive time (a probe failed)");
+  l.raw /= double(s.size());
+  std::stable_sort(s.begin(), s.end(), [](const LoadSample& a, const LoadSample& b) { return a.delay < b.delay; });
+  const size_t quiet = (s.size() + 3) / 4;
+  l.rejected = int(s.size() - quiet);  // the more delayed three quarters
+  std::vector<double> v;
+  for (size_t i = 0; i < quiet; ++i) v.push_back(s[i].value);
+  std::vector<double> sorted = v;
   std::nth_element(sorted.begin(), sorted.begin() + long(sorted.size() / 2), sorted.end());
   const double mid = sorted[sorted.size() / 2];
   double sum = 0;
-  for (double u : undisturbed) {
-    if (is_load_outlier(u, mid)) {
+  for (double x : v) {
+    if (is_load_outlier(x, mid)) {
       ++l.rejected;
       continue;
     }
-    sum += u, ++l.kept;
+    sum += x, ++l.kept;
   }
   l.value = sum / l.kept;
   return l;

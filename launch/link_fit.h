@@ -38,19 +38,20 @@ inline bool is_load_outlier(double measured, double expected) {
 
 // The level of a quantity measured many times on a shared machine: the step-like loops'
 // segments (sync_*), over probes interleaved in time. Each sample comes with how long its
-// threads waited for a core (their run delay: another process held it), which a machine of
-// its own would not have made them wait; the sample's undisturbed time is what is left
-// without it. A sample whose undisturbed time is more than kLoadOutlier times the median of
-// the samples' is a load outlier still (a wait the run delay did not see: the peer's); the
-// level is the mean of the rest. The mean, not the least: a step pays every call, the slow
-// ones of an idle machine included (a scheduler tick now and then).
+// threads waited for a core (their run delay: another process held it). The level is the
+// mean of the least-delayed quarter of the samples (the machine at its quietest over the
+// calibration, as each call's least of three probes is), less any of those more than
+// kLoadOutlier times their median (is_load_outlier: a wait the run delay did not see, the
+// peer's). The mean, not the least: a step pays every call, the slow ones of an idle
+// machine included (a scheduler tick now and then); and the samples as measured, not less
+// their delay: a step on this machine pays some, as the loops do at their quietest.
 struct LoadSample {
   double value = 0;
   double delay = 0;  // of it, the measuring threads' wait for a core (seconds, >= 0)
 };
 struct LoadRobustLevel {
   double value = 0;
-  double raw = 0;      // the mean of the samples as measured, for the record
+  double raw = 0;  // the mean of every sample, for the record
   int kept = 0, rejected = 0;
 };
 // Throws Error when `samples` holds no positive value.
