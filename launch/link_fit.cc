@@ -168,7 +168,9 @@ LoadRobustLevel load_robust_level(const std::vector<LoadSample>& samples) {
   if (s.empty()) throw Error("weft calibrate: a step-like loop gave no positive time (a probe failed)");
   l.raw /= double(s.size());
   std::stable_sort(s.begin(), s.end(), [](const LoadSample& a, const LoadSample& b) { return a.delay < b.delay; });
-  const size_t quiet = (s.size() + 3) / 4;
+  // No delay recorded anywhere: nothing tells the quiet samples apart, every one is kept.
+  const bool timed = s.back().delay > 0;
+  const size_t quiet = timed ? (s.size() + 3) / 4 : s.size();
   l.rejected = int(s.size() - quiet);  // the more delayed three quarters
   std::vector<double> v;
   for (size_t i = 0; i < quiet; ++i) v.push_back(s[i].value);

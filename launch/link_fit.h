@@ -44,7 +44,8 @@ inline bool is_load_outlier(double measured, double expected) {
 // kLoadOutlier times their median (is_load_outlier: a wait the run delay did not see, the
 // peer's). The mean, not the least: a step pays every call, the slow ones of an idle
 // machine included (a scheduler tick now and then); and the samples as measured, not less
-// their delay: a step on this machine pays some, as the loops do at their quietest.
+// their delay: a step on this machine pays some, as the loops do at their quietest. Where
+// no sample has a delay (none recorded), every one is kept, less the outliers.
 struct LoadSample {
   double value = 0;
   double delay = 0;  // of it, the measuring threads' wait for a core (seconds, >= 0)
