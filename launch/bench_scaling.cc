@@ -128,12 +128,14 @@ constexpr const char* kHelp = R"(usage: weft bench scaling [--quick] [--steps N]
   --attribute ROW  run one row (its name, e.g. "dp2 zero2") under the executor's
                  per-instruction timing and print its rank's time by instruction group beside
                  the model's price of each (--rank R, default 0)
+  --compare F1,F2,...  also predict the same runs under these hardware files (other
+                 calibrations): each one's median |error| and per-row errors
 )";
 
 }  // namespace
 
 int run_scaling(const std::vector<std::string>& argv) {
-  Args a(std::vector<std::string>(argv.begin() + 1, argv.end()), {"--steps", "--attribute", "--rank"},
+  Args a(std::vector<std::string>(argv.begin() + 1, argv.end()), {"--steps", "--attribute", "--rank", "--compare"},
          {"--quick", "--help", "--probe-only", "--exec-only", "--recalibrate"});
   if (a.flag("--exec-only")) {
     for (const char* f : {"gpt-layout.yaml", "moe-layout.yaml"}) {
@@ -167,7 +169,8 @@ int run_scaling(const std::vector<std::string>& argv) {
                                     {"model.layers=4", "model.dim=256", "model.heads=4",
                                      "model.seq_len=256", "train.global_batch=8"}},
                                    {"gpt", cfg + "gpt-layout.yaml", {}},
-                                   {"moe", cfg + "moe-layout.yaml", {}}};
+                                   {"moe", cfg + "moe-layout.yaml", {}},
+                                   {"llama", cfg + "llama-layout.yaml", {}}};
   std::vector<Row> rows = {{"S world 1", 0, 1, {"parallel.dp=1", "train.micro_batch=8"}},
                            {"S dp2", 0, 2, {"parallel.dp=2", "train.micro_batch=4"}}};
   if (!quick) {
@@ -193,7 +196,14 @@ int run_scaling(const std::vector<std::string>& argv) {
         {"moe world 1", 2, 1, {"parallel.dp=1"}},
         {"ep2 (MoE)", 2, 2, {"parallel.dp=1", "parallel.ep=2"}},
         {"ep4 (MoE)", 2, 4, {"parallel.dp=1", "parallel.ep=4"}},
-        {"ep2xdp2 (MoE)", 2, 4, {"parallel.dp=2", "parallel.ep=2"}}};
+        {"ep2xdp2 (MoE)", 2, 4, {"parallel.dp=2", "parallel.ep=2"}},
+        // The Llama block (RMSNorm, rotary positions, SwiGLU, grouped-query attention) at the
+        // layout models' size: its 2 KV heads allow tp 1 or 2.
+        {"llama world 1", 3, 1, {"parallel.dp=1"}},
+        {"llama dp2", 3, 2, {"parallel.dp=2"}},
+        {"llama tp2", 3, 2, {"parallel.dp=1", "parallel.tp=2"}},
+        {"llama pp2 1f1b", 3, 2, {"parallel.dp=1", "parallel.pp=2", "parallel.pipeline.schedule=1f1b"}},
+        {"llama dp2xtp2", 3, 4, {"parallel.dp=2", "parallel.tp=2"}}};
     rows.insert(rows.end(), layouts.begin(), layouts.end());
   }
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -352,6 +362,33 @@ int run_scaling(const std::vector<std::string>& argv) {
         std::printf("  %s -> predicted %.2f ms, %+.1f%% (with it %.2f ms, %+.1f%%)\n", r.name.c_str(),
                     r.one_curve_ms, (r.one_curve_ms - r.measured_ms) / r.measured_ms * 100, r.predicted_ms,
                     (r.predicted_ms - r.measured_ms) / r.measured_ms * 100);
+  }
+  // The same runs under other calibrations (--compare): how far the figure moves with the
+  // calibration alone, the runs held fixed (the predictions are deterministic under a file).
+  if (a.has("--compare")) {
+    std::string list = a.get("--compare");
+    for (size_t at = 0; at <= list.size();) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      const std::string file = list.substr(at, comma - at);
+      at = comma + 1;
+      if (file.empty()) continue;
+      const planner::Hardware other = planner::load_hardware(file, "--compare");
+      std::vector<double> e, e_fit;
+      std::string cells;
+      for (const Row& r : rows) {
+        if (!std::isfinite(r.measured_ms)) continue;
+        const Family& f = fam[size_t(r.family)];
+        const double p = predict_ms(r, f, other.cost_model(core::load_job_spec(f.config, f.sets).train.dtype));
+        const double err = (p - r.measured_ms) / r.measured_ms * 100;
+        e.push_back(std::fabs(err));
+        if (unsigned(r.world) <= cores) e_fit.push_back(std::fabs(err));
+        char one[96];
+        std::snprintf(one, sizeof one, "%s%s %+.1f%%", cells.empty() ? "" : ", ", r.name.c_str(), err);
+        cells += one;
+      }
+      std::printf("under %s: median |error| %.1f%% over all, %.1f%% within the cores (%s)\n", file.c_str(),
+                  median(e), median(e_fit), cells.c_str());
+    }
   }
   if (!quick)
     std::printf(

@@ -39,6 +39,37 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using planner::CollKind;
 
+// How long this process's threads have waited for a core (runnable, not running), seconds:
+// the sum of each thread's run delay (/proc/self/task/*/schedstat, its second field; 0 where
+// the kernel keeps none). Gloo's threads are among them: a wake-up that waits for a core
+// another process holds is what a loaded machine adds to a synchronisation.
+double run_delay_s() {
+  double ns = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    if (std::FILE* f = std::fopen((e.path() / "schedstat").c_str(), "r")) {
+      unsigned long long run = 0, wait = 0;
+      if (std::fscanf(f, "%llu %llu", &run, &wait) == 2) ns += double(wait);
+      std::fclose(f);
+    }
+  }
+  return ns * 1e-9;
+}
+
+// This thread's CPU time, seconds.
+double thread_cpu_s() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// This process's CPU time (every thread), seconds.
+double process_cpu_s() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Single-thread SGEMM rate of one M x N x K product, FLOP/s, in the form a linear layer runs
@@ -128,6 +159,8 @@ struct SyncBurst {
 };
 // The mean of a few hundred calls still moves with one stall of a scheduler tick (4 ms) more
 // or less: the short bursts, where a call is cheap, get the most calls (about 0.3 s each).
+// Each loop's segments: at most kSyncSegments, of at least kSyncCallsPerSegment calls.
+constexpr int kSyncSegments = 8, kSyncCallsPerSegment = 4;
 constexpr SyncBurst kSyncBursts[] = {{"sync_ar_4B_b1", 800, 1},
                                      {"sync_ar_4B_b4", 400, 4},
                                      {"sync_ar_4B_b20", 100, 20},
@@ -257,19 +290,26 @@ double fit_op_overhead(planner::Hardware& hw, const CalibrationOptions& opt) {
   for (const planner::Instr& in : plan.roles.at(0).program)
     ops += in.kind == planner::InstrKind::kCompute || in.kind == planner::InstrKind::kLocal;
   auto t0 = Clock::now();
-  // The least of three medians: an undisturbed step, as the scaling bench reads its runs
-  // (their lower quartile). The first trainer of a process also runs slower for a while
-  // (memory first touched): it is one of the three, never the only one.
-  double measured_ms = world1_step_ms(spec, true, 12);
-  for (int k = 0; k < 2; ++k) measured_ms = std::min(measured_ms, world1_step_ms(spec, true, 12));
+  // The least of three medians of the steps' CPU time: an undisturbed step. Their wall time
+  // is recorded beside; on a busy machine it holds the time other processes held the core
+  // (a calibration beside two spinning loops fitted op_overhead at 25 us where a quiet one
+  // gives 3-4, and put gpt world 1 at +115..+227%). The first trainer of a process also runs
+  // slower for a while (memory first touched): it is one of the three, never the only one.
+  double measured_ms = 1e300, wall_ms = 1e300;
+  for (int k = 0; k < 3; ++k) {
+    double cpu = 0;
+    wall_ms = std::min(wall_ms, world1_step_ms(spec, true, 12, &cpu));
+    measured_ms = std::min(measured_ms, cpu);
+  }
   hw.measurements.push_back({"executor_gpt_layout_step_s", measured_ms * 1e-3});
+  hw.measurements.push_back({"executor_gpt_layout_step_wall_s", wall_ms * 1e-3});
   hw.measurements.push_back({"executor_gpt_layout_instructions", double(ops)});
   const double per_op = std::max(0.0, (measured_ms - raw_ms) * 1e-3 / double(std::max<int64_t>(1, ops)));
-  char line[256];
+  char line[384];
   std::snprintf(line, sizeof line,
-                "executor: configs/gpt-layout.yaml world-1 step %.2f ms measured, %.2f ms simulated at the "
-                "measured rates, %lld instructions -> op_overhead %.2f us%s (%.1f s)",
-                measured_ms, raw_ms, (long long)ops, per_op * 1e6,
+                "executor: configs/gpt-layout.yaml world-1 step %.2f ms measured (CPU time; wall %.2f), %.2f ms "
+                "simulated at the measured rates, %lld instructions -> op_overhead %.2f us%s (%.1f s)",
+                measured_ms, wall_ms, raw_ms, (long long)ops, per_op * 1e6,
                 measured_ms < raw_ms ? " (the rates alone overshoot)" : "", since(t0));
   if (opt.progress) opt.progress(line);
   return per_op;
@@ -368,6 +408,15 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
                   hw.sync_wait_by_burst.back().second * 1e6);
     waits += one;
   }
+  int refit = refit_non_decreasing(hw.sync_wait_by_burst);
+  if (refit > 0) {
+    waits += "; falling, refitted non-decreasing (" + std::to_string(refit) + " points):";
+    for (const auto& [burst, wait] : hw.sync_wait_by_burst) {
+      char one[64];
+      std::snprintf(one, sizeof one, " %.2f ms: %.0f us", burst * 1e3, wait * 1e6);
+      waits += one;
+    }
+  }
   // The same above the cores (the pairs' all-reduce): what each call cost beyond its price
   // without launch_oversub, which these curves replace; at the first probe world there
   // (sync_wait_oversub_by_burst) and at the largest beyond it
@@ -384,6 +433,16 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
       std::snprintf(one, sizeof one, " %.2f ms: %.0f us", burst * 1e3, curve.back().second * 1e6);
       one_world += one;
     }
+    const int moved = refit_non_decreasing(curve);
+    refit += moved;
+    if (moved > 0) {
+      one_world += "; falling, refitted non-decreasing (" + std::to_string(moved) + " points):";
+      for (const auto& [burst, wait] : curve) {
+        char one[64];
+        std::snprintf(one, sizeof one, " %.2f ms: %.0f us", burst * 1e3, wait * 1e6);
+        one_world += one;
+      }
+    }
     if (!one_world.empty()) over += " (" + std::to_string(n) + " processes, pairs)" + one_world;
     return !curve.empty();
   };
@@ -393,6 +452,7 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
     if (more > first_over && oversub_curve(more, hw.sync_wait_oversub_more_by_burst))
       hw.sync_wait_oversub_more_ranks = more;
   }
+  hw.measurements.push_back({"wait_curve_points_refitted", double(refit)});
   char line[512];
   std::snprintf(line, sizeof line,
                 "link fit over %zu probes (least squares, relative): latency %.0f us, bw %.2f GB/s, "
@@ -508,33 +568,70 @@ int probe_worker(const std::string& path, bool waits_only) {
   // leave both out. At bursts from 50 us (tensor parallelism's, between its small
   // collectives) to 20 ms (a data-parallel step's compute before its gradient all-reduce):
   // CostModel::sync_wait_by_burst; above the cores on pairs, sync_wait_oversub_by_burst.
-  auto sync_mean = [&](const char* name, int iters, int burst, const std::function<void()>& op) {
+  // Each loop is timed in segments (name@k), each with the wait for a core that other
+  // processes' work added to its calls (name@k_delay), so that `weft calibrate` can take it
+  // out (load_robust_level). Two parts: the time the rank's threads (Gloo's included) were
+  // runnable and not running during the calls (the run delay less the part within the
+  // bursts), the most of the ranks; and each call's skew from the bursts' lost time (a
+  // burst lengthened by a preemption keeps its peers waiting in the call): the longest
+  // burst's lost time less the shortest's, call by call, over the group that synchronises.
+  // `group` is that group (the world, or the pairs over the cores).
+  auto sync_mean = [&](const char* name, int iters, int burst, comm::Communicator& group,
+                       const std::function<void()>& op) {
+    const int segments = std::clamp(iters / kSyncCallsPerSegment, 1, kSyncSegments);
+    const int calls = iters / segments;
+    // sync per call by segment, then the calls' run delay per call by segment, then the burst per call
+    std::vector<double> m(2 * size_t(segments) + 1, 0.0);
+    std::vector<double> lost(size_t(segments) * size_t(calls), 0.0);  // each burst's wall less CPU time
     c.barrier().wait();
-    double bursts = 0;
-    auto t0 = Clock::now();
-    for (int i = 0; i < iters; ++i) {
-      auto tb = Clock::now();
-      for (int k = 0; k < burst; ++k) filler();
-      bursts += since(tb);
-      op();
+    for (int s = 0; s < segments; ++s) {
+      double bursts = 0, burst_lost = 0;
+      const double delay0 = run_delay_s();
+      auto t0 = Clock::now();
+      for (int i = 0; i < calls; ++i) {
+        const double c0 = thread_cpu_s();
+        auto tb = Clock::now();
+        for (int k = 0; k < burst; ++k) filler();
+        const double wall = since(tb);
+        const double l = std::max(0.0, wall - (thread_cpu_s() - c0));
+        bursts += wall, burst_lost += l;
+        lost[size_t(s) * size_t(calls) + size_t(i)] = l;
+        op();
+      }
+      m[size_t(s)] = (since(t0) - bursts) / calls;
+      m[size_t(segments + s)] = std::max(0.0, run_delay_s() - delay0 - burst_lost) / calls;
+      m.back() += bursts / (double(calls) * segments);
     }
-    core::Tensor m =
-        core::Tensor::from_vector<double>({2}, {(since(t0) - bursts) / iters, bursts / iters});
+    core::Tensor t = core::Tensor::from_vector<double>({int64_t(m.size())}, m);
     comm::AllReduceOptions o;
     o.op = comm::ReduceOp::kMax;
-    c.all_reduce(m, o).wait();
-    out.push_back({std::string(name), m.data<double>()[0]});
-    out.push_back({std::string(name) + "_burst", m.data<double>()[1]});
+    c.all_reduce(t, o).wait();
+    core::Tensor most = core::Tensor::from_vector<double>({int64_t(lost.size())}, lost);
+    core::Tensor least = core::Tensor::from_vector<double>({int64_t(lost.size())}, lost);
+    group.all_reduce(most, o).wait();
+    comm::AllReduceOptions lo;
+    lo.op = comm::ReduceOp::kMin;
+    group.all_reduce(least, lo).wait();
+    std::vector<double> skew(size_t(segments), 0.0);
+    for (size_t i = 0; i < lost.size(); ++i) skew[i / size_t(calls)] += (most.data<double>()[i] - least.data<double>()[i]) / calls;
+    core::Tensor sk = core::Tensor::from_vector<double>({int64_t(segments)}, skew);
+    c.all_reduce(sk, o).wait();  // the groups' most
+    for (int s = 0; s < segments; ++s) {
+      const std::string seg = std::string(name) + "@" + std::to_string(s);
+      out.push_back({seg, t.data<double>()[s]});
+      out.push_back({seg + "_delay", t.data<double>()[segments + s] + sk.data<double>()[s]});
+    }
+    out.push_back({std::string(name) + "_burst", t.data<double>()[2 * segments]});
   };
   if (n <= int(std::max(1u, std::thread::hardware_concurrency()))) {
     core::Tensor part = core::Tensor::zeros({k64.numel() / n}, core::DType::kF32);
-    sync_mean("sync_ag_64KiB_b2", 400, 2, [&] { c.all_gather(k64, part).wait(); });
+    sync_mean("sync_ag_64KiB_b2", 400, 2, c, [&] { c.all_gather(k64, part).wait(); });
     for (const auto& [name, iters, burst] : kSyncBursts)
-      sync_mean(name, iters, burst, [&] { c.all_reduce(small).wait(); });
+      sync_mean(name, iters, burst, c, [&] { c.all_reduce(small).wait(); });
   } else {
     // More processes than cores: CostModel::sync_wait_oversub_by_burst.
     for (const auto& [name, iters, burst] : kSyncBurstsOversub)
-      sync_mean(name, iters, burst, [&] { pair.all_reduce(small).wait(); });
+      sync_mean(name, iters, burst, pair, [&] { pair.all_reduce(small).wait(); });
   }
   auto t0 = Clock::now();
   for (int i = 0; i < 20; ++i) filler();
@@ -571,7 +668,7 @@ std::map<std::string, double> probe_collectives(int n, bool waits_only) {
   return out;
 }
 
-double world1_step_ms(const core::JobSpec& spec, bool multi_rank, int steps) {
+double world1_step_ms(const core::JobSpec& spec, bool multi_rank, int steps, double* cpu_ms) {
   core::cpu::set_num_threads(1);
   core::BatchFn batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
     for (int64_t i = 0; i < n * spec.model.seq_len; ++i) {
@@ -579,12 +676,13 @@ double world1_step_ms(const core::JobSpec& spec, bool multi_rank, int steps) {
       y[i] = int32_t((s * 131 + b0 * 17 + i * 7 + 1) % 256);
     }
   };
-  std::vector<double> ms;
+  std::vector<double> ms, cpu;
   auto run = [&](auto& trainer) {
     for (int i = 0; i <= steps; ++i) {
+      const double c0 = process_cpu_s();
       auto t0 = Clock::now();
       trainer.step(batch);
-      if (i > 0) ms.push_back(since(t0) * 1e3);
+      if (i > 0) ms.push_back(since(t0) * 1e3), cpu.push_back((process_cpu_s() - c0) * 1e3);
     }
   };
   if (multi_rank) {
@@ -597,6 +695,7 @@ double world1_step_ms(const core::JobSpec& spec, bool multi_rank, int steps) {
     core::Trainer t(spec);
     run(t);
   }
+  if (cpu_ms) *cpu_ms = median(cpu);
   return median(ms);
 }
 
@@ -669,33 +768,69 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
   hw.flops_f32 = hw.flops_bf16 = best;
 
   std::map<int, std::map<std::string, double>> pr;
-  for (int n : opt.probe_worlds) {
-    t0 = Clock::now();
-    // A shared machine delays a wake-up now and then, and another process's burst of work
-    // can hold a core through a whole probe: a call's time is the least of a few probes (as
-    // the kernels' rates take the least of 8 steps), what the call costs undisturbed. The
-    // step-like loops (sync_*) keep the median: their means are the waits a step pays,
-    // slow calls included (CostModel::sync_wait_by_burst).
-    std::map<std::string, std::vector<double>> runs;
-    // Past the first world above the cores, only the step-like loop feeds the model.
-    bool waits_only = false;
-    for (int m : opt.probe_worlds) waits_only = waits_only || (m > hw.cores && m < n);
-    for (int rep = 0; rep < opt.probe_repeats; ++rep) {
+  // The repeats interleaved (2, 4, 8, 2, 4, 8, ...): a burst of another process's work lands
+  // in one repeat of each world rather than in every repeat of one.
+  std::map<int, std::map<std::string, std::vector<double>>> runs;
+  std::map<int, double> probe_s;
+  for (int rep = 0; rep < opt.probe_repeats; ++rep) {
+    for (int n : opt.probe_worlds) {
+      t0 = Clock::now();
+      // Past the first world above the cores, only the step-like loop feeds the model.
+      bool waits_only = false;
+      for (int m : opt.probe_worlds) waits_only = waits_only || (m > hw.cores && m < n);
       std::map<std::string, double> one = probe_collectives(n, waits_only);
       if (one.empty())
         throw Error("weft calibrate: the Gloo probe on " + std::to_string(n) + " processes failed (log named above)");
-      for (const auto& [k, v] : one) runs[k].push_back(v);
+      for (const auto& [k, v] : one) runs[n][k].push_back(v);
+      probe_s[n] += since(t0);
     }
-    for (const auto& [k, v] : runs)
-      pr[n][k] = k.rfind("sync_", 0) == 0 ? median(v) : *std::min_element(v.begin(), v.end());
+  }
+  for (int n : opt.probe_worlds) {
+    // A shared machine delays a wake-up now and then, and another process's burst of work
+    // can hold a core through a whole probe: a call's time is the least of a few probes (as
+    // the kernels' rates take the least of 8 steps), what the call costs undisturbed; so is
+    // a loop's burst (the compute the model prices). The step-like loops (sync_*) keep the
+    // mean of their segments less the load outliers (load_robust_level): their means are
+    // the waits a step pays, slow calls included (CostModel::sync_wait_by_burst).
     std::string s = "gloo, " + std::to_string(n) + " processes (least of " + std::to_string(opt.probe_repeats) +
-                    "; sync_*: median):";
+                    "; sync_*: the mean of the least-delayed quarter of the segments):";
+    int kept = 0, rejected = 0;
+    auto delay_key = [](const std::string& k) { return k.size() > 6 && k.compare(k.size() - 6, 6, "_delay") == 0; };
+    for (const auto& [k, v] : runs[n]) {
+      const size_t at = k.find('@');
+      if (at != std::string::npos) continue;  // a segment: its loop's level, below
+      pr[n][k] = *std::min_element(v.begin(), v.end());
+    }
+    for (const auto& [k, v] : runs[n]) {
+      const size_t at = k.find('@');
+      if (at == std::string::npos || delay_key(k) || pr[n].count(k.substr(0, at))) continue;
+      // Every segment of this loop, over the repeats. Over the cores the probe's own ranks'
+      // sharing of the cores is most of every segment's delay and what those curves measure:
+      // the quietest quarter there priced the oversubscribed rows 30-55% under their runs,
+      // so there every segment is kept (no delay given), less the outliers.
+      const bool own_cores = n <= hw.cores;
+      std::vector<LoadSample> all;
+      for (const auto& [k2, v2] : runs[n]) {
+        if (k2.compare(0, at + 1, k, 0, at + 1) != 0 || delay_key(k2)) continue;
+        const auto delay = runs[n].find(k2 + "_delay");
+        for (size_t r = 0; r < v2.size(); ++r)
+          all.push_back({v2[r], own_cores && delay != runs[n].end() && r < delay->second.size() ? delay->second[r] : 0.0});
+      }
+      const LoadRobustLevel l = load_robust_level(all);
+      pr[n][k.substr(0, at)] = l.value;
+      pr[n][k.substr(0, at) + "_raw"] = l.raw;  // every segment's mean
+      kept += l.kept, rejected += l.rejected;
+    }
+    hw.measurements.push_back({"gloo_n" + std::to_string(n) + "_sync_segments_kept", double(kept)});
+    hw.measurements.push_back({"gloo_n" + std::to_string(n) + "_sync_segments_rejected", double(rejected)});
+    std::snprintf(line, sizeof line, " (sync segments: %d kept, %d left out as delayed or outliers)", kept, rejected);
+    s += line;
     for (const auto& [k, v] : pr[n]) {
       hw.measurements.push_back({"gloo_n" + std::to_string(n) + "_" + k + "_s", v});
       std::snprintf(line, sizeof line, " %s %.0fus", k.c_str(), v * 1e6);
       s += line;
     }
-    std::snprintf(line, sizeof line, " (%.1f s)", since(t0));
+    std::snprintf(line, sizeof line, " (%.1f s)", probe_s[n]);
     say(s + line);
   }
   say(fit_collectives(pr, hw));

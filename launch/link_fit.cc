@@ -141,7 +141,7 @@ LinkFit fit_link(const std::vector<LinkSample>& samples) {
       }
       use[i] = 1;
     }
-    if (!(worst_ratio > kLoadOutlier)) break;
+    if (!is_load_outlier(worst_ratio, 1.0)) break;
     use[worst] = 0;
     rejected.push_back(samples[worst].name);
   }
@@ -160,10 +160,65 @@ LinkFit fit_link(const std::vector<LinkSample>& samples) {
   return f;
 }
 
+LoadRobustLevel load_robust_level(const std::vector<LoadSample>& samples) {
+  std::vector<LoadSample> s;
+  LoadRobustLevel l;
+  for (const LoadSample& p : samples)
+    if (p.value > 0) s.push_back(p), l.raw += p.value;
+  if (s.empty()) throw Error("weft calibrate: a step-like loop gave no positive time (a probe failed)");
+  l.raw /= double(s.size());
+  std::stable_sort(s.begin(), s.end(), [](const LoadSample& a, const LoadSample& b) { return a.delay < b.delay; });
+  // No delay recorded anywhere: nothing tells the quiet samples apart, every one is kept.
+  const bool timed = s.back().delay > 0;
+  const size_t quiet = timed ? (s.size() + 3) / 4 : s.size();
+  l.rejected = int(s.size() - quiet);  // the more delayed three quarters
+  std::vector<double> v;
+  for (size_t i = 0; i < quiet; ++i) v.push_back(s[i].value);
+  std::vector<double> sorted = v;
+  std::nth_element(sorted.begin(), sorted.begin() + long(sorted.size() / 2), sorted.end());
+  const double mid = sorted[sorted.size() / 2];
+  double sum = 0;
+  for (double x : v) {
+    if (is_load_outlier(x, mid)) {
+      ++l.rejected;
+      continue;
+    }
+    sum += x, ++l.kept;
+  }
+  l.value = sum / l.kept;
+  return l;
+}
+
+int refit_non_decreasing(std::vector<std::pair<double, double>>& curve) {
+  // Pool adjacent violators: blocks of (sum, count), merged backwards while one's mean
+  // exceeds the next's.
+  std::vector<std::pair<double, int>> blocks;
+  for (const auto& p : curve) {
+    blocks.push_back({p.second, 1});
+    while (blocks.size() > 1) {
+      const auto& b = blocks.back();
+      const auto& a = blocks[blocks.size() - 2];
+      if (a.first / a.second <= b.first / b.second) break;
+      const std::pair<double, int> merged = {a.first + b.first, a.second + b.second};
+      blocks.pop_back();
+      blocks.back() = merged;
+    }
+  }
+  int moved = 0;
+  size_t i = 0;
+  for (const auto& [sum, count] : blocks)
+    for (int k = 0; k < count; ++k, ++i) {
+      const double v = sum / count;
+      moved += v != curve[i].second;
+      curve[i].second = v;
+    }
+  return moved;
+}
+
 BusyLaunch busy_launch(const LinkFit& f, double busy_ar2, double latency) {
   BusyLaunch b;
   b.idle_call = f.launch + 2 * f.latency;
-  b.load_outlier = b.idle_call > 0 && busy_ar2 > kLoadOutlier * b.idle_call;
+  b.load_outlier = is_load_outlier(busy_ar2, b.idle_call);
   b.launch = b.load_outlier ? f.launch : std::max(0.0, busy_ar2 - 2 * latency);
   return b;
 }

@@ -29,6 +29,43 @@ struct LinkSample {
 // machine, a time slice on a call under 1 ms is several times it.
 constexpr double kLoadOutlier = 3.0;
 
+// The one rule every estimate of `weft calibrate` rejects a measurement by: it took more than
+// kLoadOutlier times what it is expected to take (the fit of the other samples, the least of
+// its repeats, the fit's idle call).
+inline bool is_load_outlier(double measured, double expected) {
+  return expected > 0 && measured > kLoadOutlier * expected;
+}
+
+// The level of a quantity measured many times on a shared machine: the step-like loops'
+// segments (sync_*), over probes interleaved in time. Each sample comes with how long its
+// threads waited for a core (their run delay: another process held it). The level is the
+// mean of the least-delayed quarter of the samples (the machine at its quietest over the
+// calibration, as each call's least of three probes is), less any of those more than
+// kLoadOutlier times their median (is_load_outlier: a wait the run delay did not see, the
+// peer's). The mean, not the least: a step pays every call, the slow ones of an idle
+// machine included (a scheduler tick now and then); and the samples as measured, not less
+// their delay: a step on this machine pays some, as the loops do at their quietest. Where
+// no sample has a delay (none recorded), every one is kept, less the outliers.
+struct LoadSample {
+  double value = 0;
+  double delay = 0;  // of it, the measuring threads' wait for a core (seconds, >= 0)
+};
+struct LoadRobustLevel {
+  double value = 0;
+  double raw = 0;  // the mean of every sample, for the record
+  int kept = 0, rejected = 0;
+};
+// Throws Error when `samples` holds no positive value.
+LoadRobustLevel load_robust_level(const std::vector<LoadSample>& samples);
+
+// A wait curve's plausibility check and refit: the wait of a collective by the compute
+// before it (sync_wait_by_burst and the curves over the cores) cannot fall as that compute
+// grows (the skew a burst lets the ranks gather only grows with it), so a point above a
+// later one is load the run delay did not take out. Where the curve falls, the closest
+// non-decreasing curve in least squares replaces it (adjacent points pooled to their mean);
+// returns how many points moved (0: the curve was plausible and is unchanged).
+int refit_non_decreasing(std::vector<std::pair<double, double>>& curve);
+
 struct LinkFit {
   double launch = 0, latency = 0, bw = 0;  // seconds, seconds, bytes per second
   double rms_relative_error = 0;           // of the fitted model over the samples

@@ -137,6 +137,79 @@ TEST(LinkFit, TheBusyAllReduceGivesTheLaunchUnlessLoadHeldIt) {
   EXPECT_NEAR(loaded.launch, kLaunch, 1e-12);
 }
 
+// The step-like loops' level (load_robust_level): 24 segments of a loop whose calls cost
+// 0.40 ms on a quiet machine (+-10%), and as much again as their threads waited for a core:
+// 0 to 3.45 ms, in no order. The level is the mean of the 6 least-delayed segments as
+// measured (their delay included: a step pays what the quietest loops paid); every
+// segment's mean is several times it.
+TEST(LoadRobustLevel, TheLeastDelayedQuarterGivesTheLevel) {
+  std::vector<LoadSample> s;
+  double quiet = 0;
+  for (int i = 0; i < 24; ++i) {
+    const int order = (i * 5) % 24;  // a permutation of 0..23: the delays in no order
+    const double base = 0.4e-3 * (1 + 0.1 * ((i * 7) % 5 - 2) / 2.0), delay = 0.15e-3 * order;
+    s.push_back({base + delay, delay});
+    if (order < 6) quiet += (base + delay) / 6;
+  }
+  const LoadRobustLevel l = load_robust_level(s);
+  EXPECT_NEAR(l.value, quiet, 1e-12);
+  EXPECT_EQ(l.kept, 6);
+  EXPECT_EQ(l.rejected, 18);
+  EXPECT_GT(l.raw, 2.5 * l.value);  // about what the median of the loops' means read before
+  // No delay recorded (the curves over the cores): every sample is kept, less outliers
+  // (8 ms is not 3x the median 5 ms; 16 ms is), and averaged, not the least.
+  std::vector<LoadSample> none = {{1e-3, 0}, {2e-3, 0}, {3e-3, 0}, {4e-3, 0}, {5e-3, 0}, {6e-3, 0}, {8e-3, 0}, {16e-3, 0}};
+  const LoadRobustLevel all = load_robust_level(none);
+  EXPECT_NEAR(all.value, 29e-3 / 7, 1e-15);
+  EXPECT_EQ(all.kept, 7);
+  EXPECT_EQ(all.rejected, 1);
+}
+
+// Among the quiet quarter, a segment whose wait the run delay did not see (its peer's: 4 ms
+// where its calls cost 0.4) is left out by the rule every estimate shares (is_load_outlier
+// against the median); an idle machine's scatter (a scheduler tick in one segment: 1.6x) is
+// kept, and averaged.
+TEST(LoadRobustLevel, AWaitTheDelayMissedIsAnOutlierAnIdleTickIsNot) {
+  std::vector<LoadSample> s(8, LoadSample{0.4e-3, 0});
+  s[2].value = 0.64e-3;
+  s[5].value = 4.4e-3;
+  for (int i = 0; i < 24; ++i) s.push_back({9e-3, 5e-3});  // the delayed rest
+  const LoadRobustLevel l = load_robust_level(s);
+  EXPECT_EQ(l.rejected, 24 + 1);
+  EXPECT_EQ(l.kept, 7);
+  EXPECT_NEAR(l.value, (6 * 0.4e-3 + 0.64e-3) / 7, 1e-12);
+  EXPECT_TRUE(is_load_outlier(4.4e-3, 0.4e-3));
+  EXPECT_FALSE(is_load_outlier(0.64e-3, 0.4e-3));
+}
+
+TEST(LoadRobustLevel, NoPositiveSampleIsAnError) {
+  EXPECT_THROW(load_robust_level({}), Error);
+  EXPECT_THROW(load_robust_level({{0, 0}, {-1, 0}}), Error);
+}
+
+// A wait curve that falls (a short burst's point loaded: 3.7 ms, then 1.4 and 1.5 ms
+// after longer bursts) is pooled into the closest non-decreasing curve: the first three
+// points take their mean, the rest stay; a plausible curve is left as it is.
+TEST(WaitCurveRefit, AFallingCurveIsPooledAPlausibleOneKept) {
+  std::vector<std::pair<double, double>> c = {
+      {0.08e-3, 3.7e-3}, {0.3e-3, 1.4e-3}, {1.4e-3, 1.5e-3}, {8.8e-3, 4.0e-3}, {45e-3, 9.6e-3}};
+  EXPECT_EQ(refit_non_decreasing(c), 3);
+  const double pooled = (3.7e-3 + 1.4e-3 + 1.5e-3) / 3;
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(c[size_t(i)].second, pooled, 1e-15);
+  EXPECT_EQ(c[3].second, 4.0e-3);
+  EXPECT_EQ(c[4].second, 9.6e-3);
+  EXPECT_EQ(c[0].first, 0.08e-3);  // the bursts stay
+  std::vector<std::pair<double, double>> ok = {{1e-4, 1e-4}, {1e-3, 1e-4}, {1e-2, 2e-3}};
+  const auto before = ok;
+  EXPECT_EQ(refit_non_decreasing(ok), 0);
+  EXPECT_EQ(ok, before);
+  // A dip later on pools backwards as far as it must: 1, 5, 2, 3 -> 1, 3.33, 3.33, 3.33.
+  std::vector<std::pair<double, double>> dip = {{1, 1}, {2, 5}, {3, 2}, {4, 3}};
+  EXPECT_EQ(refit_non_decreasing(dip), 3);
+  EXPECT_EQ(dip[0].second, 1);
+  for (int i = 1; i < 4; ++i) EXPECT_NEAR(dip[size_t(i)].second, 10.0 / 3, 1e-12);
+}
+
 TEST(LinkFit, OneSizeCannotGiveABandwidth) {
   try {
     fit_link({{1, 2, 4, 50e-6, "a"}, {0, 1, 4, 20e-6, "b"}});
