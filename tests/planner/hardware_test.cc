@@ -27,14 +27,26 @@ class HermeticCostCache : public ::testing::Environment {
     ::setenv("XDG_CACHE_HOME", dir_.c_str(), 1);
     ::unsetenv("WEFT_COST_CACHE");
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override {
+    std::filesystem::remove_all(dir_);
+    std::filesystem::remove_all(files_dir());
+  }
+  // This process's own folder for the tests' files: two runs at once never share a file,
+  // and nothing stays in the temporary directory.
+  static std::filesystem::path files_dir() {
+    return std::filesystem::temp_directory_path() /
+           ("weft-planner-tests-files-" + std::to_string(::getpid()));
+  }
 
  private:
   std::filesystem::path dir_;
 };
 const auto* const kCacheEnv = ::testing::AddGlobalTestEnvironment(new HermeticCostCache);
 
-std::string temp_path(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+std::string temp_path(const std::string& name) {
+  std::filesystem::create_directories(HermeticCostCache::files_dir());
+  return (HermeticCostCache::files_dir() / name).string();
+}
 
 void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
