@@ -264,7 +264,6 @@ class SnapshotParity {
     double scratch = 0;  // the decode's pieces allocated (none when made ahead)
     bool ahead = false;  // into a segment made ahead (prepare): nothing to populate
     int local_reads = 0, local_mapped = 0;  // pieces read here, and through a held mapping
-    int in_place = 0;  // of those, decoded from the mapping where they lie (not copied)
   } spent_;
   std::thread worker_;  // last: starts once the members above exist
 };

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstring>
 #include <future>
-#include <map>
 
 #include "base/check.h"
 #include "base/error.h"
@@ -212,36 +211,10 @@ void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::Stripe
   for (auto& b : bufs)
     if (int64_t(b.size()) < P) b.resize(size_t(P));
   spent_.scratch += since(t_scratch);
-  // A fragment held here in a slot this agent has mapped (its own data, its parity) is
-  // decoded from where it lies, not copied into a buffer first: on two cores shared with the
-  // survivors' workers a copy of half the rank's bytes was CPU the fetch from the peer waited
-  // for. The slot must not be rewritten under the decode: its sequence is checked after each
-  // piece, as read_range checks it after its copy.
-  struct InPlace {
-    std::shared_ptr<const ckpt::SnapshotSegment> seg;
-    ckpt::SnapshotSegment::View view;
-  };
-  std::map<int, InPlace> in_place;  // by fragment
-  for (const Source& x : sources) {
-    if (x.node != ring.node) continue;
-    std::shared_ptr<const ckpt::SnapshotSegment> seg = mapped(x.segment);
-    if (!seg) continue;
-    if (std::optional<ckpt::SnapshotSegment::View> v = newest_of_step(*seg, step))
-      in_place[x.f] = {std::move(seg), *v};
-  }
-  // The piece at `o` of fragment `f` where it lies, when all of it is in the slot's payload.
-  auto where_it_lies = [&](const Source& x, int64_t o, int64_t piece) -> const uint8_t* {
-    auto it = in_place.find(x.f);
-    if (it == in_place.end() || x.length - o < piece ||
-        x.offset + o + piece > it->second.view.meta.payload_bytes)
-      return nullptr;
-    return static_cast<const uint8_t*>(it->second.view.payload) + x.offset + o;
-  };
   auto fetch_piece = [&](int64_t o, int set) {
     std::vector<std::future<void>> f;
     const int64_t piece = std::min(P, L - o);
     for (const Source& x : sources) {
-      if (where_it_lies(x, o, piece)) continue;
       uint8_t* buf = bufs[size_t(set * n + x.f)].data();
       const int64_t have = std::clamp<int64_t>(x.length - o, 0, piece);
       f.push_back(std::async(std::launch::async, [=, this, &ring] {
@@ -280,23 +253,8 @@ void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::Stripe
     }
     std::vector<uint8_t*> ptrs;
     for (int f = 0; f < n; ++f) ptrs.push_back(bufs[size_t(set * n + f)].data());
-    int read_in_place = 0;
-    for (const Source& x : sources)
-      if (const uint8_t* p = where_it_lies(x, o, piece)) {
-        ptrs[size_t(x.f)] = const_cast<uint8_t*>(p);  // read only: not an erased fragment
-        read_in_place++;
-      }
     if (direct == piece) ptrs[size_t(lost)] = out + o;
     code(K).reconstruct(ptrs, erased, size_t(piece));
-    for (const auto& [f, x] : in_place)
-      if (x.seg->sequence(x.view.slot) != x.view.meta.sequence)
-        throw IoError(str(x.seg->name(), " step ", step, " was rewritten while decoded from"));
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      spent_.local_reads += read_in_place;
-      spent_.local_mapped += read_in_place;
-      spent_.in_place += read_in_place;
-    }
     if (direct < piece) std::memcpy(out + o, ptrs[size_t(lost)], size_t(direct));
     spent_.decode += since(t);
   }
@@ -564,8 +522,7 @@ bool SnapshotParity::rebuild(const Task& task) {
                  ", waiting for fetches ", spent_.fetch_wait * 1e3,
                  ", decoding ", spent_.decode * 1e3, ", checking ", check_s * 1e3,
                  "; pieces read here ", spent_.local_reads, ", ", spent_.local_mapped,
-                 " of them through this agent's own mapping, ", spent_.in_place,
-                 " decoded where they lie, not copied)"));
+                 " of them through this agent's own mapping)"));
         done = true;
       } catch (const std::exception& e) {
         log_(str("node ", task.lost, "'s local rank ", local, " not rebuilt at step ", step, ": ",
