@@ -249,7 +249,12 @@ void RankSnapshots::attach(parallel::ParallelTrainer& trainer, const parallel::S
     checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(names.at(size_t(mine)), true);
     if (!res.allocate) {
       try {
+        const auto t0 = std::chrono::steady_clock::now();
         seg.allocate_slots();
+        WEFT_DEBUG("resize", "rank ", res.ranks.at(size_t(mine)).rank, ": ", seg.name(),
+                   "'s pages allocated at nice 19 in ",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3,
+                   " ms");
       } catch (const IoError& e) {
         throw ConfigError("snapshot.every",
                           str(e.what(), "; the node's shared memory is full: set snapshot.every: "
