@@ -237,11 +237,11 @@ void RankSnapshots::attach(parallel::ParallelTrainer& trainer, const parallel::S
   }
   WEFT_CHECK(mine >= 0, "rank ", trainer.rank(), " is not among its node's ranks");
   // In the background (a world entered live), the agent only counts the new slots and this
-  // worker's own thread allocates its segment's pages at the lowest CPU priority: measured,
-  // the agent allocating 1.77 GiB per node at full priority took 1.7 s of a core on each node
-  // during the new world's first step (two nodes on two cores: +1.5-2 s to that step). At nice
-  // 19 the allocation takes the cores only when the step leaves them idle, and the first
-  // snapshot due waits for it (settle). A fresh start allocates in the agent, before training.
+  // worker's own thread allocates its segment's pages at the lowest CPU priority: the agent
+  // allocating them at full priority (1.77 GiB per node, 1.7 s, at the node-loss bench's 106M
+  // state) ran through the new world's first step on the cores that step needs (docs/run.md,
+  // "The first step"). At nice 19 the allocation yields to the step, and the first snapshot
+  // due waits for it (settle). A fresh start allocates in the agent, before training.
   res.allocate = !background;
   auto reserve = [client = client_.get(), res, mine] {
     if (!res.allocate) (void)::setpriority(PRIO_PROCESS, id_t(::syscall(SYS_gettid)), 19);
