@@ -70,7 +70,8 @@ json to_json(const Reservation& r) {
   for (const RankSlot& s : r.ranks)
     ranks.push_back({{"rank", s.rank}, {"world", s.world}, {"bytes", s.bytes}});
   return {{"op", "reserve"},  {"job", r.job},   {"node", r.node},
-          {"epoch", r.epoch}, {"ranks", ranks}, {"parity_bytes", r.parity_bytes}};
+          {"epoch", r.epoch}, {"ranks", ranks}, {"parity_bytes", r.parity_bytes},
+          {"allocate", r.allocate}};
 }
 
 Reservation reservation_from_json(const json& j) {
@@ -79,6 +80,7 @@ Reservation reservation_from_json(const json& j) {
   r.node = field<int>(j, "node");
   r.epoch = field<int64_t>(j, "epoch");
   r.parity_bytes = j.contains("parity_bytes") ? field<int64_t>(j, "parity_bytes") : 0;
+  r.allocate = j.contains("allocate") ? field<bool>(j, "allocate") : true;
   const json ranks = field<json>(j, "ranks");
   if (!ranks.is_array()) throw std::invalid_argument("\"ranks\" is not an array");
   for (const json& x : ranks)

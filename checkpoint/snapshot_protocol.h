@@ -4,7 +4,7 @@
 // a refusal has "error" and, when the user's job file must change, "field" (the YAML key).
 //
 //   {"op":"reserve","job":J,"node":N,"epoch":E,"ranks":[{"rank":r,"world":w,"bytes":B},...],
-//    "parity_bytes":P}
+//    "parity_bytes":P,"allocate":A}
 //     -> {"ok":true,"segments":[name per rank, in request order]}
 //     -> {"ok":false,"field":"snapshot.every","error":"...sizes, free memory, the fix"}
 //   The agent creates each missing segment (SnapshotSegment::create, kind kData, payload of
@@ -13,7 +13,9 @@
 //   P parity bytes, or of the replicas it will hold, fit in the node's free memory. Idempotent: a
 //   segment that exists with enough capacity is returned as is (a worker restarted after a crash
 //   finds its snapshot). One reserve should name every rank of the node in that epoch
-//   (see committed). `node` is the node's index in epoch E's membership.
+//   (see committed). `node` is the node's index in epoch E's membership. "allocate" false
+//   (default true): the new segments' slots are counted but not allocated; the worker
+//   allocates its own (SnapshotSegment::allocate_slots) off the agent's thread.
 //   {"op":"committed","name":S,"step":s} -> {"ok":true,"step":newest committed step}
 //     The worker committed `name` (SnapshotSegment::commit). Once every segment the agent
 //     holds for epoch E has a committed slot, it unlinks the node's segments of older
@@ -83,6 +85,9 @@ struct Reservation {
   int64_t epoch = 0;
   std::vector<RankSlot> ranks;
   int64_t parity_bytes = 0;  // parity or replicas this node will hold (counted, not created yet)
+  // False: the slots' pages are left to the worker (RankSnapshots::attach, in the background
+  // at the lowest priority after a live move); the memory check counts them all the same.
+  bool allocate = true;
 };
 
 // A segment the agent holds, as `list` reports it.

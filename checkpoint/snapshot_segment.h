@@ -139,6 +139,10 @@ class SnapshotSegment {
   // /dev/shm is an IoError naming the segment now, not a SIGBUS at a write. A writer may
   // populate piece by piece, each before it writes there.
   void populate_writing(int64_t from, int64_t bytes);
+  // Allocates every slot's pages (posix_fallocate of the whole segment; the allocated ones
+  // cost a look): what create() with `allocate_slots` does, from any process that has the
+  // segment open for writing. IoError naming the segment and /dev/shm when it is full.
+  void allocate_slots();
   SnapshotMeta commit(const std::vector<uint32_t>& block_crc32c = {});
 
   // Reading: the newest committed slot, if any, and its payload (valid while this object

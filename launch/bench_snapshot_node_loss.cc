@@ -10,7 +10,8 @@
 //               kill, its page cache dropped: every worker restarts and loads the disk.
 // Each is timed from the failure known (the first survivor's agent names the change; the
 // heartbeat expiry that takes is detection, reported on its own) to ready to step and to
-// the new world's first step, from lines of weft run's output stamped on arrival here.
+// the new world's first step, from lines of weft run's output stamped on arrival here; the
+// step after it, a step of the same world on the same cores, is the first step's yardstick.
 #include <signal.h>
 #include <unistd.h>
 
@@ -42,7 +43,7 @@ struct Side {
   std::string name;  // replica | ec | checkpoint
   bool live() const { return name != "checkpoint"; }
   int victim_node = -1;
-  double t_kill = -1, t_detect = -1, t_ready = -1, t_first = -1;
+  double t_kill = -1, t_detect = -1, t_ready = -1, t_first = -1, t_second = -1;
   std::string detect_line;
   // The live sides: the new rank 0's resize line.
   long long resumed = -1, back = -1;
@@ -275,6 +276,12 @@ Side run_side(const Options& o, const JobShape& j, const std::string& name) {
     s.t_first = s.ph.first_step->t;
     s.resumed = s.ph.resumed_step;
   }
+  // The new world's next step: what a step of this world costs once its first is done.
+  const long long first_no = s.live() ? s.resumed : s.ph.first_step_no;
+  auto n = run.wait_line(from, "the new world's second step", [&](int, const std::string& l) {
+    return first_no >= 0 && step_line(l) == first_no + 1;
+  });
+  s.t_second = n.second.t;
   progress(str(label, ": ready ", std::lround(1e3 * s.ready()), " ms and first step ",
                std::lround(1e3 * s.total()), " ms after the failure was known"));
   return s;
@@ -353,6 +360,8 @@ void print_table(const JobShape& j, const std::string& note, const std::vector<S
       "the new world's first step logged");
   row("total", [](const Side& s) { return secs(s.total()); },
       "from the failure known to the first step");
+  row("second step", [](const Side& s) { return secs(s.t_second - s.t_first); },
+      "the new world's next step: a step of the same world, the first step's yardstick");
   for (const Side& s : sides) {
     if (!s.live()) continue;
     const double rr = ck.ready() / s.ready(), rt = ck.total() / s.total();

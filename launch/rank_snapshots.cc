@@ -3,7 +3,9 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,16 +21,6 @@
 
 namespace weft::launch {
 namespace {
-
-// The inode of shared-memory segment `name` now (0: none).
-uint64_t segment_inode(const std::string& name) {
-  const int fd = ::shm_open(name.c_str(), O_RDONLY, 0);
-  if (fd < 0) return 0;
-  struct stat st {};
-  const bool ok = ::fstat(fd, &st) == 0;
-  ::close(fd);
-  return ok ? uint64_t(st.st_ino) : 0;
-}
 
 // The committed segments of `job_id` that local rank `local_rank` of `local_count` offers:
 // dealt round-robin in name order (offers() and premap_replicas() deal alike).
@@ -110,13 +102,6 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count,
     return out;
   }
   const size_t listed = all.size();
-  // Replica segments mapped during training (premap_replicas), where the name still holds
-  // the segment they mapped and every slot committed there now was mapped in.
-  std::map<std::string, Premapped> premapped;
-  {
-    std::lock_guard<std::mutex> lock(premapped_mu_);
-    premapped = premapped_;
-  }
   int opened = 0, premapped_used = 0;
   for (const auto& e : dealt_to(std::move(all), job_id_, local_rank, local_count)) {
     // From the slot headers only: the choice uses one slot per old rank, and only the chosen
@@ -124,14 +109,8 @@ std::vector<HolderReport> RankSnapshots::offers(int local_rank, int local_count,
     // block is found then, and the world chooses again without it (choose_and_read).
     try {
       const Clock::time_point t = Clock::now();
-      std::shared_ptr<const checkpoint::SnapshotSegment> ahead;
-      if (auto it = premapped.find(e.name);
-          it != premapped.end() && it->second.inode == segment_inode(e.name)) {
-        bool all_in = true;
-        for (int slot = 0; slot < it->second.segment->slots(); ++slot)
-          if (it->second.segment->slot(slot) && !it->second.slots_in.count(slot)) all_in = false;
-        if (all_in) ahead = it->second.segment;
-      }
+      // A replica segment mapped during training (premap_replicas), whole.
+      const std::shared_ptr<const checkpoint::SnapshotSegment> ahead = premapped_.mapping(e.name);
       premapped_used += ahead != nullptr;
       const std::vector<checkpoint::SnapshotMeta> metas =
           own_mapping_ && own_mapping_->name() == e.name ? offers_.add(own_mapping_, job_id_, true)
@@ -257,10 +236,32 @@ void RankSnapshots::attach(parallel::ParallelTrainer& trainer, const parallel::S
     res.ranks.push_back({r, trainer.world().size(), checkpoint::snapshot_payload_bytes(l)});
   }
   WEFT_CHECK(mine >= 0, "rank ", trainer.rank(), " is not among its node's ranks");
+  // In the background (a world entered live), the agent only counts the new slots and this
+  // worker's own thread allocates its segment's pages at the lowest CPU priority: the agent
+  // allocating them at full priority (1.77 GiB per node, 1.7 s, at the node-loss bench's 106M
+  // state) ran through the new world's first step on the cores that step needs (docs/run.md,
+  // "The first step"). At nice 19 the allocation yields to the step, and the first snapshot
+  // due waits for it (settle). A fresh start allocates in the agent, before training.
+  res.allocate = !background;
   auto reserve = [client = client_.get(), res, mine] {
+    if (!res.allocate) (void)::setpriority(PRIO_PROCESS, id_t(::syscall(SYS_gettid)), 19);
     const std::vector<std::string> names = client->segment(res);  // ConfigError: does not fit
-    return std::make_unique<checkpoint::SnapshotWriter>(
-        checkpoint::SnapshotSegment::open(names.at(size_t(mine)), true));
+    checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(names.at(size_t(mine)), true);
+    if (!res.allocate) {
+      try {
+        const auto t0 = std::chrono::steady_clock::now();
+        seg.allocate_slots();
+        WEFT_DEBUG("resize", "rank ", res.ranks.at(size_t(mine)).rank, ": ", seg.name(),
+                   "'s pages allocated at nice 19 in ",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3,
+                   " ms");
+      } catch (const IoError& e) {
+        throw ConfigError("snapshot.every",
+                          str(e.what(), "; the node's shared memory is full: set snapshot.every: "
+                                        "0, spread the job over more nodes, or free memory"));
+      }
+    }
+    return std::make_unique<checkpoint::SnapshotWriter>(std::move(seg));
   };
   if (background)
     pending_ = std::async(std::launch::async, reserve);
@@ -344,37 +345,7 @@ void RankSnapshots::premap_replicas() {
   }
   premap_seen_ = std::move(seen);
   if (!news) return;
-  premapping_ = std::async(std::launch::async, [this, names] {
-    std::map<std::string, Premapped> now;
-    {
-      std::lock_guard<std::mutex> lock(premapped_mu_);
-      for (const std::string& n : names)
-        if (auto it = premapped_.find(n); it != premapped_.end()) now.emplace(n, it->second);
-    }
-    for (const std::string& n : names) {
-      try {
-        Premapped& m = now[n];
-        const uint64_t inode = segment_inode(n);
-        if (!m.segment || m.inode != inode) {
-          m.segment = std::make_shared<const checkpoint::SnapshotSegment>(
-              checkpoint::SnapshotSegment::open(n, false));
-          m.inode = inode;
-          m.slots_in.clear();
-        }
-        for (int slot = 0; slot < m.segment->slots(); ++slot) {
-          if (m.slots_in.count(slot)) continue;
-          if (const std::optional<checkpoint::SnapshotSegment::View> v = m.segment->slot(slot)) {
-            m.segment->populate(*v);
-            m.slots_in.insert(slot);
-          }
-        }
-      } catch (const std::exception&) {
-        now.erase(n);  // gone or being rewritten: the recovery reads it as before
-      }
-    }
-    std::lock_guard<std::mutex> lock(premapped_mu_);
-    premapped_ = std::move(now);  // segments no longer listed are unmapped
-  });
+  premapping_ = std::async(std::launch::async, [this, names] { premapped_.map_in(names); });
 }
 
 void RankSnapshots::propose() {

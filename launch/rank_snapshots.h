@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "checkpoint/snapshot_offers.h"
+#include "checkpoint/snapshot_premap.h"
 #include "checkpoint/snapshot_protocol.h"
 #include "checkpoint/snapshot_segment.h"
 #include "checkpoint/snapshot_writer.h"
@@ -120,15 +121,7 @@ class RankSnapshots {
   // MiB replica slot took 50-81 ms of a node-loss recovery's snapshot reads.
   void premap_replicas();
 
-  // A segment premap_replicas mapped: its inode when mapped (a segment recreated under the
-  // same name is another) and the slots mapped in.
-  struct Premapped {
-    std::shared_ptr<const checkpoint::SnapshotSegment> segment;
-    uint64_t inode = 0;
-    std::set<int> slots_in;
-  };
-  std::mutex premapped_mu_;
-  std::map<std::string, Premapped> premapped_;  // by segment name
+  checkpoint::PremappedSegments premapped_;
   std::future<void> premapping_;                // the thread mapping slots in, if any
   std::map<std::string, int64_t> premap_seen_;  // the newest committed sequence looked at
   int local_rank_ = 0, local_count_ = 1;

@@ -143,12 +143,13 @@ json Agent::reserve(const ckpt::Reservation& r) {
   try {
     for (const auto& [name, capacity] : fresh) {
       // create() allocates every page (a full /dev/shm fails here, not with a SIGBUS in a
-      // worker mid-step) and leaves nothing behind when it fails.
+      // worker mid-step) and leaves nothing behind when it fails; unless the worker allocates
+      // them itself (r.allocate false: counted in the check above, not on this thread).
       std::shared_ptr<ckpt::SnapshotSegment> seg;
       try {
         seg = std::make_shared<ckpt::SnapshotSegment>(
             ckpt::SnapshotSegment::create(name, capacity, int(::getpid()), data_slots(),
-                                          o_.guardian_pid));
+                                          o_.guardian_pid, r.allocate));
       } catch (const IoError& e) {
         if (fs::exists(shm_path(name))) throw;  // made meanwhile by someone else
         throw ConfigError("snapshot.every",
@@ -162,7 +163,8 @@ json Agent::reserve(const ckpt::Reservation& r) {
       struct stat st {};
       ::stat(shm_path(name).c_str(), &st);
       say(str("reserved ", name, ": ", data_slots(), " slots of ", bytes_text(double(capacity)),
-              " (", bytes_text(double(st.st_size)), " of shared memory)"));
+              " (", bytes_text(double(st.st_size)), " of shared memory",
+              r.allocate ? "" : ", allocated by the worker", ")"));
     }
   } catch (const std::exception& e) {
     for (const std::string& name : made) {  // all or nothing

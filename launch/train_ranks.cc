@@ -13,6 +13,7 @@
 #include <thread>
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "base/env.h"
@@ -950,8 +951,20 @@ void RankTraining::validate(bool last) {
   std::fflush(stdout);
 }
 
+namespace {
+// This process's page faults (minor and major) and CPU seconds (every thread's, user and
+// system) so far: a step's share says whether it waited for the cores or faulted memory in.
+std::pair<double, double> faults_and_cpu() {
+  struct rusage u {};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) { return double(t.tv_sec) + 1e-6 * double(t.tv_usec); };
+  return {double(u.ru_minflt + u.ru_majflt), s(u.ru_utime) + s(u.ru_stime)};
+}
+}  // namespace
+
 std::optional<WorldEnd> RankTraining::one_step() {
   auto t0 = Clock::now();
+  const auto [faults0, cpu0] = faults_and_cpu();
   auto train_batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
     data_.fill_train(s, b0, n, x, y);
   };
@@ -967,10 +980,13 @@ std::optional<WorldEnd> RankTraining::one_step() {
   // This rank's share of the step in kernels and in waiting for communication.
   const parallel::StepTimes& tt = trainer_->executor().last_step_times();
   const double mem = mib(trainer_->activation_stats().bytes_live_peak);  // this rank's
+  const auto [faults1, cpu1] = faults_and_cpu();
   core::io::StepMetrics m = step_line(st, secs, {{"step_ms", secs * 1e3},
                                                  {"compute_ms", tt.compute * 1e3},
                                                  {"comm_ms", tt.comm * 1e3},
-                                                 {"mem_peak_mib", mem}});
+                                                 {"mem_peak_mib", mem},
+                                                 {"page_faults", faults1 - faults0},
+                                                 {"cpu_ms", (cpu1 - cpu0) * 1e3}});
   if (first_step_of_world_) m.extra.push_back({"resize_ms", resize_s_ * 1e3});
   agreed_line_ = m;
   if (lead()) {

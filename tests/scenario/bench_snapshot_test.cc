@@ -231,7 +231,7 @@ TEST(BenchSnapshot, NodeLossPartPrintsThreeSidesFromTheFailureKnown) {
   EXPECT_EQ(head[1], "replica s") << r.out;
   EXPECT_EQ(head[2], "ec s") << r.out;
   EXPECT_EQ(head[3], "checkpoint s") << r.out;
-  for (const char* phase : {"detect", "ready", "first step", "total"}) {
+  for (const char* phase : {"detect", "ready", "first step", "total", "second step"}) {
     const std::vector<std::string> c = cells(sec, phase);
     ASSERT_EQ(c.size(), 5u) << phase << "\n" << r.out;
     for (int i : {1, 2, 3}) EXPECT_TRUE(is_number(c[size_t(i)])) << phase << "\n" << r.out;
