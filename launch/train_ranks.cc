@@ -888,6 +888,10 @@ void RankTraining::prefault_ahead(const EpochNotice* notice, const std::vector<s
   for (size_t b : held) state += int64_t(b);
   for (size_t b : freed) freeing += int64_t(b);
   const size_t bound = prefault_bound(state, sizes, budget, state + freeing);
+  if (notice && !freed.empty() && prefault_.max_bytes() < bound)
+    WEFT_DEBUG("resize", "rank ", env_.rank, ": the reserve for epoch ", notice->epoch,
+               " starts at its notice, beside the step: up to ", mib(bound), " MiB (",
+               mib(size_t(freeing)), " MiB of gradients freed at the step's end count as its)");
   prefault_.start(std::move(sizes), bound, freed);
 }
 
