@@ -890,8 +890,8 @@ void RankTraining::prefault_ahead(const EpochNotice* notice, const std::vector<s
   const size_t bound = prefault_bound(state, sizes, budget, state + freeing);
   if (notice && !freed.empty() && prefault_.max_bytes() < bound)
     WEFT_DEBUG("resize", "rank ", env_.rank, ": the reserve for epoch ", notice->epoch,
-               " starts at its notice, beside the step: up to ", mib(bound), " MiB (",
-               mib(size_t(freeing)), " MiB of gradients freed at the step's end count as its)");
+               " starts at its notice, beside the step: up to ", mib(bound), " MiB (the ",
+               mib(size_t(freeing)), " MiB of gradients freed at the step's end serve their sizes)");
   prefault_.start(std::move(sizes), bound, freed);
 }
 
@@ -1039,10 +1039,10 @@ WorldEnd RankTraining::train_world() {
   for (comm::Communicator* c : trainer_->groups().communicators())
     if (std::find(comms.begin(), comms.end(), c) == comms.end()) comms.push_back(c);
   // A change that loses nobody is known a step ahead: its world connects meanwhile, and its
-  // destinations are faulted in beside the step (prefault_ahead).
-  // The state's sizes, and the rest of the trainer's persistent blocks (its gradients).
+  // destinations are faulted in beside the step (prefault_ahead), less the state's sizes and
+  // counting the rest of the trainer's persistent blocks (its gradients) as freed at its end.
   const std::vector<size_t> held = held_sizes(hold_state(*trainer_, ckpt_->space(), 0, false));
-  const std::vector<size_t> grads = sizes_to_fault(trainer_->plan(), env_.rank, held);
+  const std::vector<size_t> grads = sizes_to_fault(trainer_->plan(), trainer_->rank(), held);
   LossWatcher watcher(watch_, comms, false, [this, &held, &grads](const EpochNotice& n) {
     ahead_.start(env_in_epoch(base_, n), watch_.path(), comm_timeout(), transfer_connections(),
                  trainers_of(n.world()));
