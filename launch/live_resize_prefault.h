@@ -4,7 +4,8 @@
 // faults in the blocks its next layout allocates (persistent tensors: the router's
 // destinations and the trainer's gradients) on a thread of its own while it waits for
 // something else: a newcomer while the world forms, a survivor from the moment a change is
-// known (a graceful leave's or a join's notice, a failure) while the membership is agreed,
+// known (a graceful leave's or a join's notice, beside the old world's last step; a failure,
+// while the membership is agreed),
 // for the world it expects (the notice's when there is one, else the nearest likely one; a
 // different outcome re-targets the reserve, which trims what the new sizes do not want).
 // One mechanism, memory::RecyclingAllocator::reserve, for both. Allocations may come while it
