@@ -233,8 +233,13 @@ class RankTraining {
   // Waits for the agent's notice of an epoch later than the one this worker is in.
   EpochNotice wait_for_notice();
   void print_arrival(const std::string& why, int old_world, int64_t old_epoch);
-  // From the moment a world ends, the next one's destinations faulted in (prefault_).
-  void prefault_ahead();
+  // From the moment a change is known, the next world's destinations faulted in
+  // (prefault_): that of `notice` (nullptr: the nearest likely one), for a rank holding
+  // state tensors of `held` bytes; at a notice, beside the step, also the persistent blocks
+  // of `freed` bytes that it frees at the step's end (its gradients): those the next layout
+  // takes back are not faulted anew (RecyclingAllocator::reserve's `returning`).
+  void prefault_ahead(const EpochNotice* notice, const std::vector<size_t>& held,
+                      const std::vector<size_t>& freed = {});
   // The world sizes a change most likely leads to next, nearest first (plan_ahead).
   std::vector<int> likely_next_worlds() const;
   // Connections per pair for the router's transfers between hosts (elastic.transfer_connections;
@@ -855,16 +860,21 @@ std::vector<int> RankTraining::likely_next_worlds() const {
 // A survivor of a change (or a torn rank) faults in what its next layout allocates while the
 // membership is agreed: that of the notice's world when the change came with one (a leave, a
 // join), else of the nearest likely world, this rank's place there guessed as its own (a
-// data-parallel neighbour's sizes are the same). Within prefault_bound of what it holds, so
-// the move's peak stays where it was. Only a plan made already (plan_ahead): a plan is not
-// made twice at once on the 2 cores that training shares.
-void RankTraining::prefault_ahead() {
+// data-parallel neighbour's sizes are the same). A change that loses nobody starts it at its
+// notice, beside the old world's last step (its watcher's thread), so that the ranks reach the
+// move with their destinations in (the step's end is 0-2 s away); the step boundary then lets
+// it go on within the larger bound. Within prefault_bound of what the rank holds (at the
+// notice its gradients too, freed at the boundary), so the move's peak stays where it was.
+// Only a plan made already (plan_ahead): a plan is not made twice at once on the 2 cores that
+// training shares.
+void RankTraining::prefault_ahead(const EpochNotice* notice, const std::vector<size_t>& held,
+                                  const std::vector<size_t>& freed) {
   if (!live_) return;
   int world = 0, rank = env_.rank;
-  if (std::optional<EpochNotice> n = watch_.newer()) {
-    if (n->leave) return;
-    world = n->world();
-    rank = env_in_epoch(base_, *n).rank;
+  if (notice) {
+    if (notice->leave) return;
+    world = notice->world();
+    rank = env_in_epoch(base_, *notice).rank;
   } else {
     const std::vector<int> worlds = likely_next_worlds();
     if (worlds.empty()) return;
@@ -872,11 +882,18 @@ void RankTraining::prefault_ahead() {
     rank = std::min(rank, world - 1);
   }
   if (world < 1 || rank < 0 || !plans_.has(world)) return;
-  std::vector<size_t> sizes = sizes_to_fault(*plans_.plan(world), rank, held_);
+  std::vector<size_t> sizes = sizes_to_fault(*plans_.plan(world), rank, held);
   const int64_t budget =
       env_int("WEFT_ROUTER_BUDGET_BYTES", parallel::RouterOptions{}.budget_bytes);
-  const size_t bound = prefault_bound(held_.valid ? held_.bytes() : 0, sizes, budget);
-  prefault_.start(std::move(sizes), bound);
+  int64_t state = 0, freeing = 0;
+  for (size_t b : held) state += int64_t(b);
+  for (size_t b : freed) freeing += int64_t(b);
+  const size_t bound = prefault_bound(state, sizes, budget, state + freeing);
+  if (notice && !freed.empty() && prefault_.max_bytes() < bound)
+    WEFT_DEBUG("resize", "rank ", env_.rank, ": the reserve for epoch ", notice->epoch,
+               " starts at its notice, beside the step: up to ", mib(bound), " MiB (the ",
+               mib(size_t(freeing)), " MiB of gradients freed at the step's end serve their sizes)");
+  prefault_.start(std::move(sizes), bound, freed);
 }
 
 void RankTraining::print_arrival(const std::string& why, int old_world, int64_t old_epoch) {
@@ -1037,10 +1054,15 @@ WorldEnd RankTraining::train_world() {
   if (train_comm_) comms.push_back(train_comm_.get());
   for (comm::Communicator* c : trainer_->groups().communicators())
     if (std::find(comms.begin(), comms.end(), c) == comms.end()) comms.push_back(c);
-  // A change that loses nobody is known a step ahead: its world connects meanwhile.
-  LossWatcher watcher(watch_, comms, false, [this](const EpochNotice& n) {
+  // A change that loses nobody is known a step ahead: its world connects meanwhile, and its
+  // destinations are faulted in beside the step (prefault_ahead), less the state's sizes and
+  // counting the rest of the trainer's persistent blocks (its gradients) as freed at its end.
+  const std::vector<size_t> held = held_sizes(hold_state(*trainer_, ckpt_->space(), 0, false));
+  const std::vector<size_t> grads = sizes_to_fault(trainer_->plan(), trainer_->rank(), held);
+  LossWatcher watcher(watch_, comms, false, [this, &held, &grads](const EpochNotice& n) {
     ahead_.start(env_in_epoch(base_, n), watch_.path(), comm_timeout(), transfer_connections(),
                  trainers_of(n.world()));
+    prefault_ahead(&n, held, grads);
   });
   while (trainer_->current_step() < spec_.train.steps)
     if (std::optional<WorldEnd> end = one_step()) return *end;
@@ -1170,7 +1192,10 @@ int RankTraining::run() {
     end_laps.lap("trainer dropped");
     world_.reset();
     end_laps.lap("world dropped");
-    prefault_ahead();  // while the membership is agreed
+    {  // while the membership is agreed; a notice's reserve, started beside the step, goes on
+      const std::optional<EpochNotice> n = watch_.newer();
+      prefault_ahead(n ? &*n : nullptr, held_sizes(held_));
+    }
     end_laps.lap("prefault started");
     const EpochNotice n = wait_for_notice();
     end_laps.lap("notice wait");

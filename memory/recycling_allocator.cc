@@ -112,6 +112,8 @@ void RecyclingAllocator::free(void* ptr) {
   stats_.bytes_live -= bytes;
   stats_.num_frees++;
   bool keep = bytes >= min_bytes_;
+  if (keep && expecting_)
+    if (auto r = returning_.find(bytes); r != returning_.end() && r->second > 0) --r->second;
   if (keep && expecting_) {
     auto e = expected_.find(bytes);
     keep = (e != expected_.end() && e->second > kept_.count(bytes)) || keeps_spare_locked(bytes);
@@ -170,7 +172,9 @@ bool RecyclingAllocator::keeps_spare_locked(size_t bytes) const {
   for (const auto& [size, want] : expected_) {
     if (size < spare_bytes_) continue;
     const auto f = in_flight_.find(size);
-    const size_t have = kept_.count(size) + (f != in_flight_.end() ? f->second : 0);
+    const auto r = returning_.find(size);
+    const size_t have = kept_.count(size) + (f != in_flight_.end() ? f->second : 0) +
+                        (r != returning_.end() ? r->second : 0);
     if (want > have) open += want - have, open_bytes += (want - have) * size;
   }
   size_t spares = 0, spare_bytes = 0;
@@ -206,7 +210,8 @@ std::pair<void*, bool> RecyclingAllocator::reshape_spare(void* spare, size_t byt
   return {base_.allocate(bytes, tag), false};
 }
 
-size_t RecyclingAllocator::reserve(const std::vector<size_t>& sizes, size_t max_new_bytes) {
+size_t RecyclingAllocator::reserve(const std::vector<size_t>& sizes, size_t max_new_bytes,
+                                   const std::vector<size_t>& returning) {
   // The sizes to allocate, in the order given: those that the kept blocks do not cover.
   std::vector<size_t> missing;
   uint64_t gen = 0;
@@ -219,10 +224,14 @@ size_t RecyclingAllocator::reserve(const std::vector<size_t>& sizes, size_t max_
       expected_.clear();
       for (size_t bytes : sizes)
         if (bytes >= min_bytes_) ++expected_[bytes];
+      returning_.clear();
+      for (size_t bytes : returning)
+        if (bytes >= min_bytes_) ++returning_[bytes];
       take_unwanted_locked(unwanted);
       std::map<size_t, size_t> covered;
       for (size_t bytes : sizes)
-        if (bytes >= min_bytes_ && ++covered[bytes] > kept_.count(bytes)) missing.push_back(bytes);
+        if (bytes >= min_bytes_ && ++covered[bytes] > kept_.count(bytes) + returning_[bytes])
+          missing.push_back(bytes);
     }
     // Before allocating anything: what goes back lowers the peak that the new blocks raise.
     for (void* p : unwanted) base_.free(p);
@@ -232,7 +241,7 @@ size_t RecyclingAllocator::reserve(const std::vector<size_t>& sizes, size_t max_
   auto wanted = [&](size_t bytes) {
     const auto e = expected_.find(bytes);
     return generation_ == gen && e != expected_.end() &&
-           e->second > kept_.count(bytes) + in_flight_[bytes];
+           e->second > kept_.count(bytes) + in_flight_[bytes] + returning_[bytes];
   };
   size_t added = 0;
   // Two passes: a size that a spare could serve but none does yet waits for the second, so
@@ -306,6 +315,7 @@ void RecyclingAllocator::trim_locked() {
   bytes_kept_ = 0;
   expecting_ = false;
   expected_.clear();
+  returning_.clear();
   ++generation_;
   stats_.bytes_reserved = stats_.bytes_live;
 }

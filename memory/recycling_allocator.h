@@ -82,7 +82,12 @@ class RecyclingAllocator final : public Allocator {
   // yet is allocated from `base` and no longer reserved (the faults split between the
   // threads). Before each block it skips sizes no longer expected; a later call, or trim(),
   // stops it after its current block. Returns the bytes it allocated and kept. Thread-safe.
-  size_t reserve(const std::vector<size_t>& sizes, size_t max_new_bytes = SIZE_MAX);
+  // `returning`: sizes of blocks handed out that the caller frees before the expected requests
+  // come (a trainer's gradients, when the reserve starts beside its last step): each covers
+  // an expected request of its size as a kept block would, so that size is not faulted in
+  // anew beside it, and is kept for it when freed.
+  size_t reserve(const std::vector<size_t>& sizes, size_t max_new_bytes = SIZE_MAX,
+                 const std::vector<size_t>& returning = {});
   // Returns every kept block to `base` and drops the expectation. Thread-safe.
   void trim();
   size_t bytes_kept() const;
@@ -120,6 +125,7 @@ class RecyclingAllocator final : public Allocator {
   bool expecting_ = false;
   std::map<size_t, size_t> expected_;
   std::map<size_t, size_t> in_flight_;  // blocks a reserve is faulting in, by size
+  std::map<size_t, size_t> returning_;  // handed-out blocks that will cover expected sizes
   std::condition_variable landed_;      // a block in flight was kept or dropped
   uint64_t generation_ = 0;
   AllocatorStats stats_;

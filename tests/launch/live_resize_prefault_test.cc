@@ -71,6 +71,39 @@ TEST(PrefaultBound, TheMovesBoundLessWhatTheRankHolds) {
   EXPECT_EQ(prefault_bound(900 * mib, six, 256 * mib), size_t(256 * mib));
   // Nothing held (a torn rank): all of it and the budget.
   EXPECT_EQ(prefault_bound(0, six, 256 * mib), size_t(856 * mib));
+  // At a notice, beside the step: 400 of state and 100 of gradients held now, the bound
+  // less all 500 (600 + 256 - 500); gradients that outgrow the budget leave nothing.
+  EXPECT_EQ(prefault_bound(400 * mib, six, 256 * mib, 500 * mib), size_t(356 * mib));
+  EXPECT_EQ(prefault_bound(900 * mib, six, 256 * mib, 1200 * mib), size_t(0));
+}
+
+// A reserve started at a notice within the bound beside the step goes on at the step
+// boundary within the larger one (the same sizes, a larger bound): it never holds more than
+// the bound of the moment, in all, and the trainer's gradients (returning) are not faulted
+// anew but kept for their size when freed.
+TEST(DestinationPrefault, ALeavesReserveStartsAtItsNoticeAndGrowsAtTheBoundary) {
+  memory::HostAllocator host;
+  memory::RecyclingAllocator persistent(host, 1024);
+  {
+    DestinationPrefault pf(persistent);
+    void* grad = persistent.allocate(8192);  // the old trainer's gradient, live in the step
+    const std::vector<size_t> next{16384, 16384, 8192, 4096};
+    pf.start(next, 16384 + 4096, {8192});  // at the notice: what the step leaves room for
+    EXPECT_EQ(pf.wait(), 16384u + 4096u) << "within the notice's bound; the 8192 is returning";
+    EXPECT_EQ(pf.max_bytes(), 16384u + 4096u);
+    EXPECT_EQ(persistent.bytes_kept(), 16384u + 4096u);
+    persistent.free(grad);  // the step's end: kept for the next layout's gradient
+    EXPECT_EQ(persistent.bytes_kept(), 16384u + 4096u + 8192u);
+    pf.start(next, 16384 + 4096);  // a smaller bound for the same sizes: nothing more
+    EXPECT_FALSE(pf.started());
+    pf.start(next, 2 * 16384 + 4096);  // the boundary's bound: goes on
+    EXPECT_TRUE(pf.started());
+    EXPECT_EQ(pf.wait(), 16384u) << "only the second 16384: the rest is kept already";
+    EXPECT_EQ(persistent.bytes_kept(), 2u * 16384u + 8192u + 4096u);
+    EXPECT_LE(host.stats().bytes_live, 2u * 16384u + 8192u + 4096u) << "nothing beyond the bound";
+    pf.trim();
+  }
+  EXPECT_EQ(host.stats().bytes_live, 0u);
 }
 
 // One reserve at a time: the same sizes again start nothing; other sizes trim the kept

@@ -160,6 +160,33 @@ TEST(RecyclingAllocator, AReserveAllocatesWithinItsBoundInTheOrderGiven) {
   EXPECT_EQ(host.stats().bytes_live, 0u);
 }
 
+// Blocks handed out that the caller frees before the expected requests come (a trainer's
+// gradients when a reserve starts beside its last step) cover their size: the reserve
+// allocates only the sizes they do not cover, and each, freed, is kept for its size and
+// serves its request; a later reserve for the same sizes finds them kept.
+TEST(RecyclingAllocator, ReturningBlocksCoverTheirSizesAndAreKeptWhenFreed) {
+  HostAllocator host;
+  RecyclingAllocator a(host, 1024);
+  void* grad = a.allocate(8192);   // live through the step
+  void* other = a.allocate(2048);  // a size nobody expects
+  EXPECT_EQ(a.reserve({8192, 8192, 4096}, SIZE_MAX, {8192, 2048}), 8192u + 4096u)
+      << "one 8192 is returning: only the second and the 4096 are new";
+  EXPECT_EQ(host.stats().bytes_live, 8192u * 2 + 2048u + 4096u);
+  a.free(grad);
+  EXPECT_EQ(a.bytes_kept(), 8192u * 2 + 4096u) << "freed: kept for its expected size";
+  a.free(other);
+  EXPECT_EQ(a.bytes_kept(), 8192u * 2 + 4096u) << "returning but not expected: back to the base";
+  EXPECT_EQ(a.reserve({8192, 8192, 4096}), 0u) << "all kept";
+  void* p = a.allocate(8192);
+  void* q = a.allocate(8192);
+  EXPECT_EQ(p == grad || q == grad, true) << "the freed gradient served a request";
+  EXPECT_EQ(a.reused(), 2u);
+  a.free(p);
+  a.free(q);
+  a.trim();
+  EXPECT_EQ(host.stats().bytes_live, 0u);
+}
+
 // A reserved block's pages are in memory before anything writes them (what the reserve is
 // for): mincore sees every page of it resident. 8 MiB comes from mmap, untouched until then.
 TEST(RecyclingAllocator, AReservedBlockIsResidentBeforeItsFirstWrite) {
