@@ -2,7 +2,6 @@
 // the ~350M state, sized against this machine's memory, run under `weft run --standalone`.
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,6 +19,7 @@
 #include "base/check.h"
 #include "base/error.h"
 #include "checkpoint/job_id.h"
+#include "checkpoint/snapshot_agent_files.h"
 #include "checkpoint/snapshot_segment.h"
 #include "checkpoint/snapshot_writer.h"
 #include "core/graph/moe_balance.h"
@@ -286,20 +286,14 @@ void remove_job_segments(const std::string& rdzv_id, bool ended) {
   const std::string job = checkpoint::job_id_for_run(rdzv_id);
   for (const std::string& n : checkpoint::snapshot_segments(job))
     checkpoint::SnapshotSegment::unlink(n);
+  // The sockets and locks of its agents, killed ones included (a lost node's).
   const std::string prefix = "weft-agent-" + job + "-n";
-  for (int tries = ended ? 1 : 50; tries > 0; --tries) {  // the agent may still be exiting
-    bool held = false;
+  for (int tries = ended ? 1 : 50; tries > 0; --tries) {  // an agent may still be exiting
+    checkpoint::remove_stale_agent_files(job);
+    bool held = false;  // a lock left is a live agent's
     std::error_code ec;
-    for (const auto& e : fs::directory_iterator("/dev/shm", ec)) {
-      if (!e.path().filename().string().starts_with(prefix)) continue;
-      const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) continue;
-      if (::flock(fd, LOCK_EX | LOCK_NB) == 0)
-        ::unlink(e.path().c_str());
-      else
-        held = true;
-      ::close(fd);
-    }
+    for (const auto& e : fs::directory_iterator("/dev/shm", ec))
+      held = held || e.path().filename().string().starts_with(prefix);
     if (!held) break;
     ::usleep(100'000);
   }

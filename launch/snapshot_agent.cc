@@ -20,6 +20,7 @@
 #include <set>
 
 #include "base/check.h"
+#include "checkpoint/snapshot_agent_files.h"
 #include "launch/snapshot_agent_server.h"
 
 namespace weft::launch::agent_server {
@@ -44,7 +45,7 @@ std::string shm_path(const std::string& name) {
 
 // The agent lock of a job on a node: held (flock) by its live agent.
 std::string lock_path(const std::string& job, int node) {
-  return "/dev/shm/weft-agent-" + job + "-n" + std::to_string(node) + ".lock";
+  return ckpt::agent_lock_path(job, node);
 }
 
 // Whether a segment holds a readable committed snapshot (an inconsistent one does not).

@@ -13,28 +13,12 @@
 #include <set>
 
 #include "base/check.h"
+#include "checkpoint/snapshot_agent_files.h"
 #include "launch/snapshot_agent_server.h"
 
 namespace weft::launch::agent_server {
 
 namespace fs = std::filesystem;
-
-namespace {
-
-// Removes the lock files of `job` nobody holds (its agents are gone).
-void remove_stale_locks(const std::string& job) {
-  std::error_code ec;
-  const std::string prefix = "weft-agent-" + job + "-n";
-  for (const fs::directory_entry& e : fs::directory_iterator("/dev/shm", ec)) {
-    if (!e.path().filename().string().starts_with(prefix)) continue;
-    int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) ::unlink(e.path().c_str());
-    ::close(fd);
-  }
-}
-
-}  // namespace
 
 void Agent::take_lock() {
   const std::string path = lock_path(o_.job_id, o_.node);
@@ -121,7 +105,8 @@ void Agent::remove_abandoned() {
             guardian > 0 ? str(", and its guardian, pid ", guardian, ", are gone)")
                          : std::string(", is gone; no guardian recorded)")));
   }
-  for (const std::string& job : removed_jobs) remove_stale_locks(job);
+  // Their agents are gone: so are their sockets and locks.
+  for (const std::string& job : removed_jobs) ckpt::remove_stale_agent_files(job);
 }
 
 }  // namespace weft::launch::agent_server

@@ -63,7 +63,9 @@ TEST(HostAllocatorReshape, AGrowKeepsTheBytesAndPagesAndAddsTheRest) {
   EXPECT_EQ(resident_pages(q, from), from / kPage) << "the old pages stay resident";
   std::memset(static_cast<char*>(q) + from, 9, to - from);  // the added part is writable
   EXPECT_EQ(a.stats().bytes_live, to);
-  if (q != p) EXPECT_THROW(a.free(p), InternalError) << "the old pointer is gone";
+  if (q != p) {
+    EXPECT_THROW(a.free(p), InternalError) << "the old pointer is gone";
+  }
   a.free(q);
   EXPECT_EQ(a.stats().bytes_live, 0u);
 }
