@@ -69,8 +69,8 @@ json to_json(const Reservation& r) {
   json ranks = json::array();
   for (const RankSlot& s : r.ranks)
     ranks.push_back({{"rank", s.rank}, {"world", s.world}, {"bytes", s.bytes}});
-  return {{"op", "reserve"},  {"job", r.job},   {"node", r.node},
-          {"epoch", r.epoch}, {"ranks", ranks}, {"parity_bytes", r.parity_bytes},
+  return {{"op", "reserve"},       {"job", r.job},   {"node", r.node},
+          {"epoch", r.epoch},      {"ranks", ranks}, {"parity_bytes", r.parity_bytes},
           {"allocate", r.allocate}};
 }
 

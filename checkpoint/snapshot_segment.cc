@@ -526,14 +526,16 @@ void SnapshotSegment::populate_writing(int64_t from, int64_t bytes) {
 }
 
 void SnapshotSegment::allocate_slots() {
-  WEFT_CHECK(base_ && writable_, "snapshot segment ", name_, ": allocate_slots() needs a writable mapping");
+  WEFT_CHECK(base_ && writable_, "snapshot segment ", name_,
+             ": allocate_slots() needs a writable mapping");
   const int64_t total = header(base_)->total_bytes;
   const int fd = ::shm_open(name_.c_str(), O_RDWR, 0);
   const int err = fd < 0 ? errno : ::posix_fallocate(fd, 0, off_t(total));
   if (fd >= 0) ::close(fd);
   if (err != 0)
-    throw IoError(str("cannot allocate ", (total + (1 << 20) - 1) >> 20, " MiB for snapshot segment ",
-                      name_, " in ", kShmDir, ": ", std::strerror(err),
+    throw IoError(str("cannot allocate ", (total + (1 << 20) - 1) >> 20,
+                      " MiB for snapshot segment ", name_, " in ", kShmDir, ": ",
+                      std::strerror(err),
                       err == ENOSPC ? " (see `df -h /dev/shm`: free it, or snapshot less)" : ""));
 }
 

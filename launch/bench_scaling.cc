@@ -135,7 +135,8 @@ constexpr const char* kHelp = R"(usage: weft bench scaling [--quick] [--steps N]
 }  // namespace
 
 int run_scaling(const std::vector<std::string>& argv) {
-  Args a(std::vector<std::string>(argv.begin() + 1, argv.end()), {"--steps", "--attribute", "--rank", "--compare"},
+  Args a(std::vector<std::string>(argv.begin() + 1, argv.end()),
+         {"--steps", "--attribute", "--rank", "--compare"},
          {"--quick", "--help", "--probe-only", "--exec-only", "--recalibrate"});
   if (a.flag("--exec-only")) {
     for (const char* f : {"gpt-layout.yaml", "moe-layout.yaml"}) {
@@ -202,7 +203,10 @@ int run_scaling(const std::vector<std::string>& argv) {
         {"llama world 1", 3, 1, {"parallel.dp=1"}},
         {"llama dp2", 3, 2, {"parallel.dp=2"}},
         {"llama tp2", 3, 2, {"parallel.dp=1", "parallel.tp=2"}},
-        {"llama pp2 1f1b", 3, 2, {"parallel.dp=1", "parallel.pp=2", "parallel.pipeline.schedule=1f1b"}},
+        {"llama pp2 1f1b",
+         3,
+         2,
+         {"parallel.dp=1", "parallel.pp=2", "parallel.pipeline.schedule=1f1b"}},
         {"llama dp2xtp2", 3, 4, {"parallel.dp=2", "parallel.tp=2"}}};
     rows.insert(rows.end(), layouts.begin(), layouts.end());
   }
@@ -378,16 +382,18 @@ int run_scaling(const std::vector<std::string>& argv) {
       for (const Row& r : rows) {
         if (!std::isfinite(r.measured_ms)) continue;
         const Family& f = fam[size_t(r.family)];
-        const double p = predict_ms(r, f, other.cost_model(core::load_job_spec(f.config, f.sets).train.dtype));
+        const double p =
+            predict_ms(r, f, other.cost_model(core::load_job_spec(f.config, f.sets).train.dtype));
         const double err = (p - r.measured_ms) / r.measured_ms * 100;
         e.push_back(std::fabs(err));
         if (unsigned(r.world) <= cores) e_fit.push_back(std::fabs(err));
         char one[96];
-        std::snprintf(one, sizeof one, "%s%s %+.1f%%", cells.empty() ? "" : ", ", r.name.c_str(), err);
+        std::snprintf(one, sizeof one, "%s%s %+.1f%%", cells.empty() ? "" : ", ", r.name.c_str(),
+                      err);
         cells += one;
       }
-      std::printf("under %s: median |error| %.1f%% over all, %.1f%% within the cores (%s)\n", file.c_str(),
-                  median(e), median(e_fit), cells.c_str());
+      std::printf("under %s: median |error| %.1f%% over all, %.1f%% within the cores (%s)\n",
+                  file.c_str(), median(e), median(e_fit), cells.c_str());
     }
   }
   if (!quick)

@@ -360,7 +360,8 @@ void print_table(const JobShape& j, const std::string& note, const std::vector<S
       "the new world's first step logged");
   row("total", [](const Side& s) { return secs(s.total()); },
       "from the failure known to the first step");
-  row("second step", [](const Side& s) { return secs(s.t_second - s.t_first); },
+  row(
+      "second step", [](const Side& s) { return secs(s.t_second - s.t_first); },
       "the new world's next step: a step of the same world, the first step's yardstick");
   for (const Side& s : sides) {
     if (!s.live()) continue;

@@ -306,11 +306,13 @@ double fit_op_overhead(planner::Hardware& hw, const CalibrationOptions& opt) {
   hw.measurements.push_back({"executor_gpt_layout_instructions", double(ops)});
   const double per_op = std::max(0.0, (measured_ms - raw_ms) * 1e-3 / double(std::max<int64_t>(1, ops)));
   char line[384];
-  std::snprintf(line, sizeof line,
-                "executor: configs/gpt-layout.yaml world-1 step %.2f ms measured (CPU time; wall %.2f), %.2f ms "
-                "simulated at the measured rates, %lld instructions -> op_overhead %.2f us%s (%.1f s)",
-                measured_ms, wall_ms, raw_ms, (long long)ops, per_op * 1e6,
-                measured_ms < raw_ms ? " (the rates alone overshoot)" : "", since(t0));
+  std::snprintf(
+      line, sizeof line,
+      "executor: configs/gpt-layout.yaml world-1 step %.2f ms measured (CPU time; wall %.2f), %.2f "
+      "ms "
+      "simulated at the measured rates, %lld instructions -> op_overhead %.2f us%s (%.1f s)",
+      measured_ms, wall_ms, raw_ms, (long long)ops, per_op * 1e6,
+      measured_ms < raw_ms ? " (the rates alone overshoot)" : "", since(t0));
   if (opt.progress) opt.progress(line);
   return per_op;
 }
@@ -580,9 +582,11 @@ int probe_worker(const std::string& path, bool waits_only) {
                        const std::function<void()>& op) {
     const int segments = std::clamp(iters / kSyncCallsPerSegment, 1, kSyncSegments);
     const int calls = iters / segments;
-    // sync per call by segment, then the calls' run delay per call by segment, then the burst per call
+    // sync per call by segment, then the calls' run delay per call by segment, then the burst per
+    // call
     std::vector<double> m(2 * size_t(segments) + 1, 0.0);
-    std::vector<double> lost(size_t(segments) * size_t(calls), 0.0);  // each burst's wall less CPU time
+    std::vector<double> lost(size_t(segments) * size_t(calls),
+                             0.0);  // each burst's wall less CPU time
     c.barrier().wait();
     for (int s = 0; s < segments; ++s) {
       double bursts = 0, burst_lost = 0;
@@ -613,7 +617,8 @@ int probe_worker(const std::string& path, bool waits_only) {
     lo.op = comm::ReduceOp::kMin;
     group.all_reduce(least, lo).wait();
     std::vector<double> skew(size_t(segments), 0.0);
-    for (size_t i = 0; i < lost.size(); ++i) skew[i / size_t(calls)] += (most.data<double>()[i] - least.data<double>()[i]) / calls;
+    for (size_t i = 0; i < lost.size(); ++i)
+      skew[i / size_t(calls)] += (most.data<double>()[i] - least.data<double>()[i]) / calls;
     core::Tensor sk = core::Tensor::from_vector<double>({int64_t(segments)}, skew);
     c.all_reduce(sk, o).wait();  // the groups' most
     for (int s = 0; s < segments; ++s) {
@@ -792,10 +797,13 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
     // a loop's burst (the compute the model prices). The step-like loops (sync_*) keep the
     // mean of their segments less the load outliers (load_robust_level): their means are
     // the waits a step pays, slow calls included (CostModel::sync_wait_by_burst).
-    std::string s = "gloo, " + std::to_string(n) + " processes (least of " + std::to_string(opt.probe_repeats) +
+    std::string s = "gloo, " + std::to_string(n) + " processes (least of " +
+                    std::to_string(opt.probe_repeats) +
                     "; sync_*: the mean of the least-delayed quarter of the segments):";
     int kept = 0, rejected = 0;
-    auto delay_key = [](const std::string& k) { return k.size() > 6 && k.compare(k.size() - 6, 6, "_delay") == 0; };
+    auto delay_key = [](const std::string& k) {
+      return k.size() > 6 && k.compare(k.size() - 6, 6, "_delay") == 0;
+    };
     for (const auto& [k, v] : runs[n]) {
       const size_t at = k.find('@');
       if (at != std::string::npos) continue;  // a segment: its loop's level, below
@@ -814,7 +822,9 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
         if (k2.compare(0, at + 1, k, 0, at + 1) != 0 || delay_key(k2)) continue;
         const auto delay = runs[n].find(k2 + "_delay");
         for (size_t r = 0; r < v2.size(); ++r)
-          all.push_back({v2[r], own_cores && delay != runs[n].end() && r < delay->second.size() ? delay->second[r] : 0.0});
+          all.push_back({v2[r], own_cores && delay != runs[n].end() && r < delay->second.size()
+                                    ? delay->second[r]
+                                    : 0.0});
       }
       const LoadRobustLevel l = load_robust_level(all);
       pr[n][k.substr(0, at)] = l.value;
@@ -822,8 +832,10 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
       kept += l.kept, rejected += l.rejected;
     }
     hw.measurements.push_back({"gloo_n" + std::to_string(n) + "_sync_segments_kept", double(kept)});
-    hw.measurements.push_back({"gloo_n" + std::to_string(n) + "_sync_segments_rejected", double(rejected)});
-    std::snprintf(line, sizeof line, " (sync segments: %d kept, %d left out as delayed or outliers)", kept, rejected);
+    hw.measurements.push_back(
+        {"gloo_n" + std::to_string(n) + "_sync_segments_rejected", double(rejected)});
+    std::snprintf(line, sizeof line,
+                  " (sync segments: %d kept, %d left out as delayed or outliers)", kept, rejected);
     s += line;
     for (const auto& [k, v] : pr[n]) {
       hw.measurements.push_back({"gloo_n" + std::to_string(n) + "_" + k + "_s", v});

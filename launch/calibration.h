@@ -44,7 +44,8 @@ int probe_worker(const std::string& path, bool waits_only = false);
 // single-process trainer, or (multi_rank) the plan executor on a one-rank loopback world.
 // cpu_ms (optional) receives the median of the same steps' CPU time of the process: what a
 // step took of the cores, without the time other processes held them.
-double world1_step_ms(const core::JobSpec& spec, bool multi_rank, int steps, double* cpu_ms = nullptr);
+double world1_step_ms(const core::JobSpec& spec, bool multi_rank, int steps,
+                      double* cpu_ms = nullptr);
 
 // The running `weft` binary, and a word quoted for sh -c: how the probes and the scaling
 // bench start `weft run`.

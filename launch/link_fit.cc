@@ -165,9 +165,11 @@ LoadRobustLevel load_robust_level(const std::vector<LoadSample>& samples) {
   LoadRobustLevel l;
   for (const LoadSample& p : samples)
     if (p.value > 0) s.push_back(p), l.raw += p.value;
-  if (s.empty()) throw Error("weft calibrate: a step-like loop gave no positive time (a probe failed)");
+  if (s.empty())
+    throw Error("weft calibrate: a step-like loop gave no positive time (a probe failed)");
   l.raw /= double(s.size());
-  std::stable_sort(s.begin(), s.end(), [](const LoadSample& a, const LoadSample& b) { return a.delay < b.delay; });
+  std::stable_sort(s.begin(), s.end(),
+                   [](const LoadSample& a, const LoadSample& b) { return a.delay < b.delay; });
   // No delay recorded anywhere: nothing tells the quiet samples apart, every one is kept.
   const bool timed = s.back().delay > 0;
   const size_t quiet = timed ? (s.size() + 3) / 4 : s.size();

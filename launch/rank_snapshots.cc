@@ -246,19 +246,22 @@ void RankSnapshots::attach(parallel::ParallelTrainer& trainer, const parallel::S
   auto reserve = [client = client_.get(), res, mine] {
     if (!res.allocate) (void)::setpriority(PRIO_PROCESS, id_t(::syscall(SYS_gettid)), 19);
     const std::vector<std::string> names = client->segment(res);  // ConfigError: does not fit
-    checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(names.at(size_t(mine)), true);
+    checkpoint::SnapshotSegment seg =
+        checkpoint::SnapshotSegment::open(names.at(size_t(mine)), true);
     if (!res.allocate) {
       try {
         const auto t0 = std::chrono::steady_clock::now();
         seg.allocate_slots();
-        WEFT_DEBUG("resize", "rank ", res.ranks.at(size_t(mine)).rank, ": ", seg.name(),
-                   "'s pages allocated at nice 19 in ",
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3,
-                   " ms");
+        WEFT_DEBUG(
+            "resize", "rank ", res.ranks.at(size_t(mine)).rank, ": ", seg.name(),
+            "'s pages allocated at nice 19 in ",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3,
+            " ms");
       } catch (const IoError& e) {
         throw ConfigError("snapshot.every",
-                          str(e.what(), "; the node's shared memory is full: set snapshot.every: "
-                                        "0, spread the job over more nodes, or free memory"));
+                          str(e.what(),
+                              "; the node's shared memory is full: set snapshot.every: "
+                              "0, spread the job over more nodes, or free memory"));
       }
     }
     return std::make_unique<checkpoint::SnapshotWriter>(std::move(seg));

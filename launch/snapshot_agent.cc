@@ -44,9 +44,7 @@ std::string shm_path(const std::string& name) {
 }
 
 // The agent lock of a job on a node: held (flock) by its live agent.
-std::string lock_path(const std::string& job, int node) {
-  return ckpt::agent_lock_path(job, node);
-}
+std::string lock_path(const std::string& job, int node) { return ckpt::agent_lock_path(job, node); }
 
 // Whether a segment holds a readable committed snapshot (an inconsistent one does not).
 bool has_commit(const Owned& x) {

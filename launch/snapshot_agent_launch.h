@@ -18,7 +18,7 @@ namespace weft::launch {
 struct SnapshotAgentPlan {
   std::string job_id;  // checkpoint::job_id_for_run(run id): the workers' job id too
   int node = 0;
-  std::string socket;  // checkpoint::agent_socket_path(job id, node)
+  std::string socket;               // checkpoint::agent_socket_path(job id, node)
   std::string redundancy = "none";  // snapshot.redundancy: "none" = this node's only copy
   int ec_k = 2, ec_m = 1;           // snapshot.ec (redundancy ec)
   std::string listen;     // replica, ec: "host:0", where the other nodes' agents reach this one

@@ -147,9 +147,8 @@ json Agent::reserve(const ckpt::Reservation& r) {
       // them itself (r.allocate false: counted in the check above, not on this thread).
       std::shared_ptr<ckpt::SnapshotSegment> seg;
       try {
-        seg = std::make_shared<ckpt::SnapshotSegment>(
-            ckpt::SnapshotSegment::create(name, capacity, int(::getpid()), data_slots(),
-                                          o_.guardian_pid, r.allocate));
+        seg = std::make_shared<ckpt::SnapshotSegment>(ckpt::SnapshotSegment::create(
+            name, capacity, int(::getpid()), data_slots(), o_.guardian_pid, r.allocate));
       } catch (const IoError& e) {
         if (fs::exists(shm_path(name))) throw;  // made meanwhile by someone else
         throw ConfigError("snapshot.every",

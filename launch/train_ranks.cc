@@ -1,6 +1,10 @@
 // The multi-rank training loop, one world at a time (train_ranks.h).
 #include "launch/train_ranks.h"
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,10 +15,6 @@
 #include <memory>
 #include <optional>
 #include <thread>
-
-#include <signal.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include "base/env.h"
 #include "base/error.h"
@@ -892,7 +892,8 @@ void RankTraining::prefault_ahead(const EpochNotice* notice, const std::vector<s
   if (notice && !freed.empty() && prefault_.max_bytes() < bound)
     WEFT_DEBUG("resize", "rank ", env_.rank, ": the reserve for epoch ", notice->epoch,
                " starts at its notice, beside the step: up to ", mib(bound), " MiB (the ",
-               mib(size_t(freeing)), " MiB of gradients freed at the step's end serve their sizes)");
+               mib(size_t(freeing)),
+               " MiB of gradients freed at the step's end serve their sizes)");
   prefault_.start(std::move(sizes), bound, freed);
 }
 
@@ -998,12 +999,13 @@ std::optional<WorldEnd> RankTraining::one_step() {
   const parallel::StepTimes& tt = trainer_->executor().last_step_times();
   const double mem = mib(trainer_->activation_stats().bytes_live_peak);  // this rank's
   const auto [faults1, cpu1] = faults_and_cpu();
-  core::io::StepMetrics m = step_line(st, secs, {{"step_ms", secs * 1e3},
-                                                 {"compute_ms", tt.compute * 1e3},
-                                                 {"comm_ms", tt.comm * 1e3},
-                                                 {"mem_peak_mib", mem},
-                                                 {"page_faults", faults1 - faults0},
-                                                 {"cpu_ms", (cpu1 - cpu0) * 1e3}});
+  core::io::StepMetrics m = step_line(st, secs,
+                                      {{"step_ms", secs * 1e3},
+                                       {"compute_ms", tt.compute * 1e3},
+                                       {"comm_ms", tt.comm * 1e3},
+                                       {"mem_peak_mib", mem},
+                                       {"page_faults", faults1 - faults0},
+                                       {"cpu_ms", (cpu1 - cpu0) * 1e3}});
   if (first_step_of_world_) m.extra.push_back({"resize_ms", resize_s_ * 1e3});
   agreed_line_ = m;
   if (lead()) {

@@ -74,8 +74,8 @@ class RecyclingAllocator final : public Allocator {
   // is one (the smallest at least its size, else the largest), reshaped and its added pages
   // faulted in, counted in full against max_new_bytes. A size of at least spare_bytes that
   // finds no spare at its turn is taken after the others, in a second pass, so that spares
-  // freed meanwhile can serve it. A process that will need that memory and waits for something else (a
-  // newcomer of an online resize while the world forms; a survivor while the membership is
+  // freed meanwhile can serve it. A process that will need that memory and waits for something else
+  // (a newcomer of an online resize while the world forms; a survivor while the membership is
   // agreed) calls it from a thread of its own, so that the state it receives lands in pages
   // that exist. Requests may come meanwhile, from other threads: a size it has faulted in is
   // served from its block, the one it is faulting waits for it, and one it has not reached

@@ -156,15 +156,16 @@ TEST_F(SnapshotCli, CleanRemovesAKilledAgentsSocketAndLockAndKeepsALiveOnes) {
     }
   } reap{agents};
   for (int node : {1, 2})
-    agents.push_back(::weft::test::start_weft(
-        {"snapshot-agent", "--job", job_, "--node", std::to_string(node), "--socket",
-         agent_socket_path(job_, node)},
-        dir + "/agent" + std::to_string(node) + ".log"));
+    agents.push_back(
+        ::weft::test::start_weft({"snapshot-agent", "--job", job_, "--node", std::to_string(node),
+                                  "--socket", agent_socket_path(job_, node)},
+                                 dir + "/agent" + std::to_string(node) + ".log"));
   for (int node : {1, 2})
     ASSERT_TRUE(::weft::test::eventually([&] {
       return std::filesystem::exists(agent_socket_path(job_, node)) &&
              std::filesystem::exists(agent_lock_path(job_, node));
-    })) << "agent " << node << " did not start";
+    })) << "agent "
+        << node << " did not start";
   ::kill(agents[0], SIGKILL);
   ::waitpid(agents[0], nullptr, 0);
   agents.erase(agents.begin());

@@ -2,6 +2,8 @@
 // it trains, so that a recovery reads them without mapping them in. Whether a slot is mapped
 // in is read from this process's smaps (Rss of the mapping), so the checks see the page tables
 // themselves, not the object's bookkeeping.
+#include "checkpoint/snapshot_premap.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -9,7 +11,6 @@
 #include <string>
 
 #include "checkpoint/job_id.h"
-#include "checkpoint/snapshot_premap.h"
 #include "checkpoint/snapshot_segment.h"
 #include "tests/checkpoint/snapshot_util.h"
 

@@ -158,7 +158,8 @@ TEST(LoadRobustLevel, TheLeastDelayedQuarterGivesTheLevel) {
   EXPECT_GT(l.raw, 2.5 * l.value);  // about what the median of the loops' means read before
   // No delay recorded (the curves over the cores): every sample is kept, less outliers
   // (8 ms is not 3x the median 5 ms; 16 ms is), and averaged, not the least.
-  std::vector<LoadSample> none = {{1e-3, 0}, {2e-3, 0}, {3e-3, 0}, {4e-3, 0}, {5e-3, 0}, {6e-3, 0}, {8e-3, 0}, {16e-3, 0}};
+  std::vector<LoadSample> none = {{1e-3, 0}, {2e-3, 0}, {3e-3, 0}, {4e-3, 0},
+                                  {5e-3, 0}, {6e-3, 0}, {8e-3, 0}, {16e-3, 0}};
   const LoadRobustLevel all = load_robust_level(none);
   EXPECT_NEAR(all.value, 29e-3 / 7, 1e-15);
   EXPECT_EQ(all.kept, 7);

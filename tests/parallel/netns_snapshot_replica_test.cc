@@ -16,8 +16,8 @@
 
 #include "checkpoint/job_id.h"
 #include "checkpoint/snapshot_segment.h"
-#include "tests/support/snapshot_leftovers.h"
 #include "tests/support/live_job.h"
+#include "tests/support/snapshot_leftovers.h"
 
 namespace weft::test {
 namespace {
