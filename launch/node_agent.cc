@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -25,6 +24,7 @@
 #include "comm/store/tcp_store_server.h"
 #include "launch/epoch_notice.h"
 #include "launch/membership_wake.h"
+#include "launch/scratch_dir.h"
 #include "parallel/launch_env.h"
 
 namespace weft::launch {
@@ -207,7 +207,9 @@ class NodeAgent {
   // elastic.on_change: reshard. Workers that follow epoch notices (epoch_notice.h) keep
   // running across membership changes: the agent posts the new epoch instead of stopping
   // them, and a failed worker takes only its own node out of the job.
-  std::string scratch_;     // the agent's own folder (the epoch notice), removed at exit
+  // The agent's own folder (the epoch notice): removed at exit, or by the next weft run on
+  // the machine once this one is gone (SIGKILL leaves it no chance: ScratchDir).
+  std::optional<ScratchDir> scratch_;
   std::string epoch_file_;  // WEFT_EPOCH_FILE
   int64_t round_ = 0;       // the attempt's restart round (store prefixes)
   comm::Membership current_;  // the membership the running workers are in
@@ -657,17 +659,12 @@ void NodeAgent::serve_while_others_run() {
 }
 
 void NodeAgent::make_scratch() {
-  std::string t = (std::filesystem::temp_directory_path() / "weft_agent_XXXXXX").string();
-  if (!::mkdtemp(t.data())) throw IoError("weft run: cannot create a folder under " + t);
-  scratch_ = t;
-  epoch_file_ = t + "/epoch";
+  scratch_.emplace();
+  epoch_file_ = scratch_->path() + "/epoch";
   so_.epoch_file = epoch_file_;
 }
 
-NodeAgent::~NodeAgent() {
-  std::error_code ec;
-  if (!scratch_.empty()) std::filesystem::remove_all(scratch_, ec);
-}
+NodeAgent::~NodeAgent() = default;
 
 // A fixed count without restarts: another node's failure closes the rendezvous with its
 // reason; a node whose heartbeat expired without its exit mark is lost (and this agent

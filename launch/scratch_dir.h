@@ -1,7 +1,8 @@
-// weft run's scratch folder (the workers' error files when there is no log folder): made
-// under the temporary directory with its owner's pid in the name, removed when the job ends,
-// and, when its owner was killed (SIGKILL leaves no chance to remove it), removed by the
-// next weft run on the machine that finds its owner gone.
+// weft run's scratch folders (the workers' error files when there is no log folder; an
+// elastic node agent's epoch notices): each made under the temporary directory with its
+// owner's pid in the name, removed when the job ends, and, when its owner was killed
+// (SIGKILL leaves no chance to remove it), removed by the next weft run on the machine that
+// finds its owner gone.
 #pragma once
 
 #include <string>
