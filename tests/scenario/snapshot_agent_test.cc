@@ -382,7 +382,8 @@ TEST_F(SnapshotAgentTest, RepairWithoutParityIsRefusedSayingSo) {
   EXPECT_NE(bad.value("error", std::string()).find("no parity"), std::string::npos) << bad.dump();
 }
 
-// A second agent for the same job and node refuses to start (exit 1), naming the first.
+// A second agent for the same job and node refuses to start (exit 1), naming the first, and
+// leaves the first one's lock alone.
 TEST_F(SnapshotAgentTest, SecondAgentForTheSameJobAndNodeRefusesToStart) {
   start_agent(job_);
   SnapshotAgentClient client(milliseconds(10000));
@@ -396,6 +397,8 @@ TEST_F(SnapshotAgentTest, SecondAgentForTheSameJobAndNodeRefusesToStart) {
   EXPECT_NE(read(path("second.log")).find("another agent serves job " + job_), std::string::npos)
       << read(path("second.log"));
   EXPECT_TRUE(client.list().empty());
+  EXPECT_TRUE(fs::exists("/dev/shm/weft-agent-" + job_ + "-n0.lock"))
+      << "the refused agent removed the lock the first one holds";
 }
 
 // ---- weft run ----------------------------------------------------------------------------
