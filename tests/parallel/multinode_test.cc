@@ -289,13 +289,15 @@ TEST(MultiNode, IsHostDecidesWhichAgentServesTheStore) {
 }
 
 // Nodes beyond MAX wait as spares; when a member is lost, the survivors (a majority) admit
-// the spare in the next epoch, which takes the lost node's place.
+// the spare in the next epoch, which takes the lost node's place. The lost member's scratch
+// folder is removed by the next weft run on the machine.
 TEST(MultiNode, SpareBeyondMaxIsAdmittedWhenAMemberIsLost) {
   fs::path d = temp_dir("spare");
   NodeAgents agents;
   const int port = free_port();
   // A worker ends only in epoch 2: one of epoch 1 must be restarted by its agent.
-  const std::string worker = "echo world $GROUP_WORLD_SIZE epoch $WEFT_RDZV_EPOCH; while [ ! -f " +
+  const std::string worker = "echo world $GROUP_WORLD_SIZE epoch $WEFT_RDZV_EPOCH; "
+                             "echo notices in $WEFT_EPOCH_FILE; while [ ! -f " +
                              (d / "done").string() +
                              " ] || [ $WEFT_RDZV_EPOCH != 2 ]; do sleep 0.05; done";
   auto args = [&] {
@@ -318,6 +320,16 @@ TEST(MultiNode, SpareBeyondMaxIsAdmittedWhenAMemberIsLost) {
         << slurp(d / (std::to_string(i) + ".log"));
   pid_t spare = agents.start(args(), d / "spare.log");
   ASSERT_TRUE(wait_for(d / "spare.log", "waits as a spare", spare)) << slurp(d / "spare.log");
+  // The member about to be killed keeps its epoch notices in a scratch folder of its own,
+  // named for its pid: a killed agent cannot remove it, the next weft run on the machine does.
+  const std::string log2 = slurp(d / "2.log");
+  const size_t at = log2.find("notices in ");
+  ASSERT_NE(at, std::string::npos) << log2;
+  const fs::path notices =
+      fs::path(log2.substr(at + 11, log2.find('\n', at) - at - 11)).parent_path();
+  EXPECT_TRUE(notices.filename().string().starts_with("weft_run_" + std::to_string(p[2]) + "_"))
+      << notices;
+  EXPECT_TRUE(fs::is_directory(notices)) << notices;
   ::kill(p[2], SIGKILL);  // a member that does not host the store
   agents.wait(p[2]);
   ASSERT_TRUE(wait_for(d / "spare.log", "world 3 epoch 2", spare)) << slurp(d / "spare.log");
@@ -332,6 +344,9 @@ TEST(MultiNode, SpareBeyondMaxIsAdmittedWhenAMemberIsLost) {
               std::string::npos)
         << log;
   }
+  const CommandResult next = run_weft("run --standalone --nproc-per-node 1 -- true");
+  EXPECT_EQ(next.code, 0) << next.out;
+  EXPECT_FALSE(fs::exists(notices)) << notices << ": the killed member's folder stayed";
   fs::remove_all(d);
 }
 
