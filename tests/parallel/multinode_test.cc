@@ -288,6 +288,23 @@ TEST(MultiNode, IsHostDecidesWhichAgentServesTheStore) {
   fs::remove_all(d);
 }
 
+// Starts three agents running `args` (the first serves the store; agent i logs to i.log in
+// `d`), their pids in `p`, and waits until every one's worker says it is in world 3, epoch 1.
+::testing::AssertionResult start_three(NodeAgents& agents, const std::vector<std::string>& args,
+                                       const fs::path& d, std::vector<pid_t>& p) {
+  for (int i = 0; i < 3; ++i) {
+    p.push_back(agents.start(args, d / (std::to_string(i) + ".log")));
+    if (i == 0 && !wait_for(d / "0.log", "serves the rendezvous store", p[0]))
+      return ::testing::AssertionFailure() << "agent 0 serves no store\n" << slurp(d / "0.log");
+  }
+  for (int i = 0; i < 3; ++i) {
+    const fs::path log = d / (std::to_string(i) + ".log");
+    if (!wait_for(log, "world 3 epoch 1", p[size_t(i)]))
+      return ::testing::AssertionFailure() << "agent " << i << " not in epoch 1\n" << slurp(log);
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // Nodes beyond MAX wait as spares; when a member is lost, the survivors (a majority) admit
 // the spare in the next epoch, which takes the lost node's place. The lost member's scratch
 // folder is removed by the next weft run on the machine.
@@ -309,15 +326,7 @@ TEST(MultiNode, SpareBeyondMaxIsAdmittedWhenAMemberIsLost) {
     return a;
   };
   std::vector<pid_t> p;
-  for (int i = 0; i < 3; ++i) {
-    p.push_back(agents.start(args(), d / (std::to_string(i) + ".log")));
-    if (i == 0) {
-      ASSERT_TRUE(wait_for(d / "0.log", "serves the rendezvous store", p[0]));
-    }
-  }
-  for (int i = 0; i < 3; ++i)
-    ASSERT_TRUE(wait_for(d / (std::to_string(i) + ".log"), "world 3 epoch 1", p[size_t(i)]))
-        << slurp(d / (std::to_string(i) + ".log"));
+  ASSERT_TRUE(start_three(agents, args(), d, p));
   pid_t spare = agents.start(args(), d / "spare.log");
   ASSERT_TRUE(wait_for(d / "spare.log", "waits as a spare", spare)) << slurp(d / "spare.log");
   // The member about to be killed keeps its epoch notices in a scratch folder of its own,
@@ -368,15 +377,7 @@ TEST(MultiNode, ALostMembersPeersAreKilledAtOnceNotGivenTheGrace) {
        "heartbeat_interval=0.5,heartbeat_timeout=2,last_call_timeout=0.5,join_timeout=60"});
   args[2] = "2:3";  // --nnodes
   std::vector<pid_t> p;
-  for (int i = 0; i < 3; ++i) {
-    p.push_back(agents.start(args, d / (std::to_string(i) + ".log")));
-    if (i == 0) {
-      ASSERT_TRUE(wait_for(d / "0.log", "serves the rendezvous store", p[0]));
-    }
-  }
-  for (int i = 0; i < 3; ++i)
-    ASSERT_TRUE(wait_for(d / (std::to_string(i) + ".log"), "world 3 epoch 1", p[size_t(i)]))
-        << slurp(d / (std::to_string(i) + ".log"));
+  ASSERT_TRUE(start_three(agents, args, d, p));
   const std::string lost = node_id(p[2]);
   ::kill(p[2], SIGKILL);
   agents.wait(p[2]);
