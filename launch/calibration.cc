@@ -70,6 +70,20 @@ double process_cpu_s() {
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
+// Refits a wait curve that falls (refit_non_decreasing) and says so for the calibration's
+// log, the refitted points listed; "" when it was plausible. `moved` gets the points moved.
+std::string refit_wait_curve(std::vector<std::pair<double, double>>& curve, int& moved) {
+  moved = refit_non_decreasing(curve);
+  if (moved == 0) return "";
+  std::string text = "; falling, refitted non-decreasing (" + std::to_string(moved) + " points):";
+  for (const auto& [burst, wait] : curve) {
+    char one[64];
+    std::snprintf(one, sizeof one, " %.2f ms: %.0f us", burst * 1e3, wait * 1e6);
+    text += one;
+  }
+  return text;
+}
+
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Single-thread SGEMM rate of one M x N x K product, FLOP/s, in the form a linear layer runs
@@ -410,15 +424,8 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
                   hw.sync_wait_by_burst.back().second * 1e6);
     waits += one;
   }
-  int refit = refit_non_decreasing(hw.sync_wait_by_burst);
-  if (refit > 0) {
-    waits += "; falling, refitted non-decreasing (" + std::to_string(refit) + " points):";
-    for (const auto& [burst, wait] : hw.sync_wait_by_burst) {
-      char one[64];
-      std::snprintf(one, sizeof one, " %.2f ms: %.0f us", burst * 1e3, wait * 1e6);
-      waits += one;
-    }
-  }
+  int refit = 0;
+  waits += refit_wait_curve(hw.sync_wait_by_burst, refit);
   // The same above the cores (the pairs' all-reduce): what each call cost beyond its price
   // without launch_oversub, which these curves replace; at the first probe world there
   // (sync_wait_oversub_by_burst) and at the largest beyond it
@@ -435,16 +442,9 @@ std::string fit_collectives(const std::map<int, std::map<std::string, double>>& 
       std::snprintf(one, sizeof one, " %.2f ms: %.0f us", burst * 1e3, curve.back().second * 1e6);
       one_world += one;
     }
-    const int moved = refit_non_decreasing(curve);
+    int moved = 0;
+    one_world += refit_wait_curve(curve, moved);
     refit += moved;
-    if (moved > 0) {
-      one_world += "; falling, refitted non-decreasing (" + std::to_string(moved) + " points):";
-      for (const auto& [burst, wait] : curve) {
-        char one[64];
-        std::snprintf(one, sizeof one, " %.2f ms: %.0f us", burst * 1e3, wait * 1e6);
-        one_world += one;
-      }
-    }
     if (!one_world.empty()) over += " (" + std::to_string(n) + " processes, pairs)" + one_world;
     return !curve.empty();
   };
