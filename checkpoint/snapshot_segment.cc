@@ -180,6 +180,18 @@ bool valid_shm_name(const std::string& name) {
          name.find('/', 1) == std::string::npos;
 }
 
+// Allocates the pages of bytes [offset, offset + bytes) of segment `name` through its file
+// (posix_fallocate). IoError naming the segment and /dev/shm when it is full.
+void allocate_range(const std::string& name, int64_t offset, int64_t bytes) {
+  const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+  const int err = fd < 0 ? errno : ::posix_fallocate(fd, off_t(offset), off_t(bytes));
+  if (fd >= 0) ::close(fd);
+  if (err != 0)
+    throw IoError(str("cannot allocate ", (bytes + (1 << 20) - 1) >> 20,
+                      " MiB of snapshot segment ", name, " in ", kShmDir, ": ", std::strerror(err),
+                      err == ENOSPC ? " (see `df -h /dev/shm`: free it, or snapshot less)" : ""));
+}
+
 }  // namespace
 
 uint64_t layout_hash(const std::vector<BoxKey>& boxes) {
@@ -512,14 +524,7 @@ void SnapshotSegment::populate_writing(int64_t from, int64_t bytes) {
   // Allocated through the file first, then mapped in: on tmpfs that took 160 + 160 ms for
   // 403 MiB where MADV_POPULATE_WRITE over the holes took 400 ms (load 10), and a fault per
   // page as the writer wrote took 270-430 ms more. Before 5.14 (EINVAL) the writes fault.
-  const int fd = ::shm_open(name_.c_str(), O_RDWR, 0);
-  const int err =
-      fd < 0 ? errno : ::posix_fallocate(fd, off_t(p - static_cast<char*>(base_)), off_t(n));
-  if (fd >= 0) ::close(fd);
-  if (err != 0)
-    throw IoError(str("cannot allocate ", n >> 20, " MiB of snapshot segment ", name_, " in ",
-                      kShmDir, ": ", std::strerror(err),
-                      err == ENOSPC ? " (see `df -h /dev/shm`: free it, or snapshot less)" : ""));
+  allocate_range(name_, p - static_cast<char*>(base_), n);
   if (const int e = populate_pages(p, size_t(n), PageAccess::kWrite); e != 0 && e != EINVAL)
     throw IoError(str("cannot map in ", n >> 20, " MiB of snapshot segment ", name_, ": ",
                       std::strerror(e)));
@@ -528,15 +533,7 @@ void SnapshotSegment::populate_writing(int64_t from, int64_t bytes) {
 void SnapshotSegment::allocate_slots() {
   WEFT_CHECK(base_ && writable_, "snapshot segment ", name_,
              ": allocate_slots() needs a writable mapping");
-  const int64_t total = header(base_)->total_bytes;
-  const int fd = ::shm_open(name_.c_str(), O_RDWR, 0);
-  const int err = fd < 0 ? errno : ::posix_fallocate(fd, 0, off_t(total));
-  if (fd >= 0) ::close(fd);
-  if (err != 0)
-    throw IoError(str("cannot allocate ", (total + (1 << 20) - 1) >> 20,
-                      " MiB for snapshot segment ", name_, " in ", kShmDir, ": ",
-                      std::strerror(err),
-                      err == ENOSPC ? " (see `df -h /dev/shm`: free it, or snapshot less)" : ""));
+  allocate_range(name_, 0, header(base_)->total_bytes);
 }
 
 void SnapshotSegment::populate(const View& v) const {
