@@ -83,10 +83,6 @@ void store(TensorTable& t, const planner::Operand& o, const core::Tensor& src, c
   copy_region(*l.tensor, *l.box, src, src_box, region, o.accumulate);
 }
 
-core::Tensor flat_buffer(int64_t n, core::DType dt) {
-  return core::Tensor::empty({std::max<int64_t>(n, 1)}, dt);
-}
-
 PendingCollective all_reduce(const planner::Instr& in, TensorTable& t, comm::Communicator& c) {
   comm::AllReduceOptions o;
   o.op = in.reduce == planner::ReduceOp::kMax ? comm::ReduceOp::kMax : comm::ReduceOp::kSum;
@@ -104,7 +100,7 @@ PendingCollective all_reduce(const planner::Instr& in, TensorTable& t, comm::Com
   int64_t total = 0;
   core::DType dt = t.desc(in.in[0].tensor).dtype;
   for (const planner::Operand& a : in.in) total += planner::box_numel(t.desc(a.tensor).piece.box);
-  core::Tensor buf = flat_buffer(total, dt);
+  core::Tensor buf = t.staging(total, dt);
   int64_t off = 0;
   for (const planner::Operand& a : in.in) {
     const Box& b = t.desc(a.tensor).piece.box;
@@ -146,7 +142,7 @@ PendingCollective scatter_gather(const planner::Instr& in, TensorTable& t, comm:
     }
   }
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t(0));
-  core::Tensor whole = flat_buffer(total, dt), part = flat_buffer(counts[size_t(me)], dt);
+  core::Tensor whole = t.staging(total, dt), part = t.staging(counts[size_t(me)], dt);
   if (scatter) {
     int64_t off = 0;
     for (int m = 0; m < n; ++m)
@@ -217,7 +213,7 @@ void all_to_all(const planner::Instr& in, TensorTable& t, comm::Communicator& c)
   }
   int64_t st = std::accumulate(sc.begin(), sc.end(), int64_t(0)),
           rt = std::accumulate(rc.begin(), rc.end(), int64_t(0));
-  core::Tensor sbuf = flat_buffer(st, dt), rbuf = flat_buffer(rt, dt);
+  core::Tensor sbuf = t.staging(st, dt), rbuf = t.staging(rt, dt);
   int64_t off = 0;
   for (int m = 0; m < n; ++m)
     for (size_t k = 0; k < pairs; ++k) {

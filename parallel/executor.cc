@@ -162,7 +162,7 @@ void RankExecutor::post_receives_ahead(size_t from) {
     const planner::TensorDesc& d = table_->desc(in.out.at(0).tensor);
     comm::RecvOptions o;
     o.tag = small_tag(false, in.peer, in.tag);
-    PostedRecv p{core::Tensor::empty(planner::box_shape(d.piece.box), d.dtype), {}};
+    PostedRecv p{table_->staging(planner::box_shape(d.piece.box), d.dtype), {}};
     p.work = world_.recv(p.buffer, in.peer, o);
     posted_.emplace(at, std::move(p));
   }

@@ -1,6 +1,8 @@
 // TensorTable: allocation on first write, alias views, gradient zeroing.
 #include "parallel/tensor_table.h"
 
+#include <algorithm>
+
 #include "base/check.h"
 #include "parallel/regions.h"
 
@@ -135,6 +137,14 @@ core::Tensor& TensorTable::emplace(int id, const core::Shape& shape) {
   core::Tensor& t = t_.at(size_t(id));
   t = core::Tensor::empty(shape, d.dtype, transient_, tag_of(g_, d));
   return t;
+}
+
+core::Tensor TensorTable::staging(int64_t n, core::DType dtype) {
+  return staging(core::Shape{std::max<int64_t>(n, 1)}, dtype);
+}
+
+core::Tensor TensorTable::staging(const core::Shape& shape, core::DType dtype) {
+  return core::Tensor::empty(shape, dtype, transient_, memory::Tag::kComm);
 }
 
 void TensorTable::release(int id) {

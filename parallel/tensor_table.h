@@ -66,6 +66,13 @@ class TensorTable {
   void release_kept();
   // Allocates a transient tensor of an explicit shape (data-dependent sizes).
   core::Tensor& emplace(int id, const core::Shape& shape);
+  // A flat buffer of `n` elements (at least one) that a collective packs into or a receive
+  // lands in, from the transient allocator: planned with the step's activations
+  // (memory.allocator). From the host allocator a buffer above glibc's mmap threshold
+  // (32 MiB at most) was mapped anew at every call and faulted in by its first write: a
+  // ZeRO-3 step of dp2 faulted 30-110k pages.
+  core::Tensor staging(int64_t n, core::DType dtype);
+  core::Tensor staging(const core::Shape& shape, core::DType dtype);
   std::string name(int id) const;
   // The slot itself, possibly undefined: for outputs whose size only the kernel knows
   // (data-dependent MoE rows), which the kernel allocates.
