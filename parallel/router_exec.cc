@@ -111,6 +111,16 @@ struct Endpoint {
   std::vector<int64_t> shape, start;
 };
 
+Endpoint dst_end(const Layout& b, const Transfer& t, const std::vector<core::Tensor>& dst);
+
+// A forward (Transfer::relayed) reads the destination box its feeder filled on its sender.
+Endpoint relay_end(const Layout& b, const Transfer& t, const std::vector<core::Tensor>& dst) {
+  const StateBox& fb = b.ranks[size_t(t.src)].boxes.at(size_t(t.src_box));
+  const core::Tensor& x = dst.at(size_t(fb.local));
+  WEFT_CHECK(x.defined(), "router: forwarded destination tensor ", fb.local, " not allocated");
+  return {static_cast<char*>(x.raw_data()), x.shape(), local_coords(fb, t.start)};
+}
+
 Endpoint src_end(const Layout& a, const Transfer& t, const std::vector<core::Tensor>& src) {
   const StateBox& sb = a.ranks[size_t(t.src)].boxes.at(size_t(t.src_box));
   const core::Tensor& x = src.at(size_t(sb.local));
@@ -164,16 +174,22 @@ void box_bytes(const Endpoint& e, const std::vector<int64_t>& extent, size_t ele
   }
 }
 
-// A message's transfers with their tensor ends, to pack or unpack any byte range of it.
+// A message's transfers with their tensor ends, to pack or unpack any byte range of it: a
+// sender's from its sources (A), or from its destinations (B) for forwards; a receiver's into
+// its destinations.
 class MessageBytes {
  public:
-  MessageBytes(const TransferPlan& plan, const Message& m, const Layout& layout,
-               const std::vector<core::Tensor>& tensors, bool sending) {
+  MessageBytes(const TransferPlan& plan, const Message& m, const Layout& a,
+               const std::vector<core::Tensor>& src, const Layout& b,
+               const std::vector<core::Tensor>& dst, bool sending) {
     int64_t at = 0;
     for (int ti : m.transfers) {
       const Transfer& t = plan.transfers[size_t(ti)];
-      parts_.push_back({&t, sending ? src_end(layout, t, tensors) : dst_end(layout, t, tensors), at,
-                        elem_of(t)});
+      parts_.push_back({&t,
+                        !sending    ? dst_end(b, t, dst)
+                        : t.relayed ? relay_end(b, t, dst)
+                                    : src_end(a, t, src),
+                        at, elem_of(t)});
       at += t.bytes;
     }
   }
@@ -319,6 +335,7 @@ Acks acknowledged(const TransferPlan& plan, const Layout& a, const Layout& b, in
     std::map<std::pair<int, int>, size_t> last;  // (dst, local) -> index into `sent`
     for (size_t k = 0; k < sent.size(); ++k)
       for (int ti : sent[k].m->transfers) {
+        if (plan.transfers[size_t(ti)].relayed) continue;  // reads a destination: nothing freed
         const int l = a.ranks[size_t(s)].boxes[size_t(plan.transfers[size_t(ti)].src_box)].local;
         if (!adopted[size_t(l)]) last[{sent[k].dst, l}] = k;
       }
@@ -581,7 +598,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
             break;
           }
           send_buf = stage(send_stage, send_cap, m.bytes);
-          MessageBytes(plan, m, a, src, true)
+          MessageBytes(plan, m, a, src, b, dst, true)
               .move(0, static_cast<char*>(send_buf.raw_data()), m.bytes, true);
           if (const int id = opt.acknowledge ? acks.id(op.wave, op.round, op.index) : -1;
               id >= 0 && acks.acked[size_t(id)]) {
@@ -621,14 +638,14 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
             ShmTransport::Send s;
             ShmTransport::Recv r;
             if (shm_out) {
-              out.emplace(plan, *shm_out, a, src, true);
+              out.emplace(plan, *shm_out, a, src, b, dst, true);
               s = {shm_out->dst, shm_out->bytes,
                    [&](int64_t at, char* buf, int64_t n) {
                      timed(st.seconds_packing, [&] { out->move(at, buf, n, true); });
                    }};
             }
             if (shm_in) {
-              in.emplace(plan, *shm_in, b, dst, false);
+              in.emplace(plan, *shm_in, a, src, b, dst, false);
               r = {shm_in->src, shm_in->bytes, [&](int64_t at, const char* buf, int64_t n) {
                      timed(st.seconds_unpacking,
                            [&] { in->move(at, const_cast<char*>(buf), n, false); });
@@ -652,7 +669,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           if (comm_out) st.bytes_sent_comm += comm_out, progress();
           if (incoming) {
             if (stripes(*incoming) > 1) st.bytes_received_striped += incoming->bytes;
-            MessageBytes(plan, *incoming, b, dst, false)
+            MessageBytes(plan, *incoming, a, src, b, dst, false)
                 .move(0, static_cast<char*>(recv_buf.raw_data()), incoming->bytes, false);
             arrived(*incoming);
             st.bytes_received_comm += incoming->bytes;
