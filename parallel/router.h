@@ -170,6 +170,8 @@ struct TransitionStats {
   // Of those, the bytes of messages cut into stripes over several connections
   // (TransitionOptions::connections); a message of one stripe is not counted here.
   int64_t bytes_sent_striped = 0, bytes_received_striped = 0;
+  // Of the sent bytes, the forwards (Transfer::relayed) out of this rank's destinations.
+  int64_t bytes_forwarded = 0;
   // What the transition held in tensors, counted as rank_memory counts it (sources until
   // released, destinations from allocation, an adopted tensor once, the communicator's
   // staging): at the start and at the most. The sources count as freed when the

@@ -556,6 +556,13 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
   std::vector<comm::Work> send_work, recv_work;
   bool out_striped = false;
   const Message *incoming = nullptr, *shm_out = nullptr, *shm_in = nullptr;
+  const Message* sent_forwards = nullptr;  // this round's outgoing message, either transport
+  auto forwarded = [&](const Message& m) {
+    int64_t n = 0;
+    for (int ti : m.transfers)
+      if (plan.transfers[size_t(ti)].relayed) n += plan.transfers[size_t(ti)].bytes;
+    return n;
+  };
   int incoming_id = -1;  // its message id (Acks) when acknowledgements are on
   int64_t comm_out = 0;
   try {
@@ -593,6 +600,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           const Message& m =
               plan.waves[size_t(op.wave)].rounds[size_t(op.round)].messages[size_t(op.index)];
           if (m.bytes == 0) break;  // both ends know it from the plan
+          sent_forwards = &m;
           if (via_shm(m)) {
             shm_out = &m;
             break;
@@ -665,6 +673,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           }
           for (comm::Work& w : recv_work) w.wait();
           for (comm::Work& w : send_work) w.wait();
+          if (sent_forwards) st.bytes_forwarded += forwarded(*sent_forwards);
           if (out_striped) st.bytes_sent_striped += comm_out;
           if (comm_out) st.bytes_sent_comm += comm_out, progress();
           if (incoming) {
@@ -689,7 +698,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
             } else {
               ++i;
             }
-          incoming = shm_out = shm_in = nullptr;
+          incoming = shm_out = shm_in = sent_forwards = nullptr;
           comm_out = 0;
           out_striped = false;
           send_buf = recv_buf = core::Tensor();
@@ -751,7 +760,8 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
              st.bytes_received_comm, " B in through the communicator; ", st.bytes_sent_shm,
              " B out, ", st.bytes_received_shm, " B in through shared memory; ",
              st.bytes_sent_striped, " B out, ", st.bytes_received_striped, " B in striped over ",
-             links.size(), " connections; ", st.bytes_adopted, " B adopted, ", st.bytes_copied,
+             links.size(), " connections; ", st.bytes_forwarded,
+             " B of those out forwarded (relayed for a holder); ", st.bytes_adopted, " B adopted, ", st.bytes_copied,
              " B copied; ", fixed(st.seconds, 3), " s, of which shared-memory setup ",
              fixed(st.seconds_setup, 3), " (until the last rank reached the move), local copies ",
              fixed(st.seconds_local_copy, 3), ", packing ", fixed(st.seconds_packing, 3),

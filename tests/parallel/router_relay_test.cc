@@ -200,6 +200,11 @@ TEST(RouterRelay, ALostTpShardMovesTheExactBytesOverBothTransports) {
       EXPECT_EQ(mismatches(c.space, c.b.ranks[size_t(r)], outs.back()), 0)
           << v.what << ", rank " << r;
       const Flow f = flow(plan, 4);
+      int64_t forwards = 0;
+      for (const Transfer& t : plan.transfers)
+        if (t.relayed && t.src == r) forwards += t.bytes;
+      EXPECT_EQ(st.bytes_forwarded, forwards) << v.what << ", rank " << r;
+
       const bool via_shm = v.to.shared_memory;
       EXPECT_EQ(via_shm ? st.bytes_sent_shm : st.bytes_sent_comm, f.out[size_t(r)]) << v.what;
       EXPECT_EQ(via_shm ? st.bytes_received_shm : st.bytes_received_comm, f.in[size_t(r)])
