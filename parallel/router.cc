@@ -243,13 +243,6 @@ int64_t TransferPlan::bytes_remote() const {
   return n;
 }
 
-int64_t TransferPlan::bytes_relayed() const {
-  int64_t n = 0;
-  for (const Transfer& t : transfers)
-    if (t.relayed) n += t.bytes;
-  return n;
-}
-
 int TransferPlan::rounds() const {
   int n = 0;
   for (const Wave& w : waves) n += int(w.rounds.size());
@@ -269,6 +262,26 @@ TransferPlan transition(const StateSpace& space, const Layout& a, const Layout& 
   TransferPlan plan;
   plan.budget_bytes = opt.budget_bytes;
   const int64_t cap = opt.budget_bytes / 4;
+
+  // Cover, then split each remote transfer into message-sized pieces.
+  std::vector<int64_t> load(size_t(world), 0);
+  const Regions regions = index_sources(a);
+  for (int r = 0; r < world; ++r)
+    for (Transfer& t : cover_indexed(space, a, regions, b, r, load)) {
+      if (t.local()) {
+        plan.transfers.push_back(std::move(t));
+        continue;
+      }
+      std::vector<PlainBox> parts;
+      const size_t elem = core::dtype_size(space.at(t.state).dtype);
+      split_box({t.start, t.extent}, elem, cap, parts);
+      for (PlainBox& p : parts) {
+        Transfer s = t;
+        s.start = std::move(p.start), s.extent = std::move(p.extent);
+        s.bytes = numel(s.extent) * int64_t(elem);
+        plan.transfers.push_back(std::move(s));
+      }
+    }
 
   // Waves: consecutive states (in memory order) while every rank's new destination bytes stay
   // within budget/2.
@@ -293,53 +306,8 @@ TransferPlan transition(const StateSpace& space, const Layout& a, const Layout& 
     for (int r = 0; r < world; ++r) used[size_t(r)] += dst_bytes[size_t(s)][size_t(r)];
   }
 
-  // Cover, relay what one holder would send several destinations (relay_shared), then split
-  // each remote transfer into message-sized pieces. A forward's pieces are its part's pieces
-  // (the same box split alike): each one's feeder is the piece that brings it to its sender.
-  std::vector<int64_t> load(size_t(world), 0);
-  const Regions regions = index_sources(a);
-  std::vector<Transfer> covered;
-  for (int r = 0; r < world; ++r)
-    for (Transfer& t : cover_indexed(space, a, regions, b, r, load)) covered.push_back(std::move(t));
-  std::vector<Transfer> relayed = relay_shared(b, std::move(covered), opt.relay_min_bytes);
-  // A wave with forwards cuts its messages kRelayDepth times finer: a forward waits for its
-  // feeder's round and a round lasts as long as its largest message, so with whole-cap
-  // messages the chain holder -> destination -> destination would move one message at a time
-  // (fill and drain as long as the move); with quarters the links carry its pieces at once.
-  constexpr int64_t kRelayDepth = 4;
-  std::vector<int64_t> wave_cap(plan.waves.size(), cap);
-  for (const Transfer& t : relayed)
-    if (t.relayed) wave_cap[size_t(wave_of[size_t(t.state)])] = std::max<int64_t>(64, cap / kRelayDepth);
-  std::map<std::tuple<int, int, Coords>, int> arriving;  // (dst, dst_box, start) -> piece
-  for (Transfer& t : relayed) {
-    if (t.local()) {
-      plan.transfers.push_back(std::move(t));
-      continue;
-    }
-    std::vector<PlainBox> parts;
-    const size_t elem = core::dtype_size(space.at(t.state).dtype);
-    split_box({t.start, t.extent}, elem, wave_cap[size_t(wave_of[size_t(t.state)])], parts);
-    for (PlainBox& p : parts) {
-      Transfer s = t;
-      s.start = std::move(p.start), s.extent = std::move(p.extent);
-      s.bytes = numel(s.extent) * int64_t(elem);
-      if (!s.relayed) arriving[{s.dst, s.dst_box, s.start}] = int(plan.transfers.size());
-      plan.transfers.push_back(std::move(s));
-    }
-  }
-  for (Transfer& t : plan.transfers) {
-    if (!t.relayed) continue;
-    auto it = arriving.find({t.src, t.src_box, t.start});
-    WEFT_CHECK(it != arriving.end() && plan.transfers[size_t(it->second)].extent == t.extent,
-               "router: a relayed piece has no piece that brings it to rank ", t.src);
-    t.feeder = it->second;
-  }
-
-  // Messages per (wave, src, dst) pair, packed in transfer order up to the wave's cap; a pair's
-  // forwards go in messages of their own (relayed: the key's third field), so that a message
-  // of direct pieces never waits for a feeder and a forward waits only on direct ones.
-  using PairKey = std::tuple<int, int, bool>;
-  std::vector<std::map<PairKey, std::vector<Message>>> pairs(plan.waves.size());
+  // Messages per (wave, src, dst) pair, packed in transfer order up to `cap` bytes.
+  std::vector<std::map<std::pair<int, int>, std::vector<Message>>> pairs(plan.waves.size());
   for (size_t i = 0; i < plan.transfers.size(); ++i) {
     const Transfer& t = plan.transfers[i];
     Wave& w = plan.waves[size_t(wave_of[size_t(t.state)])];
@@ -347,88 +315,37 @@ TransferPlan transition(const StateSpace& space, const Layout& a, const Layout& 
       w.local_copies.push_back(int(i));
       continue;
     }
-    const size_t wi = size_t(wave_of[size_t(t.state)]);
-    std::vector<Message>& ms = pairs[wi][{t.src, t.dst, t.relayed}];
-    if (ms.empty() || ms.back().bytes + t.bytes > wave_cap[wi])
-      ms.push_back(Message{t.src, t.dst, {}, 0});
+    std::vector<Message>& ms = pairs[size_t(wave_of[size_t(t.state)])][{t.src, t.dst}];
+    if (ms.empty() || ms.back().bytes + t.bytes > cap) ms.push_back(Message{t.src, t.dst, {}, 0});
     ms.back().transfers.push_back(int(i));
     ms.back().bytes += t.bytes;
   }
 
-  // Rounds: earliest fit; a pair's messages keep their order (point-to-point messages match
-  // in issue order), and a forward goes in a round after those of its feeders (its sender has
-  // the piece by then: a round's receives complete within it). Without forwards the pairs'
-  // messages go in turn (each sweep places the next of every pair), so that rounds fill
-  // evenly. A wave with forwards is a pipeline instead, whose rounds fill only if each link
-  // takes its next piece as soon as it can: the message that can go earliest goes first (ties:
-  // the pair with the most bytes left, then pair order).
-  std::vector<int> round_of(plan.transfers.size(), -1);
+  // Rounds: earliest fit, taking the pairs' messages in turn so that rounds fill evenly;
+  // a pair's messages keep their order (point-to-point messages match in issue order).
   for (size_t w = 0; w < plan.waves.size(); ++w) {
     std::vector<std::vector<char>> sending, receiving;  // per round, per rank
-    std::map<PairKey, int> next_round;
-    std::map<PairKey, size_t> next_message;
-    std::map<PairKey, int64_t> bytes_left;
-    size_t left = 0;
-    for (auto& [k, ms] : pairs[w]) {
-      left += ms.size();
-      for (const Message& m : ms) bytes_left[k] += m.bytes;
-    }
+    std::map<std::pair<int, int>, int> next_round;
+    size_t depth = 0;
+    for (auto& [k, ms] : pairs[w]) depth = std::max(depth, ms.size());
     Wave& wave = plan.waves[w];
-    // The first round message `m` of pair `k` fits in, or -1 while a feeder is unplaced.
-    auto earliest = [&](const PairKey& k, const Message& m) {
-      int ready = next_round[k];
-      for (int t : m.transfers)
-        if (const int f = plan.transfers[size_t(t)].feeder; f >= 0) {
-          if (round_of[size_t(f)] < 0) return -1;
-          ready = std::max(ready, round_of[size_t(f)] + 1);
+    for (size_t i = 0; i < depth; ++i)
+      for (auto& [k, ms] : pairs[w]) {
+        if (i >= ms.size()) continue;
+        Message& m = ms[i];
+        size_t round = size_t(next_round[k]);
+        while (round < sending.size() &&
+               (sending[round][size_t(m.src)] || receiving[round][size_t(m.dst)]))
+          ++round;
+        if (round == sending.size()) {
+          sending.emplace_back(size_t(world), 0);
+          receiving.emplace_back(size_t(world), 0);
+          wave.rounds.emplace_back();
         }
-      size_t round = size_t(ready);
-      while (round < sending.size() &&
-             (sending[round][size_t(m.src)] || receiving[round][size_t(m.dst)]))
-        ++round;
-      return int(round);
-    };
-    auto place = [&](const PairKey& k, Message& m, int at) {
-      const size_t round = size_t(at);
-      if (round == sending.size()) {
-        sending.emplace_back(size_t(world), 0);
-        receiving.emplace_back(size_t(world), 0);
-        wave.rounds.emplace_back();
+        sending[round][size_t(m.src)] = receiving[round][size_t(m.dst)] = 1;
+        next_round[k] = int(round) + 1;
+        wave.rounds[round].messages.push_back(std::move(m));
       }
-      sending[round][size_t(m.src)] = receiving[round][size_t(m.dst)] = 1;
-      next_round[k] = at + 1;
-      bytes_left[k] -= m.bytes;
-      for (int t : m.transfers) round_of[size_t(t)] = at;
-      wave.rounds[round].messages.push_back(std::move(m));
-      ++next_message[k];
-    };
-    const bool pipeline = wave_cap[w] < cap;
-    while (left > 0) {
-      size_t placed = 0;
-      if (pipeline) {
-        std::tuple<int, int64_t> best{std::numeric_limits<int>::max(), 0};
-        const PairKey* pick = nullptr;
-        for (auto& [k, ms] : pairs[w]) {
-          const size_t i = next_message[k];
-          if (i >= ms.size()) continue;
-          const int at = earliest(k, ms[i]);
-          if (at < 0) continue;
-          const std::tuple<int, int64_t> key{at, -bytes_left[k]};
-          if (key < best) best = key, pick = &k;
-        }
-        if (pick) place(*pick, pairs[w][*pick][next_message[*pick]], std::get<0>(best)), ++placed;
-      } else {
-        for (auto& [k, ms] : pairs[w]) {
-          const size_t i = next_message[k];
-          if (i >= ms.size()) continue;
-          const int at = earliest(k, ms[i]);
-          if (at < 0) continue;
-          place(k, ms[i], at), ++placed;
-        }
-      }
-      WEFT_CHECK(placed > 0, "router: forwards whose feeders are never placed in wave ", w);
-      left -= placed;
-    }
   }
   return plan;
 }
@@ -464,9 +381,8 @@ std::vector<RankOp> rank_ops(const TransferPlan& plan, const Layout& a, const La
   // whole wave's old and new tensors. (Sources go after the round's wait: a shared-memory
   // message is packed while the round completes.)
   std::vector<int> first_write(rb.locals.size(), -1), last_read(ra.locals.size(), -1);
-  auto read = [&](int t, int i) {  // a forward reads a destination, written before
-    const Transfer& x = plan.transfers[size_t(t)];
-    if (!x.relayed) last_read[size_t(ra.boxes.at(size_t(x.src_box)).local)] = i;
+  auto read = [&](int t, int i) {
+    last_read[size_t(ra.boxes.at(size_t(plan.transfers[size_t(t)].src_box)).local)] = i;
   };
   auto write = [&](int t, int i) {
     int& f = first_write[size_t(rb.boxes.at(size_t(plan.transfers[size_t(t)].dst_box)).local)];

@@ -41,18 +41,13 @@
 namespace weft::parallel {
 
 // One piece moving from a source box (rank `src` of A) to a destination box (rank `dst`
-// of B); `start`/`extent` are global coordinates inside both boxes. A relayed piece is
-// forwarded out of a destination instead: `src_box` then indexes B.ranks[src].boxes, the box
-// into which `feeder` (an index into TransferPlan::transfers, an earlier round's message)
-// brought the same piece (see relay_shared).
+// of B); `start`/`extent` are global coordinates inside both boxes.
 struct Transfer {
   StateId state = -1;
   std::vector<int64_t> start, extent;
-  int src = -1, src_box = -1;  // rank in A, index into A.ranks[src].boxes (B's when relayed)
+  int src = -1, src_box = -1;  // rank in A, index into A.ranks[src].boxes
   int dst = -1, dst_box = -1;  // rank in B, index into B.ranks[dst].boxes
   int64_t bytes = 0;
-  bool relayed = false;
-  int feeder = -1;  // relayed: the transfer that brought the piece to `src`
   bool local() const { return src == dst; }
 };
 
@@ -76,20 +71,13 @@ struct Wave {
 
 struct RouterOptions {
   int64_t budget_bytes = int64_t(256) << 20;  // must be the same on every rank
-  // relay_shared's smallest region: below it a forward's extra round and message cost more
-  // than the holder's copies it spares. Must be the same on every rank; tests lower it.
-  int64_t relay_min_bytes = int64_t(64) << 10;
 };
 
 struct TransferPlan {
   std::vector<Transfer> transfers;
   std::vector<Wave> waves;
   int64_t budget_bytes = 0;
-  // Moved between ranks (local copies excluded), relayed pieces included: each is a link's
-  // bytes that a direct send to its destination would have cost the holder instead, so a
-  // relay leaves this total as it is and moves the sending off the one holder.
-  int64_t bytes_remote() const;
-  int64_t bytes_relayed() const;  // of those, forwarded by a destination (relay_shared)
+  int64_t bytes_remote() const;  // moved between ranks (local copies excluded)
   int rounds() const;
 };
 
@@ -99,20 +87,6 @@ struct TransferPlan {
 // ties: the lower rank). Throws InternalError naming the box when A does not hold it.
 std::vector<Transfer> cover_rank(const StateSpace& space, const Layout& a, const Layout& b, int dst,
                                  std::vector<int64_t>& load);
-
-// The relay rule (router_relay.cc): a region that one holder would send whole to several
-// destinations of one host (a lost rank's shard that a single replica holds, a checkpoint
-// shard every new rank reads) is cut into one part per destination; the holder sends each
-// destination a different part and the destinations forward their parts to each other (a
-// scatter, then an all-gather: every destination still gets the region whole). The link
-// bytes stay the same (the holder's k copies become its one and the k - 1 forwards of each
-// part) while the holder's outbound bytes fall to a k-th, spread over the k destinations,
-// so the move no longer waits on one sender. Regions under `min_bytes` go direct, and so do
-// those without a dim of at least k rows. `covered` is cover_rank's output for every rank;
-// returns it with such transfers replaced by their parts and the forwards (feeder unset:
-// transition() links them).
-std::vector<Transfer> relay_shared(const Layout& b, std::vector<Transfer> covered,
-                                   int64_t min_bytes);
 
 // The whole plan: cover every rank of B (in rank order, so that the load balance is the
 // same everywhere), split transfers to fit messages, group states into waves and messages
@@ -170,8 +144,6 @@ struct TransitionStats {
   // Of those, the bytes of messages cut into stripes over several connections
   // (TransitionOptions::connections); a message of one stripe is not counted here.
   int64_t bytes_sent_striped = 0, bytes_received_striped = 0;
-  // Of the sent bytes, the forwards (Transfer::relayed) out of this rank's destinations.
-  int64_t bytes_forwarded = 0;
   // What the transition held in tensors, counted as rank_memory counts it (sources until
   // released, destinations from allocation, an adopted tensor once, the communicator's
   // staging): at the start and at the most. The sources count as freed when the

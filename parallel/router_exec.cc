@@ -111,16 +111,6 @@ struct Endpoint {
   std::vector<int64_t> shape, start;
 };
 
-Endpoint dst_end(const Layout& b, const Transfer& t, const std::vector<core::Tensor>& dst);
-
-// A forward (Transfer::relayed) reads the destination box its feeder filled on its sender.
-Endpoint relay_end(const Layout& b, const Transfer& t, const std::vector<core::Tensor>& dst) {
-  const StateBox& fb = b.ranks[size_t(t.src)].boxes.at(size_t(t.src_box));
-  const core::Tensor& x = dst.at(size_t(fb.local));
-  WEFT_CHECK(x.defined(), "router: forwarded destination tensor ", fb.local, " not allocated");
-  return {static_cast<char*>(x.raw_data()), x.shape(), local_coords(fb, t.start)};
-}
-
 Endpoint src_end(const Layout& a, const Transfer& t, const std::vector<core::Tensor>& src) {
   const StateBox& sb = a.ranks[size_t(t.src)].boxes.at(size_t(t.src_box));
   const core::Tensor& x = src.at(size_t(sb.local));
@@ -174,22 +164,16 @@ void box_bytes(const Endpoint& e, const std::vector<int64_t>& extent, size_t ele
   }
 }
 
-// A message's transfers with their tensor ends, to pack or unpack any byte range of it: a
-// sender's from its sources (A), or from its destinations (B) for forwards; a receiver's into
-// its destinations.
+// A message's transfers with their tensor ends, to pack or unpack any byte range of it.
 class MessageBytes {
  public:
-  MessageBytes(const TransferPlan& plan, const Message& m, const Layout& a,
-               const std::vector<core::Tensor>& src, const Layout& b,
-               const std::vector<core::Tensor>& dst, bool sending) {
+  MessageBytes(const TransferPlan& plan, const Message& m, const Layout& layout,
+               const std::vector<core::Tensor>& tensors, bool sending) {
     int64_t at = 0;
     for (int ti : m.transfers) {
       const Transfer& t = plan.transfers[size_t(ti)];
-      parts_.push_back({&t,
-                        !sending    ? dst_end(b, t, dst)
-                        : t.relayed ? relay_end(b, t, dst)
-                                    : src_end(a, t, src),
-                        at, elem_of(t)});
+      parts_.push_back({&t, sending ? src_end(layout, t, tensors) : dst_end(layout, t, tensors), at,
+                        elem_of(t)});
       at += t.bytes;
     }
   }
@@ -335,7 +319,6 @@ Acks acknowledged(const TransferPlan& plan, const Layout& a, const Layout& b, in
     std::map<std::pair<int, int>, size_t> last;  // (dst, local) -> index into `sent`
     for (size_t k = 0; k < sent.size(); ++k)
       for (int ti : sent[k].m->transfers) {
-        if (plan.transfers[size_t(ti)].relayed) continue;  // reads a destination: nothing freed
         const int l = a.ranks[size_t(s)].boxes[size_t(plan.transfers[size_t(ti)].src_box)].local;
         if (!adopted[size_t(l)]) last[{sent[k].dst, l}] = k;
       }
@@ -556,13 +539,6 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
   std::vector<comm::Work> send_work, recv_work;
   bool out_striped = false;
   const Message *incoming = nullptr, *shm_out = nullptr, *shm_in = nullptr;
-  const Message* sent_forwards = nullptr;  // this round's outgoing message, either transport
-  auto forwarded = [&](const Message& m) {
-    int64_t n = 0;
-    for (int ti : m.transfers)
-      if (plan.transfers[size_t(ti)].relayed) n += plan.transfers[size_t(ti)].bytes;
-    return n;
-  };
   int incoming_id = -1;  // its message id (Acks) when acknowledgements are on
   int64_t comm_out = 0;
   try {
@@ -600,13 +576,12 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           const Message& m =
               plan.waves[size_t(op.wave)].rounds[size_t(op.round)].messages[size_t(op.index)];
           if (m.bytes == 0) break;  // both ends know it from the plan
-          sent_forwards = &m;
           if (via_shm(m)) {
             shm_out = &m;
             break;
           }
           send_buf = stage(send_stage, send_cap, m.bytes);
-          MessageBytes(plan, m, a, src, b, dst, true)
+          MessageBytes(plan, m, a, src, true)
               .move(0, static_cast<char*>(send_buf.raw_data()), m.bytes, true);
           if (const int id = opt.acknowledge ? acks.id(op.wave, op.round, op.index) : -1;
               id >= 0 && acks.acked[size_t(id)]) {
@@ -646,14 +621,14 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
             ShmTransport::Send s;
             ShmTransport::Recv r;
             if (shm_out) {
-              out.emplace(plan, *shm_out, a, src, b, dst, true);
+              out.emplace(plan, *shm_out, a, src, true);
               s = {shm_out->dst, shm_out->bytes,
                    [&](int64_t at, char* buf, int64_t n) {
                      timed(st.seconds_packing, [&] { out->move(at, buf, n, true); });
                    }};
             }
             if (shm_in) {
-              in.emplace(plan, *shm_in, a, src, b, dst, false);
+              in.emplace(plan, *shm_in, b, dst, false);
               r = {shm_in->src, shm_in->bytes, [&](int64_t at, const char* buf, int64_t n) {
                      timed(st.seconds_unpacking,
                            [&] { in->move(at, const_cast<char*>(buf), n, false); });
@@ -673,12 +648,11 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
           }
           for (comm::Work& w : recv_work) w.wait();
           for (comm::Work& w : send_work) w.wait();
-          if (sent_forwards) st.bytes_forwarded += forwarded(*sent_forwards);
           if (out_striped) st.bytes_sent_striped += comm_out;
           if (comm_out) st.bytes_sent_comm += comm_out, progress();
           if (incoming) {
             if (stripes(*incoming) > 1) st.bytes_received_striped += incoming->bytes;
-            MessageBytes(plan, *incoming, a, src, b, dst, false)
+            MessageBytes(plan, *incoming, b, dst, false)
                 .move(0, static_cast<char*>(recv_buf.raw_data()), incoming->bytes, false);
             arrived(*incoming);
             st.bytes_received_comm += incoming->bytes;
@@ -698,7 +672,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
             } else {
               ++i;
             }
-          incoming = shm_out = shm_in = sent_forwards = nullptr;
+          incoming = shm_out = shm_in = nullptr;
           comm_out = 0;
           out_striped = false;
           send_buf = recv_buf = core::Tensor();
@@ -760,8 +734,7 @@ std::vector<core::Tensor> run_transition(const TransferPlan& plan, const Layout&
              st.bytes_received_comm, " B in through the communicator; ", st.bytes_sent_shm,
              " B out, ", st.bytes_received_shm, " B in through shared memory; ",
              st.bytes_sent_striped, " B out, ", st.bytes_received_striped, " B in striped over ",
-             links.size(), " connections; ", st.bytes_forwarded,
-             " B of those out forwarded (relayed for a holder); ", st.bytes_adopted, " B adopted, ", st.bytes_copied,
+             links.size(), " connections; ", st.bytes_adopted, " B adopted, ", st.bytes_copied,
              " B copied; ", fixed(st.seconds, 3), " s, of which shared-memory setup ",
              fixed(st.seconds_setup, 3), " (until the last rank reached the move), local copies ",
              fixed(st.seconds_local_copy, 3), ", packing ", fixed(st.seconds_packing, 3),

@@ -200,19 +200,8 @@ inline void check_plan(const StateSpace& space, const Layout& a, const Layout& b
     for (size_t k = 0; k < b.ranks[size_t(r)].boxes.size(); ++k)
       hits[{r, int(k)}].assign(size_t(b.ranks[size_t(r)].boxes[k].numel()), 0);
   for (const Transfer& t : plan.transfers) {
-    // A forward reads the destination box on its sender that its feeder fills.
-    const StateBox& sb = t.relayed ? b.ranks.at(size_t(t.src)).boxes.at(size_t(t.src_box))
-                                   : a.ranks.at(size_t(t.src)).boxes.at(size_t(t.src_box));
+    const StateBox& sb = a.ranks.at(size_t(t.src)).boxes.at(size_t(t.src_box));
     const StateBox& db = b.ranks.at(size_t(t.dst)).boxes.at(size_t(t.dst_box));
-    if (t.relayed) {
-      ASSERT_GE(t.feeder, 0);
-      const Transfer& f = plan.transfers.at(size_t(t.feeder));
-      EXPECT_FALSE(f.relayed);
-      EXPECT_EQ(f.dst, t.src);
-      EXPECT_EQ(f.dst_box, t.src_box);
-      EXPECT_EQ(f.start, t.start);
-      EXPECT_EQ(f.extent, t.extent);
-    }
     ASSERT_EQ(sb.state, t.state);
     ASSERT_EQ(db.state, t.state);
     ASSERT_TRUE(inside(t.start, t.extent, sb)) << box_str(space, sb);
@@ -223,7 +212,7 @@ inline void check_plan(const StateSpace& space, const Layout& a, const Layout& b
     for_each_element(db.extent, rel, t.extent, [&](int64_t f) { ++h[size_t(f)]; });
     // 2. Preference: no box on a better tier than the chosen source meets this transfer.
     auto tier = [&](int q) { return q == t.dst ? 0 : (a.host(q) == b.host(t.dst) ? 1 : 2); };
-    for (int q = 0; q < a.world() && !t.relayed; ++q) {
+    for (int q = 0; q < a.world(); ++q) {
       if (tier(q) >= tier(t.src)) continue;
       for (const StateBox& o : a.ranks[size_t(q)].boxes) {
         std::vector<int64_t> is, ie;
@@ -241,19 +230,8 @@ inline void check_plan(const StateSpace& space, const Layout& a, const Layout& b
                       << " element " << i << " filled " << h[i] << " times";
         return;
       }
-  // 3. Rounds, messages and the budget; a forward in a later round of its feeder's wave.
+  // 3. Rounds, messages and the budget.
   std::vector<int> placed(plan.transfers.size(), 0);
-  std::vector<std::pair<int, int>> when(plan.transfers.size(), {-1, -1});  // (wave, round)
-  for (size_t w = 0; w < plan.waves.size(); ++w)
-    for (size_t r = 0; r < plan.waves[w].rounds.size(); ++r)
-      for (const Message& m : plan.waves[w].rounds[r].messages)
-        for (int t : m.transfers) when[size_t(t)] = {int(w), int(r)};
-  for (const Transfer& t : plan.transfers)
-    if (t.relayed) {
-      const auto fed = when[size_t(t.feeder)], sent = when[size_t(&t - plan.transfers.data())];
-      EXPECT_EQ(fed.first, sent.first) << "a forward outside its feeder's wave";
-      EXPECT_LT(fed.second, sent.second) << "a forward no later than its feeder's round";
-    }
   for (size_t w = 0; w < plan.waves.size(); ++w) {
     const Wave& wave = plan.waves[w];
     std::set<StateId> states(wave.states.begin(), wave.states.end());
@@ -315,10 +293,7 @@ inline void check_plan(const StateSpace& space, const Layout& a, const Layout& b
     std::vector<char> src_live(ra.locals.size(), 1), dst_live(rb.locals.size(), 0);
     auto uses = [&](int t) {
       const Transfer& x = plan.transfers[size_t(t)];
-      if (x.src == r && x.relayed) {
-        EXPECT_TRUE(dst_live[size_t(rb.boxes[size_t(x.src_box)].local)])
-            << "rank " << r << " forwards out of an unallocated destination (transfer " << t << ")";
-      } else if (x.src == r) {
+      if (x.src == r) {
         EXPECT_TRUE(src_live[size_t(ra.boxes[size_t(x.src_box)].local)])
             << "rank " << r << " reads a released source (transfer " << t << ")";
       }
