@@ -212,7 +212,8 @@ constexpr const char* kOpRateConfigs[] = {"gpt-small.yaml", "llama-small.yaml", 
 // time in the type's kernels (the executor's profile_cpu): on a busy machine a step's wall
 // time also holds the slices other processes took, which the least of 8 steps does not
 // leave out when every step is preempted (beside two spinning loops config S's world-1 step
-// was predicted 19-42% over its run). `least_wall_s` gets the least wall time, recorded.
+// was predicted 19-42% over its run); the wall time where it is less (below).
+// `least_wall_s` gets the least wall time, recorded.
 void profile_rated_ops(const char* config, std::array<double, planner::kRatedOps>& least_s,
                        std::array<double, planner::kRatedOps>& least_wall_s,
                        std::array<double, planner::kRatedOps>& flop, std::array<double, planner::kRatedOps>& ops) {
@@ -255,11 +256,15 @@ void profile_rated_ops(const char* config, std::array<double, planner::kRatedOps
     const planner::OpWork w = planner::op_work(op, "", ins, outs, core::dtype_size(core::DType::kF32));
     if (w.rated >= 0) flop[size_t(w.rated)] += w.flop, ops[size_t(w.rated)] += 1;
   }
+  // The lesser of the two: the wall time exceeds a kernel's cost only by slices other
+  // processes took, the CPU time only by its clock (a system call per op, its median cost
+  // subtracted): at the layout models' width a type's ops take 0.3-4 us a step, where the
+  // clock's misread moved the CPU time 15-36% between two calibrations and the wall time 1%.
   for (int i = 0; i < planner::kRatedOps; ++i) {
     auto it = least.find(planner::kRatedOpTypes[i]);
-    least_s[size_t(i)] = it == least.end() ? 0 : it->second;
     auto w = least_wall.find(planner::kRatedOpTypes[i]);
     least_wall_s[size_t(i)] = w == least_wall.end() ? 0 : w->second;
+    least_s[size_t(i)] = it == least.end() ? 0 : std::min(it->second, least_wall_s[size_t(i)]);
   }
 }
 
