@@ -206,7 +206,13 @@ constexpr SyncBurst kSyncBurstsOversub[] = {{"sync_pair_4B_b1", 200, 1},
 // op_work's FLOPs depends on the shape more than the other kernels' (per-call work of the
 // router and the gathers; 37 GFLOP/s there, 60 at moe-tiny's 128 tokens of width 64), and
 // a layer priced at a larger shape's rate misses the small ones by a third.
-constexpr const char* kOpRateConfigs[] = {"gpt-small.yaml", "llama-small.yaml", "moe-layout.yaml"};
+// Then the Llama at the layout models' shape (configs/llama-layout.yaml): a second point
+// for its own types (op_rates_by_size), as the MoE model gives the GPT's. With one point,
+// from llama-small's width, its grouped-query attention at width 32 was priced at 70
+// GFLOP/s where the GPT's attention there runs at 6.6, and llama world 1 was predicted
+// 10-23% under its runs in every calibration.
+constexpr const char* kOpRateConfigs[] = {"gpt-small.yaml", "llama-small.yaml", "moe-layout.yaml",
+                                          "llama-layout.yaml"};
 
 // One model's least seconds and op_work FLOPs per rated type. Seconds of the thread's CPU
 // time in the type's kernels (the executor's profile_cpu): on a busy machine a step's wall
