@@ -124,6 +124,8 @@ int attribute_layout(const std::string& config, const std::vector<std::string>& 
       p = planner::collective_seconds(plan, mg.graph, cm, in, int(pg.ranks.size()), false);
     } else if (in.kind == planner::InstrKind::kRecv) {
       p = cm.p2p(in.bytes, false, plan.world());
+    } else if (in.kind == planner::InstrKind::kSend) {
+      p = cm.send_s(in.bytes, false, plan.world());  // as the engine holds the sender
     }
     gr.measured_s += times[i].first;
     gr.settle_s += times[i].second;

@@ -47,9 +47,15 @@ class GraphExecutor {
   void set_activation_allocator(memory::Allocator* a) { act_ = a; }
 
   // Per op type, the seconds spent in its kernels since profiling was enabled (the
-  // benchmark's "where the time goes").
-  void set_profiling(bool on) { profiling_ = on; }
+  // benchmark's "where the time goes"), wall time. With `thread_cpu`, also the calling
+  // thread's CPU time in them (profile_cpu): a single-threaded kernel's cost without the
+  // slices other processes took from its core (weft calibrate's op rates; on a busy machine
+  // the wall time put config S's world-1 step 19-42% over its run). Off by default: reading
+  // that clock is a system call (about 0.56 us here), which profile_cpu subtracts per op.
+  void set_profiling(bool on, bool thread_cpu = false);
   const std::map<std::string, double>& profile() const { return profile_; }
+  // A kernel's own worker threads are not counted: meaningful at train.threads = 1.
+  const std::map<std::string, double>& profile_cpu() const { return profile_cpu_; }
 
  private:
   void run_ops(const std::vector<int>& program, const std::vector<std::vector<int>>* frees,
@@ -62,6 +68,9 @@ class GraphExecutor {
   std::map<int, Tensor> live_;
   bool profiling_ = false;
   std::map<std::string, double> profile_;
+  bool profiling_cpu_ = false;
+  std::map<std::string, double> profile_cpu_;
+  double cpu_clock_cost_s_ = -1;  // what profile_cpu's clock reads add to one op; < 0: not measured
   OpPrograms progs_;
 };
 
