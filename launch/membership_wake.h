@@ -38,6 +38,13 @@ class MembershipWake {
   MembershipWake(const MembershipWake&) = delete;
   MembershipWake& operator=(const MembershipWake&) = delete;
 
+  // Wakes the supervisor now for a loss seen elsewhere: the peer check (comm/elastic/
+  // peer_check.h) erased a node's alive key, which a store that cannot wait for a key to go
+  // (etcd) would leave to the next poll. Thread-safe; never throws.
+  void poke_loss() {
+    loss_wakes_.fetch_add(1);
+    wake();
+  }
   // Readable after a change; the reader drains it (read 8 bytes, non-blocking).
   int fd() const { return fd_; }
   // Wakes sent so far, and how many of them were for an alive key that went.
