@@ -171,10 +171,12 @@ void PeerListener::loop() {
       uint8_t sink[64];
       // An observer sends nothing after the handshake: readable means it closed (or sent
       // garbage, which is dropped the same way).
-      if (fds[i].revents && ::recv(fds[i].fd, sink, sizeof sink, MSG_DONTWAIT) <= 0 &&
-          !(errno == EAGAIN || errno == EINTR)) {
-        ::close(fds[i].fd);
-        continue;
+      if (fds[i].revents) {
+        const ssize_t n = ::recv(fds[i].fd, sink, sizeof sink, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+          ::close(fds[i].fd);
+          continue;
+        }
       }
       kept.push_back(fds[i].fd);
     }
