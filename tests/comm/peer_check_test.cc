@@ -166,5 +166,17 @@ TEST(PeerCheck, TheHandshakeRefusesAWrongTokenAndAnotherNode) {
   EXPECT_FALSE(ok.process_gone());
 }
 
+// The listener lets go of an observer that closed its end (it holds no dead connection, and
+// does not spin on one).
+TEST(PeerCheck, TheListenerDropsAConnectionItsObserverClosed) {
+  PeerListener b("127.0.0.1", 0, "b", kToken);
+  PeerLink first = dial_peer(b.endpoint(), "b", kToken, Millis(5'000));
+  PeerLink second = dial_peer(b.endpoint(), "b", kToken, Millis(5'000));
+  ASSERT_TRUE(eventually([&] { return b.connections() == 2; }));
+  first.close();
+  EXPECT_TRUE(eventually([&] { return b.connections() == 1; }));
+  EXPECT_FALSE(second.broken());
+}
+
 }  // namespace
 }  // namespace weft::comm
