@@ -118,6 +118,7 @@ TEST(EtcdPeerCheck, ASigkilledAgentIsSeenLostThroughItsPeerConnection) {
     EXPECT_NE(line.find("its agent's process exited"), std::string::npos) << line;
     EXPECT_EQ(line.find("heartbeat expired"), std::string::npos) << line;
   }
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.d);  // kept with the logs on a failure
 }
 
 // A SIGSTOPped agent keeps its connections open (its kernel still answers): the peer check
@@ -137,6 +138,7 @@ TEST(EtcdPeerCheck, ASigstoppedAgentIsLeftToItsHeartbeatTimeout) {
     EXPECT_EQ(log.find("reports node " + lost + " lost"), std::string::npos) << log;
   }
   job.signal_node(2, SIGKILL);  // the Agents destructor reaps it
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.d);
 }
 
 }  // namespace
