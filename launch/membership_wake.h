@@ -8,8 +8,9 @@
 // key went (its agent's process died and the store dropped its bound key), wakes it too where
 // the store can wait for a key to go (Store::waits_for_absence: TCPStore): a second thread
 // parks in wait_gone() on the alive keys of the record's members, spares and departing
-// nodes. Elsewhere (etcd, whose alive keys end by TTL only) the poll sees it, and the write
-// of the epoch it forms then wakes the others. The poll stays as the fallback for both.
+// nodes. Elsewhere (etcd, whose alive keys end by TTL only) the peer check that erased the
+// key pokes its own agent (poke_loss), or the poll sees it, and the write of the epoch it
+// forms then wakes the others. The poll stays as the fallback for both.
 //
 // The wait runs on a store connection of its own: a wait parked on the agent's connection
 // would hold a reply in the kernel's send queue while the node is cut off, and after the
@@ -38,6 +39,13 @@ class MembershipWake {
   MembershipWake(const MembershipWake&) = delete;
   MembershipWake& operator=(const MembershipWake&) = delete;
 
+  // Wakes the supervisor now for a loss seen elsewhere: the peer check (comm/elastic/
+  // peer_check.h) erased a node's alive key, which a store that cannot wait for a key to go
+  // (etcd) would leave to the next poll. Thread-safe; never throws.
+  void poke_loss() {
+    loss_wakes_.fetch_add(1);
+    wake();
+  }
   // Readable after a change; the reader drains it (read 8 bytes, non-blocking).
   int fd() const { return fd_; }
   // Wakes sent so far, and how many of them were for an alive key that went.

@@ -17,6 +17,8 @@
 #include "base/error.h"
 #include "base/host.h"
 #include "base/check.h"
+#include "comm/elastic/peer_check.h"
+#include "comm/elastic/peer_link.h"
 #include "comm/elastic/rendezvous.h"
 #include "comm/store/auth.h"
 #include "comm/store/etcd_store.h"
@@ -200,6 +202,14 @@ class NodeAgent {
   // a store connection of its own (membership_wake.h says why).
   std::unique_ptr<comm::Store> wake_store_;
   std::unique_ptr<MembershipWake> wake_;
+  // Where the store cannot bind the alive key to the agent's connection (etcd): this node's
+  // peer check listener, published before it joins, and its observer of the other nodes
+  // over a store connection of its own (comm/elastic/peer_check.h), started after join().
+  void listen_for_peers();
+  void check_peers();
+  std::unique_ptr<comm::PeerListener> peer_listener_;
+  std::unique_ptr<comm::Store> check_store_;
+  std::unique_ptr<comm::PeerCheck> peer_check_;
   std::string store_node_ = "?";
   std::string prefix_;  // this attempt's store prefix
   std::optional<comm::Membership> last_;  // the membership of the latest attempt
@@ -289,6 +299,47 @@ void NodeAgent::serve_store_if_first() {
 }
 
 void NodeAgent::connect_store() { store_ = another_connection(); }
+
+void NodeAgent::listen_for_peers() {
+  if (store_->binds_to_connection()) return;  // the store drops a dead node's key itself
+  try {
+    // The address the other nodes reach this one on (toward the first etcd member), like the
+    // workers' store of an etcd job.
+    const std::string here = parallel::address_toward(o_.rdzv_host, uint16_t(port_));
+    peer_listener_ = std::make_unique<comm::PeerListener>(here, 0, me_, token_);
+    store_->set(rdzv_->peer_key(me_), comm::to_bytes(peer_listener_->endpoint()));
+  } catch (const std::exception& e) {
+    peer_listener_.reset();
+    std::fprintf(stderr,
+                 "weft run: node %s has no peer check listener (%s): the others see it lost "
+                 "by its heartbeat_timeout only\n",
+                 me_.c_str(), e.what());
+  }
+}
+
+void NodeAgent::check_peers() {
+  if (store_->binds_to_connection()) return;
+  comm::PeerCheckOptions pco;
+  pco.token = token_;
+  if (o_.rdzv_conf.bound_key_grace) pco.grace = millis(*o_.rdzv_conf.bound_key_grace);
+  pco.on_lost = [this](const std::string&, const std::string&) {
+    if (wake_) wake_->poke_loss();
+  };
+  try {
+    check_store_ = another_connection();
+    check_store_->set_timeout(ro_.heartbeat_timeout);
+    peer_check_ = std::make_unique<comm::PeerCheck>(*check_store_, *rdzv_, pco);
+    std::fprintf(stderr,
+                 "weft run: node %s watches the other nodes through peer connections "
+                 "(bound_key_grace %g s; heartbeat_timeout %g s for a host that vanishes)\n",
+                 me_.c_str(), seconds(pco.grace), seconds(ro_.heartbeat_timeout));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr,
+                 "weft run: node %s cannot watch the other nodes through peer connections (%s): "
+                 "it sees a lost node by its heartbeat_timeout only\n",
+                 me_.c_str(), e.what());
+  }
+}
 
 std::unique_ptr<comm::Store> NodeAgent::another_connection() {
   if (etcd_) return comm::make_etcd_store(o_.rdzv_endpoints, "/weft/", store_timeout());
@@ -761,6 +812,7 @@ int NodeAgent::run() {
   if (server_) store_->set(host_key, comm::to_bytes(me_));
   rdzv_ = std::make_unique<comm::Rendezvous>(*store_, ro_);
   if (static_) claim_static_rank();  // before joining: a node with a taken rank never joins
+  listen_for_peers();
   comm::Membership m = join();
   if (store_->check({host_key})) store_node_ = comm::to_string(store_->get(host_key));
   // A member waits for a store reply no longer than its lease: a node the store cannot
@@ -800,6 +852,7 @@ int NodeAgent::run() {
     std::fprintf(stderr, "weft run: %s; the agent looks at the membership every %g s only\n",
                  e.what(), o_.monitor_interval);
   }
+  check_peers();
   so_.settle_s = seconds(ro_.heartbeat_timeout) + 2 * seconds(ro_.poll_interval) + 1;
   so_.max_restarts = o_.max_restarts;
   so_.nnodes_min = o_.nnodes_min;

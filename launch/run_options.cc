@@ -366,12 +366,6 @@ void validate(RunOptions& o) {
                       "chooses which agent hosts the c10d store; with static, node rank 0 "
                       "hosts it, and with etcd, node 0 of each epoch serves the workers' store: "
                       "drop it");
-  if (o.rdzv_conf.bound_key_grace &&
-      (o.rdzv_backend == RdzvBackend::kEtcd || o.rdzv_backend == RdzvBackend::kEtcdV2))
-    throw ConfigError(o.name("--rdzv-conf") + " bound_key_grace",
-                      "applies to the store an agent hosts (--rdzv-backend c10d or static); "
-                      "over etcd a node's heartbeat ends by its lease's TTL only "
-                      "(heartbeat_timeout): drop it");
   if (o.rdzv_endpoints.size() > 1 && o.rdzv_backend != RdzvBackend::kEtcd)
     throw ConfigError(o.name("--rdzv-endpoint"),
                       "a list of endpoints names an etcd cluster's members; add --rdzv-backend "

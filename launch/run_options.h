@@ -32,6 +32,8 @@ struct RdzvConf {
       heartbeat_timeout, read_timeout, timeout;
   // How long the store an agent hosts keeps a closed connection's bound keys (the agents'
   // heartbeats): TCPStoreServerOptions::bound_key_grace, in seconds (0: drop them at once).
+  // Over etcd, how long the peer check waits for a live node's closed peer connection to
+  // come back before it reports the node lost (PeerCheckOptions::grace).
   std::optional<double> bound_key_grace;
   std::optional<std::string> token_file;
   std::optional<bool> insecure, is_host;

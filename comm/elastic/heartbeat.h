@@ -29,7 +29,8 @@ namespace weft::comm {
 // the same connection, so its deadline is never later). So whoever finds `key` gone can
 // tell why: the witness is still there exactly when the connection closed. Without a
 // witness, or over a store that cannot bind (EtcdStore: leases end by TTL only), it is the
-// plain TTL key above; bound() says which.
+// plain TTL key above; bound() says which. There the agents' peer check (peer_check.h) erases
+// the key of a node whose process died, as the store does with a bound key.
 //
 // Threads: start/stop/erase and the accessors may be called from any thread, not
 // concurrently with the destructor. The beating thread never throws: a failed set (store

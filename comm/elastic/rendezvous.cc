@@ -82,6 +82,7 @@ std::string Rendezvous::lost_cause_locked(const std::string& node_id) {
   auto seen = lost_causes_.find(node_id);
   if (seen != lost_causes_.end()) return seen->second;
   if (store_.check({alive_key(node_id)})) return "alive";
+  if (store_.check({lost_key(node_id)})) return to_string(store_.get(lost_key(node_id)));
   // The witness outlives the bound key only when the store dropped the key for its closed
   // connection; by TTL the witness goes first (heartbeat.h).
   if (store_.check({witness_key(node_id)}))

@@ -8,6 +8,8 @@
 //                      store connection too where the store can (bind_alive_key)
 //   beat/<node id>     the alive key's witness, a TTL key set just before it when bound:
 //                      present while alive/ is gone means the node's connection closed
+//   peer/<node id>     the node's peer check listener, where the store cannot bind (etcd)
+//   lost/<node id>     why a peer check erased the node's alive key (a TTL key)
 //   changed/<version>  set (with a TTL) by whoever wrote that version of the record, right
 //                      after it: an agent parks a store wait on the next one
 //   epoch/<E>/...      free for the layer above (Membership::store_prefix): Gloo/NCCL
@@ -191,7 +193,12 @@ class Rendezvous {
   std::string state_key() const { return prefix_ + "state"; }
   std::string alive_key(const std::string& node_id) const { return prefix_ + "alive/" + node_id; }
   std::string witness_key(const std::string& node_id) const { return prefix_ + "beat/" + node_id; }
-  // Why `node_id`'s alive key is gone, for the log: "its store connection closed (...)" when
+  // Where a node's agent publishes its peer check listener ("host:port", peer_check.h).
+  std::string peer_key(const std::string& node_id) const { return prefix_ + "peer/" + node_id; }
+  // Why a peer check reported the node lost, set just before it erased the node's alive key.
+  std::string lost_key(const std::string& node_id) const { return prefix_ + "lost/" + node_id; }
+  // Why `node_id`'s alive key is gone, for the log: the peer check's note when one reported
+  // it (lost_key: "its peer connection closed (...)"), "its store connection closed (...)" when
   // its witness is still there (the store dropped the bound key: its processes died), else
   // "its heartbeat expired (none for <heartbeat_timeout>)". The cause this agent saw when it
   // first found the key gone, if it did since the last epoch; else it looks now (two store

@@ -63,8 +63,9 @@ struct EtcdStoreOptions {
 //   an explicit revoke): etcd does not tie it to a client's connection, and a keep-alive
 //   stream that breaks leaves the lease to run out, so a SIGKILLed holder's keys stay
 //   until their TTL as after a power loss. The agents' liveness keys over etcd are TTL keys
-//   only (comm/elastic/heartbeat.h): a lost node is known heartbeat_timeout after its last
-//   beat, plus etcd's expiry check (above).
+//   only (comm/elastic/heartbeat.h); the agents' peer check (comm/elastic/peer_check.h)
+//   erases a dead node's key within bound_key_grace, and the TTL (heartbeat_timeout after
+//   the last beat, plus etcd's expiry check above) stays for a host that vanishes.
 // - multi_set is one txn (atomic), so it is limited to etcd's --max-txn-ops (128 by
 //   default) distinct keys: beyond that etcd refuses it (CommError).
 // - Values: etcd refuses requests over its --max-request-bytes (1.5 MiB by default; values

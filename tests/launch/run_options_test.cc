@@ -262,7 +262,7 @@ TEST(RunOptions, RdzvConfKnowsItsKeys) {
 }
 
 // bound_key_grace: seconds, 0 allowed (the hosted store drops a closed connection's keys at
-// once); anything else refused naming the key; refused with etcd, whose leases end by TTL.
+// once); anything else refused naming the key; over etcd the peer check's grace.
 TEST(RunOptions, RdzvConfBoundKeyGraceTakesSecondsAndRefusesBadValues) {
   EXPECT_EQ(parse("--rdzv-conf bound_key_grace=1.5 -- c").rdzv_conf.bound_key_grace, 1.5);
   EXPECT_EQ(parse("--rdzv-conf bound_key_grace=0 -- c").rdzv_conf.bound_key_grace, 0.0);
@@ -273,8 +273,10 @@ TEST(RunOptions, RdzvConfBoundKeyGraceTakesSecondsAndRefusesBadValues) {
     EXPECT_HAS(e, "expected a number of seconds >= 0");
   }
   EXPECT_HAS(error_of("--rdzv-conf bound_key_grace_ms=5 -- c"), "did you mean bound_key_grace?");
-  EXPECT_HAS(error_of("--rdzv-backend etcd --rdzv-endpoint h --rdzv-conf bound_key_grace=1 -- c"),
-             "--rdzv-conf bound_key_grace");
+  // Over etcd it is the peer check's grace (comm/elastic/peer_check.h).
+  EXPECT_EQ(parse("--rdzv-backend etcd --rdzv-endpoint h --rdzv-conf bound_key_grace=1 -- c")
+                .rdzv_conf.bound_key_grace,
+            1.0);
   EXPECT_EQ(not_yet("--rdzv-endpoint h --rdzv-conf bound_key_grace=0.1 -- c"), "");
   EXPECT_EQ(not_yet("--rdzv-backend static --rdzv-conf bound_key_grace=0.1 -- c"), "");
   EXPECT_NE(not_yet("--standalone --rdzv-conf bound_key_grace=0.1 -- c"), "");
