@@ -24,31 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::string node_id(pid_t pid) {
-  char h[256] = "host";
-  ::gethostname(h, sizeof h - 1);
-  return std::string(h) + "-" + std::to_string(pid);
-}
-
-// Every process whose parent is `pid` (the agent's workers), from /proc.
-std::vector<pid_t> children_of(pid_t pid) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string stat = slurp(e.path() / "stat");
-    const size_t paren = stat.rfind(')');
-    if (paren == std::string::npos) continue;
-    std::istringstream in(stat.substr(paren + 1));
-    std::string state;
-    long ppid = 0;
-    in >> state >> ppid;
-    if (ppid == pid) out.push_back(pid_t(std::stol(n)));
-  }
-  return out;
-}
-
 // The line of `log` where its agent says why the job stopped for `lost` (it closed the job,
 // or another survivor did first).
 std::string lost_line(const std::string& log, const std::string& lost) {
@@ -85,7 +60,7 @@ struct ThreeAgents {
   std::string log(int i) { return slurp(logs[size_t(i)]); }
   // SIGKILLs agent i's workers, then (or instead, with `sig`) sends `sig` to the agent.
   void signal_node(int i, int sig) {
-    const std::vector<pid_t> its = children_of(p[size_t(i)]);
+    const std::vector<pid_t> its = child_processes(p[size_t(i)]);
     ::kill(p[size_t(i)], sig);
     if (sig == SIGKILL)
       for (pid_t c : its) ::kill(c, SIGKILL);
@@ -102,7 +77,7 @@ TEST(EtcdPeerCheck, ASigkilledAgentIsSeenLostThroughItsPeerConnection) {
     EXPECT_NE(job.log(i).find("watches the other nodes through peer connections"),
               std::string::npos)
         << job.log(i);
-  const std::string lost = node_id(job.p[2]);
+  const std::string lost = agent_node_id(job.p[2]);
   const auto t0 = Clock::now();
   job.signal_node(2, SIGKILL);
   job.agents.wait(job.p[2]);
@@ -127,7 +102,7 @@ TEST(EtcdPeerCheck, ASigstoppedAgentIsLeftToItsHeartbeatTimeout) {
   SKIP_WITHOUT_ETCD();
   ThreeAgents job("stopped", "heartbeat_interval=0.5,heartbeat_timeout=3");
   ASSERT_TRUE(job.all_up()) << job.log(0) << job.log(1) << job.log(2);
-  const std::string lost = node_id(job.p[2]);
+  const std::string lost = agent_node_id(job.p[2]);
   job.signal_node(2, SIGSTOP);
   for (int i = 0; i < 2; ++i) {
     const int code = job.agents.wait(job.p[size_t(i)]);

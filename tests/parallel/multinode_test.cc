@@ -60,12 +60,6 @@ std::vector<std::string> train(const fs::path& out, int steps) {
           "--set",    "train.out_dir=" + out.string()};
 }
 
-std::string node_id(pid_t pid) {
-  char h[256] = "host";
-  ::gethostname(h, sizeof h - 1);
-  return std::string(h) + "-" + std::to_string(pid);
-}
-
 TEST(MultiNode, TwoAgentsTrainLikeOneProcess) {
   fs::path d = temp_dir("match");
   CommandResult one = run_weft("train --config " + kConfig +
@@ -109,8 +103,8 @@ TEST(MultiNode, LostNodeStopsTheOthersNamingIt) {
   int ca = agents.wait(a);
   std::string la = slurp(d / "a.log");
   EXPECT_NE(ca, 0) << la;
-  EXPECT_NE(la.find("lost node " + node_id(b)), std::string::npos) << la;
-  EXPECT_NE(la.find("weft run: failed: lost node " + node_id(b)), std::string::npos) << la;
+  EXPECT_NE(la.find("lost node " + agent_node_id(b)), std::string::npos) << la;
+  EXPECT_NE(la.find("weft run: failed: lost node " + agent_node_id(b)), std::string::npos) << la;
   fs::remove_all(d);
 }
 
@@ -131,7 +125,7 @@ TEST(MultiNode, LostStoreHostIsNamed) {
   std::string lb = slurp(d / "b.log");
   EXPECT_NE(cb, 0) << lb;
   EXPECT_NE(lb.find("weft run: failed: lost the rendezvous store at 127.0.0.1:" +
-                    std::to_string(port) + " (hosted by node " + node_id(a)),
+                    std::to_string(port) + " (hosted by node " + agent_node_id(a)),
             std::string::npos)
       << lb;
   fs::remove_all(d);
@@ -261,7 +255,7 @@ TEST(MultiNode, StaticRendezvousKeepsTheGivenNodeRanks) {
   EXPECT_NE(la.find("[rank 0] RANK=0 GROUP_RANK=0"), std::string::npos) << la;
   EXPECT_NE(lb.find("[rank 1] RANK=1 GROUP_RANK=1"), std::string::npos) << lb;
   EXPECT_EQ(cc, 2) << lc;
-  EXPECT_NE(lc.find("--node-rank: node rank 1 is already taken by node " + node_id(b)),
+  EXPECT_NE(lc.find("--node-rank: node rank 1 is already taken by node " + agent_node_id(b)),
             std::string::npos)
       << lc;
   fs::remove_all(d);
@@ -348,8 +342,8 @@ TEST(MultiNode, SpareBeyondMaxIsAdmittedWhenAMemberIsLost) {
     const int code = agents.wait(p[size_t(i)]);  // then its log is complete
     const std::string log = slurp(d / (std::to_string(i) + ".log"));
     EXPECT_EQ(code, 0) << log;
-    EXPECT_NE(log.find("membership changed: epoch 1 -> 2, 3 -> 3 nodes (lost " + node_id(p[2]) +
-                       ") (joined " + node_id(spare) + ")"),
+    EXPECT_NE(log.find("membership changed: epoch 1 -> 2, 3 -> 3 nodes (lost " + agent_node_id(p[2]) +
+                       ") (joined " + agent_node_id(spare) + ")"),
               std::string::npos)
         << log;
   }
@@ -378,7 +372,7 @@ TEST(MultiNode, ALostMembersPeersAreKilledAtOnceNotGivenTheGrace) {
   args[2] = "2:3";  // --nnodes
   std::vector<pid_t> p;
   ASSERT_TRUE(start_three(agents, args, d, p));
-  const std::string lost = node_id(p[2]);
+  const std::string lost = agent_node_id(p[2]);
   ::kill(p[2], SIGKILL);
   agents.wait(p[2]);
   for (int i = 0; i < 2; ++i) {

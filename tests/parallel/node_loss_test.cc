@@ -25,31 +25,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::string node_id(pid_t pid) {
-  char h[256] = "host";
-  ::gethostname(h, sizeof h - 1);
-  return std::string(h) + "-" + std::to_string(pid);
-}
-
-// Every process whose parent is `pid` (its workers and its guardian), from /proc.
-std::vector<pid_t> children_of(pid_t pid) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string stat = slurp(e.path() / "stat");
-    const size_t paren = stat.rfind(')');
-    if (paren == std::string::npos) continue;
-    std::istringstream in(stat.substr(paren + 1));
-    std::string state;
-    long ppid = 0;
-    in >> state >> ppid;
-    if (ppid == pid) out.push_back(pid_t(std::stol(n)));
-  }
-  return out;
-}
-
 // wait_for(), bounded: a hang guard (the test fails instead of waiting for its ctest timeout,
 // and the Agents destructor reaps everything), never a timing expectation.
 bool wait_for_log(const fs::path& log, const std::string& text, pid_t pid) {
@@ -100,7 +75,7 @@ std::vector<std::string> lose_node_two(const std::string& name, const std::strin
 
   // Node 2 (not the store's host) loses its agent and its workers at once.
   const pid_t victim = p[2];
-  const std::vector<pid_t> its = children_of(victim);
+  const std::vector<pid_t> its = child_processes(victim);
   EXPECT_FALSE(its.empty()) << "the agent's worker was not found";
   const auto t0 = Clock::now();
   ::kill(victim, SIGKILL);
@@ -125,7 +100,7 @@ std::vector<std::string> lose_node_two(const std::string& name, const std::strin
     if (::testing::Test::HasFailure()) return {};
   }
   std::ofstream(d / "done") << "1";
-  lost = node_id(victim);
+  lost = agent_node_id(victim);
   std::vector<std::string> out;
   for (int i = 0; i < 2; ++i) {
     const int code = agents.wait(p[size_t(i)]);  // then its log is complete

@@ -73,17 +73,10 @@ inline bool poll_until(const std::function<bool()>& done, double limit = kPatien
 // agent also forks a guardian, which has none).
 inline std::vector<pid_t> children(pid_t pid) {
   std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::istringstream in(slurp(e.path() / "stat"));
-    std::string pidtext, comm, state;
-    long ppid = 0;
-    in >> pidtext >> comm >> state >> ppid;  // comm has no spaces: workers are "weft"
-    if (ppid == pid && slurp(e.path() / "environ").find("WEFT_RANK=") != std::string::npos)
-      out.push_back(pid_t(std::stol(n)));
-  }
+  for (pid_t c : child_processes(pid))
+    if (slurp(fs::path("/proc") / std::to_string(c) / "environ").find("WEFT_RANK=") !=
+        std::string::npos)
+      out.push_back(c);
   std::sort(out.begin(), out.end());
   return out;
 }
