@@ -28,6 +28,7 @@
 #include "comm/gloo/gloo_abortable.h"
 #include "comm/gloo/gloo_links.h"
 #include "comm/gloo/gloo_store.h"
+#include "comm/gloo/thread_slice.h"
 #include "comm/reduce.h"
 
 namespace weft::comm {
@@ -163,6 +164,11 @@ GlooCommunicator::GlooCommunicator(const CommOptions& opts)
       mailbox_(describe("send/recv")) {
   if (!alone()) {
     ignore_sigpipe_once();
+    // Before any thread of the communicator exists, so that the transport's event loop, the
+    // worker and the waiters inherit it; the calling thread, which waits on every Work, keeps
+    // it (thread_slice.h: each wake-up of a collective's chain otherwise waits, runnable,
+    // behind a computing thread until that one's slice ends).
+    set_thread_slice(kCommThreadSlice);
     WEFT_CHECK(opts.store != nullptr, "gloo: a world of ", size(), " needs CommOptions::store");
     auto classify_rendezvous = [&](const std::string& m) { return classify(m); };
     gloo::transport::tcp::attr attr;

@@ -4,11 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
+#include <set>
+#include <string>
 #include <memory>
 #include <thread>
 #include <vector>
 
 #include "base/config.h"
+#include "comm/gloo/thread_slice.h"
 #include "comm/registry.h"
 #include "comm/store/in_memory_store.h"
 #include "tests/comm/comm_test_util.h"
@@ -206,6 +210,43 @@ TEST(Gloo, OldAndNewEpochCommunicatorsLiveSideBySide) {
 
 // Ranks as threads of one process on the in-memory store: the same suite, and proof that
 // several Gloo contexts coexist in one process.
+// thread_slice.h: the rank's thread that builds a communicator of two, and every thread the
+// communicator starts (the transport's event loop, the worker, the point-to-point waiters),
+// run with the short slice; a world of one starts no transport and changes nothing.
+TEST(Gloo, EveryThreadOfAMultiRankCommunicatorRunsWithTheShortSlice) {
+  // Asked on a thread of its own: the ranks fork from this one and must start at the default.
+  bool supported = false;
+  std::thread probe([&] { supported = set_thread_slice(kCommThreadSlice); });
+  probe.join();
+  if (!supported) GTEST_SKIP() << "this kernel keeps the default slice (custom slices need Linux 6.12)";
+  auto tasks = [] {
+    std::set<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/task"))
+      out.insert(e.path().filename().string());
+    return out;
+  };
+  test::RunResult result = test::run_ranks(2, [&](test::RankContext& ctx) {
+    ASSERT_NE(thread_slice(), std::chrono::nanoseconds(kCommThreadSlice)) << "the default to start from";
+    auto store = ctx.store();
+    const std::set<std::string> before = tasks();  // the store's client threads are not ours
+    auto comm = make_gloo(ctx, *store, "slice");
+    Tensor t = Tensor::zeros({4}, DType::kF32);
+    if (ctx.rank() == 0) comm->send(t, 1, {.tag = 7}).wait();
+    else comm->recv(t, 0, {.tag = 7}).wait();
+    comm->all_reduce(t).wait();
+    EXPECT_EQ(thread_slice(), std::chrono::nanoseconds(kCommThreadSlice));
+    int started = 0;
+    for (const std::string& tid : tasks()) {
+      if (before.count(tid)) continue;
+      ++started;
+      EXPECT_EQ(thread_slice(pid_t(std::stoi(tid))), std::chrono::nanoseconds(kCommThreadSlice))
+          << "thread " << tid;
+    }
+    EXPECT_GE(started, 3) << "the event loop, the worker and a waiter";
+  });
+  EXPECT_TRUE(result.ok()) << result.summary();
+}
+
 TEST(Gloo, ThreadsInOneProcessOnTheInMemoryStore) {
   constexpr int kWorld = 3;
   InMemoryStore store(20s);
