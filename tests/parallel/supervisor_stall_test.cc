@@ -4,7 +4,8 @@
 // not declared hung; a worker whose heartbeat thread is runnable is starved, not hung. A
 // worker that stays stopped is still killed after --worker-heartbeat-timeout. Real processes
 // and real signals (SIGSTOP, SIGCONT); the workers are shells that beat on the agent's socket
-// (fd 3) as `weft train`'s heartbeat thread does. Every process is reaped, on failure too.
+// (fd 3) as `weft train`'s heartbeat thread does, or `weft train` itself under a CPU quota
+// (a cgroup: root only, skipped elsewhere). Every process is reaped, on failure too.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -13,6 +14,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <set>
 #include <string>
 #include <thread>
@@ -105,12 +108,70 @@ std::vector<std::string> beating_worker(const fs::path& d) {
               "done; echo rank $RANK pid $$ finished after $n beats"};
 }
 
-std::vector<std::string> run_args(int nproc, const std::vector<std::string>& cmd) {
+// `weft run --standalone` with heartbeats every 0.1 s and `timeout` seconds of silence allowed.
+std::vector<std::string> run_args(int nproc, const std::vector<std::string>& cmd,
+                                  const std::string& timeout = "1") {
   std::vector<std::string> a = {"run", "--standalone", "--nproc-per-node", std::to_string(nproc),
                                 "--worker-heartbeat-interval", "0.1",
-                                "--worker-heartbeat-timeout", "1", "--"};
+                                "--worker-heartbeat-timeout", timeout, "--"};
   a.insert(a.end(), cmd.begin(), cmd.end());
   return a;
+}
+
+// A cgroup whose CPU quota is 1 ms per 1 s period (cgroup v1's cpu controller, or v2's
+// cpu.max): a task in it is throttled, runnable (R) but not run, for most of each second.
+// ok is false where no such cgroup can be made (not root, no cpu controller). Its tasks go
+// back to the parent and it is removed however the test ends.
+struct CpuQuotaGroup {
+  fs::path dir, parent;
+  bool ok = false;
+  CpuQuotaGroup() {
+    const std::string name = "weft_stall_test_" + std::to_string(::getpid());
+    if (fs::exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")) {
+      parent = "/sys/fs/cgroup/cpu";
+      dir = parent / name;
+      std::error_code ec;
+      ok = fs::create_directory(dir, ec) && write(dir / "cpu.cfs_period_us", "1000000") &&
+           write(dir / "cpu.cfs_quota_us", "1000");
+    } else if (slurp("/sys/fs/cgroup/cgroup.subtree_control").find("cpu") != std::string::npos) {
+      parent = "/sys/fs/cgroup";
+      dir = parent / name;
+      std::error_code ec;
+      ok = fs::create_directory(dir, ec) && write(dir / "cpu.max", "1000 1000000");
+    }
+  }
+  ~CpuQuotaGroup() { release(); }
+  // Its tasks back to the parent, and the group removed.
+  void release() {
+    if (dir.empty()) return;
+    std::istringstream procs(slurp(dir / "cgroup.procs"));
+    for (std::string pid; procs >> pid;) write(parent / "cgroup.procs", pid);
+    std::error_code ec;
+    fs::remove(dir, ec);
+    dir.clear();
+  }
+  static bool write(const fs::path& p, const std::string& value) {
+    std::ofstream f(p);
+    f << value << std::flush;
+    return bool(f);
+  }
+  bool add(pid_t pid) { return write(dir / "cgroup.procs", std::to_string(pid)); }
+};
+
+// The child of `agent` whose environment has WEFT_RANK=<rank>, or -1.
+pid_t worker_of(pid_t agent, int rank) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string stat = slurp(e.path() / "stat");
+    size_t close = stat.rfind(')');
+    if (close == std::string::npos || close + 4 > stat.size()) continue;
+    if (std::atoi(stat.c_str() + close + 4) != agent) continue;  // ") S PPID"
+    if (slurp(e.path() / "environ").find("WEFT_RANK=" + std::to_string(rank) + '\0') !=
+        std::string::npos)
+      return pid_t(std::stoi(name));
+  }
+  return -1;
 }
 
 // Starts two beating workers and waits until both beat; fills job.workers (rank order).
@@ -234,6 +295,53 @@ TEST(SupervisionStall, RunnableHeartbeatThreadIsStarvedNotHungUntilItStops) {
   EXPECT_EQ(code, 1) << out;
   EXPECT_TRUE(contains(out, starved) && contains(out, "hung or stopped")) << out;
   EXPECT_TRUE(gone(worker)) << out;
+  fs::remove_all(d);
+}
+
+// A real starved worker: `weft train` (heartbeat 0.1 s / 0.5 s) put in a cgroup with a CPU
+// quota of 1 ms per second. Its heartbeat thread is throttled, runnable but not run, for
+// longer than the timeout; the agent names it starved and keeps it (main's agent killed it:
+// "sent no heartbeat for 0.5 s: hung or stopped"). Released, it trains on; SIGTERM stops it.
+TEST(SupervisionStall, WorkerThrottledByACpuQuotaIsStarvedNotHung) {
+  CpuQuotaGroup group;
+  if (!group.ok) GTEST_SKIP() << "needs a cgroup with a CPU quota (root, a cpu controller)";
+  fs::path d = agent_test_dir("stall", "quota");
+  Job job;
+  job.agent = start_weft(
+      run_args(1,
+               {WEFT_BINARY, "train", "--config",
+                std::string(WEFT_SOURCE_DIR) + "/configs/gpt-layout.yaml", "--set",
+                "train.steps=100000", "--set", "train.log_every=1", "--set",
+                "train.out_dir=" + (d / "run").string()},
+               "0.5"),
+      (d / "out.txt").string());
+  ASSERT_TRUE(wait_while_running(job, [&] { return contains(slurp(d / "out.txt"), "| loss"); }))
+      << slurp(d / "out.txt");
+  const pid_t worker = worker_of(job.agent, 0);
+  ASSERT_GT(worker, 0) << slurp(d / "out.txt");
+  job.workers.insert(worker);
+  ASSERT_TRUE(group.add(worker));
+  EXPECT_TRUE(wait_while_running(job, [&] {
+    std::string out = slurp(d / "out.txt");
+    return contains(out, "starved, not hung") || contains(out, "hung or stopped");
+  })) << slurp(d / "out.txt");
+  group.release();
+  const size_t released_at = slurp(d / "out.txt").size();
+  std::string out = slurp(d / "out.txt");
+  EXPECT_TRUE(contains(out, "rank 0 (pid " + std::to_string(worker) +
+                                ") sent no heartbeat for ") &&
+              contains(out, "heartbeat thread is runnable (waiting for a CPU): starved, not hung"))
+      << out;
+  // It trains on in the same process: a step logged after its release.
+  EXPECT_TRUE(wait_while_running(job, [&] {
+    return slurp(d / "out.txt").find("| loss", released_at) != std::string::npos;
+  })) << slurp(d / "out.txt");
+  EXPECT_FALSE(gone(worker));
+  ::kill(job.agent, SIGTERM);
+  const int code = job.wait_exit();
+  out = slurp(d / "out.txt");
+  EXPECT_EQ(code, 143) << out;
+  EXPECT_FALSE(contains(out, "hung or stopped")) << out;
   fs::remove_all(d);
 }
 
