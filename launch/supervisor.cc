@@ -238,7 +238,8 @@ Outcome supervise(const SupervisorOptions& o) {
   // beat they could not send is no sign of a hang. Beats sent while the agent was away wait
   // in the socket and count when read, so the agent's absence only ever adds to a silence.
   Clock::duration watched{};
-  const auto pass_work = std::chrono::milliseconds(std::max<int64_t>(4 * int64_t(o.poll_s * 1000), 50));
+  const auto pass_work =
+      std::chrono::milliseconds(std::max<int64_t>(4 * int64_t(o.poll_s * 1000), 50));
   auto last_pass = Clock::now();
   // Another node's verdict (monitor): lost or failed there. It is the root cause here.
   std::string remote;
@@ -297,7 +298,8 @@ Outcome supervise(const SupervisorOptions& o) {
     auto now = Clock::now();
     {
       const Clock::duration gap = now - last_pass;
-      const Clock::duration counted = std::min(gap, Clock::duration(std::chrono::milliseconds(wait_ms) + pass_work));
+      const Clock::duration counted =
+          std::min(gap, Clock::duration(std::chrono::milliseconds(wait_ms) + pass_work));
       last_pass = now;
       watched += counted;
       if (o.heartbeat_timeout_s > 0 && gap - counted >= hb_interval && !failing && !agent_signal) {
