@@ -50,7 +50,8 @@ struct Worker {
   int status = 0;
   int64_t exit_ms = 0;
   bool beating = false;  // sent its first heartbeat: watched from now on
-  Clock::time_point last_beat;
+  Clock::duration beat_at{};  // the agent's watch clock (below) at its last beat
+  bool starved_named = false;  // this silence was logged as starvation (heartbeat.h)
   bool hung = false;
   // Hung, killed by the agent, and to be replaced in place once reaped (o.replace): what
   // the agent saw ("sent no heartbeat for ...") and when.
@@ -228,6 +229,18 @@ Outcome supervise(const SupervisorOptions& o) {
     deadline = std::min(deadline, Clock::now() + std::chrono::milliseconds(int64_t(o.grace_s * 1000)));
   };
   const auto hb_timeout = std::chrono::milliseconds(int64_t(o.heartbeat_timeout_s * 1000));
+  const auto hb_interval = std::chrono::milliseconds(int64_t(o.heartbeat_interval_s * 1000));
+  // The agent's watch clock: a worker's silence is measured on it, not on the wall clock. A
+  // pass of the loop advances it by the time since the previous pass, but by no more than
+  // that pass's poll wait and a few poll intervals of work: when the agent itself did not run
+  // for longer (stopped with its workers, a VM paused or migrated, a host suspended, a cgroup
+  // frozen, a machine so loaded that nothing ran), its workers may not have run either, and a
+  // beat they could not send is no sign of a hang. Beats sent while the agent was away wait
+  // in the socket and count when read, so the agent's absence only ever adds to a silence.
+  Clock::duration watched{};
+  const auto pass_work =
+      std::chrono::milliseconds(std::max<int64_t>(4 * int64_t(o.poll_s * 1000), 50));
+  auto last_pass = Clock::now();
   // Another node's verdict (monitor): lost or failed there. It is the root cause here.
   std::string remote;
   const auto monitor_every = std::chrono::milliseconds(int64_t(o.monitor_interval_s * 1000));
@@ -283,6 +296,20 @@ Outcome supervise(const SupervisorOptions& o) {
                            1, wait_ms);
     ::poll(pfds.data(), pfds.size(), wait_ms);
     auto now = Clock::now();
+    {
+      const Clock::duration gap = now - last_pass;
+      const Clock::duration counted =
+          std::min(gap, Clock::duration(std::chrono::milliseconds(wait_ms) + pass_work));
+      last_pass = now;
+      watched += counted;
+      if (o.heartbeat_timeout_s > 0 && gap - counted >= hb_interval && !failing && !agent_signal) {
+        std::fprintf(stderr,
+                     "weft run: this agent did not run for %.1f s (stopped, suspended, starved of "
+                     "CPU or blocked); its workers' silence in that time is not counted\n",
+                     std::chrono::duration<double>(gap - counted).count());
+        std::fflush(stderr);
+      }
+    }
     if (wake_polled && (pfds.back().revents & POLLIN)) {
       uint64_t n = 0;
       (void)!::read(o.wake_fd, &n, sizeof n);
@@ -295,7 +322,7 @@ Outcome supervise(const SupervisorOptions& o) {
         char buf[256];
         ssize_t k;
         while ((k = ::read(w.beat_fd, buf, sizeof buf)) > 0) {
-          w.beating = true, w.last_beat = now;
+          w.beating = true, w.beat_at = watched, w.starved_named = false;
           if (std::memchr(buf, kPokeByte, size_t(k))) {
             if (o.monitor && close_passes == 0 && !failing && !agent_signal) {
               std::fprintf(stderr, "weft run: rank %d lost a peer; looking at the membership now\n",
@@ -354,8 +381,21 @@ Outcome supervise(const SupervisorOptions& o) {
     }
     if (o.heartbeat_timeout_s > 0 && !failing && !agent_signal)
       for (Worker& w : workers) {
-        if (!w.running || !w.beating || w.hung || now - w.last_beat <= hb_timeout) continue;
-        double quiet = std::chrono::duration<double>(now - w.last_beat).count();
+        if (!w.running || !w.beating || w.hung || watched - w.beat_at <= hb_timeout) continue;
+        double quiet = std::chrono::duration<double>(watched - w.beat_at).count();
+        // A beat thread that is runnable but silent this long waits for a CPU: the worker is
+        // starved, not hung (a stopped one's thread is T, a frozen or blocked one's S or D, a
+        // dead one's gone). It is looked at again at every pass and killed once it is not.
+        if (heartbeat_thread_runnable(w.pid)) {
+          if (!w.starved_named)
+            std::fprintf(stderr,
+                         "weft run: rank %d (pid %d) sent no heartbeat for %.1f s, but its "
+                         "heartbeat thread is runnable (waiting for a CPU): starved, not hung; "
+                         "still watching it\n",
+                         global(w.rank), int(w.pid), quiet);
+          w.starved_named = true;
+          continue;
+        }
         char what[160];
         std::snprintf(what, sizeof what, "sent no heartbeat for %.1f s: hung or stopped", quiet);
         w.hung = true;
