@@ -456,6 +456,15 @@ void Rendezvous::close(const std::string& reason) {
   WEFT_INFO("elastic", "rendezvous ", state_key(), " closed: ", reason);
 }
 
+// Written only while absent, by a compare_set that writes nothing to a present key, so it
+// is safe to send again and fails over like a read (add(key, 0) is a read-modify-write, which
+// an EtcdStore never sends twice: "may or may not have been applied").
+int64_t Rendezvous::restart_round() {
+  const std::string key = round_key();
+  if (store_.check({key})) return std::stoll(to_string(store_.get(key)));
+  return std::stoll(to_string(store_.compare_set(key, {}, to_bytes(std::string("0")))));
+}
+
 MembershipRecord Rendezvous::read_record() {
   std::lock_guard<std::mutex> lock(mu_);
   return read_or_create().second;

@@ -177,6 +177,14 @@ class Rendezvous {
 
   // The latest record (one store read), for status lines and tests.
   MembershipRecord read_record();
+  // The job's restart round (round_key(): an agent whose workers failed asks for the next
+  // by compare_set), 0 until one is asked for. A read once the key exists: agents ask at
+  // every monitor pass, and over etcd a write is a raft proposal, which is lost without an
+  // answer when a follower forwards it to a leader dying at that moment (the call then runs
+  // out its request timeout), whereas a read in flight there fails at once with "leader
+  // changed" and goes to the next member. Throws as the store does.
+  int64_t restart_round();
+  std::string round_key() const { return prefix_ + "round"; }
   // The key whoever writes version `version` of the record sets right after it (TTL
   // kChangeKeyTtl): an agent keeps a store wait parked on the next one to look at the
   // membership as soon as it changes instead of at its next poll (launch/membership_wake.h).
