@@ -197,6 +197,7 @@ class NodeAgent {
   std::unique_ptr<comm::TCPStoreServer> server_;  // c10d: the rendezvous store, if here
   std::unique_ptr<comm::TCPStoreServer> workers_server_;  // etcd: the workers' store, if here
   std::unique_ptr<comm::Store> store_;
+  std::unique_ptr<comm::Store> beat_store_;  // the heartbeat's connection, over etcd
   std::unique_ptr<comm::Rendezvous> rdzv_;
   // Wakes the supervisor's monitor when the membership record changes (after join()), over
   // a store connection of its own (membership_wake.h says why).
@@ -804,7 +805,13 @@ int NodeAgent::run() {
   connect_store();
   const std::string host_key = key_ + "store_node";
   if (server_) store_->set(host_key, comm::to_bytes(me_));
-  rdzv_ = std::make_unique<comm::Rendezvous>(*store_, ro_);
+  // Over etcd the heartbeat beats on a connection of its own (Rendezvous's constructor says
+  // why); where the store binds the alive key, on the agent's.
+  if (!store_->binds_to_connection()) {
+    beat_store_ = another_connection();
+    beat_store_->set_timeout(ro_.heartbeat_timeout);
+  }
+  rdzv_ = std::make_unique<comm::Rendezvous>(*store_, ro_, beat_store_.get());
   if (static_) claim_static_rank();  // before joining: a node with a taken rank never joins
   listen_for_peers();
   comm::Membership m = join();

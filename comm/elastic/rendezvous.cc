@@ -16,11 +16,11 @@ std::string secs(Millis t) { return str(double(t.count()) / 1000.0, " s"); }
 
 }  // namespace
 
-Rendezvous::Rendezvous(Store& store, RendezvousOptions options)
+Rendezvous::Rendezvous(Store& store, RendezvousOptions options, Store* beat_store)
     : store_(store),
       options_((validate(options), std::move(options))),
       prefix_("rdzv/" + options_.run_id + "/"),
-      heartbeat_(store, alive_key(options_.node_id), options_.heartbeat_interval,
+      heartbeat_(beat_store ? *beat_store : store, alive_key(options_.node_id), options_.heartbeat_interval,
                  options_.heartbeat_timeout,
                  options_.bind_alive_key ? witness_key(options_.node_id) : std::string()) {}
 

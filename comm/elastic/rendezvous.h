@@ -102,7 +102,13 @@ class Rendezvous {
  public:
   // Validates `options` (ConfigError naming the key, rendezvous_options.h). `store` must
   // outlive this object. Touches the store only when a method is called.
-  Rendezvous(Store& store, RendezvousOptions options);
+  // `beat_store`, when given (and outliving this object), carries the heartbeat instead of
+  // `store`: a store whose keys end by TTL only (etcd) gives the beats a connection of their
+  // own, since a call holds its connection for its whole exchange, and a beat written as the
+  // etcd leader died waits out its request timeout (2 s) with no answer, which held every
+  // call of the agent's monitor behind it. Where keys bind to the connection (TCPStore) the
+  // beat must go over `store`, the connection whose close drops the key.
+  Rendezvous(Store& store, RendezvousOptions options, Store* beat_store = nullptr);
   // Stops the heartbeat without erasing the key (the node fades out by TTL, or when its store
   // connection closes if the key is bound, as after a crash; call leave() to go at once).
   // Never throws.
