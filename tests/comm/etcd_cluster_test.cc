@@ -183,7 +183,7 @@ uint64_t raft_index(const EtcdCluster& cluster, int leader) {
 // survivors' new epoch waited (issue 14, NetnsEtcd.Killed...). So once the key exists the
 // round is read: asking for it proposes nothing, while asking for the next round (a
 // compare_set, as an agent whose workers failed does) does.
-TEST_F(EtcdClusterTest, RestartRoundIsReadWithoutARaftProposal) {
+TEST_F(EtcdClusterTest, RestartRoundAndMembershipPollsProposeNoRaftWrite) {
   comm::RendezvousOptions o;
   o.run_id = "job";
   o.node_id = "n0";
@@ -203,6 +203,19 @@ TEST_F(EtcdClusterTest, RestartRoundIsReadWithoutARaftProposal) {
   const uint64_t after_ask = raft_index(*cluster_, leader_);
   EXPECT_EQ(rdzv.restart_round(), 1);
   EXPECT_EQ(raft_index(*cluster_, leader_), after_ask);
+
+  // The membership poll, which agents also make at every monitor pass, reads the record
+  // the same way (the heartbeat, a writer by nature, is stopped first).
+  o.min_nodes = o.max_nodes = 1;
+  o.heartbeat_timeout = 30s;
+  o.node_id = "n1";
+  o.run_id = "polls";
+  comm::Rendezvous alone(store, o);
+  ASSERT_EQ(alone.join().world(), 1);
+  alone.heartbeat().stop();
+  const uint64_t joined = raft_index(*cluster_, leader_);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(alone.poll_change(), std::nullopt);
+  EXPECT_EQ(raft_index(*cluster_, leader_), joined) << "a membership poll proposed a write";
 }
 
 }  // namespace
