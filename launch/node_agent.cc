@@ -197,6 +197,7 @@ class NodeAgent {
   std::unique_ptr<comm::TCPStoreServer> server_;  // c10d: the rendezvous store, if here
   std::unique_ptr<comm::TCPStoreServer> workers_server_;  // etcd: the workers' store, if here
   std::unique_ptr<comm::Store> store_;
+  std::unique_ptr<comm::Store> beat_store_;  // the heartbeat's connection, over etcd
   std::unique_ptr<comm::Rendezvous> rdzv_;
   // Wakes the supervisor's monitor when the membership record changes (after join()), over
   // a store connection of its own (membership_wake.h says why).
@@ -447,16 +448,10 @@ bool NodeAgent::finishing(const comm::Membership& m) {
   return false;
 }
 
-// The restart round (rdzv/<id>/round), "0" when no agent wrote it yet. Read by compare_set,
-// not add(key, 0): that add is a read-modify-write, which an EtcdStore never sends twice, so
-// one in flight when the etcd member it went to died, froze, or lost its leader threw "may or
-// may not have been applied", and the monitor took that for a lost store and stopped this
-// node for good. A compare_set that writes only to an absent key is safe to send again, so it
-// fails over to the next member like a read.
-int64_t NodeAgent::current_round() {
-  return std::stoll(comm::to_string(
-      store_->compare_set(key_ + "round", {}, comm::to_bytes(std::string("0")))));
-}
+// The restart round: a read at every monitor pass (Rendezvous::restart_round says why: over
+// etcd, a write sent as the leader died ran out its 2 s request timeout while the survivors'
+// new epoch waited for this node; issue 14).
+int64_t NodeAgent::current_round() { return rdzv_->restart_round(); }
 
 // Elastic: a restart round asked for by another node, or a new membership epoch.
 Stop NodeAgent::watch_elastic(const comm::Membership& m, int64_t round) {
@@ -810,7 +805,13 @@ int NodeAgent::run() {
   connect_store();
   const std::string host_key = key_ + "store_node";
   if (server_) store_->set(host_key, comm::to_bytes(me_));
-  rdzv_ = std::make_unique<comm::Rendezvous>(*store_, ro_);
+  // Over etcd the heartbeat beats on a connection of its own (Rendezvous's constructor says
+  // why); where the store binds the alive key, on the agent's.
+  if (!store_->binds_to_connection()) {
+    beat_store_ = another_connection();
+    beat_store_->set_timeout(ro_.heartbeat_timeout);
+  }
+  rdzv_ = std::make_unique<comm::Rendezvous>(*store_, ro_, beat_store_.get());
   if (static_) claim_static_rank();  // before joining: a node with a taken rank never joins
   listen_for_peers();
   comm::Membership m = join();
@@ -857,7 +858,7 @@ int NodeAgent::run() {
   so_.max_restarts = o_.max_restarts;
   so_.nnodes_min = o_.nnodes_min;
   so_.nnodes_max = o_.nnodes_max;
-  const std::string round_key = key_ + "round";
+  const std::string round_key = rdzv_->round_key();
   if (elastic_) make_scratch();  // a job that may change size can reshard live
   so_.replace = [this](int local, const std::string& cause) {
     return replace_worker(local, cause);

@@ -16,12 +16,12 @@ std::string secs(Millis t) { return str(double(t.count()) / 1000.0, " s"); }
 
 }  // namespace
 
-Rendezvous::Rendezvous(Store& store, RendezvousOptions options)
+Rendezvous::Rendezvous(Store& store, RendezvousOptions options, Store* beat_store)
     : store_(store),
       options_((validate(options), std::move(options))),
       prefix_("rdzv/" + options_.run_id + "/"),
-      heartbeat_(store, alive_key(options_.node_id), options_.heartbeat_interval,
-                 options_.heartbeat_timeout,
+      heartbeat_(beat_store ? *beat_store : store, alive_key(options_.node_id),
+                 options_.heartbeat_interval, options_.heartbeat_timeout,
                  options_.bind_alive_key ? witness_key(options_.node_id) : std::string()) {}
 
 Rendezvous::~Rendezvous() { heartbeat_.stop(); }
@@ -30,8 +30,14 @@ std::pair<Bytes, MembershipRecord> Rendezvous::read_or_create() {
   MembershipRecord initial;
   initial.version = 1;
   initial.writer = options_.node_id;
-  // An empty `expected` matches only an absent key; a present record is returned as is.
-  Bytes raw = store_.compare_set(state_key(), {}, to_bytes(encode(initial)));
+  // Read while present (every poll comes here): over etcd a compare_set is a raft proposal
+  // even when it writes nothing, and one forwarded to a leader dying at that moment is lost
+  // without an answer until the request timeout (2 s), while a read in flight fails at once
+  // with "leader changed" (restart_round() says the same). Created by compare_set: an empty
+  // `expected` matches only an absent key, and a record another node wrote first is returned.
+  Bytes raw = store_.check({state_key()})
+                  ? store_.get(state_key())
+                  : store_.compare_set(state_key(), {}, to_bytes(encode(initial)));
   return {raw, decode(to_string(raw), state_key())};
 }
 
@@ -454,6 +460,15 @@ void Rendezvous::close(const std::string& reason) {
     if (write(raw, next)) break;
   }
   WEFT_INFO("elastic", "rendezvous ", state_key(), " closed: ", reason);
+}
+
+// Written only while absent, by a compare_set that writes nothing to a present key, so it
+// is safe to send again and fails over like a read (add(key, 0) is a read-modify-write, which
+// an EtcdStore never sends twice: "may or may not have been applied").
+int64_t Rendezvous::restart_round() {
+  const std::string key = round_key();
+  if (store_.check({key})) return std::stoll(to_string(store_.get(key)));
+  return std::stoll(to_string(store_.compare_set(key, {}, to_bytes(std::string("0")))));
 }
 
 MembershipRecord Rendezvous::read_record() {

@@ -102,7 +102,13 @@ class Rendezvous {
  public:
   // Validates `options` (ConfigError naming the key, rendezvous_options.h). `store` must
   // outlive this object. Touches the store only when a method is called.
-  Rendezvous(Store& store, RendezvousOptions options);
+  // `beat_store`, when given (and outliving this object), carries the heartbeat instead of
+  // `store`: a store whose keys end by TTL only (etcd) gives the beats a connection of their
+  // own, since a call holds its connection for its whole exchange, and a beat written as the
+  // etcd leader died waits out its request timeout (2 s) with no answer, which held every
+  // call of the agent's monitor behind it. Where keys bind to the connection (TCPStore) the
+  // beat must go over `store`, the connection whose close drops the key.
+  Rendezvous(Store& store, RendezvousOptions options, Store* beat_store = nullptr);
   // Stops the heartbeat without erasing the key (the node fades out by TTL, or when its store
   // connection closes if the key is bound, as after a crash; call leave() to go at once).
   // Never throws.
@@ -177,6 +183,14 @@ class Rendezvous {
 
   // The latest record (one store read), for status lines and tests.
   MembershipRecord read_record();
+  // The job's restart round (round_key(): an agent whose workers failed asks for the next
+  // by compare_set), 0 until one is asked for. A read once the key exists: agents ask at
+  // every monitor pass, and over etcd a write is a raft proposal, which is lost without an
+  // answer when a follower forwards it to a leader dying at that moment (the call then runs
+  // out its request timeout), whereas a read in flight there fails at once with "leader
+  // changed" and goes to the next member. Throws as the store does.
+  int64_t restart_round();
+  std::string round_key() const { return prefix_ + "round"; }
   // The key whoever writes version `version` of the record sets right after it (TTL
   // kChangeKeyTtl): an agent keeps a store wait parked on the next one to look at the
   // membership as soon as it changes instead of at its next poll (launch/membership_wake.h).

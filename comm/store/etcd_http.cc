@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "base/log.h"
 
 namespace weft::comm {
 
@@ -257,8 +258,13 @@ json EtcdHttp::post(const std::string& path, const json& body, Replay replay) {
   Millis backoff = kFirstBackoff;
   for (size_t tries = 1;; ++tries) {
     const size_t i = m.current;
-    Attempt a = m.exchange(i, path, text, Clock::now() + m.request_timeout);
+    const auto sent = Clock::now();
+    Attempt a = m.exchange(i, path, text, sent + m.request_timeout);
     const std::string where = "etcd at " + m.endpoints[i].text() + ": " + path + ": ";
+    const double took = std::chrono::duration<double>(Clock::now() - sent).count();
+    if (a.outcome != Outcome::kOk || took >= 0.05)
+      WEFT_DEBUG("etcd", where, a.outcome == Outcome::kOk ? "answered" : "failed", " after ",
+                 took, " s", a.error.empty() ? "" : ": " + a.error);
     if (a.outcome == Outcome::kOk) return std::move(a.reply);
     if (a.outcome == Outcome::kRefused) throw CommError(where + a.error);
     if (a.outcome == Outcome::kUnknown && replay == Replay::kUnsafe)

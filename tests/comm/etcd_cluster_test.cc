@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <future>
+#include <nlohmann/json.hpp>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 
 #include "base/error.h"
 #include "comm/elastic/rendezvous.h"
+#include "comm/store/etcd_http.h"
 #include "comm/store/etcd_store.h"
 
 namespace weft::test {
@@ -165,6 +167,55 @@ TEST_F(EtcdClusterTest, RendezvousKeepsItsMembershipWhenTheEtcdMemberItTalksToIs
   }
   std::printf("[ measure ] n2's heartbeat stopped -> epoch 2 on two etcd members: %.0f ms\n",
               ms_since(t0));
+}
+
+// The leader's raft index: every proposal (a put, a txn that may write, a lease grant)
+// advances it; a linearizable read does not.
+uint64_t raft_index(const EtcdCluster& cluster, int leader) {
+  comm::EtcdHttp http({comm::parse_etcd_endpoint(cluster.endpoint(leader), "test")}, 1s, 1s);
+  auto r = http.post("/v3/maintenance/status", nlohmann::json::object(), comm::Replay::kSafe);
+  return std::stoull(r.value("raftIndex", std::string("0")));
+}
+
+// Agents read the restart round at every monitor pass. Over etcd a write is a raft proposal,
+// which a follower forwards to its leader and which is lost without an answer when that
+// leader dies at that moment: the pass then ran out its request timeout (2 s) while the
+// survivors' new epoch waited (issue 14, NetnsEtcd.Killed...). So once the key exists the
+// round is read: asking for it proposes nothing, while asking for the next round (a
+// compare_set, as an agent whose workers failed does) does.
+TEST_F(EtcdClusterTest, RestartRoundAndMembershipPollsProposeNoRaftWrite) {
+  comm::RendezvousOptions o;
+  o.run_id = "job";
+  o.node_id = "n0";
+  EtcdStore store(leader_first("/weft/"));
+  comm::Rendezvous rdzv(store, o);
+  EXPECT_EQ(rdzv.restart_round(), 0);  // creates the key: one proposal
+  const uint64_t before = raft_index(*cluster_, leader_);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(rdzv.restart_round(), 0);
+  EXPECT_EQ(raft_index(*cluster_, leader_), before) << "asking for the round proposed a write";
+
+  // What the agents did before: a compare_set that writes only to an absent key. The key is
+  // present, so it writes nothing, yet it is a proposal all the same.
+  EtcdStore other(leader_first("/weft/"));
+  EXPECT_EQ(comm::to_string(other.compare_set(rdzv.round_key(), {}, to_bytes("0"))), "0");
+  EXPECT_GT(raft_index(*cluster_, leader_), before) << "the index does not measure proposals";
+  other.compare_set(rdzv.round_key(), to_bytes("0"), to_bytes("1"));  // the next round
+  const uint64_t after_ask = raft_index(*cluster_, leader_);
+  EXPECT_EQ(rdzv.restart_round(), 1);
+  EXPECT_EQ(raft_index(*cluster_, leader_), after_ask);
+
+  // The membership poll, which agents also make at every monitor pass, reads the record
+  // the same way (the heartbeat, a writer by nature, is stopped first).
+  o.min_nodes = o.max_nodes = 1;
+  o.heartbeat_timeout = 30s;
+  o.node_id = "n1";
+  o.run_id = "polls";
+  comm::Rendezvous alone(store, o);
+  ASSERT_EQ(alone.join().world(), 1);
+  alone.heartbeat().stop();
+  const uint64_t joined = raft_index(*cluster_, leader_);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(alone.poll_change(), std::nullopt);
+  EXPECT_EQ(raft_index(*cluster_, leader_), joined) << "a membership poll proposed a write";
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 
 #include "base/error.h"
 #include "comm/store/in_memory_store.h"
+#include "comm/store/prefix_store.h"
 #include "tests/support/multiprocess.h"
 
 namespace weft::test {
@@ -815,6 +816,25 @@ TEST(RendezvousProcesses, ConcurrentJoinOverTcpStoreGivesDistinctRanks) {
     std::fflush(stdout);
   });
   EXPECT_TRUE(result.ok()) << result.summary();
+}
+
+// Given a store of its own for the beats (the agent's over etcd, node_agent.cc), the
+// heartbeat writes there and nowhere else: a beat stuck behind a dying etcd leader then holds
+// only its own connection, not the one the agent's monitor reads the membership through.
+TEST(Rendezvous, HeartbeatBeatsThroughTheBeatStoreWhenGivenOne) {
+  auto shared = std::make_shared<InMemoryStore>();
+  comm::PrefixStore agent("agent", shared), beats("beats", shared);
+  Rendezvous r(agent, options("n0", 1, 1), &beats);
+  r.heartbeat().start();
+  EXPECT_TRUE(shared->check({"beats/" + r.alive_key("n0")}));
+  EXPECT_FALSE(shared->check({"agent/" + r.alive_key("n0")}));
+  EXPECT_TRUE(r.heartbeat().stop_and_erase());
+  EXPECT_FALSE(shared->check({"beats/" + r.alive_key("n0")}));
+
+  Rendezvous plain(agent, options("n1", 1, 1));  // without one: the agent's store
+  plain.heartbeat().start();
+  EXPECT_TRUE(shared->check({"agent/" + plain.alive_key("n1")}));
+  plain.heartbeat().stop_and_erase();
 }
 
 }  // namespace

@@ -351,10 +351,20 @@ void lose_the_store_host(Loss loss, const std::string& name) {
   // logs (after a survivor says it is a node of epoch 2).
   double changed = -1, stepped = -1;
   auto after_loss = [&](size_t k) { return job.text(survivors[k]).substr(seen[k]); };
+  // When each survivor's log line appeared (to the 10 ms of the poll), up to the first step:
+  // where the time from the kill to that step goes.
+  std::vector<std::string> timeline;
+  std::vector<size_t> stamped(survivors.size(), 0);
   job.wait_until(
       [&] {
         for (size_t k = 0; k < survivors.size(); ++k) {
           const std::string t = after_loss(k);
+          for (size_t nl; stepped < 0 && (nl = t.find('\n', stamped[k])) != std::string::npos;
+               stamped[k] = nl + 1) {
+            char at[32];
+            std::snprintf(at, sizeof at, "%6.3f s host%d: ", seconds_since(t0), survivors[k]);
+            timeline.push_back(at + t.substr(stamped[k], std::min<size_t>(nl - stamped[k], 200)));
+          }
           if (changed < 0 && t.find("membership changed") != std::string::npos)
             changed = seconds_since(t0);
           const size_t epoch2 = t.find("of 2 (epoch 2)");
@@ -382,6 +392,7 @@ void lose_the_store_host(Loss loss, const std::string& name) {
       lost, lost, leader_before, leader_after,
       loss == Loss::kKilled ? "killed" : "frozen and unplugged", changed, stepped, finished);
 
+  for (const std::string& line : timeline) std::printf("[ timeline ] %s\n", line.c_str());
   const std::string logs = job.all_logs(etcd);
   for (size_t k = 0; k < survivors.size(); ++k) {
     const std::string t = job.text(survivors[k]);
