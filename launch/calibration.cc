@@ -8,13 +8,13 @@
 
 #include <algorithm>
 #include <array>
-#include <map>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -27,8 +27,8 @@
 #include "core/cpu/kernels.h"
 #include "core/exec/trainer.h"
 #include "core/tensor.h"
-#include "launch/link_fit.h"
 #include "launch/bench_util.h"
+#include "launch/link_fit.h"
 #include "parallel/launch_env.h"
 #include "parallel/trainer.h"
 #include "planner/planner.h"
@@ -222,7 +222,8 @@ constexpr const char* kOpRateConfigs[] = {"gpt-small.yaml", "llama-small.yaml", 
 // `least_wall_s` gets the least wall time, recorded.
 void profile_rated_ops(const char* config, std::array<double, planner::kRatedOps>& least_s,
                        std::array<double, planner::kRatedOps>& least_wall_s,
-                       std::array<double, planner::kRatedOps>& flop, std::array<double, planner::kRatedOps>& ops) {
+                       std::array<double, planner::kRatedOps>& flop,
+                       std::array<double, planner::kRatedOps>& ops) {
   const core::JobSpec spec = core::load_job_spec(
       std::string(WEFT_SOURCE_DIR) + "/configs/" + config,
       {"model.layers=2", "train.global_batch=4", "train.micro_batch=4", "parallel.dp=1", "train.threads=1",
@@ -238,7 +239,8 @@ void profile_rated_ops(const char* config, std::array<double, planner::kRatedOps
   t.step(batch);  // first touch
   t.executor().set_profiling(true, /*thread_cpu=*/true);
   std::map<std::string, double> least, least_wall;
-  auto keep_least = [](std::map<std::string, double>& into, const std::map<std::string, double>& before,
+  auto keep_least = [](std::map<std::string, double>& into,
+                       const std::map<std::string, double>& before,
                        const std::map<std::string, double>& after) {
     for (const auto& [type, secs] : after) {
       auto b = before.find(type);
@@ -248,7 +250,8 @@ void profile_rated_ops(const char* config, std::array<double, planner::kRatedOps
     }
   };
   for (int k = 0; k < 8; ++k) {
-    const std::map<std::string, double> before = t.executor().profile_cpu(), before_wall = t.executor().profile();
+    const std::map<std::string, double> before = t.executor().profile_cpu(),
+                                        before_wall = t.executor().profile();
     t.step(batch);
     keep_least(least, before, t.executor().profile_cpu());
     keep_least(least_wall, before_wall, t.executor().profile());
@@ -777,7 +780,8 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
     const double rate = 3.0 / (1.0 / f.cpu + 1.0 / i.cpu + 1.0 / w.cpu);
     const double wall_rate = 3.0 / (1.0 / f.wall + 1.0 / i.wall + 1.0 / w.wall);
     const double flop = 2.0 * double(s[0] * s[1] * s[2]);
-    const std::string shape = "gemm_" + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(s[2]);
+    const std::string shape =
+        "gemm_" + std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(s[2]);
     hw.measurements.push_back({shape + "_flops", rate});
     hw.measurements.push_back({shape + "_wall_flops", wall_rate});
     // Two shapes of equal FLOPs: the curve keeps their mean.
@@ -788,8 +792,10 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
     else
       hw.flops_by_size.push_back({flop, rate});
     std::snprintf(line, sizeof line,
-                  "gemm %lldx%lldx%lld (%.3g FLOPs), forward and both gradients: %.2f GFLOP/s (CPU time; wall %.2f) (%.1f s)",
-                  (long long)s[0], (long long)s[1], (long long)s[2], flop, rate / 1e9, wall_rate / 1e9, since(t0));
+                  "gemm %lldx%lldx%lld (%.3g FLOPs), forward and both gradients: %.2f GFLOP/s (CPU "
+                  "time; wall %.2f) (%.1f s)",
+                  (long long)s[0], (long long)s[1], (long long)s[2], flop, rate / 1e9,
+                  wall_rate / 1e9, since(t0));
     say(line);
   }
   std::sort(hw.flops_by_size.begin(), hw.flops_by_size.end());

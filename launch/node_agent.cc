@@ -1,6 +1,5 @@
 // The multi-node agent: rendezvous, the attempt loop, restart rounds, the exit barrier.
 #include "launch/node_agent.h"
-#include "launch/snapshot_agent_launch.h"
 
 #include <arpa/inet.h>
 #include <unistd.h>
@@ -14,9 +13,9 @@
 #include <string>
 #include <thread>
 
+#include "base/check.h"
 #include "base/error.h"
 #include "base/host.h"
-#include "base/check.h"
 #include "comm/elastic/peer_check.h"
 #include "comm/elastic/peer_link.h"
 #include "comm/elastic/rendezvous.h"
@@ -27,6 +26,7 @@
 #include "launch/epoch_notice.h"
 #include "launch/membership_wake.h"
 #include "launch/scratch_dir.h"
+#include "launch/snapshot_agent_launch.h"
 #include "parallel/launch_env.h"
 
 namespace weft::launch {

@@ -50,7 +50,7 @@ struct Worker {
   int status = 0;
   int64_t exit_ms = 0;
   bool beating = false;  // sent its first heartbeat: watched from now on
-  Clock::duration beat_at{};  // the agent's watch clock (below) at its last beat
+  Clock::duration beat_at{};   // the agent's watch clock (below) at its last beat
   bool starved_named = false;  // this silence was logged as starvation (heartbeat.h)
   bool hung = false;
   // Hung, killed by the agent, and to be replaced in place once reaped (o.replace): what

@@ -32,8 +32,8 @@ double secs(Millis t) { return double(t.count()) / 1000; }
 
 struct Watched {
   std::string endpoint;
-  PeerLink link;                              // open, or broken and kept for its pidfd
-  std::optional<Clock::time_point> broken;    // when the link was seen closed
+  PeerLink link;                            // open, or broken and kept for its pidfd
+  std::optional<Clock::time_point> broken;  // when the link was seen closed
   bool reported = false;
 };
 
@@ -109,8 +109,7 @@ void PeerCheck::loop() {
         store_failing = false;
       } catch (const std::exception& e) {
         if (!store_failing)
-          WEFT_WARN("elastic", "node ", me, "'s peer check cannot read the membership: ",
-                    e.what());
+          WEFT_WARN("elastic", "node ", me, "'s peer check cannot read the membership: ", e.what());
         store_failing = true;
       }
     }
@@ -129,13 +128,15 @@ void PeerCheck::loop() {
       }
       if (w.link.process_gone()) {
         report(id, w,
-               str("its agent's process exited (node ", me, "'s peer connection to it closed, "
+               str("its agent's process exited (node ", me,
+                   "'s peer connection to it closed, "
                    "and its pidfd says the process is gone)"));
         continue;
       }
       try {
-        PeerLink back = dial_peer(w.endpoint, id, options_.token,
-                                  std::min(options_.dial_timeout, std::max(options_.grace, options_.redial)));
+        PeerLink back =
+            dial_peer(w.endpoint, id, options_.token,
+                      std::min(options_.dial_timeout, std::max(options_.grace, options_.redial)));
         w.link = std::move(back);
         w.broken.reset();
         reconnects_.fetch_add(1);
@@ -147,9 +148,10 @@ void PeerCheck::loop() {
       }
       if (Clock::now() - *w.broken >= options_.grace)
         report(id, w,
-               str("its peer connection closed (node ", me, "'s connection to its agent closed "
-                   "and did not come back within bound_key_grace ", secs(options_.grace),
-                   " s: its process is gone)"));
+               str("its peer connection closed (node ", me,
+                   "'s connection to its agent closed "
+                   "and did not come back within bound_key_grace ",
+                   secs(options_.grace), " s: its process is gone)"));
     }
     watching_ = open;
 

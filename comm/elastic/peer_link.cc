@@ -246,15 +246,16 @@ PeerLink dial_peer(const std::string& endpoint, const std::string& node_id,
   PeerLink link;
   std::string why = "no address";
   for (addrinfo* a = found; a && !link.open(); a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                            a->ai_protocol);
+    const int fd =
+        ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) continue;
     int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
     if (rc < 0 && errno == EINPROGRESS) {
       pollfd p{fd, POLLOUT, 0};
       int err = ETIMEDOUT;
       socklen_t len = sizeof err;
-      if (::poll(&p, 1, int(timeout.count())) == 1) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (::poll(&p, 1, int(timeout.count())) == 1)
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
       rc = err == 0 ? 0 : -1;
       errno = err;
     }

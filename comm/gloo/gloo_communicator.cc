@@ -19,12 +19,12 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include "base/check.h"
-#include "comm/backend.h"
 #include "base/foreign_checks.h"
+#include "comm/backend.h"
 #include "comm/gloo/gloo_abortable.h"
 #include "comm/gloo/gloo_links.h"
 #include "comm/gloo/gloo_store.h"

@@ -263,8 +263,8 @@ json EtcdHttp::post(const std::string& path, const json& body, Replay replay) {
     const std::string where = "etcd at " + m.endpoints[i].text() + ": " + path + ": ";
     const double took = std::chrono::duration<double>(Clock::now() - sent).count();
     if (a.outcome != Outcome::kOk || took >= 0.05)
-      WEFT_DEBUG("etcd", where, a.outcome == Outcome::kOk ? "answered" : "failed", " after ",
-                 took, " s", a.error.empty() ? "" : ": " + a.error);
+      WEFT_DEBUG("etcd", where, a.outcome == Outcome::kOk ? "answered" : "failed", " after ", took,
+                 " s", a.error.empty() ? "" : ": " + a.error);
     if (a.outcome == Outcome::kOk) return std::move(a.reply);
     if (a.outcome == Outcome::kRefused) throw CommError(where + a.error);
     if (a.outcome == Outcome::kUnknown && replay == Replay::kUnsafe)

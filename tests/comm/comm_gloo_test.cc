@@ -5,9 +5,9 @@
 
 #include <atomic>
 #include <filesystem>
+#include <memory>
 #include <set>
 #include <string>
-#include <memory>
 #include <thread>
 #include <vector>
 
@@ -218,7 +218,8 @@ TEST(Gloo, EveryThreadOfAMultiRankCommunicatorRunsWithTheShortSlice) {
   bool supported = false;
   std::thread probe([&] { supported = set_thread_slice(kCommThreadSlice); });
   probe.join();
-  if (!supported) GTEST_SKIP() << "this kernel keeps the default slice (custom slices need Linux 6.12)";
+  if (!supported)
+    GTEST_SKIP() << "this kernel keeps the default slice (custom slices need Linux 6.12)";
   auto tasks = [] {
     std::set<std::string> out;
     for (const auto& e : std::filesystem::directory_iterator("/proc/self/task"))
@@ -226,13 +227,16 @@ TEST(Gloo, EveryThreadOfAMultiRankCommunicatorRunsWithTheShortSlice) {
     return out;
   };
   test::RunResult result = test::run_ranks(2, [&](test::RankContext& ctx) {
-    ASSERT_NE(thread_slice(), std::chrono::nanoseconds(kCommThreadSlice)) << "the default to start from";
+    ASSERT_NE(thread_slice(), std::chrono::nanoseconds(kCommThreadSlice))
+        << "the default to start from";
     auto store = ctx.store();
     const std::set<std::string> before = tasks();  // the store's client threads are not ours
     auto comm = make_gloo(ctx, *store, "slice");
     Tensor t = Tensor::zeros({4}, DType::kF32);
-    if (ctx.rank() == 0) comm->send(t, 1, {.tag = 7}).wait();
-    else comm->recv(t, 0, {.tag = 7}).wait();
+    if (ctx.rank() == 0)
+      comm->send(t, 1, {.tag = 7}).wait();
+    else
+      comm->recv(t, 0, {.tag = 7}).wait();
     comm->all_reduce(t).wait();
     EXPECT_EQ(thread_slice(), std::chrono::nanoseconds(kCommThreadSlice));
     int started = 0;

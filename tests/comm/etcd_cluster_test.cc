@@ -8,8 +8,8 @@
 
 #include <chrono>
 #include <future>
-#include <nlohmann/json.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>

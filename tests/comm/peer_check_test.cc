@@ -3,6 +3,8 @@
 // this test process (alive: a closed connection gets the grace) or a forked child that is
 // SIGKILLed (its pidfd says it is gone: reported at once). No timing thresholds: graces are
 // set long where the outcome must not depend on them, and every wait is a bounded poll.
+#include "comm/elastic/peer_check.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -13,7 +15,6 @@
 
 #include "base/error.h"
 #include "comm/elastic/membership_record.h"
-#include "comm/elastic/peer_check.h"
 #include "comm/elastic/peer_link.h"
 #include "comm/elastic/rendezvous.h"
 #include "comm/store/in_memory_store.h"

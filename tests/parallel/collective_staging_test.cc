@@ -5,7 +5,6 @@
 // was mapped anew and faulted in at every call: a dp2 ZeRO-3 step of 8 x 768 faulted
 // 30-110k pages, 1.3k after this change.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,7 +47,7 @@ void expect_buffers_in_the_arena(int world, const std::vector<std::string>& sets
         RankWorld w = gloo_world(ctx, "staging", std::chrono::milliseconds(60'000));
         parallel::ParallelTrainer t(spec, *w.comm);
         t.step(batch);
-        t.step(batch);  // its begin_step saves step 0's trace
+        t.step(batch);                        // its begin_step saves step 0's trace
         std::map<uint64_t, int> comm_blocks;  // bytes -> allocations
         for (const memory::TraceRecord& rec : memory::load_trace(trace).records)
           if (rec.tag == memory::Tag::kComm) ++comm_blocks[rec.size];

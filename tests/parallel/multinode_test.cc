@@ -342,8 +342,8 @@ TEST(MultiNode, SpareBeyondMaxIsAdmittedWhenAMemberIsLost) {
     const int code = agents.wait(p[size_t(i)]);  // then its log is complete
     const std::string log = slurp(d / (std::to_string(i) + ".log"));
     EXPECT_EQ(code, 0) << log;
-    EXPECT_NE(log.find("membership changed: epoch 1 -> 2, 3 -> 3 nodes (lost " + agent_node_id(p[2]) +
-                       ") (joined " + agent_node_id(spare) + ")"),
+    EXPECT_NE(log.find("membership changed: epoch 1 -> 2, 3 -> 3 nodes (lost " +
+                       agent_node_id(p[2]) + ") (joined " + agent_node_id(spare) + ")"),
               std::string::npos)
         << log;
   }

@@ -15,8 +15,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -111,9 +111,15 @@ std::vector<std::string> beating_worker(const fs::path& d) {
 // `weft run --standalone` with heartbeats every 0.1 s and `timeout` seconds of silence allowed.
 std::vector<std::string> run_args(int nproc, const std::vector<std::string>& cmd,
                                   const std::string& timeout = "1") {
-  std::vector<std::string> a = {"run", "--standalone", "--nproc-per-node", std::to_string(nproc),
-                                "--worker-heartbeat-interval", "0.1",
-                                "--worker-heartbeat-timeout", timeout, "--"};
+  std::vector<std::string> a = {"run",
+                                "--standalone",
+                                "--nproc-per-node",
+                                std::to_string(nproc),
+                                "--worker-heartbeat-interval",
+                                "0.1",
+                                "--worker-heartbeat-timeout",
+                                timeout,
+                                "--"};
   a.insert(a.end(), cmd.begin(), cmd.end());
   return a;
 }
@@ -254,9 +260,9 @@ TEST(SupervisionStall, WorkersStillStoppedAfterTheAgentsStallAreKilledAsHung) {
   EXPECT_NE(stall, std::string::npos) << out;
   bool named = false;
   for (int r : {0, 1})
-    named = named || contains(out, "rank " + std::to_string(r) + " (pid " +
-                                       std::to_string(workers[size_t(r)]) +
-                                       ") sent no heartbeat for ");
+    named =
+        named || contains(out, "rank " + std::to_string(r) + " (pid " +
+                                   std::to_string(workers[size_t(r)]) + ") sent no heartbeat for ");
   EXPECT_TRUE(named) << out;
   EXPECT_GT(out.find("sent no heartbeat"), stall) << out;  // after the stall was set aside
   for (pid_t w : workers) EXPECT_TRUE(gone(w)) << w;
@@ -280,8 +286,7 @@ TEST(SupervisionStall, RunnableHeartbeatThreadIsStarvedNotHungUntilItStops) {
       << slurp(d / "out.txt");
   const pid_t worker = pid_t(read_int(d / "pid"));
   job.workers.insert(worker);
-  const std::string starved =
-      "rank 0 (pid " + std::to_string(worker) + ") sent no heartbeat for ";
+  const std::string starved = "rank 0 (pid " + std::to_string(worker) + ") sent no heartbeat for ";
   ASSERT_TRUE(wait_while_running(job, [&] {
     std::string out = slurp(d / "out.txt");
     return contains(out, "starved, not hung") || contains(out, "hung or stopped");
@@ -307,14 +312,13 @@ TEST(SupervisionStall, WorkerThrottledByACpuQuotaIsStarvedNotHung) {
   if (!group.ok) GTEST_SKIP() << "needs a cgroup with a CPU quota (root, a cpu controller)";
   fs::path d = agent_test_dir("stall", "quota");
   Job job;
-  job.agent = start_weft(
-      run_args(1,
-               {WEFT_BINARY, "train", "--config",
-                std::string(WEFT_SOURCE_DIR) + "/configs/gpt-layout.yaml", "--set",
-                "train.steps=100000", "--set", "train.log_every=1", "--set",
-                "train.out_dir=" + (d / "run").string()},
-               "0.5"),
-      (d / "out.txt").string());
+  job.agent = start_weft(run_args(1,
+                                  {WEFT_BINARY, "train", "--config",
+                                   std::string(WEFT_SOURCE_DIR) + "/configs/gpt-layout.yaml",
+                                   "--set", "train.steps=100000", "--set", "train.log_every=1",
+                                   "--set", "train.out_dir=" + (d / "run").string()},
+                                  "0.5"),
+                         (d / "out.txt").string());
   ASSERT_TRUE(wait_while_running(job, [&] { return contains(slurp(d / "out.txt"), "| loss"); }))
       << slurp(d / "out.txt");
   const pid_t worker = worker_of(job.agent, 0);
@@ -328,8 +332,7 @@ TEST(SupervisionStall, WorkerThrottledByACpuQuotaIsStarvedNotHung) {
   group.release();
   const size_t released_at = slurp(d / "out.txt").size();
   std::string out = slurp(d / "out.txt");
-  EXPECT_TRUE(contains(out, "rank 0 (pid " + std::to_string(worker) +
-                                ") sent no heartbeat for ") &&
+  EXPECT_TRUE(contains(out, "rank 0 (pid " + std::to_string(worker) + ") sent no heartbeat for ") &&
               contains(out, "heartbeat thread is runnable (waiting for a CPU): starved, not hung"))
       << out;
   // It trains on in the same process: a step logged after its release.
