@@ -19,6 +19,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "base/host.h"
 #include "comm/store/auth.h"
 
 namespace weft::checkpoint {
@@ -57,12 +58,6 @@ bool unhex(const std::string& s, comm::Bytes* out) {
   return true;
 }
 
-comm::Bytes concat(const comm::Bytes& a, const comm::Bytes& b) {
-  comm::Bytes c(a);
-  c.insert(c.end(), b.begin(), b.end());
-  return c;
-}
-
 // A peer the listener turns away during the handshake: logged and counted, not an error of
 // the connection.
 struct RefusedPeer : IoError {
@@ -76,21 +71,6 @@ std::string text_field(const json& j, const char* key) {
 }
 
 }  // namespace
-
-std::pair<std::string, uint16_t> split_endpoint(const std::string& endpoint) {
-  const size_t colon = endpoint.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 >= endpoint.size())
-    throw std::invalid_argument("'" + endpoint + "' is not HOST:PORT");
-  unsigned port = 0;
-  const char* p = endpoint.data() + colon + 1;
-  auto [end, ec] = std::from_chars(p, endpoint.data() + endpoint.size(), port);
-  if (ec != std::errc() || end != endpoint.data() + endpoint.size() || port > 65535)
-    throw std::invalid_argument("'" + endpoint + "' is not HOST:PORT (the port)");
-  std::string host = endpoint.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
-  return {host, uint16_t(port)};
-}
 
 // ---- a connection ----------------------------------------------------------------------
 
@@ -337,15 +317,14 @@ std::unique_ptr<PeerChannel> PeerChannel::connect(const std::string& endpoint, c
       {{"job", a.job},
        {"node", node},
        {"nonce", hex(n2)},
-       {"proof",
-        a.token.empty() ? "" : hex(auth::proof(a.token, concat(n1, n2), kPeerClientContext))}});
+       {"proof", a.token.empty() ? "" : hex(auth::proof(a.token, n1, n2, kPeerClientContext))}});
   const json verdict = ch->receive();
   if (!verdict.value("ok", false))
     ch->fail("refused the connection: " + verdict.value("error", std::string("(no reason)")));
   if (!a.token.empty()) {
     comm::Bytes got;
     if (!unhex(verdict.value("proof", ""), &got) ||
-        !auth::proof_matches(auth::proof(a.token, concat(n2, n1), kPeerServerContext), got))
+        !auth::proof_matches(auth::proof(a.token, n2, n1, kPeerServerContext), got))
       ch->fail(
           "cannot prove the job token (a wrong proof): not this job's agent; nothing is "
           "sent to it");
@@ -385,7 +364,7 @@ void PeerChannel::handshake_as_listener(const PeerAuth& a) {
   if (!a.token.empty()) {
     if (proof.empty()) refuse("it sent no proof of the job token (it has none)");
     if (!unhex(proof, &got) ||
-        !auth::proof_matches(auth::proof(a.token, concat(n1, n2), kPeerClientContext), got))
+        !auth::proof_matches(auth::proof(a.token, n1, n2, kPeerClientContext), got))
       refuse("wrong job token (its proof does not match)");
   } else if (!a.insecure) {
     const std::string host = peer_.substr(0, peer_.rfind(':'));
@@ -393,10 +372,9 @@ void PeerChannel::handshake_as_listener(const PeerAuth& a) {
       refuse("this agent has no job token and accepts peers on its own machine only");
   }
   peer_node_ = h.contains("node") && h["node"].is_number_integer() ? h["node"].get<int>() : -1;
-  send(
-      {{"ok", true},
-       {"proof", a.token.empty() ? std::string()
-                                 : hex(auth::proof(a.token, concat(n2, n1), kPeerServerContext))}});
+  send({{"ok", true},
+        {"proof",
+         a.token.empty() ? std::string() : hex(auth::proof(a.token, n2, n1, kPeerServerContext))}});
 }
 
 // ---- the listener ----------------------------------------------------------------------

@@ -45,9 +45,6 @@ struct PeerAuth {
   bool insecure = false;  // without a token: accept peers from other machines too
 };
 
-// "host:port" -> (host, port); std::invalid_argument naming the text when it is not one.
-std::pair<std::string, uint16_t> split_endpoint(const std::string& endpoint);
-
 // A served connection whose peer sent no request within the timeout: it is closed quietly.
 class IdlePeer : public IoError {
  public:

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/host.h"
 #include "checkpoint/snapshot_segment.h"
 #include "checkpoint/snapshot_transport.h"
 #include "launch/args.h"
@@ -76,7 +77,7 @@ int cmd_snapshot_agent(const std::vector<std::string>& argv) {
   o.listen = args.get_or("--listen", "");
   if (!o.listen.empty()) {
     try {
-      ckpt::split_endpoint(o.listen);
+      split_endpoint(o.listen);
     } catch (const std::invalid_argument& e) {
       throw ConfigError("--listen", e.what());
     }

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "base/check.h"
+#include "base/host.h"
 #include "comm/store/auth.h"
 #include "launch/snapshot_agent_server.h"
 
@@ -16,7 +17,7 @@ void Agent::start_peers() {
   auth.insecure = o_.insecure;
   const auto timeout = ckpt::default_snapshot_call_timeout();
   if (auth.token.empty() && !o_.insecure &&
-      !comm::auth::is_loopback(ckpt::split_endpoint(o_.listen).first))
+      !comm::auth::is_loopback(split_endpoint(o_.listen).first))
     say(str("no job token (WEFT_JOB_TOKEN): peers are accepted from this machine only"));
   if (o_.redundancy == "ec") {
     parity_ = std::make_unique<SnapshotParity>(
@@ -27,7 +28,7 @@ void Agent::start_peers() {
                                                    say);
     replicas_->adopt();
   }
-  const auto [host, port] = ckpt::split_endpoint(o_.listen);
+  const auto [host, port] = split_endpoint(o_.listen);
   listener_ = std::make_unique<ckpt::PeerListener>(
       host, port, auth, [this](ckpt::PeerChannel& ch) { serve_peer(ch); }, say, timeout);
 }
@@ -63,7 +64,7 @@ json Agent::peers(const json& req) {
   r.node = req["node"].get<int>();
   for (const json& n : req["nodes"]) {
     if (!n.is_string()) return refusal("bad request: peers' \"nodes\" are \"host:port\" strings");
-    ckpt::split_endpoint(n.get<std::string>());  // std::invalid_argument: a bad request
+    split_endpoint(n.get<std::string>());  // std::invalid_argument: a bad request
     r.nodes.push_back(n.get<std::string>());
   }
   if (r.epoch < 0 || r.node < 0 || r.node >= int(r.nodes.size()))

@@ -17,6 +17,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "base/host.h"
 #include "comm/store/auth.h"
 
 namespace weft::comm {
@@ -36,8 +37,9 @@ Bytes concat(const Bytes& a, const Bytes& b) {
   return c;
 }
 
-Bytes proof_or_empty(const std::string& token, const Bytes& message, const char* context) {
-  return token.empty() ? Bytes(auth::kProofBytes, 0) : auth::proof(token, message, context);
+Bytes proof_or_empty(const std::string& token, const Bytes& first, const Bytes& second,
+                     const char* context) {
+  return token.empty() ? Bytes(auth::kProofBytes, 0) : auth::proof(token, first, second, context);
 }
 
 void set_timeouts(int fd, Millis t) {
@@ -77,13 +79,6 @@ uint64_t get_u64(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 0; i < 8; ++i) v |= uint64_t(p[i]) << (8 * i);
   return v;
-}
-
-std::pair<std::string, std::string> split(const std::string& endpoint) {
-  const size_t colon = endpoint.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == endpoint.size())
-    throw IoError(str("peer check: '", endpoint, "' is not HOST:PORT"));
-  return {endpoint.substr(0, colon), endpoint.substr(colon + 1)};
 }
 
 }  // namespace
@@ -147,9 +142,9 @@ bool PeerListener::handshake(int fd) {
   const Bytes nonce_o(in, in + auth::kNonceBytes);
   const Bytes got(in + auth::kNonceBytes, in + sizeof in);
   if (!token_.empty() &&
-      !auth::proof_matches(auth::proof(token_, concat(nonce_l, nonce_o), kObserverContext), got))
+      !auth::proof_matches(auth::proof(token_, nonce_l, nonce_o, kObserverContext), got))
     return false;
-  Bytes reply = proof_or_empty(token_, concat(nonce_o, nonce_l), kListenerContext);
+  Bytes reply = proof_or_empty(token_, nonce_o, nonce_l, kListenerContext);
   reply.push_back(uint8_t(node_id_.size()));
   reply.push_back(uint8_t(node_id_.size() >> 8));
   reply.insert(reply.end(), node_id_.begin(), node_id_.end());
@@ -235,7 +230,14 @@ bool PeerLink::process_gone() const {
 
 PeerLink dial_peer(const std::string& endpoint, const std::string& node_id,
                    const std::string& token, Millis timeout) {
-  const auto [host, service] = split(endpoint);
+  std::pair<std::string, uint16_t> hp;
+  try {
+    hp = split_endpoint(endpoint);
+  } catch (const std::invalid_argument& e) {
+    throw IoError(str("peer check: ", e.what()));
+  }
+  const std::string& host = hp.first;
+  const std::string service = std::to_string(hp.second);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -279,14 +281,13 @@ PeerLink dial_peer(const std::string& endpoint, const std::string& node_id,
   const Bytes nonce_l(hello + 8, hello + sizeof hello);
   const Bytes nonce_o = auth::random_bytes(auth::kNonceBytes);
   if (!send_all(link.fd,
-                concat(nonce_o, proof_or_empty(token, concat(nonce_l, nonce_o), kObserverContext))))
+                concat(nonce_o, proof_or_empty(token, nonce_l, nonce_o, kObserverContext))))
     fail("it closed the handshake (a wrong job token?)");
   uint8_t proof[auth::kProofBytes], len[2];
   if (!recv_all(link.fd, proof, sizeof proof) || !recv_all(link.fd, len, sizeof len))
     fail("it refused the handshake (a wrong job token: WEFT_JOB_TOKEN)");
-  if (!token.empty() &&
-      !auth::proof_matches(auth::proof(token, concat(nonce_o, nonce_l), kListenerContext),
-                           Bytes(proof, proof + sizeof proof)))
+  if (!token.empty() && !auth::proof_matches(auth::proof(token, nonce_o, nonce_l, kListenerContext),
+                                             Bytes(proof, proof + sizeof proof)))
     fail("it cannot prove the job token: not this job's agent");
   std::string id(size_t(len[0]) | size_t(len[1]) << 8, '\0');
   uint8_t process[32];

@@ -49,6 +49,13 @@ Bytes proof(const std::string& token, const Bytes& message, const std::string& c
   return out;
 }
 
+Bytes proof(const std::string& token, const Bytes& first, const Bytes& second,
+            const std::string& context) {
+  Bytes message(first);
+  message.insert(message.end(), second.begin(), second.end());
+  return proof(token, message, context);
+}
+
 bool proof_matches(const Bytes& expected, const Bytes& got) {
   return expected.size() == got.size() && !expected.empty() &&
          CRYPTO_memcmp(expected.data(), got.data(), expected.size()) == 0;

@@ -25,6 +25,10 @@ Bytes proof(const std::string& token, const Bytes& nonce);
 // the job token (the snapshot agents' push connections), whose own context keeps a proof
 // made for one use from passing for another.
 Bytes proof(const std::string& token, const Bytes& message, const std::string& context);
+// The same over `first || second`: a mutual handshake's proof of both sides' nonces, each
+// side's in its own order (the snapshot agents' connections, the agents' peer check).
+Bytes proof(const std::string& token, const Bytes& first, const Bytes& second,
+            const std::string& context);
 // Constant-time comparison (CRYPTO_memcmp); false when the lengths differ.
 bool proof_matches(const Bytes& expected, const Bytes& got);
 
