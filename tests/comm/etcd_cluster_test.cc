@@ -100,6 +100,25 @@ TEST_F(EtcdClusterTest, StoreKeepsWorkingWhenTheMemberItTalksToIsKilled) {
   EXPECT_NE(now_leader, leader_) << "the killed member cannot lead";
 }
 
+TEST_F(EtcdClusterTest, AGetParkedOnTheLeadersWatchIsWokenBySetAfterTheLeaderIsKilled) {
+  EtcdStore waiter(leader_first("/c/"));
+  EtcdStore writer(leader_first("/c/"));
+  ASSERT_FALSE(writer.check({"late"}));
+  const std::string killed = cluster_->endpoint(leader_);
+  ASSERT_EQ(waiter.endpoint(), killed);
+  auto got = std::async(std::launch::async, [&] { return waiter.get_string("late"); });
+  std::this_thread::sleep_for(200ms);  // parked on the leader's watch by now (passes either way)
+  cluster_->kill(leader_);
+  const auto t0 = Clock::now();
+  writer.set_string("late", "after the kill");
+  const double set_ms = ms_since(t0);
+  EXPECT_EQ(got.get(), "after the kill");
+  std::printf("[ measure ] after SIGKILL of the leader: set in %.0f ms, the parked get "
+              "returned at %.0f ms\n",
+              set_ms, ms_since(t0));
+  EXPECT_NE(waiter.endpoint(), killed) << "the waiter's reads moved to a survivor";
+}
+
 TEST_F(EtcdClusterTest, RendezvousKeepsItsMembershipWhenTheEtcdMemberItTalksToIsKilled) {
   comm::RendezvousOptions base;
   base.run_id = "job";
