@@ -14,6 +14,7 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -155,6 +156,35 @@ TEST_F(EtcdWatchTest, TimeoutsStillNameTheKeysAndNoWaitLeavesADescriptorOrAThrea
   EXPECT_TRUE(eventually([&] { return count_entries("/proc/self/task") == threads; }))
       << count_entries("/proc/self/task") << " threads, " << threads << " before";
   EXPECT_TRUE(eventually([&] { return watchers() == 0; }));
+}
+
+
+// Printed, not asserted: the time from another client's set to the parked get's return,
+// over 50 sets, each after the get has waited 150..200 ms (a poll at its slowest pace).
+TEST_F(EtcdWatchTest, MeasureFiftySetsEachWakeAParkedGet) {
+  auto reader = client();
+  auto writer = client();
+  std::vector<double> ms;
+  for (int i = 0; i < 50; ++i) {
+    const std::string key = "wake" + std::to_string(i);
+    std::promise<Clock::time_point> returned;
+    std::thread t([&] {
+      EXPECT_EQ(reader->get_string(key), "v");
+      returned.set_value(Clock::now());
+    });
+    std::this_thread::sleep_for(150ms + Millis(i % 50));
+    const auto set = Clock::now();
+    writer->set_string(key, "v");
+    ms.push_back(std::chrono::duration<double, std::milli>(returned.get_future().get() - set)
+                     .count());
+    t.join();
+  }
+  std::sort(ms.begin(), ms.end());
+  double sum = 0;
+  for (double m : ms) sum += m;
+  std::printf("[ measure ] set -> parked get returns, 50 sets: mean %.2f ms, median %.2f ms, "
+              "p90 %.2f ms, max %.2f ms\n",
+              sum / ms.size(), ms[ms.size() / 2], ms[ms.size() * 9 / 10], ms.back());
 }
 
 }  // namespace
