@@ -29,7 +29,8 @@ struct EtcdStoreOptions {
   Millis timeout = kDefaultStoreTimeout;
   // One exchange with one member (connect, send, reply) gives up after this long and the
   // call moves on to the next member. Far above a healthy etcd's milliseconds; short, so
-  // that a write stuck on a follower whose leader just died moves on (etcd_http.h).
+  // that a member that answers nothing is left soon (a write stuck on a follower whose
+  // leader just died is given up sooner, once the follower names a new leader: etcd_http.h).
   Millis request_timeout{2'000};
   // A call that finds no working member gives up (CommError) once every member has failed
   // and this long has passed since it began. Longer than a leader election (about 1 s with

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -117,6 +118,35 @@ TEST_F(EtcdClusterTest, AGetParkedOnTheLeadersWatchIsWokenBySetAfterTheLeaderIsK
               "returned at %.0f ms\n",
               set_ms, ms_since(t0));
   EXPECT_NE(waiter.endpoint(), killed) << "the waiter's reads moved to a survivor";
+}
+
+// An add sent to a follower just as the leader is SIGKILLed: the follower forwards it to the
+// dead leader, where raft loses it, and would answer only after etcd's own request timeout
+// (5.5 s with these members). The store asks the member, while it waits, whether it named a
+// new leader, and gives up the attempt once it has (an add is not resent: the outcome is
+// unknown, and the error says why). request_timeout is a minute, so only that can end it.
+TEST_F(EtcdClusterTest, AnAddForwardedToAKilledLeaderEndsWhenTheMemberNamesANewLeader) {
+  EtcdStoreOptions o = leader_first("/c/");
+  std::rotate(o.endpoints.begin(), o.endpoints.begin() + 1, o.endpoints.end());  // a follower
+  o.request_timeout = 60s;
+  o.failover_timeout = 60s;
+  EtcdStore s(o);
+  EXPECT_EQ(s.add("n", 1), 1);  // through the follower: the store knows its raft term
+  ASSERT_NE(s.endpoint(), cluster_->endpoint(leader_));
+  cluster_->kill(leader_);
+  const auto t0 = Clock::now();
+  try {
+    const int64_t n = s.add("n", 1);
+    // The follower heard of the death before it forwarded the add ("no leader", sent again).
+    std::printf("[ measure ] the add landed (%lld) after %.0f ms\n", (long long)n, ms_since(t0));
+    EXPECT_EQ(n, 2);
+  } catch (const CommError& e) {
+    std::printf("[ measure ] the add gave up after %.0f ms: %s\n", ms_since(t0), e.what());
+    EXPECT_NE(std::string(e.what()).find("named a new leader"), std::string::npos) << e.what();
+  }
+  // Whatever became of it, the next calls go on.
+  s.set_string("after", "1");
+  EXPECT_EQ(s.get_string("after"), "1");
 }
 
 TEST_F(EtcdClusterTest, RendezvousKeepsItsMembershipWhenTheEtcdMemberItTalksToIsKilled) {
