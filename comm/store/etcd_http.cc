@@ -163,17 +163,15 @@ struct EtcdHttp::Impl {
       side_io.restart();
       side_io.run_until(deadline);
       if (r) return *r;
-      beast::error_code ignored;
-      side.socket().close(ignored);
-      side_connected_to.reset();
+      side_resolver.cancel();
+      close_side();
       side_io.restart();
       side_io.run();
       return beast::error_code(asio::error::timed_out);
     };
     beast::error_code ec;
     if (side_connected_to != i) {
-      side.socket().close(ec);
-      side_buffer.clear();
+      close_side();
       tcp::resolver::results_type addrs;
       ec = step([&](auto done) {
         side_resolver.async_resolve(ep.host, std::to_string(ep.port),
@@ -206,9 +204,7 @@ struct EtcdHttp::Impl {
         http::async_read(side, side_buffer, res, [done](beast::error_code ec, size_t) { done(ec); });
       });
     if (ec || res.result() != http::status::ok) {
-      beast::error_code ignored;
-      side.socket().close(ignored);
-      side_connected_to.reset();
+      close_side();
       return std::nullopt;
     }
     json r = json::parse(res.body(), nullptr, /*allow_exceptions=*/false);
@@ -222,6 +218,13 @@ struct EtcdHttp::Impl {
     } catch (const std::exception&) {
       return std::nullopt;
     }
+  }
+
+  void close_side() {
+    beast::error_code ignored;
+    side.socket().close(ignored);
+    side_buffer.clear();
+    side_connected_to.reset();
   }
 
   void disconnect() {
@@ -316,6 +319,7 @@ struct EtcdHttp::Impl {
                            [done](beast::error_code ec, size_t) { done(ec); });
         },
         deadline, leader_changed, &gave_up);
+    close_side();  // opened for a late reply only, which is rare: not kept
     if (gave_up) {
       term[i] = named;
       return {Outcome::kUnknown,
@@ -381,8 +385,7 @@ EtcdHttp::EtcdHttp(std::vector<EtcdEndpoint> endpoints, Millis request_timeout,
 
 EtcdHttp::~EtcdHttp() {
   impl_->disconnect();
-  beast::error_code ignored;
-  impl_->side.socket().close(ignored);
+  impl_->close_side();
 }
 
 std::string EtcdHttp::endpoint() const { return impl_->endpoints[impl_->current].text(); }
