@@ -43,7 +43,9 @@ struct PeerCheckOptions {
   // How often the observer re-reads the record for the nodes to watch, and retries nodes
   // it could not reach (their address not yet published, a refused handshake).
   Millis refresh{500};
-  // One dial (connect and handshake) gives up after this long.
+  // One dial (connect and handshake) gives up after this long. Each dial runs on a thread
+  // of its own (cancelled when the check stops), so a node that does not answer, a
+  // blackholed address or a listener that never accepts, delays no other node's check.
   Millis dial_timeout{1'000};
   // Called on the check's thread after it reported `node` lost (its alive key erased), with
   // the cause: the agent looks at the membership at once instead of at its next poll.

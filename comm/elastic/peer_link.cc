@@ -72,6 +72,23 @@ bool recv_all(int fd, uint8_t* p, size_t size) {
   return true;
 }
 
+// The observer's reads: each waits at most `timeout` for data, and gives up at once when
+// `cancel_fd` (an eventfd; -1: none) is readable, so that a dial never outlives its owner.
+bool recv_all_or_cancel(int fd, uint8_t* p, size_t size, Millis timeout, int cancel_fd) {
+  size_t done = 0;
+  while (done < size) {
+    pollfd fds[2] = {{fd, POLLIN, 0}, {cancel_fd, POLLIN, 0}};
+    const int n = ::poll(fds, cancel_fd >= 0 ? 2 : 1, int(timeout.count()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || (cancel_fd >= 0 && fds[1].revents)) return false;
+    const ssize_t got = ::recv(fd, p + done, size - done, MSG_DONTWAIT);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (got <= 0) return false;
+    done += size_t(got);
+  }
+  return true;
+}
+
 void put_u64(Bytes& b, uint64_t v) {
   for (int i = 0; i < 8; ++i) b.push_back(uint8_t(v >> (8 * i)));
 }
@@ -229,7 +246,7 @@ bool PeerLink::process_gone() const {
 }
 
 PeerLink dial_peer(const std::string& endpoint, const std::string& node_id,
-                   const std::string& token, Millis timeout) {
+                   const std::string& token, Millis timeout, int cancel_fd) {
   std::pair<std::string, uint16_t> hp;
   try {
     hp = split_endpoint(endpoint);
@@ -253,11 +270,15 @@ PeerLink dial_peer(const std::string& endpoint, const std::string& node_id,
     if (fd < 0) continue;
     int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
     if (rc < 0 && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
+      pollfd p[2] = {{fd, POLLOUT, 0}, {cancel_fd, POLLIN, 0}};
       int err = ETIMEDOUT;
       socklen_t len = sizeof err;
-      if (::poll(&p, 1, int(timeout.count())) == 1)
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (::poll(p, cancel_fd >= 0 ? 2 : 1, int(timeout.count())) > 0) {
+        if (p[0].revents)
+          ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        else
+          err = ECANCELED;
+      }
       rc = err == 0 ? 0 : -1;
       errno = err;
     }
@@ -276,7 +297,10 @@ PeerLink dial_peer(const std::string& endpoint, const std::string& node_id,
     throw IoError(str("peer check: node ", node_id, " at ", endpoint, ": ", what));
   };
   uint8_t hello[8 + auth::kNonceBytes];
-  if (!recv_all(link.fd, hello, sizeof hello) || std::memcmp(hello, kMagic, 8) != 0)
+  auto recv = [&](uint8_t* p, size_t size) {
+    return recv_all_or_cancel(link.fd, p, size, timeout, cancel_fd);
+  };
+  if (!recv(hello, sizeof hello) || std::memcmp(hello, kMagic, 8) != 0)
     fail("not a weft peer check listener (no greeting)");
   const Bytes nonce_l(hello + 8, hello + sizeof hello);
   const Bytes nonce_o = auth::random_bytes(auth::kNonceBytes);
@@ -284,15 +308,14 @@ PeerLink dial_peer(const std::string& endpoint, const std::string& node_id,
                 concat(nonce_o, proof_or_empty(token, nonce_l, nonce_o, kObserverContext))))
     fail("it closed the handshake (a wrong job token?)");
   uint8_t proof[auth::kProofBytes], len[2];
-  if (!recv_all(link.fd, proof, sizeof proof) || !recv_all(link.fd, len, sizeof len))
+  if (!recv(proof, sizeof proof) || !recv(len, sizeof len))
     fail("it refused the handshake (a wrong job token: WEFT_JOB_TOKEN)");
   if (!token.empty() && !auth::proof_matches(auth::proof(token, nonce_o, nonce_l, kListenerContext),
                                              Bytes(proof, proof + sizeof proof)))
     fail("it cannot prove the job token: not this job's agent");
   std::string id(size_t(len[0]) | size_t(len[1]) << 8, '\0');
   uint8_t process[32];
-  if (!recv_all(link.fd, reinterpret_cast<uint8_t*>(id.data()), id.size()) ||
-      !recv_all(link.fd, process, sizeof process))
+  if (!recv(reinterpret_cast<uint8_t*>(id.data()), id.size()) || !recv(process, sizeof process))
     fail("a cut handshake");
   if (id != node_id) fail(str("it is node ", id, " now (the node's port was taken by another)"));
   link.process = {int64_t(get_u64(process)), get_u64(process + 8), get_u64(process + 16),

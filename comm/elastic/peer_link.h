@@ -81,9 +81,10 @@ struct PeerLink {
 };
 
 // Connects to `endpoint` ("host:port"), runs the handshake as the observer, and checks that
-// the listener is node `node_id`. Each step waits at most `timeout`. Throws IoError saying
-// which step failed (no connection, a wrong proof, another node).
+// the listener is node `node_id`. Each step waits at most `timeout`, and none past the moment
+// `cancel_fd` (an eventfd, -1: none) becomes readable. Throws IoError saying which step
+// failed (no connection, a wrong proof, another node, cancelled).
 PeerLink dial_peer(const std::string& endpoint, const std::string& node_id,
-                   const std::string& token, Millis timeout);
+                   const std::string& token, Millis timeout, int cancel_fd = -1);
 
 }  // namespace weft::comm

@@ -23,6 +23,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "comm/store/etcd_kv.h"
 
 namespace weft::comm {
 
@@ -43,6 +44,11 @@ constexpr Millis kFirstBackoff{20}, kMaxBackoff{500};
 // gRPC's UNAVAILABLE, which etcd's gateway puts in "code" for "no leader", "request timed
 // out", "leader changed".
 constexpr int kGrpcUnavailable = 14;
+// A reply slower than this makes the call ask the member (on a second connection) whether
+// it has named a new leader since the request went out, and again as often while it waits:
+// a write that a follower forwarded to a leader that then died is lost in raft without an
+// answer, and etcd would answer only after its own timeout (5 s and more).
+constexpr Millis kLeaderCheck{100};
 
 enum class Outcome {
   kOk,
@@ -120,6 +126,107 @@ struct EtcdHttp::Impl {
     return *result;
   }
 
+  // As run(), and every kLeaderCheck while the operation waits, `give_up()`: when it says
+  // so, the operation is aborted as at its deadline and `gave_up` is set.
+  template <typename Start, typename GiveUp>
+  beast::error_code run_checking(Start&& start, Clock::time_point deadline, GiveUp&& give_up,
+                                 bool* gave_up) {
+    std::optional<beast::error_code> result;
+    start([&result](beast::error_code ec) { result = ec; });
+    io.restart();
+    for (;;) {
+      io.run_until(std::min(deadline, Clock::now() + kLeaderCheck));
+      if (result || Clock::now() >= deadline) break;
+      if (give_up()) {
+        *gave_up = true;
+        break;
+      }
+      io.restart();
+    }
+    if (!result) {
+      disconnect();
+      io.restart();
+      io.run();  // the aborted handler runs now, while `result` is still alive
+      return asio::error::timed_out;
+    }
+    return *result;
+  }
+
+  // The member's raft term and whether it has a leader, asked on the second connection
+  // within `wait` (nullopt: no answer).
+  std::optional<std::pair<int64_t, bool>> status(size_t i, Millis wait) {
+    const EtcdEndpoint& ep = endpoints[i];
+    const auto deadline = Clock::now() + wait;
+    auto step = [&](auto start) {
+      std::optional<beast::error_code> r;
+      start([&r](beast::error_code ec) { r = ec; });
+      side_io.restart();
+      side_io.run_until(deadline);
+      if (r) return *r;
+      side_resolver.cancel();
+      close_side();
+      side_io.restart();
+      side_io.run();
+      return beast::error_code(asio::error::timed_out);
+    };
+    beast::error_code ec;
+    if (side_connected_to != i) {
+      close_side();
+      tcp::resolver::results_type addrs;
+      ec = step([&](auto done) {
+        side_resolver.async_resolve(ep.host, std::to_string(ep.port),
+                                    [&addrs, done](beast::error_code ec, auto r) {
+                                      addrs = std::move(r);
+                                      done(ec);
+                                    });
+      });
+      if (!ec)
+        ec = step([&](auto done) {
+          side.async_connect(addrs, [done](beast::error_code ec, const auto&) { done(ec); });
+        });
+      if (ec) return std::nullopt;
+      int fd = side.socket().native_handle();
+      ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
+      side_connected_to = i;
+    }
+    http::request<http::string_body> req{http::verb::post, "/v3/maintenance/status", 11};
+    req.set(http::field::host, ep.text());
+    req.set(http::field::content_type, "application/json");
+    req.keep_alive(true);
+    req.body() = "{}";
+    req.prepare_payload();
+    http::response<http::string_body> res;
+    ec = step([&](auto done) {
+      http::async_write(side, req, [done](beast::error_code ec, size_t) { done(ec); });
+    });
+    if (!ec)
+      ec = step([&](auto done) {
+        http::async_read(side, side_buffer, res, [done](beast::error_code ec, size_t) { done(ec); });
+      });
+    if (ec || res.result() != http::status::ok) {
+      close_side();
+      return std::nullopt;
+    }
+    json r = json::parse(res.body(), nullptr, /*allow_exceptions=*/false);
+    if (!r.is_object() || !r.contains("header")) return std::nullopt;
+    try {
+      // Member ids are uint64 in decimal; "0" or none: no leader.
+      const json& leader = r.contains("leader") ? r["leader"] : json();
+      const bool has_leader = leader.is_string() && !leader.get<std::string>().empty() &&
+                              leader.get<std::string>() != "0";
+      return std::pair<int64_t, bool>{etcd::integer(r["header"], "raft_term"), has_leader};
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+
+  void close_side() {
+    beast::error_code ignored;
+    side.socket().close(ignored);
+    side_buffer.clear();
+    side_connected_to.reset();
+  }
+
   void disconnect() {
     beast::error_code ignored;
     stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
@@ -194,12 +301,32 @@ struct EtcdHttp::Impl {
     }
     http::response_parser<http::string_body> parser;
     parser.body_limit(kMaxReplyBytes);
-    ec = run(
+    // The term the request went out in: the last one this member told us, else the first
+    // status check's.
+    int64_t sent_in = term[i];
+    int64_t named = 0;  // the newer term with a leader that the member named
+    auto leader_changed = [&] {
+      auto st = status(i, kLeaderCheck);
+      if (!st) return false;
+      if (sent_in == 0) sent_in = st->first;
+      if (st->second && st->first > sent_in) named = st->first;
+      return named != 0;
+    };
+    bool gave_up = false;
+    ec = run_checking(
         [&](auto done) {
           http::async_read(stream, buffer, parser,
                            [done](beast::error_code ec, size_t) { done(ec); });
         },
-        deadline);
+        deadline, leader_changed, &gave_up);
+    close_side();  // opened for a late reply only, which is rare: not kept
+    if (gave_up) {
+      term[i] = named;
+      return {Outcome::kUnknown,
+              {},
+              "no reply, and the member named a new leader (raft term " + std::to_string(named) +
+                  ") while the request was in flight"};
+    }
     if (ec) {
       disconnect();
       return {Outcome::kUnknown, {}, "no reply: " + ec.message()};
@@ -212,6 +339,10 @@ struct EtcdHttp::Impl {
       return {Outcome::kRefused,
               {},
               status + " with a reply that is not etcd's JSON (is this etcd's client port?)"};
+    if (auto h = reply.find("header"); h != reply.end() && h->is_object()) try {
+        term[i] = std::max(term[i], etcd::integer(*h, "raft_term"));
+      } catch (const std::exception&) {
+      }
     if (res.result() == http::status::ok) return {Outcome::kOk, std::move(reply), {}};
     std::string msg = string_field(reply, "message");
     if (msg.empty()) msg = string_field(reply, "error");
@@ -236,6 +367,14 @@ struct EtcdHttp::Impl {
   beast::tcp_stream stream{io};
   beast::flat_buffer buffer;
   std::optional<size_t> connected_to;  // the member `stream` is connected to
+  // The latest raft term each member's replies carried (0: none yet).
+  std::vector<int64_t> term = std::vector<int64_t>(endpoints.size(), 0);
+  // The second connection, for status checks while a request waits (status()).
+  asio::io_context side_io;
+  tcp::resolver side_resolver{side_io};
+  beast::tcp_stream side{side_io};
+  beast::flat_buffer side_buffer;
+  std::optional<size_t> side_connected_to;
 };
 
 EtcdHttp::EtcdHttp(std::vector<EtcdEndpoint> endpoints, Millis request_timeout,
@@ -244,7 +383,10 @@ EtcdHttp::EtcdHttp(std::vector<EtcdEndpoint> endpoints, Millis request_timeout,
   impl_ = std::make_unique<Impl>(std::move(endpoints), request_timeout, failover_timeout);
 }
 
-EtcdHttp::~EtcdHttp() { impl_->disconnect(); }
+EtcdHttp::~EtcdHttp() {
+  impl_->disconnect();
+  impl_->close_side();
+}
 
 std::string EtcdHttp::endpoint() const { return impl_->endpoints[impl_->current].text(); }
 

@@ -48,10 +48,13 @@ class EtcdHttp {
   // one round trip normally. A member that fails (connect refused, connection broken, no
   // reply within request_timeout, no leader, "request timed out") is left for the next
   // one, round robin, with a short backoff after each full round; the member that answers
-  // stays in use for later calls. request_timeout is what makes a leader's death cheap: a
-  // follower that forwarded our write to the dead leader answers only after etcd's own
-  // timeout (5 s and more), while another member may serve it as soon as the election is
-  // over (a few hundred ms). Throws CommError:
+  // stays in use for later calls. A follower that forwarded our write to a leader that then
+  // died answers only after etcd's own timeout (5 s and more), while another member may
+  // serve it as soon as the election is over (a few hundred ms): so while a reply is late
+  // (every 100 ms) the call asks the member, on a second connection, for its raft status,
+  // and gives the attempt up (its outcome unknown) once the member names a leader of a
+  // newer term than the one the request went out in. request_timeout bounds the rest (a
+  // member that answers nothing at all). Throws CommError:
   // - naming the member and etcd's message when etcd refuses the request (a value over
   //   --max-request-bytes, too many txn operations, a lease not found);
   // - naming every member's last error when, after each member has failed at least once,

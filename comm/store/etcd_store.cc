@@ -4,12 +4,15 @@
 #include <algorithm>
 #include <charconv>
 #include <map>
+#include <set>
 #include <string_view>
 #include <thread>
 
 #include "base/error.h"
 #include "comm/store/etcd_http.h"
 #include "comm/store/etcd_kv.h"
+#include "comm/store/etcd_watch.h"
+#include "base/log.h"
 #include "comm/store/store_util.h"
 
 namespace weft::comm {
@@ -20,9 +23,13 @@ using Clock = std::chrono::steady_clock;
 namespace {
 // Range ops per read txn: well under etcd's --max-txn-ops (128 by default).
 constexpr size_t kReadBatch = 64;
-// Blocking reads poll: often at first (a key that is about to appear), then less often
-// (a rendezvous that waits for a slow node need not load etcd).
+// Where no watch can be made, blocking reads poll: often at first (a key that is about to
+// appear), then less often (a rendezvous that waits for a slow node need not load etcd).
 constexpr Millis kFirstPoll{2}, kMaxPoll{50};
+// A parked wait reads its keys again after this long without an event: a member that
+// stopped without closing its connections (SIGSTOP, a cut cable) sends no events and no
+// error, and it is the read (EtcdHttp's failover) that finds it and moves to another.
+constexpr Millis kRecheck{1'000};
 constexpr const char* kEndpointFlag = "--rdzv-endpoint";
 
 int64_t grant(EtcdHttp& http, Millis ttl) {
@@ -85,14 +92,20 @@ void EtcdStore::set(const std::string& key, const Bytes& value, std::optional<Mi
 }
 
 std::vector<std::optional<Bytes>> EtcdStore::read(const std::vector<std::string>& keys,
-                                                  bool values) {
+                                                  bool values, int64_t* revision) {
   std::vector<std::optional<Bytes>> out(keys.size());
+  if (revision) *revision = 0;
   for (size_t begin = 0; begin < keys.size(); begin += kReadBatch) {
     const size_t end = std::min(keys.size(), begin + kReadBatch);
     json ops = json::array();
     for (size_t i = begin; i < end; ++i) ops.push_back(etcd::range_op(full(keys[i]), !values));
     // A txn without compares runs its "success" ops: the keys are read at one revision.
     json r = http_->post("/v3/kv/txn", {{"success", ops}}, Replay::kSafe);
+    if (revision) {
+      // The oldest batch's: a watch from the next revision misses no change to any key.
+      const int64_t rev = r.contains("header") ? etcd::integer(r["header"], "revision") : 0;
+      *revision = *revision ? std::min(*revision, rev) : rev;
+    }
     for (size_t i = begin; i < end; ++i) {
       const json& range = etcd::range_response(r, i - begin);
       if (!values) {
@@ -105,20 +118,71 @@ std::vector<std::optional<Bytes>> EtcdStore::read(const std::vector<std::string>
   return out;
 }
 
+std::unique_ptr<EtcdWatch> EtcdStore::watch(const std::vector<std::string>& keys,
+                                             int64_t from, Clock::time_point deadline) {
+  if (watch_unsupported_.load()) return nullptr;
+  // One watch over the range from the least key to the greatest: events of keys between
+  // them that nobody waits for are skipped by the caller.
+  const auto [lo, hi] = std::minmax_element(keys.begin(), keys.end());
+  const std::string first = full(*lo), last = full(*hi);
+  try {
+    return std::make_unique<EtcdWatch>(
+        parse_etcd_endpoint(http_->endpoint(), kEndpointFlag), first,
+        first == last ? std::string() : last + std::string(1, '\0'), from,
+        std::min(deadline, Clock::now() + options_.request_timeout));
+  } catch (const EtcdWatchUnsupported& e) {
+    watch_unsupported_.store(true);
+    WEFT_DEBUG("etcd", e.what(), "; blocking reads poll instead");
+  } catch (const CommError& e) {
+    // The member the reads go to just failed: the next read moves on and the next wait
+    // watches there. Until then, one poll.
+    if (!watch_failed_.exchange(true))
+      WEFT_DEBUG("etcd", e.what(), "; polling until a watch can be made");
+  }
+  return nullptr;
+}
+
 std::vector<std::optional<Bytes>> EtcdStore::await(const std::vector<std::string>& keys,
                                                    Millis timeout, bool values) {
   const auto deadline = Clock::now() + clamp_timeout(timeout);
+  const std::set<std::string> waited = [&] {
+    std::set<std::string> s;
+    for (const auto& k : keys) s.insert(full(k));
+    return s;
+  }();
+  std::unique_ptr<EtcdWatch> watch;
   Millis pause = kFirstPoll;
   for (;;) {
-    auto got = read(keys, values);
+    int64_t revision = 0;
+    auto got = read(keys, values, &revision);
     if (std::all_of(got.begin(), got.end(), [](const auto& v) { return v.has_value(); }))
       return got;
     const auto now = Clock::now();
     if (now >= deadline)
       throw TimeoutError(timeout_message(keys, timeout) + " (etcd, keys under '" + options_.prefix +
                          "')");
-    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
-    pause = std::min(pause * 2, kMaxPoll);
+    // The watch follows the reads: when they failed over, the watch's member may be dead.
+    if (watch && watch->member().text() != http_->endpoint()) watch.reset();
+    // From the read's revision on: a key set between the read and the watch is an event.
+    if (!watch) watch = this->watch(keys, revision + 1, deadline);
+    if (!watch) {
+      std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
+      pause = std::min(pause * 2, kMaxPoll);
+      continue;
+    }
+    // Parked until one of the keys changes, kRecheck passes or the deadline; then read.
+    try {
+      const auto until = std::min(deadline, now + kRecheck);
+      for (bool woken = false; !woken;) {
+        auto changed = watch->next(until);
+        if (changed.empty()) break;
+        woken = std::any_of(changed.begin(), changed.end(),
+                            [&](const std::string& k) { return waited.count(k) > 0; });
+      }
+    } catch (const CommError& e) {
+      WEFT_DEBUG("etcd", e.what(), "; reading again and watching anew");
+      watch.reset();
+    }
   }
 }
 

@@ -14,6 +14,7 @@
 namespace weft::comm {
 
 class EtcdHttp;
+class EtcdWatch;
 
 struct EtcdStoreOptions {
   // The members' client URLs, "host:port" or "http://host:port" (parse_etcd_endpoints).
@@ -28,7 +29,8 @@ struct EtcdStoreOptions {
   Millis timeout = kDefaultStoreTimeout;
   // One exchange with one member (connect, send, reply) gives up after this long and the
   // call moves on to the next member. Far above a healthy etcd's milliseconds; short, so
-  // that a write stuck on a follower whose leader just died moves on (etcd_http.h).
+  // that a member that answers nothing is left soon (a write stuck on a follower whose
+  // leader just died is given up sooner, once the follower names a new leader: etcd_http.h).
   Millis request_timeout{2'000};
   // A call that finds no working member gives up (CommError) once every member has failed
   // and this long has passed since it began. Longer than a leader election (about 1 s with
@@ -37,15 +39,20 @@ struct EtcdStoreOptions {
 };
 
 // Thread-safe (see Store): one keep-alive connection per store, used by one call at a time
-// (a mutex); blocking calls poll between round trips with the mutex released, so a get()
+// (a mutex); blocking calls wait between round trips with the mutex released, so a get()
 // that waits does not hold up other threads. Several processes each use their own store.
 // Destroy it only when no call is in flight.
 //
 // How each part of the Store contract is kept:
-// - Blocking reads (get, multi_get, wait) poll: a read every 2 ms at first, backing off to
-//   every 50 ms, until the keys exist or the timeout passes (TimeoutError naming the keys).
-//   Polling, not an etcd watch: a watch is a streamed reply that would need a connection of
-//   its own per waiter; rendezvous waits are short and few, so polling costs little.
+// - Blocking reads (get, multi_get, wait) read the keys, and while any is missing park on an
+//   etcd watch of them (etcd_watch.h) from the read's revision + 1, so that a key set
+//   between the read and the watch is an event all the same; each event on a waited key
+//   (and kRecheck, 1 s, without one) reads again. The watch is a stream on a connection of
+//   its own, opened per blocking call on the member the reads go to and closed when the call
+//   returns or times out (TimeoutError naming the keys); when the reads fail over (the
+//   member died or lost its leader, which also ends the watch: it asks for a leader) the
+//   next watch goes to the new member. A member that cannot watch (no /v3/watch) makes the
+//   store poll instead: a read every 2 ms at first, backing off to every 50 ms.
 // - set() with a ttl grants a new etcd lease of ceil(ttl) whole seconds (at least 1; etcd
 //   raises it further to its minimum, 1.5 x --election-timeout rounded up, 2 s with etcd's
 //   defaults) and puts the key under it. The key's previous lease, if any, is then
@@ -113,10 +120,17 @@ class EtcdStore : public Store {
   std::string full(const std::string& key) const { return options_.prefix + key; }
   // Reads `keys` now (txns of at most kReadBatch range ops): a value per present key;
   // `values` false reads existence only.
-  std::vector<std::optional<Bytes>> read(const std::vector<std::string>& keys, bool values);
-  // Polls read() until every key exists or `timeout` passes (TimeoutError).
+  // `revision`, when given: the etcd revision the keys were read at.
+  std::vector<std::optional<Bytes>> read(const std::vector<std::string>& keys, bool values,
+                                         int64_t* revision = nullptr);
+  // Reads `keys` until every one exists or `timeout` passes (TimeoutError), parked on a
+  // watch between reads (see the class comment).
   std::vector<std::optional<Bytes>> await(const std::vector<std::string>& keys, Millis timeout,
                                           bool values);
+  // A watch of `keys` from revision `from` on the member the reads go to; nullptr (and a
+  // debug line) when none can be made.
+  std::unique_ptr<EtcdWatch> watch(const std::vector<std::string>& keys, int64_t from,
+                                   std::chrono::steady_clock::time_point deadline);
   // Read-modify-write of one key, retried until its txn lands: `next` maps the current
   // value (nullopt: absent) to the value to write, or nullopt to write nothing. Returns the
   // value after the call and whether this call wrote it. `replayable`: see Replay.
@@ -128,6 +142,8 @@ class EtcdStore : public Store {
   EtcdStoreOptions options_;
   std::atomic<int64_t> timeout_ms_;
   std::unique_ptr<EtcdHttp> http_;
+  std::atomic<bool> watch_unsupported_{false};  // the member has no /v3/watch: poll
+  std::atomic<bool> watch_failed_{false};       // a watch failed once (said at debug)
 };
 
 // Splits "host1:2379,host2:2379" (a --rdzv-endpoint value) into endpoints, validating each;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -98,6 +99,54 @@ TEST_F(EtcdClusterTest, StoreKeepsWorkingWhenTheMemberItTalksToIsKilled) {
   int now_leader = -1;
   ASSERT_TRUE(eventually([&] { return (now_leader = cluster_->leader()) >= 0; }));
   EXPECT_NE(now_leader, leader_) << "the killed member cannot lead";
+}
+
+TEST_F(EtcdClusterTest, AGetParkedOnTheLeadersWatchIsWokenBySetAfterTheLeaderIsKilled) {
+  EtcdStore waiter(leader_first("/c/"));
+  EtcdStore writer(leader_first("/c/"));
+  ASSERT_FALSE(writer.check({"late"}));
+  const std::string killed = cluster_->endpoint(leader_);
+  ASSERT_EQ(waiter.endpoint(), killed);
+  auto got = std::async(std::launch::async, [&] { return waiter.get_string("late"); });
+  std::this_thread::sleep_for(200ms);  // parked on the leader's watch by now (passes either way)
+  cluster_->kill(leader_);
+  const auto t0 = Clock::now();
+  writer.set_string("late", "after the kill");
+  const double set_ms = ms_since(t0);
+  EXPECT_EQ(got.get(), "after the kill");
+  std::printf("[ measure ] after SIGKILL of the leader: set in %.0f ms, the parked get "
+              "returned at %.0f ms\n",
+              set_ms, ms_since(t0));
+  EXPECT_NE(waiter.endpoint(), killed) << "the waiter's reads moved to a survivor";
+}
+
+// An add sent to a follower just as the leader is SIGKILLed: the follower forwards it to the
+// dead leader, where raft loses it, and would answer only after etcd's own request timeout
+// (5.5 s with these members). The store asks the member, while it waits, whether it named a
+// new leader, and gives up the attempt once it has (an add is not resent: the outcome is
+// unknown, and the error says why). request_timeout is a minute, so only that can end it.
+TEST_F(EtcdClusterTest, AnAddForwardedToAKilledLeaderEndsWhenTheMemberNamesANewLeader) {
+  EtcdStoreOptions o = leader_first("/c/");
+  std::rotate(o.endpoints.begin(), o.endpoints.begin() + 1, o.endpoints.end());  // a follower
+  o.request_timeout = 60s;
+  o.failover_timeout = 60s;
+  EtcdStore s(o);
+  EXPECT_EQ(s.add("n", 1), 1);  // through the follower: the store knows its raft term
+  ASSERT_NE(s.endpoint(), cluster_->endpoint(leader_));
+  cluster_->kill(leader_);
+  const auto t0 = Clock::now();
+  try {
+    const int64_t n = s.add("n", 1);
+    // The follower heard of the death before it forwarded the add ("no leader", sent again).
+    std::printf("[ measure ] the add landed (%lld) after %.0f ms\n", (long long)n, ms_since(t0));
+    EXPECT_EQ(n, 2);
+  } catch (const CommError& e) {
+    std::printf("[ measure ] the add gave up after %.0f ms: %s\n", ms_since(t0), e.what());
+    EXPECT_NE(std::string(e.what()).find("named a new leader"), std::string::npos) << e.what();
+  }
+  // Whatever became of it, the next calls go on.
+  s.set_string("after", "1");
+  EXPECT_EQ(s.get_string("after"), "1");
 }
 
 TEST_F(EtcdClusterTest, RendezvousKeepsItsMembershipWhenTheEtcdMemberItTalksToIsKilled) {

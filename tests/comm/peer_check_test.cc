@@ -5,11 +5,16 @@
 // set long where the outcome must not depend on them, and every wait is a bounded poll.
 #include "comm/elastic/peer_check.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <future>
 #include <memory>
 #include <string>
 
@@ -177,6 +182,53 @@ TEST(PeerCheck, TheListenerDropsAConnectionItsObserverClosed) {
   first.close();
   EXPECT_TRUE(eventually([&] { return b.connections() == 1; }));
   EXPECT_FALSE(second.broken());
+}
+
+
+// A new node "c" whose address takes the connection but never answers (a listening socket
+// nobody accepts on: the kernel completes the connect, and the greeting never comes) with a
+// dial timeout of a minute: b's loss is reported all the same while c's dial waits, since
+// dials run beside the check's loop; and stopping the check cancels c's dial.
+TEST(PeerCheck, ADialThatHangsDelaysNoOtherNodesLossAndEndsWithTheCheck) {
+  Fixture f;
+  MembershipRecord r;
+  r.version = 2;
+  r.epoch = 1;
+  r.members = {{"a", 0}, {"b", 1}, {"c", 2}};
+  f.store.set(f.rdzv->state_key(), to_bytes(encode(r)));
+  f.store.set(f.rdzv->alive_key("c"), to_bytes("1"));
+  const int mute = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(mute, 0);
+  struct Close {
+    int fd;
+    ~Close() { ::close(fd); }
+  } close_mute{mute};
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(mute, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(mute, 16), 0);
+  ASSERT_EQ(::getsockname(mute, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  f.store.set(f.rdzv->peer_key("c"), to_bytes("127.0.0.1:" + std::to_string(ntohs(a.sin_port))));
+
+  auto b = std::make_unique<PeerListener>("127.0.0.1", 0, "b", kToken);
+  f.publish(b->endpoint());
+  PeerCheckOptions o = options(Millis(0));
+  o.dial_timeout = Millis(60'000);  // beyond every bounded wait of this test
+  auto check = std::make_unique<PeerCheck>(f.store, *f.rdzv, o);
+  ASSERT_TRUE(eventually([&] { return check->watching() == 1; }));
+  ASSERT_TRUE(eventually([&] {
+    pollfd p{mute, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1;  // c's dial connected and waits for the greeting
+  }));
+  b.reset();
+  ASSERT_TRUE(eventually([&] { return !f.alive(); })) << "b's loss waited for c's dial";
+  EXPECT_EQ(check->reported(), 1u);
+  EXPECT_TRUE(f.store.check({f.rdzv->alive_key("c")}));
+  auto stopped = std::async(std::launch::async, [&] { check.reset(); });
+  EXPECT_EQ(stopped.wait_for(test::kEventually), std::future_status::ready)
+      << "stopping the check waited for c's dial";
 }
 
 }  // namespace

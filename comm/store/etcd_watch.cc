@@ -1,0 +1,206 @@
+// EtcdWatch: Beast's asynchronous operations run on the caller's thread until a deadline
+// (as in etcd_http.cc). A wait that reaches its deadline cancels only the pending read, so
+// the stream, and the watch at the member, live on for the next call.
+#include "comm/store/etcd_watch.h"
+
+#include <fcntl.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <boost/beast/http/write.hpp>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "base/error.h"
+#include "comm/store/etcd_kv.h"
+
+namespace weft::comm {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using json = nlohmann::json;
+
+namespace {
+// One message of the stream larger than this is a broken stream, not a watch reply (a
+// message carries the events of one revision; values are at most etcd's request limit).
+constexpr size_t kMaxMessageBytes = size_t(64) << 20;
+}  // namespace
+
+struct EtcdWatch::Impl {
+  explicit Impl(EtcdEndpoint m) : member(std::move(m)) {}
+
+  // Runs the operation that `start(done)` queues until it completes or `deadline` passes;
+  // then cancels it (the socket stays open) and returns timed_out.
+  template <typename Start>
+  beast::error_code run(Start&& start, Clock::time_point deadline) {
+    std::optional<beast::error_code> result;
+    start([&result](beast::error_code ec) { result = ec; });
+    io.restart();
+    io.run_until(deadline);
+    if (!result) {
+      resolver.cancel();
+      beast::error_code ignored;
+      stream.socket().cancel(ignored);
+      io.restart();
+      io.run();  // the cancelled handler runs now, while `result` is still alive
+      return asio::error::timed_out;
+    }
+    return *result;
+  }
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw CommError("etcd watch at " + member.text() + ": " + what);
+  }
+
+  // Splits what the chunks carried so far into messages (one JSON object per line) and
+  // returns the keys of the events among them; throws for an error or a cancelled watch.
+  std::vector<std::string> take_messages(bool* created) {
+    std::vector<std::string> keys;
+    size_t eol;
+    while ((eol = pending.find('\n')) != std::string::npos) {
+      json m = json::parse(pending.substr(0, eol), nullptr, /*allow_exceptions=*/false);
+      pending.erase(0, eol + 1);
+      if (m.is_discarded() || !m.is_object()) fail("a message that is not JSON");
+      if (auto e = m.find("error"); e != m.end()) {
+        const json& err = *e;
+        fail("the member ended the watch: " +
+             (err.is_object() && err.contains("message") ? err["message"].dump() : err.dump()));
+      }
+      auto r = m.find("result");
+      if (r == m.end() || !r->is_object()) fail("a message without a result: " + m.dump());
+      if (r->value("created", false)) *created = true;
+      if (r->value("canceled", false))
+        fail("the member cancelled the watch (" + r->value("cancel_reason", std::string()) +
+             (etcd::integer(*r, "compact_revision") ? ", revisions compacted" : "") + ")");
+      if (auto ev = r->find("events"); ev != r->end() && ev->is_array())
+        for (const auto& e : *ev)
+          if (auto kv = e.find("kv"); kv != e.end() && kv->contains("key")) {
+            Bytes k = etcd::unbase64((*kv)["key"].get<std::string>());
+            keys.emplace_back(k.begin(), k.end());
+          }
+    }
+    if (pending.size() > kMaxMessageBytes) fail("a message over 64 MiB");
+    return keys;
+  }
+
+  // Reads what arrives until a message with events (or, before `created`, the creation)
+  // or `deadline`.
+  std::vector<std::string> read(Clock::time_point deadline, bool* created) {
+    for (;;) {
+      auto keys = take_messages(created);
+      if (!keys.empty() || (created && *created)) return keys;
+      if (parser.is_done()) fail("the stream ended");
+      auto ec = run(
+          [&](auto done) {
+            http::async_read_some(stream, buffer, parser,
+                                  [done](beast::error_code ec, size_t) { done(ec); });
+          },
+          deadline);
+      if (ec == asio::error::timed_out) return {};
+      if (ec) fail("the stream broke: " + ec.message());
+    }
+  }
+
+  const EtcdEndpoint member;
+  asio::io_context io;
+  tcp::resolver resolver{io};
+  beast::tcp_stream stream{io};
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  std::string pending;  // stream bytes not yet split into messages
+  // The parser keeps a reference to its chunk callback: it lives here.
+  std::function<std::size_t(std::uint64_t, beast::string_view, beast::error_code&)> to_pending =
+      [this](std::uint64_t, beast::string_view body, beast::error_code&) {
+        pending.append(body.data(), body.size());
+        return body.size();
+      };
+  // Events that came with the creation, for the first next().
+  std::vector<std::string> early;
+};
+
+EtcdWatch::EtcdWatch(const EtcdEndpoint& member, const std::string& key,
+                     const std::string& range_end, int64_t start_revision,
+                     Clock::time_point deadline)
+    : impl_(std::make_unique<Impl>(member)) {
+  Impl& m = *impl_;
+  tcp::resolver::results_type addrs;
+  auto ec = m.run(
+      [&](auto done) {
+        m.resolver.async_resolve(member.host, std::to_string(member.port),
+                                 [&addrs, done](beast::error_code ec, auto r) {
+                                   addrs = std::move(r);
+                                   done(ec);
+                                 });
+      },
+      deadline);
+  if (ec) m.fail("resolve: " + ec.message());
+  ec = m.run(
+      [&](auto done) {
+        m.stream.async_connect(addrs, [done](beast::error_code ec, const auto&) { done(ec); });
+      },
+      deadline);
+  if (ec) m.fail("connect: " + ec.message());
+  m.stream.socket().set_option(tcp::no_delay(true), ec);
+  const int fd = m.stream.socket().native_handle();  // not inherited by spawned processes
+  ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
+
+  json create = {{"key", etcd::base64(key)}, {"start_revision", std::to_string(start_revision)}};
+  if (!range_end.empty()) create["range_end"] = etcd::base64(range_end);
+  http::request<http::string_body> req{http::verb::post, "/v3/watch", 11};
+  req.set(http::field::host, member.text());
+  req.set(http::field::content_type, "application/json");
+  // etcd's WithRequireLeader, as gRPC metadata through the gateway.
+  req.set("Grpc-Metadata-hasleader", "true");
+  req.body() = json{{"create_request", create}}.dump();
+  req.prepare_payload();
+  ec = m.run(
+      [&](auto done) {
+        http::async_write(m.stream, req, [done](beast::error_code ec, size_t) { done(ec); });
+      },
+      deadline);
+  if (ec) m.fail("send: " + ec.message());
+
+  m.parser.body_limit(boost::none);  // the stream has no end
+  ec = m.run(
+      [&](auto done) {
+        http::async_read_header(m.stream, m.buffer, m.parser,
+                                [done](beast::error_code ec, size_t) { done(ec); });
+      },
+      deadline);
+  if (ec) m.fail("no reply: " + ec.message());
+  const auto& res = m.parser.get();
+  if (res.result() != http::status::ok || !m.parser.chunked())
+    throw EtcdWatchUnsupported("etcd watch at " + member.text() + ": HTTP " +
+                               std::to_string(res.result_int()) +
+                               (m.parser.chunked() ? "" : " without a stream") +
+                               " (an etcd without the v3 gateway's /v3/watch?)");
+  // From here on the chunks go to `pending`, not to the body.
+  m.parser.on_chunk_body(m.to_pending);
+  bool created = false;
+  m.early = m.read(deadline, &created);
+  if (!created) m.fail("no 'created' within the request timeout");
+}
+
+EtcdWatch::~EtcdWatch() {
+  beast::error_code ignored;
+  impl_->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+  impl_->stream.socket().close(ignored);
+}
+
+std::vector<std::string> EtcdWatch::next(Clock::time_point deadline) {
+  if (!impl_->early.empty()) return std::exchange(impl_->early, {});
+  return impl_->read(deadline, nullptr);
+}
+
+const EtcdEndpoint& EtcdWatch::member() const { return impl_->member; }
+
+}  // namespace weft::comm

@@ -1,0 +1,53 @@
+// EtcdWatch: one etcd v3 watch over the member's gRPC gateway (POST /v3/watch), on a
+// connection of its own: the reply is a stream that stays open, one JSON message per line,
+// so it cannot share EtcdHttp's request/reply connection. EtcdStore's blocking reads park
+// on it instead of polling (etcd_store.h).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "comm/store/etcd_http.h"
+
+namespace weft::comm {
+
+class EtcdWatch {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Connects to `member` and creates a watch of the keys in [key, range_end) ("" range_end:
+  // `key` alone) from `start_revision` on, waiting for etcd's "created" until `deadline`.
+  // The watch asks for a leader (the gateway's hasleader metadata): a member cut off from
+  // its cluster cancels it instead of staying silent. Throws:
+  // - EtcdWatchUnsupported when the member answers but not with a watch stream (an etcd
+  //   without the v3 gateway's /v3/watch);
+  // - CommError naming the member for anything else (unreachable, no reply, refused).
+  EtcdWatch(const EtcdEndpoint& member, const std::string& key, const std::string& range_end,
+            int64_t start_revision, Clock::time_point deadline);
+  ~EtcdWatch();  // closes the connection, which ends the watch at the member
+  EtcdWatch(const EtcdWatch&) = delete;
+  EtcdWatch& operator=(const EtcdWatch&) = delete;
+
+  // The keys of the events that arrive until `deadline`: returns as soon as one message with
+  // events has come (an empty vector when `deadline` passed first). Throws CommError when
+  // the stream ends or breaks (the member died, lost its leader, or cancelled the watch).
+  std::vector<std::string> next(Clock::time_point deadline);
+
+  const EtcdEndpoint& member() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The member answered /v3/watch with something that is not a watch stream.
+struct EtcdWatchUnsupported : CommError {
+  using CommError::CommError;
+};
+
+}  // namespace weft::comm

@@ -1,0 +1,191 @@
+// EtcdStore's blocking reads park on an etcd watch (comm/store/etcd_watch.h), against a real
+// etcd: the member holds one watcher while a wait is parked and none after it returns, the
+// parked wait reads only at its recheck, another client's set ends it, and no descriptor or
+// thread outlives the waits. etcd's own counters (its /metrics page) say what it served.
+#include "comm/store/etcd_watch.h"
+
+#include <dirent.h>
+#include <gtest/gtest.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <boost/beast/http/write.hpp>
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/error.h"
+#include "comm/store/etcd_store.h"
+#include "tests/comm/etcd_cluster.h"
+
+namespace weft::test {
+namespace {
+
+using namespace std::chrono_literals;
+using comm::EtcdStore;
+using comm::EtcdStoreOptions;
+using comm::Millis;
+using Clock = std::chrono::steady_clock;
+
+// One counter or gauge of the member's Prometheus page (-1 when it is not there).
+double metric(const std::string& endpoint, const std::string& name) {
+  namespace beast = boost::beast;
+  namespace http = beast::http;
+  const comm::EtcdEndpoint ep = comm::parse_etcd_endpoint(endpoint, "test");
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::resolver resolver(io);
+  boost::asio::ip::tcp::socket socket(io);
+  boost::asio::connect(socket, resolver.resolve(ep.host, std::to_string(ep.port)));
+  http::request<http::string_body> req{http::verb::get, "/metrics", 11};
+  req.set(http::field::host, ep.text());
+  http::write(socket, req);
+  beast::flat_buffer buffer;
+  http::response<http::string_body> res;
+  http::read(socket, buffer, res);
+  std::istringstream lines(res.body());
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  return -1;
+}
+
+// Entries of a /proc/self directory (fd, task), less the one opendir holds for fd.
+int count_entries(const char* dir) {
+  int n = 0;
+  DIR* d = ::opendir(dir);
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(d);
+  return n;
+}
+
+constexpr const char* kWatchers = "etcd_debugging_mvcc_watcher_total";
+constexpr const char* kRanges = "etcd_debugging_mvcc_range_total";
+
+class EtcdWatchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_ETCD();
+    cluster_ = std::make_unique<EtcdCluster>(1);
+  }
+
+  std::unique_ptr<EtcdStore> client(Millis timeout = 20s) {
+    EtcdStoreOptions o;
+    o.endpoints = cluster_->endpoints();
+    o.prefix = "/w/";
+    o.timeout = timeout;
+    return std::make_unique<EtcdStore>(o);
+  }
+
+  double watchers() { return metric(cluster_->endpoint(0), kWatchers); }
+
+  std::unique_ptr<EtcdCluster> cluster_;
+};
+
+TEST_F(EtcdWatchTest, AParkedGetHoldsOneWatcherReadsOnlyAtItsRecheckAndAnotherClientsSetEndsIt) {
+  auto reader = client();
+  auto writer = client();
+  ASSERT_FALSE(writer->check({"late"}));
+  ASSERT_EQ(watchers(), 0);
+  const double ranges_before = metric(cluster_->endpoint(0), kRanges);
+  ASSERT_GE(ranges_before, 0) << kRanges << " is not on etcd's /metrics page";
+
+  auto got = std::async(std::launch::async, [&] { return reader->get_string("late"); });
+  ASSERT_TRUE(eventually([&] { return watchers() == 1; })) << "the parked get holds no watch";
+  const auto parked = Clock::now();
+  std::this_thread::sleep_for(2500ms);
+  // A poll would have read about 50 times by now (every 50 ms); parked on the watch, the
+  // get reads once before the watch and once per 1 s recheck.
+  const double reads = metric(cluster_->endpoint(0), kRanges) - ranges_before;
+  const double seconds = std::chrono::duration<double>(Clock::now() - parked).count();
+  std::printf("[ measure ] reads by a get parked %.1f s: %.0f\n", seconds, reads);
+  EXPECT_LE(reads, 2 + seconds) << "the parked get polls";
+  EXPECT_EQ(got.wait_for(0s), std::future_status::timeout) << "returned before the set";
+
+  writer->set_string("late", "value");
+  EXPECT_EQ(got.get(), "value");
+  EXPECT_TRUE(eventually([&] { return watchers() == 0; })) << "the returned get left its watch";
+}
+
+TEST_F(EtcdWatchTest, AWaitOnSeveralKeysSkipsTheOthersInItsRangeAndEndsWhenAllExist) {
+  auto waiter = client();
+  auto writer = client();
+  auto done = std::async(std::launch::async, [&] { waiter->wait({"a", "c"}, 20s); });
+  ASSERT_TRUE(eventually([&] { return watchers() == 1; }));
+  for (int i = 0; i < 5; ++i) writer->set_string("b", std::to_string(i));  // inside [a, c]
+  writer->set_string("a", "1");
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(done.wait_for(0s), std::future_status::timeout) << "returned with 'c' missing";
+  writer->set_string("c", "1");
+  done.get();  // rethrows a TimeoutError
+  EXPECT_TRUE(eventually([&] { return watchers() == 0; }));
+}
+
+TEST_F(EtcdWatchTest, TimeoutsStillNameTheKeysAndNoWaitLeavesADescriptorOrAThread) {
+  auto waiter = client(150ms);
+  auto writer = client();
+  waiter->ping();  // the store's own connection is open before the count
+  writer->ping();
+  const int fds = count_entries("/proc/self/fd"), threads = count_entries("/proc/self/task");
+  for (int i = 0; i < 10; ++i) {
+    const std::string key = "never" + std::to_string(i);
+    try {
+      waiter->wait({key, "other"}, 150ms);
+      FAIL() << "wait returned with its keys missing";
+    } catch (const TimeoutError& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(waiter->get(key), TimeoutError);
+    const std::string set = "set" + std::to_string(i);
+    waiter->set_timeout(20s);
+    auto got = std::async(std::launch::async, [&] { return waiter->get_string(set); });
+    std::this_thread::sleep_for(20ms);
+    writer->set_string(set, "v");
+    EXPECT_EQ(got.get(), "v");
+    waiter->set_timeout(150ms);
+  }
+  EXPECT_EQ(count_entries("/proc/self/fd"), fds) << "a watch's connection stayed open";
+  EXPECT_TRUE(eventually([&] { return count_entries("/proc/self/task") == threads; }))
+      << count_entries("/proc/self/task") << " threads, " << threads << " before";
+  EXPECT_TRUE(eventually([&] { return watchers() == 0; }));
+}
+
+
+// Printed, not asserted: the time from another client's set to the parked get's return,
+// over 50 sets, each after the get has waited 150..200 ms (a poll at its slowest pace).
+TEST_F(EtcdWatchTest, MeasureFiftySetsEachWakeAParkedGet) {
+  auto reader = client();
+  auto writer = client();
+  std::vector<double> ms;
+  for (int i = 0; i < 50; ++i) {
+    const std::string key = "wake" + std::to_string(i);
+    std::promise<Clock::time_point> returned;
+    std::thread t([&] {
+      EXPECT_EQ(reader->get_string(key), "v");
+      returned.set_value(Clock::now());
+    });
+    std::this_thread::sleep_for(150ms + Millis(i % 50));
+    const auto set = Clock::now();
+    writer->set_string(key, "v");
+    ms.push_back(std::chrono::duration<double, std::milli>(returned.get_future().get() - set)
+                     .count());
+    t.join();
+  }
+  std::sort(ms.begin(), ms.end());
+  double sum = 0;
+  for (double m : ms) sum += m;
+  std::printf("[ measure ] set -> parked get returns, 50 sets: mean %.2f ms, median %.2f ms, "
+              "p90 %.2f ms, max %.2f ms\n",
+              sum / ms.size(), ms[ms.size() / 2], ms[ms.size() * 9 / 10], ms.back());
+}
+
+}  // namespace
+}  // namespace weft::test
