@@ -1,7 +1,7 @@
 // `weft bench scaling`: every row runs the real trainer under `weft run --standalone` (one
 // process and one BLAS thread per rank) and reads the step times of its metrics file; the
-// prediction is `weft plan`'s: make_plan + simulate_plan under this machine's calibration
-// (launch/calibration.h, cached by `weft calibrate`).
+// prediction is simulate_plan of the row's program (the plan its trainer runs) under this
+// machine's calibration (launch/calibration.h, cached by `weft calibrate`).
 #include "launch/bench_scaling.h"
 
 #include <algorithm>
@@ -100,11 +100,11 @@ void measure(Row& r, const Family& f, int steps) {
 double predict_ms(const Row& r, const Family& f, const planner::CostModel& cm,
                   std::pair<double, double>* split = nullptr) {
   core::JobSpec spec = core::load_job_spec(f.config, all_sets(f, r, 2, "/tmp/weft-scaling-plan"));
-  planner::PlanOptions opt;
-  opt.cost = cm;
-  opt.simulate = false;
+  // The program the row runs (a trainer's plan: planner.h, training_plan_options), priced
+  // under `cm`. Planned under `cm`, nearly every multi-rank row was another program (tp4:
+  // 2301 instructions against the 1477 that ran).
   core::ModelGraph mg = planner::build_planning_graph(spec);
-  planner::Plan plan = planner::make_plan(spec, mg.graph, r.world, opt);
+  planner::Plan plan = planner::make_plan(spec, mg.graph, r.world, planner::training_plan_options());
   planner::CostAnnotations c = planner::simulate_plan(plan, mg.graph, cm);
   double ms = c.step_s * 1e3;
   if (split && !c.ranks.empty())

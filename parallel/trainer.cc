@@ -60,8 +60,7 @@ ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& 
   if (spec_.train.dtype != "f32")
     throw ConfigError("train.dtype", "'" + spec_.train.dtype +
                                          "' needs device: cuda; the CPU trainer computes in f32");
-  planner::PlanOptions opt;
-  opt.simulate = false;
+  const planner::PlanOptions opt = planner::training_plan_options();
   auto t = std::chrono::steady_clock::now();
   auto lap = [&t](double& into) {
     const auto now = std::chrono::steady_clock::now();

@@ -21,12 +21,6 @@ PlanOptions with_layout_cache(PlanOptions o) {
 
 }  // namespace
 
-PlanOptions PlanCache::no_simulation() {
-  PlanOptions o;
-  o.simulate = false;
-  return o;
-}
-
 PlanCache::PlanCache(const core::JobSpec& spec, const PlanOptions& opt)
     : spec_(spec),
       opt_(with_layout_cache(opt)),

@@ -28,17 +28,15 @@ namespace weft::planner {
 class PlanCache {
  public:
   // Builds the planning graph (build_planning_graph) now. Plans are made with `opt`; by
-  // default without simulation (PlanOptions::simulate false: a trainer reads no costs).
+  // default a trainer's (planner.h, training_plan_options).
   // Its worlds share one memo of layout searches (opt.layout_cache, or one of its own).
   // `spec` must outlive the cache.
-  explicit PlanCache(const core::JobSpec& spec, const PlanOptions& opt = no_simulation());
+  explicit PlanCache(const core::JobSpec& spec, const PlanOptions& opt = training_plan_options());
   // Stops planning ahead and joins its thread: the queue is dropped, a plan in progress is
   // finished first (the planner cannot be interrupted).
   ~PlanCache();
   PlanCache(const PlanCache&) = delete;
   PlanCache& operator=(const PlanCache&) = delete;
-
-  static PlanOptions no_simulation();
 
   const core::JobSpec& spec() const { return spec_; }
   // The planning graph, the same for every world size of the job (a trainer and the state

@@ -36,6 +36,12 @@ uint64_t shape_hash(const core::Graph& g, const ParallelConfig& pc) {
   return core::stable_hash(os.str());
 }
 
+PlanOptions training_plan_options() {
+  PlanOptions o;
+  o.simulate = false;
+  return o;
+}
+
 Plan make_plan(const core::JobSpec& spec, const core::Graph& g, int world, const PlanOptions& opt) {
   auto t0 = std::chrono::steady_clock::now();
   Plan plan;

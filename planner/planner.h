@@ -21,6 +21,14 @@ struct PlanOptions {
   std::shared_ptr<RvdCache> layout_cache;
 };
 
+// The options every trainer plans with (ParallelTrainer, PlanCache): CostModel's defaults
+// whatever machine plans, so that the ranks of one job, on hosts whose calibrations differ,
+// derive the same program; no simulation (a trainer reads no costs). The lowering picks
+// its layout conversions and gradient buckets by cost, so a plan made under another model
+// is another program: to predict what a job runs, plan with these options and price that
+// plan under the model (simulate_plan), as `weft bench scaling` does.
+PlanOptions training_plan_options();
+
 // The training graph as the planner sees it: batch dim = the global batch, so that data
 // parallelism and micro-batching are partitions of it. Value and op ids are the same as
 // in the per-micro-batch graph an executor builds with build_model(spec, micro_batch).

@@ -44,8 +44,8 @@ TEST(PlanCache, EachWorldSizeIsPlannedOnceAndEqualsMakePlan) {
   EXPECT_EQ(two->world(), 2);
   EXPECT_EQ(four->world(), 4);
   // What make_plan makes on its own graph, without simulation.
-  expect_same_plan(*two, make_plan(spec, 2, PlanCache::no_simulation()));
-  expect_same_plan(*four, make_plan(spec, 4, PlanCache::no_simulation()));
+  expect_same_plan(*two, make_plan(spec, 2, training_plan_options()));
+  expect_same_plan(*four, make_plan(spec, 4, training_plan_options()));
   EXPECT_FALSE(two->costs.valid) << "a trainer reads no costs: no simulation";
   // One planning graph for every size, the planner's own.
   EXPECT_EQ(cache.graph()->graph.values().size(), build_planning_graph(spec).graph.values().size());
@@ -66,7 +66,7 @@ TEST(PlanCache, APlanMadeAheadIsTheOneUsedWhenTheWorldComes) {
   std::shared_ptr<const Plan> three = cache.plan(3);
   EXPECT_EQ(cache.plans_made(), 4);
   EXPECT_EQ(cache.plan(3).get(), three.get());
-  expect_same_plan(*three, make_plan(spec, 3, PlanCache::no_simulation()));
+  expect_same_plan(*three, make_plan(spec, 3, training_plan_options()));
   EXPECT_EQ(cache.plan(4).get(), now.get());
 }
 
@@ -122,7 +122,7 @@ TEST(PlanCache, DestroyedWhilePlanningAheadDropsTheQueue) {
 TEST(PlanCache, TwoPlannersWithDifferentCostModelsKeepTheirOwnLayoutSearches) {
   core::JobSpec spec = gpt_spec();
   spec.parallel.tp = 2;
-  PlanOptions a = PlanCache::no_simulation(), b = PlanCache::no_simulation();
+  PlanOptions a = training_plan_options(), b = training_plan_options();
   b.cost.op_overhead = 1e-3;
   b.cost.cores = 4;
   a.layout_cache = std::make_shared<RvdCache>();
@@ -138,7 +138,7 @@ TEST(PlanCache, TwoPlannersWithDifferentCostModelsKeepTheirOwnLayoutSearches) {
   Plan again = make_plan(spec, 4, a);  // every search a hit
   EXPECT_EQ(a.layout_cache->size(), a_entries);
   expect_same_plan(pa, again);
-  PlanOptions fresh = PlanCache::no_simulation();  // make_plan's own memo for this plan
+  PlanOptions fresh = training_plan_options();  // make_plan's own memo for this plan
   expect_same_plan(pa, make_plan(spec, 4, fresh));
 }
 

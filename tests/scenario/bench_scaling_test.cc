@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <gtest/gtest.h>
 
+#include "planner/hardware.h"
 #include "tests/support/run_weft.h"
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -61,6 +64,34 @@ TEST(BenchScaling, QuickPrintsWorldOneAndDp2) {
   EXPECT_GT(after(r.out, "world 1: "), 0) << r.out;
   EXPECT_GT(after(r.out, "dp2:     "), 0) << r.out;
   EXPECT_GT(after(r.out, "efficiency tps(dp2) / (2 tps(1)): "), 0) << r.out;
+}
+
+// `--attribute` prices, instruction by instruction, the program the run timed. The trainer
+// plans under CostModel's defaults, and the lowering's layout search picks conversions by
+// cost, so a cost model whose all-reduce is slow at small sizes, as this machine's
+// calibration measures it, gives other conversions (dp2 x tp2: 987 instructions where the
+// run has 792): the bench must price the trainer's plan under it, not plan under it (which
+// failed with "not the same plan").
+TEST(BenchScaling, AttributePricesTheTrainersPlanUnderAnyCostModel) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("weft-attribute-test-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  weft::planner::Hardware hw = weft::planner::load_hardware("h100");
+  // A Gloo all-reduce's wire rate by call size, as `weft calibrate` measured it here.
+  hw.coll_bw_by_size[size_t(weft::planner::CollKind::kAllReduce)] = {
+      {65536, 1.7e7}, {262144, 6.6e7}, {1048576, 2.4e8}, {4194304, 9.6e8}};
+  hw.machine = weft::planner::this_machine();
+  hw.calibrated_at = "2026-12-05T00:00:00Z";
+  const std::string cache = (dir / "cost.yaml").string();
+  weft::planner::write_machine_cache(hw, cache);
+  Result r = weft::test::run_command("WEFT_COST_CACHE=" + cache + " " + WEFT_BINARY +
+                                     " bench scaling --attribute dp2xtp2");
+  fs::remove_all(dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("not the same plan"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 0 of 4, 19 timed steps"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("collective all_reduce"), std::string::npos) << r.out;  // tp's and dp's
+  EXPECT_NE(r.out.find("sum of the program"), std::string::npos) << r.out;
 }
 
 }  // namespace
