@@ -18,7 +18,12 @@ ActivationMemory::ActivationMemory(const std::string& kind, memory::Allocator* b
 ActivationMemory::~ActivationMemory() {
   size_t live = caching_->stats().bytes_live + (planned_ ? planned_->stats().bytes_live : 0);
   if (live == 0) return;
-  WEFT_DEBUG("memory", live, " bytes still live at shutdown: keeping the arena");
+  // The objects stay (their blocks' frees still come to them), but not the memory: each
+  // caching segment goes back to its source (the recycler of an online resize, for the next
+  // layout's blocks) once its last block is freed, typically when the world drops its sends.
+  WEFT_DEBUG("memory", live, " bytes still live at shutdown: keeping the arena's allocators, ",
+             "returning each segment as its blocks are freed");
+  caching_->release_as_freed();
   (void)source_.release();
   (void)caching_.release();
   (void)recorder_.release();

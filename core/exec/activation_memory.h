@@ -27,7 +27,8 @@ class ActivationMemory {
   explicit ActivationMemory(const std::string& kind, memory::Allocator* base = nullptr);
   // Blocks may still be live at destruction (a send in flight holds its buffer until the
   // communicator drops it, and communicators can outlive the trainer): the allocators are
-  // then left alive (leaked) instead of freed under those blocks.
+  // then left alive (leaked) instead of freed under those blocks, and the caching one returns
+  // each of its segments as soon as its last block is freed (a planned arena stays).
   ~ActivationMemory();
   ActivationMemory(const ActivationMemory&) = delete;
   ActivationMemory& operator=(const ActivationMemory&) = delete;
