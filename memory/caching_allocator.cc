@@ -144,23 +144,33 @@ void CachingAllocator::free(void* ptr) {
     b = prev;
   }
   pool.insert(b);
+  if (release_freed_ && !b->prev && !b->next) release_segment(b);
+}
+
+void CachingAllocator::release_segment(Block* head) {
+  auto it = segments_.find(head->ptr);
+  WEFT_CHECK(it != segments_.end() && it->second.head == head, "no segment starts at block ",
+             static_cast<void*>(head->ptr));
+  pool_of(head->small).erase(head);
+  source_->release(it->first, it->second.bytes);
+  stats_.bytes_reserved -= it->second.bytes;
+  caching_.num_segments--;
+  caching_.num_segment_releases++;
+  delete head;
+  segments_.erase(it);
 }
 
 void CachingAllocator::release_cached_segments() {
   for (auto it = segments_.begin(); it != segments_.end();) {
-    Block* head = it->second.head;
-    if (!head->allocated && !head->next) {  // one free block covering the whole segment
-      pool_of(head->small).erase(head);
-      source_->release(it->first, it->second.bytes);
-      stats_.bytes_reserved -= it->second.bytes;
-      caching_.num_segments--;
-      caching_.num_segment_releases++;
-      delete head;
-      it = segments_.erase(it);
-    } else {
-      ++it;
-    }
+    Block* head = (it++)->second.head;  // advanced first: the release erases the entry
+    if (!head->allocated && !head->next) release_segment(head);  // one free block: the segment
   }
+}
+
+void CachingAllocator::release_as_freed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  release_freed_ = true;
+  release_cached_segments();
 }
 
 void CachingAllocator::empty_cache() {

@@ -78,6 +78,11 @@ class CachingAllocator final : public Allocator {
 
   // Returns every segment that holds no live block to the source (torch.cuda.empty_cache).
   void empty_cache();
+  // For an arena whose owner is gone while some blocks are still live (a send in flight
+  // keeps its buffer until its communicator drops it): returns every segment without a live
+  // block now, and each other one as soon as its last block is freed, instead of caching
+  // them for requests that will not come. Requests still work (they reserve anew).
+  void release_as_freed();
   // True when `ptr` is a live block of this allocator (lets a wrapper route a free).
   bool owns(const void* ptr) const;
   CachingStats caching_stats() const;
@@ -108,6 +113,8 @@ class CachingAllocator final : public Allocator {
   Block* reserve_segment(bool small, size_t size);
   bool should_split(const Block* b, size_t size) const;
   void release_cached_segments();  // callers hold mu_
+  // Returns the segment whose one free block is `head` (callers hold mu_).
+  void release_segment(Block* head);
   void note_peaks();
 
   CachingOptions options_;
@@ -119,6 +126,7 @@ class CachingAllocator final : public Allocator {
     bool small;
     Block* head;  // the lowest block; merges keep the lower block, so this never changes
   };
+  bool release_freed_ = false;         // release_as_freed(): no caching from now on
   PointerMap<Block*> live_;            // allocated blocks by pointer
   std::map<char*, Segment> segments_;  // by start address
   AllocatorStats stats_;

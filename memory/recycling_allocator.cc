@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "base/check.h"
+#include "base/log.h"
 #include "base/populate.h"
 
 namespace weft::memory {
@@ -235,6 +236,9 @@ size_t RecyclingAllocator::reserve(const std::vector<size_t>& sizes, size_t max_
     }
     // Before allocating anything: what goes back lowers the peak that the new blocks raise.
     for (void* p : unwanted) base_.free(p);
+    WEFT_DEBUG("memory", "reserve of ", sizes.size(), " sizes: ", missing.size(),
+               " not covered by kept blocks; ", unwanted.size(), " kept blocks returned, ",
+               bytes_kept() >> 20, " MiB kept (spares among them)");
   }
   // Whether a block of `bytes` is still wanted: expected requests of its size outnumber the
   // kept blocks and those other reserves are faulting in.
@@ -243,7 +247,7 @@ size_t RecyclingAllocator::reserve(const std::vector<size_t>& sizes, size_t max_
     return generation_ == gen && e != expected_.end() &&
            e->second > kept_.count(bytes) + in_flight_[bytes] + returning_[bytes];
   };
-  size_t added = 0;
+  size_t added = 0, resident = 0, fresh = 0;
   // Two passes: a size that a spare could serve but none does yet waits for the second, so
   // that spares freed meanwhile (a survivor dropping the state it goes back from) serve it
   // instead of fresh pages; the sizes no spare can serve come first.
@@ -276,6 +280,8 @@ size_t RecyclingAllocator::reserve(const std::vector<size_t>& sizes, size_t max_
       // A reshaped spare's pages up to its old size are resident already.
       const size_t have = reshaped ? std::min(spare.second, bytes) : 0;
       if (bytes > have) fault_in(static_cast<char*>(p) + have, bytes - have);
+      resident += have;
+      fresh += bytes - have;
       if (reshaped) {
         std::lock_guard<std::mutex> lock(mu_);
         ++reshaped_;
@@ -301,6 +307,9 @@ size_t RecyclingAllocator::reserve(const std::vector<size_t>& sizes, size_t max_
     lock.unlock();  // no longer expected (a newer expectation, a trim)
     base_.free(p);
   }
+  WEFT_DEBUG("memory", "reserve: ", added >> 20, " MiB kept for the expected sizes, ",
+             resident >> 20, " MiB of them pages that existed (spares), ", fresh >> 20,
+             " MiB faulted in anew");
   return added;
 }
 

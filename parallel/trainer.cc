@@ -102,7 +102,9 @@ ParallelTrainer::ParallelTrainer(const core::JobSpec& spec, comm::Communicator& 
   std::vector<int> losses = mg_->aux_losses;
   losses.push_back(mg_->loss);
   exec_->set_loss_values(losses);
-  memory_ = std::make_unique<core::ActivationMemory>(spec_.memory.allocator);
+  // The arena's big segments from the same allocator as the state: a recycling one keeps
+  // their pages when this trainer goes, for the next layout's blocks (an online resize).
+  memory_ = std::make_unique<core::ActivationMemory>(spec_.memory.allocator, parts.persistent);
   balance_ = core::MoeBalance::for_model(spec_.model);
   lap(setup_times_.init);
 }

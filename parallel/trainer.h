@@ -52,9 +52,11 @@ struct TrainerParts {
   // planned by the trainer. Checked like a plan the trainer made (InternalError for another
   // world size, ConfigError naming "plan" for another model or batch).
   std::shared_ptr<const planner::Plan> plan;
-  // Serves the persistent tensors (gradient accumulators, and the state unless kDeferred):
-  // a memory::RecyclingAllocator hands a new trainer the blocks an old one freed. Null: the
-  // host allocator. Must outlive the trainer and every tensor it allocated (state_tensors()
+  // Serves the persistent tensors (gradient accumulators, and the state unless kDeferred)
+  // and the activation arena's big segments: a memory::RecyclingAllocator hands a new
+  // trainer the blocks an old one freed, and keeps the old arena's pages for the new
+  // layout's blocks rather than unmapping them at the old trainer's end. Null: the host
+  // allocator. Must outlive the trainer and every tensor it allocated (state_tensors()
   // views, hold_state).
   memory::Allocator* persistent = nullptr;
   // The process groups, split ahead over the trainer's `world` (an online resize connects

@@ -20,11 +20,15 @@ namespace weft::core {
 
 class ActivationMemory {
  public:
-  // `kind` is "caching" or "planned" (validated by the config).
-  explicit ActivationMemory(const std::string& kind);
+  // `kind` is "caching" or "planned" (validated by the config). `base`, when given, serves
+  // the arena's big segments (memory::AllocatorSegmentSource): a memory::RecyclingAllocator
+  // there keeps their pages when this arena goes, for the next trainer of the process to take
+  // (an online resize), instead of unmapping them. It must outlive this object.
+  explicit ActivationMemory(const std::string& kind, memory::Allocator* base = nullptr);
   // Blocks may still be live at destruction (a send in flight holds its buffer until the
   // communicator drops it, and communicators can outlive the trainer): the allocators are
-  // then left alive (leaked) instead of freed under those blocks.
+  // then left alive (leaked) instead of freed under those blocks, and the caching one returns
+  // each of its segments as soon as its last block is freed (a planned arena stays).
   ~ActivationMemory();
   ActivationMemory(const ActivationMemory&) = delete;
   ActivationMemory& operator=(const ActivationMemory&) = delete;
@@ -41,6 +45,9 @@ class ActivationMemory {
 
  private:
   std::string kind_;
+  // Where the allocators' segments come from (null: the host source). Before them, so that
+  // it outlives them.
+  std::unique_ptr<memory::SegmentSource> source_;
   // Declared first so they outlive blocks that later allocators' owners still hold.
   std::unique_ptr<memory::CachingAllocator> caching_;
   std::unique_ptr<memory::TraceRecorder> recorder_;

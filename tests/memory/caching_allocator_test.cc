@@ -151,6 +151,30 @@ TEST(CachingAllocator, EmptyCacheReleasesOnlySegmentsWithoutLiveBlocks) {
   EXPECT_EQ(a.caching_stats().num_segment_releases, 3u);
 }
 
+// An arena whose owner went while a block was still live (a send in flight): the segments
+// without a live block go back at once, the other as soon as its last block is freed, and a
+// freed block of it is not cached any more.
+TEST(CachingAllocator, ReleaseAsFreedReturnsEachSegmentWhenItsLastBlockIsFreed) {
+  HostSegmentSource source;
+  CachingAllocator a({}, &source);
+  void* huge = a.allocate(12 * MiB);
+  void* large = a.allocate(4 * MiB);
+  void* large2 = a.allocate(4 * MiB);  // the same 20 MiB segment as `large`
+  void* small = a.allocate(1000);
+  a.free(huge);
+  EXPECT_EQ(source.bytes_held(), 12 * MiB + 20 * MiB + 2 * MiB) << "cached";
+  a.release_as_freed();
+  EXPECT_EQ(source.bytes_held(), 20 * MiB + 2 * MiB) << "the free segment went back";
+  a.free(large);
+  EXPECT_EQ(source.bytes_held(), 20 * MiB + 2 * MiB) << "its segment still holds a live block";
+  a.free(large2);
+  EXPECT_EQ(source.bytes_held(), 2 * MiB) << "its last block freed: the segment went back";
+  a.free(small);
+  EXPECT_EQ(source.bytes_held(), 0u);
+  EXPECT_EQ(a.stats().bytes_reserved, 0u);
+  EXPECT_EQ(a.caching_stats().num_segment_releases, 3u);
+}
+
 TEST(CachingAllocator, OutOfMemoryReleasesTheCacheAndRetriesOnce) {
   HostSegmentSource source(24 * MiB);
   CachingAllocator a({}, &source);
