@@ -845,21 +845,13 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
     for (const auto& [k, v] : runs[n]) {
       const size_t at = k.find('@');
       if (at == std::string::npos || delay_key(k) || pr[n].count(k.substr(0, at))) continue;
-      // Every segment of this loop, over the repeats. Over the cores the probe's own ranks'
-      // sharing of the cores is most of every segment's delay and what those curves measure:
-      // the quietest quarter there priced the oversubscribed rows 30-55% under their runs,
-      // so there every segment is kept (no delay given), less the outliers.
-      const bool own_cores = n <= hw.cores;
-      std::vector<LoadSample> all;
-      for (const auto& [k2, v2] : runs[n]) {
-        if (k2.compare(0, at + 1, k, 0, at + 1) != 0 || delay_key(k2)) continue;
-        const auto delay = runs[n].find(k2 + "_delay");
-        for (size_t r = 0; r < v2.size(); ++r)
-          all.push_back({v2[r], own_cores && delay != runs[n].end() && r < delay->second.size()
-                                    ? delay->second[r]
-                                    : 0.0});
-      }
-      const LoadRobustLevel l = load_robust_level(all);
+      // Every segment of this loop, over the repeats, each with its delay: the least-delayed
+      // quarter gives the level, over the cores too (loop_segments). Before the communication
+      // threads' short slice (comm/gloo/thread_slice.h) every segment was kept there (the
+      // quarter priced those layouts 30-55% under); with it they run 0.47-0.93x as long, and
+      // every segment put the ten rows over the cores at 34-50% (median |error|) where the
+      // quarter gives 10-20% (docs/planner.md, "after the short slice").
+      const LoadRobustLevel l = load_robust_level(loop_segments(runs[n], k.substr(0, at)));
       pr[n][k.substr(0, at)] = l.value;
       pr[n][k.substr(0, at) + "_raw"] = l.raw;  // every segment's mean
       kept += l.kept, rejected += l.rejected;

@@ -191,6 +191,23 @@ LoadRobustLevel load_robust_level(const std::vector<LoadSample>& samples) {
   return l;
 }
 
+std::vector<LoadSample> loop_segments(const std::map<std::string, std::vector<double>>& probe,
+                                      const std::string& loop) {
+  const std::string prefix = loop + "@";
+  auto is_delay = [](const std::string& k) {
+    return k.size() > 6 && k.compare(k.size() - 6, 6, "_delay") == 0;
+  };
+  std::vector<LoadSample> all;
+  for (auto it = probe.lower_bound(prefix); it != probe.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+    if (is_delay(it->first)) continue;
+    const auto delay = probe.find(it->first + "_delay");
+    for (size_t r = 0; r < it->second.size(); ++r)
+      all.push_back({it->second[r],
+                     delay != probe.end() && r < delay->second.size() ? delay->second[r] : 0.0});
+  }
+  return all;
+}
+
 int refit_non_decreasing(std::vector<std::pair<double, double>>& curve) {
   // Pool adjacent violators: blocks of (sum, count), merged backwards while one's mean
   // exceeds the next's.

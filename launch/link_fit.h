@@ -13,6 +13,7 @@
 // took more than kLoadOutlier times what they predict is left out (LinkFit::rejected).
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,13 @@ struct LoadRobustLevel {
 };
 // Throws Error when `samples` holds no positive value.
 LoadRobustLevel load_robust_level(const std::vector<LoadSample>& samples);
+
+// One step-like loop's samples for load_robust_level: every segment `loop@k` of `probe`
+// (name -> one value per probe repeat), each with its `loop@k_delay` of the same repeat (0
+// where none was recorded). The same at every world: over the cores too since the
+// communication threads' short slice (docs/planner.md, "after the short slice").
+std::vector<LoadSample> loop_segments(const std::map<std::string, std::vector<double>>& probe,
+                                      const std::string& loop);
 
 // A wait curve's plausibility check and refit: the wait of a collective by the compute
 // before it (sync_wait_by_burst and the curves over the cores) cannot fall as that compute

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -186,6 +187,41 @@ TEST(LoadRobustLevel, AWaitTheDelayMissedIsAnOutlierAnIdleTickIsNot) {
 TEST(LoadRobustLevel, NoPositiveSampleIsAnError) {
   EXPECT_THROW(load_robust_level({}), Error);
   EXPECT_THROW(load_robust_level({{0, 0}, {-1, 0}}), Error);
+}
+
+// loop_segments: every segment of one loop over the repeats, each with its own repeat's
+// delay, whatever the world (over the cores the delays were dropped before the short slice,
+// so every segment was averaged); another loop's segments and names sharing a prefix stay out.
+TEST(LoadRobustLevel, EveryLoopsSegmentsCarryTheirDelaysAtEveryWorld) {
+  std::map<std::string, std::vector<double>> probe;
+  double quiet = 0;
+  for (int k = 0; k < 8; ++k) {
+    const std::string seg = "sync_pair_4B_b1@" + std::to_string(k);
+    // Three repeats; repeat 0 of segments 0-5 is the quiet quarter (6 of 24).
+    for (int r = 0; r < 3; ++r) {
+      const bool calm = r == 0 && k < 6;
+      const double delay = calm ? 1e-5 * k : 1e-3 * (1 + k + 8 * r);
+      probe[seg].push_back(1.5e-3 + delay);
+      probe[seg + "_delay"].push_back(delay);
+      if (calm) quiet += (1.5e-3 + delay) / 6;
+    }
+    probe["sync_pair_4B_b100@" + std::to_string(k)] = {9.0, 9.0, 9.0};
+  }
+  probe["sync_pair_4B_b1_burst"] = {7e-5, 7e-5, 7e-5};
+  const std::vector<LoadSample> s = loop_segments(probe, "sync_pair_4B_b1");
+  ASSERT_EQ(s.size(), 24u);
+  for (const LoadSample& p : s) EXPECT_NEAR(p.value - p.delay, 1.5e-3, 1e-15);
+  const LoadRobustLevel l = load_robust_level(s);
+  EXPECT_NEAR(l.value, quiet, 1e-15);
+  EXPECT_EQ(l.kept, 6);
+  EXPECT_LT(l.value, 0.2 * l.raw);  // every segment's mean: what the curves over the cores read
+  // A loop without delays keeps every segment (0 delay each).
+  probe.clear();
+  probe["sync_ar_4B_b4@0"] = {2e-3, 3e-3};
+  const std::vector<LoadSample> bare = loop_segments(probe, "sync_ar_4B_b4");
+  ASSERT_EQ(bare.size(), 2u);
+  EXPECT_EQ(bare[0].delay, 0.0);
+  EXPECT_EQ(bare[1].value, 3e-3);
 }
 
 // A wait curve that falls (a short burst's point loaded: 3.7 ms, then 1.4 and 1.5 ms
