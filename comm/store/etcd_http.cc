@@ -23,6 +23,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "comm/store/asio_deadline.h"
 #include "comm/store/etcd_kv.h"
 
 namespace weft::comm {
@@ -108,22 +109,13 @@ struct EtcdHttp::Impl {
   Impl(std::vector<EtcdEndpoint> e, Millis request, Millis failover)
       : endpoints(std::move(e)), request_timeout(request), failover_timeout(failover) {}
 
-  // Queues an operation through `start(done)` and runs it until `done(ec)` is called or
-  // `deadline` passes; then aborts it by closing the connection and returns timed_out.
+  // run_until_deadline on the request connection; at the deadline the connection is closed.
   template <typename Start>
   beast::error_code run(Start&& start, Clock::time_point deadline) {
-    std::optional<beast::error_code> result;
-    start([&result](beast::error_code ec) { result = ec; });
-    io.restart();
-    io.run_until(deadline);
-    if (!result) {
+    return run_until_deadline(io, start, deadline, [this] {
       resolver.cancel();
       disconnect();
-      io.restart();
-      io.run();  // the aborted handler runs now, while `result` is still alive
-      return asio::error::timed_out;
-    }
-    return *result;
+    });
   }
 
   // As run(), and every kLeaderCheck while the operation waits, `give_up()`: when it says
@@ -158,16 +150,10 @@ struct EtcdHttp::Impl {
     const EtcdEndpoint& ep = endpoints[i];
     const auto deadline = Clock::now() + wait;
     auto step = [&](auto start) {
-      std::optional<beast::error_code> r;
-      start([&r](beast::error_code ec) { r = ec; });
-      side_io.restart();
-      side_io.run_until(deadline);
-      if (r) return *r;
-      side_resolver.cancel();
-      close_side();
-      side_io.restart();
-      side_io.run();
-      return beast::error_code(asio::error::timed_out);
+      return run_until_deadline(side_io, start, deadline, [this] {
+        side_resolver.cancel();
+        close_side();
+      });
     };
     beast::error_code ec;
     if (side_connected_to != i) {

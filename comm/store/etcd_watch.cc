@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "comm/store/asio_deadline.h"
 #include "comm/store/etcd_kv.h"
 
 namespace weft::comm {
@@ -38,23 +39,15 @@ constexpr size_t kMaxMessageBytes = size_t(64) << 20;
 struct EtcdWatch::Impl {
   explicit Impl(EtcdEndpoint m) : member(std::move(m)) {}
 
-  // Runs the operation that `start(done)` queues until it completes or `deadline` passes;
-  // then cancels it (the socket stays open) and returns timed_out.
+  // run_until_deadline on the stream; at the deadline only the pending operation is
+  // cancelled: the socket, and the watch at the member, stay for the next call.
   template <typename Start>
   beast::error_code run(Start&& start, Clock::time_point deadline) {
-    std::optional<beast::error_code> result;
-    start([&result](beast::error_code ec) { result = ec; });
-    io.restart();
-    io.run_until(deadline);
-    if (!result) {
+    return run_until_deadline(io, start, deadline, [this] {
       resolver.cancel();
       beast::error_code ignored;
       stream.socket().cancel(ignored);
-      io.restart();
-      io.run();  // the cancelled handler runs now, while `result` is still alive
-      return asio::error::timed_out;
-    }
-    return *result;
+    });
   }
 
   [[noreturn]] void fail(const std::string& what) const {

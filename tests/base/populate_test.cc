@@ -9,8 +9,12 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/resident_pages.h"
+
 namespace weft {
 namespace {
+
+using test::resident_pages;
 
 constexpr size_t kPage = 4096;
 
@@ -44,15 +48,6 @@ TEST(Populate, NoPiecesWhenNoWholePageFits) {
   EXPECT_EQ(populate_pieces(reinterpret_cast<const void*>(base), kPage, kPage).size(), 1u);
 }
 
-// Resident pages of [p, p + bytes), by mincore.
-size_t resident_pages(void* p, size_t bytes) {
-  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
-  std::vector<unsigned char> v((bytes + page - 1) / page);
-  EXPECT_EQ(::mincore(p, bytes, v.data()), 0) << std::strerror(errno);
-  size_t n = 0;
-  for (unsigned char c : v) n += c & 1;
-  return n;
-}
 
 TEST(Populate, WriteMakesEveryPageOfAFreshMappingResidentAcrossManyPieces) {
   const size_t page = size_t(::sysconf(_SC_PAGESIZE));

@@ -20,36 +20,23 @@
 #include "memory/planned_allocator.h"
 #include "memory/recycling_allocator.h"
 #include "memory/trace.h"
+#include "tests/support/resident_pages.h"
 
 namespace weft::memory {
 namespace {
 
+using test::resident_pages;
+using test::thread_minor_faults;
+
 constexpr size_t kMiB = size_t(1) << 20;
 constexpr size_t kPage = 4096;
 
-// This thread's minor faults (other threads' do not count).
-size_t minor_faults() {
-  rusage u{};
-  ::getrusage(RUSAGE_THREAD, &u);
-  return size_t(u.ru_minflt);
-}
-
-size_t resident_pages(const void* p, size_t bytes) {
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t lo = at / kPage * kPage;
-  const size_t n = (at + bytes - lo + kPage - 1) / kPage;
-  std::vector<unsigned char> v(n);
-  if (::mincore(reinterpret_cast<void*>(lo), n * kPage, v.data()) != 0) return 0;
-  size_t r = 0;
-  for (unsigned char c : v) r += c & 1;
-  return r;
-}
 
 // The faults of writing the first `bytes` of `p`.
 size_t faults_writing(void* p, size_t bytes, int value) {
-  const size_t before = minor_faults();
+  const size_t before = thread_minor_faults();
   std::memset(p, value, bytes);
-  return minor_faults() - before;
+  return thread_minor_faults() - before;
 }
 
 // A trainer's arena, then the next layout's block: the arena's 48 MiB segment is kept when the

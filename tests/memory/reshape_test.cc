@@ -17,24 +17,16 @@
 #include "memory/host_allocator.h"
 #include "memory/huge_pages.h"
 #include "memory/recycling_allocator.h"
+#include "tests/support/resident_pages.h"
 
 namespace weft::memory {
 namespace {
 
+using test::resident_pages;
+
 constexpr size_t kMiB = size_t(1) << 20;
 constexpr size_t kPage = 4096;
 
-// Resident pages of [p, p + bytes), by mincore.
-size_t resident_pages(const void* p, size_t bytes) {
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t lo = at / kPage * kPage;
-  const size_t n = (at + bytes - lo + kPage - 1) / kPage;
-  std::vector<unsigned char> v(n);
-  if (::mincore(reinterpret_cast<void*>(lo), n * kPage, v.data()) != 0) return 0;
-  size_t r = 0;
-  for (unsigned char c : v) r += c & 1;
-  return r;
-}
 
 void fill(void* p, size_t bytes, unsigned char seed) {
   auto* c = static_cast<unsigned char*>(p);
