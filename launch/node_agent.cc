@@ -977,6 +977,16 @@ int NodeAgent::finish(int rc, const std::string& verdict, bool close, const std:
       } catch (const std::exception&) {
         break;
       }
+  // The store's host waits for the spares still waiting too: a parked spare sees the job's
+  // end (or its close) within a second and goes; the store gone first would be a lost store
+  // to it, a failure.
+  if (server_ && rdzv_) try {
+      const comm::MembershipRecord r = rdzv_->read_record();
+      for (const std::string& id : r.spares)
+        while (id != me_ && Clock::now() < until && store_->check({rdzv_->alive_key(id)}))
+          std::this_thread::sleep_for(ro_.poll_interval);
+    } catch (const std::exception&) {
+    }
   rdzv_->heartbeat().stop_and_erase();
   return rc;
 }

@@ -1105,14 +1105,24 @@ std::optional<EpochNotice> RankTraining::park() {
   std::vector<int> worlds{base_.nnodes_max * per_node};
   if (base_.nnodes_max - 1 >= std::max(1, base_.nnodes_min))
     worlds.push_back((base_.nnodes_max - 1) * per_node);
-  for (int w : worlds) (void)plans_.plan(w);
-  std::vector<size_t> sizes = sizes_to_fault(*plans_.plan(worlds[0]), env_.rank, held_);
+  // A world its degrees cannot train is left out here; its entry, if it comes, says why.
+  std::vector<int> planned;
+  for (int w : worlds) try {
+      (void)plans_.plan(w);
+      planned.push_back(w);
+    } catch (const Error&) {
+    }
+  std::vector<size_t> sizes;
+  if (!planned.empty() && planned[0] == worlds[0])
+    sizes = sizes_to_fault(*plans_.plan(worlds[0]), env_.rank, held_);
   size_t bytes = 0;
   for (size_t b : sizes) bytes += b;
-  prefault_.start(std::move(sizes), SIZE_MAX);
-  prefault_.wait();
+  if (!sizes.empty()) {
+    prefault_.start(std::move(sizes), SIZE_MAX);
+    prefault_.wait();
+  }
   std::string list;
-  for (int w : worlds) list += (list.empty() ? "" : ", ") + std::to_string(w);
+  for (int w : planned) list += (list.empty() ? "" : ", ") + std::to_string(w);
   std::printf("weft train: rank %d parked (a spare's worker, pid %d): plans of worlds %s made and "
               "%.1f MiB of its state faulted in, %.2f s; waiting for its admission\n",
               env_.rank, int(::getpid()), list.c_str(), mib(bytes), since(t));
