@@ -1094,6 +1094,10 @@ int NodeAgent::run() {
       so_.rdzv_epoch = 0;
       so_.restart_count = 0;
       so_.store_prefix.clear();
+      // The rendezvous endpoint's address, a well-formed one that they do not connect to:
+      // the epoch's workers' store comes with their first notice.
+      so_.store_host = host_;
+      so_.store_port = port_;
       so_.monitor = [this] { return parked_monitor(); };
       so_.verdict_is_loss = [this] { return admitted_ && stop_.restart && stop_.failure; };
       ::setenv(kParkedVar, "1", 1);
