@@ -200,6 +200,7 @@ class NodeAgent {
   void join_behind();
   std::string parked_monitor();
   bool job_ended_without_this_node();
+  bool finished_before(const comm::Membership& m);
   [[noreturn]] void end_parked(const Outcome& out);
   bool parked_ = false, admitted_ = false;
   Clock::time_point started_{};
@@ -505,6 +506,16 @@ std::string NodeAgent::parked_monitor() {
       return job_ended_without_this_node() ? "the job ended before this spare was admitted" : "";
     joining_.join();
     if (!m) return str("node ", me_, " waited as a spare and cannot join: ", error);
+    if (finished_before(*m)) {
+      // The epoch formed because a member finished (its heartbeat ended with the job), not
+      // because one was lost: nobody trains in it. This node leaves it at once.
+      job_ended_ = true;
+      try {
+        rdzv_->leave();
+      } catch (const std::exception&) {
+      }
+      return "the job ended before this spare was admitted";
+    }
     admitted_ = true;
     say_joined(*m, started_);
     watch_membership();
@@ -526,6 +537,22 @@ std::string NodeAgent::parked_monitor() {
   }
   sync_snapshot_peers();
   return monitor(current_, round_);
+}
+
+// Whether a member of the epoch before `m` finished there (exited 0): a member's heartbeat
+// ends only once every other member finished too (finish()'s barrier), so an epoch formed
+// then is the job's end mistaken for a loss.
+bool NodeAgent::finished_before(const comm::Membership& m) {
+  try {
+    const std::string prefix =
+        str(key_, "epoch/", m.epoch - 1, "/round/", current_round(), "/exited/");
+    for (const comm::Member& x : m.members)
+      if (x.node_id != me_ && store_->check({prefix + x.node_id}) &&
+          comm::to_string(store_->get(prefix + x.node_id)) == "0")
+        return true;
+  } catch (const std::exception&) {
+  }
+  return false;
 }
 
 // Every member of the latest epoch's attempt finished (exited 0): nobody will ever admit this
