@@ -162,7 +162,7 @@ TEST(LiveResizeSpare, ASpareNeverAdmittedStopsItsParkedWorkerAtTheJobsEnd) {
   ASSERT_FALSE(folder.empty()) << job.all_logs();
   EXPECT_TRUE(fs::exists(folder));
   job.expect_exits({0, 1, 2, spare});
-  EXPECT_EQ(job.lines_with(spare, "the job ended before this spare was admitted").size(), 1u)
+  EXPECT_EQ(job.lines_with(spare, "the job ended before this spare was admitted; its parked").size(), 1u)
       << job.all_logs();
   EXPECT_TRUE(job.lines_with(spare, "weft run: failed").empty()) << job.all_logs();
   EXPECT_TRUE(gone(parked[0]));
