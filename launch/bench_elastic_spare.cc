@@ -29,28 +29,30 @@ using Clock = BenchAgent::Clock;
 
 std::vector<std::string> spare_argv(const Options& o, const std::string& bin, bool live, int port) {
   const double hb = heartbeat_seconds(o);
-  std::vector<std::string> v = {bin, "run", "--nnodes", "2:3", "--nproc-per-node", "1",
-                                "--max-restarts", live ? "0" : "1"};
+  std::vector<std::string> v = {
+      bin, "run", "--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", live ? "0" : "1"};
   v.insert(v.end(), {"--rdzv-id", str("bench-spare-", live ? "reshard-" : "restart-", ::getpid())});
   v.insert(v.end(), {"--rdzv-endpoint", "127.0.0.1:" + std::to_string(port)});
   v.insert(v.end(), {"--rdzv-conf", str("heartbeat_interval=", hb / 5, ",heartbeat_timeout=", hb)});
   v.insert(v.end(), {"--", bin, "train", "--config", o.config});
-  for (const std::string& s : train_sets(o, int(o.spec.model.layers))) v.insert(v.end(), {"--set", s});
+  for (const std::string& s : train_sets(o, int(o.spec.model.layers)))
+    v.insert(v.end(), {"--set", s});
   v.insert(v.end(), {"--set", live ? "elastic.on_change=reshard" : "elastic.on_change=restart"});
   // The checkpoint side: a checkpoint every 2 steps, the kill right after the first (its
   // best case); no snapshots on either side (every rank holds a whole replica).
-  if (!live && !user_sets(o, "checkpoint.every")) v.insert(v.end(), {"--set", "checkpoint.every=2"});
+  if (!live && !user_sets(o, "checkpoint.every"))
+    v.insert(v.end(), {"--set", "checkpoint.every=2"});
   v.insert(v.end(), {"--set", "snapshot.every=0"});
   return v;
 }
 
 struct SpareSide {
-  bool parked = false;    // the spare's worker was started before the loss, and parked
-  double parked_s = -1;   // what it prepared while parked (its line)
-  double detect = -1;     // from the kill: a survivor's agent names the change
-  double ready = -1;      // the new rank 0 says it trains again (resize line / checkpoint loaded)
-  double first = -1;      // the new world's first step line
-  std::string resize;     // the live side's resize line
+  bool parked = false;   // the spare's worker was started before the loss, and parked
+  double parked_s = -1;  // what it prepared while parked (its line)
+  double detect = -1;    // from the kill: a survivor's agent names the change
+  double ready = -1;     // the new rank 0 says it trains again (resize line / checkpoint loaded)
+  double first = -1;     // the new world's first step line
+  std::string resize;    // the live side's resize line
 };
 
 class SpareRun {
@@ -130,25 +132,26 @@ SpareSide run_spare_side(Options& o, const std::string& bin, bool live) {
   run.start();
   run.start();
   int steps = 0;
-  run.wait({}, "three steps of the first world", [&](int, const std::string& l) {
-    return rank0_step(l) && ++steps >= 3;
-  });
+  run.wait({}, "three steps of the first world",
+           [&](int, const std::string& l) { return rank0_step(l) && ++steps >= 3; });
   if (!live)
     run.wait({}, "the first checkpoint", [](int, const std::string& l) {
       return l.rfind("[rank 0] checkpoint: step ", 0) == 0 && has(l, " saved to ");
     });
   const int spare = run.start();
-  run.wait({}, "the spare's line", [&](int i, const std::string& l) {
-    return i == spare && has(l, "waits as a spare");
-  });
+  run.wait({}, "the spare's line",
+           [&](int i, const std::string& l) { return i == spare && has(l, "waits as a spare"); });
   note(run.now(), str(side, ": agent ", spare, " waits as a spare"));
   // A build that parks its spare's worker starts it now: wait until it is ready (its line);
   // one that does not has no worker under the spare's agent.
   const double t_spare = run.now();
   for (;;) {
-    auto p = run.wait({}, "the spare's parked worker", [&](int i, const std::string& l) {
-      return i == spare && has(l, "waiting for its admission");
-    }, 0.5);
+    auto p = run.wait(
+        {}, "the spare's parked worker",
+        [&](int i, const std::string& l) {
+          return i == spare && has(l, "waiting for its admission");
+        },
+        0.5);
     if (p) {
       r.parked = true;
       static const std::regex re(R"(faulted in, ([\d.]+) s; waiting)");
@@ -159,7 +162,8 @@ SpareSide run_spare_side(Options& o, const std::string& bin, bool live) {
     if (run.now() - t_spare > 3 && snapbench::children_of(run.agent(spare).pid()).size() < 2)
       break;  // the agent's guardian alone: no worker before the admission
   }
-  note(run.now(), str(side, r.parked ? ": the spare's worker is parked" : ": the spare has no worker yet"));
+  note(run.now(),
+       str(side, r.parked ? ": the spare's worker is parked" : ": the spare has no worker yet"));
   // The victim: a member that neither hosts the store nor leads (the last node index).
   int victim = -1, best = -1;
   for (int i = 0; i < spare; ++i) {
@@ -169,20 +173,23 @@ SpareSide run_spare_side(Options& o, const std::string& bin, bool live) {
   }
   if (victim < 0) throw Error("no member to kill (no node index seen)");
   steps = 0;
-  run.wait(run.marks(), "two more steps", [&](int, const std::string& l) {
-    return rank0_step(l) && ++steps >= 2;
-  });
+  run.wait(run.marks(), "two more steps",
+           [&](int, const std::string& l) { return rank0_step(l) && ++steps >= 2; });
   const std::vector<size_t> from = run.marks();
   const double t_kill = run.now();
   run.kill(victim);
   note(t_kill, str(side, ": killed agent ", victim, " and its worker (SIGKILL)"));
-  r.detect = run.wait(from, "the loss's detection", [&](int i, const std::string& l) {
-    return i != victim && has(l, "weft run: membership changed");
-  })->second.t - t_kill;
+  r.detect = run.wait(from, "the loss's detection",
+                      [&](int i, const std::string& l) {
+                        return i != victim && has(l, "weft run: membership changed");
+                      })
+                 ->second.t -
+             t_kill;
   int lead = -1;
   size_t lead_at = 0;
   const auto ready = run.wait(from, "the new world's ready line", [&](int i, const std::string& l) {
-    const bool hit = live ? has(l, "resize: epoch") : l.rfind("[rank 0] checkpoint: resumed from ", 0) == 0;
+    const bool hit =
+        live ? has(l, "resize: epoch") : l.rfind("[rank 0] checkpoint: resumed from ", 0) == 0;
     if (hit) lead = i;
     return hit;
   });
@@ -193,22 +200,24 @@ SpareSide run_spare_side(Options& o, const std::string& bin, bool live) {
     if (lines[k].text == ready->second.text) lead_at = k;
   std::vector<size_t> after = run.marks();
   after[size_t(lead)] = lead_at + 1;
-  r.first = run.wait(after, "the new world's first step", [&](int i, const std::string& l) {
-    return i == lead && rank0_step(l);
-  })->second.t - t_kill;
-  note(run.now(), str(side, ": the world of 3 (the spare in) logged its first step ",
-                      r.first, " s after the kill"));
+  r.first = run.wait(after, "the new world's first step",
+                     [&](int i, const std::string& l) { return i == lead && rank0_step(l); })
+                ->second.t -
+            t_kill;
+  note(run.now(), str(side, ": the world of 3 (the spare in) logged its first step ", r.first,
+                      " s after the kill"));
   return r;
 }
 
 }  // namespace
 
 int run_spare_bench(Options& o, const std::string& bin) {
-  std::printf("weft bench elastic --mode spare: 3 agents (--nnodes 2:3) and a spare on 127.0.0.1, "
-              "%.2fM parameters with Adam (zero 0, dp auto), train.threads %d; one member lost "
-              "whole (its agent and its worker SIGKILLed) 2 steps after the spare waits; agents "
-              "and workers: %s\n",
-              o.params / 1e6, o.threads, bin.c_str());
+  std::printf(
+      "weft bench elastic --mode spare: 3 agents (--nnodes 2:3) and a spare on 127.0.0.1, "
+      "%.2fM parameters with Adam (zero 0, dp auto), train.threads %d; one member lost "
+      "whole (its agent and its worker SIGKILLed) 2 steps after the spare waits; agents "
+      "and workers: %s\n",
+      o.params / 1e6, o.threads, bin.c_str());
   std::fflush(stdout);
   const std::string token = comm::auth::generate_token();
   ::setenv("WEFT_JOB_TOKEN", token.c_str(), 1);
@@ -221,7 +230,8 @@ int run_spare_bench(Options& o, const std::string& bin) {
     return 1;
   }
   auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
-  std::printf("\nfrom the kill (s)      | %9s | %9s | %s\n", "restart", "reshard", "restart / reshard");
+  std::printf("\nfrom the kill (s)      | %9s | %9s | %s\n", "restart", "reshard",
+              "restart / reshard");
   std::printf("detect                 | %9.3f | %9.3f | %8.1fx\n", restart.detect, live.detect,
               ratio(restart.detect, live.detect));
   std::printf("ready (rank 0's line)  | %9.3f | %9.3f | %8.1fx\n", restart.ready, live.ready,
@@ -241,7 +251,8 @@ int run_spare_bench(Options& o, const std::string& bin) {
     std::error_code ec;
     fs::remove_all(o.dir, ec);
   } else {
-    std::printf("logs (<side>-agent-<i>.log, lines stamped in seconds) kept in %s\n", o.dir.c_str());
+    std::printf("logs (<side>-agent-<i>.log, lines stamped in seconds) kept in %s\n",
+                o.dir.c_str());
   }
   return 0;
 }

@@ -162,8 +162,8 @@ TEST(LiveResizeSpare, ASpareNeverAdmittedStopsItsParkedWorkerAtTheJobsEnd) {
   ASSERT_FALSE(folder.empty()) << job.all_logs();
   EXPECT_TRUE(fs::exists(folder));
   job.expect_exits({0, 1, 2, spare});
-  EXPECT_EQ(job.lines_with(spare, "the job ended before this spare was admitted; its parked").size(), 1u)
-      << job.all_logs();
+  const char* ended = "the job ended before this spare was admitted; its parked workers stopped";
+  EXPECT_EQ(job.lines_with(spare, ended).size(), 1u) << job.all_logs();
   EXPECT_TRUE(job.lines_with(spare, "weft run: failed").empty()) << job.all_logs();
   EXPECT_TRUE(gone(parked[0]));
   EXPECT_FALSE(fs::exists(folder));
