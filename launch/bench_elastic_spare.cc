@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -131,9 +132,15 @@ SpareSide run_spare_side(Options& o, const std::string& bin, bool live) {
   });
   run.start();
   run.start();
-  int steps = 0;
-  run.wait({}, "three steps of the first world",
-           [&](int, const std::string& l) { return rank0_step(l) && ++steps >= 3; });
+  // Counted by step number: wait() looks at every line again on each pass.
+  std::set<long long> steps;
+  auto count = [&](size_t n) {
+    return [&steps, n](int, const std::string& l) {
+      if (long long s = step_of(l); s >= 0) steps.insert(s);
+      return steps.size() >= n;
+    };
+  };
+  run.wait({}, "three steps of the first world", count(3));
   if (!live)
     run.wait({}, "the first checkpoint", [](int, const std::string& l) {
       return l.rfind("[rank 0] checkpoint: step ", 0) == 0 && has(l, " saved to ");
@@ -172,9 +179,8 @@ SpareSide run_spare_side(Options& o, const std::string& bin, bool live) {
       if (auto n = node_line(l.text); n && n->first > best) best = n->first, victim = i;
   }
   if (victim < 0) throw Error("no member to kill (no node index seen)");
-  steps = 0;
-  run.wait(run.marks(), "two more steps",
-           [&](int, const std::string& l) { return rank0_step(l) && ++steps >= 2; });
+  steps.clear();
+  run.wait(run.marks(), "two more steps", count(2));
   const std::vector<size_t> from = run.marks();
   const double t_kill = run.now();
   run.kill(victim);
