@@ -195,7 +195,8 @@ SpareSide run_spare_side(Options& o, const std::string& bin, bool live) {
   size_t lead_at = 0;
   const auto ready = run.wait(from, "the new world's ready line", [&](int i, const std::string& l) {
     const bool hit =
-        live ? has(l, "resize: epoch") : l.rfind("[rank 0] checkpoint: resumed from ", 0) == 0;
+        live ? l.rfind("[rank 0] resize: epoch ", 0) == 0  // not the debug lines ("DEBUG resize:")
+             : l.rfind("[rank 0] checkpoint: resumed from ", 0) == 0;
     if (hit) lead = i;
     return hit;
   });
