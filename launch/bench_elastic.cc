@@ -34,7 +34,7 @@ namespace weft::launch {
 namespace bench {
 
 constexpr const char* kHelp =
-    "usage: weft bench elastic [--mode restart|reshard|both] [--leaves apart|together]\n"
+    "usage: weft bench elastic [--mode restart|reshard|both|spare] [--leaves apart|together]\n"
     "                          [--nodes N] [--config FILE]\n"
     "                          [--params P] [--set KEY=VALUE]... [--threads T]\n"
     "                          [--heartbeat-timeout S] [--timeout S] [--dir DIR] [--keep]\n"
@@ -80,6 +80,15 @@ constexpr const char* kHelp =
     "                  with --resume at once; that side's last call is 0.1 s (its best\n"
     "                  case; torchrun's default is 30 s). Then reshard, and the ratio\n"
     "                  restart / reshard per change in both measures.\n"
+    "  --mode spare    a member lost whole (its agent and worker SIGKILLed) while a spare\n"
+    "                  waits (--nnodes 2:3, 3 agents and a fourth beyond MAX; zero 0, dp auto,\n"
+    "                  global_batch 12, 100M parameters by default), first under\n"
+    "                  elastic.on_change: restart (checkpoint every 2 steps, the kill after the\n"
+    "                  first), then reshard (the spare's worker, parked since the spare\n"
+    "                  registered, enters as a newcomer); from the kill: detect, ready (rank 0's\n"
+    "                  resize or checkpoint line), the first step of the world of 3, as a ratio\n"
+    "  --weft BIN      spare: the weft binary the agents and workers run (named `weft`;\n"
+    "                  default this one), to compare builds on the same bench\n"
     "  --leaves apart  (default) the two leaves one at a time: leave-a 4 -> 3, then, once that\n"
     "                  world trains, leave-b 3 -> 2\n"
     "  --leaves together  both SIGTERMs at once: leave 4 -> 2, in one epoch (the survivors\n"
@@ -574,16 +583,18 @@ int run_elastic_bench(const std::vector<std::string>& argv) {
     if (s == "--help" || s == "-h") return std::fputs(kHelp, stdout), 0;
   Args a(argv,
          {"--mode", "--nodes", "--config", "--params", "--set", "--threads", "--heartbeat-timeout",
-          "--timeout", "--dir", "--leaves"},
+          "--timeout", "--dir", "--leaves", "--weft"},
          {"--keep"});
   Options o;
   o.mode = a.get_or("--mode", "restart");
-  if (o.mode != "restart" && o.mode != "reshard" && o.mode != "both")
-    throw ConfigError("--mode", "'" + o.mode + "': expected restart, reshard or both");
+  if (o.mode != "restart" && o.mode != "reshard" && o.mode != "both" && o.mode != "spare")
+    throw ConfigError("--mode", "'" + o.mode + "': expected restart, reshard, both or spare");
+  if (a.has("--weft") && o.mode != "spare")
+    throw ConfigError("--weft", "only --mode spare runs another build; leave it out");
   o.leaves = a.get_or("--leaves", "apart");
   if (o.leaves != "apart" && o.leaves != "together")
     throw ConfigError("--leaves", "'" + o.leaves + "': expected apart or together");
-  if (o.mode == "restart" && a.has("--leaves"))
+  if ((o.mode == "restart" || o.mode == "spare") && a.has("--leaves"))
     throw ConfigError("--leaves", "only --mode reshard and both have leaves; leave it out");
   o.nodes = int(a.get_int("--nodes", 3));
   if (o.mode == "restart" && (o.nodes < 3 || o.nodes > 16))
@@ -604,7 +615,7 @@ int run_elastic_bench(const std::vector<std::string>& argv) {
   // the dead ranks' moments live on in the survivors) and a batch dp 4, 3 and 2 divide.
   if (o.mode != "restart")
     o.mode_sets = {"parallel.zero=0", "parallel.dp=auto", "train.global_batch=12"};
-  const int most = o.mode == "restart" ? o.nodes : 4;
+  const int most = o.mode == "restart" ? o.nodes : 4;  // spare: 3 members and the spare
   o.threads = int(a.get_int("--threads", std::max(1, cores / most)));
   if (o.threads < 1) throw ConfigError("--threads", "expected at least 1");
   // Before the scratch folder exists: a refusal leaves nothing behind.
@@ -612,6 +623,15 @@ int run_elastic_bench(const std::vector<std::string>& argv) {
     size_job(o, a, {o.nodes, o.nodes - 1}, 0);
     make_dir(o, a);
     return run_restart(o) ? 0 : 1;
+  }
+  if (o.mode == "spare") {
+    const std::string bin = a.get_or("--weft", self_exe());
+    if (fs::path(bin).filename() != "weft" || !fs::exists(bin))
+      throw ConfigError("--weft", "'" + bin + "': expected an existing binary named weft (weft "
+                                  "run starts a command whose first word is weft as itself)");
+    size_job(o, a, {3, 2}, kReshardDefaultParams);
+    make_dir(o, a);
+    return run_spare_bench(o, fs::absolute(bin).string());
   }
   size_job(o, a, {4, 3, 2}, kReshardDefaultParams);
   choose_snapshots(o);

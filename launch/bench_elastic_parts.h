@@ -108,5 +108,8 @@ std::optional<RestartResult> run_restart(Options& o);
 // The planned changes and a failure (launch/bench_elastic_planned.h) on a live job and, with
 // `both`, first on a checkpoint-restarted one; the tables. Returns the exit code.
 int run_reshard(Options& o, bool both);
+// --mode spare (launch/bench_elastic_spare.cc): a member lost whole while a spare waits, on a
+// checkpoint-restarted job and a live one, side by side; agents and workers run `bin`.
+int run_spare_bench(Options& o, const std::string& bin);
 
 }  // namespace weft::launch::bench

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "base/env.h"
 #include "base/error.h"
 
 namespace weft::launch {
@@ -83,6 +84,20 @@ std::string resume_source(const core::JobSpec& spec, const parallel::LaunchEnv& 
     if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0)
       return spec.checkpoint.dir;
   return "";
+}
+
+bool parked_worker() { return env_int(kParkedVar, 0) == 1; }
+
+std::optional<EpochNotice> wait_for_admission(const EpochWatch& watch,
+                                              const volatile std::sig_atomic_t& stop) {
+  NoticeWaiter waiter(watch.path());
+  for (;;) {
+    if (stop) return std::nullopt;
+    if (std::optional<EpochNotice> n = watch.newer()) return n;
+    // The notice's rename wakes the waiter (inotify); a stop signal, which may land on another
+    // thread, is seen within the slice.
+    waiter.wait(std::chrono::milliseconds(200));
+  }
 }
 
 bool continues_run(const parallel::LaunchEnv& env, bool resume_flag) {

@@ -2,9 +2,12 @@
 // worker that weft run restarted picks the job up (elastic.on_change: restart).
 #pragma once
 
+#include <csignal>
+#include <optional>
 #include <string>
 
 #include "core/config/job_spec.h"
+#include "launch/epoch_notice.h"
 #include "parallel/launch_env.h"
 
 namespace weft::launch {
@@ -30,5 +33,18 @@ std::string resume_source(const core::JobSpec& spec, const parallel::LaunchEnv& 
 // Whether this run continues an earlier one's run folder and metrics (--resume, or a
 // restarted attempt, which replaces the lines of the steps it repeats).
 bool continues_run(const parallel::LaunchEnv& env, bool resume_flag);
+
+// A spare's worker, started parked (WEFT_PARKED=1) by its agent while the node waits as a
+// spare: its rank, world and epoch are guesses (the lost node's place in a full world) until
+// the agent's first notice says where it enters. It prepares what does not depend on them
+// (config, data, plans of the likely worlds, its state's pages) and then waits here.
+inline constexpr const char* kParkedVar = "WEFT_PARKED";
+bool parked_worker();
+
+// Blocks, costing no CPU (inotify on the notice's folder; five looks a second besides, for a stop signal),
+// until the agent posts the first epoch this worker enters (returned) or `stop` is set by
+// a signal (nullopt: the spare was never admitted, and ends cleanly).
+std::optional<EpochNotice> wait_for_admission(const EpochWatch& watch,
+                                              const volatile std::sig_atomic_t& stop);
 
 }  // namespace weft::launch

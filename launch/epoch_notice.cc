@@ -28,7 +28,8 @@ void write_epoch_notice(const std::string& path, const EpochNotice& n) {
       << "\nnproc " << n.nproc << "\nstore_host " << n.store_host << "\nstore_port " << n.store_port
       << "\nstore_prefix " << n.store_prefix << "\nlost " << (n.lost ? 1 : 0) << "\nlost_at "
       << n.lost_at << "\ntransit_nodes " << n.transit_nodes << "\nleave " << (n.leave ? 1 : 0)
-      << "\nreleased " << (n.released ? 1 : 0) << "\nlost_since";
+      << "\nreleased " << (n.released ? 1 : 0) << "\nrestart_count " << n.restart_count
+      << "\nlost_since";
     for (const auto& [epoch, lost] : n.lost_since) f << " " << epoch << ":" << (lost ? 1 : 0);
     f << "\nwhy " << n.why << "\n";
     if (!f) throw IoError("cannot write the epoch notice " + tmp);
@@ -75,6 +76,7 @@ std::optional<EpochNotice> read_epoch_notice(const std::string& path) {
       else if (key == "transit_nodes") n.transit_nodes = std::stoi(value);
       else if (key == "leave") n.leave = value == "1";
       else if (key == "released") n.released = value == "1";
+      else if (key == "restart_count") n.restart_count = std::stoi(value);
       else if (key == "lost_since") n.lost_since = parse_lost_since(value);
       else if (key == "why") n.why = value;
     } catch (const std::exception&) {

@@ -42,6 +42,10 @@ struct EpochNotice {
   // of them decides by it, exactly: a node that joined after its epoch and died is not one
   // of its world's processes. `lost_at` decides for a worker in an epoch not listed.
   std::map<int64_t, bool> lost_since;
+  // TORCHELASTIC_RESTART_COUNT of a worker started in this epoch ((epoch - 1) + round): a
+  // parked spare's worker, started before it had an epoch, takes it from its first notice
+  // (its run folder and metrics continue the job's, as a newcomer's do). -1: not given.
+  int restart_count = -1;
   std::string why;  // "membership changed: epoch 2 -> 3, 4 -> 2 nodes (lost a-12, b-9)"
   // Nodes of the epoch's first world, the transition: the members (node_index < nnodes),
   // then the nodes that left the previous epoch gracefully, whose workers hand their state

@@ -2,6 +2,7 @@
 #include "launch/node_agent.h"
 
 #include <arpa/inet.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -23,6 +25,7 @@
 #include "comm/store/etcd_store.h"
 #include "comm/store/tcp_store.h"
 #include "comm/store/tcp_store_server.h"
+#include "launch/elastic_worker.h"
 #include "launch/epoch_notice.h"
 #include "launch/membership_wake.h"
 #include "launch/scratch_dir.h"
@@ -181,6 +184,35 @@ class NodeAgent {
   int64_t current_round();
   bool replace_worker(int local_rank, const std::string& cause);
   int failures_ = 0;  // restarts used by failures, against --max-restarts
+  // What follows a join: the node's line, the store's reply timeout, the membership's wake
+  // and the peer check (over the rendezvous, so only once joined).
+  void say_joined(const comm::Membership& m, Clock::time_point t0);
+  void watch_membership();
+  // A spare's parked workers (elastic_worker.h: kParkedVar). A node that finds the membership
+  // full without it starts its workers at once, parked: they load, plan and fault in their
+  // likely place while this agent's join() waits for a free slot on a thread of its own
+  // (join_behind). The parked attempt's monitor (parked_monitor) admits them once the join
+  // returns: the membership is posted to them as their first epoch (post_notice), where they
+  // enter as newcomers through the same path as any joiner's workers. A parked worker that
+  // dies is replaced in its slot (replace_worker). Never admitted (the job ended, closed, or
+  // this agent was stopped), the workers are stopped and the agent ends (end_parked).
+  bool spare_now();
+  void join_behind();
+  std::string parked_monitor();
+  bool job_ended_without_this_node();
+  bool finished_before(const comm::Membership& m);
+  [[noreturn]] void end_parked(const Outcome& out);
+  bool parked_ = false, admitted_ = false;
+  Clock::time_point started_{};
+  std::thread joining_;
+  std::mutex join_mu_;
+  bool join_done_ = false;
+  std::optional<comm::Membership> joined_;
+  std::string join_error_;
+  std::unique_ptr<comm::Store> park_store_;  // the parked monitor's reads, beside the join
+  Clock::time_point park_looked_{};
+  bool job_ended_ = false;
+  int park_wake_fd_ = -1;
   std::string exited_key(const std::string& node) const { return prefix_ + "/exited/" + node; }
 
   const RunOptions& o_;
@@ -423,6 +455,160 @@ comm::Membership NodeAgent::join() {
   }
 }
 
+// Whether this node would wait as a spare: the membership is full without it (join()'s test).
+bool NodeAgent::spare_now() {
+  const comm::MembershipRecord r = rdzv_->read_record();
+  return !r.closed && r.epoch > 0 && int(r.members.size()) >= ro_.max_nodes && !r.rank_of(me_);
+}
+
+// join() on a thread of its own (it holds the rendezvous and the agent's store connection
+// until this node is admitted; nothing else uses them meanwhile), and an eventfd that the
+// supervisor polls (SupervisorOptions::wake_fd) so that an admission is acted on at once.
+void NodeAgent::join_behind() {
+  park_store_ = another_connection();
+  park_store_->set_timeout(ro_.heartbeat_timeout);
+  park_wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  so_.wake_fd = park_wake_fd_;
+  joining_ = std::thread([this] {
+    std::optional<comm::Membership> m;
+    std::string error;
+    try {
+      m = join();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lock(join_mu_);
+      joined_ = std::move(m);
+      join_error_ = std::move(error);
+      join_done_ = true;
+    }
+    const uint64_t one = 1;
+    if (park_wake_fd_ >= 0) (void)!::write(park_wake_fd_, &one, sizeof one);
+  });
+}
+
+// The parked attempt's monitor: nothing (the workers wait) until the join returns; then the
+// admission, posted to the workers as their first epoch; from then on the members' monitor.
+std::string NodeAgent::parked_monitor() {
+  if (snapshots_) snapshots_->keep_alive();
+  if (!admitted_) {
+    bool done = false;
+    std::optional<comm::Membership> m;
+    std::string error;
+    {
+      std::lock_guard<std::mutex> lock(join_mu_);
+      done = join_done_;
+      m = joined_;
+      error = join_error_;
+    }
+    if (!done)
+      return job_ended_without_this_node() ? "the job ended before this spare was admitted" : "";
+    joining_.join();
+    if (!m) return str("node ", me_, " waited as a spare and cannot join: ", error);
+    if (finished_before(*m)) {
+      // The epoch formed because a member finished (its heartbeat ended with the job), not
+      // because one was lost: nobody trains in it. This node leaves it at once.
+      job_ended_ = true;
+      try {
+        rdzv_->leave();
+      } catch (const std::exception&) {
+      }
+      return "the job ended before this spare was admitted";
+    }
+    admitted_ = true;
+    say_joined(*m, started_);
+    watch_membership();
+    round_ = current_round();
+    current_ = *m;
+    stop_ = Stop{};
+    const std::string why = str("node ", me_, " admitted from the spares in epoch ", m->epoch,
+                                " (", m->world(), " nodes)");
+    if (!live()) {
+      // Workers that do not follow notices (elastic.on_change: restart; or not that far yet)
+      // cannot enter by one: they are stopped and started in the epoch, as before parking.
+      stop_ = Stop{why + "; its parked workers are started anew in it", true, false, false, *m};
+      return stop_.why;
+    }
+    post_notice(*m, Stop{why + ": its parked workers enter as newcomers"});
+    so_.restart_count = int(m->epoch - 1 + round_);  // a replacement's attempt folder
+    sync_snapshot_peers();
+    return "";
+  }
+  sync_snapshot_peers();
+  return monitor(current_, round_);
+}
+
+// Whether a member of the epoch before `m` finished there (exited 0): a member's heartbeat
+// ends only once every other member finished too (finish()'s barrier), so an epoch formed
+// then is the job's end mistaken for a loss.
+bool NodeAgent::finished_before(const comm::Membership& m) {
+  try {
+    const std::string prefix =
+        str(key_, "epoch/", m.epoch - 1, "/round/", current_round(), "/exited/");
+    for (const comm::Member& x : m.members)
+      if (x.node_id != me_ && store_->check({prefix + x.node_id}) &&
+          comm::to_string(store_->get(prefix + x.node_id)) == "0")
+        return true;
+  } catch (const std::exception&) {
+  }
+  return false;
+}
+
+// Every member of the latest epoch's attempt finished (exited 0): nobody will ever admit this
+// spare. Read beside the join (which holds the rendezvous) on a connection of its own, at
+// most once a second.
+bool NodeAgent::job_ended_without_this_node() {
+  if (job_ended_ || Clock::now() - park_looked_ < std::chrono::seconds(1)) return job_ended_;
+  park_looked_ = Clock::now();
+  try {
+    const std::string state = rdzv_->state_key();
+    if (!park_store_->check({state})) return false;
+    const comm::MembershipRecord r = comm::decode(comm::to_string(park_store_->get(state)), state);
+    if (r.closed || r.epoch == 0) return false;  // a close: the join says why
+    const comm::Membership view = rdzv_->view(r);
+    if (view.members.empty()) return false;
+    const std::string round_key = rdzv_->round_key();
+    const std::string round =
+        park_store_->check({round_key}) ? comm::to_string(park_store_->get(round_key)) : "0";
+    const std::string prefix = view.store_prefix + "/round/" + round;
+    for (const comm::Member& x : view.members) {
+      const std::string key = prefix + "/exited/" + x.node_id;
+      if (!park_store_->check({key}) || comm::to_string(park_store_->get(key)) != "0") return false;
+    }
+    job_ended_ = true;
+  } catch (const std::exception&) {
+  }
+  return job_ended_;
+}
+
+// A spare that was never admitted: its parked workers are stopped (supervise returned), the
+// agent ends. Its join still waits on its thread, holding the rendezvous and the agent's
+// store connection for up to join_timeout: the process ends without waiting for it (its
+// alive key goes with that connection, or by its TTL; a spare's absence changes nothing for
+// the members). Exit 0 when the job ended well without it.
+void NodeAgent::end_parked(const Outcome& out) {
+  int code = out.end == Outcome::End::kSignalled ? out.code : out.code == 0 ? 1 : out.code;
+  if (job_ended_) {
+    code = 0;
+    std::fprintf(stderr,
+                 "weft run: node %s: the job ended before this spare was admitted; its parked "
+                 "workers stopped\n",
+                 me_.c_str());
+  } else {
+    const std::string why = !out.verdict.empty() ? out.verdict : out.cause;
+    std::fprintf(stderr,
+                 "weft run: failed: node %s stopped while waiting as a spare%s%s; its parked "
+                 "workers stopped\n",
+                 me_.c_str(), why.empty() ? "" : ": ", why.c_str());
+  }
+  if (snapshots_) snapshots_->stop();
+  scratch_.reset();  // the notice's folder
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::_exit(code);
+}
+
 // After a failure here: the membership the next attempt runs in. Waits until every member
 // of the current epoch is alive again (a lost one is re-formed away by poll_change once its
 // heartbeat expired), at most join_timeout (then poll_change throws).
@@ -496,6 +682,25 @@ Stop NodeAgent::watch_elastic(const comm::Membership& m, int64_t round) {
 // otherwise (--standalone, a fixed --nnodes, at MIN) the job fails naming the worker and
 // --max-restarts. Never throws.
 bool NodeAgent::replace_worker(int local_rank, const std::string& cause) {
+  if (parked_ && !admitted_) {
+    // A parked worker is in no world: a new one takes its slot, parked in turn, and nobody
+    // else hears of it. It uses one of --max-restarts all the same (a worker that cannot
+    // start, a bad config, must not restart forever).
+    if (stop_requested()) return false;
+    if (failures_ >= o_.max_restarts) {
+      std::fprintf(stderr, "weft run: %s; no restarts left to replace it (--max-restarts %d)\n",
+                   cause.c_str(), o_.max_restarts);
+      std::fflush(stderr);
+      return false;
+    }
+    ++failures_;
+    std::fprintf(stderr,
+                 "weft run: %s; a spare's parked worker: replaced in its slot, parked (%d of "
+                 "--max-restarts %d used)\n",
+                 cause.c_str(), failures_, o_.max_restarts);
+    std::fflush(stderr);
+    return true;
+  }
   if (!elastic_ || !live() || leaving_ || stop_requested()) return false;
   if (failures_ >= o_.max_restarts) {
     std::fprintf(stderr, "weft run: %s; no restarts left to replace it (--max-restarts %d)\n",
@@ -546,6 +751,7 @@ EpochNotice NodeAgent::notice_of(const comm::Membership& next, int node_index) {
   n.store_port = so_.store_port;
   n.store_prefix = prefix_;
   n.transit_nodes = next.world() + int(next.departed.size());
+  n.restart_count = int(next.epoch - 1 + round_);
   return n;
 }
 
@@ -710,7 +916,10 @@ void NodeAgent::make_scratch() {
   so_.epoch_file = epoch_file_;
 }
 
-NodeAgent::~NodeAgent() = default;
+NodeAgent::~NodeAgent() {
+  if (joining_.joinable()) joining_.join();
+  if (park_wake_fd_ >= 0) ::close(park_wake_fd_);
+}
 
 // A fixed count without restarts: another node's failure closes the rendezvous with its
 // reason; a node whose heartbeat expired without its exit mark is lost (and this agent
@@ -795,13 +1004,53 @@ int NodeAgent::finish(int rc, const std::string& verdict, bool close, const std:
       } catch (const std::exception&) {
         break;
       }
+  // The store's host waits for the spares still waiting too: a parked spare sees the job's
+  // end (or its close) within a second and goes; the store gone first would be a lost store
+  // to it, a failure.
+  if (server_ && rdzv_) try {
+      const comm::MembershipRecord r = rdzv_->read_record();
+      for (const std::string& id : r.spares)
+        while (id != me_ && Clock::now() < until && store_->check({rdzv_->alive_key(id)}))
+          std::this_thread::sleep_for(ro_.poll_interval);
+    } catch (const std::exception&) {
+    }
   rdzv_->heartbeat().stop_and_erase();
   return rc;
+}
+
+void NodeAgent::say_joined(const comm::Membership& m, Clock::time_point t0) {
+  const std::string host_key = key_ + "store_node";
+  if (store_->check({host_key})) store_node_ = comm::to_string(store_->get(host_key));
+  // A member waits for a store reply no longer than its lease: a node the store cannot
+  // answer for heartbeat_timeout is lost to the others by then, so it must stop too, not
+  // wait join_timeout per call (default 600 s) while they go on without it (monitor()).
+  store_->set_timeout(ro_.heartbeat_timeout);
+  std::fprintf(stderr,
+               "weft run: node %s is node %d of %d (rendezvous %s at %s, epoch %lld) after "
+               "%.2f s\n",
+               me_.c_str(), static_ ? o_.node_rank : m.index, m.world(), run_id(o_).c_str(), where_.c_str(),
+               (long long)m.epoch, std::chrono::duration<double>(Clock::now() - t0).count());
+  std::fflush(stderr);
+}
+
+void NodeAgent::watch_membership() {
+  // Parked in slices of two polls: the longest an agent's exit waits for the thread.
+  try {
+    wake_store_ = another_connection();
+    wake_store_->set_timeout(ro_.heartbeat_timeout);
+    wake_ = std::make_unique<MembershipWake>(*wake_store_, *rdzv_, 2 * ro_.poll_interval);
+    so_.wake_fd = wake_->fd();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft run: %s; the agent looks at the membership every %g s only\n",
+                 e.what(), o_.monitor_interval);
+  }
+  check_peers();
 }
 
 int NodeAgent::run() {
   serve_store_if_first();
   const auto t0 = Clock::now();
+  started_ = t0;
   connect_store();
   const std::string host_key = key_ + "store_node";
   if (server_) store_->set(host_key, comm::to_bytes(me_));
@@ -814,18 +1063,15 @@ int NodeAgent::run() {
   rdzv_ = std::make_unique<comm::Rendezvous>(*store_, ro_, beat_store_.get());
   if (static_) claim_static_rank();  // before joining: a node with a taken rank never joins
   listen_for_peers();
-  comm::Membership m = join();
-  if (store_->check({host_key})) store_node_ = comm::to_string(store_->get(host_key));
-  // A member waits for a store reply no longer than its lease: a node the store cannot
-  // answer for heartbeat_timeout is lost to the others by then, so it must stop too, not
-  // wait join_timeout per call (default 600 s) while they go on without it (monitor()).
-  store_->set_timeout(ro_.heartbeat_timeout);
-  std::fprintf(stderr,
-               "weft run: node %s is node %d of %d (rendezvous %s at %s, epoch %lld) after "
-               "%.2f s\n",
-               me_.c_str(), static_ ? o_.node_rank : m.index, m.world(), run_id(o_).c_str(), where_.c_str(),
-               (long long)m.epoch, std::chrono::duration<double>(Clock::now() - t0).count());
-  std::fflush(stderr);
+  // A spare of a job whose workers may reshard live parks its workers while it waits.
+  parked_ = elastic_ && spare_now();
+  comm::Membership m;
+  if (parked_) {
+    join_behind();
+  } else {
+    m = join();
+    say_joined(m, t0);
+  }
 
   if (!token_.empty()) ::setenv("WEFT_JOB_TOKEN", token_.c_str(), 1);
   try {
@@ -835,25 +1081,19 @@ int NodeAgent::run() {
     site.host = parallel::address_toward(etcd_ ? o_.rdzv_host : host_, uint16_t(port_));
     site.nnodes_max = o_.nnodes_max;
     site.insecure = o_.rdzv_conf.insecure.value_or(false) && token_.empty();
-    snapshots_ =
-        start_snapshot_agent(so_.command, so_.run_id, static_ ? o_.node_rank : m.index, site);
+    // A spare's agent starts beside its parked workers (they connect to it as they start),
+    // at the lost node's likely place, the last of a full membership.
+    const int index = static_ ? o_.node_rank : parked_ ? o_.nnodes_max - 1 : m.index;
+    snapshots_ = start_snapshot_agent(so_.command, so_.run_id, index, site);
   } catch (const ConfigError& e) {
+    if (parked_) end_parked(Outcome{Outcome::End::kFailed, 2, e.what(), e.what()});
     return finish(2, e.what(), true);
   } catch (const std::exception& e) {
+    if (parked_) end_parked(Outcome{Outcome::End::kFailed, 1, e.what(), e.what()});
     return finish(1, e.what(), true);
   }
   so_.monitor_interval_s = o_.monitor_interval;
-  // Parked in slices of two polls: the longest an agent's exit waits for the thread.
-  try {
-    wake_store_ = another_connection();
-    wake_store_->set_timeout(ro_.heartbeat_timeout);
-    wake_ = std::make_unique<MembershipWake>(*wake_store_, *rdzv_, 2 * ro_.poll_interval);
-    so_.wake_fd = wake_->fd();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "weft run: %s; the agent looks at the membership every %g s only\n",
-                 e.what(), o_.monitor_interval);
-  }
-  check_peers();
+  if (!parked_) watch_membership();
   so_.settle_s = seconds(ro_.heartbeat_timeout) + 2 * seconds(ro_.poll_interval) + 1;
   so_.max_restarts = o_.max_restarts;
   so_.nnodes_min = o_.nnodes_min;
@@ -866,41 +1106,64 @@ int NodeAgent::run() {
   so_.on_terminate = [this] {
     // Otherwise stop the workers (the job ends): not live, or a job that cannot shrink
     // (--standalone, at MIN nodes), whose others could never form an epoch without it.
+    if (parked_ && !admitted_) return false;  // a spare's parked workers just stop
     if (!elastic_ || !live() || current_.world() <= o_.nnodes_min) return false;
     leaving_ = true;
     return true;
   };
-  for (;;) {
-    const int64_t round = current_round();
-    round_ = round;
-    current_ = m;
-    prefix_ = m.store_prefix + "/round/" + std::to_string(round);
-    last_ = m;
-    // Static: the node's place is --node-rank (claimed once, claim_static_rank); else the
-    // membership's dense order.
-    so_.node_index = static_ ? o_.node_rank : m.index;
-    so_.nnodes = m.world();
-    so_.store_prefix = prefix_;
-    so_.rdzv_epoch = m.epoch;
-    so_.restart_count = int(m.epoch - 1 + round);
-    try {
-      place_workers_store(m);
-    } catch (const std::exception& e) {
-      return finish(1, str("cannot place the workers' store of epoch ", m.epoch, ": ", e.what()),
-                    true);
-    }
-    stop_ = Stop{};
-    if (snapshots_) snapshots_->keep_alive();
-    sync_snapshot_peers();
-    so_.monitor = [&] {
+  for (bool first = true;; first = false) {
+    Outcome out;
+    if (first && parked_) {
+      // The lost node's place in a full membership, its epoch unknown (0) until admitted;
+      // the workers' environment says so (kParkedVar) and the agent's own goes back after.
+      so_.node_index = o_.nnodes_max - 1;
+      so_.nnodes = o_.nnodes_max;
+      so_.rdzv_epoch = 0;
+      so_.restart_count = 0;
+      so_.store_prefix.clear();
+      // The rendezvous endpoint's address, a well-formed one that they do not connect to:
+      // the epoch's workers' store comes with their first notice.
+      so_.store_host = host_;
+      so_.store_port = port_;
+      so_.monitor = [this] { return parked_monitor(); };
+      so_.verdict_is_loss = [this] { return admitted_ && stop_.restart && stop_.failure; };
+      ::setenv(kParkedVar, "1", 1);
+      out = supervise(so_);
+      ::unsetenv(kParkedVar);
+      if (!admitted_) end_parked(out);
+      m = current_;
+    } else {
+      const int64_t round = current_round();
+      round_ = round;
+      current_ = m;
+      prefix_ = m.store_prefix + "/round/" + std::to_string(round);
+      last_ = m;
+      // Static: the node's place is --node-rank (claimed once, claim_static_rank); else the
+      // membership's dense order.
+      so_.node_index = static_ ? o_.node_rank : m.index;
+      so_.nnodes = m.world();
+      so_.store_prefix = prefix_;
+      so_.rdzv_epoch = m.epoch;
+      so_.restart_count = int(m.epoch - 1 + round);
+      try {
+        place_workers_store(m);
+      } catch (const std::exception& e) {
+        return finish(1, str("cannot place the workers' store of epoch ", m.epoch, ": ", e.what()),
+                      true);
+      }
+      stop_ = Stop{};
       if (snapshots_) snapshots_->keep_alive();
       sync_snapshot_peers();
-      return monitor(current_, round);
-    };
-    // A restart for a failure (a node lost, a worker failed elsewhere): the workers' world is
-    // broken, their step cannot end. A join's restart lets them end it and save.
-    so_.verdict_is_loss = [this] { return stop_.restart && stop_.failure; };
-    const Outcome out = supervise(so_);
+      so_.monitor = [this] {
+        if (snapshots_) snapshots_->keep_alive();
+        sync_snapshot_peers();
+        return monitor(current_, round_);
+      };
+      // A restart for a failure (a node lost, a worker failed elsewhere): the workers' world is
+      // broken, their step cannot end. A join's restart lets them end it and save.
+      so_.verdict_is_loss = [this] { return stop_.restart && stop_.failure; };
+      out = supervise(so_);
+    }
     m = current_;  // the epoch the workers ended in (later than the attempt's when live)
 
     if (leaving_ && out.end == Outcome::End::kSucceeded) {
@@ -969,9 +1232,9 @@ int NodeAgent::run() {
         // Ask every node for the next round (once: a node that lost the race to bump it
         // restarts in the round another node asked for).
         try {
-          store_->set(key_ + "round_reason/" + std::to_string(round + 1), comm::to_bytes(next.why));
-          store_->compare_set(round_key, comm::to_bytes(std::to_string(round)),
-                              comm::to_bytes(std::to_string(round + 1)));
+          store_->set(key_ + "round_reason/" + std::to_string(round_ + 1), comm::to_bytes(next.why));
+          store_->compare_set(round_key, comm::to_bytes(std::to_string(round_)),
+                              comm::to_bytes(std::to_string(round_ + 1)));
         } catch (const std::exception& e) {
           return finish(out.code, out.verdict + "; and could not ask for a restart: " + e.what(), false);
         }

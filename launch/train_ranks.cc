@@ -232,6 +232,9 @@ class RankTraining {
   int leave_job();
   // Waits for the agent's notice of an epoch later than the one this worker is in.
   EpochNotice wait_for_notice();
+  // A parked spare's worker (elastic_worker.h): prepares its likely place, then waits for
+  // the notice of the epoch it enters as a newcomer; nullopt when stopped unadmitted.
+  std::optional<EpochNotice> park();
   void print_arrival(const std::string& why, int old_world, int64_t old_epoch);
   // From the moment a change is known, the next world's destinations faulted in
   // (prefault_): that of `notice` (nullptr: the nearest likely one), for a rank holding
@@ -320,6 +323,9 @@ class RankTraining {
     train_world_ = n.world();
     leaving_ = n.leave;
     node_ = n.node_index;
+    // A worker's first world is of the epoch it entered (a parked worker's had none): its
+    // run folder and metrics continue the job's, as those of a worker started in it do.
+    if (first_world_ && n.restart_count >= 0) env_.restart_count = n.restart_count;
   }
   bool lead() const { return env_.rank == 0; }
   // The trainers of a world of `world` training ranks: their plan from plans_ (made ahead,
@@ -1089,6 +1095,43 @@ EpochNotice RankTraining::wait_for_notice() {
   }
 }
 
+// The worlds a spare most likely enters: the lost node's place in a full world (its guessed
+// rank, env_'s), then one node fewer (a loss that a spare does not fill at once). Their plans
+// are made here, on this thread (nothing else runs while parked), and the state of the first
+// faulted in (the sizes its admission allocates; another outcome trims them in enter_world).
+std::optional<EpochNotice> RankTraining::park() {
+  const auto t = Clock::now();
+  const int per_node = std::max(1, local_count());
+  std::vector<int> worlds{base_.nnodes_max * per_node};
+  if (base_.nnodes_max - 1 >= std::max(1, base_.nnodes_min))
+    worlds.push_back((base_.nnodes_max - 1) * per_node);
+  // A world its degrees cannot train is left out here; its entry, if it comes, says why.
+  std::vector<int> planned;
+  for (int w : worlds) try {
+      (void)plans_.plan(w);
+      planned.push_back(w);
+    } catch (const Error&) {
+    }
+  std::vector<size_t> sizes;
+  if (!planned.empty() && planned[0] == worlds[0])
+    sizes = sizes_to_fault(*plans_.plan(worlds[0]), env_.rank, held_);
+  size_t bytes = 0;
+  for (size_t b : sizes) bytes += b;
+  if (!sizes.empty()) {
+    prefault_.start(std::move(sizes), SIZE_MAX);
+    prefault_.wait();
+  }
+  std::string list;
+  for (int w : planned) list += (list.empty() ? "" : ", ") + std::to_string(w);
+  std::printf("weft train: rank %d parked (a spare's worker, pid %d): plans of worlds %s made and "
+              "%.1f MiB of its state faulted in, %.2f s; waiting for its admission\n",
+              env_.rank, int(::getpid()), list.c_str(), mib(bytes), since(t));
+  std::fflush(stdout);
+  std::optional<EpochNotice> n = wait_for_admission(watch_, g_train_stop);
+  if (n) change_at_ = Clock::now();
+  return n;
+}
+
 // Enters the world of env_; when a newer epoch replaces it before it trains (or one of its
 // ranks fails meanwhile), moves on to the next notice, still holding what it held (held_ is
 // released only once a world is entered).
@@ -1156,7 +1199,16 @@ int RankTraining::run() {
   catch_stop_signals();
   if (live_) mark_following(watch_.path(), env_.local_rank);
   auto t_start = Clock::now();
-  enter_next_world("");
+  if (parked_worker()) {
+    const std::optional<EpochNotice> n = park();
+    // Stopped unadmitted: the job ended, or (not live: elastic.on_change restart) its agent
+    // starts a worker in the epoch instead.
+    if (!n) return 0;
+    adopt_notice(*n);
+    enter_next_world(n->why);  // a newcomer like any other from here on
+  } else {
+    enter_next_world("");
+  }
   if (leaving_) return leave_job();
   for (;;) {
     WorldEnd end;

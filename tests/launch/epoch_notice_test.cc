@@ -127,5 +127,25 @@ TEST(NoticeWaiter, ANewNoticeWakesItAndNothingElseDoes) {
   std::filesystem::remove_all(dir);
 }
 
+// A parked spare's worker takes its restart count ((epoch - 1) + round) from its first notice;
+// a notice without one (written by an older agent) says -1: not given.
+TEST(EpochNotice, RestartCountSurvivesTheFileAndIsMinusOneWhenAbsent) {
+  const NoticeDir dir("weft_notice_rc_");
+  const std::string path = dir.path();
+  EpochNotice n = epoch3_notice(1);
+  n.restart_count = 4;
+  write_epoch_notice(path, n);
+  std::optional<EpochNotice> read = read_epoch_notice(path);
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(read->restart_count, 4);
+  {
+    std::ofstream f(path, std::ios::trunc);
+    f << "epoch 3\nnode_index 0\nnnodes 2\nnproc 1\nstore_host h\nstore_port 7\n";
+  }
+  read = read_epoch_notice(path);
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(read->restart_count, -1);
+}
+
 }  // namespace
 }  // namespace weft::launch
