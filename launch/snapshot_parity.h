@@ -189,12 +189,16 @@ class SnapshotParity {
   // that step) from K surviving fragments into `out`; `gone` are the ring's lost nodes
   // (never asked). Fetches and decodes kDecodePieceBytes at a time, overlapped.
   // `before_write(o, n)`, when given, is called before bytes [o, o + n) of `out` are written,
-  // while the next piece is fetched (a rebuild allocates the segment's pages there).
+  // while the next piece is fetched (a rebuild allocates the segment's pages there), and
+  // `after_write(o, n)` once they are (a rebuild checks their block checksums there, a
+  // throw ends the decode). This node's own fragments held through this agent's mappings
+  // are decoded from in place, not copied.
   void decode_fragment(const ReplicaRing& ring, const checkpoint::StripeLayout& l,
                        const checkpoint::StripeId& s, int lost,
                        const std::vector<StripeSlot>& at_step, const std::set<int>& gone,
                        uint8_t* out, int64_t out_len,
-                       const std::function<void(int64_t, int64_t)>& before_write = {});
+                       const std::function<void(int64_t, int64_t)>& before_write = {},
+                       const std::function<void(int64_t, int64_t)>& after_write = {});
   static constexpr int64_t kDecodePieceBytes = int64_t(16) << 20;
   // prepare_ahead allocates a target this much at a time, looking for a newer ring between.
   static constexpr int64_t kPreparePieceBytes = int64_t(64) << 20;
@@ -260,10 +264,11 @@ class SnapshotParity {
   std::map<int64_t, std::set<int>> gone_;      // by epoch: its nodes found lost (new_ring)
   std::vector<std::vector<uint8_t>> scratch_;  // decode_fragment's two sets of pieces
   struct Spent {  // seconds of the rebuild of one rank, for its log line
-    double segment = 0, populate = 0, fetch_wait = 0, decode = 0;
+    double segment = 0, populate = 0, fetch_wait = 0, decode = 0, check = 0;
     double scratch = 0;  // the decode's pieces allocated (none when made ahead)
     bool ahead = false;  // into a segment made ahead (prepare): nothing to populate
-    int local_reads = 0, local_mapped = 0;  // pieces read here, and through a held mapping
+    // Pieces read here, through a held mapping, and of those decoded from in place.
+    int local_reads = 0, local_mapped = 0, local_in_place = 0;
   } spent_;
   std::thread worker_;  // last: starts once the members above exist
 };

@@ -156,7 +156,8 @@ void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::Stripe
                                      const ckpt::StripeId& s, int lost,
                                      const std::vector<StripeSlot>& at_step,
                                      const std::set<int>& gone, uint8_t* out, int64_t out_len,
-                                     const std::function<void(int64_t, int64_t)>& before_write) {
+                                     const std::function<void(int64_t, int64_t)>& before_write,
+                                     const std::function<void(int64_t, int64_t)>& after_write) {
   WEFT_CHECK(!at_step.empty(), "decode_fragment without a parity slot");
   const int K = l.data_fragments(s.group), n = K + o_.m;
   const json& manifest = at_step.front().manifest;
@@ -180,6 +181,15 @@ void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::Stripe
     int f = 0, node = 0;
     std::string segment;
     int64_t offset = 0, length = 0;  // where fragment f's bytes lie in the segment's slot
+    // A fragment of this node held through this agent's own mapping (its data as pushed, its
+    // parity): decoded from in place, not copied into a piece first. `in_place` points at its
+    // first byte and `in_place_bytes` is how many of them the payload holds; the slot's
+    // sequence is checked once the fragment is decoded (a rewrite meanwhile throws, as a
+    // copy's would).
+    std::shared_ptr<const ckpt::SnapshotSegment> held;
+    std::optional<ckpt::SnapshotSegment::View> view;
+    const uint8_t* in_place = nullptr;
+    int64_t in_place_bytes = 0;
   };
   std::vector<Source> sources;
   for (int f = 0; f < n && int(sources.size()) < K; ++f) {
@@ -198,6 +208,11 @@ void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::Stripe
       x.segment = ckpt::segment_name(o_.auth.job, ckpt::SegmentKind::kParity, x.node, ring.epoch, l.number(s));
       x.offset = y.parity_offset;
     }
+    if (x.node == ring.node && (x.held = mapped(x.segment)) &&
+        (x.view = newest_of_step(*x.held, step))) {
+      x.in_place = static_cast<const uint8_t*>(x.view->payload) + x.offset;
+      x.in_place_bytes = std::clamp<int64_t>(x.view->meta.payload_bytes - x.offset, 0, x.length);
+    }
     sources.push_back(std::move(x));
   }
   // Piece by piece, in two sets of small buffers reused throughout: piece i + 1 is fetched
@@ -211,10 +226,22 @@ void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::Stripe
   for (auto& b : bufs)
     if (int64_t(b.size()) < P) b.resize(size_t(P));
   spent_.scratch += since(t_scratch);
+  // Whether piece [o, o + piece) of source x is read in place: all of it in the payload (a
+  // piece past the payload's end is copied, for its zero padding).
+  auto in_place = [&](const Source& x, int64_t o, int64_t piece) {
+    return x.in_place != nullptr && o + piece <= x.in_place_bytes;
+  };
   auto fetch_piece = [&](int64_t o, int set) {
     std::vector<std::future<void>> f;
     const int64_t piece = std::min(P, L - o);
     for (const Source& x : sources) {
+      if (in_place(x, o, piece)) {
+        std::lock_guard<std::mutex> l(mu_);
+        spent_.local_reads++;
+        spent_.local_mapped++;
+        spent_.local_in_place++;
+        continue;
+      }
       uint8_t* buf = bufs[size_t(set * n + x.f)].data();
       const int64_t have = std::clamp<int64_t>(x.length - o, 0, piece);
       f.push_back(std::async(std::launch::async, [=, this, &ring] {
@@ -253,11 +280,22 @@ void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::Stripe
     }
     std::vector<uint8_t*> ptrs;
     for (int f = 0; f < n; ++f) ptrs.push_back(bufs[size_t(set * n + f)].data());
+    for (const Source& x : sources)  // read, never written (ErasureCode::reconstruct)
+      if (in_place(x, o, piece)) ptrs[size_t(x.f)] = const_cast<uint8_t*>(x.in_place + o);
     if (direct == piece) ptrs[size_t(lost)] = out + o;
     code(K).reconstruct(ptrs, erased, size_t(piece));
     if (direct < piece) std::memcpy(out + o, ptrs[size_t(lost)], size_t(direct));
     spent_.decode += since(t);
+    if (after_write) {
+      // While the next piece is fetched (a rebuild checks the piece's block checksums here).
+      t = Clock::now();
+      after_write(o, direct);
+      spent_.check += since(t);
+    }
   }
+  for (const Source& x : sources)
+    if (x.in_place && x.held->sequence(x.view->slot) != x.view->meta.sequence)
+      throw IoError(str(x.segment, " step ", step, " was rewritten while decoded from"));
 }
 
 namespace {
@@ -493,23 +531,29 @@ bool SnapshotParity::rebuild(const Task& task) {
         meta.kind = ckpt::SegmentKind::kRebuilt;
         auto* out = static_cast<uint8_t*>(seg->begin(meta));
         spent_.segment = since(t1);
+        int64_t checked = 0;
         for (int t = 0; t < K; ++t) {
           // Chunk t of the lost rank is data fragment t of its t-th stripe. Its pages are
-          // allocated piece by piece while the next piece is fetched.
+          // allocated piece by piece while the next piece is fetched, and each piece decoded
+          // is checked against the rank's block checksums then too, not in a pass after the
+          // last (pieces start at multiples of a block: chunks and pieces are whole blocks).
           const int64_t n = std::clamp<int64_t>(payload - t * c, 0, c);
           if (n > 0)
-            decode_fragment(*ring, l, stripes[size_t(t)], t, at[size_t(t)], task.gone, out + t * c,
-                            n,
-                            spent_.ahead ? std::function<void(int64_t, int64_t)>()
-                                         : [&](int64_t o, int64_t len) {
-                                             seg->populate_writing(t * c + o, len);
-                                           });
+            decode_fragment(
+                *ring, l, stripes[size_t(t)], t, at[size_t(t)], task.gone, out + t * c, n,
+                spent_.ahead ? std::function<void(int64_t, int64_t)>()
+                             : [&](int64_t o, int64_t len) { seg->populate_writing(t * c + o, len); },
+                [&](int64_t o, int64_t len) {
+                  if (!blocks_match(out + t * c + o, t * c + o, len, payload, crcs))
+                    throw IoError(str("the decoded bytes at ", t * c + o,
+                                      " do not match the rank's checksums"));
+                  checked += len;
+                });
         }
         const auto t2 = Clock::now();
-        if (!blocks_match(out, 0, payload, payload, crcs))
-          throw IoError("the decoded bytes do not match the rank's checksums");
+        WEFT_CHECK(checked == payload, "rebuild checked ", checked, " of ", payload, " bytes");
         seg->commit(crcs);
-        const double check_s = since(t2);
+        const double check_s = spent_.check + since(t2);
         // The parts of "fetch and decode": the segment made, its slot's pages allocated, the
         // waits for fetches not yet arrived, the decode into the segment, the check of its
         // checksums.
@@ -522,7 +566,8 @@ bool SnapshotParity::rebuild(const Task& task) {
                  ", waiting for fetches ", spent_.fetch_wait * 1e3,
                  ", decoding ", spent_.decode * 1e3, ", checking ", check_s * 1e3,
                  "; pieces read here ", spent_.local_reads, ", ", spent_.local_mapped,
-                 " of them through this agent's own mapping)"));
+                 " of them through this agent's own mapping, ", spent_.local_in_place,
+                 " decoded from in place)"));
         done = true;
       } catch (const std::exception& e) {
         log_(str("node ", task.lost, "'s local rank ", local, " not rebuilt at step ", step, ": ",

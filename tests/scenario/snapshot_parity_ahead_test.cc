@@ -12,6 +12,7 @@
 
 #include <map>
 #include <memory>
+#include <regex>
 
 #include "checkpoint/snapshot_protocol.h"
 #include "checkpoint/snapshot_segment.h"
@@ -120,12 +121,23 @@ TEST_F(SnapshotParityAhead, TheNextNodeMakesItsPredecessorsTargetsAheadAndTheReb
                          "ms \\(asking the holders [0-9.]+ ms, fetch and decode [0-9.]+ ms: "
                          "segment [0-9.e-]+ made ahead, allocating its pages 0,");
   // The fragments come through the agents' own mappings (their pages mapped in by the push
-  // or the parity's write), never a mapping made per fetch: node 2 reads its own here...
+  // or the parity's write), never a mapping made per fetch: node 2 reads its own here, and
+  // decodes from them in place (a piece past a payload's end is copied, for its padding)...
   for (int rank : {2, 3}) {
-    const std::string pieces = wait_for(
+    const std::string line = wait_for(
         log(2), "rebuilt node 1's rank " + std::to_string(rank) +
-                    " .*; pieces read here ([0-9]+), \\1 of them through this agent's own mapping\\)");
-    EXPECT_NE(pieces, "0") << read(log(2));
+                    " .*; pieces read here [0-9]+, [0-9]+ of them through this agent's own "
+                    "mapping, [0-9]+ decoded from in place\\)");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(line, m,
+                                  std::regex("pieces read here ([0-9]+), ([0-9]+) of them through "
+                                             "this agent's own mapping, ([0-9]+) decoded")))
+        << line;
+    const int reads = std::stoi(m[1]), mapped = std::stoi(m[2]), in_place = std::stoi(m[3]);
+    EXPECT_GT(reads, 0) << line;
+    EXPECT_EQ(mapped, reads) << line;
+    EXPECT_GT(in_place, 0) << line;
+    EXPECT_LE(in_place, reads) << line;
   }
   // ...and node 0 serves its data and parity to it.
   wait_for(log(0), "serving fetches of [^ ]+ through this agent's own mapping of it");
