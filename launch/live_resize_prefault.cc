@@ -150,9 +150,10 @@ void DestinationPrefault::expect(std::vector<size_t> sizes) {
   max_ = ran_under_ = 0;
 }
 
-size_t DestinationPrefault::trim() {
+size_t DestinationPrefault::trim(const std::vector<size_t>& keep) {
   stop();
-  persistent_.trim();
+  if (keep.empty()) persistent_.trim();
+  else persistent_.reserve(keep, 0);  // sets the expectation, faults nothing
   has_sizes_ = false;
   const size_t n = faulted_;
   faulted_ = reported_ = 0;
