@@ -13,7 +13,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <thread>
 
@@ -1050,16 +1049,7 @@ std::optional<WorldEnd> RankTraining::one_step() {
               : "");
     std::fflush(stdout);
   }
-  if (first_step_of_world_) {  // the arena has its segments now: what it did not take goes
-    const size_t left = persistent_.bytes_kept();
-    prefault_.trim();
-    WEFT_DEBUG("memory", "rank ", env_.rank, ": the first step's arena asked ",
-               mib(trainer_->activation_stats().bytes_reserved), " MiB; of the ",
-               mib(std::accumulate(arena_sizes_.begin(), arena_sizes_.end(), size_t(0))),
-               " MiB of the last arena's segments kept for it, ", mib(left),
-               " MiB not taken returned (", persistent_.reshaped(),
-               " blocks reshaped so far in this process)");
-  }
+  if (first_step_of_world_) prefault_.trim();  // the arena has its segments now
   first_step_of_world_ = false;
   // checkpoint.every: every rank writes its shard, rank 0 commits. After the step's metrics
   // line, never before: a crash between the two would leave a checkpoint whose step has
