@@ -150,10 +150,9 @@ void DestinationPrefault::expect(std::vector<size_t> sizes) {
   max_ = ran_under_ = 0;
 }
 
-size_t DestinationPrefault::trim(const std::vector<size_t>& keep) {
+size_t DestinationPrefault::trim() {
   stop();
-  if (keep.empty()) persistent_.trim();
-  else persistent_.reserve(keep, 0);  // sets the expectation, faults nothing
+  persistent_.trim();
   has_sizes_ = false;
   const size_t n = faulted_;
   faulted_ = reported_ = 0;

@@ -83,11 +83,7 @@ class DestinationPrefault {
   // Stops one in progress and returns every kept block (RecyclingAllocator::trim): the
   // world is entered, and a later start() for the same sizes faults them in again. Returns
   // what the last reserve faulted in and kept (its blocks served requests, or were trimmed).
-  // With `keep`, the kept blocks that `keep` wants (and spares for what it wants that nothing
-  // covers) stay, under an expectation of `keep` alone, and the rest go back: the new world's
-  // activation arena asks for the last one's segment sizes in its first step, after the
-  // world is entered; a trim() without `keep` after that step returns what it did not take.
-  size_t trim(const std::vector<size_t>& keep = {});
+  size_t trim();
   // Whether a reserve is in progress or done and not yet waited for.
   bool started() const { return thread_.joinable(); }
 

@@ -237,13 +237,9 @@ class RankTraining {
   // (prefault_): that of `notice` (nullptr: the nearest likely one), for a rank holding
   // state tensors of `held` bytes; at a notice, beside the step, also the persistent blocks
   // of `freed` bytes that it frees at the step's end (its gradients): those the next layout
-  // takes back are not faulted anew (RecyclingAllocator::reserve's `returning`). `arena`: the
-  // segments of the last trainer's activation arena (arena_sizes_), expected again for the
-  // next one's first step after the destinations; `arena_live`: still the trainer's (beside
-  // its step, or a trainer kept behind), else kept by persistent_ since the trainer went.
+  // takes back are not faulted anew (RecyclingAllocator::reserve's `returning`).
   void prefault_ahead(const EpochNotice* notice, const std::vector<size_t>& held,
-                      const std::vector<size_t>& freed, const std::vector<size_t>& arena,
-                      bool arena_live);
+                      const std::vector<size_t>& freed = {});
   // The world sizes a change most likely leads to next, nearest first (plan_ahead).
   std::vector<int> likely_next_worlds() const;
   // Connections per pair for the router's transfers between hosts (elastic.transfer_connections;
@@ -279,11 +275,6 @@ class RankTraining {
   // one freed (its gradients, for a data-parallel change), kept until the world is entered.
   memory::RecyclingAllocator persistent_;
   DestinationPrefault prefault_{persistent_};  // faults persistent_'s next blocks in ahead
-  // The activation-arena segments the last trainer took from persistent_ (its traced step 0
-  // made them, and every later step reused them): the next trainer's first step asks for
-  // the same sizes where its layout gives the same tensors, so the reserve keeps their pages
-  // for it (or reshapes spares into them) instead of that step faulting them in anew.
-  std::vector<size_t> arena_sizes_;
   // Frees a live state the new world does not take, beside the snapshot reads (enter_world):
   // its munmaps wait for the prefault's populate between pieces (the mmap lock), 45-100 ms
   // of the entry on the thread that reads. Joined before the prefault is waited for.
@@ -376,7 +367,6 @@ void RankTraining::enter_world(const std::string& why) {
       prefault_.expect({});  // a departing rank allocates nothing
     } else {
       std::vector<size_t> sizes = sizes_to_fault(*plans_.plan(train_world_), env_.rank, held_);
-      sizes.insert(sizes.end(), arena_sizes_.begin(), arena_sizes_.end());
       if (!held_.valid) prefault_.start(std::move(sizes), SIZE_MAX);
       else prefault_.expect(std::move(sizes));
     }
@@ -741,11 +731,8 @@ void RankTraining::enter_world(const std::string& why) {
   first_step_of_world_ = !first_world_;
   resize_s_ = first_world_ ? 0 : since(change_at_);
   first_world_ = false;
-  // Entered: the blocks the new trainer did not take back go, but those of its arena's
-  // expected segments stay for its first step (trimmed after it, one_step), and what the
-  // router did not adopt, released here, may become spares for the ones nothing covers.
-  prefault_.trim(arena_sizes_);
-  held_ = HeldState{};
+  held_ = HeldState{};  // entered: what the router did not adopt is released here
+  prefault_.trim();     // and what the new trainer did not take back
   // The plans of the nearest node counts, made while this world trains.
   if (live_) plans_.plan_ahead(likely_next_worlds());
 }
@@ -881,8 +868,7 @@ std::vector<int> RankTraining::likely_next_worlds() const {
 // Only a plan made already (plan_ahead): a plan is not made twice at once on the 2 cores that
 // training shares.
 void RankTraining::prefault_ahead(const EpochNotice* notice, const std::vector<size_t>& held,
-                                  const std::vector<size_t>& freed, const std::vector<size_t>& arena,
-                                  bool arena_live) {
+                                  const std::vector<size_t>& freed) {
   if (!live_) return;
   int world = 0, rank = env_.rank;
   if (notice) {
@@ -896,27 +882,19 @@ void RankTraining::prefault_ahead(const EpochNotice* notice, const std::vector<s
     rank = std::min(rank, world - 1);
   }
   if (world < 1 || rank < 0 || !plans_.has(world)) return;
-  // The destinations first, then the arena's segments: the bound counts the arena in both
-  // worlds' holdings (each world's step held its arena beside its state), so what the
-  // old arena's pages keep for the new one comes out of what the reserve may fault anew.
   std::vector<size_t> sizes = sizes_to_fault(*plans_.plan(world), rank, held);
-  sizes.insert(sizes.end(), arena.begin(), arena.end());
-  std::vector<size_t> returning = freed;
-  if (arena_live) returning.insert(returning.end(), arena.begin(), arena.end());
   const int64_t budget =
       env_int("WEFT_ROUTER_BUDGET_BYTES", parallel::RouterOptions{}.budget_bytes);
-  int64_t state = 0, freeing = 0, arena_bytes = 0;
+  int64_t state = 0, freeing = 0;
   for (size_t b : held) state += int64_t(b);
   for (size_t b : freed) freeing += int64_t(b);
-  for (size_t b : arena) arena_bytes += int64_t(b);
-  const size_t bound =
-      prefault_bound(state + arena_bytes, sizes, budget, state + freeing + arena_bytes);
+  const size_t bound = prefault_bound(state, sizes, budget, state + freeing);
   if (notice && !freed.empty() && prefault_.max_bytes() < bound)
     WEFT_DEBUG("resize", "rank ", env_.rank, ": the reserve for epoch ", notice->epoch,
                " starts at its notice, beside the step: up to ", mib(bound), " MiB (the ",
                mib(size_t(freeing)),
                " MiB of gradients freed at the step's end serve their sizes)");
-  prefault_.start(std::move(sizes), bound, std::move(returning));
+  prefault_.start(std::move(sizes), bound, freed);
 }
 
 void RankTraining::print_arrival(const std::string& why, int old_world, int64_t old_epoch) {
@@ -1049,7 +1027,6 @@ std::optional<WorldEnd> RankTraining::one_step() {
               : "");
     std::fflush(stdout);
   }
-  if (first_step_of_world_) prefault_.trim();  // the arena has its segments now
   first_step_of_world_ = false;
   // checkpoint.every: every rank writes its shard, rank 0 commits. After the step's metrics
   // line, never before: a crash between the two would leave a checkpoint whose step has
@@ -1087,7 +1064,7 @@ WorldEnd RankTraining::train_world() {
   LossWatcher watcher(watch_, comms, false, [this, &held, &grads](const EpochNotice& n) {
     ahead_.start(env_in_epoch(base_, n), watch_.path(), comm_timeout(), transfer_connections(),
                  trainers_of(n.world()));
-    prefault_ahead(&n, held, grads, trainer_->arena_segment_sizes(), true);
+    prefault_ahead(&n, held, grads);
   });
   while (trainer_->current_step() < spec_.train.steps)
     if (std::optional<WorldEnd> end = one_step()) return *end;
@@ -1212,7 +1189,6 @@ int RankTraining::run() {
     end_laps.lap("metrics and checkpoints dropped");
     // A step stopped right before its update, with a local rest: its trainer (the reduced
     // gradients, the executor at the update) waits for the next world's entry.
-    arena_sizes_ = trainer_->arena_segment_sizes();
     if (held_.unfinished >= 0) behind_ = std::move(trainer_);
     trainer_.reset();
     end_laps.lap("trainer dropped");
@@ -1220,7 +1196,7 @@ int RankTraining::run() {
     end_laps.lap("world dropped");
     {  // while the membership is agreed; a notice's reserve, started beside the step, goes on
       const std::optional<EpochNotice> n = watch_.newer();
-      prefault_ahead(n ? &*n : nullptr, held_sizes(held_), {}, arena_sizes_, behind_ != nullptr);
+      prefault_ahead(n ? &*n : nullptr, held_sizes(held_));
     }
     end_laps.lap("prefault started");
     const EpochNotice n = wait_for_notice();

@@ -16,8 +16,7 @@ class AllocatorSegmentSource final : public SegmentSource {
   // Segments of at least `min_bytes` come from `base`, smaller ones from the host source:
   // a block below the host allocator's mapping size is only Allocator::kAlignment-aligned,
   // and is too small to be worth keeping. `base` must outlive every segment it serves.
-  static constexpr size_t kDefaultMinBytes = size_t(32) << 20;
-  explicit AllocatorSegmentSource(Allocator& base, size_t min_bytes = kDefaultMinBytes);
+  explicit AllocatorSegmentSource(Allocator& base, size_t min_bytes = size_t(32) << 20);
   // nullptr when `base` throws std::bad_alloc (the contract: the caller flushes and retries).
   void* reserve(size_t bytes) override;
   void release(void* ptr, size_t bytes) override;

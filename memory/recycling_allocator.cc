@@ -81,7 +81,6 @@ void* RecyclingAllocator::allocate(size_t bytes, Tag tag) {
       trim_locked();
     } else {
       spare = take_spare_locked(bytes);
-      if (!spare.first && wanted_of_locked(bytes) == 0) spare = take_guessed_locked(bytes);
     }
     if (expecting_)
       if (auto e = expected_.find(bytes); e != expected_.end() && e->second > 0) --e->second;
@@ -198,28 +197,6 @@ std::pair<void*, size_t> RecyclingAllocator::take_spare_locked(size_t bytes) {
       best = size;
   }
   if (best == 0) return {nullptr, 0};
-  auto it = kept_.find(best);
-  void* p = it->second;
-  kept_.erase(it);
-  bytes_kept_ -= best;
-  stats_.bytes_reserved = stats_.bytes_live + bytes_kept_;
-  return {p, best};
-}
-
-std::pair<void*, size_t> RecyclingAllocator::take_guessed_locked(size_t bytes) {
-  if (!expecting_ || bytes < spare_bytes_) return {nullptr, 0};
-  size_t best = 0;  // as take_spare_locked, over the kept blocks of expected sizes
-  for (auto it = kept_.begin(); it != kept_.end(); it = kept_.upper_bound(it->first)) {
-    const size_t size = it->first;
-    if (size < spare_bytes_) continue;
-    const bool fits = size >= bytes, best_fits = best >= bytes;
-    if (best == 0 || (fits && (!best_fits || size < best)) || (!fits && !best_fits && size > best))
-      best = size;
-  }
-  if (best == 0) return {nullptr, 0};
-  // The guess of `best` gave way: one request of it fewer is expected, so that its block,
-  // freed, is not kept for a request that the unforeseen one shows will not come.
-  if (auto e = expected_.find(best); e != expected_.end() && e->second > 0) --e->second;
   auto it = kept_.find(best);
   void* p = it->second;
   kept_.erase(it);

@@ -47,9 +47,7 @@ class RecyclingAllocator final : public Allocator {
   // the request counts against the expectation of its size, and one whose size a reserve is
   // faulting in right now waits for that block (it would fault as many pages itself) rather
   // than allocating another, and one that finds no block of its size takes a spare (free)
-  // reshaped to it when there is one; one of at least spare_bytes whose size nothing expects
-  // and that finds no spare takes a kept block of an expected size, reshaped, and that size
-  // is expected once less (take_guessed_locked). Thread-safe.
+  // reshaped to it when there is one. Thread-safe.
   void* allocate(size_t bytes, Tag tag = Tag::kOther) override;
   // Without an expectation: keeps a block of at least min_bytes, returns a smaller one to
   // `base`. With one: keeps it only while expected requests of its size outnumber the kept
@@ -108,12 +106,6 @@ class RecyclingAllocator final : public Allocator {
   // A spare for a request of `bytes` (the smallest at least that, else the largest), taken out
   // of kept_, with its size; {nullptr, 0} when there is none.
   std::pair<void*, size_t> take_spare_locked(size_t bytes);
-  // For a request of at least spare_bytes of a size nothing expects, when there is no spare:
-  // a kept block of an expected size (the same choice), that size's expectation lowered by
-  // one. The expectation was a guess where such a request comes (the next trainer's arena,
-  // expected with the last one's segment sizes, under another layout); its pages serve the
-  // request reshaped instead of sitting beside a fresh block.
-  std::pair<void*, size_t> take_guessed_locked(size_t bytes);
   // `spare` (out of kept_) made a block of `bytes` by the base, or the base's new block when
   // it cannot reshape; with whether it is the spare reshaped. Outside the lock.
   std::pair<void*, bool> reshape_spare(void* spare, size_t bytes, Tag tag);

@@ -178,10 +178,6 @@ class ParallelTrainer {
   const ProcessGroups& groups() const { return *groups_; }
   // This rank's transient-arena statistics (peak live, peak reserved).
   memory::AllocatorStats activation_stats() const { return memory_->stats(); }
-  // The bytes of each activation-arena segment this trainer took from TrainerParts::persistent
-  // (core::ActivationMemory::base_segment_sizes): what the next trainer of the process is
-  // expected to ask for in its first step. Thread-safe (a notice's watcher reads it mid-step).
-  std::vector<size_t> arena_segment_sizes() const { return memory_->base_segment_sizes(); }
   int64_t num_parameters() const;
   const planner::Plan& plan() const { return *plan_; }
   RankExecutor& executor() { return *exec_; }

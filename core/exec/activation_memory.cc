@@ -59,14 +59,6 @@ void ActivationMemory::begin_step(int64_t step) {
   current_->begin_step();
 }
 
-std::vector<size_t> ActivationMemory::base_segment_sizes() const {
-  std::vector<size_t> sizes;
-  if (!source_) return sizes;
-  for (const memory::CachingSegmentInfo& seg : caching_->snapshot())
-    if (seg.bytes >= memory::AllocatorSegmentSource::kDefaultMinBytes) sizes.push_back(seg.bytes);
-  return sizes;
-}
-
 size_t ActivationMemory::plan_arena_bytes() const { return planned_ ? planned_->plan().arena_bytes : 0; }
 size_t ActivationMemory::plan_lower_bound() const { return planned_ ? planned_->plan().lower_bound : 0; }
 

@@ -11,7 +11,6 @@
 
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "memory/caching_allocator.h"
 #include "memory/planned_allocator.h"
@@ -40,11 +39,6 @@ class ActivationMemory {
   // Statistics of the allocator now serving (the plan's once it exists).
   memory::AllocatorStats stats() const { return current_->stats(); }
   const std::string& kind() const { return kind_; }
-  // The bytes of each segment the caching allocator holds from `base` (none without one):
-  // what the next trainer's traced step 0 is expected to ask of it again, when its layout
-  // gives the same tensors (a recovery or a data-parallel change), so that a resize can keep
-  // these pages for it instead of faulting them in anew during the new world's first step.
-  std::vector<size_t> base_segment_sizes() const;
   // The offline plan's arena and lower bound (0 before the plan exists).
   size_t plan_arena_bytes() const;
   size_t plan_lower_bound() const;

@@ -160,38 +160,6 @@ TEST(RecyclingAllocatorSpares, ARequestTakesTheSmallestSpareThatHoldsIt) {
   EXPECT_EQ(host.stats().bytes_live, 0u);
 }
 
-// An expectation that was a guess (the next trainer's arena, expected with the last arena's
-// segment sizes, under a layout whose tensors have other sizes): a request of a size nothing
-// expects, finding no spare, takes a kept block of an expected size reshaped (its pages kept,
-// one block held, not two), and that size is expected once less, so that its block, freed,
-// goes back instead of being kept for a request that will not come.
-TEST(RecyclingAllocatorSpares, AnUnforeseenSizeTakesAGuessedBlockWhoseExpectationGivesWay) {
-  HostAllocator host;
-  RecyclingAllocator r(host);
-  const size_t guessed = 48 * kMiB, asked = 56 * kMiB;
-  void* old = r.allocate(guessed);
-  fill(old, guessed, 7);
-  r.free(old);  // no expectation: kept
-  EXPECT_EQ(r.reserve({guessed}, 0), 0u) << "covered by the kept block: nothing new";
-  void* q = r.allocate(asked);
-  EXPECT_EQ(r.reshaped(), 1u);
-  EXPECT_EQ(host.stats().bytes_live, asked) << "the guessed block reshaped, not one beside it";
-  EXPECT_EQ(mismatches(q, guessed, 7), 0u) << "the guessed block's pages";
-  EXPECT_EQ(r.bytes_kept(), 0u);
-  void* p = r.allocate(guessed);  // a request of the guessed size after all: the base's
-  r.free(p);
-  EXPECT_EQ(r.bytes_kept(), 0u) << "its expectation gave way to the unforeseen request";
-  // A request under spare_bytes is never served reshaped: the guessed blocks stay for theirs.
-  EXPECT_EQ(r.reserve({guessed}), guessed);
-  void* small = r.allocate(2 * kMiB);
-  EXPECT_EQ(r.bytes_kept(), guessed);
-  EXPECT_EQ(r.reshaped(), 1u);
-  r.free(small);
-  r.free(q);
-  r.trim();
-  EXPECT_EQ(host.stats().bytes_live, 0u);
-}
-
 // Spares hold no more than the uncovered expected requests will allocate: no more blocks than
 // those requests, no more bytes than theirs; blocks below the spare size and blocks that would
 // exceed either go back at once.
