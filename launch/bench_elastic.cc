@@ -627,8 +627,9 @@ int run_elastic_bench(const std::vector<std::string>& argv) {
   if (o.mode == "spare") {
     const std::string bin = a.get_or("--weft", self_exe());
     if (fs::path(bin).filename() != "weft" || !fs::exists(bin))
-      throw ConfigError("--weft", "'" + bin + "': expected an existing binary named weft (weft "
-                                  "run starts a command whose first word is weft as itself)");
+      throw ConfigError("--weft", "'" + bin +
+                                      "': expected an existing binary named weft (weft "
+                                      "run starts a command whose first word is weft as itself)");
     size_job(o, a, {3, 2}, kReshardDefaultParams);
     make_dir(o, a);
     return run_spare_bench(o, fs::absolute(bin).string());

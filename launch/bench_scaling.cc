@@ -104,7 +104,8 @@ double predict_ms(const Row& r, const Family& f, const planner::CostModel& cm,
   // under `cm`. Planned under `cm`, nearly every multi-rank row was another program (tp4:
   // 2301 instructions against the 1477 that ran).
   core::ModelGraph mg = planner::build_planning_graph(spec);
-  planner::Plan plan = planner::make_plan(spec, mg.graph, r.world, planner::training_plan_options());
+  planner::Plan plan =
+      planner::make_plan(spec, mg.graph, r.world, planner::training_plan_options());
   planner::CostAnnotations c = planner::simulate_plan(plan, mg.graph, cm);
   double ms = c.step_s * 1e3;
   if (split && !c.ranks.empty())

@@ -55,7 +55,8 @@ int64_t payload_bytes(const core::JobSpec& spec, int world) {
   const core::ModelGraph mg = planner::build_planning_graph(spec);
   const std::unique_ptr<core::MoeBalance> balance = core::MoeBalance::for_model(spec.model);
   const parallel::StateSpace space = parallel::StateSpace::from_graph(mg.graph, balance.get());
-  const planner::Plan plan = planner::make_plan(spec, mg.graph, world, planner::training_plan_options());
+  const planner::Plan plan =
+      planner::make_plan(spec, mg.graph, world, planner::training_plan_options());
   int64_t most = 0;
   for (int r = 0; r < world; ++r)
     most = std::max(most, checkpoint::snapshot_payload_bytes(parallel::layout_of(space, plan, r)));

@@ -41,8 +41,8 @@ bool continues_run(const parallel::LaunchEnv& env, bool resume_flag);
 inline constexpr const char* kParkedVar = "WEFT_PARKED";
 bool parked_worker();
 
-// Blocks, costing no CPU (inotify on the notice's folder; five looks a second besides, for a stop signal),
-// until the agent posts the first epoch this worker enters (returned) or `stop` is set by
+// Blocks, costing no CPU (inotify on the notice's folder; five looks a second besides, for a stop
+// signal), until the agent posts the first epoch this worker enters (returned) or `stop` is set by
 // a signal (nullopt: the spare was never admitted, and ends cleanly).
 std::optional<EpochNotice> wait_for_admission(const EpochWatch& watch,
                                               const volatile std::sig_atomic_t& stop);

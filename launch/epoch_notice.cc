@@ -76,7 +76,8 @@ std::optional<EpochNotice> read_epoch_notice(const std::string& path) {
       else if (key == "transit_nodes") n.transit_nodes = std::stoi(value);
       else if (key == "leave") n.leave = value == "1";
       else if (key == "released") n.released = value == "1";
-      else if (key == "restart_count") n.restart_count = std::stoi(value);
+      else if (key == "restart_count")
+        n.restart_count = std::stoi(value);
       else if (key == "lost_since") n.lost_since = parse_lost_since(value);
       else if (key == "why") n.why = value;
     } catch (const std::exception&) {

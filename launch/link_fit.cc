@@ -198,7 +198,8 @@ std::vector<LoadSample> loop_segments(const std::map<std::string, std::vector<do
     return k.size() > 6 && k.compare(k.size() - 6, 6, "_delay") == 0;
   };
   std::vector<LoadSample> all;
-  for (auto it = probe.lower_bound(prefix); it != probe.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+  for (auto it = probe.lower_bound(prefix); it != probe.end() && it->first.rfind(prefix, 0) == 0;
+       ++it) {
     if (is_delay(it->first)) continue;
     const auto delay = probe.find(it->first + "_delay");
     for (size_t r = 0; r < it->second.size(); ++r)

@@ -522,8 +522,8 @@ std::string NodeAgent::parked_monitor() {
     round_ = current_round();
     current_ = *m;
     stop_ = Stop{};
-    const std::string why = str("node ", me_, " admitted from the spares in epoch ", m->epoch,
-                                " (", m->world(), " nodes)");
+    const std::string why = str("node ", me_, " admitted from the spares in epoch ", m->epoch, " (",
+                                m->world(), " nodes)");
     if (!live()) {
       // Workers that do not follow notices (elastic.on_change: restart; or not that far yet)
       // cannot enter by one: they are stopped and started in the epoch, as before parking.
@@ -1028,8 +1028,9 @@ void NodeAgent::say_joined(const comm::Membership& m, Clock::time_point t0) {
   std::fprintf(stderr,
                "weft run: node %s is node %d of %d (rendezvous %s at %s, epoch %lld) after "
                "%.2f s\n",
-               me_.c_str(), static_ ? o_.node_rank : m.index, m.world(), run_id(o_).c_str(), where_.c_str(),
-               (long long)m.epoch, std::chrono::duration<double>(Clock::now() - t0).count());
+               me_.c_str(), static_ ? o_.node_rank : m.index, m.world(), run_id(o_).c_str(),
+               where_.c_str(), (long long)m.epoch,
+               std::chrono::duration<double>(Clock::now() - t0).count());
   std::fflush(stderr);
 }
 
@@ -1232,7 +1233,8 @@ int NodeAgent::run() {
         // Ask every node for the next round (once: a node that lost the race to bump it
         // restarts in the round another node asked for).
         try {
-          store_->set(key_ + "round_reason/" + std::to_string(round_ + 1), comm::to_bytes(next.why));
+          store_->set(key_ + "round_reason/" + std::to_string(round_ + 1),
+                      comm::to_bytes(next.why));
           store_->compare_set(round_key, comm::to_bytes(std::to_string(round_)),
                               comm::to_bytes(std::to_string(round_ + 1)));
         } catch (const std::exception& e) {

@@ -541,8 +541,9 @@ bool SnapshotParity::rebuild(const Task& task) {
           if (n > 0)
             decode_fragment(
                 *ring, l, stripes[size_t(t)], t, at[size_t(t)], task.gone, out + t * c, n,
-                spent_.ahead ? std::function<void(int64_t, int64_t)>()
-                             : [&](int64_t o, int64_t len) { seg->populate_writing(t * c + o, len); },
+                spent_.ahead
+                    ? std::function<void(int64_t, int64_t)>()
+                    : [&](int64_t o, int64_t len) { seg->populate_writing(t * c + o, len); },
                 [&](int64_t o, int64_t len) {
                   if (!blocks_match(out + t * c + o, t * c + o, len, payload, crcs))
                     throw IoError(str("the decoded bytes at ", t * c + o,
@@ -563,9 +564,9 @@ bool SnapshotParity::rebuild(const Task& task) {
                  since(t1) * 1e3, " ms: segment ", spent_.segment * 1e3,
                  spent_.ahead ? " made ahead" : "", ", allocating its pages ",
                  spent_.populate * 1e3, ", scratch buffers ", spent_.scratch * 1e3,
-                 ", waiting for fetches ", spent_.fetch_wait * 1e3,
-                 ", decoding ", spent_.decode * 1e3, ", checking ", check_s * 1e3,
-                 "; pieces read here ", spent_.local_reads, ", ", spent_.local_mapped,
+                 ", waiting for fetches ", spent_.fetch_wait * 1e3, ", decoding ",
+                 spent_.decode * 1e3, ", checking ", check_s * 1e3, "; pieces read here ",
+                 spent_.local_reads, ", ", spent_.local_mapped,
                  " of them through this agent's own mapping, ", spent_.local_in_place,
                  " decoded from in place)"));
         done = true;

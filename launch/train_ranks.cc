@@ -1123,9 +1123,10 @@ std::optional<EpochNotice> RankTraining::park() {
   }
   std::string list;
   for (int w : planned) list += (list.empty() ? "" : ", ") + std::to_string(w);
-  std::printf("weft train: rank %d parked (a spare's worker, pid %d): plans of worlds %s made and "
-              "%.1f MiB of its state faulted in, %.2f s; waiting for its admission\n",
-              env_.rank, int(::getpid()), list.c_str(), mib(bytes), since(t));
+  std::printf(
+      "weft train: rank %d parked (a spare's worker, pid %d): plans of worlds %s made and "
+      "%.1f MiB of its state faulted in, %.2f s; waiting for its admission\n",
+      env_.rank, int(::getpid()), list.c_str(), mib(bytes), since(t));
   std::fflush(stdout);
   std::optional<EpochNotice> n = wait_for_admission(watch_, g_train_stop);
   if (n) change_at_ = Clock::now();

@@ -37,8 +37,8 @@ double secs(Millis t) { return double(t.count()) / 1000; }
 // its timeout, or at once when the check stops (the stop eventfd cancels it).
 class Dial {
  public:
-  Dial(const std::string& endpoint, const std::string& id, const std::string& token,
-       Millis timeout, int cancel_fd, int done_fd) {
+  Dial(const std::string& endpoint, const std::string& id, const std::string& token, Millis timeout,
+       int cancel_fd, int done_fd) {
     thread_ = std::thread([=, this] {
       std::optional<PeerLink> link;
       std::string error;

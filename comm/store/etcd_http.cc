@@ -187,7 +187,8 @@ struct EtcdHttp::Impl {
     });
     if (!ec)
       ec = step([&](auto done) {
-        http::async_read(side, side_buffer, res, [done](beast::error_code ec, size_t) { done(ec); });
+        http::async_read(side, side_buffer, res,
+                         [done](beast::error_code ec, size_t) { done(ec); });
       });
     if (ec || res.result() != http::status::ok) {
       close_side();

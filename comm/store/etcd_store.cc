@@ -9,10 +9,10 @@
 #include <thread>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "comm/store/etcd_http.h"
 #include "comm/store/etcd_kv.h"
 #include "comm/store/etcd_watch.h"
-#include "base/log.h"
 #include "comm/store/store_util.h"
 
 namespace weft::comm {
@@ -91,8 +91,8 @@ void EtcdStore::set(const std::string& key, const Bytes& value, std::optional<Mi
   if (auto prev = reply.find("prev_kv"); prev != reply.end()) revoke_replaced(*http_, *prev, lease);
 }
 
-std::vector<std::optional<Bytes>> EtcdStore::read(const std::vector<std::string>& keys,
-                                                  bool values, int64_t* revision) {
+std::vector<std::optional<Bytes>> EtcdStore::read(const std::vector<std::string>& keys, bool values,
+                                                  int64_t* revision) {
   std::vector<std::optional<Bytes>> out(keys.size());
   if (revision) *revision = 0;
   for (size_t begin = 0; begin < keys.size(); begin += kReadBatch) {
@@ -118,18 +118,18 @@ std::vector<std::optional<Bytes>> EtcdStore::read(const std::vector<std::string>
   return out;
 }
 
-std::unique_ptr<EtcdWatch> EtcdStore::watch(const std::vector<std::string>& keys,
-                                             int64_t from, Clock::time_point deadline) {
+std::unique_ptr<EtcdWatch> EtcdStore::watch(const std::vector<std::string>& keys, int64_t from,
+                                            Clock::time_point deadline) {
   if (watch_unsupported_.load()) return nullptr;
   // One watch over the range from the least key to the greatest: events of keys between
   // them that nobody waits for are skipped by the caller.
   const auto [lo, hi] = std::minmax_element(keys.begin(), keys.end());
   const std::string first = full(*lo), last = full(*hi);
   try {
-    return std::make_unique<EtcdWatch>(
-        parse_etcd_endpoint(http_->endpoint(), kEndpointFlag), first,
-        first == last ? std::string() : last + std::string(1, '\0'), from,
-        std::min(deadline, Clock::now() + options_.request_timeout));
+    return std::make_unique<EtcdWatch>(parse_etcd_endpoint(http_->endpoint(), kEndpointFlag), first,
+                                       first == last ? std::string() : last + std::string(1, '\0'),
+                                       from,
+                                       std::min(deadline, Clock::now() + options_.request_timeout));
   } catch (const EtcdWatchUnsupported& e) {
     watch_unsupported_.store(true);
     WEFT_DEBUG("etcd", e.what(), "; blocking reads poll instead");

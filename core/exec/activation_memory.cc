@@ -16,8 +16,8 @@ ActivationMemory::ActivationMemory(const std::string& kind, memory::Allocator* b
 }
 
 ActivationMemory::~ActivationMemory() {
-  WEFT_DEBUG("memory", "arena ends: ", caching_->caching_stats().num_segments, " caching segments (",
-             caching_->stats().bytes_reserved >> 20, " MiB) back to ",
+  WEFT_DEBUG("memory", "arena ends: ", caching_->caching_stats().num_segments,
+             " caching segments (", caching_->stats().bytes_reserved >> 20, " MiB) back to ",
              source_ ? source_->name() : "the host");
   size_t live = caching_->stats().bytes_live + (planned_ ? planned_->stats().bytes_live : 0);
   if (live == 0) return;

@@ -2,12 +2,11 @@
 // resident after populate_pages.
 #include "base/populate.h"
 
+#include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
-
-#include <gtest/gtest.h>
 
 #include "tests/support/resident_pages.h"
 
@@ -47,7 +46,6 @@ TEST(Populate, NoPiecesWhenNoWholePageFits) {
   EXPECT_TRUE(populate_pieces(reinterpret_cast<const void*>(base), 0, kPage).empty());
   EXPECT_EQ(populate_pieces(reinterpret_cast<const void*>(base), kPage, kPage).size(), 1u);
 }
-
 
 TEST(Populate, WriteMakesEveryPageOfAFreshMappingResidentAcrossManyPieces) {
   const size_t page = size_t(::sysconf(_SC_PAGESIZE));

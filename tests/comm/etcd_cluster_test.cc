@@ -114,9 +114,10 @@ TEST_F(EtcdClusterTest, AGetParkedOnTheLeadersWatchIsWokenBySetAfterTheLeaderIsK
   writer.set_string("late", "after the kill");
   const double set_ms = ms_since(t0);
   EXPECT_EQ(got.get(), "after the kill");
-  std::printf("[ measure ] after SIGKILL of the leader: set in %.0f ms, the parked get "
-              "returned at %.0f ms\n",
-              set_ms, ms_since(t0));
+  std::printf(
+      "[ measure ] after SIGKILL of the leader: set in %.0f ms, the parked get "
+      "returned at %.0f ms\n",
+      set_ms, ms_since(t0));
   EXPECT_NE(waiter.endpoint(), killed) << "the waiter's reads moved to a survivor";
 }
 

@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -14,7 +15,6 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
-#include <algorithm>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -158,7 +158,6 @@ TEST_F(EtcdWatchTest, TimeoutsStillNameTheKeysAndNoWaitLeavesADescriptorOrAThrea
   EXPECT_TRUE(eventually([&] { return watchers() == 0; }));
 }
 
-
 // Printed, not asserted: the time from another client's set to the parked get's return,
 // over 50 sets, each after the get has waited 150..200 ms (a poll at its slowest pace).
 TEST_F(EtcdWatchTest, MeasureFiftySetsEachWakeAParkedGet) {
@@ -175,16 +174,17 @@ TEST_F(EtcdWatchTest, MeasureFiftySetsEachWakeAParkedGet) {
     std::this_thread::sleep_for(150ms + Millis(i % 50));
     const auto set = Clock::now();
     writer->set_string(key, "v");
-    ms.push_back(std::chrono::duration<double, std::milli>(returned.get_future().get() - set)
-                     .count());
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(returned.get_future().get() - set).count());
     t.join();
   }
   std::sort(ms.begin(), ms.end());
   double sum = 0;
   for (double m : ms) sum += m;
-  std::printf("[ measure ] set -> parked get returns, 50 sets: mean %.2f ms, median %.2f ms, "
-              "p90 %.2f ms, max %.2f ms\n",
-              sum / ms.size(), ms[ms.size() / 2], ms[ms.size() * 9 / 10], ms.back());
+  std::printf(
+      "[ measure ] set -> parked get returns, 50 sets: mean %.2f ms, median %.2f ms, "
+      "p90 %.2f ms, max %.2f ms\n",
+      sum / ms.size(), ms[ms.size() / 2], ms[ms.size() * 9 / 10], ms.back());
 }
 
 }  // namespace

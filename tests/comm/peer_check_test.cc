@@ -184,7 +184,6 @@ TEST(PeerCheck, TheListenerDropsAConnectionItsObserverClosed) {
   EXPECT_FALSE(second.broken());
 }
 
-
 // A new node "c" whose address takes the connection but never answers (a listening socket
 // nobody accepts on: the kernel completes the connect, and the greeting never comes) with a
 // dial timeout of a minute: b's loss is reported all the same while c's dial waits, since

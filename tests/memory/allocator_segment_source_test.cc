@@ -5,7 +5,6 @@
 #include "memory/allocator_segment_source.h"
 
 #include <gtest/gtest.h>
-
 #include <sys/mman.h>
 #include <sys/resource.h>
 
@@ -30,7 +29,6 @@ using test::thread_minor_faults;
 
 constexpr size_t kMiB = size_t(1) << 20;
 constexpr size_t kPage = 4096;
-
 
 // The faults of writing the first `bytes` of `p`.
 size_t faults_writing(void* p, size_t bytes, int value) {
@@ -78,8 +76,10 @@ TEST(AllocatorSegmentSource, AnArenasPagesServeTheNextLayoutsBlock) {
   HostAllocator fresh_host;
   void* fresh = fresh_host.allocate(new_bytes, Tag::kParameter);
   const size_t fresh_faults = faults_writing(fresh, old_bytes, 9);
-  std::printf("writing 48 MiB of the next layout's block: %zu faults in the old arena's pages, "
-              "%zu in fresh ones\n", recycled_faults, fresh_faults);
+  std::printf(
+      "writing 48 MiB of the next layout's block: %zu faults in the old arena's pages, "
+      "%zu in fresh ones\n",
+      recycled_faults, fresh_faults);
   EXPECT_GE(fresh_faults, old_bytes / (2 * kMiB)) << "a fresh page faults at its first write";
   EXPECT_LE(recycled_faults, 2u) << "the old arena's pages are resident in the new block";
   fresh_host.free(fresh);

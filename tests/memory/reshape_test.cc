@@ -5,7 +5,6 @@
 // expected size that nothing covers, reshaped, and the spares never hold more than those
 // requests will allocate.
 #include <gtest/gtest.h>
-
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -26,7 +25,6 @@ using test::resident_pages;
 
 constexpr size_t kMiB = size_t(1) << 20;
 constexpr size_t kPage = 4096;
-
 
 void fill(void* p, size_t bytes, unsigned char seed) {
   auto* c = static_cast<unsigned char*>(p);

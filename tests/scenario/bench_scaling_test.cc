@@ -1,18 +1,18 @@
 // `weft bench scaling --quick` end to end: it runs config S on real ranks at world 1 and dp2
 // and prints both table rows and the tokens/s lines with positive numbers. Behaviour, not timing.
-#include <algorithm>
 #include <gtest/gtest.h>
-
-#include "planner/hardware.h"
-#include "tests/support/run_weft.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "planner/hardware.h"
+#include "tests/support/run_weft.h"
 
 namespace {
 
@@ -74,7 +74,8 @@ TEST(BenchScaling, QuickPrintsWorldOneAndDp2) {
 // failed with "not the same plan").
 TEST(BenchScaling, AttributePricesTheTrainersPlanUnderAnyCostModel) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("weft-attribute-test-" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("weft-attribute-test-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   weft::planner::Hardware hw = weft::planner::load_hardware("h100");
   // A Gloo all-reduce's wire rate by call size, as `weft calibrate` measured it here.
