@@ -313,7 +313,7 @@ TEST(BenchElastic, LiveSnapshotsThatDoNotFitBesideTheWorkersAreRefusedBeforeAnyt
 TEST(BenchElastic, BadOptionsAreRefused) {
   weft::test::CommandResult r = weft::test::run_weft("bench elastic --mode sideways");
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("expected restart, reshard or both"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("expected restart, reshard, both or spare"), std::string::npos) << r.out;
   weft::test::CommandResult five = weft::test::run_weft("bench elastic --mode reshard --nodes 5");
   EXPECT_EQ(five.code, 2) << five.out;
   EXPECT_NE(five.out.find("--nodes"), std::string::npos) << five.out;
