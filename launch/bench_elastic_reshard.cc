@@ -22,11 +22,12 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "base/proc.h"
 #include "comm/store/auth.h"
 #include "launch/bench_elastic.h"
 #include "launch/bench_elastic_planned.h"
-#include "launch/bench_util.h"
 #include "launch/bench_snapshot_parts.h"
+#include "launch/bench_util.h"
 #include "planner/memory_estimate.h"
 
 namespace weft::launch::bench {
@@ -37,22 +38,6 @@ std::string slurp_file(const fs::path& p) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
-}
-
-// The worker of the agent `pid`: its child with a rank in its environment (the agent also
-// forks a guardian, which has none); -1 when none.
-pid_t worker_of(pid_t pid) {
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string n = e.path().filename().string();
-    if (n.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::istringstream in(slurp_file(e.path() / "stat"));
-    std::string pidtext, comm, state;
-    long ppid = 0;
-    in >> pidtext >> comm >> state >> ppid;
-    if (ppid == pid && slurp_file(e.path() / "environ").find("WEFT_RANK=") != std::string::npos)
-      return pid_t(std::stol(n));
-  }
-  return -1;
 }
 
 // VmHWM of `pid` in GiB, or -1.
@@ -314,7 +299,7 @@ void finish_change(Run& run, Change& c, const std::vector<size_t>& from) {
   if (run.live_)
     for (size_t i = 0; i < run.agents_.size(); ++i)
       if (run.agents_[i]->running())
-        if (pid_t w = worker_of(run.agents_[i]->pid()); w > 0) c.hwm_gib.push_back(hwm_gib(w));
+        if (pid_t w = worker_child(run.agents_[i]->pid()); w > 0) c.hwm_gib.push_back(hwm_gib(w));
   note(c.first, str(run.live_ ? "reshard" : "restart", " ", c.name, ": the world of ", c.to,
                     " logged its first step, ", fixed3(c.from_notice()), " s after the notice"));
   run.wait_steps(run.marks(), 2, "two steps of the new world");
@@ -388,7 +373,7 @@ SideResult run_side(Options& o, bool live) {
       if (snapshots)
         for (const auto& a : run.agents_)
           if (a->running())
-            for (pid_t k : snapbench::children_of(a->pid())) ::kill(k, SIGKILL);
+            for (pid_t k : child_pids(a->pid())) ::kill(k, SIGKILL);
       run.agents_.clear();
       if (snapshots) snapbench::remove_job_segments(run.rdzv_id_, false);
     }
@@ -458,7 +443,7 @@ SideResult run_side(Options& o, bool live) {
     // The cost's split needs auto's probe line (a fixed interval from --set has none).
     if (snapshots && o.spec.snapshot.every == core::SnapshotSpec::kAuto) steady_steps(run, res);
     if (live)
-      for (int i = 0; i < 4; ++i) first_workers[i] = worker_of(run.agents_[size_t(i)]->pid());
+      for (int i = 0; i < 4; ++i) first_workers[i] = worker_child(run.agents_[size_t(i)]->pid());
     if (o.leaves == "together") {
       leave("leave", 2);
     } else {  // one after the other: the first resize done before the second SIGTERM
@@ -498,7 +483,7 @@ SideResult run_side(Options& o, bool live) {
       const std::vector<size_t> from = run.marks();
       // The node lost whole: its snapshot agent too (weft run's death only SIGTERMs it).
       const std::vector<pid_t> kids =
-          snapshots ? snapbench::children_of(run.agents_[size_t(v)]->pid()) : std::vector<pid_t>{};
+          snapshots ? child_pids(run.agents_[size_t(v)]->pid()) : std::vector<pid_t>{};
       c.cause = run.now();
       run.agents_[size_t(v)]->kill();
       for (pid_t k : kids) ::kill(k, SIGKILL);
@@ -524,7 +509,7 @@ SideResult run_side(Options& o, bool live) {
   for (const auto& [agent, worker] : first_workers)
     if (!run.gone_.count(agent)) {
       ++lived;
-      k = k && worker > 0 && worker_of(run.agents_[size_t(agent)]->pid()) == worker;
+      k = k && worker > 0 && worker_child(run.agents_[size_t(agent)]->pid()) == worker;
     }
   res.kept_workers = k && lived == 2;
   // The leavers' exit codes (live: they hand over, then their agents exit 0 a little later).

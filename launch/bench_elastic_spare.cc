@@ -19,6 +19,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "base/proc.h"
 #include "comm/store/auth.h"
 #include "launch/bench_elastic_parts.h"
 #include "launch/bench_snapshot_parts.h"
@@ -63,7 +64,7 @@ class SpareRun {
   ~SpareRun() {
     for (const auto& a : agents_)  // the whole node: its worker too
       if (a->running())
-        for (pid_t k : snapbench::children_of(a->pid())) ::kill(k, SIGKILL);
+        for (pid_t k : child_pids(a->pid())) ::kill(k, SIGKILL);
     agents_.clear();
   }
 
@@ -104,7 +105,7 @@ class SpareRun {
   const BenchAgent& agent(int i) const { return *agents_[size_t(i)]; }
   void kill(int i) {
     gone_ = i;
-    const std::vector<pid_t> kids = snapbench::children_of(agents_[size_t(i)]->pid());
+    const std::vector<pid_t> kids = child_pids(agents_[size_t(i)]->pid());
     agents_[size_t(i)]->kill();
     for (pid_t k : kids) ::kill(k, SIGKILL);  // its worker dies with it, as on a node's death
   }
@@ -166,7 +167,7 @@ SpareSide run_spare_side(Options& o, const std::string& bin, bool live) {
       if (std::regex_search(p->second.text, m, re)) r.parked_s = std::stod(m[1]);
       break;
     }
-    if (run.now() - t_spare > 3 && snapbench::children_of(run.agent(spare).pid()).size() < 2)
+    if (run.now() - t_spare > 3 && child_pids(run.agent(spare).pid()).size() < 2)
       break;  // the agent's guardian alone: no worker before the admission
   }
   note(run.now(),

@@ -18,6 +18,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "base/proc.h"
 #include "checkpoint/job_id.h"
 #include "checkpoint/snapshot_agent_files.h"
 #include "checkpoint/snapshot_segment.h"
@@ -358,42 +359,10 @@ bool JobRun::watch(const std::function<void(const StampedLine&)>& on_line,
 
 std::vector<std::pair<int, pid_t>> JobRun::workers() const {
   std::vector<std::pair<int, pid_t>> out;
-  for (pid_t c : children_of(agent_->pid()))
-    if (const int rank = worker_rank(c); rank >= 0) out.emplace_back(rank, c);
+  for (pid_t c : child_pids(agent_->pid()))
+    if (const int rank = weft_rank_of(c); rank >= 0) out.emplace_back(rank, c);
   std::sort(out.begin(), out.end());
   return out;
-}
-
-std::vector<pid_t> children_of(pid_t pid) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(e.path() / "stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    const size_t close = text.rfind(')');  // the command name may hold spaces and parentheses
-    if (close == std::string::npos) continue;
-    std::istringstream rest(text.substr(close + 1));
-    std::string state;
-    long ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == pid) out.push_back(pid_t(std::stol(n)));
-  }
-  return out;
-}
-
-int worker_rank(pid_t pid) {
-  std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
-  std::string envs((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
-  const size_t at = envs.find(std::string("\0WEFT_RANK=", 11));
-  return at == std::string::npos ? -1 : std::atoi(envs.c_str() + at + 11);
-}
-
-pid_t worker_of(pid_t pid) {
-  for (pid_t c : children_of(pid))
-    if (worker_rank(c) >= 0) return c;
-  return -1;
 }
 
 double JobRun::workers_cpu_s() const {

@@ -24,6 +24,7 @@
 
 #include "base/check.h"
 #include "base/error.h"
+#include "base/proc.h"
 #include "comm/store/auth.h"
 #include "launch/bench_elastic_parts.h"
 #include "launch/bench_snapshot_parts.h"
@@ -219,7 +220,7 @@ Side run_side(const Options& o, const JobShape& j, const std::string& name) {
   s.victim_node = run.index_[size_t(run.victim_)];
   std::vector<std::pair<int, pid_t>> kept;  // (agent, worker) of the survivors
   for (int i = 0; i < kNodes; ++i)
-    if (i != run.victim_) kept.push_back({i, worker_of(run.agents_[size_t(i)]->pid())});
+    if (i != run.victim_) kept.push_back({i, worker_child(run.agents_[size_t(i)]->pid())});
   if (!s.live()) {
     for (const auto& e : fs::recursive_directory_iterator(run.folder() / "checkpoints"))
       if (e.is_regular_file()) drop_cache(e.path());
@@ -227,7 +228,7 @@ Side run_side(const Options& o, const JobShape& j, const std::string& name) {
   }
   const std::vector<size_t> from = run.marks();
   const pid_t agent = run.agents_[size_t(run.victim_)]->pid();
-  const std::vector<pid_t> kids = children_of(agent);  // its worker and its snapshot agent
+  const std::vector<pid_t> kids = child_pids(agent);  // its worker and its snapshot agent
   s.t_kill = run.now();
   run.agents_[size_t(run.victim_)]->kill();
   for (pid_t k : kids) ::kill(k, SIGKILL);
@@ -255,7 +256,7 @@ Side run_side(const Options& o, const JobShape& j, const std::string& name) {
           if (bench::has(run.agents_[size_t(i)]->lines()[k].text, "rebuilt node "))
             parse_rebuild(run.agents_[size_t(i)]->lines()[k].text, s);
     s.kept = std::all_of(kept.begin(), kept.end(), [&](const auto& p) {
-      return p.second > 0 && worker_of(run.agents_[size_t(p.first)]->pid()) == p.second;
+      return p.second > 0 && worker_child(run.agents_[size_t(p.first)]->pid()) == p.second;
     });
   } else {
     std::vector<BenchAgent*> survivors;

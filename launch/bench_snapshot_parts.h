@@ -89,12 +89,6 @@ std::vector<std::string> job_sets(const Options& o, const JobShape& shape, const
 // Removes the snapshot segments and agent lock files of the job `weft run --rdzv-id rdzv_id`
 // started (its agents gone, or going: `ended` false waits up to 5 s for their locks).
 void remove_job_segments(const std::string& rdzv_id, bool ended);
-// The children of process `pid` (from /proc).
-std::vector<pid_t> children_of(pid_t pid);
-// The rank of a worker process (WEFT_RANK in its environment), -1 for another process.
-int worker_rank(pid_t pid);
-// The first worker among `pid`'s children (an agent's), -1 when none.
-pid_t worker_of(pid_t pid);
 // Drops a file's pages from the page cache (written back first: DONTNEED leaves dirty ones).
 void drop_cache(const fs::path& p);
 // The share of a folder's file pages in the page cache (mincore), -1 when unknown.

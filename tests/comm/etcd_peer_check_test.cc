@@ -60,7 +60,7 @@ struct ThreeAgents {
   std::string log(int i) { return slurp(logs[size_t(i)]); }
   // SIGKILLs agent i's workers, then (or instead, with `sig`) sends `sig` to the agent.
   void signal_node(int i, int sig) {
-    const std::vector<pid_t> its = child_processes(p[size_t(i)]);
+    const std::vector<pid_t> its = child_pids(p[size_t(i)]);
     ::kill(p[size_t(i)], sig);
     if (sig == SIGKILL)
       for (pid_t c : its) ::kill(c, SIGKILL);

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "base/proc.h"
 #include "comm/registry.h"
 #include "core/data/dataset.h"
 #include "core/io/metrics.h"
@@ -136,29 +137,6 @@ TEST(WeftRun, LayoutThatDoesNotFitFailsBeforeTraining) {
   EXPECT_EQ(fat.out.find("| loss"), std::string::npos) << fat.out;
 }
 
-// Pids of the running children of `parent` whose environment has WEFT_RANK=<rank>.
-pid_t find_worker(pid_t parent, int rank) {
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream st(e.path() / "stat");
-    std::string line;
-    std::getline(st, line);
-    size_t close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(line.substr(close + 2));
-    char state;
-    pid_t ppid;
-    rest >> state >> ppid;
-    if (ppid != parent) continue;
-    std::ifstream env(e.path() / "environ");
-    std::string all((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
-    if (all.find(std::string("WEFT_RANK=") + std::to_string(rank) + '\0') != std::string::npos)
-      return pid_t(std::stoi(name));
-  }
-  return -1;
-}
-
 // `weft run` with two dp workers training "forever", its output going to `log`.
 pid_t start_job(const fs::path& d, const fs::path& log) {
   pid_t pid = ::fork();
@@ -199,7 +177,7 @@ pid_t wait_training(pid_t job, const fs::path& log, int rank) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (std::chrono::steady_clock::now() < deadline) {
     pid_t w = -1;
-    if (read_all(log).find("| loss") != std::string::npos && (w = find_worker(job, rank)) > 0)
+    if (read_all(log).find("| loss") != std::string::npos && (w = worker_child(job, rank)) > 0)
       return w;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

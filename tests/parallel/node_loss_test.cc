@@ -75,7 +75,7 @@ std::vector<std::string> lose_node_two(const std::string& name, const std::strin
 
   // Node 2 (not the store's host) loses its agent and its workers at once.
   const pid_t victim = p[2];
-  const std::vector<pid_t> its = child_processes(victim);
+  const std::vector<pid_t> its = child_pids(victim);
   EXPECT_FALSE(its.empty()) << "the agent's worker was not found";
   const auto t0 = Clock::now();
   ::kill(victim, SIGKILL);

@@ -20,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "base/proc.h"
 #include "tests/support/metrics_compare.h"
 #include "tests/support/run_weft.h"
 
@@ -45,44 +46,7 @@ std::string read_all(const fs::path& p) {
 }
 
 // A process that exists and is not a zombie (an orphan's zombie may wait for PID 1).
-bool alive(pid_t pid) {
-  if (pid <= 0 || ::kill(pid, 0) != 0) return false;
-  std::string stat = read_all("/proc/" + std::to_string(pid) + "/stat");
-  size_t close = stat.rfind(')');
-  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
-}
-
-pid_t parent_of(pid_t pid) {
-  std::string stat = read_all("/proc/" + std::to_string(pid) + "/stat");
-  size_t close = stat.rfind(')');
-  if (close == std::string::npos) return -1;
-  std::istringstream rest(stat.substr(close + 2));
-  char state;
-  pid_t ppid = -1;
-  rest >> state >> ppid;
-  return ppid;
-}
-
-// The live children of `parent`.
-std::vector<pid_t> children(pid_t parent) {
-  std::vector<pid_t> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    pid_t p = pid_t(std::stoi(name));
-    if (parent_of(p) == parent && alive(p)) out.push_back(p);
-  }
-  return out;
-}
-
-// The child of `agent` whose environment has WEFT_RANK=<rank>, or -1.
-pid_t worker_of(pid_t agent, int rank) {
-  for (pid_t p : children(agent)) {
-    std::string env = read_all("/proc/" + std::to_string(p) + "/environ");
-    if (env.find("WEFT_RANK=" + std::to_string(rank) + '\0') != std::string::npos) return p;
-  }
-  return -1;
-}
+bool alive(pid_t pid) { return pid > 0 && ::kill(pid, 0) == 0 && weft::process_running(pid); }
 
 // Kills (SIGKILL) and reaps every pid it was given when the test ends, however it ends.
 struct Reaper {
@@ -149,13 +113,13 @@ bool wait_sleepers(pid_t agent, const fs::path& d, Reaper& r, std::vector<pid_t>
                    std::vector<pid_t>& grandchildren) {
   bool ok = eventually(
       [&] {
-        return fs::exists(d / "gc_0") && fs::exists(d / "gc_1") && worker_of(agent, 0) > 0 &&
-               worker_of(agent, 1) > 0;
+        return fs::exists(d / "gc_0") && fs::exists(d / "gc_1") && worker_child(agent, 0) > 0 &&
+               worker_child(agent, 1) > 0;
       },
       std::chrono::seconds(30));
   if (!ok) return false;
   for (int rank : {0, 1}) {
-    workers.push_back(worker_of(agent, rank));
+    workers.push_back(worker_child(agent, rank));
     grandchildren.push_back(pid_t(std::stoi(read_all(d / ("gc_" + std::to_string(rank))))));
   }
   r.pids.insert(workers.begin(), workers.end());
@@ -256,13 +220,13 @@ TEST(Supervision, StoppedWorkerIsNamedByItsMissingHeartbeat) {
   pid_t victim = -1;
   ASSERT_TRUE(eventually(
       [&] {
-        victim = worker_of(r.agent, 1);
+        victim = worker_child(r.agent, 1);
         return victim > 0 && read_all(d / "out.txt").find("| loss") != std::string::npos;
       },
       std::chrono::seconds(120)))
       << read_all(d / "out.txt");
   r.pids.insert(victim);
-  r.pids.insert(worker_of(r.agent, 0));
+  r.pids.insert(worker_child(r.agent, 0));
   auto t0 = Clock::now();
   ::kill(victim, SIGSTOP);
   int status = wait_exit(r.agent, std::chrono::seconds(90));

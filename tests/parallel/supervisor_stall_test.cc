@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/proc.h"
 #include "tests/support/agent_tests.h"
 #include "tests/support/run_weft.h"
 
@@ -164,22 +165,6 @@ struct CpuQuotaGroup {
   bool add(pid_t pid) { return write(dir / "cgroup.procs", std::to_string(pid)); }
 };
 
-// The child of `agent` whose environment has WEFT_RANK=<rank>, or -1.
-pid_t worker_of(pid_t agent, int rank) {
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string stat = slurp(e.path() / "stat");
-    size_t close = stat.rfind(')');
-    if (close == std::string::npos || close + 4 > stat.size()) continue;
-    if (std::atoi(stat.c_str() + close + 4) != agent) continue;  // ") S PPID"
-    if (slurp(e.path() / "environ").find("WEFT_RANK=" + std::to_string(rank) + '\0') !=
-        std::string::npos)
-      return pid_t(std::stoi(name));
-  }
-  return -1;
-}
-
 // Starts two beating workers and waits until both beat; fills job.workers (rank order).
 std::vector<pid_t> start_beating(Job& job, const fs::path& d) {
   job.agent = start_weft(run_args(2, beating_worker(d)), (d / "out.txt").string());
@@ -321,7 +306,7 @@ TEST(SupervisionStall, WorkerThrottledByACpuQuotaIsStarvedNotHung) {
                          (d / "out.txt").string());
   ASSERT_TRUE(wait_while_running(job, [&] { return contains(slurp(d / "out.txt"), "| loss"); }))
       << slurp(d / "out.txt");
-  const pid_t worker = worker_of(job.agent, 0);
+  const pid_t worker = worker_child(job.agent, 0);
   ASSERT_GT(worker, 0) << slurp(d / "out.txt");
   job.workers.insert(worker);
   ASSERT_TRUE(group.add(worker));

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/proc.h"
 #include "tests/support/run_weft.h"
 
 namespace weft::test {
@@ -42,25 +43,6 @@ inline std::string agent_node_id(pid_t pid) {
   char h[256] = "host";
   ::gethostname(h, sizeof h - 1);
   return std::string(h) + "-" + std::to_string(pid);
-}
-
-// Every process whose parent is `pid` (an agent's workers and its guardian), from /proc.
-inline std::vector<pid_t> child_processes(pid_t pid) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string stat = slurp(e.path() / "stat");
-    const size_t paren = stat.rfind(')');  // the command name may hold spaces
-    if (paren == std::string::npos) continue;
-    std::istringstream in(stat.substr(paren + 1));
-    std::string state;
-    long ppid = 0;
-    in >> state >> ppid;
-    if (ppid == pid) out.push_back(pid_t(std::stol(n)));
-  }
-  return out;
 }
 
 // A port nobody listens on now (the kernel's pick for port 0).

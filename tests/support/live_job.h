@@ -73,7 +73,7 @@ inline bool poll_until(const std::function<bool()>& done, double limit = kPatien
 // agent also forks a guardian, which has none).
 inline std::vector<pid_t> children(pid_t pid) {
   std::vector<pid_t> out;
-  for (pid_t c : child_processes(pid))
+  for (pid_t c : child_pids(pid))
     if (slurp(fs::path("/proc") / std::to_string(c) / "environ").find("WEFT_RANK=") !=
         std::string::npos)
       out.push_back(c);
