@@ -8,10 +8,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 
 #include "base/env.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "comm/registry.h"
 #include "comm/store/auth.h"
 #include "comm/store/cancellable_store.h"
@@ -48,16 +50,28 @@ void parse_addr(const std::string& addr, LaunchEnv& e) {
   }
 }
 
+// A port in [20000, 40000) derived from the job's identity and the try's index.
+uint16_t derived_port(const std::string& job, int attempt) {
+  const std::string key = attempt == 0 ? job : job + "#" + std::to_string(attempt);
+  return uint16_t(20000 + core::stable_hash(key) % 20000);
+}
+
 // Rank 0 serves the store on a port every rank knows without talking: WEFT_STORE_PORT, else
-// one derived from the job's identity (`job`; empty when the launcher gave none).
-uint16_t agreed_port(const std::string& job, const char* launcher) {
-  int64_t port =
-      env_int("WEFT_STORE_PORT", job.empty() ? 0 : 20000 + int64_t(core::stable_hash(job) % 20000));
-  if (port <= 0 || port > 65535)
-    throw ConfigError("WEFT_STORE_PORT", std::string("under ") + launcher +
-                                             " set WEFT_STORE_PORT (a free port) or "
-                                             "WEFT_STORE_ADDR=HOST:PORT");
-  return uint16_t(port);
+// one derived from the job's identity (`job`; empty when the launcher gave none), which then
+// goes into e.store_job so that a taken port can be skipped (agreed_store_ports).
+void agree_port(const std::string& job, const char* launcher, LaunchEnv& e) {
+  e.host_store = e.rank == 0;
+  if (!env_string("WEFT_STORE_PORT", "").empty() || job.empty()) {
+    int64_t port = env_int("WEFT_STORE_PORT", 0);
+    if (port <= 0 || port > 65535)
+      throw ConfigError("WEFT_STORE_PORT", std::string("under ") + launcher +
+                                               " set WEFT_STORE_PORT (a free port) or "
+                                               "WEFT_STORE_ADDR=HOST:PORT");
+    e.store_port = uint16_t(port);
+    return;
+  }
+  e.store_job = job;
+  e.store_port = derived_port(job, 0);
 }
 
 // torchrun (or a launcher that speaks its variables, e.g. Kubeflow's PyTorchJob) started this
@@ -192,8 +206,7 @@ LaunchEnv detect_launch_env() {
     }
     // Rank 0 serves the store on this machine.
     std::string job = env_string("PMIX_NAMESPACE", env_string("OMPI_MCA_ess_base_jobid", ""));
-    e.store_port = agreed_port(job, "mpirun");
-    e.host_store = e.rank == 0;
+    agree_port(job, "mpirun", e);
     return e;
   }
   if (!env_string("SLURM_PROCID", "").empty()) {
@@ -224,26 +237,106 @@ LaunchEnv detect_launch_env() {
     }
     std::string job = env_string("SLURM_JOB_ID", env_string("SLURM_JOBID", ""));
     if (!job.empty()) job = "slurm:" + job + "." + env_string("SLURM_STEP_ID", env_string("SLURM_STEPID", "0"));
-    e.store_port = agreed_port(job, "srun");
-    e.host_store = e.rank == 0;
+    agree_port(job, "srun", e);
     return e;
   }
   refuse_torchrun();
   return e;
 }
 
+namespace {
+
+// Set by rank 0 in the store it serves on a derived port, holding the job's name: how the
+// other ranks tell their job's store from whatever else listens on a candidate port (another
+// job's store among them).
+constexpr const char* kStoreJobKey = "weft/store_job";
+
+std::string port_list(const std::vector<uint16_t>& ports) {
+  std::string s;
+  for (uint16_t p : ports) s += (s.empty() ? "" : ", ") + std::to_string(p);
+  return s;
+}
+
+// Rank 0's store, on the first of the agreed ports it can bind.
+std::unique_ptr<comm::TCPStoreServer> serve_store(const LaunchEnv& env) {
+  comm::TCPStoreServerOptions so;
+  so.host = env.bind_host.empty() ? env.store_host : env.bind_host;
+  so.token = comm::auth::token_from_env();
+  const std::vector<uint16_t> ports = agreed_store_ports(env);
+  for (size_t i = 0; i < ports.size(); ++i) {
+    so.port = ports[i];
+    try {
+      return std::make_unique<comm::TCPStoreServer>(so);
+    } catch (const comm::AddressInUseError&) {
+      if (ports.size() == 1) throw;  // a port the user gave: theirs to fix
+      WEFT_INFO("store", "port ", ports[i], " is taken; trying the job's next agreed port");
+    }
+  }
+  throw comm::AddressInUseError("store: every port derived from the job '" + env.store_job +
+                                "' is taken (" + port_list(ports) +
+                                "); set WEFT_STORE_PORT to a free port");
+}
+
+// The other ranks' client. Where rank 0 could only have taken one port, that port; else the
+// first agreed port whose store names this job, asked in turn (rank 0 may not be up yet, so
+// round after round, each probe given longer so that a slow machine still answers one).
+std::shared_ptr<comm::TCPStore> connect_store(const LaunchEnv& env, comm::Millis timeout) {
+  const std::string token = comm::auth::token_from_env();
+  const std::vector<uint16_t> ports = agreed_store_ports(env);
+  if (ports.size() == 1)
+    return std::make_shared<comm::TCPStore>(
+        comm::TCPStoreOptions{env.store_host, ports[0], timeout, token});
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  comm::Millis probe{100};
+  for (;;) {
+    for (uint16_t port : ports) {
+      try {
+        auto s = std::make_shared<comm::TCPStore>(
+            comm::TCPStoreOptions{env.store_host, port, probe, token});
+        if (s->check({kStoreJobKey}) && s->get_string(kStoreJobKey) == env.store_job) {
+          s->set_timeout(timeout);
+          return s;
+        }
+      } catch (const CommError&) {
+        // Nobody listens there yet, something that is not a store does, or another job's
+        // store refused our token: the next port.
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw TimeoutError("store: no store of job '" + env.store_job + "' on " + env.store_host +
+                         " at any of its agreed ports (" + port_list(ports) + ") within " +
+                         std::to_string(timeout.count()) +
+                         " ms; rank 0 serves it: did it start? (or set WEFT_STORE_PORT)");
+    probe = std::min(probe * 2, comm::Millis(2'000));
+  }
+}
+
+}  // namespace
+
+std::vector<uint16_t> agreed_store_ports(const LaunchEnv& env) {
+  if (env.store_job.empty()) return {env.store_port};
+  std::vector<uint16_t> ports;
+  for (int i = 0; i < kAgreedPortTries; ++i) {
+    uint16_t p = derived_port(env.store_job, i);
+    if (std::find(ports.begin(), ports.end(), p) == ports.end()) ports.push_back(p);
+  }
+  return ports;
+}
+
 WorkerWorld::WorkerWorld(const LaunchEnv& env, comm::Millis timeout,
                          std::function<std::string()> cancelled, int connections)
     : env_(env) {
   if (env_.host_store) {
-    comm::TCPStoreServerOptions so;
-    so.host = env_.bind_host.empty() ? env_.store_host : env_.bind_host;
-    so.port = env_.store_port;
-    so.token = comm::auth::token_from_env();
-    server_ = std::make_unique<comm::TCPStoreServer>(so);
+    server_ = serve_store(env_);
+    env_.store_port = server_->port();
+    store_ = std::make_shared<comm::TCPStore>(comm::TCPStoreOptions{
+        env_.store_host, env_.store_port, timeout, comm::auth::token_from_env()});
+    if (!env_.store_job.empty()) store_->set_string(kStoreJobKey, env_.store_job);
+  } else {
+    auto client = connect_store(env_, timeout);
+    env_.store_port = client->port();
+    store_ = std::move(client);
   }
-  store_ = std::make_shared<comm::TCPStore>(comm::TCPStoreOptions{
-      env_.store_host, env_.store_port, timeout, comm::auth::token_from_env()});
   // Asked every 10 ms: an online resize whose first new epoch is replaced at once (two
   // workers lost, their agents noticing them 0.1 s apart) waited up to a whole 100 ms slice
   // to give the replaced world up.

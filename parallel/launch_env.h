@@ -26,6 +26,10 @@ struct LaunchEnv {
   uint16_t store_port = 0;
   bool host_store = false;  // this process serves the store (rank 0 under mpirun and srun)
   std::string bind_host;    // where the serving rank listens; "" = store_host
+  // The job's identity that store_port was derived from (mpirun's PMIX_NAMESPACE, srun's
+  // job.step); "" when the port was given (WEFT_STORE_PORT, WEFT_STORE_ADDR, weft run). With
+  // it, a port that something else holds is no dead end: see agreed_store_ports.
+  std::string store_job;
   // WEFT_STORE_PREFIX (weft run on several nodes: the membership epoch's store prefix), put
   // before the workers' keys so that they never meet the agents' rendezvous keys; "" = none.
   std::string store_prefix;
@@ -49,6 +53,15 @@ struct LaunchEnv {
 // process, ConfigError explaining to launch with weft run instead (never trained as world 1).
 // Throws ConfigError naming the variable for malformed values.
 LaunchEnv detect_launch_env();
+
+// The ports where rank 0 may serve the store, in the order it tries them: store_port alone when
+// the port was given; else store_port and kAgreedPortTries - 1 more, each derived from
+// store_job as store_port is, so every rank knows them without talking. A derived port may be
+// taken by anything on the machine (a listener, or any connection's local port: a 20000-39999
+// port is in Linux's ephemeral range half the time); rank 0 serves on the first it can bind,
+// and the others find it by asking each in turn for the job's name (WorkerWorld).
+inline constexpr int kAgreedPortTries = 8;
+std::vector<uint16_t> agreed_store_ports(const LaunchEnv& env);
 
 // This machine's address on the route to `host`: what peers there can reach it on, so
 // that Gloo listens and publishes there (127.0.0.1 would send a peer on another machine to

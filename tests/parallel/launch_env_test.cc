@@ -149,6 +149,21 @@ TEST_F(LaunchEnvTest, MpirunWinsOverSlurmInsideAnAllocation) {
   EXPECT_EQ(e.rank, 1);
 }
 
+// mpirun's job names the store's ports (rank 0 skips a taken one); WEFT_STORE_PORT fixes one.
+TEST_F(LaunchEnvTest, MpirunsJobNamesTheStorePortsAndWeftStorePortFixesOne) {
+  set({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"},
+       {"PMIX_NAMESPACE", "prterun-h-77@1"}});
+  LaunchEnv e = detect_launch_env();
+  EXPECT_EQ(e.store_job, "prterun-h-77@1");
+  EXPECT_FALSE(e.host_store);
+  EXPECT_EQ(agreed_store_ports(e).front(), e.store_port);
+  EXPECT_GE(agreed_store_ports(e).size(), size_t(kAgreedPortTries - 1));
+  set({{"WEFT_STORE_PORT", "31235"}});
+  LaunchEnv fixed = detect_launch_env();
+  EXPECT_EQ(fixed.store_job, "");
+  EXPECT_EQ(agreed_store_ports(fixed), std::vector<uint16_t>{31235});
+}
+
 TEST_F(LaunchEnvTest, TorchrunAloneIsRefusedWithWhatToRun) {
   set({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}});
   std::string e = error().value_or("");
