@@ -1386,6 +1386,7 @@ int RankTraining::finish(bool stop) {
   core::io::write_loss_curve_svg((out / "loss_curve.svg").string(),
                                  core::io::read_metrics(folder_->metrics_path));
   std::string summary = report_.summary(total_s_, trainer_->activation_stats(), spec_.memory.allocator);
+  summary += "cost model: " + job_model_used_ + "\n";  // what every world was planned under
   std::ofstream(out / "summary.txt") << summary;
   std::fputs(summary.c_str(), stdout);
   std::printf("run folder: %s (metrics.jsonl, loss_curve.svg, summary.txt)\n",

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
@@ -102,6 +103,10 @@ TEST(WeftRun, RanksWithDifferentCalibrationsPlanUnderRankZerosModel) {
   EXPECT_EQ(r.out.find(said), r.out.rfind(said)) << r.out;
   EXPECT_NE(r.out.find((d.path / "cache0.yaml").string()), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[rank 0] " + said), std::string::npos) << r.out;
+  // The run folder's summary says it too.
+  std::ifstream summary(d.path / "out" / "summary.txt");
+  const std::string text((std::istreambuf_iterator<char>(summary)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("cost model: the calibration of"), std::string::npos) << text;
   fs::remove_all(d.path);
 }
 
