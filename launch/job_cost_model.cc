@@ -43,8 +43,8 @@ std::string job_cost_model_key() {
 }
 
 JobCostModel share_job_cost_model(comm::Store& store, const std::string& key, bool may_choose,
-                                  const std::optional<std::string>& holds,
-                                  const std::string& dtype, std::chrono::milliseconds timeout) {
+                                  const std::optional<std::string>& holds, const std::string& dtype,
+                                  std::chrono::milliseconds timeout) {
   std::optional<std::string> mine = holds;
   if (!mine && may_choose) mine = choose_job_cost_model(dtype).text;
   std::string text;

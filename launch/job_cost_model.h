@@ -50,8 +50,8 @@ std::string job_cost_model_key();
 // store that a new epoch started afresh); otherwise waited for, up to `timeout`
 // (TimeoutError naming the key: nobody published the job's model).
 JobCostModel share_job_cost_model(comm::Store& store, const std::string& key, bool may_choose,
-                                  const std::optional<std::string>& holds,
-                                  const std::string& dtype, std::chrono::milliseconds timeout);
+                                  const std::optional<std::string>& holds, const std::string& dtype,
+                                  std::chrono::milliseconds timeout);
 
 // A hash of the plan's decisions (its JSON without the cost annotations): equal on two
 // ranks exactly when they run the same program. Logged per world (subsystem planner).

@@ -52,24 +52,29 @@ TEST(JobCostModel, LeadPublishesItsCalibrationAndAnUncalibratedRankTakesIt) {
   const planner::Hardware hw = test::cpu_host_calibration();
   planner::write_machine_cache(hw, env.path());
   comm::InMemoryStore store;
-  const JobCostModel lead = share_job_cost_model(store, kKey, true, std::nullopt, "f32", milliseconds(1000));
+  const JobCostModel lead =
+      share_job_cost_model(store, kKey, true, std::nullopt, "f32", milliseconds(1000));
   EXPECT_NE(lead.used.find(env.path()), std::string::npos) << lead.used;
-  EXPECT_EQ(lead.model, planner::hardware_from_yaml(planner::hardware_to_yaml(hw), "x").cost_model("f32"));
+  EXPECT_EQ(lead.model,
+            planner::hardware_from_yaml(planner::hardware_to_yaml(hw), "x").cost_model("f32"));
   EXPECT_FALSE(lead.model == planner::CostModel{});
   // Another host: no cache at all.
   ::setenv("WEFT_COST_CACHE", (env.path() + ".missing").c_str(), 1);
-  const JobCostModel other = share_job_cost_model(store, kKey, false, std::nullopt, "f32", milliseconds(1000));
+  const JobCostModel other =
+      share_job_cost_model(store, kKey, false, std::nullopt, "f32", milliseconds(1000));
   EXPECT_EQ(other.model, lead.model);
   EXPECT_EQ(other.used, lead.used);
   // A restarted lead on that host would choose the defaults: the job's stays.
-  const JobCostModel restarted = share_job_cost_model(store, kKey, true, std::nullopt, "f32", milliseconds(1000));
+  const JobCostModel restarted =
+      share_job_cost_model(store, kKey, true, std::nullopt, "f32", milliseconds(1000));
   EXPECT_EQ(restarted.model, lead.model);
 }
 
 TEST(JobCostModel, WithoutACacheTheLeadChoosesTheDefaults) {
   CacheEnv env("none.yaml");
   comm::InMemoryStore store;
-  const JobCostModel m = share_job_cost_model(store, kKey, true, std::nullopt, "f32", milliseconds(1000));
+  const JobCostModel m =
+      share_job_cost_model(store, kKey, true, std::nullopt, "f32", milliseconds(1000));
   EXPECT_EQ(m.model, planner::CostModel{});
   EXPECT_EQ(m.used.rfind("built-in defaults", 0), 0u) << m.used;
   EXPECT_NE(m.used.find(env.path()), std::string::npos) << m.used;  // where it looked
@@ -80,15 +85,15 @@ TEST(JobCostModel, WithoutACacheTheLeadChoosesTheDefaults) {
 TEST(JobCostModel, ASurvivorRepublishesInAFreshStoreAndAJoinerWithAnotherCacheTakesIt) {
   CacheEnv env("joiner.yaml");
   planner::write_machine_cache(test::h200_calibration(), env.path());
-  const std::string job =
-      "the job's\n" + planner::hardware_to_yaml(test::cpu_host_calibration());
+  const std::string job = "the job's\n" + planner::hardware_to_yaml(test::cpu_host_calibration());
   comm::InMemoryStore fresh;
   JobCostModel joined;
   std::thread joiner([&] {
     joined = share_job_cost_model(fresh, kKey, false, std::nullopt, "f32", milliseconds(10'000));
   });
   std::this_thread::sleep_for(milliseconds(50));  // the joiner waits first (either order works)
-  const JobCostModel survivor = share_job_cost_model(fresh, kKey, false, job, "f32", milliseconds(1000));
+  const JobCostModel survivor =
+      share_job_cost_model(fresh, kKey, false, job, "f32", milliseconds(1000));
   joiner.join();
   EXPECT_EQ(survivor.text, job);
   EXPECT_EQ(joined.text, job);
@@ -133,9 +138,12 @@ TEST(JobCostModel, PlansUnderTheCalibrationAreAnotherProgramThanTheDefaults) {
            {"parallel.dp", 2}, {"parallel.tp", 2}, {"parallel.pp", 2}}) {
     core::JobSpec s = core::load_job_spec(std::string(WEFT_SOURCE_DIR) + "/configs/gpt-layout.yaml",
                                           {key + "=" + std::to_string(world)});
-    const uint64_t a = plan_fingerprint(planner::make_plan(s, world, planner::training_plan_options(cal)));
-    const uint64_t b = plan_fingerprint(planner::make_plan(s, world, planner::training_plan_options()));
-    const uint64_t a2 = plan_fingerprint(planner::make_plan(s, world, planner::training_plan_options(cal)));
+    const uint64_t a =
+        plan_fingerprint(planner::make_plan(s, world, planner::training_plan_options(cal)));
+    const uint64_t b =
+        plan_fingerprint(planner::make_plan(s, world, planner::training_plan_options()));
+    const uint64_t a2 =
+        plan_fingerprint(planner::make_plan(s, world, planner::training_plan_options(cal)));
     EXPECT_NE(a, b) << key;
     EXPECT_EQ(a, a2) << key;  // planning_s and the rest of the costs are left out
   }

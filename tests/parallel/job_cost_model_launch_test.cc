@@ -61,7 +61,8 @@ core::JobSpec job_spec(const std::vector<std::string>& args) {
 struct Dir {
   fs::path path;
   explicit Dir(const std::string& name)
-      : path(fs::temp_directory_path() / ("weft_jobcost_" + name + "_" + std::to_string(::getpid()))) {
+      : path(fs::temp_directory_path() /
+             ("weft_jobcost_" + name + "_" + std::to_string(::getpid()))) {
     fs::remove_all(path);
     fs::create_directories(path);
   }
@@ -78,14 +79,14 @@ TEST(WeftRun, RanksWithDifferentCalibrationsPlanUnderRankZerosModel) {
   std::string args;
   for (const std::string& a : train_args(d.path / "out", 3, sets)) args += " '" + a + "'";
   // Each worker picks its own cache by its rank (the launcher's WEFT_RANK).
-  const std::string worker = "WEFT_COST_CACHE=" + d.path.string() + "/cache\\$WEFT_RANK.yaml exec " +
-                             kWeft + " train" + args;
+  const std::string worker = "WEFT_COST_CACHE=" + d.path.string() +
+                             "/cache\\$WEFT_RANK.yaml exec " + kWeft + " train" + args;
   CommandResult r = run_command("OMP_NUM_THREADS=1 " + kPlanLog + " " + kWeft +
                                 " run --standalone --nproc-per-node 2 -- sh -c \"" + worker + "\"");
   ASSERT_EQ(r.code, 0) << r.out;
   const core::JobSpec spec = job_spec(train_args(d.path / "out", 3, sets));
-  const launch::JobCostModel job = launch::job_cost_model_from_text(
-      "x\n" + planner::hardware_to_yaml(cal), "f32");
+  const launch::JobCostModel job =
+      launch::job_cost_model_from_text("x\n" + planner::hardware_to_yaml(cal), "f32");
   const uint64_t expected = fingerprint(spec, 2, job.model);
   ASSERT_NE(expected, fingerprint(spec, 2, planner::CostModel{}))
       << "the calibration must plan another program than the defaults for this test to hold";
@@ -105,7 +106,8 @@ TEST(WeftRun, RanksWithDifferentCalibrationsPlanUnderRankZerosModel) {
   EXPECT_NE(r.out.find("[rank 0] " + said), std::string::npos) << r.out;
   // The run folder's summary says it too.
   std::ifstream summary(d.path / "out" / "summary.txt");
-  const std::string text((std::istreambuf_iterator<char>(summary)), std::istreambuf_iterator<char>());
+  const std::string text((std::istreambuf_iterator<char>(summary)),
+                         std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("cost model: the calibration of"), std::string::npos) << text;
   fs::remove_all(d.path);
 }
@@ -118,8 +120,9 @@ TEST(WeftRun, OneProcessPlansUnderItsCalibrationAndSaysSo) {
   planner::write_machine_cache(cpu_host_calibration(), cache.string());
   std::string args;
   for (const std::string& a : train_args(d.path / "out", 2, {})) args += " '" + a + "'";
-  CommandResult r = run_command("OMP_NUM_THREADS=1 WEFT_PLAN_EXECUTOR=1 " + kPlanLog +
-                                " WEFT_COST_CACHE=" + cache.string() + " " + kWeft + kOneWorker + args);
+  CommandResult r =
+      run_command("OMP_NUM_THREADS=1 WEFT_PLAN_EXECUTOR=1 " + kPlanLog +
+                  " WEFT_COST_CACHE=" + cache.string() + " " + kWeft + kOneWorker + args);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("weft train: cost model: the calibration of"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(cache.string()), std::string::npos) << r.out;
@@ -128,7 +131,8 @@ TEST(WeftRun, OneProcessPlansUnderItsCalibrationAndSaysSo) {
                                    " WEFT_COST_CACHE=" + (d.path / "missing.yaml").string() + " " +
                                    kWeft + kOneWorker + args);
   ASSERT_EQ(none.code, 0) << none.out;
-  EXPECT_NE(none.out.find("weft train: cost model: built-in defaults"), std::string::npos) << none.out;
+  EXPECT_NE(none.out.find("weft train: cost model: built-in defaults"), std::string::npos)
+      << none.out;
   // One rank plans world 1 (no collective: the same program under either model).
   EXPECT_EQ(plan_lines(r.out).count({0, 1}), 1u) << r.out;
   fs::remove_all(d.path);
@@ -169,7 +173,8 @@ TEST(LiveResize, AJoinerWithAnotherCalibrationPlansUnderTheJobsModel) {
   std::map<int, uint64_t> expected;
   for (int w : {2, 3}) {
     expected[w] = fingerprint(planner::fit_layout(spec, w), w, model);
-    ASSERT_NE(expected[w], fingerprint(planner::fit_layout(spec, w), w, h200_calibration().cost_model("f32")))
+    ASSERT_NE(expected[w],
+              fingerprint(planner::fit_layout(spec, w), w, h200_calibration().cost_model("f32")))
         << "world " << w << ": the joiner's own calibration must plan another program";
   }
   std::set<std::pair<int, int>> seen;
