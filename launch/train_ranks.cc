@@ -21,6 +21,8 @@
 #include "base/log.h"
 #include "checkpoint/parallel_state.h"
 #include "checkpoint/snapshot_views.h"
+#include "comm/store/auth.h"
+#include "comm/store/tcp_store.h"
 #include "core/cpu/kernels.h"
 #include "core/data/dataset.h"
 #include "core/exec/trainer.h"
@@ -32,6 +34,7 @@
 #include "launch/epoch_notice.h"
 #include "launch/epoch_world.h"
 #include "launch/heartbeat.h"
+#include "launch/job_cost_model.h"
 #include "launch/live_resize.h"
 #include "launch/live_resize_prefault.h"
 #include "launch/nonfinite_guard.h"
@@ -210,7 +213,7 @@ class RankTraining {
         watch_(live_ ? env_string(kEpochFileVar, "") : "", env.rdzv_epoch),
         report_(spec),
         guard_(spec.train),
-        plans_(spec),
+        plans_(spec, [this] { return job_cost_model(); }),
         space_(parallel::StateSpace::from_graph(plans_.graph()->graph,
                                                 core::MoeBalance::for_model(spec.model).get())),
         snaps_(spec, env),
@@ -254,6 +257,12 @@ class RankTraining {
       const parallel::Layout& b);
   // Tests only: the trainer's after-exchange hook that splits a step (WEFT_TEST_SPLIT_EXCHANGE).
   std::function<void()> split_exchange_for_tests();
+  // The job's cost model (job_cost_model.h), asked by the first plan this process makes:
+  // through the store of the world it enters (or, parked, of the job's rendezvous).
+  planner::CostModel job_cost_model();
+  // A survivor entering an epoch whose store is not the one it got the model from (an etcd
+  // job's new node 0 serves a new one): publishes the job's model there for the joiners.
+  void republish_job_cost_model();
   // Finishes this rank's stopped step when `roll` says so (its state is then that of the
   // step after), and drops the trainer kept for it either way.
   void finish_behind(const RollForward& roll);
@@ -294,6 +303,11 @@ class RankTraining {
   std::unique_ptr<core::Trainer> evaluator_;  // rank 0, for validation
   std::optional<RunFolder> folder_;
   std::unique_ptr<core::io::MetricsWriter> metrics_;
+  // The job's cost model as published (JobCostModel::text) once known, and the store
+  // ("host:port") it was read from or last published in.
+  std::optional<std::string> job_model_text_;
+  std::string job_model_used_, job_model_store_;
+  bool parked_now_ = false;  // park(): the store may not answer (etcd), so do not wait on it
   HeldState held_;
   RankSnapshots snaps_;
   int node_ = 0;  // this node's index in the epoch (GROUP_RANK, then the notices')
@@ -346,6 +360,8 @@ void RankTraining::enter_world(const std::string& why) {
   arrival_.wait = first_world_ ? 0 : since(change_at_);
   auto t = Clock::now();
   Laps laps;
+  // Before anything waits on a peer: a joiner of this epoch may be waiting for the model.
+  republish_job_cost_model();
   // Degrees that no longer fit the world stop the job here, naming them.
   std::string refit;
   spec_ = planner::fit_layout(job_, train_world_, &refit);
@@ -517,6 +533,8 @@ void RankTraining::enter_world(const std::string& why) {
   const bool ready = plans_.has(train_world_);
   const std::shared_ptr<const planner::Plan> new_plan = plans_.plan(train_world_);
   laps.lap(ready ? "plan (cached)" : "plan");
+  WEFT_DEBUG("planner", "rank ", env_.rank, ": world of ", train_world_, " ranks plans under ",
+             job_model_used_, ": plan ", plan_fingerprint(*new_plan));
   if (!leaving_) {
     trainer_ = std::make_unique<parallel::ParallelTrainer>(
         spec_, *tc, init,
@@ -1105,6 +1123,19 @@ std::optional<EpochNotice> RankTraining::park() {
   std::vector<int> worlds{base_.nnodes_max * per_node};
   if (base_.nnodes_max - 1 >= std::max(1, base_.nnodes_min))
     worlds.push_back((base_.nnodes_max - 1) * per_node);
+  // Plans only under the job's cost model: where the parked worker cannot read it yet (an
+  // etcd job), nothing is planned ahead; its entry plans once the epoch's store says it.
+  parked_now_ = true;
+  bool model_known = true;
+  try {
+    (void)plans_.cost_model();
+  } catch (const std::exception& e) {
+    model_known = false;
+    WEFT_DEBUG("planner", "rank ", env_.rank, ": parked without the job's cost model (", e.what(),
+               "); planning at admission");
+  }
+  parked_now_ = false;
+  if (!model_known) worlds.clear();
   // A world its degrees cannot train is left out here; its entry, if it comes, says why.
   std::vector<int> planned;
   for (int w : worlds) try {
@@ -1158,6 +1189,44 @@ void RankTraining::enter_next_world(std::string why) {
       why = n.why;
     }
   }
+}
+
+planner::CostModel RankTraining::job_cost_model() {
+  const std::string dtype = job_.train.dtype;
+  JobCostModel m;
+  if (env_.launcher == "single") {
+    m = choose_job_cost_model(dtype);  // one process, no store: nobody to agree with
+  } else {
+    // Parked, the address is the rendezvous endpoint's: a store under c10d (the job's model
+    // is there), etcd's otherwise, which does not answer as one: a short try, no wait.
+    const comm::Millis timeout = parked_now_ ? comm::Millis(2'000) : comm_timeout();
+    comm::TCPStore store(comm::TCPStoreOptions{env_.store_host, env_.store_port, timeout,
+                                               comm::auth::token_from_env()});
+    // Only the lead of the job's first world chooses: in a later epoch of a live job the
+    // survivors hold it (republish_job_cost_model), and a new lead waits for theirs. A job
+    // that restarts every worker (not live) chooses again only where the store lost it.
+    const bool may_choose = lead() && !parked_now_ && (!live_ || env_.rdzv_epoch <= 1);
+    m = share_job_cost_model(store, job_cost_model_key(), may_choose, std::nullopt, dtype,
+                             parked_now_ ? comm::Millis(100) : timeout);
+    job_model_store_ = str(env_.store_host, ":", env_.store_port);
+  }
+  job_model_text_ = m.text;
+  job_model_used_ = m.used;
+  if (lead() && !parked_now_) {
+    std::printf("weft train: cost model: %s; every rank of the job plans under it\n", m.used.c_str());
+    std::fflush(stdout);
+  }
+  return m.model;
+}
+
+void RankTraining::republish_job_cost_model() {
+  const std::string here = str(env_.store_host, ":", env_.store_port);
+  if (!job_model_text_ || env_.launcher == "single" || here == job_model_store_) return;
+  comm::TCPStore store(comm::TCPStoreOptions{env_.store_host, env_.store_port, comm_timeout(),
+                                             comm::auth::token_from_env()});
+  (void)share_job_cost_model(store, job_cost_model_key(), false, job_model_text_, job_.train.dtype,
+                             comm_timeout());
+  job_model_store_ = here;
 }
 
 // A step whose statistics exchange this rank completed before a collective of the step
@@ -1317,6 +1386,7 @@ int RankTraining::finish(bool stop) {
   core::io::write_loss_curve_svg((out / "loss_curve.svg").string(),
                                  core::io::read_metrics(folder_->metrics_path));
   std::string summary = report_.summary(total_s_, trainer_->activation_stats(), spec_.memory.allocator);
+  summary += "cost model: " + job_model_used_ + "\n";  // what every world was planned under
   std::ofstream(out / "summary.txt") << summary;
   std::fputs(summary.c_str(), stdout);
   std::printf("run folder: %s (metrics.jsonl, loss_curve.svg, summary.txt)\n",

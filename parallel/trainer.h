@@ -49,7 +49,9 @@ struct TrainerParts {
   // planner::build_planning_graph(spec); null: built by the trainer.
   std::shared_ptr<const core::ModelGraph> graph;
   // planner::make_plan(spec, graph->graph, world.size()) (simulation not needed); null:
-  // planned by the trainer. Checked like a plan the trainer made (InternalError for another
+  // planned by the trainer, under CostModel's defaults (planner::training_plan_options()).
+  // `weft train` gives the plan made under the job's cost model (launch/job_cost_model.h),
+  // the same on every rank. Checked like a plan the trainer made (InternalError for another
   // world size, ConfigError naming "plan" for another model or batch).
   std::shared_ptr<const planner::Plan> plan;
   // Serves the persistent tensors (gradient accumulators, and the state unless kDeferred)

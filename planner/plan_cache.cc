@@ -26,6 +26,20 @@ PlanCache::PlanCache(const core::JobSpec& spec, const PlanOptions& opt)
       opt_(with_layout_cache(opt)),
       graph_(std::make_shared<const core::ModelGraph>(build_planning_graph(spec))) {}
 
+PlanCache::PlanCache(const core::JobSpec& spec, std::function<CostModel()> cost)
+    : PlanCache(spec, training_plan_options()) {
+  cost_source_ = std::move(cost);
+}
+
+const PlanOptions& PlanCache::options() {
+  std::lock_guard<std::mutex> lock(options_mu_);
+  if (cost_source_) {
+    opt_.cost = cost_source_();  // throws before anything changes
+    cost_source_ = nullptr;
+  }
+  return opt_;
+}
+
 PlanCache::~PlanCache() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -45,7 +59,7 @@ std::shared_ptr<const Plan> PlanCache::plan(int world) {
     // longer than this thread does.
     queue_.erase(std::remove(queue_.begin(), queue_.end(), world), queue_.end());
   }
-  auto made = std::make_shared<const Plan>(make_plan(fit_layout(spec_, world), graph_->graph, world, opt_));
+  auto made = std::make_shared<const Plan>(make_plan(fit_layout(spec_, world), graph_->graph, world, options()));
   std::lock_guard<std::mutex> lock(mu_);
   // Another thread may have made it meanwhile: every caller gets the first one kept.
   auto [it, inserted] = plans_.emplace(world, std::move(made));
@@ -83,7 +97,7 @@ void PlanCache::ahead_loop() {
     lock.unlock();
     std::shared_ptr<const Plan> made;
     try {
-      made = std::make_shared<const Plan>(make_plan(fit_layout(spec_, world), graph_->graph, world, opt_));
+      made = std::make_shared<const Plan>(make_plan(fit_layout(spec_, world), graph_->graph, world, options()));
     } catch (...) {
       // Degrees that do not fit this size (or any other failure): whoever needs the plan
       // makes it and gets the error on its own thread.

@@ -11,6 +11,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,6 +33,11 @@ class PlanCache {
   // Its worlds share one memo of layout searches (opt.layout_cache, or one of its own).
   // `spec` must outlive the cache.
   explicit PlanCache(const core::JobSpec& spec, const PlanOptions& opt = training_plan_options());
+  // The same under the job's cost model, which `cost` gives (launch/job_cost_model.h: it may
+  // wait for rank 0 to publish it). Asked once, by the first plan (or cost_model()), on that
+  // thread: a world's plan cannot be made before the model is known, and a rank may learn it
+  // only once its first world's store is up. A `cost` that throws is asked again next time.
+  PlanCache(const core::JobSpec& spec, std::function<CostModel()> cost);
   // Stops planning ahead and joins its thread: the queue is dropped, a plan in progress is
   // finished first (the planner cannot be interrupted).
   ~PlanCache();
@@ -57,6 +63,10 @@ class PlanCache {
   // world whose plan fails is skipped (plan() then throws its error on the caller's thread).
   void plan_ahead(const std::vector<int>& worlds);
 
+  // The cost model every plan of this cache is made under (asks the source when not yet
+  // asked; its error then). Thread-safe.
+  const CostModel& cost_model() { return options().cost; }
+
   // Whether the plan for `world` is made.
   bool has(int world) const;
   // How many plans this cache keeps (one per world size), made ahead or not.
@@ -66,9 +76,13 @@ class PlanCache {
 
  private:
   void ahead_loop();
+  // opt_, its cost model asked from cost_source_ the first time.
+  const PlanOptions& options();
 
   const core::JobSpec& spec_;
-  const PlanOptions opt_;
+  std::mutex options_mu_;  // held while the source is asked (a wait on the store)
+  PlanOptions opt_;        // not changed once cost_source_ is empty
+  std::function<CostModel()> cost_source_;
   const std::shared_ptr<const core::ModelGraph> graph_;
 
   mutable std::mutex mu_;

@@ -36,8 +36,9 @@ uint64_t shape_hash(const core::Graph& g, const ParallelConfig& pc) {
   return core::stable_hash(os.str());
 }
 
-PlanOptions training_plan_options() {
+PlanOptions training_plan_options(const CostModel& cost) {
   PlanOptions o;
+  o.cost = cost;
   o.simulate = false;
   return o;
 }

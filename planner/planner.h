@@ -21,13 +21,16 @@ struct PlanOptions {
   std::shared_ptr<RvdCache> layout_cache;
 };
 
-// The options every trainer plans with (ParallelTrainer, PlanCache): CostModel's defaults
-// whatever machine plans, so that the ranks of one job, on hosts whose calibrations differ,
-// derive the same program; no simulation (a trainer reads no costs). The lowering picks
-// its layout conversions and gradient buckets by cost, so a plan made under another model
-// is another program: to predict what a job runs, plan with these options and price that
-// plan under the model (simulate_plan), as `weft bench scaling` does.
-PlanOptions training_plan_options();
+// The options every trainer plans with (ParallelTrainer, PlanCache), under `cost`: the job's
+// cost model, one for every rank and every world of a job (weft train's rank 0 chooses it,
+// this machine's calibration when its cache exists, and hands it to the others through the
+// job's store: launch/job_cost_model.h), CostModel's defaults when none is given. The
+// lowering picks its layout conversions and gradient buckets by cost, so a plan made under
+// another model is another program: ranks that planned under different models would run
+// programs that do not meet. No simulation (a trainer reads no costs); to predict what a
+// job runs, plan with these options and price that plan under a model (simulate_plan), as
+// `weft bench scaling` does.
+PlanOptions training_plan_options(const CostModel& cost = CostModel{});
 
 // The training graph as the planner sees it: batch dim = the global batch, so that data
 // parallelism and micro-batching are partitions of it. Value and op ids are the same as
