@@ -69,9 +69,8 @@ struct Row {
   // for every count above 4, the model before it), beside.
   double one_curve_ms = std::nan("");
   // The prediction without CostModel::replica_drift (wait_spread 0: replicas that never
-  // drift apart), without the group's wait for its last member (wait_for_last false: every
-  // group waits as a pair), and without both (the model before them), beside.
-  double nodrift_ms = std::nan(""), pairwise_ms = std::nan(""), before_last_ms = std::nan("");
+  // drift apart, the model before it), beside.
+  double nodrift_ms = std::nan("");
   std::string error;
   std::string warning;  // the run exited badly after writing every step: timings kept
 };
@@ -285,11 +284,6 @@ int run_scaling(const std::vector<std::string>& argv) {
       planner::CostModel still = cm;
       still.wait_spread = 0;
       r.nodrift_ms = predict_ms(r, f, still);
-      planner::CostModel pairwise = cm;
-      pairwise.wait_for_last = false;
-      r.pairwise_ms = predict_ms(r, f, pairwise);
-      still.wait_for_last = false;
-      r.before_last_ms = predict_ms(r, f, still);
     } catch (const std::exception& e) {
       if (r.error.empty()) r.error = std::string("plan: ") + e.what();
     }
@@ -380,9 +374,8 @@ int run_scaling(const std::vector<std::string>& argv) {
                     r.one_curve_ms, (r.one_curve_ms - r.measured_ms) / r.measured_ms * 100, r.predicted_ms,
                     (r.predicted_ms - r.measured_ms) / r.measured_ms * 100);
   }
-  // And under the model before the spread of the waits (CostModel::expected_max and what
-  // follows from it): without the replicas' drift, without a group's wait for its last
-  // member, and without both: the figure before and after in one run, on one calibration.
+  // And under the model before the replicas' drift (CostModel::replica_drift): the figure
+  // before and after in one run, on one calibration.
   auto spread_line = [&](const char* what, double Row::*ms) {
     std::vector<double> e, e_fit;
     for (const Row& r : rows) {
@@ -399,8 +392,6 @@ int run_scaling(const std::vector<std::string>& argv) {
                     (r.predicted_ms - r.measured_ms) / r.measured_ms * 100);
   };
   spread_line("without the replicas' drift (wait_spread 0)", &Row::nodrift_ms);
-  spread_line("without a group's wait for its last member (every group waits as a pair)", &Row::pairwise_ms);
-  spread_line("without both (the model before the waits' spread)", &Row::before_last_ms);
   // The same runs under other calibrations (--compare): how far the figure moves with the
   // calibration alone, the runs held fixed (the predictions are deterministic under a file).
   if (a.has("--compare")) {

@@ -110,12 +110,6 @@ double CostModel::runnable_weight(int world) const {
 
 double CostModel::sync_wait(double burst, int n, int world) const {
   if (n <= 1) return 0;
-  // The curves are a pair's wait; a group of n waits for the last of n (expected_max).
-  const double last = wait_for_last && n > 2 ? expected_max(n) / expected_max(2) : 1;
-  return last * pair_wait(burst, world);
-}
-
-double CostModel::pair_wait(double burst, int world) const {
   const double x = std::max(burst, 1e-9);
   const double within = sync_wait_by_burst.empty() ? 0 : interpolate_log(sync_wait_by_burst, x);
   if (oversub_weight(world) <= 0) return within;

@@ -173,12 +173,8 @@ struct CostModel {
   // within + weight x (oversub - within), the oversubscribed curve with every rank
   // runnable (active_ranks 0), the within-cores one where no more are runnable than cores.
   // Above sync_wait_oversub_ranks runnable, with sync_wait_oversub_more_by_burst: linear in
-  // the runnable ranks from that curve to this one, this one from its own ranks up. All of
-  // that is a pair's wait (pair_wait); a group of n > 2 waits e(n) / e(2) times it
-  // (expected_max, below).
+  // the runnable ranks from that curve to this one, this one from its own ranks up.
   double sync_wait(double burst, int n, int world = 0) const;
-  // sync_wait of a pair (n = 2): the curves as measured.
-  double pair_wait(double burst, int world = 0) const;
   // How much of the oversubscribed regime's extra wait (sync_wait_oversub_by_burst beyond
   // sync_wait_by_burst) a call pays: 0 within the cores; else (runnable - cores) /
   // (measured - cores) clamped to [0, 1], with runnable = active_ranks (0: every rank of
@@ -196,19 +192,17 @@ struct CostModel {
   double message_wait(double burst, int world = 0) const { return sync_wait(burst, 2, world); }
   // Why a synchronisation waits, and what follows from it: each member arrives late by a
   // spread of its own (a thread descheduled, a wake-up behind a time slice), and the call
-  // completes at the last member. sync_wait_by_burst and the curves over the cores were
-  // measured on pairs, so a curve's wait is the expected later of two spreads, e(2) x
-  // sigma (e(n): the expected maximum of n standard normals, expected_max), and a group of
-  // n waits e(n) x sigma: sync_wait scales the pairs' curve by e(n) / e(2) (1.82 at 4
-  // ranks, 2.52 at 8; `weft calibrate`'s trial loop of the whole node's 4 ranks waited
-  // 1.45-2.7x the pairs' curve, docs/planner.md "after the short slice"). A group's exit
-  // then varies by v(n) x sigma^2 (v(n): the variance of that maximum, max_variance), so
-  // ranks that synchronise only among themselves drift from the others by the sum of those
-  // variances (wait_variance), and a collective across data-parallel replicas, which met
-  // last at the previous step's end, completes at the last replica: e(replicas) x the
-  // drift's standard deviation (replica_drift). (`weft bench scaling --attribute dp2xtp2`:
-  // the gradient buckets completed at the gradient norm after 5-42 ms of waiting, against
-  // 1.2-1.8 ms of all-reduce.)
+  // completes at the last member, so a group of n's wait w (sync_wait) is e(n) x sigma
+  // (e(n): the expected maximum of n standard normals, expected_max), and its exit varies
+  // by v(n) x sigma^2 (v(n): the variance of that maximum, max_variance). Ranks that
+  // synchronise only among themselves drift from the others by the sum of those variances
+  // (wait_variance), and a collective across data-parallel replicas, which met last at the
+  // previous step's end, completes at the last replica: e(replicas) x the drift's standard
+  // deviation (replica_drift). (`weft bench scaling --attribute dp2xtp2`: the gradient
+  // buckets completed at the gradient norm after 5-42 ms of waiting, against 1.2-1.8 ms of
+  // all-reduce.) The wait itself stays the curve's at every n: scaling the pairs' curve by
+  // e(n) / e(2) for larger groups priced tp4 and ep4 47-86% over in two runs of three
+  // (docs/planner.md, "replicas drift apart").
   static double expected_max(int n);  // 0 for n <= 1
   static double max_variance(int n);  // 1 for n <= 1
   // The variance a synchronisation of n members that waited `wait` (sync_wait, message_wait)
@@ -219,12 +213,10 @@ struct CostModel {
   // e(replicas) x sqrt(var). 0 within one replica and at var 0 (dp alone: its replicas pay no
   // wait apart; GPUs: no wait curves).
   double replica_drift(double var, int replicas) const;
-  // Switches for the comparison with the model before (`weft bench scaling` prints the runs
-  // under both), not settings (no hardware file carries them): wait_spread scales the
-  // spreads wait_variance derives (0: replicas that never drift apart), and
-  // wait_for_last scales the pairs' curve to a group's size (false: every group waits as a pair).
+  // Scales the spreads wait_variance derives: 1, as the waits imply. Not a setting (no
+  // hardware file carries it): 0 gives the model before the drift, which `weft bench
+  // scaling` prints beside it.
   double wait_spread = 1.0;
-  bool wait_for_last = true;
   // What a collective call pays for oversubscription in its fixed part: launch_oversub where
   // the node runs more ranks than cores, unless sync_wait_oversub_by_burst prices that
   // regime (then 0 here and the curve in sync_wait). Not scaled by runnable_weight:

@@ -54,9 +54,12 @@ TEST(ReplicaDrift, TheExpectedMaximumAndItsVariance) {
 
 TEST(ReplicaDrift, TheDriftFromTheWaits) {
   CostModel cm;
-  // A pair's wait w is e(2) sigma: its exit varies by v(2) sigma^2.
+  // A pair's wait w is e(2) sigma: its exit varies by v(2) sigma^2; a group of 4's, e(4)
+  // sigma and v(4) sigma^2.
   const double w = 1e-3, sigma = w / CostModel::expected_max(2);
   EXPECT_NEAR(cm.wait_variance(w, 2), CostModel::max_variance(2) * sigma * sigma, 1e-18);
+  const double sigma4 = w / CostModel::expected_max(4);
+  EXPECT_NEAR(cm.wait_variance(w, 4), CostModel::max_variance(4) * sigma4 * sigma4, 1e-18);
   EXPECT_EQ(cm.wait_variance(w, 1), 0);  // a group of one waits for no one
   EXPECT_EQ(cm.wait_variance(0, 2), 0);
   // A drift of variance var costs e(k) sqrt(var) at a collective across k replicas.
@@ -70,24 +73,6 @@ TEST(ReplicaDrift, TheDriftFromTheWaits) {
   EXPECT_NEAR(cm.wait_variance(w, 2), 4 * CostModel::max_variance(2) * sigma * sigma, 1e-18);
   cm.wait_spread = 0;
   EXPECT_EQ(cm.wait_variance(w, 2), 0);
-}
-
-// The curves were measured on pairs; a group of n waits for the last of its n members:
-// e(n) / e(2) times the pair's wait, in every regime; wait_for_last off, as a pair.
-TEST(ReplicaDrift, AGroupWaitsForTheLastOfItsMembers) {
-  CostModel cm;
-  cm.cores = 8;
-  cm.ranks_per_node = 1 << 20;
-  cm.sync_wait_by_burst = {{1e-6, 2e-4}, {1.0, 2e-4}};
-  EXPECT_DOUBLE_EQ(cm.sync_wait(1e-3, 2, 8), 2e-4);
-  EXPECT_NEAR(cm.sync_wait(1e-3, 4, 8), 2e-4 * 1.02938 * std::sqrt(M_PI), 1e-8);
-  EXPECT_NEAR(cm.sync_wait(1e-3, 8, 8), 2e-4 * 1.42360 * std::sqrt(M_PI), 1e-8);
-  EXPECT_DOUBLE_EQ(cm.pair_wait(1e-3, 8), 2e-4);
-  cm.cores = 2;  // over the cores, the oversubscribed pairs' curve likewise
-  cm.sync_wait_oversub_by_burst = {{1e-6, 1e-3}, {1.0, 1e-3}};
-  EXPECT_NEAR(cm.sync_wait(1e-3, 4, 4), 1e-3 * 1.02938 * std::sqrt(M_PI), 1e-8);
-  cm.wait_for_last = false;
-  EXPECT_DOUBLE_EQ(cm.sync_wait(1e-3, 4, 4), 1e-3);
 }
 
 TEST(ReplicaDrift, AGroupSpansTheReplicasOfItsRanks) {

@@ -56,7 +56,7 @@ TEST(SyncWaitOversub, ReplacesLaunchOversubOnlyAboveTheCores) {
   EXPECT_EQ(without.sync_wait(1e-4, 2, 4), 0);
   EXPECT_DOUBLE_EQ(with.sync_wait(1e-4, 2, 4), 3e-3);
   EXPECT_DOUBLE_EQ(with.sync_wait(0, 2, 4), 3e-3);
-  EXPECT_DOUBLE_EQ(with.pair_wait(1.0, 8), 1.4e-3);  // a group of 8 waits for its last (replica_drift_test.cc)
+  EXPECT_DOUBLE_EQ(with.sync_wait(1.0, 8, 8), 1.4e-3);
   EXPECT_NEAR(with.sync_wait(std::sqrt(1e-7), 2, 4), 0.5 * (3e-3 + 1.4e-3), 1e-15);
   EXPECT_EQ(with.sync_wait(1e-4, 1, 4), 0);  // a group of one synchronises nothing
   // A pipeline message pays the wait of a collective of two there too (its receiver, woken,
@@ -91,13 +91,12 @@ TEST(SyncWaitOversub, AFlatCurveAtLaunchOversubGivesTheOldStep) {
     };
     const CostModel without = all_runnable(cpu_host({}));
     const double w = without.launch_oversub;
-    // launch_oversub is a constant a call; the curve is a pair's wait, the expected later of
-    // two spreads, so a larger group waits longer and the replicas drift apart by the
-    // spreads (CostModel::expected_max): the same step without those, a longer one with them.
+    // launch_oversub is a constant a call; the curve's waits spread, and the replicas drift
+    // apart by them (CostModel::replica_drift): the same step without the spread, a longer
+    // one with it.
     CostModel same = all_runnable(cpu_host({{1e-6, w}, {1.0, w}}));
     const CostModel spread = same;
     same.wait_spread = 0;
-    same.wait_for_last = false;
     const CostModel more = all_runnable(cpu_host({{1e-6, 2 * w}, {1.0, 2 * w}}));
     PlanOptions po;
     po.simulate = false;
@@ -156,11 +155,9 @@ TEST(SyncWaitOversub, TheStageModelDropsLaunchOversubUnderTheCurve) {
                    without.launch_oversub);
   EXPECT_EQ(collective_at(without, CollKind::kAllReduce, 2, 4096, false, 2),
             collective_at(with, CollKind::kAllReduce, 2, 4096, false, 2));
-  // The exchange: two gathers, each launch_oversub less and the wait more, a pair's 0.5 ms
-  // for the last of 4 (CostModel::expected_max).
-  const double last4 = CostModel::expected_max(4) / CostModel::expected_max(2);
+  // The exchange: two gathers, each launch_oversub less and 0.5 ms of wait more.
   EXPECT_NEAR(trainer_exchange_s(with, 4, 1e-3, false) - trainer_exchange_s(without, 4, 1e-3, false),
-              2 * (5e-4 * last4 - without.launch_oversub), 1e-12);
+              2 * (5e-4 - without.launch_oversub), 1e-12);
   EXPECT_EQ(trainer_exchange_s(with, 2, 1e-3, false), trainer_exchange_s(without, 2, 1e-3, false));
 }
 
@@ -201,8 +198,7 @@ namespace {
 // collectives. Under a flat curve at W every synchronisation on that chain costs W more
 // than under a flat curve at 0: the step grows by W for each of the six messages and for
 // each collective of the chain's last rank (rank 0, whose backward ends the chain), plus
-// the trainer's exchange (two gathers); a collective of n ranks waits for the last of n,
-// e(n) / e(2) W (CostModel::expected_max).
+// the trainer's exchange (two gathers).
 TEST(SyncWaitOversub, APipelinesMessagesPayTheCurveAsCollectivesOfTwo) {
   core::JobSpec s = test_util::gpt_spec(4, 64, 4, 256, 16);
   s.parallel.pp = 4, s.parallel.dp = 1;
@@ -223,19 +219,11 @@ TEST(SyncWaitOversub, APipelinesMessagesPayTheCurveAsCollectivesOfTwo) {
   const CostAnnotations zero = simulate_plan(p, mg.graph, flat(0)), one = simulate_plan(p, mg.graph, flat(w));
   ASSERT_TRUE(zero.valid && one.valid);
   int recvs = 0, collectives = 0;
-  auto last_of = [](int n) { return CostModel::expected_max(n) / CostModel::expected_max(2); };
-  double waits = 2 * last_of(4);  // the exchange's
   for (const Role& r : p.roles)
     for (const Instr& in : r.program) recvs += in.kind == InstrKind::kRecv;
-  waits += recvs;
-  for (const Instr& in : p.roles.at(0).program)
-    if (in.kind == InstrKind::kCollective) {
-      ++collectives;
-      waits += last_of(int(p.groups.at(size_t(p.group_id(in.group, 0))).ranks.size()));
-    }
+  for (const Instr& in : p.roles.at(0).program) collectives += in.kind == InstrKind::kCollective;
   EXPECT_EQ(recvs, 6);
-  EXPECT_GT(collectives, 0);
-  EXPECT_NEAR(one.step_s - zero.step_s, w * waits, 1e-9);
+  EXPECT_NEAR(one.step_s - zero.step_s, w * (recvs + collectives + 2), 1e-9);
 }
 
 }  // namespace
