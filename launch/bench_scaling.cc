@@ -387,9 +387,9 @@ int run_scaling(const std::vector<std::string>& argv) {
                 median(e), median(e_fit));
     for (const Row& r : rows)
       if (std::isfinite(r.measured_ms) && std::isfinite(r.*ms) && r.*ms != r.predicted_ms)
-        std::printf("  %s -> predicted %.2f ms, %+.1f%% (with it %.2f ms, %+.1f%%)\n", r.name.c_str(), r.*ms,
-                    (r.*ms - r.measured_ms) / r.measured_ms * 100, r.predicted_ms,
-                    (r.predicted_ms - r.measured_ms) / r.measured_ms * 100);
+        std::printf("  %s -> predicted %.2f ms, %+.1f%% (with it %.2f ms, %+.1f%%)\n",
+                    r.name.c_str(), r.*ms, (r.*ms - r.measured_ms) / r.measured_ms * 100,
+                    r.predicted_ms, (r.predicted_ms - r.measured_ms) / r.measured_ms * 100);
   };
   spread_line("without the replicas' drift (wait_spread 0)", &Row::nodrift_ms);
   // The same runs under other calibrations (--compare): how far the figure moves with the

@@ -507,7 +507,8 @@ class Engine {
     // The members' bursts did not end together: the wait the longest one's burst brings.
     double burst = 0;
     for (int q : a.ranks) burst = std::max(burst, ranks_[size_t(q)].burst);
-    const double w = opt_.cost ? opt_.cost->sync_wait(burst, int(grp.ranks.size()), plan_.world()) : 0;
+    const double w =
+        opt_.cost ? opt_.cost->sync_wait(burst, int(grp.ranks.size()), plan_.world()) : 0;
     d += w;
     // The replicas' drift (CostModel::replica_drift): a collective within one replica adds its
     // wait's spread to its members' drift, one across replicas pays the drift not yet paid.
@@ -600,7 +601,7 @@ class Engine {
   std::vector<Rank> ranks_;
   std::vector<char> group_cross_;
   std::vector<int> group_members_;  // group -> members the engine runs (all, or replica 0's)
-  std::vector<int> group_replicas_;  // group -> data-parallel replicas it spans
+  std::vector<int> group_replicas_;             // group -> data-parallel replicas it spans
   std::vector<std::vector<int>> group_sorted_;  // group -> its ranks, ascending (membership tests)
   std::map<std::tuple<int, int, int64_t>, std::deque<Message>> mail_;
   std::map<std::tuple<int, int, int64_t>, int> recv_wait_;

@@ -155,7 +155,8 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
           const double t = sent.at(send);
           const double w = cost.message_wait(std::max(sent_burst[send], R.burst), world);
           const double transfer = cost.p2p(bytes, r / rpn != peer / rpn, world) + w;
-          R.drift_var = std::max(R.drift_var, sent_drift[send].first) + cost.wait_variance(w, 2);  // as the engine
+          R.drift_var = std::max(R.drift_var, sent_drift[send].first) +
+                        cost.wait_variance(w, 2);  // as the engine
           R.drift_paid = std::max(R.drift_paid, sent_drift[send].second);
           R.clock = std::max(R.clock, t + transfer);
           R.burst = 0;

@@ -130,7 +130,8 @@ TEST(ReplicaDrift, BucketsPayTheDriftOfTheCallsEachReplicaMadeApart) {
   ASSERT_GT(apart, 8);
   // The buckets come last: e(2) x sqrt(calls x v(2)) x sigma, sigma = w / e(2).
   EXPECT_NEAR(due, w * std::sqrt(double(apart) * CostModel::max_variance(2)), w * 0.3);
-  const CostAnnotations a = simulate_plan(p, mg.graph, with), b = simulate_plan(p, mg.graph, without);
+  const CostAnnotations a = simulate_plan(p, mg.graph, with),
+                        b = simulate_plan(p, mg.graph, without);
   ASSERT_EQ(a.ranks.size(), 4u);
   for (size_t r = 0; r < a.ranks.size(); ++r) {
     EXPECT_NEAR(a.ranks[r].step_s - b.ranks[r].step_s, due, 1e-12) << "rank " << r;
