@@ -68,6 +68,9 @@ struct Row {
   // The prediction without CostModel::sync_wait_oversub_more_by_burst (the 4-process curve
   // for every count above 4, the model before it), beside.
   double one_curve_ms = std::nan("");
+  // The prediction without CostModel::replica_drift (wait_spread 0: replicas that never
+  // drift apart, the model before it), beside.
+  double nodrift_ms = std::nan("");
   std::string error;
   std::string warning;  // the run exited badly after writing every step: timings kept
 };
@@ -278,6 +281,9 @@ int run_scaling(const std::vector<std::string>& argv) {
       planner::CostModel one = cm;
       one.sync_wait_oversub_more_by_burst.clear();
       r.one_curve_ms = predict_ms(r, f, one);
+      planner::CostModel still = cm;
+      still.wait_spread = 0;
+      r.nodrift_ms = predict_ms(r, f, still);
     } catch (const std::exception& e) {
       if (r.error.empty()) r.error = std::string("plan: ") + e.what();
     }
@@ -368,6 +374,24 @@ int run_scaling(const std::vector<std::string>& argv) {
                     r.one_curve_ms, (r.one_curve_ms - r.measured_ms) / r.measured_ms * 100, r.predicted_ms,
                     (r.predicted_ms - r.measured_ms) / r.measured_ms * 100);
   }
+  // And under the model before the replicas' drift (CostModel::replica_drift): the figure
+  // before and after in one run, on one calibration.
+  auto spread_line = [&](const char* what, double Row::*ms) {
+    std::vector<double> e, e_fit;
+    for (const Row& r : rows) {
+      if (!std::isfinite(r.measured_ms) || !std::isfinite(r.*ms)) continue;
+      e.push_back(std::fabs(r.*ms - r.measured_ms) / r.measured_ms * 100);
+      if (unsigned(r.world) <= cores) e_fit.push_back(e.back());
+    }
+    std::printf("%s (the same runs predicted under this calibration): %.1f%% and %.1f%%\n", what,
+                median(e), median(e_fit));
+    for (const Row& r : rows)
+      if (std::isfinite(r.measured_ms) && std::isfinite(r.*ms) && r.*ms != r.predicted_ms)
+        std::printf("  %s -> predicted %.2f ms, %+.1f%% (with it %.2f ms, %+.1f%%)\n",
+                    r.name.c_str(), r.*ms, (r.*ms - r.measured_ms) / r.measured_ms * 100,
+                    r.predicted_ms, (r.predicted_ms - r.measured_ms) / r.measured_ms * 100);
+  };
+  spread_line("without the replicas' drift (wait_spread 0)", &Row::nodrift_ms);
   // The same runs under other calibrations (--compare): how far the figure moves with the
   // calibration alone, the runs held fixed (the predictions are deterministic under a file).
   if (a.has("--compare")) {

@@ -190,6 +190,33 @@ struct CostModel {
   // 0 without the curve (launch_oversub's regime, which charges no message: the executor
   // posts receives ahead, so a message leaves at send time).
   double message_wait(double burst, int world = 0) const { return sync_wait(burst, 2, world); }
+  // Why a synchronisation waits, and what follows from it: each member arrives late by a
+  // spread of its own (a thread descheduled, a wake-up behind a time slice), and the call
+  // completes at the last member, so a group of n's wait w (sync_wait) is e(n) x sigma
+  // (e(n): the expected maximum of n standard normals, expected_max), and its exit varies
+  // by v(n) x sigma^2 (v(n): the variance of that maximum, max_variance). Ranks that
+  // synchronise only among themselves drift from the others by the sum of those variances
+  // (wait_variance), and a collective across data-parallel replicas, which met last at the
+  // previous step's end, completes at the last replica: e(replicas) x the drift's standard
+  // deviation (replica_drift). (`weft bench scaling --attribute dp2xtp2`: the gradient
+  // buckets completed at the gradient norm after 5-42 ms of waiting, against 1.2-1.8 ms of
+  // all-reduce.) The wait itself stays the curve's at every n: scaling the pairs' curve by
+  // e(n) / e(2) for larger groups priced tp4 and ep4 47-86% over in two runs of three
+  // (docs/planner.md, "replicas drift apart").
+  static double expected_max(int n);  // 0 for n <= 1
+  static double max_variance(int n);  // 1 for n <= 1
+  // The variance a synchronisation of n members that waited `wait` (sync_wait, message_wait)
+  // adds to its members' drift: v(n) x (wait / e(n))^2, x wait_spread^2; 0 for n <= 1.
+  double wait_variance(double wait, int n) const;
+  // What a collective spanning `replicas` replicas pays for a drift of variance `var` (the
+  // most-drifted member's, the sum of its replica's wait_variance since the step began):
+  // e(replicas) x sqrt(var). 0 within one replica and at var 0 (dp alone: its replicas pay no
+  // wait apart; GPUs: no wait curves).
+  double replica_drift(double var, int replicas) const;
+  // Scales the spreads wait_variance derives: 1, as the waits imply. Not a setting (no
+  // hardware file carries it): 0 gives the model before the drift, which `weft bench
+  // scaling` prints beside it.
+  double wait_spread = 1.0;
   // What a collective call pays for oversubscription in its fixed part: launch_oversub where
   // the node runs more ranks than cores, unless sync_wait_oversub_by_burst prices that
   // regime (then 0 here and the curve in sync_wait). Not scaled by runnable_weight:

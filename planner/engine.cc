@@ -108,6 +108,7 @@ struct Message {
   double time;
   int send = 0;  // sends so far, when it was sent (EngineSchedule::recv_send)
   double burst = 0;  // the sender's compute since its last synchronisation, at the send
+  double drift_var = 0, drift_paid = 0;  // the sender's replica drift, at the send (Rank)
 };
 
 // What the members of a collective must agree on; compared as numbers, spelled only for
@@ -161,6 +162,9 @@ class Engine {
     double clock = 0, busy = 0, fb_end = 0;
     double burst =
         0;  // compute seconds since the rank's last collective or receive (CostModel::sync_wait)
+    // The variance of the waits this rank's replica paid since the step began, and what
+    // collectives across replicas already charged for it (CostModel::replica_drift).
+    double drift_var = 0, drift_paid = 0;
     std::vector<char> produced, alive;
     int64_t live = 0;
     std::vector<int> coll_seq;  // group family -> collectives issued on the rank's group of it
@@ -250,6 +254,7 @@ class Engine {
       std::sort(s.begin(), s.end());
     }
     group_members_.assign(plan_.groups.size(), 0);
+    group_replicas_ = replicas_per_group(plan_);
     open_.resize(plan_.groups.size());
     for (const ProcessGroup& gr : plan_.groups)
       for (int r : gr.ranks) {
@@ -365,7 +370,8 @@ class Engine {
         case InstrKind::kSend: {
           readable(r, i, in.in[0].tensor);
           int peer = plan_.peer_rank(r, in.peer);
-          mail_[{r, peer, in.tag}].push_back({in.bytes, R.clock, sends_++, R.burst});
+          mail_[{r, peer, in.tag}].push_back(
+              {in.bytes, R.clock, sends_++, R.burst, R.drift_var, R.drift_paid});
           cost.p2p_bytes += in.bytes;
           if (opt_.cost) {  // the sender's own part (CostModel::send_s); the message left at start
             const double d = opt_.cost->send_s(
@@ -411,7 +417,11 @@ class Engine {
             // A message synchronises its two ranks as a collective of two does: it leaves
             // late by the wait of the longer burst (the receiver waits only if it is there
             // first).
-            transfer += opt_.cost->message_wait(std::max(m.burst, R.burst), plan_.world());
+            const double w = opt_.cost->message_wait(std::max(m.burst, R.burst), plan_.world());
+            transfer += w;
+            // The two ranks share one replica's drift from here, this wait's spread added.
+            R.drift_var = std::max(R.drift_var, m.drift_var) + opt_.cost->wait_variance(w, 2);
+            R.drift_paid = std::max(R.drift_paid, m.drift_paid);
           }
           R.clock = std::max(R.clock, t + transfer);
           R.burst = 0;
@@ -497,7 +507,25 @@ class Engine {
     // The members' bursts did not end together: the wait the longest one's burst brings.
     double burst = 0;
     for (int q : a.ranks) burst = std::max(burst, ranks_[size_t(q)].burst);
-    if (opt_.cost) d += opt_.cost->sync_wait(burst, int(grp.ranks.size()), plan_.world());
+    const double w =
+        opt_.cost ? opt_.cost->sync_wait(burst, int(grp.ranks.size()), plan_.world()) : 0;
+    d += w;
+    // The replicas' drift (CostModel::replica_drift): a collective within one replica adds its
+    // wait's spread to its members' drift, one across replicas pays the drift not yet paid.
+    double drift_var = 0, drift_paid = 0;
+    for (int q : a.ranks) {
+      drift_var = std::max(drift_var, ranks_[size_t(q)].drift_var);
+      drift_paid = std::max(drift_paid, ranks_[size_t(q)].drift_paid);
+    }
+    if (opt_.cost) {
+      const int replicas = group_replicas_[size_t(gid)];
+      if (replicas > 1) {
+        const double due = opt_.cost->replica_drift(drift_var, replicas);
+        if (due > drift_paid) d += due - drift_paid, drift_paid = due;
+      } else {
+        drift_var += opt_.cost->wait_variance(w, int(grp.ranks.size()));
+      }
+    }
     double end = a.ready + d;
     if (opt_.record) {
       EngineSchedule& s = *opt_.record;
@@ -513,6 +541,7 @@ class Engine {
       double start = Q.clock;
       Q.clock = end;
       Q.burst = 0;
+      Q.drift_var = drift_var, Q.drift_paid = drift_paid;
       RankCost& c = res_.ranks[size_t(q)];
       c.comm_s += d;
       c.wait_s += end - start - d;
@@ -572,6 +601,7 @@ class Engine {
   std::vector<Rank> ranks_;
   std::vector<char> group_cross_;
   std::vector<int> group_members_;  // group -> members the engine runs (all, or replica 0's)
+  std::vector<int> group_replicas_;             // group -> data-parallel replicas it spans
   std::vector<std::vector<int>> group_sorted_;  // group -> its ranks, ascending (membership tests)
   std::map<std::tuple<int, int, int64_t>, std::deque<Message>> mail_;
   std::map<std::tuple<int, int, int64_t>, int> recv_wait_;
@@ -581,6 +611,17 @@ class Engine {
 };
 
 }  // namespace
+
+std::vector<int> replicas_per_group(const Plan& plan) {
+  std::vector<int> out(plan.groups.size(), 0);
+  for (const ProcessGroup& gr : plan.groups) {
+    std::vector<int> dps;
+    for (int r : gr.ranks) dps.push_back(plan.mesh.coord(r).dp);
+    std::sort(dps.begin(), dps.end());
+    out[size_t(gr.id)] = int(std::unique(dps.begin(), dps.end()) - dps.begin());
+  }
+  return out;
+}
 
 EngineResult run_programs(const Plan& plan, const core::Graph& g, const EngineOptions& opt) {
   return Engine(plan, g, opt).run();

@@ -93,6 +93,10 @@ struct EngineResult {
 
 EngineResult run_programs(const Plan& plan, const core::Graph& g, const EngineOptions& opt);
 
+// Per process group (by id), how many data-parallel replicas its ranks span: 1 for a group
+// inside one replica, the dp degree for a gradient bucket's (CostModel::replica_drift).
+std::vector<int> replicas_per_group(const Plan& plan);
+
 // The result run_programs(plan, g, opt) gives, from `checked`, an error-free run of the same
 // plan that recorded `schedule` with the same one_replica: its memory and volumes, and
 // times under opt.cost (required) from one pass over the schedule. Bit for bit the same

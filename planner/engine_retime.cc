@@ -41,6 +41,7 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
     size_t pc = 0;
     double clock = 0, busy = 0, fb_end = 0;
     double burst = 0;  // compute since the rank's last collective or receive (CostModel::sync_wait)
+    double drift_var = 0, drift_paid = 0;  // the replica's drift (CostModel::replica_drift)
   };
   EngineResult res;
   res.ranks = checked.ranks;
@@ -73,6 +74,8 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
 
   std::vector<double> sent;  // per send, in send order: the sender's clock
   std::vector<double> sent_burst;  // ... and its compute since its last synchronisation
+  std::vector<std::pair<double, double>> sent_drift;  // ... and its drift (variance, paid)
+  const std::vector<int> replicas = replicas_per_group(plan);
   size_t recvs = 0;
   for (const EngineSchedule::Step& step : schedule.steps) {
     if (step.rank < 0) {
@@ -80,15 +83,25 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
       const int first = schedule.coll_begin[k];
       const int last = k + 1 < schedule.coll_begin.size() ? schedule.coll_begin[k + 1]
                                                           : int(schedule.coll_ranks.size());
-      double ready = 0, burst = 0;
+      double ready = 0, burst = 0, drift_var = 0, drift_paid = 0;
       for (int m = first; m < last; ++m) {
         const Rank& M = ranks[size_t(schedule.coll_ranks[size_t(m)])];
         ready = std::max(ready, M.clock);
         burst = std::max(burst, M.burst);
+        drift_var = std::max(drift_var, M.drift_var);
+        drift_paid = std::max(drift_paid, M.drift_paid);
       }
       const int cls = schedule.coll_class[k];
-      const int members = int(plan.groups[size_t(schedule.class_group[size_t(cls)])].ranks.size());
-      const double d = class_s[size_t(cls)] + cost.sync_wait(burst, members, world);
+      const int gid = schedule.class_group[size_t(cls)];
+      const int members = int(plan.groups[size_t(gid)].ranks.size());
+      const double w = cost.sync_wait(burst, members, world);
+      double d = class_s[size_t(cls)] + w;
+      if (replicas[size_t(gid)] > 1) {  // as the engine
+        const double due = cost.replica_drift(drift_var, replicas[size_t(gid)]);
+        if (due > drift_paid) d += due - drift_paid, drift_paid = due;
+      } else {
+        drift_var += cost.wait_variance(w, members);
+      }
       const double end = ready + d;
       for (int m = first; m < last; ++m) {
         const int q = schedule.coll_ranks[size_t(m)];
@@ -96,6 +109,7 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
         const double start = Q.clock;
         Q.clock = end;
         Q.burst = 0;
+        Q.drift_var = drift_var, Q.drift_paid = drift_paid;
         RankCost& c = res.ranks[size_t(q)];
         c.comm_s += d;
         c.wait_s += end - start - d;
@@ -125,6 +139,7 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
         case InstrKind::kSend: {
           sent.push_back(R.clock);
           sent_burst.push_back(R.burst);
+          sent_drift.push_back({R.drift_var, R.drift_paid});
           const Instr& in = R.role->program[R.pc];
           const int peer = plan.peer_rank(r, in.peer);
           const double d = cost.send_s(in.bytes, r / rpn != peer / rpn, world);  // as the engine
@@ -138,8 +153,11 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
           const int64_t bytes = schedule.recv_bytes[recvs];
           const size_t send = size_t(schedule.recv_send.at(recvs++));
           const double t = sent.at(send);
-          const double transfer = cost.p2p(bytes, r / rpn != peer / rpn, world) +
-                                  cost.message_wait(std::max(sent_burst[send], R.burst), world);
+          const double w = cost.message_wait(std::max(sent_burst[send], R.burst), world);
+          const double transfer = cost.p2p(bytes, r / rpn != peer / rpn, world) + w;
+          R.drift_var = std::max(R.drift_var, sent_drift[send].first) +
+                        cost.wait_variance(w, 2);  // as the engine
+          R.drift_paid = std::max(R.drift_paid, sent_drift[send].second);
           R.clock = std::max(R.clock, t + transfer);
           R.burst = 0;
           const double moving = std::min(transfer, R.clock - start);

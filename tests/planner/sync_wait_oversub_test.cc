@@ -91,8 +91,13 @@ TEST(SyncWaitOversub, AFlatCurveAtLaunchOversubGivesTheOldStep) {
     };
     const CostModel without = all_runnable(cpu_host({}));
     const double w = without.launch_oversub;
-    const CostModel same = all_runnable(cpu_host({{1e-6, w}, {1.0, w}})),
-                    more = all_runnable(cpu_host({{1e-6, 2 * w}, {1.0, 2 * w}}));
+    // launch_oversub is a constant a call; the curve's waits spread, and the replicas drift
+    // apart by them (CostModel::replica_drift): the same step without the spread, a longer
+    // one with it.
+    CostModel same = all_runnable(cpu_host({{1e-6, w}, {1.0, w}}));
+    const CostModel spread = same;
+    same.wait_spread = 0;
+    const CostModel more = all_runnable(cpu_host({{1e-6, 2 * w}, {1.0, 2 * w}}));
     PlanOptions po;
     po.simulate = false;
     po.cost = without;
@@ -102,6 +107,7 @@ TEST(SyncWaitOversub, AFlatCurveAtLaunchOversubGivesTheOldStep) {
     ASSERT_TRUE(a.valid && b.valid && c.valid);
     EXPECT_NEAR(b.step_s, a.step_s, 1e-9 * a.step_s);
     EXPECT_NEAR(b.exchange_s, a.exchange_s, 1e-12);
+    EXPECT_GT(simulate_plan(p, mg.graph, spread).step_s, b.step_s + 0.5 * w);
     EXPECT_GT(c.step_s, a.step_s + w);  // every rank has several collectives a step
     // With pipeline messages (tp2 x pp2 at this world), the curve charges them too.
     const core::JobSpec piped = tp_pp_job(dp);
