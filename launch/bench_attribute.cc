@@ -18,6 +18,7 @@
 
 #include "core/config/job_spec.h"
 #include "launch/bench_util.h"
+#include "launch/job_cost_model.h"
 #include "planner/engine.h"
 #include "planner/planner.h"
 #include "planner/simulate.h"
@@ -98,11 +99,11 @@ int attribute_layout(const std::string& config, const std::vector<std::string>& 
   std::vector<std::string> plan_sets = sets;
   for (const std::string& x : short_run_sets(2, "/tmp/weft-attribute-plan")) plan_sets.push_back(x);
   core::JobSpec spec = core::load_job_spec(config, plan_sets);
-  // The program the run timed: planned as a trainer plans (planner.h, training_plan_options;
-  // planned under `cm`, dp2 x tp2 had 956 instructions where the run had 792), priced
-  // under `cm`.
+  // The program the run timed: planned under the job's cost model, as its workers plan
+  // (job_cost_model.h; planned under `cm`, dp2 x tp2 had 956 instructions where the run had
+  // 792), priced under `cm`.
   core::ModelGraph mg = planner::build_planning_graph(spec);
-  planner::Plan plan = planner::make_plan(spec, mg.graph, world, planner::training_plan_options());
+  planner::Plan plan = planner::make_plan(spec, mg.graph, world, job_plan_options(spec.train.dtype));
   const planner::CostAnnotations sim = planner::simulate_plan(plan, mg.graph, cm);
   const planner::PlanWork work = planner::plan_work(plan, mg.graph);
   const planner::PlanDurations alone = planner::durations_alone(plan, work, cm);

@@ -18,6 +18,7 @@
 #include "launch/args.h"
 #include "launch/bench_attribute.h"
 #include "launch/bench_util.h"
+#include "launch/job_cost_model.h"
 #include "launch/calibration.h"
 #include "planner/hardware.h"
 #include "planner/planner.h"
@@ -103,12 +104,11 @@ void measure(Row& r, const Family& f, int steps) {
 double predict_ms(const Row& r, const Family& f, const planner::CostModel& cm,
                   std::pair<double, double>* split = nullptr) {
   core::JobSpec spec = core::load_job_spec(f.config, all_sets(f, r, 2, "/tmp/weft-scaling-plan"));
-  // The program the row runs (a trainer's plan: planner.h, training_plan_options), priced
-  // under `cm`. Planned under `cm`, nearly every multi-rank row was another program (tp4:
-  // 2301 instructions against the 1477 that ran).
+  // The program the row runs (planned under the job's cost model, as its workers plan:
+  // job_cost_model.h), priced under `cm`. Planned under `cm`, nearly every multi-rank row was
+  // another program (tp4: 2301 instructions against the 1477 that ran).
   core::ModelGraph mg = planner::build_planning_graph(spec);
-  planner::Plan plan =
-      planner::make_plan(spec, mg.graph, r.world, planner::training_plan_options());
+  planner::Plan plan = planner::make_plan(spec, mg.graph, r.world, job_plan_options(spec.train.dtype));
   planner::CostAnnotations c = planner::simulate_plan(plan, mg.graph, cm);
   double ms = c.step_s * 1e3;
   if (split && !c.ranks.empty())

@@ -24,6 +24,10 @@ JobCostModel choose_job_cost_model(const std::string& dtype) {
   return job_cost_model_from_text(used + "\n" + yaml, dtype);
 }
 
+planner::PlanOptions job_plan_options(const std::string& dtype) {
+  return planner::training_plan_options(choose_job_cost_model(dtype).model);
+}
+
 JobCostModel job_cost_model_from_text(const std::string& text, const std::string& dtype,
                                       const std::string& source) {
   const size_t nl = text.find('\n');

@@ -17,6 +17,7 @@
 #include "parallel/launch_env.h"
 #include "planner/cost.h"
 #include "planner/plan.h"
+#include "planner/planner.h"
 
 namespace weft::launch {
 
@@ -35,6 +36,10 @@ struct JobCostModel {
 // cache (planner::machine_cache_path, $WEFT_COST_CACHE) exists and was measured here, else
 // CostModel's defaults. A cache file that does not parse: ConfigError naming its path.
 JobCostModel choose_job_cost_model(const std::string& dtype);
+// The options a `weft train` job started on this machine plans with: its lead's choice
+// (choose_job_cost_model) in training_plan_options. What the benches plan a row with, to
+// price the program the row's workers run.
+planner::PlanOptions job_plan_options(const std::string& dtype);
 // A published text back (the `text` above). ConfigError naming `source` when it is not one.
 JobCostModel job_cost_model_from_text(const std::string& text, const std::string& dtype,
                                       const std::string& source = "the job's cost model");
