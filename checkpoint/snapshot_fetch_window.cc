@@ -56,8 +56,8 @@ bool FetchWindow::can_fetch(int source) const {
 
 void FetchWindow::arrived(int64_t piece, int source) {
   std::lock_guard<std::mutex> l(mu_);
-  WEFT_CHECK(piece >= 0 && piece < pieces_ && missing_[size_t(piece)] > 0,
-             "FetchWindow: piece ", piece, " of source ", source, " arrived twice or unasked");
+  WEFT_CHECK(piece >= 0 && piece < pieces_ && missing_[size_t(piece)] > 0, "FetchWindow: piece ",
+             piece, " of source ", source, " arrived twice or unasked");
   --missing_[size_t(piece)];
   cv_.notify_all();
 }

@@ -48,11 +48,11 @@ class FetchWindow {
   const int64_t pieces_;
   const int sets_;
   std::vector<std::vector<int>> needs_;
-  std::vector<int> missing_;        // per piece: its sources not arrived yet
-  std::vector<char> decoded_;       // per piece
-  std::vector<char> handed_;        // per piece: handed to the decoder
-  std::vector<int64_t> cursor_;     // per source: the lowest piece not handed to a lane
-  int64_t done_ = 0;                // pieces decoded
+  std::vector<int> missing_;     // per piece: its sources not arrived yet
+  std::vector<char> decoded_;    // per piece
+  std::vector<char> handed_;     // per piece: handed to the decoder
+  std::vector<int64_t> cursor_;  // per source: the lowest piece not handed to a lane
+  int64_t done_ = 0;             // pieces decoded
   bool stopped_ = false;
   std::exception_ptr failed_;
   mutable std::mutex mu_;
