@@ -55,6 +55,9 @@ struct Side {
   // ec: the agent's rebuild line.
   double rebuild_ms = -1, ask_ms = 0, fetch_decode_ms = 0, rebuilt_mib = 0;
   std::string rebuild_parts;  // of fetch and decode, in ms, as the line names them
+  // ec: when the rebuilding agent began ("is lost: rebuilding", once the new epoch's ring
+  // reached it) and ended ("rebuilt node"), stamped on arrival here like the other lines.
+  double t_rebuild_begin = -1, t_rebuild_end = -1;
   bool kept = false;  // the survivors' worker processes are the ones from before the kill
   // checkpoint: its phases, what was saved and how much of it stayed cached.
   bench::Phases ph;
@@ -253,8 +256,13 @@ Side run_side(const Options& o, const JobShape& j, const std::string& name) {
     if (name == "ec")
       for (int i = 0; i < kNodes; ++i)
         for (size_t k = from[size_t(i)]; k < run.agents_[size_t(i)]->lines().size(); ++k)
-          if (bench::has(run.agents_[size_t(i)]->lines()[k].text, "rebuilt node "))
-            parse_rebuild(run.agents_[size_t(i)]->lines()[k].text, s);
+          if (const StampedLine& x = run.agents_[size_t(i)]->lines()[k];
+              bench::has(x.text, "rebuilt node ")) {
+            parse_rebuild(x.text, s);
+            s.t_rebuild_end = x.t;
+          } else if (bench::has(x.text, " is lost: rebuilding its ")) {
+            s.t_rebuild_begin = x.t;
+          }
     s.kept = std::all_of(kept.begin(), kept.end(), [&](const auto& p) {
       return p.second > 0 && worker_child(run.agents_[size_t(p.first)]->pid()) == p.second;
     });
@@ -338,6 +346,16 @@ void print_table(const JobShape& j, const std::string& note, const std::vector<S
       },
       "ec: the next node's agent fetches K fragments per stripe and decodes; replica: pushed "
       "before the failure");
+  row("    rebuild begins", [](const Side& s) {
+        return s.t_rebuild_begin < 0 ? "-" : secs(s.t_rebuild_begin - s.t_detect);
+      },
+      "ec: from the failure known to the rebuilding agent's \"is lost: rebuilding\" (the new "
+      "epoch's ring reached it)");
+  row("    rebuild ends", [](const Side& s) {
+        return s.t_rebuild_end < 0 ? "-" : secs(s.t_rebuild_end - s.t_detect);
+      },
+      "ec: from the failure known to its \"rebuilt node\" line (the new world's list waits "
+      "for it)");
   row("  plan", [](const Side& s) { return s.live() ? secs(s.plan) : "-"; },
       "live: holders chosen, trainer built, transfer planned");
   row("  read snapshots", [](const Side& s) { return s.live() ? secs(s.read) : "-"; },

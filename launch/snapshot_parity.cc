@@ -155,14 +155,19 @@ void SnapshotParity::adopt() {
 
 // ---- pushing: the data side -------------------------------------------------------------
 
+std::string SnapshotParity::link_key(const std::string& endpoint, int lane) {
+  return lane == 0 ? endpoint : str(endpoint, "#", lane);
+}
+
 std::shared_ptr<ckpt::PeerChannel> SnapshotParity::channel(const ReplicaRing& ring, int node,
-                                                           Links& cache, bool* reused) {
+                                                           Links& cache, bool* reused, int lane) {
   const std::string& peer = ring.nodes.at(size_t(node));
+  const std::string key = link_key(peer, lane);
   if (reused) *reused = false;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (stopped_) throw IoError("the agent is stopping");
-    auto it = cache.find(peer);
+    auto it = cache.find(key);
     if (it != cache.end() && it->second->open()) {
       if (reused) *reused = true;
       return it->second;
@@ -171,21 +176,21 @@ std::shared_ptr<ckpt::PeerChannel> SnapshotParity::channel(const ReplicaRing& ri
   std::shared_ptr<ckpt::PeerChannel> ch =
       ckpt::PeerChannel::connect(peer, o_.auth, ring.node, o_.timeout);
   std::lock_guard<std::mutex> l(mu_);
-  cache[peer] = ch;
+  cache[key] = ch;
   return ch;
 }
 
-void SnapshotParity::drop(Links& cache, const std::string& endpoint) {
+void SnapshotParity::drop(Links& cache, const std::string& key) {
   std::lock_guard<std::mutex> l(mu_);
-  cache.erase(endpoint);
+  cache.erase(key);
 }
 
 json SnapshotParity::call(const ReplicaRing& ring, int node, Links& cache, const json& request,
-                          std::shared_ptr<ckpt::PeerChannel>* used) {
-  const std::string& peer = ring.nodes.at(size_t(node));
+                          std::shared_ptr<ckpt::PeerChannel>* used, int lane) {
+  const std::string peer = link_key(ring.nodes.at(size_t(node)), lane);
   for (int attempt = 0;; ++attempt) {
     bool reused = false;
-    std::shared_ptr<ckpt::PeerChannel> ch = channel(ring, node, cache, &reused);
+    std::shared_ptr<ckpt::PeerChannel> ch = channel(ring, node, cache, &reused, lane);
     try {
       ch->send(request);
       json reply = ch->receive();

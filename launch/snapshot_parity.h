@@ -121,7 +121,7 @@ class SnapshotParity {
   void prepare(int64_t epoch, int locals, int64_t capacity);
   // The shared memory prepare() takes for `locals` ranks of up to `capacity` bytes in a
   // group of `group_size` nodes and `data_fragments` data fragments per stripe: one slot of
-  // a rebuilt segment per rank and the decode's two sets of pieces (one per fragment).
+  // a rebuilt segment per rank and the decode's kDecodeSets sets of pieces (one per fragment).
   static double ahead_bytes(int locals, int64_t capacity, int group_size, int data_fragments);
   // What prepare() of `epoch` takes on this node, for the reserve's memory check: in the
   // node's own group of the epoch's ring where this agent knows it, else in the largest group
@@ -187,7 +187,8 @@ class SnapshotParity {
   // Decodes the first `out_len` bytes (at most the stripe's fragment length) of fragment
   // `lost` of stripe `s` at the step of `at_step` (the surviving holders' parity slots of
   // that step) from K surviving fragments into `out`; `gone` are the ring's lost nodes
-  // (never asked). Fetches and decodes kDecodePieceBytes at a time, overlapped.
+  // (never asked). Fetches kDecodePieceBytes at a time over several connections per source
+  // and decodes each piece once its sources arrived, in any order (FetchWindow).
   // `before_write(o, n)`, when given, is called before bytes [o, o + n) of `out` are written,
   // while the next piece is fetched (a rebuild allocates the segment's pages there), and
   // `after_write(o, n)` once they are (a rebuild checks their block checksums there, a
@@ -199,27 +200,34 @@ class SnapshotParity {
                        uint8_t* out, int64_t out_len,
                        const std::function<void(int64_t, int64_t)>& before_write = {},
                        const std::function<void(int64_t, int64_t)>& after_write = {});
-  static constexpr int64_t kDecodePieceBytes = int64_t(16) << 20;
+  static constexpr int64_t kDecodePieceBytes = int64_t(8) << 20;
+  // Pieces in flight or decoding at once (a set of buffers each, one per fragment: the same
+  // memory as two sets of 16 MiB pieces), and the connections per source that fetch them.
+  static constexpr int kDecodeSets = 4;
+  static constexpr int kFetchLanes = 3;
   // prepare_ahead allocates a target this much at a time, looking for a newer ring between.
   static constexpr int64_t kPreparePieceBytes = int64_t(64) << 20;
   // The parity slots of stripe `s` held by its surviving holders, newest step first.
   std::vector<StripeSlot> stripe_slots(const ReplicaRing& ring, const checkpoint::StripeLayout& l,
                                        const checkpoint::StripeId& s, const std::set<int>& gone);
-  // A fetch from node `node` of `ring` (this node: read here), into out[0, length).
+  // A fetch from node `node` of `ring` (this node: read here), into out[0, length), over
+  // connection `lane` to it (lanes fetch at once: each has its own).
   void fetch(const ReplicaRing& ring, int node, const std::string& segment, int64_t step,
-             int64_t offset, int64_t length, uint8_t* out);
+             int64_t offset, int64_t length, uint8_t* out, int lane = 0);
   nlohmann::json ask(const ReplicaRing& ring, int node, const nlohmann::json& request);
   using Links = std::map<std::string, std::shared_ptr<checkpoint::PeerChannel>>;
   std::shared_ptr<checkpoint::PeerChannel> channel(const ReplicaRing& ring, int node, Links& cache,
-                                                   bool* reused = nullptr);
+                                                   bool* reused = nullptr, int lane = 0);
+  // The key of connection `lane` to `endpoint` in a Links cache (lane 0: the endpoint).
+  static std::string link_key(const std::string& endpoint, int lane);
   // Sends `request` to node `node` of `ring` on a channel of `cache` and returns the first
   // reply, the channel in *used. A cached channel that fails here is replaced by a new one,
   // once: the peer's listener closes a connection idle for its timeout (10 s by default,
   // checkpoint/snapshot_transport.h), and commits or rebuilds further apart than that would
   // otherwise fail every other time. Throws what the new channel's call throws.
   nlohmann::json call(const ReplicaRing& ring, int node, Links& cache, const nlohmann::json& request,
-                      std::shared_ptr<checkpoint::PeerChannel>* used);
-  void drop(Links& cache, const std::string& endpoint);
+                      std::shared_ptr<checkpoint::PeerChannel>* used, int lane = 0);
+  void drop(Links& cache, const std::string& key);
   const checkpoint::ErasureCode& code(int k) const;
   std::optional<ReplicaRing> ring_of(int64_t epoch) const;
   // This agent's mapping of segment `name` (a parity or rebuilt segment it holds, a data
@@ -262,7 +270,7 @@ class SnapshotParity {
   Links fetch_links_;
   std::set<std::pair<int64_t, int>> losses_done_;
   std::map<int64_t, std::set<int>> gone_;      // by epoch: its nodes found lost (new_ring)
-  std::vector<std::vector<uint8_t>> scratch_;  // decode_fragment's two sets of pieces
+  std::vector<std::vector<uint8_t>> scratch_;  // decode_fragment's kDecodeSets sets of pieces
   struct Spent {  // seconds of the rebuild of one rank, for its log line
     double segment = 0, populate = 0, fetch_wait = 0, decode = 0, check = 0;
     double scratch = 0;  // the decode's pieces allocated (none when made ahead)

@@ -4,10 +4,11 @@
 
 #include <algorithm>
 #include <cstring>
-#include <future>
+#include <thread>
 
 #include "base/check.h"
 #include "base/error.h"
+#include "checkpoint/snapshot_fetch_window.h"
 #include "launch/snapshot_parity.h"
 #include "launch/snapshot_parity_bytes.h"
 
@@ -38,7 +39,8 @@ double SnapshotParity::ahead_bytes(int locals, int64_t capacity, int group_size,
                                    int data_fragments) {
   const int64_t piece =
       std::min<int64_t>(kDecodePieceBytes, ckpt::chunk_bytes(capacity, data_fragments));
-  return locals * snapshot_segment_bytes(capacity, 1) + 2.0 * group_size * double(piece);
+  return locals * snapshot_segment_bytes(capacity, 1) +
+         double(kDecodeSets) * group_size * double(piece);
 }
 
 bool SnapshotParity::prepare_asked(int64_t epoch) const {
@@ -95,7 +97,7 @@ json SnapshotParity::ask(const ReplicaRing& ring, int node, const json& request)
 }
 
 void SnapshotParity::fetch(const ReplicaRing& ring, int node, const std::string& segment,
-                           int64_t step, int64_t offset, int64_t length, uint8_t* out) {
+                           int64_t step, int64_t offset, int64_t length, uint8_t* out, int lane) {
   if (node == ring.node) {
     const std::shared_ptr<const ckpt::SnapshotSegment> seg = mapped(segment);
     {
@@ -113,7 +115,7 @@ void SnapshotParity::fetch(const ReplicaRing& ring, int node, const std::string&
   const json r = call(ring, node, fetch_links_,
                       {{"op", "fetch"}, {"segment", segment}, {"step", step}, {"offset", offset},
                        {"length", length}},
-                      &ch);
+                      &ch, lane);
   try {
     if (!r.value("ok", false))
       throw IoError(str("node ", node, " at ", peer, ": ", r.value("error", std::string("refused"))));
@@ -123,7 +125,7 @@ void SnapshotParity::fetch(const ReplicaRing& ring, int node, const std::string&
   } catch (const IoError&) {
     throw;
   } catch (...) {
-    drop(fetch_links_, peer);
+    drop(fetch_links_, link_key(peer, lane));
     throw;
   }
 }
@@ -215,14 +217,18 @@ void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::Stripe
     }
     sources.push_back(std::move(x));
   }
-  // Piece by piece, in two sets of small buffers reused throughout: piece i + 1 is fetched
-  // while piece i decodes, and the lost fragment decodes straight into `out`. (It used to
-  // fetch whole fragments into K + m fresh buffers of a chunk each and copy the result: at
-  // 727 MiB a rank, touching that scratch's new pages was a large part of the rebuild.)
+  // Piece by piece, in kDecodeSets sets of small buffers reused throughout, each piece
+  // fetched over kFetchLanes connections per source at once and decoded as soon as all of
+  // its sources arrived, in whatever order they do (checkpoint/snapshot_fetch_window.h): one
+  // request at a time on one connection left the serving agent's CPU share, on a node whose
+  // workers fault in their next layout meanwhile, as the only pace (waiting for fetches was
+  // 557 of a 762 ms rebuild of 403 MiB in the node-loss bench). The lost fragment decodes
+  // straight into `out`.
   const int64_t P = std::min<int64_t>(kDecodePieceBytes, std::max<int64_t>(L, 1));
+  const int64_t pieces = (out_len + P - 1) / P;
   const auto t_scratch = Clock::now();
   std::vector<std::vector<uint8_t>>& bufs = scratch_;
-  bufs.resize(2 * static_cast<size_t>(n));
+  bufs.resize(size_t(kDecodeSets) * size_t(n));
   for (auto& b : bufs)
     if (int64_t(b.size()) < P) b.resize(size_t(P));
   spent_.scratch += since(t_scratch);
@@ -231,46 +237,61 @@ void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::Stripe
   auto in_place = [&](const Source& x, int64_t o, int64_t piece) {
     return x.in_place != nullptr && o + piece <= x.in_place_bytes;
   };
-  auto fetch_piece = [&](int64_t o, int set) {
-    std::vector<std::future<void>> f;
-    const int64_t piece = std::min(P, L - o);
-    for (const Source& x : sources) {
-      if (in_place(x, o, piece)) {
-        std::lock_guard<std::mutex> l(mu_);
-        spent_.local_reads++;
-        spent_.local_mapped++;
-        spent_.local_in_place++;
+  std::vector<std::vector<int>> needs(static_cast<size_t>(pieces));
+  for (int64_t i = 0; i < pieces; ++i) {
+    const int64_t o = i * P, piece = std::min(P, L - o);
+    for (size_t j = 0; j < sources.size(); ++j) {
+      if (!in_place(sources[j], o, piece)) {
+        needs[size_t(i)].push_back(int(j));
         continue;
       }
-      uint8_t* buf = bufs[size_t(set * n + x.f)].data();
-      const int64_t have = std::clamp<int64_t>(x.length - o, 0, piece);
-      f.push_back(std::async(std::launch::async, [=, this, &ring] {
-        if (have > 0) fetch(ring, x.node, x.segment, step, x.offset + o, have, buf);
+      std::lock_guard<std::mutex> l(mu_);
+      spent_.local_reads++;
+      spent_.local_mapped++;
+      spent_.local_in_place++;
+    }
+  }
+  ckpt::FetchWindow window(needs, int(sources.size()), kDecodeSets);
+  std::vector<std::thread> lanes;
+  auto lane = [&, step](size_t j, int number) {
+    const Source& x = sources[j];
+    try {
+      for (int64_t i; (i = window.next_fetch(int(j))) >= 0;) {
+        const int64_t o = i * P, piece = std::min(P, L - o);
+        uint8_t* buf = bufs[size_t((i % kDecodeSets) * n + x.f)].data();
+        const int64_t have = std::clamp<int64_t>(x.length - o, 0, piece);
+        if (have > 0) fetch(ring, x.node, x.segment, step, x.offset + o, have, buf, number);
         std::memset(buf + have, 0, size_t(piece - have));  // a short fragment's zero padding
-      }));
-    }
-    return f;
-  };
-  auto wait_all = [](std::vector<std::future<void>>& f) {
-    std::exception_ptr failed;
-    for (auto& x : f) {
-      try {
-        x.get();
-      } catch (...) {
-        if (!failed) failed = std::current_exception();
+        window.arrived(i, int(j));
       }
+    } catch (...) {
+      window.fail(std::current_exception());
     }
-    f.clear();
-    if (failed) std::rethrow_exception(failed);
   };
-  std::vector<std::future<void>> pending;
-  if (out_len > 0) pending = fetch_piece(0, 0);
-  for (int64_t o = 0, set = 0; o < out_len; o += P, set ^= 1) {
+  // Every lane is joined before this returns or throws: they write into `bufs`.
+  struct Join {
+    ckpt::FetchWindow& w;
+    std::vector<std::thread>& t;
+    ~Join() {
+      w.stop();
+      for (auto& x : t) x.join();
+    }
+  } join{window, lanes};
+  for (size_t j = 0; j < sources.size(); ++j) {
+    const bool any = std::any_of(needs.begin(), needs.end(), [&](const std::vector<int>& v) {
+      return std::find(v.begin(), v.end(), int(j)) != v.end();
+    });
+    // This node's own bytes not held in place are a local read: one lane is enough.
+    const int count = !any ? 0 : sources[j].node == ring.node ? 1 : kFetchLanes;
+    for (int k = 0; k < count; ++k) lanes.emplace_back(lane, j, k);
+  }
+  for (;;) {
     auto t = Clock::now();
-    wait_all(pending);
+    const int64_t i = window.next_decode();
     spent_.fetch_wait += since(t);
+    if (i < 0) break;
     t = Clock::now();
-    if (o + P < out_len) pending = fetch_piece(o + P, int(set ^ 1));
+    const int64_t o = i * P, set = i % kDecodeSets;
     const int64_t piece = std::min(P, L - o), direct = std::min(piece, out_len - o);
     if (before_write) {
       const auto tp = Clock::now();
@@ -287,11 +308,12 @@ void SnapshotParity::decode_fragment(const ReplicaRing& ring, const ckpt::Stripe
     if (direct < piece) std::memcpy(out + o, ptrs[size_t(lost)], size_t(direct));
     spent_.decode += since(t);
     if (after_write) {
-      // While the next piece is fetched (a rebuild checks the piece's block checksums here).
+      // While the other pieces are fetched (a rebuild checks the piece's block checksums).
       t = Clock::now();
       after_write(o, direct);
       spent_.check += since(t);
     }
+    window.decoded(i);
   }
   for (const Source& x : sources)
     if (x.in_place && x.held->sequence(x.view->slot) != x.view->meta.sequence)
@@ -399,8 +421,8 @@ void SnapshotParity::prepare_ahead(int64_t epoch) {
       ahead_.insert(name);
       made.push_back(name);
     }
-    // The decode's pieces too (two sets of one per fragment), touched now.
-    scratch_.resize(2 * static_cast<size_t>(G));
+    // The decode's pieces too (kDecodeSets sets of one per fragment), touched now.
+    scratch_.resize(size_t(kDecodeSets) * static_cast<size_t>(G));
     for (auto& b : scratch_)
       if (int64_t(b.size()) < piece) b.resize(size_t(piece));
   } catch (const std::exception& e) {

@@ -251,6 +251,17 @@ TEST(BenchSnapshot, NodeLossPartPrintsThreeSidesFromTheFailureKnown) {
   const std::vector<std::string> fd = cells(sec, "fetch + decode");
   ASSERT_EQ(fd.size(), 5u) << r.out;
   EXPECT_TRUE(is_number(fd[2]) && std::strtod(fd[2].c_str(), nullptr) > 0) << r.out;
+  // The rebuild's own stamps, ec only: it begins once the failure is known, ends after.
+  const std::vector<std::string> begins = cells(sec, "rebuild begins"),
+                                 ends = cells(sec, "rebuild ends");
+  ASSERT_EQ(begins.size(), 5u) << r.out;
+  ASSERT_EQ(ends.size(), 5u) << r.out;
+  EXPECT_EQ(begins[1], "-") << r.out;
+  EXPECT_EQ(ends[3], "-") << r.out;
+  ASSERT_TRUE(is_number(begins[2]) && is_number(ends[2])) << r.out;
+  EXPECT_GE(std::strtod(begins[2].c_str(), nullptr), 0) << r.out;
+  EXPECT_GE(std::strtod(ends[2].c_str(), nullptr), std::strtod(begins[2].c_str(), nullptr))
+      << r.out;
   EXPECT_TRUE(has_line(sec, "ratio checkpoint / replica: ")) << r.out;
   EXPECT_TRUE(has_line(sec, "ratio checkpoint / ec: ")) << r.out;
   EXPECT_TRUE(has_line(sec, "  ec rebuild (the agent's line): ")) << r.out;

@@ -422,6 +422,69 @@ TEST_F(SnapshotParity, ParityAndRebuildThroughputOnLoopback) {
     std::printf("[ says     ] %s\n", text.substr(at, text.find('\n', at) - at).c_str());
 }
 
+// A rebuild whose fetches are cut mid-stream (the surviving peer it fetches from is killed
+// half way through) fails whole: the half-decoded segment is never committed or listed, the
+// list of the new epoch still answers (the rebuild does not hang on the dead peer's other
+// connections), and the new world falls back to what survives (here, with two of three nodes
+// gone, the durable checkpoint).
+TEST_F(SnapshotParity, ARebuildWhosePeerIsKilledHalfWayListsNothingHalfDecoded) {
+  const int64_t big = int64_t(128) << 20;
+  for (int n = 0; n < kNodes; ++n) {
+    start_agent(n, "parity-test-token", {"--redundancy", "ec"});
+    clients_.push_back(client(n));
+    endpoints_.push_back(clients_.back()->endpoint());
+  }
+  std::vector<std::string> seg;
+  for (int n = 0; n < kNodes; ++n) {
+    clients_[size_t(n)]->peers(job_, 1, n, endpoints_);
+    seg.push_back(clients_[size_t(n)]->segment(Reservation{job_, n, 1, {{n, kNodes, big}}, 0})[0]);
+  }
+  for (int n = 0; n < kNodes; ++n) {
+    write_snapshot(seg[size_t(n)], job_, n, 1, n, kNodes, 3, big);
+    clients_[size_t(n)]->committed(seg[size_t(n)], 3);
+  }
+  ASSERT_TRUE(poll([&] {
+    for (int n = 0; n < kNodes; ++n)
+      if (newest_step(segment_name(job_, SegmentKind::kParity, n, 1, (n + 1) % 3)) != 3) return false;
+    return true;
+  }, 120)) << logs(kNodes);
+  lose(1);
+  // Node 2 rebuilds node 1 from its own fragments and node 0's: node 0 sends its data chunk of
+  // one stripe and its parity of the other, 64 MiB each, one fragment after the other. It is
+  // stopped as it starts serving the second (the first fragment fetched, decoded and written
+  // into the rebuilt segment: the rebuild half done), then killed.
+  const pid_t zero = pids_[0];
+  clients_[0]->peers(job_, 2, 0, {endpoints_[0], endpoints_[2]});
+  clients_[2]->peers(job_, 2, 1, {endpoints_[0], endpoints_[2]});
+  auto served = [&] {
+    const std::string t = read(log(0));
+    int count = 0;
+    for (size_t at = t.find("serving fetches of"); at != std::string::npos;
+         at = t.find("serving fetches of", at + 1))
+      ++count;
+    return count;
+  };
+  ASSERT_TRUE(poll([&] { return served() >= 2; }, 60)) << logs(kNodes);
+  ::kill(zero, SIGSTOP);
+  lose(0);
+  const std::vector<SegmentInfo> listed = clients_[2]->list(2);
+  const std::string said = read(log(2));
+  if (said.find("rebuilt node 1's rank 1") != std::string::npos)
+    GTEST_SKIP() << "node 2 fetched the second fragment whole before the test stopped node 0";
+  for (const SegmentInfo& s : listed)
+    EXPECT_FALSE(parse_segment_name(s.name)->kind == SegmentKind::kRebuilt && s.committed)
+        << s.name << " is listed committed after node 0 was killed mid-rebuild\n" << logs(kNodes);
+  const std::string name = segment_name(job_, SegmentKind::kRebuilt, 1, 1, 1);
+  try {
+    EXPECT_FALSE(SnapshotSegment::open(name, false).latest()) << name << " was committed";
+  } catch (const std::exception&) {  // not there at all: nothing committed either
+  }
+  EXPECT_NE(said.find("node 1's local rank 0 not rebuilt at step 3"), std::string::npos) << said;
+  EXPECT_NE(said.find("could not be rebuilt from parity"), std::string::npos) << said;
+  EXPECT_EQ(said.find("did not finish within"), std::string::npos)
+      << "the list waited for its limit: the rebuild hung on the dead peer\n" << said;
+}
+
 // ---- a parity holder without room --------------------------------------------------------
 
 // The agents of SnapshotParity in a mount namespace of this test process with a small tmpfs
