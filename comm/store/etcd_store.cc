@@ -119,7 +119,7 @@ std::vector<std::optional<Bytes>> EtcdStore::read(const std::vector<std::string>
 }
 
 std::unique_ptr<EtcdWatch> EtcdStore::watch(const std::vector<std::string>& keys, int64_t from,
-                                            Clock::time_point deadline) {
+                                            Clock::time_point deadline, EtcdWatch::Events events) {
   if (watch_unsupported_.load()) return nullptr;
   // One watch over the range from the least key to the greatest: events of keys between
   // them that nobody waits for are skipped by the caller.
@@ -129,7 +129,8 @@ std::unique_ptr<EtcdWatch> EtcdStore::watch(const std::vector<std::string>& keys
     return std::make_unique<EtcdWatch>(parse_etcd_endpoint(http_->endpoint(), kEndpointFlag), first,
                                        first == last ? std::string() : last + std::string(1, '\0'),
                                        from,
-                                       std::min(deadline, Clock::now() + options_.request_timeout));
+                                       std::min(deadline, Clock::now() + options_.request_timeout),
+                                       events);
   } catch (const EtcdWatchUnsupported& e) {
     watch_unsupported_.store(true);
     WEFT_DEBUG("etcd", e.what(), "; blocking reads poll instead");
@@ -142,8 +143,8 @@ std::unique_ptr<EtcdWatch> EtcdStore::watch(const std::vector<std::string>& keys
   return nullptr;
 }
 
-std::vector<std::optional<Bytes>> EtcdStore::await(const std::vector<std::string>& keys,
-                                                   Millis timeout, bool values) {
+std::vector<std::optional<Bytes>> EtcdStore::park(const std::vector<std::string>& keys,
+                                                  Millis timeout, const Until& until) {
   const auto deadline = Clock::now() + clamp_timeout(timeout);
   const std::set<std::string> waited = [&] {
     std::set<std::string> s;
@@ -154,17 +155,15 @@ std::vector<std::optional<Bytes>> EtcdStore::await(const std::vector<std::string
   Millis pause = kFirstPoll;
   for (;;) {
     int64_t revision = 0;
-    auto got = read(keys, values, &revision);
-    if (std::all_of(got.begin(), got.end(), [](const auto& v) { return v.has_value(); }))
-      return got;
+    auto got = read(keys, until.values, &revision);
+    if (until.reached(got)) return got;
     const auto now = Clock::now();
-    if (now >= deadline)
-      throw TimeoutError(timeout_message(keys, timeout) + " (etcd, keys under '" + options_.prefix +
-                         "')");
+    if (now >= deadline) throw TimeoutError(until.timed_out() + " (etcd, keys under '" +
+                                            options_.prefix + "')");
     // The watch follows the reads: when they failed over, the watch's member may be dead.
     if (watch && watch->member().text() != http_->endpoint()) watch.reset();
-    // From the read's revision on: a key set between the read and the watch is an event.
-    if (!watch) watch = this->watch(keys, revision + 1, deadline);
+    // From the read's revision on: a change between the read and the watch is an event.
+    if (!watch) watch = this->watch(keys, revision + 1, deadline, until.events);
     if (!watch) {
       std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
       pause = std::min(pause * 2, kMaxPoll);
@@ -172,9 +171,9 @@ std::vector<std::optional<Bytes>> EtcdStore::await(const std::vector<std::string
     }
     // Parked until one of the keys changes, kRecheck passes or the deadline; then read.
     try {
-      const auto until = std::min(deadline, now + kRecheck);
+      const auto recheck = std::min(deadline, now + kRecheck);
       for (bool woken = false; !woken;) {
-        auto changed = watch->next(until);
+        auto changed = watch->next(recheck);
         if (changed.empty()) break;
         woken = std::any_of(changed.begin(), changed.end(),
                             [&](const std::string& k) { return waited.count(k) > 0; });
@@ -184,6 +183,39 @@ std::vector<std::optional<Bytes>> EtcdStore::await(const std::vector<std::string
       watch.reset();
     }
   }
+}
+
+std::vector<std::optional<Bytes>> EtcdStore::await(const std::vector<std::string>& keys,
+                                                   Millis timeout, bool values) {
+  Until until;
+  until.values = values;
+  until.events = EtcdWatch::Events::kAll;
+  until.reached = [](const std::vector<std::optional<Bytes>>& got) {
+    return std::all_of(got.begin(), got.end(), [](const auto& v) { return v.has_value(); });
+  };
+  until.timed_out = [&] { return timeout_message(keys, timeout); };
+  return park(keys, timeout, until);
+}
+
+bool EtcdStore::waits_for_absence() const { return true; }
+
+std::vector<std::string> EtcdStore::wait_gone(const std::vector<std::string>& keys,
+                                              Millis timeout) {
+  Until until;
+  until.values = false;
+  // Only removals wake it: a heartbeat's set of a waited key (every beat, on every member's
+  // alive key) would otherwise cost a read each.
+  until.events = EtcdWatch::Events::kDeletes;
+  until.reached = [&](const std::vector<std::optional<Bytes>>& got) {
+    return keys.empty() ||
+           std::any_of(got.begin(), got.end(), [](const auto& v) { return !v.has_value(); });
+  };
+  until.timed_out = [&] { return gone_timeout_message(keys, timeout); };
+  const auto got = park(keys, timeout, until);
+  std::vector<std::string> absent;
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (!got[i]) absent.push_back(keys[i]);
+  return absent;
 }
 
 Bytes EtcdStore::get(const std::string& key) {
