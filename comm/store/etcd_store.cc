@@ -91,21 +91,15 @@ void EtcdStore::set(const std::string& key, const Bytes& value, std::optional<Mi
   if (auto prev = reply.find("prev_kv"); prev != reply.end()) revoke_replaced(*http_, *prev, lease);
 }
 
-std::vector<std::optional<Bytes>> EtcdStore::read(const std::vector<std::string>& keys, bool values,
-                                                  int64_t* revision) {
+std::vector<std::optional<Bytes>> EtcdStore::read(const std::vector<std::string>& keys,
+                                                  bool values) {
   std::vector<std::optional<Bytes>> out(keys.size());
-  if (revision) *revision = 0;
   for (size_t begin = 0; begin < keys.size(); begin += kReadBatch) {
     const size_t end = std::min(keys.size(), begin + kReadBatch);
     json ops = json::array();
     for (size_t i = begin; i < end; ++i) ops.push_back(etcd::range_op(full(keys[i]), !values));
     // A txn without compares runs its "success" ops: the keys are read at one revision.
     json r = http_->post("/v3/kv/txn", {{"success", ops}}, Replay::kSafe);
-    if (revision) {
-      // The oldest batch's: a watch from the next revision misses no change to any key.
-      const int64_t rev = r.contains("header") ? etcd::integer(r["header"], "revision") : 0;
-      *revision = *revision ? std::min(*revision, rev) : rev;
-    }
     for (size_t i = begin; i < end; ++i) {
       const json& range = etcd::range_response(r, i - begin);
       if (!values) {
@@ -118,7 +112,7 @@ std::vector<std::optional<Bytes>> EtcdStore::read(const std::vector<std::string>
   return out;
 }
 
-std::unique_ptr<EtcdWatch> EtcdStore::watch(const std::vector<std::string>& keys, int64_t from,
+std::unique_ptr<EtcdWatch> EtcdStore::watch(const std::vector<std::string>& keys,
                                             Clock::time_point deadline, EtcdWatch::Events events) {
   if (watch_unsupported_.load()) return nullptr;
   // One watch over the range from the least key to the greatest: events of keys between
@@ -128,7 +122,7 @@ std::unique_ptr<EtcdWatch> EtcdStore::watch(const std::vector<std::string>& keys
   try {
     return std::make_unique<EtcdWatch>(parse_etcd_endpoint(http_->endpoint(), kEndpointFlag), first,
                                        first == last ? std::string() : last + std::string(1, '\0'),
-                                       from,
+                                       /*start_revision=*/0,
                                        std::min(deadline, Clock::now() + options_.request_timeout),
                                        events);
   } catch (const EtcdWatchUnsupported& e) {
@@ -154,16 +148,23 @@ std::vector<std::optional<Bytes>> EtcdStore::park(const std::vector<std::string>
   std::unique_ptr<EtcdWatch> watch;
   Millis pause = kFirstPoll;
   for (;;) {
-    int64_t revision = 0;
-    auto got = read(keys, until.values, &revision);
+    auto got = read(keys, until.values);
     if (until.reached(got)) return got;
     const auto now = Clock::now();
     if (now >= deadline) throw TimeoutError(until.timed_out() + " (etcd, keys under '" +
                                             options_.prefix + "')");
     // The watch follows the reads: when they failed over, the watch's member may be dead.
     if (watch && watch->member().text() != http_->endpoint()) watch.reset();
-    // From the read's revision on: a change between the read and the watch is an event.
-    if (!watch) watch = this->watch(keys, revision + 1, deadline, until.events);
+    // From etcd's current revision, then read again: a change between the first read and
+    // the watch is seen by that read, a later one is an event. Not from the read's revision
+    // + 1: a watch that starts at a revision etcd has passed (any write in between, a
+    // heartbeat anywhere) is "unsynced", and etcd catches such watches up only every 100 ms
+    // (syncWatchersLoop), so the event that woke everyone else came up to 100 ms late here:
+    // the trailing survivor of issue 14, whose wait for node 0's workers' store raced the set.
+    if (!watch) {
+      watch = this->watch(keys, deadline, until.events);
+      if (watch) continue;
+    }
     if (!watch) {
       std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
       pause = std::min(pause * 2, kMaxPoll);
