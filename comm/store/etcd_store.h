@@ -61,9 +61,10 @@ struct EtcdStoreOptions {
 //   absent at once; otherwise the call parks on a watch of the keys' DELETE events only
 //   (etcd's NOPUT filter: a heartbeat's set of a waited key wakes nothing) from the current
 //   revision and reads again, so a removal between the read and the watch is seen all the
-//   same. An erase and a lease's end (a TTL key expiring, see set()) are both DELETE events. Each event
-//   on a waited key reads again (a key set again since is not gone), as does kRecheck; a
-//   timeout throws TimeoutError naming the keys; failover and the poll fallback as above.
+//   same. An erase and a lease's end (a TTL key expiring, see set()) are both DELETE
+//   events. Each event on a waited key reads again (a key set again since is not gone), as
+//   does kRecheck; a timeout throws TimeoutError naming the keys; failover and the poll
+//   fallback as above.
 // - set() with a ttl grants a new etcd lease of ceil(ttl) whole seconds (at least 1; etcd
 //   raises it further to its minimum, 1.5 x --election-timeout rounded up, 2 s with etcd's
 //   defaults) and puts the key under it. The key's previous lease, if any, is then

@@ -182,7 +182,8 @@ TEST_F(EtcdWatchTest, AWaitsWatchIsInSyncWithEtcdWhileOtherClientsWrite) {
   std::atomic<bool> stop{false};
   std::atomic<int64_t> sets{0};
   std::thread churn([&] {
-    for (int64_t i = 0; !stop.load(); ++i, sets.fetch_add(1)) busy->set_string("busy", std::to_string(i));
+    for (int64_t i = 0; !stop.load(); ++i, sets.fetch_add(1))
+      busy->set_string("busy", std::to_string(i));
   });
   int behind = 0;
   for (int i = 0; i < 30; ++i) {
