@@ -6,11 +6,12 @@
 // writes `left` within milliseconds of its worker's death), an epoch another survivor
 // formed, a spare registering, a close. A change nobody writes, a member or spare whose alive
 // key went (its agent's process died and the store dropped its bound key), wakes it too where
-// the store can wait for a key to go (Store::waits_for_absence: TCPStore): a second thread
-// parks in wait_gone() on the alive keys of the record's members, spares and departing
-// nodes. Elsewhere (etcd, whose alive keys end by TTL only) the peer check that erased the
-// key pokes its own agent (poke_loss), or the poll sees it, and the write of the epoch it
-// forms then wakes the others. The poll stays as the fallback for both.
+// the store can wait for a key to go (Store::waits_for_absence: TCPStore, and etcd through a
+// watch's DELETE events): a second thread parks in wait_gone() on the alive keys of the
+// record's members, spares and departing nodes. Over etcd that wakes every survivor when a
+// lease runs out (a host that vanished, a frozen agent) and when the peer check erases a
+// dead node's key; the peer check also pokes its own agent (poke_loss). The monitor's poll
+// stays as the fallback (a store whose wait_gone() throws).
 //
 // The wait runs on a store connection of its own: a wait parked on the agent's connection
 // would hold a reply in the kernel's send queue while the node is cut off, and after the

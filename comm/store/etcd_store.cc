@@ -91,21 +91,15 @@ void EtcdStore::set(const std::string& key, const Bytes& value, std::optional<Mi
   if (auto prev = reply.find("prev_kv"); prev != reply.end()) revoke_replaced(*http_, *prev, lease);
 }
 
-std::vector<std::optional<Bytes>> EtcdStore::read(const std::vector<std::string>& keys, bool values,
-                                                  int64_t* revision) {
+std::vector<std::optional<Bytes>> EtcdStore::read(const std::vector<std::string>& keys,
+                                                  bool values) {
   std::vector<std::optional<Bytes>> out(keys.size());
-  if (revision) *revision = 0;
   for (size_t begin = 0; begin < keys.size(); begin += kReadBatch) {
     const size_t end = std::min(keys.size(), begin + kReadBatch);
     json ops = json::array();
     for (size_t i = begin; i < end; ++i) ops.push_back(etcd::range_op(full(keys[i]), !values));
     // A txn without compares runs its "success" ops: the keys are read at one revision.
     json r = http_->post("/v3/kv/txn", {{"success", ops}}, Replay::kSafe);
-    if (revision) {
-      // The oldest batch's: a watch from the next revision misses no change to any key.
-      const int64_t rev = r.contains("header") ? etcd::integer(r["header"], "revision") : 0;
-      *revision = *revision ? std::min(*revision, rev) : rev;
-    }
     for (size_t i = begin; i < end; ++i) {
       const json& range = etcd::range_response(r, i - begin);
       if (!values) {
@@ -118,18 +112,18 @@ std::vector<std::optional<Bytes>> EtcdStore::read(const std::vector<std::string>
   return out;
 }
 
-std::unique_ptr<EtcdWatch> EtcdStore::watch(const std::vector<std::string>& keys, int64_t from,
-                                            Clock::time_point deadline) {
+std::unique_ptr<EtcdWatch> EtcdStore::watch(const std::vector<std::string>& keys,
+                                            Clock::time_point deadline, EtcdWatch::Events events) {
   if (watch_unsupported_.load()) return nullptr;
   // One watch over the range from the least key to the greatest: events of keys between
   // them that nobody waits for are skipped by the caller.
   const auto [lo, hi] = std::minmax_element(keys.begin(), keys.end());
   const std::string first = full(*lo), last = full(*hi);
   try {
-    return std::make_unique<EtcdWatch>(parse_etcd_endpoint(http_->endpoint(), kEndpointFlag), first,
-                                       first == last ? std::string() : last + std::string(1, '\0'),
-                                       from,
-                                       std::min(deadline, Clock::now() + options_.request_timeout));
+    return std::make_unique<EtcdWatch>(
+        parse_etcd_endpoint(http_->endpoint(), kEndpointFlag), first,
+        first == last ? std::string() : last + std::string(1, '\0'),
+        /*start_revision=*/0, std::min(deadline, Clock::now() + options_.request_timeout), events);
   } catch (const EtcdWatchUnsupported& e) {
     watch_unsupported_.store(true);
     WEFT_DEBUG("etcd", e.what(), "; blocking reads poll instead");
@@ -142,8 +136,8 @@ std::unique_ptr<EtcdWatch> EtcdStore::watch(const std::vector<std::string>& keys
   return nullptr;
 }
 
-std::vector<std::optional<Bytes>> EtcdStore::await(const std::vector<std::string>& keys,
-                                                   Millis timeout, bool values) {
+std::vector<std::optional<Bytes>> EtcdStore::park(const std::vector<std::string>& keys,
+                                                  Millis timeout, const Until& until) {
   const auto deadline = Clock::now() + clamp_timeout(timeout);
   const std::set<std::string> waited = [&] {
     std::set<std::string> s;
@@ -153,18 +147,23 @@ std::vector<std::optional<Bytes>> EtcdStore::await(const std::vector<std::string
   std::unique_ptr<EtcdWatch> watch;
   Millis pause = kFirstPoll;
   for (;;) {
-    int64_t revision = 0;
-    auto got = read(keys, values, &revision);
-    if (std::all_of(got.begin(), got.end(), [](const auto& v) { return v.has_value(); }))
-      return got;
+    auto got = read(keys, until.values);
+    if (until.reached(got)) return got;
     const auto now = Clock::now();
-    if (now >= deadline)
-      throw TimeoutError(timeout_message(keys, timeout) + " (etcd, keys under '" + options_.prefix +
-                         "')");
+    if (now >= deadline) throw TimeoutError(until.timed_out() + " (etcd, keys under '" +
+                                            options_.prefix + "')");
     // The watch follows the reads: when they failed over, the watch's member may be dead.
     if (watch && watch->member().text() != http_->endpoint()) watch.reset();
-    // From the read's revision on: a key set between the read and the watch is an event.
-    if (!watch) watch = this->watch(keys, revision + 1, deadline);
+    // From etcd's current revision, then read again: a change between the first read and
+    // the watch is seen by that read, a later one is an event. Not from the read's revision
+    // + 1: a watch that starts at a revision etcd has passed (any write in between, a
+    // heartbeat anywhere) is "unsynced", and etcd catches such watches up only every 100 ms
+    // (syncWatchersLoop), so the event that woke everyone else came up to 100 ms late here:
+    // the trailing survivor of issue 14, whose wait for node 0's workers' store raced the set.
+    if (!watch) {
+      watch = this->watch(keys, deadline, until.events);
+      if (watch) continue;
+    }
     if (!watch) {
       std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
       pause = std::min(pause * 2, kMaxPoll);
@@ -172,9 +171,9 @@ std::vector<std::optional<Bytes>> EtcdStore::await(const std::vector<std::string
     }
     // Parked until one of the keys changes, kRecheck passes or the deadline; then read.
     try {
-      const auto until = std::min(deadline, now + kRecheck);
+      const auto recheck = std::min(deadline, now + kRecheck);
       for (bool woken = false; !woken;) {
-        auto changed = watch->next(until);
+        auto changed = watch->next(recheck);
         if (changed.empty()) break;
         woken = std::any_of(changed.begin(), changed.end(),
                             [&](const std::string& k) { return waited.count(k) > 0; });
@@ -184,6 +183,39 @@ std::vector<std::optional<Bytes>> EtcdStore::await(const std::vector<std::string
       watch.reset();
     }
   }
+}
+
+std::vector<std::optional<Bytes>> EtcdStore::await(const std::vector<std::string>& keys,
+                                                   Millis timeout, bool values) {
+  Until until;
+  until.values = values;
+  until.events = EtcdWatch::Events::kAll;
+  until.reached = [](const std::vector<std::optional<Bytes>>& got) {
+    return std::all_of(got.begin(), got.end(), [](const auto& v) { return v.has_value(); });
+  };
+  until.timed_out = [&] { return timeout_message(keys, timeout); };
+  return park(keys, timeout, until);
+}
+
+bool EtcdStore::waits_for_absence() const { return true; }
+
+std::vector<std::string> EtcdStore::wait_gone(const std::vector<std::string>& keys,
+                                              Millis timeout) {
+  Until until;
+  until.values = false;
+  // Only removals wake it: a heartbeat's set of a waited key (every beat, on every member's
+  // alive key) would otherwise cost a read each.
+  until.events = EtcdWatch::Events::kDeletes;
+  until.reached = [&](const std::vector<std::optional<Bytes>>& got) {
+    return keys.empty() ||
+           std::any_of(got.begin(), got.end(), [](const auto& v) { return !v.has_value(); });
+  };
+  until.timed_out = [&] { return gone_timeout_message(keys, timeout); };
+  const auto got = park(keys, timeout, until);
+  std::vector<std::string> absent;
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (!got[i]) absent.push_back(keys[i]);
+  return absent;
 }
 
 Bytes EtcdStore::get(const std::string& key) {

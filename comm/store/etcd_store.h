@@ -6,15 +6,16 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "comm/store/etcd_watch.h"
 #include "comm/store/store.h"
 
 namespace weft::comm {
 
 class EtcdHttp;
-class EtcdWatch;
 
 struct EtcdStoreOptions {
   // The members' client URLs, "host:port" or "http://host:port" (parse_etcd_endpoints).
@@ -45,14 +46,25 @@ struct EtcdStoreOptions {
 //
 // How each part of the Store contract is kept:
 // - Blocking reads (get, multi_get, wait) read the keys, and while any is missing park on an
-//   etcd watch of them (etcd_watch.h) from the read's revision + 1, so that a key set
-//   between the read and the watch is an event all the same; each event on a waited key
+//   etcd watch of them (etcd_watch.h) from etcd's current revision, then read once more, so
+//   that a key set between the first read and the watch is seen by the second (a watch
+//   from the first read's revision + 1 would do as much, but etcd delivers the events of a
+//   watch that starts at a revision it has passed only at its next 100 ms catch-up, and a
+//   key set just then is the one that matters); each event on a waited key
 //   (and kRecheck, 1 s, without one) reads again. The watch is a stream on a connection of
 //   its own, opened per blocking call on the member the reads go to and closed when the call
 //   returns or times out (TimeoutError naming the keys); when the reads fail over (the
 //   member died or lost its leader, which also ends the watch: it asks for a leader) the
 //   next watch goes to the new member. A member that cannot watch (no /v3/watch) makes the
 //   store poll instead: a read every 2 ms at first, backing off to every 50 ms.
+// - wait_gone() is the same loop the other way round: a read returns the keys already
+//   absent at once; otherwise the call parks on a watch of the keys' DELETE events only
+//   (etcd's NOPUT filter: a heartbeat's set of a waited key wakes nothing) from the current
+//   revision and reads again, so a removal between the read and the watch is seen all the
+//   same. An erase and a lease's end (a TTL key expiring, see set()) are both DELETE
+//   events. Each event on a waited key reads again (a key set again since is not gone), as
+//   does kRecheck; a timeout throws TimeoutError naming the keys; failover and the poll
+//   fallback as above.
 // - set() with a ttl grants a new etcd lease of ceil(ttl) whole seconds (at least 1; etcd
 //   raises it further to its minimum, 1.5 x --election-timeout rounded up, 2 s with etcd's
 //   defaults) and puts the key under it. The key's previous lease, if any, is then
@@ -99,6 +111,9 @@ class EtcdStore : public Store {
   int64_t add(const std::string& key, int64_t delta) override;
   Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
   void wait(const std::vector<std::string>& keys, Millis timeout) override;
+  // Through a watch of DELETE events (see the class comment); true.
+  std::vector<std::string> wait_gone(const std::vector<std::string>& keys, Millis timeout) override;
+  bool waits_for_absence() const override;
   bool check(const std::vector<std::string>& keys) override;
   bool erase(const std::string& key) override;
   int64_t num_keys() override;
@@ -120,17 +135,27 @@ class EtcdStore : public Store {
   std::string full(const std::string& key) const { return options_.prefix + key; }
   // Reads `keys` now (txns of at most kReadBatch range ops): a value per present key;
   // `values` false reads existence only.
-  // `revision`, when given: the etcd revision the keys were read at.
-  std::vector<std::optional<Bytes>> read(const std::vector<std::string>& keys, bool values,
-                                         int64_t* revision = nullptr);
-  // Reads `keys` until every one exists or `timeout` passes (TimeoutError), parked on a
-  // watch between reads (see the class comment).
+  std::vector<std::optional<Bytes>> read(const std::vector<std::string>& keys, bool values);
+  // What a blocking call waits for: `reached` of a read of its keys (with values or not),
+  // woken by watch `events`; `timed_out` is the TimeoutError's message.
+  struct Until {
+    bool values = false;
+    EtcdWatch::Events events = EtcdWatch::Events::kAll;
+    std::function<bool(const std::vector<std::optional<Bytes>>&)> reached;
+    std::function<std::string()> timed_out;
+  };
+  // Reads `keys` until `until.reached` or `timeout` passes (TimeoutError), parked on a watch
+  // between reads (see the class comment); returns the read that reached it.
+  std::vector<std::optional<Bytes>> park(const std::vector<std::string>& keys, Millis timeout,
+                                         const Until& until);
+  // park() until every key exists.
   std::vector<std::optional<Bytes>> await(const std::vector<std::string>& keys, Millis timeout,
                                           bool values);
-  // A watch of `keys` from revision `from` on the member the reads go to; nullptr (and a
-  // debug line) when none can be made.
-  std::unique_ptr<EtcdWatch> watch(const std::vector<std::string>& keys, int64_t from,
-                                   std::chrono::steady_clock::time_point deadline);
+  // A watch of `keys`' `events` from etcd's current revision on the member the reads go to;
+  // nullptr (and a debug line) when none can be made.
+  std::unique_ptr<EtcdWatch> watch(const std::vector<std::string>& keys,
+                                   std::chrono::steady_clock::time_point deadline,
+                                   EtcdWatch::Events events);
   // Read-modify-write of one key, retried until its txn lands: `next` maps the current
   // value (nullopt: absent) to the value to write, or nullopt to write nothing. Returns the
   // value after the call and whether this call wrote it. `replayable`: see Replay.

@@ -15,6 +15,7 @@
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -122,7 +123,7 @@ struct EtcdWatch::Impl {
 
 EtcdWatch::EtcdWatch(const EtcdEndpoint& member, const std::string& key,
                      const std::string& range_end, int64_t start_revision,
-                     Clock::time_point deadline)
+                     Clock::time_point deadline, Events events)
     : impl_(std::make_unique<Impl>(member)) {
   Impl& m = *impl_;
   tcp::resolver::results_type addrs;
@@ -148,6 +149,7 @@ EtcdWatch::EtcdWatch(const EtcdEndpoint& member, const std::string& key,
 
   json create = {{"key", etcd::base64(key)}, {"start_revision", std::to_string(start_revision)}};
   if (!range_end.empty()) create["range_end"] = etcd::base64(range_end);
+  if (events == Events::kDeletes) create["filters"] = json::array({"NOPUT"});
   http::request<http::string_body> req{http::verb::post, "/v3/watch", 11};
   req.set(http::field::host, member.text());
   req.set(http::field::content_type, "application/json");
@@ -162,7 +164,10 @@ EtcdWatch::EtcdWatch(const EtcdEndpoint& member, const std::string& key,
       deadline);
   if (ec) m.fail("send: " + ec.message());
 
-  m.parser.body_limit(boost::none);  // the stream has no end
+  // The stream has no end. Not boost::none: Boost 1.74's parser then compares a
+  // Content-Length with the empty optional and refuses every sized reply (a 404's body) as
+  // "body limit exceeded", which hid a member without /v3/watch behind a broken-stream error.
+  m.parser.body_limit(std::numeric_limits<std::uint64_t>::max());
   ec = m.run(
       [&](auto done) {
         http::async_read_header(m.stream, m.buffer, m.parser,

@@ -20,15 +20,20 @@ class EtcdWatch {
  public:
   using Clock = std::chrono::steady_clock;
 
+  // Which events a watch reports: every change, or only removals (etcd's NOPUT filter, so a
+  // key set again and again, a heartbeat, sends nothing to a wait for it to go).
+  enum class Events { kAll, kDeletes };
+
   // Connects to `member` and creates a watch of the keys in [key, range_end) ("" range_end:
   // `key` alone) from `start_revision` on, waiting for etcd's "created" until `deadline`.
+  // A DELETE event is an erase or a lease's end (a TTL key expiring) alike.
   // The watch asks for a leader (the gateway's hasleader metadata): a member cut off from
   // its cluster cancels it instead of staying silent. Throws:
   // - EtcdWatchUnsupported when the member answers but not with a watch stream (an etcd
   //   without the v3 gateway's /v3/watch);
   // - CommError naming the member for anything else (unreachable, no reply, refused).
   EtcdWatch(const EtcdEndpoint& member, const std::string& key, const std::string& range_end,
-            int64_t start_revision, Clock::time_point deadline);
+            int64_t start_revision, Clock::time_point deadline, Events events = Events::kAll);
   ~EtcdWatch();  // closes the connection, which ends the watch at the member
   EtcdWatch(const EtcdWatch&) = delete;
   EtcdWatch& operator=(const EtcdWatch&) = delete;

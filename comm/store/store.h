@@ -89,7 +89,7 @@ class Store {
   // that cannot (waits_for_absence() false) throws NotSupported.
   virtual std::vector<std::string> wait_gone(const std::vector<std::string>& keys, Millis timeout);
   // Whether wait_gone() works on this client: TCPStore against a server that offers it (said
-  // in the handshake), InMemoryStore; false for EtcdStore. Never blocks.
+  // in the handshake), InMemoryStore, EtcdStore (an etcd watch's DELETE events). Never blocks.
   virtual bool waits_for_absence() const { return false; }
   // Removes `key`; returns whether it existed.
   virtual bool erase(const std::string& key) = 0;

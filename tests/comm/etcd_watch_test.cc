@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -36,8 +37,8 @@ using comm::EtcdStoreOptions;
 using comm::Millis;
 using Clock = std::chrono::steady_clock;
 
-// One counter or gauge of the member's Prometheus page (-1 when it is not there).
-double metric(const std::string& endpoint, const std::string& name) {
+// Counters or gauges of one scrape of the member's Prometheus page (-1 where not there).
+std::vector<double> metrics(const std::string& endpoint, const std::vector<std::string>& names) {
   namespace beast = boost::beast;
   namespace http = beast::http;
   const comm::EtcdEndpoint ep = comm::parse_etcd_endpoint(endpoint, "test");
@@ -51,10 +52,16 @@ double metric(const std::string& endpoint, const std::string& name) {
   beast::flat_buffer buffer;
   http::response<http::string_body> res;
   http::read(socket, buffer, res);
+  std::vector<double> out(names.size(), -1);
   std::istringstream lines(res.body());
   for (std::string line; std::getline(lines, line);)
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  return -1;
+    for (size_t i = 0; i < names.size(); ++i)
+      if (line.rfind(names[i] + " ", 0) == 0) out[i] = std::stod(line.substr(names[i].size() + 1));
+  return out;
+}
+
+double metric(const std::string& endpoint, const std::string& name) {
+  return metrics(endpoint, {name})[0];
 }
 
 // Entries of a /proc/self directory (fd, task), less the one opendir holds for fd.
@@ -69,6 +76,9 @@ int count_entries(const char* dir) {
 
 constexpr const char* kWatchers = "etcd_debugging_mvcc_watcher_total";
 constexpr const char* kRanges = "etcd_debugging_mvcc_range_total";
+// Watchers that start at a revision etcd has passed: etcd sends them their events only at
+// its next catch-up (syncWatchersLoop, every 100 ms), not as the change happens.
+constexpr const char* kSlowWatchers = "etcd_debugging_mvcc_slow_watcher_total";
 
 class EtcdWatchTest : public ::testing::Test {
  protected:
@@ -103,11 +113,11 @@ TEST_F(EtcdWatchTest, AParkedGetHoldsOneWatcherReadsOnlyAtItsRecheckAndAnotherCl
   const auto parked = Clock::now();
   std::this_thread::sleep_for(2500ms);
   // A poll would have read about 50 times by now (every 50 ms); parked on the watch, the
-  // get reads once before the watch and once per 1 s recheck.
+  // get reads once before the watch, once after it and once per 1 s recheck.
   const double reads = metric(cluster_->endpoint(0), kRanges) - ranges_before;
   const double seconds = std::chrono::duration<double>(Clock::now() - parked).count();
   std::printf("[ measure ] reads by a get parked %.1f s: %.0f\n", seconds, reads);
-  EXPECT_LE(reads, 2 + seconds) << "the parked get polls";
+  EXPECT_LE(reads, 3 + seconds) << "the parked get polls";
   EXPECT_EQ(got.wait_for(0s), std::future_status::timeout) << "returned before the set";
 
   writer->set_string("late", "value");
@@ -156,6 +166,48 @@ TEST_F(EtcdWatchTest, TimeoutsStillNameTheKeysAndNoWaitLeavesADescriptorOrAThrea
   EXPECT_TRUE(eventually([&] { return count_entries("/proc/self/task") == threads; }))
       << count_entries("/proc/self/task") << " threads, " << threads << " before";
   EXPECT_TRUE(eventually([&] { return watchers() == 0; }));
+}
+
+// Issue 14's trailing survivor: a wait's watch that started at its read's revision + 1 was
+// behind etcd whenever anything was written between the read and the watch (here another
+// client's stream of sets), and etcd delivered its event only at its next 100 ms catch-up.
+// A wait watches from etcd's current revision and reads again: its watcher is in sync, seen
+// in the same scrape of etcd's gauges as the watcher itself. Not always: etcd's watch server
+// turns "from now" into its revision + 1 a few microseconds before it registers the watcher,
+// and a set in between leaves even that watcher behind (2 of 30 here under back-to-back
+// sets, against 26 of 30 from the read's revision + 1), hence at most a third.
+TEST_F(EtcdWatchTest, AWaitsWatchIsInSyncWithEtcdWhileOtherClientsWrite) {
+  auto waiter = client();
+  auto writer = client();
+  auto busy = client();
+  ASSERT_GE(metric(cluster_->endpoint(0), kSlowWatchers), 0)
+      << kSlowWatchers << " is not on etcd's /metrics page";
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> sets{0};
+  std::thread churn([&] {
+    for (int64_t i = 0; !stop.load(); ++i, sets.fetch_add(1))
+      busy->set_string("busy", std::to_string(i));
+  });
+  int behind = 0;
+  for (int i = 0; i < 30; ++i) {
+    const std::string key = "sync" + std::to_string(i);
+    auto done = std::async(std::launch::async, [&] { waiter->wait({key}, 20s); });
+    std::vector<double> seen;
+    ASSERT_TRUE(eventually([&] {
+      seen = metrics(cluster_->endpoint(0), {kWatchers, kSlowWatchers});
+      return seen[0] == 1;
+    })) << "the wait holds no watch";
+    if (seen[1] > 0) ++behind;
+    writer->set_string(key, "v");
+    done.get();
+    ASSERT_TRUE(eventually([&] { return watchers() == 0; }));
+  }
+  stop.store(true);
+  churn.join();
+  std::printf("[ measure ] waits whose watch was behind etcd: %d of 30 (%lld sets meanwhile)\n",
+              behind, static_cast<long long>(sets.load()));
+  ASSERT_GT(sets.load(), 30) << "nobody wrote while the waits parked";
+  EXPECT_LE(behind, 10) << "waits' watches started at a revision etcd had passed";
 }
 
 // Printed, not asserted: the time from another client's set to the parked get's return,
