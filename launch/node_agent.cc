@@ -1104,7 +1104,7 @@ int NodeAgent::run() {
     site.insecure = o_.rdzv_conf.insecure.value_or(false) && token_.empty();
     // A spare's agent starts beside its parked workers (they connect to it as they start),
     // named beyond the membership (spare_agent_index says why).
-    const int index = static_     ? o_.node_rank
+    const int index = static_   ? o_.node_rank
                       : parked_ ? spare_agent_index(so_.run_id, o_.nnodes_max)
                                 : m.index;
     snapshots_ = start_snapshot_agent(so_.command, so_.run_id, index, site);

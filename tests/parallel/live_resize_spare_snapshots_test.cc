@@ -62,8 +62,9 @@ TEST(LiveResizeSpareSnapshots, TheSparesAgentSnapshotsInTheLostPlaceAndASecondLo
   job.start_in_order(3);
   ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
   const int spare = job.start();
-  ASSERT_TRUE(poll_until([&] { return !job.lines_with(spare, "waiting for its admission").empty(); }))
-      << job.all_logs();
+  ASSERT_TRUE(poll_until([&] {
+    return !job.lines_with(spare, "waiting for its admission").empty();
+  })) << job.all_logs();
   // Node 1 dies whole: its worker and its agent (whose snapshot agent follows its guardian).
   const std::vector<pid_t> lost = children(job.pid(1));
   ASSERT_EQ(lost.size(), 1u) << job.all_logs();
@@ -86,8 +87,7 @@ TEST(LiveResizeSpareSnapshots, TheSparesAgentSnapshotsInTheLostPlaceAndASecondLo
   ASSERT_TRUE(poll_until([&] {
     return replica_holders(job, {0, 2}, at, 2).size() == 1 &&
            replica_holders(job, {spare}, before, 2).size() == 1;
-  }))
-      << job.all_logs();
+  })) << job.all_logs();
   // And none of the node after it: a replica kept under a guessed place would show here.
   EXPECT_TRUE(replica_holders(job, {spare}, next, 2).empty()) << job.all_logs();
   // The second loss: the spare dies whole after a few more steps of epoch 2.
