@@ -2,7 +2,9 @@
 #include "launch/node_agent.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +20,8 @@
 #include "base/check.h"
 #include "base/error.h"
 #include "base/host.h"
+#include "checkpoint/job_id.h"
+#include "checkpoint/snapshot_agent_files.h"
 #include "comm/elastic/peer_check.h"
 #include "comm/elastic/peer_link.h"
 #include "comm/elastic/rendezvous.h"
@@ -38,6 +42,22 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 comm::Millis millis(double s) { return comm::Millis(int64_t(s * 1000)); }
+
+// The index a spare's snapshot agent is named by on this machine (its lock and socket): the
+// first from MAX up that no live agent of the job holds. A member's index (below MAX) would
+// collide with the agent of the member that has it on the same machine (the spare's workers
+// would snapshot into that agent); the spare's real place comes with its admission
+// (sync_snapshot_peers), as any node's does after a resize.
+int spare_agent_index(const std::string& run_id, int nnodes_max) {
+  const std::string job = checkpoint::job_id_for_run(run_id);
+  for (int node = nnodes_max;; ++node) {
+    const int fd = ::open(checkpoint::agent_lock_path(job, node).c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return node;  // no lock file: no agent
+    const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0;
+    ::close(fd);
+    if (!held) return node;
+  }
+}
 double seconds(comm::Millis t) { return double(t.count()) / 1000; }
 
 // Where this agent listens when it hosts the store: the address it was given (loopback, or
@@ -1083,8 +1103,10 @@ int NodeAgent::run() {
     site.nnodes_max = o_.nnodes_max;
     site.insecure = o_.rdzv_conf.insecure.value_or(false) && token_.empty();
     // A spare's agent starts beside its parked workers (they connect to it as they start),
-    // at the lost node's likely place, the last of a full membership.
-    const int index = static_ ? o_.node_rank : parked_ ? o_.nnodes_max - 1 : m.index;
+    // named beyond the membership (spare_agent_index says why).
+    const int index = static_   ? o_.node_rank
+                      : parked_ ? spare_agent_index(so_.run_id, o_.nnodes_max)
+                                : m.index;
     snapshots_ = start_snapshot_agent(so_.command, so_.run_id, index, site);
   } catch (const ConfigError& e) {
     if (parked_) end_parked(Outcome{Outcome::End::kFailed, 2, e.what(), e.what()});
