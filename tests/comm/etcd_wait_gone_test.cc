@@ -3,21 +3,12 @@
 // heartbeat's sets of a waited key wake nothing, a timeout names the keys, a waiter parked on
 // the leader's watch is woken after the leader is SIGKILLed, and no wait leaves a descriptor,
 // a thread or a watcher behind. etcd's own counters (its /metrics page) say what it served.
-#include <dirent.h>
 #include <gtest/gtest.h>
 
-#include <boost/asio/connect.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/http/read.hpp>
-#include <boost/beast/http/string_body.hpp>
-#include <boost/beast/http/write.hpp>
 #include <algorithm>
 #include <chrono>
 #include <future>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +17,7 @@
 #include "comm/store/etcd_http.h"
 #include "comm/store/etcd_store.h"
 #include "tests/comm/etcd_cluster.h"
+#include "tests/comm/etcd_metrics.h"
 
 namespace weft::test {
 namespace {
@@ -37,40 +29,6 @@ using comm::Millis;
 using comm::to_bytes;
 using Clock = std::chrono::steady_clock;
 using Keys = std::vector<std::string>;
-
-// One counter or gauge of the member's Prometheus page (-1 when it is not there).
-double metric(const std::string& endpoint, const std::string& name) {
-  namespace beast = boost::beast;
-  namespace http = beast::http;
-  const comm::EtcdEndpoint ep = comm::parse_etcd_endpoint(endpoint, "test");
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::resolver resolver(io);
-  boost::asio::ip::tcp::socket socket(io);
-  boost::asio::connect(socket, resolver.resolve(ep.host, std::to_string(ep.port)));
-  http::request<http::string_body> req{http::verb::get, "/metrics", 11};
-  req.set(http::field::host, ep.text());
-  http::write(socket, req);
-  beast::flat_buffer buffer;
-  http::response<http::string_body> res;
-  http::read(socket, buffer, res);
-  std::istringstream lines(res.body());
-  for (std::string line; std::getline(lines, line);)
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  return -1;
-}
-
-// Entries of a /proc/self directory (fd, task), less the one opendir holds for fd.
-int count_entries(const char* dir) {
-  int n = 0;
-  DIR* d = ::opendir(dir);
-  while (dirent* e = ::readdir(d))
-    if (e->d_name[0] != '.') ++n;
-  ::closedir(d);
-  return n;
-}
-
-constexpr const char* kWatchers = "etcd_debugging_mvcc_watcher_total";
-constexpr const char* kRanges = "etcd_debugging_mvcc_range_total";
 
 class EtcdWaitGone : public ::testing::Test {
  protected:
@@ -87,8 +45,8 @@ class EtcdWaitGone : public ::testing::Test {
     return std::make_unique<EtcdStore>(o);
   }
 
-  double watchers() { return metric(cluster_->endpoint(0), kWatchers); }
-  double ranges() { return metric(cluster_->endpoint(0), kRanges); }
+  double watchers() { return etcd_metric(cluster_->endpoint(0), kEtcdWatchers); }
+  double ranges() { return etcd_metric(cluster_->endpoint(0), kEtcdRanges); }
 
   std::unique_ptr<EtcdCluster> cluster_;
 };
@@ -114,7 +72,7 @@ TEST_F(EtcdWaitGone, AnEraseWakesAParkedWaiterAndHeartbeatsOfItsKeysDoNot) {
   other->set("b", to_bytes("beat"), 10s);
   other->set_string("a", "v");
   const double calibrate_from = ranges();
-  ASSERT_GE(calibrate_from, 0) << kRanges << " is not on etcd's /metrics page";
+  ASSERT_GE(calibrate_from, 0) << kEtcdRanges << " is not on etcd's /metrics page";
   for (int i = 0; i < 5; ++i) {
     other->set("b", to_bytes("beat"), 10s);
     other->set_string("a", "v");
@@ -246,7 +204,7 @@ TEST(EtcdWaitGoneCluster, AWaitParkedOnTheLeadersWatchIsWokenByAnEraseAfterTheLe
   const std::string killed = cluster.endpoint(leader);
   ASSERT_EQ(waiter.endpoint(), killed);
   auto gone = std::async(std::launch::async, [&] { return waiter.wait_gone({"a", "b"}, 30s); });
-  ASSERT_TRUE(eventually([&] { return metric(killed, kWatchers) == 1; })) << "not parked";
+  ASSERT_TRUE(eventually([&] { return etcd_metric(killed, kEtcdWatchers) == 1; })) << "not parked";
   cluster.kill(leader);
   const auto t0 = Clock::now();
   ASSERT_TRUE(eventually([&] { return cluster.leader() >= 0; })) << "no new leader";

@@ -4,22 +4,13 @@
 // thread outlives the waits. etcd's own counters (its /metrics page) say what it served.
 #include "comm/store/etcd_watch.h"
 
-#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
-#include <boost/asio/connect.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/http/read.hpp>
-#include <boost/beast/http/string_body.hpp>
-#include <boost/beast/http/write.hpp>
 #include <chrono>
 #include <future>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +18,7 @@
 #include "base/error.h"
 #include "comm/store/etcd_store.h"
 #include "tests/comm/etcd_cluster.h"
+#include "tests/comm/etcd_metrics.h"
 
 namespace weft::test {
 namespace {
@@ -37,45 +29,6 @@ using comm::EtcdStoreOptions;
 using comm::Millis;
 using Clock = std::chrono::steady_clock;
 
-// Counters or gauges of one scrape of the member's Prometheus page (-1 where not there).
-std::vector<double> metrics(const std::string& endpoint, const std::vector<std::string>& names) {
-  namespace beast = boost::beast;
-  namespace http = beast::http;
-  const comm::EtcdEndpoint ep = comm::parse_etcd_endpoint(endpoint, "test");
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::resolver resolver(io);
-  boost::asio::ip::tcp::socket socket(io);
-  boost::asio::connect(socket, resolver.resolve(ep.host, std::to_string(ep.port)));
-  http::request<http::string_body> req{http::verb::get, "/metrics", 11};
-  req.set(http::field::host, ep.text());
-  http::write(socket, req);
-  beast::flat_buffer buffer;
-  http::response<http::string_body> res;
-  http::read(socket, buffer, res);
-  std::vector<double> out(names.size(), -1);
-  std::istringstream lines(res.body());
-  for (std::string line; std::getline(lines, line);)
-    for (size_t i = 0; i < names.size(); ++i)
-      if (line.rfind(names[i] + " ", 0) == 0) out[i] = std::stod(line.substr(names[i].size() + 1));
-  return out;
-}
-
-double metric(const std::string& endpoint, const std::string& name) {
-  return metrics(endpoint, {name})[0];
-}
-
-// Entries of a /proc/self directory (fd, task), less the one opendir holds for fd.
-int count_entries(const char* dir) {
-  int n = 0;
-  DIR* d = ::opendir(dir);
-  while (dirent* e = ::readdir(d))
-    if (e->d_name[0] != '.') ++n;
-  ::closedir(d);
-  return n;
-}
-
-constexpr const char* kWatchers = "etcd_debugging_mvcc_watcher_total";
-constexpr const char* kRanges = "etcd_debugging_mvcc_range_total";
 // Watchers that start at a revision etcd has passed: etcd sends them their events only at
 // its next catch-up (syncWatchersLoop, every 100 ms), not as the change happens.
 constexpr const char* kSlowWatchers = "etcd_debugging_mvcc_slow_watcher_total";
@@ -95,7 +48,7 @@ class EtcdWatchTest : public ::testing::Test {
     return std::make_unique<EtcdStore>(o);
   }
 
-  double watchers() { return metric(cluster_->endpoint(0), kWatchers); }
+  double watchers() { return etcd_metric(cluster_->endpoint(0), kEtcdWatchers); }
 
   std::unique_ptr<EtcdCluster> cluster_;
 };
@@ -105,8 +58,8 @@ TEST_F(EtcdWatchTest, AParkedGetHoldsOneWatcherReadsOnlyAtItsRecheckAndAnotherCl
   auto writer = client();
   ASSERT_FALSE(writer->check({"late"}));
   ASSERT_EQ(watchers(), 0);
-  const double ranges_before = metric(cluster_->endpoint(0), kRanges);
-  ASSERT_GE(ranges_before, 0) << kRanges << " is not on etcd's /metrics page";
+  const double ranges_before = etcd_metric(cluster_->endpoint(0), kEtcdRanges);
+  ASSERT_GE(ranges_before, 0) << kEtcdRanges << " is not on etcd's /metrics page";
 
   auto got = std::async(std::launch::async, [&] { return reader->get_string("late"); });
   ASSERT_TRUE(eventually([&] { return watchers() == 1; })) << "the parked get holds no watch";
@@ -114,7 +67,7 @@ TEST_F(EtcdWatchTest, AParkedGetHoldsOneWatcherReadsOnlyAtItsRecheckAndAnotherCl
   std::this_thread::sleep_for(2500ms);
   // A poll would have read about 50 times by now (every 50 ms); parked on the watch, the
   // get reads once before the watch, once after it and once per 1 s recheck.
-  const double reads = metric(cluster_->endpoint(0), kRanges) - ranges_before;
+  const double reads = etcd_metric(cluster_->endpoint(0), kEtcdRanges) - ranges_before;
   const double seconds = std::chrono::duration<double>(Clock::now() - parked).count();
   std::printf("[ measure ] reads by a get parked %.1f s: %.0f\n", seconds, reads);
   EXPECT_LE(reads, 3 + seconds) << "the parked get polls";
@@ -180,7 +133,7 @@ TEST_F(EtcdWatchTest, AWaitsWatchIsInSyncWithEtcdWhileOtherClientsWrite) {
   auto waiter = client();
   auto writer = client();
   auto busy = client();
-  ASSERT_GE(metric(cluster_->endpoint(0), kSlowWatchers), 0)
+  ASSERT_GE(etcd_metric(cluster_->endpoint(0), kSlowWatchers), 0)
       << kSlowWatchers << " is not on etcd's /metrics page";
   std::atomic<bool> stop{false};
   std::atomic<int64_t> sets{0};
@@ -194,7 +147,7 @@ TEST_F(EtcdWatchTest, AWaitsWatchIsInSyncWithEtcdWhileOtherClientsWrite) {
     auto done = std::async(std::launch::async, [&] { waiter->wait({key}, 20s); });
     std::vector<double> seen;
     ASSERT_TRUE(eventually([&] {
-      seen = metrics(cluster_->endpoint(0), {kWatchers, kSlowWatchers});
+      seen = etcd_metrics(cluster_->endpoint(0), {kEtcdWatchers, kSlowWatchers});
       return seen[0] == 1;
     })) << "the wait holds no watch";
     if (seen[1] > 0) ++behind;
