@@ -7,6 +7,8 @@
 // fraction, stands out.
 #include "launch/bench_attribute.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,7 +16,6 @@
 #include <fstream>
 #include <map>
 #include <sstream>
-#include <unistd.h>
 
 #include "core/config/job_spec.h"
 #include "launch/bench_util.h"
@@ -103,7 +104,8 @@ int attribute_layout(const std::string& config, const std::vector<std::string>& 
   // (job_cost_model.h; planned under `cm`, dp2 x tp2 had 956 instructions where the run had
   // 792), priced under `cm`.
   core::ModelGraph mg = planner::build_planning_graph(spec);
-  planner::Plan plan = planner::make_plan(spec, mg.graph, world, job_plan_options(spec.train.dtype));
+  planner::Plan plan =
+      planner::make_plan(spec, mg.graph, world, job_plan_options(spec.train.dtype));
   const planner::CostAnnotations sim = planner::simulate_plan(plan, mg.graph, cm);
   const planner::PlanWork work = planner::plan_work(plan, mg.graph);
   const planner::PlanDurations alone = planner::durations_alone(plan, work, cm);

@@ -18,8 +18,8 @@
 #include "launch/args.h"
 #include "launch/bench_attribute.h"
 #include "launch/bench_util.h"
-#include "launch/job_cost_model.h"
 #include "launch/calibration.h"
+#include "launch/job_cost_model.h"
 #include "planner/hardware.h"
 #include "planner/planner.h"
 #include "planner/simulate.h"
@@ -108,7 +108,8 @@ double predict_ms(const Row& r, const Family& f, const planner::CostModel& cm,
   // job_cost_model.h), priced under `cm`. Planned under `cm`, nearly every multi-rank row was
   // another program (tp4: 2301 instructions against the 1477 that ran).
   core::ModelGraph mg = planner::build_planning_graph(spec);
-  planner::Plan plan = planner::make_plan(spec, mg.graph, r.world, job_plan_options(spec.train.dtype));
+  planner::Plan plan =
+      planner::make_plan(spec, mg.graph, r.world, job_plan_options(spec.train.dtype));
   planner::CostAnnotations c = planner::simulate_plan(plan, mg.graph, cm);
   double ms = c.step_s * 1e3;
   if (split && !c.ranks.empty())

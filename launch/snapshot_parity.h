@@ -225,8 +225,9 @@ class SnapshotParity {
   // once: the peer's listener closes a connection idle for its timeout (10 s by default,
   // checkpoint/snapshot_transport.h), and commits or rebuilds further apart than that would
   // otherwise fail every other time. Throws what the new channel's call throws.
-  nlohmann::json call(const ReplicaRing& ring, int node, Links& cache, const nlohmann::json& request,
-                      std::shared_ptr<checkpoint::PeerChannel>* used, int lane = 0);
+  nlohmann::json call(const ReplicaRing& ring, int node, Links& cache,
+                      const nlohmann::json& request, std::shared_ptr<checkpoint::PeerChannel>* used,
+                      int lane = 0);
   void drop(Links& cache, const std::string& key);
   const checkpoint::ErasureCode& code(int k) const;
   std::optional<ReplicaRing> ring_of(int64_t epoch) const;

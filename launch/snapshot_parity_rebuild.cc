@@ -113,7 +113,10 @@ void SnapshotParity::fetch(const ReplicaRing& ring, int node, const std::string&
   const std::string& peer = ring.nodes.at(size_t(node));
   std::shared_ptr<ckpt::PeerChannel> ch;
   const json r = call(ring, node, fetch_links_,
-                      {{"op", "fetch"}, {"segment", segment}, {"step", step}, {"offset", offset},
+                      {{"op", "fetch"},
+                       {"segment", segment},
+                       {"step", step},
+                       {"offset", offset},
                        {"length", length}},
                       &ch, lane);
   try {

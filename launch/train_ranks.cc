@@ -1213,7 +1213,8 @@ planner::CostModel RankTraining::job_cost_model() {
   job_model_text_ = m.text;
   job_model_used_ = m.used;
   if (lead() && !parked_now_) {
-    std::printf("weft train: cost model: %s; every rank of the job plans under it\n", m.used.c_str());
+    std::printf("weft train: cost model: %s; every rank of the job plans under it\n",
+                m.used.c_str());
     std::fflush(stdout);
   }
   return m.model;

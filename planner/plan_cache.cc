@@ -59,7 +59,8 @@ std::shared_ptr<const Plan> PlanCache::plan(int world) {
     // longer than this thread does.
     queue_.erase(std::remove(queue_.begin(), queue_.end(), world), queue_.end());
   }
-  auto made = std::make_shared<const Plan>(make_plan(fit_layout(spec_, world), graph_->graph, world, options()));
+  auto made = std::make_shared<const Plan>(
+      make_plan(fit_layout(spec_, world), graph_->graph, world, options()));
   std::lock_guard<std::mutex> lock(mu_);
   // Another thread may have made it meanwhile: every caller gets the first one kept.
   auto [it, inserted] = plans_.emplace(world, std::move(made));
@@ -97,7 +98,8 @@ void PlanCache::ahead_loop() {
     lock.unlock();
     std::shared_ptr<const Plan> made;
     try {
-      made = std::make_shared<const Plan>(make_plan(fit_layout(spec_, world), graph_->graph, world, options()));
+      made = std::make_shared<const Plan>(
+          make_plan(fit_layout(spec_, world), graph_->graph, world, options()));
     } catch (...) {
       // Degrees that do not fit this size (or any other failure): whoever needs the plan
       // makes it and gets the error on its own thread.

@@ -150,8 +150,8 @@ std::vector<std::optional<Bytes>> EtcdStore::park(const std::vector<std::string>
     auto got = read(keys, until.values);
     if (until.reached(got)) return got;
     const auto now = Clock::now();
-    if (now >= deadline) throw TimeoutError(until.timed_out() + " (etcd, keys under '" +
-                                            options_.prefix + "')");
+    if (now >= deadline)
+      throw TimeoutError(until.timed_out() + " (etcd, keys under '" + options_.prefix + "')");
     // The watch follows the reads: when they failed over, the watch's member may be dead.
     if (watch && watch->member().text() != http_->endpoint()) watch.reset();
     // From etcd's current revision, then read again: a change between the first read and

@@ -3,8 +3,6 @@
 // that vanished: nobody erases its key, nobody writes the record) wakes the agent when its
 // lease runs out, not at its next monitor pass. Three rendezvous as threads over one real
 // etcd member; the wait is a hang guard, the lease bound (lease + 1 s) the only timing.
-#include "launch/membership_wake.h"
-
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <unistd.h>
@@ -17,6 +15,7 @@
 
 #include "comm/elastic/rendezvous.h"
 #include "comm/store/etcd_store.h"
+#include "launch/membership_wake.h"
 #include "tests/comm/etcd_cluster.h"
 
 namespace weft::test {

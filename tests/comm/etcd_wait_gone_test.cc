@@ -90,9 +90,10 @@ TEST_F(EtcdWaitGone, AnEraseWakesAParkedWaiterAndHeartbeatsOfItsKeysDoNot) {
   // A read of the two keys is one txn of two ranges.
   const double reads = (ranges() - ranges_before - 25 * per_round) / 2;
   const double seconds = std::chrono::duration<double>(Clock::now() - parked).count();
-  std::printf("[ measure ] reads by a wait_gone parked %.1f s through 50 sets of its keys: %.0f "
-              "(the sets' own: %.0f)\n",
-              seconds, reads, 25 * per_round);
+  std::printf(
+      "[ measure ] reads by a wait_gone parked %.1f s through 50 sets of its keys: %.0f "
+      "(the sets' own: %.0f)\n",
+      seconds, reads, 25 * per_round);
   // One read before the watch, one after it, one per 1 s recheck; a wake per set would be
   // 50 more.
   EXPECT_LE(reads, 3 + seconds) << "sets of the waited keys woke the wait";
@@ -114,8 +115,9 @@ TEST_F(EtcdWaitGone, ALeasesEndWakesAParkedWaiterWithinTheLeasePlusASecond) {
   other->set_string("stays", "v");
   const auto set_at = Clock::now();
   other->set("beat", to_bytes("v"), 1s);  // the test's members grant 1 s leases
-  auto gone = std::async(std::launch::async,
-                         [&] { return waiter->wait_gone({"stays", "beat"}, 20s); });
+  auto gone = std::async(std::launch::async, [&] {
+    return waiter->wait_gone({"stays", "beat"}, 20s);
+  });
   EXPECT_EQ(gone.get(), Keys{"beat"});
   const double ms = ms_since(set_at);
   std::printf("[ measure ] a 1 s lease's key set -> wait_gone returned: %.0f ms\n", ms);
@@ -173,9 +175,10 @@ TEST_F(EtcdWaitGone, MeasureThirtyErasesEachWakeAParkedWaitGone) {
     t.join();
   }
   std::sort(ms.begin(), ms.end());
-  std::printf("[ measure ] erase -> parked wait_gone returns, 30 erases: median %.2f ms, "
-              "p90 %.2f ms, max %.2f ms\n",
-              ms[ms.size() / 2], ms[ms.size() * 9 / 10], ms.back());
+  std::printf(
+      "[ measure ] erase -> parked wait_gone returns, 30 erases: median %.2f ms, "
+      "p90 %.2f ms, max %.2f ms\n",
+      ms[ms.size() / 2], ms[ms.size() * 9 / 10], ms.back());
 }
 
 // Three members; the waiter talks to the leader first and parks on its watch; the leader is
@@ -212,9 +215,10 @@ TEST(EtcdWaitGoneCluster, AWaitParkedOnTheLeadersWatchIsWokenByAnEraseAfterTheLe
   ASSERT_TRUE(writer.erase("a"));
   const double erase_ms = ms_since(t0);
   EXPECT_EQ(gone.get(), Keys{"a"});
-  std::printf("[ measure ] after SIGKILL of the leader: a new one after %.0f ms, the erase took "
-              "%.0f ms, the parked wait_gone returned at %.0f ms\n",
-              elected_ms, erase_ms - elected_ms, ms_since(t0));
+  std::printf(
+      "[ measure ] after SIGKILL of the leader: a new one after %.0f ms, the erase took "
+      "%.0f ms, the parked wait_gone returned at %.0f ms\n",
+      elected_ms, erase_ms - elected_ms, ms_since(t0));
   EXPECT_NE(waiter.endpoint(), killed) << "the waiter's reads moved to a survivor";
 }
 

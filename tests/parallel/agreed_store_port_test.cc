@@ -70,7 +70,8 @@ TEST(AgreedStorePort, RanksMeetPastPortsThatOthersHold) {
   std::unique_ptr<comm::TCPStoreServer> stranger;
   // A job name whose first four ports are free now (other tests may hold some).
   for (int attempt = 0; attempt < 50 && !stranger; ++attempt) {
-    env.store_job = "agreed-port-test-" + std::to_string(::getpid()) + "-" + std::to_string(attempt);
+    env.store_job =
+        "agreed-port-test-" + std::to_string(::getpid()) + "-" + std::to_string(attempt);
     ports = agreed_store_ports(env);
     int probe = hold_port(ports[3], true);
     if (probe < 0) continue;

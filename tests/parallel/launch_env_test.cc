@@ -151,7 +151,8 @@ TEST_F(LaunchEnvTest, MpirunWinsOverSlurmInsideAnAllocation) {
 
 // mpirun's job names the store's ports (rank 0 skips a taken one); WEFT_STORE_PORT fixes one.
 TEST_F(LaunchEnvTest, MpirunsJobNamesTheStorePortsAndWeftStorePortFixesOne) {
-  set({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"},
+  set({{"OMPI_COMM_WORLD_SIZE", "2"},
+       {"OMPI_COMM_WORLD_RANK", "1"},
        {"PMIX_NAMESPACE", "prterun-h-77@1"}});
   LaunchEnv e = detect_launch_env();
   EXPECT_EQ(e.store_job, "prterun-h-77@1");

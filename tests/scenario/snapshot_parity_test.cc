@@ -443,11 +443,15 @@ TEST_F(SnapshotParity, ARebuildWhosePeerIsKilledHalfWayListsNothingHalfDecoded) 
     write_snapshot(seg[size_t(n)], job_, n, 1, n, kNodes, 3, big);
     clients_[size_t(n)]->committed(seg[size_t(n)], 3);
   }
-  ASSERT_TRUE(poll([&] {
-    for (int n = 0; n < kNodes; ++n)
-      if (newest_step(segment_name(job_, SegmentKind::kParity, n, 1, (n + 1) % 3)) != 3) return false;
-    return true;
-  }, 120)) << logs(kNodes);
+  ASSERT_TRUE(poll(
+      [&] {
+        for (int n = 0; n < kNodes; ++n)
+          if (newest_step(segment_name(job_, SegmentKind::kParity, n, 1, (n + 1) % 3)) != 3)
+            return false;
+        return true;
+      },
+      120))
+      << logs(kNodes);
   lose(1);
   // Node 2 rebuilds node 1 from its own fragments and node 0's: node 0 sends its data chunk of
   // one stripe and its parity of the other, 64 MiB each, one fragment after the other. It is
@@ -473,7 +477,8 @@ TEST_F(SnapshotParity, ARebuildWhosePeerIsKilledHalfWayListsNothingHalfDecoded) 
     GTEST_SKIP() << "node 2 fetched the second fragment whole before the test stopped node 0";
   for (const SegmentInfo& s : listed)
     EXPECT_FALSE(parse_segment_name(s.name)->kind == SegmentKind::kRebuilt && s.committed)
-        << s.name << " is listed committed after node 0 was killed mid-rebuild\n" << logs(kNodes);
+        << s.name << " is listed committed after node 0 was killed mid-rebuild\n"
+        << logs(kNodes);
   const std::string name = segment_name(job_, SegmentKind::kRebuilt, 1, 1, 1);
   try {
     EXPECT_FALSE(SnapshotSegment::open(name, false).latest()) << name << " was committed";
@@ -482,7 +487,8 @@ TEST_F(SnapshotParity, ARebuildWhosePeerIsKilledHalfWayListsNothingHalfDecoded) 
   EXPECT_NE(said.find("node 1's local rank 0 not rebuilt at step 3"), std::string::npos) << said;
   EXPECT_NE(said.find("could not be rebuilt from parity"), std::string::npos) << said;
   EXPECT_EQ(said.find("did not finish within"), std::string::npos)
-      << "the list waited for its limit: the rebuild hung on the dead peer\n" << said;
+      << "the list waited for its limit: the rebuild hung on the dead peer\n"
+      << said;
 }
 
 // ---- a parity holder without room --------------------------------------------------------
