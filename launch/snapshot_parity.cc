@@ -7,8 +7,11 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <set>
+#include <thread>
 
 #include "base/check.h"
+#include "base/env.h"
 #include "base/error.h"
 #include "checkpoint/crc32c.h"
 #include "launch/snapshot_parity_bytes.h"
@@ -577,12 +580,24 @@ void SnapshotParity::serve_fetch(ckpt::PeerChannel& ch, const json& h) {
   // Through this agent's own mapping when it has one (its parity, the data it pushed): those
   // pages are mapped in already; a fresh mapping took a page fault per 4 KiB sent.
   std::shared_ptr<const ckpt::SnapshotSegment> seg = mapped(name);
+  // Tests only (WEFT_TEST_HOLD_FETCHES_AFTER=N): the fetches of every segment but the first N
+  // this agent served are held until it is killed, so that a test cuts a rebuild between its
+  // fragments without racing the transfer.
+  static const size_t hold_after =
+      size_t(std::max<int64_t>(0, env_int("WEFT_TEST_HOLD_FETCHES_AFTER", 0)));
+  static std::set<std::string> served_first;  // the first hold_after segments (under mu_)
+  bool hold = false;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (served_.insert(name).second)
       log_(str("serving fetches of ", name, seg ? " through this agent's own mapping of it"
                                                : " through a mapping made for each fetch"));
+    if (hold_after > 0) {
+      if (served_first.size() < hold_after) served_first.insert(name);
+      hold = served_first.count(name) == 0;
+    }
   }
+  while (hold) std::this_thread::sleep_for(std::chrono::seconds(1));
   std::optional<ckpt::SnapshotSegment::View> v;
   try {
     if (!seg) seg = std::make_shared<const ckpt::SnapshotSegment>(ckpt::SnapshotSegment::open(name, false));
