@@ -1,9 +1,11 @@
 // What a test reads of an etcd member and of its own process: counters and gauges of the
 // member's Prometheus page (/metrics: watchers, range reads, slow watchers), and the entries
-// of a /proc/self directory (descriptors, threads) to show that a wait left none behind.
+// of a /proc/self directory (descriptors, threads) to show that a wait left none behind; and
+// the fixture of the tests that park EtcdStore calls on one member (watch, wait_gone).
 #pragma once
 
 #include <dirent.h>
+#include <gtest/gtest.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -12,11 +14,16 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
+#include <chrono>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "comm/store/etcd_http.h"
+#include "comm/store/etcd_store.h"
+#include "tests/comm/etcd_cluster.h"
+#include "tests/support/eventually.h"
 
 namespace weft::test {
 
@@ -61,5 +68,46 @@ inline int count_entries(const char* dir) {
 // etcd's counters the wait tests read.
 inline constexpr const char* kEtcdWatchers = "etcd_debugging_mvcc_watcher_total";
 inline constexpr const char* kEtcdRanges = "etcd_debugging_mvcc_range_total";
+
+// One etcd member (skipped without etcd) and clients of it under `prefix`.
+class EtcdOneMemberTest : public ::testing::Test {
+ protected:
+  explicit EtcdOneMemberTest(std::string prefix) : prefix_(std::move(prefix)) {}
+  void SetUp() override {
+    SKIP_WITHOUT_ETCD();
+    cluster_ = std::make_unique<EtcdCluster>(1);
+  }
+
+  std::unique_ptr<comm::EtcdStore> client(comm::Millis timeout = std::chrono::seconds(20)) {
+    comm::EtcdStoreOptions o;
+    o.endpoints = cluster_->endpoints();
+    o.prefix = prefix_;
+    o.timeout = timeout;
+    return std::make_unique<comm::EtcdStore>(o);
+  }
+
+  double watchers() { return etcd_metric(cluster_->endpoint(0), kEtcdWatchers); }
+  double ranges() { return etcd_metric(cluster_->endpoint(0), kEtcdRanges); }
+
+  // This process's descriptors and threads now; expect_nothing_left() compares with them.
+  void count_before() {
+    fds_ = count_entries("/proc/self/fd");
+    threads_ = count_entries("/proc/self/task");
+  }
+  // What the waits since count_before() left: no descriptor (a watch's connection), no
+  // thread, no watcher on the member.
+  void expect_nothing_left() {
+    EXPECT_EQ(count_entries("/proc/self/fd"), fds_) << "a watch's connection stayed open";
+    EXPECT_TRUE(eventually([&] { return count_entries("/proc/self/task") == threads_; }))
+        << count_entries("/proc/self/task") << " threads, " << threads_ << " before";
+    EXPECT_TRUE(eventually([&] { return watchers() == 0; }));
+  }
+
+  std::unique_ptr<EtcdCluster> cluster_;
+
+ private:
+  std::string prefix_;
+  int fds_ = 0, threads_ = 0;
+};
 
 }  // namespace weft::test

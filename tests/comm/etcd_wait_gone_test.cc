@@ -30,25 +30,9 @@ using comm::to_bytes;
 using Clock = std::chrono::steady_clock;
 using Keys = std::vector<std::string>;
 
-class EtcdWaitGone : public ::testing::Test {
+class EtcdWaitGone : public EtcdOneMemberTest {
  protected:
-  void SetUp() override {
-    SKIP_WITHOUT_ETCD();
-    cluster_ = std::make_unique<EtcdCluster>(1);
-  }
-
-  std::unique_ptr<EtcdStore> client(Millis timeout = 20s) {
-    EtcdStoreOptions o;
-    o.endpoints = cluster_->endpoints();
-    o.prefix = "/g/";
-    o.timeout = timeout;
-    return std::make_unique<EtcdStore>(o);
-  }
-
-  double watchers() { return etcd_metric(cluster_->endpoint(0), kEtcdWatchers); }
-  double ranges() { return etcd_metric(cluster_->endpoint(0), kEtcdRanges); }
-
-  std::unique_ptr<EtcdCluster> cluster_;
+  EtcdWaitGone() : EtcdOneMemberTest("/g/") {}
 };
 
 TEST_F(EtcdWaitGone, KeysAlreadyAbsentAreReturnedAtOnceInTheOrderGiven) {
@@ -131,7 +115,7 @@ TEST_F(EtcdWaitGone, ATimeoutNamesTheKeysAndNoWaitLeavesADescriptorAThreadOrAWat
   auto other = client();
   waiter->ping();  // the store's own connection is open before the count
   other->ping();
-  const int fds = count_entries("/proc/self/fd"), threads = count_entries("/proc/self/task");
+  count_before();
   for (int i = 0; i < 8; ++i) {
     const std::string key = "here" + std::to_string(i);
     other->set_string(key, "v");
@@ -147,10 +131,7 @@ TEST_F(EtcdWaitGone, ATimeoutNamesTheKeysAndNoWaitLeavesADescriptorAThreadOrAWat
     other->erase(key);
     EXPECT_EQ(gone.get(), Keys{key});
   }
-  EXPECT_EQ(count_entries("/proc/self/fd"), fds) << "a watch's connection stayed open";
-  EXPECT_TRUE(eventually([&] { return count_entries("/proc/self/task") == threads; }))
-      << count_entries("/proc/self/task") << " threads, " << threads << " before";
-  EXPECT_TRUE(eventually([&] { return watchers() == 0; }));
+  expect_nothing_left();
 }
 
 // Printed, not asserted: erase by another client -> the parked wait_gone returns, 30 times,

@@ -33,24 +33,9 @@ using Clock = std::chrono::steady_clock;
 // its next catch-up (syncWatchersLoop, every 100 ms), not as the change happens.
 constexpr const char* kSlowWatchers = "etcd_debugging_mvcc_slow_watcher_total";
 
-class EtcdWatchTest : public ::testing::Test {
+class EtcdWatchTest : public EtcdOneMemberTest {
  protected:
-  void SetUp() override {
-    SKIP_WITHOUT_ETCD();
-    cluster_ = std::make_unique<EtcdCluster>(1);
-  }
-
-  std::unique_ptr<EtcdStore> client(Millis timeout = 20s) {
-    EtcdStoreOptions o;
-    o.endpoints = cluster_->endpoints();
-    o.prefix = "/w/";
-    o.timeout = timeout;
-    return std::make_unique<EtcdStore>(o);
-  }
-
-  double watchers() { return etcd_metric(cluster_->endpoint(0), kEtcdWatchers); }
-
-  std::unique_ptr<EtcdCluster> cluster_;
+  EtcdWatchTest() : EtcdOneMemberTest("/w/") {}
 };
 
 TEST_F(EtcdWatchTest, AParkedGetHoldsOneWatcherReadsOnlyAtItsRecheckAndAnotherClientsSetEndsIt) {
@@ -97,7 +82,7 @@ TEST_F(EtcdWatchTest, TimeoutsStillNameTheKeysAndNoWaitLeavesADescriptorOrAThrea
   auto writer = client();
   waiter->ping();  // the store's own connection is open before the count
   writer->ping();
-  const int fds = count_entries("/proc/self/fd"), threads = count_entries("/proc/self/task");
+  count_before();
   for (int i = 0; i < 10; ++i) {
     const std::string key = "never" + std::to_string(i);
     try {
@@ -115,10 +100,7 @@ TEST_F(EtcdWatchTest, TimeoutsStillNameTheKeysAndNoWaitLeavesADescriptorOrAThrea
     EXPECT_EQ(got.get(), "v");
     waiter->set_timeout(150ms);
   }
-  EXPECT_EQ(count_entries("/proc/self/fd"), fds) << "a watch's connection stayed open";
-  EXPECT_TRUE(eventually([&] { return count_entries("/proc/self/task") == threads; }))
-      << count_entries("/proc/self/task") << " threads, " << threads << " before";
-  EXPECT_TRUE(eventually([&] { return watchers() == 0; }));
+  expect_nothing_left();
 }
 
 // Issue 14's trailing survivor: a wait's watch that started at its read's revision + 1 was
