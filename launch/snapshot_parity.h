@@ -215,6 +215,16 @@ class SnapshotParity {
   void fetch(const ReplicaRing& ring, int node, const std::string& segment, int64_t step,
              int64_t offset, int64_t length, uint8_t* out, int lane = 0);
   nlohmann::json ask(const ReplicaRing& ring, int node, const nlohmann::json& request);
+  // ask() of node `node` of the ring of `epoch`, a member of that epoch: one whose agent does
+  // not answer is most likely restarting (its weft run, alive since it is a member, starts a
+  // dead agent again at its next tick and publishes the new endpoint, which reaches this
+  // agent as the epoch's ring told again; a killed agent under load can take a second to be
+  // gone, its endpoint published meanwhile). So it is asked again, at the endpoint the ring
+  // names now, until kMemberWait: a rebuild that gave up at once would find no fragments
+  // there and leave the lost node to the disk checkpoint. *at: the endpoint asked last.
+  // Throws the last failure (and at once when the agent stops or a newer epoch's ring came).
+  nlohmann::json ask_member(int64_t epoch, int node, const nlohmann::json& request, std::string* at);
+  static constexpr std::chrono::milliseconds kMemberWait{10000};
   using Links = std::map<std::string, std::shared_ptr<checkpoint::PeerChannel>>;
   std::shared_ptr<checkpoint::PeerChannel> channel(const ReplicaRing& ring, int node, Links& cache,
                                                    bool* reused = nullptr, int lane = 0);

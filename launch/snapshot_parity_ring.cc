@@ -99,8 +99,37 @@ void SnapshotParity::serve_ring(ckpt::PeerChannel& ch, const json& h) {
   ch.send({{"ok", true}, {"nodes", r->nodes}});
 }
 
+json SnapshotParity::ask_member(int64_t epoch, int node, const json& request, std::string* at) {
+  const auto until = std::chrono::steady_clock::now() + kMemberWait;
+  for (;;) {
+    const std::optional<ReplicaRing> ring = ring_of(epoch);
+    if (!ring || node >= int(ring->nodes.size())) throw IoError(str("no ring of epoch ", epoch, " here"));
+    *at = ring->nodes[size_t(node)];
+    std::string failed;
+    try {
+      return ask(*ring, node, request);
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+    std::unique_lock<std::mutex> l(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= until) throw IoError(failed);
+    // Woken by the same epoch's ring told again (set_ring), a newer epoch, or the stop; else
+    // asked again at the same endpoint a little later (its agent may be starting there).
+    cv_.wait_until(l, std::min(until, now + std::chrono::milliseconds(250)), [&] {
+      if (stopped_ || rings_.rbegin()->first > epoch) return true;
+      auto r = rings_.find(epoch);
+      return r == rings_.end() || node >= int(r->second.nodes.size()) ||
+             r->second.nodes[size_t(node)] != *at;
+    });
+    if (stopped_) throw IoError("the agent is stopping");
+    if (rings_.rbegin()->first > epoch) throw IoError(failed + "; and epoch " + std::to_string(epoch) +
+                                                      " is over (a newer ring came)");
+  }
+}
+
 void SnapshotParity::new_ring(int64_t epoch) {
-  const std::optional<ReplicaRing> now = ring_of(epoch);
+  std::optional<ReplicaRing> now = ring_of(epoch);
   if (!now) return;
   std::optional<ReplicaRing> old;
   {
@@ -120,24 +149,28 @@ void SnapshotParity::new_ring(int64_t epoch) {
     if (i == now->node) {
       was = me_then;
     } else {
+      std::string at = now->nodes[size_t(i)];
       try {
-        const json r = ask(*now, i, {{"op", "node_in"}, {"epoch", was_epoch}});
+        const json r = ask_member(epoch, i, {{"op", "node_in"}, {"epoch", was_epoch}}, &at);
         if (!r.value("ok", false)) throw IoError(r.value("error", std::string("refused")));
         was = r.value("node", -1);
       } catch (const std::exception& e) {
         // Not asked (gone again, or an agent without node_in): its endpoint, if the previous
         // ring names it, is the best left.
         if (old) {
-          auto f = std::find(old->nodes.begin(), old->nodes.end(), now->nodes[size_t(i)]);
+          auto f = std::find(old->nodes.begin(), old->nodes.end(), at);
           if (f != old->nodes.end()) was = int(f - old->nodes.begin());
         }
-        log_(str(then, "node ", i, " at ", now->nodes[size_t(i)], " was not asked which node it was in epoch ",
+        log_(str(then, "node ", i, " at ", at, " was not asked which node it was in epoch ",
                  was_epoch, " (", e.what(), "); ",
                  was >= 0 ? str("taken as node ", was, " by its endpoint") : std::string("counted as new")));
       }
     }
     if (was >= 0) claimed.emplace(was, i);
   }
+  // The endpoints as told last: a member asked again (ask_member) answered at its new one.
+  if (const std::optional<ReplicaRing> told = ring_of(epoch); told && told->nodes.size() == now->nodes.size())
+    now->nodes = told->nodes;
   if (!old) {
     for (int i = 0; i < int(now->nodes.size()) && !old; ++i) {
       if (i == now->node) continue;
