@@ -57,6 +57,8 @@ TEST(LiveResizeJoinSnapshots, ANewcomerGivenALeaversRankStartsItsOwnSnapshotAgen
   // its size) and trains: the leaver goes once it handed over, the others finish the job.
   ASSERT_TRUE(job.wait_world(3, 1, 3)) << phases_text(job.phases()) << job.all_logs();
   job.expect_exits({2, 0, 1, newcomer});
+  for (int k : {0, 1, 2, newcomer})
+    EXPECT_TRUE(job.lines_with(k, "world of epoch 3 not entered").empty()) << job.text(k);
   EXPECT_EQ(job.lines_with(2, "left the job; its workers handed their state over").size(), 1u)
       << job.text(2);
   const std::vector<std::pair<WorldEpoch, int>> phases = job.phases();
