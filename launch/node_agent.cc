@@ -1185,9 +1185,14 @@ int NodeAgent::run() {
       so_.rdzv_epoch = m.epoch;
       so_.restart_count = int(m.epoch - 1 + round);
       try {
-        place_workers_store(m);
+        // Workers started in an epoch learn its first world from a notice, as those that
+        // follow into it do: it also holds the nodes still handing over (a newcomer given a
+        // departing node's rank), whose workers the epoch's world waits for.
+        const EpochNotice start = notice_of(m, so_.node_index);  // places the workers' store
+        if (!epoch_file_.empty()) write_epoch_notice(epoch_file_, start);
       } catch (const std::exception& e) {
-        return finish(1, str("cannot place the workers' store of epoch ", m.epoch, ": ", e.what()),
+        return finish(1, str("cannot place the workers' store of epoch ", m.epoch,
+                             " or post its notice: ", e.what()),
                       true);
       }
       stop_ = Stop{};

@@ -1278,6 +1278,13 @@ int RankTraining::run() {
     adopt_notice(*n);
     enter_next_world(n->why);  // a newcomer like any other from here on
   } else {
+    // Its agent's notice of the epoch it was started in (node_agent.cc) gives the epoch's
+    // first world: its members, then the nodes still handing over. The environment counts
+    // the members only, and every rank of one world must agree on its size.
+    if (live_)
+      if (std::optional<EpochNotice> n = read_epoch_notice(watch_.path());
+          n && n->epoch == env_.rdzv_epoch)
+        adopt_notice(*n);
     enter_next_world("");
   }
   if (leaving_) return leave_job();

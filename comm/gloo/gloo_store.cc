@@ -21,13 +21,16 @@ size_t address_bytes() {
   return n;
 }
 
+// The keys Gloo's connectFullMesh publishes a rank's addresses under: the rank's number.
+bool is_rank_key(const std::string& k) {
+  return !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 }  // namespace
 
 std::vector<char> canonical_gloo_addresses(const std::string& k, const std::vector<char>& data) {
   const size_t n = address_bytes();
-  const bool rank_key =
-      !k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
-  if (!rank_key || data.empty() || data.size() % n != 0) return data;
+  if (!is_rank_key(k) || data.empty() || data.size() % n != 0) return data;
   std::vector<char> out;
   out.reserve(data.size());
   for (size_t at = 0; at < data.size(); at += n) {
@@ -56,6 +59,16 @@ void GlooStore::set(const std::string& k, const std::vector<char>& data) {
 
 std::vector<char> GlooStore::get(const std::string& k) {
   Bytes b = store_.get(key(k));
+  // Gloo splits a rank's value into (world - 1) addresses by its size alone: a value of
+  // another world's size would give addresses of the wrong length (Gloo's enforce names the
+  // lengths, not the cause).
+  const size_t n = address_bytes();
+  if (mesh_size_ > 1 && is_rank_key(k) && !b.empty() && b.size() % n == 0 &&
+      b.size() / n != size_t(mesh_size_ - 1))
+    throw CommError(str("gloo rendezvous under ", prefix_, ": rank ", k,
+                        " published its addresses for a world of ", b.size() / n + 1,
+                        " ranks, this rank's world has ", mesh_size_,
+                        ": the ranks of one world disagree on its size"));
   return std::vector<char>(b.begin(), b.end());
 }
 

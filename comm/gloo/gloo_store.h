@@ -33,6 +33,8 @@ std::vector<char> canonical_gloo_addresses(const std::string& key, const std::ve
 // `formed` by the first rank that sees every address, `abandoned` by the first that gives
 // up. A rank that gives up after `formed` connects anyway (every address is there, so its
 // connects complete); a rank that finds `abandoned` gives up too, without connecting.
+// A rank's addresses for a world of another size than `mesh_size` (ranks that disagree on
+// their world) are a CommError that says so.
 class GlooStore : public ::gloo::rendezvous::Store {
  public:
   GlooStore(comm::Store& store, std::string prefix, int mesh_size = 0)

@@ -11,9 +11,11 @@
 
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "base/error.h"
 #include "comm/gloo/gloo_store.h"
 #include "comm/registry.h"
 #include "comm/store/in_memory_store.h"
@@ -90,6 +92,41 @@ TEST(StoreGlooAddress, AGlooWorldPublishesOnlyZeroPadding) {
             << "rank " << r << " link " << p << " byte " << i;
   }
   for (auto& c : comms) c.reset();
+}
+
+// Gloo splits a rank's value into (world - 1) addresses by its size alone: ranks that count
+// their world differently (a newcomer of 3 among survivors of 4, issue 14) misread each
+// other's addresses, and Gloo's enforce says only "136 vs 90". The adapter says why instead.
+TEST(StoreGlooAddress, AddressesForAWorldOfAnotherSizeAreNamedNotMisread) {
+  InMemoryStore store(1000ms);
+  auto addresses = [](int count) {
+    std::vector<char> v;
+    for (int i = 0; i < count; ++i) {
+      std::vector<char> a = address_with_junk(uint16_t(4000 + i), 0, i);
+      v.insert(v.end(), a.begin(), a.end());
+    }
+    return Bytes(v.begin(), v.end());
+  };
+  store.set("w/0", addresses(3));  // a rank of a world of 4
+  store.set("w/1", addresses(2));  // ranks of a world of 3
+  store.set("w/2", addresses(2));
+  GlooStore of3(store, "w", 3);
+  EXPECT_EQ(of3.get("1").size(), addresses(2).size());
+  try {
+    of3.get("0");
+    ADD_FAILURE() << "a world of 3 took the addresses of a world of 4";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 published its addresses for a world of 4 ranks, "
+                                         "this rank's world has 3"),
+              std::string::npos)
+        << e.what();
+  }
+  GlooStore of4(store, "w", 4);
+  EXPECT_THROW(of4.get("2"), CommError);
+  EXPECT_EQ(of4.get("0").size(), addresses(3).size());
+  // Values that are not whole address lists are not Gloo's addresses: unchanged.
+  store.set("w/3", Bytes{'4', '2'});
+  EXPECT_EQ(of3.get("3").size(), 2u);
 }
 
 }  // namespace

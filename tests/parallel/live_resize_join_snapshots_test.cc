@@ -5,10 +5,11 @@
 // move into epoch 2 stands still (WEFT_TEST_STALL_MOVE), so the newcomer of epoch 3 gets
 // rank 2, the index the leaver's agent was started under on this machine. The newcomer's
 // weft run must start an agent of its own (not find the leaver's lock and socket) and tell it
-// its place in epoch 3. Only the agents are looked at: epoch 3's workers' world does not
-// form in this sequence (Gloo's full mesh refuses an address of the wrong size, with or
-// without this fix: a separate bug), so the job is killed once they have been. Real
-// processes, real signals; every process and segment is reaped however the test ends.
+// its place in epoch 3. Epoch 3's first world then forms with the leaver's worker in it (its
+// node is still departing: the newcomer's worker, started in the epoch, must count it too,
+// as the survivors' do) and trains to the end: the leaver hands its state over there and
+// every agent exits 0, with one process's numbers. Real processes, real signals; every
+// process and segment is reaped however the test ends.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -34,6 +35,7 @@ TEST(LiveResizeJoinSnapshots, ANewcomerGivenALeaversRankStartsItsOwnSnapshotAgen
               "snapshot.redundancy=replica"};
   job.env = {"WEFT_TEST_STALL_MOVE=2:50", "WEFT_ROUTER_BUDGET_BYTES=65536"};
   SnapshotLeftovers segments{checkpoint::job_id_for_run(job.id)};
+  const fs::path ref = reference_run(job.dir, job.steps, {"parallel.dp=auto", "parallel.zero=1"});
   job.start_in_order(3);
   ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
   ::kill(job.pid(2), SIGTERM);  // epoch 2: nodes 0 and 1, node 2 departing (rank 2 free)
@@ -51,6 +53,18 @@ TEST(LiveResizeJoinSnapshots, ANewcomerGivenALeaversRankStartsItsOwnSnapshotAgen
   // The leaver's agent still runs under its own name: the newcomer's agent took another.
   EXPECT_EQ(job.lines_with(newcomer, "for job " + segments.job + " on node 2 ").size(), 0u)
       << job.text(newcomer);
+  // Epoch 3's world forms (the survivors', the newcomer's and the leaver's workers agree on
+  // its size) and trains: the leaver goes once it handed over, the others finish the job.
+  ASSERT_TRUE(job.wait_world(3, 1, 3)) << phases_text(job.phases()) << job.all_logs();
+  job.expect_exits({2, 0, 1, newcomer});
+  for (int k : {0, 1, 2, newcomer})
+    EXPECT_TRUE(job.lines_with(k, "world of epoch 3 not entered").empty()) << job.text(k);
+  EXPECT_EQ(job.lines_with(2, "left the job; its workers handed their state over").size(), 1u)
+      << job.text(2);
+  const std::vector<std::pair<WorldEpoch, int>> phases = job.phases();
+  ASSERT_FALSE(phases.empty());
+  EXPECT_EQ(phases.back().first, WorldEpoch(3, 3)) << phases_text(phases);
+  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, kRelDp);
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 
