@@ -54,7 +54,7 @@ std::string refusal_message(const CollectiveRecheck& r) {
   for (const auto& [n, k] : r.remeasured)
     probes += (probes.empty() ? "" : ", ") + std::to_string(k) + " more probes at " + std::to_string(n) +
               " processes";
-  return "weft calibrate: the measured collectives still contradict themselves after " + probes +
+  return "the measured collectives still contradict themselves after " + probes +
          ", so this calibration is not written (the planner would choose programs by "
          "them; the machine's previous calibration, if any, stays):\n" +
          planner::describe(r.left) +
