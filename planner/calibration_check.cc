@@ -42,11 +42,13 @@ std::string ratio(double x) {
 
 }  // namespace
 
+bool judged_world(int world, int cores) { return world <= std::max(2, cores); }
+
 std::vector<CollectiveContradiction> check_collectives(const CollectiveTimes& t, int cores) {
   std::vector<CollectiveContradiction> out;
   const std::string allowed = " (allowed " + ratio(kCollectiveSpread) + ")";
   for (const auto& [n, m] : t) {
-    if (n > std::max(2, cores)) continue;
+    if (!judged_world(n, cores)) continue;
     const std::string at = "at " + std::to_string(n) + " processes: ";
     for (const Size& z : kSizes) {
       const double* ar = find(m, std::string("ar_world_") + z.tag);

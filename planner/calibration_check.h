@@ -23,9 +23,9 @@ using CollectiveTimes = std::map<int, std::map<std::string, double>>;
 
 // How much more than another a least-of-probes time may take before the two contradict
 // each other: 1.5x. From the repeat spread on this project's 2-core VM (docs/planner.md,
-// "a calibration checks its collectives"): a call's least of 3 probes lay within 1.3x of
-// its least of 12 probes in every quiet window measured, so a rule holds within 1.5x on a
-// healthy calibration, while the disturbed calibrations broke it by 1.6-12x.
+// "A calibration checks its collectives"): twelve probes of one call clustered within
+// 1.1-1.3x of their least, the rest a scheduler tick (4 ms) later, 1.6-48x; the calibration
+// that misled the planner broke a rule by 6.9x.
 constexpr double kCollectiveSpread = 1.5;
 
 struct CollectiveContradiction {
@@ -42,11 +42,14 @@ inline constexpr const char* kDecompositionRule = "all-reduce <= reduce-scatter 
 // A call of one kind on more bytes moves more: it never takes less time than a smaller one.
 inline constexpr const char* kBytesRule = "a larger call takes no less time";
 
-// Every contradiction of the two rules, beyond kCollectiveSpread, at the worlds of `t` the
-// cores run without oversubscription (world <= max(2, cores)): the ones the link fit and the
-// collective curves are fitted from. Over the cores a call's time is whichever process held
-// a core, not the collective; the model reads only the step-like loops there. Empty: the
-// measurements are consistent.
+// Whether the calls at `world` processes are judged: those the cores run without
+// oversubscription (world <= max(2, cores)), which the link fit and the collective curves
+// are fitted from. Over the cores a call's time is whichever process held a core, not the
+// collective; the model reads only the step-like loops there.
+bool judged_world(int world, int cores);
+
+// Every contradiction of the two rules, beyond kCollectiveSpread, at the judged worlds of
+// `t`. Empty: the measurements are consistent.
 std::vector<CollectiveContradiction> check_collectives(const CollectiveTimes& t, int cores);
 
 // The collective times a calibration recorded under `measurements:` (gloo_n<N>_<name>_s, as
