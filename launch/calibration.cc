@@ -28,9 +28,11 @@
 #include "core/exec/trainer.h"
 #include "core/tensor.h"
 #include "launch/bench_util.h"
+#include "launch/calibration_recheck.h"
 #include "launch/link_fit.h"
 #include "parallel/launch_env.h"
 #include "parallel/trainer.h"
+#include "planner/calibration_check.h"
 #include "planner/planner.h"
 #include "planner/simulate.h"
 
@@ -808,7 +810,7 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
   std::map<int, std::map<std::string, double>> pr;
   // The repeats interleaved (2, 4, 8, 2, 4, 8, ...): a burst of another process's work lands
   // in one repeat of each world rather than in every repeat of one.
-  std::map<int, std::map<std::string, std::vector<double>>> runs;
+  ProbeRuns runs;
   std::map<int, double> probe_s;
   for (int rep = 0; rep < opt.probe_repeats; ++rep) {
     for (int n : opt.probe_worlds) {
@@ -823,6 +825,35 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
       probe_s[n] += since(t0);
     }
   }
+  // The collectives the model is fitted from must not contradict themselves
+  // (planner/calibration_check.h): a world that does is probed again, and a contradiction
+  // that outlasts those probes refuses the calibration (calibration_recheck.h).
+  const CollectiveRecheck recheck = recheck_collectives(
+      runs, hw.cores,
+      [&](int n) {
+        const auto t = Clock::now();
+        std::map<std::string, double> one = probe_collectives(n);
+        probe_s[n] += since(t);
+        return one;
+      },
+      kMaxRemeasures, say);
+  if (!recheck.left.empty()) throw Error(refusal_message(recheck));
+  {
+    std::string judged, more;
+    for (int n : opt.probe_worlds)
+      if (planner::judged_world(n, hw.cores)) judged += (judged.empty() ? "" : ", ") + std::to_string(n);
+    for (const auto& [n, k] : recheck.remeasured)
+      more += "; " + std::to_string(k) + " more probes at " + std::to_string(n) + " processes";
+    std::snprintf(line, sizeof line, "collectives consistent (%s, %s, within %.1fx) at ",
+                  planner::kDecompositionRule, planner::kBytesRule, planner::kCollectiveSpread);
+    say(line + judged + " processes" + more);
+  }
+  for (int n : opt.probe_worlds) {
+    const auto more = recheck.remeasured.find(n);
+    hw.measurements.push_back(
+        {"gloo_n" + std::to_string(n) + "_probes",
+         double(opt.probe_repeats + (more == recheck.remeasured.end() ? 0 : more->second))});
+  }
   for (int n : opt.probe_worlds) {
     // A shared machine delays a wake-up now and then, and another process's burst of work
     // can hold a core through a whole probe: a call's time is the least of a few probes (as
@@ -831,7 +862,7 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
     // mean of their segments less the load outliers (load_robust_level): their means are
     // the waits a step pays, slow calls included (CostModel::sync_wait_by_burst).
     std::string s = "gloo, " + std::to_string(n) + " processes (least of " +
-                    std::to_string(opt.probe_repeats) +
+                    std::to_string(runs[n].empty() ? 0 : runs[n].begin()->second.size()) +
                     "; sync_*: the mean of the least-delayed quarter of the segments):";
     int kept = 0, rejected = 0;
     auto delay_key = [](const std::string& k) {

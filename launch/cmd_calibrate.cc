@@ -19,7 +19,11 @@ Measures this machine for the planner's cost model, in about 30-50 s: single-thr
 rates at six shapes (the FLOP rate by op size), memcpy and an element-wise kernel, Gloo
 collectives and sends between 2 and 4 processes under `weft run` (latency, bandwidth, the
 cost of more processes than cores; a step-like loop at 8 processes), and the executor's cost per instruction from a small
-model's steps. Writes a hardware description (docs/planner.md) to this machine's cache:
+model's steps. The collectives must not contradict themselves (an all-reduce no slower than
+its reduce-scatter + all-gather, no call faster than a smaller one of its kind, within 1.5x):
+a world that does is probed again, up to 3 times, and a calibration that still does is not
+written (the error names the call and the numbers; the previous cache stays). Writes a
+hardware description (docs/planner.md) to this machine's cache:
   $WEFT_COST_CACHE, else $XDG_CACHE_HOME/weft/cost-<host>-<cpu hash>-<OPENBLAS_CORETYPE>.yaml,
   else ~/.cache/weft/cost-<...>.yaml
 `weft plan` (without --hardware) and `weft bench scaling` use it when it names this machine.

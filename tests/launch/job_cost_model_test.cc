@@ -80,6 +80,32 @@ TEST(JobCostModel, WithoutACacheTheLeadChoosesTheDefaults) {
   EXPECT_NE(m.used.find(env.path()), std::string::npos) << m.used;  // where it looked
 }
 
+// This machine's 07:19 calibration of 2026-12-05 (every idle all-reduce at 2 processes about
+// 4 ms: the 64 KiB one 6.9x its reduce-scatter + all-gather) misled the planner: a cache
+// that records such collectives is not the job's model; the job plans under the defaults.
+TEST(JobCostModel, ACacheWhoseCollectivesContradictThemselvesLeavesTheJobOnTheDefaults) {
+  CacheEnv env("contradicting.yaml");
+  planner::Hardware hw = test::cpu_host_calibration();
+  hw.measurements = {{"gloo_n2_ar_world_64KiB_s", 0.004078842}, {"gloo_n2_rs_world_64KiB_s", 0.000413775},
+                     {"gloo_n2_ag_world_64KiB_s", 0.0001779095}};
+  planner::write_machine_cache(hw, env.path());
+  comm::InMemoryStore store;
+  const JobCostModel lead =
+      share_job_cost_model(store, kKey, true, std::nullopt, "f32", milliseconds(1000));
+  EXPECT_EQ(lead.model, planner::CostModel{});
+  EXPECT_EQ(lead.used.rfind("built-in defaults", 0), 0u) << lead.used;
+  for (const std::string& w : {env.path() + " is not used", std::string("all-reduce <= reduce-scatter + all-gather"),
+                              std::string("6.89x")})
+    EXPECT_NE(lead.used.find(w), std::string::npos) << w << " in: " << lead.used;
+  // The same calibration with consistent collectives (the all-reduce 200 us) is the job's.
+  hw.measurements[0].second = 200e-6;
+  planner::write_machine_cache(hw, env.path());
+  comm::InMemoryStore fresh;
+  const JobCostModel ok = share_job_cost_model(fresh, kKey, true, std::nullopt, "f32", milliseconds(1000));
+  EXPECT_FALSE(ok.model == planner::CostModel{});
+  EXPECT_NE(ok.used.find(env.path()), std::string::npos) << ok.used;
+}
+
 // An epoch whose store is new (an etcd job's new node 0): the survivor publishes the job's
 // model there, a joiner waiting meanwhile takes it, a joiner with its own calibration too.
 TEST(JobCostModel, ASurvivorRepublishesInAFreshStoreAndAJoinerWithAnotherCacheTakesIt) {

@@ -246,10 +246,20 @@ TEST(Hardware, PlanNamesTheModelAndRefusesAnUnknownOne) {
 
 // `weft calibrate` end to end (it starts 2 and 4 processes for the Gloo probe): its file
 // parses, names this machine, carries the measured curve, and weft plan predicts with it.
+// On a machine so busy that its collectives contradict themselves through every probe
+// (planner/calibration_check.h), the calibration is refused instead: then nothing is
+// written and the error names the rule and the numbers.
 TEST(Hardware, CalibrateWritesACacheThatPlanUses) {
   const std::string path = temp_path("weft_calibrated.yaml");
   std::filesystem::remove(path);
   test::CommandResult r = test::run_weft("calibrate --out " + path);
+  if (r.out.find("still contradict themselves") != std::string::npos) {
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_FALSE(std::filesystem::exists(path)) << r.out;
+    EXPECT_NE(r.out.find("measured again (3 of at most 3)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(" broken at "), std::string::npos) << r.out;
+    return;
+  }
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* progress : {"memory: memcpy", "gemm 64x128x32", "gloo, 2 processes", "gloo, 4 processes", "link fit over",
                                "collective wire rates", "op rates", "executor:", "wrote " })

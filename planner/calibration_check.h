@@ -1,0 +1,63 @@
+// The rules a calibration's measured collectives obey on any real machine, checked before a
+// calibration prices a plan: where a measured time breaks one, the machine was disturbed
+// while it was measured, and the curves fitted from it mislead the planner (a cache whose
+// 64 KiB all-reduce took 4 ms, 7x its reduce-scatter and all-gather together, made the
+// lowering split every all-reduce in two: programs 1.6-2.5x slower than the defaults').
+// `weft calibrate` re-measures a world that breaks a rule and refuses to write a calibration
+// that still does (launch/calibration_recheck.h); read_machine_cache does not use a cache
+// that breaks one (planner/hardware.h).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace weft::planner {
+
+struct Hardware;
+
+// Measured collective calls: world -> the probe's name for a call ("ar_world_64KiB",
+// "ag_world_1MiB", "rs_world_4MiB", "p2p_4B": launch/calibration.cc) -> seconds, each the
+// least of its probes. Other names are ignored.
+using CollectiveTimes = std::map<int, std::map<std::string, double>>;
+
+// How much more than another a least-of-probes time may take before the two contradict
+// each other: 1.5x. From the repeat spread on this project's 2-core VM (docs/planner.md,
+// "A calibration checks its collectives"): twelve probes of one call clustered within
+// 1.1-1.3x of their least, the rest a scheduler tick (4 ms) later, 1.6-48x; the calibration
+// that misled the planner broke a rule by 6.9x.
+constexpr double kCollectiveSpread = 1.5;
+
+struct CollectiveContradiction {
+  std::string rule;  // kDecompositionRule or kBytesRule
+  int world = 0;
+  std::string call;  // the probe name of the point that breaks it
+  std::string text;  // one line: the rule, the world, the sizes and the numbers
+};
+
+// An all-reduce of B bytes can always run as the reduce-scatter of B then the all-gather of
+// B (Gloo's reduce-scatter even is an all-reduce and a slice), so it never takes longer
+// than the two together.
+inline constexpr const char* kDecompositionRule = "all-reduce <= reduce-scatter + all-gather";
+// A call of one kind on more bytes moves more: it never takes less time than a smaller one.
+inline constexpr const char* kBytesRule = "a larger call takes no less time";
+
+// Whether the calls at `world` processes are judged: those the cores run without
+// oversubscription (world <= max(2, cores)), which the link fit and the collective curves
+// are fitted from. Over the cores a call's time is whichever process held a core, not the
+// collective; the model reads only the step-like loops there.
+bool judged_world(int world, int cores);
+
+// Every contradiction of the two rules, beyond kCollectiveSpread, at the judged worlds of
+// `t`. Empty: the measurements are consistent.
+std::vector<CollectiveContradiction> check_collectives(const CollectiveTimes& t, int cores);
+
+// The collective times a calibration recorded under `measurements:` (gloo_n<N>_<name>_s, as
+// `weft calibrate` writes them); empty for a description without them (a preset, a file
+// written by hand), which has nothing to check.
+CollectiveTimes recorded_collective_times(const Hardware& hw);
+
+// The contradictions as lines, one per contradiction ("" when none).
+std::string describe(const std::vector<CollectiveContradiction>& found);
+
+}  // namespace weft::planner
