@@ -48,7 +48,13 @@ inline constexpr const char* kBytesRule = "a larger call takes no less time";
 // collective; the model reads only the step-like loops there.
 bool judged_world(int world, int cores);
 
-// Every contradiction of the two rules, beyond kCollectiveSpread, at the judged worlds of
+// kCollectiveSpread, or (tests only) WEFT_TEST_COLLECTIVE_SPREAD when set to a number >= 1:
+// the end-to-end test of `weft calibrate`'s file checks the writing path on a machine the
+// suite keeps busy, where a real probe may contradict itself through every re-measure; the
+// rules and the refusal are tested on made-up curves and injected probes.
+double collective_spread();
+
+// Every contradiction of the two rules, beyond collective_spread(), at the judged worlds of
 // `t`. Empty: the measurements are consistent.
 std::vector<CollectiveContradiction> check_collectives(const CollectiveTimes& t, int cores);
 

@@ -246,20 +246,15 @@ TEST(Hardware, PlanNamesTheModelAndRefusesAnUnknownOne) {
 
 // `weft calibrate` end to end (it starts 2 and 4 processes for the Gloo probe): its file
 // parses, names this machine, carries the measured curve, and weft plan predicts with it.
-// On a machine so busy that its collectives contradict themselves through every probe
-// (planner/calibration_check.h), the calibration is refused instead: then nothing is
-// written and the error names the rule and the numbers.
+// The consistency rules are loosened for it (WEFT_TEST_COLLECTIVE_SPREAD): under the suite's
+// load a real probe may contradict itself through every re-measure, and this test is about
+// the file; the rules and the refusal have their own tests (CalibrationCheck.*,
+// CalibrationRecheck.*).
 TEST(Hardware, CalibrateWritesACacheThatPlanUses) {
   const std::string path = temp_path("weft_calibrated.yaml");
   std::filesystem::remove(path);
-  test::CommandResult r = test::run_weft("calibrate --out " + path);
-  if (r.out.find("still contradict themselves") != std::string::npos) {
-    EXPECT_EQ(r.code, 1) << r.out;
-    EXPECT_FALSE(std::filesystem::exists(path)) << r.out;
-    EXPECT_NE(r.out.find("measured again (3 of at most 3)"), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find(" broken at "), std::string::npos) << r.out;
-    return;
-  }
+  test::CommandResult r = test::run_command("WEFT_TEST_COLLECTIVE_SPREAD=1e9 " + std::string(WEFT_BINARY) +
+                                            " calibrate --out " + path);
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* progress : {"memory: memcpy", "gemm 64x128x32", "gloo, 2 processes", "gloo, 4 processes", "link fit over",
                                "collective wire rates", "op rates", "executor:", "wrote " })
@@ -291,7 +286,7 @@ TEST(Hardware, CalibrateWritesACacheThatPlanUses) {
   EXPECT_FALSE(m == CostModel{});
   r = test::run_weft("plan --config " + config("gpt-layout.yaml") + " --world 2 --set parallel.dp=2");
   EXPECT_NE(r.out.find("cost model: built-in defaults"), std::string::npos) << r.out;  // the test's empty cache
-  r = test::run_command("WEFT_COST_CACHE=" + path + " " + std::string(WEFT_BINARY) + " plan --config " +
+  r = test::run_command("WEFT_TEST_COLLECTIVE_SPREAD=1e9 WEFT_COST_CACHE=" + path + " " + std::string(WEFT_BINARY) + " plan --config " +
                         config("gpt-layout.yaml") + " --world 2 --set parallel.dp=2");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("cost model: this machine's calibration " + path), std::string::npos) << r.out;
