@@ -95,8 +95,8 @@ int cmd_snapshot_agent(const std::vector<std::string>& argv) {
   o.insecure = args.flag("--insecure");
   o.lock_fd = int(args.get_int("--lock-fd", -1));
   if (args.has("--lock-fd") && o.lock_fd < 0)
-    throw ConfigError("--lock-fd", "must be an open descriptor (>= 0), got " +
-                                       std::to_string(o.lock_fd));
+    throw ConfigError("--lock-fd",
+                      "must be an open descriptor (>= 0), got " + std::to_string(o.lock_fd));
   return run_snapshot_agent(o);
 }
 

@@ -37,8 +37,8 @@ void Agent::take_lock() {
   // microseconds and then unlinks the file: a held lock is retried for a moment.
   lock_fd_ = ckpt::take_agent_lock(o_.job_id, o_.node, std::chrono::milliseconds(500));
   if (lock_fd_ < 0)
-    throw IoError(str("snapshot agent: another agent serves job ", o_.job_id, " on node ",
-                      o_.node, " (it holds ", path, "); stop it first"));
+    throw IoError(str("snapshot agent: another agent serves job ", o_.job_id, " on node ", o_.node,
+                      " (it holds ", path, "); stop it first"));
 }
 
 void Agent::adopt() {

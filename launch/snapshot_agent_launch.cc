@@ -105,7 +105,8 @@ SnapshotAgentProcess::~SnapshotAgentProcess() {
 
 int SnapshotAgentProcess::choose_index() {
   const int wanted = plan_.node;
-  for (int node = wanted;; node = node == wanted ? std::max(wanted + 1, plan_.nnodes_max) : node + 1) {
+  for (int node = wanted;;
+       node = node == wanted ? std::max(wanted + 1, plan_.nnodes_max) : node + 1) {
     const int fd = checkpoint::take_agent_lock(plan_.job_id, node, kLockPatience);
     if (fd < 0) continue;
     if (node != wanted)
@@ -120,12 +121,13 @@ int SnapshotAgentProcess::choose_index() {
 }
 
 void SnapshotAgentProcess::spawn(int lock) {
+  // An attempt that fails (its index held, no fork) counts as a quick death for keep_alive.
+  started_s_ = now_s();
   if (lock < 0) lock = checkpoint::take_agent_lock(plan_.job_id, plan_.node, kLockPatience);
   if (lock < 0)
-    throw IoError(str("weft run: another snapshot agent of job ", plan_.job_id,
-                      " holds index ", plan_.node, " on this machine (",
-                      checkpoint::agent_lock_path(plan_.job_id, plan_.node),
-                      "); this node's agent keeps its index and is not started"));
+    throw IoError(str("another snapshot agent of job ", plan_.job_id, " holds index ", plan_.node,
+                      " on this machine (", checkpoint::agent_lock_path(plan_.job_id, plan_.node),
+                      "): a restarted agent keeps its index (it adopts the segments under it)"));
   // This process's copy of the lock goes whatever happens here: the agent's is the one held.
   struct CloseLock {
     int fd;
@@ -167,8 +169,10 @@ void SnapshotAgentProcess::spawn(int lock) {
     for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGHUP}) ::signal(s, SIG_DFL);
     // The lock at a known number, kept across exec (dup2 clears close-on-exec; so does
     // fcntl when it is there already).
-    if (lock == kAgentLockFd) ::fcntl(lock, F_SETFD, 0);
-    else if (::dup2(lock, kAgentLockFd) < 0) ::_exit(126);
+    if (lock == kAgentLockFd)
+      ::fcntl(lock, F_SETFD, 0);
+    else if (::dup2(lock, kAgentLockFd) < 0)
+      ::_exit(126);
     int null = ::open("/dev/null", O_RDONLY);
     if (null >= 0) ::dup2(null, 0);
     // The store's sockets, the workers' pipes: none of them is the agent's to hold open.
@@ -183,7 +187,6 @@ void SnapshotAgentProcess::spawn(int lock) {
   ::setpgid(pid, pid);
   pid_ = pid;
   ++generation_;
-  started_s_ = now_s();
   std::fprintf(stderr,
                "weft run: started the snapshot agent (pid %d) for job %s on node %d at %s\n",
                int(pid), plan_.job_id.c_str(), plan_.node, plan_.socket.c_str());
@@ -239,8 +242,14 @@ void SnapshotAgentProcess::keep_alive() {
 void SnapshotAgentProcess::finish() {
   if (pid_ <= 0) {  // died since the last tick: a fresh one adopts the segments to remove
     given_up_ = false;
-    spawn();
-    if (!wait_ready(10)) {
+    bool started = false;
+    try {
+      spawn();
+      started = wait_ready(10);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "weft run: cannot start the snapshot agent again: %s\n", e.what());
+    }
+    if (!started) {
       std::fprintf(
           stderr,
           "weft run: the snapshot agent did not start to finish the job; its segments stay "

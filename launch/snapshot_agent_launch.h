@@ -65,8 +65,9 @@ class SnapshotAgentProcess {
   SnapshotAgentProcess& operator=(const SnapshotAgentProcess&) = delete;
 
   // Reaps the agent if it ended and starts it again under the same index (its lock taken
-  // again and handed over; it adopts its segments), saying so on stderr; after three deaths within 2 s of their start it gives up (said once). Cheap
-  // when it runs: call it at every monitor tick.
+  // again and handed over; it adopts its segments), saying so on stderr; after three deaths
+  // within 2 s of their start it gives up (said once). Cheap when it runs: call it at every
+  // monitor tick.
   void keep_alive();
   // The job ended well: `finish` (the agent removes the job's segments and exits 0), reaped.
   void finish();
@@ -85,7 +86,7 @@ class SnapshotAgentProcess {
   void peers(int64_t epoch, int node, const std::vector<std::string>& nodes);
 
  private:
-  int choose_index();      // plan_.node and plan_.socket; the lock taken (a descriptor)
+  int choose_index();         // plan_.node and plan_.socket; the lock taken (a descriptor)
   void spawn(int lock = -1);  // -1: takes plan_.node's lock first (a restart)
   bool wait_ready(double seconds);
   bool reap(bool block);  // true once the agent is reaped (pid_ = -1)
@@ -100,9 +101,10 @@ class SnapshotAgentProcess {
 };
 
 // weft run's entry point: the agent for `command` when it needs one (snapshot_agent_plan),
-// started under `node` or the first free index from `site.nnodes_max` up; nullptr otherwise. ConfigError naming snapshot.redundancy for replica on a job
-// of one node (`site.nnodes_max` < 2: --standalone, --nnodes 1): nobody to copy to; naming
-// snapshot.ec for ec on fewer than k + m nodes.
+// started under `node` or the first free index from `site.nnodes_max` up; nullptr otherwise.
+// ConfigError naming snapshot.redundancy for replica on a job of one node (`site.nnodes_max`
+// < 2: --standalone, --nnodes 1): nobody to copy to; naming snapshot.ec for ec on fewer than
+// k + m nodes.
 std::unique_ptr<SnapshotAgentProcess> start_snapshot_agent(const std::vector<std::string>& command,
                                                            const std::string& run_id, int node,
                                                            const SnapshotAgentSite& site = {});

@@ -52,7 +52,7 @@ TEST(LiveResizeSpareEc, TheAdmittedSparesSnapshotsAreErasureCodedAndASecondLossR
   job.id = "live-spare-ec-" + std::to_string(::getpid());
   job.nnodes = "2:3";
   job.steps = 300;
-  job.sets = {"parallel.dp=auto", "parallel.zero=1", "snapshot.every=1",
+  job.sets = {"parallel.dp=auto",       "parallel.zero=1", "snapshot.every=1",
               "snapshot.redundancy=ec", "snapshot.ec.k=2", "snapshot.ec.m=1"};
   SnapshotLeftovers segments{checkpoint::job_id_for_run(job.id)};
   const fs::path ref = reference_run(job.dir, job.steps, {"parallel.dp=auto"});
@@ -81,8 +81,13 @@ TEST(LiveResizeSpareEc, TheAdmittedSparesSnapshotsAreErasureCodedAndASecondLossR
   })) << job.all_logs();
   const int at = coded_place(job, spare, 2);
   std::printf("[ says     ] the spare is node %d of epoch 2\n", at);
+  // Where the lost node's state came from (the spare has none of it).
+  std::string first;
   for (const std::string& l : job.lines_with(0, "resize: epoch"))
-    std::printf("[ says     ] %s\n", l.substr(0, 500).c_str());
+    if (l.find("epoch 1 -> 2") != std::string::npos) first = l;
+  const size_t from = first.find("resumed at");
+  std::printf("[ says     ] %s\n",
+              first.substr(from == std::string::npos ? 0 : from).substr(0, 300).c_str());
   // Parity of epoch 2 is held: each node of a group of k + m = 3 holds a parity fragment of
   // the stripes (the parity's place rotates over the group).
   ASSERT_TRUE(poll_until([&] {

@@ -48,7 +48,8 @@ class SnapshotAgentIndex : public SnapshotProcessTest {
   }
   // `weft ARGS...` (output in `log`) forked now, exec'd once the write end of the pipe
   // `barrier` is closed by this process (the child closes its own copy at once).
-  pid_t start_at(const int barrier[2], const std::vector<std::string>& args, const std::string& log) {
+  pid_t start_at(const int barrier[2], const std::vector<std::string>& args,
+                 const std::string& log) {
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid == 0) {
@@ -74,11 +75,13 @@ class SnapshotAgentIndex : public SnapshotProcessTest {
   // The socket racer `i`'s worker was given, or "" once its weft run ended without one.
   std::string racer_socket(int i, pid_t run, int* status) {
     const std::string file = racer_dir(i) + "/socket";
-    poll([&] {
-      if (fs::exists(file)) return true;
-      *status = wait_exit(run, 0);
-      return *status != -1;
-    }, 60);
+    poll(
+        [&] {
+          if (fs::exists(file)) return true;
+          *status = wait_exit(run, 0);
+          return *status != -1;
+        },
+        60);
     std::string s = fs::exists(file) ? read(file) : "";
     while (!s.empty() && s.back() == '\n') s.pop_back();
     return s;
@@ -102,8 +105,8 @@ TEST_F(SnapshotAgentIndex, WeftRunsOfOneJobStartedTogetherGetDistinctIndicesAndL
       logs.push_back(racer_dir(i) + "/run.log");
       runs.push_back(start_at(barrier,
                               {"run", "--standalone", "--max-restarts", "1", "--nproc-per-node",
-                               "1", "--rdzv-id", run_id, "--monitor-interval", "0.05", "--",
-                               script, "train", "--config", tiny, "--set", "snapshot.every=5"},
+                               "1", "--rdzv-id", run_id, "--monitor-interval", "0.05", "--", script,
+                               "train", "--config", tiny, "--set", "snapshot.every=5"},
                               logs.back()));
     }
     ::close(barrier[0]);
@@ -122,14 +125,18 @@ TEST_F(SnapshotAgentIndex, WeftRunsOfOneJobStartedTogetherGetDistinctIndicesAndL
       const std::string sock = racer_socket(i, runs[size_t(i)], &status);
       all = all_logs();
       ASSERT_FALSE(sock.empty()) << "racer " << i << " got no agent (exit status " << status
-                                 << ")\n" << all;
-      EXPECT_TRUE(sockets.insert(sock).second) << "racer " << i << " shares " << sock << "\n" << all;
+                                 << ")\n"
+                                 << all;
+      EXPECT_TRUE(sockets.insert(sock).second) << "racer " << i << " shares " << sock << "\n"
+                                               << all;
       // Its own agent, live: it answers there, and its weft run started it under that name.
       SnapshotAgentClient client(milliseconds(10000));
       EXPECT_NO_THROW({
         client.connect(sock);
         client.list();
-      }) << sock << "\n" << all;
+      }) << sock
+         << "\n"
+         << all;
       EXPECT_NE(read(logs[size_t(i)]).find(" at " + sock + "\n"), std::string::npos) << all;
       EXPECT_EQ(read(logs[size_t(i)]).find("another agent serves job"), std::string::npos) << all;
     }
@@ -141,11 +148,32 @@ TEST_F(SnapshotAgentIndex, WeftRunsOfOneJobStartedTogetherGetDistinctIndicesAndL
     for (int i = 0; i < kRacers; ++i) {
       const int status = wait_exit(runs[size_t(i)], 60);
       EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
-          << "racer " << i << "\n" << read(logs[size_t(i)]);
+          << "racer " << i << "\n"
+          << read(logs[size_t(i)]);
     }
     for (const std::string& s : sockets) EXPECT_FALSE(fs::exists(s)) << s;
     if (::testing::Test::HasFailure()) return;
   }
+}
+
+// `--lock-fd` names a descriptor that does not hold the agent lock (here the agent's log, its
+// stdout): the agent refuses to start, naming the option, the lock and the fix, and serves
+// nothing.
+TEST_F(SnapshotAgentIndex, ALockFdThatDoesNotHoldTheAgentLockIsRefusedNamingIt) {
+  const pid_t agent = start({"snapshot-agent", "--job", job_, "--node", "0", "--socket",
+                             path("agent.sock"), "--lock-fd", "1"},
+                            path("agent.log"));
+  const int status = wait_exit(agent, 10);
+  ASSERT_NE(status, -1) << read(path("agent.log"));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << read(path("agent.log"));
+  EXPECT_NE(read(path("agent.log"))
+                .find("--lock-fd 1 does not hold " + agent_lock_path(job_, 0) +
+                      " (another agent serves job " + job_ +
+                      " on node 0, or the descriptor is "
+                      "not that lock); start it without --lock-fd"),
+            std::string::npos)
+      << read(path("agent.log"));
+  EXPECT_FALSE(fs::exists(path("agent.sock")));
 }
 
 }  // namespace
