@@ -1,11 +1,11 @@
 // A spare of a job whose in-memory snapshots are erasure-coded (snapshot.every: 1, redundancy
 // ec, k=2 m=1: three nodes, one stripe group). Its snapshot agent starts beside its parked
-// worker at a guessed place. Node 1 of three dies whole; once the spare is admitted, epoch 2
-// has three nodes again and its snapshots must be erasure-coded over them: every agent of
-// epoch 2 says so under a distinct place, and parity of epoch 2 is held. Then the spare dies
-// whole in turn: the survivors rebuild its shard from epoch 2's parity and resume with one
-// process's numbers. Real processes, real signals; every process and segment is reaped
-// however the test ends. No timing thresholds.
+// worker at a guessed place. Node 1 of three dies whole: its shard is rebuilt from parity and,
+// once the spare is admitted, epoch 2 has three nodes again and its snapshots must be
+// erasure-coded over them: every agent of epoch 2 says so under a distinct place, and parity
+// of epoch 2 is held. Then the spare dies whole in turn: the survivors rebuild its shard from
+// epoch 2's parity and resume with one process's numbers. Real processes, real signals; every
+// process and segment is reaped however the test ends. No timing thresholds.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -81,13 +81,15 @@ TEST(LiveResizeSpareEc, TheAdmittedSparesSnapshotsAreErasureCodedAndASecondLossR
   })) << job.all_logs();
   const int at = coded_place(job, spare, 2);
   std::printf("[ says     ] the spare is node %d of epoch 2\n", at);
-  // Where the lost node's state came from (the spare has none of it).
+  // The lost node's shard (the spare has none of it) was rebuilt from epoch 1's parity.
   std::string first;
   for (const std::string& l : job.lines_with(0, "resize: epoch"))
     if (l.find("epoch 1 -> 2") != std::string::npos) first = l;
   const size_t from = first.find("resumed at");
   std::printf("[ says     ] %s\n",
               first.substr(from == std::string::npos ? 0 : from).substr(0, 300).c_str());
+  EXPECT_NE(first.find("in-memory snapshots (2 own, 1 rebuilt from parity)"), std::string::npos)
+      << job.all_logs();
   // Parity of epoch 2 is held: each node of a group of k + m = 3 holds a parity fragment of
   // the stripes (the parity's place rotates over the group).
   ASSERT_TRUE(poll_until([&] {
