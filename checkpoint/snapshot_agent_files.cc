@@ -12,7 +12,11 @@
 #include <filesystem>
 #include <optional>
 #include <set>
+#include <thread>
 #include <utility>
+
+#include "base/check.h"
+#include "base/error.h"
 
 namespace weft::checkpoint {
 
@@ -84,6 +88,31 @@ std::string agent_socket_path(const std::string& job, int node) {
 
 std::string agent_lock_path(const std::string& job, int node) {
   return "/dev/shm/" + std::string(kLockPrefix) + job + "-n" + std::to_string(node) + ".lock";
+}
+
+bool holds_agent_lock(int fd, const std::string& job, int node) {
+  struct stat held {}, named {};
+  // flock on a descriptor whose open file already holds the lock succeeds: it is ours.
+  return ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &held) == 0 &&
+         ::stat(agent_lock_path(job, node).c_str(), &named) == 0 && held.st_ino == named.st_ino &&
+         held.st_dev == named.st_dev;
+}
+
+int take_agent_lock(const std::string& job, int node, std::chrono::milliseconds patience) {
+  const std::string path = agent_lock_path(job, node);
+  const auto until = std::chrono::steady_clock::now() + patience;
+  for (;;) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+      throw IoError(str("cannot open the snapshot agent lock ", path, ": ", std::strerror(errno)));
+    if (holds_agent_lock(fd, job, node)) return fd;
+    const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0;
+    ::close(fd);
+    // Taken on a file a sweep unlinked meanwhile: again at once, on the file named now.
+    if (!held) continue;
+    if (std::chrono::steady_clock::now() >= until) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 std::vector<std::string> remove_stale_agent_files(const std::string& job, int node) {

@@ -43,6 +43,9 @@ Unix socket PATH (WEFT_SNAPSHOT_SOCKET), one JSON request per line.
                  of the group's snapshots (Reed-Solomon, ISA-L); reserve counts either
   --ec-k K, --ec-m M  ec's data and parity fragments per stripe (default 2 and 1)
   --insecure     without a job token, accept peers from other machines too
+  --lock-fd FD   the agent lock of the job and node, already taken by the process that
+                 starts the agent (weft run: its choice of the node's index and the lock are
+                 one step); default: the agent takes it itself
 
 At start it adopts the job's segments of this node and removes those of abandoned jobs.
 SIGTERM or SIGINT: exit 0 keeping the segments; the request `finish` removes them.
@@ -52,7 +55,7 @@ SIGTERM or SIGINT: exit 0 keeping the segments; the request `finish` removes the
 
 int cmd_snapshot_agent(const std::vector<std::string>& argv) {
   Args args(argv, {"--job", "--node", "--socket", "--abandoned-after", "--guardian", "--listen",
-             "--redundancy", "--ec-k", "--ec-m"},
+             "--redundancy", "--ec-k", "--ec-m", "--lock-fd"},
             {"--help", "--insecure"});
   if (args.flag("--help")) {
     std::fputs(kHelp, stdout);
@@ -90,6 +93,10 @@ int cmd_snapshot_agent(const std::vector<std::string>& argv) {
   if (o.ec_k < 1 || o.ec_m < 1 || o.ec_k + o.ec_m > 255)
     throw ConfigError("--ec-k", "--ec-k and --ec-m must be >= 1 with a sum of at most 255");
   o.insecure = args.flag("--insecure");
+  o.lock_fd = int(args.get_int("--lock-fd", -1));
+  if (args.has("--lock-fd") && o.lock_fd < 0)
+    throw ConfigError("--lock-fd",
+                      "must be an open descriptor (>= 0), got " + std::to_string(o.lock_fd));
   return run_snapshot_agent(o);
 }
 

@@ -2,9 +2,7 @@
 #include "launch/node_agent.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <sys/eventfd.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,8 +18,6 @@
 #include "base/check.h"
 #include "base/error.h"
 #include "base/host.h"
-#include "checkpoint/job_id.h"
-#include "checkpoint/snapshot_agent_files.h"
 #include "comm/elastic/peer_check.h"
 #include "comm/elastic/peer_link.h"
 #include "comm/elastic/rendezvous.h"
@@ -42,37 +38,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 comm::Millis millis(double s) { return comm::Millis(int64_t(s * 1000)); }
-
-// Whether a live agent of job `job` holds node `node`'s agent lock on this machine. A held
-// lock is looked at again for a moment, as the agent's own take_lock does: an agent whose
-// weft run died follows it (PR_SET_PDEATHSIG) within that moment, and the node that comes
-// after should have its name (it adopts the segments left under it).
-bool agent_lock_held(const std::string& job, int node) {
-  const auto until = Clock::now() + std::chrono::milliseconds(500);
-  for (;;) {
-    const int fd = ::open(checkpoint::agent_lock_path(job, node).c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) return false;  // no lock file: no agent
-    const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0;
-    ::close(fd);
-    if (!held || Clock::now() >= until) return held;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
-
-// The index this node's snapshot agent is named by on this machine (its lock and socket):
-// its place `wanted` (the node index it starts under; MAX for a spare, which has none yet)
-// unless a live agent of the job holds that name, else the first free from MAX up. A name
-// held is another node's agent on the same machine: a spare's guessed place is a member's,
-// and a newcomer's rank (so its index) may be that of a departing node still handing over.
-// Started under a held name, the agent would fail its lock and the workers would snapshot
-// into the other node's agent. A name is only a name: the node's real place comes with each
-// epoch (sync_snapshot_peers).
-int snapshot_agent_index(const std::string& run_id, int wanted, int nnodes_max) {
-  const std::string job = checkpoint::job_id_for_run(run_id);
-  if (!agent_lock_held(job, wanted)) return wanted;
-  for (int node = std::max(wanted + 1, nnodes_max);; ++node)
-    if (!agent_lock_held(job, node)) return node;
-}
 
 double seconds(comm::Millis t) { return double(t.count()) / 1000; }
 
@@ -1119,11 +1084,10 @@ int NodeAgent::run() {
     site.nnodes_max = o_.nnodes_max;
     site.insecure = o_.rdzv_conf.insecure.value_or(false) && token_.empty();
     // A spare's agent starts beside its parked workers (they connect to it as they start),
-    // named beyond the membership; any agent under a name no other agent here holds
-    // (snapshot_agent_index says why).
+    // named beyond the membership; any agent under a name no other agent here holds, chosen
+    // by taking its lock (SnapshotAgentPlan::node says why).
     const int place = static_ ? o_.node_rank : parked_ ? o_.nnodes_max : m.index;
-    snapshots_ = start_snapshot_agent(so_.command, so_.run_id,
-                                      snapshot_agent_index(so_.run_id, place, o_.nnodes_max), site);
+    snapshots_ = start_snapshot_agent(so_.command, so_.run_id, place, site);
   } catch (const ConfigError& e) {
     if (parked_) end_parked(Outcome{Outcome::End::kFailed, 2, e.what(), e.what()});
     return finish(2, e.what(), true);

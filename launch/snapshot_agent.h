@@ -5,7 +5,8 @@
 // of checkpoint/snapshot_protocol.h.
 //
 // At start it takes the agent lock of the job and node (/dev/shm/weft-agent-<job>-n<node>.lock,
-// flock: never two agents for one job and node), adopts the job's data segments of this
+// flock: never two agents for one job and node), or keeps the one handed to it (--lock-fd),
+// adopts the job's data segments of this
 // node that exist (a restarted agent: they keep their data; it becomes their owner): those
 // named by its --node, and those of a later epoch's index (a resize renumbers the nodes)
 // that its guardian guards, and
@@ -49,6 +50,9 @@ struct SnapshotAgentOptions {
   std::string redundancy = "none";
   int ec_k = 2, ec_m = 1;
   bool insecure = false;
+  // The agent lock, already taken by the process that started the agent (weft run, which
+  // chose the index by taking it: --lock-fd); -1: the agent takes it at start.
+  int lock_fd = -1;
 };
 
 // What the agent's background "on committed" stage receives for each commit a worker

@@ -24,30 +24,21 @@ namespace fs = std::filesystem;
 
 void Agent::take_lock() {
   const std::string path = lock_path(o_.job_id, o_.node);
-  // A sweep of stale agent files (checkpoint/snapshot_agent_files.h) holds a lock for
-  // microseconds and then unlinks the file: a held lock is retried for a moment, and a lock
-  // taken on a file unlinked meanwhile is taken again on the file the path names now.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-  for (;;) {
-    lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lock_fd_ < 0)
-      throw IoError(str("snapshot agent: cannot open its lock ", path, ": ", std::strerror(errno)));
-    if (::flock(lock_fd_, LOCK_EX | LOCK_NB) == 0) {
-      struct stat held {}, named {};
-      if (::fstat(lock_fd_, &held) == 0 && ::stat(path.c_str(), &named) == 0 &&
-          held.st_ino == named.st_ino && held.st_dev == named.st_dev)
-        return;
-    } else if (std::chrono::steady_clock::now() >= until) {
-      ::close(lock_fd_);
-      lock_fd_ = -1;
-      throw IoError(str("snapshot agent: another agent serves job ", o_.job_id, " on node ",
-                        o_.node, " (it holds ", path, "); stop it first"));
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    ::close(lock_fd_);
-    lock_fd_ = -1;
+  if (o_.lock_fd >= 0) {  // taken by weft run, which chose this index by taking it
+    if (!ckpt::holds_agent_lock(o_.lock_fd, o_.job_id, o_.node))
+      throw IoError(str("snapshot agent: --lock-fd ", o_.lock_fd, " does not hold ", path,
+                        " (another agent serves job ", o_.job_id, " on node ", o_.node,
+                        ", or the descriptor is not that lock); start it without --lock-fd"));
+    ::fcntl(o_.lock_fd, F_SETFD, FD_CLOEXEC);
+    lock_fd_ = o_.lock_fd;
+    return;
   }
+  // A sweep of stale agent files (checkpoint/snapshot_agent_files.h) holds a lock for
+  // microseconds and then unlinks the file: a held lock is retried for a moment.
+  lock_fd_ = ckpt::take_agent_lock(o_.job_id, o_.node, std::chrono::milliseconds(500));
+  if (lock_fd_ < 0)
+    throw IoError(str("snapshot agent: another agent serves job ", o_.job_id, " on node ", o_.node,
+                      " (it holds ", path, "); stop it first"));
 }
 
 void Agent::adopt() {

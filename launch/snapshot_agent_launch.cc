@@ -31,6 +31,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// How long a held agent lock is tried again (checkpoint::take_agent_lock says why).
+constexpr std::chrono::milliseconds kLockPatience{500};
+// The descriptor the agent finds its lock at (--lock-fd): the first after stdin/out/err.
+constexpr int kAgentLockFd = 3;
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -74,14 +79,15 @@ std::optional<SnapshotAgentPlan> snapshot_agent_plan(const std::vector<std::stri
     return std::nullopt;  // the worker says what is wrong, with its exit code
   }
   p.job_id = checkpoint::job_id_for_run(run_id);
-  p.node = node;
+  p.node = node;  // the one wanted: SnapshotAgentProcess chooses
   p.socket = checkpoint::agent_socket_path(p.job_id, node);
   return p;
 }
 
 SnapshotAgentProcess::SnapshotAgentProcess(SnapshotAgentPlan plan) : plan_(std::move(plan)) {
+  const int lock = choose_index();
   ::setenv(checkpoint::kSnapshotSocketVar, plan_.socket.c_str(), 1);
-  spawn();
+  spawn(lock);
   if (!wait_ready(10)) {
     stop();
     throw IoError(str("weft run: the snapshot agent for job ", plan_.job_id,
@@ -97,7 +103,36 @@ SnapshotAgentProcess::~SnapshotAgentProcess() {
   }
 }
 
-void SnapshotAgentProcess::spawn() {
+int SnapshotAgentProcess::choose_index() {
+  const int wanted = plan_.node;
+  for (int node = wanted;;
+       node = node == wanted ? std::max(wanted + 1, plan_.nnodes_max) : node + 1) {
+    const int fd = checkpoint::take_agent_lock(plan_.job_id, node, kLockPatience);
+    if (fd < 0) continue;
+    if (node != wanted)
+      std::fprintf(stderr,
+                   "weft run: a live snapshot agent of job %s holds index %d on this machine; "
+                   "this node's agent is named by index %d\n",
+                   plan_.job_id.c_str(), wanted, node);
+    plan_.node = node;
+    plan_.socket = checkpoint::agent_socket_path(plan_.job_id, node);
+    return fd;
+  }
+}
+
+void SnapshotAgentProcess::spawn(int lock) {
+  // An attempt that fails (its index held, no fork) counts as a quick death for keep_alive.
+  started_s_ = now_s();
+  if (lock < 0) lock = checkpoint::take_agent_lock(plan_.job_id, plan_.node, kLockPatience);
+  if (lock < 0)
+    throw IoError(str("another snapshot agent of job ", plan_.job_id, " holds index ", plan_.node,
+                      " on this machine (", checkpoint::agent_lock_path(plan_.job_id, plan_.node),
+                      "): a restarted agent keeps its index (it adopts the segments under it)"));
+  // This process's copy of the lock goes whatever happens here: the agent's is the one held.
+  struct CloseLock {
+    int fd;
+    ~CloseLock() { ::close(fd); }
+  } close_lock{lock};
   // Everything the child needs is built before fork: after it, only async-signal-safe calls.
   // weft run is the agent's guardian (keep_alive restarts it): named in its segments, it
   // keeps another job's agent from removing them between a kill and the restart.
@@ -108,7 +143,8 @@ void SnapshotAgentProcess::spawn() {
       "--node",       std::to_string(plan_.node),
       "--socket",     plan_.socket,
       "--guardian",   std::to_string(parent),
-      "--redundancy", plan_.redundancy};
+      "--redundancy", plan_.redundancy,
+      "--lock-fd",    std::to_string(kAgentLockFd)};
   if (plan_.redundancy == "ec")
     args.insert(args.end(),
                 {"--ec-k", std::to_string(plan_.ec_k), "--ec-m", std::to_string(plan_.ec_m)});
@@ -131,21 +167,26 @@ void SnapshotAgentProcess::spawn() {
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGHUP}) ::signal(s, SIG_DFL);
+    // The lock at a known number, kept across exec (dup2 clears close-on-exec; so does
+    // fcntl when it is there already).
+    if (lock == kAgentLockFd)
+      ::fcntl(lock, F_SETFD, 0);
+    else if (::dup2(lock, kAgentLockFd) < 0)
+      ::_exit(126);
     int null = ::open("/dev/null", O_RDONLY);
     if (null >= 0) ::dup2(null, 0);
     // The store's sockets, the workers' pipes: none of them is the agent's to hold open.
     bool closed = false;
 #ifdef SYS_close_range
-    closed = ::syscall(SYS_close_range, 3U, ~0U, 0) == 0;
+    closed = ::syscall(SYS_close_range, unsigned(kAgentLockFd) + 1, ~0U, 0) == 0;
 #endif
-    for (long fd = 3; !closed && fd < max_fd; ++fd) ::close(int(fd));
+    for (long fd = kAgentLockFd + 1; !closed && fd < max_fd; ++fd) ::close(int(fd));
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }
   ::setpgid(pid, pid);
   pid_ = pid;
   ++generation_;
-  started_s_ = now_s();
   std::fprintf(stderr,
                "weft run: started the snapshot agent (pid %d) for job %s on node %d at %s\n",
                int(pid), plan_.job_id.c_str(), plan_.node, plan_.socket.c_str());
@@ -201,8 +242,14 @@ void SnapshotAgentProcess::keep_alive() {
 void SnapshotAgentProcess::finish() {
   if (pid_ <= 0) {  // died since the last tick: a fresh one adopts the segments to remove
     given_up_ = false;
-    spawn();
-    if (!wait_ready(10)) {
+    bool started = false;
+    try {
+      spawn();
+      started = wait_ready(10);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "weft run: cannot start the snapshot agent again: %s\n", e.what());
+    }
+    if (!started) {
       std::fprintf(
           stderr,
           "weft run: the snapshot agent did not start to finish the job; its segments stay "
@@ -294,6 +341,7 @@ std::unique_ptr<SnapshotAgentProcess> start_snapshot_agent(const std::vector<std
                           "at most ", site.host.empty() ? 1 : site.nnodes_max,
                           " (--nnodes MIN:MAX); lower k or m, run on more nodes, or use "
                           "snapshot.redundancy: replica"));
+  plan->nnodes_max = site.nnodes_max;
   if (plan->redundancy != "none") {
     const bool v6 = site.host.find(':') != std::string::npos;
     plan->listen = (v6 ? "[" + site.host + "]" : site.host) + ":0";

@@ -17,7 +17,15 @@ namespace weft::launch {
 
 struct SnapshotAgentPlan {
   std::string job_id;  // checkpoint::job_id_for_run(run id): the workers' job id too
+  // The index the agent is named by on this machine (its lock and socket): the one wanted
+  // (the node's place; MAX for a spare, which has none yet) unless a live agent of the job
+  // holds it here, else the first free from max(node + 1, nnodes_max). A name held is another
+  // node's agent on the same machine: a spare's guessed place is a member's, and a newcomer's
+  // rank (so its index) may be that of a departing node still handing over. A name is only a
+  // name: the node's real place comes with each epoch (peers). SnapshotAgentProcess's start
+  // chooses it by taking its lock (checkpoint::take_agent_lock), then sets node and socket.
   int node = 0;
+  int nnodes_max = 1;               // --nnodes MAX: the first index beyond any member's
   std::string socket;               // checkpoint::agent_socket_path(job id, node)
   std::string redundancy = "none";  // snapshot.redundancy: "none" = this node's only copy
   int ec_k = 2, ec_m = 1;           // snapshot.ec (redundancy ec)
@@ -43,19 +51,23 @@ std::optional<SnapshotAgentPlan> snapshot_agent_plan(const std::vector<std::stri
 // signal follows the thread that forked it).
 class SnapshotAgentProcess {
  public:
-  // Starts `weft snapshot-agent` (this binary) in its own process group, with SIGTERM as
-  // its parent-death signal (it keeps the segments) and this process as its guardian
-  // (--guardian: recorded in its segments, which stay while a restart is due), sets
-  // WEFT_SNAPSHOT_SOCKET in this process's environment for the workers, and waits until it
-  // answers. IoError when it exits or does not answer within 10 s.
+  // Chooses the agent's index (plan.node: the first whose lock it takes, SnapshotAgentPlan
+  // says which) and starts `weft snapshot-agent` (this binary) under it, handing it the lock
+  // taken (--lock-fd: no other weft run can take that index between the choice and the
+  // agent's start; this process keeps no copy, so a killed agent's lock is free), in its own
+  // process group, with SIGTERM as its parent-death signal (it keeps the segments) and this
+  // process as its guardian (--guardian: recorded in its segments, which stay while a
+  // restart is due); sets WEFT_SNAPSHOT_SOCKET in this process's environment for the
+  // workers, and waits until it answers. IoError when it exits or does not answer within 10 s.
   explicit SnapshotAgentProcess(SnapshotAgentPlan plan);
   ~SnapshotAgentProcess();  // stop() unless finished; never throws
   SnapshotAgentProcess(const SnapshotAgentProcess&) = delete;
   SnapshotAgentProcess& operator=(const SnapshotAgentProcess&) = delete;
 
-  // Reaps the agent if it ended and starts it again (it adopts its segments), saying so on
-  // stderr; after three deaths within 2 s of their start it gives up (said once). Cheap
-  // when it runs: call it at every monitor tick.
+  // Reaps the agent if it ended and starts it again under the same index (its lock taken
+  // again and handed over; it adopts its segments), saying so on stderr; after three deaths
+  // within 2 s of their start it gives up (said once). Cheap when it runs: call it at every
+  // monitor tick.
   void keep_alive();
   // The job ended well: `finish` (the agent removes the job's segments and exits 0), reaped.
   void finish();
@@ -74,7 +86,8 @@ class SnapshotAgentProcess {
   void peers(int64_t epoch, int node, const std::vector<std::string>& nodes);
 
  private:
-  void spawn();
+  int choose_index();         // plan_.node and plan_.socket; the lock taken (a descriptor)
+  void spawn(int lock = -1);  // -1: takes plan_.node's lock first (a restart)
   bool wait_ready(double seconds);
   bool reap(bool block);  // true once the agent is reaped (pid_ = -1)
   SnapshotAgentPlan plan_;
@@ -88,9 +101,10 @@ class SnapshotAgentProcess {
 };
 
 // weft run's entry point: the agent for `command` when it needs one (snapshot_agent_plan),
-// started; nullptr otherwise. ConfigError naming snapshot.redundancy for replica on a job
-// of one node (`site.nnodes_max` < 2: --standalone, --nnodes 1): nobody to copy to; naming
-// snapshot.ec for ec on fewer than k + m nodes.
+// started under `node` or the first free index from `site.nnodes_max` up; nullptr otherwise.
+// ConfigError naming snapshot.redundancy for replica on a job of one node (`site.nnodes_max`
+// < 2: --standalone, --nnodes 1): nobody to copy to; naming snapshot.ec for ec on fewer than
+// k + m nodes.
 std::unique_ptr<SnapshotAgentProcess> start_snapshot_agent(const std::vector<std::string>& command,
                                                            const std::string& run_id, int node,
                                                            const SnapshotAgentSite& site = {});
