@@ -35,7 +35,7 @@ class SnapshotAgentIndex : public SnapshotProcessTest {
   // Racer `i`'s stand-in worker: a script named weft (so that `weft train --config X` with
   // snapshot.every set gets an agent) that records WEFT_SNAPSHOT_SOCKET in its folder and
   // exits 0 once the file `go` there is written.
-  std::string racer_dir(int i) const { return path("r" + std::to_string(i)); }
+  std::string racer_dir(int i) const { return path(std::string("r").append(std::to_string(i))); }
   std::string worker(int i) {
     const std::string d = racer_dir(i);
     fs::create_directories(d + "/bin");
