@@ -31,10 +31,16 @@ inline std::filesystem::path agent_test_dir(const std::string& family, const std
   return d;
 }
 
+// The file's text ("" when it cannot be opened). A /proc file of a process that ends while it
+// is read fails the read (ESRCH, thrown from the stream's buffer): what was read, usually
+// nothing, as for a process already gone.
 inline std::string slurp(const std::filesystem::path& p) {
   std::ifstream in(p);
   std::stringstream s;
-  s << in.rdbuf();
+  try {
+    s << in.rdbuf();
+  } catch (const std::exception&) {
+  }
   return s.str();
 }
 
