@@ -326,8 +326,10 @@ std::string SnapshotAgentClient::peers(const std::string& job, int64_t epoch, in
   return s.is_string() ? s.get<std::string>() : std::string();
 }
 
-std::vector<std::string> SnapshotAgentClient::finish(const std::string& job) {
-  json reply = checked({{"op", "finish"}, {"job", job}}, timeout_);
+std::vector<std::string> SnapshotAgentClient::finish(const std::string& job, bool node_only) {
+  json request = {{"op", "finish"}, {"job", job}};
+  if (node_only) request["scope"] = "node";
+  json reply = checked(request, timeout_);
   std::vector<std::string> removed;
   if (reply.contains("removed") && reply["removed"].is_array())
     for (const json& n : reply["removed"])

@@ -52,8 +52,11 @@
 //     away. ec: its chunks go to their stripes' parity holders (launch/snapshot_parity.h),
 //     and the previous ring's nodes missing from this one are rebuilt; "successor" is null.
 //     Refused for an epoch older than the one the agent has, or without --listen.
-//   {"op":"finish","job":J} -> {"ok":true,"removed":[names]}; then the agent exits 0.
-//     The job ended well: every segment of J on this node is unlinked.
+//   {"op":"finish","job":J[,"scope":"node"]} -> {"ok":true,"removed":[names]}; then the agent
+//     exits 0. The job ended well: every segment of J on this machine is unlinked. With
+//     scope "node", this node left a job that goes on (its hand-over confirmed): only the
+//     segments this agent holds (its ranks', and the replicas, parity and rebuilt snapshots it
+//     kept for others) are; another node's agent on the same machine keeps its own.
 #pragma once
 
 #include <chrono>
@@ -154,8 +157,9 @@ class SnapshotAgentClient {
   // repair: the blocks of `segment`'s snapshot of `step` the agent repaired from parity (0:
   // none was corrupt). IoError with the agent's reason when it refuses or cannot.
   int64_t repair(const std::string& segment, int64_t step);
-  // finish: the names the agent removed; the agent exits after replying.
-  std::vector<std::string> finish(const std::string& job);
+  // finish: the names the agent removed; the agent exits after replying. node_only: the
+  // "node" scope (the node left a job that goes on).
+  std::vector<std::string> finish(const std::string& job, bool node_only = false);
   // endpoint: where the agent accepts its peers ("" when it does not).
   std::string endpoint();
   // peers: the ring of `epoch` (every node's endpoint by index, this node `node`); returns

@@ -1177,7 +1177,7 @@ int NodeAgent::run() {
     if (leaving_ && out.end == Outcome::End::kSucceeded) {
       std::fprintf(stderr, "weft run: node %s left the job; its workers handed their state over\n",
                    me_.c_str());
-      if (snapshots_) snapshots_->stop();
+      if (snapshots_) snapshots_->leave();  // the others hold its state: its snapshots go
       serve_while_others_run();
       return 0;
     }

@@ -210,7 +210,10 @@ json Agent::handle(const std::string& line) {
     if (op == "finish") {
       if (!req.contains("job") || !req["job"].is_string())
         return refusal("bad request: finish needs \"job\"");
-      return finish(req["job"].get<std::string>());
+      const std::string scope = req.value("scope", std::string("job"));
+      if (scope != "job" && scope != "node")
+        return refusal("bad request: finish's \"scope\" is \"job\" or \"node\", not \"" + scope + "\"");
+      return finish(req["job"].get<std::string>(), scope == "node");
     }
     return refusal("bad request: unknown op '" + op +
                    "' (reserve, committed, idle, list, repair, peers, endpoint, finish)");
@@ -307,19 +310,32 @@ json Agent::list() const {
   return {{"ok", true}, {"segments", segments}};
 }
 
-json Agent::finish(const std::string& job) {
+json Agent::finish(const std::string& job, bool node_only) {
   if (job != o_.job_id) return refusal(str("this agent serves job ", o_.job_id, ", not ", job));
   if (listener_) listener_->stop();  // nothing lands after the unlinks below
   if (replicas_) replicas_->stop();
   if (parity_) parity_->stop();
   std::set<std::string> names;
   for (const auto& [name, x] : owned_) names.insert(name);
-  for (const std::string& name : ckpt::snapshot_segments(o_.job_id)) names.insert(name);
+  for (const std::string& name : ckpt::snapshot_segments(o_.job_id)) {
+    // A node leaving a job that goes on: what this agent made or adopted (each segment
+    // records its owner), not what another node's agent on this machine holds.
+    if (node_only) {
+      try {
+        if (ckpt::SnapshotSegment::open(name, false).owner_pid() != int(::getpid())) continue;
+      } catch (const std::exception&) {
+        continue;  // gone meanwhile, or being made by another agent
+      }
+    }
+    names.insert(name);
+  }
   for (const std::string& name : names) ckpt::SnapshotSegment::unlink(name);
   owned_.clear();
   if (replicas_) replicas_->clear();
   if (parity_) parity_->clear();
-  say(str("finish: job ", job, " ended well; removed its ", names.size(), " segment(s); exiting"));
+  say(node_only ? str("finish: this node left job ", job, " (its hand-over confirmed); removed the ",
+                      names.size(), " segment(s) this agent held; exiting")
+                : str("finish: job ", job, " ended well; removed its ", names.size(), " segment(s); exiting"));
   finished_ = true;
   return {{"ok", true}, {"removed", std::vector<std::string>(names.begin(), names.end())}};
 }

@@ -239,7 +239,7 @@ void SnapshotAgentProcess::keep_alive() {
   }
 }
 
-void SnapshotAgentProcess::finish() {
+void SnapshotAgentProcess::end_well(bool node_only) {
   if (pid_ <= 0) {  // died since the last tick: a fresh one adopts the segments to remove
     given_up_ = false;
     bool started = false;
@@ -261,10 +261,9 @@ void SnapshotAgentProcess::finish() {
   try {
     checkpoint::SnapshotAgentClient client(std::chrono::milliseconds(10000));
     client.connect(plan_.socket);
-    std::vector<std::string> removed = client.finish(plan_.job_id);
-    std::fprintf(stderr,
-                 "weft run: the job ended well; the snapshot agent removed its %zu segment(s)\n",
-                 removed.size());
+    std::vector<std::string> removed = client.finish(plan_.job_id, node_only);
+    std::fprintf(stderr, "weft run: %s; the snapshot agent removed its %zu segment(s)\n",
+                 node_only ? "this node left the job" : "the job ended well", removed.size());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weft run: the snapshot agent did not finish (%s); its segments stay\n",
                  e.what());

@@ -70,7 +70,11 @@ class SnapshotAgentProcess {
   // monitor tick.
   void keep_alive();
   // The job ended well: `finish` (the agent removes the job's segments and exits 0), reaped.
-  void finish();
+  void finish() { end_well(false); }
+  // This node left a job that goes on, its hand-over confirmed: `finish` of the node's scope
+  // (the agent removes the segments it holds, the others' on this machine stay, and exits
+  // 0), reaped. Its snapshots are of no use to anyone once the others hold its state.
+  void leave() { end_well(true); }
   // The job failed or was stopped: SIGTERM, SIGKILL after 5 s, reaped; segments stay.
   // The socket and lock a killed agent left are removed (checkpoint/snapshot_agent_files.h).
   void stop();
@@ -87,6 +91,7 @@ class SnapshotAgentProcess {
 
  private:
   int choose_index();         // plan_.node and plan_.socket; the lock taken (a descriptor)
+  void end_well(bool node_only);
   void spawn(int lock = -1);  // -1: takes plan_.node's lock first (a restart)
   bool wait_ready(double seconds);
   bool reap(bool block);  // true once the agent is reaped (pid_ = -1)

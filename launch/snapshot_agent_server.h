@@ -162,7 +162,7 @@ class Agent {
   json reserve(const ckpt::Reservation& r);
   json committed(const std::string& name, int64_t step);
   json list() const;
-  json finish(const std::string& job);
+  json finish(const std::string& job, bool node_only);
   json peers(const json& req);
   void start_peers();
   void serve_peer(ckpt::PeerChannel& ch);

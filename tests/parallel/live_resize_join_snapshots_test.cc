@@ -8,7 +8,8 @@
 // its place in epoch 3. Epoch 3's first world then forms with the leaver's worker in it (its
 // node is still departing: the newcomer's worker, started in the epoch, must count it too,
 // as the survivors' do) and trains to the end: the leaver hands its state over there and
-// every agent exits 0, with one process's numbers. Real processes, real signals; every
+// every agent exits 0, with one process's numbers; the leaver's snapshot agent removes the
+// segments it held and nothing of the others'. Real processes, real signals; every
 // process and segment is reaped however the test ends.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -17,6 +18,7 @@
 #include <string>
 
 #include "checkpoint/job_id.h"
+#include "checkpoint/snapshot_segment.h"
 #include "tests/support/live_job.h"
 #include "tests/support/snapshot_leftovers.h"
 
@@ -56,7 +58,22 @@ TEST(LiveResizeJoinSnapshots, ANewcomerGivenALeaversRankStartsItsOwnSnapshotAgen
   // Epoch 3's world forms (the survivors', the newcomer's and the leaver's workers agree on
   // its size) and trains: the leaver goes once it handed over, the others finish the job.
   ASSERT_TRUE(job.wait_world(3, 1, 3)) << phases_text(job.phases()) << job.all_logs();
-  job.expect_exits({2, 0, 1, newcomer});
+  ASSERT_EQ(job.wait(2), std::optional<int>(0)) << job.all_logs();
+  // The leaver's agent removed what it held (its snapshots are of no use once the others
+  // hold its state) and nothing else: every segment of the job left is held by a live agent,
+  // and the others, training on, still have theirs.
+  ASSERT_FALSE(job.ended(0)) << "the job ended before its leaver: nothing left to look at";
+  EXPECT_EQ(job.lines_with(2, "(its hand-over confirmed); removed the ").size(), 1u) << job.text(2);
+  const std::vector<std::string> left = checkpoint::snapshot_segments(segments.job);
+  EXPECT_FALSE(left.empty());
+  for (const std::string& name : left) {
+    try {
+      const int owner = checkpoint::SnapshotSegment::open(name, false).owner_pid();
+      EXPECT_EQ(::kill(owner, 0), 0) << name << " is held by pid " << owner << ", gone";
+    } catch (const std::exception&) {  // removed meanwhile by a live agent's retirement
+    }
+  }
+  job.expect_exits({0, 1, newcomer});
   for (int k : {0, 1, 2, newcomer})
     EXPECT_TRUE(job.lines_with(k, "world of epoch 3 not entered").empty()) << job.text(k);
   EXPECT_EQ(job.lines_with(2, "left the job; its workers handed their state over").size(), 1u)
