@@ -183,6 +183,42 @@ TEST_F(SnapshotAgentTest, FinishRemovesEverySegmentAndTheAgentExitsZero) {
   EXPECT_FALSE(fs::exists("/dev/shm/weft-agent-" + job_ + "-n0.lock"));
 }
 
+// finish of the node's scope (a node that left a job that goes on): the agent removes the
+// segments it holds and exits 0; another node's agent of the job on this machine keeps its
+// own. A scope other than "job" or "node" is refused, naming it.
+TEST_F(SnapshotAgentTest, FinishOfTheNodesScopeRemovesOnlyThisAgentsSegments) {
+  pid_t leaver = start_agent(job_);
+  const std::string other_socket = path("other.sock");
+  start({"snapshot-agent", "--job", job_, "--node", "1", "--socket", other_socket,
+         "--abandoned-after", "60"},
+        path("other.log"));
+  SnapshotAgentClient mine(milliseconds(10000)), other(milliseconds(10000));
+  mine.connect(socket_);
+  other.connect(other_socket);
+  std::vector<std::string> names = mine.segment(two_ranks(job_, 1));
+  std::vector<std::string> kept =
+      other.segment(Reservation{job_, 1, 1, {{0, 2, kRankBytes}, {1, 2, kRankBytes}}, 0});
+  write_snapshot(kept[0], job_, 1, 1, 0, 2, 5, kRankBytes);
+  other.committed(kept[0], 5);
+  const nlohmann::json refused =
+      mine.call({{"op", "finish"}, {"job", job_}, {"scope", "machine"}}, milliseconds(10000));
+  EXPECT_FALSE(refused.value("ok", true)) << refused.dump();
+  EXPECT_NE(refused.value("error", std::string()).find("\"scope\" is \"job\" or \"node\""),
+            std::string::npos)
+      << refused.dump();
+  std::vector<std::string> removed = mine.finish(job_, /*node_only=*/true);
+  EXPECT_EQ(removed, names);
+  const int status = wait_exit(leaver, 10);
+  ASSERT_NE(status, -1) << "the agent did not exit after finish";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_FALSE(exists(names[0]) || exists(names[1]));
+  EXPECT_TRUE(exists(kept[0]) && exists(kept[1]));
+  EXPECT_EQ(other.list().size(), 2u);
+  EXPECT_NE(read(path("agent.log")).find("removed the 2 segment(s) this agent held"),
+            std::string::npos)
+      << read(path("agent.log"));
+}
+
 // SIGTERM: the agent stops serving and exits 0; the segments stay for a restart.
 TEST_F(SnapshotAgentTest, SigtermKeepsTheSegmentsAndExitsZero) {
   pid_t agent = start_agent(job_);
