@@ -92,16 +92,9 @@ TEST(LiveResizeSpareSnapshots, TheSparesAgentSnapshotsInTheLostPlaceAndASecondLo
   EXPECT_TRUE(replica_holders(job, {spare}, next, 2).empty()) << job.all_logs();
   // The second loss: the spare dies whole after a few more steps of epoch 2.
   ASSERT_TRUE(job.wait_world(3, 20, 2)) << job.all_logs();
-  const std::vector<pid_t> spare_worker = children(job.pid(spare));
-  ASSERT_EQ(spare_worker.size(), 1u) << job.all_logs();
-  ::kill(spare_worker[0], SIGKILL);
-  ::kill(job.pid(spare), SIGKILL);
-  EXPECT_EQ(job.wait(spare), 128 + SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(job.kill_whole(spare));
   job.expect_exits({0, 2});
-  std::string second;
-  for (const std::string& l : job.lines_with(0, "resize: epoch"))
-    if (l.find("epoch 2 -> 3") != std::string::npos) second = l;
-  std::printf("[ says     ] %s\n", second.substr(0, 500).c_str());
+  const std::string second = job.resize_line("epoch 2 -> 3");
   EXPECT_NE(second.find("world 3 -> 2"), std::string::npos) << job.all_logs();
   EXPECT_NE(second.find("in-memory snapshots (2 own, 1 replica)"), std::string::npos)
       << job.all_logs();

@@ -291,6 +291,23 @@ struct LiveJob {
       else EXPECT_EQ(*got, code) << "agent " << k << "\n" << all_logs();
     }
   }
+  // Agent k lost whole, as a host that dies: its one worker, then the agent, SIGKILLed.
+  void kill_whole(int k) {
+    const std::vector<pid_t> worker = children(pid(k));
+    ASSERT_EQ(worker.size(), 1u) << all_logs();
+    ::kill(worker[0], SIGKILL);
+    ::kill(pid(k), SIGKILL);
+    EXPECT_EQ(wait(k), 128 + SIGKILL);
+  }
+  // Agent 0's last resize line of the change `change` ("epoch 2 -> 3"), printed for the
+  // record (its first 500 characters); "" when there is none.
+  std::string resize_line(const std::string& change) const {
+    std::string line;
+    for (const std::string& l : lines_with(0, "resize: epoch"))
+      if (l.find(change) != std::string::npos) line = l;
+    std::printf("[ says     ] %s\n", line.substr(0, 500).c_str());
+    return line;
+  }
   // Agent 0's one resize line, printed for the record; "" (and a failure) unless there is
   // exactly one.
   std::string only_resize_line() const {
