@@ -91,7 +91,8 @@ std::string agent_lock_path(const std::string& job, int node) {
 }
 
 bool holds_agent_lock(int fd, const std::string& job, int node) {
-  struct stat held {}, named {};
+  struct stat held = {};
+  struct stat named = {};
   // flock on a descriptor whose open file already holds the lock succeeds: it is ours.
   return ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &held) == 0 &&
          ::stat(agent_lock_path(job, node).c_str(), &named) == 0 && held.st_ino == named.st_ino &&

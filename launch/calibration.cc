@@ -841,7 +841,8 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
   {
     std::string judged, more;
     for (int n : opt.probe_worlds)
-      if (planner::judged_world(n, hw.cores)) judged += (judged.empty() ? "" : ", ") + std::to_string(n);
+      if (planner::judged_world(n, hw.cores))
+        judged += (judged.empty() ? "" : ", ") + std::to_string(n);
     for (const auto& [n, k] : recheck.remeasured)
       more += "; " + std::to_string(k) + " more probes at " + std::to_string(n) + " processes";
     std::snprintf(line, sizeof line, "collectives consistent (%s, %s, within %.1fx) at ",

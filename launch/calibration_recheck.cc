@@ -52,8 +52,8 @@ CollectiveRecheck recheck_collectives(ProbeRuns& runs, int cores, const Collecti
 std::string refusal_message(const CollectiveRecheck& r) {
   std::string probes;
   for (const auto& [n, k] : r.remeasured)
-    probes += (probes.empty() ? "" : ", ") + std::to_string(k) + " more probes at " + std::to_string(n) +
-              " processes";
+    probes += (probes.empty() ? "" : ", ") + std::to_string(k) + " more probes at " +
+              std::to_string(n) + " processes";
   return "the measured collectives still contradict themselves after " + probes +
          ", so this calibration is not written (the planner would choose programs by "
          "them; the machine's previous calibration, if any, stays):\n" +

@@ -54,7 +54,8 @@ SIGTERM or SIGINT: exit 0 keeping the segments; the request `finish` removes the
 }  // namespace
 
 int cmd_snapshot_agent(const std::vector<std::string>& argv) {
-  Args args(argv, {"--job", "--node", "--socket", "--abandoned-after", "--guardian", "--listen",
+  Args args(argv,
+            {"--job", "--node", "--socket", "--abandoned-after", "--guardian", "--listen",
              "--redundancy", "--ec-k", "--ec-m", "--lock-fd"},
             {"--help", "--insecure"});
   if (args.flag("--help")) {

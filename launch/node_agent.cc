@@ -1155,8 +1155,9 @@ int NodeAgent::run() {
         const EpochNotice start = notice_of(m, so_.node_index);  // places the workers' store
         if (!epoch_file_.empty()) write_epoch_notice(epoch_file_, start);
       } catch (const std::exception& e) {
-        return finish(1, str("cannot place the workers' store of epoch ", m.epoch,
-                             " or post its notice: ", e.what()),
+        return finish(1,
+                      str("cannot place the workers' store of epoch ", m.epoch,
+                          " or post its notice: ", e.what()),
                       true);
       }
       stop_ = Stop{};

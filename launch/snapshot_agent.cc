@@ -212,7 +212,8 @@ json Agent::handle(const std::string& line) {
         return refusal("bad request: finish needs \"job\"");
       const std::string scope = req.value("scope", std::string("job"));
       if (scope != "job" && scope != "node")
-        return refusal("bad request: finish's \"scope\" is \"job\" or \"node\", not \"" + scope + "\"");
+        return refusal("bad request: finish's \"scope\" is \"job\" or \"node\", not \"" + scope +
+                       "\"");
       return finish(req["job"].get<std::string>(), scope == "node");
     }
     return refusal("bad request: unknown op '" + op +
@@ -333,9 +334,11 @@ json Agent::finish(const std::string& job, bool node_only) {
   owned_.clear();
   if (replicas_) replicas_->clear();
   if (parity_) parity_->clear();
-  say(node_only ? str("finish: this node left job ", job, " (its hand-over confirmed); removed the ",
-                      names.size(), " segment(s) this agent held; exiting")
-                : str("finish: job ", job, " ended well; removed its ", names.size(), " segment(s); exiting"));
+  say(node_only
+          ? str("finish: this node left job ", job, " (its hand-over confirmed); removed the ",
+                names.size(), " segment(s) this agent held; exiting")
+          : str("finish: job ", job, " ended well; removed its ", names.size(),
+                " segment(s); exiting"));
   finished_ = true;
   return {{"ok", true}, {"removed", std::vector<std::string>(names.begin(), names.end())}};
 }

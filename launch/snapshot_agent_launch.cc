@@ -137,14 +137,13 @@ void SnapshotAgentProcess::spawn(int lock) {
   // weft run is the agent's guardian (keep_alive restarts it): named in its segments, it
   // keeps another job's agent from removing them between a kill and the restart.
   const pid_t parent = ::getpid();
-  std::vector<std::string> args = {
-      self_exe(),     "snapshot-agent",
-      "--job",        plan_.job_id,
-      "--node",       std::to_string(plan_.node),
-      "--socket",     plan_.socket,
-      "--guardian",   std::to_string(parent),
-      "--redundancy", plan_.redundancy,
-      "--lock-fd",    std::to_string(kAgentLockFd)};
+  std::vector<std::string> args = {self_exe(),     "snapshot-agent",
+                                   "--job",        plan_.job_id,
+                                   "--node",       std::to_string(plan_.node),
+                                   "--socket",     plan_.socket,
+                                   "--guardian",   std::to_string(parent),
+                                   "--redundancy", plan_.redundancy,
+                                   "--lock-fd",    std::to_string(kAgentLockFd)};
   if (plan_.redundancy == "ec")
     args.insert(args.end(),
                 {"--ec-k", std::to_string(plan_.ec_k), "--ec-m", std::to_string(plan_.ec_m)});

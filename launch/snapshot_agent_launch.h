@@ -90,7 +90,7 @@ class SnapshotAgentProcess {
   void peers(int64_t epoch, int node, const std::vector<std::string>& nodes);
 
  private:
-  int choose_index();         // plan_.node and plan_.socket; the lock taken (a descriptor)
+  int choose_index();  // plan_.node and plan_.socket; the lock taken (a descriptor)
   void end_well(bool node_only);
   void spawn(int lock = -1);  // -1: takes plan_.node's lock first (a restart)
   bool wait_ready(double seconds);

@@ -223,7 +223,8 @@ class SnapshotParity {
   // names now, until kMemberWait: a rebuild that gave up at once would find no fragments
   // there and leave the lost node to the disk checkpoint. *at: the endpoint asked last.
   // Throws the last failure (and at once when the agent stops or a newer epoch's ring came).
-  nlohmann::json ask_member(int64_t epoch, int node, const nlohmann::json& request, std::string* at);
+  nlohmann::json ask_member(int64_t epoch, int node, const nlohmann::json& request,
+                            std::string* at);
   static constexpr std::chrono::milliseconds kMemberWait{10000};
   using Links = std::map<std::string, std::shared_ptr<checkpoint::PeerChannel>>;
   std::shared_ptr<checkpoint::PeerChannel> channel(const ReplicaRing& ring, int node, Links& cache,

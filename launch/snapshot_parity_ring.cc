@@ -103,7 +103,8 @@ json SnapshotParity::ask_member(int64_t epoch, int node, const json& request, st
   const auto until = std::chrono::steady_clock::now() + kMemberWait;
   for (;;) {
     const std::optional<ReplicaRing> ring = ring_of(epoch);
-    if (!ring || node >= int(ring->nodes.size())) throw IoError(str("no ring of epoch ", epoch, " here"));
+    if (!ring || node >= int(ring->nodes.size()))
+      throw IoError(str("no ring of epoch ", epoch, " here"));
     *at = ring->nodes[size_t(node)];
     std::string failed;
     try {
@@ -123,8 +124,9 @@ json SnapshotParity::ask_member(int64_t epoch, int node, const json& request, st
              r->second.nodes[size_t(node)] != *at;
     });
     if (stopped_) throw IoError("the agent is stopping");
-    if (rings_.rbegin()->first > epoch) throw IoError(failed + "; and epoch " + std::to_string(epoch) +
-                                                      " is over (a newer ring came)");
+    if (rings_.rbegin()->first > epoch)
+      throw IoError(failed + "; and epoch " + std::to_string(epoch) +
+                    " is over (a newer ring came)");
   }
 }
 
@@ -163,13 +165,15 @@ void SnapshotParity::new_ring(int64_t epoch) {
         }
         log_(str(then, "node ", i, " at ", at, " was not asked which node it was in epoch ",
                  was_epoch, " (", e.what(), "); ",
-                 was >= 0 ? str("taken as node ", was, " by its endpoint") : std::string("counted as new")));
+                 was >= 0 ? str("taken as node ", was, " by its endpoint")
+                          : std::string("counted as new")));
       }
     }
     if (was >= 0) claimed.emplace(was, i);
   }
   // The endpoints as told last: a member asked again (ask_member) answered at its new one.
-  if (const std::optional<ReplicaRing> told = ring_of(epoch); told && told->nodes.size() == now->nodes.size())
+  if (const std::optional<ReplicaRing> told = ring_of(epoch);
+      told && told->nodes.size() == now->nodes.size())
     now->nodes = told->nodes;
   if (!old) {
     for (int i = 0; i < int(now->nodes.size()) && !old; ++i) {

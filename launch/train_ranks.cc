@@ -1374,11 +1374,10 @@ int RankTraining::leave_job() {
   const std::string& src = arrival_.source;
   std::printf("weft train: rank %d of epoch %lld left the job after handing its state over (%s)\n",
               env_.rank, (long long)env_.rdzv_epoch,
-              src == "survivors"   ? "through the router"
-              : src == "snapshots" ? "nobody needed it: the others resume from in-memory snapshots"
-              : src == "checkpoint"
-                  ? "nobody needed it: the others resume from a checkpoint"
-                  : "nobody needed it: the others start over from step 0");
+              src == "survivors"    ? "through the router"
+              : src == "snapshots"  ? "nobody needed it: the others resume from in-memory snapshots"
+              : src == "checkpoint" ? "nobody needed it: the others resume from a checkpoint"
+                                    : "nobody needed it: the others start over from step 0");
   std::fflush(stdout);
   return 0;
 }

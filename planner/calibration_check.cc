@@ -88,8 +88,8 @@ std::vector<CollectiveContradiction> check_collectives(const CollectiveTimes& t,
         if (!least || !(*ts > spread * *least)) continue;
         out.push_back({kBytesRule, n, small,
                        std::string(kBytesRule) + " broken " + at + "the " + kSizes[i].tag + " " +
-                           words + " took " + us(*ts) + ", the " + least_tag + " one " + us(*least) +
-                           ", " + ratio(*ts / *least) + allowed});
+                           words + " took " + us(*ts) + ", the " + least_tag + " one " +
+                           us(*least) + ", " + ratio(*ts / *least) + allowed});
       }
     }
   }

@@ -512,12 +512,13 @@ std::optional<Hardware> read_machine_cache(const std::string& path, const Machin
   }
   // A cache whose collectives contradict themselves (written before `weft calibrate` checked
   // them) would mislead every plan: not used, and said so on stderr as well as in `why`.
-  const std::vector<CollectiveContradiction> bad = check_collectives(recorded_collective_times(hw), hw.cores);
+  const std::vector<CollectiveContradiction> bad =
+      check_collectives(recorded_collective_times(hw), hw.cores);
   if (!bad.empty()) {
-    const std::string text = path + " is not used: its measured collectives contradict themselves (" +
-                             bad.front().text +
-                             (bad.size() > 1 ? "; and " + std::to_string(bad.size() - 1) + " more" : "") +
-                             "); run `weft calibrate` again";
+    const std::string text =
+        path + " is not used: its measured collectives contradict themselves (" + bad.front().text +
+        (bad.size() > 1 ? "; and " + std::to_string(bad.size() - 1) + " more" : "") +
+        "); run `weft calibrate` again";
     WEFT_WARN("planner", text);
     if (why) *why = "warning: " + text;
     return std::nullopt;

@@ -22,19 +22,23 @@ constexpr double us(double x) { return x * 1e-6; }
 // half its reduce-scatter + all-gather, every kind slower with more bytes; and a step-like
 // loop's segments, which the check leaves to their own estimate.
 std::map<std::string, double> quiet_probe() {
-  return {{"ar_world_4B", us(100)},     {"ar_world_64KiB", us(200)}, {"ar_world_256KiB", us(350)},
-          {"ar_world_1MiB", us(700)},   {"ar_world_4MiB", us(2500)}, {"rs_world_64KiB", us(300)},
-          {"rs_world_256KiB", us(450)}, {"rs_world_1MiB", us(800)},  {"rs_world_4MiB", us(3000)},
-          {"ag_world_64KiB", us(120)},  {"ag_world_256KiB", us(180)}, {"ag_world_1MiB", us(320)},
-          {"ag_world_4MiB", us(1400)},  {"p2p_4B", us(80)},          {"p2p_64KiB", us(100)},
-          {"p2p_1MiB", us(340)},        {"p2p_4MiB", us(1200)},      {"sync_ar_4B_b1@0", us(9000)},
+  return {{"ar_world_4B", us(100)},         {"ar_world_64KiB", us(200)},
+          {"ar_world_256KiB", us(350)},     {"ar_world_1MiB", us(700)},
+          {"ar_world_4MiB", us(2500)},      {"rs_world_64KiB", us(300)},
+          {"rs_world_256KiB", us(450)},     {"rs_world_1MiB", us(800)},
+          {"rs_world_4MiB", us(3000)},      {"ag_world_64KiB", us(120)},
+          {"ag_world_256KiB", us(180)},     {"ag_world_1MiB", us(320)},
+          {"ag_world_4MiB", us(1400)},      {"p2p_4B", us(80)},
+          {"p2p_64KiB", us(100)},           {"p2p_1MiB", us(340)},
+          {"p2p_4MiB", us(1200)},           {"sync_ar_4B_b1@0", us(9000)},
           {"sync_ar_4B_b1@0_delay", us(10)}};
 }
 
 // The same probe with every idle all-reduce at about 4 ms (the 07:19 calibration's probes).
 std::map<std::string, double> disturbed_probe() {
   std::map<std::string, double> p = quiet_probe();
-  for (const char* k : {"ar_world_4B", "ar_world_64KiB", "ar_world_256KiB", "ar_world_1MiB", "ar_world_4MiB"})
+  for (const char* k :
+       {"ar_world_4B", "ar_world_64KiB", "ar_world_256KiB", "ar_world_1MiB", "ar_world_4MiB"})
     p[k] = us(4000) + p[k];
   return p;
 }
@@ -59,7 +63,8 @@ TEST(CalibrationRecheck, LeastTimesLeaveTheLoopsSegmentsOut) {
 TEST(CalibrationRecheck, AConsistentSetIsNotProbedAgain) {
   ProbeRuns runs = runs_of({{2, {quiet_probe(), quiet_probe(), quiet_probe()}}});
   int calls = 0;
-  const CollectiveRecheck r = recheck_collectives(runs, 2, [&](int) { return ++calls, quiet_probe(); });
+  const CollectiveRecheck r =
+      recheck_collectives(runs, 2, [&](int) { return ++calls, quiet_probe(); });
   EXPECT_EQ(calls, 0);
   EXPECT_TRUE(r.found.empty());
   EXPECT_TRUE(r.left.empty());
@@ -90,7 +95,8 @@ TEST(CalibrationRecheck, ADisturbedWorldIsProbedAgainUntilItsCallsAgree) {
   EXPECT_EQ(runs[4]["ar_world_64KiB"].size(), 3u);
   EXPECT_DOUBLE_EQ(least_times(runs).at(2).at("ar_world_64KiB"), us(200));
   ASSERT_EQ(lines.size(), 2u);
-  EXPECT_NE(lines[0].find("2 processes: measured again (1 of at most 3)"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("2 processes: measured again (1 of at most 3)"), std::string::npos)
+      << lines[0];
   EXPECT_NE(lines[0].find(planner::kDecompositionRule), std::string::npos) << lines[0];
 }
 
@@ -112,7 +118,8 @@ TEST(CalibrationRecheck, AContradictionThatOutlastsTheProbesRefusesTheCalibratio
 
 TEST(CalibrationRecheck, AProbeThatFailsIsAnError) {
   ProbeRuns runs = runs_of({{2, {disturbed_probe()}}});
-  EXPECT_THROW(recheck_collectives(runs, 2, [](int) { return std::map<std::string, double>{}; }), Error);
+  EXPECT_THROW(recheck_collectives(runs, 2, [](int) { return std::map<std::string, double>{}; }),
+               Error);
 }
 
 }  // namespace

@@ -86,7 +86,8 @@ TEST(JobCostModel, WithoutACacheTheLeadChoosesTheDefaults) {
 TEST(JobCostModel, ACacheWhoseCollectivesContradictThemselvesLeavesTheJobOnTheDefaults) {
   CacheEnv env("contradicting.yaml");
   planner::Hardware hw = test::cpu_host_calibration();
-  hw.measurements = {{"gloo_n2_ar_world_64KiB_s", 0.004078842}, {"gloo_n2_rs_world_64KiB_s", 0.000413775},
+  hw.measurements = {{"gloo_n2_ar_world_64KiB_s", 0.004078842},
+                     {"gloo_n2_rs_world_64KiB_s", 0.000413775},
                      {"gloo_n2_ag_world_64KiB_s", 0.0001779095}};
   planner::write_machine_cache(hw, env.path());
   comm::InMemoryStore store;
@@ -94,14 +95,16 @@ TEST(JobCostModel, ACacheWhoseCollectivesContradictThemselvesLeavesTheJobOnTheDe
       share_job_cost_model(store, kKey, true, std::nullopt, "f32", milliseconds(1000));
   EXPECT_EQ(lead.model, planner::CostModel{});
   EXPECT_EQ(lead.used.rfind("built-in defaults", 0), 0u) << lead.used;
-  for (const std::string& w : {env.path() + " is not used", std::string("all-reduce <= reduce-scatter + all-gather"),
-                              std::string("6.89x")})
+  for (const std::string& w :
+       {env.path() + " is not used", std::string("all-reduce <= reduce-scatter + all-gather"),
+        std::string("6.89x")})
     EXPECT_NE(lead.used.find(w), std::string::npos) << w << " in: " << lead.used;
   // The same calibration with consistent collectives (the all-reduce 200 us) is the job's.
   hw.measurements[0].second = 200e-6;
   planner::write_machine_cache(hw, env.path());
   comm::InMemoryStore fresh;
-  const JobCostModel ok = share_job_cost_model(fresh, kKey, true, std::nullopt, "f32", milliseconds(1000));
+  const JobCostModel ok =
+      share_job_cost_model(fresh, kKey, true, std::nullopt, "f32", milliseconds(1000));
   EXPECT_FALSE(ok.model == planner::CostModel{});
   EXPECT_NE(ok.used.find(env.path()), std::string::npos) << ok.used;
 }

@@ -59,8 +59,7 @@ void kill_a_worker_during_a_hand_over(LiveJob& job, const std::string& name,
       << job.text(0);
   // The leaver's world of epoch 2 was replaced before it formed; it handed over in epoch 3's.
   EXPECT_EQ(job.lines_with(2, "world of epoch 2 not entered").size(), 1u) << job.text(2);
-  EXPECT_EQ(job.lines_with(2, "rank 2 of epoch 3 left the job after handing its state over")
-                .size(),
+  EXPECT_EQ(job.lines_with(2, "rank 2 of epoch 3 left the job after handing its state over").size(),
             1u)
       << job.text(2);
   EXPECT_EQ(job.lines_with(2, "left the job; its workers handed their state over").size(), 1u)
@@ -80,8 +79,8 @@ void kill_a_worker_during_a_hand_over(LiveJob& job, const std::string& name,
 // held, not from the start.
 TEST(LiveResizeHandRound, AWorkerKilledDuringAHandOverIsReplacedAndResumesFromSnapshots) {
   // Before the job: its segments go once its agents are reaped.
-  SnapshotLeftovers segments{checkpoint::job_id_for_run(
-      "live-handround-snapshots-" + std::to_string(::getpid()))};
+  SnapshotLeftovers segments{
+      checkpoint::job_id_for_run("live-handround-snapshots-" + std::to_string(::getpid()))};
   LiveJob job;
   ASSERT_NO_FATAL_FAILURE(kill_a_worker_during_a_hand_over(
       job, "snapshots", {"snapshot.every=1", "snapshot.redundancy=replica"}));
@@ -110,9 +109,9 @@ TEST(LiveResizeHandRound, AWorkerKilledDuringAHandOverIsReplacedAndResumesFromSn
 TEST(LiveResizeHandRound, AWorkerKilledDuringAHandOverWithNothingStoredStartsOverAndEnds) {
   LiveJob job;
   ASSERT_NO_FATAL_FAILURE(kill_a_worker_during_a_hand_over(job, "nothing", {}));
-  EXPECT_EQ(job.lines_with(0, "checkpoint.every is 0 (no checkpoints): starting over from step 0")
-                .size(),
-            1u)
+  EXPECT_EQ(
+      job.lines_with(0, "checkpoint.every is 0 (no checkpoints): starting over from step 0").size(),
+      1u)
       << job.text(0);
   EXPECT_EQ(job.lines_with(2, "the others start over from step 0").size(), 1u) << job.text(2);
   const std::vector<std::pair<WorldEpoch, int>> p = job.phases();

@@ -23,17 +23,31 @@ constexpr double us(double x) { return x * 1e-6; }
 // about half its reduce-scatter + all-gather (Gloo's reduce-scatter is an all-reduce and a
 // slice), every kind slower with more bytes.
 std::map<std::string, double> consistent() {
-  return {{"ar_world_4B", us(100)},     {"ar_world_64KiB", us(200)}, {"ar_world_256KiB", us(350)},
-          {"ar_world_1MiB", us(700)},   {"ar_world_4MiB", us(2500)}, {"rs_world_64KiB", us(300)},
-          {"rs_world_256KiB", us(450)}, {"rs_world_1MiB", us(800)},  {"rs_world_4MiB", us(3000)},
-          {"ag_world_64KiB", us(120)},  {"ag_world_256KiB", us(180)}, {"ag_world_1MiB", us(320)},
-          {"ag_world_4MiB", us(1400)},  {"p2p_4B", us(80)},          {"p2p_64KiB", us(100)},
-          {"p2p_1MiB", us(340)},        {"p2p_4MiB", us(1200)},
+  return {{"ar_world_4B", us(100)},
+          {"ar_world_64KiB", us(200)},
+          {"ar_world_256KiB", us(350)},
+          {"ar_world_1MiB", us(700)},
+          {"ar_world_4MiB", us(2500)},
+          {"rs_world_64KiB", us(300)},
+          {"rs_world_256KiB", us(450)},
+          {"rs_world_1MiB", us(800)},
+          {"rs_world_4MiB", us(3000)},
+          {"ag_world_64KiB", us(120)},
+          {"ag_world_256KiB", us(180)},
+          {"ag_world_1MiB", us(320)},
+          {"ag_world_4MiB", us(1400)},
+          {"p2p_4B", us(80)},
+          {"p2p_64KiB", us(100)},
+          {"p2p_1MiB", us(340)},
+          {"p2p_4MiB", us(1200)},
           // Not judged: the busy calls, the step-like loops.
-          {"ar_world_4B_busy", us(900)}, {"sync_ar_4B_b1", us(5000)}};
+          {"ar_world_4B_busy", us(900)},
+          {"sync_ar_4B_b1", us(5000)}};
 }
 
-bool mentions(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+bool mentions(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
 
 TEST(CalibrationCheck, ConsistentCollectivesPass) {
   EXPECT_TRUE(check_collectives({{2, consistent()}}, 2).empty());
@@ -70,7 +84,8 @@ TEST(CalibrationCheck, ACallFasterThanASmallerOneOfItsKindIsAContradiction) {
     ASSERT_EQ(found.size(), 1u) << call << ": " << describe(found);
     EXPECT_EQ(found[0].rule, kBytesRule) << call;
     EXPECT_EQ(found[0].call, call);
-    EXPECT_TRUE(mentions(found[0].text, "took " + std::to_string(int(value)) + " us")) << found[0].text;
+    EXPECT_TRUE(mentions(found[0].text, "took " + std::to_string(int(value)) + " us"))
+        << found[0].text;
   }
   // A middle size: a 256 KiB all-gather of 500 us against the 1 MiB one's 320 is past 1.5x;
   // 470 us is within.
@@ -108,13 +123,13 @@ TEST(CalibrationCheck, OnlyTheWorldsTheCoresRunAreJudged) {
 // which the lowering split every all-reduce (docs/planner.md): every idle all-reduce took
 // about 4 ms in all three probes.
 std::map<std::string, double> misleading_cache_n2() {
-  return {{"ag_world_1MiB", 0.000729549},   {"ag_world_256KiB", 0.0003104765},
-          {"ag_world_4MiB", 0.002630529},   {"ag_world_64KiB", 0.0001779095},
-          {"ar_world_1MiB", 0.0046252735},  {"ar_world_256KiB", 0.0041703625},
-          {"ar_world_4B", 0.0040528885},    {"ar_world_4MiB", 0.004563607},
-          {"ar_world_64KiB", 0.004078842},  {"p2p_1MiB", 0.00059877725},
-          {"p2p_4B", 0.0001069815},         {"p2p_4MiB", 0.001851659},
-          {"p2p_64KiB", 0.00016617175},     {"rs_world_1MiB", 0.004688092},
+  return {{"ag_world_1MiB", 0.000729549},    {"ag_world_256KiB", 0.0003104765},
+          {"ag_world_4MiB", 0.002630529},    {"ag_world_64KiB", 0.0001779095},
+          {"ar_world_1MiB", 0.0046252735},   {"ar_world_256KiB", 0.0041703625},
+          {"ar_world_4B", 0.0040528885},     {"ar_world_4MiB", 0.004563607},
+          {"ar_world_64KiB", 0.004078842},   {"p2p_1MiB", 0.00059877725},
+          {"p2p_4B", 0.0001069815},          {"p2p_4MiB", 0.001851659},
+          {"p2p_64KiB", 0.00016617175},      {"rs_world_1MiB", 0.004688092},
           {"rs_world_256KiB", 0.0006519485}, {"rs_world_4MiB", 0.005117475},
           {"rs_world_64KiB", 0.000413775}};
 }
@@ -130,13 +145,12 @@ TEST(CalibrationCheck, TheCacheThatMisledThePlannerIsCaught) {
 
 TEST(CalibrationCheck, TheRecordedTimesAreReadFromTheMeasurements) {
   Hardware hw;
-  hw.measurements = {{"gloo_n2_ar_world_64KiB_s", 2e-4},     {"gloo_n4_p2p_4B_s", 3e-5},
-                     {"gloo_n2_sync_segments_kept", 12},     {"gloo_n2_probes", 3},
-                     {"memcpy_bytes_per_s", 1.8e10},         {"gloo_n12_rs_world_4MiB_s", 5e-3}};
+  hw.measurements = {{"gloo_n2_ar_world_64KiB_s", 2e-4}, {"gloo_n4_p2p_4B_s", 3e-5},
+                     {"gloo_n2_sync_segments_kept", 12}, {"gloo_n2_probes", 3},
+                     {"memcpy_bytes_per_s", 1.8e10},     {"gloo_n12_rs_world_4MiB_s", 5e-3}};
   const CollectiveTimes t = recorded_collective_times(hw);
-  const CollectiveTimes want = {{2, {{"ar_world_64KiB", 2e-4}}},
-                                {4, {{"p2p_4B", 3e-5}}},
-                                {12, {{"rs_world_4MiB", 5e-3}}}};
+  const CollectiveTimes want = {
+      {2, {{"ar_world_64KiB", 2e-4}}}, {4, {{"p2p_4B", 3e-5}}}, {12, {{"rs_world_4MiB", 5e-3}}}};
   EXPECT_EQ(t, want);
   EXPECT_TRUE(recorded_collective_times(load_hardware("h200")).empty());
 }

@@ -253,8 +253,8 @@ TEST(Hardware, PlanNamesTheModelAndRefusesAnUnknownOne) {
 TEST(Hardware, CalibrateWritesACacheThatPlanUses) {
   const std::string path = temp_path("weft_calibrated.yaml");
   std::filesystem::remove(path);
-  test::CommandResult r = test::run_command("WEFT_TEST_COLLECTIVE_SPREAD=1e9 " + std::string(WEFT_BINARY) +
-                                            " calibrate --out " + path);
+  test::CommandResult r = test::run_command("WEFT_TEST_COLLECTIVE_SPREAD=1e9 " +
+                                            std::string(WEFT_BINARY) + " calibrate --out " + path);
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* progress : {"memory: memcpy", "gemm 64x128x32", "gloo, 2 processes", "gloo, 4 processes", "link fit over",
                                "collective wire rates", "op rates", "executor:", "wrote " })
@@ -286,8 +286,9 @@ TEST(Hardware, CalibrateWritesACacheThatPlanUses) {
   EXPECT_FALSE(m == CostModel{});
   r = test::run_weft("plan --config " + config("gpt-layout.yaml") + " --world 2 --set parallel.dp=2");
   EXPECT_NE(r.out.find("cost model: built-in defaults"), std::string::npos) << r.out;  // the test's empty cache
-  r = test::run_command("WEFT_TEST_COLLECTIVE_SPREAD=1e9 WEFT_COST_CACHE=" + path + " " + std::string(WEFT_BINARY) + " plan --config " +
-                        config("gpt-layout.yaml") + " --world 2 --set parallel.dp=2");
+  r = test::run_command("WEFT_TEST_COLLECTIVE_SPREAD=1e9 WEFT_COST_CACHE=" + path + " " +
+                        std::string(WEFT_BINARY) + " plan --config " + config("gpt-layout.yaml") +
+                        " --world 2 --set parallel.dp=2");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("cost model: this machine's calibration " + path), std::string::npos) << r.out;
 }

@@ -17,7 +17,6 @@
 
 namespace {
 
-
 using Result = weft::test::CommandResult;
 
 // The numeric cells of the table row labelled `label`
@@ -47,14 +46,17 @@ double after(const std::string& out, const std::string& key) {
 // CalibrateWritesACacheThatPlanUses covers both outcomes); the table is what this test is about.
 TEST(BenchScaling, QuickPrintsWorldOneAndDp2) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("weft-quick-test-" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("weft-quick-test-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string cache = (dir / "cost.yaml").string();
   weft::planner::write_machine_cache(weft::test::cpu_host_calibration(), cache);
-  Result r = weft::test::run_command("WEFT_COST_CACHE=" + cache + " " + WEFT_BINARY + " bench scaling --quick");
+  Result r = weft::test::run_command("WEFT_COST_CACHE=" + cache + " " + WEFT_BINARY +
+                                     " bench scaling --quick");
   fs::remove_all(dir);
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("cost model: this machine's calibration " + cache), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cost model: this machine's calibration " + cache), std::string::npos)
+      << r.out;
   for (const char* label : {"S world 1", "S dp2"}) {
     std::vector<double> v = row(r.out, label);
     // world, step mean / lower quartile / median, predicted, error (against the mean),

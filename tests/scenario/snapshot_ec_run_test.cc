@@ -95,7 +95,8 @@ class SnapshotEcRun : public SnapshotProcessTest {
     runs_.push_back(start_node(2));
     for (int n = 0; n < kNodes; ++n)
       ASSERT_TRUE(poll([&] { return fs::exists(path("w-" + std::to_string(n) + "-1")); }, 60))
-          << "epoch 1 did not form with three nodes\n" << run_logs();
+          << "epoch 1 did not form with three nodes\n"
+          << run_logs();
     for (int i = 0; i < kNodes; ++i) {
       agents_.push_back(agent_of(i));
       ASSERT_GT(agents_.back().pid, 0) << run_logs();
@@ -122,18 +123,22 @@ class SnapshotEcRun : public SnapshotProcessTest {
         c.committed(data[size_t(n)], step);
       }
     // Node n holds the parity of stripe (n + 1) % 3 (one rank per node).
-    ASSERT_TRUE(poll([&] {
-      for (int n = 0; n < kNodes; ++n) {
-        try {
-          auto v = SnapshotSegment::open(segment_name(run_job_, SegmentKind::kParity, n, 1, (n + 1) % 3), false)
-                       .latest();
-          if (!v || v->meta.step != 6) return false;
-        } catch (const std::exception&) {
-          return false;
-        }
-      }
-      return true;
-    }, 60)) << run_logs();
+    ASSERT_TRUE(poll(
+        [&] {
+          for (int n = 0; n < kNodes; ++n) {
+            try {
+              auto v = SnapshotSegment::open(
+                           segment_name(run_job_, SegmentKind::kParity, n, 1, (n + 1) % 3), false)
+                           .latest();
+              if (!v || v->meta.step != 6) return false;
+            } catch (const std::exception&) {
+              return false;
+            }
+          }
+          return true;
+        },
+        60))
+        << run_logs();
   }
   // Y lost whole: its weft run killed (its agent stops), then its memory gone.
   void lose_y() {
@@ -143,7 +148,8 @@ class SnapshotEcRun : public SnapshotProcessTest {
     ASSERT_TRUE(poll([&] { return gone(agents_[size_t(run_y)].pid); }, 20)) << run_logs();
     for (const std::string& name : snapshot_segments(run_job_)) {
       const auto p = parse_segment_name(name);
-      if (p && p->owner_node == y_ && p->kind != SegmentKind::kRebuilt) SnapshotSegment::unlink(name);
+      if (p && p->owner_node == y_ && p->kind != SegmentKind::kRebuilt)
+        SnapshotSegment::unlink(name);
     }
   }
   // D's agent rebuilt Y's rank from the parity, with X's agent asked where it is now; then the
@@ -168,8 +174,10 @@ class SnapshotEcRun : public SnapshotProcessTest {
     const std::string log = read(run_log(run_of_[d_]));
     EXPECT_EQ(log.find("more than m"), std::string::npos) << log;
     // D's agent had X's old endpoint in epoch 1's ring and found X at its new one.
-    EXPECT_NE(log.find("node " + std::to_string(x_) + " of epoch 1 is node "), std::string::npos) << log;
-    EXPECT_NE(log.find("(its agent restarted: epoch 1's ring had it at "), std::string::npos) << log;
+    EXPECT_NE(log.find("node " + std::to_string(x_) + " of epoch 1 is node "), std::string::npos)
+        << log;
+    EXPECT_NE(log.find("(its agent restarted: epoch 1's ring had it at "), std::string::npos)
+        << log;
 
     std::ofstream(path("go")) << "1\n";
     for (int i = 0; i < kNodes; ++i) {
