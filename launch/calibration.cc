@@ -846,7 +846,7 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
     for (const auto& [n, k] : recheck.remeasured)
       more += "; " + std::to_string(k) + " more probes at " + std::to_string(n) + " processes";
     std::snprintf(line, sizeof line, "collectives consistent (%s, %s, within %.1fx) at ",
-                  planner::kDecompositionRule, planner::kBytesRule, planner::kCollectiveSpread);
+                  planner::kDecompositionRule, planner::kBytesRule, planner::collective_spread());
     say(line + judged + " processes" + more);
   }
   for (int n : opt.probe_worlds) {
