@@ -89,6 +89,26 @@ class SnapshotParity : public SnapshotPeersTest {
     })) << logs(kNodes);
   }
 
+  // Three agents with EC(2,1), told the ring of epoch 1, one rank of `bytes` per node; node
+  // 0's agent with `node0_env` in its environment. The data segments, by node.
+  std::vector<std::string> start_one_rank_each(
+      int64_t bytes, const std::vector<std::pair<std::string, std::string>>& node0_env = {}) {
+    for (int n = 0; n < kNodes; ++n) {
+      agent_env_ = n == 0 ? node0_env : decltype(agent_env_){};
+      start_agent(n, "parity-test-token", {"--redundancy", "ec"});
+      clients_.push_back(client(n));
+      endpoints_.push_back(clients_.back()->endpoint());
+    }
+    agent_env_.clear();
+    std::vector<std::string> seg;
+    for (int n = 0; n < kNodes; ++n) {
+      clients_[size_t(n)]->peers(job_, 1, n, endpoints_);
+      seg.push_back(
+          clients_[size_t(n)]->segment(Reservation{job_, n, 1, {{n, kNodes, bytes}}, 0})[0]);
+    }
+    return seg;
+  }
+
   // Node `n`'s agent is killed and started again, as its weft run does (it adopts its
   // segments and listens on a new port): the new endpoint replaces the old in endpoints_.
   void restart(int n) {
@@ -370,16 +390,7 @@ TEST_F(SnapshotParity, CommitsFurtherApartThanThePeerTimeoutStillReachTheHolders
 // fetching K fragments per chunk, decoding, checking, committing).
 TEST_F(SnapshotParity, ParityAndRebuildThroughputOnLoopback) {
   const int64_t big = int64_t(96) << 20;
-  for (int n = 0; n < kNodes; ++n) {
-    start_agent(n, "parity-test-token", {"--redundancy", "ec"});
-    clients_.push_back(client(n));
-    endpoints_.push_back(clients_.back()->endpoint());
-  }
-  std::vector<std::string> seg;
-  for (int n = 0; n < kNodes; ++n) {
-    clients_[size_t(n)]->peers(job_, 1, n, endpoints_);
-    seg.push_back(clients_[size_t(n)]->segment(Reservation{job_, n, 1, {{n, kNodes, big}}, 0})[0]);
-  }
+  const std::vector<std::string> seg = start_one_rank_each(big);
   std::vector<std::string> parity;
   for (int n = 0; n < kNodes; ++n)
     parity.push_back(segment_name(job_, SegmentKind::kParity, n, 1, (n + 1) % 3));
@@ -429,19 +440,9 @@ TEST_F(SnapshotParity, ParityAndRebuildThroughputOnLoopback) {
 // gone, the durable checkpoint).
 TEST_F(SnapshotParity, ARebuildWhosePeerIsKilledHalfWayListsNothingHalfDecoded) {
   const int64_t big = int64_t(128) << 20;
-  for (int n = 0; n < kNodes; ++n) {
-    // Node 0 serves its first fragment whole and holds the fetches of the second.
-    agent_env_ = n == 0 ? decltype(agent_env_){{"WEFT_TEST_HOLD_FETCHES_AFTER", "1"}}
-                        : decltype(agent_env_){};
-    start_agent(n, "parity-test-token", {"--redundancy", "ec"});
-    clients_.push_back(client(n));
-    endpoints_.push_back(clients_.back()->endpoint());
-  }
-  std::vector<std::string> seg;
-  for (int n = 0; n < kNodes; ++n) {
-    clients_[size_t(n)]->peers(job_, 1, n, endpoints_);
-    seg.push_back(clients_[size_t(n)]->segment(Reservation{job_, n, 1, {{n, kNodes, big}}, 0})[0]);
-  }
+  // Node 0 serves its first fragment whole and holds the fetches of the second.
+  const std::vector<std::string> seg =
+      start_one_rank_each(big, {{"WEFT_TEST_HOLD_FETCHES_AFTER", "1"}});
   for (int n = 0; n < kNodes; ++n) {
     write_snapshot(seg[size_t(n)], job_, n, 1, n, kNodes, 3, big);
     clients_[size_t(n)]->committed(seg[size_t(n)], 3);
