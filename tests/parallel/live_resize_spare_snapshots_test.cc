@@ -17,6 +17,7 @@
 #include "checkpoint/job_id.h"
 #include "checkpoint/snapshot_segment.h"
 #include "tests/support/live_job.h"
+#include "tests/support/second_loss.h"
 #include "tests/support/metrics_compare.h"
 #include "tests/support/snapshot_leftovers.h"
 
@@ -91,15 +92,8 @@ TEST(LiveResizeSpareSnapshots, TheSparesAgentSnapshotsInTheLostPlaceAndASecondLo
   // And none of the node after it: a replica kept under a guessed place would show here.
   EXPECT_TRUE(replica_holders(job, {spare}, next, 2).empty()) << job.all_logs();
   // The second loss: the spare dies whole after a few more steps of epoch 2.
-  ASSERT_TRUE(job.wait_world(3, 20, 2)) << job.all_logs();
-  ASSERT_NO_FATAL_FAILURE(job.kill_whole(spare));
-  job.expect_exits({0, 2});
-  const std::string second = job.resize_line("epoch 2 -> 3");
-  EXPECT_NE(second.find("world 3 -> 2"), std::string::npos) << job.all_logs();
-  EXPECT_NE(second.find("in-memory snapshots (2 own, 1 replica)"), std::string::npos)
-      << job.all_logs();
-  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, kRelDp);
-  EXPECT_TRUE(checkpoint::snapshot_segments(segments.job).empty());
+  ASSERT_NO_FATAL_FAILURE(
+      expect_second_loss_resumes(job, spare, ref, "in-memory snapshots (2 own, 1 replica)", segments.job));
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 
