@@ -17,8 +17,8 @@
 #include "checkpoint/job_id.h"
 #include "checkpoint/snapshot_segment.h"
 #include "tests/support/live_job.h"
-#include "tests/support/second_loss.h"
 #include "tests/support/metrics_compare.h"
+#include "tests/support/second_loss.h"
 #include "tests/support/snapshot_leftovers.h"
 
 namespace weft::test {
@@ -92,8 +92,8 @@ TEST(LiveResizeSpareSnapshots, TheSparesAgentSnapshotsInTheLostPlaceAndASecondLo
   // And none of the node after it: a replica kept under a guessed place would show here.
   EXPECT_TRUE(replica_holders(job, {spare}, next, 2).empty()) << job.all_logs();
   // The second loss: the spare dies whole after a few more steps of epoch 2.
-  ASSERT_NO_FATAL_FAILURE(
-      expect_second_loss_resumes(job, spare, ref, "in-memory snapshots (2 own, 1 replica)", segments.job));
+  ASSERT_NO_FATAL_FAILURE(expect_second_loss_resumes(
+      job, spare, ref, "in-memory snapshots (2 own, 1 replica)", segments.job));
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 
