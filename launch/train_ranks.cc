@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -315,6 +316,7 @@ class RankTraining {
   bool first_world_ = true;
   bool first_step_of_world_ = false;
   double resize_s_ = 0;  // change known -> ready to step, for the first step's metrics line
+  int64_t steps_in_world_ = 0;  // steps this rank ran in its current world (the debug step line)
   // The metrics line of the last step whose statistics every rank agreed on (this rank's
   // timings), kept across worlds: see write_agreed_line.
   std::optional<core::io::StepMetrics> agreed_line_;
@@ -753,6 +755,7 @@ void RankTraining::enter_world(const std::string& why) {
     std::fflush(stdout);
   }
   first_step_of_world_ = !first_world_;
+  steps_in_world_ = 0;
   resize_s_ = first_world_ ? 0 : since(change_at_);
   first_world_ = false;
   held_ = HeldState{};  // entered: what the router did not adopt is released here
@@ -996,9 +999,10 @@ void RankTraining::validate(bool last) {
 namespace {
 // This process's page faults (minor and major) and CPU seconds (every thread's, user and
 // system) so far: a step's share says whether it waited for the cores or faulted memory in.
-std::pair<double, double> faults_and_cpu() {
+// RUSAGE_THREAD: the calling thread's alone (the step's, without the background threads').
+std::pair<double, double> faults_and_cpu(int who = RUSAGE_SELF) {
   struct rusage u {};
-  ::getrusage(RUSAGE_SELF, &u);
+  ::getrusage(who, &u);
   auto s = [](const timeval& t) { return double(t.tv_sec) + 1e-6 * double(t.tv_usec); };
   return {double(u.ru_minflt + u.ru_majflt), s(u.ru_utime) + s(u.ru_stime)};
 }
@@ -1007,6 +1011,7 @@ std::pair<double, double> faults_and_cpu() {
 std::optional<WorldEnd> RankTraining::one_step() {
   auto t0 = Clock::now();
   const auto [faults0, cpu0] = faults_and_cpu();
+  const auto [thread_faults0, thread_cpu0] = faults_and_cpu(RUSAGE_THREAD);
   auto train_batch = [&](int64_t s, int64_t b0, int64_t n, int32_t* x, int32_t* y) {
     data_.fill_train(s, b0, n, x, y);
   };
@@ -1023,6 +1028,7 @@ std::optional<WorldEnd> RankTraining::one_step() {
   const parallel::StepTimes& tt = trainer_->executor().last_step_times();
   const double mem = mib(trainer_->activation_stats().bytes_live_peak);  // this rank's
   const auto [faults1, cpu1] = faults_and_cpu();
+  const auto [thread_faults1, thread_cpu1] = faults_and_cpu(RUSAGE_THREAD);
   core::io::StepMetrics m = step_line(st, secs,
                                       {{"step_ms", secs * 1e3},
                                        {"compute_ms", tt.compute * 1e3},
@@ -1031,6 +1037,17 @@ std::optional<WorldEnd> RankTraining::one_step() {
                                        {"page_faults", faults1 - faults0},
                                        {"cpu_ms", (cpu1 - cpu0) * 1e3}});
   if (first_step_of_world_) m.extra.push_back({"resize_ms", resize_s_ * 1e3});
+  // Every rank's own step (the metrics line is rank 0's): whether a world's first step costs
+  // more than its later ones, and where (WEFT_LOG_SUBSYS=trainer).
+  auto ms = [](double seconds) { return std::llround(seconds * 1e3); };
+  const int64_t in_world = steps_in_world_++;
+  WEFT_DEBUG("trainer", "rank ", env_.rank, ": step ", st.step, ", step ", in_world, " of world ",
+             train_world_, " (epoch ", env_.rdzv_epoch, "): ", ms(secs), " ms (compute ",
+             ms(tt.compute), ", comm ", ms(tt.comm), ", other ", ms(tt.other), "), ",
+             (long long)(faults1 - faults0), " page faults, cpu ", ms(cpu1 - cpu0),
+             " ms; its thread ", (long long)(thread_faults1 - thread_faults0), " page faults, cpu ",
+             ms(thread_cpu1 - thread_cpu0), " ms; arena ",
+             trainer_->activation_stats().bytes_reserved >> 20, " MiB");
   agreed_line_ = m;
   if (lead()) {
     metrics_->write_step(m);
