@@ -92,8 +92,7 @@ class SnapshotRewrittenMoveTest : public ::testing::TestWithParam<Rewrite> {
   // the older slot, the one a writer takes next) and other bytes as step 11.
   void write_two_steps(int rank) const {
     const RankLayout& l = a_.ranks[size_t(rank)];
-    (void)SnapshotSegment::create(name(rank), checkpoint::snapshot_payload_bytes(l), ::getpid(),
-                                  2);
+    (void)SnapshotSegment::create(name(rank), checkpoint::snapshot_payload_bytes(l), ::getpid(), 2);
     checkpoint::SnapshotWriter w(SnapshotSegment::open(name(rank), true));
     std::vector<core::Tensor> state = allocate_locals(l);
     fill(space_, l, state);
