@@ -89,6 +89,32 @@ std::string SnapshotOffers::rewritten() const {
   return out;
 }
 
+void agree_slots_unchanged(const SnapshotOffers& offers, comm::Communicator* world) {
+  const std::string mine = offers.rewritten();
+  if (!world) {
+    if (!mine.empty())
+      throw IoError(mine + ": the state moved from it may not be the verified one");
+    return;
+  }
+  // One flag per rank, so that the others can name the readers.
+  core::Tensor flags = core::Tensor::zeros({world->size()}, core::DType::kI64);
+  flags.data<int64_t>()[world->rank()] = mine.empty() ? 0 : 1;
+  comm::AllReduceOptions o;
+  o.op = comm::ReduceOp::kMax;
+  world->all_reduce(flags, o).wait();
+  std::string readers;
+  for (int r = 0; r < world->size(); ++r)
+    if (flags.data<int64_t>()[r] != 0) readers += str(readers.empty() ? "" : ", ", r);
+  if (!mine.empty())
+    throw IoError(mine +
+                  ": the state moved from it (kept here or sent to other ranks) may not "
+                  "be the verified one");
+  if (!readers.empty())
+    throw IoError(str("a snapshot slot read by rank(s) ", readers,
+                      " was rewritten during the move: the state received from it may not be "
+                      "the verified one"));
+}
+
 void SnapshotOffers::clear() {
   offered_.clear();
   read_.clear();

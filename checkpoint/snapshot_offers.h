@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "checkpoint/snapshot_segment.h"
+#include "comm/communicator.h"
 #include "core/tensor.h"
 #include "parallel/vps.h"
 
@@ -81,5 +82,16 @@ class SnapshotOffers {
   int64_t bytes_read_ = 0;
   double map_s_ = 0, copy_s_ = 0;
 };
+
+// After a move whose sources were views of `offers`' slots (the router's copies out of them,
+// and own_snapshot_views for the ones it adopted whole): whether every slot read stayed as it
+// was verified. A slot rewritten meanwhile (a newer snapshot committed into it, or a writer
+// still in it) may have given the move bytes that are not the verified ones, and not only to
+// its reader: the router sent them to other ranks too. So with `world` every rank of the move
+// calls this (a collective, after the same move) and learns of every rank's slots; null: this
+// rank's own only (the world's connections are gone). IoError on every rank when one was
+// rewritten: the reader's names the segment, slot and step (rewritten()), the others' name
+// the reader's rank.
+void agree_slots_unchanged(const SnapshotOffers& offers, comm::Communicator* world);
 
 }  // namespace weft::checkpoint

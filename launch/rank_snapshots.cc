@@ -192,9 +192,11 @@ int64_t RankSnapshots::own(std::vector<core::Tensor>& moved, memory::Allocator* 
                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t)
                    .count(),
                " ms");
-  if (const std::string w = offers_.rewritten(); !w.empty())
-    throw IoError(w + ": the state moved from it may not be the verified one");
   return bytes;
+}
+
+void RankSnapshots::check_unchanged(comm::Communicator* world) {
+  checkpoint::agree_slots_unchanged(offers_, world);
 }
 
 void RankSnapshots::release_offers() {

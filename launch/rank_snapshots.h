@@ -55,11 +55,15 @@ class RankSnapshots {
   // snapshot (the world then chooses again without it: live_resize.h, choose_and_read).
   std::vector<core::Tensor> read(int rank, int64_t step, const parallel::RankLayout& layout);
   // After the router's move: the tensors of `moved` that are still snapshot views (a source
-  // the router adopted whole as a destination) become copies in memory of `alloc`, and the
-  // slots read must not have been rewritten since they were verified. Returns the bytes
-  // copied. IoError naming the slots when one was rewritten: the views' bytes are then not
-  // the verified ones.
+  // the router adopted whole as a destination) become copies in memory of `alloc`. Returns
+  // the bytes copied. Then check_unchanged().
   int64_t own(std::vector<core::Tensor>& moved, memory::Allocator* alloc);
+  // After own(): the slots read must not have been rewritten since they were verified, on
+  // any rank of the move (`world`: every rank of it calls this after the same move, since a
+  // rewritten slot's bytes went to other ranks too; null: this rank's slots only, when the
+  // move's connections are gone). IoError on every rank naming the slot or its reader's rank
+  // otherwise (checkpoint::agree_slots_unchanged).
+  void check_unchanged(comm::Communicator* world);
   void release_offers();
 
   // A new world's trainer: reserves the segments of this node's ranks with the agent

@@ -627,10 +627,11 @@ void RankTraining::enter_world(const std::string& why) {
     try {
       mine = parallel::run_transition(plan, holders.a, b, env_.rank, src, comm, to, &ts, &arrived);
       // Snapshot parts are read-only views of their slots: one the router adopted whole is
-      // copied out here, and a slot rewritten meanwhile stops the entry (rank_snapshots.h).
+      // copied out here.
       snaps_.own(mine, &persistent_);
     } catch (const CommError&) {
       snaps_.own(arrived.tensors, &persistent_);
+      snaps_.check_unchanged(nullptr);  // the move's connections may be gone: its own slots
       if (free_old) {
         held_ = held_after_move(holders, reports, env_.rank, src, arrived, train_world_,
                                 env_.rank);
@@ -643,6 +644,9 @@ void RankTraining::enter_world(const std::string& why) {
                  " boxes of tensors that arrived in part)");
       throw;
     }
+    // A slot rewritten during the move stops the entry on every rank: its bytes went to
+    // other ranks too (rank_snapshots.h). (The choice of holders is the same everywhere.)
+    if (holders.snapshots > 0) snaps_.check_unchanged(&comm);
     // The most this rank held in state during the move (tensors and staging): the router's
     // count when it held the only handles; else the old state whole plus all it allocated.
     WEFT_DEBUG("resize", "rank ", env_.rank, ": the move held at most ",
