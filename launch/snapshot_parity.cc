@@ -516,6 +516,8 @@ std::string SnapshotParity::commit_parity(int64_t epoch, int me, int number, int
   std::shared_ptr<ckpt::SnapshotSegment> seg;
   {
     std::lock_guard<std::mutex> l(mu_);
+    // Declined while this stripe's chunks arrived (decline): not made again.
+    if (auto d = declined_.find(epoch); d != declined_.end()) return d->second;
     if (auto it = parity_.find(name); it != parity_.end()) seg = it->second;
   }
   if (seg && seg->capacity() < payload) {
