@@ -17,11 +17,11 @@ StripeLayout::StripeLayout(int nodes, int k, int m) : nodes_(nodes), k_(k), m_(m
   if (k < 1 || m < 1)
     throw ConfigError("snapshot.ec", str("k=", k, ", m=", m, ": need k >= 1 and m >= 1"));
   if (!codes(nodes, m))
-    throw ConfigError("snapshot.ec",
-                      str("m=", m, " needs at least m + 1 = ", m + 1,
-                          " nodes (each stripe's fragments on distinct nodes); the epoch has ",
-                          nodes, ": lower m, run on more nodes, or use "
-                          "snapshot.redundancy: replica"));
+    throw ConfigError(
+        "snapshot.ec",
+        str("m=", m, " needs at least m + 1 = ", m + 1,
+            " nodes (each stripe's fragments on distinct nodes); the epoch has ", nodes,
+            ": lower m, run on more nodes, or use snapshot.redundancy: replica"));
   // Fewer than k + m nodes: one group of them all (reduced).
   const int full = std::max(1, nodes / (k + m));
   for (int g = 0; g < full; ++g) first_.push_back(g * (k + m));

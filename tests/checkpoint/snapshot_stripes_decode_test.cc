@@ -79,8 +79,8 @@ TEST(SnapshotStripesDecode, EveryLossOfUpToMNodesDecodesTheirRanks) {
   };
   // Reduced (fewer than k + m nodes) first: 2 nodes of EC(2,1) (K = 1), 3 of EC(3,1) (K = 2),
   // 3 of EC(2,2) (K = 1, two parity rows); then full ones with a larger last group.
-  for (const Case& c : {Case{2, 2, 1}, Case{3, 3, 1}, Case{3, 2, 2}, Case{3, 2, 1},
-                        Case{4, 2, 1}, Case{5, 3, 2}}) {
+  for (const Case& c :
+       {Case{2, 2, 1}, Case{3, 3, 1}, Case{3, 2, 2}, Case{3, 2, 1}, Case{4, 2, 1}, Case{5, 3, 2}}) {
     SCOPED_TRACE(testing::Message() << c.nodes << " nodes, k=" << c.k << ", m=" << c.m);
     const StripeLayout l(c.nodes, c.k, c.m);
     EXPECT_EQ(l.reduced(), c.nodes < c.k + c.m);
@@ -112,8 +112,7 @@ TEST(SnapshotStripesDecode, EveryLossOfUpToMNodesDecodesTheirRanks) {
             ASSERT_LE(int(erased.size()), c.m) << "a stripe has one fragment per node";
             ec.reconstruct(ptrs, erased, len);
             const int64_t real = std::clamp<int64_t>(int64_t(want.size()) - t * chunk, 0, chunk);
-            std::copy(f[size_t(t)].begin(), f[size_t(t)].begin() + real,
-                      got.begin() + t * chunk);
+            std::copy(f[size_t(t)].begin(), f[size_t(t)].begin() + real, got.begin() + t * chunk);
           }
           ASSERT_TRUE(got == want) << "node " << n << " local " << local << " after losing "
                                    << testing::PrintToString(lost);

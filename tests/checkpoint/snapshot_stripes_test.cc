@@ -20,7 +20,7 @@ struct Case {
   int nodes, k, m;
 };
 // With reduced epochs (fewer than k + m nodes, a loss left them): {2, 2, 1}, {3, 3, 1}, ...
-const Case kCases[] = {{3, 2, 1}, {4, 2, 1}, {5, 2, 1}, {6, 2, 1}, {7, 3, 2}, {8, 4, 2},
+const Case kCases[] = {{3, 2, 1},  {4, 2, 1}, {5, 2, 1}, {6, 2, 1}, {7, 3, 2}, {8, 4, 2},
                        {11, 2, 2}, {2, 2, 1}, {3, 3, 1}, {3, 2, 2}, {5, 4, 2}};
 
 TEST(SnapshotStripes, GroupsAreKPlusMNodesWithTheRemainderInTheLast) {
@@ -135,7 +135,6 @@ TEST(SnapshotStripes, ChunksAreWholeBlocks) {
   EXPECT_EQ(chunk_bytes(5 * b, 3), 2 * b);
   EXPECT_EQ(chunk_bytes(0, 3), b);
 }
-
 
 // The memory check of the rebuild targets made ahead counts a node's own group, and before
 // the ring is known a bound no group exceeds: the last group of a ring takes the remainder

@@ -65,13 +65,15 @@ TEST(LiveResizeEcTwoLosses, ThreeNodesLeftStayCodedAndASecondLossIsRebuiltFromTh
   // agent that its parity fits, with the numbers, and every agent holds parity of it.
   ASSERT_TRUE(job.wait_world(3, 20, 2)) << job.all_logs();
   for (int k : {0, 2, 3}) {
-    EXPECT_FALSE(job.lines_with(k, "fewer than k + m = 4 nodes: its snapshots are erasure-coded "
-                                   "with ISA-L over one group of all 3 nodes with fewer data "
-                                   "fragments, K = 2")
+    EXPECT_FALSE(job.lines_with(k,
+                                "fewer than k + m = 4 nodes: its snapshots are erasure-coded "
+                                "with ISA-L over one group of all 3 nodes with fewer data "
+                                "fragments, K = 2")
                      .empty())
         << job.all_logs();
-    EXPECT_FALSE(job.lines_with(k, "erasure-coded over one group of all 3 with K = 2 data + 1 "
-                                   "parity fragment(s) per stripe")
+    EXPECT_FALSE(job.lines_with(k,
+                                "erasure-coded over one group of all 3 with K = 2 data + 1 "
+                                "parity fragment(s) per stripe")
                      .empty())
         << job.all_logs();
     EXPECT_FALSE(job.lines_with(k, "epoch 2: this node holds its parity of 1/2 of its own").empty())

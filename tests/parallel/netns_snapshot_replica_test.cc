@@ -155,8 +155,9 @@ void lose_a_node_under_zero3(const std::string& redundancy, int slow_kbit = 0) {
   if (ec) {
     // Two nodes are fewer than k + m: epoch 2's snapshots are coded as one group of both,
     // K = 1 (each node holds its peer's parity).
-    EXPECT_FALSE(job.lines_with(0, "epoch 2: this node is node 0 of 2; fewer than k + m = 3 "
-                                   "nodes: its snapshots are erasure-coded")
+    EXPECT_FALSE(job.lines_with(0,
+                                "epoch 2: this node is node 0 of 2; fewer than k + m = 3 "
+                                "nodes: its snapshots are erasure-coded")
                      .empty())
         << job.text(0);
   } else {

@@ -187,9 +187,10 @@ TEST_F(SnapshotParity, TwoNodesLeftStayCodedAndTheLastSurvivorRebuildsTheOther) 
   clients_[0]->peers(job_, 2, 0, two);
   clients_[2]->peers(job_, 2, 1, two);
   for (int agent : {0, 2})
-    wait_for(log(agent), "epoch 2: this node is node \\d of 2; fewer than k \\+ m = 3 nodes: its "
-                         "snapshots are erasure-coded with ISA-L over one group of all 2 nodes with "
-                         "fewer data fragments, K = 1");
+    wait_for(log(agent),
+             "epoch 2: this node is node \\d of 2; fewer than k \\+ m = 3 nodes: its "
+             "snapshots are erasure-coded with ISA-L over one group of all 2 nodes with "
+             "fewer data fragments, K = 1");
   constexpr int kWorld2 = 2 * kLocals;
   std::vector<std::vector<std::string>> seg(2);
   for (int node = 0; node < 2; ++node) {
@@ -211,7 +212,8 @@ TEST_F(SnapshotParity, TwoNodesLeftStayCodedAndTheLastSurvivorRebuildsTheOther) 
   // Node n holds the parity of its peer's local rank l: stripe l * 2 + (n + 1) mod 2.
   for (int node = 0; node < 2; ++node)
     for (int l = 0; l < kLocals; ++l) {
-      const std::string p = segment_name(job_, SegmentKind::kParity, node, 2, l * 2 + (node + 1) % 2);
+      const std::string p =
+          segment_name(job_, SegmentKind::kParity, node, 2, l * 2 + (node + 1) % 2);
       EXPECT_TRUE(poll([&] { return newest_step(p) == 7; })) << p << "\n" << logs(kNodes);
     }
   // Node 1 of epoch 2 (agent 2) is lost whole: its agent and everything it held.
@@ -666,24 +668,28 @@ TEST_F(SnapshotParityRoom, AReducedEpochsParityThatDoesNotFitLeavesItUncodedAndC
   clients_[0]->peers(job_, 2, 0, two);
   clients_[1]->peers(job_, 2, 1, two);
   // Node 1: one small rank, whose parity fits (and it says so, with the numbers).
-  const std::string small = clients_[1]->segment(Reservation{job_, 1, 2, {{1, 2, kBytes}}, 0}).at(0);
-  wait_for(log(1), "epoch 2: this node holds its parity of 1/1 of its own [0-9.]+ MiB \\(the epoch "
-                   "has fewer than k \\+ m = 3 nodes: one group, K = 1\\).* fit in the");
+  const std::string small =
+      clients_[1]->segment(Reservation{job_, 1, 2, {{1, 2, kBytes}}, 0}).at(0);
+  wait_for(log(1),
+           "epoch 2: this node holds its parity of 1/1 of its own [0-9.]+ MiB \\(the epoch "
+           "has fewer than k \\+ m = 3 nodes: one group, K = 1\\).* fit in the");
   wait_for(log(1), "epoch 2: made ahead the segment\\(s\\) a rebuild of node");
   // Node 0: three data slots of b take 3/5 of the room; its parity (2 slots of about 2 b)
   // would not fit beside them.
   const int64_t b = room() / 5;
   const std::string big = clients_[0]->segment(Reservation{job_, 0, 2, {{0, 2, b}}, 0}).at(0);
   const std::string why = wait_for(
-      log(0), "epoch 2: this node holds no parity in this epoch: (parity of 1/1 of its own [0-9.]+ "
-              "MiB .* do not fit in the [0-9.]+ MiB free)");
+      log(0),
+      "epoch 2: this node holds no parity in this epoch: (parity of 1/1 of its own [0-9.]+ "
+      "MiB .* do not fit in the [0-9.]+ MiB free)");
   EXPECT_NE(why.find("K = 1"), std::string::npos) << why;
   write_snapshot(big, job_, 0, 2, 0, 2, 7, b);
   clients_[0]->committed(big, 7);
   write_snapshot(small, job_, 1, 2, 1, 2, 7, kBytes);
   clients_[1]->committed(small, 7);
-  wait_for(log(1), "parity chunk of \\S+ step 7 refused by node 0 at \\S+: parity of 1/1 .* not "
-                   "erasure-coded in this epoch");
+  wait_for(log(1),
+           "parity chunk of \\S+ step 7 refused by node 0 at \\S+: parity of 1/1 .* not "
+           "erasure-coded in this epoch");
   for (int n = 0; n < 2; ++n) {
     EXPECT_EQ(::kill(pids_[size_t(n)], 0), 0) << "agent " << n << " died\n" << logs(2);
     EXPECT_NO_THROW(clients_[size_t(n)]->list()) << logs(2);
