@@ -16,13 +16,14 @@ int mod(int a, int n) { return ((a % n) + n) % n; }
 StripeLayout::StripeLayout(int nodes, int k, int m) : nodes_(nodes), k_(k), m_(m) {
   if (k < 1 || m < 1)
     throw ConfigError("snapshot.ec", str("k=", k, ", m=", m, ": need k >= 1 and m >= 1"));
-  if (nodes < k + m)
-    throw ConfigError("snapshot.ec",
-                      str("k=", k, ", m=", m, " needs at least k + m = ", k + m,
-                          " nodes (each stripe's fragments on distinct nodes); the epoch has ",
-                          nodes, ": lower k or m, run on more nodes, or use "
-                          "snapshot.redundancy: replica"));
-  const int full = nodes / (k + m);
+  if (!codes(nodes, m))
+    throw ConfigError(
+        "snapshot.ec",
+        str("m=", m, " needs at least m + 1 = ", m + 1,
+            " nodes (each stripe's fragments on distinct nodes); the epoch has ", nodes,
+            ": lower m, run on more nodes, or use snapshot.redundancy: replica"));
+  // Fewer than k + m nodes: one group of them all (reduced).
+  const int full = std::max(1, nodes / (k + m));
   for (int g = 0; g < full; ++g) first_.push_back(g * (k + m));
 }
 
@@ -75,7 +76,7 @@ int64_t chunk_bytes(int64_t payload_bytes, int data_fragments) {
 }
 
 GroupBound group_bound(int nodes, int node, int k, int m) {
-  if (nodes == 0) return {2 * (k + m) - 1, k};
+  if (nodes == 0) return {2 * (k + m) - 1, 1};
   const StripeLayout l(nodes, k, m);
   const int g = l.group_of(node);
   return {l.group_size(g), l.data_fragments(g)};

@@ -13,6 +13,14 @@
 // any m nodes of a group may be lost, and each node holds m/K of its own data in parity
 // (replicas: all of it).
 //
+// An epoch of fewer than k + m nodes (a loss left them; at least m + 1) is one group of all
+// its nodes with K = nodes - m: the same stripes with fewer data fragments, so any m of its
+// nodes may still be lost, at the price of more parity per node (m/K of its data; for two
+// nodes and m = 1, K = 1: each node holds its peer's data as parity, a replica by another
+// name). Fewer than m + 1 nodes leave nothing to code. The job-start refusal (ec needs k + m
+// nodes at start: launch/snapshot_agent_launch.cc, launch/elastic_worker.cc) is not this
+// class's: a job asks for k + m, and a reduced epoch is what a loss leaves of it.
+//
 // A chunk's length is the rank's payload over K, rounded up to whole checksum blocks
 // (kSnapshotBlockBytes), so a chunk is checked by the rank's own block crcs; a
 // stripe's fragments are as long as its longest chunk, the shorter ones padded with zeros.
@@ -30,12 +38,17 @@ struct StripeId {
 
 class StripeLayout {
  public:
-  // ConfigError naming snapshot.ec unless k >= 1, m >= 1 and nodes >= k + m.
+  // ConfigError naming snapshot.ec unless k >= 1, m >= 1 and nodes >= m + 1 (codes()).
+  // nodes < k + m: one group of all of them, K = nodes - m (reduced()).
   StripeLayout(int nodes, int k, int m);
+  // Whether an epoch of `nodes` nodes can be erasure-coded with m parity fragments at all.
+  static bool codes(int nodes, int m) { return nodes >= m + 1; }
 
   int nodes() const { return nodes_; }
   int k() const { return k_; }
   int m() const { return m_; }
+  // Fewer nodes than k + m: one group with fewer data fragments than k.
+  bool reduced() const { return nodes_ < k_ + m_; }
   int groups() const { return int(first_.size()); }
   int group_of(int node) const;
   int position(int node) const;       // in its group
@@ -65,9 +78,9 @@ int64_t chunk_bytes(int64_t payload_bytes, int data_fragments);
 
 // The group size G and data fragments K that a node's share of its group's work (a rebuild's
 // decode takes a piece per node of the group, of a chunk's length at most) is counted with
-// in a memory check: `node`'s own group in a ring of `nodes` (>= k + m); before the ring is
+// in a memory check: `node`'s own group in a ring of `nodes` (>= m + 1); before the ring is
 // known (nodes == 0), the most any ring can ask: the last group takes the remainder, up to
-// 2(k + m) - 1 nodes, and K = k gives the longest chunks.
+// 2(k + m) - 1 nodes, and a reduced ring's K = 1 gives the longest chunks.
 struct GroupBound {
   int size = 0, data_fragments = 0;
 };

@@ -18,6 +18,7 @@
 #include "base/check.h"
 #include "base/error.h"
 #include "base/host.h"
+#include "checkpoint/snapshot_stripes.h"
 #include "comm/elastic/peer_check.h"
 #include "comm/elastic/peer_link.h"
 #include "comm/elastic/rendezvous.h"
@@ -857,17 +858,25 @@ void NodeAgent::sync_snapshot_peers() {
     for (const comm::Bytes& b : store_->multi_get(keys)) nodes.push_back(comm::to_string(b));
     if (told && nodes == p.sent) return;
     snapshots_->peers(epoch, node, nodes);
-    const int ec_nodes = snapshots_->plan().ec_k + snapshots_->plan().ec_m;
-    if (snapshots_->plan().redundancy == "ec" && n >= ec_nodes)
+    const int ec_k = snapshots_->plan().ec_k, ec_m = snapshots_->plan().ec_m;
+    const bool ec = snapshots_->plan().redundancy == "ec";
+    if (ec && n >= ec_k + ec_m)
       std::fprintf(stderr,
                    "weft run: epoch %lld: this node's snapshots are erasure-coded over the "
                    "epoch's %d nodes (k=%d, m=%d; the agent's log says the groups)\n",
-                   (long long)epoch, n, snapshots_->plan().ec_k, snapshots_->plan().ec_m);
-    else if (snapshots_->plan().redundancy == "ec")  // as its agent says (snapshot_parity_ring.cc)
+                   (long long)epoch, n, ec_k, ec_m);
+    else if (ec && checkpoint::StripeLayout::codes(n, ec_m))  // as its agent says
       std::fprintf(stderr,
-                   "weft run: epoch %lld: the epoch's %d node(s) are fewer than k + m = %d: this "
+                   "weft run: epoch %lld: the epoch's %d nodes are fewer than k + m = %d: this "
+                   "node's snapshots are erasure-coded over one group of all %d with K = %d data "
+                   "+ %d parity fragment(s) per stripe, each node holding parity of %d/%d of its "
+                   "own snapshot bytes where its memory has room (its agent's reserve says)\n",
+                   (long long)epoch, n, ec_k + ec_m, n, n - ec_m, ec_m, ec_m, n - ec_m);
+    else if (ec)  // as its agent says (snapshot_parity_ring.cc)
+      std::fprintf(stderr,
+                   "weft run: epoch %lld: the epoch's %d node(s) are fewer than m + 1 = %d: this "
                    "node's snapshots are not erasure-coded until enough nodes are members\n",
-                   (long long)epoch, n, ec_nodes);
+                   (long long)epoch, n, ec_m + 1);
     else if (n > 1)
       std::fprintf(stderr,
                    "weft run: epoch %lld: this node's snapshots are replicated to node %d (%s)\n",

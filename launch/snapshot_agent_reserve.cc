@@ -46,13 +46,19 @@ json Agent::reserve(const ckpt::Reservation& r) {
     if (replicas_)
       replica_bytes = std::max<int64_t>(0, replica_bytes - replicas_->capacity_of_epoch(r.epoch));
   }
-  // Parity (snapshot.redundancy: ec): m/k of the node's own bytes, in three slots plus the
-  // step being coded; counted as "two slots of" 2 m/k.
+  // Parity (snapshot.redundancy: ec): m/K of the node's own bytes, in three slots plus the
+  // step being coded; counted as "two slots of" 2 m/K. K is the data fragments of the node's
+  // group in the epoch's ring: k until that ring is known, fewer in a reduced epoch (a loss
+  // left fewer than k + m nodes: more parity per node), none where it cannot be coded.
+  int64_t own = 0;
+  int K = o_.ec_k;
   if (o_.redundancy == "ec") {
-    int64_t own = 0;
     for (const ckpt::RankSlot& s : r.ranks) own += std::clamp<int64_t>(s.bytes, 0, kMaxRankBytes);
-    replica_bytes = 2 * (own / o_.ec_k + 1) * o_.ec_m;
+    if (parity_) K = parity_->data_fragments_of(r.epoch);
+    replica_bytes = K > 0 ? 2 * (own / K + 1) * o_.ec_m : 0;
   }
+  const bool reduced = parity_ && parity_->reduced(r.epoch);
+  const bool first_of_epoch = parity_ && !parity_->prepare_asked(r.epoch);
   const int64_t extra = std::max(r.parity_bytes, replica_bytes);
   double need = 2 * double(extra);
   // ec: the segments this node would rebuild its group's previous node into, made ahead
@@ -107,6 +113,32 @@ json Agent::reserve(const ckpt::Reservation& r) {
     for (const auto& [name, x] : owned_) promised += untouched_bytes(name);
     const int64_t margin = snapshot_memory_margin(m);
     const double room = double(std::min(m.available, m.shm_free) - promised - margin);
+    // A reduced epoch's parity (and what a rebuild would use, made ahead) is what the loss
+    // added, not what the job asked for at its start: when that is what does not fit, this
+    // node holds no parity in the epoch (its peers' snapshots are not coded), and its own
+    // snapshots are reserved as before; a refusal would stop them.
+    const double parity_need = 2 * double(extra) + ahead;
+    auto said = [&](const std::string& fits) {
+      return str("parity of ", o_.ec_m, "/", K, " of its own ", bytes_text(double(own)),
+                 " (the epoch has fewer than k + m = ", o_.ec_k + o_.ec_m,
+                 " nodes: one group, K = ", K, "), two slots of ", bytes_text(double(extra)),
+                 " plus ", bytes_text(ahead),
+                 " made ahead for a rebuild: ", bytes_text(parity_need),
+                 ", which with its own snapshots' ", bytes_text(need - parity_need), " ", fits,
+                 " in the ", bytes_text(std::max(0.0, room)), " free (MemAvailable ",
+                 bytes_text(double(m.available)), ", /dev/shm free ",
+                 bytes_text(double(m.shm_free)), ", less ", bytes_text(double(promised)),
+                 " promised and a margin of ", bytes_text(double(margin)), ")");
+    };
+    if (reduced && need > room && need - parity_need <= room) {
+      parity_->decline(r.epoch, said("do not fit") +
+                                    "; the snapshots of the nodes whose parity it would hold are "
+                                    "not erasure-coded in this epoch (free memory, or add nodes)");
+      need -= parity_need;
+      ahead = 0;
+    } else if (reduced && first_of_epoch && need <= room) {
+      say(str("epoch ", r.epoch, ": this node holds its ", said("fit")));
+    }
     if (need > room) {
       std::string sizes =
           need >= 1e29 ? std::string("more than 2^50 bytes per rank") : bytes_text(need);

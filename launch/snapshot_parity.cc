@@ -126,9 +126,53 @@ const ckpt::ErasureCode& SnapshotParity::code(int k) const {
 double SnapshotParity::ahead_bytes_of(int64_t epoch, int locals, int64_t capacity) const {
   const std::optional<ReplicaRing> ring = ring_of(epoch);
   const int n = ring ? int(ring->nodes.size()) : 0;
-  if (ring && n < o_.k + o_.m) return 0;
+  if (ring && !layout_of(*ring)) return 0;
   const ckpt::GroupBound g = ckpt::group_bound(n, ring ? ring->node : 0, o_.k, o_.m);
   return ahead_bytes(locals, capacity, g.size, g.data_fragments);
+}
+
+std::optional<ckpt::StripeLayout> SnapshotParity::layout_of(const ReplicaRing& ring) const {
+  const int n = int(ring.nodes.size());
+  if (!ckpt::StripeLayout::codes(n, o_.m)) return std::nullopt;
+  return ckpt::StripeLayout(n, o_.k, o_.m);
+}
+
+int SnapshotParity::data_fragments_of(int64_t epoch) const {
+  const std::optional<ReplicaRing> ring = ring_of(epoch);
+  if (!ring) return o_.k;
+  const std::optional<ckpt::StripeLayout> l = layout_of(*ring);
+  return l ? l->data_fragments(l->group_of(ring->node)) : 0;
+}
+
+bool SnapshotParity::reduced(int64_t epoch) const {
+  const std::optional<ReplicaRing> ring = ring_of(epoch);
+  const std::optional<ckpt::StripeLayout> l = ring ? layout_of(*ring) : std::nullopt;
+  return l && l->reduced();
+}
+
+void SnapshotParity::decline(int64_t epoch, const std::string& why) {
+  int dropped = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!declined_.emplace(epoch, why).second) return;
+    prepared_.insert(epoch);  // nothing made ahead: a rebuild here would lack this parity
+    to_prepare_.erase(epoch);
+    // Parity of the epoch kept before the reserve came (a peer committed first): its memory
+    // back, not a stripe left half protected.
+    for (auto it = parity_.begin(); it != parity_.end();) {
+      const std::optional<ckpt::SegmentName> p = ckpt::parse_segment_name(it->first);
+      if (!p || p->epoch != epoch) {
+        ++it;
+        continue;
+      }
+      ckpt::SnapshotSegment::unlink(it->first);
+      it = parity_.erase(it);
+      ++dropped;
+    }
+  }
+  log_(str("epoch ", epoch, ": this node holds no parity in this epoch: ", why,
+           dropped > 0 ? str(" (", dropped, " parity segment(s) of it already made removed)")
+                       : std::string()));
 }
 
 std::optional<ReplicaRing> SnapshotParity::ring_of(int64_t epoch) const {
@@ -210,11 +254,11 @@ void SnapshotParity::push(const CommittedEvent& e) {
   if (e.meta.kind != ckpt::SegmentKind::kData || e.local < 0) return;
   const std::optional<ReplicaRing> ring = ring_of(e.meta.epoch);
   if (!ring) return;
-  const int n = int(ring->nodes.size());
-  if (n < o_.k + o_.m) return;  // said by set_ring
+  const std::optional<ckpt::StripeLayout> coded = layout_of(*ring);
+  if (!coded) return;  // said by set_ring
   const std::optional<ckpt::SnapshotSegment::View> v = newest_unsent(e, ring->epoch, pushed_);
   if (!v) return;
-  const ckpt::StripeLayout layout(n, o_.k, o_.m);
+  const ckpt::StripeLayout& layout = *coded;
   const int K = layout.data_fragments(layout.group_of(ring->node));
   const int64_t payload = v->meta.payload_bytes, c = ckpt::chunk_bytes(payload, K);
   const std::vector<uint32_t> crcs = e.segment->block_crc32c(*v);
@@ -345,6 +389,10 @@ void SnapshotParity::serve_chunk(ckpt::PeerChannel& ch, const json& h) {
     if (!(ring = ring_of(meta.epoch))) bad = str("no ring of epoch ", meta.epoch, " here yet");
   }
   if (bad.empty()) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (auto d = declined_.find(meta.epoch); d != declined_.end()) bad = d->second;
+  }
+  if (bad.empty()) {
     try {
       layout.emplace(int(ring->nodes.size()), o_.k, o_.m);
       if (group < 0 || group >= layout->groups() || layout->group_of(ring->node) != group)
@@ -468,6 +516,8 @@ std::string SnapshotParity::commit_parity(int64_t epoch, int me, int number, int
   std::shared_ptr<ckpt::SnapshotSegment> seg;
   {
     std::lock_guard<std::mutex> l(mu_);
+    // Declined while this stripe's chunks arrived (decline): not made again.
+    if (auto d = declined_.find(epoch); d != declined_.end()) return d->second;
     if (auto it = parity_.find(name); it != parity_.end()) seg = it->second;
   }
   if (seg && seg->capacity() < payload) {

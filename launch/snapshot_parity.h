@@ -1,7 +1,9 @@
 // snapshot.redundancy: ec (issue 15): Reed-Solomon parity of the nodes' snapshots, held by
 // other nodes' snapshot agents, and the rebuild of what a lost node held.
 //
-// Placement is checkpoint/snapshot_stripes.h's: each rank's committed snapshot is cut into K
+// Placement is checkpoint/snapshot_stripes.h's (an epoch of m + 1 to k + m - 1 nodes, left by
+// a loss, is one group with K = nodes - m: still coded, each node holding more parity, when
+// its memory has room: decline()): each rank's committed snapshot is cut into K
 // chunks, chunk t goes to the m parity holders of its stripe, and each holder adds it to its
 // parity fragment as it arrives (ErasureCode::encode_update: no holder keeps anyone's data),
 // committing the stripe's parity of a step once all K chunks of that step arrived. A parity
@@ -107,7 +109,8 @@ class SnapshotParity {
   // queued or running: a new world's `list` waits for it.
   bool settled(int64_t epoch) const;
   // The agent reserved the node's `locals` ranks of `epoch`, the largest of `capacity` bytes.
-  // Once the ring of `epoch` codes them (k + m nodes or more; now, or when it is told):
+  // Once the ring of `epoch` codes them (m + 1 nodes or more, not declined; now, or when it
+  // is told):
   // queues, on the rebuilder's thread, the making ahead of
   // the segments this node would rebuild its group's previous node into were that node lost
   // alone (it is then the designated rebuilder): one per own rank, of the largest own rank's
@@ -127,8 +130,20 @@ class SnapshotParity {
   // node's own group of the epoch's ring where this agent knows it, else in the largest group
   // a ring can have (checkpoint::group_bound: the last group holds the remainder, up to
   // 2(k + m) - 1 nodes; counting k + m fell short there by the extra nodes' decode pieces).
-  // A ring of fewer than k + m nodes makes nothing ahead (prepare skips it): 0.
+  // A ring of m nodes or fewer makes nothing ahead (prepare skips it): 0.
   double ahead_bytes_of(int64_t epoch, int locals, int64_t capacity) const;
+  // The data fragments K of this node's group in the ring of `epoch`, for the reserve's
+  // count of the parity it will hold (m/K of its own bytes): k while that ring is not known
+  // here, 0 when it has too few nodes to code (m or fewer).
+  int data_fragments_of(int64_t epoch) const;
+  // Whether the ring of `epoch` is known and reduced (m + 1 to k + m - 1 nodes: one group,
+  // K < k, more parity per node than the job's start counted).
+  bool reduced(int64_t epoch) const;
+  // The reserve of a reduced `epoch` found that the parity this node would hold does not fit
+  // its memory (`why` names the bytes): this node holds no parity in that epoch, refusing
+  // chunks with `why` (their senders log that those snapshots are not protected), and makes
+  // no rebuild target ahead. Logged once.
+  void decline(int64_t epoch, const std::string& why);
   // Whether prepare() of `epoch` was asked for already (queued or run): the reserve that
   // asked for it counted its bytes, and a later one of that epoch does not again.
   bool prepare_asked(int64_t epoch) const;
@@ -242,6 +257,9 @@ class SnapshotParity {
   void drop(Links& cache, const std::string& key);
   const checkpoint::ErasureCode& code(int k) const;
   std::optional<ReplicaRing> ring_of(int64_t epoch) const;
+  // The stripes of `ring` (StripeLayout, reduced below k + m nodes); nullopt when it has too
+  // few nodes to code.
+  std::optional<checkpoint::StripeLayout> layout_of(const ReplicaRing& ring) const;
   // This agent's mapping of segment `name` (a parity or rebuilt segment it holds, a data
   // segment it pushed), whose written pages are mapped in already; null when it has none.
   std::shared_ptr<const checkpoint::SnapshotSegment> mapped(const std::string& name) const;
@@ -273,7 +291,7 @@ class SnapshotParity {
   Links push_links_;  // under mu_ when changed: stop() aborts them
   std::map<std::string, int64_t> pushed_;  // data segment -> sequence
   std::set<std::string> failing_;          // peers whose failure was logged
-  std::set<int64_t> unprotected_logged_;   // epochs with fewer than k + m nodes
+  std::map<int64_t, std::string> declined_;  // epochs whose parity does not fit here: why
   // serve_chunk: until when a chunk of an epoch whose ring is not here yet waits for it
   // (kRingWait after the first such chunk).
   std::map<int64_t, std::chrono::steady_clock::time_point> ring_wait_until_;

@@ -352,9 +352,9 @@ void SnapshotParity::prepare_ahead(int64_t epoch) {
     own = it->second;
   }
   const std::optional<ReplicaRing> ring = ring_of(epoch);
-  const int n = ring ? int(ring->nodes.size()) : 0;
-  if (!ring || n < o_.k + o_.m) return;
-  const ckpt::StripeLayout l(n, o_.k, o_.m);
+  const std::optional<ckpt::StripeLayout> coded = ring ? layout_of(*ring) : std::nullopt;
+  if (!coded) return;
+  const ckpt::StripeLayout& l = *coded;
   const int g = l.group_of(ring->node), G = l.group_size(g), K = l.data_fragments(g);
   // The node this one rebuilds when it is lost alone: the first survivor after it (rebuild).
   const int lost = l.node_at(g, l.position(ring->node) - 1);
@@ -468,8 +468,9 @@ std::shared_ptr<ckpt::SnapshotSegment> SnapshotParity::take_ahead(int64_t epoch,
 
 bool SnapshotParity::rebuild(const Task& task) {
   const std::optional<ReplicaRing> ring = ring_of(task.epoch);
-  if (!ring || int(ring->nodes.size()) < o_.k + o_.m) return true;
-  const ckpt::StripeLayout l(int(ring->nodes.size()), o_.k, o_.m);
+  const std::optional<ckpt::StripeLayout> coded = ring ? layout_of(*ring) : std::nullopt;
+  if (!coded) return true;
+  const ckpt::StripeLayout& l = *coded;
   const int g = l.group_of(task.lost);
   if (l.group_of(ring->node) != g) return true;
   // The first surviving node after the lost one in its group rebuilds it.
@@ -617,9 +618,10 @@ json SnapshotParity::repair_slot(const Task& task) {
     throw IoError(str(task.segment, " is not this node's: it is node ", name->owner_node,
                       "'s of epoch ", name->epoch, ", and this agent ",
                       ring ? str("was node ", ring->node) : std::string("knows no ring of it")));
-  if (int(ring->nodes.size()) < o_.k + o_.m)
+  const std::optional<ckpt::StripeLayout> coded = layout_of(*ring);
+  if (!coded)
     throw IoError(str("epoch ", name->epoch, " had ", ring->nodes.size(),
-                      " nodes, fewer than k + m: its snapshots have no parity to repair from"));
+                      " node(s), fewer than m + 1: its snapshots have no parity to repair from"));
   const std::vector<std::string> own = own_data(o_.auth.job, ring->node, name->epoch);
   const auto at = std::find(own.begin(), own.end(), task.segment);
   if (at == own.end()) throw IoError(str(task.segment, " is not among this node's segments"));
@@ -638,7 +640,7 @@ json SnapshotParity::repair_slot(const Task& task) {
                                "): ", bad.size(), " corrupt block(s)");
   const auto g = gone_.find(name->epoch);
   const std::set<int> gone = g == gone_.end() ? std::set<int>{} : g->second;
-  const ckpt::StripeLayout l(int(ring->nodes.size()), o_.k, o_.m);
+  const ckpt::StripeLayout& l = *coded;
   const int K = l.data_fragments(l.group_of(ring->node));
   const int64_t c = ckpt::chunk_bytes(v->meta.payload_bytes, K);
   std::set<int64_t> chunks;

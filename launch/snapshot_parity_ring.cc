@@ -37,16 +37,23 @@ void for_each_owned(const std::string& job, F f) {
 
 void SnapshotParity::set_ring(ReplicaRing r) {
   const int n = int(r.nodes.size());
-  if (n >= o_.k + o_.m) {
-    const ckpt::StripeLayout l(n, o_.k, o_.m);
-    const int g = l.group_of(r.node);
-    log_(str("epoch ", r.epoch, ": this node is node ", r.node, " of ", n,
-             "; its snapshots are erasure-coded with ISA-L over its group of ", l.group_size(g),
-             " nodes (", l.data_fragments(g), " data + ", o_.m,
+  const std::string here = str("epoch ", r.epoch, ": this node is node ", r.node, " of ", n, "; ");
+  if (const std::optional<ckpt::StripeLayout> l = layout_of(r); l && !l->reduced()) {
+    const int g = l->group_of(r.node);
+    log_(str(here, "its snapshots are erasure-coded with ISA-L over its group of ",
+             l->group_size(g), " nodes (", l->data_fragments(g), " data + ", o_.m,
              " parity fragments per stripe; any ", o_.m, " of them may be lost)"));
+  } else if (l) {
+    const int K = l->data_fragments(0);
+    log_(str(here, "fewer than k + m = ", o_.k + o_.m,
+             " nodes: its snapshots are erasure-coded with ISA-L over one group of all ", n,
+             " nodes with fewer data fragments, K = ", K, " (", K, " data + ", o_.m,
+             " parity fragments per stripe; any ", o_.m,
+             " of them may be lost; each node holds parity of ", o_.m, "/", K,
+             " of its own snapshot bytes, where its memory has room: see its reserve)"));
   } else {
-    log_(str("epoch ", r.epoch, ": this node is node ", r.node, " of ", n, "; fewer than k + m = ",
-             o_.k + o_.m, " nodes: its snapshots are not erasure-coded in this epoch"));
+    log_(str(here, "fewer than m + 1 = ", o_.m + 1,
+             " nodes: its snapshots are not erasure-coded in this epoch"));
   }
   std::lock_guard<std::mutex> l(mu_);
   // A new epoch: which nodes of the previous one are lost is found on the rebuilder's thread

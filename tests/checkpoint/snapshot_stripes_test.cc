@@ -19,7 +19,9 @@ namespace {
 struct Case {
   int nodes, k, m;
 };
-const Case kCases[] = {{3, 2, 1}, {4, 2, 1}, {5, 2, 1}, {6, 2, 1}, {7, 3, 2}, {8, 4, 2}, {11, 2, 2}};
+// With reduced epochs (fewer than k + m nodes, a loss left them): {2, 2, 1}, {3, 3, 1}, ...
+const Case kCases[] = {{3, 2, 1},  {4, 2, 1}, {5, 2, 1}, {6, 2, 1}, {7, 3, 2}, {8, 4, 2},
+                       {11, 2, 2}, {2, 2, 1}, {3, 3, 1}, {3, 2, 2}, {5, 4, 2}};
 
 TEST(SnapshotStripes, GroupsAreKPlusMNodesWithTheRemainderInTheLast) {
   StripeLayout a(7, 2, 1);
@@ -78,14 +80,50 @@ TEST(SnapshotStripes, EveryChunkIsInOneStripeAndNoNodeHoldsTwoFragmentsOfOne) {
   }
 }
 
-TEST(SnapshotStripes, FewerNodesThanKPlusMIsRefusedNamingSnapshotEc) {
+// A loss that leaves fewer than k + m nodes (but m + 1 or more) leaves one group of them all
+// with K = nodes - m: two nodes with m = 1 hold each other's data as parity (K = 1).
+TEST(SnapshotStripes, FewerNodesThanKPlusMAreOneGroupWithFewerDataFragments) {
+  const StripeLayout two(2, 2, 1);
+  EXPECT_TRUE(two.reduced());
+  ASSERT_EQ(two.groups(), 1);
+  EXPECT_EQ(two.group_size(0), 2);
+  EXPECT_EQ(two.data_fragments(0), 1);
+  for (int node = 0; node < 2; ++node)
+    for (int local = 0; local < 3; ++local) {
+      // The whole rank is chunk 0, in the stripe of its node's rotation; its parity is on the
+      // other node.
+      const StripeId s = two.stripe_of_chunk(node, local, 0);
+      EXPECT_EQ(s, (StripeId{0, local, node}));
+      EXPECT_EQ(two.fragment_node(s, 0), node);
+      EXPECT_EQ(two.fragment_node(s, 1), 1 - node);
+    }
+  const StripeLayout three(3, 3, 1);
+  EXPECT_TRUE(three.reduced());
+  ASSERT_EQ(three.groups(), 1);
+  EXPECT_EQ(three.group_size(0), 3);
+  EXPECT_EQ(three.data_fragments(0), 2);
+  // Node 1's local rank 0: chunk 0 in stripe r=1 (data at 1, 2; parity at 0), chunk 1 in
+  // stripe r=0 (data at 0, 1; parity at 2): the k=2, m=1 layout of three nodes.
+  EXPECT_EQ(three.stripe_of_chunk(1, 0, 0), (StripeId{0, 0, 1}));
+  EXPECT_EQ(three.stripe_of_chunk(1, 0, 1), (StripeId{0, 0, 0}));
+  EXPECT_EQ(three.fragment_node({0, 0, 1}, 2), 0);
+  EXPECT_EQ(three.fragment_node({0, 0, 0}, 2), 2);
+  EXPECT_FALSE(StripeLayout(3, 2, 1).reduced());
+  EXPECT_FALSE(StripeLayout(7, 2, 1).reduced());
+}
+
+TEST(SnapshotStripes, FewerThanMPlusOneNodesAreRefusedNamingSnapshotEc) {
+  EXPECT_FALSE(StripeLayout::codes(1, 1));
+  EXPECT_TRUE(StripeLayout::codes(2, 1));
+  EXPECT_FALSE(StripeLayout::codes(2, 2));
   try {
-    StripeLayout(2, 2, 1);
-    FAIL() << "2 nodes cannot hold EC(2,1)";
+    StripeLayout(1, 2, 1);
+    FAIL() << "one node cannot hold a fragment and its parity on distinct nodes";
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.field(), "snapshot.ec");
-    EXPECT_NE(std::string(e.what()).find("at least k + m = 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("at least m + 1 = 2"), std::string::npos) << e.what();
   }
+  EXPECT_THROW(StripeLayout(2, 2, 2), ConfigError);
   EXPECT_THROW(StripeLayout(4, 0, 1), ConfigError);
 }
 
@@ -98,15 +136,16 @@ TEST(SnapshotStripes, ChunksAreWholeBlocks) {
   EXPECT_EQ(chunk_bytes(0, 3), b);
 }
 
-
 // The memory check of the rebuild targets made ahead counts a node's own group, and before
 // the ring is known a bound no group exceeds: the last group of a ring takes the remainder
-// (up to 2(k + m) - 1 nodes), which counting k + m missed.
+// (up to 2(k + m) - 1 nodes), which counting k + m missed; a reduced ring (fewer than k + m
+// nodes) has the fewest data fragments, so the longest chunks.
 TEST(SnapshotStripes, TheGroupBoundIsTheNodesOwnGroupAndBeforeTheRingNoGroupExceedsIt) {
   for (const auto& [k, m] : {std::pair{2, 1}, std::pair{3, 2}, std::pair{4, 1}}) {
     const GroupBound unknown = group_bound(0, 0, k, m);
+    EXPECT_EQ(group_bound(m + 1, 0, k, m).data_fragments, 1);
     int largest = 0;
-    for (int n = k + m; n <= 4 * (k + m); ++n) {
+    for (int n = m + 1; n <= 4 * (k + m); ++n) {
       const StripeLayout layout(n, k, m);
       for (int node = 0; node < n; ++node) {
         const int g = layout.group_of(node);

@@ -153,8 +153,12 @@ void lose_a_node_under_zero3(const std::string& redundancy, int slow_kbit = 0) {
   EXPECT_NE(resizes[0].find("world 3 -> 2"), std::string::npos) << resizes[0];
   expect_losses_by_step(ref, job.metrics(), 1e-5);
   if (ec) {
-    // Two nodes are fewer than k + m: epoch 2's snapshots are the nodes' own only.
-    EXPECT_FALSE(job.lines_with(0, "epoch 2: this node is node 0 of 2; fewer than k + m = 3").empty())
+    // Two nodes are fewer than k + m: epoch 2's snapshots are coded as one group of both,
+    // K = 1 (each node holds its peer's parity).
+    EXPECT_FALSE(job.lines_with(0,
+                                "epoch 2: this node is node 0 of 2; fewer than k + m = 3 "
+                                "nodes: its snapshots are erasure-coded")
+                     .empty())
         << job.text(0);
   } else {
     // Epoch 2's ring of two: each survivor's snapshots go to the other.

@@ -416,11 +416,14 @@ void failed_worker_leaves_under(const std::string& redundancy) {
             std::string::npos)
       << resizes[0];
   if (ec) {
-    // weft run says what its agent does: erasure-coded over the three nodes of epoch 1, not
-    // over the two of epoch 2, fewer than k + m (it used to claim both).
+    // weft run says what its agent does: erasure-coded over the three nodes of epoch 1, and
+    // over the two of epoch 2, fewer than k + m, as one group with K = 1 (not as k + m).
     EXPECT_NE(job.text(0).find("erasure-coded over the epoch's 3 nodes"), std::string::npos)
         << job.text(0);
     EXPECT_EQ(job.text(0).find("erasure-coded over the epoch's 2 nodes"), std::string::npos)
+        << job.text(0);
+    EXPECT_NE(job.text(0).find("erasure-coded over one group of all 2 with K = 1"),
+              std::string::npos)
         << job.text(0);
   }
   expect_same_losses(ref, job.metrics(), size_t(job.steps), false, live::kRelDp);

@@ -175,6 +175,64 @@ TEST_F(SnapshotParity, ALostNodesRanksAreRebuiltFromParityByTheNextSurvivor) {
       << read(log(2));
 }
 
+// Two losses in turn (issue 15): node 1 of three is lost, and the two left, fewer than
+// k + m, are still coded, as one group with K = 1 (each holds its peer's rank as parity); then
+// node 2 is lost too, and node 0 alone rebuilds node 2's ranks of epoch 2 from the parity it
+// holds, byte for byte.
+TEST_F(SnapshotParity, TwoNodesLeftStayCodedAndTheLastSurvivorRebuildsTheOther) {
+  ASSERT_NO_FATAL_FAILURE(start_three({5}));
+  lose(1);
+  // Epoch 2: nodes 0 and 2 of epoch 1 are nodes 0 and 1, two ranks each of a world of 4.
+  const std::vector<std::string> two = {endpoints_[0], endpoints_[2]};
+  clients_[0]->peers(job_, 2, 0, two);
+  clients_[2]->peers(job_, 2, 1, two);
+  for (int agent : {0, 2})
+    wait_for(log(agent),
+             "epoch 2: this node is node \\d of 2; fewer than k \\+ m = 3 nodes: its "
+             "snapshots are erasure-coded with ISA-L over one group of all 2 nodes with "
+             "fewer data fragments, K = 1");
+  constexpr int kWorld2 = 2 * kLocals;
+  std::vector<std::vector<std::string>> seg(2);
+  for (int node = 0; node < 2; ++node) {
+    Reservation r{job_, node, 2, {}, 0};
+    for (int l = 0; l < kLocals; ++l)
+      r.ranks.push_back({node * kLocals + l, kWorld2, bytes_of(node * kLocals + l)});
+    seg[size_t(node)] = clients_[size_t(node == 0 ? 0 : 2)]->segment(r);
+  }
+  for (int agent : {0, 2})
+    EXPECT_NE(read(log(agent)).find("epoch 2: this node holds its parity of 1/1 of its own"),
+              std::string::npos)
+        << read(log(agent));
+  for (int node = 0; node < 2; ++node)
+    for (int l = 0; l < kLocals; ++l) {
+      const int rank = node * kLocals + l;
+      write_snapshot(seg[size_t(node)][size_t(l)], job_, node, 2, rank, kWorld2, 7, bytes_of(rank));
+      clients_[size_t(node == 0 ? 0 : 2)]->committed(seg[size_t(node)][size_t(l)], 7);
+    }
+  // Node n holds the parity of its peer's local rank l: stripe l * 2 + (n + 1) mod 2.
+  for (int node = 0; node < 2; ++node)
+    for (int l = 0; l < kLocals; ++l) {
+      const std::string p =
+          segment_name(job_, SegmentKind::kParity, node, 2, l * 2 + (node + 1) % 2);
+      EXPECT_TRUE(poll([&] { return newest_step(p) == 7; })) << p << "\n" << logs(kNodes);
+    }
+  // Node 1 of epoch 2 (agent 2) is lost whole: its agent and everything it held.
+  lose(2);
+  for (const std::string& name : snapshot_segments(job_)) {
+    const auto p = parse_segment_name(name);
+    if (p && p->epoch == 2 && p->owner_node == 1) SnapshotSegment::unlink(name);
+  }
+  clients_[0]->peers(job_, 3, 0, {endpoints_[0]});
+  expect_rebuilt(0, 1, 3, 7);
+  EXPECT_NE(read(log(0)).find("rebuilt node 1's rank 2 (epoch 2, step 7) from parity"),
+            std::string::npos)
+      << read(log(0));
+  EXPECT_NE(read(log(0)).find("epoch 3: this node is node 0 of 1; fewer than m + 1 = 2 nodes: its "
+                              "snapshots are not erasure-coded in this epoch"),
+            std::string::npos)
+      << read(log(0));
+}
+
 // A corrupt block is detected by its checksum and rebuilt from parity (issue 15) when a read
 // finds it: a new world's list no longer checksums every slot first (that held each recovery
 // for a pass over slots nobody reads), and the worker whose read failed asks for the repair.
@@ -592,6 +650,65 @@ TEST_F(SnapshotParityRoom, AHolderWithoutRoomRefusesParityClearlyAndCorruptsNoth
   })) << logs(kNodes);
   EXPECT_NE(logs(kNodes).find("(epoch 1) is kept again from step 6"), std::string::npos)
       << logs(kNodes);
+}
+
+// A reduced epoch (two nodes left of three, K = 1) makes each node hold parity of all of its
+// peer's bytes, twice what the job's start counted (issue 15). A node whose own snapshots fit
+// but not with that parity is not refused (that would stop its snapshots): it holds no parity
+// in the epoch and says so with the numbers (a peer whose parity fits says that, with its
+// numbers); its peer's chunks are refused with that reason
+// and its peer says they are not protected; every agent still serves, every snapshot is
+// intact, and no parity of the epoch is kept on it.
+TEST_F(SnapshotParityRoom, AReducedEpochsParityThatDoesNotFitLeavesItUncodedAndCorruptsNothing) {
+  ASSERT_NO_FATAL_FAILURE(start_three({}));
+  for (int n = 0; n < kNodes; ++n)  // epoch 1's targets allocated: the room below is settled
+    wait_for(log(n), "epoch 1: made ahead the segment\\(s\\) a rebuild of node");
+  lose(2);
+  const std::vector<std::string> two = {endpoints_[0], endpoints_[1]};
+  clients_[0]->peers(job_, 2, 0, two);
+  clients_[1]->peers(job_, 2, 1, two);
+  // Node 1: one small rank, whose parity fits (and it says so, with the numbers).
+  const std::string small =
+      clients_[1]->segment(Reservation{job_, 1, 2, {{1, 2, kBytes}}, 0}).at(0);
+  wait_for(log(1),
+           "epoch 2: this node holds its parity of 1/1 of its own [0-9.]+ MiB \\(the epoch "
+           "has fewer than k \\+ m = 3 nodes: one group, K = 1\\).* fit in the");
+  wait_for(log(1), "epoch 2: made ahead the segment\\(s\\) a rebuild of node");
+  // Node 0: three data slots of b take 3/5 of the room; its parity (2 slots of about 2 b)
+  // would not fit beside them.
+  const int64_t b = room() / 5;
+  const std::string big = clients_[0]->segment(Reservation{job_, 0, 2, {{0, 2, b}}, 0}).at(0);
+  const std::string why = wait_for(
+      log(0),
+      "epoch 2: this node holds no parity in this epoch: (parity of 1/1 of its own [0-9.]+ "
+      "MiB .* do not fit in the [0-9.]+ MiB free)");
+  EXPECT_NE(why.find("K = 1"), std::string::npos) << why;
+  write_snapshot(big, job_, 0, 2, 0, 2, 7, b);
+  clients_[0]->committed(big, 7);
+  write_snapshot(small, job_, 1, 2, 1, 2, 7, kBytes);
+  clients_[1]->committed(small, 7);
+  wait_for(log(1),
+           "parity chunk of \\S+ step 7 refused by node 0 at \\S+: parity of 1/1 .* not "
+           "erasure-coded in this epoch");
+  for (int n = 0; n < 2; ++n) {
+    EXPECT_EQ(::kill(pids_[size_t(n)], 0), 0) << "agent " << n << " died\n" << logs(2);
+    EXPECT_NO_THROW(clients_[size_t(n)]->list()) << logs(2);
+  }
+  {
+    SnapshotSegment seg = SnapshotSegment::open(small, false);
+    auto v = seg.latest();
+    ASSERT_TRUE(v && v->meta.step == 7) << logs(2);
+    EXPECT_TRUE(seg.corrupt_blocks(*v).empty());
+    SnapshotSegment mine = SnapshotSegment::open(big, false);
+    auto w = mine.latest();
+    ASSERT_TRUE(w && w->meta.step == 7) << logs(2);
+    EXPECT_TRUE(mine.corrupt_blocks(*w).empty());
+  }
+  for (const std::string& name : snapshot_segments(job_)) {
+    const auto p = parse_segment_name(name);
+    EXPECT_FALSE(p && p->kind == SegmentKind::kParity && p->epoch == 2 && p->owner_node == 0)
+        << name << " kept on the node that declined its parity";
+  }
 }
 
 // The ec memory check counts the rebuild targets made ahead (snapshot_parity.h, prepare):
