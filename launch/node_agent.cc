@@ -619,7 +619,9 @@ void NodeAgent::end_parked(const Outcome& out) {
 
 // After a failure here: the membership the next attempt runs in. Waits until every member
 // of the current epoch is alive again (a lost one is re-formed away by poll_change once its
-// heartbeat expired), at most join_timeout (then poll_change throws).
+// heartbeat expired), at most join_timeout (then poll_change throws). The departing nodes
+// are the record's now, not those of the epoch's formation: a node that has confirmed its
+// hand-over since is gone, and the next attempt's world must not count its workers.
 comm::Membership NodeAgent::settle() {
   for (;;) {
     if (std::optional<comm::Membership> next = rdzv_->poll_change()) return *next;
@@ -627,7 +629,12 @@ comm::Membership NodeAgent::settle() {
     bool all = true;
     for (const comm::Member& x : m.members)
       all = all && (x.node_id == me_ || store_->check({rdzv_->alive_key(x.node_id)}));
-    if (all) return m;
+    if (all) {
+      const comm::MembershipRecord r = rdzv_->read_record();
+      if (r.epoch != m.epoch) continue;  // a new epoch: poll_change adopts it
+      m.departed = rdzv_->view(r).departed;
+      return m;
+    }
     std::this_thread::sleep_for(ro_.poll_interval);
   }
 }

@@ -121,5 +121,50 @@ TEST(LiveResizeLeaveRound, TheLeaversRestartedWorkerHandsItsNodesSnapshotsOverIn
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 
+// A round later in the epoch that a graceful leave formed, once the leaver has handed over and
+// gone: epoch 2 lists it as departed when it forms, and no longer once its hand-over is
+// confirmed (the record changes, the epoch does not). The round's world is the two members'
+// only: before, an agent took the departing nodes of the epoch's formation, and the round's
+// world waited for a worker that had ended.
+TEST(LiveResizeLeaveRound, ARoundAfterAConfirmedHandOverDoesNotWaitForTheLeaver) {
+  LiveJob job;
+  job.dir = agent_test_dir("live_resize_leave_round", "after");
+  job.id = "live-leave-round-after-" + std::to_string(::getpid());
+  job.nnodes = "2:3";
+  job.steps = 200;
+  job.max_restarts = 1;
+  job.sets = {"parallel.dp=auto", "parallel.zero=1"};
+  const fs::path ref = reference_run(job.dir, job.steps, job.sets);
+  job.env = {"WEFT_RESIZE_TIMEOUT_MS=600000", "WEFT_COMM_TIMEOUT_MS=600000",
+             "WEFT_TEST_REFUSE_RENEWAL=1"};
+  ASSERT_NO_FATAL_FAILURE(job.start_in_order(3));
+  ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
+  ::kill(job.pid(2), SIGTERM);
+  job.expect_exits({2});
+  ASSERT_TRUE(job.wait_world(2, 5, 2)) << phases_text(job.phases()) << job.all_logs();
+  const std::vector<pid_t> node0 = children(job.pid(0));
+  ASSERT_EQ(node0.size(), 1u) << job.all_logs();
+  ASSERT_EQ(::kill(node0[0], SIGKILL), 0);
+  job.expect_exits({0, 1});
+  EXPECT_EQ(job.lines_with(2, "left the job; its workers handed their state over").size(), 1u)
+      << job.text(2);
+  const std::vector<std::string> restarted =
+      job.lines_with(1, "restarting the workers (1 of --max-restarts 1 used)");
+  ASSERT_EQ(restarted.size(), 1u) << job.text(1);
+  EXPECT_NE(restarted[0].find("restart round 1 asked for by node"), std::string::npos)
+      << restarted[0];
+  EXPECT_EQ(job.lines_with(0,
+                           "restart 2 (membership epoch 2, world 2): checkpoint.every is 0 "
+                           "(no checkpoints): starting over from step 0")
+                .size(),
+            1u)
+      << job.text(0);
+  const std::vector<std::pair<WorldEpoch, int>> p = job.phases();
+  ASSERT_EQ(p.size(), 1u) << phases_text(p);  // the metrics of a start over begin anew
+  EXPECT_EQ(p[0], std::make_pair(WorldEpoch(2, 2), job.steps)) << phases_text(p);
+  expect_same_losses(ref, job.metrics(), size_t(job.steps), false, kRelDp);
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+}
+
 }  // namespace
 }  // namespace weft::test
