@@ -135,6 +135,12 @@ bool all_handed_over(const std::string& path, int nproc, int64_t epoch) {
   return true;
 }
 
+void clear_handed_over(const std::string& path, int nproc) {
+  std::error_code ec;
+  for (int r = 0; r < nproc; ++r)
+    std::filesystem::remove(path + ".handed." + std::to_string(r), ec);
+}
+
 bool released_in(const std::string& path, int64_t epoch) {
   try {
     std::optional<EpochNotice> n = read_epoch_notice(path);

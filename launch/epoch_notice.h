@@ -124,6 +124,9 @@ bool all_following(const std::string& path, int nproc);
 // of its workers said so for the epoch it posted.
 void mark_handed_over(const std::string& path, int local_rank, int64_t epoch);
 bool all_handed_over(const std::string& path, int nproc, int64_t epoch);
+// Removes what stopped workers said (before new ones start to hand over in the same epoch: a
+// restart round's). Never throws.
+void clear_handed_over(const std::string& path, int nproc);
 // Whether the notice at `path` releases the workers that handed over in `epoch`.
 bool released_in(const std::string& path, int64_t epoch);
 

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "base/check.h"
+#include "base/env.h"
 #include "base/error.h"
 #include "base/host.h"
 #include "checkpoint/snapshot_stripes.h"
@@ -184,6 +185,7 @@ class NodeAgent {
   void mark_exited(int rc);
   int finish(int rc, const std::string& verdict, bool close, const std::string& reason = "");
   int64_t current_round();
+  std::optional<Stop> round_asked(int64_t round);
   bool replace_worker(int local_rank, const std::string& cause);
   int failures_ = 0;  // restarts used by failures, against --max-restarts
   // What follows a join: the node's line, the store's reply timeout, the membership's wake
@@ -272,6 +274,11 @@ class NodeAgent {
   int64_t departure_epoch_ = 0;  // the epoch last posted to the departing workers
   EpochNotice departure_notice_;
   Stop depart();
+  EpochNotice departure_notice(const comm::Membership& next);
+  // A restart round while this node departs: its workers restart in the round's world as
+  // departing ones (depart() stops them, run() starts them with these).
+  comm::Membership departure_membership();
+  EpochNotice departure_start(const comm::Membership& m);
   bool live() const { return !epoch_file_.empty() && all_following(epoch_file_, so_.nproc); }
   void post_notice(const comm::Membership& next, const Stop& why);
   EpochNotice notice_of(const comm::Membership& next, int node_index);
@@ -613,7 +620,9 @@ void NodeAgent::end_parked(const Outcome& out) {
 
 // After a failure here: the membership the next attempt runs in. Waits until every member
 // of the current epoch is alive again (a lost one is re-formed away by poll_change once its
-// heartbeat expired), at most join_timeout (then poll_change throws).
+// heartbeat expired), at most join_timeout (then poll_change throws). The departing nodes
+// are the record's now, not those of the epoch's formation: a node that has confirmed its
+// hand-over since is gone, and the next attempt's world must not count its workers.
 comm::Membership NodeAgent::settle() {
   for (;;) {
     if (std::optional<comm::Membership> next = rdzv_->poll_change()) return *next;
@@ -621,7 +630,12 @@ comm::Membership NodeAgent::settle() {
     bool all = true;
     for (const comm::Member& x : m.members)
       all = all && (x.node_id == me_ || store_->check({rdzv_->alive_key(x.node_id)}));
-    if (all) return m;
+    if (all) {
+      const comm::MembershipRecord r = rdzv_->read_record();
+      if (r.epoch != m.epoch) continue;  // a new epoch: poll_change adopts it
+      m.departed = rdzv_->view(r).departed;
+      return m;
+    }
     std::this_thread::sleep_for(ro_.poll_interval);
   }
 }
@@ -641,18 +655,23 @@ bool NodeAgent::finishing(const comm::Membership& m) {
 // new epoch waited for this node; issue 14).
 int64_t NodeAgent::current_round() { return rdzv_->restart_round(); }
 
+// The restart round moved past `round` (another node asked for it): every node's workers
+// restart in the new one (a loss: their world lost a process).
+std::optional<Stop> NodeAgent::round_asked(int64_t round) {
+  const int64_t now = current_round();
+  if (now <= round) return std::nullopt;
+  const std::string why_key = key_ + "round_reason/" + std::to_string(now);
+  std::string why = store_->check({why_key}) ? comm::to_string(store_->get(why_key)) : "";
+  return Stop{"restart round " + std::to_string(now) + " asked for by " +
+                  (why.empty() ? "another node" : why),
+              true, true, true, std::nullopt};
+}
+
 // Elastic: a restart round asked for by another node, or a new membership epoch.
 Stop NodeAgent::watch_elastic(const comm::Membership& m, int64_t round) {
   if (leaving_) return depart();
   if (finishing(m)) return {};
-  const int64_t now = current_round();
-  if (now > round) {
-    const std::string why_key = key_ + "round_reason/" + std::to_string(now);
-    std::string why = store_->check({why_key}) ? comm::to_string(store_->get(why_key)) : "";
-    return Stop{"restart round " + std::to_string(now) + " asked for by " +
-                    (why.empty() ? "another node" : why),
-                true, true, true, std::nullopt};
-  }
+  if (std::optional<Stop> asked = round_asked(round)) return *asked;
   const bool live_now = live();
   if (live_now && !quick_growth_) {
     // A newcomer costs live workers a step boundary and a transfer, not a restart: admit it
@@ -712,6 +731,10 @@ bool NodeAgent::replace_worker(int local_rank, const std::string& cause) {
   }
   try {
     if (finishing(current_)) return false;
+    // Tests only (WEFT_TEST_REFUSE_RENEWAL=1): the store refuses the renewal, so that a failed
+    // worker at MIN nodes makes a restart round (tests/parallel/live_resize_leave_round_test.cc).
+    if (env_int("WEFT_TEST_REFUSE_RENEWAL", 0) == 1)
+      throw CommError("the store refused the renewal (WEFT_TEST_REFUSE_RENEWAL)");
     std::optional<comm::Membership> next;
     // A change already under way (a node left or was lost, and renew() refuses to hide it)
     // is formed and posted first; then its epoch is renewed. Bounded: a few polls.
@@ -788,7 +811,12 @@ void NodeAgent::post_notice(const comm::Membership& next, const Stop& why) {
 // without this node at their next poll, with it among the epoch's `departed`), then post
 // that epoch to this node's workers as departing nodes of its transition world; once they
 // all handed over there, confirm it and release them, or post the later epoch that formed
-// before the confirmation and still lists this node.
+// before the confirmation and still lists this node. A restart round asked for meanwhile
+// (a worker failed elsewhere and its node could not renew the epoch) restarts every node's
+// workers in the same epoch, and its world counts this node's as departing ones: they are
+// stopped like everyone's and started in it to hand over there (run()). Checked before the
+// confirmation: workers that handed over in the round before are in that round's world,
+// which the new one replaces.
 Stop NodeAgent::depart() {
   if (!left_) {
     std::fprintf(stderr,
@@ -800,6 +828,10 @@ Stop NodeAgent::depart() {
     left_ = true;
   }
   if (released_) return {};
+  if (std::optional<Stop> asked = round_asked(round_)) {
+    asked->why += str("; node ", me_, " is leaving: its workers restart in it to hand over");
+    return *asked;
+  }
   if (departure_epoch_ > 0 && all_handed_over(epoch_file_, so_.nproc, departure_epoch_) &&
       rdzv_->confirm_handover(departure_epoch_) == comm::Rendezvous::HandOver::kReleased) {
     departure_notice_.released = true;
@@ -814,12 +846,7 @@ Stop NodeAgent::depart() {
     return Stop{str("epoch ", r.epoch, " formed without this node among the departed (its "
                     "heartbeat was lost): its workers cannot hand their state over")};
   const comm::Membership next = rdzv_->view(r);
-  int slot = 0;
-  for (size_t i = 0; i < next.departed.size(); ++i)
-    if (next.departed[i].node_id == me_) slot = int(i);
-  prefix_ = next.store_prefix + "/round/" + std::to_string(round_);
-  EpochNotice n = notice_of(next, next.world() + slot);
-  n.leave = true;
+  EpochNotice n = departure_notice(next);
   n.why = departure_epoch_ == 0
               ? str("node ", me_, " leaves the job gracefully (epoch ", current_.epoch, " -> ",
                     next.epoch, ", ", current_.world(), " -> ", next.world(), " nodes)")
@@ -831,8 +858,51 @@ Stop NodeAgent::depart() {
   return {};
 }
 
+// The notice of `next` (an epoch that lists this node as departed) for its departing workers:
+// their place follows the members', in the departed nodes' order; the attempt's round.
+EpochNotice NodeAgent::departure_notice(const comm::Membership& next) {
+  int slot = 0;
+  for (size_t i = 0; i < next.departed.size(); ++i)
+    if (next.departed[i].node_id == me_) slot = int(i);
+  prefix_ = next.store_prefix + "/round/" + std::to_string(round_);
+  EpochNotice n = notice_of(next, next.world() + slot);
+  n.leave = true;
+  return n;
+}
+
+// The epoch a departing node's workers restart in for a restart round: the record's latest,
+// which still lists this node as departed (settle() is a member's; this node left).
+comm::Membership NodeAgent::departure_membership() {
+  const comm::MembershipRecord r = rdzv_->read_record();
+  if (r.closed)
+    throw comm::RendezvousClosedError("the job was stopped by another node: " + r.close_reason);
+  if (!r.departed.count(me_))
+    throw comm::QuorumLostError(str("epoch ", r.epoch, " no longer lists node ", me_,
+                                    " as departed (its heartbeat was lost): its workers cannot "
+                                    "hand their state over"));
+  return rdzv_->view(r);
+}
+
+// The departing workers' start in `m` (a restart round's attempt): their environment places
+// them in the transition world, beyond the members (its size, so that their ranks fit), and
+// their first notice says they leave. What the stopped workers said of their hand-over goes:
+// the new ones hand over in the round's world.
+EpochNotice NodeAgent::departure_start(const comm::Membership& m) {
+  EpochNotice n = departure_notice(m);
+  n.why =
+      str("node ", me_, " hands its state over in epoch ", m.epoch, "'s restart round ", round_);
+  so_.node_index = n.node_index;
+  so_.nnodes = n.transit_nodes;
+  clear_handed_over(epoch_file_, so_.nproc);
+  departure_epoch_ = m.epoch;
+  departure_notice_ = n;
+  return n;
+}
+
 void NodeAgent::sync_snapshot_peers() {
-  if (!snapshots_ || snapshots_->plan().listen.empty() || !store_) return;
+  // A departing node is in no ring of the epochs after its leave (its agent keeps the one
+  // it had): its workers' place there is beyond the members (departure_start).
+  if (!snapshots_ || snapshots_->plan().listen.empty() || !store_ || left_) return;
   SnapshotPeers& p = snap_peers_;
   const int64_t epoch = so_.rdzv_epoch;
   const int node = so_.node_index, n = so_.nnodes;
@@ -1119,6 +1189,7 @@ int NodeAgent::run() {
     // Otherwise stop the workers (the job ends): not live, or a job that cannot shrink
     // (--standalone, at MIN nodes), whose others could never form an epoch without it.
     if (parked_ && !admitted_) return false;  // a spare's parked workers just stop
+    if (leaving_) return true;  // a departure's restart round: the SIGTERM that asked for it
     if (!elastic_ || !live() || current_.world() <= o_.nnodes_min) return false;
     leaving_ = true;
     return true;
@@ -1161,7 +1232,9 @@ int NodeAgent::run() {
         // Workers started in an epoch learn its first world from a notice, as those that
         // follow into it do: it also holds the nodes still handing over (a newcomer given a
         // departing node's rank), whose workers the epoch's world waits for.
-        const EpochNotice start = notice_of(m, so_.node_index);  // places the workers' store
+        // (A departing node's attempt is a restart round's: departure_start.)
+        const EpochNotice start =
+            left_ ? departure_start(m) : notice_of(m, so_.node_index);  // places the workers' store
         if (!epoch_file_.empty()) write_epoch_notice(epoch_file_, start);
       } catch (const std::exception& e) {
         return finish(1,
@@ -1260,23 +1333,33 @@ int NodeAgent::run() {
         break;
     }
     if (!next.restart) return finish(out.code, out.verdict, true, out.cause);
-    if (next.failure && failures_ >= o_.max_restarts)
+    // A node that departs restarts its workers in another node's restart round only to hand
+    // their state over, which the round's world waits for (depart()): that uses none of its
+    // --max-restarts, and its SIGTERM asked for the leave, not for a stop.
+    const bool own = !(left_ && out.end == Outcome::End::kStopped);
+    if (own && next.failure && failures_ >= o_.max_restarts)
       return finish(1, next.why + str("; no restarts left (--max-restarts ", o_.max_restarts, ")"),
                     true);
-    if (next.failure) ++failures_;
-    if (stop_requested()) return finish(130, "stopped by a signal between attempts", true);
-    std::fprintf(stderr, "weft run: %s; restarting the workers (%d of --max-restarts %d used)\n",
-                 next.why.c_str(), failures_, o_.max_restarts);
+    if (own && next.failure) ++failures_;
+    if (stop_requested() && !left_)
+      return finish(130, "stopped by a signal between attempts", true);
+    if (left_)
+      std::fprintf(stderr, "weft run: %s; restarting the workers as departing ones\n",
+                   next.why.c_str());
+    else
+      std::fprintf(stderr, "weft run: %s; restarting the workers (%d of --max-restarts %d used)\n",
+                   next.why.c_str(), failures_, o_.max_restarts);
     mark_exited(-1);  // this attempt is over here; not "finished"
     try {
-      m = next.next ? *next.next : settle();
+      m = next.next ? *next.next : left_ ? departure_membership() : settle();
     } catch (const comm::QuorumLostError& e) {
       return finish(1, e.what(), false);
     } catch (const std::exception& e) {
       return finish(1, e.what(), true);
     }
-    std::fprintf(stderr, "weft run: node %s is node %d of %d (epoch %lld)\n", me_.c_str(), m.index,
-                 m.world(), (long long)m.epoch);
+    if (!left_)
+      std::fprintf(stderr, "weft run: node %s is node %d of %d (epoch %lld)\n", me_.c_str(),
+                   m.index, m.world(), (long long)m.epoch);
   }
 }
 

@@ -815,13 +815,15 @@ void RankTraining::finish_behind(const RollForward& roll) {
 // stops midway on every rank. <epoch>:partial stops it instead right after the rank's first
 // local copy into a tensor that other ranks send the rest of, and once the world is aborted
 // fails there (a partly filled destination at the stop); a rank without one does not stop.
-// Unset (every real run): no hook.
+// Only in the epoch's first attempt (round 0): a restart round's world, every worker in it
+// restarted, moves on. Unset (every real run): no hook.
 std::function<void(const parallel::TransitionStats&)> RankTraining::stall_for_tests(
     int64_t epoch, const parallel::TransferPlan& plan, const parallel::Layout& a,
     const parallel::Layout& b) {
   const std::string v = env_string("WEFT_TEST_STALL_MOVE", "");
   const size_t colon = v.find(':');
-  if (v.empty() || colon == std::string::npos || std::stoll(v.substr(0, colon)) != epoch)
+  if (v.empty() || colon == std::string::npos || std::stoll(v.substr(0, colon)) != epoch ||
+      !env_.store_prefix.ends_with("/round/0"))
     return {};
   int64_t bytes = 0;
   const bool partial = v.substr(colon + 1) == "partial";
