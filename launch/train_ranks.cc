@@ -1392,15 +1392,19 @@ int RankTraining::leave_job() {
     enter_next_world(next->why);
     if (!leaving_) throw Error("a departing worker was posted an epoch to train in");
   }
-  // What the others took instead when nobody needed this rank's state (a process of the
-  // world was lost with a part that only it held): the world's arrival names it.
+  // What the world took instead when it did not need this rank's live state (a process of
+  // the world was lost with a part that only it held): the world's arrival names it. The
+  // snapshots read may be this node's own (its agent serves them after its workers leave).
   const std::string& src = arrival_.source;
   std::printf("weft train: rank %d of epoch %lld left the job after handing its state over (%s)\n",
               env_.rank, (long long)env_.rdzv_epoch,
               src == "survivors"    ? "through the router"
-              : src == "snapshots"  ? "nobody needed it: the others resume from in-memory snapshots"
-              : src == "checkpoint" ? "nobody needed it: the others resume from a checkpoint"
-                                    : "nobody needed it: the others start over from step 0");
+              : src == "snapshots"  ? "its live state was not needed: the world resumes from "
+                                      "in-memory snapshots (this node's may be among them)"
+              : src == "checkpoint" ? "its live state was not needed: the world resumes from a "
+                                      "checkpoint"
+                                    : "its live state was not needed: the world starts over "
+                                      "from step 0");
   std::fflush(stdout);
   return 0;
 }
