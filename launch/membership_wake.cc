@@ -45,9 +45,9 @@ MembershipWake::~MembershipWake() {
 }
 
 void MembershipWake::wake() {
+  wakes_.fetch_add(1);  // before the write: whoever the write wakes sees the count
   const uint64_t one = 1;
   (void)!::write(fd_, &one, sizeof one);
-  wakes_.fetch_add(1);
 }
 
 std::stop_source MembershipWake::next_round() {
