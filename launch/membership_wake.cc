@@ -25,8 +25,7 @@ void sleep_unless_stopped(const std::stop_token& stop, comm::Millis time) {
 }
 }  // namespace
 
-MembershipWake::MembershipWake(comm::Store& store, const comm::Rendezvous& rdzv,
-                               comm::Millis retry)
+MembershipWake::MembershipWake(comm::Store& store, const comm::Rendezvous& rdzv, comm::Millis retry)
     : store_(store), rdzv_(rdzv), retry_(retry) {
   fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (fd_ < 0) throw IoError("weft run: cannot create the membership wake's eventfd");
@@ -66,7 +65,6 @@ void MembershipWake::end_round(int64_t version) {
   std::lock_guard lock(round_mu_);
   if (round_read_ < version) round_.request_stop();
 }
-
 
 void MembershipWake::loop(std::stop_token stop) {
   int64_t signalled = -1;  // the latest version a wake was sent for (or seen at the start)

@@ -90,7 +90,7 @@ class MembershipWake {
   std::atomic<uint64_t> wakes_{0};
   std::atomic<uint64_t> loss_wakes_{0};
   std::mutex round_mu_;
-  std::stop_source round_;  // the loss thread's current round (guarded by round_mu_)
+  std::stop_source round_;   // the loss thread's current round (guarded by round_mu_)
   int64_t round_read_ = -1;  // the version that round read; -1 before (guarded likewise)
   // Last: stopped and joined by the destructor before the rest goes.
   std::jthread thread_;

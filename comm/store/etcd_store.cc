@@ -121,11 +121,11 @@ std::unique_ptr<EtcdWatch> EtcdStore::watch(const std::vector<std::string>& keys
   const auto [lo, hi] = std::minmax_element(keys.begin(), keys.end());
   const std::string first = full(*lo), last = full(*hi);
   try {
-    return std::make_unique<EtcdWatch>(
-        parse_etcd_endpoint(http_->endpoint(), kEndpointFlag), first,
-        first == last ? std::string() : last + std::string(1, '\0'),
-        /*start_revision=*/0, std::min(deadline, Clock::now() + options_.request_timeout), events,
-        stop);
+    return std::make_unique<EtcdWatch>(parse_etcd_endpoint(http_->endpoint(), kEndpointFlag), first,
+                                       first == last ? std::string() : last + std::string(1, '\0'),
+                                       /*start_revision=*/0,
+                                       std::min(deadline, Clock::now() + options_.request_timeout),
+                                       events, stop);
   } catch (const EtcdWatchUnsupported& e) {
     watch_unsupported_.store(true);
     WEFT_DEBUG("etcd", e.what(), "; blocking reads poll instead");

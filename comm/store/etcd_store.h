@@ -53,10 +53,10 @@ struct EtcdStoreOptions {
 //   key set just then is the one that matters); each event on a waited key
 //   (and kRecheck, 1 s, without one) reads again. The watch is a stream on a connection of
 //   its own, opened per blocking call on the member the reads go to and closed when the call
-//   returns, is stopped (wait_stoppable) or times out (TimeoutError naming the keys); when the reads fail over (the
-//   member died or lost its leader, which also ends the watch: it asks for a leader) the
-//   next watch goes to the new member. A member that cannot watch (no /v3/watch) makes the
-//   store poll instead: a read every 2 ms at first, backing off to every 50 ms.
+//   returns, is stopped (wait_stoppable) or times out (TimeoutError naming the keys); when the
+//   reads fail over (the member died or lost its leader, which also ends the watch: it asks for a
+//   leader) the next watch goes to the new member. A member that cannot watch (no /v3/watch) makes
+//   the store poll instead: a read every 2 ms at first, backing off to every 50 ms.
 // - wait_gone() is the same loop the other way round: a read returns the keys already
 //   absent at once; otherwise the call parks on a watch of the keys' DELETE events only
 //   (etcd's NOPUT filter: a heartbeat's set of a waited key wakes nothing) from the current

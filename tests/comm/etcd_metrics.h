@@ -1,7 +1,7 @@
 // What a test reads of an etcd member and of its own process: counters and gauges of the
-// member's Prometheus page (/metrics: watchers, watches made, range reads, slow watchers), and the entries
-// of a /proc/self directory (descriptors, threads) to show that a wait left none behind; and
-// the fixture of the tests that park EtcdStore calls on one member (watch, wait_gone).
+// member's Prometheus page (/metrics: watchers, watches made, range reads, slow watchers), and the
+// entries of a /proc/self directory (descriptors, threads) to show that a wait left none behind;
+// and the fixture of the tests that park EtcdStore calls on one member (watch, wait_gone).
 #pragma once
 
 #include <dirent.h>

@@ -76,7 +76,7 @@ TEST_P(StoreWaitStoppable, TheClientGoesOnAfterAStopAndTheStoppedWaitsLateReplie
     stop.request_stop();
     EXPECT_FALSE(waited.get());
     EXPECT_EQ(gone.get(), std::nullopt);
-    f.other->set("late", to_bytes("v"));  // answers the stopped wait at the server
+    f.other->set("late", to_bytes("v"));   // answers the stopped wait at the server
     EXPECT_TRUE(f.other->erase("there"));  // and the stopped wait_gone
     until_parked(f, 0);
     EXPECT_EQ(f.waiter->get("late"), to_bytes("v"));
