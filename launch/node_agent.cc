@@ -1115,7 +1115,7 @@ void NodeAgent::say_joined(const comm::Membership& m, Clock::time_point t0) {
 }
 
 void NodeAgent::watch_membership() {
-  // Parked in slices of two polls: the longest an agent's exit waits for the thread.
+  // Two polls: the pause after a store call of the wake's that failed.
   try {
     wake_store_ = another_connection();
     wake_store_->set_timeout(ro_.heartbeat_timeout);

@@ -1,10 +1,8 @@
 // CancellableStore: slice the waits, ask between slices.
 #include "comm/store/cancellable_store.h"
 
-#include <algorithm>
-#include <chrono>
-
 #include "base/error.h"
+#include "comm/store/store_util.h"
 
 namespace weft::comm {
 
@@ -14,28 +12,24 @@ CancellableStore::CancellableStore(std::shared_ptr<Store> base,
 
 namespace {
 
-// Calls wait_slice(slice) with slices of at most `slice` until it returns, the timeout
-// passes (its TimeoutError) or `cancelled` gives a reason (CommError).
+// wait_in_slices() that asks `cancelled` between slices and throws CommError with its reason.
 template <typename WaitSlice>
 auto sliced(Millis timeout, Millis slice, const std::function<std::string()>& cancelled,
             WaitSlice wait_slice) {
-  using Clock = std::chrono::steady_clock;
-  const auto until = Clock::now() + timeout;
-  for (;;) {
-    const auto left = std::chrono::duration_cast<Millis>(until - Clock::now());
-    try {
-      return wait_slice(std::max(Millis(1), std::min(slice, left)));
-    } catch (const TimeoutError&) {
-      if (Clock::now() >= until) throw;
-    }
-    if (std::string why = cancelled(); !why.empty()) throw CommError(why);
-  }
+  std::string why;
+  auto got = wait_in_slices(
+      timeout, slice, [&] { return !(why = cancelled()).empty(); }, wait_slice);
+  if (!got) throw CommError(why);
+  return *std::move(got);
 }
 
 }  // namespace
 
 void CancellableStore::wait(const std::vector<std::string>& keys, Millis timeout) {
-  sliced(timeout, slice_, cancelled_, [&](Millis t) { base_->wait(keys, t); });
+  sliced(timeout, slice_, cancelled_, [&](Millis t) {
+    base_->wait(keys, t);
+    return true;
+  });
 }
 
 std::vector<std::string> CancellableStore::wait_gone(const std::vector<std::string>& keys,

@@ -113,21 +113,24 @@ std::vector<std::optional<Bytes>> EtcdStore::read(const std::vector<std::string>
 }
 
 std::unique_ptr<EtcdWatch> EtcdStore::watch(const std::vector<std::string>& keys,
-                                            Clock::time_point deadline, EtcdWatch::Events events) {
+                                            Clock::time_point deadline, EtcdWatch::Events events,
+                                            const std::stop_token& stop) {
   if (watch_unsupported_.load()) return nullptr;
   // One watch over the range from the least key to the greatest: events of keys between
   // them that nobody waits for are skipped by the caller.
   const auto [lo, hi] = std::minmax_element(keys.begin(), keys.end());
   const std::string first = full(*lo), last = full(*hi);
   try {
-    return std::make_unique<EtcdWatch>(
-        parse_etcd_endpoint(http_->endpoint(), kEndpointFlag), first,
-        first == last ? std::string() : last + std::string(1, '\0'),
-        /*start_revision=*/0, std::min(deadline, Clock::now() + options_.request_timeout), events);
+    return std::make_unique<EtcdWatch>(parse_etcd_endpoint(http_->endpoint(), kEndpointFlag), first,
+                                       first == last ? std::string() : last + std::string(1, '\0'),
+                                       /*start_revision=*/0,
+                                       std::min(deadline, Clock::now() + options_.request_timeout),
+                                       events, stop);
   } catch (const EtcdWatchUnsupported& e) {
     watch_unsupported_.store(true);
     WEFT_DEBUG("etcd", e.what(), "; blocking reads poll instead");
   } catch (const CommError& e) {
+    if (stop.stop_requested()) return nullptr;  // the caller's stop, not the member's failure
     // The member the reads go to just failed: the next read moves on and the next wait
     // watches there. Until then, one poll.
     if (!watch_failed_.exchange(true))
@@ -136,8 +139,9 @@ std::unique_ptr<EtcdWatch> EtcdStore::watch(const std::vector<std::string>& keys
   return nullptr;
 }
 
-std::vector<std::optional<Bytes>> EtcdStore::park(const std::vector<std::string>& keys,
-                                                  Millis timeout, const Until& until) {
+std::optional<std::vector<std::optional<Bytes>>> EtcdStore::park(
+    const std::vector<std::string>& keys, Millis timeout, const Until& until,
+    const std::stop_token& stop) {
   const auto deadline = Clock::now() + clamp_timeout(timeout);
   const std::set<std::string> waited = [&] {
     std::set<std::string> s;
@@ -147,6 +151,7 @@ std::vector<std::optional<Bytes>> EtcdStore::park(const std::vector<std::string>
   std::unique_ptr<EtcdWatch> watch;
   Millis pause = kFirstPoll;
   for (;;) {
+    if (stop.stop_requested()) return std::nullopt;
     auto got = read(keys, until.values);
     if (until.reached(got)) return got;
     const auto now = Clock::now();
@@ -161,7 +166,7 @@ std::vector<std::optional<Bytes>> EtcdStore::park(const std::vector<std::string>
     // (syncWatchersLoop), so the event that woke everyone else came up to 100 ms late here:
     // the trailing survivor of issue 14, whose wait for node 0's workers' store raced the set.
     if (!watch) {
-      watch = this->watch(keys, deadline, until.events);
+      watch = this->watch(keys, deadline, until.events, stop);
       if (watch) continue;
     }
     if (!watch) {
@@ -169,7 +174,8 @@ std::vector<std::optional<Bytes>> EtcdStore::park(const std::vector<std::string>
       pause = std::min(pause * 2, kMaxPoll);
       continue;
     }
-    // Parked until one of the keys changes, kRecheck passes or the deadline; then read.
+    // Parked until one of the keys changes, kRecheck passes, the deadline or a stop; then
+    // read (or return, stopped).
     try {
       const auto recheck = std::min(deadline, now + kRecheck);
       for (bool woken = false; !woken;) {
@@ -185,8 +191,9 @@ std::vector<std::optional<Bytes>> EtcdStore::park(const std::vector<std::string>
   }
 }
 
-std::vector<std::optional<Bytes>> EtcdStore::await(const std::vector<std::string>& keys,
-                                                   Millis timeout, bool values) {
+std::optional<std::vector<std::optional<Bytes>>> EtcdStore::await(
+    const std::vector<std::string>& keys, Millis timeout, bool values,
+    const std::stop_token& stop) {
   Until until;
   until.values = values;
   until.events = EtcdWatch::Events::kAll;
@@ -194,13 +201,18 @@ std::vector<std::optional<Bytes>> EtcdStore::await(const std::vector<std::string
     return std::all_of(got.begin(), got.end(), [](const auto& v) { return v.has_value(); });
   };
   until.timed_out = [&] { return timeout_message(keys, timeout); };
-  return park(keys, timeout, until);
+  return park(keys, timeout, until, stop);
 }
 
 bool EtcdStore::waits_for_absence() const { return true; }
 
 std::vector<std::string> EtcdStore::wait_gone(const std::vector<std::string>& keys,
                                               Millis timeout) {
+  return *wait_gone_stoppable(keys, timeout, {});
+}
+
+std::optional<std::vector<std::string>> EtcdStore::wait_gone_stoppable(
+    const std::vector<std::string>& keys, Millis timeout, std::stop_token stop) {
   Until until;
   until.values = false;
   // Only removals wake it: a heartbeat's set of a waited key (every beat, on every member's
@@ -211,25 +223,32 @@ std::vector<std::string> EtcdStore::wait_gone(const std::vector<std::string>& ke
            std::any_of(got.begin(), got.end(), [](const auto& v) { return !v.has_value(); });
   };
   until.timed_out = [&] { return gone_timeout_message(keys, timeout); };
-  const auto got = park(keys, timeout, until);
+  const auto got = park(keys, timeout, until, stop);
+  if (!got) return std::nullopt;
   std::vector<std::string> absent;
   for (size_t i = 0; i < keys.size(); ++i)
-    if (!got[i]) absent.push_back(keys[i]);
+    if (!(*got)[i]) absent.push_back(keys[i]);
   return absent;
 }
 
 Bytes EtcdStore::get(const std::string& key) {
-  return std::move(*await({key}, timeout(), true)[0]);
+  return std::move(*(*await({key}, timeout(), true, {}))[0]);
 }
 
 std::vector<Bytes> EtcdStore::multi_get(const std::vector<std::string>& keys) {
+  auto got = await(keys, timeout(), true, {});  // named: a range-for would outlive it
   std::vector<Bytes> out;
-  for (auto& v : await(keys, timeout(), true)) out.push_back(std::move(*v));
+  for (auto& v : *got) out.push_back(std::move(*v));
   return out;
 }
 
 void EtcdStore::wait(const std::vector<std::string>& keys, Millis timeout) {
-  await(keys, timeout, false);
+  await(keys, timeout, false, {});
+}
+
+bool EtcdStore::wait_stoppable(const std::vector<std::string>& keys, Millis timeout,
+                               std::stop_token stop) {
+  return await(keys, timeout, false, stop).has_value();
 }
 
 bool EtcdStore::check(const std::vector<std::string>& keys) {

@@ -53,10 +53,10 @@ struct EtcdStoreOptions {
 //   key set just then is the one that matters); each event on a waited key
 //   (and kRecheck, 1 s, without one) reads again. The watch is a stream on a connection of
 //   its own, opened per blocking call on the member the reads go to and closed when the call
-//   returns or times out (TimeoutError naming the keys); when the reads fail over (the
-//   member died or lost its leader, which also ends the watch: it asks for a leader) the
-//   next watch goes to the new member. A member that cannot watch (no /v3/watch) makes the
-//   store poll instead: a read every 2 ms at first, backing off to every 50 ms.
+//   returns, is stopped (wait_stoppable) or times out (TimeoutError naming the keys); when the
+//   reads fail over (the member died or lost its leader, which also ends the watch: it asks for a
+//   leader) the next watch goes to the new member. A member that cannot watch (no /v3/watch) makes
+//   the store poll instead: a read every 2 ms at first, backing off to every 50 ms.
 // - wait_gone() is the same loop the other way round: a read returns the keys already
 //   absent at once; otherwise the call parks on a watch of the keys' DELETE events only
 //   (etcd's NOPUT filter: a heartbeat's set of a waited key wakes nothing) from the current
@@ -114,6 +114,15 @@ class EtcdStore : public Store {
   // Through a watch of DELETE events (see the class comment); true.
   std::vector<std::string> wait_gone(const std::vector<std::string>& keys, Millis timeout) override;
   bool waits_for_absence() const override;
+  // A stop ends the parked wait at once: its watch's read, or the watch's creation (the
+  // caller's thread runs them; the stop posts their cancellation to it). A read of the keys
+  // already sent is finished first (a request_timeout at most, failover aside), and a poll's
+  // pause (where no watch can be made: at most 50 ms).
+  bool wait_stoppable(const std::vector<std::string>& keys, Millis timeout,
+                      std::stop_token stop) override;
+  std::optional<std::vector<std::string>> wait_gone_stoppable(const std::vector<std::string>& keys,
+                                                              Millis timeout,
+                                                              std::stop_token stop) override;
   bool check(const std::vector<std::string>& keys) override;
   bool erase(const std::string& key) override;
   int64_t num_keys() override;
@@ -145,17 +154,20 @@ class EtcdStore : public Store {
     std::function<std::string()> timed_out;
   };
   // Reads `keys` until `until.reached` or `timeout` passes (TimeoutError), parked on a watch
-  // between reads (see the class comment); returns the read that reached it.
-  std::vector<std::optional<Bytes>> park(const std::vector<std::string>& keys, Millis timeout,
-                                         const Until& until);
+  // between reads (see the class comment); returns the read that reached it, or nullopt
+  // when `stop` is requested.
+  std::optional<std::vector<std::optional<Bytes>>> park(const std::vector<std::string>& keys,
+                                                        Millis timeout, const Until& until,
+                                                        const std::stop_token& stop);
   // park() until every key exists.
-  std::vector<std::optional<Bytes>> await(const std::vector<std::string>& keys, Millis timeout,
-                                          bool values);
-  // A watch of `keys`' `events` from etcd's current revision on the member the reads go to;
-  // nullptr (and a debug line) when none can be made.
+  std::optional<std::vector<std::optional<Bytes>>> await(const std::vector<std::string>& keys,
+                                                         Millis timeout, bool values,
+                                                         const std::stop_token& stop);
+  // A watch of `keys`' `events` from etcd's current revision on the member the reads go to,
+  // ended by `stop`; nullptr (and a debug line, unless stopped) when none can be made.
   std::unique_ptr<EtcdWatch> watch(const std::vector<std::string>& keys,
                                    std::chrono::steady_clock::time_point deadline,
-                                   EtcdWatch::Events events);
+                                   EtcdWatch::Events events, const std::stop_token& stop);
   // Read-modify-write of one key, retried until its txn lands: `next` maps the current
   // value (nullopt: absent) to the value to write, or nullopt to write nothing. Returns the
   // value after the call and whether this call wrote it. `replayable`: see Replay.

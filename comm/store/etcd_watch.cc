@@ -1,12 +1,13 @@
 // EtcdWatch: Beast's asynchronous operations run on the caller's thread until a deadline
-// (as in etcd_http.cc). A wait that reaches its deadline cancels only the pending read, so
-// the stream, and the watch at the member, live on for the next call.
+// (as in etcd_http.cc) or another thread's stop. A wait that reaches its deadline cancels only
+// the pending read, so the stream, and the watch at the member, live on for the next call.
 #include "comm/store/etcd_watch.h"
 
 #include <fcntl.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/empty_body.hpp>
@@ -17,6 +18,8 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <stop_token>
 #include <utility>
 
 #include "base/error.h"
@@ -38,21 +41,31 @@ constexpr size_t kMaxMessageBytes = size_t(64) << 20;
 }  // namespace
 
 struct EtcdWatch::Impl {
-  explicit Impl(EtcdEndpoint m) : member(std::move(m)) {}
+  Impl(EtcdEndpoint m, std::stop_token s) : member(std::move(m)), stop(std::move(s)) {
+    // Another thread reaches the io only through post(). A stop that comes between two
+    // operations cancels nothing; run() looks at `stop` before it starts the next one.
+    on_stop.emplace(stop, [this] { asio::post(io, [this] { cancel(); }); });
+  }
+
+  // Ends the pending operation (its handler gets operation_aborted).
+  void cancel() {
+    resolver.cancel();
+    beast::error_code ignored;
+    stream.socket().cancel(ignored);
+  }
 
   // run_until_deadline on the stream; at the deadline only the pending operation is
-  // cancelled: the socket, and the watch at the member, stay for the next call.
+  // cancelled: the socket, and the watch at the member, stay for the next call. A stop
+  // ends it too (operation_aborted), or keeps it from starting.
   template <typename Start>
   beast::error_code run(Start&& start, Clock::time_point deadline) {
-    return run_until_deadline(io, start, deadline, [this] {
-      resolver.cancel();
-      beast::error_code ignored;
-      stream.socket().cancel(ignored);
-    });
+    if (stop.stop_requested()) return asio::error::operation_aborted;
+    return run_until_deadline(io, start, deadline, [this] { cancel(); });
   }
 
   [[noreturn]] void fail(const std::string& what) const {
-    throw CommError("etcd watch at " + member.text() + ": " + what);
+    throw CommError("etcd watch at " + member.text() + ": " + what +
+                    (stop.stop_requested() ? " (stopped)" : ""));
   }
 
   // Splits what the chunks carried so far into messages (one JSON object per line) and
@@ -99,7 +112,7 @@ struct EtcdWatch::Impl {
                                   [done](beast::error_code ec, size_t) { done(ec); });
           },
           deadline);
-      if (ec == asio::error::timed_out) return {};
+      if (ec == asio::error::timed_out || stop.stop_requested()) return {};
       if (ec) fail("the stream broke: " + ec.message());
     }
   }
@@ -119,12 +132,15 @@ struct EtcdWatch::Impl {
       };
   // Events that came with the creation, for the first next().
   std::vector<std::string> early;
+  const std::stop_token stop;
+  // Last: gone before the io it posts to.
+  std::optional<std::stop_callback<std::function<void()>>> on_stop;
 };
 
 EtcdWatch::EtcdWatch(const EtcdEndpoint& member, const std::string& key,
                      const std::string& range_end, int64_t start_revision,
-                     Clock::time_point deadline, Events events)
-    : impl_(std::make_unique<Impl>(member)) {
+                     Clock::time_point deadline, Events events, std::stop_token stop)
+    : impl_(std::make_unique<Impl>(member, std::move(stop))) {
   Impl& m = *impl_;
   tcp::resolver::results_type addrs;
   auto ec = m.run(

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -28,19 +29,23 @@ class EtcdWatch {
   // `key` alone) from `start_revision` on, waiting for etcd's "created" until `deadline`.
   // A DELETE event is an erase or a lease's end (a TTL key expiring) alike.
   // The watch asks for a leader (the gateway's hasleader metadata): a member cut off from
-  // its cluster cancels it instead of staying silent. Throws:
+  // its cluster cancels it instead of staying silent. `stop`, requested by another thread,
+  // ends what the watch is doing at once, its creation included, and every later next().
+  // Throws:
   // - EtcdWatchUnsupported when the member answers but not with a watch stream (an etcd
   //   without the v3 gateway's /v3/watch);
-  // - CommError naming the member for anything else (unreachable, no reply, refused).
+  // - CommError naming the member for anything else (unreachable, no reply, refused, stopped).
   EtcdWatch(const EtcdEndpoint& member, const std::string& key, const std::string& range_end,
-            int64_t start_revision, Clock::time_point deadline, Events events = Events::kAll);
+            int64_t start_revision, Clock::time_point deadline, Events events = Events::kAll,
+            std::stop_token stop = {});
   ~EtcdWatch();  // closes the connection, which ends the watch at the member
   EtcdWatch(const EtcdWatch&) = delete;
   EtcdWatch& operator=(const EtcdWatch&) = delete;
 
   // The keys of the events that arrive until `deadline`: returns as soon as one message with
-  // events has come (an empty vector when `deadline` passed first). Throws CommError when
-  // the stream ends or breaks (the member died, lost its leader, or cancelled the watch).
+  // events has come (an empty vector when `deadline` passed or the stop came first). Throws
+  // CommError when the stream ends or breaks (the member died, lost its leader, or cancelled
+  // the watch).
   std::vector<std::string> next(Clock::time_point deadline);
 
   const EtcdEndpoint& member() const;

@@ -9,14 +9,25 @@ namespace weft::comm {
 InMemoryStore::InMemoryStore(Millis timeout, size_t max_value_bytes)
     : table_(max_value_bytes), timeout_(timeout) {}
 
-void InMemoryStore::wait_locked(std::unique_lock<std::mutex>& lock,
-                                const std::vector<std::string>& keys, Millis timeout) {
+bool InMemoryStore::wait_locked(std::unique_lock<std::mutex>& lock,
+                                const std::vector<std::string>& keys, Millis timeout,
+                                const std::stop_token& stop) {
   auto deadline = KvTable::Clock::now() + clamp_timeout(timeout);
   while (!table_.contains_all(keys)) {
+    if (stop.stop_requested()) return false;
     if (changed_.wait_until(lock, deadline) == std::cv_status::timeout &&
         !table_.contains_all(keys))
       throw TimeoutError(timeout_message(keys, timeout));
   }
+  return true;
+}
+
+std::stop_callback<std::function<void()>> InMemoryStore::wake_at(const std::stop_token& stop) {
+  // Through the mutex: a waiter is either before its look at `stop` or parked on changed_.
+  return std::stop_callback<std::function<void()>>(stop, [this] {
+    std::lock_guard lock(mu_);
+    changed_.notify_all();
+  });
 }
 
 void InMemoryStore::set(const std::string& key, const Bytes& value, std::optional<Millis> ttl) {
@@ -78,12 +89,19 @@ bool InMemoryStore::erase(const std::string& key) {
 std::vector<std::string> InMemoryStore::wait_gone(const std::vector<std::string>& keys,
                                                   Millis timeout) {
   std::unique_lock lock(mu_);
+  return *wait_gone_locked(lock, keys, timeout, {});
+}
+
+std::optional<std::vector<std::string>> InMemoryStore::wait_gone_locked(
+    std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys, Millis timeout,
+    const std::stop_token& stop) {
   const auto deadline = KvTable::Clock::now() + clamp_timeout(timeout);
   for (;;) {
     std::vector<std::string> absent;
     for (const auto& k : keys)
       if (!table_.find(k)) absent.push_back(k);
     if (!absent.empty() || keys.empty()) return absent;
+    if (stop.stop_requested()) return std::nullopt;
     // A TTL ends without a call to wake anyone: wake at the next one too.
     const std::optional<KvTable::Clock::time_point> next = table_.expire();
     const auto until = next ? std::min(deadline, *next) : deadline;
@@ -91,6 +109,20 @@ std::vector<std::string> InMemoryStore::wait_gone(const std::vector<std::string>
         KvTable::Clock::now() >= deadline && table_.contains_all(keys))
       throw TimeoutError(gone_timeout_message(keys, timeout));
   }
+}
+
+bool InMemoryStore::wait_stoppable(const std::vector<std::string>& keys, Millis timeout,
+                                   std::stop_token stop) {
+  const auto wake = wake_at(stop);  // outlives the lock: it takes the mutex
+  std::unique_lock lock(mu_);
+  return wait_locked(lock, keys, timeout, stop);
+}
+
+std::optional<std::vector<std::string>> InMemoryStore::wait_gone_stoppable(
+    const std::vector<std::string>& keys, Millis timeout, std::stop_token stop) {
+  const auto wake = wake_at(stop);
+  std::unique_lock lock(mu_);
+  return wait_gone_locked(lock, keys, timeout, stop);
 }
 
 int64_t InMemoryStore::num_keys() { return num_keys_with_prefix(""); }

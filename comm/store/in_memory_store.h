@@ -3,7 +3,10 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <mutex>
+#include <optional>
+#include <stop_token>
 
 #include "comm/store/kv_table.h"
 #include "comm/store/store.h"
@@ -26,6 +29,12 @@ class InMemoryStore : public Store {
   bool check(const std::vector<std::string>& keys) override;
   std::vector<std::string> wait_gone(const std::vector<std::string>& keys, Millis timeout) override;
   bool waits_for_absence() const override { return true; }
+  // A stop wakes the parked wait at once.
+  bool wait_stoppable(const std::vector<std::string>& keys, Millis timeout,
+                      std::stop_token stop) override;
+  std::optional<std::vector<std::string>> wait_gone_stoppable(const std::vector<std::string>& keys,
+                                                              Millis timeout,
+                                                              std::stop_token stop) override;
   bool erase(const std::string& key) override;
   int64_t num_keys() override;
   int64_t num_keys_with_prefix(const std::string& prefix) override;
@@ -36,9 +45,17 @@ class InMemoryStore : public Store {
   void set_timeout(Millis timeout) override;
 
  private:
-  // Waits on changed_ until every key exists; throws TimeoutError after `timeout`.
-  void wait_locked(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
-                   Millis timeout);
+  // Waits on changed_ until every key exists (true) or `stop` is requested (false); throws
+  // TimeoutError after `timeout`.
+  bool wait_locked(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
+                   Millis timeout, const std::stop_token& stop = {});
+  // wait_gone()'s wait on changed_; nullopt when `stop` is requested.
+  std::optional<std::vector<std::string>> wait_gone_locked(std::unique_lock<std::mutex>& lock,
+                                                           const std::vector<std::string>& keys,
+                                                           Millis timeout,
+                                                           const std::stop_token& stop);
+  // Wakes the waiters when `stop` is requested, for as long as it lives (take it before mu_).
+  std::stop_callback<std::function<void()>> wake_at(const std::stop_token& stop);
 
   mutable std::mutex mu_;
   std::condition_variable changed_;

@@ -18,6 +18,11 @@ std::vector<std::string> PrefixStore::full(const std::vector<std::string>& keys)
   return out;
 }
 
+std::vector<std::string> PrefixStore::local(std::vector<std::string> keys) const {
+  for (auto& k : keys) k.erase(0, prefix_.size() + 1);
+  return keys;
+}
+
 void PrefixStore::set(const std::string& key, const Bytes& value, std::optional<Millis> ttl) {
   base_->set(full(key), value, ttl);
 }
@@ -38,10 +43,20 @@ void PrefixStore::wait(const std::vector<std::string>& keys, Millis timeout) {
 
 std::vector<std::string> PrefixStore::wait_gone(const std::vector<std::string>& keys,
                                                 Millis timeout) {
-  std::vector<std::string> gone = base_->wait_gone(full(keys), timeout);
-  for (auto& k : gone) k.erase(0, prefix_.size() + 1);
-  return gone;
+  return local(base_->wait_gone(full(keys), timeout));
 }
+bool PrefixStore::wait_stoppable(const std::vector<std::string>& keys, Millis timeout,
+                                 std::stop_token stop) {
+  return base_->wait_stoppable(full(keys), timeout, std::move(stop));
+}
+
+std::optional<std::vector<std::string>> PrefixStore::wait_gone_stoppable(
+    const std::vector<std::string>& keys, Millis timeout, std::stop_token stop) {
+  auto gone = base_->wait_gone_stoppable(full(keys), timeout, std::move(stop));
+  if (!gone) return std::nullopt;
+  return local(std::move(*gone));
+}
+
 bool PrefixStore::check(const std::vector<std::string>& keys) { return base_->check(full(keys)); }
 bool PrefixStore::erase(const std::string& key) { return base_->erase(full(key)); }
 int64_t PrefixStore::num_keys() { return base_->num_keys_with_prefix(prefix_ + "/"); }

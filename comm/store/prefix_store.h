@@ -28,6 +28,11 @@ class PrefixStore : public Store {
   // Returns the keys as this namespace names them (without the prefix).
   std::vector<std::string> wait_gone(const std::vector<std::string>& keys, Millis timeout) override;
   bool waits_for_absence() const override { return base_->waits_for_absence(); }
+  bool wait_stoppable(const std::vector<std::string>& keys, Millis timeout,
+                      std::stop_token stop) override;
+  std::optional<std::vector<std::string>> wait_gone_stoppable(const std::vector<std::string>& keys,
+                                                              Millis timeout,
+                                                              std::stop_token stop) override;
   bool erase(const std::string& key) override;
   int64_t num_keys() override;
   int64_t num_keys_with_prefix(const std::string& prefix) override;
@@ -43,6 +48,8 @@ class PrefixStore : public Store {
  private:
   std::string full(const std::string& key) const { return prefix_ + "/" + key; }
   std::vector<std::string> full(const std::vector<std::string>& keys) const;
+  // Full keys as this namespace names them (the prefix taken off).
+  std::vector<std::string> local(std::vector<std::string> keys) const;
 
   std::string prefix_;
   std::shared_ptr<Store> base_;

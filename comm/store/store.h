@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,9 @@ using Millis = std::chrono::milliseconds;
 // The default Store::timeout() of the network stores (TCPStore, EtcdStore): long enough for
 // a slow rendezvous, short enough that a lost peer fails a job in minutes.
 inline constexpr Millis kDefaultStoreTimeout{60'000};
+// How often Store's own wait_stoppable() and wait_gone_stoppable(), for a store that cannot
+// end a wait from another thread, look at the stop token: the wait runs in slices this long.
+inline constexpr Millis kStopSlice{100};
 
 // How set() keeps a key (the overload that takes options).
 struct SetOptions {
@@ -91,6 +95,20 @@ class Store {
   // Whether wait_gone() works on this client: TCPStore against a server that offers it (said
   // in the handshake), InMemoryStore, EtcdStore (an etcd watch's DELETE events). Never blocks.
   virtual bool waits_for_absence() const { return false; }
+  // wait() that another thread can end, so that a caller may park for minutes and still
+  // stop at once: true when every key exists; false when `stop` is requested
+  // (std::stop_source::request_stop(), a std::jthread's destructor), before the call or while
+  // it waits; TimeoutError and CommError as wait(). TCPStore, InMemoryStore, EtcdStore and a
+  // PrefixStore over them end the parked wait at once (EtcdStore finishes a read of the keys
+  // already sent first; TCPStore drops the server's reply, which its server still sends when
+  // the keys come or the wait's timeout passes). Store's own waits in slices of kStopSlice and
+  // looks at `stop` between them.
+  virtual bool wait_stoppable(const std::vector<std::string>& keys, Millis timeout,
+                              std::stop_token stop);
+  // wait_gone() that another thread can end, as wait_stoppable(): the keys absent, or nullopt
+  // when `stop` is requested. NotSupported as wait_gone().
+  virtual std::optional<std::vector<std::string>> wait_gone_stoppable(
+      const std::vector<std::string>& keys, Millis timeout, std::stop_token stop);
   // Removes `key`; returns whether it existed.
   virtual bool erase(const std::string& key) = 0;
   // Every key in the store (a PrefixStore counts only its own namespace).

@@ -19,6 +19,8 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
+#include <stop_token>
 #include <thread>
 #include <unordered_map>
 
@@ -80,6 +82,15 @@ class TCPStore::Connection {
 
   // Sends one request and waits up to `within` for its reply; throws per the Store contract.
   Reply call(Op op, const std::function<void(wire::Writer&)>& args, Millis within) {
+    return *call(op, args, within, std::stop_token());
+  }
+
+  // call() that another thread can end: nullopt as soon as `stop` is requested (at once, with
+  // nothing sent, when it already is). The request is then given up as one whose reply is
+  // overdue: the reply that the server still sends finds no promise and is dropped.
+  std::optional<Reply> call(Op op, const std::function<void(wire::Writer&)>& args, Millis within,
+                            const std::stop_token& stop) {
+    if (stop.stop_requested()) return std::nullopt;
     uint64_t id = next_id_++;
     wire::Writer w;
     w.u64(id).u8(static_cast<uint8_t>(op));
@@ -95,12 +106,14 @@ class TCPStore::Connection {
       out_.push_back(std::move(*frame));
       if (out_.size() == 1) write_next();
     });
+    std::stop_callback give_up(stop, [this, id] { abandon(id); });
     if (reply.wait_for(clamp_timeout(within)) != std::future_status::ready) {
       std::lock_guard lock(mu_);
       pending_.erase(id);  // a late reply finds no promise and is dropped
       throw TimeoutError("store " + where_ + ": no reply to " + wire::op_name(op) + " within " +
                          std::to_string(within.count()) + " ms");
     }
+    if (stop.stop_requested()) return std::nullopt;  // abandon() may have answered it
     Reply r = reply.get();  // rethrows CommError when the connection broke
     if (r.status == Status::kOk) return r;
     std::string msg;
@@ -253,6 +266,19 @@ class TCPStore::Connection {
     p.set_value(std::move(reply));
   }
 
+  // Answers request `id`'s caller with an empty reply and forgets the request (a stop).
+  void abandon(uint64_t id) {
+    std::promise<Reply> p;
+    {
+      std::lock_guard lock(mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end()) return;  // answered already
+      p = std::move(it->second);
+      pending_.erase(it);
+    }
+    p.set_value(Reply{});
+  }
+
   void write_next() {
     asio::async_write(
         sock_, asio::buffer(out_.front()), [this](boost::system::error_code ec, size_t) {
@@ -381,24 +407,37 @@ Bytes TCPStore::compare_set(const std::string& key, const Bytes& expected, const
 }
 
 void TCPStore::wait(const std::vector<std::string>& keys, Millis timeout) {
+  wait_stoppable(keys, timeout, std::stop_token());
+}
+
+bool TCPStore::wait_stoppable(const std::vector<std::string>& keys, Millis timeout,
+                              std::stop_token stop) {
   timeout = clamp_timeout(timeout);
-  conn_->call(
-      Op::kWait, [&](wire::Writer& w) { w.strings(keys).i64(timeout.count()); },
-      timeout + kReplyGrace);
+  return conn_
+      ->call(
+          Op::kWait, [&](wire::Writer& w) { w.strings(keys).i64(timeout.count()); },
+          timeout + kReplyGrace, stop)
+      .has_value();
 }
 
 bool TCPStore::waits_for_absence() const { return conn_->waits_gone(); }
 
 std::vector<std::string> TCPStore::wait_gone(const std::vector<std::string>& keys, Millis timeout) {
+  return *wait_gone_stoppable(keys, timeout, std::stop_token());
+}
+
+std::optional<std::vector<std::string>> TCPStore::wait_gone_stoppable(
+    const std::vector<std::string>& keys, Millis timeout, std::stop_token stop) {
   if (!conn_->waits_gone())
     throw NotSupported("store " + options_.host + ":" + std::to_string(options_.port) +
                        ": cannot wait for keys to go: the store server is older than that wait "
                        "(its handshake does not offer it); poll check() instead");
   timeout = clamp_timeout(timeout);
-  Reply r = conn_->call(
+  std::optional<Reply> r = conn_->call(
       Op::kWaitGone, [&](wire::Writer& w) { w.strings(keys).i64(timeout.count()); },
-      timeout + kReplyGrace);
-  return r.payload().strings();
+      timeout + kReplyGrace, stop);
+  if (!r) return std::nullopt;
+  return r->payload().strings();
 }
 
 bool TCPStore::check(const std::vector<std::string>& keys) {

@@ -54,6 +54,13 @@ class TCPStore : public Store {
   // wait_gone(): against a server whose handshake offers it (kHelloWaitsGone).
   std::vector<std::string> wait_gone(const std::vector<std::string>& keys, Millis timeout) override;
   bool waits_for_absence() const override;
+  // A stop ends the call at once; the server's wait stays until its keys come or its timeout
+  // passes (a waiter in its memory, a reply this client drops).
+  bool wait_stoppable(const std::vector<std::string>& keys, Millis timeout,
+                      std::stop_token stop) override;
+  std::optional<std::vector<std::string>> wait_gone_stoppable(const std::vector<std::string>& keys,
+                                                              Millis timeout,
+                                                              std::stop_token stop) override;
   Bytes get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
   Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;

@@ -1,7 +1,7 @@
 // What a test reads of an etcd member and of its own process: counters and gauges of the
-// member's Prometheus page (/metrics: watchers, range reads, slow watchers), and the entries
-// of a /proc/self directory (descriptors, threads) to show that a wait left none behind; and
-// the fixture of the tests that park EtcdStore calls on one member (watch, wait_gone).
+// member's Prometheus page (/metrics: watchers, watches made, range reads, slow watchers), and the
+// entries of a /proc/self directory (descriptors, threads) to show that a wait left none behind;
+// and the fixture of the tests that park EtcdStore calls on one member (watch, wait_gone).
 #pragma once
 
 #include <dirent.h>
@@ -68,6 +68,12 @@ inline int count_entries(const char* dir) {
 // etcd's counters the wait tests read.
 inline constexpr const char* kEtcdWatchers = "etcd_debugging_mvcc_watcher_total";
 inline constexpr const char* kEtcdRanges = "etcd_debugging_mvcc_range_total";
+// Watch streams the member has opened so far, one per EtcdWatch (each /v3/watch request of
+// the gateway is a gRPC Watch stream): the count of watches made, where watcher_total is the
+// count held now.
+inline constexpr const char* kEtcdWatchStreamsStarted =
+    "grpc_server_started_total{grpc_method=\"Watch\",grpc_service=\"etcdserverpb.Watch\","
+    "grpc_type=\"bidi_stream\"}";
 
 // One etcd member (skipped without etcd) and clients of it under `prefix`.
 class EtcdOneMemberTest : public ::testing::Test {
@@ -88,6 +94,7 @@ class EtcdOneMemberTest : public ::testing::Test {
 
   double watchers() { return etcd_metric(cluster_->endpoint(0), kEtcdWatchers); }
   double ranges() { return etcd_metric(cluster_->endpoint(0), kEtcdRanges); }
+  double watches_made() { return etcd_metric(cluster_->endpoint(0), kEtcdWatchStreamsStarted); }
 
   // This process's descriptors and threads now; expect_nothing_left() compares with them.
   void count_before() {

@@ -1,7 +1,8 @@
 // EtcdStore's blocking reads park on an etcd watch (comm/store/etcd_watch.h), against a real
 // etcd: the member holds one watcher while a wait is parked and none after it returns, the
-// parked wait reads only at its recheck, another client's set ends it, and no descriptor or
-// thread outlives the waits. etcd's own counters (its /metrics page) say what it served.
+// parked wait reads only at its recheck, another client's set ends it, another thread's stop
+// ends it at once, and no descriptor or thread outlives the waits. etcd's own counters (its
+// /metrics page) say what it served.
 #include "comm/store/etcd_watch.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,8 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <optional>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -143,6 +146,64 @@ TEST_F(EtcdWatchTest, AWaitsWatchIsInSyncWithEtcdWhileOtherClientsWrite) {
               behind, static_cast<long long>(sets.load()));
   ASSERT_GT(sets.load(), 30) << "nobody wrote while the waits parked";
   EXPECT_LE(behind, 10) << "waits' watches started at a revision etcd had passed";
+}
+
+// wait_stoppable and wait_gone_stoppable: another thread's stop ends a wait parked on its
+// watch for a minute at once, and the watch goes with it; a stop before the call makes no
+// watch at all; the store's next waits watch and return as before.
+TEST_F(EtcdWatchTest, AStopEndsAWaitParkedOnItsWatchAndTheWatchGoesWithIt) {
+  constexpr Millis kPark{60'000};  // longer than the test: a wait that returns was stopped
+  auto waiter = client();
+  auto writer = client();
+  waiter->ping();  // the store's own connection is open before the count
+  writer->set_string("there", "v");
+  ASSERT_GE(watches_made(), 0) << kEtcdWatchStreamsStarted << " is not on etcd's /metrics page";
+  count_before();
+  for (int i = 0; i < 3; ++i) {
+    std::stop_source stop;
+    const auto parked_at = Clock::now();
+    auto waited = std::async(std::launch::async, [&] {
+      return waiter->wait_stoppable({"never"}, kPark, stop.get_token());
+    });
+    ASSERT_TRUE(eventually([&] { return watchers() == 1; })) << "the wait holds no watch";
+    stop.request_stop();
+    ASSERT_EQ(waited.wait_for(20s), std::future_status::ready) << "the stop did not end it";
+    EXPECT_FALSE(waited.get());
+    EXPECT_LT(Clock::now() - parked_at, kPark);
+    EXPECT_TRUE(eventually([&] { return watchers() == 0; })) << "the stopped wait left its watch";
+
+    std::stop_source stop_gone;
+    auto gone = std::async(std::launch::async, [&] {
+      return waiter->wait_gone_stoppable({"there"}, kPark, stop_gone.get_token());
+    });
+    ASSERT_TRUE(eventually([&] { return watchers() == 1; }));
+    stop_gone.request_stop();
+    ASSERT_EQ(gone.wait_for(20s), std::future_status::ready) << "the stop did not end it";
+    EXPECT_EQ(gone.get(), std::nullopt);
+    EXPECT_TRUE(eventually([&] { return watchers() == 0; }));
+  }
+
+  std::stop_source stopped;
+  stopped.request_stop();
+  const double made = watches_made();
+  EXPECT_FALSE(waiter->wait_stoppable({"never"}, kPark, stopped.get_token()));
+  EXPECT_EQ(waiter->wait_gone_stoppable({"there"}, kPark, stopped.get_token()), std::nullopt);
+  EXPECT_EQ(watches_made(), made) << "a wait stopped before it began made a watch";
+
+  std::stop_source idle;
+  auto waited = std::async(std::launch::async, [&] {
+    return waiter->wait_stoppable({"late"}, kPark, idle.get_token());
+  });
+  ASSERT_TRUE(eventually([&] { return watchers() == 1; }));
+  writer->set_string("late", "v");
+  EXPECT_TRUE(waited.get());
+  auto gone = std::async(std::launch::async, [&] {
+    return waiter->wait_gone_stoppable({"late", "there"}, kPark, idle.get_token());
+  });
+  ASSERT_TRUE(eventually([&] { return watchers() == 1; }));
+  EXPECT_TRUE(writer->erase("there"));
+  EXPECT_EQ(gone.get(), std::vector<std::string>{"there"});
+  expect_nothing_left();
 }
 
 // Printed, not asserted: the time from another client's set to the parked get's return,

@@ -21,6 +21,7 @@
 #include "comm/store/tcp_store.h"
 #include "comm/store/tcp_store_server.h"
 #include "tests/comm/killable_client.h"
+#include "tests/comm/store_flavour.h"
 #include "tests/support/eventually.h"
 
 namespace weft::test {
@@ -69,41 +70,10 @@ TEST(KvTableRemovals, EveryWayAKeyGoesIsLoggedOnceAndOnlyWhenAsked) {
 
 // --- Both stores that can ----------------------------------------------------------------------
 
-// One store under test: a TCPStore against a server of its own, or an InMemoryStore; a second
-// client for the other side where the store has clients.
-struct Flavour {
-  std::unique_ptr<TCPStoreServer> server;
-  std::shared_ptr<comm::Store> waiter;
-  std::shared_ptr<comm::Store> other;
-  // Wait_gone calls parked at the server now (TCP); -1 where the store cannot tell.
-  int64_t parked() const { return server ? int64_t(server->stats().waits_parked) : -1; }
-};
-
-Flavour tcp_flavour() {
-  Flavour f;
-  f.server = std::make_unique<TCPStoreServer>(TCPStoreServerOptions{});
-  f.waiter = std::make_shared<TCPStore>("127.0.0.1", f.server->port(), 10s);
-  f.other = std::make_shared<TCPStore>("127.0.0.1", f.server->port(), 10s);
-  return f;
-}
-
-Flavour memory_flavour() {
-  Flavour f;
-  f.waiter = std::make_shared<comm::InMemoryStore>(10s);
-  f.other = f.waiter;
-  return f;
-}
-
 class StoreWaitGone : public ::testing::TestWithParam<bool> {
  protected:
   Flavour make() const { return GetParam() ? tcp_flavour() : memory_flavour(); }
 };
-
-// Waits, on another thread, until the waiter's call is parked (where the store tells).
-void until_parked(const Flavour& f, int64_t n) {
-  if (f.parked() < 0) return;
-  ASSERT_TRUE(eventually([&] { return f.parked() == n; })) << "the wait never parked";
-}
 
 TEST_P(StoreWaitGone, KeysAlreadyAbsentAreReturnedAtOnceInTheOrderGiven) {
   Flavour f = make();

@@ -1,7 +1,10 @@
 // MembershipWake: an agent parked on the membership record learns of another agent's write
 // (here a graceful leave), or of a member's alive key going with nobody writing, from its
-// eventfd, before it polls; nothing wakes it while the record and the keys stay as they were. Two
-// agents as threads over one InMemoryStore; every wait is a hang guard, never a timing expectation.
+// eventfd, before it polls; nothing wakes it while the record and the keys stay as they were; a
+// member who joined later is watched too; the destructor ends the parked waits at once. Agents
+// as threads over one InMemoryStore (or a TCPStore where the test must see the waits parked);
+// every wait is a hang guard, never a timing expectation, and the destructor's bound is the
+// park it must not wait out.
 #include "launch/membership_wake.h"
 
 #include <gtest/gtest.h>
@@ -9,12 +12,16 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <future>
 #include <memory>
 #include <string>
 
 #include "comm/elastic/rendezvous.h"
 #include "comm/store/in_memory_store.h"
+#include "comm/store/tcp_store.h"
+#include "comm/store/tcp_store_server.h"
+#include "tests/support/eventually.h"
 
 namespace weft::launch {
 namespace {
@@ -123,6 +130,70 @@ TEST(MembershipWake, AMembersAliveKeyGoingWakesTheAgentWithoutARecordWrite) {
   ASSERT_TRUE(next.has_value());
   EXPECT_EQ(next->world(), 2);
   EXPECT_GT(next->epoch, epoch);
+}
+
+// The loss thread waits on the keys of the record it read, for as long as a minute: a record
+// change (here c joining the epoch) ends that wait, and the thread waits on the new record's
+// keys, so that the member who joined after the wake started wakes it when its key goes. Over
+// a TCPStore, whose server tells when both waits are parked (on a and b's keys) before c comes.
+TEST(MembershipWake, AMemberWhoJoinedAfterTheWakeStartedWakesItWhenItsKeyGoes) {
+  comm::TCPStoreServer server(comm::TCPStoreServerOptions{});
+  auto connect = [&] { return std::make_unique<comm::TCPStore>("127.0.0.1", server.port(), 20s); };
+  auto sa = connect(), sb = connect(), sc = connect(), swake = connect();
+  auto three = [](const std::string& node) {
+    comm::RendezvousOptions o = options(node);
+    o.max_nodes = 3;
+    return o;
+  };
+  comm::Rendezvous a(*sa, three("a")), b(*sb, three("b")), c(*sc, three("c"));
+  {
+    auto ja = std::async(std::launch::async, [&] { return a.join(); });
+    auto jb = std::async(std::launch::async, [&] { return b.join(); });
+    ja.get(), jb.get();
+  }
+  for (comm::Rendezvous* r : {&a, &b})
+    while (r->membership()->world() < 2) ASSERT_TRUE(r->watch(20s).has_value());
+
+  MembershipWake wake(*swake, a, 50ms);
+  ASSERT_TRUE(wake.watches_losses());
+  ASSERT_TRUE(test::eventually([&] { return server.stats().waits_parked == 2; }))
+      << "the change key's wait and the alive keys' wait_gone are not both parked: "
+      << server.stats().waits_parked;
+  c.join();  // writes the record (c waiting, then the epoch of three)
+  while (a.membership()->world() < 3) ASSERT_TRUE(a.watch(20s).has_value());
+  ASSERT_TRUE(readable(wake.fd(), 20'000)) << "no wake for the record's changes";
+  EXPECT_EQ(wake.loss_wakes(), 0u);
+
+  c.heartbeat().stop();  // c is killed: no more beats, no leave
+  ASSERT_TRUE(sa->erase(a.alive_key("c")));
+  EXPECT_TRUE(test::eventually([&] { return wake.loss_wakes() == 1; }))
+      << "the key of a member who joined later went unseen";
+}
+
+// The destructor ends both parked waits at once: it returns long before a wait could have
+// timed out (kPark). Over a TCPStore, whose server tells when both waits are parked.
+TEST(MembershipWake, TheDestructorEndsBothParkedWaitsAtOnce) {
+  comm::TCPStoreServer server(comm::TCPStoreServerOptions{});
+  auto connect = [&] { return std::make_unique<comm::TCPStore>("127.0.0.1", server.port(), 20s); };
+  auto sa = connect(), sb = connect(), swake = connect();
+  comm::Rendezvous a(*sa, options("a")), b(*sb, options("b"));
+  {
+    auto ja = std::async(std::launch::async, [&] { return a.join(); });
+    auto jb = std::async(std::launch::async, [&] { return b.join(); });
+    ja.get(), jb.get();
+  }
+  auto wake = std::make_unique<MembershipWake>(*swake, a, 50ms);
+  ASSERT_TRUE(wake->watches_losses()) << "this TCPStore server can wait for a key to go";
+  ASSERT_TRUE(test::eventually([&] { return server.stats().waits_parked == 2; }))
+      << "the change key's wait and the alive keys' wait_gone are not both parked";
+
+  const auto stopping = std::chrono::steady_clock::now();
+  wake.reset();
+  const auto took = std::chrono::steady_clock::now() - stopping;
+  std::printf("[ measure ] the wake's destructor: %.1f ms (park %lld s)\n",
+              std::chrono::duration<double, std::milli>(took).count(),
+              static_cast<long long>(MembershipWake::kPark.count() / 1000));
+  EXPECT_LT(took, MembershipWake::kPark) << "the destructor waited out the park";
 }
 
 }  // namespace
