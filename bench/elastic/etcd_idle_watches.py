@@ -9,10 +9,10 @@ usage: python3 bench/elastic/etcd_idle_watches.py BEFORE_WEFT AFTER_WEFT [SECOND
   (two weft binaries; the same binary twice measures one build; needs /usr/bin/etcd)
   SECONDS: the window (default 20); RUNS: runs a side, alternating (default 1).
 """
-import http.client, os, shutil, signal, subprocess, sys, tempfile, time
+import http.client, os, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from etcd_loss_detection import children, start_etcd  # noqa: E402
+from etcd_loss_detection import start_etcd, stop_job  # noqa: E402
 
 STARTED = ('grpc_server_started_total{grpc_method="Watch",grpc_service="etcdserverpb.Watch",'
            'grpc_type="bidi_stream"}')
@@ -65,15 +65,7 @@ def one(weft, run_id, seconds):
             a.wait(timeout=60)
         return (m1[STARTED] - m0[STARTED]) / span / 3, m0[HELD], m1[HELD], span
     finally:
-        for a in agents:
-            if a.poll() is None:
-                a.kill()
-                for k in children(a.pid):
-                    os.kill(k, signal.SIGKILL)
-                a.wait()
-        etcd.kill()
-        etcd.wait()
-        shutil.rmtree(d, ignore_errors=True)
+        stop_job(agents, etcd, d)
 
 
 def main():

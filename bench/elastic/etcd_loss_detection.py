@@ -93,6 +93,20 @@ def start_etcd(d):
     raise RuntimeError("etcd did not start")
 
 
+def stop_job(agents, etcd, d):
+    """Kills what is left of a bench job (agents still running, their workers, etcd) and
+    removes its folder."""
+    for a in agents:
+        if a.poll() is None:
+            a.kill()
+            for k in children(a.pid):
+                os.kill(k, signal.SIGKILL)
+            a.wait()
+    etcd.kill()
+    etcd.wait()
+    shutil.rmtree(d, ignore_errors=True)
+
+
 def one(weft, run_id, mode, victim_signal, monitor="0.1"):
     d = tempfile.mkdtemp(prefix="weft_peercheck_")
     etcd, ep = start_etcd(d)
@@ -146,15 +160,7 @@ def one(weft, run_id, mode, victim_signal, monitor="0.1"):
             return [x + t0 - deletes[0] if x is not None else None for x in seen]
         return seen
     finally:
-        for a in agents:
-            if a.poll() is None:
-                a.kill()
-                for k in children(a.pid):
-                    os.kill(k, signal.SIGKILL)
-                a.wait()
-        etcd.kill()
-        etcd.wait()
-        shutil.rmtree(d, ignore_errors=True)
+        stop_job(agents, etcd, d)
 
 
 def main():

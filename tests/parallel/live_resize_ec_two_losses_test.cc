@@ -11,7 +11,6 @@
 // thresholds.
 #include <gtest/gtest.h>
 
-#include <regex>
 #include <string>
 
 #include "checkpoint/job_id.h"
@@ -24,16 +23,6 @@ namespace weft::test {
 namespace {
 
 using namespace live;
-
-// Whether agent `k`'s snapshot agent committed parity of `epoch` (its first, logged).
-bool holds_parity_of(const LiveJob& job, int k, int epoch) {
-  static const std::regex re(R"(holding parity fragment \d+ of stripe \d+ \(epoch (\d+)\))");
-  for (const std::string& l : job.lines_with(k, "holding parity fragment")) {
-    std::smatch m;
-    if (std::regex_search(l, m, re) && std::stoi(m[1]) == epoch) return true;
-  }
-  return false;
-}
 
 TEST(LiveResizeEcTwoLosses, ThreeNodesLeftStayCodedAndASecondLossIsRebuiltFromTheirParity) {
   LiveJob job;
@@ -49,7 +38,7 @@ TEST(LiveResizeEcTwoLosses, ThreeNodesLeftStayCodedAndASecondLossIsRebuiltFromTh
   ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
   ASSERT_TRUE(poll_until([&] {
     for (int k = 0; k < 4; ++k)
-      if (!holds_parity_of(job, k, 1)) return false;
+      if (!job.holds_parity_of(k, 1)) return false;
     return true;
   })) << job.all_logs();
 
@@ -78,7 +67,7 @@ TEST(LiveResizeEcTwoLosses, ThreeNodesLeftStayCodedAndASecondLossIsRebuiltFromTh
         << job.all_logs();
     EXPECT_FALSE(job.lines_with(k, "epoch 2: this node holds its parity of 1/2 of its own").empty())
         << job.all_logs();
-    EXPECT_TRUE(holds_parity_of(job, k, 2)) << job.all_logs();
+    EXPECT_TRUE(job.holds_parity_of(k, 2)) << job.all_logs();
   }
 
   // The second loss: node 3 whole (node 2 of epoch 2). Agent 0, the first survivor after it

@@ -38,15 +38,6 @@ int coded_place(const LiveJob& job, int k, int epoch) {
   return -1;
 }
 
-bool holds_parity_of(const LiveJob& job, int k, int epoch) {
-  static const std::regex re(R"(holding parity fragment \d+ of stripe \d+ \(epoch (\d+)\))");
-  for (const std::string& l : job.lines_with(k, "holding parity fragment")) {
-    std::smatch m;
-    if (std::regex_search(l, m, re) && std::stoi(m[1]) == epoch) return true;
-  }
-  return false;
-}
-
 TEST(LiveResizeSpareEc, TheAdmittedSparesSnapshotsAreErasureCodedAndASecondLossRebuildsThem) {
   LiveJob job;
   job.dir = agent_test_dir("live_resize_spare_ec", "ec");
@@ -60,7 +51,7 @@ TEST(LiveResizeSpareEc, TheAdmittedSparesSnapshotsAreErasureCodedAndASecondLossR
   job.start_in_order(3);
   ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
   ASSERT_TRUE(poll_until([&] {
-    return holds_parity_of(job, 0, 1) || holds_parity_of(job, 1, 1) || holds_parity_of(job, 2, 1);
+    return job.holds_parity_of(0, 1) || job.holds_parity_of(1, 1) || job.holds_parity_of(2, 1);
   })) << job.all_logs();
   const int spare = job.start();
   ASSERT_TRUE(poll_until([&] {
@@ -94,8 +85,8 @@ TEST(LiveResizeSpareEc, TheAdmittedSparesSnapshotsAreErasureCodedAndASecondLossR
   // Parity of epoch 2 is held: each node of a group of k + m = 3 holds a parity fragment of
   // the stripes (the parity's place rotates over the group).
   ASSERT_TRUE(poll_until([&] {
-    return holds_parity_of(job, 0, 2) && holds_parity_of(job, 2, 2) &&
-           holds_parity_of(job, spare, 2);
+    return job.holds_parity_of(0, 2) && job.holds_parity_of(2, 2) &&
+           job.holds_parity_of(spare, 2);
   })) << job.all_logs();
   // The second loss: the spare dies whole after a few more steps of epoch 2.
   ASSERT_NO_FATAL_FAILURE(expect_second_loss_resumes(

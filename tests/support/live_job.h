@@ -308,6 +308,16 @@ struct LiveJob {
     std::printf("[ says     ] %s\n", line.substr(0, 500).c_str());
     return line;
   }
+  // Whether agent k's snapshot agent committed parity of `epoch` (snapshot.redundancy: ec;
+  // its first commit of each epoch is logged).
+  bool holds_parity_of(int k, int epoch) const {
+    static const std::regex re(R"(holding parity fragment \d+ of stripe \d+ \(epoch (\d+)\))");
+    for (const std::string& l : lines_with(k, "holding parity fragment")) {
+      std::smatch m;
+      if (std::regex_search(l, m, re) && std::stoi(m[1]) == epoch) return true;
+    }
+    return false;
+  }
   // Agent 0's one resize line, printed for the record; "" (and a failure) unless there is
   // exactly one.
   std::string only_resize_line() const {
