@@ -18,12 +18,16 @@ namespace weft::test {
 // splitting a reduction inside a kernel (tp) moves the weights by up to 1.6e-6. On an AMD
 // EPYC host (OpenBLAS's Zen kernels, 2026-12-05) a tp2 step's gradient norm moved by 2.2e-7
 // (NonfiniteLayout.Tp2: 1.9158053 against 1.9158049, two f32 ulps), so kSplit's scalars
-// allow 5e-7: a dropped or doubly applied step moves them by percents.
+// allow 5e-7: a dropped or doubly applied step moves them by percents. On a host whose CPU
+// OpenBLAS 0.3.21 does not recognise (a VM's "Intel(R) Xeon(R) Processor" with AVX-512 and
+// AMX, 2026-12-06: it falls back to its Prescott kernels when OPENBLAS_CORETYPE is unset) tp2
+// and tp2 x pp2 moved the final weights by 5.72e-6 (SkylakeX's kernels there: 4.7e-6;
+// Haswell's: 6.4e-7), so kSplit's weights allow 1e-5.
 struct Tolerance {
   double scalars;  // per step's loss, gradient norm and balance loss: |x - ref| / |ref|
   double weights;  // final weights: max |w - ref| / max |ref| over all parameters
 };
-inline constexpr Tolerance kRegroup{2e-7, 1e-6}, kSplit{5e-7, 5e-6};
+inline constexpr Tolerance kRegroup{2e-7, 1e-6}, kSplit{5e-7, 1e-5};
 
 struct LayoutCase {
   std::string config;  // under configs/

@@ -96,7 +96,7 @@ TEST(LiveResizeHandRound, AWorkerKilledDuringAHandOverIsReplacedAndResumesFromSn
   ASSERT_TRUE(std::regex_search(resumed[0], m, re)) << resumed[0];
   EXPECT_GE(std::stoi(m[1]), 20) << resumed[0];
   EXPECT_EQ(job.all_logs().find("starting over"), std::string::npos) << job.all_logs();
-  EXPECT_EQ(job.lines_with(2, "the others resume from in-memory snapshots").size(), 1u)
+  EXPECT_EQ(job.lines_with(2, "the world resumes from in-memory snapshots").size(), 1u)
       << job.text(2);
   const std::vector<std::pair<WorldEpoch, int>> p = job.phases();
   ASSERT_EQ(p.size(), 2u) << phases_text(p);
@@ -113,7 +113,7 @@ TEST(LiveResizeHandRound, AWorkerKilledDuringAHandOverWithNothingStoredStartsOve
       job.lines_with(0, "checkpoint.every is 0 (no checkpoints): starting over from step 0").size(),
       1u)
       << job.text(0);
-  EXPECT_EQ(job.lines_with(2, "the others start over from step 0").size(), 1u) << job.text(2);
+  EXPECT_EQ(job.lines_with(2, "the world starts over from step 0").size(), 1u) << job.text(2);
   const std::vector<std::pair<WorldEpoch, int>> p = job.phases();
   ASSERT_EQ(p.size(), 1u) << phases_text(p);  // the metrics of a start over begin anew
   EXPECT_EQ(p[0], std::make_pair(WorldEpoch(2, 3), job.steps)) << phases_text(p);

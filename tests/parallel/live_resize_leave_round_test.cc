@@ -86,7 +86,7 @@ TEST(LiveResizeLeaveRound, WithNothingStoredTheRoundStartsOverWithTheLeaverInIts
                 .size(),
             1u)
       << job.text(0);
-  EXPECT_EQ(job.lines_with(2, "the others start over from step 0").size(), 1u) << job.text(2);
+  EXPECT_EQ(job.lines_with(2, "the world starts over from step 0").size(), 1u) << job.text(2);
   const std::vector<std::pair<WorldEpoch, int>> p = job.phases();
   ASSERT_EQ(p.size(), 1u) << phases_text(p);  // the metrics of a start over begin anew
   EXPECT_EQ(p[0], std::make_pair(WorldEpoch(2, 2), job.steps)) << phases_text(p);

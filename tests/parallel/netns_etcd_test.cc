@@ -421,7 +421,9 @@ void lose_the_store_host(Loss loss, const std::string& name) {
   const fs::path metrics = d / "out" / "metrics.jsonl";
   std::printf("[ measured ] losses vs one process: max relative difference %.3g over %d steps\n",
               max_relative_difference(d / "one" / "metrics.jsonl", metrics), kSteps);
-  expect_same_losses(d / "one" / "metrics.jsonl", metrics, kSteps, false, 1e-7);
+  // Over 300 steps dp regroups sums a few ulps apart: 1.32e-7 under OpenBLAS's Prescott
+  // kernels (an unrecognised CPU, 2026-12-06), so the default 2e-7, not 1e-7.
+  expect_same_losses(d / "one" / "metrics.jsonl", metrics, kSteps);
   // (world, epoch): (3, 1) up to the checkpoint resumed from, then (2, 2) to the end.
   const auto rows = core::io::read_metrics(metrics.string());
   std::vector<std::pair<int, int>> runs;
