@@ -187,11 +187,11 @@ int64_t RankSnapshots::own(std::vector<core::Tensor>& moved, memory::Allocator* 
   const auto t = std::chrono::steady_clock::now();
   const int64_t bytes = checkpoint::own_snapshot_views(moved, alloc);
   if (bytes > 0)
-    WEFT_DEBUG("resize", "copied ", double(bytes) / double(1 << 20),
-               " MiB of snapshot views that the router adopted whole out of their segments in ",
-               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t)
-                   .count(),
-               " ms");
+    WEFT_DEBUG(
+        "resize", "copied ", double(bytes) / double(1 << 20),
+        " MiB of snapshot views that the router adopted whole out of their segments in ",
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count(),
+        " ms");
   return bytes;
 }
 

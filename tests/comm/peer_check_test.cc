@@ -95,9 +95,8 @@ TEST(PeerCheck, ANodeThatReconnectsWithinTheGraceKeepsItsPlace) {
   b = std::make_unique<PeerListener>("127.0.0.1", port, "b", kToken);
   // watching() is the check's count at the end of the pass that counted the reconnect: read
   // right after reconnects() it may still be the pass before's 0 (the suite saw it once).
-  ASSERT_TRUE(eventually([&] {
-    return check.reconnects() == 1 && b->connections() == 1 && check.watching() == 1;
-  }));
+  ASSERT_TRUE(eventually(
+      [&] { return check.reconnects() == 1 && b->connections() == 1 && check.watching() == 1; }));
   EXPECT_EQ(check.reconnects(), 1u);
   EXPECT_EQ(check.reported(), 0u);
   EXPECT_TRUE(f.alive());

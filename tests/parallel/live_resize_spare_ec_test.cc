@@ -85,8 +85,7 @@ TEST(LiveResizeSpareEc, TheAdmittedSparesSnapshotsAreErasureCodedAndASecondLossR
   // Parity of epoch 2 is held: each node of a group of k + m = 3 holds a parity fragment of
   // the stripes (the parity's place rotates over the group).
   ASSERT_TRUE(poll_until([&] {
-    return job.holds_parity_of(0, 2) && job.holds_parity_of(2, 2) &&
-           job.holds_parity_of(spare, 2);
+    return job.holds_parity_of(0, 2) && job.holds_parity_of(2, 2) && job.holds_parity_of(spare, 2);
   })) << job.all_logs();
   // The second loss: the spare dies whole after a few more steps of epoch 2.
   ASSERT_NO_FATAL_FAILURE(expect_second_loss_resumes(
