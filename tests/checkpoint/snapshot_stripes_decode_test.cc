@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/config.h"
+#include "base/error.h"
 #include "checkpoint/erasure_code.h"
 #include "checkpoint/snapshot_segment.h"
 #include "checkpoint/snapshot_stripes.h"
@@ -73,7 +74,6 @@ std::vector<std::set<int>> losses(int nodes, int m) {
 }
 
 TEST(SnapshotStripesDecode, EveryLossOfUpToMNodesDecodesTheirRanks) {
-  if (!WEFT_HAVE_ISAL) GTEST_SKIP() << "built without ISA-L";
   struct Case {
     int nodes, k, m;
   };
@@ -84,6 +84,13 @@ TEST(SnapshotStripesDecode, EveryLossOfUpToMNodesDecodesTheirRanks) {
     SCOPED_TRACE(testing::Message() << c.nodes << " nodes, k=" << c.k << ", m=" << c.m);
     const StripeLayout l(c.nodes, c.k, c.m);
     EXPECT_EQ(l.reduced(), c.nodes < c.k + c.m);
+    if (!WEFT_HAVE_ISAL) {
+      // A build without ISA-L codes no stripe: each group's coder is refused, naming the
+      // package (an ec job stops), rather than leaving the snapshots silently uncoded.
+      for (int g = 0; g < l.groups(); ++g)
+        EXPECT_THROW(ErasureCode(l.data_fragments(g), c.m), NotSupported);
+      continue;
+    }
     const int locals = 2;
     const Coded coded = code_all(l, locals, uint64_t(c.nodes * 100 + c.k * 10 + c.m));
     for (const std::set<int>& lost : losses(c.nodes, c.m)) {

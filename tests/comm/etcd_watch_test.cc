@@ -152,7 +152,7 @@ TEST_F(EtcdWatchTest, AWaitsWatchIsInSyncWithEtcdWhileOtherClientsWrite) {
 // watch for a minute at once, and the watch goes with it; a stop before the call makes no
 // watch at all; the store's next waits watch and return as before.
 TEST_F(EtcdWatchTest, AStopEndsAWaitParkedOnItsWatchAndTheWatchGoesWithIt) {
-  constexpr Millis kPark{60'000};  // longer than the test: a wait that returns was stopped
+  constexpr Millis kPark{60'000};  // longer than the test: a timeout would throw, not return
   auto waiter = client();
   auto writer = client();
   waiter->ping();  // the store's own connection is open before the count
@@ -161,15 +161,13 @@ TEST_F(EtcdWatchTest, AStopEndsAWaitParkedOnItsWatchAndTheWatchGoesWithIt) {
   count_before();
   for (int i = 0; i < 3; ++i) {
     std::stop_source stop;
-    const auto parked_at = Clock::now();
     auto waited = std::async(std::launch::async, [&] {
       return waiter->wait_stoppable({"never"}, kPark, stop.get_token());
     });
     ASSERT_TRUE(eventually([&] { return watchers() == 1; })) << "the wait holds no watch";
     stop.request_stop();
     ASSERT_EQ(waited.wait_for(20s), std::future_status::ready) << "the stop did not end it";
-    EXPECT_FALSE(waited.get());
-    EXPECT_LT(Clock::now() - parked_at, kPark);
+    EXPECT_FALSE(waited.get()) << "not stopped (a timeout throws)";
     EXPECT_TRUE(eventually([&] { return watchers() == 0; })) << "the stopped wait left its watch";
 
     std::stop_source stop_gone;

@@ -22,10 +22,10 @@ namespace {
 
 using namespace std::chrono_literals;
 using comm::to_bytes;
-using Clock = std::chrono::steady_clock;
 using Keys = std::vector<std::string>;
 
-// Longer than any test here runs: a wait that returns was stopped, not timed out.
+// Longer than any test here runs. A wait that returns false (nullopt) was stopped: its
+// timeout would throw TimeoutError.
 constexpr comm::Millis kPark{60'000};
 
 class StoreWaitStoppable : public ::testing::TestWithParam<bool> {
@@ -36,7 +36,6 @@ class StoreWaitStoppable : public ::testing::TestWithParam<bool> {
 TEST_P(StoreWaitStoppable, AStopEndsAParkedWaitAndAParkedWaitGoneAtOnce) {
   Flavour f = make();
   std::stop_source stop;
-  const auto parked_at = Clock::now();
   auto waited = std::async(std::launch::async, [&] {
     return f.waiter->wait_stoppable({"never"}, kPark, stop.get_token());
   });
@@ -44,7 +43,6 @@ TEST_P(StoreWaitStoppable, AStopEndsAParkedWaitAndAParkedWaitGoneAtOnce) {
   stop.request_stop();
   ASSERT_EQ(waited.wait_for(20s), std::future_status::ready) << "the stop did not end the wait";
   EXPECT_FALSE(waited.get()) << "a stopped wait says so";
-  EXPECT_LT(Clock::now() - parked_at, kPark);
 
   f.other->set("there", to_bytes("v"));
   std::stop_source stop_gone;
@@ -141,7 +139,6 @@ TEST_P(StoreWaitStoppable, StoresOwnWaitInSlicesEndsAtTheSliceAfterTheStop) {
   comm::CancellableStore slices(f.waiter, [] { return std::string(); });
   f.other->set("there", to_bytes("v"));
   std::stop_source stop;
-  const auto parked_at = Clock::now();
   auto waited = std::async(std::launch::async, [&] {
     return slices.wait_stoppable({"never"}, kPark, stop.get_token());
   });
@@ -154,7 +151,6 @@ TEST_P(StoreWaitStoppable, StoresOwnWaitInSlicesEndsAtTheSliceAfterTheStop) {
   ASSERT_EQ(gone.wait_for(20s), std::future_status::ready);
   EXPECT_FALSE(waited.get());
   EXPECT_EQ(gone.get(), std::nullopt);
-  EXPECT_LT(Clock::now() - parked_at, kPark);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, StoreWaitStoppable, ::testing::Bool(),

@@ -22,6 +22,7 @@
 #include "comm/store/tcp_store.h"
 #include "comm/store/tcp_store_server.h"
 #include "tests/support/eventually.h"
+#include "tests/support/stop_counting_store.h"
 
 namespace weft::launch {
 namespace {
@@ -175,7 +176,9 @@ TEST(MembershipWake, AMemberWhoJoinedAfterTheWakeStartedWakesItWhenItsKeyGoes) {
 TEST(MembershipWake, TheDestructorEndsBothParkedWaitsAtOnce) {
   comm::TCPStoreServer server(comm::TCPStoreServerOptions{});
   auto connect = [&] { return std::make_unique<comm::TCPStore>("127.0.0.1", server.port(), 20s); };
-  auto sa = connect(), sb = connect(), swake = connect();
+  auto sa = connect(), sb = connect();
+  auto swake = std::make_unique<test::StopCountingStore<comm::TCPStore>>("127.0.0.1",
+                                                                         server.port(), 20s);
   comm::Rendezvous a(*sa, options("a")), b(*sb, options("b"));
   {
     auto ja = std::async(std::launch::async, [&] { return a.join(); });
@@ -187,13 +190,17 @@ TEST(MembershipWake, TheDestructorEndsBothParkedWaitsAtOnce) {
   ASSERT_TRUE(test::eventually([&] { return server.stats().waits_parked == 2; }))
       << "the change key's wait and the alive keys' wait_gone are not both parked";
 
+  // Waits stopped so far (a record change ends the loss thread's wait of the record before).
+  const int stopped_before = swake->stopped.load();
   const auto stopping = std::chrono::steady_clock::now();
   wake.reset();
   const auto took = std::chrono::steady_clock::now() - stopping;
   std::printf("[ measure ] the wake's destructor: %.1f ms (park %lld s)\n",
               std::chrono::duration<double, std::milli>(took).count(),
               static_cast<long long>(MembershipWake::kPark.count() / 1000));
-  EXPECT_LT(took, MembershipWake::kPark) << "the destructor waited out the park";
+  // Both parked waits ended because the destructor stopped them, not at their park's end.
+  EXPECT_EQ(swake->stopped.load() - stopped_before, 2);
+  EXPECT_EQ(swake->timed_out.load(), 0);
 }
 
 }  // namespace
