@@ -9,10 +9,10 @@ usage: python3 bench/elastic/etcd_idle_watches.py BEFORE_WEFT AFTER_WEFT [SECOND
   (two weft binaries; the same binary twice measures one build; needs /usr/bin/etcd)
   SECONDS: the window (default 20); RUNS: runs a side, alternating (default 1).
 """
-import http.client, os, subprocess, sys, tempfile, time
+import http.client, os, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from etcd_loss_detection import start_etcd, stop_job  # noqa: E402
+from etcd_loss_detection import start_agents, start_etcd, stop_job, wait_epoch_one  # noqa: E402
 
 STARTED = ('grpc_server_started_total{grpc_method="Watch",grpc_service="etcdserverpb.Watch",'
            'grpc_type="bidi_stream"}')
@@ -44,16 +44,9 @@ def one(weft, run_id, seconds):
     args = [weft, "run", "--nnodes", "2:3", "--max-restarts", "1", "--nproc-per-node", "1",
             "--rdzv-backend", "etcd", "--rdzv-endpoint", ep, "--rdzv-id", run_id,
             "--rdzv-conf", "last_call_timeout=30", "--", "sh", "-c", worker]
-    logs = [f"{d}/{i}.log" for i in range(3)]
-    agents = [subprocess.Popen(args, env=env, stdout=open(l, "w"), stderr=subprocess.STDOUT)
-              for l in logs]
-    read = lambda i: open(logs[i]).read()
+    agents, read = start_agents(args, env, d)
     try:
-        t = time.time()
-        while not all("world 3 epoch 1" in read(i) for i in range(3)):
-            if time.time() - t > 60:
-                raise RuntimeError("no epoch 1: " + read(0))
-            time.sleep(0.05)
+        wait_epoch_one(read, 0.05)
         time.sleep(2)  # the agents' joins and first waits are behind them
         m0 = metrics(ep, [STARTED, HELD])
         t0 = time.monotonic()

@@ -93,6 +93,24 @@ def start_etcd(d):
     raise RuntimeError("etcd did not start")
 
 
+def start_agents(args, env, d):
+    """Starts three weft run agents of `args`, each logging to d/<i>.log; returns them and a
+    reader of agent i's log so far."""
+    logs = [f"{d}/{i}.log" for i in range(3)]
+    agents = [subprocess.Popen(args, env=env, stdout=open(l, "w"), stderr=subprocess.STDOUT)
+              for l in logs]
+    return agents, lambda i: open(logs[i]).read()
+
+
+def wait_epoch_one(read, pause):
+    """Until every agent's worker says it is in world 3 of epoch 1 (60 s at most)."""
+    t = time.time()
+    while not all("world 3 epoch 1" in read(i) for i in range(3)):
+        if time.time() - t > 60:
+            raise RuntimeError("no epoch 1: " + read(0))
+        time.sleep(pause)
+
+
 def stop_job(agents, etcd, d):
     """Kills what is left of a bench job (agents still running, their workers, etcd) and
     removes its folder."""
@@ -123,16 +141,9 @@ def one(weft, run_id, mode, victim_signal, monitor="0.1"):
             "--rdzv-backend", "etcd",
             "--rdzv-endpoint", ep, "--rdzv-id", run_id, "--rdzv-conf", conf,
             "--", "sh", "-c", worker]
-    logs = [f"{d}/{i}.log" for i in range(3)]
-    agents = [subprocess.Popen(args, env=env, stdout=open(l, "w"), stderr=subprocess.STDOUT)
-              for l in logs]
-    read = lambda i: open(logs[i]).read()
+    agents, read = start_agents(args, env, d)
     try:
-        t = time.time()
-        while not all("world 3 epoch 1" in read(i) for i in range(3)):
-            if time.time() - t > 60:
-                raise RuntimeError("no epoch 1: " + read(0))
-            time.sleep(0.02)
+        wait_epoch_one(read, 0.02)
         time.sleep(0.5)
         watch_alive_deletes(ep, deletes)
         victim = agents[2]

@@ -318,17 +318,20 @@ struct LiveJob {
     }
     return false;
   }
-  // Agent 0's one resize line, printed for the record; "" (and a failure) unless there is
-  // exactly one.
-  std::string only_resize_line() const {
-    const std::vector<std::string> r = lines_with(0, "resize: epoch");
+  // Agent k's one line with `text`, printed for the record; "" (and a failure) unless there
+  // is exactly one.
+  std::string only_line(int k, const std::string& text) const {
+    const std::vector<std::string> r = lines_with(k, text);
     if (r.size() != 1) {
-      ADD_FAILURE() << r.size() << " resize lines, expected one\n" << all_logs();
+      ADD_FAILURE() << r.size() << " lines with \"" << text << "\" from agent " << k
+                    << ", expected one\n" << all_logs();
       return "";
     }
     std::printf("[ says     ] %s\n", r[0].c_str());
     return r[0];
   }
+  // Agent 0's one resize line (only_line).
+  std::string only_resize_line() const { return only_line(0, "resize: epoch"); }
 
  private:
   std::map<int, int> codes_;  // loopback agents' exit codes, once reaped
