@@ -177,8 +177,8 @@ TEST(MembershipWake, TheDestructorEndsBothParkedWaitsAtOnce) {
   comm::TCPStoreServer server(comm::TCPStoreServerOptions{});
   auto connect = [&] { return std::make_unique<comm::TCPStore>("127.0.0.1", server.port(), 20s); };
   auto sa = connect(), sb = connect();
-  auto swake = std::make_unique<test::StopCountingStore<comm::TCPStore>>("127.0.0.1",
-                                                                         server.port(), 20s);
+  auto swake =
+      std::make_unique<test::StopCountingStore<comm::TCPStore>>("127.0.0.1", server.port(), 20s);
   comm::Rendezvous a(*sa, options("a")), b(*sb, options("b"));
   {
     auto ja = std::async(std::launch::async, [&] { return a.join(); });

@@ -324,7 +324,8 @@ struct LiveJob {
     const std::vector<std::string> r = lines_with(k, text);
     if (r.size() != 1) {
       ADD_FAILURE() << r.size() << " lines with \"" << text << "\" from agent " << k
-                    << ", expected one\n" << all_logs();
+                    << ", expected one\n"
+                    << all_logs();
       return "";
     }
     std::printf("[ says     ] %s\n", r[0].c_str());
