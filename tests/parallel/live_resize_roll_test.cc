@@ -70,8 +70,9 @@ TEST(LiveResizeRoll, Tp2Dp2RankBehindFinishesTheStepOfAMemberLostInTheExchange) 
   EXPECT_EQ(line.find("steps back"), std::string::npos) << line;
   // Only the rank behind holds gradients beside the reserve (rank 0 ran its update); both
   // are on node 0.
-  const std::string counted = ": the reserve for a world of 2 starts beside the trainer that "
-                              "still holds its gradients: up to ";
+  const std::string counted =
+      ": the reserve for a world of 2 starts beside the trainer that still holds its "
+      "gradients: up to ";
   const std::vector<std::string> behind = job.lines_with(0, "rank 1" + counted);
   ASSERT_EQ(behind.size(), 1u) << job.text(0);
   std::smatch m;

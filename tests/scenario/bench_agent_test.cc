@@ -2,8 +2,6 @@
 // reaped, the run leaves no scratch folder (launch/scratch_dir.h) under $TMPDIR, whether the
 // bench SIGKILLed it and pumped until it ended (a node's death) or dropped the handle while it
 // ran (the bench's end).
-#include "launch/bench_elastic_agent.h"
-
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -13,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/bench_elastic_agent.h"
 #include "tests/support/eventually.h"
 
 namespace weft::launch {
