@@ -10,9 +10,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <exception>
+#include <filesystem>
 #include <utility>
 
 #include "base/error.h"
+#include "launch/scratch_dir.h"
 
 namespace weft::launch {
 
@@ -50,7 +53,8 @@ BenchAgent::BenchAgent(const std::vector<std::string>& argv, const std::string& 
 BenchAgent::~BenchAgent() {
   if (running_ && pid_ > 0) {
     ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
+    int status = 0;
+    if (::waitpid(pid_, &status, 0) == pid_) reaped(status);
   }
   if (fd_ >= 0) ::close(fd_);
   if (log_) std::fclose(log_);
@@ -82,9 +86,20 @@ void BenchAgent::pump() {
   if (fd_ < 0 && !partial_.empty()) add_line(std::exchange(partial_, ""));
   std::fflush(log_);
   int status = 0;
-  if (running_ && ::waitpid(pid_, &status, WNOHANG) == pid_) {
-    running_ = false;
-    code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (running_ && ::waitpid(pid_, &status, WNOHANG) == pid_) reaped(status);
+}
+
+void BenchAgent::reaped(int status) {
+  running_ = false;
+  code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  // A killed weft run could not remove its scratch folder; now that its pid is gone, the
+  // sweep every weft run makes at its start removes it (and any other dead owner's). One
+  // that fails (a folder that cannot be read) leaves them to the next weft run, as before.
+  try {
+    std::error_code ec;
+    const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    if (!ec) ScratchDir::remove_abandoned(tmp.string());
+  } catch (const std::exception&) {
   }
 }
 

@@ -1,6 +1,7 @@
-// One `weft run` agent that `weft bench elastic` starts: its stdout and stderr share one pipe
-// (so its lines keep the order the agent wrote them in: its own messages on stderr, its
-// workers' on stdout), and each line is stamped when it arrives here.
+// One `weft run` agent that `weft bench elastic` and `weft bench snapshot` start: its stdout
+// and stderr share one pipe (so its lines keep the order the agent wrote them in: its own
+// messages on stderr, its workers' on stdout), and each line is stamped when it arrives here.
+// Once reaped, a killed agent's scratch folder is removed (launch/scratch_dir.h).
 #pragma once
 
 #include <sys/types.h>
@@ -26,7 +27,9 @@ class BenchAgent {
   // to `log_path` with its stamp. Throws IoError when the pipe, fork or the log fails.
   BenchAgent(const std::vector<std::string>& argv, const std::string& log_path,
              Clock::time_point origin);
-  ~BenchAgent();  // SIGKILLs and reaps the agent if it still runs; never throws
+  // SIGKILLs and reaps the agent if it still runs, then removes its scratch folder as
+  // pump() does; never throws.
+  ~BenchAgent();
   BenchAgent(const BenchAgent&) = delete;
   BenchAgent& operator=(const BenchAgent&) = delete;
 
@@ -36,12 +39,14 @@ class BenchAgent {
   bool running() const { return running_; }
   int exit_code() const { return code_; }  // 128 + signal when killed; -1 while running
   // Reads what the pipe holds (non-blocking) and stamps each whole line; reaps the agent
-  // once it ended and its pipe is drained.
+  // once it ended, then removes the scratch folders of dead weft runs under $TMPDIR
+  // (ScratchDir::remove_abandoned): a SIGKILLed agent's is among them.
   void pump();
   void kill();  // SIGKILL to the agent alone: its workers die with it, as on a node's death
 
  private:
   void add_line(std::string text);
+  void reaped(int status);  // exit code, then the sweep
   pid_t pid_ = -1;
   int fd_ = -1;
   bool running_ = true;

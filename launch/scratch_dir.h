@@ -2,7 +2,7 @@
 // elastic node agent's epoch notices): each made under the temporary directory with its
 // owner's pid in the name, removed when the job ends, and, when its owner was killed
 // (SIGKILL leaves no chance to remove it), removed by the next weft run on the machine that
-// finds its owner gone.
+// finds its owner gone, or by the bench that killed it, once reaped (bench_elastic_agent.h).
 #pragma once
 
 #include <string>

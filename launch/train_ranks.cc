@@ -243,8 +243,9 @@ class RankTraining {
   // From the moment a change is known, the next world's destinations faulted in
   // (prefault_): that of `notice` (nullptr: the nearest likely one), for a rank holding
   // state tensors of `held` bytes; at a notice, beside the step, also the persistent blocks
-  // of `freed` bytes that it frees at the step's end (its gradients): those the next layout
-  // takes back are not faulted anew (RecyclingAllocator::reserve's `returning`).
+  // of `freed` bytes that it frees at the step's end (its gradients; after a failure, those
+  // of a step it holds unfinished): those the next layout takes back are not faulted anew
+  // (RecyclingAllocator::reserve's `returning`).
   void prefault_ahead(const EpochNotice* notice, const std::vector<size_t>& held,
                       const std::vector<size_t>& freed = {});
   // The world sizes a change most likely leads to next, nearest first (plan_ahead).
@@ -897,7 +898,8 @@ std::vector<int> RankTraining::likely_next_worlds() const {
 // notice, beside the old world's last step (its watcher's thread), so that the ranks reach the
 // move with their destinations in (the step's end is 0-2 s away); the step boundary then lets
 // it go on within the larger bound. Within prefault_bound of what the rank holds (at the
-// notice its gradients too, freed at the boundary), so the move's peak stays where it was.
+// notice its gradients too, freed at the boundary; after a failure those of a step it holds
+// unfinished, freed at the entry's roll forward), so the move's peak stays where it was.
 // Only a plan made already (plan_ahead): a plan is not made twice at once on the 2 cores that
 // training shares.
 void RankTraining::prefault_ahead(const EpochNotice* notice, const std::vector<size_t>& held,
@@ -922,11 +924,12 @@ void RankTraining::prefault_ahead(const EpochNotice* notice, const std::vector<s
   for (size_t b : held) state += int64_t(b);
   for (size_t b : freed) freeing += int64_t(b);
   const size_t bound = prefault_bound(state, sizes, budget, state + freeing);
-  if (notice && !freed.empty() && prefault_.max_bytes() < bound)
-    WEFT_DEBUG("resize", "rank ", env_.rank, ": the reserve for epoch ", notice->epoch,
-               " starts at its notice, beside the step: up to ", mib(bound), " MiB (the ",
-               mib(size_t(freeing)),
-               " MiB of gradients freed at the step's end serve their sizes)");
+  if (!freed.empty() && prefault_.max_bytes() < bound)
+    WEFT_DEBUG("resize", "rank ", env_.rank, ": the reserve for a world of ", world,
+               notice ? str(" (epoch ", notice->epoch, ", from its notice)") : std::string(),
+               " starts beside the trainer that still holds its gradients: up to ", mib(bound),
+               " MiB (the ", mib(size_t(freeing)),
+               " MiB of gradients freed before the move serve their sizes)");
   prefault_.start(std::move(sizes), bound, freed);
 }
 
@@ -1349,7 +1352,13 @@ int RankTraining::run() {
     end_laps.lap("world dropped");
     {  // while the membership is agreed; a notice's reserve, started beside the step, goes on
       const std::optional<EpochNotice> n = watch_.newer();
-      prefault_ahead(n ? &*n : nullptr, held_sizes(held_));
+      // A rank whose step stopped before its update keeps that trainer, its gradients
+      // with it, until the entry's roll forward: counted as a notice's reserve counts a
+      // training rank's (freed before the move, their sizes kept for the next layout).
+      const std::vector<size_t> held = held_sizes(held_);
+      std::vector<size_t> freed;
+      if (behind_) freed = sizes_to_fault(behind_->plan(), behind_->rank(), held);
+      prefault_ahead(n ? &*n : nullptr, held, freed);
     }
     end_laps.lap("prefault started");
     const EpochNotice n = wait_for_notice();

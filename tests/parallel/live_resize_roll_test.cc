@@ -5,7 +5,9 @@
 // holds its reduced gradients and the norm), so the new world resumes at step s+1 through
 // the router instead of starting over. WEFT_TEST_SPLIT_EXCHANGE makes the split
 // reproducible: right after step s's exchange returned, a rank of the other node SIGKILLs
-// itself and rank 1 fails as if its piece never came.
+// itself and rank 1 fails as if its piece never came. Until the entry's roll forward the rank
+// behind still holds that step's trainer, its gradients with it: the next world's reserve,
+// started as the world ends, counts them (launch/live_resize_prefault.h's bound).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -35,7 +37,8 @@ TEST(LiveResizeRoll, Tp2Dp2RankBehindFinishesTheStepOfAMemberLostInTheExchange) 
   job.sets.insert(job.sets.end(), {"parallel.tp=2", "parallel.dp=auto"});
   // Rank 2 (the other node's first worker) dies in step 20's exchange; rank 1 (the TP peer
   // of rank 0) falls behind.
-  job.env = {"WEFT_TEST_SPLIT_EXCHANGE=" + std::to_string(kSplitAt) + ":2:1"};
+  job.env = {"WEFT_TEST_SPLIT_EXCHANGE=" + std::to_string(kSplitAt) + ":2:1",
+             "WEFT_LOG_LEVEL=debug", "WEFT_LOG_SUBSYS=resize"};
   const fs::path ref = reference_run(job.dir, kSteps, sets, job.config);
   job.start_in_order(2);
   if (HasFatalFailure()) return;
@@ -52,7 +55,8 @@ TEST(LiveResizeRoll, Tp2Dp2RankBehindFinishesTheStepOfAMemberLostInTheExchange) 
   expect_phases(job.phases(), {4, 2});
   // Every step once, in order, within the TP tolerance of one process's run: no step redone.
   expect_losses_by_step(ref, job.metrics(), 1e-4);
-  const std::string line = job.only_resize_line();
+  // The resize line, not the debug lines' "DEBUG resize: epoch 1 entry: ...".
+  const std::string line = job.only_line(0, "] resize: epoch");
   EXPECT_NE(line.find("world 4 -> 2 (dp 1 x tp 2 x pp 1 x ep 1) at step " +
                       std::to_string(kSplitAt + 1)),
             std::string::npos)
@@ -64,6 +68,18 @@ TEST(LiveResizeRoll, Tp2Dp2RankBehindFinishesTheStepOfAMemberLostInTheExchange) 
             std::string::npos)
       << line;
   EXPECT_EQ(line.find("steps back"), std::string::npos) << line;
+  // Only the rank behind holds gradients beside the reserve (rank 0 ran its update); both
+  // are on node 0.
+  const std::string counted =
+      ": the reserve for a world of 2 starts beside the trainer that still holds its "
+      "gradients: up to ";
+  const std::vector<std::string> behind = job.lines_with(0, "rank 1" + counted);
+  ASSERT_EQ(behind.size(), 1u) << job.text(0);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(behind[0], m, std::regex(R"(\(the ([0-9.e+-]+) MiB of gradients)")))
+      << behind[0];
+  EXPECT_GT(std::stod(m[1]), 0) << behind[0];
+  EXPECT_TRUE(job.lines_with(0, "rank 0" + counted).empty()) << job.text(0);
   if (!HasFailure()) fs::remove_all(job.dir);
 }
 
