@@ -279,6 +279,8 @@ class NodeAgent {
   // departing ones (depart() stops them, run() starts them with these).
   comm::Membership departure_membership();
   EpochNotice departure_start(const comm::Membership& m);
+  void hold_confirmation_for_a_round();
+  bool held_confirmation_ = false;  // hold_confirmation_for_a_round() done
   bool live() const { return !epoch_file_.empty() && all_following(epoch_file_, so_.nproc); }
   void post_notice(const comm::Membership& next, const Stop& why);
   EpochNotice notice_of(const comm::Membership& next, int node_index);
@@ -832,12 +834,14 @@ Stop NodeAgent::depart() {
     asked->why += str("; node ", me_, " is leaving: its workers restart in it to hand over");
     return *asked;
   }
-  if (departure_epoch_ > 0 && all_handed_over(epoch_file_, so_.nproc, departure_epoch_) &&
-      rdzv_->confirm_handover(departure_epoch_) == comm::Rendezvous::HandOver::kReleased) {
-    departure_notice_.released = true;
-    write_epoch_notice(epoch_file_, departure_notice_);
-    released_ = true;
-    return {};
+  if (departure_epoch_ > 0 && all_handed_over(epoch_file_, so_.nproc, departure_epoch_)) {
+    hold_confirmation_for_a_round();
+    if (rdzv_->confirm_handover(departure_epoch_) == comm::Rendezvous::HandOver::kReleased) {
+      departure_notice_.released = true;
+      write_epoch_notice(epoch_file_, departure_notice_);
+      released_ = true;
+      return {};
+    }
   }
   const comm::MembershipRecord r = rdzv_->read_record();
   if (r.closed) return Stop{"the job was stopped by another node: " + r.close_reason};
@@ -856,6 +860,26 @@ Stop NodeAgent::depart() {
   departure_epoch_ = next.epoch;
   departure_notice_ = n;
   return {};
+}
+
+// Tests only (WEFT_TEST_CONFIRM_AFTER_ROUND=<ms>): the first confirmation of a hand-over waits
+// until a restart round later than the attempt's was asked, then <ms> more, so that it lands
+// after the round's asker read the record and before the others may have: the window between
+// a round and a confirmation held open (tests/parallel/live_resize_confirm_round_test.cc).
+// Bounded by join_timeout.
+void NodeAgent::hold_confirmation_for_a_round() {
+  const int64_t ms = env_int("WEFT_TEST_CONFIRM_AFTER_ROUND", -1);
+  if (ms < 0 || held_confirmation_) return;
+  held_confirmation_ = true;
+  std::fprintf(stderr,
+               "weft run: node %s holds its hand-over confirmation until a restart round is "
+               "asked (WEFT_TEST_CONFIRM_AFTER_ROUND)\n",
+               me_.c_str());
+  std::fflush(stderr);
+  const auto until = Clock::now() + ro_.join_timeout;
+  while (current_round() <= round_ && Clock::now() < until)
+    std::this_thread::sleep_for(ro_.poll_interval);
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
 // The notice of `next` (an epoch that lists this node as departed) for its departing workers:
