@@ -449,8 +449,7 @@ Rendezvous::HandOver Rendezvous::confirm_handover(int64_t epoch, int64_t round) 
   // record lists it is one that died (decide re-forms without it).
   if (joined_) heartbeat_.stop_and_erase();
   joined_ = false;
-  WEFT_INFO("elastic", "node ", me, " confirmed its hand-over in epoch ", epoch, " round ",
-            round);
+  WEFT_INFO("elastic", "node ", me, " confirmed its hand-over in epoch ", epoch, " round ", round);
   return HandOver::kReleased;
 }
 
