@@ -279,6 +279,8 @@ class NodeAgent {
   // departing ones (depart() stops them, run() starts them with these).
   comm::Membership departure_membership();
   EpochNotice departure_start(const comm::Membership& m);
+  void hold_confirmation_for_a_round();
+  bool held_confirmation_ = false;  // hold_confirmation_for_a_round() done
   bool live() const { return !epoch_file_.empty() && all_following(epoch_file_, so_.nproc); }
   void post_notice(const comm::Membership& next, const Stop& why);
   EpochNotice notice_of(const comm::Membership& next, int node_index);
@@ -528,7 +530,7 @@ std::string NodeAgent::parked_monitor() {
     admitted_ = true;
     say_joined(*m, started_);
     watch_membership();
-    round_ = current_round();
+    round_ = m->round;
     current_ = *m;
     stop_ = Stop{};
     const std::string why = str("node ", me_, " admitted from the spares in epoch ", m->epoch, " (",
@@ -577,10 +579,7 @@ bool NodeAgent::job_ended_without_this_node() {
     if (r.closed || r.epoch == 0) return false;  // a close: the join says why
     const comm::Membership view = rdzv_->view(r);
     if (view.members.empty()) return false;
-    const std::string round_key = rdzv_->round_key();
-    const std::string round =
-        park_store_->check({round_key}) ? comm::to_string(park_store_->get(round_key)) : "0";
-    const std::string prefix = view.store_prefix + "/round/" + round;
+    const std::string prefix = view.store_prefix + "/round/" + std::to_string(r.round);
     for (const comm::Member& x : view.members) {
       const std::string key = prefix + "/exited/" + x.node_id;
       if (!park_store_->check({key}) || comm::to_string(park_store_->get(key)) != "0") return false;
@@ -622,7 +621,9 @@ void NodeAgent::end_parked(const Outcome& out) {
 // of the current epoch is alive again (a lost one is re-formed away by poll_change once its
 // heartbeat expired), at most join_timeout (then poll_change throws). The departing nodes
 // are the record's now, not those of the epoch's formation: a node that has confirmed its
-// hand-over since is gone, and the next attempt's world must not count its workers.
+// hand-over since is gone, and the next attempt's world must not count its workers. They come
+// with the round from one read: no confirmation changes them within a round before its world
+// formed (Rendezvous::confirm_handover), so every agent's attempt counts the same ones.
 comm::Membership NodeAgent::settle() {
   for (;;) {
     if (std::optional<comm::Membership> next = rdzv_->poll_change()) return *next;
@@ -633,7 +634,9 @@ comm::Membership NodeAgent::settle() {
     if (all) {
       const comm::MembershipRecord r = rdzv_->read_record();
       if (r.epoch != m.epoch) continue;  // a new epoch: poll_change adopts it
-      m.departed = rdzv_->view(r).departed;
+      const comm::Membership now = rdzv_->view(r);
+      m.departed = now.departed;
+      m.round = now.round;
       return m;
     }
     std::this_thread::sleep_for(ro_.poll_interval);
@@ -650,9 +653,9 @@ bool NodeAgent::finishing(const comm::Membership& m) {
   return false;
 }
 
-// The restart round: a read at every monitor pass (Rendezvous::restart_round says why: over
-// etcd, a write sent as the leader died ran out its 2 s request timeout while the survivors'
-// new epoch waited for this node; issue 14).
+// The restart round: a read of the record at every monitor pass (Rendezvous::restart_round
+// says why: over etcd, a write sent as the leader died ran out its 2 s request timeout while
+// the survivors' new epoch waited for this node; issue 14).
 int64_t NodeAgent::current_round() { return rdzv_->restart_round(); }
 
 // The restart round moved past `round` (another node asked for it): every node's workers
@@ -814,9 +817,11 @@ void NodeAgent::post_notice(const comm::Membership& next, const Stop& why) {
 // before the confirmation and still lists this node. A restart round asked for meanwhile
 // (a worker failed elsewhere and its node could not renew the epoch) restarts every node's
 // workers in the same epoch, and its world counts this node's as departing ones: they are
-// stopped like everyone's and started in it to hand over there (run()). Checked before the
-// confirmation: workers that handed over in the round before are in that round's world,
-// which the new one replaces.
+// stopped like everyone's and started in it to hand over there (run()). Workers that handed
+// over in the round before handed over to a world the new one replaces: the confirmation,
+// made against the attempt's round, is refused once a later one was asked (the round and
+// the departed are one record, Rendezvous::confirm_handover), so no agent may count this
+// node's workers in the round's world while they end.
 Stop NodeAgent::depart() {
   if (!left_) {
     std::fprintf(stderr,
@@ -828,16 +833,19 @@ Stop NodeAgent::depart() {
     left_ = true;
   }
   if (released_) return {};
+  if (departure_epoch_ > 0 && all_handed_over(epoch_file_, so_.nproc, departure_epoch_)) {
+    hold_confirmation_for_a_round();
+    if (rdzv_->confirm_handover(departure_epoch_, round_) ==
+        comm::Rendezvous::HandOver::kReleased) {
+      departure_notice_.released = true;
+      write_epoch_notice(epoch_file_, departure_notice_);
+      released_ = true;
+      return {};
+    }
+  }
   if (std::optional<Stop> asked = round_asked(round_)) {
     asked->why += str("; node ", me_, " is leaving: its workers restart in it to hand over");
     return *asked;
-  }
-  if (departure_epoch_ > 0 && all_handed_over(epoch_file_, so_.nproc, departure_epoch_) &&
-      rdzv_->confirm_handover(departure_epoch_) == comm::Rendezvous::HandOver::kReleased) {
-    departure_notice_.released = true;
-    write_epoch_notice(epoch_file_, departure_notice_);
-    released_ = true;
-    return {};
   }
   const comm::MembershipRecord r = rdzv_->read_record();
   if (r.closed) return Stop{"the job was stopped by another node: " + r.close_reason};
@@ -856,6 +864,26 @@ Stop NodeAgent::depart() {
   departure_epoch_ = next.epoch;
   departure_notice_ = n;
   return {};
+}
+
+// Tests only (WEFT_TEST_CONFIRM_AFTER_ROUND=<ms>): the first confirmation of a hand-over waits
+// until a restart round later than the attempt's was asked, then <ms> more, so that it lands
+// after the round's asker read the record and before the others may have: the window between
+// a round and a confirmation held open (tests/parallel/live_resize_confirm_round_test.cc).
+// Bounded by join_timeout.
+void NodeAgent::hold_confirmation_for_a_round() {
+  const int64_t ms = env_int("WEFT_TEST_CONFIRM_AFTER_ROUND", -1);
+  if (ms < 0 || held_confirmation_) return;
+  held_confirmation_ = true;
+  std::fprintf(stderr,
+               "weft run: node %s holds its hand-over confirmation until a restart round is "
+               "asked (WEFT_TEST_CONFIRM_AFTER_ROUND)\n",
+               me_.c_str());
+  std::fflush(stderr);
+  const auto until = Clock::now() + ro_.join_timeout;
+  while (current_round() <= round_ && Clock::now() < until)
+    std::this_thread::sleep_for(ro_.poll_interval);
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
 // The notice of `next` (an epoch that lists this node as departed) for its departing workers:
@@ -1180,7 +1208,6 @@ int NodeAgent::run() {
   so_.max_restarts = o_.max_restarts;
   so_.nnodes_min = o_.nnodes_min;
   so_.nnodes_max = o_.nnodes_max;
-  const std::string round_key = rdzv_->round_key();
   if (elastic_) make_scratch();  // a job that may change size can reshard live
   so_.replace = [this](int local, const std::string& cause) {
     return replace_worker(local, cause);
@@ -1216,7 +1243,9 @@ int NodeAgent::run() {
       if (!admitted_) end_parked(out);
       m = current_;
     } else {
-      const int64_t round = current_round();
+      // The round read with the membership's departing nodes (Membership::round), not a
+      // later read: the attempt's world counts those of its own round.
+      const int64_t round = m.round;
       round_ = round;
       current_ = m;
       prefix_ = m.store_prefix + "/round/" + std::to_string(round);
@@ -1320,13 +1349,13 @@ int NodeAgent::run() {
         }
         next.why = str("node ", me_, ": ", out.cause);
         next.restart = next.failure = true;
-        // Ask every node for the next round (once: a node that lost the race to bump it
-        // restarts in the round another node asked for).
+        // Ask every node for the next round (once: a node that lost the race to ask restarts
+        // in the round another node asked for). The reason first: whoever sees the round
+        // reads it.
         try {
           store_->set(key_ + "round_reason/" + std::to_string(round_ + 1),
                       comm::to_bytes(next.why));
-          store_->compare_set(round_key, comm::to_bytes(std::to_string(round_)),
-                              comm::to_bytes(std::to_string(round_ + 1)));
+          rdzv_->ask_round(round_);
         } catch (const std::exception& e) {
           return finish(out.code, out.verdict + "; and could not ask for a restart: " + e.what(), false);
         }

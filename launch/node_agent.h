@@ -5,9 +5,10 @@
 //   - a worker failed here, with restarts left, and the workers reshard live
 //     (elastic.on_change: reshard): the agent replaces it in place (a new worker in its
 //     slot, the epoch renewed with the same nodes; nobody else restarts);
-//   - a worker failed here, with restarts left, workers that do not: the agent bumps the
-//     job's restart round (rdzv/<id>/round, a counter) so that every node stops its
-//     workers, and all start the next attempt in the same epoch from the latest checkpoint;
+//   - a worker failed here, with restarts left, workers that do not: the agent asks for the
+//     job's next restart round (a field of the membership record, Rendezvous::ask_round) so
+//     that every node stops its workers, and all start the next attempt in the same epoch
+//     from the latest checkpoint;
 //   - the membership changed (a node lost, one joined or admitted from the spares, within
 //     --nnodes MIN:MAX): every node stops its workers and starts them for the new world;
 //   - anything else ends the job here: restarts used up, the job closed by another node,

@@ -85,6 +85,7 @@ std::string encode(const MembershipRecord& r) {
   for (const auto& [local, id] : r.replaced) os << "replaced " << local << " " << id << "\n";
   for (const auto& [epoch, id] : r.process_losses)
     os << "process_lost " << epoch << " " << id << "\n";
+  if (r.round > 0) os << "round " << r.round << "\n";
   if (r.closed) {
     std::string reason = r.close_reason;
     std::replace_if(
@@ -141,6 +142,9 @@ MembershipRecord decode(const std::string& text, const std::string& key) {
       auto& seen = field == "spare" ? seen_spares : field == "left" ? seen_left : seen_handing;
       if (!seen.insert(rest).second) bad(key, n, line, "node given twice");
       (field == "spare" ? r.spares : field == "left" ? r.left : r.hands_over).push_back(rest);
+    } else if (field == "round") {
+      r.round = parse_int(rest, key, n, line);
+      if (r.round < 1) bad(key, n, line, "a round line holds a round of 1 or more");
     } else if (field == "closed") {
       r.closed = true;
       r.close_reason = rest;

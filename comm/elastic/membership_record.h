@@ -53,6 +53,13 @@ struct MembershipRecord {
   // epochs (several formed within one of its polls) can still tell whether its workers'
   // world lost a process since (Rendezvous lost_a_process).
   std::vector<std::pair<int64_t, std::string>> process_losses;
+  // The job's restart round (Rendezvous::ask_round): 0 until an agent whose workers failed
+  // asks for the next, which every node's workers then restart in. It lives in the record, not
+  // in a key of its own, so that the round and the departing nodes its world counts are one
+  // value: every agent reads both at once, and a hand-over confirmed against an older round is
+  // refused by the same compare-and-set (Rendezvous::confirm_handover). Never reset: new epochs
+  // carry it (restart counts are (epoch - 1) + round on every node).
+  int64_t round = 0;
   bool closed = false;       // the job finished or failed: nobody may join any more
   std::string close_reason;  // one line, why it closed
 
@@ -82,6 +89,7 @@ constexpr int64_t kProcessLossEpochs = 64;
 //   departed <rank> <node id>    one per departing node whose hand-over is not confirmed
 //   replaced <local> <node id>   one per worker replaced in place by this epoch (renew)
 //   process_lost <epoch> <node id>  one per note of process_losses, oldest first
+//   round <int64>                only once a restart round was asked (absent: round 0)
 //   closed <reason>              only when closed; the reason runs to the end of the line
 //
 // Node ids contain no whitespace or control characters (check_node_id), so a line splits

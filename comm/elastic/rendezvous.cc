@@ -171,6 +171,7 @@ Membership Rendezvous::make_membership(const MembershipRecord& r) const {
   for (const auto& [id, rank] : r.departed) m.departed.push_back({id, rank});
   m.replaced = r.replaced;
   m.process_losses = r.process_losses;
+  m.round = r.round;
   // By rank, then id: departed nodes of different epochs may have held the same slot.
   std::sort(m.departed.begin(), m.departed.end(), [](const Member& a, const Member& b) {
     return std::tie(a.node_rank, a.node_id) < std::tie(b.node_rank, b.node_id);
@@ -427,13 +428,16 @@ void Rendezvous::leave(bool hands_over) {
   WEFT_INFO("elastic", "node ", me, " left the membership");
 }
 
-Rendezvous::HandOver Rendezvous::confirm_handover(int64_t epoch) {
+Rendezvous::HandOver Rendezvous::confirm_handover(int64_t epoch, int64_t round) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string& me = options_.node_id;
   for (;;) {
     auto [raw, rec] = read_or_create();
     const bool listed = !rec.closed && rec.departed.count(me);
-    if (listed && rec.epoch != epoch) return HandOver::kCarried;
+    // A later round stops the workers its world had (those that took this node's state over),
+    // and every agent that read it counts this node's: confirming now would leave that world
+    // waiting for workers that end, or agents disagreeing on it (issue 14).
+    if (listed && (rec.epoch != epoch || rec.round != round)) return HandOver::kCarried;
     if (listed) {
       MembershipRecord next = rec;
       next.departed.erase(me);
@@ -445,7 +449,7 @@ Rendezvous::HandOver Rendezvous::confirm_handover(int64_t epoch) {
   // record lists it is one that died (decide re-forms without it).
   if (joined_) heartbeat_.stop_and_erase();
   joined_ = false;
-  WEFT_INFO("elastic", "node ", me, " confirmed its hand-over in epoch ", epoch);
+  WEFT_INFO("elastic", "node ", me, " confirmed its hand-over in epoch ", epoch, " round ", round);
   return HandOver::kReleased;
 }
 
@@ -462,13 +466,20 @@ void Rendezvous::close(const std::string& reason) {
   WEFT_INFO("elastic", "rendezvous ", state_key(), " closed: ", reason);
 }
 
-// Written only while absent, by a compare_set that writes nothing to a present key, so it
-// is safe to send again and fails over like a read (add(key, 0) is a read-modify-write, which
-// an EtcdStore never sends twice: "may or may not have been applied").
 int64_t Rendezvous::restart_round() {
-  const std::string key = round_key();
-  if (store_.check({key})) return std::stoll(to_string(store_.get(key)));
-  return std::stoll(to_string(store_.compare_set(key, {}, to_bytes(std::string("0")))));
+  std::lock_guard<std::mutex> lock(mu_);
+  return read_or_create().second.round;
+}
+
+int64_t Rendezvous::ask_round(int64_t after) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (;;) {
+    auto [raw, rec] = read_or_create();
+    if (rec.closed || rec.round != after) return rec.round;
+    MembershipRecord next = rec;
+    next.round = after + 1;
+    if (write(raw, next)) return next.round;  // else another write came first: look again
+  }
 }
 
 MembershipRecord Rendezvous::read_record() {

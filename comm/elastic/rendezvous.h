@@ -3,7 +3,8 @@
 // the membership under the quorum rules of quorum.h, over any comm::Store.
 //
 // Store keys (all under rdzv/<run id>/):
-//   state              the MembershipRecord (membership_record.h), changed only by CAS loops
+//   state              the MembershipRecord (membership_record.h), changed only by CAS loops;
+//                      it holds the job's restart round too (MembershipRecord::round)
 //   alive/<node id>    the node's heartbeat, a TTL key (heartbeat.h), bound to the node's
 //                      store connection too where the store can (bind_alive_key)
 //   beat/<node id>     the alive key's witness, a TTL key set just before it when bound:
@@ -83,6 +84,10 @@ struct Membership {
   std::vector<std::pair<int, std::string>> replaced;
   // The record's notes of nodes whose processes died (MembershipRecord::process_losses).
   std::vector<std::pair<int64_t, std::string>> process_losses;
+  // The job's restart round (MembershipRecord::round) in the same read of the record as
+  // `departed`: an attempt started in this round counts exactly these departing nodes, as
+  // every other agent's attempt in it does.
+  int64_t round = 0;
   int world() const { return int(members.size()); }
 };
 
@@ -156,14 +161,17 @@ class Rendezvous {
   void leave(bool hands_over = false);
 
   // After leave(true), once this node's workers handed their state over in the world of
-  // `epoch`: removes this node from that epoch's departed (compare-and-set, so it is ordered
-  // against the formation of the next epoch), then stops the heartbeat. kCarried: a later
-  // epoch formed first and still lists this node as departed: its workers hand over again
-  // there (the world of `epoch` may never have formed), and the caller confirms that epoch
-  // later. kReleased: confirmed (or no epoch lists this node any more, or the job closed):
-  // its workers may end. Throws as the store does.
+  // `epoch`'s restart round `round`: removes this node from the record's departed
+  // (compare-and-set, so it is ordered against the formation of the next epoch and against
+  // a round asked for, ask_round), then stops the heartbeat. kCarried: a later epoch formed
+  // first, or a later round was asked, and the record still lists this node as departed: its
+  // workers hand over again there (the world of `epoch` may never have formed; the round's
+  // world replaces the one they handed over in, and counts them, since every agent reads the
+  // round and the departed together), and the caller confirms that one later. kReleased:
+  // confirmed (or no epoch lists this node any more, or the job closed): its workers may end.
+  // Throws as the store does.
   enum class HandOver { kReleased, kCarried };
-  HandOver confirm_handover(int64_t epoch);
+  HandOver confirm_handover(int64_t epoch, int64_t round);
 
   // Closes the job for everyone: members' next poll and late joiners throw
   // RendezvousClosedError with `reason`. Idempotent (the first reason stays).
@@ -183,14 +191,20 @@ class Rendezvous {
 
   // The latest record (one store read), for status lines and tests.
   MembershipRecord read_record();
-  // The job's restart round (round_key(): an agent whose workers failed asks for the next
-  // by compare_set), 0 until one is asked for. A read once the key exists: agents ask at
-  // every monitor pass, and over etcd a write is a raft proposal, which is lost without an
-  // answer when a follower forwards it to a leader dying at that moment (the call then runs
-  // out its request timeout), whereas a read in flight there fails at once with "leader
-  // changed" and goes to the next member. Throws as the store does.
+  // The job's restart round (MembershipRecord::round), 0 until one is asked for: one read of
+  // the record once it exists. Agents look at every monitor pass, and over etcd a write is a
+  // raft proposal, which is lost without an answer when a follower forwards it to a leader
+  // dying at that moment (the call then runs out its request timeout), whereas a read in
+  // flight there fails at once with "leader changed" and goes to the next member. Throws as
+  // the store does.
   int64_t restart_round();
-  std::string round_key() const { return prefix_ + "round"; }
+  // Asks for the restart round after `after` (the round of an attempt whose workers failed):
+  // moves the record's round from `after` to after + 1 by compare-and-set, so that the round
+  // and the departing nodes its world counts are written together and ordered against every
+  // hand-over confirmation. Returns the record's round then: after + 1, by this call or by
+  // another agent's that came first, or later still; a closed job's round is returned as it
+  // is (the caller's next poll throws RendezvousClosedError). Throws as the store does.
+  int64_t ask_round(int64_t after);
   // The key whoever writes version `version` of the record sets right after it (TTL
   // kChangeKeyTtl): an agent keeps a store wait parked on the next one to look at the
   // membership as soon as it changes instead of at its next poll (launch/membership_wake.h).

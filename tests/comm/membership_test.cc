@@ -57,6 +57,26 @@ TEST(MembershipRecord, RoundTripsThroughItsTextEncoding) {
   EXPECT_TRUE(back.is_spare("e"));
 }
 
+// The restart round rides in the record (a line only once one was asked) and every new epoch
+// carries it: restart counts, (epoch - 1) + round, never go back.
+TEST(MembershipRecord, TheRestartRoundRoundTripsAndCarriesIntoTheNextEpoch) {
+  MembershipRecord r = epoch_record(2, {{"a", 0}, {"b", 1}, {"c", 2}}, {}, {"c"});
+  EXPECT_EQ(comm::encode(r).find("round"), std::string::npos) << "round 0 writes no line";
+  r.round = 3;
+  const std::string text = comm::encode(r);
+  EXPECT_NE(text.find("\nround 3\n"), std::string::npos) << text;
+  EXPECT_EQ(comm::decode(text, "rdzv/job/state").round, 3);
+  Decision d = decide(comm::decode(text, "rdzv/job/state"), {"a", "b"}, 1, 3, false);
+  ASSERT_EQ(d.verdict, Verdict::kForm) << d.why;
+  EXPECT_EQ(d.next.epoch, 3);
+  EXPECT_EQ(d.next.round, 3);
+  for (const char* bad : {"round 0\n", "round -1\n", "round x\n"})
+    EXPECT_THROW(comm::decode(std::string("weft-rdzv 1\nversion 1\nwriter a\nepoch 1\n") + bad,
+                              "rdzv/job/state"),
+                 CommError)
+        << bad;
+}
+
 // A live job's graceful leave: the member that hands its state over is listed in the next
 // epoch as departed, with its old node rank; one that merely left (its workers failed) is not.
 TEST(MembershipRecord, HandsOverAndDepartedRoundTripAndCarryIntoTheNextEpoch) {

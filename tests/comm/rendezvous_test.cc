@@ -380,18 +380,95 @@ TEST(Rendezvous, ADepartedNodeStaysDepartedUntilItConfirmsItsHandOver) {
   for (const comm::Member& m : ms[0].members)
     if (m.node_id == "node2" || m.node_id == "node3") by_rank.push_back(m.node_id);
   EXPECT_EQ(departed, by_rank);
-  EXPECT_EQ(agents[3]->confirm_handover(2), Rendezvous::HandOver::kCarried);
+  EXPECT_EQ(agents[3]->confirm_handover(2, 0), Rendezvous::HandOver::kCarried);
   EXPECT_TRUE(store.check({agents[3]->alive_key("node3")}));
-  EXPECT_EQ(agents[3]->confirm_handover(3), Rendezvous::HandOver::kReleased);
+  EXPECT_EQ(agents[3]->confirm_handover(3, 0), Rendezvous::HandOver::kReleased);
   EXPECT_FALSE(store.check({agents[3]->alive_key("node3")})) << "gone once confirmed";
   EXPECT_EQ(agents[0]->poll_change(), std::nullopt) << "a confirmation is not a change";
-  EXPECT_EQ(agents[2]->confirm_handover(3), Rendezvous::HandOver::kReleased);
+  EXPECT_EQ(agents[2]->confirm_handover(3, 0), Rendezvous::HandOver::kReleased);
   EXPECT_TRUE(agents[0]->read_record().departed.empty());
   // The next change (a member's renewal) lists no departed node.
   ASSERT_TRUE(agents[1]->poll_change().has_value());  // node1 into epoch 3
   std::optional<Membership> e4 = agents[1]->renew({0});
   ASSERT_TRUE(e4.has_value());
   EXPECT_TRUE(e4->departed.empty());
+}
+
+// A restart round asked for after a leaver's workers handed over, before its confirmation:
+// the round's world replaces the one they handed over in, so the confirmation against the old
+// round is refused (kCarried) and the record keeps the leaver departed; every agent reads the
+// round with the departed it counts (Membership::round), and the leaver confirms in the round.
+// A round is asked once: an agent that asks after another did gets the round already asked.
+TEST(Rendezvous, AConfirmationAfterARoundWasAskedIsRefusedUntilTheLeaverHandsOverInIt) {
+  InMemoryStore store;
+  auto agents = make_agents(store, 3, 2, 3);
+  join_all(agents);
+  agents[2]->leave(/*hands_over=*/true);
+  std::optional<Membership> e2 = agents[0]->watch(5s);
+  ASSERT_TRUE(e2.has_value());
+  ASSERT_EQ(e2->epoch, 2);
+  EXPECT_EQ(e2->round, 0);
+  ASSERT_TRUE(agents[1]->poll_change().has_value());  // node1 into epoch 2
+  EXPECT_EQ(agents[0]->ask_round(0), 1);
+  EXPECT_EQ(agents[1]->ask_round(0), 1) << "asked already: no second round";
+  EXPECT_EQ(agents[1]->restart_round(), 1);
+  EXPECT_EQ(agents[2]->confirm_handover(2, 0), Rendezvous::HandOver::kCarried);
+  EXPECT_TRUE(store.check({agents[2]->alive_key("node2")})) << "still departing";
+  for (auto& a : agents) {
+    const Membership seen = a->view(a->read_record());
+    EXPECT_EQ(seen.round, 1);
+    ASSERT_EQ(seen.departed.size(), 1u);
+    EXPECT_EQ(seen.departed[0].node_id, "node2");
+  }
+  EXPECT_EQ(agents[0]->poll_change(), std::nullopt) << "a round is not an epoch";
+  EXPECT_EQ(agents[2]->confirm_handover(2, 1), Rendezvous::HandOver::kReleased);
+  EXPECT_TRUE(agents[0]->read_record().departed.empty());
+  EXPECT_EQ(agents[0]->ask_round(1), 2);
+  agents[0]->close("done");
+  EXPECT_EQ(agents[1]->ask_round(2), 2) << "a closed job asks for nothing";
+}
+
+// The rule under real concurrency: a leaver confirms while another agent asks for a round and
+// then reads the record for the round's world, both at once, many times over. Whichever comes
+// first, the two agree: a confirmation that went through came before the round (the round's
+// record no longer lists the leaver), one after it was refused (the record lists it and its
+// workers hand over in the round). Before the round was in the record, a confirmation after
+// the round went through while the asker had counted the leaver.
+TEST(Rendezvous, ARoundAndAConfirmationAtOnceAgreeOnWhetherTheRoundCountsTheLeaver) {
+  int released = 0, carried = 0;
+  for (int i = 0; i < 100; ++i) {
+    InMemoryStore store;
+    auto agents = make_agents(store, 3, 2, 3);
+    join_all(agents);
+    agents[2]->leave(/*hands_over=*/true);
+    ASSERT_TRUE(agents[0]->watch(5s).has_value());
+    std::promise<void> go;
+    std::shared_future<void> start = go.get_future().share();
+    auto confirm = std::async(std::launch::async, [&] {
+      start.wait();
+      return agents[2]->confirm_handover(2, 0);
+    });
+    auto ask = std::async(std::launch::async, [&] {
+      start.wait();
+      const int64_t round = agents[0]->ask_round(0);
+      return std::make_pair(round, agents[0]->view(agents[0]->read_record()));
+    });
+    go.set_value();
+    const Rendezvous::HandOver h = confirm.get();
+    const auto [round, seen] = ask.get();
+    ASSERT_EQ(round, 1);
+    ASSERT_EQ(seen.round, 1);
+    if (h == Rendezvous::HandOver::kReleased) {
+      ++released;
+      EXPECT_TRUE(seen.departed.empty()) << "run " << i << ": the round counts a leaver that ends";
+    } else {
+      ++carried;
+      EXPECT_EQ(seen.departed.size(), 1u) << "run " << i;
+      EXPECT_EQ(agents[0]->read_record().departed.size(), 1u) << "run " << i;
+    }
+  }
+  std::printf("[ says     ] 100 races: %d confirmations first, %d rounds first\n", released,
+              carried);
 }
 
 // A departing node that dies before it confirms (its alive key goes) is dropped: an epoch
@@ -484,7 +561,7 @@ TEST(Rendezvous, LostAProcessLooksAtEveryEpochSinceTheWorkersOne) {
     std::vector<Membership> ms = join_all(agents);
     agents[2]->leave(/*hands_over=*/true);
     ASSERT_TRUE(agents[1]->watch(5s).has_value());
-    EXPECT_EQ(agents[2]->confirm_handover(2), Rendezvous::HandOver::kReleased);
+    EXPECT_EQ(agents[2]->confirm_handover(2, 0), Rendezvous::HandOver::kReleased);
     Rendezvous newcomer(store, options("node3", 2, 3));
     Membership joined = newcomer.join();  // 2 members + 1 waiting = max: forms at once
     ASSERT_EQ(joined.epoch, 3);
