@@ -89,7 +89,7 @@ double collective_seconds(const Plan& plan, const core::Graph& g, const CostMode
       !in.recompute) {
     const core::Op& op = g.op(in.op);
     const int64_t experts = op.inputs.size() > 1 ? g.value(op.inputs[1]).shape.at(0) : 1;
-    d += cost.collective(CollKind::kAllGather, n, 8 * experts * n, cross, plan.world());
+    d += cost.collective(CollKind::kAllGather, n, moe_count_bytes(experts, n), cross, plan.world());
   }
   return d;
 }
