@@ -123,7 +123,8 @@ int attribute_layout(const std::string& config, const std::vector<std::string>& 
   const double share = cm.sharing(world);
   std::vector<double> simulated(prog.program.size(), 0);
   for (const planner::Span& sp : timeline.at(size_t(rank)))
-    if (sp.pc >= 0 && size_t(sp.pc) < simulated.size()) simulated[size_t(sp.pc)] += sp.end - sp.start;
+    if (sp.pc >= 0 && size_t(sp.pc) < simulated.size())
+      simulated[size_t(sp.pc)] += sp.end - sp.start;
   std::map<std::string, Group> groups;
   double measured = 0, predicted = 0;
   for (size_t i = 0; i < prog.program.size(); ++i) {
@@ -151,13 +152,14 @@ int attribute_layout(const std::string& config, const std::vector<std::string>& 
               world, timed, t.mean_ms, t.compute_mean_ms, t.comm_mean_ms);
   std::printf("simulated step %.3f ms: rank %d compute %.3f, comm %.3f, wait %.3f (exchange %.3f)\n",
               sim.step_s * 1e3, rank, rc.compute_s * 1e3, rc.comm_s * 1e3, rc.wait_s * 1e3, sim.exchange_s * 1e3);
-  std::printf("%-44s | %5s | %11s | %11s | %12s | %10s | %12s | %10s\n", "instruction group (per step)", "count",
-              "measured ms", "of it settle", "priced alone", "meas-pred", "simulated ms", "meas-sim");
+  std::printf("%-44s | %5s | %11s | %11s | %12s | %10s | %12s | %10s\n",
+              "instruction group (per step)", "count", "measured ms", "of it settle",
+              "priced alone", "meas-pred", "simulated ms", "meas-sim");
   for (const auto& [name, gr] : groups)
-    std::printf("%-44s | %5d | %11.3f | %11.3f | %12.3f | %+10.3f | %12.3f | %+10.3f\n", name.c_str(), gr.count,
-                (gr.measured_s + gr.settle_s) * 1e3, gr.settle_s * 1e3, gr.predicted_s * 1e3,
-                (gr.measured_s + gr.settle_s - gr.predicted_s) * 1e3, gr.simulated_s * 1e3,
-                (gr.measured_s + gr.settle_s - gr.simulated_s) * 1e3);
+    std::printf("%-44s | %5d | %11.3f | %11.3f | %12.3f | %+10.3f | %12.3f | %+10.3f\n",
+                name.c_str(), gr.count, (gr.measured_s + gr.settle_s) * 1e3, gr.settle_s * 1e3,
+                gr.predicted_s * 1e3, (gr.measured_s + gr.settle_s - gr.predicted_s) * 1e3,
+                gr.simulated_s * 1e3, (gr.measured_s + gr.settle_s - gr.simulated_s) * 1e3);
   std::printf("%-44s | %5s | %11.3f | %11s | %12s |\n", "step end (buckets and sends completed)", "", tail * 1e3, "",
               "");
   std::printf("%-44s | %5s | %11.3f | %11s | %12.3f | %+10.3f\n", "statistics exchange (before the update)", "",

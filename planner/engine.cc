@@ -319,8 +319,8 @@ class Engine {
 
   void span(int r, double start, double end, const Instr& in) {
     if (!opt_.timeline || end <= start) return;
-    res_.timeline[size_t(r)].push_back(
-        {start, end, in.kind, in.stage, in.mb, in.chunk, in.recompute, int32_t(ranks_[size_t(r)].pc)});
+    res_.timeline[size_t(r)].push_back({start, end, in.kind, in.stage, in.mb, in.chunk,
+                                        in.recompute, int32_t(ranks_[size_t(r)].pc)});
   }
 
   void retire(int r, const Instr& in, double start, double work) {

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <sstream>
 
 #include "base/config.h"
 #include "core/config/job_spec.h"
@@ -19,17 +20,17 @@ namespace {
 
 struct Row {
   const char* name;
-  const char* config;
+  const char* config;  // configs/<config>-layout.yaml
   int world;
-  std::vector<std::string> sets;
   // |stage - engine| / engine bounds, %, under the defaults and the calibration: what this
-  // test measured at 2026-12-06 (docs/planner.md, "The stage model and the engine") plus
-  // about a point.
+  // test measured at 2026-12-06 (docs/planner.md, "the stage model against the engine")
+  // plus about a point.
   double within_defaults, within_calibrated;
   // How far the stage model's drift (the step with it less the step without) may be from
   // the engine's, % of the engine's; 0: neither has any (no replicas, or none that waits
   // apart from the others).
   double drift_within;
+  const char* parallel;  // the row's parallel.* keys, space-separated
 };
 
 // launch/bench_scaling.cc's layout rows (config S, a GEMM-bound model, is the medium model of
@@ -40,35 +41,39 @@ struct Row {
 // the engine reads the sender's compute since its last receive (a warm-up's forwards add up).
 const std::vector<Row>& bench_rows() {
   static const std::vector<Row> rows = {
-      {"gpt world 1", "gpt", 1, {"parallel.dp=1"}, 3, 3, 0},
-      {"dp2", "gpt", 2, {"parallel.dp=2"}, 2, 6, 0},
-      {"dp4", "gpt", 4, {"parallel.dp=4"}, 2, 39, 0},
-      {"tp2", "gpt", 2, {"parallel.dp=1", "parallel.tp=2"}, 1, 1, 0},
-      {"tp4", "gpt", 4, {"parallel.dp=1", "parallel.tp=4"}, 1, 4, 0},
-      {"pp2 gpipe", "gpt", 2, {"parallel.dp=1", "parallel.pp=2", "parallel.pipeline.schedule=gpipe"}, 11, 5, 0},
-      {"pp2 1f1b", "gpt", 2, {"parallel.dp=1", "parallel.pp=2", "parallel.pipeline.schedule=1f1b"}, 3, 12, 0},
-      {"pp4 interleaved v2", "gpt", 4, {"parallel.dp=1", "parallel.pp=4", "parallel.pipeline.schedule=interleaved", "parallel.pipeline.virtual_stages=2"}, 4, 8, 0},
-      {"dp2xtp2", "gpt", 4, {"parallel.dp=2", "parallel.tp=2"}, 1, 3, 1},
-      {"tp2xpp2", "gpt", 4, {"parallel.dp=1", "parallel.tp=2", "parallel.pp=2"}, 1, 7, 0},
-      {"dp2xpp2 zero1", "gpt", 4, {"parallel.dp=2", "parallel.pp=2", "parallel.zero=1"}, 10, 17, 65},
-      {"dp2 zero2", "gpt", 2, {"parallel.dp=2", "parallel.zero=2"}, 1, 12, 0},
-      {"dp2 zero3", "gpt", 2, {"parallel.dp=2", "parallel.zero=3"}, 6, 22, 0},
-      {"dp2xtp2xpp2", "gpt", 8, {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2"}, 3, 3, 5},
-      {"moe world 1", "moe", 1, {"parallel.dp=1"}, 6, 3, 0},
-      {"ep2 (MoE)", "moe", 2, {"parallel.dp=1", "parallel.ep=2"}, 1, 9, 0},
-      {"ep4 (MoE)", "moe", 4, {"parallel.dp=1", "parallel.ep=4"}, 1, 14, 0},
-      {"ep2xdp2 (MoE)", "moe", 4, {"parallel.dp=2", "parallel.ep=2"}, 3, 17, 1},
-      {"llama world 1", "llama", 1, {"parallel.dp=1"}, 3, 3, 0},
-      {"llama dp2", "llama", 2, {"parallel.dp=2"}, 1, 3, 0},
-      {"llama tp2", "llama", 2, {"parallel.dp=1", "parallel.tp=2"}, 1, 1, 0},
-      {"llama pp2 1f1b", "llama", 2, {"parallel.dp=1", "parallel.pp=2", "parallel.pipeline.schedule=1f1b"}, 4, 14, 0},
-      {"llama dp2xtp2", "llama", 4, {"parallel.dp=2", "parallel.tp=2"}, 1, 2, 1}};
+      {"gpt world 1", "gpt", 1, 3, 3, 0, "dp=1"},
+      {"dp2", "gpt", 2, 2, 6, 0, "dp=2"},
+      {"dp4", "gpt", 4, 2, 39, 0, "dp=4"},
+      {"tp2", "gpt", 2, 1, 1, 0, "dp=1 tp=2"},
+      {"tp4", "gpt", 4, 1, 4, 0, "dp=1 tp=4"},
+      {"pp2 gpipe", "gpt", 2, 11, 5, 0, "dp=1 pp=2 pipeline.schedule=gpipe"},
+      {"pp2 1f1b", "gpt", 2, 3, 12, 0, "dp=1 pp=2 pipeline.schedule=1f1b"},
+      {"pp4 interleaved v2", "gpt", 4, 4, 8, 0,
+       "dp=1 pp=4 pipeline.schedule=interleaved pipeline.virtual_stages=2"},
+      {"dp2xtp2", "gpt", 4, 1, 3, 1, "dp=2 tp=2"},
+      {"tp2xpp2", "gpt", 4, 1, 7, 0, "dp=1 tp=2 pp=2"},
+      {"dp2xpp2 zero1", "gpt", 4, 10, 17, 65, "dp=2 pp=2 zero=1"},
+      {"dp2 zero2", "gpt", 2, 1, 12, 0, "dp=2 zero=2"},
+      {"dp2 zero3", "gpt", 2, 6, 22, 0, "dp=2 zero=3"},
+      {"dp2xtp2xpp2", "gpt", 8, 3, 3, 5, "dp=2 tp=2 pp=2"},
+      {"moe world 1", "moe", 1, 6, 3, 0, "dp=1"},
+      {"ep2 (MoE)", "moe", 2, 1, 9, 0, "dp=1 ep=2"},
+      {"ep4 (MoE)", "moe", 4, 1, 14, 0, "dp=1 ep=4"},
+      {"ep2xdp2 (MoE)", "moe", 4, 3, 17, 1, "dp=2 ep=2"},
+      {"llama world 1", "llama", 1, 3, 3, 0, "dp=1"},
+      {"llama dp2", "llama", 2, 1, 3, 0, "dp=2"},
+      {"llama tp2", "llama", 2, 1, 1, 0, "dp=1 tp=2"},
+      {"llama pp2 1f1b", "llama", 2, 4, 14, 0, "dp=1 pp=2 pipeline.schedule=1f1b"},
+      {"llama dp2xtp2", "llama", 4, 1, 2, 1, "dp=2 tp=2"}};
   return rows;
 }
 
 core::JobSpec spec_of(const Row& r) {
+  std::vector<std::string> sets;
+  std::istringstream keys(r.parallel);
+  for (std::string k; keys >> k;) sets.push_back("parallel." + k);
   return core::load_job_spec(std::string(WEFT_SOURCE_DIR) + "/configs/" + r.config + "-layout.yaml",
-                             r.sets);
+                             sets);
 }
 
 struct Agreement {

@@ -112,7 +112,8 @@ TEST(BenchScaling, AttributePricesTheTrainersPlanUnderAnyCostModel) {
   EXPECT_NE(r.out.find("simulated ms"), std::string::npos) << r.out;
   std::smatch m;
   const std::regex row(
-      "collective all_gather +\\| +[0-9]+ \\| +[0-9.]+ \\| +[0-9.]+ \\| +([0-9.]+) \\| +[-+0-9.]+ \\| +([0-9.]+) ");
+      "collective all_gather +\\| +[0-9]+ \\| +[0-9.]+ \\| +[0-9.]+ \\| +([0-9.]+) \\| +[-+0-9.]+ "
+      "\\| +([0-9.]+) ");
   ASSERT_TRUE(std::regex_search(r.out, m, row)) << r.out;
   EXPECT_GT(std::stod(m[1]), 0) << r.out;
   EXPECT_EQ(m[2], m[1]) << r.out;
