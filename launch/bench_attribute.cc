@@ -28,7 +28,10 @@ namespace weft::launch {
 namespace {
 
 struct Group {
-  double measured_s = 0, settle_s = 0, predicted_s = 0;
+  // simulated_s: the simulator's time on the rank from the instruction's start to its end,
+  // as the executor times it (a collective's wait for its last member and the wait curves
+  // in it), where predicted_s prices the instruction alone.
+  double measured_s = 0, settle_s = 0, predicted_s = 0, simulated_s = 0;
   int count = 0;
 };
 
@@ -106,7 +109,8 @@ int attribute_layout(const std::string& config, const std::vector<std::string>& 
   core::ModelGraph mg = planner::build_planning_graph(spec);
   planner::Plan plan =
       planner::make_plan(spec, mg.graph, world, job_plan_options(spec.train.dtype));
-  const planner::CostAnnotations sim = planner::simulate_plan(plan, mg.graph, cm);
+  std::vector<std::vector<planner::Span>> timeline;
+  const planner::CostAnnotations sim = planner::simulate_plan(plan, mg.graph, cm, &timeline);
   const planner::PlanWork work = planner::plan_work(plan, mg.graph);
   const planner::PlanDurations alone = planner::durations_alone(plan, work, cm);
   const planner::RankProgram prog = plan.program(rank);
@@ -117,6 +121,10 @@ int attribute_layout(const std::string& config, const std::vector<std::string>& 
     return 1;
   }
   const double share = cm.sharing(world);
+  std::vector<double> simulated(prog.program.size(), 0);
+  for (const planner::Span& sp : timeline.at(size_t(rank)))
+    if (sp.pc >= 0 && size_t(sp.pc) < simulated.size())
+      simulated[size_t(sp.pc)] += sp.end - sp.start;
   std::map<std::string, Group> groups;
   double measured = 0, predicted = 0;
   for (size_t i = 0; i < prog.program.size(); ++i) {
@@ -134,6 +142,7 @@ int attribute_layout(const std::string& config, const std::vector<std::string>& 
     gr.measured_s += times[i].first;
     gr.settle_s += times[i].second;
     gr.predicted_s += p;
+    gr.simulated_s += simulated[i];
     ++gr.count;
     measured += times[i].first + times[i].second;
     predicted += p;
@@ -143,12 +152,14 @@ int attribute_layout(const std::string& config, const std::vector<std::string>& 
               world, timed, t.mean_ms, t.compute_mean_ms, t.comm_mean_ms);
   std::printf("simulated step %.3f ms: rank %d compute %.3f, comm %.3f, wait %.3f (exchange %.3f)\n",
               sim.step_s * 1e3, rank, rc.compute_s * 1e3, rc.comm_s * 1e3, rc.wait_s * 1e3, sim.exchange_s * 1e3);
-  std::printf("%-44s | %5s | %11s | %11s | %12s | %10s\n", "instruction group (per step)", "count", "measured ms",
-              "of it settle", "priced alone", "meas-pred");
+  std::printf("%-44s | %5s | %11s | %11s | %12s | %10s | %12s | %10s\n",
+              "instruction group (per step)", "count", "measured ms", "of it settle",
+              "priced alone", "meas-pred", "simulated ms", "meas-sim");
   for (const auto& [name, gr] : groups)
-    std::printf("%-44s | %5d | %11.3f | %11.3f | %12.3f | %+10.3f\n", name.c_str(), gr.count,
-                (gr.measured_s + gr.settle_s) * 1e3, gr.settle_s * 1e3, gr.predicted_s * 1e3,
-                (gr.measured_s + gr.settle_s - gr.predicted_s) * 1e3);
+    std::printf("%-44s | %5d | %11.3f | %11.3f | %12.3f | %+10.3f | %12.3f | %+10.3f\n",
+                name.c_str(), gr.count, (gr.measured_s + gr.settle_s) * 1e3, gr.settle_s * 1e3,
+                gr.predicted_s * 1e3, (gr.measured_s + gr.settle_s - gr.predicted_s) * 1e3,
+                gr.simulated_s * 1e3, (gr.measured_s + gr.settle_s - gr.simulated_s) * 1e3);
   std::printf("%-44s | %5s | %11.3f | %11s | %12s |\n", "step end (buckets and sends completed)", "", tail * 1e3, "",
               "");
   std::printf("%-44s | %5s | %11.3f | %11s | %12.3f | %+10.3f\n", "statistics exchange (before the update)", "",

@@ -245,6 +245,10 @@ double shape_elements(const core::Shape& s);
 // as communication volume).
 int64_t wire_bytes(CollKind k, int n, int64_t bytes);
 
+// Bytes of the row counts the executor exchanges before each MoE layer's forward dispatch
+// (parallel/collectives.cc): an all_gather of one int64 per expert and member of the n.
+inline int64_t moe_count_bytes(int64_t experts, int n) { return 8 * experts * int64_t(n); }
+
 // Work of one (sub-)op run on local operands with these shapes. `part` names a stage of a
 // custom rule ("ce.max", "moe.experts", ...; empty for the whole op).
 struct OpWork {

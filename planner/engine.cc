@@ -89,7 +89,7 @@ double collective_seconds(const Plan& plan, const core::Graph& g, const CostMode
       !in.recompute) {
     const core::Op& op = g.op(in.op);
     const int64_t experts = op.inputs.size() > 1 ? g.value(op.inputs[1]).shape.at(0) : 1;
-    d += cost.collective(CollKind::kAllGather, n, 8 * experts * n, cross, plan.world());
+    d += cost.collective(CollKind::kAllGather, n, moe_count_bytes(experts, n), cross, plan.world());
   }
   return d;
 }
@@ -319,7 +319,8 @@ class Engine {
 
   void span(int r, double start, double end, const Instr& in) {
     if (!opt_.timeline || end <= start) return;
-    res_.timeline[size_t(r)].push_back({start, end, in.kind, in.stage, in.mb, in.chunk, in.recompute});
+    res_.timeline[size_t(r)].push_back({start, end, in.kind, in.stage, in.mb, in.chunk,
+                                        in.recompute, int32_t(ranks_[size_t(r)].pc)});
   }
 
   void retire(int r, const Instr& in, double start, double work) {

@@ -20,6 +20,7 @@ struct Span {
   Stage stage = Stage::kForward;
   int mb = -1, chunk = -1;
   bool recompute = false;
+  int32_t pc = -1;  // the instruction's position in its rank's program
 };
 
 // The work (FLOPs, bytes) of every compute instruction, per role and instruction (zero for

@@ -63,7 +63,7 @@ EngineResult retime(const Plan& plan, const core::Graph& g, const EngineSchedule
     if (opt.timeline && R.clock > start) {
       const Instr& in = R.role->program[R.pc];
       res.timeline[size_t(r)].push_back(
-          {start, R.clock, in.kind, in.stage, in.mb, in.chunk, in.recompute});
+          {start, R.clock, in.kind, in.stage, in.mb, in.chunk, in.recompute, int32_t(R.pc)});
     }
     if (!(R.codes[R.pc] & EngineSchedule::kStepWork)) {
       R.busy += busy;

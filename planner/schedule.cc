@@ -112,6 +112,7 @@ ScheduleTiming time_schedule(const std::string& schedule, int pp, int v, int m,
   }
   for (int s = 0; s < pp; ++s)
     WEFT_CHECK(pc[size_t(s)] == order[size_t(s)].size(), "schedule deadlocks at stage ", s);
+  t.end = clock;
   t.makespan = *std::max_element(clock.begin(), clock.end());
   for (double b : t.busy) t.bubble.push_back(t.makespan > 0 ? 1.0 - b / t.makespan : 0.0);
   return t;

@@ -40,6 +40,10 @@ struct ScheduleTiming {
   double makespan = 0;
   std::vector<double> busy;    // per stage
   std::vector<double> bubble;  // per stage: 1 - busy / makespan
+  // Per stage: when its last unit ends. With each unit's duration a quantity that adds along
+  // a stage's units and meets by the larger at each dependency (a replica's drift,
+  // stage_cost.cc), the quantity each stage ends with.
+  std::vector<double> end;
 };
 ScheduleTiming time_schedule(const std::string& schedule, int pp, int v, int m,
                              const std::vector<double>& fwd, const std::vector<double>& bwd,

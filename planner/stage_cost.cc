@@ -104,6 +104,8 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
   SplitCosts sc;
   sc.fwd.assign(size_t(layers), 0);
   sc.bwd.assign(size_t(layers), 0);
+  sc.fwd_var.assign(size_t(layers), 0);
+  sc.bwd_var.assign(size_t(layers), 0);
   sc.attn_fwd.assign(size_t(layers), 0);
   sc.param_bytes.assign(size_t(layers), 0);
   sc.param_count.assign(size_t(layers), 0);
@@ -178,6 +180,11 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
         t += 2 * collective_at(cost, CollKind::kAllToAllV, int(ep), int64_t(tokens * k * double(elem)),
                                cross.ep, cross.world);
         n_calls += 2;
+        // The dispatch learns its row counts first: one more call, on the dispatch's wait.
+        if (fwd && f.inputs.size() > 1)
+          t += collective_at(cost, CollKind::kAllGather, int(ep),
+                             moe_count_bytes(g.value(f.inputs[1]).shape.at(0), int(ep)), cross.ep,
+                             cross.world);
       }
     }
     const int layer = f.layer;
@@ -226,16 +233,21 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
   const int group = int(std::max(tp, ep));
   for (size_t at = 0; at < calls.size(); ++at) {
     if (calls[at] == 0) continue;
-    const double wait =
-        double(calls[at]) * cost.sync_wait(burst_s[at] / double(calls[at]), group, cross.world);
+    const double one = cost.sync_wait(burst_s[at] / double(calls[at]), group, cross.world);
+    const double wait = double(calls[at]) * one;
+    const double var = double(calls[at]) * cost.wait_variance(one, group);
     const size_t where = at / 2;
     const bool fwd = at % 2 == 0;
-    if (where < size_t(layers))
+    if (where < size_t(layers)) {
       (fwd ? sc.fwd : sc.bwd)[where] += wait;
-    else if (where == size_t(layers))
+      (fwd ? sc.fwd_var : sc.bwd_var)[where] += var;
+    } else if (where == size_t(layers)) {
       (fwd ? sc.embed_fwd : sc.embed_bwd) += wait;
-    else
+      (fwd ? sc.embed_fwd_var : sc.embed_bwd_var) += var;
+    } else {
       (fwd ? sc.head_fwd : sc.head_bwd) += wait;
+      (fwd ? sc.head_fwd_var : sc.head_bwd_var) += var;
+    }
     sc.layer_calls += calls[at];
   }
   return sc;
@@ -265,29 +277,35 @@ ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cos
   for (int64_t i = begin; i < end; ++i) {
     c.fwd += sc.fwd[size_t(i)];
     c.bwd += sc.bwd[size_t(i)];
+    c.fwd_var += sc.fwd_var[size_t(i)];
+    c.bwd_var += sc.bwd_var[size_t(i)];
     if (l.recompute == "selective") c.bwd += sc.attn_fwd[size_t(i)];
-    if (l.recompute == "full") c.bwd += sc.fwd[size_t(i)];
+    if (l.recompute == "full") c.bwd += sc.fwd[size_t(i)], c.bwd_var += sc.fwd_var[size_t(i)];
     params += sc.param_bytes[size_t(i)];
     count += sc.param_count[size_t(i)];
   }
   if (chunk == 0) {
     c.fwd += sc.embed_fwd, c.bwd += sc.embed_bwd;
+    c.fwd_var += sc.embed_fwd_var, c.bwd_var += sc.embed_bwd_var;
     params += sc.embed_param_bytes, count += sc.embed_param_count;
   }
   if (chunk == chunks - 1) {
     c.fwd += sc.head_fwd, c.bwd += sc.head_bwd;
+    c.fwd_var += sc.head_fwd_var, c.bwd_var += sc.head_bwd_var;
     params += sc.head_param_bytes, count += sc.head_param_count;
     if (chunk == 0) params -= sc.tied_param_bytes, count -= sc.tied_param_count;
   }
   // Stage boundaries: the activation arrives before a forward, its gradient before a backward,
   // each message waiting as a collective of two after the sender's unit (CostModel::message_wait;
   // after its last tensor-parallel call when the layers synchronise within the unit).
-  auto message_wait = [&](double unit) {
-    return cost.message_wait(sc.layer_calls > 0 ? 0.0 : unit, cross.world);
+  // Each adds its wait's spread to the replica's drift, as a collective of two.
+  auto message = [&](double& unit, double& var) {
+    const double w = cost.message_wait(sc.layer_calls > 0 ? 0.0 : unit, cross.world);
+    unit += cost.p2p(int64_t(sc.boundary_bytes), cross.pp) + w;
+    var += cost.wait_variance(w, 2);
   };
-  if (chunk > 0) c.fwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp) + message_wait(c.fwd);
-  if (chunk < chunks - 1)
-    c.bwd += cost.p2p(int64_t(sc.boundary_bytes), cross.pp) + message_wait(c.bwd);
+  if (chunk > 0) message(c.fwd, c.fwd_var);
+  if (chunk < chunks - 1) message(c.bwd, c.bwd_var);
   // The sender's own part of each message it sends on (CostModel::send_s, 0 on a GPU).
   if (chunk < chunks - 1) c.fwd += cost.send_s(int64_t(sc.boundary_bytes), cross.pp, cross.world);
   if (chunk > 0) c.bwd += cost.send_s(int64_t(sc.boundary_bytes), cross.pp, cross.world);
@@ -330,7 +348,7 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
                    const std::vector<int64_t>& in_flight) {
   const int pp = int(l.deg.pp), v = int(l.virtual_stages), chunks = pp * v;
   const int64_t shards = l.deg.dp * l.deg.ep;
-  std::vector<double> fwd, bwd, final, stage_params(size_t(pp), 0);
+  std::vector<double> fwd, bwd, fwd_var, bwd_var, final, stage_params(size_t(pp), 0);
   std::vector<int64_t> stage_layers(size_t(pp), 0);
   int64_t begin = 0;
   for (int c = 0; c < chunks; ++c) {
@@ -338,6 +356,8 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
     const ChunkTime t = chunk_time(sc, l, cost, cross, c, begin, end);
     fwd.push_back(t.fwd);
     bwd.push_back(t.bwd);
+    fwd_var.push_back(t.fwd_var);
+    bwd_var.push_back(t.bwd_var);
     double p = 0;
     for (int64_t i = begin; i < end; ++i) p += sc.param_bytes[size_t(i)];
     if (c == 0) p += sc.embed_param_bytes;
@@ -364,6 +384,20 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
   }
   const ScheduleTiming timing =
       time_schedule(l.schedule, pp, v, int(l.micro_batches), fwd, bwd, &final);
+  // The replicas' drift (CostModel::replica_drift), as the engine charges it: the variances
+  // add along a stage's units and meet by the larger at each message (time_schedule with
+  // them as durations), and each stage's first gradient collective across the replicas pays
+  // the drift it ended its units with. Those collectives are buckets flushed after the
+  // stage's last backward (lower_step.cc's step_phase at these sizes), so the payment
+  // delays the stage's own end, never a gradient it sent down the pipeline.
+  double drift_tail = 0;
+  if (l.deg.dp > 1) {
+    const ScheduleTiming var =
+        time_schedule(l.schedule, pp, v, int(l.micro_batches), fwd_var, bwd_var);
+    for (int s = 0; s < pp; ++s)
+      drift_tail = std::max(drift_tail, timing.end[size_t(s)] - timing.makespan +
+                                            cost.replica_drift(var.end[size_t(s)], int(l.deg.dp)));
+  }
 
   // After the pipeline: the tied embedding's sum over its two stages, the gradient norm,
   // AdamW on this rank's share, ZeRO-1/2's parameter gather.
@@ -405,7 +439,8 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
   Prediction p;
   p.pipeline_s = timing.makespan;
   p.exchange_s = exchange;
-  p.step_s = timing.makespan + *std::max_element(end_s.begin(), end_s.end()) + exchange;
+  p.step_s =
+      timing.makespan + drift_tail + *std::max_element(end_s.begin(), end_s.end()) + exchange;
   double idle = 0;
   for (int s = 0; s < pp; ++s)
     idle += p.step_s > 0 ? 1.0 - (timing.busy[size_t(s)] + end_s[size_t(s)]) / p.step_s : 0;

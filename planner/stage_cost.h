@@ -23,6 +23,10 @@ struct SplitCosts {
   std::vector<double> attn_fwd;  // attention's forward compute (selective recompute re-runs it)
   double embed_fwd = 0, embed_bwd = 0;  // the embedding (first stage)
   double head_fwd = 0, head_bwd = 0;    // final norm, head and loss (last stage)
+  // What the same collectives' waits add to the replica's drift (CostModel::wait_variance
+  // of each call's sync_wait), seconds^2, likewise per layer, embedding and head.
+  std::vector<double> fwd_var, bwd_var;
+  double embed_fwd_var = 0, embed_bwd_var = 0, head_fwd_var = 0, head_bwd_var = 0;
   // This rank's parameter bytes and tensors, per layer and outside the layers.
   std::vector<double> param_bytes;
   std::vector<int> param_count;
@@ -98,6 +102,9 @@ std::vector<int64_t> stage_in_flight(const std::string& schedule, int pp, int v,
 // layers it holds (first..last layer index, exclusive end).
 struct ChunkTime {
   double fwd = 0, bwd = 0;
+  // The variance each unit adds to its replica's drift: its tensor/expert-parallel calls'
+  // and its boundary message's (CostModel::wait_variance).
+  double fwd_var = 0, bwd_var = 0;
 };
 ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cost,
                      const Crossing& cross, int chunk, int64_t begin, int64_t end);

@@ -179,5 +179,34 @@ TEST(Timeline, PlanFlagsZoomAndRefuseBadRanks) {
   EXPECT_NE(r.out.find("--timeline-zoom"), std::string::npos) << r.out;
 }
 
+// Each span names the instruction it times (Span::pc, what `weft bench scaling --attribute`
+// sums per instruction group), in the engine's run and in its re-timing alike (a host with
+// more ranks than cores re-times the run at its runnable ranks): the kind at that position.
+TEST(Timeline, EverySpanNamesItsInstruction) {
+  core::JobSpec s = gpt_spec();
+  s.parallel.pp = 2, s.parallel.dp = 2, s.parallel.pipeline.schedule = "1f1b";
+  core::ModelGraph mg = build_planning_graph(s);
+  PlanOptions opt;
+  opt.simulate = false;
+  const Plan plan = make_plan(s, mg.graph, 4, opt);
+  for (const CostModel& cm : {CostModel{}, test_util::two_core_host(1e-4)}) {
+    std::vector<std::vector<Span>> spans;
+    simulate_plan(plan, mg.graph, cm, &spans);
+    ASSERT_EQ(spans.size(), 4u);
+    for (int r = 0; r < 4; ++r) {
+      const RankProgram prog = plan.program(r);
+      ASSERT_FALSE(spans[size_t(r)].empty());
+      int last = -1;
+      for (const Span& sp : spans[size_t(r)]) {
+        ASSERT_GE(sp.pc, 0) << "rank " << r;
+        ASSERT_LT(size_t(sp.pc), prog.program.size()) << "rank " << r;
+        EXPECT_EQ(prog.program[size_t(sp.pc)].kind, sp.kind) << "rank " << r << " at " << sp.pc;
+        EXPECT_GT(sp.pc, last) << "rank " << r << ": in program order, once each";
+        last = sp.pc;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace weft::planner
