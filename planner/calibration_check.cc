@@ -20,12 +20,10 @@ constexpr Size kSizes[] = {
     {"4B", 4}, {"64KiB", 65536}, {"256KiB", 262144}, {"1MiB", 1048576}, {"4MiB", 4194304}};
 // The kinds the bytes rule judges, in the order of its texts, and how the texts name them:
 // the probe's four, then a model's all-to-alls (description_check.h).
-constexpr std::pair<const char*, const char*> kKinds[] = {{"ar_world", "all-reduce"},
-                                                          {"ag_world", "all-gather"},
-                                                          {"rs_world", "reduce-scatter"},
-                                                          {"p2p", "one-way message"},
-                                                          {"a2a", "all-to-all"},
-                                                          {"a2av", "all-to-all-v"}};
+constexpr std::pair<const char*, const char*> kKinds[] = {
+    {"ar_world", "all-reduce"}, {"ag_world", "all-gather"}, {"rs_world", "reduce-scatter"},
+    {"p2p", "one-way message"}, {"a2a", "all-to-all"},      {"a2av", "all-to-all-v"},
+};
 
 const double* find(const std::map<double, double>& m, double bytes) {
   auto it = m.find(bytes);
@@ -103,9 +101,9 @@ std::vector<CollectiveContradiction> judge_calls(int n, const SizedCalls& calls,
       }
       if (!least || !(*ts > spread * *least)) continue;
       out.push_back({kBytesRule, n, std::string(prefix) + "_" + size_text(small->first),
-                     std::string(kBytesRule) + " broken " + at + "the " +
-                         size_text(small->first) + " " + words + " " + verb + " " + us(*ts) +
-                         ", the " + size_text(least_bytes) + " one " + us(*least) + ", " +
+                     std::string(kBytesRule) + " broken " + at + "the " + size_text(small->first) +
+                         " " + words + " " + verb + " " + us(*ts) + ", the " +
+                         size_text(least_bytes) + " one " + us(*least) + ", " +
                          ratio(*ts / *least) + allowed});
     }
   }

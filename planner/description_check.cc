@@ -83,8 +83,10 @@ class Checker {
     price_ok(hw_.cost_model("bf16").flops, true, "hardware.flops.bf16",
              "the bf16 FLOP rate (peak x flops_efficiency)");
     price_ok(cm_.mem_bw, true, "hardware.memory.bw", "the memory bandwidth (bw x efficiency)");
-    price_ok(cm_.bw_intra, true, "hardware.intra_node.bw", "the intra-node bandwidth (bw x efficiency)");
-    price_ok(cm_.bw_inter, true, "hardware.inter_node.bw", "the inter-node bandwidth (bw x efficiency)");
+    price_ok(cm_.bw_intra, true, "hardware.intra_node.bw",
+             "the intra-node bandwidth (bw x efficiency)");
+    price_ok(cm_.bw_inter, true, "hardware.inter_node.bw",
+             "the inter-node bandwidth (bw x efficiency)");
   }
 
   // The key whose numbers set an intra-node call's price of kind k.
@@ -108,9 +110,9 @@ class Checker {
         const auto bytes = int64_t(b);
         for (const Kind& k : kKinds) {
           const double t = cm_.collective(k.kind, n, bytes, false);
-          if (price_ok(t, false, coll_field(k.kind), "the " + size_text(b) + " " +
-                                                         coll_name(k.kind) + " at " +
-                                                         std::to_string(n) + " ranks of a node"))
+          if (price_ok(t, false, coll_field(k.kind),
+                       "the " + size_text(b) + " " + coll_name(k.kind) + " at " +
+                           std::to_string(n) + " ranks of a node"))
             calls[k.prefix][b] = t;
           price_ok(cm_.collective(k.kind, 2, bytes, true), false, "hardware.inter_node",
                    "the " + size_text(b) + " " + coll_name(k.kind) + " across 2 nodes");
@@ -129,7 +131,8 @@ class Checker {
         const bool message = c.call.rfind("p2p_", 0) == 0;
         const std::string field = message ? "hardware.intra_node" : coll_field(k);
         add(c.rule, field,
-            c.text + (decomposition
+            c.text +
+                (decomposition
                      ? "; fix: raise the all-reduce's rate there (a real one can always run as "
                        "the reduce-scatter then the all-gather, so it never costs more)"
                      : "; fix: a rate may grow with the size no faster than the size itself "
@@ -162,8 +165,8 @@ class Checker {
       add(kBytesRule, field,
           std::string(kBytesRule) + " broken: an op of " + num(priced[i].first) +
               " FLOPs is priced at " + num(priced[i].second * 1e6) + " us, one of " +
-              num(priced[least].first) + " FLOPs at " + num(priced[least].second * 1e6) +
-              " us, " + b +
+              num(priced[least].first) + " FLOPs at " + num(priced[least].second * 1e6) + " us, " +
+              b +
               "; fix: a rate may grow with the FLOPs no faster than the FLOPs themselves "
               "(seconds = FLOPs / rate must not fall)");
     }

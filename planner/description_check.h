@@ -40,8 +40,9 @@ struct DescriptionContradiction {
 // - ops (hardware.flops_by_size, each op_rates_by_size curve) at their points and between:
 //   a larger op costs no less time (kBytesRule's reason: it does more);
 // - kPriceRule on every price above, across nodes too, and on the scalar rates.
-// One contradiction per rule and key, the first found. Empty: the description is consistent. A description without curves (the presets) prices
-// every call linearly in its bytes, which obeys every rule.
+// One contradiction per rule and key, the first found; empty: the description is consistent.
+// A description without curves (the presets) prices every call linearly in its bytes, which
+// obeys every rule.
 std::vector<DescriptionContradiction> check_description(const Hardware& hw);
 
 // The first contradiction's text and field, how many more, and the fix, as one line.

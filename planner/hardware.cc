@@ -433,10 +433,11 @@ namespace {
 Hardware consistent(Hardware hw) {
   const std::vector<DescriptionContradiction> bad = check_description(hw);
   if (!bad.empty())
-    throw ConfigError(bad.front().field,
-                      bad.front().text +
-                          (bad.size() > 1 ? " (and " + std::to_string(bad.size() - 1) + " more)" : "") +
-                          " (in " + hw.source + ")");
+    throw ConfigError(
+        bad.front().field,
+        bad.front().text +
+            (bad.size() > 1 ? " (and " + std::to_string(bad.size() - 1) + " more)" : "") + " (in " +
+            hw.source + ")");
   return hw;
 }
 

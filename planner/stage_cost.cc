@@ -46,17 +46,18 @@ std::vector<std::vector<double>> chunk_blocks(const SplitCosts& sc, int chunk, i
   if (chunk == 0) {
     out.emplace_back();
     for (size_t i = 0; i < sc.embed_param_sizes.size(); ++i)
-      if (!sc.embed_param_tied[i] || one || tied_in_both) out.back().push_back(sc.embed_param_sizes[i]);
+      if (!sc.embed_param_tied[i] || one || tied_in_both)
+        out.back().push_back(sc.embed_param_sizes[i]);
   }
   for (int64_t i = begin; i < end; ++i) out.push_back(sc.param_sizes[size_t(i)]);
   if (chunk == chunks - 1) {
     out.emplace_back();
     for (size_t i = 0; i < sc.head_param_sizes.size(); ++i)
-      if (!sc.head_param_tied[i] || (!one && tied_in_both)) out.back().push_back(sc.head_param_sizes[i]);
+      if (!sc.head_param_tied[i] || (!one && tied_in_both))
+        out.back().push_back(sc.head_param_sizes[i]);
   }
   return out;
 }
-
 
 // CostModel::sync_wait of `count` collectives in a row on a group of n: the first after
 // `burst` seconds of the rank's compute, the others back to back.
@@ -287,7 +288,8 @@ int64_t chunk_grad_buckets(const SplitCosts& sc, const Layout& l, int chunk, int
   const int chunks = int(l.deg.pp * l.virtual_stages);
   std::vector<double> sizes;  // backward order: the blocks last to first, each reversed
   const auto blocks = chunk_blocks(sc, chunk, chunks, begin, end, false);
-  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) sizes.insert(sizes.end(), b->rbegin(), b->rend());
+  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b)
+    sizes.insert(sizes.end(), b->rbegin(), b->rend());
   return bucket_count(sizes, l.bucket_bytes);
 }
 
@@ -342,9 +344,9 @@ ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cos
   }
   if (l.zero >= 2) {
     const int64_t grads = chunk_grad_buckets(sc, l, chunk, begin, end);
-    c.bwd += collectives(cost, CollKind::kReduceScatter, shards, params, grads, cross.dp,
-                         cross.world) +
-             sync_waits(cost, grads, c.bwd, shards, cross.world);
+    c.bwd +=
+        collectives(cost, CollKind::kReduceScatter, shards, params, grads, cross.dp, cross.world) +
+        sync_waits(cost, grads, c.bwd, shards, cross.world);
   }
   return c;
 }
@@ -369,7 +371,8 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
   const int64_t shards = l.deg.dp * l.deg.ep;
   std::vector<double> fwd, bwd, final, stage_params(size_t(pp), 0);
   std::vector<int64_t> stage_layers(size_t(pp), 0);
-  std::vector<std::vector<double>> stage_sizes(static_cast<size_t>(pp));  // forward order: the step's gathers
+  std::vector<std::vector<double>> stage_sizes(
+      static_cast<size_t>(pp));  // forward order: the step's gathers
   int64_t begin = 0;
   for (int c = 0; c < chunks; ++c) {
     const int64_t end = begin + l.chunk_layers[size_t(c)];
@@ -386,7 +389,8 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
     // stage, so the reductions of successive stages add up along the pipeline's tail.
     double sync = 0;
     const int64_t grads = chunk_grad_buckets(sc, l, c, begin, end);
-    if (l.zero == 0) sync = collectives(cost, CollKind::kAllReduce, shards, p, grads, cross.dp, cross.world);
+    if (l.zero == 0)
+      sync = collectives(cost, CollKind::kAllReduce, shards, p, grads, cross.dp, cross.world);
     if (l.zero == 1)
       sync = collectives(cost, CollKind::kReduceScatter, shards, p, grads, cross.dp, cross.world);
     // The first bucket waits for the slower replica's burst: every micro-batch's compute of

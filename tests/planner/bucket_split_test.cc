@@ -19,8 +19,8 @@ namespace {
 
 TEST(BucketSplit, ABucketGoesOutOnceFull) {
   EXPECT_EQ(bucket_count({}, 10), 0);
-  EXPECT_EQ(bucket_count({3, 3, 3}, 10), 1);        // one bucket, never full
-  EXPECT_EQ(bucket_count({4, 6, 1}, 10), 2);        // full at 10, then the rest
+  EXPECT_EQ(bucket_count({3, 3, 3}, 10), 1);          // one bucket, never full
+  EXPECT_EQ(bucket_count({4, 6, 1}, 10), 2);          // full at 10, then the rest
   EXPECT_EQ(bucket_count({25, 1, 25, 4, 5}, 10), 3);  // a tensor past the size fills one alone
 }
 
@@ -48,9 +48,11 @@ int64_t lowered_buckets(const Plan& plan, int s, const std::set<int>& tied) {
   const size_t lanes = plan.roles.size() / size_t(plan.config.deg.pp);
   const Role& r = plan.roles.at(size_t(s) * lanes);
   int64_t n = 0;
-  for (const Instr* c : test_util::collectives(r, [](const Instr& c) { return c.part == "grad.sync"; })) {
+  for (const Instr* c :
+       test_util::collectives(r, [](const Instr& c) { return c.part == "grad.sync"; })) {
     bool only_tied = true;
-    for (const Operand& o : c->in) only_tied = only_tied && tied.count(r.tensors[size_t(o.tensor)].value);
+    for (const Operand& o : c->in)
+      only_tied = only_tied && tied.count(r.tensors[size_t(o.tensor)].value);
     n += only_tied ? 0 : 1;
   }
   return n;

@@ -82,9 +82,8 @@ TEST(DescriptionCheck, AnAllReducePricedAboveItsReduceScatterAndAllGatherIsRefus
   const Folder f;
   // h100's links price a 64 KiB reduce-scatter and all-gather at 11 us each; an all-reduce
   // at 1e8 B/s is 667 us, 30x (and a 5.66 KiB one 3.2x, the first size judged that breaks it).
-  const ConfigError e = refusal(
-      f, hardware_to_yaml(load_hardware("h100")) +
-             "collective_bw_by_size: {all_reduce: [[65536, 1.0e8]]}\n");
+  const ConfigError e = refusal(f, hardware_to_yaml(load_hardware("h100")) +
+                                       "collective_bw_by_size: {all_reduce: [[65536, 1.0e8]]}\n");
   EXPECT_EQ(e.field(), "hardware.collective_bw_by_size.all_reduce");
   for (const std::string w :
        {std::string(kDecompositionRule), std::string("at 2 processes"),
@@ -93,9 +92,10 @@ TEST(DescriptionCheck, AnAllReducePricedAboveItsReduceScatterAndAllGatherIsRefus
     EXPECT_TRUE(mentions(e.what(), w)) << w << " in: " << e.what();
   // A slow all-reduce that stays below the two (16 us at 64 KiB against 22, up to the link's
   // rate at 4 MiB) passes.
-  EXPECT_NO_THROW(load_hardware(f.write(
-      "ok.yaml", hardware_to_yaml(load_hardware("h100")) +
-                     "collective_bw_by_size: {all_reduce: [[65536, 1.6e10], [4194304, 3.6e11]]}\n")));
+  EXPECT_NO_THROW(load_hardware(
+      f.write("ok.yaml",
+              hardware_to_yaml(load_hardware("h100")) +
+                  "collective_bw_by_size: {all_reduce: [[65536, 1.6e10], [4194304, 3.6e11]]}\n")));
 }
 
 TEST(DescriptionCheck, ACurveThatMakesALargerCallCheaperIsRefused) {
@@ -103,10 +103,11 @@ TEST(DescriptionCheck, ACurveThatMakesALargerCallCheaperIsRefused) {
   const std::string h100 = hardware_to_yaml(load_hardware("h100"));
   // The all-gather's rate grows 2000x over 64x the bytes: the 4 MiB call is priced at 22 us,
   // the 64 KiB one 339 us (and the first size judged, 5.66 KiB, 3.1x a larger one).
-  ConfigError e =
-      refusal(f, h100 + "collective_bw_by_size: {all_gather: [[65536, 1.0e8], [4194304, 2.0e11]]}\n");
+  ConfigError e = refusal(
+      f, h100 + "collective_bw_by_size: {all_gather: [[65536, 1.0e8], [4194304, 2.0e11]]}\n");
   EXPECT_EQ(e.field(), "hardware.collective_bw_by_size.all_gather");
-  for (const char* w : {kBytesRule, "all-gather is priced at", "fix: a rate may grow with the size"})
+  for (const char* w :
+       {kBytesRule, "all-gather is priced at", "fix: a rate may grow with the size"})
     EXPECT_TRUE(mentions(e.what(), w)) << w << " in: " << e.what();
   // Between two points too: the two ends within 1.5x (an all-reduce of 64 KiB 211 us, of
   // 256 KiB 143 us), the rate 6x at 4x the bytes, interpolated in log(bytes): a 128 KiB call
@@ -116,8 +117,8 @@ TEST(DescriptionCheck, ACurveThatMakesALargerCallCheaperIsRefused) {
   e = refusal(f, h100 + "collective_bw_by_size: {all_reduce: " + steep + ", all_gather: " + steep +
                      ", reduce_scatter: " + steep + "}\n");
   EXPECT_EQ(e.field(), "hardware.collective_bw_by_size.all_reduce") << e.what();
-  for (const char* w : {kBytesRule, "the 64KiB all-reduce is priced at 211 us",
-                        "the 128KiB one 125 us", "1.69x"})
+  for (const char* w :
+       {kBytesRule, "the 64KiB all-reduce is priced at 211 us", "the 128KiB one 125 us", "1.69x"})
     EXPECT_TRUE(mentions(e.what(), w)) << w << " in: " << e.what();
   // Ops: a FLOP rate 1e4x over 1e3x the FLOPs, in flops_by_size and in a rated op's curve.
   e = refusal(f, h100 + "flops_by_size: [[1.0e6, 1.0e9], [1.0e9, 1.0e13]]\n");
@@ -166,10 +167,10 @@ TEST(DescriptionCheck, ACacheWhoseModelContradictsItselfIsNotUsed) {
   write_machine_cache(hw, path);
   std::string why;
   EXPECT_FALSE(read_machine_cache(path, this_machine(), &why).has_value());
-  for (const std::string w : {std::string("warning: ") + path + " is not used",
-                              std::string("hardware.collective_bw_by_size.all_reduce"),
-                              std::string(kDecompositionRule), std::string("64KiB"),
-                              std::string("run `weft calibrate` again")})
+  for (const std::string w :
+       {std::string("warning: ") + path + " is not used",
+        std::string("hardware.collective_bw_by_size.all_reduce"), std::string(kDecompositionRule),
+        std::string("64KiB"), std::string("run `weft calibrate` again")})
     EXPECT_TRUE(mentions(why, w)) << w << " in: " << why;
   test::CommandResult r = test::run_weft("plan --config " + std::string(WEFT_SOURCE_DIR) +
                                          "/configs/gpt-layout.yaml --world 2 --hardware " + path);
