@@ -1,5 +1,6 @@
 // The rules of a hardware description's model (planner/description_check.h), on the presets
-// and on files written by hand: the presets and a consistent CPU host's file pass; each rule
+// and on files written by hand: the presets, a consistent CPU host's file and the suite's
+// calibration (tests/support/test_calibration.h) pass; each rule
 // broken is refused where a file is loaded (load_hardware: `weft plan --hardware`), naming the
 // key, the numbers, the fix and the file; a calibration cache whose model breaks one is not
 // used (read_machine_cache), and plans fall back to the defaults.
@@ -15,6 +16,7 @@
 #include "planner/hardware.h"
 #include "tests/planner/util.h"
 #include "tests/support/run_weft.h"
+#include "tests/support/test_calibration.h"
 
 namespace weft::planner {
 namespace {
@@ -70,6 +72,10 @@ TEST(DescriptionCheck, ThePresetsAndAConsistentCpuHostPass) {
   EXPECT_EQ(hw.cores, 2);
   EXPECT_FALSE(hw.coll_bw_by_size[0].empty());
   EXPECT_TRUE(check_description(hw).empty()) << describe(check_description(hw));
+  // The suite's calibration (its small all-reduces 1.3-1.4x their reduce-scatter +
+  // all-gather) loads too.
+  const auto suite = check_description(test::cpu_host_calibration());
+  EXPECT_TRUE(suite.empty()) << describe(suite);
 }
 
 // The field a broken file is refused with, and its message, loading it by path.
