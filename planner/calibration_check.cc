@@ -59,6 +59,12 @@ std::string size_text(double bytes) {
   return b;
 }
 
+std::vector<double> probe_sizes() {
+  std::vector<double> out;
+  for (const Size& z : kSizes) out.push_back(z.bytes);
+  return out;
+}
+
 bool judged_world(int world, int cores) { return world <= std::max(2, cores); }
 
 double collective_spread() {

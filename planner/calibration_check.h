@@ -47,6 +47,9 @@ using SizedCalls = std::map<std::string, std::map<double, double>>;
 std::vector<CollectiveContradiction> judge_calls(int world, const SizedCalls& calls, double spread,
                                                  const std::string& verb);
 
+// The sizes of the probe's calls in bytes, ascending: 4 B, 64 KiB, 256 KiB, 1 MiB, 4 MiB.
+std::vector<double> probe_sizes();
+
 // Bytes as the probe names them: "4B", "64KiB", "1MiB"; a size between those with up to 3
 // significant digits ("90.5KiB").
 std::string size_text(double bytes);

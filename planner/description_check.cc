@@ -11,9 +11,6 @@
 namespace weft::planner {
 namespace {
 
-// The probe's call sizes (calibration_check.cc's kSizes): judged in every description.
-constexpr double kProbeSizes[] = {4, 65536, 262144, 1048576, 4194304};
-
 // `points` and three sizes between each two neighbours (geometric: the model interpolates
 // in log(size)), ascending.
 std::vector<double> with_between(std::set<double> points) {
@@ -97,7 +94,8 @@ class Checker {
   }
 
   void collectives() {
-    std::set<double> points(std::begin(kProbeSizes), std::end(kProbeSizes));
+    const std::vector<double> probe = probe_sizes();  // judged in every description
+    std::set<double> points(probe.begin(), probe.end());
     for (const auto& curve : hw_.coll_bw_by_size)
       for (const auto& [bytes, bw] : curve) points.insert(bytes);
     const std::vector<double> sizes = with_between(points);
