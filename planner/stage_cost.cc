@@ -122,7 +122,6 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
   sc.bwd.assign(size_t(layers), 0);
   sc.attn_fwd.assign(size_t(layers), 0);
   sc.param_bytes.assign(size_t(layers), 0);
-  sc.param_count.assign(size_t(layers), 0);
   sc.param_sizes.assign(size_t(layers), {});
   std::map<std::pair<int, int>, bool> seen_param;  // (layer or -1/-2, value)
   std::map<int, size_t> embed_at;                  // value -> its index in embed_param_sizes
@@ -228,20 +227,20 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
       sc.grad_elem = double(core::dtype_size(v.dtype));
       const bool tied = where == -2 && seen_param[{-1, op.inputs[i]}];
       if (layer >= 0) {
-        sc.param_bytes[size_t(layer)] += bytes, ++sc.param_count[size_t(layer)];
+        sc.param_bytes[size_t(layer)] += bytes;
         sc.param_sizes[size_t(layer)].push_back(bytes);
       } else if (embed) {
-        sc.embed_param_bytes += bytes, ++sc.embed_param_count;
+        sc.embed_param_bytes += bytes;
         embed_at[op.inputs[i]] = sc.embed_param_sizes.size();
         sc.embed_param_sizes.push_back(bytes);
         sc.embed_param_tied.push_back(false);
       } else {
-        sc.head_param_bytes += bytes, ++sc.head_param_count;
+        sc.head_param_bytes += bytes;
         sc.head_param_sizes.push_back(bytes);
         sc.head_param_tied.push_back(tied);
       }
       if (tied) {
-        sc.tied_param_bytes += bytes, ++sc.tied_param_count;
+        sc.tied_param_bytes += bytes;
         sc.embed_param_tied[embed_at.at(op.inputs[i])] = true;
       }
     }

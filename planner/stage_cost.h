@@ -24,15 +24,12 @@ struct SplitCosts {
   std::vector<double> attn_fwd;  // attention's forward compute (selective recompute re-runs it)
   double embed_fwd = 0, embed_bwd = 0;  // the embedding (first stage)
   double head_fwd = 0, head_bwd = 0;    // final norm, head and loss (last stage)
-  // This rank's parameter bytes and tensors, per layer and outside the layers.
+  // This rank's parameter bytes, per layer and outside the layers.
   std::vector<double> param_bytes;
-  std::vector<int> param_count;
   double embed_param_bytes = 0, head_param_bytes = 0;
-  int embed_param_count = 0, head_param_count = 0;
   // Of the head's parameters, those the embedding reads too (a tied embedding): one tensor
   // where one chunk holds both ends (pp 1), counted in each above.
   double tied_param_bytes = 0;
-  int tied_param_count = 0;
   // Each parameter's bytes on this rank, in the order the forward first reads them: per
   // layer, the embedding's, the head's (with whether it is a tied tensor, read at both
   // ends). What the gradient and parameter buckets are counted from (buckets.h).
