@@ -33,6 +33,7 @@
 #include "parallel/launch_env.h"
 #include "parallel/trainer.h"
 #include "planner/calibration_check.h"
+#include "planner/description_check.h"
 #include "planner/planner.h"
 #include "planner/simulate.h"
 
@@ -912,6 +913,12 @@ planner::Hardware calibrate_machine(const CalibrationOptions& opt) {
   std::snprintf(line, sizeof line, " (%.1f s)", since(t0));
   say(rates + line);
   hw.op_overhead = fit_op_overhead(hw, opt);
+  // The model fitted from consistent calls can still contradict itself between them (a curve
+  // interpolated between two sizes, a rate that the fixed terms leave out): the loader would
+  // not use it (planner::read_machine_cache), so it is refused here and nothing is written.
+  if (const auto bad = planner::check_description(hw); !bad.empty())
+    throw Error("weft calibrate: the model fitted from these measurements contradicts itself (" +
+                planner::describe(bad) + "); nothing written, run it again");
   return hw;
 }
 

@@ -29,7 +29,9 @@ struct CalibrationOptions {
 
 // Measures and fits. The result names this machine (planner::this_machine()) and records
 // every raw measurement; efficiencies are 1 (the rates are sustained, as measured). Throws
-// Error when the communication probe fails (its log is kept and named).
+// Error when the communication probe fails (its log is kept and named), when its collectives
+// contradict themselves after re-measuring (calibration_recheck.h), or when the model fitted
+// from them does (planner/description_check.h).
 planner::Hardware calibrate_machine(const CalibrationOptions& opt = {});
 
 // Runs the communication probe on `n` processes of this machine (`weft calibrate --probe`

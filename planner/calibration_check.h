@@ -35,6 +35,25 @@ struct CollectiveContradiction {
   std::string text;  // one line: the rule, the world, the sizes and the numbers
 };
 
+// One world's calls by kind and size, what the two rules judge: the probe's kind prefix
+// ("ar_world", "ag_world", "rs_world", "p2p"; "a2a", "a2av" for a model's all-to-alls) ->
+// bytes of the call -> seconds. A time that is not a number > 0 is not judged.
+using SizedCalls = std::map<std::string, std::map<double, double>>;
+
+// The two rules on one world's calls, each beyond `spread`. `verb` says what the times are
+// in the texts: "took" (measured) or "is priced at" (a description's model,
+// description_check.h). Each contradiction's `call` is the kind's prefix and the size
+// ("ar_world_64KiB"), the size as size_text gives it.
+std::vector<CollectiveContradiction> judge_calls(int world, const SizedCalls& calls, double spread,
+                                                 const std::string& verb);
+
+// The sizes of the probe's calls in bytes, ascending: 4 B, 64 KiB, 256 KiB, 1 MiB, 4 MiB.
+std::vector<double> probe_sizes();
+
+// Bytes as the probe names them: "4B", "64KiB", "1MiB"; a size between those with up to 3
+// significant digits ("90.5KiB").
+std::string size_text(double bytes);
+
 // An all-reduce of B bytes can always run as the reduce-scatter of B then the all-gather of
 // B (Gloo's reduce-scatter even is an all-reduce and a slice), so it never takes longer
 // than the two together.

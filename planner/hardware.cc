@@ -21,6 +21,7 @@
 #include "base/host.h"
 #include "base/log.h"
 #include "planner/calibration_check.h"
+#include "planner/description_check.h"
 
 namespace weft::planner {
 namespace {
@@ -133,10 +134,10 @@ std::vector<std::pair<double, double>> read_curve(const Fields& f, const YAML::N
       f.fail(at, "expected " + form);
     }
     if (y_is_wait) {
-      if (!(x > 0)) f.fail(at, "the burst must be > 0 seconds");
+      if (!(x > 0 && std::isfinite(x))) f.fail(at, "the burst must be > 0 seconds, and finite");
       if (!(y >= 0 && std::isfinite(y))) f.fail(at, "the wait must be a finite number of seconds >= 0");
-    } else if (!(x > 0 && y > 0)) {
-      f.fail(at, "both numbers must be > 0");
+    } else if (!(x > 0 && y > 0 && std::isfinite(x) && std::isfinite(y))) {
+      f.fail(at, "both numbers must be > 0, and finite");
     }
     if (!out.empty() && x <= out.back().first)
       f.fail(at, "the points must be in ascending order of " + x_noun);
@@ -425,9 +426,26 @@ std::vector<std::string> hardware_presets() {
   return names;
 }
 
+namespace {
+
+// A description whose model contradicts itself (description_check.h) is refused where it is
+// loaded by name: ConfigError naming the key, the numbers, the fix and the file.
+Hardware consistent(Hardware hw) {
+  const std::vector<DescriptionContradiction> bad = check_description(hw);
+  if (!bad.empty())
+    throw ConfigError(
+        bad.front().field,
+        bad.front().text +
+            (bad.size() > 1 ? " (and " + std::to_string(bad.size() - 1) + " more)" : "") + " (in " +
+            hw.source + ")");
+  return hw;
+}
+
+}  // namespace
+
 Hardware load_hardware(const std::string& name_or_path, const std::string& field) {
   for (const auto& [n, text] : presets())
-    if (n == name_or_path) return hardware_from_yaml(text, "preset " + n);
+    if (n == name_or_path) return consistent(hardware_from_yaml(text, "preset " + n));
   std::ifstream in(name_or_path);
   if (!in) {
     std::string list;
@@ -438,7 +456,7 @@ Hardware load_hardware(const std::string& name_or_path, const std::string& field
   }
   std::stringstream ss;
   ss << in.rdbuf();
-  return hardware_from_yaml(ss.str(), name_or_path);
+  return consistent(hardware_from_yaml(ss.str(), name_or_path));
 }
 
 MachineKey this_machine() {
@@ -519,6 +537,16 @@ std::optional<Hardware> read_machine_cache(const std::string& path, const Machin
         path + " is not used: its measured collectives contradict themselves (" + bad.front().text +
         (bad.size() > 1 ? "; and " + std::to_string(bad.size() - 1) + " more" : "") +
         "); run `weft calibrate` again";
+    WEFT_WARN("planner", text);
+    if (why) *why = "warning: " + text;
+    return std::nullopt;
+  }
+  // So would one whose model does (a cache written before `weft calibrate` checked it, or
+  // edited by hand): the same refusal.
+  const std::vector<DescriptionContradiction> priced = check_description(hw);
+  if (!priced.empty()) {
+    const std::string text = path + " is not used: its model contradicts itself (" +
+                             describe(priced) + "); run `weft calibrate` again";
     WEFT_WARN("planner", text);
     if (why) *why = "warning: " + text;
     return std::nullopt;

@@ -93,7 +93,8 @@ std::string hardware_to_yaml(const Hardware& hw);
 // The shipped presets' names ("h100", "h200").
 std::vector<std::string> hardware_presets();
 // A preset by name or a file by path. ConfigError on `field` (the flag that named it) when
-// neither exists, listing the presets.
+// neither exists, listing the presets; ConfigError naming the key, the numbers, the fix and
+// the file when its model contradicts itself (planner/description_check.h).
 Hardware load_hardware(const std::string& name_or_path, const std::string& field = "--hardware");
 
 // Where this machine's calibration lives: $WEFT_COST_CACHE if set (a file), else
@@ -103,7 +104,9 @@ std::string machine_cache_path(const MachineKey& k = this_machine());
 void write_machine_cache(const Hardware& hw, const std::string& path);
 // This machine's calibration, when a cache file exists at `path` and was measured on
 // machine `k`; otherwise nullopt, with `why` (optional) saying what was found instead.
-// A file that exists but does not parse throws ConfigError naming the path.
+// A file that exists but does not parse throws ConfigError naming the path. A cache whose
+// recorded collectives (calibration_check.h) or whose model (description_check.h)
+// contradict themselves is not used: nullopt, and a warning naming the file and the rule.
 std::optional<Hardware> read_machine_cache(const std::string& path, const MachineKey& k,
                                            std::string* why = nullptr);
 

@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include "base/check.h"
+#include "planner/buckets.h"
 #include "planner/lower_stage.h"
 
 namespace weft::planner {
@@ -341,7 +342,7 @@ void StageBuilder::bucket_add(CollKind kind, const std::string& part, const std:
     b->out[size_t(l)].push_back(out[size_t(l)]);
   }
   b->bytes += bytes;
-  if (b->bytes < gi_.pc.bucket_bytes) return;
+  if (!bucket_full(double(b->bytes), gi_.pc.bucket_bytes)) return;  // buckets.h
   // A full bucket goes out now, after the deeper ones of its part (which may hold what it
   // reads: an edge's waiting moves all have one part, preserve checks).
   std::vector<Bucket> now, rest;

@@ -236,6 +236,7 @@ SearchResult search_plan(const core::JobSpec& spec, int world, const SearchOptio
                 l.sequence_parallel = sp;
                 l.virtual_stages = pc.virtual_stages, l.micro_batch = mb,
                 l.micro_batches = pc.micro_batches;
+                l.bucket_bytes = pc.bucket_bytes;
                 for (const auto& c : pc.chunks) l.chunk_layers.push_back(int64_t(c.size()));
                 const bool boundaries = p.pipeline.layout_auto && pp > 1 && pc.virtual_stages == 1;
                 if (boundaries) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 
+#include "planner/buckets.h"
 #include "planner/memory_estimate.h"
 #include "planner/partition.h"
 #include "planner/policy.h"
@@ -33,14 +34,29 @@ double collectives(const CostModel& cost, CollKind k, int64_t n, double total, i
          collective_at(cost, k, int(n), int64_t(total / double(count)), cross, world);
 }
 
-// Gradient and parameter collectives go out in buckets of about this many bytes
-// (lower_step.cc's bucket_add), so their launches count per bucket.
-int64_t buckets(double bytes) {
-  const double bucket = double(ParallelConfig{}.bucket_bytes);
-  return std::max<int64_t>(1, int64_t(std::ceil(bytes / bucket)));
-}
-double bucketed(const CostModel& cost, CollKind k, int64_t n, double bytes, bool cross, int world) {
-  return collectives(cost, k, n, bytes, buckets(bytes), cross, world);
+// A chunk's parameters by block (lower_step.cc's gather_block: the embedding's on the first
+// chunk, each layer's, the head's on the last), each in the order the forward first reads
+// them. A tied tensor is once in the embedding's block where one chunk holds both ends;
+// across chunks in each end's block with `tied_in_both`, else in neither (the step reduces
+// its gradient apart).
+std::vector<std::vector<double>> chunk_blocks(const SplitCosts& sc, int chunk, int chunks,
+                                              int64_t begin, int64_t end, bool tied_in_both) {
+  std::vector<std::vector<double>> out;
+  const bool one = chunks == 1;
+  if (chunk == 0) {
+    out.emplace_back();
+    for (size_t i = 0; i < sc.embed_param_sizes.size(); ++i)
+      if (!sc.embed_param_tied[i] || one || tied_in_both)
+        out.back().push_back(sc.embed_param_sizes[i]);
+  }
+  for (int64_t i = begin; i < end; ++i) out.push_back(sc.param_sizes[size_t(i)]);
+  if (chunk == chunks - 1) {
+    out.emplace_back();
+    for (size_t i = 0; i < sc.head_param_sizes.size(); ++i)
+      if (!sc.head_param_tied[i] || (!one && tied_in_both))
+        out.back().push_back(sc.head_param_sizes[i]);
+  }
+  return out;
 }
 
 // CostModel::sync_wait of `count` collectives in a row on a group of n: the first after
@@ -108,8 +124,9 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
   sc.bwd_var.assign(size_t(layers), 0);
   sc.attn_fwd.assign(size_t(layers), 0);
   sc.param_bytes.assign(size_t(layers), 0);
-  sc.param_count.assign(size_t(layers), 0);
+  sc.param_sizes.assign(size_t(layers), {});
   std::map<std::pair<int, int>, bool> seen_param;  // (layer or -1/-2, value)
+  std::map<int, size_t> embed_at;                  // value -> its index in embed_param_sizes
   // Values already counted as reduced over tp: several ops accumulate partial sums into one
   // gradient (q, k and v's into their input's), which is reduced once, where it is read.
   std::vector<char> reduced(g.values().size(), 0);
@@ -215,14 +232,24 @@ SplitCosts split_costs(const core::Graph& g, const CostModel& cost, int64_t glob
       seen_param[{where, op.inputs[i]}] = true;
       const double bytes = double(s.ins[i].piece.numel()) * double(core::dtype_size(v.dtype));
       sc.grad_elem = double(core::dtype_size(v.dtype));
-      if (layer >= 0)
-        sc.param_bytes[size_t(layer)] += bytes, ++sc.param_count[size_t(layer)];
-      else if (embed)
-        sc.embed_param_bytes += bytes, ++sc.embed_param_count;
-      else
-        sc.head_param_bytes += bytes, ++sc.head_param_count;
-      if (where == -2 && seen_param[{-1, op.inputs[i]}])
-        sc.tied_param_bytes += bytes, ++sc.tied_param_count;
+      const bool tied = where == -2 && seen_param[{-1, op.inputs[i]}];
+      if (layer >= 0) {
+        sc.param_bytes[size_t(layer)] += bytes;
+        sc.param_sizes[size_t(layer)].push_back(bytes);
+      } else if (embed) {
+        sc.embed_param_bytes += bytes;
+        embed_at[op.inputs[i]] = sc.embed_param_sizes.size();
+        sc.embed_param_sizes.push_back(bytes);
+        sc.embed_param_tied.push_back(false);
+      } else {
+        sc.head_param_bytes += bytes;
+        sc.head_param_sizes.push_back(bytes);
+        sc.head_param_tied.push_back(tied);
+      }
+      if (tied) {
+        sc.tied_param_bytes += bytes;
+        sc.embed_param_tied[embed_at.at(op.inputs[i])] = true;
+      }
     }
     // The residual stream between layers crosses a stage boundary (B, T, C) whole on every lane.
     if (layer == 0 && sc.boundary_bytes == 0 && !s.ins.empty())
@@ -267,13 +294,22 @@ std::vector<int64_t> stage_in_flight(const std::string& schedule, int pp, int v,
   return out;
 }
 
+int64_t chunk_grad_buckets(const SplitCosts& sc, const Layout& l, int chunk, int64_t begin,
+                           int64_t end) {
+  const int chunks = int(l.deg.pp * l.virtual_stages);
+  std::vector<double> sizes;  // backward order: the blocks last to first, each reversed
+  const auto blocks = chunk_blocks(sc, chunk, chunks, begin, end, false);
+  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b)
+    sizes.insert(sizes.end(), b->rbegin(), b->rend());
+  return bucket_count(sizes, l.bucket_bytes);
+}
+
 ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cost,
                      const Crossing& cross, int chunk, int64_t begin, int64_t end) {
   const int chunks = int(l.deg.pp * l.virtual_stages);
   const int64_t shards = l.deg.dp * l.deg.ep;
   ChunkTime c;
   double params = 0;
-  int64_t count = 0;
   for (int64_t i = begin; i < end; ++i) {
     c.fwd += sc.fwd[size_t(i)];
     c.bwd += sc.bwd[size_t(i)];
@@ -282,18 +318,17 @@ ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cos
     if (l.recompute == "selective") c.bwd += sc.attn_fwd[size_t(i)];
     if (l.recompute == "full") c.bwd += sc.fwd[size_t(i)], c.bwd_var += sc.fwd_var[size_t(i)];
     params += sc.param_bytes[size_t(i)];
-    count += sc.param_count[size_t(i)];
   }
   if (chunk == 0) {
     c.fwd += sc.embed_fwd, c.bwd += sc.embed_bwd;
     c.fwd_var += sc.embed_fwd_var, c.bwd_var += sc.embed_bwd_var;
-    params += sc.embed_param_bytes, count += sc.embed_param_count;
+    params += sc.embed_param_bytes;
   }
   if (chunk == chunks - 1) {
     c.fwd += sc.head_fwd, c.bwd += sc.head_bwd;
     c.fwd_var += sc.head_fwd_var, c.bwd_var += sc.head_bwd_var;
-    params += sc.head_param_bytes, count += sc.head_param_count;
-    if (chunk == 0) params -= sc.tied_param_bytes, count -= sc.tied_param_count;
+    params += sc.head_param_bytes;
+    if (chunk == 0) params -= sc.tied_param_bytes;
   }
   // Stage boundaries: the activation arrives before a forward, its gradient before a backward,
   // each message waiting as a collective of two after the sender's unit (CostModel::message_wait;
@@ -313,9 +348,9 @@ ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cos
   // the embedding, the head: lower_step.cc's gather_block), one call per block or per bucket
   // when a block outgrows one; ZeRO-2/3 reduce-scatter each micro-batch's gradients.
   if (l.zero >= 3) {
-    const int64_t blocks = (end - begin) + (chunk == 0) + (chunk == chunks - 1);
-    const double bucket = double(ParallelConfig{}.bucket_bytes);
-    const int64_t calls = std::min(count, std::max(blocks, int64_t(std::ceil(params / bucket))));
+    int64_t calls = 0;
+    for (const std::vector<double>& block : chunk_blocks(sc, chunk, chunks, begin, end, true))
+      calls += bucket_count(block, l.bucket_bytes);
     const double gather = collectives(cost, CollKind::kAllGather, shards, params, calls, cross.dp, cross.world);
     // Each block's gather follows the previous block's compute.
     const double fwd_wait =
@@ -324,9 +359,12 @@ ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cos
         double(calls) * cost.sync_wait(c.bwd / double(calls), int(shards), cross.world);
     c.fwd += gather + fwd_wait, c.bwd += gather + bwd_wait;
   }
-  if (l.zero >= 2)
-    c.bwd += bucketed(cost, CollKind::kReduceScatter, shards, params, cross.dp, cross.world) +
-             sync_waits(cost, buckets(params), c.bwd, shards, cross.world);
+  if (l.zero >= 2) {
+    const int64_t grads = chunk_grad_buckets(sc, l, chunk, begin, end);
+    c.bwd +=
+        collectives(cost, CollKind::kReduceScatter, shards, params, grads, cross.dp, cross.world) +
+        sync_waits(cost, grads, c.bwd, shards, cross.world);
+  }
   return c;
 }
 
@@ -350,6 +388,8 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
   const int64_t shards = l.deg.dp * l.deg.ep;
   std::vector<double> fwd, bwd, fwd_var, bwd_var, final, stage_params(size_t(pp), 0);
   std::vector<int64_t> stage_layers(size_t(pp), 0);
+  std::vector<std::vector<double>> stage_sizes(
+      static_cast<size_t>(pp));  // forward order: the step's gathers
   int64_t begin = 0;
   for (int c = 0; c < chunks; ++c) {
     const int64_t end = begin + l.chunk_layers[size_t(c)];
@@ -367,19 +407,25 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
     // backward unit (lower_step.cc's sync_grad): before the gradient goes on to the previous
     // stage, so the reductions of successive stages add up along the pipeline's tail.
     double sync = 0;
-    if (l.zero == 0) sync = bucketed(cost, CollKind::kAllReduce, shards, p, cross.dp, cross.world);
-    if (l.zero == 1) sync = bucketed(cost, CollKind::kReduceScatter, shards, p, cross.dp, cross.world);
+    const int64_t grads = chunk_grad_buckets(sc, l, c, begin, end);
+    if (l.zero == 0)
+      sync = collectives(cost, CollKind::kAllReduce, shards, p, grads, cross.dp, cross.world);
+    if (l.zero == 1)
+      sync = collectives(cost, CollKind::kReduceScatter, shards, p, grads, cross.dp, cross.world);
     // The first bucket waits for the slower replica's burst: every micro-batch's compute of
     // this chunk when nothing synchronised the ranks within the units (no tp or ep
     // collective, no ZeRO-2/3 call), else one unit's.
     if (l.zero <= 1) {
       const bool units_sync = sc.layer_calls > 0 || l.zero >= 2;
       const double burst = units_sync ? t.bwd : double(l.micro_batches) * (t.fwd + t.bwd);
-      sync += sync_waits(cost, buckets(p), burst, shards, cross.world);
+      sync += sync_waits(cost, grads, burst, shards, cross.world);
     }
     final.push_back(sync);
     stage_params[size_t(c % pp)] += p;
     stage_layers[size_t(c % pp)] += end - begin;
+    for (const std::vector<double>& block : chunk_blocks(sc, c, chunks, begin, end, true))
+      stage_sizes[size_t(c % pp)].insert(stage_sizes[size_t(c % pp)].end(), block.begin(),
+                                         block.end());
     begin = end;
   }
   const ScheduleTiming timing =
@@ -410,9 +456,11 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
     double t = 0;
     // These follow one another with little compute between them: each waits as a call
     // right after another (CostModel::sync_wait at no burst).
-    if (l.zero == 1 || l.zero == 2)
-      t += bucketed(cost, CollKind::kAllGather, shards, bytes, cross.dp, cross.world) +
-           sync_waits(cost, buckets(bytes), 0, shards, cross.world);
+    if (l.zero == 1 || l.zero == 2) {
+      const int64_t gathers = bucket_count(stage_sizes[size_t(s)], l.bucket_bytes);
+      t += collectives(cost, CollKind::kAllGather, shards, bytes, gathers, cross.dp, cross.world) +
+           sync_waits(cost, gathers, 0, shards, cross.world);
+    }
     if (tied && pp > 1 && (s == 0 || s == (chunks - 1) % pp))
       t += collective_at(cost, CollKind::kAllReduce, 2, int64_t(sc.embed_param_bytes), cross.pp,
                          cross.world) +

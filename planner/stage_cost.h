@@ -14,6 +14,7 @@
 #include "core/graph/graph.h"
 #include "planner/cost.h"
 #include "planner/mesh.h"
+#include "planner/policy.h"
 
 namespace weft::planner {
 
@@ -27,15 +28,18 @@ struct SplitCosts {
   // of each call's sync_wait), seconds^2, likewise per layer, embedding and head.
   std::vector<double> fwd_var, bwd_var;
   double embed_fwd_var = 0, embed_bwd_var = 0, head_fwd_var = 0, head_bwd_var = 0;
-  // This rank's parameter bytes and tensors, per layer and outside the layers.
+  // This rank's parameter bytes, per layer and outside the layers.
   std::vector<double> param_bytes;
-  std::vector<int> param_count;
   double embed_param_bytes = 0, head_param_bytes = 0;
-  int embed_param_count = 0, head_param_count = 0;
   // Of the head's parameters, those the embedding reads too (a tied embedding): one tensor
   // where one chunk holds both ends (pp 1), counted in each above.
   double tied_param_bytes = 0;
-  int tied_param_count = 0;
+  // Each parameter's bytes on this rank, in the order the forward first reads them: per
+  // layer, the embedding's, the head's (with whether it is a tied tensor, read at both
+  // ends). What the gradient and parameter buckets are counted from (buckets.h).
+  std::vector<std::vector<double>> param_sizes;
+  std::vector<double> embed_param_sizes, head_param_sizes;
+  std::vector<bool> embed_param_tied, head_param_tied;
   double boundary_bytes = 0;  // the activation one micro-batch sends across a stage boundary
   double grad_elem = 4;       // bytes per gradient element
   // Tensor- and expert-parallel collectives of one micro-batch through every layer, the
@@ -85,7 +89,17 @@ struct Layout {
   bool sequence_parallel = false;
   int64_t virtual_stages = 1, micro_batch = 1, micro_batches = 1;
   std::vector<int64_t> chunk_layers;  // layers per model chunk (pp x virtual_stages chunks)
+  int64_t bucket_bytes = ParallelConfig{}.bucket_bytes;  // the job's (ParallelConfig's)
 };
+
+// The gradient buckets of model chunk `chunk` (layers begin..end) that a data-parallel sync
+// goes out in (ZeRO-0/1 after the chunk's last backward, ZeRO-2/3 after each micro-batch's):
+// buckets.h's rule on its parameters in the order the backward completes their gradients
+// (the head's, the layers' last to first, the embedding's), at the layout's bucket_bytes. A
+// tied embedding's gradient is in them once where one chunk holds both ends; across chunks
+// the lowering reduces it in the step instead (lower_step.cc's grad.tied).
+int64_t chunk_grad_buckets(const SplitCosts& sc, const Layout& l, int chunk, int64_t begin,
+                           int64_t end);
 
 struct Prediction {
   double step_s = 0, bubble = 0;
