@@ -82,8 +82,7 @@ std::string SnapshotOffers::segment_of(int rank, int64_t step) const {
 
 std::vector<SnapshotOffers::ReadSlot> SnapshotOffers::read_slots() const {
   std::vector<ReadSlot> out;
-  for (const Read& r : read_)
-    out.push_back({r.segment->name(), r.slot, r.step});
+  for (const Read& r : read_) out.push_back({r.segment->name(), r.slot, r.step});
   return out;
 }
 

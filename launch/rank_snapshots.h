@@ -65,7 +65,7 @@ class RankSnapshots {
   // otherwise (checkpoint::agree_slots_unchanged).
   void check_unchanged(comm::Communicator* world);
   void release_offers();
-  // The snapshots offered and read in the entry under way (tests: launch/snapshot_rewrite_for_tests.h).
+  // The entry's offers and reads so far (tests: snapshot_rewrite_for_tests.h).
   const checkpoint::SnapshotOffers& offered() const { return offers_; }
 
   // A new world's trainer: reserves the segments of this node's ranks with the agent

@@ -623,9 +623,8 @@ void RankTraining::enter_world(const std::string& why) {
     parallel::TransitionOptions to;
     to.destinations = &persistent_;  // the blocks reserved ahead (prefault), or new ones
     to.on_progress = stall_for_tests(env_.rdzv_epoch, plan, holders.a, b);
-    if (auto rewrite = snapshot_rewrite_for_tests(env_.rdzv_epoch,
-                                                  env_.store_prefix.ends_with("/round/0"),
-                                                  env_.rank, snaps_.offered()))
+    if (auto rewrite = snapshot_rewrite_for_tests(
+            env_.rdzv_epoch, env_.store_prefix.ends_with("/round/0"), env_.rank, snaps_.offered()))
       to.on_progress = [rewrite, stall = to.on_progress](const parallel::TransitionStats& st) {
         rewrite(st);
         if (stall) stall(st);

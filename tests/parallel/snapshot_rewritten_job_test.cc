@@ -105,8 +105,7 @@ TEST_P(SnapshotRewrittenJob, EveryRankRefusesTheMoveAndTheReplacedWorkersResumeF
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Rewrites, SnapshotRewrittenJob,
-                         ::testing::Values("torn", "committed"),
+INSTANTIATE_TEST_SUITE_P(Rewrites, SnapshotRewrittenJob, ::testing::Values("torn", "committed"),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            return std::string(i.param == "torn" ? "AWriterStillInIt"
                                                                 : "ANewerSnapshot");
