@@ -80,6 +80,12 @@ std::string SnapshotOffers::segment_of(int rank, int64_t step) const {
   return it == offered_.end() ? std::string() : it->second.segment->name();
 }
 
+std::vector<SnapshotOffers::ReadSlot> SnapshotOffers::read_slots() const {
+  std::vector<ReadSlot> out;
+  for (const Read& r : read_) out.push_back({r.segment->name(), r.slot, r.step});
+  return out;
+}
+
 std::string SnapshotOffers::rewritten() const {
   std::string out;
   for (const Read& r : read_)

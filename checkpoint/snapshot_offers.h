@@ -53,6 +53,15 @@ class SnapshotOffers {
   // before the view was last read.
   std::string rewritten() const;
 
+  // The slots read since the last clear(), in the order read: which slot of which segment,
+  // and the step it held when verified.
+  struct ReadSlot {
+    std::string segment;
+    int slot = 0;
+    int64_t step = 0;
+  };
+  std::vector<ReadSlot> read_slots() const;
+
   // The segment that holds old rank `rank`'s offered snapshot of `step` ("" when none does).
   std::string segment_of(int rank, int64_t step) const;
 

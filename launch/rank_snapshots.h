@@ -65,6 +65,8 @@ class RankSnapshots {
   // otherwise (checkpoint::agree_slots_unchanged).
   void check_unchanged(comm::Communicator* world);
   void release_offers();
+  // The entry's offers and reads so far (tests: snapshot_rewrite_for_tests.h).
+  const checkpoint::SnapshotOffers& offered() const { return offers_; }
 
   // A new world's trainer: reserves the segments of this node's ranks with the agent
   // (ConfigError naming snapshot.every when two slots each do not fit in the node's memory)

@@ -42,6 +42,7 @@
 #include "launch/rank_snapshots.h"
 #include "launch/roll_forward.h"
 #include "launch/run_folder.h"
+#include "launch/snapshot_rewrite_for_tests.h"
 #include "launch/train_common.h"
 #include "launch/train_report.h"
 #include "launch/world_ahead.h"
@@ -622,6 +623,12 @@ void RankTraining::enter_world(const std::string& why) {
     parallel::TransitionOptions to;
     to.destinations = &persistent_;  // the blocks reserved ahead (prefault), or new ones
     to.on_progress = stall_for_tests(env_.rdzv_epoch, plan, holders.a, b);
+    if (auto rewrite = snapshot_rewrite_for_tests(
+            env_.rdzv_epoch, env_.store_prefix.ends_with("/round/0"), env_.rank, snaps_.offered()))
+      to.on_progress = [rewrite, stall = to.on_progress](const parallel::TransitionStats& st) {
+        rewrite(st);
+        if (stall) stall(st);
+      };
     to.connections = world_->connections();  // elastic.transfer_connections, across hosts
     parallel::Arrived arrived;
     std::vector<core::Tensor> mine;
