@@ -869,7 +869,7 @@ Stop NodeAgent::depart() {
 // Tests only (WEFT_TEST_CONFIRM_AFTER_ROUND=<ms>): the first confirmation of a hand-over waits
 // until a restart round later than the attempt's was asked, then <ms> more, so that it lands
 // after the round's asker read the record and before the others may have: the window between
-// a round and a confirmation held open (tests/parallel/live_resize_confirm_round_test.cc).
+// a round and a confirmation held open (tests/parallel/live_resize_leave_round_test.cc).
 // Bounded by join_timeout.
 void NodeAgent::hold_confirmation_for_a_round() {
   const int64_t ms = env_int("WEFT_TEST_CONFIRM_AFTER_ROUND", -1);

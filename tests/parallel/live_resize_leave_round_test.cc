@@ -8,8 +8,14 @@
 // hands over there and ends; node 2's agent exits 0 and the others train to the end with one
 // process's numbers. Before, node 2's agent followed epochs only: its worker never entered the
 // round's world, which waited for it (here far beyond the test's patience: the waits are set
-// to 600 s, so such a hang fails the test). Real processes, real signals; every process and
-// segment is reaped however the test ends.
+// to 600 s, so such a hang fails the test). The same round asked for while the leaver confirms
+// its hand-over (WEFT_TEST_CONFIRM_AFTER_ROUND holds the confirmation until the round is
+// asked): the round and the departing nodes it counts are one record
+// (MembershipRecord::round), and a confirmation against an older round is refused, so node 2's
+// worker restarts in the round and hands over there whatever moment each agent reads the
+// record at; before, the confirmation went through and the round's world waited for a worker
+// that had ended. Real processes, real signals; every process and segment is reaped however
+// the test ends.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -27,10 +33,24 @@ namespace {
 
 using namespace live;
 
+// What holds node 2's hand-over open while node 0's worker is killed: the hooks, and the line
+// that says they hold it.
+struct Window {
+  std::vector<std::string> env;
+  std::string line;
+};
+// Its move into epoch 2 stands still: the hand-over is never confirmed.
+const Window kStalledMove{{"WEFT_TEST_STALL_MOVE=2:50", "WEFT_ROUTER_BUDGET_BYTES=65536"},
+                          "the move stops after"};
+// It handed over; its confirmation waits until the round is asked, and a second more.
+const Window kLateConfirmation{{"WEFT_TEST_CONFIRM_AFTER_ROUND=1000"},
+                               "holds its hand-over confirmation until a restart round"};
+
 // The scenario above; `sets` beyond ZeRO-1 (where the state comes from). The job has ended
 // when it returns, for the caller's checks of where the round took its state from.
 void restart_round_during_a_hand_over(LiveJob& job, const std::string& name,
-                                      const std::vector<std::string>& sets) {
+                                      const std::vector<std::string>& sets,
+                                      const Window& window = kStalledMove) {
   job.dir = agent_test_dir("live_resize_leave_round", name);
   job.id = "live-leave-round-" + name + "-" + std::to_string(::getpid());
   job.nnodes = "2:3";
@@ -39,15 +59,15 @@ void restart_round_during_a_hand_over(LiveJob& job, const std::string& name,
   job.sets = {"parallel.dp=auto", "parallel.zero=1"};
   const fs::path ref = reference_run(job.dir, job.steps, job.sets);
   job.sets.insert(job.sets.end(), sets.begin(), sets.end());
-  job.env = {"WEFT_TEST_STALL_MOVE=2:50", "WEFT_ROUTER_BUDGET_BYTES=65536",
-             "WEFT_RESIZE_TIMEOUT_MS=600000", "WEFT_COMM_TIMEOUT_MS=600000",
-             "WEFT_TEST_REFUSE_RENEWAL=1"};
+  job.env = window.env;
+  job.env.insert(job.env.end(), {"WEFT_RESIZE_TIMEOUT_MS=600000", "WEFT_COMM_TIMEOUT_MS=600000",
+                                 "WEFT_TEST_REFUSE_RENEWAL=1"});
   ASSERT_NO_FATAL_FAILURE(job.start_in_order(3));
   ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
   const std::vector<pid_t> node0 = children(job.pid(0)), node1 = children(job.pid(1));
   ASSERT_EQ(node0.size(), 1u) << job.all_logs();
   ::kill(job.pid(2), SIGTERM);  // epoch 2: nodes 0 and 1, node 2 departing
-  ASSERT_TRUE(job.wait_line_anywhere("the move stops after")) << job.all_logs();
+  ASSERT_TRUE(job.wait_line_anywhere(window.line)) << job.all_logs();
   ASSERT_EQ(::kill(node0[0], SIGKILL), 0);
   job.expect_exits({2, 0, 1});
 
@@ -77,9 +97,7 @@ void restart_round_during_a_hand_over(LiveJob& job, const std::string& name,
 
 // Nothing stored (no snapshots, no checkpoints), and the killed worker took its third of
 // Adam's moments: the round's world (three ranks, the leaver among them) starts over.
-TEST(LiveResizeLeaveRound, WithNothingStoredTheRoundStartsOverWithTheLeaverInItsWorld) {
-  LiveJob job;
-  ASSERT_NO_FATAL_FAILURE(restart_round_during_a_hand_over(job, "nothing", {}));
+void expect_the_round_starts_over_with_the_leaver(LiveJob& job) {
   EXPECT_EQ(job.lines_with(0,
                            "restart 2 (membership epoch 2, world 3): checkpoint.every is 0 "
                            "(no checkpoints): starting over from step 0")
@@ -90,6 +108,24 @@ TEST(LiveResizeLeaveRound, WithNothingStoredTheRoundStartsOverWithTheLeaverInIts
   const std::vector<std::pair<WorldEpoch, int>> p = job.phases();
   ASSERT_EQ(p.size(), 1u) << phases_text(p);  // the metrics of a start over begin anew
   EXPECT_EQ(p[0], std::make_pair(WorldEpoch(2, 2), job.steps)) << phases_text(p);
+}
+
+TEST(LiveResizeLeaveRound, WithNothingStoredTheRoundStartsOverWithTheLeaverInItsWorld) {
+  LiveJob job;
+  ASSERT_NO_FATAL_FAILURE(restart_round_during_a_hand_over(job, "nothing", {}));
+  expect_the_round_starts_over_with_the_leaver(job);
+  if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
+}
+
+// The leaver's workers handed over in epoch 2's world, and its confirmation comes only after
+// node 0 asked for the round and read the record for its world: refused, so its worker
+// restarts in the round as a departing one and hands over again there (nothing stored: the
+// round's world of three starts over).
+TEST(LiveResizeLeaveRound, AConfirmationAfterARoundWasAskedIsRefusedAndTheLeaverHandsOverInIt) {
+  LiveJob job;
+  ASSERT_NO_FATAL_FAILURE(
+      restart_round_during_a_hand_over(job, "confirm", {}, kLateConfirmation));
+  expect_the_round_starts_over_with_the_leaver(job);
   if (!::testing::Test::HasFailure()) fs::remove_all(job.dir);
 }
 

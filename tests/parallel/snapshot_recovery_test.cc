@@ -16,6 +16,7 @@
 #include "checkpoint/snapshot_segment.h"
 #include "tests/support/live_job.h"
 #include "tests/support/snapshot_leftovers.h"
+#include "tests/support/snapshot_steps.h"
 
 namespace weft::test {
 namespace {
@@ -39,17 +40,6 @@ void flip_a_byte_of_the_newest_slot(live::LiveJob& job, const std::string& own, 
     ASSERT_EQ(seg.corrupt_blocks(*v).size(), 1u);
   }
   ASSERT_LT(job.rows().size(), size_t(step) + 50) << "the job ran past its next snapshot";
-}
-
-// The newest committed step of a segment (-1: none yet, or not there).
-int64_t newest_step(const std::string& name) {
-  try {
-    const checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(name, false);
-    const std::optional<checkpoint::SnapshotSegment::View> v = seg.latest();
-    return v ? v->meta.step : -1;
-  } catch (const std::exception&) {
-    return -1;
-  }
 }
 
 // The step lines of a metrics file so far (0 while it does not exist).

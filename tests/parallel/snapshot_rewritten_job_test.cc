@@ -18,25 +18,14 @@
 #include <vector>
 
 #include "checkpoint/job_id.h"
-#include "checkpoint/snapshot_segment.h"
 #include "tests/support/live_job.h"
 #include "tests/support/snapshot_leftovers.h"
+#include "tests/support/snapshot_steps.h"
 
 namespace weft::test {
 namespace {
 
 using namespace live;
-
-// The newest committed step of a segment (-1: none yet, or not there).
-int64_t newest_step(const std::string& name) {
-  try {
-    const checkpoint::SnapshotSegment seg = checkpoint::SnapshotSegment::open(name, false);
-    const std::optional<checkpoint::SnapshotSegment::View> v = seg.latest();
-    return v ? v->meta.step : -1;
-  } catch (const std::exception&) {
-    return -1;
-  }
-}
 
 // How the hook rewrites the slot: a writer left in it, or a newer snapshot committed there.
 class SnapshotRewrittenJob : public ::testing::TestWithParam<std::string> {};

@@ -110,12 +110,12 @@ TEST(BenchScaling, AttributePricesTheTrainersPlanUnderAnyCostModel) {
   EXPECT_NE(r.out.find("collective all_reduce"), std::string::npos) << r.out;  // tp's and dp's
   EXPECT_NE(r.out.find("sum of the program"), std::string::npos) << r.out;
   // Beside each group's measured time, the simulator's, from each instruction's start to
-  // its end: under this model (no wait curves, tp's lanes and dp's replicas alike) the tp
-  // all-gathers' is their price alone, summed over the same instructions.
+  // its end: under this model (no wait curves, so no wait and no replica drift) the
+  // all-reduces' (tp's and dp's) is their price alone, summed over the same instructions.
   EXPECT_NE(r.out.find("simulated ms"), std::string::npos) << r.out;
   std::smatch m;
   const std::regex row(
-      "collective all_gather +\\| +[0-9]+ \\| +[0-9.]+ \\| +[0-9.]+ \\| +([0-9.]+) \\| +[-+0-9.]+ "
+      "collective all_reduce +\\| +[0-9]+ \\| +[0-9.]+ \\| +[0-9.]+ \\| +([0-9.]+) \\| +[-+0-9.]+ "
       "\\| +([0-9.]+) ");
   ASSERT_TRUE(std::regex_search(r.out, m, row)) << r.out;
   EXPECT_GT(std::stod(m[1]), 0) << r.out;
