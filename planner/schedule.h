@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "planner/cost.h"
+
 namespace weft::planner {
 
 enum class Dir : uint8_t { kForward, kBackward };
@@ -30,9 +32,30 @@ int warmup_forwards(const std::string& schedule, int pp, int v, int m, int stage
 // Most micro-batches whose forward has run and backward has not, over the schedule.
 int max_in_flight(const std::vector<Unit>& units);
 
+// The stage boundaries' messages of a pipeline, timed as engine.cc's receive prices one:
+// a message leaves when its sender's unit ends (before the sender's own part, `send`), and
+// arrives `transfer` later plus CostModel::message_wait at the larger of two bursts: the
+// sender's at the send and the receiver's at the receive. A stage's burst is its compute
+// since its last synchronisation: it restarts at each message the stage receives and in
+// each unit that runs a collective (a tensor/expert-parallel call, a ZeRO gather or
+// reduce-scatter, the gradient reduction in a chunk's final backward), which ends with none
+// (the compute after its last call is left out, as in the stage model's calls).
+// The replicas' drift (CostModel::replica_drift) travels the same way: each unit adds its
+// own calls' variance, and a receive takes the larger of the two stages' plus its wait's
+// CostModel::wait_variance (a collective of two).
+struct Boundaries {
+  const CostModel* cost = nullptr;
+  int world = 0;        // the candidate's ranks, for CostModel::message_wait
+  double transfer = 0;  // CostModel::p2p of one boundary message
+  double send = 0;      // CostModel::send_s of one, at the end of the unit that sends it
+  std::vector<char> fwd_syncs, bwd_syncs;  // per chunk: the unit runs a collective
+  std::vector<double> fwd_var, bwd_var;    // per chunk: the variance its own calls add
+};
+
 // Unit-level timing of a schedule: every forward of chunk c takes fwd[c], every backward
 // bwd[c]; a forward waits for the previous chunk's forward of its micro-batch, a backward
-// for the next chunk's backward (the last chunk's for its own forward). No communication.
+// for the next chunk's backward (the last chunk's for its own forward). With `boundaries`,
+// the messages between stages are timed as above; without, they cost nothing.
 // `bwd_final` (optional, per chunk) adds to the backward unit that completes a chunk's
 // gradients (its last in the stage's order): the blocking gradient reduction the lowering
 // emits there, which delays the gradient sent on to the previous stage.
@@ -40,13 +63,14 @@ struct ScheduleTiming {
   double makespan = 0;
   std::vector<double> busy;    // per stage
   std::vector<double> bubble;  // per stage: 1 - busy / makespan
-  // Per stage: when its last unit ends. With each unit's duration a quantity that adds along
-  // a stage's units and meets by the larger at each dependency (a replica's drift,
-  // stage_cost.cc), the quantity each stage ends with.
-  std::vector<double> end;
+  std::vector<double> end;     // per stage: when its last unit ends
+  // Per stage, with `boundaries`: the drift variance its replica ends its units with, and
+  // its burst then (what its first collective after the pipeline waits at).
+  std::vector<double> drift_var, end_burst;
 };
 ScheduleTiming time_schedule(const std::string& schedule, int pp, int v, int m,
                              const std::vector<double>& fwd, const std::vector<double>& bwd,
-                             const std::vector<double>* bwd_final = nullptr);
+                             const std::vector<double>* bwd_final = nullptr,
+                             const Boundaries* boundaries = nullptr);
 
 }  // namespace weft::planner

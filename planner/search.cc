@@ -48,7 +48,7 @@ std::vector<int64_t> stage_boundaries(const core::ModelSpec& m, const SplitCosts
   std::vector<int64_t> most(static_cast<size_t>(pp));  // layers a stage may hold within the cap
   for (int s = 0; s < pp; ++s) {
     const ChunkTime e = chunk_time(sc, l, cost, cross, s, 0, 0);
-    extra[size_t(s)] = e.fwd + e.bwd;
+    extra[size_t(s)] = e.fwd + e.bwd + chunk_messages_s(sc, cost, cross, s, pp);
     const double base = stage_memory(m, l, s, 0, in_flight[size_t(s)]);
     const double per = stage_memory(m, l, s, 1, in_flight[size_t(s)]) - base;
     most[size_t(s)] = base > cap ? 0 : per <= 0 ? L : int64_t(std::floor((cap - base) / per));

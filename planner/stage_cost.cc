@@ -67,7 +67,29 @@ double sync_waits(const CostModel& cost, int64_t count, double burst, int64_t n,
          double(count - 1) * cost.sync_wait(0, int(n), world);
 }
 
+// The pipeline's stage-boundary messages for time_schedule: the residual stream's
+// activation or gradient, one per micro-batch and boundary, across the pp links.
+Boundaries boundaries(const SplitCosts& sc, const CostModel& cost, const Crossing& cross,
+                      std::vector<char> fwd_syncs, std::vector<char> bwd_syncs,
+                      std::vector<double> fwd_var, std::vector<double> bwd_var) {
+  Boundaries b;
+  b.cost = &cost;
+  b.world = cross.world;
+  b.transfer = cost.p2p(int64_t(sc.boundary_bytes), cross.pp);
+  b.send = cost.send_s(int64_t(sc.boundary_bytes), cross.pp, cross.world);
+  b.fwd_syncs = std::move(fwd_syncs), b.bwd_syncs = std::move(bwd_syncs);
+  b.fwd_var = std::move(fwd_var), b.bwd_var = std::move(bwd_var);
+  return b;
+}
+
 }  // namespace
+
+double chunk_messages_s(const SplitCosts& sc, const CostModel& cost, const Crossing& cross,
+                        int chunk, int chunks) {
+  const Boundaries b = boundaries(sc, cost, cross, {}, {}, {}, {});
+  const int receives = (chunk > 0) + (chunk < chunks - 1);  // a forward's and a backward's
+  return receives * (b.transfer + cost.message_wait(0, cross.world) + b.send);
+}
 
 double collective_at(const CostModel& cost, CollKind k, int n, int64_t bytes, bool cross_node, int world) {
   if (n <= 1) return 0;
@@ -330,20 +352,9 @@ ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cos
     params += sc.head_param_bytes;
     if (chunk == 0) params -= sc.tied_param_bytes;
   }
-  // Stage boundaries: the activation arrives before a forward, its gradient before a backward,
-  // each message waiting as a collective of two after the sender's unit (CostModel::message_wait;
-  // after its last tensor-parallel call when the layers synchronise within the unit).
-  // Each adds its wait's spread to the replica's drift, as a collective of two.
-  auto message = [&](double& unit, double& var) {
-    const double w = cost.message_wait(sc.layer_calls > 0 ? 0.0 : unit, cross.world);
-    unit += cost.p2p(int64_t(sc.boundary_bytes), cross.pp) + w;
-    var += cost.wait_variance(w, 2);
-  };
-  if (chunk > 0) message(c.fwd, c.fwd_var);
-  if (chunk < chunks - 1) message(c.bwd, c.bwd_var);
-  // The sender's own part of each message it sends on (CostModel::send_s, 0 on a GPU).
-  if (chunk < chunks - 1) c.fwd += cost.send_s(int64_t(sc.boundary_bytes), cross.pp, cross.world);
-  if (chunk > 0) c.bwd += cost.send_s(int64_t(sc.boundary_bytes), cross.pp, cross.world);
+  // A collective inside a unit synchronises its stage (its burst restarts: time_schedule).
+  c.fwd_syncs = sc.layer_calls > 0 || (l.zero >= 3 && shards > 1);
+  c.bwd_syncs = sc.layer_calls > 0 || (l.zero >= 2 && shards > 1);
   // ZeRO-3 gathers every parameter in each unit that reads it, a block at a time (a layer,
   // the embedding, the head: lower_step.cc's gather_block), one call per block or per bucket
   // when a block outgrows one; ZeRO-2/3 reduce-scatter each micro-batch's gradients.
@@ -387,6 +398,7 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
   const int pp = int(l.deg.pp), v = int(l.virtual_stages), chunks = pp * v;
   const int64_t shards = l.deg.dp * l.deg.ep;
   std::vector<double> fwd, bwd, fwd_var, bwd_var, final, stage_params(size_t(pp), 0);
+  std::vector<char> fwd_syncs, bwd_syncs;
   std::vector<int64_t> stage_layers(size_t(pp), 0);
   std::vector<std::vector<double>> stage_sizes(
       static_cast<size_t>(pp));  // forward order: the step's gathers
@@ -398,6 +410,8 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
     bwd.push_back(t.bwd);
     fwd_var.push_back(t.fwd_var);
     bwd_var.push_back(t.bwd_var);
+    fwd_syncs.push_back(t.fwd_syncs);
+    bwd_syncs.push_back(t.bwd_syncs);
     double p = 0;
     for (int64_t i = begin; i < end; ++i) p += sc.param_bytes[size_t(i)];
     if (c == 0) p += sc.embed_param_bytes;
@@ -428,22 +442,23 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
                                          block.end());
     begin = end;
   }
+  const Boundaries messages =
+      boundaries(sc, cost, cross, std::move(fwd_syncs), std::move(bwd_syncs), std::move(fwd_var),
+                 std::move(bwd_var));
   const ScheduleTiming timing =
-      time_schedule(l.schedule, pp, v, int(l.micro_batches), fwd, bwd, &final);
+      time_schedule(l.schedule, pp, v, int(l.micro_batches), fwd, bwd, &final, &messages);
   // The replicas' drift (CostModel::replica_drift), as the engine charges it: the variances
-  // add along a stage's units and meet by the larger at each message (time_schedule with
-  // them as durations), and each stage's first gradient collective across the replicas pays
-  // the drift it ended its units with. Those collectives are buckets flushed after the
-  // stage's last backward (lower_step.cc's step_phase at these sizes), so the payment
-  // delays the stage's own end, never a gradient it sent down the pipeline.
+  // add along a stage's units and meet by the larger at each message (time_schedule), and
+  // each stage's first gradient collective across the replicas pays the drift it ended its
+  // units with. Those collectives are buckets flushed after the stage's last backward
+  // (lower_step.cc's step_phase at these sizes), so the payment delays the stage's own end,
+  // never a gradient it sent down the pipeline.
   double drift_tail = 0;
-  if (l.deg.dp > 1) {
-    const ScheduleTiming var =
-        time_schedule(l.schedule, pp, v, int(l.micro_batches), fwd_var, bwd_var);
+  if (l.deg.dp > 1)
     for (int s = 0; s < pp; ++s)
-      drift_tail = std::max(drift_tail, timing.end[size_t(s)] - timing.makespan +
-                                            cost.replica_drift(var.end[size_t(s)], int(l.deg.dp)));
-  }
+      drift_tail =
+          std::max(drift_tail, timing.end[size_t(s)] - timing.makespan +
+                                   cost.replica_drift(timing.drift_var[size_t(s)], int(l.deg.dp)));
 
   // After the pipeline: the tied embedding's sum over its two stages, the gradient norm,
   // AdamW on this rank's share, ZeRO-1/2's parameter gather.
@@ -451,24 +466,33 @@ Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout&
   const double elem = sc.grad_elem;
   std::vector<double> end_s(size_t(pp), 0);
   double optimizer_s = 0;  // the largest stage's AdamW
+  // The first collective each stage takes part in after the pipeline waits at the longest
+  // of its members' bursts then (time_schedule's end_burst), as in the engine: the tied
+  // embedding's sum (the first and the last stage), else the norm over the replica. The
+  // ones after follow one another with little compute between them: each waits as a call
+  // right after another (CostModel::sync_wait at no burst).
+  std::vector<double> burst = timing.end_burst;
+  const bool tied_sum = tied && pp > 1;
+  const size_t last = size_t((chunks - 1) % pp);
+  const double tied_burst = tied_sum ? std::max(burst[0], burst[last]) : 0;
+  if (tied_sum) burst[0] = burst[last] = 0;
+  const double norm_burst = *std::max_element(burst.begin(), burst.end());
   for (int s = 0; s < pp; ++s) {
     const double bytes = stage_params[size_t(s)];
     double t = 0;
-    // These follow one another with little compute between them: each waits as a call
-    // right after another (CostModel::sync_wait at no burst).
     if (l.zero == 1 || l.zero == 2) {
       const int64_t gathers = bucket_count(stage_sizes[size_t(s)], l.bucket_bytes);
       t += collectives(cost, CollKind::kAllGather, shards, bytes, gathers, cross.dp, cross.world) +
            sync_waits(cost, gathers, 0, shards, cross.world);
     }
-    if (tied && pp > 1 && (s == 0 || s == (chunks - 1) % pp))
+    if (tied_sum && (s == 0 || size_t(s) == last))
       t += collective_at(cost, CollKind::kAllReduce, 2, int64_t(sc.embed_param_bytes), cross.pp,
                          cross.world) +
-           sync_waits(cost, 1, 0, 2, cross.world);
+           sync_waits(cost, 1, tied_burst, 2, cross.world);
     const int64_t replica = l.deg.tp * l.deg.ep * l.deg.pp;
     const bool replica_cross = cross.pp || cross.tp || cross.ep;
     t += collective_at(cost, CollKind::kAllReduce, int(replica), 8, replica_cross, cross.world) +
-         sync_waits(cost, 1, 0, replica, cross.world);
+         sync_waits(cost, 1, norm_burst, replica, cross.world);
     if (l.zero >= 1)
       t += collective_at(cost, CollKind::kAllReduce, int(replica * l.deg.dp), 8,
                          replica_cross || cross.dp, cross.world) +

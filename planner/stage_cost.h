@@ -113,15 +113,26 @@ struct Prediction {
 std::vector<int64_t> stage_in_flight(const std::string& schedule, int pp, int v, int m);
 
 // One stage's units: each chunk's forward and backward time per micro-batch, from the
-// layers it holds (first..last layer index, exclusive end).
+// layers it holds (first..last layer index, exclusive end). The stage-boundary messages are
+// not in them: predict's time_schedule times those (schedule.h's Boundaries).
 struct ChunkTime {
   double fwd = 0, bwd = 0;
   // The variance each unit adds to its replica's drift: its tensor/expert-parallel calls'
-  // and its boundary message's (CostModel::wait_variance).
+  // (CostModel::wait_variance).
   double fwd_var = 0, bwd_var = 0;
+  // Whether the unit runs a collective (a tensor/expert-parallel call, a ZeRO-3 gather, a
+  // ZeRO-2/3 reduce-scatter): its stage's burst restarts inside it.
+  bool fwd_syncs = false, bwd_syncs = false;
 };
 ChunkTime chunk_time(const SplitCosts& sc, const Layout& l, const CostModel& cost,
                      const Crossing& cross, int chunk, int64_t begin, int64_t end);
+
+// What chunk `chunk` of `chunks` spends per micro-batch on its stage-boundary messages,
+// were each to wait as right after a synchronisation (CostModel::message_wait at no burst):
+// the transfer, the wait and the sender's part of each one it receives and sends on. For
+// the search's stage boundaries (predict times the messages through the schedule).
+double chunk_messages_s(const SplitCosts& sc, const CostModel& cost, const Crossing& cross,
+                        int chunk, int chunks);
 
 // Step time, bubble and memory of a full candidate.
 Prediction predict(const core::ModelSpec& m, const SplitCosts& sc, const Layout& l,

@@ -37,8 +37,9 @@ TEST(Schedule, BubbleIsPpMinusOneOverMPlusPpMinusOne) {
 }
 
 // Each stage's end: under 1F1B and GPipe the last backward runs from the last stage down,
-// one backward apart; a quantity only the last stage adds (its forwards, 1 each) reaches
-// every stage whole, carried by the gradients it sends down (a replica's drift, stage_cost.cc).
+// one backward apart; a drift variance only the last stage adds (its forwards, 1 each)
+// reaches every stage whole, carried by the gradients it sends down (Boundaries, on a GPU:
+// no message waits).
 TEST(Schedule, EachStageEndsOneBackwardAfterTheNext) {
   for (auto [pp, m] : std::vector<std::pair<int, int>>{{2, 4}, {4, 8}}) {
     std::vector<double> f(size_t(pp), 1.0), b(size_t(pp), 2.0);
@@ -47,10 +48,16 @@ TEST(Schedule, EachStageEndsOneBackwardAfterTheNext) {
       ASSERT_EQ(t.end.size(), size_t(pp));
       for (int s = 0; s < pp; ++s)
         EXPECT_NEAR(t.end[size_t(s)], t.makespan - 2.0 * s, 1e-9) << sched << " stage " << s;
-      std::vector<double> last_only(size_t(pp), 0.0), none(size_t(pp), 0.0);
-      last_only.back() = 1.0;
-      for (double e : time_schedule(sched, pp, 1, m, last_only, none).end)
-        EXPECT_EQ(e, double(m)) << sched;
+      const CostModel gpu;
+      Boundaries drift;
+      drift.cost = &gpu;
+      drift.fwd_syncs = drift.bwd_syncs = std::vector<char>(size_t(pp), 0);
+      drift.fwd_var = drift.bwd_var = std::vector<double>(size_t(pp), 0.0);
+      drift.fwd_var.back() = 1.0;
+      const ScheduleTiming d = time_schedule(sched, pp, 1, m, f, b, nullptr, &drift);
+      ASSERT_EQ(d.drift_var.size(), size_t(pp));
+      for (double e : d.drift_var) EXPECT_EQ(e, double(m)) << sched;
+      EXPECT_EQ(d.makespan, t.makespan) << sched;  // messages cost nothing there
     }
   }
 }

@@ -11,6 +11,7 @@
 #include "planner/hardware.h"
 #include "planner/plan_json.h"
 #include "planner/planner.h"
+#include "planner/schedule.h"
 #include "planner/simulate.h"
 #include "planner/stage_cost.h"
 #include "tests/planner/util.h"
@@ -237,31 +238,40 @@ TEST(SyncWait, BadCurvesNameTheField) {
 namespace weft::planner {
 namespace {
 
-// A pipeline message waits as a collective of two: in the stage model each unit that
-// receives (a later chunk's forward, an earlier chunk's backward) pays the curve once.
-TEST(SyncWait, TheStageModelChargesEachStageBoundaryMessage) {
-  const core::JobSpec spec = test_util::gpt_spec(4, 64, 4, 256, 16);
-  const core::ModelGraph mg = build_planning_graph(spec);
-  const double w = 4e-4;
-  const CostModel flat = cpu_host({{1e-6, w}, {1.0, w}}), none = cpu_host({});
-  const Degrees deg{1, 1, 2, 1};
-  const Crossing cross = crossing(deg, kOrder, flat.ranks_per_node);
-  Layout l;
-  l.deg = deg;
-  l.micro_batch = 2;
-  l.micro_batches = 4;
-  l.chunk_layers = {2, 2};
-  const int64_t G = spec.train.global_batch;
-  const SplitCosts sa = split_costs(mg.graph, flat, G, 1, 1, 2, cross);
-  const SplitCosts sb = split_costs(mg.graph, none, G, 1, 1, 2, cross);
-  const ChunkTime a0 = chunk_time(sa, l, flat, cross, 0, 0, 2),
-                  b0 = chunk_time(sb, l, none, cross, 0, 0, 2);
-  const ChunkTime a1 = chunk_time(sa, l, flat, cross, 1, 2, 4),
-                  b1 = chunk_time(sb, l, none, cross, 1, 2, 4);
-  EXPECT_NEAR(a0.fwd - b0.fwd, 0, 1e-15);  // the first stage receives no activation
-  EXPECT_NEAR(a0.bwd - b0.bwd, w, 1e-12);  // but the gradient from the second
-  EXPECT_NEAR(a1.fwd - b1.fwd, w, 1e-12);
-  EXPECT_NEAR(a1.bwd - b1.bwd, 0, 1e-15);  // the last stage's backward starts from its loss
+// A pipeline message waits as a collective of two at the longer of its two stages' bursts
+// (compute since their last synchronisation), as the engine prices a receive: under GPipe
+// the first stage sends its forwards without receiving anything (bursts a, 2a), the last
+// receives each right after its previous forward (burst a) and sends its gradients after
+// its forward and backwards (a + c, a + 2c), each met by the first stage's burst (2a, c).
+// The drift variance travels with the messages; each stage ends with its burst.
+TEST(SyncWait, TheStageModelWaitsAtTheLongerBurstOfAMessage) {
+  // Steep: 1 ms per second of burst, so that each burst read is visible.
+  const CostModel curve = cpu_host({{1e-6, 1e-9}, {1.0, 1e-3}});
+  const double a = 1e-3, c = 2e-3;  // each forward, each backward
+  Boundaries b;
+  b.cost = &curve;
+  b.world = 2;
+  b.fwd_syncs = b.bwd_syncs = {0, 0};
+  b.fwd_var = b.bwd_var = {0, 0};
+  const ScheduleTiming t = time_schedule("gpipe", 2, 1, 2, {a, a}, {c, c}, nullptr, &b);
+  auto W = [&](double burst) { return curve.message_wait(burst, 2); };
+  // Stage 1 starts F1 at 2a + W(2a), then F1 and both backwards; the first backward's
+  // gradient reaches stage 0 late (W(a + c)) but B1's later still (W(a + 2c)).
+  EXPECT_NEAR(t.makespan, 3 * a + 3 * c + W(2 * a) + W(a + 2 * c), 1e-12);
+  EXPECT_GT(W(a + 2 * c) - W(c), 1e-6);  // the receiver's burst alone would read c
+  ASSERT_EQ(t.end_burst.size(), 2u);
+  EXPECT_NEAR(t.end_burst[0], c, 1e-15);
+  EXPECT_NEAR(t.end_burst[1], a + 2 * c, 1e-15);
+  auto V = [&](double burst) { return curve.wait_variance(W(burst), 2); };
+  EXPECT_NEAR(t.drift_var[1], V(a) + V(2 * a), 1e-18);
+  EXPECT_NEAR(t.drift_var[0], V(a) + V(2 * a) + V(a + c) + V(a + 2 * c), 1e-18);
+  EXPECT_GT(V(a), 0);
+  // A unit that runs a collective restarts the burst: with every unit synchronising, each
+  // message waits as right after a call, and so do the stages at their ends.
+  b.fwd_syncs = b.bwd_syncs = {1, 1};
+  const ScheduleTiming s = time_schedule("gpipe", 2, 1, 2, {a, a}, {c, c}, nullptr, &b);
+  EXPECT_NEAR(s.makespan, 3 * a + 3 * c + 2 * W(0), 1e-12);
+  EXPECT_EQ(s.end_burst, (std::vector<double>{0, 0}));
 }
 
 // In the simulator a receive is delayed by the wait when the receiver is there first, never
