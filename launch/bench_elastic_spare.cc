@@ -148,7 +148,9 @@ SpareSide run_spare_side(Options& o, const std::string& bin, bool live) {
     });
   const int spare = run.start();
   run.wait({}, "the spare's line",
-           [&](int i, const std::string& l) { return i == spare && has(l, "waits as a spare"); });
+           [&](int i, const std::string& l) {
+             return i == spare && has(l, "is registered as a spare of epoch");
+           });
   note(run.now(), str(side, ": agent ", spare, " waits as a spare"));
   // A build that parks its spare's worker starts it now: wait until it is ready (its line);
   // one that does not has no worker under the spare's agent.

@@ -230,7 +230,11 @@ Membership Rendezvous::join() {
       if (!rec.is_spare(me)) {
         MembershipRecord next = rec;
         next.spares.push_back(me);
-        write(raw, next);
+        // Said once written (the agent's "waits as a spare" comes before): from here a
+        // member's loss admits this node in the epoch that drops the member.
+        if (write(raw, next) && rec.epoch > 0 && int(rec.members.size()) >= options_.max_nodes)
+          WEFT_INFO("elastic", "node ", me, " is registered as a spare of epoch ", rec.epoch,
+                    " (full at max_nodes=", options_.max_nodes, ")");
         continue;  // re-read: registered, or someone else wrote first
       }
       Decision d = decide_now(rec, alive_nodes(rec));
