@@ -147,10 +147,9 @@ SpareSide run_spare_side(Options& o, const std::string& bin, bool live) {
       return l.rfind("[rank 0] checkpoint: step ", 0) == 0 && has(l, " saved to ");
     });
   const int spare = run.start();
-  run.wait({}, "the spare's line",
-           [&](int i, const std::string& l) {
-             return i == spare && has(l, "is registered as a spare of epoch");
-           });
+  run.wait({}, "the spare's line", [&](int i, const std::string& l) {
+    return i == spare && has(l, "is registered as a spare of epoch");
+  });
   note(run.now(), str(side, ": agent ", spare, " waits as a spare"));
   // A build that parks its spare's worker starts it now: wait until it is ready (its line);
   // one that does not has no worker under the spare's agent.

@@ -53,9 +53,9 @@ TEST(LiveResizeSpare, ASpareTakesTheLostNodesPlaceAndTheSurvivorsKeepTheirProces
   job.start_in_order(3);
   ASSERT_TRUE(job.wait_steps(20)) << job.all_logs();
   const int spare = job.start();
-  ASSERT_TRUE(poll_until(
-      [&] { return !job.lines_with(spare, "is registered as a spare of epoch").empty(); }))
-      << job.all_logs();
+  ASSERT_TRUE(poll_until([&] {
+    return !job.lines_with(spare, "is registered as a spare of epoch").empty();
+  })) << job.all_logs();
   // A spare's agent starts its worker at once, parked: it is the one that trains later.
   const std::vector<pid_t> parked = parked_worker(job, spare);
   ASSERT_EQ(parked.size(), 1u) << job.all_logs();
