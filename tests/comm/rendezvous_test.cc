@@ -85,6 +85,22 @@ std::vector<std::unique_ptr<Rendezvous>> make_agents(Store& store, int n, int mi
   return agents;
 }
 
+// The graceful leave the hand-over tests start from: node0..node2 (MIN 2, MAX 3) form epoch
+// 1, node2 leaves handing its state over, and agent `watcher` sees epoch 2 form with node2
+// departing. Returns the agents and that epoch (nullopt: it did not form within 5 s).
+struct Departing {
+  std::vector<std::unique_ptr<Rendezvous>> agents;
+  std::vector<Membership> epoch1;
+  std::optional<Membership> epoch2;
+};
+Departing node2_departs(Store& store, int watcher = 0) {
+  Departing d{make_agents(store, 3, 2, 3), {}, std::nullopt};
+  d.epoch1 = join_all(d.agents);
+  d.agents[2]->leave(/*hands_over=*/true);
+  d.epoch2 = d.agents[size_t(watcher)]->watch(5s);
+  return d;
+}
+
 std::map<std::string, int> ranks_of(const Membership& m) {
   std::map<std::string, int> out;
   for (const auto& x : m.members) out[x.node_id] = x.node_rank;
@@ -401,10 +417,7 @@ TEST(Rendezvous, ADepartedNodeStaysDepartedUntilItConfirmsItsHandOver) {
 // A round is asked once: an agent that asks after another did gets the round already asked.
 TEST(Rendezvous, AConfirmationAfterARoundWasAskedIsRefusedUntilTheLeaverHandsOverInIt) {
   InMemoryStore store;
-  auto agents = make_agents(store, 3, 2, 3);
-  join_all(agents);
-  agents[2]->leave(/*hands_over=*/true);
-  std::optional<Membership> e2 = agents[0]->watch(5s);
+  auto [agents, epoch1, e2] = node2_departs(store);
   ASSERT_TRUE(e2.has_value());
   ASSERT_EQ(e2->epoch, 2);
   EXPECT_EQ(e2->round, 0);
@@ -438,10 +451,8 @@ TEST(Rendezvous, ARoundAndAConfirmationAtOnceAgreeOnWhetherTheRoundCountsTheLeav
   int released = 0, carried = 0;
   for (int i = 0; i < 100; ++i) {
     InMemoryStore store;
-    auto agents = make_agents(store, 3, 2, 3);
-    join_all(agents);
-    agents[2]->leave(/*hands_over=*/true);
-    ASSERT_TRUE(agents[0]->watch(5s).has_value());
+    auto [agents, epoch1, e2] = node2_departs(store);
+    ASSERT_TRUE(e2.has_value());
     std::promise<void> go;
     std::shared_future<void> start = go.get_future().share();
     auto confirm = std::async(std::launch::async, [&] {
@@ -476,10 +487,7 @@ TEST(Rendezvous, ARoundAndAConfirmationAtOnceAgreeOnWhetherTheRoundCountsTheLeav
 // is replaced instead of waiting out its timeout; a renewal in between keeps it departed.
 TEST(Rendezvous, ADepartingNodeThatDiesIsDroppedByANewEpoch) {
   InMemoryStore store;
-  auto agents = make_agents(store, 3, 2, 3);
-  join_all(agents);
-  agents[2]->leave(/*hands_over=*/true);
-  std::optional<Membership> e2 = agents[0]->watch(5s);
+  auto [agents, epoch1, e2] = node2_departs(store);
   ASSERT_TRUE(e2.has_value());
   ASSERT_EQ(e2->departed.size(), 1u);
   ASSERT_TRUE(agents[1]->poll_change().has_value());  // node1 into epoch 2
@@ -557,10 +565,8 @@ TEST(Rendezvous, LostAProcessLooksAtEveryEpochSinceTheWorkersOne) {
   {  // node2 hands its state over (epoch 2, confirmed), then a newcomer joins (epoch 3): no
      // process of epoch 1's world died, though node2 is neither a member nor departed in 3.
     InMemoryStore store;
-    auto agents = make_agents(store, 3, 2, 3);
-    std::vector<Membership> ms = join_all(agents);
-    agents[2]->leave(/*hands_over=*/true);
-    ASSERT_TRUE(agents[1]->watch(5s).has_value());
+    auto [agents, ms, e2] = node2_departs(store, /*watcher=*/1);
+    ASSERT_TRUE(e2.has_value());
     EXPECT_EQ(agents[2]->confirm_handover(2, 0), Rendezvous::HandOver::kReleased);
     Rendezvous newcomer(store, options("node3", 2, 3));
     Membership joined = newcomer.join();  // 2 members + 1 waiting = max: forms at once
